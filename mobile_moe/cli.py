@@ -1,0 +1,77 @@
+"""The `mobile-moe` console script: one subcommand per package, imported only when chosen.
+
+A command module exposes `configure(parser)` (adds its arguments) and `run(args) -> int | None`. `--help` lists the
+commands whose module is installed without importing any of them, so the CLI starts fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+
+from mobile_moe.errors import UsageError
+
+# command -> (module, one-line help). Commands whose module does not exist yet are not offered.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "info": ("mobile_moe.info", "parameters (total, active) and FLOPs of a model"),
+    "train": ("training.cli", "train a dense ViT or a Mobile V-MoE"),
+    "evaluate": ("training.evaluate_cli", "evaluate a trained run on a data split"),
+    "superclass": ("super_class.cli", "derive super-classes from a dense model's confusion graph, or show them"),
+    "export": ("export.cli", "split a model into router and expert graphs (ExecuTorch, ONNX, Core ML)"),
+    "predict": ("export.predict_cli", "classify image files with an exported bundle"),
+    "bench": ("device_bench.cli", "measure latency and memory of bundles on the host or a phone"),
+    "demo": ("mobile_moe.demo", "the main job, end to end, on built-in data"),
+}
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that reports bad arguments as a UsageError (one line, exit status 2) instead of usage + exit."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def _available_commands() -> dict[str, tuple[str, str]]:
+    def installed(module: str) -> bool:
+        try:
+            return importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            return False
+
+    return {name: entry for name, entry in COMMANDS.items() if installed(entry[0])}
+
+
+def build_parser(chosen: str | None) -> ArgumentParser:
+    """The parser; only the chosen command's module is imported to add its arguments."""
+    parser = ArgumentParser(prog="mobile-moe", description="Mobile V-MoE toolkit: train, split, export, benchmark.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_text) in _available_commands().items():
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            command = importlib.import_module(module)
+            command.configure(sub)
+            sub.set_defaults(run=command.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    chosen = next((arg for arg in argv if not arg.startswith("-")), None)
+    try:
+        args = build_parser(chosen).parse_args(argv)
+        return args.run(args) or 0
+    except UsageError as error:
+        if os.environ.get("MOBILE_MOE_DEBUG") == "1":
+            raise
+        print(f"mobile-moe {chosen or ''}: error: {error}".replace("  ", " "), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("mobile-moe: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

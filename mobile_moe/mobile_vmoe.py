@@ -1,0 +1,98 @@
+"""Mobile V-MoE (Daxberger et al. 2023): a ViT whose last L blocks are MoE blocks sharing ONE per-image router.
+
+    images -> [RouterStage: embedding, depth-L dense blocks, router] -> tokens, routing
+           -> [L MoE blocks, each using the same chosen experts] -> head -> logits
+
+The router stage and each expert's path are modules of their own (router_stage(), expert_path(e)) that share the
+model's parameters, so export/ lifts them into separate graphs without copying code: a phone then holds the router and
+only the experts it picks. Legend: B images, T tokens, D width, E experts, k experts per image, K classes.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from mobile_moe.config import MobileVMoEConfig
+from mobile_moe.moe import moe_block
+from mobile_moe.outputs import ModelOutput, Routing
+from mobile_moe.routers import PerImageRouter
+from mobile_moe.vit import Block, ClassifierHead, TokenEmbedding, dense_block, init_weights
+
+
+class RouterStage(nn.Module):
+    """images (B, C, H, W) -> (tokens (B, T, D) after the dense blocks, Routing)."""
+
+    def __init__(self, embedding: TokenEmbedding, blocks: nn.ModuleList, router: nn.Module):
+        super().__init__()
+        self.embedding = embedding
+        self.blocks = blocks
+        self.router = router
+
+    def forward(self, images: Tensor) -> tuple[Tensor, Routing]:
+        x = self.embedding(images)  # (B, T, D)
+        for block in self.blocks:
+            x = block(x)
+        return x, self.router(x)
+
+
+class ExpertPath(nn.Module):
+    """(tokens (B, T, D), gate (B, 1)) -> logits (B, K) for images routed to one expert (k = 1).
+
+    Holds that expert's MLP in every MoE block, the blocks' shared attention and norms, and the head: exactly the
+    weights one image needs after the router. The gate scales the expert's output in each block, as in the model.
+    """
+
+    def __init__(self, blocks: list[Block], head: ClassifierHead, expert: int):
+        super().__init__()
+        self.expert = expert
+        self.blocks = nn.ModuleList(blocks)
+        self.head = head
+
+    def forward(self, tokens: Tensor, gate: Tensor) -> Tensor:
+        gate = gate.reshape(-1, 1, 1).to(tokens.dtype)  # (B, 1, 1)
+        x = tokens
+        for block in self.blocks:
+            x = block.attend(x)
+            x = x + gate * block.mlp(block.norm2(x))
+        return self.head(x)
+
+
+class MobileVMoE(nn.Module):
+    """The whole model; training and evaluation call it, export splits it."""
+
+    def __init__(self, cfg: MobileVMoEConfig):
+        super().__init__()
+        self.config = cfg
+        router = PerImageRouter(cfg.width, cfg.num_experts, cfg.top_k, cfg.pool, cfg.renormalize_gates)
+        dense_blocks = nn.ModuleList(dense_block(cfg) for _ in range(cfg.dense_layers))
+        self.router_stage = RouterStage(TokenEmbedding(cfg), dense_blocks, router)
+        self.moe_blocks = nn.ModuleList(moe_block(cfg, cfg.num_experts) for _ in range(cfg.moe_layers))
+        self.head = ClassifierHead(cfg)
+        self.apply(init_weights)
+
+    @property
+    def router(self) -> PerImageRouter:
+        return self.router_stage.router
+
+    def forward_features(self, images: Tensor) -> tuple[Tensor, Routing]:
+        """(B, C, H, W) -> (tokens (B, T, D) before the final norm, Routing). One decision serves all MoE blocks."""
+        x, routing = self.router_stage(images)
+        for block in self.moe_blocks:
+            x = block(x, routing)
+        return x, routing
+
+    def forward_head(self, tokens: Tensor) -> Tensor:
+        return self.head(tokens)
+
+    def forward(self, images: Tensor) -> ModelOutput:
+        tokens, routing = self.forward_features(images)
+        return ModelOutput(self.forward_head(tokens), routing)
+
+    # --- the split, for export ------------------------------------------------------------------------------------
+
+    def expert_path(self, expert: int) -> ExpertPath:
+        """Expert `expert`'s path through all MoE blocks and the head, sharing this model's parameters."""
+        if not 0 <= expert < self.config.num_experts:
+            raise IndexError(f"expert {expert} out of range 0..{self.config.num_experts - 1}")
+        blocks = [block.with_expert(expert) for block in self.moe_blocks]
+        return ExpertPath(blocks, self.head, expert)

@@ -1,0 +1,82 @@
+"""The MoE layer: E expert MLPs, grouped dispatch, and the MoE-ViT block (shared attention and norms).
+
+Legend: B routed items (images, for a per-image router), T tokens, D width, E experts, k experts per item,
+n_e items routed to expert e (sum over e of n_e = B * k).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from mobile_moe.config import ViTConfig
+from mobile_moe.outputs import Routing
+from mobile_moe.vit import Attention, Block, Mlp
+
+
+class ExpertMLPs(nn.Module):
+    """E independent MLPs. Each is its own module so an exported expert graph holds only its own weights."""
+
+    def __init__(self, num_experts: int, width: int, hidden: int):
+        super().__init__()
+        self.experts = nn.ModuleList(Mlp(width, hidden) for _ in range(num_experts))
+
+    def __len__(self) -> int:
+        return len(self.experts)
+
+    def forward(self, x: Tensor, experts: Tensor, gates: Tensor) -> Tensor:
+        """sum over the chosen experts i of g_i * MLP_i(x), computed in O(k) MLP runs per item, not O(E).
+
+        x: (B, T, D); experts, gates: (B, k). Items are grouped by expert (one stable sort), each expert runs once on
+        its group (gather -> MLP -> scatter-add). The group sizes are read on the host once per call: this is the
+        training/eager path; exported graphs hold one expert each and never branch on data.
+        """
+        B, k = experts.shape
+        flat_experts = experts.reshape(-1)  # (B*k,)
+        flat_items = torch.arange(B, device=x.device).repeat_interleave(k)  # (B*k,): item of each (item, choice)
+        flat_gates = gates.reshape(-1)  # (B*k,)
+        order = torch.argsort(flat_experts, stable=True)  # (B*k,): choices grouped by expert
+        group_sizes = torch.bincount(flat_experts, minlength=len(self.experts)).tolist()  # [n_e] for e in 0..E-1
+        out = torch.zeros_like(x)  # (B, T, D)
+        for expert, group in zip(self.experts, order.split(group_sizes), strict=True):
+            if group.numel() == 0:
+                continue
+            items = flat_items[group]  # (n_e,)
+            y = expert(x[items]) * flat_gates[group].view(-1, 1, 1).to(x.dtype)  # (n_e, T, D)
+            out.index_add_(0, items, y)
+        return out
+
+
+def dense_mixture(experts: ExpertMLPs, x: Tensor, routing: Routing) -> Tensor:
+    """Reference mixture: run all E experts on every item and weight by the sparse gate vector.
+
+    Costs E/k times the FLOPs of ExpertMLPs.forward. It exists for tests (the grouped dispatch must equal it) and for
+    the naive single-graph export that benchmarks compare against; never use it for training.
+    """
+    weights = torch.zeros_like(routing.probs).scatter(-1, routing.experts, routing.gates)  # (B, E), zero off top-k
+    outputs = torch.stack([expert(x) for expert in experts.experts], dim=1)  # (B, E, T, D)
+    return torch.einsum("be,betd->btd", weights.to(x.dtype), outputs)  # (B, T, D)
+
+
+class MoEBlock(Block):
+    """MoE-ViT block: x + attn(LN(x)), then x + sum_i g_i * MLP_i(LN(x)); attention and norms shared by experts."""
+
+    mlp: ExpertMLPs
+
+    def forward(self, x: Tensor, routing: Routing) -> Tensor:  # type: ignore[override]
+        """x: (B, T, D) -> (B, T, D), with routing.experts / routing.gates of shape (B, k)."""
+        x = self.attend(x)
+        return x + self.mlp(self.norm2(x), routing.experts, routing.gates)
+
+    def with_expert(self, expert: int) -> Block:
+        """A dense view of this block whose MLP is expert `expert`: shares every parameter, copies none."""
+        return Block(self.norm1, self.attn, self.norm2, self.mlp.experts[expert])
+
+
+def moe_block(cfg: ViTConfig, num_experts: int) -> MoEBlock:
+    return MoEBlock(
+        nn.LayerNorm(cfg.width),
+        Attention(cfg.width, cfg.num_heads),
+        nn.LayerNorm(cfg.width),
+        ExpertMLPs(num_experts, cfg.width, cfg.mlp_hidden),
+    )

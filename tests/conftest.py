@@ -1,0 +1,29 @@
+"""Shared fixtures: tiny models (so the suite stays fast on 2 cores)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mobile_moe.registry import create_model, list_models
+
+# A tiny config per registered model: 32 px images, 8 px patches -> 16 patches, width 32, 3 blocks.
+TINY = {"image_size": 32, "patch_size": 8, "num_classes": 7, "depth": 3, "width": 32, "num_heads": 2}
+TINY_MOE = {"num_experts": 4, "top_k": 1, "moe_layers": 2}
+
+
+def tiny_model(name: str, **overrides) -> torch.nn.Module:
+    fields = dict(TINY, **(TINY_MOE if name != "vit" else {}))
+    fields.update(overrides)
+    torch.manual_seed(0)
+    return create_model(name, **fields)
+
+
+@pytest.fixture(params=list_models())
+def model_name(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def images() -> torch.Tensor:
+    return torch.randn(6, 3, 32, 32, generator=torch.Generator().manual_seed(1))

@@ -1,0 +1,118 @@
+"""Behaviour of every registered model: shapes, gradients, routing, dispatch, and the export split."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mobile_moe.checkpoint import checkpoint_dict, load_checkpoint, model_from_checkpoint, save_checkpoint
+from mobile_moe.moe import dense_mixture
+from tests.conftest import tiny_model
+
+
+@pytest.mark.parametrize("pool", ["cls", "mean"])
+def test_forward_shapes_and_finite(model_name, images, pool):
+    model = tiny_model(model_name, pool=pool)
+    out = model(images)
+    assert out.logits.shape == (6, 7)
+    assert torch.isfinite(out.logits).all()
+    if model_name == "vit":
+        assert out.routing is None
+    else:
+        routing = out.routing
+        assert routing.logits.shape == routing.probs.shape == (6, 4)
+        assert routing.experts.shape == routing.gates.shape == (6, 1)
+        assert routing.experts.dtype == torch.int64
+        torch.testing.assert_close(routing.probs.sum(-1), torch.ones(6))
+        torch.testing.assert_close(routing.gates[:, 0], routing.probs.max(-1).values)
+
+
+def test_every_parameter_gets_a_gradient(model_name, images):
+    # Enough images that every expert is chosen at least once; the router learns through the router loss.
+    model = tiny_model(model_name, **({} if model_name == "vit" else {"top_k": 4}))
+    out = model(images)
+    loss = F.cross_entropy(out.logits, torch.arange(6) % 7)
+    if out.routing is not None:
+        loss = loss + 0.3 * F.cross_entropy(out.routing.logits, torch.arange(6) % 4)
+    loss.backward()
+    missing = [name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert missing == []
+
+
+def test_k_equals_e_is_a_dense_mixture(images):
+    model = tiny_model("mobile-vmoe", top_k=4).eval()
+    with torch.no_grad():
+        x, routing = model.router_stage(images)
+        assert sorted(routing.experts[0].tolist()) == [0, 1, 2, 3]
+        for block in model.moe_blocks:
+            x = block.attend(x)
+            x = x + dense_mixture(block.mlp, block.norm2(x), routing)
+        reference = model.head(x)
+        torch.testing.assert_close(model(images).logits, reference, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 3])
+def test_grouped_dispatch_equals_per_image_loop(images, top_k):
+    model = tiny_model("mobile-vmoe", top_k=top_k).eval()
+    with torch.no_grad():
+        batched = model(images).logits
+        one_by_one = torch.cat([model(image[None]).logits for image in images])
+    torch.testing.assert_close(batched, one_by_one, atol=1e-5, rtol=1e-5)
+
+
+def test_grouped_dispatch_runs_each_expert_once_on_its_group(images):
+    model = tiny_model("mobile-vmoe", num_experts=5).eval()
+    block = model.moe_blocks[0]
+    seen: dict[int, int] = {}
+    for index, expert in enumerate(block.mlp.experts):
+        expert.register_forward_hook(lambda m, inp, out, index=index: seen.__setitem__(index, inp[0].shape[0]))
+    with torch.no_grad():
+        routing = model(images).routing
+    counts = torch.bincount(routing.experts[:, 0], minlength=5)
+    assert seen == {e: int(n) for e, n in enumerate(counts) if n > 0}
+
+
+def test_renormalized_gates_sum_to_one(images):
+    model = tiny_model("mobile-vmoe", top_k=2, renormalize_gates=True)
+    torch.testing.assert_close(model(images).routing.gates.sum(-1), torch.ones(6))
+
+
+@pytest.mark.parametrize("pool", ["cls", "mean"])
+def test_router_stage_and_expert_path_reproduce_the_model(images, pool):
+    model = tiny_model("mobile-vmoe", pool=pool).eval()
+    with torch.no_grad():
+        whole = model(images)
+        tokens, routing = model.router_stage(images)
+        chained = torch.cat(
+            [
+                model.expert_path(int(routing.experts[i, 0]))(tokens[i : i + 1], routing.gates[i : i + 1])
+                for i in range(len(images))
+            ]
+        )
+    torch.testing.assert_close(routing.experts, whole.routing.experts, rtol=0, atol=0)
+    torch.testing.assert_close(chained, whole.logits, atol=1e-5, rtol=1e-5)
+
+
+def test_expert_path_holds_only_its_own_expert():
+    model = tiny_model("mobile-vmoe")
+    path = model.expert_path(2)
+    own = {id(p) for block in model.moe_blocks for p in block.mlp.experts[2].parameters()}
+    others = {id(p) for block in model.moe_blocks for e in (0, 1, 3) for p in block.mlp.experts[e].parameters()}
+    held = {id(p) for p in path.parameters()}
+    assert own <= held and not (others & held)
+    shared = {id(p) for p in model.head.parameters()} | {id(p) for p in model.moe_blocks[0].attn.parameters()}
+    assert shared <= held  # shared, not copied
+    with pytest.raises(IndexError):
+        model.expert_path(4)
+
+
+def test_checkpoint_round_trip(model_name, images, tmp_path):
+    model = tiny_model(model_name).eval()
+    save_checkpoint(checkpoint_dict(model, epoch=3), tmp_path / "ckpt.pt")
+    checkpoint = load_checkpoint(tmp_path / "ckpt.pt")
+    assert checkpoint["epoch"] == 3
+    rebuilt = model_from_checkpoint(checkpoint).eval()
+    assert rebuilt.config == model.config
+    torch.testing.assert_close(rebuilt(images).logits, model(images).logits, rtol=0, atol=0)
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]  # no temporary file left behind
