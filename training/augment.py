@@ -1,0 +1,61 @@
+"""Augmentation with torchvision.transforms.v2: the per-image training pipeline and the per-batch MixUp/CutMix.
+
+Targets become probability vectors (B, C) after mixing. Super-class targets are derived from them by one matrix
+product with the class -> super-class one-hot matrix (C, E): mixing is linear, so this equals mixing the super-class
+one-hots with the same weights and the same partner images, as the paper's loss needs with MixUp/CutMix.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from training.data import Data
+from training.recipes import TrainConfig
+
+
+def train_transform(cfg: TrainConfig, data: Data):
+    """Raw image -> augmented, normalised float (3, S, S): crop, flip, RandAugment, normalise, random erasing."""
+    from torchvision.transforms import v2
+
+    steps = [v2.ToImage(), v2.RandomResizedCrop(data.image_size, scale=(cfg.crop_scale, 1.0), antialias=True)]
+    if cfg.hflip:
+        steps.append(v2.RandomHorizontalFlip())
+    if cfg.randaugment_ops > 0:
+        steps.append(v2.RandAugment(num_ops=cfg.randaugment_ops, magnitude=cfg.randaugment_magnitude))
+    steps.append(data.normalize())
+    if cfg.random_erasing > 0:
+        steps.append(v2.RandomErasing(p=cfg.random_erasing, value=0))  # after normalising: erased = the mean pixel
+    return v2.Compose(steps)
+
+
+def batch_mixer(cfg: TrainConfig, num_classes: int):
+    """MixUp and/or CutMix on (images, labels) -> (images, soft targets (B, C)); None when both are off."""
+    from torchvision.transforms import v2
+
+    mixers = []
+    if cfg.mixup_alpha > 0:
+        mixers.append(v2.MixUp(alpha=cfg.mixup_alpha, num_classes=num_classes))
+    if cfg.cutmix_alpha > 0:
+        mixers.append(v2.CutMix(alpha=cfg.cutmix_alpha, num_classes=num_classes))
+    if not mixers:
+        return None
+    return mixers[0] if len(mixers) == 1 else v2.RandomChoice(mixers)  # DeiT: one of the two per batch, p = 0.5
+
+
+def class_targets(images: Tensor, labels: Tensor, num_classes: int, mixer=None) -> tuple[Tensor, Tensor]:
+    """-> (images, targets (B, C) float): mixed by `mixer` if given, else one-hot labels."""
+    if mixer is not None:
+        return mixer(images, labels)
+    return images, F.one_hot(labels, num_classes).float()
+
+
+def assignment_matrix(assignment: list[int], num_super_classes: int, device=None) -> Tensor:
+    """(C, E) one-hot: row c has a 1 at super-class assignment[c]."""
+    return F.one_hot(torch.as_tensor(assignment, device=device), num_super_classes).float()
+
+
+def super_targets(targets: Tensor, assignment: Tensor) -> Tensor:
+    """Class targets (B, C) -> super-class targets (B, E), mixed exactly as the class targets were."""
+    return targets @ assignment  # (B, C) @ (C, E) -> (B, E)

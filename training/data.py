@@ -1,0 +1,212 @@
+"""Data specs (DESIGN.md) -> `Data`: three splits, class names, normalisation, and super-classes when known.
+
+    digits                        scikit-learn's 1,797 real 8x8 digits, resized, 3 channels (offline; demo and tests)
+    synthetic[:classes=C,super=S,per_class=N,noise=X,seed=K]   planted class -> super-class hierarchy (synthetic.py)
+    cifar10:ROOT, cifar100:ROOT   local CIFAR files; CIFAR-100 brings its 20 coarse labels as super-classes
+    imagefolder:ROOT              ROOT/train and ROOT/val; val is halved into val (held out) and test
+
+Splits: `train`, `val` (model selection and super-class derivation) and `test`, fixed and stratified. `split(name)`
+gives un-augmented, normalised float images (3, S, S) with int labels; training passes its own transform for train.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from mobile_moe.errors import UsageError
+from super_class.superclasses import SuperClasses, from_labels
+from training import files, synthetic
+
+SPLITS = ("train", "val", "test")
+SPEC_HELP = "digits, synthetic[:classes=C,super=S,...], cifar10:ROOT, cifar100:ROOT or imagefolder:ROOT"
+SPLIT_SEED = 0  # the train/val/test splits never change with the training seed
+
+
+class ImageTensors(Dataset):
+    """In-memory uint8 images (N, 3, S, S) and labels; items are (image (3, S, S) uint8, label)."""
+
+    def __init__(self, images: torch.Tensor, labels: np.ndarray):
+        self.images = images
+        self.targets = [int(label) for label in labels]
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int):
+        return self.images[index], self.targets[index]
+
+
+class Transformed(Dataset):
+    """A raw dataset with a transform applied to each image; labels pass through as ints."""
+
+    def __init__(self, raw: Dataset, transform: Callable, targets: list[int]):
+        self.raw = raw
+        self.transform = transform
+        self.targets = targets
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int):
+        image, label = self.raw[index]
+        return self.transform(image), int(label)
+
+
+@dataclass
+class Data:
+    spec: str
+    image_size: int
+    class_names: list[str]
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    raw_splits: dict[str, Dataset]  # items (uint8 tensor or PIL image, label), not yet resized or normalised
+    resize_for_eval: list = field(default_factory=list)  # v2 transforms bringing a raw image to (3, S, S)
+    super_classes: SuperClasses | None = None  # provided by the dataset itself (synthetic truth, CIFAR-100 coarse)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def targets(self, name: str) -> list[int]:
+        raw = self._raw(name)
+        return list(raw.targets) if hasattr(raw, "targets") else _subset_targets(raw)
+
+    def normalize(self):
+        """uint8 image -> float in [0, 1] -> (x - mean) / std: the last steps of every pipeline (and of export's)."""
+        from torchvision.transforms import v2
+
+        return v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(self.mean), list(self.std))])
+
+    def eval_transform(self):
+        from torchvision.transforms import v2
+
+        return v2.Compose([v2.ToImage(), *self.resize_for_eval, self.normalize()])
+
+    def split(self, name: str, transform: Callable | None = None) -> Dataset:
+        """Items (image float (3, S, S), label int). Un-augmented unless a (training) `transform` is given; a given
+        transform receives the raw image and must resize and normalise it itself (see augment.train_transform)."""
+        raw = self._raw(name)
+        return Transformed(raw, transform or self.eval_transform(), self.targets(name))
+
+    def _raw(self, name: str) -> Dataset:
+        if name not in SPLITS:
+            raise UsageError(f"split {name!r}: choose one of {', '.join(SPLITS)}")
+        return self.raw_splits[name]
+
+
+def _subset_targets(subset) -> list[int]:
+    return [int(subset.dataset.targets[i]) for i in subset.indices]
+
+
+def stratified_split(labels: np.ndarray, fractions: tuple[float, ...], seed: int = SPLIT_SEED) -> list[np.ndarray]:
+    """Indices for each part, sized by `fractions` (summing to 1), every class spread evenly, deterministic."""
+    from sklearn.model_selection import train_test_split
+
+    labels = np.asarray(labels)
+    counts = np.bincount(labels)
+    stratify = labels if counts[counts > 0].min() >= len(fractions) else None  # too few of a class: plain shuffle
+    rest, parts = np.arange(len(labels)), []
+    remaining = 1.0
+    for fraction in fractions[:-1]:
+        strata = None if stratify is None else labels[rest]
+        take, rest = train_test_split(rest, train_size=fraction / remaining, random_state=seed, stratify=strata)
+        parts.append(np.sort(take))
+        remaining -= fraction
+    return [*parts, np.sort(rest)]
+
+
+def channel_stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and std of uint8 images (N, 3, S, S) in [0, 1] units; std floored to keep it invertible."""
+    x = images.float().div(255).transpose(0, 1).reshape(3, -1)  # (3, N*S*S)
+    return tuple(round(v, 4) for v in x.mean(1).tolist()), tuple(round(max(v, 1e-3), 4) for v in x.std(1).tolist())
+
+
+def in_memory(spec, image_size, images: np.ndarray, labels: np.ndarray, class_names, super_classes=None) -> Data:
+    """Split in-memory images 70/15/15 (stratified); statistics from the training part only."""
+    images = torch.from_numpy(images)
+    parts = stratified_split(labels, (0.7, 0.15, 0.15))
+    splits = {name: ImageTensors(images[idx], labels[idx]) for name, idx in zip(SPLITS, parts, strict=True)}
+    mean, std = channel_stats(splits["train"].images)
+    return Data(spec, image_size, list(class_names), mean, std, splits, [], super_classes)
+
+
+def open_digits(spec: str, image_size: int) -> Data:
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    pixels = torch.from_numpy(digits.images).float().mul(255 / 16)[:, None]  # (N, 1, 8, 8) in [0, 255]
+    pixels = torch.nn.functional.interpolate(pixels, size=(image_size, image_size), mode="bilinear")  # (N, 1, S, S)
+    images = pixels.round().clamp(0, 255).to(torch.uint8).expand(-1, 3, -1, -1).contiguous()  # (N, 3, S, S)
+    return in_memory(spec, image_size, images.numpy(), digits.target, [str(d) for d in range(10)])
+
+
+def open_synthetic(spec: str, argument: str, image_size: int) -> Data:
+    options = synthetic.parse_synthetic(argument)
+    images, labels = synthetic.generate(options, image_size)
+    names = synthetic.class_names(options)
+    truth = from_labels(options.assignment, names, synthetic.super_class_names(options), f"{spec}:truth")
+    return in_memory(spec, image_size, images, labels, names, truth)
+
+
+def resize_to(image_size: int, crop: bool) -> list:
+    """Eval geometry: shorter side to S (ImageNet style: to S*256/224, then a centre crop of S), or a plain resize."""
+    from torchvision.transforms import v2
+
+    if crop:
+        return [v2.Resize(int(round(image_size * 256 / 224)), antialias=True), v2.CenterCrop(image_size)]
+    return [v2.Resize((image_size, image_size), antialias=True)]
+
+
+def open_cifar(spec: str, name: str, root: str, image_size: int) -> Data:
+    train, test, names, coarse = files.open_cifar(name, root)
+    train_idx, val_idx = stratified_split(np.asarray(train.targets), (0.9, 0.1))
+    splits = {"train": files.subset(train, train_idx), "val": files.subset(train, val_idx), "test": test}
+    mean, std = files.CIFAR_STATS[name]
+    resize = [] if image_size == 32 else resize_to(image_size, crop=False)
+    return Data(spec, image_size, names, mean, std, splits, resize, coarse)
+
+
+def open_imagefolder(spec: str, root: str, image_size: int) -> Data:
+    train, val, names = files.open_imagefolder(root)
+    val_idx, test_idx = stratified_split(np.asarray(val.targets), (0.5, 0.5))
+    splits = {"train": train, "val": files.subset(val, val_idx), "test": files.subset(val, test_idx)}
+    mean, std = files.IMAGENET_STATS
+    return Data(spec, image_size, names, mean, std, splits, resize_to(image_size, crop=True), None)
+
+
+def open_data(spec: str, image_size: int, mean=None, std=None) -> Data:
+    """Open a data spec at `image_size`. `mean`/`std` override the dataset's own statistics (a run's recorded ones)."""
+    if not isinstance(image_size, int) or image_size < 1:
+        raise UsageError(f"image size {image_size!r}: must be a positive integer")
+    name, _, argument = spec.partition(":")
+    if name == "digits" and not argument:
+        data = open_digits(spec, image_size)
+    elif name == "synthetic":
+        data = open_synthetic(spec, argument, image_size)
+    elif name in ("cifar10", "cifar100") and argument:
+        data = open_cifar(spec, name, argument, image_size)
+    elif name == "imagefolder" and argument:
+        data = open_imagefolder(spec, argument, image_size)
+    else:
+        raise UsageError(f"data spec {spec!r}: use {SPEC_HELP}")
+    if mean is not None:
+        data.mean = tuple(float(v) for v in mean)
+    if std is not None:
+        data.std = tuple(float(v) for v in std)
+    return data
+
+
+def data_record(data: Data) -> dict:
+    """What config.json keeps about the data: enough for export and evaluation to rebuild the input pipeline."""
+    return {
+        "spec": data.spec,
+        "image_size": data.image_size,
+        "mean": list(data.mean),
+        "std": list(data.std),
+        "class_names": list(data.class_names),
+    }

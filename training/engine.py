@@ -1,0 +1,106 @@
+"""One training epoch, flat (torchvision references / DeiT `engine.py` style). Evaluation lives in evaluate.py."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from training import augment, losses
+from training.distributed import Placement, mean_over_ranks
+from training.evaluate import autocast
+from training.progress import Progress
+from training.recipes import TrainConfig
+
+
+class NonFiniteLoss(Exception):
+    """The loss became NaN or inf; training stops and keeps the last good checkpoint."""
+
+    def __init__(self, value: float, epoch: int, step: int, global_step: int):
+        super().__init__(f"loss {value} at epoch {epoch + 1}, step {step + 1} (global step {global_step + 1})")
+        self.value, self.epoch, self.step, self.global_step = value, epoch, step, global_step
+
+
+@dataclass
+class EpochContext:
+    """What an epoch needs besides the model: fixed for the whole run."""
+
+    cfg: TrainConfig
+    placement: Placement
+    num_classes: int
+    assignment: Tensor | None  # (C, E) class -> super-class one-hot, on the device; None without super-classes
+    mixer: object | None  # MixUp/CutMix batch transform
+
+
+def train_one_epoch(
+    step_module: nn.Module,
+    model: nn.Module,
+    loader,
+    optimizer: torch.optim.Optimizer,
+    scheduler,
+    ctx: EpochContext,
+    epoch: int,
+) -> dict[str, float]:
+    """Train over `loader` once; -> mean train loss terms, train top-1 (vs the dominant target) and images/s.
+
+    `step_module` is what runs the forward (the TrainingForward, possibly DDP- and compile-wrapped); `model` is the
+    bare model, used for gradient clipping.
+    """
+    cfg, device = ctx.cfg, ctx.placement.device
+    step_module.train()
+    sums = {"loss": 0.0, "class_loss": 0.0, "router_loss": 0.0, "balance_loss": 0.0, "correct": 0.0}
+    images_seen, steps = 0, len(loader)
+    progress = Progress(steps, f"epoch {epoch + 1}/{cfg.epochs}", enabled=ctx.placement.is_main)
+    start = time.perf_counter()
+    for step, (images, labels) in enumerate(loader):
+        images = images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
+        images, targets = augment.class_targets(images, labels, ctx.num_classes, ctx.mixer)  # targets (B, C)
+        super_targets = augment.super_targets(targets, ctx.assignment) if ctx.assignment is not None else None
+
+        with autocast(device, cfg.amp):
+            super_labels = super_targets.argmax(-1) if super_targets is not None else None
+            output = step_module(images, super_labels)
+            terms = losses.training_loss(
+                output, targets, super_targets, cfg.router_loss_weight, cfg.balance_loss_weight, cfg.label_smoothing
+            )
+        # One host sync per step, as in DeiT: a NaN must stop training before it reaches the weights.
+        loss_value = mean_over_ranks(terms.total.detach()).item()
+        if not math.isfinite(loss_value):
+            progress.close()
+            raise NonFiniteLoss(loss_value, epoch, step, epoch * steps + step)
+
+        optimizer.zero_grad(set_to_none=True)
+        terms.total.backward()
+        if cfg.grad_clip > 0:
+            nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        scheduler.step()
+
+        correct = (output.logits.argmax(-1) == losses.hard_labels(targets)).float().sum().item()
+        sums["loss"] += loss_value
+        sums["class_loss"] += terms.classification.item()
+        sums["router_loss"] += terms.router.item()
+        sums["balance_loss"] += terms.balance.item()
+        sums["correct"] += correct
+        images_seen += len(labels)
+        elapsed = time.perf_counter() - start
+        progress.update(
+            loss=sums["loss"] / (step + 1),
+            acc=sums["correct"] / images_seen,
+            img_s=images_seen * ctx.placement.world_size / elapsed,
+        )
+    progress.close()
+    elapsed = time.perf_counter() - start
+    return {
+        "train_loss": sums["loss"] / steps,
+        "train_class_loss": sums["class_loss"] / steps,
+        "train_router_loss": sums["router_loss"] / steps,
+        "train_balance_loss": sums["balance_loss"] / steps,
+        "train_top1": sums["correct"] / images_seen,  # this process's share; against the dominant (mixed) class
+        "images_per_s": images_seen * ctx.placement.world_size / elapsed,
+        "epoch_time_s": elapsed,
+    }

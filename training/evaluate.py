@@ -1,0 +1,148 @@
+"""Evaluation: top-1 / top-5, router accuracy against super-classes, per-expert load and accuracy; and the raw
+softmax predictions super_class/ builds confusion matrices from.
+
+Counts are summed per process and all-reduced, so under DDP each process evaluates its own shard of the split.
+Routing is the model's own (inference behaviour), whatever training used. Legend: N images, C classes, E experts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
+
+
+def autocast(device: torch.device | str, enabled: bool = True):
+    """bf16 autocast on CUDA; a no-op elsewhere (CPU training stays in float32, exactly reproducible)."""
+    device = torch.device(device)
+    if enabled and device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _batches(dataset: Dataset, batch_size: int, device):
+    for images, labels in DataLoader(dataset, batch_size=batch_size, shuffle=False):
+        yield images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+
+
+@torch.no_grad()
+def collect_predictions(
+    model: nn.Module, dataset: Dataset, batch_size: int = 256, device: str | torch.device = "cpu"
+) -> tuple[np.ndarray, np.ndarray]:
+    """-> (probs (N, C) float64 softmax, labels (N,) int64), in dataset order."""
+    was_training = model.training
+    model.eval()
+    probs, labels = [], []
+    for images, batch_labels in _batches(dataset, batch_size, device):
+        probs.append(model(images).logits.float().softmax(dim=-1).double().cpu())
+        labels.append(batch_labels.cpu())
+    model.train(was_training)
+    return torch.cat(probs).numpy(), torch.cat(labels).numpy().astype(np.int64)
+
+
+def confusion_counts(probs: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """(C, C) int64: row = true class, column = predicted (arg-max) class."""
+    C = probs.shape[1]
+    return np.bincount(labels * C + probs.argmax(1), minlength=C * C).reshape(C, C)
+
+
+@dataclass
+class EvalCounts:
+    """Sums over images; add-able across batches and all-reducible across processes."""
+
+    images: Tensor  # () number of images
+    top1: Tensor  # () correct at top-1
+    top5: Tensor  # () correct at top-5 (top-C when C < 5)
+    router: Tensor  # () router's top choice == true super-class (only with super-classes)
+    expert_images: Tensor  # (E,) images that used expert e (any of their k choices)
+    expert_first: Tensor  # (E,) images whose first choice was e
+    expert_first_correct: Tensor  # (E,) ... and were classified correctly
+
+    @classmethod
+    def zeros(cls, num_experts: int, device) -> EvalCounts:
+        z = lambda *shape: torch.zeros(shape, dtype=torch.float64, device=device)  # noqa: E731
+        return cls(z(), z(), z(), z(), z(num_experts), z(num_experts), z(num_experts))
+
+    def as_tensor(self) -> Tensor:
+        return torch.cat([t.reshape(-1) for t in vars(self).values()])
+
+    def all_reduce(self) -> None:
+        """Sum over DDP processes (no-op when not distributed)."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        flat = self.as_tensor()
+        dist.all_reduce(flat)
+        offset = 0
+        for name, value in vars(self).items():
+            setattr(self, name, flat[offset : offset + value.numel()].reshape(value.shape))
+            offset += value.numel()
+
+
+def count_batch(counts: EvalCounts, output, labels: Tensor, super_of: Tensor | None) -> None:
+    logits = output.logits.float()
+    top = logits.topk(min(5, logits.shape[1]), dim=-1).indices  # (B, 5)
+    correct = top[:, 0] == labels  # (B,)
+    counts.images += len(labels)
+    counts.top1 += correct.sum()
+    counts.top5 += (top == labels[:, None]).any(dim=-1).sum()
+    routing = output.routing
+    if routing is None:
+        return
+    E = routing.probs.shape[-1]
+    counts.expert_images += torch.nn.functional.one_hot(routing.experts, E).amax(dim=1).sum(0)  # (E,)
+    first = routing.experts[:, 0]  # (B,)
+    counts.expert_first += torch.bincount(first, minlength=E)
+    counts.expert_first_correct += torch.bincount(first[correct], minlength=E)
+    if super_of is not None:
+        counts.router += (routing.probs.argmax(dim=-1) == super_of[labels]).sum()
+
+
+def summarize(counts: EvalCounts, has_router: bool, has_super: bool) -> dict[str, Any]:
+    n = max(counts.images.item(), 1.0)
+    result: dict[str, Any] = {
+        "images": int(counts.images.item()),
+        "top1": counts.top1.item() / n,
+        "top5": counts.top5.item() / n,
+        "router_accuracy": counts.router.item() / n if has_super else None,
+    }
+    if has_router:
+        result["expert_load"] = (counts.expert_images / n).tolist()
+        result["expert_accuracy"] = [
+            (c / f) if f > 0 else None
+            for c, f in zip(counts.expert_first_correct.tolist(), counts.expert_first.tolist(), strict=True)
+        ]
+    return result
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    dataset: Dataset,
+    super_assignment: list[int] | None = None,
+    batch_size: int = 256,
+    device: str | torch.device = "cpu",
+    amp: bool = True,
+) -> dict[str, Any]:
+    """-> {"images", "top1", "top5", "router_accuracy" (None without super-classes), and for MoE models
+    "expert_load" (share of images using each expert; sums to k) and "expert_accuracy" (top-1 of the images whose
+    first choice was the expert; None if none)}. Under DDP pass each process its shard; counts are all-reduced."""
+    num_experts = getattr(model.config, "num_experts", 0) or 0
+    has_router = num_experts > 0
+    super_of = torch.as_tensor(super_assignment, device=device) if super_assignment is not None else None
+    counts = EvalCounts.zeros(num_experts, device)
+    was_training = model.training
+    model.eval()
+    for images, labels in _batches(dataset, batch_size, device):
+        with autocast(device, amp):
+            output = model(images)
+        count_batch(counts, output, labels, super_of)
+    model.train(was_training)
+    counts.all_reduce()
+    return summarize(counts, has_router, has_router and super_of is not None)

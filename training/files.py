@@ -1,0 +1,88 @@
+"""Datasets read from local files, never downloaded: `cifar10:ROOT`, `cifar100:ROOT`, `imagefolder:ROOT`.
+
+Each returns the raw splits (items are (PIL image, label)), the class names and, for CIFAR-100, its 20 coarse labels
+(read from the dataset's own pickles: torchvision's class drops them). A missing or broken ROOT is a UsageError that
+says which files belong where.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+from torch.utils.data import Dataset, Subset
+
+from mobile_moe.errors import UsageError
+from super_class.superclasses import SuperClasses, from_labels
+
+CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
+CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
+CIFAR_FILES = {
+    "cifar10": "data_batch_1..5, test_batch, batches.meta",
+    "cifar100": "train, test, meta",
+}
+# Per-channel statistics of the training sets (as used by the torchvision/timm CIFAR recipes).
+CIFAR_STATS = {
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+}
+IMAGENET_STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+
+
+def _cifar_root(name: str, root: str) -> Path:
+    """Accept ROOT or ROOT/<extracted folder>; torchvision wants the parent of the extracted folder."""
+    path = Path(root).expanduser()
+    return path.parent if path.name == CIFAR_FOLDERS[name] else path
+
+
+def open_cifar(name: str, root: str) -> tuple[Dataset, Dataset, list[str], SuperClasses | None]:
+    """-> (official train set, official test set, class names, coarse super-classes for CIFAR-100)."""
+    from torchvision.datasets import CIFAR10, CIFAR100
+
+    parent = _cifar_root(name, root)
+    cls = CIFAR10 if name == "cifar10" else CIFAR100
+    try:
+        train = cls(str(parent), train=True, download=False)
+        test = cls(str(parent), train=False, download=False)
+    except (RuntimeError, OSError, pickle.UnpicklingError, EOFError) as error:
+        raise UsageError(
+            f"{name}:{root}: no readable {name.upper()} there ({error}); download the python version from "
+            f"{CIFAR_URL} and extract it so that {parent / CIFAR_FOLDERS[name]} holds {CIFAR_FILES[name]}"
+        ) from None
+    coarse = _cifar100_coarse(parent / CIFAR_FOLDERS[name], list(train.classes)) if name == "cifar100" else None
+    return train, test, list(train.classes), coarse
+
+
+def _cifar100_coarse(folder: Path, class_names: list[str]) -> SuperClasses:
+    """CIFAR-100's 20 coarse labels as super-classes: fine -> coarse read from the training pickle."""
+    with open(folder / "train", "rb") as f:
+        entry = pickle.load(f, encoding="latin1")
+    with open(folder / "meta", "rb") as f:
+        names = pickle.load(f, encoding="latin1")["coarse_label_names"]
+    assignment = [0] * len(class_names)
+    for fine, coarse in zip(entry["fine_labels"], entry["coarse_labels"], strict=True):
+        assignment[fine] = coarse
+    return from_labels(assignment, class_names, list(names), "cifar100:coarse")
+
+
+def open_imagefolder(root: str) -> tuple[Dataset, Dataset, list[str]]:
+    """ROOT/train/<class>/*.jpg and ROOT/val/<class>/*.jpg (ImageNet layout) -> (train, val, class names)."""
+    from torchvision.datasets import ImageFolder
+
+    path = Path(root).expanduser()
+    layout = f"put images in {path}/train/<class name>/*.jpg and {path}/val/<class name>/*.jpg"
+    folders = {}
+    for split in ("train", "val"):
+        if not (path / split).is_dir():
+            raise UsageError(f"imagefolder:{root}: {path / split} is missing; {layout}")
+        try:
+            folders[split] = ImageFolder(str(path / split))
+        except (FileNotFoundError, RuntimeError) as error:
+            raise UsageError(f"imagefolder:{root}: {error}; {layout}") from None
+    if folders["train"].classes != folders["val"].classes:
+        raise UsageError(f"imagefolder:{root}: train and val have different class folders; {layout}")
+    return folders["train"], folders["val"], list(folders["train"].classes)
+
+
+def subset(dataset: Dataset, indices) -> Subset:
+    return Subset(dataset, [int(i) for i in indices])

@@ -1,0 +1,284 @@
+"""`train(...)`: the whole training run, in commented sections; `resume_training(run_dir)` continues one.
+
+    from mobile_moe.config import make_config
+    from training import recipes
+    from training.train import train
+
+    run_dir = train(make_config("mobile-vmoe", "6x64", patch_size=8, image_size=32, num_classes=10, num_experts=5),
+                    recipes.tiny(), data_spec="digits", super_class_spec="random", out_dir="runs/digits-moe")
+
+Reproducibility: the model is initialised from `seed`; every epoch reseeds augmentation from (seed, epoch, rank) and
+the sampler shuffles from (seed, epoch). A resumed run therefore replays exactly the epochs an uninterrupted run
+would have (bit-exact on CPU); the checkpoint also records the RNG states it was saved with.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler
+
+from mobile_moe.checkpoint import checkpoint_dict, load_checkpoint, save_checkpoint
+from mobile_moe.config import ViTConfig, config_from_dict
+from mobile_moe.errors import UsageError
+from mobile_moe.registry import build_model
+from training import augment, distributed, run
+from training.data import Data, data_record, open_data
+from training.engine import EpochContext, NonFiniteLoss, train_one_epoch
+from training.evaluate import evaluate
+from training.recipes import TrainConfig, from_dict
+from training.routing import TrainingForward
+from training.super_spec import resolve_super_classes, super_record
+
+# --- pieces -------------------------------------------------------------------------------------------------------
+
+
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """No weight decay on biases, norms, position embedding and class token (DeiT / timm)."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        skip = param.ndim < 2 or name.endswith(("pos_embed", "cls_token"))
+        (no_decay if skip else decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def cosine_schedule(optimizer: torch.optim.Optimizer, cfg: TrainConfig, steps_per_epoch: int):
+    """Linear warm-up to cfg.lr, then cosine decay to cfg.min_lr; stepped every iteration."""
+    total = cfg.epochs * steps_per_epoch
+    warmup = round(cfg.warmup_epochs * steps_per_epoch)
+    floor = min(cfg.min_lr / cfg.lr, 1.0) if cfg.lr > 0 else 0.0
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min((step - warmup) / max(1, total - warmup), 1.0)
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def seed_epoch(seed: int, epoch: int, rank: int) -> None:
+    torch.manual_seed(seed * 1_000_003 + epoch * 1_009 + rank + 1)
+
+
+def rng_states() -> dict[str, Any]:
+    states = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def check_model_fits_data(model_config: ViTConfig, data: Data) -> None:
+    if model_config.num_classes != data.num_classes:
+        raise UsageError(
+            f"the model has {model_config.num_classes} classes but {data.spec} has {data.num_classes}; "
+            f"use --num-classes {data.num_classes} (or leave it out)"
+        )
+    if model_config.in_chans != 3:
+        raise UsageError(f"in_chans={model_config.in_chans}: the data pipelines produce 3-channel images")
+
+
+def check_super_classes(model_config: ViTConfig, super_classes, cfg: TrainConfig) -> None:
+    is_moe = hasattr(model_config, "num_experts")
+    if is_moe and super_classes is None and cfg.router_loss_weight > 0:
+        raise UsageError(
+            "a Mobile V-MoE with a router loss needs --super-classes (FILE.json, coarse, truth or random[:SEED]); "
+            "or train end to end with --router-loss 0 [--balance-loss 0.01]"
+        )
+    if cfg.route_by == "label" and super_classes is None:
+        raise UsageError("--route-by label needs --super-classes: it routes each image to its true super-class")
+
+
+def make_loader(dataset, cfg: TrainConfig, placement: distributed.Placement) -> tuple[DataLoader, DistributedSampler]:
+    """Each process gets batch_size / world_size images per step; the sampler shuffles from (seed, epoch), so the
+    union of the processes' batches is the same global batch a single process would draw."""
+    if cfg.batch_size % placement.world_size:
+        raise UsageError(
+            f"--batch-size {cfg.batch_size} does not split over {placement.world_size} processes; "
+            f"use a multiple of {placement.world_size}"
+        )
+    per_rank = cfg.batch_size // placement.world_size
+    if cfg.batch_size > len(dataset):
+        raise UsageError(
+            f"--batch-size {cfg.batch_size} is larger than the {len(dataset)} training images; "
+            f"use --batch-size {len(dataset)} or less"
+        )
+    sampler = DistributedSampler(
+        dataset, num_replicas=placement.world_size, rank=placement.rank, shuffle=True, seed=cfg.seed, drop_last=True
+    )
+    loader = DataLoader(
+        dataset,
+        batch_size=per_rank,
+        sampler=sampler,
+        num_workers=cfg.workers,
+        drop_last=True,
+        pin_memory=placement.device.type == "cuda",
+    )
+    return loader, sampler
+
+
+def epoch_line(row: dict[str, Any]) -> str:
+    text = f"epoch {row['epoch']:>3}  loss {row['train_loss']:.4f}  val top-1 {100 * row['val_top1']:.2f}%"
+    text += f"  top-5 {100 * row['val_top5']:.2f}%"
+    if row.get("router_accuracy") is not None:
+        text += f"  router {100 * row['router_accuracy']:.2f}%"
+    return text + f"  {row['images_per_s']:.0f} img/s  lr {row['lr']:.2e}"
+
+
+# --- entry points -------------------------------------------------------------------------------------------------
+
+
+def train(
+    model_config: ViTConfig,
+    train_config: TrainConfig,
+    data_spec: str,
+    super_class_spec: str | None,
+    out_dir: str | os.PathLike,
+    verbose: bool = True,
+) -> Path:
+    """Train a new run into `out_dir` (which must not hold a run already); -> out_dir."""
+    out_dir = Path(out_dir)
+    if run.is_run_dir(out_dir) or (out_dir / run.LAST).exists():
+        raise UsageError(f"{out_dir} already holds a run; continue it with --resume or choose another --out")
+    return _train(model_config, train_config, data_spec, super_class_spec, out_dir, verbose, resume=False)
+
+
+def resume_training(run_dir: str | os.PathLike, verbose: bool = True, **changes: Any) -> Path:
+    """Continue `run_dir` from checkpoint.pt. `changes` may only touch how it runs or how long: epochs, device,
+    workers, compile, eval_batch_size (anything else would make it a different run)."""
+    allowed = {"epochs", "device", "workers", "compile", "eval_batch_size"}
+    refused = sorted(set(changes) - allowed)
+    if refused:
+        raise UsageError(f"--resume keeps the run's settings; cannot change {', '.join(refused)} (start a new --out)")
+    config = run.read_config(run_dir)
+    cfg = from_dict(config["recipe"]).replace(**{k: v for k, v in changes.items() if v is not None})
+    spec = config["super_classes"]["spec"] if config.get("super_classes") else None
+    model_config = config_from_dict(config["model"])
+    return _train(model_config, cfg, config["data"]["spec"], spec, Path(run_dir), verbose, resume=True)
+
+
+def _train(
+    model_config: ViTConfig,
+    cfg: TrainConfig,
+    data_spec: str,
+    super_class_spec: str | None,
+    out_dir: Path,
+    verbose: bool,
+    resume: bool,
+) -> Path:
+    placement = distributed.setup(cfg.device)
+    say = (lambda text: print(text, flush=True)) if verbose and placement.is_main else (lambda text: None)
+    try:
+        # --- data and super-classes ---
+        data = open_data(data_spec, model_config.image_size)
+        check_model_fits_data(model_config, data)
+        super_classes = resolve_super_classes(super_class_spec, data, model_config)
+        check_super_classes(model_config, super_classes, cfg)
+        train_set = data.split("train", augment.train_transform(cfg, data))
+        val_set = distributed.shard(data.split("val"), placement)
+        loader, sampler = make_loader(train_set, cfg, placement)
+
+        # --- model, optimizer, schedule ---
+        torch.manual_seed(cfg.seed)  # the same initial weights on every process
+        model = build_model(model_config).to(placement.device)
+        optimizer = torch.optim.AdamW(parameter_groups(model, cfg.weight_decay), lr=cfg.lr)
+        scheduler = cosine_schedule(optimizer, cfg, len(loader))
+        step_module: nn.Module = TrainingForward(model, cfg.route_by)
+        if placement.distributed:
+            device_ids = [placement.device.index] if placement.device.type == "cuda" else None
+            step_module = nn.parallel.DistributedDataParallel(step_module, device_ids=device_ids)
+        if cfg.compile:
+            step_module = torch.compile(step_module)
+
+        # --- the run directory: a new config.json, or the state of the run being resumed ---
+        start_epoch, best_top1, metrics = 0, -1.0, []
+        run_config = {
+            "model": model_config.to_dict(),
+            "data": data_record(data),
+            "super_classes": super_record(super_class_spec, super_classes),
+            "recipe": cfg.to_dict(),
+        }
+        if resume and (out_dir / run.LAST).is_file():
+            state = load_checkpoint(out_dir / run.LAST, map_location=placement.device)
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            # The schedule follows the current cfg.epochs: a resumed run given more epochs stretches its cosine.
+            scheduler.load_state_dict(state["scheduler"])
+            start_epoch, best_top1 = int(state["epoch"]), float(state["best_top1"])
+            metrics = [row for row in run.read_metrics(out_dir) if row["epoch"] <= start_epoch]
+            say(f"resuming {out_dir} after epoch {start_epoch} (best val top-1 {100 * best_top1:.2f}%)")
+        if placement.is_main:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            run.write_config(out_dir, run_config)
+        ctx = EpochContext(
+            cfg,
+            placement,
+            data.num_classes,
+            augment.assignment_matrix(super_classes.assignment, super_classes.num_super_classes, placement.device)
+            if super_classes is not None
+            else None,
+            augment.batch_mixer(cfg, data.num_classes),
+        )
+        say(
+            f"training {model_config.name} on {data_spec} ({len(train_set)} images, {data.num_classes} classes) "
+            f"on {placement.device} x{placement.world_size}, {cfg.epochs} epochs, batch {cfg.batch_size}, "
+            f"lr {cfg.lr:.2e} -> {out_dir}"
+        )
+
+        # --- epochs ---
+        for epoch in range(start_epoch, cfg.epochs):
+            sampler.set_epoch(epoch)
+            seed_epoch(cfg.seed, epoch, placement.rank)
+            lr = optimizer.param_groups[0]["lr"]
+            try:
+                stats = train_one_epoch(step_module, model, loader, optimizer, scheduler, ctx, epoch)
+            except NonFiniteLoss as error:
+                kept = f"kept {out_dir / run.LAST} from epoch {epoch}" if epoch else "no checkpoint was written yet"
+                raise UsageError(
+                    f"training stopped: non-finite {error}; {kept}; "
+                    "lower the learning rate (--lr) or clip gradients (--set grad_clip=1)"
+                ) from None
+            assignment = super_classes.assignment if super_classes is not None else None
+            scores = evaluate(model, val_set, assignment, cfg.eval_batch_size, placement.device, cfg.amp)
+            row = {
+                "epoch": epoch + 1,
+                "step": (epoch + 1) * len(loader),
+                **stats,
+                "val_top1": scores["top1"],
+                "val_top5": scores["top5"],
+                "router_accuracy": scores["router_accuracy"],
+                "expert_load": scores.get("expert_load"),
+                "lr": lr,
+                "time": time.time(),
+            }
+            metrics.append(row)
+            is_best = scores["top1"] > best_top1
+            best_top1 = max(best_top1, scores["top1"])
+            if placement.is_main:
+                checkpoint = checkpoint_dict(
+                    model,
+                    optimizer=optimizer.state_dict(),
+                    scheduler=scheduler.state_dict(),
+                    epoch=epoch + 1,
+                    best_top1=best_top1,
+                    recipe=cfg.to_dict(),
+                    data=run_config["data"],
+                    super_classes=run_config["super_classes"],
+                    metrics=row,
+                    rng=rng_states(),
+                )
+                save_checkpoint(checkpoint, out_dir / run.LAST)
+                if is_best:
+                    save_checkpoint(checkpoint, out_dir / run.BEST)
+                run.write_metrics(out_dir, metrics)
+            say(epoch_line(row))
+        say(f"best val top-1 {100 * best_top1:.2f}%; run in {out_dir}")
+        return out_dir
+    finally:
+        distributed.cleanup()
