@@ -135,15 +135,29 @@ struct Graph {
   std::vector<std::vector<int32_t>> input_shapes;
 };
 
+// The manifest's composition, resolved to files. Layouts (export/graphs.py):
+//   expert-paths (k = 1): router; expert e = one graph (tokens, gate) -> logits
+//   per-block (any k):    router, per MoE block a shared graph (tokens -> residual, normed), head (tokens -> logits)
+//                         loaded at open; expert e = one MLP graph per block (normed -> delta), x = residual + g * delta
+//   dense / monolithic:   one graph, images -> logits (+ router_probs)
 struct Bundle {
-  std::string dir;   // real path
-  std::string kind;  // "split" (router + experts), "dense", "monolithic"
+  std::string dir;     // real path
+  std::string kind;    // "split" (router + experts), "dense", "monolithic"
+  std::string layout;  // "expert-paths", "per-block", "dense", "monolithic"
   int num_experts = 0, top_k = 1;
   bool renormalize_gates = false;
   std::vector<int32_t> image_shape;  // (1, C, S, S)
   Graph single;                      // dense / monolithic
   Graph router;
-  std::vector<Graph> experts;        // by expert index
+  std::vector<Graph> shared;                 // per-block: one per MoE block
+  Graph head;                                // per-block
+  std::vector<std::vector<Graph>> experts;   // expert -> its graphs (one, or one per block)
+  const Graph& first() const { return kind == "split" ? router : single; }
+  int64_t expert_bytes(int e) const {
+    int64_t total = 0;
+    for (const auto& graph : experts[e]) total += graph.bytes;
+    return total;
+  }
 };
 
 std::string read_file(const std::string& path) {
@@ -198,8 +212,6 @@ Bundle read_bundle(const std::string& path) {
   if (manifest.at("backend").str() != "executorch")
     throw UsageError("the native runner runs ExecuTorch bundles; " + path + " is a " + manifest.at("backend").str() +
                      " bundle");
-  if (manifest.has("composition"))
-    throw UsageError("the native runner runs k = 1 split bundles; this bundle uses a k > 1 composition");
   for (const auto& size : manifest.at("input").at("shape").array)
     bundle.image_shape.push_back(static_cast<int32_t>(size.integer()));
   if (manifest.has("num_experts") && !manifest.at("num_experts").is_null())
@@ -209,31 +221,59 @@ Bundle read_bundle(const std::string& path) {
   const auto& model = manifest.at("model");
   bundle.renormalize_gates = model.has("renormalize_gates") && model.at("renormalize_gates").truthy();
 
-  bool has_router = false;
+  std::map<std::string, Graph> graphs;
   for (const auto& entry : manifest.at("graphs").array) {
     Graph graph = graph_from(entry, bundle.dir);
-    if (graph.role == "router") {
-      bundle.router = graph;
-      has_router = true;
-    } else if (graph.role == "expert") {
-      if (graph.expert < 0) throw UsageError("expert graph " + graph.name + " has no expert index");
-      if (static_cast<int>(bundle.experts.size()) <= graph.expert) bundle.experts.resize(graph.expert + 1);
-      bundle.experts[graph.expert] = graph;
-    } else if (graph.role == "dense" || graph.role == "monolithic") {
-      bundle.single = graph;
-      bundle.kind = graph.role;
+    graphs[graph.name] = graph;
+  }
+  auto named = [&](const json::Value& name) -> const Graph& {
+    auto found = graphs.find(name.str());
+    if (found == graphs.end()) throw UsageError("the composition names graph " + name.str() + ", absent from graphs");
+    return found->second;
+  };
+  bundle.layout = manifest.has("composition") && !manifest.at("composition").is_null()
+                      ? manifest.at("composition").at("layout").str()
+                      : "";
+  if (bundle.layout.empty()) {  // no composition: infer it from the roles
+    for (const auto& [name, graph] : graphs) {
+      if (graph.role == "router") bundle.layout = "expert-paths";
+      if (graph.role == "dense" || graph.role == "monolithic") bundle.layout = graph.role;
     }
   }
-  if (has_router) {
+  if (bundle.layout == "dense" || bundle.layout == "monolithic") {
+    for (const auto& [name, graph] : graphs)
+      if (graph.role == bundle.layout) bundle.single = graph;
+    if (bundle.single.path.empty()) throw UsageError("the manifest has no " + bundle.layout + " graph");
+    bundle.kind = bundle.layout;
+  } else if (bundle.layout == "expert-paths" || bundle.layout == "per-block") {
     bundle.kind = "split";
-    if (bundle.top_k != 1) throw UsageError("the native runner runs k = 1 split bundles; this one has k > 1");
-    if (bundle.num_experts < 1 || static_cast<int>(bundle.experts.size()) != bundle.num_experts)
-      throw UsageError("the manifest names " + std::to_string(bundle.experts.size()) + " expert graphs for " +
-                       std::to_string(bundle.num_experts) + " experts");
-    for (const auto& expert : bundle.experts)
-      if (expert.path.empty()) throw UsageError("an expert graph is missing from the manifest");
-  } else if (bundle.kind.empty()) {
-    throw UsageError("the manifest has no router, dense or monolithic graph");
+    const json::Value* composition = manifest.has("composition") && !manifest.at("composition").is_null()
+                                         ? &manifest.at("composition")
+                                         : nullptr;
+    bundle.experts.resize(bundle.num_experts);
+    if (bundle.layout == "per-block") {
+      if (composition == nullptr) throw UsageError("a per-block bundle needs its composition in the manifest");
+      bundle.router = named(composition->at("router"));
+      bundle.head = named(composition->at("head"));
+      for (const auto& block : composition->at("blocks").array) {
+        bundle.shared.push_back(named(block.at("shared")));
+        if (static_cast<int>(block.at("experts").array.size()) != bundle.num_experts)
+          throw UsageError("a block of the composition does not name one graph per expert");
+        for (int e = 0; e < bundle.num_experts; ++e) bundle.experts[e].push_back(named(block.at("experts").at(e)));
+      }
+    } else {
+      if (bundle.top_k != 1) throw UsageError("the expert-paths layout needs k = 1; this bundle has k > 1");
+      for (const auto& [name, graph] : graphs) {
+        if (graph.role == "router") bundle.router = graph;
+        if (graph.role == "expert" && graph.expert >= 0 && graph.expert < bundle.num_experts)
+          bundle.experts[graph.expert] = {graph};
+      }
+    }
+    if (bundle.router.path.empty()) throw UsageError("the manifest has no router graph");
+    for (int e = 0; e < bundle.num_experts; ++e)
+      if (bundle.experts[e].empty()) throw UsageError("expert " + std::to_string(e) + " has no graph in the manifest");
+  } else {
+    throw UsageError("unknown composition layout '" + bundle.layout + "'");
   }
   if (bundle.image_shape.size() != 4) throw UsageError("input.shape in the manifest must be (1, C, S, S)");
   return bundle;
@@ -245,7 +285,9 @@ Bundle read_bundle(const std::string& path) {
 struct LoadEvent {
   std::string graph;
   int64_t bytes;
-  double ms;
+  double ms;          // total
+  double program_ms;  // open the file, parse and verify the program (mmap: pages come in lazily)
+  double method_ms;   // initialise the forward method: delegate init, i.e. XNNPACK builds its runtime and packs weights
 };
 
 class Loader {
@@ -257,11 +299,14 @@ class Loader {
   std::unique_ptr<Module> load(const Graph& graph) {
     auto start = Clock::now();
     auto module = std::make_unique<Module>(graph.path, mode_);
-    auto status = module->load_forward();
+    auto status = module->load();
+    double program_ms = ms_since(start);
+    auto method_start = Clock::now();
+    if (status == executorch::runtime::Error::Ok) status = module->load_forward();
     if (status != executorch::runtime::Error::Ok)
       throw std::runtime_error("loading " + graph.file + " failed (ExecuTorch error " +
                                std::to_string(static_cast<int>(status)) + ")");
-    events.push_back({graph.name, graph.bytes, ms_since(start)});
+    events.push_back({graph.name, graph.bytes, ms_since(start), program_ms, ms_since(method_start)});
     bytes_loaded += graph.bytes;
     return module;
   }
@@ -299,23 +344,25 @@ class ExpertCache {
   ExpertCache(const Bundle& bundle, Loader& loader, int capacity)
       : bundle_(bundle), loader_(loader), capacity_(capacity) {}
 
-  // The expert's module, loading it (and evicting the least recently used beyond capacity) when absent.
-  Module& get(int expert, bool* hit, double* load_ms) {
+  // The expert's modules (one, or one per block), loading them (and evicting the least recently used expert beyond
+  // capacity) when absent.
+  std::vector<std::unique_ptr<Module>>& get(int expert, bool* hit, double* load_ms) {
     auto found = modules_.find(expert);
     *hit = found != modules_.end();
     *load_ms = 0.0;
     if (*hit) {
       order_.remove(expert);
       order_.push_front(expert);
-      return *found->second;
+      return found->second;
     }
     while (static_cast<int>(modules_.size()) >= capacity_) unload(order_.back());
     auto start = Clock::now();
-    modules_[expert] = loader_.load(bundle_.experts[expert]);
+    auto& modules = modules_[expert];
+    for (const auto& graph : bundle_.experts[expert]) modules.push_back(loader_.load(graph));
     *load_ms = ms_since(start);
     order_.push_front(expert);
     ever_loaded_.insert(expert);
-    return *modules_[expert];
+    return modules;
   }
 
   void unload(int expert) {
@@ -325,7 +372,8 @@ class ExpertCache {
 
   std::vector<std::string> loaded_names() const {
     std::vector<std::string> names;
-    for (int expert : order_) names.push_back(bundle_.experts[expert].name);
+    for (int expert : order_)
+      for (const auto& graph : bundle_.experts[expert]) names.push_back(graph.name);
     return names;
   }
   const std::set<int>& ever_loaded() const { return ever_loaded_; }
@@ -334,7 +382,7 @@ class ExpertCache {
   const Bundle& bundle_;
   Loader& loader_;
   int capacity_;
-  std::map<int, std::unique_ptr<Module>> modules_;
+  std::map<int, std::vector<std::unique_ptr<Module>>> modules_;
   std::list<int> order_;  // most recently used first
   std::set<int> ever_loaded_;
 };
@@ -370,17 +418,19 @@ class Pipeline {
   Pipeline(const Bundle& bundle, Loader& loader, int cache_experts)
       : bundle_(bundle), loader_(loader), cache_(bundle, loader, cache_experts) {}
 
-  double load_first_graph() {
+  // Everything loaded at open: the router (+ per-block shared parts and head), or the single graph.
+  double load_resident() {
     auto start = Clock::now();
-    first_ = loader_.load(bundle_.kind == "split" ? bundle_.router : bundle_.single);
+    first_ = loader_.load(bundle_.first());
+    for (const auto& graph : bundle_.shared) shared_.push_back(loader_.load(graph));
+    if (bundle_.layout == "per-block") head_ = loader_.load(bundle_.head);
     return ms_since(start);
   }
 
   Inference infer(float* image) {
     Inference out;
     auto start = Clock::now();
-    auto image_shape = bundle_.kind == "split" ? bundle_.router.input_shapes.at(0) : bundle_.single.input_shapes.at(0);
-    auto outputs = run(*first_, {{image, image_shape}});
+    auto outputs = run(*first_, {{image, bundle_.first().input_shapes.at(0)}});
     if (bundle_.kind != "split") {
       out.logits = outputs.at(0);
       if (bundle_.kind == "monolithic") pick_experts(outputs.at(1), bundle_.top_k, bundle_.renormalize_gates, out);
@@ -388,14 +438,20 @@ class Pipeline {
       return out;
     }
     std::vector<float>& tokens = outputs.at(0);
-    pick_experts(outputs.at(1), 1, bundle_.renormalize_gates, out);
+    pick_experts(outputs.at(1), bundle_.top_k, bundle_.renormalize_gates, out);
     out.router_ms = ms_since(start);
 
     auto expert_start = Clock::now();
-    Module& expert = cache_.get(out.experts[0], &out.hit, &out.load_ms);
-    float gate = out.gates[0];
-    const Graph& graph = bundle_.experts[out.experts[0]];
-    out.logits = run(expert, {{tokens.data(), graph.input_shapes.at(0)}, {&gate, graph.input_shapes.at(1)}}).at(0);
+    std::vector<std::vector<std::unique_ptr<Module>>*> chosen;
+    for (int expert : out.experts) {
+      bool hit = false;
+      double load_ms = 0;
+      chosen.push_back(&cache_.get(expert, &hit, &load_ms));
+      out.hit = out.hit && hit;
+      out.load_ms += load_ms;
+    }
+    out.logits = bundle_.layout == "per-block" ? run_blocks(tokens, chosen, out.gates)
+                                               : run_path(*chosen[0]->at(0), out.experts[0], tokens, out.gates[0]);
     out.expert_ms = ms_since(expert_start) - out.load_ms;
     out.total_ms = ms_since(start);
     return out;
@@ -404,13 +460,41 @@ class Pipeline {
   // The router's outputs (tokens, router_probs) for one image.
   std::vector<std::vector<float>> route(float* image) { return run(*first_, {{image, bundle_.router.input_shapes.at(0)}}); }
 
+  // One chosen expert's computation on given tokens: what an expert switch has to wait for after loading.
+  std::vector<float> run_expert(int expert, std::vector<std::unique_ptr<Module>>& modules, std::vector<float> tokens) {
+    std::vector<std::vector<std::unique_ptr<Module>>*> chosen{&modules};
+    return bundle_.layout == "per-block" ? run_blocks(tokens, chosen, {1.0f}) : run_path(*modules[0], expert, tokens, 1.0f);
+  }
+
   ExpertCache& cache() { return cache_; }
 
  private:
   const Bundle& bundle_;
   Loader& loader_;
   std::unique_ptr<Module> first_;  // the router, or the one dense / monolithic graph
+  std::vector<std::unique_ptr<Module>> shared_;  // per-block: each MoE block's attention half
+  std::unique_ptr<Module> head_;                  // per-block: final norm + classifier
   ExpertCache cache_;
+
+  std::vector<float> run_path(Module& module, int expert, std::vector<float>& tokens, float gate) {
+    const Graph& graph = bundle_.experts[expert][0];
+    return run(module, {{tokens.data(), graph.input_shapes.at(0)}, {&gate, graph.input_shapes.at(1)}}).at(0);
+  }
+
+  // x = tokens; per block: residual, normed = shared(x); x = residual + sum_j gate_j * expert_j(normed); head(x).
+  std::vector<float> run_blocks(std::vector<float> x, std::vector<std::vector<std::unique_ptr<Module>>*>& chosen,
+                                const std::vector<float>& gates) {
+    for (size_t block = 0; block < shared_.size(); ++block) {
+      auto halves = run(*shared_[block], {{x.data(), bundle_.shared[block].input_shapes.at(0)}});
+      x = halves.at(0);  // residual
+      std::vector<float>& normed = halves.at(1);
+      for (size_t j = 0; j < chosen.size(); ++j) {
+        auto delta = run(*chosen[j]->at(block), {{normed.data(), bundle_.shared[block].input_shapes.at(0)}}).at(0);
+        for (size_t i = 0; i < x.size(); ++i) x[i] += gates[j] * delta[i];
+      }
+    }
+    return run(*head_, {{x.data(), bundle_.head.input_shapes.at(0)}}).at(0);
+  }
 };
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -507,6 +591,7 @@ std::string measure(const Options& options) {
   out.key("runner").value("mobile-moe-native");
   out.key("bundle").value(bundle.dir);
   out.key("kind").value(bundle.kind);
+  out.key("layout").value(bundle.layout);
   out.key("threads").value(pool != nullptr ? static_cast<int64_t>(pool->get_thread_count()) : int64_t{1});
   out.key("load_mode").value(options.load_mode);
   out.key("weight_cache").value(options.weight_cache);
@@ -522,7 +607,7 @@ std::string measure(const Options& options) {
   // 1. cold load of the router (or the single graph)
   Loader loader(options.load_mode);
   Pipeline pipeline(bundle, loader, cache_experts);
-  double first_load_ms = pipeline.load_first_graph();
+  double first_load_ms = pipeline.load_resident();
   out.key("load_ms").begin_object();
   out.key(bundle.kind == "split" ? "router" : bundle.kind).value(first_load_ms);
   out.end_object();
@@ -593,23 +678,21 @@ std::string measure(const Options& options) {
   std::vector<double> switch_ms, switch_load_ms, switch_first_run_ms, switch_warm_run_ms;
   if (bundle.kind == "split") {
     std::vector<float> tokens = pipeline.route(images[0].data()).at(0);  // real tokens, so the expert sees real input
-    float gate = 1.0f;
     for (int repeat = 0; repeat < options.switch_repeats; ++repeat) {
       for (int e = 0; e < num_experts; ++e) {
-        const Graph& graph = bundle.experts[e];
         pipeline.cache().unload(e);
         auto start = Clock::now();
         bool hit = false;
         double load_ms = 0;
-        Module& module = pipeline.cache().get(e, &hit, &load_ms);
+        auto& modules = pipeline.cache().get(e, &hit, &load_ms);
         if (!cold_expert_load_ms.count(e)) cold_expert_load_ms[e] = load_ms;
         auto run_start = Clock::now();
-        run(module, {{tokens.data(), graph.input_shapes[0]}, {&gate, graph.input_shapes[1]}});
+        pipeline.run_expert(e, modules, tokens);
         switch_first_run_ms.push_back(ms_since(run_start));
         switch_ms.push_back(ms_since(start));
         switch_load_ms.push_back(load_ms);
         auto warm_start = Clock::now();
-        run(module, {{tokens.data(), graph.input_shapes[0]}, {&gate, graph.input_shapes[1]}});
+        pipeline.run_expert(e, modules, tokens);
         switch_warm_run_ms.push_back(ms_since(warm_start));
         note_open_files();
       }
@@ -628,8 +711,11 @@ std::string measure(const Options& options) {
 
   // Graph bytes each image needs: the router (or single graph) plus its chosen experts' files.
   out.key("graph_bytes").begin_object();
-  out.key(bundle.kind == "split" ? "router" : bundle.kind).value(bundle.kind == "split" ? bundle.router.bytes : bundle.single.bytes);
-  for (const auto& graph : bundle.experts) out.key(graph.name).value(graph.bytes);
+  out.key(bundle.first().name).value(bundle.first().bytes);
+  for (const auto& graph : bundle.shared) out.key(graph.name).value(graph.bytes);
+  if (bundle.layout == "per-block") out.key(bundle.head.name).value(bundle.head.bytes);
+  for (const auto& graphs : bundle.experts)
+    for (const auto& graph : graphs) out.key(graph.name).value(graph.bytes);
   out.end_object();
   out.key("graph_bytes_loaded_total").value(loader.bytes_loaded);
   out.key("loads").begin_array();
@@ -638,6 +724,8 @@ std::string measure(const Options& options) {
     out.key("graph").value(event.graph);
     out.key("bytes").value(event.bytes);
     out.key("ms").value(event.ms);
+    out.key("program_ms").value(event.program_ms);
+    out.key("method_ms").value(event.method_ms);
     out.end_object();
   }
   out.end_array();

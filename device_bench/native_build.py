@@ -1,0 +1,108 @@
+"""Build the native runner on demand: CMake against the executorch wheel's package config, cached by source hash.
+
+The build directory is ~/.cache/mobile-moe/native-<hash> (MOBILE_MOE_CACHE overrides the root), where the hash covers
+the runner's sources, the executorch version and the compiler, so an edit or an upgrade rebuilds and nothing else
+does. A failed build raises UsageError carrying the key line of the CMake or compiler error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from mobile_moe.errors import UsageError
+
+NATIVE_DIR = Path(__file__).resolve().parent / "native"
+RUNNER_NAME = "mobile_moe_runner"
+
+
+def executorch_package_dir() -> Path:
+    """site-packages/executorch: CMAKE_PREFIX_PATH for find_package(executorch)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("executorch")
+    if spec is None or not spec.submodule_search_locations:
+        raise UsageError("the executorch package is not installed; install the pinned executorch==1.5.1")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("MOBILE_MOE_CACHE", Path.home() / ".cache" / "mobile-moe"))
+
+
+def missing_tools() -> list[str]:
+    """Build tools not on PATH (cmake, a C++ compiler); empty when the runner can be built."""
+    missing = [] if shutil.which("cmake") else ["cmake"]
+    if not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
+        missing.append("a C++ compiler (c++, g++ or clang++)")
+    return missing
+
+
+def source_hash(source_dir: Path = NATIVE_DIR) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(source_dir.iterdir()):
+        if path.suffix in (".cpp", ".h", ".txt"):
+            digest.update(path.name.encode() + path.read_bytes())
+    from executorch.version import __version__
+
+    digest.update(__version__.encode())
+    digest.update((shutil.which("c++") or shutil.which("g++") or "").encode())
+    return digest.hexdigest()[:16]
+
+
+def key_error_line(log: str) -> str:
+    """The line a human needs from a CMake/compiler log: the first compiler error, else CMake's error message."""
+    lines = log.splitlines()
+    for line in lines:
+        if re.search(r"\berror\b:", line) and "ninja: build stopped" not in line:
+            return line.strip()
+    for index, line in enumerate(lines):
+        if line.startswith("CMake Error"):
+            following = [text.strip() for text in lines[index + 1 : index + 4] if text.strip()]
+            return " ".join([line.strip(), *following])
+    tail = [line.strip() for line in lines if line.strip()]
+    return tail[-1] if tail else "no output"
+
+
+def _run(command: list[str], what: str) -> None:
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise UsageError(
+            f"building the native runner failed at {what}: {key_error_line(result.stdout + result.stderr)}"
+        )
+
+
+def build_runner(source_dir: Path = NATIVE_DIR, build_root: Path | None = None) -> Path:
+    """Path to a built runner, configuring and compiling it first when this source has not been built yet."""
+    missing = missing_tools()
+    if missing:
+        raise UsageError(f"cannot build the native runner: {' and '.join(missing)} not found; install them")
+    build_dir = (build_root or cache_root()) / f"native-{source_hash(source_dir)}"
+    runner = build_dir / RUNNER_NAME
+    if runner.exists():
+        return runner
+    work = build_dir / "cmake-build"
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    _run(
+        [
+            "cmake",
+            "-S",
+            str(source_dir),
+            "-B",
+            str(work),
+            *generator,
+            "-DCMAKE_BUILD_TYPE=Release",
+            f"-DCMAKE_PREFIX_PATH={executorch_package_dir()}",
+        ],
+        "cmake configure",
+    )
+    _run(["cmake", "--build", str(work), "--parallel", "2"], "compile")
+    # Copy, then rename into place: a concurrent or interrupted build never leaves a half-written runner behind.
+    staged = build_dir / f".{RUNNER_NAME}.{os.getpid()}"
+    shutil.copy2(work / RUNNER_NAME, staged)
+    os.replace(staged, runner)
+    return runner

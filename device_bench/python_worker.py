@@ -1,0 +1,145 @@
+"""A measurement process around export's Python bundle runtime (ExecuTorch Python bindings or ONNX Runtime).
+
+Run as `python -m device_bench.python_worker --bundle DIR --input FILE.f32 ...`, one fresh process per run (so the
+cold load is cold and the memory high-water mark belongs to this bundle alone), it prints one JSON object with the
+same keys as the native runner, so results.py treats every runner alike. Bundle loading is export.runtime's; this
+file only times it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from device_bench.process_memory import memory_now
+
+
+def summary(samples: list[float]) -> dict:
+    values = np.asarray(samples, dtype=np.float64)
+    return {
+        "p50": float(np.percentile(values, 50)),
+        "p90": float(np.percentile(values, 90)),
+        "p99": float(np.percentile(values, 99)),
+        "mean": float(values.mean()),
+        "min": float(values.min()),
+        "max": float(values.max()),
+        "samples": [float(v) for v in values],
+    }
+
+
+def _stage(timings: dict, *names: str) -> float:
+    """A stage time from Prediction.timings (ms), whichever of the given names the runtime uses; 0 if absent."""
+    for name in names:
+        if name in timings:
+            return float(timings[name])
+    return 0.0
+
+
+def timed_predict(bundle, image) -> tuple[object, float, bool]:
+    """(prediction, wall ms, whether every chosen expert was already loaded)."""
+    loaded_before = set(bundle.loaded_graphs)
+    start = time.perf_counter()
+    prediction = bundle.predict(image)
+    wall_ms = (time.perf_counter() - start) * 1e3
+    hit = all(name in loaded_before for name in set(bundle.loaded_graphs) - {"router"})
+    return prediction, wall_ms, hit
+
+
+def measure(args: argparse.Namespace) -> dict:
+    import torch
+
+    from export.runtime import load_bundle
+
+    manifest = json.loads((__import__("pathlib").Path(args.bundle) / "manifest.json").read_text())
+    shape = manifest["input"]["shape"]
+    images = torch.from_numpy(np.fromfile(args.input, dtype=np.float32).reshape(-1, *shape[1:]))  # (N, C, S, S)
+    torch.set_num_threads(args.threads)
+    cache = args.cache_experts
+    report: dict = {"runner": f"python-{args.runtime}", "bundle": args.bundle, "threads": args.threads}
+    report["memory_at_start"] = memory_now()
+
+    start = time.perf_counter()
+    bundle = load_bundle(args.bundle, max_cached_experts=cache)
+    report["load_ms"] = {"router": (time.perf_counter() - start) * 1e3}
+    report["memory_after_first_load"] = memory_now()
+
+    # Routing pass: each image once, in order. A miss's extra wall time over its stages is the expert's cold load.
+    rows, expert_load_ms = [], {}
+    for image in images:
+        prediction, wall_ms, hit = timed_predict(bundle, image[None])
+        experts = [int(e) for e in prediction.experts]
+        router_ms = _stage(prediction.timings, "router_ms", "router")
+        load_ms = _stage(prediction.timings, "load_ms", "expert_load_ms", "load")
+        if not hit and experts and experts[0] not in expert_load_ms:
+            expert_load_ms[experts[0]] = load_ms
+        rows.append(
+            {
+                "experts": experts,
+                "gates": [float(g) for g in prediction.gates],
+                "logits": [float(v) for v in np.asarray(prediction.logits).reshape(-1)],
+                "router_ms": router_ms,
+                "load_ms": load_ms,
+                "total_ms": wall_ms,
+                "cache_hit": hit,
+            }
+        )
+    report["images"] = rows
+    report["graphs_loaded_after_routing"] = sorted(bundle.loaded_graphs)
+
+    for i in range(args.warmup):
+        bundle.predict(images[i % len(images)][None])
+    total, router, expert = [], [], []
+    for i in range(args.iterations):
+        prediction, wall_ms, _ = timed_predict(bundle, images[i % len(images)][None])
+        total.append(wall_ms)
+        router.append(_stage(prediction.timings, "router_ms", "router"))
+        expert.append(_stage(prediction.timings, "expert_ms", "experts_ms", "expert"))
+    report["latency_ms"] = summary(total)
+    report["stages_ms"] = {"router": summary(router), "expert": summary(expert)}
+    report["memory_after_warm"] = memory_now()
+    report["expert_load_ms"] = {str(e): ms for e, ms in expert_load_ms.items()}
+    report["switch"] = measure_switch(args.bundle, images, rows, load_bundle, statistics.median(router or [0.0]))
+    report["memory_at_end"] = memory_now()
+    return report
+
+
+def measure_switch(path: str, images, rows: list[dict], load_bundle, router_ms: float) -> dict:
+    """With one cached expert, alternate two images routed to different experts: every predict then switches."""
+    by_expert: dict[int, int] = {}
+    for index, row in enumerate(rows):
+        if row["experts"]:
+            by_expert.setdefault(row["experts"][0], index)
+    if len(by_expert) < 2:
+        return {"ms": [], "median_ms": None, "note": "the routing sequence uses one expert: no switch to time"}
+    bundle = load_bundle(path, max_cached_experts=1)
+    picks = list(by_expert.values())
+    switch_ms = []
+    for _repeat in range(2):
+        for index in picks:
+            _, wall_ms, hit = timed_predict(bundle, images[index][None])
+            if not hit:
+                switch_ms.append(wall_ms - router_ms)
+    return {"ms": switch_ms, "median_ms": statistics.median(switch_ms) if switch_ms else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--bundle", required=True)
+    parser.add_argument("--runtime", required=True, choices=["executorch", "onnxruntime"])
+    parser.add_argument("--input", required=True)
+    parser.add_argument("--iterations", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--cache-experts", type=int, default=None)
+    args = parser.parse_args(argv)
+    print(json.dumps(measure(args)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""results.json: one record per (bundle, runtime, device), aggregated over rounds, in DESIGN.md's schema.
+
+A round is one runner process (its JSON). Each headline number is the median across rounds; `spread` says how far
+the rounds' warm p50 latencies lie apart, and flags it when that exceeds SPREAD_FLAG of the median, because on a
+shared or thermally throttled machine one run can mislead.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from device_bench import routing_stats
+from device_bench.bundles import bundle_kind, graph_bytes
+
+SPREAD_FLAG = 0.10  # (max - min) / median of the rounds' p50 above this: the rounds disagree, numbers are noisy
+REQUIRED_FIELDS = (
+    "bundle", "model", "runtime", "device", "threads", "latency_ms", "load_ms", "switch_ms", "peak_rss_bytes",
+    "bytes_loaded_per_image", "params_active", "expert_change_rate", "cache_hit_rate",
+)  # fmt: skip
+
+
+def _median(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _costs(manifest: dict):
+    """Parameter and FLOP counts from the manifest's model config (mobile_moe.costs), or None if it cannot say."""
+    try:
+        from mobile_moe.config import config_from_dict
+        from mobile_moe.costs import costs
+
+        return costs(config_from_dict(dict(manifest["model"])))
+    except Exception:  # an unknown model family: report the counts as unknown rather than guess
+        return None
+
+
+def _accuracy(manifest: dict) -> float | None:
+    for key in ("accuracy", "top1", "val_accuracy"):
+        if isinstance(manifest.get(key), int | float):
+            return float(manifest[key])
+    metrics = manifest.get("metrics") or manifest.get("evaluation") or {}
+    for key in ("accuracy", "top1", "val_accuracy"):
+        if isinstance(metrics.get(key), int | float):
+            return float(metrics[key])
+    return None
+
+
+def bytes_per_image(manifest: dict, sequence: list[list[int]]) -> float:
+    """Graph bytes one image needs loaded: the router (or the single graph) plus its chosen experts, averaged."""
+    sizes = graph_bytes(manifest)
+    expert_file = {g["expert"]: g["name"] for g in manifest["graphs"] if g["role"] == "expert"}
+    fixed = sum(int(g["bytes"]) for g in manifest["graphs"] if g["role"] != "expert")
+    if not expert_file or not sequence:
+        return float(fixed)
+    per_image = [fixed + sum(sizes[expert_file[e]] for e in experts) for experts in sequence]
+    return statistics.mean(per_image)
+
+
+def summarize_round(raw: dict) -> dict:
+    """The few numbers of one round that the aggregate and the spread use."""
+    latency = raw["latency_ms"]
+    memory = raw.get("memory_at_end") or {}
+    return {
+        "latency_ms": {key: latency[key] for key in ("p50", "p90", "p99", "mean")},
+        "load_ms_router": next(iter(raw["load_ms"].values())),
+        "expert_load_ms": _median(list((raw.get("expert_load_ms") or {}).values())),
+        "switch_ms": (raw.get("switch") or {}).get("median_ms"),
+        "peak_rss_bytes": memory.get("peak_rss_bytes"),
+        "pss_bytes": memory.get("pss_bytes"),
+    }
+
+
+def run_record(
+    bundle: str | Path, manifest: dict, runtime: str, device: str, rounds: list[dict], workload_source: str
+) -> dict:
+    """The results.json record for one (bundle, runtime, device) from its rounds' raw runner JSON."""
+    first = rounds[0]
+    summaries = [summarize_round(raw) for raw in rounds]
+    sequence = [row.get("experts", []) for row in first["images"]]
+    num_experts = int(manifest.get("num_experts") or 0)
+    split = bundle_kind(manifest) == "split"
+    counts = _costs(manifest)
+    p50s = [s["latency_ms"]["p50"] for s in summaries]
+    switch_ms = _median([s["switch_ms"] for s in summaries])
+    latency = {key: _median([s["latency_ms"][key] for s in summaries]) for key in ("p50", "p90", "p99", "mean")}
+    bytes_image = bytes_per_image(manifest, sequence)
+    active_bytes = counts.params_active * 4 if counts else None  # fp32 weights
+    switch_detail = first.get("switch") or {}
+    return {
+        "bundle": str(bundle),
+        "bundle_name": Path(bundle).name,
+        "model": manifest["model"].get("name"),
+        "kind": bundle_kind(manifest),
+        "backend": manifest.get("backend"),
+        "runtime": runtime,
+        "device": device,
+        "threads": first.get("threads"),
+        "rounds": len(rounds),
+        "images": len(sequence),
+        "workload": workload_source,
+        "latency_ms": latency,
+        "stages_ms": {
+            name: _median([r["stages_ms"][name]["p50"] for r in rounds if name in r.get("stages_ms", {})])
+            for name in first.get("stages_ms", {})
+        },
+        "load_ms": {
+            "router": _median([s["load_ms_router"] for s in summaries]),
+            "expert": _median([s["expert_load_ms"] for s in summaries]) if split else None,
+        },
+        "switch_ms": switch_ms if split else None,
+        "switch": {
+            "load_ms": switch_detail.get("load_median_ms"),
+            "first_run_ms": switch_detail.get("first_run_median_ms"),
+            "warm_expert_run_ms": switch_detail.get("warm_expert_run_median_ms"),
+            "vs_warm_p50": switch_ms / latency["p50"] if split and switch_ms and latency["p50"] else None,
+        },
+        "peak_rss_bytes": _median([s["peak_rss_bytes"] for s in summaries]),
+        "pss_bytes": _median([s["pss_bytes"] for s in summaries]),
+        "bytes_loaded_per_image": bytes_image,
+        "bundle_bytes": sum(graph_bytes(manifest).values()),
+        "params_active": counts.params_active if counts else None,
+        "params_total": counts.params_total if counts else None,
+        "flops": counts.flops if counts else None,
+        "bytes_loaded_vs_active_params": bytes_image / active_bytes if active_bytes else None,
+        "accuracy": _accuracy(manifest),
+        "expert_change_rate": routing_stats.expert_change_rate(sequence) if split else None,
+        "cache_hit_rate": routing_stats.cache_hit_rates(sequence, num_experts) if split else {},
+        "expert_histogram": routing_stats.expert_histogram(sequence, num_experts) if split else [],
+        "spread": {
+            "latency_p50_ms": p50s,
+            "relative": (max(p50s) - min(p50s)) / statistics.median(p50s) if len(p50s) > 1 else 0.0,
+            "wide": len(p50s) > 1 and (max(p50s) - min(p50s)) / statistics.median(p50s) > SPREAD_FLAG,
+        },
+        "per_round": summaries,
+    }
+
+
+def validate_results(results: dict) -> None:
+    """Raise ValueError naming the first way `results` departs from DESIGN.md's results.json schema."""
+    if not isinstance(results.get("runs"), list) or not results["runs"]:
+        raise ValueError("results.json needs a non-empty list 'runs'")
+    for index, run in enumerate(results["runs"]):
+        missing = [field for field in REQUIRED_FIELDS if field not in run]
+        if missing:
+            raise ValueError(f"run {index} lacks {', '.join(missing)}")
+        latency = run["latency_ms"]
+        if not all(isinstance(latency.get(k), int | float) for k in ("p50", "p90", "p99", "mean")):
+            raise ValueError(f"run {index}: latency_ms needs numbers p50, p90, p99, mean")
+        if not latency["p50"] <= latency["p90"] <= latency["p99"]:
+            raise ValueError(f"run {index}: latency percentiles out of order: {latency}")
+        if not {"router", "expert"} <= set(run["load_ms"]):
+            raise ValueError(f"run {index}: load_ms needs 'router' and 'expert'")
+        if not isinstance(run["cache_hit_rate"], dict):
+            raise ValueError(f"run {index}: cache_hit_rate must map cache size -> hit rate")

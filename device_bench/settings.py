@@ -1,0 +1,37 @@
+"""One run's knobs, shared by every runner (native, Python worker, adb, Core ML)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mobile_moe.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Settings:
+    iterations: int = 50  # timed end-to-end runs after warm-up
+    warmup: int = 5
+    threads: int = 1
+    cache_experts: int | None = None  # expert graphs kept loaded; None: all of them
+    switch_repeats: int = 2  # times each expert's switch (unload, load, first run) is measured
+    weight_cache: bool = False  # XNNPACK's shared packed-weight cache (native runner)
+
+    def __post_init__(self) -> None:
+        if self.iterations < 1:
+            raise UsageError(f"--iterations {self.iterations}: must be at least 1 (percentiles need samples)")
+        if self.warmup < 0:
+            raise UsageError(f"--warmup {self.warmup}: must be 0 or more")
+        if self.threads < 1:
+            raise UsageError(f"--threads {self.threads}: must be at least 1")
+        if self.cache_experts is not None and self.cache_experts < 1:
+            raise UsageError(f"--cache-experts {self.cache_experts}: must be at least 1")
+
+    def runner_flags(self) -> list[str]:
+        """The native runner's command-line flags for these settings."""
+        flags = ["--iterations", str(self.iterations), "--warmup", str(self.warmup), "--threads", str(self.threads)]
+        flags += ["--switch-repeats", str(self.switch_repeats)]
+        if self.cache_experts is not None:
+            flags += ["--cache-experts", str(self.cache_experts)]
+        if self.weight_cache:
+            flags.append("--weight-cache")
+        return flags

@@ -1,0 +1,56 @@
+"""The images a benchmark feeds a bundle: real ones from a data spec (so the expert sequence is real) or random.
+
+Either way they are written once as a raw float32 file (N x C x S x S, already normalised with the bundle's own
+mean/std) that every runner reads, so all runtimes and devices see exactly the same inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mobile_moe.errors import UsageError
+
+
+@dataclass
+class Workload:
+    images: np.ndarray  # (N, C, S, S) float32, normalised
+    source: str  # "random:SEED" or the data spec and split
+
+
+def random_workload(shape: list[int], count: int, seed: int = 0) -> Workload:
+    """Standard-normal images: already "normalised", as if mean/std had been applied."""
+    generator = np.random.default_rng(seed)
+    images = generator.standard_normal((count, *shape[1:]), dtype=np.float32)
+    return Workload(images, f"random:{seed}")
+
+
+def data_workload(spec: str, manifest: dict, count: int) -> Workload:
+    """The first `count` images of the spec's val split, preprocessed with the bundle's recorded normalisation."""
+    try:
+        from training.data import open_data
+    except ImportError as error:  # training/ is another package of this toolkit; say what is missing
+        raise UsageError(f"--data needs the training package ({error}); use --data random instead") from error
+    shape = manifest["input"]["shape"]
+    data = open_data(spec, int(shape[-1]), mean=manifest["input"].get("mean"), std=manifest["input"].get("std"))
+    split = data.split("val")
+    count = min(count, len(split))
+    images = np.stack([split[i][0].numpy() for i in range(count)]).astype(np.float32)
+    return Workload(images, f"{spec} (val, first {count})")
+
+
+def make_workload(spec: str, manifest: dict, count: int) -> Workload:
+    """`random` / `random:SEED`, or any data spec training.data understands."""
+    if count < 1:
+        raise UsageError(f"--images {count}: must be at least 1")
+    if spec == "random" or spec.startswith("random:"):
+        seed = int(spec.partition(":")[2] or 0)
+        return random_workload(manifest["input"]["shape"], count, seed)
+    return data_workload(spec, manifest, count)
+
+
+def write_raw(workload: Workload, path: Path) -> Path:
+    np.ascontiguousarray(workload.images, dtype=np.float32).tofile(path)
+    return path
