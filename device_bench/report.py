@@ -1,0 +1,148 @@
+"""report.md and plots from results.json: a table per run, side-by-side comparisons, latency/memory bars, and
+accuracy vs FLOPs (the paper's Fig. 1) when the bundles carry accuracies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mobile_moe.atomic import atomic_path, write_text_atomic
+
+
+def _ms(value) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _mib(value) -> str:
+    return "-" if value is None else f"{value / 2**20:.1f}"
+
+
+def _rate(value) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _label(run: dict) -> str:
+    return f"{run['bundle_name']} ({run['runtime']}, {run['device']})"
+
+
+def comparisons(runs: list[dict]) -> list[str]:
+    """Sentences for the pairs the issue asks to see side by side: dense vs MoE, split vs monolithic."""
+    lines = []
+    by_kind: dict[str, list[dict]] = {}
+    for run in runs:
+        by_kind.setdefault(run["kind"], []).append(run)
+    for moe in by_kind.get("split", []):
+        for dense in by_kind.get("dense", []):
+            if (dense["runtime"], dense["device"]) == (moe["runtime"], moe["device"]):
+                ratio = moe["latency_ms"]["p50"] / dense["latency_ms"]["p50"]
+                lines.append(
+                    f"- {moe['bundle_name']} vs dense {dense['bundle_name']} ({moe['runtime']}): end-to-end p50 "
+                    f"{_ms(moe['latency_ms']['p50'])} ms vs {_ms(dense['latency_ms']['p50'])} ms, ratio {ratio:.3f}"
+                )
+        for mono in by_kind.get("monolithic", []):
+            if (mono["runtime"], mono["device"]) == (moe["runtime"], moe["device"]):
+                lines.append(
+                    f"- split {moe['bundle_name']} vs monolithic {mono['bundle_name']} ({moe['runtime']}): peak RSS "
+                    f"{_mib(moe['peak_rss_bytes'])} vs {_mib(mono['peak_rss_bytes'])} MiB, graph bytes per image "
+                    f"{_mib(moe['bytes_loaded_per_image'])} vs {_mib(mono['bytes_loaded_per_image'])} MiB, p50 "
+                    f"{_ms(moe['latency_ms']['p50'])} vs {_ms(mono['latency_ms']['p50'])} ms"
+                )
+    return lines
+
+
+def markdown(results: dict) -> str:
+    runs = results["runs"]
+    lines = [
+        "# Benchmark report",
+        "",
+        f"Host: {results.get('host', '?')}. Rounds per run: {results.get('rounds', '?')} (median shown). "
+        "Latency is warm end-to-end per image; load is cold; switch = load + first run of an expert not loaded.",
+        "",
+        "| bundle | runtime | device | threads | p50 ms | p90 ms | p99 ms | mean ms | router load ms | expert load ms "
+        "| switch ms | peak RSS MiB | PSS MiB | graph MiB/image | expert change rate | spread |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        latency, load = run["latency_ms"], run["load_ms"]
+        spread = f"{run['spread']['relative']:.0%}" + (" WIDE" if run["spread"]["wide"] else "")
+        lines.append(
+            f"| {run['bundle_name']} | {run['runtime']} | {run['device']} | {run['threads']} | {_ms(latency['p50'])} "
+            f"| {_ms(latency['p90'])} | {_ms(latency['p99'])} | {_ms(latency['mean'])} | {_ms(load['router'])} "
+            f"| {_ms(load['expert'])} | {_ms(run['switch_ms'])} | {_mib(run['peak_rss_bytes'])} "
+            f"| {_mib(run['pss_bytes'])} | {_mib(run['bytes_loaded_per_image'])} | {_rate(run['expert_change_rate'])} "
+            f"| {spread} |"
+        )
+    pairs = comparisons(runs)
+    if pairs:
+        lines += ["", "## Side by side", "", *pairs]
+    cache_rows = [run for run in runs if run["cache_hit_rate"]]
+    if cache_rows:
+        sizes = sorted({int(size) for run in cache_rows for size in run["cache_hit_rate"]})
+        lines += ["", "## Expert cache hit rate by cache size (LRU, from the real routing sequence)", ""]
+        lines += ["| bundle | " + " | ".join(str(size) for size in sizes) + " |", "|---|" + "---|" * len(sizes)]
+        for run in cache_rows:
+            rates = [_rate(run["cache_hit_rate"].get(str(size))) for size in sizes]
+            lines.append(f"| {_label(run)} | " + " | ".join(rates) + " |")
+    if any(run["spread"]["wide"] for run in runs):
+        lines += ["", "Runs marked WIDE disagree across rounds by more than 10% (p50): treat them as noisy."]
+    lines += ["", "Phone numbers need a real phone (`--device android`); host numbers depend on what else runs."]
+    return "\n".join(lines) + "\n"
+
+
+def _save(figure, path: Path) -> None:
+    with atomic_path(path) as tmp:
+        figure.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
+
+
+def plots(results: dict, out_dir: Path) -> list[Path]:
+    """latency.png, memory.png and (with accuracies) accuracy_vs_flops.png; returns the paths written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = results["runs"]
+    labels = [_label(run) for run in runs]
+    written = []
+
+    figure, axis = plt.subplots(figsize=(max(5, 1.2 * len(runs)), 3.5))
+    p50 = [run["latency_ms"]["p50"] for run in runs]
+    p90 = [run["latency_ms"]["p90"] - run["latency_ms"]["p50"] for run in runs]
+    axis.bar(labels, p50, yerr=[[0] * len(runs), p90], capsize=4, color="tab:blue")
+    axis.set_ylabel("warm latency p50 (ms), bar to p90")
+    axis.tick_params(axis="x", rotation=30, labelsize=7)
+    _save(figure, out_dir / "latency.png")
+    written.append(out_dir / "latency.png")
+    plt.close(figure)
+
+    figure, axis = plt.subplots(figsize=(max(5, 1.2 * len(runs)), 3.5))
+    peak = [(run["peak_rss_bytes"] or 0) / 2**20 for run in runs]
+    per_image = [run["bytes_loaded_per_image"] / 2**20 for run in runs]
+    positions = range(len(runs))
+    axis.bar([p - 0.2 for p in positions], peak, width=0.4, label="peak RSS")
+    axis.bar([p + 0.2 for p in positions], per_image, width=0.4, label="graph bytes per image")
+    axis.set_xticks(list(positions), labels, rotation=30, fontsize=7)
+    axis.set_ylabel("MiB")
+    axis.legend()
+    _save(figure, out_dir / "memory.png")
+    written.append(out_dir / "memory.png")
+    plt.close(figure)
+
+    scored = [run for run in runs if run.get("accuracy") is not None and run.get("flops")]
+    if scored:
+        figure, axis = plt.subplots(figsize=(5, 3.5))
+        for run in scored:
+            marker = "o" if run["kind"] == "dense" else "s"
+            axis.scatter(run["flops"] / 1e6, run["accuracy"], marker=marker)
+            axis.annotate(run["bundle_name"], (run["flops"] / 1e6, run["accuracy"]), fontsize=7)
+        axis.set_xlabel("MFLOPs per image")
+        axis.set_ylabel("accuracy")
+        _save(figure, out_dir / "accuracy_vs_flops.png")
+        written.append(out_dir / "accuracy_vs_flops.png")
+        plt.close(figure)
+    return written
+
+
+def write_report(results: dict, out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out_dir / "report.md", markdown(results))
+    return [out_dir / "report.md", *plots(results, out_dir)]
