@@ -1,0 +1,264 @@
+"""Build a bundle: split the model, export each graph with the chosen backend, write the manifest, check parity
+(and, for int8, accuracy on the validation split), and only then move the directory into place.
+
+    export_bundle(model, "bundle/", "executorch", class_names=names, mean=mean, std=std, sample_images=images)
+
+Everything is built in a temporary directory beside the target (mobile_moe.atomic): a failed export, a parity
+failure or an interrupt leaves nothing behind, and an existing bundle at the target survives until the new one is
+complete and verified.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from export.graphs import Split, split_model
+from export.manifest import BACKENDS, FORMAT, MANIFEST, VERSION, graph_entry, read_manifest, write_manifest
+from export.parity import PROB_TOLERANCE, measure_parity, parity_passed
+from export.runners import TorchRunner
+from export.runtime import Bundle
+from export.traces import graph_inputs
+from mobile_moe.atomic import atomic_path
+from mobile_moe.errors import UsageError
+
+# backend -> (module, exporter function); imported only when used, so one backend's import cost is paid alone.
+EXPORTERS = {
+    "executorch": ("export.executorch_backend", "export_executorch"),
+    "onnx": ("export.onnx_backend", "export_onnx"),
+    "coreml": ("export.coreml_backend", "export_coreml"),
+}
+QUANTIZE = ("none", "int8")
+MAX_VAL_IMAGES = 512
+DESCRIPTIONS = {
+    "images": "image, resized to the input size and normalised with the manifest's mean/std (NCHW)",
+    "tokens": "tokens after the router's dense blocks (batch, tokens, width)",
+    "router_probs": "router probabilities over the experts; the runtime takes the top-k",
+    "gate": "weight of the chosen expert (its router probability)",
+    "logits": "class logits",
+    "residual": "tokens after the block's attention half",
+    "normed": "residual after the block's second LayerNorm: the expert MLP's input",
+    "delta": "the expert MLP's output, to be weighted by its gate and added to the residual",
+}
+
+
+def exporter(backend: str) -> tuple[Callable[..., Any], str]:
+    if backend not in EXPORTERS:
+        raise UsageError(f"unknown format {backend!r}: choose one of {', '.join(BACKENDS)}")
+    module = importlib.import_module(EXPORTERS[backend][0])
+    return getattr(module, EXPORTERS[backend][1]), module.SUFFIX
+
+
+def _check_target(out_dir: Path) -> None:
+    """Refuse to replace a directory that is not a bundle: atomic replacement would delete its contents."""
+    if out_dir.exists() and not (out_dir.is_dir() and (out_dir / MANIFEST).is_file()):
+        if out_dir.is_file() or any(out_dir.iterdir()):
+            raise UsageError(f"{out_dir} exists and is not a bundle; choose a new --out directory (nothing written)")
+
+
+def _random_images(model: nn.Module, count: int = 8) -> Tensor:
+    cfg = model.config
+    generator = torch.Generator().manual_seed(0)
+    return torch.randn(count, cfg.in_chans, cfg.image_size, cfg.image_size, generator=generator)
+
+
+def _sizes(graphs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Bytes a phone holds: everything, the router (+ shared parts), and the router plus one image's experts."""
+    total = sum(g["bytes"] for g in graphs)
+    resident = sum(g["bytes"] for g in graphs if g["role"] in ("router", "block_shared", "head"))
+    per_expert: dict[int, int] = {}
+    for g in graphs:
+        if g["expert"] is not None:
+            per_expert[g["expert"]] = per_expert.get(g["expert"], 0) + g["bytes"]
+    sizes = {"total_bytes": total, "resident_bytes": resident or total}
+    if per_expert:
+        sizes["max_expert_bytes"] = max(per_expert.values())
+        sizes["resident_plus_one_expert_bytes"] = resident + max(per_expert.values())
+    return sizes
+
+
+def _check_parity(bundle: Bundle, model: nn.Module, images: Tensor, strict: bool, note: str) -> dict[str, Any]:
+    result = measure_parity(bundle, model, images)
+    result.update({"checked_on": note, "prob_tolerance": PROB_TOLERANCE if strict else None})
+    result["passed"] = parity_passed(result) if strict else None
+    if strict and not result["passed"]:
+        raise UsageError(
+            f"parity check failed ({note}): max |prob error| {result['max_abs_prob_error']:.2e} "
+            f"(tolerance {PROB_TOLERANCE:.0e}), expert agreement {result.get('expert_agreement', 1.0):.2f}; "
+            "nothing written"
+        )
+    return result
+
+
+@torch.no_grad()
+def _validation_top1(bundle: Bundle, model: nn.Module, images: Tensor, labels: Tensor) -> dict[str, Any]:
+    eager = model(images).logits.argmax(-1)
+    exported = torch.tensor([int(bundle.predict(image.contiguous()).logits.argmax()) for image in images])
+    fp32_top1 = float((eager == labels).float().mean())
+    quantized_top1 = float((exported == labels).float().mean())
+    return {
+        "images": len(images),
+        "fp32_top1": fp32_top1,
+        "quantized_top1": quantized_top1,
+        "top1_change": quantized_top1 - fp32_top1,
+        "prediction_agreement": float((eager == exported).float().mean()),
+    }
+
+
+def export_bundle(
+    model: nn.Module,
+    out_dir: str | Path,
+    backend: str,
+    *,
+    class_names: Sequence[str] | None = None,
+    super_class_names: Sequence[str] | None = None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    quantize: str = "none",
+    monolithic: bool = False,
+    layout: str | None = None,
+    fp32: bool = False,
+    coreml_compression: str = "linear8",
+    sample_images: Tensor | None = None,
+    calibration_images: Tensor | None = None,
+    val_data: tuple[Tensor, Tensor] | None = None,
+    source: str | None = None,
+    log: Callable[[str], None] = lambda message: None,
+) -> dict[str, Any]:
+    """Export `model` as a bundle at `out_dir`; returns the manifest. See the module docstring."""
+    export_graph, suffix = exporter(backend)
+    if quantize not in QUANTIZE:
+        raise UsageError(f"--quantize {quantize!r}: choose one of {', '.join(QUANTIZE)}")
+    if fp32 and backend != "coreml":
+        raise UsageError("--fp32 applies to Core ML only (ExecuTorch and ONNX bundles are fp32 unless quantized)")
+    out_dir = Path(out_dir)
+    _check_target(out_dir)
+    model = model.eval()
+    split = split_model(model, monolithic=monolithic, layout=layout)
+    cfg = model.config
+    class_names = list(class_names) if class_names is not None else [str(c) for c in range(cfg.num_classes)]
+    if len(class_names) != cfg.num_classes:
+        raise UsageError(f"{len(class_names)} class names for a model with {cfg.num_classes} classes")
+    sample_images = _random_images(model) if sample_images is None else sample_images
+    calibration = {}
+    if quantize == "int8" and backend == "executorch":
+        calibration = graph_inputs(split, model, sample_images if calibration_images is None else calibration_images)
+
+    with atomic_path(out_dir, directory=True) as tmp:
+        entries = _export_graphs(
+            split, export_graph, suffix, tmp, backend, quantize, fp32, coreml_compression, calibration, log
+        )
+        manifest = {
+            "format": FORMAT,
+            "version": VERSION,
+            "backend": backend,
+            "model": cfg.to_dict(),
+            "num_experts": getattr(cfg, "num_experts", 1) if split.layout != "dense" else 0,
+            "top_k": getattr(cfg, "top_k", 0) if split.layout != "dense" else 0,
+            "input": {
+                "shape": [1, cfg.in_chans, cfg.image_size, cfg.image_size],
+                "dtype": "float32",
+                "mean": list(mean) if mean is not None else [0.0] * cfg.in_chans,
+                "std": list(std) if std is not None else [1.0] * cfg.in_chans,
+            },
+            "class_names": class_names,
+            "super_class_names": list(super_class_names) if super_class_names else None,
+            "composition": split.composition,
+            "graphs": entries,
+            "sizes": _sizes(entries),
+            "precision": _precision(backend, quantize, fp32, coreml_compression),
+            "source": source,
+        }
+        write_manifest(tmp, manifest)
+        bundle, note = _runnable(tmp, backend, split)
+        strict = quantize == "none" and (backend != "coreml" or note.startswith("split"))
+        manifest["parity"] = _check_parity(bundle, model, sample_images, strict, note)
+        log(f"parity ({note}): max |prob error| {manifest['parity']['max_abs_prob_error']:.2e}")
+        if quantize == "int8":
+            manifest["quantization"] = _quantization_report(manifest, split, bundle, model, val_data, backend)
+        write_manifest(tmp, manifest)
+        _verify(tmp)
+    return manifest
+
+
+def _precision(backend: str, quantize: str, fp32: bool, coreml_compression: str) -> str:
+    if quantize == "int8":
+        return {"executorch": "int8 (XNNPACKQuantizer, pt2e)", "onnx": "int8 (dynamic)", "coreml": coreml_compression}[
+            backend
+        ]
+    return "fp16" if backend == "coreml" and not fp32 else "fp32"
+
+
+def _export_graphs(split, export_graph, suffix, tmp, backend, quantize, fp32, coreml_compression, calibration, log):
+    entries = []
+    for spec in split.graphs:
+        path = tmp / f"{spec.name}{suffix}"
+        start = time.perf_counter()
+        artifact = export_graph(
+            spec.module,
+            spec.example_inputs(),
+            path,
+            input_names=[t.name for t in spec.inputs],
+            output_names=[t.name for t in spec.outputs],
+            quantize=quantize,
+            calibration=calibration.get(spec.name, ()),
+            fp32=fp32,
+            coreml_compression=coreml_compression,
+            descriptions=DESCRIPTIONS,
+            summary=f"mobile-moe {split.layout} graph {spec.name} ({spec.role})",
+        )
+        seconds = time.perf_counter() - start
+        entry = graph_entry(spec, artifact.path, tmp, artifact.details)
+        entry["export_seconds"] = round(seconds, 3)
+        entries.append(entry)
+        leftover = artifact.details.get("undelegated_ops")
+        log(
+            f"  {spec.name}: {entry['bytes'] / 1e6:.2f} MB in {seconds:.1f} s"
+            + (f", not delegated: {leftover}" if leftover else "")
+        )
+    return entries
+
+
+def _runnable(bundle_dir: Path, backend: str, split: Split) -> tuple[Bundle, str]:
+    """A runtime over the new bundle, and what it runs: the backend itself, or (Core ML off macOS) the split modules
+    in PyTorch, which still checks the split and the runtime's composition against the whole model."""
+    import sys
+
+    if backend == "coreml" and sys.platform != "darwin":
+        modules = {spec.name: spec.module for spec in split.graphs}
+        bundle = Bundle(bundle_dir, open_graph=lambda graph: TorchRunner(modules[graph["name"]], graph))
+        return bundle, "split modules in PyTorch (Core ML prediction needs macOS)"
+    return Bundle(bundle_dir), f"{backend} runtime"
+
+
+def _quantization_report(manifest, split, bundle, model, val_data, backend) -> dict[str, Any]:
+    fp32_bytes = sum(spec.params for spec in split.graphs) * 4
+    report: dict[str, Any] = {
+        "method": manifest["precision"],
+        "bytes": manifest["sizes"]["total_bytes"],
+        "fp32_weight_bytes": fp32_bytes,
+        "note": "fp32_weight_bytes = 4 bytes per parameter of each graph (shared weights counted per graph)",
+    }
+    if val_data is None:
+        report["validation"] = {"measured": False, "reason": "no validation split given"}
+    elif backend == "coreml":
+        report["validation"] = {"measured": False, "reason": "Core ML prediction needs macOS"}
+    else:
+        images, labels = val_data
+        report["validation"] = _validation_top1(bundle, model, images[:MAX_VAL_IMAGES], labels[:MAX_VAL_IMAGES])
+    return report
+
+
+def _verify(bundle_dir: Path) -> None:
+    """Re-read the manifest and check every graph file against it before the bundle is moved into place."""
+    from export.manifest import verified_graph_file
+
+    manifest = read_manifest(bundle_dir)
+    for graph in manifest["graphs"]:
+        verified_graph_file(bundle_dir, graph)

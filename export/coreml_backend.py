@@ -1,0 +1,78 @@
+"""Core ML exporter: torch.export + run_decompositions({}) -> coremltools 9 -> .mlpackage (ML program, iOS 17).
+
+The TorchScript trace path fails on this torch version for ViT attention, hence the ExportedProgram route (DESIGN.md).
+fp16 compute by default (what the Neural Engine runs), fp32 as an option. Compression works on the converted model:
+linear 8-bit weights, or k-means palettisation with 2**nbits entries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from export.artifact import Artifact
+
+SUFFIX = ".mlpackage"
+COMPRESSIONS = ("linear8", "palette8", "palette6", "palette4")
+
+
+def compress(mlmodel, compression: str):
+    """Weight compression with coremltools.optimize.coreml: "linear8" (int8 symmetric) or "paletteN" (N-bit LUT)."""
+    import coremltools.optimize.coreml as cto
+
+    if compression == "linear8":
+        op_config = cto.OpLinearQuantizerConfig(mode="linear_symmetric", dtype="int8")
+        return cto.linear_quantize_weights(mlmodel, cto.OptimizationConfig(global_config=op_config))
+    nbits = int(compression.removeprefix("palette"))
+    op_config = cto.OpPalettizerConfig(mode="kmeans", nbits=nbits)
+    return cto.palettize_weights(mlmodel, cto.OptimizationConfig(global_config=op_config))
+
+
+def export_coreml(
+    module: nn.Module,
+    example_inputs: tuple[Tensor, ...],
+    out_path: str | Path,
+    *,
+    input_names: Sequence[str],
+    output_names: Sequence[str],
+    quantize: str = "none",
+    fp32: bool = False,
+    coreml_compression: str = "linear8",
+    descriptions: Mapping[str, str] | None = None,
+    summary: str = "",
+    **_: object,
+) -> Artifact:
+    import coremltools as ct
+
+    with torch.no_grad():
+        program = torch.export.export(module.eval(), example_inputs).run_decompositions({})
+    mlmodel = ct.convert(
+        program,
+        inputs=[
+            ct.TensorType(name=name, shape=tuple(x.shape), dtype=np.float32)
+            for name, x in zip(input_names, example_inputs, strict=True)
+        ],
+        outputs=[ct.TensorType(name=name, dtype=np.float32) for name in output_names],
+        convert_to="mlprogram",
+        minimum_deployment_target=ct.target.iOS17,
+        compute_precision=ct.precision.FLOAT32 if fp32 else ct.precision.FLOAT16,
+        skip_model_load=True,  # loading compiles the model, which only macOS can do
+    )
+    if quantize == "int8":
+        mlmodel = compress(mlmodel, coreml_compression)
+    for name in (*input_names, *output_names):
+        text = (descriptions or {}).get(name)
+        if text:
+            if name in input_names:
+                mlmodel.input_description[name] = text
+            else:
+                mlmodel.output_description[name] = text
+    mlmodel.short_description = summary
+    mlmodel.save(str(out_path))
+    precision = "fp32" if fp32 else "fp16"
+    weights = coreml_compression if quantize == "int8" else precision
+    return Artifact(Path(out_path), {"compute_precision": precision, "weights": weights, "target": "iOS17"})

@@ -1,0 +1,73 @@
+"""ExecuTorch exporter: torch.export -> XNNPACK-friendly rewrites -> XnnpackPartitioner -> to_executorch -> .pte.
+
+int8: torchao's pt2e flow with ExecuTorch's XNNPACKQuantizer (symmetric, per-channel weights, static activations),
+calibrated on the inputs the graph really sees; the quantized graph is exported again and lowered the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from export.artifact import Artifact
+from export.decompositions import xnnpack_decompositions
+
+SUFFIX = ".pte"
+
+
+def quantize_pt2e(module: nn.Module, example_inputs: tuple[Tensor, ...], calibration: Sequence[tuple[Tensor, ...]]):
+    """The module with int8 weights and activations (XNNPACK's scheme), observers calibrated on `calibration`."""
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
+    captured = torch.export.export(module, example_inputs).module()
+    prepared = prepare_pt2e(captured, quantizer)
+    with torch.no_grad():
+        for inputs in calibration or [example_inputs]:
+            prepared(*inputs)
+    return convert_pt2e(prepared)
+
+
+def undelegated_ops(edge_program) -> list[str]:
+    """Names of the ops left outside the XNNPACK delegate (they would run on ExecuTorch's portable kernels)."""
+    ops = []
+    for node in edge_program.graph_module.graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = getattr(node.target, "__name__", str(node.target))
+        if name in ("getitem", "executorch_call_delegate"):
+            continue
+        ops.append(str(node.target).split(":")[0].replace("<EdgeOpOverload: ", "").rstrip(">"))
+    return ops
+
+
+def export_executorch(
+    module: nn.Module,
+    example_inputs: tuple[Tensor, ...],
+    out_path: str | Path,
+    *,
+    quantize: str = "none",
+    calibration: Sequence[tuple[Tensor, ...]] = (),
+    **_: object,
+) -> Artifact:
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    module = module.eval()
+    with torch.no_grad():
+        if quantize == "int8":
+            module = quantize_pt2e(module, example_inputs, calibration)
+        program = torch.export.export(module, example_inputs).run_decompositions(xnnpack_decompositions())
+        edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+        leftover = undelegated_ops(edge.exported_program())
+        delegates = sum(1 for n in edge.exported_program().graph_module.graph.nodes if "call_delegate" in str(n.target))
+        executorch_program = edge.to_executorch()
+    Path(out_path).write_bytes(executorch_program.buffer)
+    return Artifact(Path(out_path), {"delegate": "xnnpack", "delegates": delegates, "undelegated_ops": leftover})

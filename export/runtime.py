@@ -1,0 +1,182 @@
+"""The Python bundle runtime: load the router at open, an expert only when an image first picks it, and keep at most
+`max_cached_experts` experts loaded (least recently used goes first).
+
+    bundle = load_bundle("bundle/", max_cached_experts=2)
+    prediction = bundle.predict(image)       # image: float32 (3, S, S) or (1, 3, S, S), already normalised
+    prediction.logits, prediction.experts, prediction.gates, prediction.timings
+    bundle.loaded_graphs                     # e.g. ["router", "expert_3"]
+
+Every graph's sha256 is checked before a backend parses it; the manifest's composition says how graphs combine.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from export.manifest import read_manifest, verified_graph_file
+from export.runners import RUNNERS
+from mobile_moe.errors import UsageError
+
+Runner = Callable[[list[np.ndarray]], dict[str, np.ndarray]]
+
+
+class Prediction(NamedTuple):
+    logits: np.ndarray  # (K,)
+    experts: list[int]  # chosen experts, highest gate first; [] for a dense bundle
+    gates: list[float]  # their weights
+    timings: dict[str, float]  # milliseconds: router, load (experts loaded for this image), experts, total
+
+
+def _milliseconds(start: float) -> float:
+    return (time.perf_counter() - start) * 1e3
+
+
+class Bundle:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        max_cached_experts: int | None = None,
+        threads: int | None = None,
+        open_graph: Callable[[dict[str, Any]], Runner] | None = None,
+    ):
+        if max_cached_experts is not None and max_cached_experts < 1:
+            raise UsageError(f"max_cached_experts={max_cached_experts}: must be at least 1 (or None for no limit)")
+        self.path = Path(path)
+        self.manifest = read_manifest(self.path)
+        self.backend = self.manifest["backend"]
+        self.max_cached_experts = max_cached_experts
+        self.threads = threads
+        self._open_graph = open_graph or self._open_file
+        self._graphs = {graph["name"]: graph for graph in self.manifest["graphs"]}
+        self.composition = self.manifest.get("composition") or {"layout": "expert-paths"}
+        self.layout = self.composition["layout"]
+        self._resident: dict[str, Runner] = {}  # graphs loaded at open: router, shared block parts, head, whole model
+        self._experts: OrderedDict[int, dict[str, Runner]] = OrderedDict()  # expert -> its graphs, LRU order
+        for name in self._resident_graph_names():
+            self._resident[name] = self._open_graph(self._graphs[name])
+
+    # --- loading ------------------------------------------------------------------------------------------------------
+
+    def _open_file(self, graph: dict[str, Any]) -> Runner:
+        path = verified_graph_file(self.path, graph)
+        return RUNNERS[self.backend](path, graph, self.threads)
+
+    def _resident_graph_names(self) -> list[str]:
+        if self.layout in ("dense", "monolithic"):
+            return [self.manifest["graphs"][0]["name"]]
+        names = [self.composition["router"]]
+        if self.layout == "per-block":
+            names += [block["shared"] for block in self.composition["blocks"]] + [self.composition["head"]]
+        return names
+
+    def _expert_graph_names(self, expert: int) -> list[str]:
+        if self.layout == "per-block":
+            return [block["experts"][expert] for block in self.composition["blocks"]]
+        return [self.composition["experts"][expert]]
+
+    def _expert(self, expert: int) -> tuple[dict[str, Runner], float]:
+        """Expert `expert`'s graphs (loading them if needed, evicting the LRU expert) and the load time in ms."""
+        if expert in self._experts:
+            self._experts.move_to_end(expert)
+            return self._experts[expert], 0.0
+        start = time.perf_counter()
+        runners = {name: self._open_graph(self._graphs[name]) for name in self._expert_graph_names(expert)}
+        self._experts[expert] = runners
+        while self.max_cached_experts is not None and len(self._experts) > self.max_cached_experts:
+            self._experts.popitem(last=False)  # dropping the runner frees the program and its packed weights
+        return runners, _milliseconds(start)
+
+    @property
+    def loaded_graphs(self) -> list[str]:
+        return [*self._resident, *(name for runners in self._experts.values() for name in runners)]
+
+    @property
+    def loaded_experts(self) -> list[int]:
+        """Loaded experts, least recently used first."""
+        return list(self._experts)
+
+    # --- prediction ---------------------------------------------------------------------------------------------------
+
+    def _image_batch(self, image: Any) -> np.ndarray:
+        spec = self.manifest["input"]
+        shape = tuple(spec["shape"])  # (1, C, S, S)
+        array = image.detach().cpu().numpy() if hasattr(image, "detach") else image
+        if not isinstance(array, np.ndarray):
+            raise UsageError(f"image must be a numpy array or torch tensor, got {type(image).__name__}")
+        if array.dtype != np.float32:
+            raise UsageError(f"image dtype {array.dtype}: the bundle takes float32 (normalised with its mean/std)")
+        if array.shape == shape[1:]:
+            array = array[None]
+        if array.shape != shape:
+            raise UsageError(f"image shape {tuple(array.shape)}: the bundle takes {shape[1:]} or {shape}")
+        return np.ascontiguousarray(array)
+
+    def choose_experts(self, router_probs: np.ndarray) -> tuple[list[int], list[float]]:
+        """Top-k of the router's probabilities, as the model's router does (renormalised only if it does)."""
+        probs = router_probs.reshape(-1)
+        k = self.manifest["top_k"]
+        experts = [int(e) for e in np.argsort(-probs, kind="stable")[:k]]
+        gates = probs[experts].astype(np.float32)
+        if self.manifest["model"].get("renormalize_gates"):
+            gates = gates / gates.sum()
+        return experts, [float(g) for g in gates]
+
+    def predict(self, image: Any) -> Prediction:
+        batch = self._image_batch(image)
+        start = time.perf_counter()
+        if self.layout == "dense":
+            logits = next(iter(self._resident.values()))([batch])["logits"]
+            return Prediction(
+                logits[0], [], [], {"router": 0.0, "load": 0.0, "experts": 0.0, "total": _milliseconds(start)}
+            )
+        if self.layout == "monolithic":
+            out = next(iter(self._resident.values()))([batch])
+            experts, gates = self.choose_experts(out["router_probs"])
+            total = _milliseconds(start)
+            return Prediction(
+                out["logits"][0], experts, gates, {"router": 0.0, "load": 0.0, "experts": 0.0, "total": total}
+            )
+        routed = self._resident[self.composition["router"]]([batch])
+        experts, gates = self.choose_experts(routed["router_probs"])
+        router_ms = _milliseconds(start)
+        load_ms = 0.0
+        loaded = []
+        for expert in experts:
+            runners, ms = self._expert(expert)
+            loaded.append(runners)
+            load_ms += ms
+        compute = time.perf_counter()
+        if self.layout == "per-block":
+            logits = self._run_blocks(routed["tokens"], loaded, gates)
+        else:
+            gate = np.asarray([[gates[0]]], dtype=np.float32)  # (1, 1)
+            logits = next(iter(loaded[0].values()))([routed["tokens"], gate])["logits"]
+        timings = {
+            "router": router_ms,
+            "load": load_ms,
+            "experts": _milliseconds(compute),
+            "total": _milliseconds(start),
+        }
+        return Prediction(logits[0], experts, gates, timings)
+
+    def _run_blocks(self, tokens: np.ndarray, experts: list[dict[str, Runner]], gates: list[float]) -> np.ndarray:
+        """tokens = residual + sum_j gate_j * delta_j in every MoE block, then the head (the manifest's `combine`)."""
+        x = tokens  # (1, T, D)
+        for block in self.composition["blocks"]:
+            shared = self._resident[block["shared"]]([x])
+            x = shared["residual"].copy()
+            for runners, gate in zip(experts, gates, strict=True):
+                name = next(name for name in runners if name in block["experts"])
+                x += np.float32(gate) * runners[name]([shared["normed"]])["delta"]
+        return self._resident[self.composition["head"]]([x])["logits"]
+
+
+def load_bundle(path: str | os.PathLike, max_cached_experts: int | None = None, threads: int | None = None) -> Bundle:
+    return Bundle(path, max_cached_experts, threads)
