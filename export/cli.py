@@ -1,0 +1,73 @@
+"""`mobile-moe export RUN_DIR --format executorch|onnx|coreml --out BUNDLE_DIR [--quantize none|int8] [--monolithic]`"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from export.graphs import LAYOUTS
+from export.manifest import BACKENDS
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from export.coreml_backend import COMPRESSIONS
+
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a training run directory (mobile-moe train --out)")
+    parser.add_argument("--format", required=True, choices=BACKENDS, help="backend of the graphs")
+    parser.add_argument("--out", required=True, metavar="BUNDLE_DIR", help="bundle directory to write")
+    parser.add_argument("--quantize", default="none", choices=["none", "int8"], help="weight/activation precision")
+    parser.add_argument("--monolithic", action="store_true", help="one graph with every expert (the naive export)")
+    parser.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        help="expert-paths (k=1 default: one graph per expert path) or per-block (k>1 default: shared attention in "
+        "its own graph, one graph per expert MLP per block)",
+    )
+    parser.add_argument("--fp32", action="store_true", help="Core ML: fp32 compute instead of fp16")
+    parser.add_argument(
+        "--coreml-compression", default="linear8", choices=COMPRESSIONS, help="Core ML int8 scheme (default linear8)"
+    )
+    parser.add_argument("--checkpoint", default="best", choices=["best", "last"], help="which checkpoint to export")
+    parser.add_argument("--json", action="store_true", help="print the manifest as one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    from export.bundle import export_bundle
+    from export.source import source_from_run
+
+    log = (lambda message: print(message, file=sys.stderr)) if args.json else print
+    source = source_from_run(args.run_dir, checkpoint=args.checkpoint)
+    log(f"exporting {args.run_dir} ({source.model.config.name}) as {args.format} -> {args.out}")
+    manifest = export_bundle(
+        source.model,
+        args.out,
+        args.format,
+        quantize=args.quantize,
+        monolithic=args.monolithic,
+        layout=args.layout,
+        fp32=args.fp32,
+        coreml_compression=args.coreml_compression,
+        log=log,
+        **source.export_kwargs(),
+    )
+    if args.json:
+        print(json.dumps(manifest))
+        return 0
+    sizes = manifest["sizes"]
+    print(f"wrote {args.out}: {len(manifest['graphs'])} graphs, {sizes['total_bytes'] / 1e6:.2f} MB in all")
+    if "resident_plus_one_expert_bytes" in sizes:
+        print(f"  router (+ shared) + one expert: {sizes['resident_plus_one_expert_bytes'] / 1e6:.2f} MB")
+    parity = manifest["parity"]
+    print(
+        f"  parity ({parity['checked_on']}, {parity['images']} images): max |prob error| "
+        f"{parity['max_abs_prob_error']:.2e}, expert agreement {parity.get('expert_agreement', 1.0):.2f}"
+    )
+    validation = manifest.get("quantization", {}).get("validation", {})
+    if validation.get("measured", True) and validation:
+        print(
+            f"  int8 on {validation['images']} val images: top-1 {validation['quantized_top1']:.3f} "
+            f"vs fp32 {validation['fp32_top1']:.3f} (change {validation['top1_change']:+.3f})"
+        )
+    return 0

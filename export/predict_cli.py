@@ -1,0 +1,52 @@
+"""`mobile-moe predict BUNDLE_DIR IMAGE... [--json]`: classify image files with a bundle's graphs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("bundle", metavar="BUNDLE_DIR", help="a directory written by `mobile-moe export`")
+    parser.add_argument("images", metavar="IMAGE", nargs="+", help="PNG or JPEG files")
+    parser.add_argument("--cache-experts", type=int, default=None, help="experts kept loaded (default: no limit)")
+    parser.add_argument("--json", action="store_true", help="print one JSON list, one object per image")
+
+
+def classify(bundle, path: str, image) -> dict:
+    """The DESIGN.md predict record for one preprocessed image."""
+    prediction = bundle.predict(image)
+    logits = prediction.logits.astype(np.float64)
+    probs = np.exp(logits - logits.max())
+    probs /= probs.sum()
+    index = int(probs.argmax())
+    return {
+        "image": path,
+        "class_index": index,
+        "class": bundle.manifest["class_names"][index],
+        "probability": float(probs[index]),
+        "experts": prediction.experts,
+        "gates": prediction.gates,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    from export.images import load_image
+    from export.runtime import load_bundle
+
+    bundle = load_bundle(args.bundle, max_cached_experts=args.cache_experts)
+    # Read every image first: a bad file fails the command before any output.
+    images = [load_image(path, bundle.manifest["input"]) for path in args.images]
+    results = [classify(bundle, path, image) for path, image in zip(args.images, images, strict=True)]
+    if args.json:
+        print(json.dumps(results))
+        return 0
+    for result in results:
+        experts = ", ".join(f"{e} (gate {g:.2f})" for e, g in zip(result["experts"], result["gates"], strict=True))
+        print(
+            f"{result['image']}: {result['class']} (p={result['probability']:.3f})"
+            + (f", experts {experts}" if experts else "")
+        )
+    return 0

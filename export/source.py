@@ -1,0 +1,77 @@
+"""What an export needs from a training run: the model, its metadata, and images from the run's own data.
+
+Parity runs on validation images, int8 calibration on training images, the int8 accuracy check on the validation
+split: all through training's seam (`training.run.load_run`, `Run.open_data`), never by re-reading its files here.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+
+@dataclass
+class ExportSource:
+    model: nn.Module
+    class_names: list[str]
+    super_class_names: list[str] | None
+    mean: list[float]
+    std: list[float]
+    sample_images: Tensor  # (N, C, S, S) normalised: parity
+    calibration_images: Tensor  # int8 calibration
+    val_data: tuple[Tensor, Tensor]  # (images, labels): int8 top-1 change
+    source: str
+
+    def export_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for export.bundle.export_bundle."""
+        return {
+            "class_names": self.class_names,
+            "super_class_names": self.super_class_names,
+            "mean": self.mean,
+            "std": self.std,
+            "sample_images": self.sample_images,
+            "calibration_images": self.calibration_images,
+            "val_data": self.val_data,
+            "source": self.source,
+        }
+
+
+def _take(dataset, count: int, seed: int) -> tuple[Tensor, Tensor]:
+    """`count` items drawn without replacement (seeded), stacked: images (n, C, S, S), labels (n,)."""
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:count].tolist()
+    items = [dataset[i] for i in order]
+    return torch.stack([image for image, _ in items]).float(), torch.tensor([label for _, label in items])
+
+
+def source_from_run(
+    run_dir: str | os.PathLike,
+    checkpoint: str = "best",
+    samples: int = 16,
+    calibration: int = 64,
+    validation: int = 512,
+) -> ExportSource:
+    from training.run import load_run
+
+    run = load_run(run_dir, checkpoint=checkpoint)
+    data_config = run.config["data"]
+    data = run.open_data()
+    val_images, val_labels = _take(data.split("val"), validation, seed=0)
+    calibration_images, _ = _take(data.split("train"), calibration, seed=1)
+    super_classes = run.config.get("super_classes")
+    if isinstance(super_classes, dict):
+        super_classes = super_classes.get("names")
+    return ExportSource(
+        model=run.model.eval(),
+        class_names=list(data_config["class_names"]),
+        super_class_names=list(super_classes) if super_classes else None,
+        mean=list(data_config["mean"]),
+        std=list(data_config["std"]),
+        sample_images=val_images[:samples],
+        calibration_images=calibration_images,
+        val_data=(val_images, val_labels),
+        source=str(run.run_dir),
+    )
