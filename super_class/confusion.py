@@ -1,0 +1,143 @@
+"""Confusion matrices (rows = true class, columns = predicted class): from predictions, or read from a file.
+
+Soft confusion (the default when a model is given) adds each image's whole softmax vector to its true class's row;
+hard confusion adds 1 at the argmax. With few validation images per class, the soft matrix still says which classes a
+model finds similar when the argmax is right, so it carries far more signal per image (the issue's "real case").
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from mobile_moe.errors import UsageError
+
+
+def confusion_from_predictions(probs, labels, hard: bool = False, num_classes: int | None = None) -> np.ndarray:
+    """(C, C) float64 matrix from `probs` (N, C) softmax probabilities and `labels` (N,) true class indices.
+
+    Accepts numpy arrays or torch tensors. Hard: counts of (true, argmax); soft: sums of probability vectors, so every
+    row sums to the number of images of that class either way.
+    """
+    probs = np.asarray(probs, dtype=np.float64)
+    labels = np.asarray(labels)
+    if probs.ndim != 2 or probs.shape[0] == 0 or probs.shape[1] == 0:
+        raise UsageError(f"predictions: probs must be (N, C) with N, C > 0, got shape {probs.shape}")
+    if labels.shape != (probs.shape[0],):
+        raise UsageError(f"predictions: labels must be ({probs.shape[0]},) to match probs, got shape {labels.shape}")
+    num_classes = probs.shape[1] if num_classes is None else num_classes
+    if probs.shape[1] != num_classes:
+        raise UsageError(f"predictions: probs has {probs.shape[1]} columns for {num_classes} classes")
+    if not np.all(np.isfinite(probs)) or probs.min() < 0 or not np.allclose(probs.sum(1), 1.0, atol=1e-3):
+        raise UsageError("predictions: probs rows must be finite and sum to 1 (pass softmax probabilities, not logits)")
+    if not np.issubdtype(labels.dtype, np.integer) or labels.min() < 0 or labels.max() >= num_classes:
+        raise UsageError(f"predictions: labels must be integers in 0..{num_classes - 1}")
+    confusion = np.zeros((num_classes, num_classes))
+    if hard:
+        np.add.at(confusion, (labels, probs.argmax(1)), 1.0)
+    else:
+        np.add.at(confusion, labels, probs)  # row labels[n] += probs[n]
+    return confusion
+
+
+def check_confusion(matrix, what: str = "confusion matrix") -> np.ndarray:
+    """The matrix as float64 (C, C), or a UsageError saying what is wrong with it."""
+    try:
+        matrix = np.asarray(matrix, dtype=np.float64)
+    except (TypeError, ValueError) as error:
+        raise UsageError(f"{what} is not numeric: {error}") from None
+    if matrix.ndim != 2 or matrix.size == 0:
+        raise UsageError(f"{what} must be a non-empty 2-D (C, C) array, got shape {matrix.shape}")
+    if matrix.shape[0] != matrix.shape[1]:
+        raise UsageError(f"{what} must be square (rows = true class, columns = predicted), got {matrix.shape}")
+    if not np.all(np.isfinite(matrix)):
+        bad = np.argwhere(~np.isfinite(matrix))[0]
+        raise UsageError(f"{what} has NaN or infinite entries (first at row {bad[0]}, column {bad[1]})")
+    if matrix.min() < 0:
+        bad = np.argwhere(matrix < 0)[0]
+        raise UsageError(f"{what} has negative entries (first at row {bad[0]}, column {bad[1]}); use counts or probs")
+    if matrix.shape[0] < 2:
+        raise UsageError(f"{what} has {matrix.shape[0]} class; need at least 2 classes")
+    off_diagonal = matrix.sum() - np.trace(matrix)
+    if off_diagonal <= 0:
+        raise UsageError(
+            f"{what} has no off-diagonal confusion, so there is nothing to cluster (use random super-classes)"
+        )
+    return matrix
+
+
+def classes_without_images(matrix: np.ndarray) -> list[int]:
+    """Classes whose row is all zero: no validation images. They are clustered by their column alone."""
+    return [int(c) for c in np.flatnonzero(matrix.sum(1) == 0)]
+
+
+def load_confusion(path: str | os.PathLike) -> tuple[np.ndarray, list[str] | None]:
+    """Read a (C, C) matrix of counts or probabilities from .npy or .csv; returns (matrix, class names or None).
+
+    A .csv may start with one header row of class names (the columns' predicted classes, in class order).
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in (".npy", ".csv"):
+        raise UsageError(f"confusion file {path}: unknown format {suffix or '(none)'}; give a .npy or .csv file")
+    if not path.is_file():
+        raise UsageError(f"confusion file {path} does not exist")
+    names = None
+    try:
+        if suffix == ".npy":
+            matrix = np.load(path, allow_pickle=False)
+        else:
+            matrix, names = _read_csv(path)
+    except UsageError:
+        raise
+    except (OSError, ValueError, EOFError, UnicodeDecodeError) as error:
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise UsageError(f"cannot read confusion file {path}: {message}") from None
+    matrix = check_confusion(matrix, what=f"confusion matrix in {path}")
+    if names is not None and len(names) != matrix.shape[0]:
+        raise UsageError(f"{path}: header has {len(names)} class names for {matrix.shape[0]} classes")
+    return matrix, names
+
+
+def _read_csv(path: Path) -> tuple[np.ndarray, list[str] | None]:
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    if not lines:
+        raise UsageError(f"confusion file {path} is empty")
+    names = None
+    first = [cell.strip() for cell in lines[0].split(",")]
+    if not all(_is_number(cell) for cell in first):
+        names, lines = first, lines[1:]
+    rows = [[cell.strip() for cell in line.split(",")] for line in lines]
+    if any(len(row) != len(rows[0]) for row in rows):
+        raise UsageError(f"confusion file {path}: rows have different numbers of columns")
+    bad = next((cell for row in rows for cell in row if not _is_number(cell)), None)
+    if bad is not None:
+        raise UsageError(f"confusion file {path}: {bad!r} is not a number")
+    return np.array(rows, dtype=np.float64).reshape(len(rows), -1), names
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def save_confusion(path: str | os.PathLike, matrix: np.ndarray, class_names: list[str] | None = None) -> None:
+    """Write a matrix that `load_confusion` reads back (.npy, or .csv with an optional header of class names)."""
+    from mobile_moe.atomic import atomic_path
+
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        if path.suffix.lower() == ".npy":
+            with open(tmp, "wb") as handle:
+                np.save(handle, np.asarray(matrix, dtype=np.float64))
+        elif path.suffix.lower() == ".csv":
+            header = ",".join(class_names) + "\n" if class_names else ""
+            body = "\n".join(",".join(repr(float(x)) for x in row) for row in matrix)
+            tmp.write_text(header + body + "\n")
+        else:
+            raise UsageError(f"{path}: save a confusion matrix as .npy or .csv")
