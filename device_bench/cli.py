@@ -114,9 +114,13 @@ def benchmark(args: argparse.Namespace, log=print) -> dict:
     if args.rounds < 1:
         raise UsageError(f"--rounds {args.rounds}: must be at least 1")
     device = parse_device(args.device)
+    if args.runtime == "coreml":
+        from device_bench.coreml_runner import require_macos
+
+        require_macos()
     manifests = {bundle: read_manifest(bundle) for bundle in args.bundles}  # all checked before any is run
     runtimes = {bundle: choose_runtime(args.runtime, manifests[bundle], bundle) for bundle in args.bundles}
-    if args.runtime == "coreml" or "coreml" in runtimes.values():
+    if "coreml" in runtimes.values():
         from device_bench.coreml_runner import require_macos
 
         require_macos()

@@ -1,0 +1,87 @@
+"""device_bench's pure parts: routing statistics, the results.json schema, and the report from given results."""
+
+from __future__ import annotations
+
+import pytest
+
+from device_bench import routing_stats
+from device_bench.report import write_report
+from device_bench.results import run_record, validate_results
+from device_bench.settings import Settings
+from mobile_moe.errors import UsageError
+
+
+def test_expert_change_rate_and_lru_hit_rate_by_hand():
+    sequence = [[0], [0], [1], [0], [2], [2]]
+    assert routing_stats.expert_change_rate(sequence) == pytest.approx(3 / 5)
+    # LRU of 1: hits at images 2 and 6. LRU of 2: also image 4 (0 still cached after 1). LRU of 3: same as 2.
+    assert routing_stats.lru_hit_rate(sequence, 1) == pytest.approx(2 / 6)
+    assert routing_stats.cache_hit_rates(sequence, 3) == pytest.approx({"1": 2 / 6, "2": 3 / 6, "3": 3 / 6})
+    assert routing_stats.expert_histogram(sequence, 3) == [3, 1, 2]
+    assert routing_stats.expert_change_rate([[1]]) is None
+
+
+def test_lru_evicts_least_recently_used():
+    # 0 1 0 2 0: with two slots, 2 evicts 1 (least recent), so the last 0 hits: hits at 3rd and 5th access.
+    assert routing_stats.lru_hit_rate([[0], [1], [0], [2], [0]], 2) == pytest.approx(2 / 5)
+
+
+def test_settings_refuse_zero_iterations():
+    with pytest.raises(UsageError, match="iterations"):
+        Settings(iterations=0)
+    with pytest.raises(UsageError, match="cache-experts"):
+        Settings(cache_experts=0)
+
+
+def fake_manifest(kind: str) -> dict:
+    model = {"name": "mobile-vmoe" if kind != "dense" else "vit", "image_size": 32, "patch_size": 8, "num_classes": 7,
+             "depth": 3, "width": 32, "num_heads": 2}  # fmt: skip
+    if kind == "dense":
+        graphs = [{"name": "dense", "role": "dense", "expert": None, "file": "dense.pte", "bytes": 1000}]
+        return {"backend": "executorch", "model": model, "num_experts": 0, "graphs": graphs, "accuracy": 0.5}
+    model.update(num_experts=2, top_k=1, moe_layers=2)
+    graphs = [{"name": "router", "role": "router", "expert": None, "file": "router.pte", "bytes": 600}]
+    graphs += [
+        {"name": f"expert_{e}", "role": "expert", "expert": e, "file": f"e{e}.pte", "bytes": 500} for e in (0, 1)
+    ]
+    return {"backend": "executorch", "model": model, "num_experts": 2, "top_k": 1, "graphs": graphs, "accuracy": 0.6}
+
+
+def fake_round(p50: float, experts: list[int]) -> dict:
+    return {
+        "threads": 1,
+        "latency_ms": {"p50": p50, "p90": p50 * 1.1, "p99": p50 * 1.3, "mean": p50 * 1.05},
+        "stages_ms": {"router": {"p50": p50 / 2}},
+        "load_ms": {"router": 3.0},
+        "expert_load_ms": {"0": 2.0, "1": 4.0},
+        "switch": {"median_ms": 5.0},
+        "memory_at_end": {"rss_bytes": 10, "peak_rss_bytes": 20, "pss_bytes": 15},
+        "images": [{"experts": [e]} for e in experts],
+    }
+
+
+def test_run_record_medians_spread_and_schema(tmp_path):
+    rounds = [fake_round(p50, [0, 1, 1, 0]) for p50 in (10.0, 11.0, 14.0)]
+    record = run_record("b/moe", fake_manifest("moe"), "native", "host", rounds, "random:0")
+    assert record["latency_ms"]["p50"] == 11.0  # median across rounds
+    assert record["spread"]["relative"] == pytest.approx(4 / 11) and record["spread"]["wide"]
+    assert record["load_ms"] == {"router": 3.0, "expert": 3.0}
+    assert record["bytes_loaded_per_image"] == 600 + 500
+    assert record["expert_change_rate"] == pytest.approx(2 / 3)
+    assert record["cache_hit_rate"] == pytest.approx({"1": 1 / 4, "2": 2 / 4})  # 0 1 1 0: LRU of one hits once
+    validate_results({"runs": [record]})
+    broken = dict(record, latency_ms={"p50": 3.0, "p90": 2.0, "p99": 4.0, "mean": 3.0})
+    with pytest.raises(ValueError, match="out of order"):
+        validate_results({"runs": [broken]})
+    with pytest.raises(ValueError, match="lacks"):
+        validate_results({"runs": [{k: v for k, v in record.items() if k != "switch_ms"}]})
+
+
+def test_report_files_and_side_by_side(tmp_path):
+    moe = run_record("b/moe", fake_manifest("moe"), "native", "host", [fake_round(10.0, [0, 1])], "random:0")
+    dense = run_record("b/dense", fake_manifest("dense"), "native", "host", [fake_round(9.0, [])], "random:0")
+    written = write_report({"runs": [moe, dense], "host": "test", "rounds": 1}, tmp_path)
+    assert {path.name for path in written} == {"report.md", "latency.png", "memory.png", "accuracy_vs_flops.png"}
+    text = (tmp_path / "report.md").read_text()
+    assert "ratio 1.111" in text  # 10 / 9: MoE vs dense p50, side by side
+    assert all(path.stat().st_size > 0 for path in written)
