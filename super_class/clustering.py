@@ -19,12 +19,18 @@ METHODS = ("spectral", "louvain", "balanced")
 
 
 def cluster(
-    confusion: np.ndarray, num_super_classes: int, method: str = "spectral", seed: int = 0, affinity: str = "auto"
+    confusion: np.ndarray,
+    num_super_classes: int,
+    method: str = "spectral",
+    seed: int = 0,
+    affinity: str = "auto",
+    details: dict | None = None,
 ) -> np.ndarray:
     """Assignment (C,) of each class to one of `num_super_classes` super-classes.
 
     affinity: "direct" (the paper's confusion graph), "shared" (second-order, for thinly spread errors; graph.py) or
     "auto": direct, except that spectral clustering switches to shared when direct breaks off tiny super-classes.
+    details: if given, receives {"affinity": the one used}.
     """
     num_classes = confusion.shape[0]
     if not 2 <= num_super_classes <= num_classes:
@@ -36,6 +42,8 @@ def cluster(
     if method == "spectral" and affinity == "auto":
         labels, affinity = spectral_auto(confusion, num_super_classes, seed)
     affinity = "direct" if affinity == "auto" else affinity
+    if details is not None:
+        details["affinity"] = affinity
     graph = clustering_affinity(confusion, affinity)
     if method == "spectral":
         labels = labels if affinity == "direct" else spectral_clusters(graph, num_super_classes, seed)

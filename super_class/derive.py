@@ -1,0 +1,101 @@
+"""The paper's recipe, steps 2-3 (Sec. 2.2): a dense model's confusion on held-out data -> E super-classes.
+
+confusion = confusion_from_run("runs/dense", split="val")           # soft by default
+super_classes = derive_super_classes(confusion.matrix, 10, class_names=confusion.class_names)
+super_classes.save("super_classes.json")
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from mobile_moe.errors import UsageError
+from super_class.clustering import cluster
+from super_class.confusion import check_confusion, classes_without_images, confusion_from_predictions
+from super_class.quality import quality
+from super_class.superclasses import SuperClasses, default_names
+
+
+@dataclass
+class Confusion:
+    matrix: np.ndarray  # (C, C), rows = true class
+    class_names: list[str]
+    source: str  # where it came from, recorded in the super-class file
+
+
+def derive_super_classes(
+    confusion: np.ndarray,
+    num_super_classes: int,
+    method: str = "spectral",
+    seed: int = 0,
+    class_names: list[str] | None = None,
+    source: str = "confusion matrix",
+    affinity: str = "auto",
+) -> SuperClasses:
+    """Cluster a confusion matrix into exactly `num_super_classes` super-classes, with its quality measured."""
+    confusion = check_confusion(confusion)
+    num_classes = confusion.shape[0]
+    if class_names is None:
+        class_names = [f"class {c}" for c in range(num_classes)]
+    if len(class_names) != num_classes:
+        raise UsageError(
+            f"{len(class_names)} class names for a {num_classes}-class confusion matrix; give one per class"
+        )
+    details: dict = {}
+    assignment = cluster(confusion, num_super_classes, method, seed, affinity, details)
+    measured = quality(confusion, assignment, classes_without_images(confusion))
+    measured.update(seed=seed, affinity=details["affinity"])
+    return SuperClasses(
+        assignment=assignment.tolist(),
+        class_names=list(class_names),
+        names=default_names(num_super_classes),
+        method=method,
+        source=source,
+        quality=measured,
+    )
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device here; use --device cpu")
+    return device
+
+
+def confusion_from_run(
+    run_dir: str | os.PathLike,
+    data_spec: str | None = None,
+    split: str = "val",
+    hard: bool = False,
+    device: str = "auto",
+    batch_size: int = 256,
+) -> Confusion:
+    """The confusion matrix of a trained run's best checkpoint on a data split (soft unless `hard`).
+
+    `data_spec` defaults to the run's own data; images are normalised with the statistics the run recorded.
+    """
+    from training.evaluate import collect_predictions
+    from training.run import load_run
+
+    run = load_run(run_dir, checkpoint="best")
+    spec = data_spec or run.config["data"]["spec"]
+    data = run.open_data(spec)
+    if data.class_names != run.class_names:
+        raise UsageError(
+            f"--data {spec} has {len(data.class_names)} classes that do not match the {len(run.class_names)} the run "
+            f"in {run_dir} was trained on; pass the run's data spec ({run.config['data']['spec']})"
+        )
+    dataset = data.split(split)
+    if len(dataset) == 0:
+        raise UsageError(f"--data {spec} --split {split} has no images; choose another split")
+    device = resolve_device(device)
+    probs, labels = collect_predictions(run.model.to(device), dataset, batch_size=batch_size, device=device)
+    matrix = confusion_from_predictions(probs, labels, hard=hard, num_classes=len(data.class_names))
+    kind = "hard" if hard else "soft"
+    return Confusion(matrix, list(data.class_names), f"run:{run_dir} data:{spec} split:{split} {kind}")

@@ -1,0 +1,75 @@
+"""Picture of a super-class division: the confusion graph coloured by super-class, and the confusion matrix with
+classes reordered by super-class (strong blocks on the diagonal = confusion kept inside super-classes)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display on servers and phones' build hosts
+
+import matplotlib.pyplot as plt  # noqa: E402
+import networkx as nx  # noqa: E402
+import numpy as np  # noqa: E402
+
+from mobile_moe.atomic import atomic_path  # noqa: E402
+from mobile_moe.errors import UsageError  # noqa: E402
+from super_class.graph import class_affinity, knn_sparsify  # noqa: E402
+from super_class.superclasses import SuperClasses  # noqa: E402
+
+FORMATS = (".png", ".pdf", ".svg")
+
+
+def check_plot_path(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    if path.suffix.lower() not in FORMATS:
+        raise UsageError(f"--plot {path}: give a {', '.join(FORMATS)} file")
+    return path
+
+
+def draw_graph(axis, confusion: np.ndarray, super_classes: SuperClasses, seed: int = 0) -> None:
+    """Each class linked to its 3 strongest confusions (all edges would be a hairball at 1000 classes)."""
+    affinity = knn_sparsify(class_affinity(confusion), min(3, confusion.shape[0] - 1))
+    graph = nx.from_numpy_array(affinity)
+    positions = nx.spring_layout(graph, weight="weight", seed=seed, iterations=50)
+    colours = plt.get_cmap("tab20")(np.asarray(super_classes.assignment) % 20)
+    size = max(4.0, 300.0 / np.sqrt(confusion.shape[0]))
+    nx.draw_networkx_edges(graph, positions, ax=axis, alpha=0.2, width=0.5)
+    nx.draw_networkx_nodes(graph, positions, ax=axis, node_color=colours, node_size=size, linewidths=0)
+    if confusion.shape[0] <= 40:
+        labels = dict(enumerate(super_classes.class_names))
+        nx.draw_networkx_labels(graph, positions, labels=labels, ax=axis, font_size=7)
+    axis.set_title(f"confusion graph, coloured by super-class (E={super_classes.num_super_classes})")
+    axis.axis("off")
+
+
+def draw_heatmap(axis, confusion: np.ndarray, super_classes: SuperClasses) -> None:
+    """Row-normalised confusion rates (diagonal hidden), log-scaled, classes grouped by super-class."""
+    assignment = np.asarray(super_classes.assignment)
+    order = np.argsort(assignment, kind="stable")
+    rates = confusion / np.maximum(confusion.sum(1, keepdims=True), 1e-12)
+    np.fill_diagonal(rates, np.nan)
+    image = axis.imshow(np.log10(rates[np.ix_(order, order)] + 1e-4), cmap="magma", interpolation="nearest")
+    for boundary in np.cumsum(np.bincount(assignment))[:-1]:
+        axis.axhline(boundary - 0.5, color="cyan", linewidth=0.6)
+        axis.axvline(boundary - 0.5, color="cyan", linewidth=0.6)
+    axis.set_title("confusion rate, classes grouped by super-class")
+    axis.set_xlabel("predicted class")
+    axis.set_ylabel("true class")
+    plt.colorbar(image, ax=axis, fraction=0.046, label="log10 rate")
+
+
+def plot_super_classes(path: str | os.PathLike, confusion: np.ndarray, super_classes: SuperClasses) -> None:
+    """Write the two panels side by side to `path` (.png, .pdf or .svg), atomically."""
+    path = check_plot_path(path)
+    figure, (left, right) = plt.subplots(1, 2, figsize=(14, 6.5))
+    try:
+        draw_graph(left, confusion, super_classes)
+        draw_heatmap(right, confusion, super_classes)
+        figure.tight_layout()
+        with atomic_path(path) as tmp:
+            figure.savefig(tmp, format=path.suffix.lower()[1:], dpi=120)
+    finally:
+        plt.close(figure)

@@ -1,0 +1,47 @@
+"""Show a super-class division like the paper's Table 1: per super-class, its size and three random class names."""
+
+from __future__ import annotations
+
+import random
+
+from super_class.superclasses import SuperClasses
+
+
+def example_classes(super_classes: SuperClasses, examples: int = 3, seed: int = 0) -> list[list[str]]:
+    """Per super-class, `examples` class names chosen at random (seeded; all of them if it has fewer)."""
+    rng = random.Random(seed)
+    chosen = []
+    for s in range(super_classes.num_super_classes):
+        names = [super_classes.class_names[c] for c in super_classes.members(s)]
+        chosen.append(rng.sample(names, min(examples, len(names))))
+    return chosen
+
+
+def format_table(super_classes: SuperClasses, examples: int = 3, seed: int = 0) -> str:
+    """The listing, then one line of quality (if the file has it)."""
+    rows = [("ID", "size", "classes", "super-class")]
+    for s, names in enumerate(example_classes(super_classes, examples, seed)):
+        rows.append((str(s), str(len(super_classes.members(s))), ", ".join(names), super_classes.names[s]))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = [f"{r[0]:>{widths[0]}}  {r[1]:>{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}".rstrip() for r in rows]
+    header = (
+        f"{super_classes.num_classes} classes -> {super_classes.num_super_classes} super-classes "
+        f"({super_classes.method}; {super_classes.source})"
+    )
+    lines.insert(0, header)
+    measured = super_classes.quality or {}
+    if "within_confusion_share" in measured:
+        lines.append(
+            f"confusion inside super-classes: {measured['within_confusion_share']:.1%} "
+            f"(chance {measured['chance_share']:.1%}); sizes {measured['size_min']}-{measured['size_max']}, "
+            f"balance {measured['balance']:.2f}"
+        )
+    missing = measured.get("classes_without_images") or []
+    if missing:
+        lines.append(f"classes without validation images (placed by their column): {_names(super_classes, missing)}")
+    return "\n".join(lines)
+
+
+def _names(super_classes: SuperClasses, classes: list[int], limit: int = 10) -> str:
+    text = ", ".join(super_classes.class_names[c] for c in classes[:limit])
+    return text + (f" and {len(classes) - limit} more" if len(classes) > limit else "")
