@@ -23,7 +23,7 @@ def derive_for_demo(
 ) -> SuperClasses:
     """Soft confusion of `run_dir`'s best checkpoint on the val split -> E super-classes, saved to `out` (and a plot).
 
-    Prints the Table-1-style listing through `echo`; returns the SuperClasses (train the MoE with `--super-classes out`).
+    Prints the Table-1-style listing through `echo`; returns the SuperClasses (train with `--super-classes out`).
     """
     confusion = confusion_from_run(run_dir, data_spec, split="val", device="cpu")
     super_classes = derive_super_classes(
