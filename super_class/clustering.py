@@ -39,6 +39,7 @@ def cluster(
         raise UsageError(f"--method {method}: unknown; choose one of {', '.join(METHODS)}")
     if affinity not in ("auto", *AFFINITIES):
         raise UsageError(f"--affinity {affinity}: unknown; choose one of auto, {', '.join(AFFINITIES)}")
+    labels = None  # spectral with the auto affinity has clustered already
     if method == "spectral" and affinity == "auto":
         labels, affinity = spectral_auto(confusion, num_super_classes, seed)
     affinity = "direct" if affinity == "auto" else affinity
@@ -46,7 +47,7 @@ def cluster(
         details["affinity"] = affinity
     graph = clustering_affinity(confusion, affinity)
     if method == "spectral":
-        labels = labels if affinity == "direct" else spectral_clusters(graph, num_super_classes, seed)
+        labels = spectral_clusters(graph, num_super_classes, seed) if labels is None else labels
     elif method == "louvain":
         # Louvain runs on the kNN graph without regularisation: a complete graph (C^2 edges) is too slow for
         # pure-Python Louvain at 1000 classes, and the strongest partners carry its signal.
@@ -185,14 +186,13 @@ def balanced_clusters(affinity: np.ndarray, num_super_classes: int, seed: int, m
 def exactly(labels: np.ndarray, num_super_classes: int, affinity: np.ndarray, seed: int) -> np.ndarray:
     """Merge or split clusters deterministically until there are exactly E.
 
-    Merge: the pair whose merge raises modularity most. Split: the largest cluster, in two, by spectral clustering
-    of its own sub-graph.
+    Merge: the pair whose merge raises modularity most. Split: the cluster whose spectral bisection cuts cleanest.
     """
     labels = canonical(labels)
     while labels.max() + 1 > num_super_classes:
         labels = canonical(_merge_closest(labels, affinity))
     while labels.max() + 1 < num_super_classes:
-        labels = canonical(_split_largest(labels, affinity, seed))
+        labels = canonical(_split_best(labels, affinity, seed))
     return labels
 
 
@@ -209,17 +209,39 @@ def _merge_closest(labels: np.ndarray, affinity: np.ndarray) -> np.ndarray:
     return np.where(labels == max(a, b), min(a, b), labels)
 
 
-def _split_largest(labels: np.ndarray, affinity: np.ndarray, seed: int) -> np.ndarray:
-    sizes = np.bincount(labels)
-    largest = int(np.argmax(sizes))
-    members = np.flatnonzero(labels == largest)
-    if len(members) < 2:
+def _split_best(labels: np.ndarray, affinity: np.ndarray, seed: int) -> np.ndarray:
+    """Bisect every cluster by spectral clustering of its sub-graph; keep the cleanest cut (lowest normalised cut).
+
+    Splitting simply the largest cluster can cut a real group in half while two merged groups stay together.
+    """
+    best, best_cut = None, np.inf
+    for cluster_index in range(labels.max() + 1):
+        members = np.flatnonzero(labels == cluster_index)
+        if len(members) < 2:
+            continue
+        halves = _bisect(affinity[np.ix_(members, members)], seed)
+        cut = _normalised_cut(affinity[np.ix_(members, members)], halves)
+        if cut < best_cut:
+            best, best_cut = members[halves == 1], cut
+    if best is None:
         raise UsageError("cannot split super-classes further: every super-class has one class")
-    sub = affinity[np.ix_(members, members)] + 1e-9  # keeps the sub-graph connected
+    result = labels.copy()
+    result[best] = labels.max() + 1
+    return result
+
+
+def _bisect(sub: np.ndarray, seed: int) -> np.ndarray:
+    if len(sub) == 2:
+        return np.array([0, 1])
+    sub = sub + 1e-9  # keeps the sub-graph connected
     np.fill_diagonal(sub, 0.0)
     halves = SpectralClustering(2, affinity="precomputed", random_state=seed, n_init=10).fit_predict(sub)
     if halves.min() == halves.max():  # degenerate: split by index order
-        halves = (np.arange(len(members)) >= len(members) // 2).astype(np.int64)
-    result = labels.copy()
-    result[members[halves == 1]] = labels.max() + 1
-    return result
+        halves = (np.arange(len(sub)) >= len(sub) // 2).astype(np.int64)
+    return halves
+
+
+def _normalised_cut(sub: np.ndarray, halves: np.ndarray) -> float:
+    one = halves == 1
+    cut = sub[np.ix_(one, ~one)].sum()
+    return float(cut / max(sub[one].sum(), 1e-12) + cut / max(sub[~one].sum(), 1e-12))

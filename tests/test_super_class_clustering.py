@@ -1,0 +1,157 @@
+"""Clustering into exactly E super-classes: recovery of planted structure, determinism, balance, repairs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.metrics import adjusted_rand_score
+
+from mobile_moe.errors import UsageError
+from super_class.clustering import METHODS, balanced_sizes, canonical, cluster, exactly
+from super_class.graph import clustering_affinity
+from super_class.planted import planted_confusion
+from super_class.quality import quality
+
+
+def assert_partition(assignment: np.ndarray, num_classes: int, num_super_classes: int) -> None:
+    assert assignment.shape == (num_classes,)
+    assert sorted(set(assignment.tolist())) == list(range(num_super_classes))
+
+
+@pytest.fixture(scope="module")
+def clear():
+    """Clear planted structure: unequal groups, asymmetric and a few strong cross-group confusions, 50 images."""
+    return planted_confusion(num_classes=120, num_groups=6, images_per_class=50, noise=0.2, seed=3)
+
+
+def test_planted_generator_is_what_it_says(clear):
+    sizes = np.bincount(clear.groups)
+    assert sizes.max() >= 1.5 * sizes.min()  # unequal sizes
+    assert not np.allclose(clear.confusion, clear.confusion.T)  # asymmetric
+    assert np.all(clear.confusion.sum(1) == 50)  # 50 images per class, sampled counts
+    assert np.mean(clear.confusion - np.diag(np.diag(clear.confusion)) == 0) > 0.8  # sparse
+    cross = (clear.rates >= 0.1) & (clear.groups[:, None] != clear.groups[None, :])
+    assert cross.sum() >= 3  # a few strong cross-group confusions
+
+
+@pytest.mark.parametrize("method", ["spectral", "louvain"])
+def test_recovers_clear_structure(clear, method):
+    assignment = cluster(clear.confusion, 6, method, seed=0)
+    assert_partition(assignment, 120, 6)
+    assert adjusted_rand_score(clear.groups, assignment) >= 0.9
+
+
+def test_balanced_recovers_equal_groups_with_equal_sizes():
+    planted = planted_confusion(num_classes=120, num_groups=6, noise=0.2, equal_sizes=True, seed=4)
+    assignment = cluster(planted.confusion, 6, "balanced", seed=0)
+    assert np.bincount(assignment).tolist() == [20] * 6
+    assert adjusted_rand_score(planted.groups, assignment) >= 0.9
+
+
+@pytest.mark.parametrize("num_super_classes", [2, 5, 13, 40])
+def test_balanced_sizes_within_one(clear, num_super_classes):
+    """The stated tolerance: every size is floor(C/E) or ceil(C/E)."""
+    assignment = cluster(clear.confusion, num_super_classes, "balanced", seed=1)
+    sizes = np.bincount(assignment)
+    assert sizes.max() - sizes.min() <= 1
+    assert sorted(sizes.tolist()) == sorted(balanced_sizes(120, num_super_classes).tolist())
+
+
+def test_balanced_costs_within_confusion_on_unequal_groups(clear):
+    spectral = quality(clear.confusion, cluster(clear.confusion, 6, "spectral"))
+    balanced = quality(clear.confusion, cluster(clear.confusion, 6, "balanced"))
+    assert balanced["balance"] > spectral["balance"]
+    assert balanced["within_confusion_share"] < spectral["within_confusion_share"]
+    assert balanced["within_confusion_share"] > 2 * balanced["chance_share"]  # still far better than random
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("num_super_classes", [2, 7, 30, 120])
+def test_exactly_e_each_class_once(clear, method, num_super_classes):
+    assignment = cluster(clear.confusion, num_super_classes, method, seed=0)
+    assert_partition(assignment, 120, num_super_classes)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_deterministic_under_seed(clear, method):
+    first = cluster(clear.confusion, 6, method, seed=7)
+    again = cluster(clear.confusion.copy(), 6, method, seed=7)
+    assert np.array_equal(first, again)
+
+
+def test_numbered_by_smallest_member(clear):
+    assignment = cluster(clear.confusion, 6)
+    first_members = [np.flatnonzero(assignment == s)[0] for s in range(6)]
+    assert first_members == sorted(first_members)
+
+
+def test_default_holds_up_on_sparse_noisy_confusion():
+    """Errors mostly spread thinly over all classes: direct spectral clustering on the raw confusion graph breaks off
+    tiny super-classes here; the default (auto affinity) must not, and must still find the groups."""
+    planted = planted_confusion(num_classes=400, num_groups=8, images_per_class=50, noise=0.7, seed=1)
+    default = cluster(planted.confusion, 8, "spectral", seed=0)
+    direct = cluster(planted.confusion, 8, "spectral", seed=0, affinity="direct")
+    assert np.bincount(direct).min() <= 3  # the failure mode the default guards against
+    assert np.bincount(default).min() >= 10
+    assert adjusted_rand_score(planted.groups, default) >= 0.55  # 70% of all errors are uniform noise here
+    assert adjusted_rand_score(planted.groups, default) > adjusted_rand_score(planted.groups, direct) + 0.1
+
+
+def test_sparse_few_images_still_recovered():
+    """Ten hard-count images per class (a handful of errors each)."""
+    planted = planted_confusion(num_classes=300, num_groups=6, images_per_class=10, noise=0.1, seed=2)
+    assert adjusted_rand_score(planted.groups, cluster(planted.confusion, 6)) >= 0.8
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_classes_nobody_confuses_do_not_become_super_classes(method):
+    """Classes with no errors and never predicted wrongly have no edges; they must not form their own groups."""
+    planted = planted_confusion(num_classes=90, num_groups=3, noise=0.1, seed=5)
+    confusion = planted.confusion.copy()
+    isolated = [4, 40, 77]
+    for c in isolated:
+        confusion[c, :] = 0.0
+        confusion[:, c] = 0.0
+        confusion[c, c] = 50.0
+    assignment = cluster(confusion, 3, method, seed=0)
+    assert_partition(assignment, 90, 3)
+    assert np.bincount(assignment).min() >= 15
+    if method == "balanced":  # planted sizes are unequal: balanced cannot match them
+        return
+    keep = np.setdiff1d(np.arange(90), isolated)
+    assert adjusted_rand_score(planted.groups[keep], assignment[keep]) >= 0.85
+
+
+def test_exactly_merges_and_splits_deterministically(clear):
+    affinity = clustering_affinity(clear.confusion)
+    too_many = canonical(np.arange(120) % 9)
+    merged = exactly(too_many, 6, affinity, seed=0)
+    assert_partition(merged, 120, 6)
+    assert np.array_equal(merged, exactly(too_many, 6, affinity, seed=0))
+    too_few = canonical(clear.groups % 3)
+    split = exactly(too_few, 6, affinity, seed=0)
+    assert_partition(split, 120, 6)
+    # Splitting the planted 3-way merge should find planted groups again.
+    assert adjusted_rand_score(clear.groups, split) > adjusted_rand_score(clear.groups, too_few)
+
+
+def test_merge_prefers_the_tiny_isolated_cluster(clear):
+    """A one-class cluster merges before two real groups do."""
+    labels = clear.groups.copy()
+    lonely = int(np.flatnonzero(labels == 0)[0])
+    labels[lonely] = 6  # 7 clusters: the 6 planted + a singleton
+    merged = exactly(labels, 6, clustering_affinity(clear.confusion), seed=0)
+    assert adjusted_rand_score(clear.groups, merged) >= 0.98
+
+
+@pytest.mark.parametrize("num_super_classes", [1, 0, 121])
+def test_bad_number_of_super_classes(clear, num_super_classes):
+    with pytest.raises(UsageError, match="num-super-classes"):
+        cluster(clear.confusion, num_super_classes)
+
+
+def test_unknown_method_and_affinity(clear):
+    with pytest.raises(UsageError, match="method"):
+        cluster(clear.confusion, 3, "kmeans")
+    with pytest.raises(UsageError, match="affinity"):
+        cluster(clear.confusion, 3, affinity="cosine")
