@@ -41,9 +41,13 @@ class Adb:
             raise RuntimeError(f"adb {' '.join(args[:2])} failed: {(result.stderr or result.stdout).strip()}")
         return result
 
+    def attached(self) -> list[str]:
+        """Serials adb lists as ready ("device" state); asked without -s, which would filter nothing anyway."""
+        listing = subprocess.run([self.executable, "devices"], capture_output=True, text=True).stdout.splitlines()
+        return [line.split()[0] for line in listing[1:] if line.strip().endswith("device")]
+
     def _only_device(self) -> str:
-        listing = self.run("devices").stdout.splitlines()
-        devices = [line.split()[0] for line in listing[1:] if line.strip().endswith("device")]
+        devices = self.attached()
         if not devices:
             raise UsageError("no Android device attached (adb devices lists none); connect one with USB debugging on")
         if len(devices) > 1:
@@ -51,8 +55,7 @@ class Adb:
         return devices[0]
 
     def check_attached(self) -> None:
-        listing = self.run("devices").stdout.splitlines()
-        if not any(line.split()[:1] == [self.serial] and line.strip().endswith("device") for line in listing[1:]):
+        if self.serial not in self.attached():
             raise UsageError(f"Android device {self.serial} is not attached (see `adb devices`)")
 
 

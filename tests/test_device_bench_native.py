@@ -1,0 +1,255 @@
+"""The native runner against export's Python runtime, the adb flow (stand-in adb), and `mobile-moe bench` end to end.
+
+One tiny ExecuTorch bundle and one runner build serve the whole module (session-scoped fixtures); build-dependent
+tests skip, saying why, only when cmake or a C++ compiler is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from device_bench import routing_stats
+from device_bench.bundles import read_manifest
+from device_bench.native import run_native
+from device_bench.native_build import NATIVE_DIR, build_runner, missing_tools
+from device_bench.results import validate_results
+from device_bench.settings import Settings
+from device_bench.workload import random_workload, write_raw
+from mobile_moe.cli import main
+from mobile_moe.errors import UsageError
+from tests.conftest import tiny_model
+
+pytestmark = pytest.mark.export
+needs_build = pytest.mark.skipif(bool(missing_tools()), reason=f"cannot build the native runner: {missing_tools()}")
+
+
+@pytest.fixture(scope="session")
+def runner(tmp_path_factory) -> Path:
+    if missing_tools():
+        pytest.skip(f"cannot build the native runner: {', '.join(missing_tools())} missing")
+    return build_runner()
+
+
+@pytest.fixture(scope="session")
+def bundle(tmp_path_factory) -> Path:
+    """A tiny Mobile V-MoE (E=4, k=1) exported by export's bundle builder. Mean pooling: with a class token, an
+    untrained router sends every random image to the same expert; the mean of the patch tokens tells them apart."""
+    from export.bundle import export_bundle
+
+    model = tiny_model("mobile-vmoe", pool="mean").eval()
+    out = tmp_path_factory.mktemp("bundles") / "tiny-moe"
+    export_bundle(model, out, "executorch")
+    return out
+
+
+@pytest.fixture(scope="session")
+def workload_file(bundle, tmp_path_factory) -> Path:
+    workload = random_workload(read_manifest(bundle)["input"]["shape"], count=8, seed=3)
+    return write_raw(workload, tmp_path_factory.mktemp("inputs") / "images.f32")
+
+
+def python_predictions(bundle: Path, images_file: Path):
+    from export.runtime import load_bundle
+
+    shape = read_manifest(bundle)["input"]["shape"]
+    images = np.fromfile(images_file, dtype=np.float32).reshape(-1, *shape[1:])
+    runtime = load_bundle(bundle)
+    return [runtime.predict(image) for image in images]
+
+
+@needs_build
+def test_native_runner_reproduces_python_runtime(runner, bundle, workload_file):
+    report = run_native(runner, bundle, workload_file, Settings(iterations=3, warmup=1, cache_experts=1))
+    expected = python_predictions(bundle, workload_file)
+    assert [row["experts"] for row in report["images"]] == [p.experts for p in expected]
+    native_logits = np.array([row["logits"] for row in report["images"]])
+    python_logits = np.stack([p.logits for p in expected])
+    np.testing.assert_allclose(native_logits, python_logits, atol=1e-4)
+    np.testing.assert_allclose([row["gates"][0] for row in report["images"]], [p.gates[0] for p in expected], atol=1e-5)
+
+
+@needs_build
+def test_native_runner_loads_only_chosen_experts(runner, bundle, workload_file):
+    manifest = read_manifest(bundle)
+    report = run_native(
+        runner, bundle, workload_file, Settings(iterations=2, warmup=0, cache_experts=1, switch_repeats=0)
+    )
+    sequence = [row["experts"] for row in report["images"]]
+    chosen = {e for experts in sequence for e in experts}
+    assert len(chosen) >= 2, "precondition: the workload should route to several experts"
+    file_of = {g["expert"]: g["file"] for g in manifest["graphs"] if g["role"] == "expert"}
+    router_file = next(g["file"] for g in manifest["graphs"] if g["role"] == "router")
+    # The OS's list of files the process held open agrees with the runner's own account of what it loaded.
+    assert set(report["files_opened"]) == {router_file} | {file_of[e] for e in chosen}
+    assert report["graphs_loaded_after_routing"] == [f"expert_{sequence[-1][0]}"]  # LRU of one: the last expert
+    assert report["files_open_after_routing"] and set(report["files_open_after_routing"]) == {
+        router_file,
+        file_of[sequence[-1][0]],
+    }
+    # Its cache hits are those an LRU of one would have on this sequence, and every miss loaded one expert file.
+    hits = [row["cache_hit"] for row in report["images"]]
+    assert sum(hits) / len(hits) == pytest.approx(routing_stats.lru_hit_rate(sequence, 1))
+    misses = [row["experts"][0] for row in report["images"] if not row["cache_hit"]]
+    sizes = {g["expert"]: g["bytes"] for g in manifest["graphs"] if g["role"] == "expert"}
+    assert report["routing_pass_graph_bytes_loaded"] == sum(sizes[e] for e in misses)
+
+
+@needs_build
+def test_native_runner_percentiles_and_memory(runner, bundle, workload_file):
+    report = run_native(runner, bundle, workload_file, Settings(iterations=20, warmup=2))
+    latency = report["latency_ms"]
+    assert latency["min"] <= latency["p50"] <= latency["p90"] <= latency["p99"] <= latency["max"]
+    assert len(latency["samples"]) == 20
+    assert report["memory_at_end"]["peak_rss_bytes"] >= report["memory_at_end"]["rss_bytes"] > 0
+    assert report["switch"]["median_ms"] > 0 and len(report["switch"]["ms"]) == 2 * 4
+
+
+@needs_build
+def test_runner_refuses_bad_bundles(runner, bundle, workload_file, tmp_path):
+    settings = Settings(iterations=1, warmup=0)
+    with pytest.raises(UsageError, match="no manifest"):
+        run_native(runner, tmp_path, workload_file, settings)
+    broken = tmp_path / "broken"
+    shutil.copytree(bundle, broken)
+    (broken / "expert_1.pte").unlink()
+    with pytest.raises(UsageError, match="expert_1.pte"):
+        run_native(runner, broken, workload_file, settings)
+    with pytest.raises(UsageError, match="expert_1.pte"):
+        read_manifest(broken)
+
+
+@needs_build
+def test_failed_build_shows_the_compiler_error(tmp_path):
+    source = tmp_path / "native"
+    shutil.copytree(NATIVE_DIR, source)
+    (source / "runner.cpp").write_text("int main() { return undeclared_name; }\n")
+    with pytest.raises(UsageError, match=r"runner\.cpp.*undeclared_name"):
+        build_runner(source, build_root=tmp_path / "cache")
+
+
+FAKE_ADB = textwrap.dedent(
+    '''
+    """Stand-in adb: push/shell/pull against $FAKE_ADB_ROOT, the host-built runner standing in for the phone's."""
+    import os, shutil, subprocess, sys
+
+    ROOT = os.environ["FAKE_ADB_ROOT"]
+    DEVICES = os.environ.get("FAKE_ADB_DEVICES", "FAKE0001").split()
+    argv = sys.argv[1:]
+    if argv[:1] == ["-s"]:
+        if argv[1] not in DEVICES:
+            sys.exit(f"adb: device '{argv[1]}' not found")
+        argv = argv[2:]
+    command, args = argv[0], argv[1:]
+    local = lambda path: ROOT + path if path.startswith("/data/") else path
+    if command == "devices":
+        print("List of devices attached")
+        print("".join(f"{serial}\\tdevice\\n" for serial in DEVICES), end="")
+    elif command == "push":
+        target = local(args[1])
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        (shutil.copytree if os.path.isdir(args[0]) else shutil.copy2)(args[0], target)
+    elif command == "pull":
+        if not os.path.exists(local(args[0])):
+            sys.exit(f"adb: error: remote object '{args[0]}' does not exist")
+        shutil.copy2(local(args[0]), args[1])
+    elif command == "shell":
+        done = subprocess.run(["sh", "-c", " ".join(args).replace("/data/", ROOT + "/data/")])
+        sys.exit(done.returncode)
+    else:
+        sys.exit(f"adb: unknown command {command}")
+    '''
+)
+
+
+@pytest.fixture
+def fake_adb(tmp_path, monkeypatch) -> Path:
+    bin_dir, phone = tmp_path / "bin", tmp_path / "phone"
+    bin_dir.mkdir()
+    (phone / "data/local/tmp").mkdir(parents=True)
+    adb = bin_dir / "adb"
+    adb.write_text(f"#!{sys.executable}\n{FAKE_ADB}")
+    adb.chmod(adb.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_ADB_ROOT", str(phone))
+    return phone
+
+
+@needs_build
+def test_android_flow_with_stand_in_adb(runner, bundle, workload_file, fake_adb):
+    from device_bench.android import run_on_android
+
+    settings = Settings(iterations=3, warmup=1, cache_experts=2)
+    on_phone = run_on_android("FAKE0001", runner, bundle, workload_file, settings)
+    on_host = run_native(runner, bundle, workload_file, settings)
+    assert on_phone["bundle"].startswith(str(fake_adb / "data/local/tmp/mobile-moe-"))  # it ran from the phone's copy
+    assert [row["experts"] for row in on_phone["images"]] == [row["experts"] for row in on_host["images"]]
+    np.testing.assert_allclose(
+        [row["logits"] for row in on_phone["images"]], [row["logits"] for row in on_host["images"]], atol=1e-6
+    )
+    assert list((fake_adb / "data/local/tmp").iterdir()) == []  # cleaned up
+
+
+@needs_build
+def test_android_flow_errors(runner, bundle, workload_file, fake_adb, monkeypatch, tmp_path):
+    from device_bench.android import run_on_android
+
+    settings = Settings(iterations=1, warmup=0)
+    with pytest.raises(UsageError, match="not attached"):
+        run_on_android("OTHER", runner, bundle, workload_file, settings)
+    monkeypatch.setenv("FAKE_ADB_DEVICES", "")
+    with pytest.raises(UsageError, match="no Android device"):
+        run_on_android(None, runner, bundle, workload_file, settings)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(UsageError, match="adb on PATH"):
+        run_on_android(None, runner, bundle, workload_file, settings)
+
+
+@needs_build
+def test_bench_cli_writes_results_and_report(runner, bundle, tmp_path, capsys):
+    out = tmp_path / "bench"
+    argv = ["bench", str(bundle), "--runtime", "native", "--runner", str(runner), "--iterations", "5"]
+    argv += ["--warmup", "1", "--rounds", "2", "--pause", "0", "--images", "6", "--out", str(out), "--json"]
+    assert main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert json.loads(capsys.readouterr().out) == results
+    validate_results(results)
+    run = results["runs"][0]
+    assert run["rounds"] == 2 and len(run["spread"]["latency_p50_ms"]) == 2
+    assert run["latency_ms"]["p50"] <= run["latency_ms"]["p90"] <= run["latency_ms"]["p99"]
+    assert (
+        set(run["cache_hit_rate"]) == {"1", "2", "3", "4"} and run["cache_hit_rate"]["4"] >= run["cache_hit_rate"]["1"]
+    )
+    assert run["params_active"] > 0 and run["bytes_loaded_per_image"] > 0
+    for name in ("report.md", "latency.png", "memory.png"):
+        assert (out / name).stat().st_size > 0
+    assert "tiny-moe" in (out / "report.md").read_text()
+
+
+@needs_build
+def test_bench_cli_python_runtime(bundle, tmp_path):
+    out = tmp_path / "bench"
+    argv = ["bench", str(bundle), "--runtime", "executorch", "--iterations", "3", "--warmup", "1", "--rounds", "1"]
+    assert main([*argv, "--images", "4", "--out", str(out)]) == 0
+    run = json.loads((out / "results.json").read_text())["runs"][0]
+    assert run["runtime"] == "executorch" and run["latency_ms"]["p50"] > 0
+
+
+def test_bench_cli_bad_input(bundle, tmp_path, capsys):
+    assert main(["bench", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    assert "no manifest.json" in capsys.readouterr().err
+    assert main(["bench", str(bundle), "--iterations", "0"]) == 2
+    assert "--iterations 0" in capsys.readouterr().err
+    if sys.platform != "darwin":
+        assert main(["bench", str(bundle), "--runtime", "coreml"]) == 2
+        assert "macOS" in capsys.readouterr().err
+    assert main(["bench", str(bundle), "--device", "android", "--runtime", "native"]) == 2
+    assert "--runner" in capsys.readouterr().err
