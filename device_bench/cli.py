@@ -165,3 +165,25 @@ def run(args: argparse.Namespace) -> int:
         print((Path(args.out) / "report.md").read_text())
         print(f"wrote {Path(args.out) / 'results.json'}, report.md and plots")
     return 0
+
+
+def bench_bundles(
+    bundles: list[str | Path],
+    out: str | Path,
+    *,
+    runtime: str | None = None,
+    iterations: int = 20,
+    warmup: int = 3,
+    threads: int = 1,
+    rounds: int = 1,
+    data: str = "random",
+    images: int = 16,
+    log=print,
+) -> dict:
+    """For `mobile-moe demo` and notebooks: benchmark bundles on this host; writes results.json, report.md and plots
+    to `out` and returns the results.json object (see DESIGN.md)."""
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    argv = [*map(str, bundles), "--iterations", str(iterations), "--warmup", str(warmup), "--threads", str(threads)]
+    argv += ["--rounds", str(rounds), "--pause", "0.5", "--data", data, "--images", str(images), "--out", str(out)]
+    return benchmark(parser.parse_args(argv + (["--runtime", runtime] if runtime else [])), log)
