@@ -54,15 +54,17 @@ def export_onnx(
         _export_fp32(module, example_inputs, out_path, input_names, output_names)
         return Artifact(out_path, {"opset": OPSET, "precision": "fp32"})
 
+    import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
-    from onnxruntime.quantization.shape_inference import quant_pre_process
 
     with tempfile.TemporaryDirectory(dir=out_path.parent) as scratch:
-        fp32, prepared = Path(scratch) / "fp32.onnx", Path(scratch) / "prepared.onnx"
+        fp32 = Path(scratch) / "fp32.onnx"
         _export_fp32(module, example_inputs, fp32, input_names, output_names)
-        quant_pre_process(str(fp32), str(prepared), skip_symbolic_shape=True)
-        quantize_dynamic(str(prepared), str(out_path), weight_type=QuantType.QInt8)
-    import onnx
-
+        # The dynamo exporter's intermediate value_info can disagree with ONNX shape inference (seen on Linear
+        # weights), which the quantizer re-runs; the shapes are re-inferred from the graph without it.
+        proto = onnx.load(str(fp32))
+        proto.graph.ClearField("value_info")
+        onnx.save(proto, str(fp32))
+        quantize_dynamic(str(fp32), str(out_path), weight_type=QuantType.QInt8)
     onnx.checker.check_model(str(out_path))
     return Artifact(out_path, {"opset": OPSET, "precision": "int8 weights, dynamic int8 activations"})

@@ -1,0 +1,171 @@
+"""ExecuTorch and ONNX bundles against the eager model: logits, expert choices, lazy loading, LRU, composition."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from export.bundle import export_bundle
+from export.manifest import read_manifest
+from export.runtime import load_bundle
+from tests.conftest import tiny_model
+
+pytestmark = pytest.mark.export
+
+
+def images_for_experts(model, count: int = 24) -> tuple[torch.Tensor, list[int]]:
+    """Random images and the expert the eager model sends each one to (k = 1)."""
+    images = torch.randn(count, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        experts = model(images).routing.experts[:, 0].tolist()
+    return images, experts
+
+
+@pytest.fixture(scope="module")
+def moe():
+    return tiny_model("mobile-vmoe", num_experts=2).eval()
+
+
+@pytest.fixture(scope="module", params=["executorch", "onnx"])
+def bundle_dir(request, moe, tmp_path_factory):
+    out = tmp_path_factory.mktemp(request.param) / "bundle"
+    images, _ = images_for_experts(moe)
+    export_bundle(moe, out, request.param, sample_images=images[:6], mean=[0.5] * 3, std=[0.25] * 3)
+    return out
+
+
+def test_bundle_reproduces_eager_logits_and_experts(moe, bundle_dir):
+    images, experts = images_for_experts(moe)
+    assert len(set(experts)) == 2, "test images should reach both experts"
+    bundle = load_bundle(bundle_dir)
+    with torch.no_grad():
+        reference = moe(images)
+    for image, logits, expert, gate in zip(
+        images, reference.logits, experts, reference.routing.gates[:, 0], strict=True
+    ):
+        prediction = bundle.predict(image)
+        np.testing.assert_allclose(prediction.logits, logits.numpy(), atol=1e-5, rtol=1e-4)
+        assert prediction.experts == [expert]
+        assert prediction.gates == pytest.approx([float(gate)], abs=1e-6)
+        assert set(prediction.timings) == {"router", "load", "experts", "total"}
+
+
+def test_manifest_describes_graphs(bundle_dir):
+    manifest = read_manifest(bundle_dir)
+    assert manifest["format"] == "mobile-moe-bundle" and manifest["version"] == 1
+    assert (manifest["num_experts"], manifest["top_k"]) == (2, 1)
+    assert manifest["input"] == {"shape": [1, 3, 32, 32], "dtype": "float32", "mean": [0.5] * 3, "std": [0.25] * 3}
+    graphs = {graph["name"]: graph for graph in manifest["graphs"]}
+    assert set(graphs) == {"router", "expert_0", "expert_1"}
+    assert [o["name"] for o in graphs["router"]["outputs"]] == ["tokens", "router_probs"]
+    assert graphs["router"]["outputs"][0]["shape"] == [1, 17, 32]
+    assert [i["name"] for i in graphs["expert_1"]["inputs"]] == ["tokens", "gate"]
+    assert graphs["expert_1"]["role"] == "expert" and graphs["expert_1"]["expert"] == 1
+    for graph in graphs.values():
+        assert (bundle_dir / graph["file"]).stat().st_size == graph["bytes"]
+        assert len(graph["sha256"]) == 64 and graph["params"] > 0
+        assert graph["backend_details"].get("undelegated_ops", []) == []  # ExecuTorch: everything in XNNPACK
+    parity = manifest["parity"]
+    assert parity["passed"] and parity["expert_agreement"] == 1.0 and parity["max_abs_prob_error"] <= 1e-4
+    assert manifest["sizes"]["resident_plus_one_expert_bytes"] < manifest["sizes"]["total_bytes"]
+
+
+def test_experts_load_lazily_and_lru_evicts(moe, bundle_dir):
+    images, experts = images_for_experts(moe)
+    first = experts.index(0)
+    second = experts.index(1)
+    bundle = load_bundle(bundle_dir, max_cached_experts=1)
+    assert bundle.loaded_graphs == ["router"]
+    prediction = bundle.predict(images[first])
+    assert bundle.loaded_graphs == ["router", "expert_0"] and prediction.timings["load"] > 0
+    assert bundle.predict(images[first]).timings["load"] == 0  # cached
+    bundle.predict(images[second])
+    assert bundle.loaded_graphs == ["router", "expert_1"]  # expert 0 evicted
+    unlimited = load_bundle(bundle_dir)
+    unlimited.predict(images[first])
+    unlimited.predict(images[second])
+    assert sorted(unlimited.loaded_graphs) == ["expert_0", "expert_1", "router"]
+    assert unlimited.loaded_experts == [0, 1]
+
+
+def test_k2_composition_equals_eager(tmp_path):
+    model = tiny_model("mobile-vmoe", num_experts=3, top_k=2).eval()
+    manifest = export_bundle(model, tmp_path / "k2", "onnx")
+    composition = manifest["composition"]
+    assert composition["layout"] == "per-block" and len(composition["blocks"]) == 2
+    assert composition["blocks"][1]["experts"] == ["block1_expert0", "block1_expert1", "block1_expert2"]
+    bundle = load_bundle(tmp_path / "k2", max_cached_experts=2)
+    images = torch.randn(6, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        reference = model(images)
+    for image, logits, experts in zip(images, reference.logits, reference.routing.experts, strict=True):
+        prediction = bundle.predict(image)
+        np.testing.assert_allclose(prediction.logits, logits.numpy(), atol=1e-5, rtol=1e-4)
+        assert prediction.experts == experts.tolist()
+        loaded = [name for name in bundle.loaded_graphs if "_expert" in name]
+        assert sorted(loaded) == sorted(f"block{b}_expert{e}" for b in range(2) for e in experts.tolist())
+
+
+def test_shared_attention_layout_for_k1(tmp_path):
+    """k = 1 with the per-block layout: attention lives once, expert graphs hold only MLPs."""
+    model = tiny_model("mobile-vmoe", num_experts=2).eval()
+    manifest = export_bundle(model, tmp_path / "b", "onnx", layout="per-block")
+    roles = sorted({graph["role"] for graph in manifest["graphs"]})
+    assert roles == ["block_expert", "block_shared", "head", "router"]
+    assert manifest["parity"]["passed"]
+
+
+@pytest.mark.parametrize("backend", ["executorch", "onnx"])
+def test_monolithic_and_dense_exports_run(tmp_path, backend):
+    images = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(7))
+    for name, options in [("mobile-vmoe", {"monolithic": True}), ("vit", {})]:
+        model = tiny_model(name).eval()
+        manifest = export_bundle(model, tmp_path / name, backend, **options)
+        assert [graph["role"] for graph in manifest["graphs"]] == ["monolithic" if options else "dense"]
+        bundle = load_bundle(tmp_path / name)
+        with torch.no_grad():
+            reference = model(images)
+        for i, image in enumerate(images):
+            prediction = bundle.predict(image)
+            np.testing.assert_allclose(prediction.logits, reference.logits[i].numpy(), atol=1e-5, rtol=1e-4)
+            expected = [] if name == "vit" else reference.routing.experts[i].tolist()
+            assert prediction.experts == expected
+
+
+def _check_int8_bundle(model, tmp_path, backend):
+    images = torch.randn(32, 3, 32, 32, generator=torch.Generator().manual_seed(9))
+    labels = torch.arange(32) % 7
+    manifest = export_bundle(
+        model, tmp_path / "q", backend, quantize="int8", calibration_images=images, val_data=(images, labels)
+    )
+    quantization = manifest["quantization"]
+    assert quantization["validation"]["images"] == 32
+    assert abs(quantization["validation"]["top1_change"]) <= 0.25
+    assert quantization["bytes"] < quantization["fp32_weight_bytes"]
+    assert manifest["parity"]["passed"] is None  # measured, not held to the fp32 bound
+    assert manifest["parity"]["max_abs_prob_error"] < 0.05
+    bundle = load_bundle(tmp_path / "q")
+    with torch.no_grad():
+        reference = torch.softmax(model(images[:4]).logits, -1).numpy()
+    probs = np.stack([torch.softmax(torch.from_numpy(bundle.predict(x).logits), -1).numpy() for x in images[:4]])
+    assert np.abs(probs - reference).max() < 0.05
+    json.dumps(manifest)  # plain JSON all the way down
+    return manifest
+
+
+def test_int8_onnx_moe_bundle_runs_close_to_fp32(tmp_path):
+    _check_int8_bundle(tiny_model("mobile-vmoe", num_experts=2).eval(), tmp_path, "onnx")
+
+
+def test_int8_executorch_bundle_runs_close_to_fp32(tmp_path):
+    """One graph (dense ViT) keeps the default suite fast; the MoE bundle below runs the same flow per expert."""
+    manifest = _check_int8_bundle(tiny_model("vit").eval(), tmp_path, "executorch")
+    assert manifest["graphs"][0]["backend_details"]["delegates"] >= 1
+
+
+@pytest.mark.slow
+def test_int8_executorch_moe_bundle_runs_close_to_fp32(tmp_path):
+    _check_int8_bundle(tiny_model("mobile-vmoe", num_experts=2).eval(), tmp_path, "executorch")

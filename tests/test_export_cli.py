@@ -1,0 +1,161 @@
+"""`mobile-moe export` / `mobile-moe predict` end to end from a run directory on `digits`, and every bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from export.bundle import export_bundle
+from export.manifest import MANIFEST
+from export.runtime import load_bundle
+from mobile_moe.checkpoint import checkpoint_dict, save_checkpoint
+from mobile_moe.cli import main
+from mobile_moe.errors import UsageError
+from tests.conftest import tiny_model
+
+pytestmark = pytest.mark.export
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A run directory as training writes it (config.json + best.pt), for a tiny untrained model on digits."""
+    from training.data import data_record, open_data
+    from training.run import write_config
+
+    run = tmp_path_factory.mktemp("run")
+    model = tiny_model("mobile-vmoe", num_classes=10, num_experts=2)
+    config = {
+        "model": model.config.to_dict(),
+        "data": data_record(open_data("digits", 32)),
+        "super_classes": {"spec": "random", "names": ["a", "b"], "assignment": [0, 1] * 5},
+        "recipe": {},
+    }
+    write_config(run, config)
+    save_checkpoint(checkpoint_dict(model, epoch=1), run / "best.pt")
+    return run
+
+
+@pytest.fixture(scope="module")
+def onnx_bundle(run_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bundles") / "onnx"
+    assert main(["export", str(run_dir), "--format", "onnx", "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture
+def png(tmp_path):
+    path = tmp_path / "digit.png"
+    Image.fromarray((np.random.default_rng(0).random((8, 8, 3)) * 255).astype(np.uint8)).save(path)
+    return path
+
+
+def test_export_from_run_dir_records_run_metadata(onnx_bundle, run_dir):
+    manifest = json.loads((onnx_bundle / MANIFEST).read_text())
+    assert manifest["class_names"] == [str(i) for i in range(10)]
+    assert manifest["super_class_names"] == ["a", "b"]
+    assert manifest["parity"]["passed"] and manifest["parity"]["images"] == 16
+    assert len(manifest["input"]["mean"]) == 3 and manifest["source"] == str(run_dir)
+
+
+def test_predict_json(onnx_bundle, png, capsys):
+    capsys.readouterr()
+    assert main(["predict", str(onnx_bundle), str(png), str(png), "--json"]) == 0
+    results = json.loads(capsys.readouterr().out)
+    assert len(results) == 2 and results[0] == results[1]
+    assert set(results[0]) == {"image", "class_index", "class", "probability", "experts", "gates"}
+    assert results[0]["class"] == str(results[0]["class_index"]) and 0 < results[0]["probability"] <= 1
+    assert len(results[0]["experts"]) == 1 and results[0]["experts"][0] in (0, 1)
+
+
+def test_predict_text(onnx_bundle, png, capsys):
+    assert main(["predict", str(onnx_bundle), str(png)]) == 0
+    assert "experts" in capsys.readouterr().out
+
+
+# --- bad input: one line, exit status 2, nothing left behind --------------------------------------------------------
+
+
+def fails(argv, capsys, match: str) -> None:
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and match in err, err
+
+
+def leftovers(directory) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+def test_unknown_format_and_not_a_run_dir(run_dir, tmp_path, capsys):
+    fails(["export", str(run_dir), "--format", "tflite", "--out", str(tmp_path / "b")], capsys, "invalid choice")
+    fails(["export", str(tmp_path), "--format", "onnx", "--out", str(tmp_path / "b")], capsys, "not a run directory")
+    with pytest.raises(UsageError, match="unknown format"):
+        export_bundle(tiny_model("vit"), tmp_path / "b", "tflite")
+    assert leftovers(tmp_path) == []
+
+
+def test_unsplittable_model_says_why(tmp_path):
+    with pytest.raises(UsageError, match="per-token router needs every expert"):
+        export_bundle(torch.nn.Linear(3, 3), tmp_path / "b", "onnx")
+    with pytest.raises(UsageError, match="needs top_k = 1"):
+        export_bundle(tiny_model("mobile-vmoe", top_k=2), tmp_path / "b", "onnx", layout="expert-paths")
+    assert leftovers(tmp_path) == []
+
+
+def test_refuses_to_overwrite_a_directory_that_is_not_a_bundle(run_dir, capsys):
+    fails(["export", str(run_dir), "--format", "onnx", "--out", str(run_dir)], capsys, "is not a bundle")
+    assert (run_dir / "best.pt").is_file()
+
+
+def test_failed_parity_writes_nothing(monkeypatch, tmp_path):
+    import export.bundle
+
+    monkeypatch.setattr(export.bundle, "parity_passed", lambda result: False)
+    with pytest.raises(UsageError, match="parity check failed"):
+        export_bundle(tiny_model("vit"), tmp_path / "b", "onnx")
+    assert leftovers(tmp_path) == []
+
+
+def test_tampered_truncated_and_escaping_graphs_are_refused(onnx_bundle, tmp_path, png, capsys):
+    manifest = json.loads((onnx_bundle / MANIFEST).read_text())
+    router = next(g for g in manifest["graphs"] if g["role"] == "router")
+
+    tampered = shutil.copytree(onnx_bundle, tmp_path / "tampered")
+    data = bytearray((tampered / router["file"]).read_bytes())
+    data[-10] ^= 0xFF
+    (tampered / router["file"]).write_bytes(bytes(data))
+    fails(["predict", str(tampered), str(png)], capsys, "does not match the sha256")
+
+    truncated = shutil.copytree(onnx_bundle, tmp_path / "truncated")
+    expert = truncated / "expert_0.onnx"
+    expert.write_bytes(expert.read_bytes()[:100])
+    bundle = load_bundle(truncated)  # experts load lazily: the check runs when expert 0 is first chosen
+    with pytest.raises(UsageError, match="tampered with or truncated"):
+        for _ in range(20):
+            bundle.predict(np.random.default_rng(_).standard_normal((3, 32, 32)).astype(np.float32) * 3)
+
+    escaping = shutil.copytree(onnx_bundle, tmp_path / "escaping")
+    shutil.copy(onnx_bundle / "expert_1.onnx", tmp_path / "outside.onnx")
+    for graph in manifest["graphs"]:
+        if graph["name"] == "expert_1":
+            graph["file"] = "../outside.onnx"
+    (escaping / MANIFEST).write_text(json.dumps(manifest))
+    fails(["predict", str(escaping), str(png)], capsys, "outside the bundle")
+
+
+def test_wrong_image_shape_dtype_and_unreadable_image(onnx_bundle, tmp_path, capsys):
+    bundle = load_bundle(onnx_bundle)
+    with pytest.raises(UsageError, match="shape"):
+        bundle.predict(np.zeros((3, 16, 16), np.float32))
+    with pytest.raises(UsageError, match="dtype"):
+        bundle.predict(np.zeros((3, 32, 32), np.float64))
+    broken = tmp_path / "broken.png"
+    broken.write_text("not an image")
+    fails(["predict", str(onnx_bundle), str(broken)], capsys, "cannot read")
+    fails(["predict", str(onnx_bundle), str(tmp_path / "missing.png")], capsys, "does not exist")
+    fails(["predict", str(tmp_path), str(broken)], capsys, "is not a bundle")
