@@ -49,24 +49,33 @@ def _accuracy(manifest: dict) -> float | None:
 
 def bytes_per_image(manifest: dict, sequence: list[list[int]]) -> float:
     """Graph bytes one image needs loaded: the router (or the single graph) plus its chosen experts, averaged."""
-    sizes = graph_bytes(manifest)
-    expert_file = {g["expert"]: g["name"] for g in manifest["graphs"] if g["role"] == "expert"}
-    fixed = sum(int(g["bytes"]) for g in manifest["graphs"] if g["role"] != "expert")
-    if not expert_file or not sequence:
+    expert_bytes: dict[int, int] = {}  # expert -> bytes of its graphs (one path, or one MLP per block)
+    fixed = 0  # graphs every image needs: router, shared block halves, head (or the one dense/monolithic graph)
+    for graph in manifest["graphs"]:
+        if graph.get("expert") is not None and graph["role"] in ("expert", "block_expert"):
+            expert_bytes[graph["expert"]] = expert_bytes.get(graph["expert"], 0) + int(graph["bytes"])
+        else:
+            fixed += int(graph["bytes"])
+    if not expert_bytes or not sequence:
         return float(fixed)
-    per_image = [fixed + sum(sizes[expert_file[e]] for e in experts) for experts in sequence]
+    per_image = [fixed + sum(expert_bytes[e] for e in experts) for experts in sequence]
     return statistics.mean(per_image)
 
 
 def summarize_round(raw: dict) -> dict:
     """The few numbers of one round that the aggregate and the spread use."""
     latency = raw["latency_ms"]
-    memory = raw.get("memory_at_end") or {}
+    # Serving memory: after the routing pass and the timed runs, before the switch phase loads every expert in turn.
+    memory = raw.get("memory_after_warm") or raw.get("memory_at_end") or {}
+    switch = raw.get("switch") or {}
     return {
         "latency_ms": {key: latency[key] for key in ("p50", "p90", "p99", "mean")},
         "load_ms_router": next(iter(raw["load_ms"].values())),
         "expert_load_ms": _median(list((raw.get("expert_load_ms") or {}).values())),
-        "switch_ms": (raw.get("switch") or {}).get("median_ms"),
+        "switch_ms": switch.get("median_ms"),
+        "switch_load_ms": switch.get("load_median_ms"),
+        "switch_first_run_ms": switch.get("first_run_median_ms"),
+        "switch_warm_expert_run_ms": switch.get("warm_expert_run_median_ms"),
         "peak_rss_bytes": memory.get("peak_rss_bytes"),
         "pss_bytes": memory.get("pss_bytes"),
     }
@@ -87,7 +96,6 @@ def run_record(
     latency = {key: _median([s["latency_ms"][key] for s in summaries]) for key in ("p50", "p90", "p99", "mean")}
     bytes_image = bytes_per_image(manifest, sequence)
     active_bytes = counts.params_active * 4 if counts else None  # fp32 weights
-    switch_detail = first.get("switch") or {}
     return {
         "bundle": str(bundle),
         "bundle_name": Path(bundle).name,
@@ -111,9 +119,9 @@ def run_record(
         },
         "switch_ms": switch_ms if split else None,
         "switch": {
-            "load_ms": switch_detail.get("load_median_ms"),
-            "first_run_ms": switch_detail.get("first_run_median_ms"),
-            "warm_expert_run_ms": switch_detail.get("warm_expert_run_median_ms"),
+            "load_ms": _median([s["switch_load_ms"] for s in summaries]),
+            "first_run_ms": _median([s["switch_first_run_ms"] for s in summaries]),
+            "warm_expert_run_ms": _median([s["switch_warm_expert_run_ms"] for s in summaries]),
             "vs_warm_p50": switch_ms / latency["p50"] if split and switch_ms and latency["p50"] else None,
         },
         "peak_rss_bytes": _median([s["peak_rss_bytes"] for s in summaries]),
