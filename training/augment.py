@@ -16,10 +16,17 @@ from training.recipes import TrainConfig
 
 
 def train_transform(cfg: TrainConfig, data: Data):
-    """Raw image -> augmented, normalised float (3, S, S): crop, flip, RandAugment, normalise, random erasing."""
+    """Raw image -> augmented, normalised float (3, S, S): crop, flip, RandAugment, normalise, random erasing.
+
+    `crop_scale` 1 keeps the eval geometry (no RandomResizedCrop, whose aspect jitter distorts tiny images).
+    """
     from torchvision.transforms import v2
 
-    steps = [v2.ToImage(), v2.RandomResizedCrop(data.image_size, scale=(cfg.crop_scale, 1.0), antialias=True)]
+    steps = [v2.ToImage()]
+    if cfg.crop_scale < 1:
+        steps.append(v2.RandomResizedCrop(data.image_size, scale=(cfg.crop_scale, 1.0), antialias=True))
+    else:  # no cropping: the un-augmented geometry (a tiny model on tiny data learns faster without distortion)
+        steps.extend(data.resize_for_eval)
     if cfg.hflip:
         steps.append(v2.RandomHorizontalFlip())
     if cfg.randaugment_ops > 0:

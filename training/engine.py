@@ -33,6 +33,7 @@ class EpochContext:
     num_classes: int
     assignment: Tensor | None  # (C, E) class -> super-class one-hot, on the device; None without super-classes
     mixer: object | None  # MixUp/CutMix batch transform
+    show_progress: bool = True
 
 
 def train_one_epoch(
@@ -53,7 +54,7 @@ def train_one_epoch(
     step_module.train()
     sums = {"loss": 0.0, "class_loss": 0.0, "router_loss": 0.0, "balance_loss": 0.0, "correct": 0.0}
     images_seen, steps = 0, len(loader)
-    progress = Progress(steps, f"epoch {epoch + 1}/{cfg.epochs}", enabled=ctx.placement.is_main)
+    progress = Progress(steps, f"epoch {epoch + 1}/{cfg.epochs}", enabled=ctx.placement.is_main and ctx.show_progress)
     start = time.perf_counter()
     for step, (images, labels) in enumerate(loader):
         images = images.to(device, non_blocking=True)

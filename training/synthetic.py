@@ -59,6 +59,7 @@ def generate(spec: SyntheticSpec, image_size: int) -> tuple[np.ndarray, np.ndarr
     # Structure shared by a super-class: grating orientation, frequency (cycles per image) and colour.
     theta = np.pi * (np.arange(spec.super) + rng.uniform(-0.15, 0.15, spec.super)) / spec.super  # (S_sup,)
     freq = rng.uniform(2.0, 4.0, spec.super)
+    base_phase = rng.uniform(0, 2 * np.pi, spec.super)
     grating_colour = rng.uniform(0.2, 1.0, (spec.super, 3))
     # What sets a class apart inside its super-class: a blob's position and colour.
     blob_centre = rng.uniform(0.25, 0.75, (C, 2))
@@ -68,8 +69,8 @@ def generate(spec: SyntheticSpec, image_size: int) -> tuple[np.ndarray, np.ndarr
     supers = np.asarray(spec.assignment)[labels]  # (N,)
     n = len(labels)
     y, x = np.meshgrid(np.linspace(0, 1, S), np.linspace(0, 1, S), indexing="ij")  # (S, S) each
-    # Per-image nuisance: grating phase, blob jitter and size, pixel noise.
-    phase = rng.uniform(0, 2 * np.pi, n)
+    # Per-image nuisance: grating phase jitter, blob jitter and size, pixel noise.
+    phase = base_phase[supers] + rng.normal(0, 0.4, n)
     centre = blob_centre[labels] + rng.normal(0, 0.04, (n, 2))  # (N, 2)
     radius = rng.uniform(0.08, 0.12, n)
 

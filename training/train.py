@@ -14,6 +14,7 @@ would have (bit-exact on CPU); the checkpoint also records the RNG states it was
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -141,12 +142,18 @@ def train(
     super_class_spec: str | None,
     out_dir: str | os.PathLike,
     verbose: bool = True,
+    fit_num_classes: bool = False,
 ) -> Path:
-    """Train a new run into `out_dir` (which must not hold a run already); -> out_dir."""
+    """Train a new run into `out_dir` (which must not hold a run already); -> out_dir.
+
+    model_config: e.g. make_config("mobile-vmoe", "6x64", ...); its num_classes must be the data's, unless
+    `fit_num_classes` (the CLI without --num-classes) sets it from the data. super_class_spec: FILE.json, coarse,
+    truth, random[:SEED] or None (super_spec.py). Prints one line per epoch unless not `verbose`.
+    """
     out_dir = Path(out_dir)
     if run.is_run_dir(out_dir) or (out_dir / run.LAST).exists():
         raise UsageError(f"{out_dir} already holds a run; continue it with --resume or choose another --out")
-    return _train(model_config, train_config, data_spec, super_class_spec, out_dir, verbose, resume=False)
+    return _train(model_config, train_config, data_spec, super_class_spec, out_dir, verbose, False, fit_num_classes)
 
 
 def resume_training(run_dir: str | os.PathLike, verbose: bool = True, **changes: Any) -> Path:
@@ -171,12 +178,15 @@ def _train(
     out_dir: Path,
     verbose: bool,
     resume: bool,
+    fit_num_classes: bool = False,
 ) -> Path:
     placement = distributed.setup(cfg.device)
     say = (lambda text: print(text, flush=True)) if verbose and placement.is_main else (lambda text: None)
     try:
         # --- data and super-classes ---
         data = open_data(data_spec, model_config.image_size)
+        if fit_num_classes:
+            model_config = dataclasses.replace(model_config, num_classes=data.num_classes)
         check_model_fits_data(model_config, data)
         super_classes = resolve_super_classes(super_class_spec, data, model_config)
         check_super_classes(model_config, super_classes, cfg)
@@ -192,7 +202,11 @@ def _train(
         step_module: nn.Module = TrainingForward(model, cfg.route_by)
         if placement.distributed:
             device_ids = [placement.device.index] if placement.device.type == "cuda" else None
-            step_module = nn.parallel.DistributedDataParallel(step_module, device_ids=device_ids)
+            # An MoE batch may leave some experts unchosen: their parameters get no gradient on that process.
+            sparse = hasattr(model_config, "num_experts")
+            step_module = nn.parallel.DistributedDataParallel(
+                step_module, device_ids=device_ids, find_unused_parameters=sparse
+            )
         if cfg.compile:
             step_module = torch.compile(step_module)
 
@@ -224,6 +238,7 @@ def _train(
             if super_classes is not None
             else None,
             augment.batch_mixer(cfg, data.num_classes),
+            show_progress=verbose,
         )
         say(
             f"training {model_config.name} on {data_spec} ({len(train_set)} images, {data.num_classes} classes) "

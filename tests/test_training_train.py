@@ -1,0 +1,189 @@
+"""Training runs on tiny models and tiny data: learning beats chance, the run directory, exact resume, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from mobile_moe.cli import main
+from mobile_moe.config import make_config
+from mobile_moe.errors import UsageError
+from super_class.superclasses import random_super_classes
+from training import engine, recipes
+from training import train as train_module
+from training.run import load_run, read_metrics
+from training.train import resume_training, train
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The CI machine's 2 cores are shared; two spinning OpenMP threads per process slow training several-fold."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+TINY = {"depth": 3, "width": 32, "num_heads": 2, "image_size": 16, "patch_size": 4}
+SYNTHETIC = "synthetic:classes=6,super=3,per_class=30,noise=0.05"
+
+
+def model_config(name: str, num_classes: int, **overrides):
+    extra = {"num_experts": 3, "moe_layers": 1} if name == "mobile-vmoe" else {}
+    return make_config(name, num_classes=num_classes, **TINY, **{**extra, **overrides})
+
+
+def quick(**changes) -> recipes.TrainConfig:
+    base = dict(epochs=1, batch_size=32, base_batch=32, base_lr=3e-3, warmup_epochs=0.1, eval_batch_size=512)
+    return recipes.tiny().replace(**{**base, **changes})
+
+
+@pytest.mark.parametrize("name", ["vit", "mobile-vmoe"])
+def test_one_epoch_on_digits_beats_chance(tmp_path, name):
+    super_classes = "random" if name == "mobile-vmoe" else None
+    cfg = model_config(name, 10, **({"num_experts": 2} if name == "mobile-vmoe" else {}))
+    train(cfg, quick(epochs=2), "digits", super_classes, tmp_path / "run", verbose=False)
+    rows = read_metrics(tmp_path / "run")
+    assert rows[-1]["val_top1"] > 0.2  # chance is 0.10
+    if name == "mobile-vmoe":
+        assert rows[-1]["router_accuracy"] > 0.5  # chance for 2 super-classes
+        assert sum(rows[-1]["expert_load"]) == pytest.approx(1.0)
+
+
+def test_synthetic_with_its_true_super_classes_beats_chance_and_writes_a_run(tmp_path):
+    out = train(model_config("mobile-vmoe", 6), quick(epochs=3), SYNTHETIC, "truth", tmp_path / "run", verbose=False)
+    rows = read_metrics(out)
+    assert [row["epoch"] for row in rows] == [1, 2, 3]
+    assert rows[-1]["val_top1"] > 1 / 6 + 0.15 and rows[-1]["router_accuracy"] > 1 / 3 + 0.15
+    for key in ("train_loss", "val_top1", "val_top5", "router_accuracy", "expert_load", "images_per_s", "lr"):
+        assert key in rows[-1]
+    config = json.loads((out / "config.json").read_text())
+    assert config["model"]["name"] == "mobile-vmoe" and config["data"]["image_size"] == 16
+    assert config["super_classes"] == {"spec": "truth", "names": ["s0", "s1", "s2"], "assignment": [0, 0, 1, 1, 2, 2]}
+    assert config["recipe"]["epochs"] == 3 and len(config["data"]["mean"]) == 3
+    run = load_run(out)
+    assert not run.model.training and run.checkpoint["epoch"] == max(rows, key=lambda r: r["val_top1"])["epoch"]
+    assert run.super_assignment == [0, 0, 1, 1, 2, 2]
+    last = load_run(out, "last")
+    assert last.checkpoint["epoch"] == 3 and {"optimizer", "scheduler", "rng"} <= set(last.checkpoint)
+
+
+def interrupt_at(monkeypatch, stop_epoch: int) -> None:
+    real = train_module.train_one_epoch
+
+    def maybe_interrupt(*args, **kwargs):
+        if args[-1] == stop_epoch:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "train_one_epoch", maybe_interrupt)
+
+
+def test_resume_ends_with_exactly_the_weights_of_an_uninterrupted_run(tmp_path, monkeypatch):
+    """With every random augmentation on (crop, flip, RandAugment, MixUp/CutMix, erasing) and label routing."""
+    cfg = model_config("mobile-vmoe", 6)
+    recipe = quick(epochs=3, **{f: v for f, v in vars(recipes.deit()).items() if f in AUGMENTATION}, route_by="label")
+    whole = train(cfg, recipe, SYNTHETIC, "truth", tmp_path / "whole", verbose=False)
+    with monkeypatch.context() as patch:
+        interrupt_at(patch, stop_epoch=2)
+        with pytest.raises(KeyboardInterrupt):
+            train(cfg, recipe, SYNTHETIC, "truth", tmp_path / "resumed", verbose=False)
+    assert load_run(tmp_path / "resumed", "last").checkpoint["epoch"] == 2
+    resume_training(tmp_path / "resumed", verbose=False)
+    expected, got = load_run(whole, "last"), load_run(tmp_path / "resumed", "last")
+    for key, value in expected.model.state_dict().items():
+        assert torch.equal(value, got.model.state_dict()[key]), key
+    assert [r["val_top1"] for r in read_metrics(whole)] == [r["val_top1"] for r in read_metrics(tmp_path / "resumed")]
+
+
+AUGMENTATION = ("crop_scale", "hflip", "randaugment_ops", "mixup_alpha", "cutmix_alpha", "random_erasing")
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    real = engine.losses.training_loss
+    calls = {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        terms = real(*args, **kwargs)
+        calls["n"] += 1
+        return terms._replace(total=terms.total * float("nan")) if calls["n"] > 5 else terms
+
+    monkeypatch.setattr(engine.losses, "training_loss", poisoned)
+    out = tmp_path / "run"
+    # 126 training images, batch 32 -> 3 steps per epoch: the 6th step is epoch 2, step 3.
+    with pytest.raises(UsageError, match=r"epoch 2, step 3 \(global step 6\).*kept .*checkpoint.pt from epoch 1"):
+        train(model_config("vit", 6), quick(epochs=3), SYNTHETIC, None, out, verbose=False)
+    assert load_run(out, "last").checkpoint["epoch"] == 1 and len(read_metrics(out)) == 1
+
+
+@pytest.mark.parametrize(
+    "name, super_classes, changes, message",
+    [
+        ("vit", None, {"batch_size": 500}, "larger than the 126 training images"),
+        ("mobile-vmoe", None, {}, "needs --super-classes"),
+        ("mobile-vmoe", None, {"router_loss_weight": 0.0, "route_by": "label"}, "--route-by label needs"),
+        ("vit", "random", {}, "has no router"),
+        ("mobile-vmoe", "random:x", {}, "seed must be an integer"),
+        ("mobile-vmoe", "coarse", {}, "provides no super-classes"),
+        ("mobile-vmoe", "nothing-like-a-spec", {}, "use FILE.json"),
+        ("mobile-vmoe", "missing.json", {}, "does not exist"),
+    ],
+)
+def test_bad_training_input(tmp_path, name, super_classes, changes, message):
+    data = SYNTHETIC if super_classes != "coarse" else "digits"
+    classes = 6 if data == SYNTHETIC else 10
+    with pytest.raises(UsageError, match=message):
+        train(model_config(name, classes), quick(**changes), data, super_classes, tmp_path / "run", verbose=False)
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+def test_super_class_file_must_match_the_data_and_the_experts(tmp_path):
+    data_classes = [f"s{c // 2}c{c}" for c in range(6)]
+    wrong_count = random_super_classes(data_classes, 2)
+    wrong_count.save(tmp_path / "two.json")
+    with pytest.raises(UsageError, match="2 super-classes for a model with E=3"):
+        train(model_config("mobile-vmoe", 6), quick(), SYNTHETIC, str(tmp_path / "two.json"), tmp_path / "a")
+    renamed = random_super_classes([f"class {c}" for c in range(6)], 3)
+    renamed.save(tmp_path / "renamed.json")
+    with pytest.raises(UsageError, match="class 0 is 'class 0' there but 's0c0'"):
+        train(model_config("mobile-vmoe", 6), quick(), SYNTHETIC, str(tmp_path / "renamed.json"), tmp_path / "b")
+    fewer = random_super_classes(data_classes[:5], 3)
+    fewer.save(tmp_path / "fewer.json")
+    with pytest.raises(UsageError, match="5 classes, but"):
+        train(model_config("mobile-vmoe", 6), quick(), SYNTHETIC, str(tmp_path / "fewer.json"), tmp_path / "c")
+
+
+def test_model_classes_must_match_the_data(tmp_path):
+    with pytest.raises(UsageError, match="use --num-classes 6"):
+        train(model_config("vit", 10), quick(), SYNTHETIC, None, tmp_path / "run")
+
+
+def test_recipe_overrides_are_type_checked():
+    assert recipes.tiny().replace(epochs="3", hflip="true", base_lr="1e-3").epochs == 3
+    for bad, message in [({"epochs": "three"}, "expected int"), ({"hflip": "maybe"}, "true or false"),
+                         ({"nonsense": 1}, "unknown training option"), ({"route_by": "coin"}, "route_by")]:  # fmt: skip
+        with pytest.raises(UsageError, match=message):
+            recipes.tiny().replace(**bad)
+    assert recipes.deit().lr == pytest.approx(5e-4 * 1024 / 512)
+    assert recipes.vit().mixup_alpha == 0 and recipes.deit().mixup_alpha == 0.8
+
+
+def test_cli_trains_refuses_to_overwrite_and_resumes(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["train", "--model", "vit", "--size", "3x64", "--patch", "4", "--image-size", "16", "--data", SYNTHETIC,
+            "--recipe", "tiny", "--epochs", "1", "--batch-size", "32", "--out", str(out), "--quiet"]  # fmt: skip
+    assert main(argv) == 0
+    assert load_run(out).config["model"]["num_classes"] == 6  # taken from the data
+    assert main(argv) == 2 and "already holds a run" in capsys.readouterr().err
+    assert main(["train", "--out", str(out), "--resume", "--epochs", "2", "--quiet"]) == 0
+    assert [row["epoch"] for row in read_metrics(out)] == [1, 2]
+    assert main(["train", "--out", str(out), "--resume", "--data", "digits"]) == 2
+    assert main(["train", "--out", str(tmp_path / "x"), "--model", "vit", "--data", SYNTHETIC, "--set", "x"]) == 2
+
+
+def test_load_run_refuses_a_directory_that_is_not_a_run(tmp_path):
+    with pytest.raises(UsageError, match="not a run directory"):
+        load_run(tmp_path)
+    with pytest.raises(UsageError, match="does not exist"):
+        load_run(tmp_path / "nowhere")

@@ -1,0 +1,62 @@
+"""`mobile-moe evaluate RUN_DIR --data SPEC [--split val|test] [--json] [--confusion FILE.npy]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from mobile_moe.errors import UsageError
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a training run directory")
+    parser.add_argument("--data", help="data spec (default: the run's own); classes must match the run's")
+    parser.add_argument("--split", choices=["train", "val", "test"], default="test", help="(default test)")
+    parser.add_argument("--checkpoint", choices=["best", "last"], default="best", help="best.pt or checkpoint.pt")
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="cpu")
+    parser.add_argument("--confusion", metavar="FILE.npy", help="also save the (C, C) confusion counts (row = truth)")
+    parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
+
+
+def run(args: argparse.Namespace) -> None:
+    import numpy as np
+
+    from mobile_moe.atomic import atomic_path
+    from training.distributed import resolve_device
+    from training.evaluate import collect_predictions, confusion_counts, evaluate
+    from training.run import load_run
+
+    if args.batch_size < 1:
+        raise UsageError(f"--batch-size {args.batch_size}: must be at least 1")
+    loaded = load_run(args.run_dir, args.checkpoint)
+    data = loaded.open_data(args.data)
+    if list(data.class_names) != loaded.class_names:
+        raise UsageError(
+            f"{data.spec} has classes {data.class_names[:5]}... ({data.num_classes}) but the run was trained on "
+            f"{loaded.class_names[:5]}... ({len(loaded.class_names)}); evaluate on data with the run's classes"
+        )
+    device = resolve_device(args.device)
+    model = loaded.model.to(device)
+    dataset = data.split(args.split)
+    scores = evaluate(model, dataset, loaded.super_assignment, args.batch_size, device)
+    result = {"run": str(loaded.run_dir), "data": data.spec, "split": args.split, **scores}
+    if args.confusion:
+        probs, labels = collect_predictions(model, dataset, args.batch_size, device)
+        with atomic_path(args.confusion) as tmp:
+            with open(tmp, "wb") as f:  # np.save on a path would append ".npy" to the temporary name
+                np.save(f, confusion_counts(probs, labels))
+        result["confusion"] = str(args.confusion)
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(f"{loaded.run_dir} on {data.spec} [{args.split}], {scores['images']} images")
+    print(f"  top-1 {100 * scores['top1']:.2f}%   top-5 {100 * scores['top5']:.2f}%")
+    if scores["router_accuracy"] is not None:
+        print(f"  router accuracy (vs super-classes) {100 * scores['router_accuracy']:.2f}%")
+    if "expert_load" in scores:
+        for e, (load, acc) in enumerate(zip(scores["expert_load"], scores["expert_accuracy"], strict=True)):
+            acc_text = "   -  " if acc is None else f"{100 * acc:5.1f}%"
+            print(f"  expert {e}: load {100 * load:5.1f}%  top-1 {acc_text}")
+    if args.confusion:
+        print(f"  confusion counts -> {args.confusion}")
