@@ -7,7 +7,10 @@ linear 8-bit weights, or k-means palettisation with 2**nbits entries.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import io
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +21,19 @@ from export.artifact import Artifact
 
 SUFFIX = ".mlpackage"
 COMPRESSIONS = ("linear8", "palette8", "palette6", "palette4")
+
+
+@contextlib.contextmanager
+def without_progress_bars() -> Iterator[None]:
+    """coremltools draws a tqdm bar per conversion pass on stderr; keep everything else it writes there."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            yield
+    finally:
+        for line in captured.getvalue().replace("\r", "\n").splitlines():
+            if line.strip() and "%|" not in line:
+                print(line, file=sys.stderr)
 
 
 def compress(mlmodel, compression: str):
@@ -50,7 +66,20 @@ def export_coreml(
 
     with torch.no_grad():
         program = torch.export.export(module.eval(), example_inputs).run_decompositions({})
-    mlmodel = ct.convert(
+    with without_progress_bars():
+        mlmodel = _convert(ct, program, example_inputs, input_names, output_names, fp32)
+    if quantize == "int8":
+        with without_progress_bars():
+            mlmodel = compress(mlmodel, coreml_compression)
+    _describe(mlmodel, input_names, output_names, descriptions or {}, summary)
+    mlmodel.save(str(out_path))
+    precision = "fp32" if fp32 else "fp16"
+    weights = coreml_compression if quantize == "int8" else precision
+    return Artifact(Path(out_path), {"compute_precision": precision, "weights": weights, "target": "iOS17"})
+
+
+def _convert(ct, program, example_inputs, input_names, output_names, fp32: bool):
+    return ct.convert(
         program,
         inputs=[
             ct.TensorType(name=name, shape=tuple(x.shape), dtype=np.float32)
@@ -62,17 +91,13 @@ def export_coreml(
         compute_precision=ct.precision.FLOAT32 if fp32 else ct.precision.FLOAT16,
         skip_model_load=True,  # loading compiles the model, which only macOS can do
     )
-    if quantize == "int8":
-        mlmodel = compress(mlmodel, coreml_compression)
-    for name in (*input_names, *output_names):
-        text = (descriptions or {}).get(name)
-        if text:
-            if name in input_names:
-                mlmodel.input_description[name] = text
-            else:
-                mlmodel.output_description[name] = text
+
+
+def _describe(mlmodel, input_names, output_names, descriptions: Mapping[str, str], summary: str) -> None:
+    for name in input_names:
+        if descriptions.get(name):
+            mlmodel.input_description[name] = descriptions[name]
+    for name in output_names:
+        if descriptions.get(name):
+            mlmodel.output_description[name] = descriptions[name]
     mlmodel.short_description = summary
-    mlmodel.save(str(out_path))
-    precision = "fp32" if fp32 else "fp16"
-    weights = coreml_compression if quantize == "int8" else precision
-    return Artifact(Path(out_path), {"compute_precision": precision, "weights": weights, "target": "iOS17"})
