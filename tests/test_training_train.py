@@ -16,6 +16,7 @@ from training import train as train_module
 from training.run import load_run, read_metrics
 from training.train import resume_training, train
 
+
 @pytest.fixture(autouse=True)
 def one_thread():
     """The CI machine's 2 cores are shared; two spinning OpenMP threads per process slow training several-fold."""
@@ -42,10 +43,11 @@ def quick(**changes) -> recipes.TrainConfig:
 @pytest.mark.parametrize("name", ["vit", "mobile-vmoe"])
 def test_one_epoch_on_digits_beats_chance(tmp_path, name):
     super_classes = "random" if name == "mobile-vmoe" else None
-    cfg = model_config(name, 10, **({"num_experts": 2} if name == "mobile-vmoe" else {}))
+    # Mean pooling: a tiny cls-token ViT sits on a plateau for several epochs before it starts learning digits.
+    cfg = model_config(name, 10, pool="mean", **({"num_experts": 2} if name == "mobile-vmoe" else {}))
     train(cfg, quick(epochs=2), "digits", super_classes, tmp_path / "run", verbose=False)
     rows = read_metrics(tmp_path / "run")
-    assert rows[-1]["val_top1"] > 0.2  # chance is 0.10
+    assert rows[-1]["val_top1"] > 0.25  # chance is 0.10
     if name == "mobile-vmoe":
         assert rows[-1]["router_accuracy"] > 0.5  # chance for 2 super-classes
         assert sum(rows[-1]["expert_load"]) == pytest.approx(1.0)
@@ -111,7 +113,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monk
 
     monkeypatch.setattr(engine.losses, "training_loss", poisoned)
     out = tmp_path / "run"
-    # 126 training images, batch 32 -> 3 steps per epoch: the 6th step is epoch 2, step 3.
+    # 125 training images, batch 32 -> 3 steps per epoch: the 6th step is epoch 2, step 3.
     with pytest.raises(UsageError, match=r"epoch 2, step 3 \(global step 6\).*kept .*checkpoint.pt from epoch 1"):
         train(model_config("vit", 6), quick(epochs=3), SYNTHETIC, None, out, verbose=False)
     assert load_run(out, "last").checkpoint["epoch"] == 1 and len(read_metrics(out)) == 1
@@ -120,7 +122,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monk
 @pytest.mark.parametrize(
     "name, super_classes, changes, message",
     [
-        ("vit", None, {"batch_size": 500}, "larger than the 126 training images"),
+        ("vit", None, {"batch_size": 500}, "larger than the 125 training images"),
         ("mobile-vmoe", None, {}, "needs --super-classes"),
         ("mobile-vmoe", None, {"router_loss_weight": 0.0, "route_by": "label"}, "--route-by label needs"),
         ("vit", "random", {}, "has no router"),

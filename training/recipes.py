@@ -151,8 +151,8 @@ def tiny() -> TrainConfig:
     minutes on 2 cores. No augmentation: digits are not flipped (a mirrored 2 is not a 2), and in 15 epochs a tiny ViT
     underfits 1,257 images rather than overfits (dense 4x64 reaches about 91% val top-1).
 
-        mobile-moe train --recipe tiny --model mobile-vmoe --size 4x64 --patch 8 --image-size 32 --experts 5 \\
-            --data digits --super-classes random --out runs/digits-moe --device cpu
+        mobile-moe train --recipe tiny --model mobile-vmoe --size 4x64 --patch 8 --image-size 32 --pool mean \\
+            --experts 5 --data digits --super-classes random --out runs/digits-moe --device cpu
     """
     return TrainConfig(
         epochs=15,
