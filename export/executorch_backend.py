@@ -6,6 +6,7 @@ calibrated on the inputs the graph really sees; the quantized graph is exported 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -39,12 +40,11 @@ def undelegated_ops(edge_program) -> list[str]:
     """Names of the ops left outside the XNNPACK delegate (they would run on ExecuTorch's portable kernels)."""
     ops = []
     for node in edge_program.graph_module.graph.nodes:
-        if node.op != "call_function":
+        if node.op != "call_function" or "getitem" in str(node.target) or "call_delegate" in str(node.target):
             continue
-        name = getattr(node.target, "__name__", str(node.target))
-        if name in ("getitem", "executorch_call_delegate"):
-            continue
-        ops.append(str(node.target).split(":")[0].replace("<EdgeOpOverload: ", "").rstrip(">"))
+        # Edge ops print as "<EdgeOpOverload: aten.topk.default>: schema = ..."; keep "aten.topk.default".
+        match = re.search(r"<EdgeOpOverload: ([\w.]+)>", str(node.target))
+        ops.append(match.group(1) if match else str(node.target))
     return ops
 
 

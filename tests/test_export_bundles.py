@@ -169,3 +169,19 @@ def test_int8_executorch_bundle_runs_close_to_fp32(tmp_path):
 @pytest.mark.slow
 def test_int8_executorch_moe_bundle_runs_close_to_fp32(tmp_path):
     _check_int8_bundle(tiny_model("mobile-vmoe", num_experts=2).eval(), tmp_path, "executorch")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_executorch_per_block_layout_equals_eager(tmp_path, top_k):
+    model = tiny_model("mobile-vmoe", num_experts=3, top_k=top_k).eval()
+    manifest = export_bundle(model, tmp_path / "b", "executorch", layout="per-block")
+    assert all(graph["backend_details"]["undelegated_ops"] == [] for graph in manifest["graphs"])
+    bundle = load_bundle(tmp_path / "b")
+    images = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        reference = model(images)
+    for image, logits, experts in zip(images, reference.logits, reference.routing.experts, strict=True):
+        prediction = bundle.predict(image)
+        np.testing.assert_allclose(prediction.logits, logits.numpy(), atol=1e-5, rtol=1e-4)
+        assert prediction.experts == experts.tolist()
