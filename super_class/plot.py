@@ -55,6 +55,10 @@ def draw_heatmap(axis, confusion: np.ndarray, super_classes: SuperClasses) -> No
     for boundary in np.cumsum(np.bincount(assignment))[:-1]:
         axis.axhline(boundary - 0.5, color="cyan", linewidth=0.6)
         axis.axvline(boundary - 0.5, color="cyan", linewidth=0.6)
+    if len(order) <= 40:  # name the (reordered) classes; beyond that the ticks only mark positions
+        names = [super_classes.class_names[c] for c in order]
+        axis.set_xticks(range(len(order)), names, rotation=90, fontsize=7)
+        axis.set_yticks(range(len(order)), names, fontsize=7)
     axis.set_title("confusion rate, classes grouped by super-class")
     axis.set_xlabel("predicted class")
     axis.set_ylabel("true class")
