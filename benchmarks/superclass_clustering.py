@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 
 import numpy as np
@@ -96,6 +97,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="fewer noise levels and settings")
     args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # rows appear as they are measured, also when piped to a file
     print(f"cores visible: {os.cpu_count()}  (timings on a shared machine are noisy)")
     timing(args.classes, args.super_classes, args.repeats)
     noises = [0.2, 0.5, 0.7] if args.quick else [0.1, 0.3, 0.5, 0.6, 0.7]
