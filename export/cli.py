@@ -25,7 +25,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--fp32", action="store_true", help="Core ML: fp32 compute instead of fp16")
     parser.add_argument(
-        "--coreml-compression", default="linear8", choices=COMPRESSIONS, help="Core ML int8 scheme (default linear8)"
+        "--coreml-compression",
+        default="linear8",
+        choices=COMPRESSIONS,
+        help="Core ML weight compression used by --quantize int8: linear 8-bit (default) or N-bit palettisation",
     )
     parser.add_argument("--checkpoint", default="best", choices=["best", "last"], help="which checkpoint to export")
     parser.add_argument("--json", action="store_true", help="print the manifest as one JSON object")
