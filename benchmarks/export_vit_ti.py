@@ -23,7 +23,14 @@ import torch
 from export.bundle import export_bundle
 from mobile_moe.registry import create_model
 
-VARIANTS = {"split": {}, "monolithic": {"monolithic": True}, "int8": {"quantize": "int8"}}
+# split: router + one graph per expert path (k=1 default); per-block: shared attention in its own graphs, experts
+# hold only their MLPs; monolithic: every expert in one graph; int8: the split bundle quantized.
+VARIANTS = {
+    "split": {},
+    "per-block": {"layout": "per-block"},
+    "monolithic": {"monolithic": True},
+    "int8": {"quantize": "int8"},
+}
 
 
 def export_one(model, backend: str, variant: str, out: Path, images: torch.Tensor) -> dict:
@@ -95,7 +102,7 @@ def print_summary(rows: list[dict]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", nargs="+", default=["executorch", "onnx", "coreml"])
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--variants", nargs="+", default=["split", "monolithic", "int8"], choices=list(VARIANTS))
     parser.add_argument("--out", default="bench-export", help="scratch directory for the bundles (removed after)")
     parser.add_argument("--keep", action="store_true", help="keep the bundles")
     parser.add_argument("--json", help="also write the rows to this JSON file")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -20,6 +21,7 @@ from torch import Tensor, nn
 from export.artifact import Artifact
 
 SUFFIX = ".mlpackage"
+TQDM_LINE = re.compile(r"\[\d+:\d+.*/s\]|%\|")  # "... [00:00, 330.04 passes/s]" or "98%|█████"
 COMPRESSIONS = ("linear8", "palette8", "palette6", "palette4")
 
 
@@ -32,7 +34,7 @@ def without_progress_bars() -> Iterator[None]:
             yield
     finally:
         for line in captured.getvalue().replace("\r", "\n").splitlines():
-            if line.strip() and "%|" not in line:
+            if line.strip() and not TQDM_LINE.search(line):
                 print(line, file=sys.stderr)
 
 

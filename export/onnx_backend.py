@@ -7,6 +7,7 @@ accepted for the shared signature and unused.
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -65,6 +66,14 @@ def export_onnx(
         proto = onnx.load(str(fp32))
         proto.graph.ClearField("value_info")
         onnx.save(proto, str(fp32))
-        quantize_dynamic(str(fp32), str(out_path), weight_type=QuantType.QInt8)
+        # Its advice to run onnxruntime's pre-processing goes to the root logger; that step is the one that breaks on
+        # these graphs (the value_info clash above), so the advice is silenced rather than followed.
+        root = logging.getLogger()
+        level = root.level
+        root.setLevel(logging.ERROR)
+        try:
+            quantize_dynamic(str(fp32), str(out_path), weight_type=QuantType.QInt8)
+        finally:
+            root.setLevel(level)
     onnx.checker.check_model(str(out_path))
     return Artifact(out_path, {"opset": OPSET, "precision": "int8 weights, dynamic int8 activations"})
