@@ -6,6 +6,9 @@ smallest class index (so equal partitions give equal files), and is deterministi
 
 from __future__ import annotations
 
+import signal
+import threading
+
 import networkx as nx
 import numpy as np
 from scipy.optimize import linear_sum_assignment
@@ -16,6 +19,7 @@ from mobile_moe.errors import UsageError
 from super_class.graph import AFFINITIES, clustering_affinity, default_neighbours
 
 METHODS = ("spectral", "louvain", "balanced")
+LOUVAIN_TIME_LIMIT_S = 30.0  # per call; healthy calls take well under a second at 1000 classes
 
 
 def cluster(
@@ -119,22 +123,28 @@ def louvain_clusters(affinity: np.ndarray, num_super_classes: int, seed: int, ma
             labels[isolated] = int(np.argmin(sizes))
             connected = np.append(connected, isolated)
         return labels
-    graph = nx.from_numpy_array(affinity)
+    # Integer weights: networkx <= 3.6's Louvain can loop forever on round-off ties between equal gains
+    # (networkx issues #8739, #5175; fixed upstream by PR #8757); integer weights make such ties much rarer.
+    graph = nx.from_numpy_array(np.round(affinity * (1e6 / max(affinity.max(), 1e-300))))
     tried: dict[float, np.ndarray] = {}
 
     def communities(resolution: float) -> np.ndarray:
         if resolution not in tried:
-            parts = nx.community.louvain_communities(graph, weight="weight", resolution=resolution, seed=seed)
+            parts = _louvain_guarded(graph, resolution, seed)
             labels = np.empty(affinity.shape[0], dtype=np.int64)
             for index, part in enumerate(parts):
                 labels[list(part)] = index
             tried[resolution] = labels
         return tried[resolution]
 
+    # Louvain never returns fewer communities than the graph has connected components (sparse confusion can have
+    # many), and very low resolutions make networkx's Louvain slow: search within [1/64, 64] and only as far down as
+    # the components allow; `exactly` merges what remains.
     low, high = 1.0, 1.0
-    while len(np.unique(communities(low))) > num_super_classes and low > 1e-4:
+    floor = nx.number_connected_components(graph)
+    while len(np.unique(communities(low))) > max(num_super_classes, floor) and low > 1 / 64:
         low /= 4
-    while len(np.unique(communities(high))) < num_super_classes and high < 1e4:
+    while len(np.unique(communities(high))) < num_super_classes and high < 64:
         high *= 4
     for _ in range(max_steps):
         middle = float(np.sqrt(low * high))
@@ -145,6 +155,36 @@ def louvain_clusters(affinity: np.ndarray, num_super_classes: int, seed: int, ma
     # Closest count wins; on a tie prefer more communities (merging is gentler than splitting), then lower resolution.
     best = min(tried, key=lambda r: (abs(len(np.unique(tried[r])) - num_super_classes), -len(np.unique(tried[r])), r))
     return tried[best]
+
+
+class _LouvainStuck(Exception):
+    pass
+
+
+def _louvain_guarded(graph: nx.Graph, resolution: float, seed: int, attempts: int = 4) -> list[set]:
+    """networkx Louvain, retried with the next seed if it is still running after a generous time limit.
+
+    The upstream infinite loop (see above) depends on the seed, so a retry with seed + 1 finishes; the sequence of
+    seeds is fixed, so results stay deterministic unless a healthy call is slower than the limit (30 s; healthy calls
+    take well under a second at 1000 classes). The guard needs SIGALRM, i.e. Unix and the main thread.
+    """
+    if not (hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()):
+        return nx.community.louvain_communities(graph, weight="weight", resolution=resolution, seed=seed)
+
+    def stuck(signum, frame):
+        raise _LouvainStuck
+
+    for attempt in range(attempts):
+        previous = signal.signal(signal.SIGALRM, stuck)
+        signal.setitimer(signal.ITIMER_REAL, LOUVAIN_TIME_LIMIT_S)
+        try:
+            return nx.community.louvain_communities(graph, weight="weight", resolution=resolution, seed=seed + attempt)
+        except _LouvainStuck:
+            continue
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+    raise UsageError("Louvain did not finish (networkx bug #8739); use --method spectral or another --seed")
 
 
 # --- balanced -------------------------------------------------------------------------------------------------------

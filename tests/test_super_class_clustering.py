@@ -155,3 +155,26 @@ def test_unknown_method_and_affinity(clear):
         cluster(clear.confusion, 3, "kmeans")
     with pytest.raises(UsageError, match="affinity"):
         cluster(clear.confusion, 3, affinity="cosine")
+
+
+def test_louvain_retries_when_networkx_gets_stuck(clear, monkeypatch):
+    """networkx's Louvain can loop forever for some seeds (networkx #8739); the guard retries with the next seed."""
+    import networkx as nx
+
+    import super_class.clustering as clustering
+
+    real = nx.community.louvain_communities
+    seeds = []
+
+    def sometimes_stuck(graph, weight, resolution, seed):
+        seeds.append(seed)
+        while seed == 0:  # stuck like the upstream bug, until the guard's alarm interrupts it
+            pass
+        return real(graph, weight=weight, resolution=resolution, seed=seed)
+
+    monkeypatch.setattr(clustering, "LOUVAIN_TIME_LIMIT_S", 0.2)
+    monkeypatch.setattr(nx.community, "louvain_communities", sometimes_stuck)
+    assignment = cluster(clear.confusion, 6, "louvain", seed=0)
+    assert_partition(assignment, 120, 6)
+    assert seeds[:2] == [0, 1]
+    assert adjusted_rand_score(clear.groups, assignment) >= 0.9
