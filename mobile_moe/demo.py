@@ -103,6 +103,8 @@ def write_report(out: Path, cost: str, accuracy: list[str], listing: str, bundle
             "",
             bench_report.replace("](", f"]({bench_dir.name}/"),
             "",
+            f"![latency]({bench_dir.name}/latency.png) ![memory]({bench_dir.name}/memory.png)",
+            "",
             "## Model costs at paper scale",
             "",
             "```",
