@@ -158,7 +158,7 @@ def louvain_clusters(affinity: np.ndarray, num_super_classes: int, seed: int, ma
 
 
 class _LouvainStuck(Exception):
-    pass
+    """networkx's Louvain did not finish in time (it can loop forever: networkx #8739)."""
 
 
 def _louvain_guarded(graph: nx.Graph, resolution: float, seed: int, attempts: int = 4) -> list[set]:

@@ -27,3 +27,13 @@ def model_name(request) -> str:
 @pytest.fixture
 def images() -> torch.Tensor:
     return torch.randn(6, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture
+def one_thread():
+    """Training tests run on one torch thread: on CI's 2 shared cores, two spinning OpenMP threads per process slow
+    training several-fold."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -19,13 +19,7 @@ from training.train import train
 SYNTHETIC = "synthetic:classes=7,super=4,per_class=20,noise=0.05"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The CI machine's 2 cores are shared; two spinning OpenMP threads per process slow training several-fold."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -16,14 +16,7 @@ from training import train as train_module
 from training.run import load_run, read_metrics
 from training.train import resume_training, train
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The CI machine's 2 cores are shared; two spinning OpenMP threads per process slow training several-fold."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 TINY = {"depth": 3, "width": 32, "num_heads": 2, "image_size": 16, "patch_size": 4}
