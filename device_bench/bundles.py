@@ -7,33 +7,20 @@ deep inside a runner on a phone.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from export import manifest as export_manifest
 from mobile_moe.errors import UsageError
 
 ROLES_OF_KIND = {"router": "split", "dense": "dense", "monolithic": "monolithic"}
 
 
 def read_manifest(bundle: str | Path) -> dict:
-    bundle = Path(bundle)
-    manifest_path = bundle / "manifest.json"
-    if not bundle.is_dir():
-        raise UsageError(f"bundle {bundle} is not a directory; pass a bundle written by `mobile-moe export`")
-    if not manifest_path.is_file():
-        raise UsageError(f"bundle {bundle} has no manifest.json; export it with `mobile-moe export`")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except json.JSONDecodeError as error:
-        raise UsageError(f"{manifest_path} is not valid JSON ({error}); re-export the bundle") from error
-    if manifest.get("format") != "mobile-moe-bundle" or not manifest.get("graphs"):
-        raise UsageError(f"{manifest_path} is not a mobile-moe bundle manifest (format/graphs missing)")
-    root = bundle.resolve()
+    """export's validated manifest (format, version, keys, no path leaving the bundle), plus the check a benchmark
+    needs before it pushes anything to a phone: every graph file the manifest names is present."""
+    manifest = export_manifest.read_manifest(bundle)
     for graph in manifest["graphs"]:
-        path = (root / graph["file"]).resolve()
-        if not path.is_relative_to(root):
-            raise UsageError(f"bundle {bundle}: graph file {graph['file']!r} leaves the bundle directory; refusing it")
-        if not path.exists():
+        if not export_manifest.resolve_graph_file(bundle, graph).exists():
             raise UsageError(
                 f"bundle {bundle}: graph file {graph['file']!r} named in the manifest is missing; re-export"
             )
