@@ -1,7 +1,15 @@
 """Atomic writes: build at a temporary path beside the target, rename into place only when complete.
 
 Every package writes its outputs through these, so an interrupted or failed command never leaves a half-written file
-or directory where a finished one is expected.
+or directory where a finished one is expected:
+
+    check_writable("out/results.json")           # before the work: UsageError now, not after an hour of it
+    with atomic_path("out/results.json") as tmp:  # .results.json.tmp-<pid>-<random> beside the target
+        tmp.write_text(...)                       # renamed over the target only if the block finishes
+
+A temporary name carries the pid of the process that made it, so a later write of the same target removes the
+temporaries of processes that were killed (SIGKILL runs no clean-up) and nothing else: names of any other pattern
+are never touched.
 """
 
 from __future__ import annotations
@@ -13,28 +21,120 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from mobile_moe.errors import UsageError
+
+
+def _temp_prefix(target: Path) -> str:
+    return f".{target.name}.tmp-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def remove_stale_temporaries(target: str | os.PathLike) -> list[Path]:
+    """Remove the temporaries that dead processes left for `target` (ours by name: .NAME.tmp-<pid>-*); -> removed."""
+    target = Path(target)
+    prefix = _temp_prefix(target)
+    removed = []
+    try:
+        siblings = list(target.parent.iterdir()) if target.parent.is_dir() else []
+    except OSError:
+        return removed
+    for path in siblings:
+        pid_text, sep, _ = path.name[len(prefix) :].partition("-")
+        if not (path.name.startswith(prefix) and sep and pid_text.isdigit()):
+            continue
+        pid = int(pid_text)
+        if pid == os.getpid() or _pid_alive(pid):
+            continue
+        if path.name.startswith(f"{prefix}{pid}-old-") and not target.exists():
+            os.replace(path, target)  # killed mid-swap: the previous version is the complete one
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
+
+
+def _cannot_write(target: Path, error: OSError) -> UsageError:
+    reason = error.strerror or str(error)
+    return UsageError(f"cannot write {target}: {reason}; choose a writable path")
+
+
+def check_writable(target: str | os.PathLike, directory: bool = False) -> None:
+    """UsageError unless `target` (a file, or a directory if `directory`) can be written: it is not the other kind
+    of thing, and a file can be created in its nearest existing ancestor directory. Creates nothing."""
+    target = Path(target)
+    if target.exists() or target.is_symlink():
+        if directory and not target.is_dir():
+            raise UsageError(f"{target} exists and is not a directory; choose another path")
+        if not directory and target.is_dir():
+            raise UsageError(f"{target} is a directory; give a file path")
+    ancestor = target.parent if not (directory and target.is_dir()) else target
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UsageError(f"cannot write {target}: {ancestor} is not a directory; choose another path")
+    try:  # a real probe: access() says yes to root on read-only or virtual file systems such as /proc
+        fd, probe = tempfile.mkstemp(prefix=f".mobile-moe-probe-{os.getpid()}-", dir=ancestor)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as error:
+        raise _cannot_write(target, error) from None
+
+
+def _replace_directory(tmp: Path, target: Path) -> None:
+    """Swap the finished directory in: the old one moves aside first, so the target is never missing or mixed."""
+    if not target.exists():
+        os.replace(tmp, target)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f"{_temp_prefix(target)}{os.getpid()}-old-", dir=target.parent))
+    os.rmdir(old)
+    os.replace(target, old)
+    try:
+        os.replace(tmp, target)
+    except OSError:
+        os.replace(old, target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
 
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike, directory: bool = False) -> Iterator[Path]:
     """Yield a temporary path (file, or an empty directory if `directory`) that replaces `target` on success.
 
-    On an exception the temporary path is removed and `target` is left as it was. An existing target directory is
-    replaced as a whole.
+    On an exception (an interrupt or SIGTERM included: the CLI turns it into one) the temporary path is removed and
+    `target` is left as it was. An existing target directory is replaced as a whole: callers that replace a
+    directory check first that everything in it is theirs (export.bundle does).
     """
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    prefix = f".{target.name}.tmp-"
-    if directory:
-        tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
-    else:
-        fd, name = tempfile.mkstemp(prefix=prefix, dir=target.parent)
-        os.close(fd)
-        tmp = Path(name)
+    remove_stale_temporaries(target)
+    prefix = f"{_temp_prefix(target)}{os.getpid()}-"
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if directory:
+            tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
+        else:
+            fd, name = tempfile.mkstemp(prefix=prefix, dir=target.parent)
+            os.close(fd)
+            tmp = Path(name)
+    except OSError as error:
+        raise _cannot_write(target, error) from None
     try:
         yield tmp
-        if directory and target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
+        if directory:
+            _replace_directory(tmp, target)
+        else:
+            os.replace(tmp, target)
     except BaseException:
         if tmp.is_dir():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -10,6 +10,7 @@ import argparse
 import importlib
 import importlib.util
 import os
+import signal
 import sys
 
 from mobile_moe.errors import UsageError
@@ -57,20 +58,35 @@ def build_parser(chosen: str | None) -> ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is, so the clean-up of atomic writes runs as it does for Ctrl-C."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     chosen = next((arg for arg in argv if not arg.startswith("-")), None)
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         args = build_parser(chosen).parse_args(argv)
         return args.run(args) or 0
     except UsageError as error:
         if os.environ.get("MOBILE_MOE_DEBUG") == "1":
             raise
-        print(f"mobile-moe {chosen or ''}: error: {error}".replace("  ", " "), file=sys.stderr)
+        message = " ".join(str(error).split())  # ONE line, whatever a library put in the message
+        print(f"mobile-moe {chosen or ''}: error: {message}".replace("  ", " "), file=sys.stderr)
         return 2
+    except Terminated:
+        print("mobile-moe: terminated", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("mobile-moe: interrupted", file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":
