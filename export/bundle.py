@@ -20,12 +20,23 @@ import torch
 from torch import Tensor, nn
 
 from export.graphs import Split, split_model
-from export.manifest import BACKENDS, FORMAT, MANIFEST, VERSION, graph_entry, read_manifest, write_manifest
+from export.manifest import (
+    BACKENDS,
+    FORMAT,
+    MANIFEST,
+    VERSION,
+    entries_not_in_bundle,
+    graph_entry,
+    is_bundle,
+    read_manifest,
+    verify_graph_files,
+    write_manifest,
+)
 from export.parity import PROB_TOLERANCE, measure_parity, parity_passed
 from export.runners import TorchRunner
 from export.runtime import Bundle
 from export.traces import graph_inputs
-from mobile_moe.atomic import atomic_path
+from mobile_moe.atomic import atomic_path, check_writable
 from mobile_moe.errors import UsageError
 
 # backend -> (module, exporter function); imported only when used, so one backend's import cost is paid alone.
@@ -56,10 +67,23 @@ def exporter(backend: str) -> tuple[Callable[..., Any], str]:
 
 
 def _check_target(out_dir: Path) -> None:
-    """Refuse to replace a directory that is not a bundle: atomic replacement would delete its contents."""
-    if out_dir.exists() and not (out_dir.is_dir() and (out_dir / MANIFEST).is_file()):
-        if out_dir.is_file() or any(out_dir.iterdir()):
-            raise UsageError(f"{out_dir} exists and is not a bundle; choose a new --out directory (nothing written)")
+    """Export replaces a directory only when it is a bundle (by its manifest's format field) holding nothing but the
+    bundle's own files: replacing it removes everything in it, and we never remove what we did not write."""
+    check_writable(out_dir, directory=True)
+    if not out_dir.is_dir() or not any(out_dir.iterdir()):
+        return
+    if not is_bundle(out_dir):
+        raise UsageError(
+            f"{out_dir} exists and is not a mobile-moe bundle (no {MANIFEST} with format {FORMAT!r}); "
+            "choose a new --out directory (nothing written)"
+        )
+    foreign = entries_not_in_bundle(out_dir)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise UsageError(
+            f"{out_dir} is a bundle but also holds {shown}, which export did not write and replacing it would "
+            "delete; move them or choose a new --out directory (nothing written)"
+        )
 
 
 def _random_images(model: nn.Module, count: int = 8) -> Tensor:
@@ -256,9 +280,6 @@ def _quantization_report(manifest, split, bundle, model, val_data, backend) -> d
 
 
 def _verify(bundle_dir: Path) -> None:
-    """Re-read the manifest and check every graph file against it before the bundle is moved into place."""
-    from export.manifest import verified_graph_file
-
-    manifest = read_manifest(bundle_dir)
-    for graph in manifest["graphs"]:
-        verified_graph_file(bundle_dir, graph)
+    """Re-read the manifest (through the schema) and check every graph file against it before the bundle is moved
+    into place."""
+    verify_graph_files(bundle_dir, read_manifest(bundle_dir))

@@ -12,14 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from export.artifact import file_bytes, file_digest
+from export.manifest_schema import BACKENDS, FORMAT, VERSION, validate_manifest  # noqa: F401 (BACKENDS: the CLI's)
 from mobile_moe.errors import UsageError
 
 MANIFEST = "manifest.json"
-FORMAT = "mobile-moe-bundle"
-VERSION = 1
-BACKENDS = ("executorch", "onnx", "coreml")
-REQUIRED = ("format", "version", "backend", "model", "num_experts", "top_k", "input", "class_names", "graphs")
-GRAPH_KEYS = ("name", "role", "expert", "file", "sha256", "bytes", "params", "inputs", "outputs")
+MAX_MANIFEST_BYTES = 64 << 20  # a real manifest is kilobytes; refuse to parse anything absurd
 
 
 def graph_entry(spec, path: Path, bundle_dir: Path, details: dict[str, Any]) -> dict[str, Any]:
@@ -46,32 +43,64 @@ def write_manifest(bundle_dir: Path, manifest: dict[str, Any]) -> None:
 
 
 def read_manifest(bundle_dir: str | os.PathLike) -> dict[str, Any]:
-    """The validated manifest of the bundle at `bundle_dir` (UsageError saying what is wrong otherwise)."""
+    """The validated manifest of the bundle at `bundle_dir` (UsageError saying what is wrong otherwise).
+
+    Validation is the schema's (export/manifest_schema.py): types, ranges and the rules tying fields together; then
+    every graph file is resolved inside the bundle (a path that leaves it is refused). Graph files' sha256 is checked
+    by `verified_graph_file` when a graph is loaded, or by `verify_graph_files` before a bundle is handed on.
+    """
     bundle_dir = Path(bundle_dir)
     path = bundle_dir / MANIFEST
-    if not path.is_file():
+    if not path.is_file():  # also refuses FIFOs and devices, which would block or never end
         raise UsageError(
             f"{bundle_dir} is not a bundle (no {MANIFEST}); pass a directory written by `mobile-moe export`"
         )
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise UsageError(f"cannot read {path}: {error}") from None
+        if path.stat().st_size > MAX_MANIFEST_BYTES:
+            raise UsageError(f"{path} is over {MAX_MANIFEST_BYTES >> 20} MiB: not a manifest written by export")
+        manifest = json.loads(path.read_bytes())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
+        # ValueError: bad JSON, or an integer of thousands of digits; RecursionError: absurdly deep nesting
+        reason = "nested too deeply" if isinstance(error, RecursionError) else error
+        raise UsageError(f"cannot read {path}: {reason}; re-export the bundle") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise UsageError(f"{path} is not a {FORMAT} manifest")
     if manifest.get("version") != VERSION:
         raise UsageError(f"{path}: bundle version {manifest.get('version')!r} is not supported (expected {VERSION})")
-    missing = [key for key in REQUIRED if key not in manifest]
-    if missing:
-        raise UsageError(f"{path} lacks {', '.join(missing)}; re-export the bundle")
-    if manifest["backend"] not in BACKENDS:
-        raise UsageError(f"{path}: unknown backend {manifest['backend']!r} (expected one of {', '.join(BACKENDS)})")
+    try:
+        validate_manifest(manifest)
+    except ValueError as error:
+        raise UsageError(f"{path}: {error}; re-export the bundle") from None
     for graph in manifest["graphs"]:
-        absent = [key for key in GRAPH_KEYS if key not in graph]
-        if absent:
-            raise UsageError(f"{path}: graph {graph.get('name')!r} lacks {', '.join(absent)}; re-export the bundle")
         resolve_graph_file(bundle_dir, graph)  # refuse escaping paths at open, before anything is loaded
     return manifest
+
+
+def is_bundle(path: str | os.PathLike) -> bool:
+    """Whether `path` is a directory whose manifest.json says it is a mobile-moe bundle (its format field)."""
+    manifest = Path(path) / MANIFEST
+    try:
+        if not manifest.is_file() or manifest.stat().st_size > MAX_MANIFEST_BYTES:
+            return False
+        data = json.loads(manifest.read_bytes())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and data.get("format") == FORMAT
+
+
+def entries_not_in_bundle(path: str | os.PathLike) -> list[str]:
+    """Names directly inside the bundle directory `path` that its manifest does not account for (someone else's)."""
+    path = Path(path)
+    ours = {MANIFEST}
+    try:
+        graphs = json.loads((path / MANIFEST).read_bytes()).get("graphs")
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError, AttributeError):
+        graphs = None
+    for graph in graphs if isinstance(graphs, list) else []:
+        file = graph.get("file") if isinstance(graph, dict) else None
+        if isinstance(file, str) and file and not Path(file).is_absolute():
+            ours.add(Path(file).parts[0])
+    return sorted(entry.name for entry in path.iterdir() if entry.name not in ours)
 
 
 def resolve_graph_file(bundle_dir: str | os.PathLike, graph: dict[str, Any]) -> Path:
@@ -91,9 +120,18 @@ def verified_graph_file(bundle_dir: str | os.PathLike, graph: dict[str, Any]) ->
     path = resolve_graph_file(bundle_dir, graph)
     if not path.exists():
         raise UsageError(f"graph {graph['name']!r}: {path} is missing; re-export the bundle")
+    if not (path.is_file() or path.is_dir()):
+        raise UsageError(f"graph {graph['name']!r}: {path} is not a regular file; re-export the bundle")
     if file_bytes(path) != graph["bytes"] or file_digest(path) != graph["sha256"]:
         raise UsageError(
             f"graph {graph['name']!r}: {path} does not match the sha256 in the manifest (tampered with or truncated); "
             "re-export the bundle"
         )
     return path
+
+
+def verify_graph_files(bundle_dir: str | os.PathLike, manifest: dict[str, Any]) -> None:
+    """Check every graph file of the bundle against the manifest: before a bundle is handed to a runtime we do not
+    drive graph by graph (the native runner, a phone)."""
+    for graph in manifest["graphs"]:
+        verified_graph_file(bundle_dir, graph)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -37,3 +39,37 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def _missing_build_tools() -> list[str]:
+    from device_bench.native_build import missing_tools
+
+    return missing_tools()
+
+
+needs_build = pytest.mark.skipif(
+    bool(_missing_build_tools()), reason=f"cannot build the native runner: {_missing_build_tools()}"
+)
+
+
+@pytest.fixture(scope="session")
+def runner() -> Path:
+    """The native runner, built once per source version (cached across sessions)."""
+    from device_bench.native_build import build_runner
+
+    if _missing_build_tools():
+        pytest.skip(f"cannot build the native runner: {', '.join(_missing_build_tools())} missing")
+    return build_runner()
+
+
+@pytest.fixture(scope="session")
+def bundle(tmp_path_factory) -> Path:
+    """A tiny Mobile V-MoE (E=4, k=1) exported by export's bundle builder as ExecuTorch. Mean pooling: with a class
+    token, an untrained router sends every random image to the same expert; the mean of the patch tokens tells them
+    apart. Tests that change it work on a copy."""
+    from export.bundle import export_bundle
+
+    model = tiny_model("mobile-vmoe", pool="mean").eval()
+    out = tmp_path_factory.mktemp("bundles") / "tiny-moe"
+    export_bundle(model, out, "executorch")
+    return out

@@ -20,35 +20,15 @@ import pytest
 from device_bench import routing_stats
 from device_bench.bundles import read_manifest
 from device_bench.native import run_native
-from device_bench.native_build import NATIVE_DIR, build_runner, missing_tools
+from device_bench.native_build import NATIVE_DIR, build_runner
 from device_bench.results import validate_results
 from device_bench.settings import Settings
 from device_bench.workload import random_workload, write_raw
 from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
-from tests.conftest import tiny_model
+from tests.conftest import needs_build
 
 pytestmark = pytest.mark.export
-needs_build = pytest.mark.skipif(bool(missing_tools()), reason=f"cannot build the native runner: {missing_tools()}")
-
-
-@pytest.fixture(scope="session")
-def runner(tmp_path_factory) -> Path:
-    if missing_tools():
-        pytest.skip(f"cannot build the native runner: {', '.join(missing_tools())} missing")
-    return build_runner()
-
-
-@pytest.fixture(scope="session")
-def bundle(tmp_path_factory) -> Path:
-    """A tiny Mobile V-MoE (E=4, k=1) exported by export's bundle builder. Mean pooling: with a class token, an
-    untrained router sends every random image to the same expert; the mean of the patch tokens tells them apart."""
-    from export.bundle import export_bundle
-
-    model = tiny_model("mobile-vmoe", pool="mean").eval()
-    out = tmp_path_factory.mktemp("bundles") / "tiny-moe"
-    export_bundle(model, out, "executorch")
-    return out
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,255 @@
+"""The bundle manifest's schema, written once: field types and ranges, and the rules that tie fields together.
+
+Every consumer validates through `validate_manifest` (export.manifest.read_manifest calls it): predict, the Python
+runtime, bench, the push to a phone, and the export itself before it moves a bundle into place. The native runner
+cannot import this and range-checks the same values itself (device_bench/native/runner.cpp); the fault-injection
+tests drive one table of manifest mutations through both.
+
+Layouts and the graphs they need (export/graphs.py writes them):
+  dense         one graph, role "dense": images -> logits.                                num_experts = top_k = 0
+  monolithic    one graph, role "monolithic": images -> logits, router_probs (1, E).       1 <= top_k <= E
+  expert-paths  "router": images -> tokens, router_probs; "expert" e: tokens, gate -> logits.   top_k = 1
+  per-block     "router"; per MoE block "block_shared": tokens -> residual, normed, and one "block_expert" per
+                expert: normed -> delta; "head": tokens -> logits.                          1 <= top_k <= E
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+FORMAT = "mobile-moe-bundle"
+VERSION = 1
+BACKENDS = ("executorch", "onnx", "coreml")
+LAYOUTS = ("dense", "monolithic", "expert-paths", "per-block")
+ROLES = ("router", "expert", "block_shared", "block_expert", "head", "monolithic", "dense")
+
+# Bounds that keep every consumer's arithmetic in range (the native runner allocates from these numbers).
+MAX_EXPERTS = 4096
+MAX_DIM = 1 << 16  # one tensor dimension
+MAX_ELEMENTS = 1 << 28  # one tensor (1 GiB of float32)
+MAX_CLASSES = 1 << 20
+
+Count = Annotated[int, Field(ge=0, le=1 << 62)]
+Dim = Annotated[int, Field(ge=1, le=MAX_DIM)]
+Name = Annotated[str, Field(min_length=1, max_length=256)]
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class _Strict(BaseModel):
+    # strict: 1.5, "5" and true are not integers; extra keys are kept (newer exporters may add facts).
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+
+
+class TensorSpec(_Strict):
+    name: Name
+    shape: Annotated[list[Dim], Field(min_length=1, max_length=8)]
+    dtype: Literal["float32"]
+
+    @model_validator(mode="after")
+    def _bounded(self) -> TensorSpec:
+        if math.prod(self.shape) > MAX_ELEMENTS:
+            raise ValueError(f"shape {self.shape} has more than {MAX_ELEMENTS} elements")
+        return self
+
+
+class InputSpec(_Strict):
+    shape: Annotated[list[Dim], Field(min_length=4, max_length=4)]  # (1, C, S, S)
+    dtype: Literal["float32"]
+    mean: list[FiniteFloat]
+    std: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> InputSpec:
+        batch, channels, height, width = self.shape
+        if batch != 1 or channels > 4 or height != width:
+            raise ValueError(f"shape {self.shape} must be (1, C, S, S) with C <= 4")
+        if len(self.mean) != channels or len(self.std) != channels:
+            raise ValueError(f"mean and std need {channels} values (one per channel)")
+        return self
+
+
+class ModelSummary(_Strict):
+    """The parts of the model config that consumers read; the rest is kept as written."""
+
+    name: Name
+    image_size: Dim
+    in_chans: Annotated[int, Field(ge=1, le=4)]
+    num_classes: Annotated[int, Field(ge=1, le=MAX_CLASSES)]
+    renormalize_gates: bool = False
+
+
+class GraphEntry(_Strict):
+    name: Name
+    role: Literal[ROLES]  # type: ignore[valid-type]
+    expert: Annotated[int, Field(ge=0, lt=MAX_EXPERTS)] | None
+    block: Annotated[int, Field(ge=0, le=4096)] | None = None
+    file: Annotated[str, Field(min_length=1, max_length=4096)]
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    bytes: Count
+    params: Count
+    inputs: Annotated[list[TensorSpec], Field(min_length=1, max_length=16)]
+    outputs: Annotated[list[TensorSpec], Field(min_length=1, max_length=16)]
+
+    def output(self, name: str) -> TensorSpec | None:
+        return next((spec for spec in self.outputs if spec.name == name), None)
+
+
+class Block(_Strict):
+    shared: Name
+    experts: list[Name]
+
+
+class Composition(_Strict):
+    layout: Literal[LAYOUTS]  # type: ignore[valid-type]
+    router: Name | None = None
+    experts: list[Name] | None = None  # expert-paths: expert e's graph
+    blocks: list[Block] | None = None  # per-block
+    head: Name | None = None  # per-block
+
+
+class Manifest(_Strict):
+    format: Literal[FORMAT]  # type: ignore[valid-type]
+    version: Literal[VERSION]  # type: ignore[valid-type]
+    backend: Literal[BACKENDS]  # type: ignore[valid-type]
+    model: ModelSummary
+    num_experts: Annotated[int, Field(ge=0, le=MAX_EXPERTS)]
+    top_k: Annotated[int, Field(ge=0, le=MAX_EXPERTS)]
+    input: InputSpec
+    class_names: list[Annotated[str, Field(max_length=1024)]]
+    super_class_names: list[Annotated[str, Field(max_length=1024)]] | None = None
+    composition: Composition
+    graphs: Annotated[list[GraphEntry], Field(min_length=1, max_length=1 << 16)]
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> Manifest:
+        _check_input_and_classes(self)
+        graphs = _graphs_by_name(self.graphs)
+        {"dense": _check_single, "monolithic": _check_single, "expert-paths": _check_expert_paths,
+         "per-block": _check_per_block}[self.composition.layout](self, graphs)  # fmt: skip
+        return self
+
+
+# --- cross-field rules ------------------------------------------------------------------------------------------------
+
+
+def _check_input_and_classes(m: Manifest) -> None:
+    expected = [1, m.model.in_chans, m.model.image_size, m.model.image_size]
+    if m.input.shape != expected:
+        raise ValueError(f"input.shape {m.input.shape} differs from the model's {expected}")
+    if len(m.class_names) != m.model.num_classes:
+        raise ValueError(f"{len(m.class_names)} class_names for a model with {m.model.num_classes} classes")
+
+
+def _graphs_by_name(entries: list[GraphEntry]) -> dict[str, GraphEntry]:
+    graphs: dict[str, GraphEntry] = {}
+    for entry in entries:
+        if entry.name in graphs:
+            raise ValueError(f"two graphs are named {entry.name!r}")
+        graphs[entry.name] = entry
+    return graphs
+
+
+def _named(graphs: dict[str, GraphEntry], name: str | None, role: str, what: str) -> GraphEntry:
+    if name is None or name not in graphs:
+        raise ValueError(f"composition.{what} names graph {name!r}, which is not in graphs")
+    if graphs[name].role != role:
+        raise ValueError(f"graph {name!r} ({what}) has role {graphs[name].role!r}, expected {role!r}")
+    return graphs[name]
+
+
+def _shape(spec: TensorSpec | None) -> list[int] | None:
+    return None if spec is None else spec.shape
+
+
+def _expect(graph: GraphEntry, actual: list[int] | None, expected: list[int], what: str) -> None:
+    if actual != expected:
+        raise ValueError(f"graph {graph.name!r}: {what} shape {actual} must be {expected}")
+
+
+def _check_experts_and_k(m: Manifest, k_max: int) -> None:
+    if not 1 <= m.num_experts:
+        raise ValueError(f"num_experts {m.num_experts}: a Mobile V-MoE bundle needs at least 1")
+    if m.model.model_extra and m.model.model_extra.get("num_experts") not in (None, m.num_experts):
+        raise ValueError(f"num_experts {m.num_experts} differs from the model's {m.model.model_extra['num_experts']}")
+    if not 1 <= m.top_k <= k_max:
+        raise ValueError(f"top_k {m.top_k} must be between 1 and {k_max} for the {m.composition.layout} layout")
+
+
+def _check_single(m: Manifest, graphs: dict[str, GraphEntry]) -> None:
+    layout = m.composition.layout
+    if len(graphs) != 1 or m.graphs[0].role != layout:
+        raise ValueError(f"a {layout} bundle holds exactly one graph with role {layout!r}")
+    graph = m.graphs[0]
+    _expect(graph, graph.inputs[0].shape, m.input.shape, "input")
+    _expect(graph, _shape(graph.output("logits")), [1, m.model.num_classes], "logits")
+    if layout == "dense":
+        if m.num_experts != 0 or m.top_k != 0:
+            raise ValueError("a dense bundle has num_experts 0 and top_k 0")
+        return
+    _check_experts_and_k(m, m.num_experts)
+    _expect(graph, _shape(graph.output("router_probs")), [1, m.num_experts], "router_probs")
+
+
+def _check_router(m: Manifest, graphs: dict[str, GraphEntry]) -> GraphEntry:
+    router = _named(graphs, m.composition.router, "router", "router")
+    _expect(router, router.inputs[0].shape, m.input.shape, "input")
+    _expect(router, _shape(router.output("router_probs")), [1, m.num_experts], "router_probs")
+    tokens = router.output("tokens")
+    if tokens is None or len(tokens.shape) != 3:
+        raise ValueError(f"graph {router.name!r} needs a tokens output of shape (1, T, D)")
+    return router
+
+
+def _check_expert_paths(m: Manifest, graphs: dict[str, GraphEntry]) -> None:
+    _check_experts_and_k(m, 1)
+    tokens = _check_router(m, graphs).output("tokens").shape
+    names = m.composition.experts or []
+    if len(names) != m.num_experts:
+        raise ValueError(f"composition.experts names {len(names)} graphs for {m.num_experts} experts")
+    for index, name in enumerate(names):
+        expert = _named(graphs, name, "expert", f"experts[{index}]")
+        if expert.expert != index:
+            raise ValueError(f"graph {name!r} is listed as expert {index} but says expert {expert.expert}")
+        _expect(expert, [spec.shape for spec in expert.inputs], [tokens, [1, 1]], "input")
+        _expect(expert, _shape(expert.output("logits")), [1, m.model.num_classes], "logits")
+
+
+def _check_per_block(m: Manifest, graphs: dict[str, GraphEntry]) -> None:
+    _check_experts_and_k(m, m.num_experts)
+    tokens = _check_router(m, graphs).output("tokens").shape
+    if not m.composition.blocks:
+        raise ValueError("a per-block bundle needs composition.blocks")
+    for block_index, block in enumerate(m.composition.blocks):
+        shared = _named(graphs, block.shared, "block_shared", f"blocks[{block_index}].shared")
+        _expect(shared, [spec.shape for spec in shared.inputs], [tokens], "input")
+        _expect(shared, [spec.shape for spec in shared.outputs], [tokens, tokens], "output")
+        if len(block.experts) != m.num_experts:
+            named = len(block.experts)
+            raise ValueError(f"composition.blocks[{block_index}] names {named} experts, not {m.num_experts}")
+        for index, name in enumerate(block.experts):
+            expert = _named(graphs, name, "block_expert", f"blocks[{block_index}].experts[{index}]")
+            if expert.expert != index:
+                raise ValueError(f"graph {name!r} is listed as expert {index} but says expert {expert.expert}")
+            _expect(expert, [spec.shape for spec in expert.inputs], [tokens], "input")
+            _expect(expert, [spec.shape for spec in expert.outputs], [tokens], "output")
+    head = _named(graphs, m.composition.head, "head", "head")
+    _expect(head, [spec.shape for spec in head.inputs], [tokens], "input")
+    _expect(head, _shape(head.output("logits")), [1, m.model.num_classes], "logits")
+
+
+# --- the one entry point ----------------------------------------------------------------------------------------------
+
+
+def validate_manifest(data: Any) -> Manifest:
+    """The parsed manifest, or ValueError with ONE line: where in the manifest, and what is wrong."""
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as error:
+        first = error.errors(include_url=False, include_input=False)[0]
+        where = ".".join(str(part) for part in first["loc"]) or "manifest"
+        message = first["msg"].removeprefix("Value error, ")
+        more = f" (and {error.error_count() - 1} more problems)" if error.error_count() > 1 else ""
+        raise ValueError(f"{where}: {message}{more}") from None

@@ -1,0 +1,172 @@
+"""Fault injection shared by the fault-injection tests: manifest mutations and byte flips in graph files.
+
+A mutation takes a bundle's manifest (a dict, free to change) and returns the text to write as manifest.json. Every
+one of them makes the bundle invalid: each consumer (predict, the Python runtime, bench, the native runner) must
+refuse it with exit status 2 and one short line, never crash, hang or run it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from export.artifact import file_bytes, file_digest
+
+Mutation = Callable[[dict], str]
+
+
+def _set(path: str, value) -> Mutation:
+    """Set the value at a dotted path ("input.shape.2", "graphs.1.expert") and write the manifest as JSON."""
+
+    def mutate(manifest: dict) -> str:
+        *parents, last = path.split(".")
+        node = manifest
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        if isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+        return json.dumps(manifest)
+
+    return mutate
+
+
+def _delete(path: str) -> Mutation:
+    def mutate(manifest: dict) -> str:
+        *parents, last = path.split(".")
+        node = manifest
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        del node[last]
+        return json.dumps(manifest)
+
+    return mutate
+
+
+def _raw(replace: Callable[[str], str]) -> Mutation:
+    """A textual edit of the JSON (for numbers json.dumps would not write, such as 1e300 integers or NaN)."""
+    return lambda manifest: replace(json.dumps(manifest))
+
+
+def _num_experts_raw(text: str) -> Mutation:
+    return _raw(lambda doc: doc.replace('"num_experts": ', f'"num_experts": {text}, "was": ', 1))
+
+
+def _shrink_class_names(manifest: dict) -> str:
+    manifest["class_names"] = manifest["class_names"][:2]
+    return json.dumps(manifest)
+
+
+def _swap_graph_files(manifest: dict) -> str:
+    graphs = manifest["graphs"]
+    graphs[0]["file"], graphs[1]["file"] = graphs[1]["file"], graphs[0]["file"]
+    return json.dumps(manifest)
+
+
+def _duplicate_graph(manifest: dict) -> str:
+    manifest["graphs"].append(copy.deepcopy(manifest["graphs"][0]))
+    return json.dumps(manifest)
+
+
+def _expert_index(value) -> Mutation:
+    def mutate(manifest: dict) -> str:
+        next(g for g in manifest["graphs"] if g["expert"] is not None)["expert"] = value
+        return json.dumps(manifest)
+
+    return mutate
+
+
+def _first_expert_input_shape(shape) -> Mutation:
+    def mutate(manifest: dict) -> str:
+        next(g for g in manifest["graphs"] if g["expert"] is not None)["inputs"][0]["shape"] = shape
+        return json.dumps(manifest)
+
+    return mutate
+
+
+# name -> mutation; every split (expert-paths, k = 1) bundle is refused after any of them.
+MANIFEST_MUTATIONS: dict[str, Mutation] = {
+    "num_experts_1": _set("num_experts", 1),  # the router still emits E probabilities
+    "num_experts_huge": _num_experts_raw("1e300"),
+    "num_experts_negative": _set("num_experts", -3),
+    "num_experts_bool": _set("num_experts", True),
+    "num_experts_string": _set("num_experts", "4"),
+    "num_experts_5000_digits": _num_experts_raw("9" * 5000),
+    "top_k_0": _set("top_k", 0),
+    "top_k_fraction": _set("top_k", 1.5),
+    "top_k_50": _set("top_k", 50),
+    "top_k_2_expert_paths": _set("top_k", 2),
+    "input_shape_smaller": _set("input.shape", [1, 3, 16, 16]),
+    "input_shape_zero": _set("input.shape", [1, 3, 0, 0]),
+    "input_shape_huge": _raw(lambda doc: doc.replace('"shape": [1, 3, 32, 32]', '"shape": [1, 3, 1e300, 1e300]', 1)),
+    "input_shape_3d": _set("input.shape", [1, 3, 32]),
+    "input_graph_shape_differs": _first_expert_input_shape([1, 4, 32]),
+    "std_zero": _set("input.std", [0.0, 1.0, 1.0]),
+    "mean_nan": _raw(lambda doc: doc.replace('"mean": [0.0,', '"mean": [NaN,', 1)),
+    "mean_short": _set("input.mean", [0.0]),
+    "class_names_short": _shrink_class_names,
+    "class_names_not_strings": _set("class_names", list(range(7))),
+    "layout_missing": _delete("composition.layout"),
+    "layout_unknown": _set("composition.layout", "sideways"),
+    "composition_missing": _delete("composition"),
+    "composition_names_absent_graph": _set("composition.experts.0", "expert_99"),
+    "graphs_not_a_list": _set("graphs", {"router": "router.pte"}),
+    "graphs_empty": _set("graphs", []),
+    "graph_duplicated": _duplicate_graph,
+    "graph_files_swapped": _swap_graph_files,
+    "graph_file_escapes": _set("graphs.0.file", "../../etc/passwd"),
+    "graph_file_absolute": _set("graphs.0.file", "/etc/passwd"),
+    "graph_role_unknown": _set("graphs.0.role", "oracle"),
+    "graph_sha256_not_hex": _set("graphs.0.sha256", "z" * 64),
+    "graph_bytes_negative": _set("graphs.0.bytes", -1),
+    "expert_index_out_of_range": _expert_index(12),
+    "expert_index_negative": _expert_index(-1),
+    "format_missing": _delete("format"),
+    "version_2": _set("version", 2),
+    "backend_unknown": _set("backend", "tflite"),
+    "not_an_object": lambda manifest: json.dumps([manifest]),
+    "empty_file": lambda manifest: "",
+    "truncated": lambda manifest: json.dumps(manifest)[:200],
+    "nested_50000_deep": lambda manifest: '{"format": "mobile-moe-bundle", "x": ' + "[" * 50_000 + "]" * 50_000 + "}",
+    "not_utf8": lambda manifest: json.dumps(manifest).replace("router", "r\udcffouter", 1),
+}
+
+
+def copy_bundle(bundle: Path, to: Path) -> Path:
+    shutil.copytree(bundle, to)
+    return to
+
+
+def write_manifest_text(bundle: Path, text: str) -> None:
+    (bundle / "manifest.json").write_bytes(text.encode("utf-8", errors="surrogateescape"))
+
+
+def mutate_manifest(bundle: Path, name: str) -> None:
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    write_manifest_text(bundle, MANIFEST_MUTATIONS[name](manifest))
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset % len(data)] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def reseal(bundle: Path) -> None:
+    """Record every graph file's current bytes and sha256 in the manifest: tampering that a checksum cannot see."""
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    for graph in manifest["graphs"]:
+        graph["sha256"] = file_digest(bundle / graph["file"])
+        graph["bytes"] = file_bytes(bundle / graph["file"])
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+
+
+def flip_offsets(size: int, count: int, seed: int) -> list[int]:
+    """Header offsets that crashed the runner before (0, 48, 52, 60), then `count` seeded random offsets."""
+    rng = random.Random(seed)
+    return [0, 48, 52, 60, *sorted(rng.randrange(size) for _ in range(count))]
