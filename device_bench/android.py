@@ -63,9 +63,12 @@ def run_on_android(
     serial: str | None, runner: str | Path, bundle: str | Path, images: str | Path | None, settings: Settings
 ) -> dict:
     """Run the runner on the phone against the bundle; returns its JSON (bundle paths in it are device paths)."""
+    from device_bench.bundles import read_manifest
+
     runner = Path(runner)
     if not runner.is_file():
         raise UsageError(f"--runner {runner}: no such file; build it with device_bench/native/build_android.sh")
+    read_manifest(bundle)  # the schema and every graph's sha256, before anything reaches the phone
     adb = Adb(serial)
     adb.check_attached()
     workdir = f"{DEVICE_ROOT}/mobile-moe-{uuid.uuid4().hex[:8]}"

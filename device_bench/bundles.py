@@ -1,8 +1,8 @@
-"""What the benchmark needs to know about a bundle before running it: its manifest, checked enough to fail early.
+"""What the benchmark needs to know about a bundle before running it: its manifest, checked before anything runs.
 
-Loading and running graphs is export's runtime's job (export/runtime.py) or a runner's; this only reads
-manifest.json and checks that the graphs it names are present, so bad input is one clear line instead of a failure
-deep inside a runner on a phone.
+Loading and running graphs is export's runtime's job (export/runtime.py) or a runner's; this reads manifest.json
+through export's schema and checks every graph file's sha256 against it, so a bad or tampered bundle is one clear
+line here, before it reaches any runtime on the host or is pushed to a phone.
 """
 
 from __future__ import annotations
@@ -10,20 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from export import manifest as export_manifest
-from mobile_moe.errors import UsageError
 
 ROLES_OF_KIND = {"router": "split", "dense": "dense", "monolithic": "monolithic"}
 
 
 def read_manifest(bundle: str | Path) -> dict:
-    """export's validated manifest (format, version, keys, no path leaving the bundle), plus the check a benchmark
-    needs before it pushes anything to a phone: every graph file the manifest names is present."""
+    """export's validated manifest (the schema, no path leaving the bundle), after checking every graph file the
+    manifest names against its size and sha256."""
     manifest = export_manifest.read_manifest(bundle)
-    for graph in manifest["graphs"]:
-        if not export_manifest.resolve_graph_file(bundle, graph).exists():
-            raise UsageError(
-                f"bundle {bundle}: graph file {graph['file']!r} named in the manifest is missing; re-export"
-            )
+    export_manifest.verify_graph_files(bundle, manifest)
     return manifest
 
 

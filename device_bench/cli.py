@@ -23,7 +23,7 @@ from device_bench import results as results_module
 from device_bench.bundles import read_manifest
 from device_bench.settings import Settings
 from device_bench.workload import make_workload, write_raw
-from mobile_moe.atomic import write_text_atomic
+from mobile_moe.atomic import check_writable, write_text_atomic
 from mobile_moe.errors import UsageError
 
 RUNTIMES = ("executorch", "onnxruntime", "native", "coreml")
@@ -53,6 +53,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print results.json on stdout instead of a summary")
 
 
+def check_runner(runner: str) -> None:
+    if not os.path.isfile(runner) or not os.access(runner, os.X_OK):
+        raise UsageError(f"--runner {runner}: not an executable file; build the runner (device_bench/native/README.md)")
+
+
 def parse_device(device: str) -> tuple[str, str | None]:
     name, _, serial = device.partition(":")
     if name not in ("host", "android") or (name == "host" and serial):
@@ -63,7 +68,9 @@ def parse_device(device: str) -> tuple[str, str | None]:
 def choose_runtime(requested: str | None, manifest: dict, bundle: str) -> str:
     runtime = requested or DEFAULT_RUNTIME.get(manifest["backend"])
     if runtime is None or BACKEND_OF_RUNTIME[runtime] != manifest["backend"]:
-        raise UsageError(f"{bundle} is a {manifest['backend']} bundle; --runtime {requested} cannot run it")
+        backend = manifest["backend"]
+        article = "an" if backend[0] in "aeiou" else "a"
+        raise UsageError(f"{bundle} is {article} {backend} bundle; --runtime {requested} cannot run it")
     return runtime
 
 
@@ -75,10 +82,12 @@ def python_worker(bundle: str, runtime: str, images: Path, settings: Settings) -
     if settings.cache_experts is not None:
         command += ["--cache-experts", str(settings.cache_experts)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
-    result = subprocess.run(command, capture_output=True, text=True, env=env)
+    result = subprocess.run(command, capture_output=True, env=env)
+    stderr = result.stderr.decode(errors="replace").strip().splitlines()
+    if result.returncode == 2:  # the worker's one line for a bad bundle
+        raise UsageError(stderr[-1] if stderr else f"{runtime} worker refused {bundle}")
     if result.returncode != 0:
-        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"{runtime} worker failed on {bundle}: {last}")
+        raise RuntimeError(f"{runtime} worker failed on {bundle} (status {result.returncode}): {stderr[-1:]}")
     return json.loads(result.stdout)
 
 
@@ -113,6 +122,11 @@ def benchmark(args: argparse.Namespace, log=print) -> dict:
                         args.weight_cache)  # fmt: skip
     if args.rounds < 1:
         raise UsageError(f"--rounds {args.rounds}: must be at least 1")
+    if not 0 <= args.pause <= 3600:
+        raise UsageError(f"--pause {args.pause}: seconds between rounds, from 0 to 3600")
+    check_writable(args.out, directory=True)  # before measuring, not after
+    if args.runner is not None:
+        check_runner(args.runner)
     device = parse_device(args.device)
     if args.runtime == "coreml":
         from device_bench.coreml_runner import require_macos

@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 from device_bench.process_memory import memory_now
+from mobile_moe.errors import UsageError
 
 
 def summary(samples: list[float]) -> dict:
@@ -53,10 +54,10 @@ def timed_predict(bundle, image) -> tuple[object, float, bool]:
 def measure(args: argparse.Namespace) -> dict:
     import torch
 
+    from export.manifest import read_manifest
     from export.runtime import load_bundle
 
-    manifest = json.loads((__import__("pathlib").Path(args.bundle) / "manifest.json").read_text())
-    shape = manifest["input"]["shape"]
+    shape = read_manifest(args.bundle)["input"]["shape"]  # the schema's checks; nothing is loaded before the timing
     images = torch.from_numpy(np.fromfile(args.input, dtype=np.float32).reshape(-1, *shape[1:]))  # (N, C, S, S)
     torch.set_num_threads(args.threads)
     cache = args.cache_experts
@@ -137,7 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--cache-experts", type=int, default=None)
     args = parser.parse_args(argv)
-    print(json.dumps(measure(args)))
+    try:
+        print(json.dumps(measure(args)))
+    except UsageError as error:  # a bad bundle: one line, status 2, which the bench CLI passes on
+        print(" ".join(str(error).split()), file=sys.stderr)
+        return 2
     return 0
 
 

@@ -62,6 +62,11 @@ def bytes_per_image(manifest: dict, sequence: list[list[int]]) -> float:
     return statistics.mean(per_image)
 
 
+def _measured(value: float | None) -> float | None:
+    """A runner's median, or None when nothing was measured (the native runner writes -1 for "no samples")."""
+    return value if value is not None and value >= 0 else None
+
+
 def summarize_round(raw: dict) -> dict:
     """The few numbers of one round that the aggregate and the spread use."""
     latency = raw["latency_ms"]
@@ -72,10 +77,10 @@ def summarize_round(raw: dict) -> dict:
         "latency_ms": {key: latency[key] for key in ("p50", "p90", "p99", "mean")},
         "load_ms_router": next(iter(raw["load_ms"].values())),
         "expert_load_ms": _median(list((raw.get("expert_load_ms") or {}).values())),
-        "switch_ms": switch.get("median_ms"),
-        "switch_load_ms": switch.get("load_median_ms"),
-        "switch_first_run_ms": switch.get("first_run_median_ms"),
-        "switch_warm_expert_run_ms": switch.get("warm_expert_run_median_ms"),
+        "switch_ms": _measured(switch.get("median_ms")),
+        "switch_load_ms": _measured(switch.get("load_median_ms")),
+        "switch_first_run_ms": _measured(switch.get("first_run_median_ms")),
+        "switch_warm_expert_run_ms": _measured(switch.get("warm_expert_run_median_ms")),
         "peak_rss_bytes": memory.get("peak_rss_bytes"),
         "pss_bytes": memory.get("pss_bytes"),
     }

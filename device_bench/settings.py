@@ -25,6 +25,8 @@ class Settings:
             raise UsageError(f"--threads {self.threads}: must be at least 1")
         if self.cache_experts is not None and self.cache_experts < 1:
             raise UsageError(f"--cache-experts {self.cache_experts}: must be at least 1")
+        if self.switch_repeats < 0:
+            raise UsageError(f"--switch-repeats {self.switch_repeats}: must be 0 (no switch timing) or more")
 
     def runner_flags(self) -> list[str]:
         """The native runner's command-line flags for these settings."""

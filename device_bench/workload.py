@@ -46,8 +46,10 @@ def make_workload(spec: str, manifest: dict, count: int) -> Workload:
     if count < 1:
         raise UsageError(f"--images {count}: must be at least 1")
     if spec == "random" or spec.startswith("random:"):
-        seed = int(spec.partition(":")[2] or 0)
-        return random_workload(manifest["input"]["shape"], count, seed)
+        seed = spec.partition(":")[2] or "0"
+        if not seed.isdigit():
+            raise UsageError(f"--data {spec}: the seed must be a non-negative integer, e.g. random:3")
+        return random_workload(manifest["input"]["shape"], count, int(seed))
     return data_workload(spec, manifest, count)
 
 

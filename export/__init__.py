@@ -4,3 +4,7 @@ run bundles with a runtime that loads only the experts an image needs.
 Entry points: `export.bundle.export_bundle` (Python, from a model object), `export.runtime.load_bundle` (run a bundle),
 `mobile-moe export` / `mobile-moe predict` (CLI). Heavy backends are imported only when used.
 """
+
+from export.quiet import quiet_third_party_loggers
+
+quiet_third_party_loggers()

@@ -66,7 +66,7 @@ def exporter(backend: str) -> tuple[Callable[..., Any], str]:
     return getattr(module, EXPORTERS[backend][1]), module.SUFFIX
 
 
-def _check_target(out_dir: Path) -> None:
+def check_target(out_dir: Path) -> None:
     """Export replaces a directory only when it is a bundle (by its manifest's format field) holding nothing but the
     bundle's own files: replacing it removes everything in it, and we never remove what we did not write."""
     check_writable(out_dir, directory=True)
@@ -162,7 +162,7 @@ def export_bundle(
     if fp32 and backend != "coreml":
         raise UsageError("--fp32 applies to Core ML only (ExecuTorch and ONNX bundles are fp32 unless quantized)")
     out_dir = Path(out_dir)
-    _check_target(out_dir)
+    check_target(out_dir)
     model = model.eval()
     split = split_model(model, monolithic=monolithic, layout=layout)
     cfg = model.config

@@ -36,10 +36,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import sys
+    from pathlib import Path
 
-    from export.bundle import export_bundle
+    from export.bundle import check_target, export_bundle
     from export.source import source_from_run
 
+    check_target(Path(args.out))  # before loading the run: a bad --out fails in a second, not after the export
     log = (lambda message: print(message, file=sys.stderr)) if args.json else print
     source = source_from_run(args.run_dir, checkpoint=args.checkpoint)
     log(f"exporting {args.run_dir} ({source.model.config.name}) as {args.format} -> {args.out}")

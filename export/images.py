@@ -29,11 +29,15 @@ def load_image(path: str | os.PathLike, manifest_input: dict[str, Any]) -> torch
     from PIL import Image, UnidentifiedImageError
 
     channels = manifest_input["shape"][1]
+    if not os.path.exists(path):
+        raise UsageError(f"image {path} does not exist")
+    if not os.path.isfile(path):  # a directory, a FIFO (opening it would wait forever) or a device
+        raise UsageError(f"image {path} is not a regular file; pass PNG or JPEG files")
     try:
         with Image.open(path) as image:
             image = image.convert("RGB" if channels == 3 else "L")
-    except FileNotFoundError:
-        raise UsageError(f"image {path} does not exist") from None
-    except (UnidentifiedImageError, OSError, ValueError) as error:
+    except Image.DecompressionBombError as error:
+        raise UsageError(f"{path} is too large to decode safely ({error}); resize it first") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as error:  # PIL raises SyntaxError on bad PNGs
         raise UsageError(f"cannot read {path} as an image (PNG or JPEG expected): {error}") from None
     return preprocess(manifest_input)(image).contiguous()

@@ -53,7 +53,7 @@ def read_manifest(bundle_dir: str | os.PathLike) -> dict[str, Any]:
     path = bundle_dir / MANIFEST
     if not path.is_file():  # also refuses FIFOs and devices, which would block or never end
         raise UsageError(
-            f"{bundle_dir} is not a bundle (no {MANIFEST}); pass a directory written by `mobile-moe export`"
+            f"{bundle_dir} is not a mobile-moe bundle (no {MANIFEST}); pass a directory written by `mobile-moe export`"
         )
     try:
         if path.stat().st_size > MAX_MANIFEST_BYTES:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 import numpy as np
+
+from mobile_moe import jsonio
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -41,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     images = [load_image(path, bundle.manifest["input"]) for path in args.images]
     results = [classify(bundle, path, image) for path, image in zip(args.images, images, strict=True)]
     if args.json:
-        print(json.dumps(results))
+        print(jsonio.dumps(results))  # a NaN probability (a broken model) is written as null, never as NaN
         return 0
     for result in results:
         experts = ", ".join(f"{e} (gate {g:.2f})" for e, g in zip(result["experts"], result["gates"], strict=True))

@@ -3,6 +3,11 @@
 Inputs and outputs follow the manifest's order and names. ExecuTorch methods take positional tensors; ONNX Runtime
 feeds by name; Core ML (macOS only) by name too. The torch runner runs a split module in PyTorch: the bundle builder
 uses it to check the split and composition where the backend itself cannot run here (Core ML off macOS).
+
+A graph file reaches a runner only after its sha256 matched the manifest, but a file can be re-sealed after
+tampering: so each runner also checks the program's own input and output shapes against the manifest when it loads
+it, and the shapes of what it returns, and reports any backend failure as the bundle's fault (UsageError, one line),
+never as a traceback.
 """
 
 from __future__ import annotations
@@ -13,22 +18,61 @@ from typing import Any
 
 import numpy as np
 
+from export.quiet import native_stderr_captured
 from mobile_moe.errors import UsageError
+
+
+def bundle_fault(graph: dict[str, Any], what: str) -> UsageError:
+    """The one-line error for a graph file that its backend rejects or that disagrees with the manifest."""
+    what = (str(what).strip().splitlines() or ["no detail"])[0][:200]
+    return UsageError(f"graph {graph['name']!r} ({graph['file']}): {what}; the bundle is corrupt: re-export it")
+
+
+def check_shapes(graph: dict[str, Any], kind: str, shapes: list[tuple[int, ...]]) -> None:
+    """`shapes` (the program's or its results') must be the manifest's `kind` ("inputs" / "outputs") specs."""
+    expected = [tuple(spec["shape"]) for spec in graph[kind]]
+    if [tuple(int(d) for d in shape) for shape in shapes] != expected:
+        raise bundle_fault(graph, f"its {kind} have shapes {shapes}, the manifest says {expected}")
+
+
+def named_outputs(graph: dict[str, Any], outputs: list[np.ndarray]) -> dict[str, np.ndarray]:
+    check_shapes(graph, "outputs", [tuple(out.shape) for out in outputs])
+    return {spec["name"]: out for spec, out in zip(graph["outputs"], outputs, strict=True)}
 
 
 class ExecuTorchRunner:
     def __init__(self, path: Path, graph: dict[str, Any], threads: int | None = None):
-        from executorch.runtime import Runtime
+        from executorch.runtime import Runtime, Verification
 
-        self.output_names = [spec["name"] for spec in graph["outputs"]]
-        self.program = Runtime.get().load_program(str(path))
-        self.method = self.program.load_method("forward")  # initialises the XNNPACK delegate (packs weights)
+        self.graph = graph
+        try:
+            with native_stderr_captured():
+                self.program = Runtime.get().load_program(str(path), verification=Verification.InternalConsistency)
+                self.method = self.program.load_method("forward")  # initialises XNNPACK (packs weights)
+            meta = self.method.metadata
+            inputs = [tuple(meta.input_tensor_meta(i).sizes()) for i in range(meta.num_inputs())]
+            outputs = [tuple(meta.output_tensor_meta(i).sizes()) for i in range(meta.num_outputs())]
+        except (RuntimeError, ValueError) as error:
+            raise bundle_fault(graph, f"ExecuTorch cannot load it ({error})") from None
+        check_shapes(graph, "inputs", inputs)
+        check_shapes(graph, "outputs", outputs)
 
     def __call__(self, inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
         import torch
 
-        outputs = self.method.execute([torch.from_numpy(np.ascontiguousarray(x)) for x in inputs])
-        return {name: out.numpy() for name, out in zip(self.output_names, outputs, strict=True)}
+        try:
+            outputs = self.method.execute([torch.from_numpy(np.ascontiguousarray(x)) for x in inputs])
+        except (RuntimeError, ValueError) as error:
+            raise bundle_fault(self.graph, f"ExecuTorch failed to run it ({error})") from None
+        return named_outputs(self.graph, [out.numpy() for out in outputs])
+
+
+def _onnxruntime_errors() -> tuple[type[BaseException], ...]:
+    """ONNX Runtime's exceptions derive from Exception alone, one class per status code."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    names = ("Fail", "InvalidArgument", "NoSuchFile", "NoModel", "InvalidProtobuf", "InvalidGraph", "RuntimeException")
+    return (RuntimeError, ValueError, *(getattr(state, name) for name in names if hasattr(state, name)))
 
 
 class OnnxRunner:
@@ -39,13 +83,24 @@ class OnnxRunner:
         if threads:
             options.intra_op_num_threads = threads
         options.log_severity_level = 3
+        self.graph = graph
         self.input_names = [spec["name"] for spec in graph["inputs"]]
         self.output_names = [spec["name"] for spec in graph["outputs"]]
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        try:
+            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        except _onnxruntime_errors() as error:
+            raise bundle_fault(graph, f"ONNX Runtime cannot load it ({error})") from None
+        declared = {node.name: node.shape for node in self.session.get_inputs()}
+        if sorted(declared) != sorted(self.input_names):
+            raise bundle_fault(graph, f"its inputs are {sorted(declared)}, the manifest says {self.input_names}")
+        check_shapes(graph, "inputs", [tuple(declared[name]) for name in self.input_names])
 
     def __call__(self, inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
-        outputs = self.session.run(self.output_names, dict(zip(self.input_names, inputs, strict=True)))
-        return dict(zip(self.output_names, outputs, strict=True))
+        try:
+            outputs = self.session.run(self.output_names, dict(zip(self.input_names, inputs, strict=True)))
+        except _onnxruntime_errors() as error:
+            raise bundle_fault(self.graph, f"ONNX Runtime failed to run it ({error})") from None
+        return named_outputs(self.graph, outputs)
 
 
 class CoreMLRunner:

@@ -47,7 +47,7 @@ class Bundle:
         open_graph: Callable[[dict[str, Any]], Runner] | None = None,
     ):
         if max_cached_experts is not None and max_cached_experts < 1:
-            raise UsageError(f"max_cached_experts={max_cached_experts}: must be at least 1 (or None for no limit)")
+            raise UsageError(f"--cache-experts {max_cached_experts}: keep at least 1 expert loaded (or leave it out)")
         self.path = Path(path)
         self.manifest = read_manifest(self.path)
         self.backend = self.manifest["backend"]

@@ -108,7 +108,7 @@ def test_unsplittable_model_says_why(tmp_path):
 
 
 def test_refuses_to_overwrite_a_directory_that_is_not_a_bundle(run_dir, capsys):
-    fails(["export", str(run_dir), "--format", "onnx", "--out", str(run_dir)], capsys, "is not a bundle")
+    fails(["export", str(run_dir), "--format", "onnx", "--out", str(run_dir)], capsys, "is not a mobile-moe bundle")
     assert (run_dir / "best.pt").is_file()
 
 
@@ -158,4 +158,4 @@ def test_wrong_image_shape_dtype_and_unreadable_image(onnx_bundle, tmp_path, cap
     broken.write_text("not an image")
     fails(["predict", str(onnx_bundle), str(broken)], capsys, "cannot read")
     fails(["predict", str(onnx_bundle), str(tmp_path / "missing.png")], capsys, "does not exist")
-    fails(["predict", str(tmp_path), str(broken)], capsys, "is not a bundle")
+    fails(["predict", str(tmp_path), str(broken)], capsys, "is not a mobile-moe bundle")

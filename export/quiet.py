@@ -1,0 +1,42 @@
+"""Third-party noise, silenced at its source, so a successful command prints only its own output.
+
+- torch's pytree module logs a deprecation warning (KernelPreference registered as a constant) when ExecuTorch's
+  Python package is imported: a logger, so its level is set.
+- ExecuTorch's C++ runtime writes straight to file descriptor 2 (no Python logging to configure): on machines
+  without ARM identification files its cpuinfo probe prints five lines at the first XNNPACK load, and a program that
+  fails to load logs why. `native_stderr_captured` holds fd 2 during such calls; what the library wrote is passed on
+  only with MOBILE_MOE_DEBUG=1 (the failure itself reaches the user as our one-line error).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+
+NOISY_LOGGERS = ("torch.utils._pytree",)
+
+
+def quiet_third_party_loggers() -> None:
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+@contextlib.contextmanager
+def native_stderr_captured() -> Iterator[None]:
+    """Capture what native code writes to fd 2 during the block; replay it only when MOBILE_MOE_DEBUG=1."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            if os.environ.get("MOBILE_MOE_DEBUG") == "1":
+                capture.seek(0)
+                sys.stderr.write(capture.read().decode(errors="replace"))
