@@ -2,15 +2,17 @@
 
 - torch's pytree module logs a deprecation warning (KernelPreference registered as a constant) when ExecuTorch's
   Python package is imported: a logger, so its level is set.
-- ExecuTorch's C++ runtime writes straight to file descriptor 2 (no Python logging to configure): on machines
-  without ARM identification files its cpuinfo probe prints five lines at the first XNNPACK load, and a program that
-  fails to load logs why. `native_stderr_captured` holds fd 2 during such calls; what the library wrote is passed on
-  only with MOBILE_MOE_DEBUG=1 (the failure itself reaches the user as our one-line error).
+- ExecuTorch's C++ runtime writes to file descriptor 2 (its cpuinfo probe prints five lines at the first XNNPACK
+  load on machines without ARM identification files) and, through its Python bindings, to sys.stderr (a program
+  that fails verification logs why): no logging to configure. `native_stderr_captured` holds both during such
+  calls; what the library wrote is passed on only with MOBILE_MOE_DEBUG=1 (the failure itself reaches the user as
+  our one-line error).
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import sys
@@ -27,16 +29,19 @@ def quiet_third_party_loggers() -> None:
 
 @contextlib.contextmanager
 def native_stderr_captured() -> Iterator[None]:
-    """Capture what native code writes to fd 2 during the block; replay it only when MOBILE_MOE_DEBUG=1."""
+    """Capture what native code writes to fd 2 or sys.stderr during the block; replay it only with
+    MOBILE_MOE_DEBUG=1."""
     sys.stderr.flush()
     saved = os.dup(2)
+    python_side = io.StringIO()
     with tempfile.TemporaryFile() as capture:
         os.dup2(capture.fileno(), 2)
         try:
-            yield
+            with contextlib.redirect_stderr(python_side):
+                yield
         finally:
             os.dup2(saved, 2)
             os.close(saved)
             if os.environ.get("MOBILE_MOE_DEBUG") == "1":
                 capture.seek(0)
-                sys.stderr.write(capture.read().decode(errors="replace"))
+                sys.stderr.write(capture.read().decode(errors="replace") + python_side.getvalue())

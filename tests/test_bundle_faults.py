@@ -1,0 +1,267 @@
+"""Fault injection on the Python side: every manifest mutation and byte flip (tests/faults.py) through predict, the
+Python runtime and bench; export's target directory (never delete what it did not write); SIGTERM and SIGKILL
+during an export; predict on a FIFO; third-party noise on stderr. Bad input must give exit status 2 and one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from export.runtime import load_bundle
+from mobile_moe.cli import main
+from mobile_moe.errors import UsageError
+from tests.faults import MANIFEST_MUTATIONS, copy_bundle, flip_byte, flip_offsets, mutate_manifest, reseal
+
+pytestmark = pytest.mark.export
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def png(tmp_path) -> Path:
+    path = tmp_path / "image.png"
+    Image.fromarray((np.random.default_rng(0).random((32, 32, 3)) * 255).astype(np.uint8)).save(path)
+    return path
+
+
+def refused(argv: list[str], capsys) -> str:
+    """Run the CLI in-process; assert exit status 2 and exactly one line on stderr; -> that line."""
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("mobile-moe"), err
+    return err
+
+
+# --- the manifest mutation table ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mutation", sorted(MANIFEST_MUTATIONS))
+def test_mutated_manifest_is_refused_everywhere(mutation, bundle, png, tmp_path, capsys):
+    broken = copy_bundle(bundle, tmp_path / "broken")
+    mutate_manifest(broken, mutation)
+    refused(["predict", str(broken), str(png)], capsys)
+    refused(["bench", str(broken), "--runtime", "executorch", "--out", str(tmp_path / "bench")], capsys)
+    with pytest.raises(UsageError):
+        load_bundle(broken)
+    assert not (tmp_path / "bench").exists()
+
+
+# --- byte flips in graph files ----------------------------------------------------------------------------------------
+
+
+def test_flipped_byte_without_reseal_is_caught_by_sha256(bundle, png, tmp_path, capsys):
+    router = copy_bundle(bundle, tmp_path / "router")
+    flip_byte(router / "router.pte", 1000)
+    assert "sha256" in refused(["predict", str(router), str(png)], capsys)
+    expert = copy_bundle(bundle, tmp_path / "expert")
+    flip_byte(expert / "expert_2.pte", 1000)
+    load_bundle(expert)  # experts load lazily: the bundle opens; bench checks every graph before it runs any
+    assert "sha256" in refused(["bench", str(expert), "--runtime", "executorch", "--out", str(tmp_path / "b")], capsys)
+
+
+FLIP_WORKER = """
+import contextlib, io, json, sys
+from mobile_moe.cli import main
+for bundle in sys.argv[2:]:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        status = main(["predict", bundle, sys.argv[1], "--json"])
+    print(json.dumps({"bundle": bundle, "status": status, "stderr": err.getvalue()}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("graph", ["router.pte", "expert_1.pte"])
+def test_resealed_byte_flips_never_crash_predict(graph, bundle, png, tmp_path):
+    """A flip the checksum cannot see (re-sealed): ExecuTorch's program verification refuses what it can, the shape
+    checks the rest; a flip inside weights runs (the program is valid). Never a signal, never a traceback."""
+    size = (bundle / graph).stat().st_size
+    copies = []
+    for offset in flip_offsets(size, count=8, seed=1):
+        broken = copy_bundle(bundle, tmp_path / f"flip-{offset}")
+        flip_byte(broken / graph, offset)
+        reseal(broken)
+        copies.append(str(broken))
+    # One process for all copies (imports cost seconds); it prints a line per copy, so a crash names its flip.
+    result = subprocess.run(
+        [sys.executable, "-c", FLIP_WORKER, str(png), *copies], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    crashed = copies[len(rows)] if len(rows) < len(copies) else None
+    assert result.returncode == 0 and crashed is None, (crashed, result.returncode, result.stderr[-500:])
+    for row in rows:
+        assert row["status"] in (0, 2), row
+        assert row["stderr"].count("\n") == (1 if row["status"] == 2 else 0), row
+    assert any(row["status"] == 2 for row in rows)  # the header flips at least are refused
+
+
+# --- export: the target directory -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    from mobile_moe.checkpoint import checkpoint_dict, save_checkpoint
+    from tests.conftest import tiny_model
+    from training.data import data_record, open_data
+    from training.run import write_config
+
+    run = tmp_path_factory.mktemp("run")
+    model = tiny_model("mobile-vmoe", num_classes=10, num_experts=2)
+    write_config(run, {"model": model.config.to_dict(), "data": data_record(open_data("digits", 32)),
+                       "super_classes": None, "recipe": {}})  # fmt: skip
+    save_checkpoint(checkpoint_dict(model, epoch=1), run / "best.pt")
+    return run
+
+
+def test_export_never_deletes_a_web_apps_manifest_directory(run_dir, tmp_path, capsys):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "manifest.json").write_text('{"name": "my web app", "icons": []}')
+    (site / "index.html").write_text("<html></html>")
+    err = refused(["export", str(run_dir), "--format", "onnx", "--out", str(site)], capsys)
+    assert "not a mobile-moe bundle" in err
+    assert sorted(p.name for p in site.iterdir()) == ["index.html", "manifest.json"]
+
+
+def test_export_replaces_its_own_bundle_but_not_files_added_to_it(run_dir, tmp_path, capsys):
+    out = tmp_path / "bundle"
+    assert main(["export", str(run_dir), "--format", "onnx", "--out", str(out)]) == 0
+    assert main(["export", str(run_dir), "--format", "onnx", "--out", str(out)]) == 0  # re-export: replaced
+    (out / "notes.txt").write_text("mine")
+    err = refused(["export", str(run_dir), "--format", "onnx", "--out", str(out)], capsys)
+    assert "notes.txt" in err and (out / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("out", ["/proc/mobile-moe/bundle", "/proc/version"])
+def test_export_refuses_unwritable_out_before_work(run_dir, out, capsys):
+    start = time.perf_counter()
+    refused(["export", str(run_dir), "--format", "onnx", "--out", out], capsys)
+    assert time.perf_counter() - start < 5  # refused before the run is loaded and exported
+
+
+def _export_command(run_dir: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "mobile_moe.cli", "export", str(run_dir), "--format", "onnx", "--out", str(out)]
+
+
+def _wait_for_temporary(out: Path, process: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not list(out.parent.glob(f".{out.name}.tmp-*")):
+        assert process.poll() is None and time.monotonic() < deadline, "export ended before writing anything"
+        time.sleep(0.05)
+    time.sleep(0.3)  # inside the export, not at its first line
+
+
+def test_sigterm_during_export_leaves_nothing(run_dir, tmp_path):
+    out = tmp_path / "bundle"
+    process = subprocess.Popen(_export_command(run_dir, out), cwd=REPO, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    _wait_for_temporary(out, process)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 143, stderr
+    assert stderr.strip().splitlines() == ["mobile-moe: terminated"]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_sigkilled_export_leftovers_are_removed_by_the_next_export(run_dir, tmp_path):
+    out = tmp_path / "bundle"
+    process = subprocess.Popen(_export_command(run_dir, out), cwd=REPO, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)  # fmt: skip
+    _wait_for_temporary(out, process)
+    process.kill()
+    process.wait()
+    assert list(tmp_path.glob(".bundle.tmp-*"))  # SIGKILL runs no clean-up ...
+    result = subprocess.run(_export_command(run_dir, out), cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]  # ... the next export of the same --out does
+
+
+def test_atomic_write_removes_only_dead_processes_temporaries(tmp_path):
+    """What a SIGKILLed writer leaves (.NAME.tmp-<pid>-*) goes at the next write of NAME; nothing else does."""
+    from mobile_moe.atomic import write_text_atomic
+
+    dead = subprocess.Popen(["true"])  # only its pid matters: a process that has ended
+    dead.wait()
+    left = [tmp_path / f".out.json.tmp-{dead.pid}-x1", tmp_path / f".out.json.tmp-{dead.pid}-x2"]
+    left[0].write_text("partial")
+    left[1].mkdir()  # a directory export's temporary
+    kept = [tmp_path / ".out.json.tmp-someone-elses", tmp_path / f".out.json.tmp-{os.getpid()}-mine",
+            tmp_path / f".other.tmp-{dead.pid}-x"]  # fmt: skip
+    for path in kept:
+        path.write_text("not ours to delete")
+    write_text_atomic(tmp_path / "out.json", "{}")
+    assert not any(path.exists() for path in left) and all(path.exists() for path in kept)
+    assert (tmp_path / "out.json").read_text() == "{}"
+
+
+def test_directory_swap_interrupted_by_a_kill_restores_the_previous_version(tmp_path):
+    """Killed between moving the old bundle aside and moving the new one in: the next write puts the old one back
+    before it starts, so the target is never simply gone."""
+    from mobile_moe.atomic import atomic_path
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    aside = tmp_path / f".bundle.tmp-{dead.pid}-old-abc"
+    aside.mkdir()
+    (aside / "manifest.json").write_text("previous")
+    with pytest.raises(RuntimeError), atomic_path(tmp_path / "bundle", directory=True):
+        raise RuntimeError("this export fails")
+    assert (tmp_path / "bundle" / "manifest.json").read_text() == "previous"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]
+
+
+# --- predict and bench inputs ---------------------------------------------------------------------------------------
+
+
+def test_predict_on_a_fifo_does_not_hang(bundle, tmp_path, capsys):
+    fifo = tmp_path / "image.png"
+    os.mkfifo(fifo)
+    signal.alarm(30)  # a hang fails the test instead of the suite
+    try:
+        assert "not a regular file" in refused(["predict", str(bundle), str(fifo)], capsys)
+    finally:
+        signal.alarm(0)
+
+
+def test_predict_prints_nothing_else_on_success(bundle, png):
+    """No pytree warning, no cpuinfo lines from ExecuTorch's native code: stderr stays empty."""
+    command = [sys.executable, "-m", "mobile_moe.cli", "predict", str(bundle), str(png), "--json"]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stderr == ""
+    assert json.loads(result.stdout)[0]["experts"]
+
+
+@pytest.mark.parametrize(
+    "flags, match",
+    [
+        (["--data", "random:abc"], "seed"),
+        (["--pause", "-1"], "--pause"),
+        (["--switch-repeats", "-1"], "--switch-repeats"),
+        (["--runner", "/nonexistent/runner"], "--runner"),
+        (["--out", "/proc/mobile-moe"], "cannot write"),
+        (["--cache-experts", "0"], "--cache-experts"),
+    ],
+)
+def test_bench_refuses_bad_flags_before_measuring(flags, match, bundle, tmp_path, capsys):
+    argv = ["bench", str(bundle), "--runtime", "executorch", "--out", str(tmp_path / "bench"), *flags]
+    assert match in refused(argv, capsys)
+    assert not (tmp_path / "bench").exists()
+
+
+def test_runner_without_samples_reports_no_switch_time():
+    from device_bench.results import summarize_round
+
+    raw = {"latency_ms": {"p50": 1, "p90": 1, "p99": 1, "mean": 1}, "load_ms": {"router": 1.0},
+           "switch": {"ms": [], "median_ms": -1.0, "load_median_ms": -1.0}}  # fmt: skip
+    summary = summarize_round(raw)
+    assert summary["switch_ms"] is None and summary["switch_load_ms"] is None
