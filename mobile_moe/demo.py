@@ -28,7 +28,21 @@ NUM_SUPER_CLASSES = 5  # the demo MoE's E (training.demo.DEMO_MOE)
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="demo-out", help="directory for runs, bundles and the report (demo-out)")
-    parser.add_argument("--epochs", type=int, help="training epochs per model (default: the tiny recipe's)")
+    parser.add_argument(
+        "--epochs", type=int, help="training epochs per model, at least 1 (default: the tiny recipe's, 15)"
+    )
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse bad flags before any work: --epochs must be at least 1, --out a directory this process can write."""
+    from mobile_moe.atomic import check_writable
+    from mobile_moe.errors import UsageError
+
+    if args.epochs is not None and args.epochs < 1:
+        raise UsageError(f"--epochs {args.epochs}: must be at least 1 (leave it out for the tiny recipe's 15)")
+    if not args.out:
+        raise UsageError("--out is empty; give a directory for the demo's runs, bundles and report")
+    check_writable(args.out, directory=True)
 
 
 def cost_table() -> str:
@@ -118,6 +132,7 @@ def write_report(out: Path, cost: str, accuracy: list[str], listing: str, bundle
 
 
 def run(args: argparse.Namespace) -> None:
+    check_arguments(args)  # before the imports below (seconds) and any output
     # Each package's step is imported here, not at the top, so `mobile-moe --help` never pays for them.
     from device_bench.cli import bench_bundles
     from export.demo import export_demo

@@ -12,11 +12,14 @@ import json
 import sys
 from pathlib import Path
 
-from mobile_moe.atomic import atomic_path
+from mobile_moe.atomic import atomic_path, check_writable
 from mobile_moe.errors import UsageError
+from mobile_moe.jsonio import dumps
 from super_class.clustering import METHODS
 from super_class.graph import AFFINITIES
 from super_class.superclasses import load
+
+MAX_SEED = 2**32 - 1  # scikit-learn's random_state range (spectral, balanced)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -54,19 +57,28 @@ def run(args: argparse.Namespace) -> int:
 def show_command(args: argparse.Namespace) -> int:
     from super_class.table import format_table
 
+    if args.examples < 0:
+        raise UsageError(f"--examples {args.examples}: give how many class names to show per super-class, 0 or more")
     print(format_table(load(args.file), examples=args.examples, seed=args.seed))
     return 0
 
 
 def read_class_names(path: str) -> list[str]:
+    """One name per line, or a JSON list of strings (a .json file). Never opens a FIFO or device (it could block)."""
+    if not Path(path).exists():
+        raise UsageError(f"--class-names {path} does not exist; give a file with one class name per line")
+    if not Path(path).is_file():
+        raise UsageError(f"--class-names {path} is not a regular file; give a file with one class name per line")
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise UsageError(f"cannot read --class-names {path}: {error}") from None
     if path.endswith(".json"):
         try:
             names = json.loads(text)
-        except json.JSONDecodeError as error:
+        except RecursionError:
+            raise UsageError(f"--class-names {path}: not JSON: nested too deeply") from None
+        except ValueError as error:  # JSONDecodeError, or an integer too long to convert
             raise UsageError(f"--class-names {path}: not JSON: {error}") from None
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise UsageError(f"--class-names {path}: expected a JSON list of strings")
@@ -76,16 +88,28 @@ def read_class_names(path: str) -> list[str]:
 
 def check_arguments(args: argparse.Namespace) -> None:
     """Refuse bad flags before any work is done."""
-    if args.confusion and (args.hard or args.data):
+    if args.confusion is not None and (args.hard or args.data is not None):
         raise UsageError("--hard and --data apply to --run only (a --confusion file is already a matrix)")
-    if Path(args.out).is_dir():
-        raise UsageError(f"--out {args.out} is a directory; give a file name such as super_classes.json")
-    if args.plot:
-        from super_class.plot import check_plot_path
-
-        check_plot_path(args.plot)
     if args.num_super_classes < 2:
         raise UsageError(f"--num-super-classes {args.num_super_classes}: need at least 2")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise UsageError(f"--seed {args.seed}: must be between 0 and {MAX_SEED}")
+    if args.batch_size < 1:
+        raise UsageError(f"--batch-size {args.batch_size}: must be at least 1")
+    if not args.out:
+        raise UsageError("--out is empty; give a file name such as super_classes.json")
+    if Path(args.out).is_dir():
+        raise UsageError(f"--out {args.out} is a directory; give a file name such as super_classes.json")
+    check_writable(args.out)
+    if args.plot is not None:
+        from super_class.plot import check_plot_path
+
+        if not args.plot:
+            raise UsageError("--plot is empty; give a .png, .pdf or .svg file name, or leave --plot out")
+        check_plot_path(args.plot)
+        if Path(args.plot).resolve() == Path(args.out).resolve():
+            raise UsageError(f"--plot {args.plot} is the --out file too; give them different names")
+        check_writable(args.plot)
 
 
 def derive_command(args: argparse.Namespace) -> int:
@@ -94,15 +118,16 @@ def derive_command(args: argparse.Namespace) -> int:
     from super_class.table import format_table
 
     check_arguments(args)
-    if args.run_dir:
+    class_names = read_class_names(args.class_names) if args.class_names is not None else None
+    if args.run_dir is not None:
         confusion = confusion_from_run(args.run_dir, args.data, args.split, args.hard, args.device, args.batch_size)
     else:
         matrix, names = load_confusion(args.confusion)
         confusion = Confusion(
             matrix, names or [f"class {c}" for c in range(len(matrix))], f"confusion:{args.confusion}"
         )
-    if args.class_names:
-        confusion.class_names = read_class_names(args.class_names)
+    if class_names is not None:
+        confusion.class_names = class_names
     super_classes = derive_super_classes(
         confusion.matrix,
         args.num_super_classes,
@@ -126,8 +151,8 @@ def derive_command(args: argparse.Namespace) -> int:
 def write_outputs(out: str, plot: str | None, matrix, super_classes) -> None:
     """Both files or neither: the JSON is renamed into place only after the plot was written."""
     with atomic_path(out) as tmp:
-        tmp.write_text(json.dumps(super_classes.to_dict(), indent=2) + "\n")
-        if plot:
+        tmp.write_text(dumps(super_classes.to_dict(), indent=2) + "\n")
+        if plot is not None:
             from super_class.plot import plot_super_classes
 
             plot_super_classes(plot, matrix, super_classes)

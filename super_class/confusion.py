@@ -43,11 +43,22 @@ def confusion_from_predictions(probs, labels, hard: bool = False, num_classes: i
 
 
 def check_confusion(matrix, what: str = "confusion matrix") -> np.ndarray:
-    """The matrix as float64 (C, C), or a UsageError saying what is wrong with it."""
+    """The matrix as float64 (C, C), or a UsageError saying what is wrong with it.
+
+    Only ratios of entries matter (rows are normalised, shares are fractions), so a matrix whose entries are too
+    large to sum in float64 is scaled down by its largest entry instead of overflowing into NaN.
+    """
     try:
-        matrix = np.asarray(matrix, dtype=np.float64)
-    except (TypeError, ValueError) as error:
-        raise UsageError(f"{what} is not numeric: {error}") from None
+        array = np.asarray(matrix)
+    except (TypeError, ValueError) as error:  # ragged nested lists
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise UsageError(f"{what} is not a (C, C) array: {reason}") from None
+    if array.dtype.kind not in "biuf" and not (array.dtype == object and _all_real(array)):
+        raise UsageError(f"{what} must hold real numbers (counts or probabilities), not {array.dtype} values")
+    try:
+        matrix = np.asarray(array, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError) as error:
+        raise UsageError(f"{what} is not numeric: {str(error).splitlines()[0] if str(error) else error}") from None
     if matrix.ndim != 2 or matrix.size == 0:
         raise UsageError(f"{what} must be a non-empty 2-D (C, C) array, got shape {matrix.shape}")
     if matrix.shape[0] != matrix.shape[1]:
@@ -60,12 +71,23 @@ def check_confusion(matrix, what: str = "confusion matrix") -> np.ndarray:
         raise UsageError(f"{what} has negative entries (first at row {bad[0]}, column {bad[1]}); use counts or probs")
     if matrix.shape[0] < 2:
         raise UsageError(f"{what} has {matrix.shape[0]} class; need at least 2 classes")
+    with np.errstate(over="ignore"):
+        sums = (matrix.sum(1), matrix.sum(0), matrix.sum())
+    if not all(np.isfinite(total).all() for total in sums):
+        matrix = matrix / matrix.max()
     off_diagonal = matrix.sum() - np.trace(matrix)
     if off_diagonal <= 0:
         raise UsageError(
             f"{what} has no off-diagonal confusion, so there is nothing to cluster (use random super-classes)"
         )
     return matrix
+
+
+def _all_real(array: np.ndarray) -> bool:
+    """An object array (nested Python lists) of plain real numbers, bools excluded."""
+    import numbers
+
+    return all(isinstance(x, numbers.Real) and not isinstance(x, bool) for x in array.flat)
 
 
 def classes_without_images(matrix: np.ndarray) -> list[int]:

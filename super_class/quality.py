@@ -9,18 +9,31 @@ import numpy as np
 from super_class.graph import class_affinity
 
 
-def within_share(matrix: np.ndarray, assignment: np.ndarray) -> float:
-    """Share of the off-diagonal mass of `matrix` that falls between classes of the same super-class."""
+def within_share(matrix: np.ndarray, assignment: np.ndarray) -> float | None:
+    """Share of the off-diagonal mass of `matrix` that falls between classes of the same super-class.
+
+    None where it is undefined: no off-diagonal mass at all (or a mass too large to sum in float64).
+    """
     off_diagonal = matrix - np.diag(np.diag(matrix))
     same = assignment[:, None] == assignment[None, :]
     total = off_diagonal.sum()
-    return float(off_diagonal[same].sum() / total) if total > 0 else 0.0
+    if not (np.isfinite(total) and total > 0):
+        return None
+    share = float(off_diagonal[same].sum() / total)
+    return min(max(share, 0.0), 1.0) if np.isfinite(share) else None
 
 
-def random_share(sizes: np.ndarray) -> float:
-    """Expected within share if confusion fell on uniformly random pairs of distinct classes (the chance level)."""
-    num_classes = sizes.sum()
+def random_share(sizes: np.ndarray) -> float | None:
+    """Expected within share if confusion fell on uniformly random pairs of distinct classes (the chance level);
+    None for fewer than 2 classes (no pairs)."""
+    num_classes = int(sizes.sum())
+    if num_classes < 2:
+        return None
     return float((sizes * (sizes - 1)).sum() / (num_classes * (num_classes - 1)))
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 6)
 
 
 def quality(confusion: np.ndarray, assignment, classes_without_images: list[int] | None = None) -> dict[str, Any]:
@@ -28,14 +41,15 @@ def quality(confusion: np.ndarray, assignment, classes_without_images: list[int]
 
     within_confusion_share: off-diagonal confusion mass inside super-classes (raw matrix, so frequent classes count
     more); within_affinity_share: the same on the row-normalised graph (every class counts equally); chance_share:
-    what random super-classes of the same sizes would get; balance: smallest / largest size.
+    what random super-classes of the same sizes would get; balance: smallest / largest size. A share that is
+    undefined (no off-diagonal confusion to share out) is None (null in the file), never NaN.
     """
     assignment = np.asarray(assignment)
     sizes = np.bincount(assignment)
     return {
-        "within_confusion_share": round(within_share(confusion, assignment), 6),
-        "within_affinity_share": round(within_share(class_affinity(confusion), assignment), 6),
-        "chance_share": round(random_share(sizes), 6),
+        "within_confusion_share": _rounded(within_share(confusion, assignment)),
+        "within_affinity_share": _rounded(within_share(class_affinity(confusion), assignment)),
+        "chance_share": _rounded(random_share(sizes)),
         "sizes": sizes.tolist(),
         "size_min": int(sizes.min()),
         "size_max": int(sizes.max()),

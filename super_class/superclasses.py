@@ -3,19 +3,106 @@
     {"num_super_classes": E, "assignment": [C ints in 0..E-1, every index used], "class_names": [C], "names": [E],
      "method": "spectral" | "louvain" | "balanced" | "dataset" | "random", "source": str, "quality": {...} | null}
 
-Every source (clustering, dataset labels, random) produces a `SuperClasses`; training reads it back with `load`.
+Every source (clustering, dataset labels, random) produces a `SuperClasses`; training reads a file back with `load`.
+The file's rules are written once, in `SuperClassFile` (field types and ranges, and the rules that tie fields
+together); `validate` is the one entry point, used by `load` and by `SuperClasses` itself, and turns any problem into
+a UsageError of one line.
 """
 
 from __future__ import annotations
 
 import json
+import numbers
 import os
-import random
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mobile_moe.atomic import write_text_atomic
 from mobile_moe.errors import UsageError
+from mobile_moe.jsonio import dumps
+
+MAX_CLASSES = 1 << 20  # classes (and so super-classes) a file may name
+MAX_FILE_BYTES = 256 << 20  # far beyond 1M classes' worth of names; refuses a runaway file before reading it
+
+Index = Annotated[int, Field(ge=0, lt=MAX_CLASSES)]
+Text = Annotated[str, Field(max_length=4096)]
+Share = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+
+
+class _Strict(BaseModel):
+    # strict: 1.0, "1" and true are not integers, null is not a list; extra keys are kept (newer tools may add facts).
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class Quality(_Strict):
+    """The measured quality (super_class.quality writes it); every field is optional, null where it is undefined."""
+
+    within_confusion_share: Share | None = None
+    within_affinity_share: Share | None = None
+    chance_share: Share | None = None
+    balance: Share | None = None
+    sizes: Annotated[list[Index], Field(max_length=MAX_CLASSES)] | None = None
+    size_min: Index | None = None
+    size_max: Index | None = None
+    classes_without_images: Annotated[list[Index], Field(max_length=MAX_CLASSES)] = []
+    seed: int | None = None
+    affinity: Text | None = None
+
+
+class SuperClassFile(_Strict):
+    num_super_classes: Annotated[int, Field(ge=2, le=MAX_CLASSES)]
+    assignment: Annotated[list[Index], Field(min_length=2, max_length=MAX_CLASSES)]
+    class_names: Annotated[list[Text], Field(max_length=MAX_CLASSES)]
+    names: Annotated[list[Text], Field(max_length=MAX_CLASSES)]
+    method: Annotated[str, Field(min_length=1, max_length=64)]
+    source: Text
+    quality: Quality | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SuperClassFile:
+        num_classes, num = len(self.assignment), self.num_super_classes
+        if len(self.class_names) != num_classes:
+            raise ValueError(f"{len(self.class_names)} class names for {num_classes} classes; give one name per class")
+        if len(self.names) != num:
+            raise ValueError(f"num_super_classes is {num} but there are {len(self.names)} names; one per super-class")
+        if num > num_classes:
+            raise ValueError(f"{num} super-classes for {num_classes} classes; need at most one per class")
+        bad = sorted({s for s in self.assignment if s >= num})
+        if bad:
+            raise ValueError(f"assignment uses {bad[:10]}, outside 0..{num - 1}")
+        unused = sorted(set(range(num)) - set(self.assignment))
+        if unused:
+            raise ValueError(f"super-class(es) {unused[:10]} have no classes; every index must be used")
+        quality = self.quality
+        if quality is not None:
+            if quality.sizes is not None and len(quality.sizes) != num:
+                raise ValueError(f"quality.sizes has {len(quality.sizes)} entries for {num} super-classes")
+            missing = [c for c in quality.classes_without_images if c >= num_classes]
+            if missing:
+                raise ValueError(f"quality.classes_without_images names class {missing[0]}; there are {num_classes}")
+        return self
+
+
+def validate(data: Any) -> SuperClassFile:
+    """The parsed file, or a UsageError with ONE line: where in the file, and what is wrong."""
+    try:
+        return SuperClassFile.model_validate(data)
+    except ValidationError as error:
+        first = error.errors(include_url=False, include_input=False)[0]
+        where = ".".join(str(part) for part in first["loc"])
+        message = first["msg"].removeprefix("Value error, ")
+        more = f" (and {error.error_count() - 1} more problems)" if error.error_count() > 1 else ""
+        raise UsageError(f"{where + ': ' if where else ''}{message}{more}") from None
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars and str subclasses as the plain Python values the strict schema expects (bool stays bool)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral | str):
+        return value
+    return str(value) if isinstance(value, str) else int(value)
 
 
 @dataclass
@@ -28,20 +115,13 @@ class SuperClasses:
     quality: dict[str, Any] | None = field(default=None)
 
     def __post_init__(self) -> None:
-        num = len(self.names)
-        if len(self.class_names) != len(self.assignment):
-            raise UsageError(
-                f"super-classes: {len(self.class_names)} class names for {len(self.assignment)} classes; "
-                "give one name per class"
-            )
-        if num < 2:
-            raise UsageError(f"super-classes: {num} super-class(es); need at least 2")
-        bad = sorted({s for s in self.assignment if not (isinstance(s, int) and 0 <= s < num)})
-        if bad:
-            raise UsageError(f"super-classes: assignment uses {bad}, outside 0..{num - 1}")
-        unused = sorted(set(range(num)) - set(self.assignment))
-        if unused:
-            raise UsageError(f"super-classes: super-class(es) {unused} have no classes; every index must be used")
+        self.assignment = [_plain(s) for s in self.assignment]
+        self.class_names = [_plain(n) for n in self.class_names]
+        self.names = [_plain(n) for n in self.names]
+        try:
+            validate(self.to_dict())
+        except UsageError as error:
+            raise UsageError(f"super-classes: {error}") from None
 
     @property
     def num_super_classes(self) -> int:
@@ -58,34 +138,51 @@ class SuperClasses:
         return {"num_super_classes": self.num_super_classes, **asdict(self)}
 
     def save(self, path: str | os.PathLike) -> None:
-        write_text_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
+        write_text_atomic(path, dumps(self.to_dict(), indent=2) + "\n")
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def load(path: str | os.PathLike) -> SuperClasses:
-    """Read and validate a super-class file; any problem is a UsageError naming the file."""
+    """Read and validate a super-class file; any problem is a UsageError of one line naming the file.
+
+    The one reader of super-class files (training reads them through it): a missing file, a directory or FIFO (never
+    opened, so never waited on), text that is not JSON (NaN, nesting too deep, a number too long), and a file that
+    breaks `SuperClassFile`'s rules are all refused.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise UsageError(f"super-class file {path} does not exist")
+    if not path.is_file():
+        raise UsageError(f"super-class file {path} is not a regular file; give a .json file")
     try:
-        data = json.loads(open(path).read())
-    except FileNotFoundError:
-        raise UsageError(f"super-class file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise UsageError(f"super-class file {path} is over {MAX_FILE_BYTES >> 20} MiB: not a super-class file")
+        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
+    except (OSError, UnicodeDecodeError) as error:
         raise UsageError(f"cannot read super-class file {path}: {error}") from None
+    except RecursionError:
+        raise UsageError(f"super-class file {path} is not valid JSON: nested too deeply") from None
+    except ValueError as error:  # JSONDecodeError, NaN/Infinity, an integer too long to convert
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise UsageError(f"super-class file {path} is not valid JSON: {message}") from None
     required = ("num_super_classes", "assignment", "class_names", "names", "method", "source")
     if not isinstance(data, dict) or any(key not in data for key in required):
         raise UsageError(f"{path} is not a super-class file: it needs the keys {', '.join(required)}")
     try:
-        result = SuperClasses(
-            assignment=list(data["assignment"]),
-            class_names=list(data["class_names"]),
-            names=list(data["names"]),
-            method=data["method"],
-            source=data["source"],
-            quality=data.get("quality"),
-        )
+        checked = validate(data)
     except UsageError as error:
-        raise UsageError(f"{path}: {error}") from None
-    if result.num_super_classes != data["num_super_classes"]:
-        raise UsageError(f"{path}: num_super_classes={data['num_super_classes']} but {len(result.names)} names")
-    return result
+        raise UsageError(f"super-class file {path}: {error}") from None
+    return SuperClasses(
+        assignment=list(checked.assignment),
+        class_names=list(checked.class_names),
+        names=list(checked.names),
+        method=checked.method,
+        source=checked.source,
+        quality=data.get("quality"),
+    )
 
 
 def default_names(num_super_classes: int) -> list[str]:
@@ -94,6 +191,8 @@ def default_names(num_super_classes: int) -> list[str]:
 
 def random_super_classes(class_names: list[str], num_super_classes: int, seed: int = 0) -> SuperClasses:
     """The paper's "random class" ablation: classes shuffled into E groups of near-equal size, seeded."""
+    import random
+
     if not 2 <= num_super_classes <= len(class_names):
         raise UsageError(f"num_super_classes={num_super_classes}: must be between 2 and {len(class_names)} classes")
     order = list(range(len(class_names)))

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import random
 
+from mobile_moe.errors import UsageError
 from super_class.superclasses import SuperClasses
 
 
 def example_classes(super_classes: SuperClasses, examples: int = 3, seed: int = 0) -> list[list[str]]:
     """Per super-class, `examples` class names chosen at random (seeded; all of them if it has fewer)."""
+    if isinstance(examples, bool) or not isinstance(examples, int) or examples < 0:
+        raise UsageError(f"--examples {examples}: give a number of class names per super-class, 0 or more")
     rng = random.Random(seed)
     chosen = []
     for s in range(super_classes.num_super_classes):
@@ -32,9 +35,10 @@ def format_table(super_classes: SuperClasses, examples: int = 3, seed: int = 0) 
     measured = super_classes.quality or {}
     if "within_confusion_share" in measured:
         lines.append(
-            f"confusion inside super-classes: {measured['within_confusion_share']:.1%} "
-            f"(chance {measured['chance_share']:.1%}); sizes {measured['size_min']}-{measured['size_max']}, "
-            f"balance {measured['balance']:.2f}"
+            f"confusion inside super-classes: {_share(measured.get('within_confusion_share'))} "
+            f"(chance {_share(measured.get('chance_share'))}); "
+            f"sizes {measured.get('size_min', '?')}-{measured.get('size_max', '?')}, "
+            f"balance {_share(measured.get('balance'), '.2f')}"
         )
     missing = measured.get("classes_without_images") or []
     if missing:
@@ -45,3 +49,8 @@ def format_table(super_classes: SuperClasses, examples: int = 3, seed: int = 0) 
 def _names(super_classes: SuperClasses, classes: list[int], limit: int = 10) -> str:
     text = ", ".join(super_classes.class_names[c] for c in classes[:limit])
     return text + (f" and {len(classes) - limit} more" if len(classes) > limit else "")
+
+
+def _share(value: float | None, spec: str = ".1%") -> str:
+    """A quality number as text; "n/a" where the file holds null (undefined, e.g. no off-diagonal confusion)."""
+    return "n/a" if value is None else format(value, spec)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mobile_moe.config import make_config
+from mobile_moe.errors import UsageError
 from training import recipes
 from training.run import load_run, read_metrics
 from training.train import train
@@ -33,6 +34,7 @@ def train_digits(
 ) -> dict[str, Any]:
     """Train the demo's `kind` ("dense" or "moe") with the tiny recipe on CPU into `out_dir`; evaluate it on the test
     split. `super_classes` (MoE only): a super-class file with 5 super-classes of the digits, or random[:SEED].
+    `epochs`: None for the tiny recipe's (15); otherwise at least 1 (0 is refused, not read as "the default").
 
     Returns run_dir, test_top1, test_top5, router_accuracy (None for dense), expert_load, images_per_s (mean over
     epochs) and wall_s.
@@ -42,7 +44,9 @@ def train_digits(
     name, extra = MODELS[kind]
     fields = dict(DEMO_MODEL)
     config = make_config(name, fields.pop("size"), **fields, **extra)
-    recipe = recipes.tiny().replace(device="cpu", **({"epochs": epochs} if epochs else {}))
+    if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
+        raise UsageError(f"epochs={epochs!r}: must be an integer of at least 1 (None: the tiny recipe's 15)")
+    recipe = recipes.tiny().replace(device="cpu", **({"epochs": epochs} if epochs is not None else {}))
     start = time.perf_counter()
     run_dir = train(config, recipe, "digits", super_classes, Path(out_dir), verbose=verbose)
     wall = time.perf_counter() - start
