@@ -1,13 +1,23 @@
-"""Run the native runner on this machine and read its one JSON object."""
+"""Run the native runner on this machine and read its one JSON object.
+
+Every way the runner can fail becomes ONE line (a UsageError, exit status 2 at the CLI): its own error line (exit 2:
+bad input; exit 1: a runtime failure), a death by signal ("the native runner crashed (signal N) on BUNDLE"), a
+runner that printed nothing, or a `--runner` path that is missing or not executable (refused before anything runs).
+Output is decoded from bytes with errors="replace", so odd bytes on stderr never turn into a UnicodeDecodeError.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 from pathlib import Path
 
 from device_bench.settings import Settings
 from mobile_moe.errors import UsageError
+
+RUNNER_PREFIX = "mobile_moe_runner"
 
 
 def runner_command(runner: str | Path, bundle: str | Path, images: str | Path | None, settings: Settings) -> list[str]:
@@ -17,20 +27,82 @@ def runner_command(runner: str | Path, bundle: str | Path, images: str | Path | 
     return command
 
 
-def parse_runner_output(returncode: int, stdout: str, stderr: str, where: str) -> dict:
-    """The runner's JSON, or an error: its exit status 2 means bad input (UsageError), anything else a failure."""
-    if returncode != 0:
-        lines = [line for line in stderr.splitlines() if line.startswith("mobile_moe_runner")]
-        message = lines[-1] if lines else (stderr.strip().splitlines() or ["no output"])[-1]
-        if returncode == 2:
-            raise UsageError(f"{where}: {message}")
-        raise RuntimeError(f"{where}: runner exited with status {returncode}: {message}")
+def decode(output: bytes | str | None) -> str:
+    """Process output as text: bytes decoded as UTF-8 with undecodable bytes replaced, never an exception."""
+    if output is None:
+        return ""
+    return output if isinstance(output, str) else output.decode("utf-8", errors="replace")
+
+
+def _signal_name(number: int) -> str:
     try:
-        return json.loads(stdout)
+        return f"signal {number}, {signal.Signals(number).name}"
+    except ValueError:
+        return f"signal {number}"
+
+
+def _short(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def parse_runner_output(
+    returncode: int, stdout: bytes | str, stderr: bytes | str, where: str, bundle: str | Path | None = None
+) -> dict:
+    """The runner's JSON, or a UsageError with one line saying why there is none.
+
+    The runner's own line (it starts with "mobile_moe_runner") is quoted when there is one; a negative returncode is
+    a death by signal (a crash on this bundle); a runner that printed nothing is said to have printed nothing.
+    """
+    stdout, stderr = decode(stdout), decode(stderr)
+    on = f" on {bundle}" if bundle is not None else ""
+    ours = [line.strip() for line in stderr.splitlines() if line.startswith(RUNNER_PREFIX)]
+    if returncode < 0:
+        detail = f": {_short(ours[-1])}" if ours else ""
+        raise UsageError(
+            f"the {where} crashed ({_signal_name(-returncode)}){on}{detail}; the bundle may be corrupt "
+            "(re-export it); rerun with MOBILE_MOE_DEBUG=1 for the runtime's log"
+        )
+    if returncode != 0:
+        if ours:
+            message = _short(ours[-1])
+        else:
+            lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+            message = _short(lines[-1]) if lines else "it printed nothing (is it a mobile_moe_runner build?)"
+        kind = "refused the bundle" if returncode == 2 else f"failed (exit status {returncode})"
+        raise UsageError(f"{where} {kind}{on}: {message}")
+    if not stdout.strip():
+        raise UsageError(f"{where}: the runner exited 0 but printed nothing{on} (is it a mobile_moe_runner build?)")
+    try:
+        report = json.loads(stdout)
     except json.JSONDecodeError as error:
-        raise RuntimeError(f"{where}: runner printed no JSON object ({error}): {stdout[:200]!r}") from error
+        raise UsageError(f"{where}: the runner printed no JSON object ({error}): {_short(stdout, 200)!r}") from None
+    if not isinstance(report, dict):
+        raise UsageError(f"{where}: the runner printed JSON that is not an object: {_short(stdout, 200)!r}")
+    return report
+
+
+def check_runner(runner: str | Path) -> Path:
+    """The runner path, if it is an executable file; UsageError (before anything runs) otherwise."""
+    path = Path(runner)
+    if not path.exists():
+        raise UsageError(f"--runner {runner}: no such file; omit --runner to build the runner for this machine")
+    if not path.is_file():
+        raise UsageError(f"--runner {runner}: not a file; pass the mobile_moe_runner executable")
+    if not os.access(path, os.X_OK):
+        raise UsageError(f"--runner {runner}: not executable (chmod +x it)")
+    return path
 
 
 def run_native(runner: str | Path, bundle: str | Path, images: str | Path | None, settings: Settings) -> dict:
-    result = subprocess.run(runner_command(runner, bundle, images, settings), capture_output=True, text=True)
-    return parse_runner_output(result.returncode, result.stdout, result.stderr, "native runner")
+    from export.manifest import read_manifest, verify_graph_files
+
+    check_runner(runner)
+    # The runner checks these too (a bundle may be run by hand on a phone); checking here first gives Python's message.
+    verify_graph_files(bundle, read_manifest(bundle))
+    command = runner_command(runner, bundle, images, settings)
+    try:
+        result = subprocess.run(command, capture_output=True)
+    except OSError as error:  # e.g. an Android arm64 build run on this machine: Exec format error
+        raise UsageError(f"--runner {runner}: cannot run it on this machine ({error.strerror or error})") from None
+    return parse_runner_output(result.returncode, result.stdout, result.stderr, "native runner", bundle)

@@ -3,6 +3,10 @@
 The build directory is ~/.cache/mobile-moe/native-<hash> (MOBILE_MOE_CACHE overrides the root), where the hash covers
 the runner's sources, the executorch version and the compiler, so an edit or an upgrade rebuilds and nothing else
 does. A failed build raises UsageError carrying the key line of the CMake or compiler error.
+
+`build_runner(sanitize="address")` builds an AddressSanitizer runner into its own directory (native-<hash>-asan);
+run it with `sanitizer_env()` in its environment (no leak checking: the uninstrumented ExecuTorch libraries keep
+allocations alive at exit; a distinct exit status for an ASan report, so a report is never mistaken for exit 1).
 """
 
 from __future__ import annotations
@@ -76,12 +80,28 @@ def _run(command: list[str], what: str) -> None:
         )
 
 
-def build_runner(source_dir: Path = NATIVE_DIR, build_root: Path | None = None) -> Path:
-    """Path to a built runner, configuring and compiling it first when this source has not been built yet."""
+SANITIZERS = {"address": "asan", "undefined": "ubsan"}
+ASAN_EXIT_CODE = 86  # what an AddressSanitizer report exits with under sanitizer_env()
+
+
+def sanitizer_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for running a sanitizer build: leak checking off, a distinct exit status for a report."""
+    env = dict(os.environ if base is None else base)
+    env["ASAN_OPTIONS"] = f"detect_leaks=0:exitcode={ASAN_EXIT_CODE}:abort_on_error=0"
+    env["UBSAN_OPTIONS"] = f"halt_on_error=1:print_stacktrace=1:exitcode={ASAN_EXIT_CODE}"
+    return env
+
+
+def build_runner(source_dir: Path = NATIVE_DIR, build_root: Path | None = None, sanitize: str | None = None) -> Path:
+    """Path to a built runner, configuring and compiling it first when this source has not been built yet.
+    sanitize="address" (or "undefined") builds a sanitizer runner into a separate cache directory."""
+    if sanitize is not None and sanitize not in SANITIZERS:
+        raise UsageError(f"sanitize={sanitize!r}: choose one of {', '.join(SANITIZERS)}")
     missing = missing_tools()
     if missing:
         raise UsageError(f"cannot build the native runner: {' and '.join(missing)} not found; install them")
-    build_dir = (build_root or cache_root()) / f"native-{source_hash(source_dir)}"
+    suffix = f"-{SANITIZERS[sanitize]}" if sanitize else ""
+    build_dir = (build_root or cache_root()) / f"native-{source_hash(source_dir)}{suffix}"
     runner = build_dir / RUNNER_NAME
     if runner.exists():
         return runner
@@ -97,6 +117,7 @@ def build_runner(source_dir: Path = NATIVE_DIR, build_root: Path | None = None) 
             *generator,
             "-DCMAKE_BUILD_TYPE=Release",
             f"-DCMAKE_PREFIX_PATH={executorch_package_dir()}",
+            f"-DMOBILE_MOE_SANITIZE={sanitize or ''}",
         ],
         "cmake configure",
     )

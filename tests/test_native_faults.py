@@ -1,0 +1,199 @@
+"""Fault injection against the native runner: every bad manifest and every tampered graph is refused with one line.
+
+The runner is driven directly (a bundle can be run by hand on a phone, where no Python checked it): each manifest
+mutation of tests/faults.py must exit 2; a flipped byte in a graph must exit 2 (the sha256 no longer matches), and
+with the manifest re-sealed (checksums rewritten) the runner must still never die of a signal: it refuses the
+program (exit 2: ExecuTorch's program verification, the method signature check) or fails cleanly (exit 1), or, when
+the flip only changed weights, runs and prints its JSON. Both tables also run against an AddressSanitizer build, so
+an out-of-bounds read in the runner fails the test even when it happens not to crash.
+
+Then the Python side (device_bench.native): sha256 checked before the runner starts, a bad --runner refused before
+anything runs, a crash or undecodable output turned into one UsageError line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from device_bench.native import run_native
+from device_bench.settings import Settings
+from mobile_moe.errors import UsageError
+from tests.conftest import needs_build
+from tests.faults import (
+    MANIFEST_MUTATIONS,
+    copy_bundle,
+    flip_byte,
+    flip_offsets,
+    mutate_manifest,
+    reseal,
+    write_manifest_text,
+)
+
+pytestmark = [pytest.mark.export, needs_build]
+
+# flip_offsets(size, count=12, seed=0) on each file: the header offsets that crashed the runner before, then 12 seeded
+# random ones. The graphs' sizes are known only once the session's bundle is exported, so tests take an index.
+FLIP_FILES = ("router.pte", "expert_0.pte")
+FLIP_COUNT = 12
+HEADER_OFFSETS = {0, 48, 52, 60}  # flatbuffer root and header fields: program verification must refuse these
+FLIPS = [
+    (name, index, resealed) for name in FLIP_FILES for index in range(4 + FLIP_COUNT) for resealed in (False, True)
+]
+
+# Extra JSON-level faults for the runner's own reader (\u escapes, number grammar, control characters).
+RAW_MANIFESTS = {
+    "bad_unicode_escape": lambda doc: doc.replace('"0"', '"\\u12G4"', 1),
+    "short_unicode_escape": lambda doc: doc.replace('"0"', '"\\u12"', 1),
+    "lone_surrogate": lambda doc: doc.replace('"0"', '"\\udc00"', 1),
+    "control_character": lambda doc: doc.replace('"0"', '"a\tb"', 1),
+    "leading_zero": lambda doc: doc.replace('"top_k": 1, "input"', '"top_k": 01, "input"', 1),
+    "plus_sign": lambda doc: doc.replace('"top_k": 1, "input"', '"top_k": +1, "input"', 1),
+    "hex_number": lambda doc: doc.replace('"top_k": 1, "input"', '"top_k": 0x1, "input"', 1),
+    "infinite_mean": lambda doc: doc.replace('"mean": [0.0,', '"mean": [1e400,', 1),
+    "integer_written_as_float": lambda doc: doc.replace('"top_k": 1, "input"', '"top_k": 1.0, "input"', 1),
+    "integer_with_exponent": lambda doc: doc.replace('"top_k": 1, "input"', '"top_k": 1e0, "input"', 1),
+}
+
+TIMEOUT_S = 60  # a hang fails the test; a normal refusal takes milliseconds
+
+
+@pytest.fixture(scope="session", params=["plain", "asan"])
+def fault_runner(request, runner) -> tuple[Path, dict[str, str]]:
+    """The runner and the environment to run it in: the normal build, and an AddressSanitizer build."""
+    if request.param == "plain":
+        return runner, dict(os.environ)
+    from device_bench.native_build import build_runner, sanitizer_env
+
+    try:
+        asan = build_runner(sanitize="address")
+    except UsageError as error:  # e.g. no libasan for this compiler
+        pytest.skip(f"cannot build the AddressSanitizer runner here: {error}")
+    return asan, sanitizer_env()
+
+
+def run_runner(fault_runner, bundle: Path) -> subprocess.CompletedProcess:
+    executable, env = fault_runner
+    # --switch-repeats 1 loads and runs every expert, so a flipped expert graph is always reached.
+    command = [str(executable), "--bundle", str(bundle), "--random", "1", "--iterations", "1", "--warmup", "0"]
+    return subprocess.run(
+        [*command, "--switch-repeats", "1"], capture_output=True, env=env, timeout=TIMEOUT_S, check=False
+    )
+
+
+def assert_refused(result: subprocess.CompletedProcess, statuses: tuple[int, ...]) -> str:
+    stderr = result.stderr.decode("utf-8", errors="replace")
+    assert result.returncode >= 0, f"killed by signal {-result.returncode}: {stderr[-2000:]}"
+    assert result.returncode in statuses, f"exit status {result.returncode}: {stderr[-2000:]}"
+    lines = stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mobile_moe_runner"), f"stderr is not one runner line: {stderr!r}"
+    assert len(lines[0]) < 600
+    assert not result.stdout.strip(), "a refused run printed a report"
+    return lines[0]
+
+
+@pytest.mark.parametrize("mutation", sorted(MANIFEST_MUTATIONS))
+def test_runner_refuses_manifest_mutation(fault_runner, bundle, tmp_path, mutation):
+    broken = copy_bundle(bundle, tmp_path / "bundle")
+    mutate_manifest(broken, mutation)
+    assert_refused(run_runner(fault_runner, broken), (2,))
+
+
+@pytest.mark.parametrize("fault", sorted(RAW_MANIFESTS))
+def test_runner_refuses_malformed_json(fault_runner, bundle, tmp_path, fault):
+    broken = copy_bundle(bundle, tmp_path / "bundle")
+    text = (broken / "manifest.json").read_text()
+    changed = RAW_MANIFESTS[fault](json.dumps(json.loads(text)))
+    assert changed != json.dumps(json.loads(text)), "precondition: the fault changed the manifest"
+    write_manifest_text(broken, changed)
+    line = assert_refused(run_runner(fault_runner, broken), (2,))
+    assert "manifest.json" in line
+
+
+@pytest.mark.parametrize(
+    ("name", "index", "resealed"), FLIPS, ids=[f"{n}-{i}-{'resealed' if r else 'raw'}" for n, i, r in FLIPS]
+)
+def test_runner_survives_flipped_graph_byte(fault_runner, bundle, tmp_path, name, index, resealed):
+    offset = flip_offsets((bundle / name).stat().st_size, count=FLIP_COUNT, seed=0)[index]
+    broken = copy_bundle(bundle, tmp_path / "bundle")
+    flip_byte(broken / name, offset)
+    if not resealed:
+        line = assert_refused(run_runner(fault_runner, broken), (2,))
+        assert "sha256" in line and name in line
+        return
+    reseal(broken)
+    result = run_runner(fault_runner, broken)
+    if offset in HEADER_OFFSETS:
+        assert_refused(result, (2,))
+    elif result.returncode == 0:  # the flip changed a weight: the program is valid, and runs
+        assert isinstance(json.loads(result.stdout), dict)
+    else:
+        assert_refused(result, (1, 2))
+
+
+def test_sha256_matches_hashlib(runner, bundle, tmp_path):
+    """The runner's own SHA-256 (sha256.h) against hashlib: the standard vectors' lengths around the 55/56/64-byte
+    padding boundaries, a million bytes, and the bundle's real files."""
+    files = []
+    for size in (0, 3, 55, 56, 63, 64, 65, 119, 120, 1_000_000):
+        path = tmp_path / f"data_{size}"
+        path.write_bytes(b"abc" if size == 3 else (b"a" * size if size == 1_000_000 else os.urandom(size)))
+        files.append(path)
+    files += sorted(bundle.iterdir())
+    result = subprocess.run([str(runner), "--sha256", *map(str, files)], capture_output=True, text=True, check=True)
+    digests = [line.split("  ", 1)[0] for line in result.stdout.splitlines()]
+    assert digests == [hashlib.sha256(path.read_bytes()).hexdigest() for path in files]
+    assert digests[1] == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"  # FIPS 180-2 "abc"
+    assert digests[9] == "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0"  # a million "a"
+
+
+def _script(tmp_path: Path, name: str, body: str) -> Path:
+    path = tmp_path / name
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+SETTINGS = Settings(iterations=1, warmup=0, switch_repeats=0)
+
+
+def test_run_native_refuses_bad_runner_paths(bundle, tmp_path):
+    with pytest.raises(UsageError, match="printed nothing"):
+        run_native("/bin/false", bundle, None, SETTINGS)
+    with pytest.raises(UsageError, match="no such file"):
+        run_native(tmp_path / "nonexistent", bundle, None, SETTINGS)
+    not_executable = tmp_path / "runner"
+    not_executable.write_text("")
+    with pytest.raises(UsageError, match="not executable"):
+        run_native(not_executable, bundle, None, SETTINGS)
+
+
+def test_run_native_reports_crashes_and_odd_output_in_one_line(bundle, tmp_path):
+    crashing = _script(
+        tmp_path, "crashing", 'echo "mobile_moe_runner: crashed (signal 11) while loading x" >&2\nkill -SEGV $$'
+    )
+    with pytest.raises(UsageError, match=r"crashed \(signal 11") as crash:
+        run_native(crashing, bundle, None, SETTINGS)
+    assert str(bundle) in str(crash.value) and "\n" not in str(crash.value)
+    garbled = _script(tmp_path, "garbled", r"printf 'mobile_moe_runner: bad \377\376 bytes\n' >&2; exit 1")
+    with pytest.raises(UsageError, match="bad .* bytes"):
+        run_native(garbled, bundle, None, SETTINGS)
+    not_json = _script(tmp_path, "not_json", r"printf '\377 not json'")
+    with pytest.raises(UsageError, match="no JSON"):
+        run_native(not_json, bundle, None, SETTINGS)
+
+
+def test_run_native_checks_sha256_before_the_runner_starts(bundle, tmp_path):
+    broken = copy_bundle(bundle, tmp_path / "bundle")
+    flip_byte(broken / "expert_1.pte", 1000)
+    marker = tmp_path / "ran"
+    spy = _script(tmp_path, "spy", f"touch {marker}\nexit 0")
+    with pytest.raises(UsageError, match="sha256"):
+        run_native(spy, broken, None, SETTINGS)
+    assert not marker.exists()
