@@ -1,7 +1,8 @@
 """Third-party noise, silenced at its source, so a successful command prints only its own output.
 
 - torch's pytree module logs a deprecation warning (KernelPreference registered as a constant) when ExecuTorch's
-  Python package is imported: a logger, so its level is set.
+  Python package is imported; coremltools logs that this torch and scikit-learn are untested and that its
+  macOS-only proxies are absent: loggers, so their levels are set.
 - ExecuTorch's C++ runtime writes to file descriptor 2 (its cpuinfo probe prints five lines at the first XNNPACK
   load on machines without ARM identification files) and, through its Python bindings, to sys.stderr (a program
   that fails verification logs why): no logging to configure. `native_stderr_captured` holds both during such
@@ -19,7 +20,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
-NOISY_LOGGERS = ("torch.utils._pytree",)
+NOISY_LOGGERS = ("torch.utils._pytree", "coremltools")
 
 
 def quiet_third_party_loggers() -> None:
