@@ -23,6 +23,7 @@ from device_bench import results as results_module
 from device_bench.bundles import read_manifest
 from device_bench.settings import Settings
 from device_bench.workload import make_workload, write_raw
+from mobile_moe import jsonio
 from mobile_moe.atomic import check_writable, write_text_atomic
 from mobile_moe.errors import UsageError
 
@@ -163,7 +164,7 @@ def benchmark(args: argparse.Namespace, log=print) -> dict:
     results_module.validate_results(results)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / "results.json", json.dumps(results, indent=1))
+    write_text_atomic(out / "results.json", jsonio.dumps(results, indent=1))
     from device_bench.report import write_report
 
     write_report(results, out)
@@ -174,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
     log = (lambda message: print(message, file=sys.stderr)) if args.json else print
     results = benchmark(args, log)
     if args.json:
-        print(json.dumps(results))
+        print(jsonio.dumps(results))
     else:
         print((Path(args.out) / "report.md").read_text())
         print(f"wrote {Path(args.out) / 'results.json'}, report.md and plots")

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from export.graphs import LAYOUTS
 from export.manifest import BACKENDS
+from mobile_moe import jsonio
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         **source.export_kwargs(),
     )
     if args.json:
-        print(json.dumps(manifest))
+        print(jsonio.dumps(manifest))
         return 0
     sizes = manifest["sizes"]
     print(f"wrote {args.out}: {len(manifest['graphs'])} graphs, {sizes['total_bytes'] / 1e6:.2f} MB in all")

@@ -13,6 +13,7 @@ from typing import Any
 
 from export.artifact import file_bytes, file_digest
 from export.manifest_schema import BACKENDS, FORMAT, VERSION, validate_manifest  # noqa: F401 (BACKENDS: the CLI's)
+from mobile_moe import jsonio
 from mobile_moe.errors import UsageError
 
 MANIFEST = "manifest.json"
@@ -39,7 +40,7 @@ def graph_entry(spec, path: Path, bundle_dir: Path, details: dict[str, Any]) -> 
 
 
 def write_manifest(bundle_dir: Path, manifest: dict[str, Any]) -> None:
-    (bundle_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    (bundle_dir / MANIFEST).write_text(jsonio.dumps(manifest, indent=2) + "\n")  # a NaN parity error: null
 
 
 def read_manifest(bundle_dir: str | os.PathLike) -> dict[str, Any]:
