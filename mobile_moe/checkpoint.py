@@ -13,6 +13,10 @@ from mobile_moe.atomic import atomic_path
 from mobile_moe.errors import UsageError
 from mobile_moe.registry import model_from_config_dict
 
+NOT_OURS = (
+    "not a mobile-moe checkpoint or corrupted (it is loaded with weights_only=True and is never unpickled unsafely)"
+)
+
 
 def checkpoint_dict(model: nn.Module, **extra: Any) -> dict[str, Any]:
     """{"model": state_dict, "config": the model's config as a dict, **extra} (optimizer, epoch, ... from training)."""
@@ -25,20 +29,66 @@ def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike) -> None
         torch.save(checkpoint, tmp)
 
 
+def _first_reason(error: Exception) -> str:
+    """The underlying error's own reason, one short line. torch's weights-only failure wraps it in paragraphs that end
+    in "re-run with weights_only=False": the one advice a file that failed the safe load must not be given."""
+    text = str(error)
+    if "WeightsUnpickler error:" in text:
+        text = text.split("WeightsUnpickler error:", 1)[1]
+    line = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    line = line.split(". ", 1)[0].rstrip(".")[:200]
+    if not line or "weights_only" in line:
+        return error.__class__.__name__
+    return f"{error.__class__.__name__}: {line}"
+
+
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except FileNotFoundError:
         raise UsageError(f"checkpoint {path} does not exist") from None
+    except IsADirectoryError:
+        raise UsageError(f"checkpoint {path} is a directory; give a checkpoint file") from None
     except Exception as error:  # torch raises several types for corrupt or foreign files
-        raise UsageError(f"cannot read checkpoint {path}: {error.__class__.__name__}: {error}") from None
-    if not isinstance(checkpoint, dict) or "model" not in checkpoint or "config" not in checkpoint:
+        raise UsageError(f"cannot read checkpoint {path}: {NOT_OURS}; {_first_reason(error)}") from None
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("model"), dict) or "config" not in checkpoint:
         raise UsageError(f"{path} is not a mobile-moe checkpoint: expected a dict with 'model' and 'config'")
     return checkpoint
 
 
-def model_from_checkpoint(checkpoint: dict[str, Any]) -> nn.Module:
-    """Rebuild the model from `checkpoint["config"]` and load its weights."""
-    model = model_from_config_dict(checkpoint["config"])
-    model.load_state_dict(checkpoint["model"])
+def load_weights(model: nn.Module, state_dict: dict[str, Any], source: str | os.PathLike) -> None:
+    """model.load_state_dict, with a state dict that does not fit the model reported in one line (what and where)."""
+    expected = model.state_dict()
+    missing = [key for key in expected if key not in state_dict]
+    unexpected = [key for key in state_dict if key not in expected]
+    shapes = [
+        key
+        for key in expected
+        if key in state_dict
+        and (not isinstance(state_dict[key], torch.Tensor) or state_dict[key].shape != expected[key].shape)
+    ]
+    problems = [
+        f"{len(keys)} {what} (e.g. {keys[0]})"
+        for keys, what in ((missing, "missing"), (unexpected, "unexpected"), (shapes, "of another shape"))
+        if keys
+    ]
+    if problems:
+        raise UsageError(
+            f"{source}: its weights do not fit its {model.config.name} config ({len(expected)} tensors expected; "
+            f"{', '.join(problems)}); the file was damaged or edited: use another checkpoint or retrain"
+        )
+    try:
+        model.load_state_dict(state_dict)
+    except (RuntimeError, ValueError, TypeError) as error:  # e.g. a dtype torch cannot copy
+        raise UsageError(f"{source}: cannot load its weights: {_first_reason(error)}") from None
+
+
+def model_from_checkpoint(checkpoint: dict[str, Any], source: str | os.PathLike = "checkpoint") -> nn.Module:
+    """Rebuild the model from `checkpoint["config"]` and load its weights (`source` names the file in errors)."""
+    config = checkpoint["config"]
+    try:
+        model = model_from_config_dict(config if isinstance(config, dict) else {})
+    except UsageError as error:
+        raise UsageError(f"{source}: its model config is not valid ({error})") from None
+    load_weights(model, checkpoint["model"], source)
     return model

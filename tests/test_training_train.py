@@ -62,6 +62,8 @@ def test_synthetic_with_its_true_super_classes_beats_chance_and_writes_a_run(tmp
     assert run.super_assignment == [0, 0, 1, 1, 2, 2]
     last = load_run(out, "last")
     assert last.checkpoint["epoch"] == 3 and {"optimizer", "scheduler", "rng"} <= set(last.checkpoint)
+    # checkpoint.pt commits the whole run: every row (metrics.jsonl is rewritten from it) and the best epoch
+    assert last.checkpoint["history"] == rows and last.checkpoint["best_epoch"] == run.checkpoint["epoch"]
 
 
 def interrupt_at(monkeypatch, stop_epoch: int) -> None:
@@ -174,6 +176,9 @@ def test_cli_trains_refuses_to_overwrite_and_resumes(tmp_path, capsys):
     assert main(["train", "--out", str(out), "--resume", "--epochs", "2", "--quiet"]) == 0
     assert [row["epoch"] for row in read_metrics(out)] == [1, 2]
     assert main(["train", "--out", str(out), "--resume", "--data", "digits"]) == 2
+    assert "--data digits differs from the run's" in capsys.readouterr().err
+    assert main([*argv, "--epochs", "3", "--resume"]) == 0  # the starting command with --resume appended
+    assert [row["epoch"] for row in read_metrics(out)] == [1, 2, 3]
     assert main(["train", "--out", str(tmp_path / "x"), "--model", "vit", "--data", SYNTHETIC, "--set", "x"]) == 2
 
 

@@ -3,15 +3,23 @@
     mobile-moe train --model mobile-vmoe --size 6x64 --patch 8 --image-size 32 --experts 5 --data digits \
         --super-classes random --recipe tiny --out runs/digits-moe
     torchrun --nproc_per_node 4 -m mobile_moe.cli train ...   # DDP: same flags, global --batch-size
+
+`--resume` may be appended to the command that started a run (what a job scheduler does): every flag given must
+equal the run's own value, except those in RESUME_HELP.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+from pathlib import Path
+from typing import Any
 
 from mobile_moe.cli_args import add_model_arguments, config_from_args
 from mobile_moe.errors import UsageError
-from training.recipes import DEVICES, RECIPES, ROUTE_BY, recipe
+from training.recipes import DEVICES, MAY_CHANGE_ON_RESUME, RECIPES, ROUTE_BY, TrainConfig, finite_float, recipe
+
+DEFAULT_RECIPE = "deit"
 
 # flag dest -> TrainConfig field (flags whose value is None were not given)
 TRAIN_FLAGS = {
@@ -24,6 +32,21 @@ TRAIN_FLAGS = {
     "workers": "workers",
     "seed": "seed",
 }
+# model flag dest -> its spelling (the config field has the dest's name)
+MODEL_FLAGS = {
+    "patch_size": "--patch",
+    "image_size": "--image-size",
+    "num_classes": "--num-classes",
+    "pool": "--pool",
+    "num_experts": "--experts",
+    "top_k": "--top-k",
+    "moe_layers": "--moe-layers",
+}
+RESUME_HELP = (
+    "continue --out from its checkpoint.pt, or start it if it has none yet; the command that started the run may be "
+    "repeated with --resume appended: every flag given must equal the run's own, except --epochs (to extend), "
+    "--device, --workers, --compile, --quiet and --set eval_batch_size"
+)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -35,13 +58,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     data.add_argument("--out", required=True, help="run directory (config.json, checkpoint.pt, best.pt, metrics)")
     train = parser.add_argument_group("training")
-    train.add_argument("--recipe", choices=sorted(RECIPES), default="deit", help="base recipe (default deit)")
+    train.add_argument("--recipe", choices=sorted(RECIPES), help=f"base recipe (default {DEFAULT_RECIPE})")
     train.add_argument("--epochs", type=int)
     train.add_argument("--batch-size", type=int, help="global batch size (split over DDP processes)")
-    train.add_argument("--lr", type=float, help="peak learning rate at this --batch-size (default: the recipe's)")
-    train.add_argument("--router-loss", type=float, help="lambda, weight of the super-class router loss (0.3)")
+    train.add_argument(
+        "--lr", type=finite_float, help="peak learning rate at this --batch-size (default: the recipe's)"
+    )
+    train.add_argument("--router-loss", type=finite_float, help="lambda, weight of the super-class router loss (0.3)")
     train.add_argument("--route-by", choices=ROUTE_BY, help="route training images by the router or the true label")
-    train.add_argument("--balance-loss", type=float, help="weight of the load-balancing loss (end-to-end routing)")
+    train.add_argument(
+        "--balance-loss", type=finite_float, help="weight of the load-balancing loss (end-to-end routing)"
+    )
     train.add_argument("--device", choices=DEVICES)
     train.add_argument("--compile", action="store_true", help="torch.compile the model")
     train.add_argument("--workers", type=int, help="DataLoader workers per process")
@@ -49,17 +76,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
     train.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="any recipe field, type-checked (repeatable)"
     )
-    train.add_argument("--resume", action="store_true", help="continue --out from its checkpoint.pt")
+    train.add_argument("--resume", action="store_true", help=RESUME_HELP)
     train.add_argument("--quiet", action="store_true", help="no per-epoch lines")
 
 
-def overrides(args: argparse.Namespace) -> dict[str, object]:
-    changes: dict[str, object] = {}
+def set_items(args: argparse.Namespace) -> dict[str, str]:
+    changes = {}
     for item in args.set:
         key, sep, value = item.partition("=")
         if not sep:
             raise UsageError(f"--set {item!r}: use KEY=VALUE (e.g. --set mixup_alpha=0.2)")
         changes[key.strip()] = value
+    return changes
+
+
+def overrides(args: argparse.Namespace) -> dict[str, object]:
+    changes: dict[str, object] = dict(set_items(args))
     given = {field: getattr(args, flag) for flag, field in TRAIN_FLAGS.items() if getattr(args, flag) is not None}
     changes.update(given)
     if args.compile:
@@ -67,28 +99,109 @@ def overrides(args: argparse.Namespace) -> dict[str, object]:
     return changes
 
 
+def recipe_from_args(args: argparse.Namespace, base: TrainConfig | None = None) -> TrainConfig:
+    """--recipe (or `base`, or the default recipe) with the flags and --set applied, --lr excepted."""
+    start = recipe(args.recipe) if args.recipe else base or recipe(DEFAULT_RECIPE)
+    return start.replace(**overrides(args))
+
+
+def with_lr(cfg: TrainConfig, lr: float | None) -> TrainConfig:
+    return cfg if lr is None else cfg.replace(base_lr=lr, base_batch=cfg.batch_size)
+
+
+# --- --resume: the given flags against the run's own values ---------------------------------------------------------
+
+
+def model_differences(args: argparse.Namespace, model: dict[str, Any]) -> list[str]:
+    from mobile_moe.config import parse_size
+
+    found = []
+    if args.model is not None and args.model != model["name"]:
+        found.append(f"--model {args.model} differs from the run's {model['name']}")
+    if args.size is not None and any(model.get(k) != v for k, v in parse_size(args.size).items()):
+        found.append(f"--size {args.size} differs from the run's {model['depth']}x{model['width']}")
+    for dest, flag in MODEL_FLAGS.items():
+        value = getattr(args, dest)
+        if value is not None and value != model.get(dest):
+            theirs = model.get(dest, f"{model['name']}, which has no such option")
+            found.append(f"{flag} {value} differs from the run's {theirs}")
+    return found
+
+
+def recipe_differences(args: argparse.Namespace, run_cfg: TrainConfig, given: TrainConfig) -> list[str]:
+    sets = set_items(args)
+    flag_of = {field: dest for dest, field in TRAIN_FLAGS.items()}
+    found, from_recipe = [], []
+    for name, theirs in run_cfg.to_dict().items():
+        mine = getattr(given, name)
+        if name in MAY_CHANGE_ON_RESUME or mine == theirs:
+            continue
+        if args.lr is not None and name in ("base_lr", "base_batch"):
+            continue  # --lr is compared as the peak learning rate below
+        if name in sets:
+            found.append(f"--set {name}={sets[name]} differs from the run's {theirs}")
+        elif name in flag_of and getattr(args, flag_of[name]) is not None:
+            found.append(
+                f"--{flag_of[name].replace('_', '-')} {getattr(args, flag_of[name])} differs from the run's {theirs}"
+            )
+        else:  # without --recipe, `given` starts from the run's own recipe: only --recipe is left to differ
+            from_recipe.append(f"{name} {mine} vs the run's {theirs}")
+    if from_recipe:
+        more = f" and {len(from_recipe) - 3} more" if len(from_recipe) > 3 else ""
+        found.append(f"--recipe {args.recipe} differs from the run's recipe ({', '.join(from_recipe[:3])}{more})")
+    if args.lr is not None and not math.isclose(args.lr, run_cfg.lr, rel_tol=1e-9):
+        found.append(f"--lr {args.lr:g} differs from the run's {run_cfg.lr:g}")
+    return found
+
+
+def resume_changes(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, object]:
+    """Refuse given flags that differ from the run's (config.json) values; -> the changes a resume may make."""
+    from training.recipes import from_dict
+
+    run_cfg = from_dict(config["recipe"])
+    given = recipe_from_args(args, base=run_cfg)
+    found = model_differences(args, config["model"])
+    if args.data is not None and args.data != config["data"]["spec"]:
+        found.append(f"--data {args.data} differs from the run's {config['data']['spec']}")
+    theirs = (config.get("super_classes") or {}).get("spec")
+    mine = None if args.super_classes == "none" else args.super_classes
+    if args.super_classes is not None and mine != theirs:
+        found.append(f"--super-classes {args.super_classes} differs from the run's {theirs or 'none'}")
+    found += recipe_differences(args, run_cfg, given)
+    if found:
+        raise UsageError(
+            f"{'; '.join(found)}; --resume continues the run as it was started: give the run's values or leave those "
+            f"flags out (only --epochs, --device, --workers, --compile and --set eval_batch_size may change), "
+            "or start a new --out"
+        )
+    changed = [name for name in MAY_CHANGE_ON_RESUME if getattr(given, name) != getattr(run_cfg, name)]
+    return {name: getattr(given, name) for name in changed}
+
+
 def run(args: argparse.Namespace) -> None:
+    from mobile_moe.atomic import check_writable
+    from training import run as runs
     from training.train import resume_training, train
 
-    changes = overrides(args)
-    if args.resume:
-        given = [flag for flag in ("model", "data", "super_classes", "lr") if getattr(args, flag) is not None]
-        if given:
-            raise UsageError(f"--resume takes the run's own settings; drop --{', --'.join(given)}".replace("_", "-"))
-        resume_training(args.out, verbose=not args.quiet, **changes)
+    out = Path(args.out)
+    check_writable(out, directory=True)
+    verbose = not args.quiet
+    if args.resume and ((out / runs.LAST).is_file() or (args.model is None and runs.is_run_dir(out))):
+        # continue from checkpoint.pt; or, without model flags, restart a failed start from its own config.json
+        resume_training(out, verbose=verbose, **resume_changes(args, runs.read_config(out)))
         return
     if args.model is None or args.data is None:
+        if args.resume:
+            raise UsageError(f"{out} holds no run to resume; start one with --model and --data (--resume may stay)")
         raise UsageError("train needs --model and --data (or --resume to continue an existing --out)")
-    cfg = recipe(args.recipe).replace(**changes)
-    if args.lr is not None:
-        cfg = cfg.replace(base_lr=args.lr, base_batch=cfg.batch_size)
-    model_config = config_from_args(args)
+    # A new run (with --resume too: it has no checkpoint yet, so it starts afresh from the given flags).
+    cfg = with_lr(recipe_from_args(args), args.lr)
     train(
-        model_config,
-        cfg,
-        args.data,
-        args.super_classes,
-        args.out,
-        verbose=not args.quiet,
+        model_config=config_from_args(args),
+        train_config=cfg,
+        data_spec=args.data,
+        super_class_spec=args.super_classes,
+        out_dir=out,
+        verbose=verbose,
         fit_num_classes=args.num_classes is None,
     )

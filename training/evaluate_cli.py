@@ -22,13 +22,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     import numpy as np
 
-    from mobile_moe.atomic import atomic_path
+    from mobile_moe.atomic import atomic_path, check_writable
     from training.distributed import resolve_device
     from training.evaluate import collect_predictions, confusion_counts, evaluate
     from training.run import load_run
 
     if args.batch_size < 1:
         raise UsageError(f"--batch-size {args.batch_size}: must be at least 1")
+    if args.confusion:
+        check_writable(args.confusion)  # before the evaluation, not after it
     loaded = load_run(args.run_dir, args.checkpoint)
     data = loaded.open_data(args.data)
     if list(data.class_names) != loaded.class_names:

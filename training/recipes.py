@@ -7,12 +7,16 @@ The model (size, E, k, L) is not part of a recipe: it comes from the model flags
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from mobile_moe.errors import UsageError
 
 ROUTE_BY = ("router", "label")
+# What a resumed run may change: how it runs, and how long (epochs: not fewer than already done). Anything else
+# would make it a different run.
+MAY_CHANGE_ON_RESUME = ("epochs", "device", "workers", "compile", "eval_batch_size")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -49,6 +53,10 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model
 
     def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise UsageError(f"{f.name}={value}: must be a finite number")
         for name in ("epochs", "batch_size", "base_batch", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise UsageError(f"{name}={getattr(self, name)}: must be at least 1")
@@ -95,9 +103,12 @@ def _coerce(name: str, value: Any, kind: type) -> Any:
                 return False
             raise UsageError(f"{name}={value!r}: expected true or false")
         try:
-            return kind(value)
+            parsed = kind(value)
         except ValueError:
             raise UsageError(f"{name}={value!r}: expected {kind.__name__}") from None
+        if kind is float and not math.isfinite(parsed):
+            raise UsageError(f"{name}={value!r}: expected a finite number")
+        return parsed
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
@@ -107,6 +118,19 @@ def _coerce(name: str, value: Any, kind: type) -> Any:
 
 def from_dict(data: dict[str, Any]) -> TrainConfig:
     return TrainConfig().replace(**data)
+
+
+def finite_float(text: str) -> float:
+    """argparse type for float flags: NaN and infinity are refused where they are typed, not an epoch later."""
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number; give a finite value")
+    return value
 
 
 def deit() -> TrainConfig:

@@ -3,25 +3,31 @@
     RUN_DIR/config.json    {"model": ViTConfig.to_dict(), "data": {"spec", "image_size", "mean", "std",
                             "class_names"}, "super_classes": null | {"spec", "names", "assignment"},
                             "recipe": TrainConfig as a dict}
-    RUN_DIR/checkpoint.pt  last epoch: {"model", "config", "optimizer", "scheduler", "epoch", "rng", ...}
+    RUN_DIR/checkpoint.pt  last epoch: {"model", "config", "optimizer", "scheduler", "epoch", "rng", "best_epoch",
+                            "best_top1", "metrics" (this epoch's row), "history" (every epoch's row so far), ...}
     RUN_DIR/best.pt        the epoch with the best validation top-1 (same layout)
     RUN_DIR/metrics.jsonl  one JSON object per finished epoch
 
-Everything is written atomically, so a directory either holds a complete file or the previous one.
+Everything is written atomically, so a directory either holds a complete file or the previous one. An epoch is
+committed by checkpoint.pt (`commit_epoch`); best.pt and metrics.jsonl follow it and are derived from it, so after a
+kill anywhere `reconcile` (run by a resume) restores them: the run directory then holds exactly what an
+uninterrupted run writes.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
+from mobile_moe import atomic
 from mobile_moe.atomic import write_text_atomic
-from mobile_moe.checkpoint import load_checkpoint, model_from_checkpoint
+from mobile_moe.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from mobile_moe.errors import UsageError
 
 CONFIG = "config.json"
@@ -29,6 +35,7 @@ LAST = "checkpoint.pt"
 BEST = "best.pt"
 METRICS = "metrics.jsonl"
 CHECKPOINTS = {"best": BEST, "last": LAST}
+RESULTS = (LAST, BEST, METRICS)  # what only a run that finished an epoch holds
 
 
 @dataclass
@@ -60,6 +67,11 @@ class Run:
 
 def is_run_dir(path: str | os.PathLike) -> bool:
     return (Path(path) / CONFIG).is_file()
+
+
+def holds_results(path: str | os.PathLike) -> bool:
+    """True once a run has finished an epoch; a directory with only config.json is a failed start."""
+    return any((Path(path) / name).exists() for name in RESULTS)
 
 
 def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
@@ -95,7 +107,7 @@ def load_run(run_dir: str | os.PathLike, checkpoint: str = "best") -> Run:
     if not path.is_file():
         raise UsageError(f"{run_dir} has no checkpoint yet (no {BEST} or {LAST}); let training finish an epoch")
     state = load_checkpoint(path, map_location="cpu")
-    model = model_from_checkpoint(state).eval()
+    model = model_from_checkpoint(state, path).eval()
     return Run(run_dir, config, model, state)
 
 
@@ -103,9 +115,64 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     path = Path(run_dir) / METRICS
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UsageError(f"cannot read {path}: {error}; it is rewritten from checkpoint.pt by --resume") from None
 
 
 def write_metrics(run_dir: str | os.PathLike, rows: list[dict[str, Any]]) -> None:
     """Rewrite metrics.jsonl as a whole (atomically): a resumed run first drops epochs after its checkpoint."""
     write_text_atomic(Path(run_dir) / METRICS, "".join(json.dumps(row) + "\n" for row in rows))
+
+
+# --- writing a run: the order of the writes, and repairing it after a kill ---------------------------------------
+
+
+def remove_stale_temporaries(run_dir: str | os.PathLike) -> None:
+    """Remove the temporaries of our run files left by killed processes (only ours, by name and dead pid)."""
+    for name in (CONFIG, *RESULTS):
+        atomic.remove_stale_temporaries(Path(run_dir) / name)
+
+
+def commit_epoch(run_dir: str | os.PathLike, checkpoint: dict[str, Any]) -> None:
+    """Write a finished epoch. checkpoint.pt is the commit point and goes first: best.pt (when this epoch is the best)
+    and metrics.jsonl are copies of what it holds, so a kill between the writes leaves only files that `reconcile`
+    rebuilds from it. (best.pt first would let a killed epoch's weights replace the best epoch's, which a resume could
+    not undo.)"""
+    run_dir = Path(run_dir)
+    save_checkpoint(checkpoint, run_dir / LAST)
+    if checkpoint["best_epoch"] == checkpoint["epoch"]:
+        save_checkpoint(checkpoint, run_dir / BEST)
+    write_metrics(run_dir, checkpoint["history"])
+
+
+def reconcile(run_dir: str | os.PathLike, checkpoint: dict[str, Any]) -> list[str]:
+    """After a kill: make best.pt and metrics.jsonl what `commit_epoch` of `checkpoint` (checkpoint.pt) writes;
+    -> what was repaired. Under commit_epoch's order best.pt can only lag when checkpoint.pt is itself the best epoch,
+    so best.pt is then a copy of checkpoint.pt."""
+    run_dir = Path(run_dir)
+    repaired = []
+    history, best_epoch = checkpoint.get("history"), checkpoint.get("best_epoch")
+    if history is not None:  # checkpoints from before "history" keep metrics.jsonl as it is
+        try:
+            current = read_metrics(run_dir)
+        except UsageError:
+            current = None
+        if current != history:
+            write_metrics(run_dir, history)
+            repaired.append(f"{METRICS} (rows of epochs 1-{checkpoint['epoch']})")
+    if best_epoch is not None and best_epoch == checkpoint["epoch"] and _epoch_of(run_dir / BEST) != best_epoch:
+        with atomic.atomic_path(run_dir / BEST) as tmp:
+            shutil.copyfile(run_dir / LAST, tmp)
+        repaired.append(f"{BEST} (epoch {best_epoch})")
+    return repaired
+
+
+def _epoch_of(path: Path) -> int | None:
+    if not path.is_file():
+        return None
+    try:
+        return int(load_checkpoint(path)["epoch"])
+    except (UsageError, KeyError, TypeError, ValueError):
+        return None

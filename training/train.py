@@ -25,7 +25,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
-from mobile_moe.checkpoint import checkpoint_dict, load_checkpoint, save_checkpoint
+from mobile_moe.atomic import check_writable
+from mobile_moe.checkpoint import checkpoint_dict, load_checkpoint, load_weights
 from mobile_moe.config import ViTConfig, config_from_dict
 from mobile_moe.errors import UsageError
 from mobile_moe.registry import build_model
@@ -33,7 +34,7 @@ from training import augment, distributed, run
 from training.data import Data, data_record, open_data
 from training.engine import EpochContext, NonFiniteLoss, train_one_epoch
 from training.evaluate import evaluate
-from training.recipes import TrainConfig, from_dict
+from training.recipes import MAY_CHANGE_ON_RESUME, TrainConfig, from_dict
 from training.routing import TrainingForward
 from training.super_spec import resolve_super_classes, super_record
 
@@ -151,23 +152,74 @@ def train(
     truth, random[:SEED] or None (super_spec.py). Prints one line per epoch unless not `verbose`.
     """
     out_dir = Path(out_dir)
-    if run.is_run_dir(out_dir) or (out_dir / run.LAST).exists():
+    check_writable(out_dir, directory=True)
+    if run.holds_results(out_dir):
         raise UsageError(f"{out_dir} already holds a run; continue it with --resume or choose another --out")
+    # A directory with only config.json is a start that failed before its first epoch: nothing to lose.
     return _train(model_config, train_config, data_spec, super_class_spec, out_dir, verbose, False, fit_num_classes)
 
 
 def resume_training(run_dir: str | os.PathLike, verbose: bool = True, **changes: Any) -> Path:
-    """Continue `run_dir` from checkpoint.pt. `changes` may only touch how it runs or how long: epochs, device,
-    workers, compile, eval_batch_size (anything else would make it a different run)."""
-    allowed = {"epochs", "device", "workers", "compile", "eval_batch_size"}
-    refused = sorted(set(changes) - allowed)
+    """Continue `run_dir` from checkpoint.pt (or, if it has none yet, start it afresh from its config.json).
+    `changes` may only touch how it runs or how long: epochs (not fewer than already done), device, workers,
+    compile, eval_batch_size (anything else would make it a different run)."""
+    refused = sorted(set(changes) - set(MAY_CHANGE_ON_RESUME))
     if refused:
         raise UsageError(f"--resume keeps the run's settings; cannot change {', '.join(refused)} (start a new --out)")
+    check_writable(run_dir, directory=True)
     config = run.read_config(run_dir)
     cfg = from_dict(config["recipe"]).replace(**{k: v for k, v in changes.items() if v is not None})
     spec = config["super_classes"]["spec"] if config.get("super_classes") else None
     model_config = config_from_dict(config["model"])
     return _train(model_config, cfg, config["data"]["spec"], spec, Path(run_dir), verbose, resume=True)
+
+
+def check_resumable(state: dict[str, Any], run_config: dict[str, Any], cfg: TrainConfig, path: Path) -> None:
+    """checkpoint.pt must be the run that config.json describes (someone may have edited one of them), and a resume
+    cannot end before the epochs already done."""
+    missing = [key for key in ("epoch", "best_top1", "optimizer", "scheduler") if key not in state]
+    if missing:
+        raise UsageError(
+            f"{path} holds no training state ({', '.join(missing)} missing; e.g. an imported checkpoint), so it cannot "
+            "be resumed; train into a new --out"
+        )
+    mismatches = []
+    for key, mine in (("model", state.get("config")), ("data", state.get("data")), ("recipe", state.get("recipe"))):
+        theirs = run_config[key]
+        if not isinstance(mine, dict):
+            continue  # a checkpoint from before this entry was recorded
+        skip = set(MAY_CHANGE_ON_RESUME) if key == "recipe" else set()
+        mismatches += [
+            f"{key} {name}={theirs.get(name)!r} in {run.CONFIG} but {mine.get(name)!r} in {run.LAST}"
+            for name in sorted(set(theirs) | set(mine))
+            if name not in skip and theirs.get(name) != mine.get(name)
+        ]
+    if "super_classes" in state and (state["super_classes"] or None) != run_config["super_classes"]:
+        mismatches.append(f"super_classes differ between {run.CONFIG} and {run.LAST}")
+    if mismatches:
+        raise UsageError(
+            f"{path.parent}: {run.CONFIG} no longer matches {run.LAST} ({'; '.join(mismatches[:3])}); restore the "
+            f"run's {run.CONFIG} (the checkpoint holds the truth) or start a new --out"
+        )
+    done = int(state["epoch"])
+    if cfg.epochs < done:
+        raise UsageError(
+            f"--epochs {cfg.epochs}: the run has already trained {done} epochs; give --epochs {done} or more "
+            "(or leave it out)"
+        )
+
+
+def load_training_state(state: dict[str, Any], path: Path, model, optimizer, scheduler) -> None:
+    load_weights(model, state["model"], path)
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+        # The schedule follows the current cfg.epochs: a resumed run given more epochs stretches its cosine.
+        scheduler.load_state_dict(state["scheduler"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as error:
+        raise UsageError(
+            f"{path}: its optimizer or scheduler state does not fit the model ({error.__class__.__name__}); "
+            "the file was damaged or edited: start a new --out"
+        ) from None
 
 
 def _train(
@@ -183,6 +235,12 @@ def _train(
     placement = distributed.setup(cfg.device)
     say = (lambda text: print(text, flush=True)) if verbose and placement.is_main else (lambda text: None)
     try:
+        # --- the run being resumed: checkpoint.pt is its commit point (run.commit_epoch) ---
+        last = out_dir / run.LAST
+        state = load_checkpoint(last, map_location=placement.device) if resume and last.is_file() else None
+        if state is not None:
+            check_resumable(state, run.read_config(out_dir), cfg, last)
+
         # --- data and super-classes ---
         data = open_data(data_spec, model_config.image_size)
         if fit_num_classes:
@@ -211,24 +269,30 @@ def _train(
             step_module = torch.compile(step_module)
 
         # --- the run directory: a new config.json, or the state of the run being resumed ---
-        start_epoch, best_top1, metrics = 0, -1.0, []
+        start_epoch, best_top1, best_epoch, metrics = 0, -1.0, 0, []
         run_config = {
             "model": model_config.to_dict(),
             "data": data_record(data),
             "super_classes": super_record(super_class_spec, super_classes),
             "recipe": cfg.to_dict(),
         }
-        if resume and (out_dir / run.LAST).is_file():
-            state = load_checkpoint(out_dir / run.LAST, map_location=placement.device)
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            # The schedule follows the current cfg.epochs: a resumed run given more epochs stretches its cosine.
-            scheduler.load_state_dict(state["scheduler"])
+        if state is not None:
+            load_training_state(state, last, model, optimizer, scheduler)
             start_epoch, best_top1 = int(state["epoch"]), float(state["best_top1"])
-            metrics = [row for row in run.read_metrics(out_dir) if row["epoch"] <= start_epoch]
+            best_epoch = int(state.get("best_epoch", 0))
+            history = state.get("history")
+            metrics = (
+                list(history)
+                if history is not None
+                else [row for row in run.read_metrics(out_dir) if row["epoch"] <= start_epoch]
+            )
             say(f"resuming {out_dir} after epoch {start_epoch} (best val top-1 {100 * best_top1:.2f}%)")
         if placement.is_main:
             out_dir.mkdir(parents=True, exist_ok=True)
+            run.remove_stale_temporaries(out_dir)
+            if state is not None:
+                for repaired in run.reconcile(out_dir, state):
+                    say(f"restored {repaired} from {run.LAST}")
             run.write_config(out_dir, run_config)
         ctx = EpochContext(
             cfg,
@@ -273,8 +337,8 @@ def _train(
                 "time": time.time(),
             }
             metrics.append(row)
-            is_best = scores["top1"] > best_top1
-            best_top1 = max(best_top1, scores["top1"])
+            if scores["top1"] > best_top1:
+                best_top1, best_epoch = scores["top1"], epoch + 1
             if placement.is_main:
                 checkpoint = checkpoint_dict(
                     model,
@@ -282,16 +346,15 @@ def _train(
                     scheduler=scheduler.state_dict(),
                     epoch=epoch + 1,
                     best_top1=best_top1,
+                    best_epoch=best_epoch,
                     recipe=cfg.to_dict(),
                     data=run_config["data"],
                     super_classes=run_config["super_classes"],
                     metrics=row,
+                    history=list(metrics),
                     rng=rng_states(),
                 )
-                save_checkpoint(checkpoint, out_dir / run.LAST)
-                if is_best:
-                    save_checkpoint(checkpoint, out_dir / run.BEST)
-                run.write_metrics(out_dir, metrics)
+                run.commit_epoch(out_dir, checkpoint)
             say(epoch_line(row))
         say(f"best val top-1 {100 * best_top1:.2f}%; run in {out_dir}")
         return out_dir
