@@ -1,0 +1,414 @@
+// A bundle's manifest.json: struct Spec / Graph / Bundle, validate() against the schema's rules (built on the value
+// checks of manifest_values.h), verify_graph_files() (size + sha256) and read_bundle(), which does all three.
+// Part of the native runner (runner.cpp); header-only, like json_reader.h.
+//
+// The manifest is untrusted input (a bundle can be copied to a phone by hand, where no Python validated it), so the
+// runner enforces the rules of the one manifest schema (export/manifest_schema.py) itself: every value it uses is
+// type- and range-checked (integers exact: 1.5, 1e300, -3, true and "4" are refused), the layout's cross-field rules
+// hold, every graph file matches its size and sha256 before any graph is loaded, and each loaded program's method
+// signature matches the graph's specs before it runs. Every violation is a UsageError (exit 2), never a crash.
+#pragma once
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "errors.h"
+#include "json_reader.h"
+#include "manifest_values.h"
+#include "sha256.h"
+
+namespace mobile_moe::runner {
+
+// Bounds shared with export/manifest_schema.py.
+constexpr int64_t kMaxExperts = 4096;
+constexpr int64_t kMaxDim = int64_t{1} << 16;
+constexpr int64_t kMaxElements = int64_t{1} << 28;
+constexpr int64_t kMaxClasses = int64_t{1} << 20;
+constexpr int64_t kMaxCount = int64_t{1} << 62;
+constexpr int64_t kMaxGraphs = int64_t{1} << 16;
+const char* const kRoles[] = {"router", "expert", "block_shared", "block_expert", "head", "monolithic", "dense"};
+const char* const kLayouts[] = {"dense", "monolithic", "expert-paths", "per-block"};
+const char* const kBackends[] = {"executorch", "onnx", "coreml"};
+
+struct Spec {
+  std::string name;
+  std::vector<int32_t> shape;
+  int64_t numel = 1;
+};
+
+struct Graph {
+  std::string name, role, file, path, sha256;
+  int expert = -1;
+  int64_t bytes = 0;  // the manifest's size, checked against the file
+  std::vector<Spec> inputs, outputs;
+  std::vector<std::vector<int32_t>> input_shapes;
+  // Index of the named output ("logits", "tokens", "router_probs") among the outputs; -1 when absent.
+  int output(const std::string& name) const {
+    for (size_t i = 0; i < outputs.size(); ++i)
+      if (outputs[i].name == name) return static_cast<int>(i);
+    return -1;
+  }
+};
+
+// The manifest's composition, resolved to files. Layouts (export/graphs.py):
+//   expert-paths (k = 1): router; expert e = one graph (tokens, gate) -> logits
+//   per-block (any k):    router, per MoE block a shared graph (tokens -> residual, normed), head (tokens -> logits)
+//                         loaded at open; expert e = one MLP graph per block (normed -> delta), x = residual + g * delta
+//   dense / monolithic:   one graph, images -> logits (+ router_probs)
+struct Bundle {
+  std::string dir;     // real path
+  std::string kind;    // "split" (router + experts), "dense", "monolithic"
+  std::string layout;  // "expert-paths", "per-block", "dense", "monolithic"
+  int num_experts = 0, top_k = 1;
+  bool renormalize_gates = false;
+  std::vector<int32_t> image_shape;  // (1, C, S, S)
+  Graph single;                      // dense / monolithic
+  Graph router;
+  std::vector<Graph> shared;                 // per-block: one per MoE block
+  Graph head;                                // per-block
+  std::vector<std::vector<Graph>> experts;   // expert -> its graphs (one, or one per block)
+  std::vector<Graph> all;                    // every graph the manifest lists (all are checksummed)
+  const Graph& first() const { return kind == "split" ? router : single; }
+  int64_t expert_bytes(int e) const {
+    int64_t total = 0;
+    for (const auto& graph : experts[e]) total += graph.bytes;
+    return total;
+  }
+};
+
+inline std::string real_path(const std::string& path) {
+  char resolved[PATH_MAX];
+  if (realpath(path.c_str(), resolved) == nullptr) return "";
+  return resolved;
+}
+
+// A regular file no larger than max_bytes, read whole; UsageError naming `what` otherwise.
+inline std::string read_file(const std::string& path, const std::string& what, uint64_t max_bytes) {
+  struct stat info {};
+  if (stat(path.c_str(), &info) != 0) throw UsageError("cannot read " + what + " " + path + ": " + std::strerror(errno));
+  if (!S_ISREG(info.st_mode)) throw UsageError(what + " " + path + " is not a regular file");
+  if (static_cast<uint64_t>(info.st_size) > max_bytes)
+    throw UsageError(what + " " + path + " is larger than " + std::to_string(max_bytes) + " bytes");
+  std::ifstream file(path, std::ios::binary);
+  if (!file) throw UsageError("cannot read " + what + " " + path);
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+inline std::string shape_text(const std::vector<int32_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+// A shape: 1..8 dimensions of 1..2^16, at most 2^28 elements (the product cannot overflow: checked as it grows).
+inline std::vector<int32_t> shape_of(const json::Value& value, const std::string& where, size_t min_dims,
+                                     size_t max_dims, int64_t* numel) {
+  std::vector<int32_t> shape;
+  int64_t product = 1;
+  const auto& dims = as_array(value, where, min_dims, max_dims);
+  for (size_t i = 0; i < dims.size(); ++i) {
+    shape.push_back(static_cast<int32_t>(as_int(dims[i], child(where, i), 1, kMaxDim)));
+    product *= shape.back();
+    if (product > kMaxElements) invalid(where, "has more than " + std::to_string(kMaxElements) + " elements");
+  }
+  if (numel != nullptr) *numel = product;
+  return shape;
+}
+
+inline Spec spec_of(const json::Value& value, const std::string& where) {
+  Spec spec;
+  spec.name = as_str(object_at(value, where, "name"), child(where, "name"), 1, 256);
+  spec.shape = shape_of(object_at(value, where, "shape"), child(where, "shape"), 1, 8, &spec.numel);
+  if (as_str(object_at(value, where, "dtype"), child(where, "dtype"), 0, 256) != "float32")
+    invalid(child(where, "dtype"), "must be \"float32\"");
+  return spec;
+}
+
+inline bool is_hex_digest(const std::string& text) {
+  if (text.size() != 64) return false;
+  for (char c : text)
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  return true;
+}
+
+inline Graph graph_from(const json::Value& entry, const std::string& where, const std::string& dir) {
+  Graph graph;
+  graph.name = as_str(object_at(entry, where, "name"), child(where, "name"), 1, 256);
+  graph.role = one_of(object_at(entry, where, "role"), child(where, "role"), kRoles);
+  const json::Value& expert = object_at(entry, where, "expert");  // required, may be null
+  graph.expert = expert.is_null() ? -1 : static_cast<int>(as_int(expert, child(where, "expert"), 0, kMaxExperts - 1));
+  if (const json::Value* block = optional_at(entry, where, "block")) as_int(*block, child(where, "block"), 0, 4096);
+  graph.file = as_str(object_at(entry, where, "file"), child(where, "file"), 1, 4096);
+  graph.sha256 = as_str(object_at(entry, where, "sha256"), child(where, "sha256"), 0, 64);
+  if (!is_hex_digest(graph.sha256)) invalid(child(where, "sha256"), "must be 64 lowercase hex digits");
+  graph.bytes = as_int(object_at(entry, where, "bytes"), child(where, "bytes"), 0, kMaxCount);
+  as_int(object_at(entry, where, "params"), child(where, "params"), 0, kMaxCount);
+  const auto& inputs = as_array(object_at(entry, where, "inputs"), child(where, "inputs"), 1, 16);
+  for (size_t i = 0; i < inputs.size(); ++i) graph.inputs.push_back(spec_of(inputs[i], child(child(where, "inputs"), i)));
+  const auto& outputs = as_array(object_at(entry, where, "outputs"), child(where, "outputs"), 1, 16);
+  for (size_t i = 0; i < outputs.size(); ++i)
+    graph.outputs.push_back(spec_of(outputs[i], child(child(where, "outputs"), i)));
+  for (const auto& spec : graph.inputs) graph.input_shapes.push_back(spec.shape);
+
+  // The file: relative, inside the bundle (a bundle is untrusted input on a phone), a regular file.
+  if (graph.file[0] == '/')
+    throw UsageError("graph " + graph.name + ": file " + graph.file + " must be a path relative to the bundle");
+  graph.path = real_path(dir + "/" + graph.file);
+  if (graph.path.empty())
+    throw UsageError("graph " + graph.name + ": file " + graph.file + " named in the manifest is missing; re-export the bundle");
+  if (graph.path.compare(0, dir.size() + 1, dir + "/") != 0)
+    throw UsageError("graph " + graph.name + ": file " + graph.file + " leaves the bundle directory; refusing it");
+  struct stat info {};
+  if (stat(graph.path.c_str(), &info) != 0 || !S_ISREG(info.st_mode))
+    throw UsageError("graph " + graph.name + ": file " + graph.file + " is not a regular file");
+  return graph;
+}
+
+inline void expect_shape(const Graph& graph, const Spec* spec, const std::vector<int32_t>& expected,
+                         const std::string& what) {
+  if (spec == nullptr) invalid("graph " + graph.name, "has no " + what + "; it must have shape " + shape_text(expected));
+  if (spec->shape != expected)
+    invalid("graph " + graph.name, what + " shape " + shape_text(spec->shape) + " must be " + shape_text(expected));
+}
+inline const Spec* output_spec(const Graph& graph, const std::string& name) {
+  int index = graph.output(name);
+  return index < 0 ? nullptr : &graph.outputs[index];
+}
+inline void expect_inputs(const Graph& graph, const std::vector<std::vector<int32_t>>& expected) {
+  if (graph.input_shapes != expected) {
+    std::string want;
+    for (const auto& shape : expected) want += (want.empty() ? "" : ", ") + shape_text(shape);
+    invalid("graph " + graph.name, "inputs must have shapes " + want);
+  }
+}
+
+// Everything the schema checks (types, ranges, layout rules), then the runner's own needs.
+inline void validate(const json::Value& manifest, Bundle& bundle) {
+  if (!manifest.is_object()) invalid("manifest", "must be a JSON object, not " + json::describe(manifest));
+  const json::Value& format = object_at(manifest, "", "format");
+  if (!format.is_string() || format.string != "mobile-moe-bundle") invalid("format", "must be \"mobile-moe-bundle\"");
+  if (as_int(object_at(manifest, "", "version"), "version", INT64_MIN, INT64_MAX) != 1)
+    invalid("version", "this runner reads version 1 manifests only");
+  const std::string& backend = one_of(object_at(manifest, "", "backend"), "backend", kBackends);
+  if (backend != "executorch")
+    throw UsageError("the native runner runs ExecuTorch bundles; this is a " + backend + " bundle");
+
+  const json::Value& model = object_at(manifest, "", "model");
+  as_str(object_at(model, "model", "name"), "model.name", 1, 256);
+  int64_t image_size = as_int(object_at(model, "model", "image_size"), "model.image_size", 1, kMaxDim);
+  int64_t in_chans = as_int(object_at(model, "model", "in_chans"), "model.in_chans", 1, 4);
+  int64_t num_classes = as_int(object_at(model, "model", "num_classes"), "model.num_classes", 1, kMaxClasses);
+  if (const json::Value* renormalize = optional_at(model, "model", "renormalize_gates"))
+    bundle.renormalize_gates = as_bool(*renormalize, "model.renormalize_gates");
+  else if (model.has("renormalize_gates"))
+    invalid("model.renormalize_gates", "must be true or false, not null");
+
+  bundle.num_experts = static_cast<int>(as_int(object_at(manifest, "", "num_experts"), "num_experts", 0, kMaxExperts));
+  bundle.top_k = static_cast<int>(as_int(object_at(manifest, "", "top_k"), "top_k", 0, kMaxExperts));
+
+  const json::Value& input = object_at(manifest, "", "input");
+  int64_t image_numel = 0;
+  bundle.image_shape = shape_of(object_at(input, "input", "shape"), "input.shape", 4, 4, &image_numel);
+  if (as_str(object_at(input, "input", "dtype"), "input.dtype", 0, 256) != "float32")
+    invalid("input.dtype", "must be \"float32\"");
+  const auto& mean = as_array(object_at(input, "input", "mean"), "input.mean", 0, 4096);
+  const auto& std_dev = as_array(object_at(input, "input", "std"), "input.std", 0, 4096);
+  for (size_t i = 0; i < mean.size(); ++i) as_finite(mean[i], child("input.mean", i));
+  for (size_t i = 0; i < std_dev.size(); ++i)
+    if (as_finite(std_dev[i], child("input.std", i)) <= 0) invalid(child("input.std", i), "must be greater than 0");
+  const auto& shape = bundle.image_shape;
+  if (shape[0] != 1 || shape[1] > 4 || shape[2] != shape[3])
+    invalid("input.shape", shape_text(shape) + " must be (1, C, S, S) with C <= 4");
+  if (mean.size() != static_cast<size_t>(shape[1]) || std_dev.size() != static_cast<size_t>(shape[1]))
+    invalid("input", "mean and std need " + std::to_string(shape[1]) + " values (one per channel)");
+  std::vector<int32_t> model_shape{1, static_cast<int32_t>(in_chans), static_cast<int32_t>(image_size),
+                                   static_cast<int32_t>(image_size)};
+  if (shape != model_shape)
+    invalid("input.shape", shape_text(shape) + " differs from the model's " + shape_text(model_shape));
+
+  const auto& class_names = as_array(object_at(manifest, "", "class_names"), "class_names", 0, kMaxClasses);
+  for (size_t i = 0; i < class_names.size(); ++i) as_str(class_names[i], child("class_names", i), 0, 1024);
+  if (static_cast<int64_t>(class_names.size()) != num_classes)
+    invalid("class_names", std::to_string(class_names.size()) + " names for a model with " +
+                               std::to_string(num_classes) + " classes");
+  if (const json::Value* names = optional_at(manifest, "", "super_class_names")) {
+    const auto& items = as_array(*names, "super_class_names", 0, kMaxClasses);
+    for (size_t i = 0; i < items.size(); ++i) as_str(items[i], child("super_class_names", i), 0, 1024);
+  }
+
+  // Graphs: unique names, each entry well-formed and its file inside the bundle.
+  std::map<std::string, Graph> graphs;
+  const auto& entries = as_array(object_at(manifest, "", "graphs"), "graphs", 1, kMaxGraphs);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    Graph graph = graph_from(entries[i], child("graphs", i), bundle.dir);
+    if (graphs.count(graph.name)) invalid("graphs", "two graphs are named \"" + graph.name + "\"");
+    graphs[graph.name] = graph;
+    bundle.all.push_back(graph);
+  }
+
+  // The composition and the layout's rules (export/manifest_schema.py: _check_single, _check_expert_paths, ...).
+  const json::Value& composition = object_at(manifest, "", "composition");
+  bundle.layout = one_of(object_at(composition, "composition", "layout"), "composition.layout", kLayouts);
+  auto name_at = [&](const json::Value& value, const std::string& where) -> std::string {
+    return as_str(value, where, 1, 256);
+  };
+  auto named = [&](const json::Value* value, const std::string& role, const std::string& what) -> const Graph& {
+    std::string where = "composition." + what;
+    if (value == nullptr) invalid(where, "names no graph");
+    std::string name = name_at(*value, where);
+    auto found = graphs.find(name);
+    if (found == graphs.end()) invalid(where, "names graph \"" + name + "\", which is not in graphs");
+    if (found->second.role != role)
+      invalid(where, "graph \"" + name + "\" has role " + found->second.role + ", expected " + role);
+    return found->second;
+  };
+  const std::vector<int32_t> logits_shape{1, static_cast<int32_t>(num_classes)};
+  auto check_experts_and_k = [&](int k_max) {
+    if (bundle.num_experts < 1) invalid("num_experts", "a Mobile V-MoE bundle needs at least 1 expert");
+    if (const json::Value* model_experts = optional_at(model, "model", "num_experts"))
+      if (!model_experts->is_number() || !model_experts->integral || model_experts->whole != bundle.num_experts)
+        invalid("num_experts", std::to_string(bundle.num_experts) + " differs from the model's " + shown(*model_experts));
+    if (bundle.top_k < 1 || bundle.top_k > k_max)
+      invalid("top_k", std::to_string(bundle.top_k) + " must be between 1 and " + std::to_string(k_max) + " for the " +
+                           bundle.layout + " layout");
+  };
+  const std::vector<int32_t> probs_shape{1, static_cast<int32_t>(bundle.num_experts)};
+  auto check_router = [&]() -> std::vector<int32_t> {
+    bundle.router = named(optional_at(composition, "composition", "router"), "router", "router");
+    const Graph& router = bundle.router;
+    if (router.inputs.size() != 1) invalid("graph " + router.name, "needs exactly one input (images)");
+    expect_shape(router, &router.inputs[0], shape, "input");
+    expect_shape(router, output_spec(router, "router_probs"), probs_shape, "router_probs");
+    const Spec* tokens = output_spec(router, "tokens");
+    if (tokens == nullptr || tokens->shape.size() != 3 || tokens->shape[0] != 1)
+      invalid("graph " + router.name, "needs a tokens output of shape (1, T, D)");
+    return tokens->shape;
+  };
+
+  if (bundle.layout == "dense" || bundle.layout == "monolithic") {
+    if (graphs.size() != 1 || entries.size() != 1 || bundle.all[0].role != bundle.layout)
+      invalid("graphs", "a " + bundle.layout + " bundle holds exactly one graph with role " + bundle.layout);
+    bundle.single = bundle.all[0];
+    bundle.kind = bundle.layout;
+    if (bundle.single.inputs.size() != 1) invalid("graph " + bundle.single.name, "needs exactly one input (images)");
+    expect_shape(bundle.single, &bundle.single.inputs[0], shape, "input");
+    expect_shape(bundle.single, output_spec(bundle.single, "logits"), logits_shape, "logits");
+    if (bundle.layout == "dense") {
+      if (bundle.num_experts != 0 || bundle.top_k != 0) invalid("num_experts", "a dense bundle has num_experts 0 and top_k 0");
+    } else {
+      check_experts_and_k(bundle.num_experts);
+      expect_shape(bundle.single, output_spec(bundle.single, "router_probs"), probs_shape, "router_probs");
+    }
+    return;
+  }
+
+  bundle.kind = "split";
+  bundle.experts.assign(bundle.num_experts, {});
+  if (bundle.layout == "expert-paths") {
+    check_experts_and_k(1);
+    std::vector<int32_t> tokens = check_router();
+    const json::Value* names = optional_at(composition, "composition", "experts");
+    const auto& listed = names == nullptr ? std::vector<json::Value>{} : as_array(*names, "composition.experts", 0, kMaxExperts);
+    if (static_cast<int64_t>(listed.size()) != bundle.num_experts)
+      invalid("composition.experts", "names " + std::to_string(listed.size()) + " graphs for " +
+                                         std::to_string(bundle.num_experts) + " experts");
+    for (int e = 0; e < bundle.num_experts; ++e) {
+      const Graph& expert = named(&listed[e], "expert", "experts." + std::to_string(e));
+      if (expert.expert != e)
+        invalid("graph " + expert.name, "is listed as expert " + std::to_string(e) + " but says expert " +
+                                            std::to_string(expert.expert));
+      expect_inputs(expert, {tokens, {1, 1}});
+      expect_shape(expert, output_spec(expert, "logits"), logits_shape, "logits");
+      bundle.experts[e] = {expert};
+    }
+    return;
+  }
+
+  // per-block
+  check_experts_and_k(bundle.num_experts);
+  std::vector<int32_t> tokens = check_router();
+  const json::Value* blocks = optional_at(composition, "composition", "blocks");
+  if (blocks == nullptr || as_array(*blocks, "composition.blocks", 0, 4097).empty())
+    invalid("composition.blocks", "a per-block bundle needs composition.blocks");
+  for (size_t b = 0; b < blocks->array.size(); ++b) {
+    const json::Value& block = blocks->array[b];
+    std::string where = child("composition.blocks", b);
+    const Graph& shared = named(&object_at(block, where, "shared"), "block_shared", "blocks." + std::to_string(b) + ".shared");
+    expect_inputs(shared, {tokens});
+    if (shared.outputs.size() != 2 || shared.outputs[0].shape != tokens || shared.outputs[1].shape != tokens)
+      invalid("graph " + shared.name, "outputs must be (residual, normed), both of shape " + shape_text(tokens));
+    bundle.shared.push_back(shared);
+    const auto& listed = as_array(object_at(block, where, "experts"), child(where, "experts"), 0, kMaxExperts);
+    if (static_cast<int64_t>(listed.size()) != bundle.num_experts)
+      invalid(child(where, "experts"), "names " + std::to_string(listed.size()) + " experts, not " +
+                                           std::to_string(bundle.num_experts));
+    for (int e = 0; e < bundle.num_experts; ++e) {
+      const Graph& expert =
+          named(&listed[e], "block_expert", "blocks." + std::to_string(b) + ".experts." + std::to_string(e));
+      if (expert.expert != e)
+        invalid("graph " + expert.name, "is listed as expert " + std::to_string(e) + " but says expert " +
+                                            std::to_string(expert.expert));
+      expect_inputs(expert, {tokens});
+      if (expert.outputs.size() != 1 || expert.outputs[0].shape != tokens)
+        invalid("graph " + expert.name, "needs one output of shape " + shape_text(tokens));
+      bundle.experts[e].push_back(expert);
+    }
+  }
+  bundle.head = named(optional_at(composition, "composition", "head"), "head", "head");
+  expect_inputs(bundle.head, {tokens});
+  expect_shape(bundle.head, output_spec(bundle.head, "logits"), logits_shape, "logits");
+}
+
+// Every graph file the manifest lists must have the recorded size and sha256: checked before any graph is loaded.
+inline void verify_graph_files(const Bundle& bundle) {
+  for (const auto& graph : bundle.all) {
+    std::string digest;
+    uint64_t size = 0;
+    if (!mobile_moe::sha256::file_digest(graph.path, &digest, &size))
+      throw UsageError("graph " + graph.name + ": cannot read " + graph.file);
+    if (static_cast<int64_t>(size) != graph.bytes || digest != graph.sha256)
+      throw UsageError("graph " + graph.name + ": " + graph.file +
+                       " does not match the sha256 in the manifest (tampered with or truncated); re-export the bundle");
+  }
+}
+
+inline Bundle read_bundle(const std::string& path) {
+  Bundle bundle;
+  bundle.dir = real_path(path);
+  if (bundle.dir.empty()) throw UsageError("bundle directory " + path + " does not exist");
+  std::string manifest_path = bundle.dir + "/manifest.json";
+  struct stat info {};
+  if (stat(manifest_path.c_str(), &info) != 0)
+    throw UsageError(path + " has no manifest.json: export a bundle with `mobile-moe export`");
+  std::string origin = path + "/manifest.json";
+  json::Value manifest;
+  try {
+    manifest = json::parse(read_file(manifest_path, "manifest", json::kMaxBytes));
+  } catch (const json::Error& error) {
+    throw UsageError(origin + " is not valid JSON: " + error.what());
+  }
+  try {
+    validate(manifest, bundle);
+  } catch (const Invalid& error) {
+    throw UsageError(origin + ": " + error.what());
+  }
+  verify_graph_files(bundle);
+  return bundle;
+}
+
+}  // namespace mobile_moe::runner
