@@ -2,8 +2,8 @@
 
 Every consumer validates through `validate_manifest` (export.manifest.read_manifest calls it): predict, the Python
 runtime, bench, the push to a phone, and the export itself before it moves a bundle into place. The native runner
-cannot import this and range-checks the same values itself (device_bench/native/bundle_manifest.h); the fault-injection
-tests drive one table of manifest mutations through both.
+cannot import this and range-checks the same values itself (device_bench/native/bundle_manifest.h); the
+fault-injection tests drive one table of manifest mutations through both.
 
 Layouts and the graphs they need (export/graphs.py writes them):
   dense         one graph, role "dense": images -> logits.                                num_experts = top_k = 0
