@@ -98,4 +98,5 @@ def run_on_android(
 
 
 def _read(path: Path) -> str:
-    return path.read_text() if path.exists() else ""
+    """What the runner wrote on the phone; any bytes (a crash can leave garbage) read without failing."""
+    return path.read_bytes().decode(errors="replace") if path.exists() else ""
