@@ -112,13 +112,21 @@ class CoreMLRunner:
             )
         import coremltools as ct
 
+        self.graph = graph
         self.input_names = [spec["name"] for spec in graph["inputs"]]
         self.output_names = [spec["name"] for spec in graph["outputs"]]
-        self.model = ct.models.MLModel(str(path))
+        try:  # coremltools reports a bad package with several exception types; untested here (macOS only)
+            self.model = ct.models.MLModel(str(path))
+        except (RuntimeError, ValueError, OSError, KeyError) as error:
+            raise bundle_fault(graph, f"Core ML cannot load it ({error})") from None
 
     def __call__(self, inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
-        outputs = self.model.predict(dict(zip(self.input_names, inputs, strict=True)))
-        return {name: np.asarray(outputs[name], dtype=np.float32) for name in self.output_names}
+        try:
+            outputs = self.model.predict(dict(zip(self.input_names, inputs, strict=True)))
+            results = [np.asarray(outputs[name], dtype=np.float32) for name in self.output_names]
+        except (RuntimeError, ValueError, KeyError) as error:
+            raise bundle_fault(self.graph, f"Core ML failed to run it ({error})") from None
+        return named_outputs(self.graph, results)
 
 
 class TorchRunner:
