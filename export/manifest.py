@@ -99,8 +99,8 @@ def entries_not_in_bundle(path: str | os.PathLike) -> list[str]:
         graphs = None
     for graph in graphs if isinstance(graphs, list) else []:
         file = graph.get("file") if isinstance(graph, dict) else None
-        if isinstance(file, str) and file and not Path(file).is_absolute():
-            ours.add(Path(file).parts[0])
+        if isinstance(file, str) and len(Path(file).parts) == 1:  # export writes top-level files and packages only
+            ours.add(file)
     return sorted(entry.name for entry in path.iterdir() if entry.name not in ours)
 
 
@@ -119,11 +119,15 @@ def resolve_graph_file(bundle_dir: str | os.PathLike, graph: dict[str, Any]) -> 
 def verified_graph_file(bundle_dir: str | os.PathLike, graph: dict[str, Any]) -> Path:
     """The graph's file after checking it exists and matches the manifest's size and sha256."""
     path = resolve_graph_file(bundle_dir, graph)
-    if not path.exists():
-        raise UsageError(f"graph {graph['name']!r}: {path} is missing; re-export the bundle")
-    if not (path.is_file() or path.is_dir()):
-        raise UsageError(f"graph {graph['name']!r}: {path} is not a regular file; re-export the bundle")
-    if file_bytes(path) != graph["bytes"] or file_digest(path) != graph["sha256"]:
+    try:  # exists() and reading raise for names too long, unreadable files and the like
+        if not path.exists():
+            raise UsageError(f"graph {graph['name']!r}: {path} is missing; re-export the bundle")
+        if not (path.is_file() or path.is_dir()):
+            raise UsageError(f"graph {graph['name']!r}: {path} is not a regular file; re-export the bundle")
+        matches = file_bytes(path) == graph["bytes"] and file_digest(path) == graph["sha256"]
+    except OSError as error:
+        raise UsageError(f"graph {graph['name']!r}: cannot read {graph['file']!r}: {error.strerror}") from None
+    if not matches:
         raise UsageError(
             f"graph {graph['name']!r}: {path} does not match the sha256 in the manifest (tampered with or truncated); "
             "re-export the bundle"

@@ -31,7 +31,8 @@ def bundle_fault(graph: dict[str, Any], what: str) -> UsageError:
 def check_shapes(graph: dict[str, Any], kind: str, shapes: list[tuple[int, ...]]) -> None:
     """`shapes` (the program's or its results') must be the manifest's `kind` ("inputs" / "outputs") specs."""
     expected = [tuple(spec["shape"]) for spec in graph[kind]]
-    if [tuple(int(d) for d in shape) for shape in shapes] != expected:
+    # A symbolic dimension ("batch", None: ONNX Runtime reports those) is not a fixed size: it never matches.
+    if [tuple(d if isinstance(d, int) else str(d) for d in shape) for shape in shapes] != expected:
         raise bundle_fault(graph, f"its {kind} have shapes {shapes}, the manifest says {expected}")
 
 
@@ -68,11 +69,11 @@ class ExecuTorchRunner:
 
 
 def _onnxruntime_errors() -> tuple[type[BaseException], ...]:
-    """ONNX Runtime's exceptions derive from Exception alone, one class per status code."""
+    """ONNX Runtime's exceptions derive from Exception alone, one class per status code: take them all."""
     from onnxruntime.capi import onnxruntime_pybind11_state as state
 
-    names = ("Fail", "InvalidArgument", "NoSuchFile", "NoModel", "InvalidProtobuf", "InvalidGraph", "RuntimeException")
-    return (RuntimeError, ValueError, *(getattr(state, name) for name in names if hasattr(state, name)))
+    statuses = [value for value in vars(state).values() if isinstance(value, type) and issubclass(value, Exception)]
+    return (RuntimeError, ValueError, *statuses)
 
 
 class OnnxRunner:

@@ -18,10 +18,13 @@ import contextlib
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from mobile_moe.errors import UsageError
+
+_PROCESS_STARTED = time.time() - 1.0  # (a second of slack for file-system timestamp granularity)
 
 
 def _temp_prefix(target: Path) -> str:
@@ -38,6 +41,16 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _written_by_a_live_process(path: Path, pid: int) -> bool:
+    if pid != os.getpid():
+        return _pid_alive(pid)
+    # Our own pid: ours, unless older than this process (a restarted container often reuses the same pid).
+    try:
+        return path.lstat().st_mtime >= _PROCESS_STARTED
+    except OSError:
+        return True
+
+
 def remove_stale_temporaries(target: str | os.PathLike) -> list[Path]:
     """Remove the temporaries that dead processes left for `target` (ours by name: .NAME.tmp-<pid>-*); -> removed."""
     target = Path(target)
@@ -52,7 +65,7 @@ def remove_stale_temporaries(target: str | os.PathLike) -> list[Path]:
         if not (path.name.startswith(prefix) and sep and pid_text.isdigit()):
             continue
         pid = int(pid_text)
-        if pid == os.getpid() or _pid_alive(pid):
+        if _written_by_a_live_process(path, pid):
             continue
         if path.name.startswith(f"{prefix}{pid}-old-") and not target.exists():
             os.replace(path, target)  # killed mid-swap: the previous version is the complete one
@@ -70,18 +83,25 @@ def _cannot_write(target: Path, error: OSError) -> UsageError:
     return UsageError(f"cannot write {target}: {reason}; choose a writable path")
 
 
-def check_writable(target: str | os.PathLike, directory: bool = False) -> None:
-    """UsageError unless `target` (a file, or a directory if `directory`) can be written: it is not the other kind
-    of thing, and a file can be created in its nearest existing ancestor directory. Creates nothing."""
-    target = Path(target)
+def _check_kind(target: Path, directory: bool) -> None:
     if target.exists() or target.is_symlink():
         if directory and not target.is_dir():
             raise UsageError(f"{target} exists and is not a directory; choose another path")
         if not directory and target.is_dir():
             raise UsageError(f"{target} is a directory; give a file path")
-    ancestor = target.parent if not (directory and target.is_dir()) else target
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
+
+
+def check_writable(target: str | os.PathLike, directory: bool = False) -> None:
+    """UsageError unless `target` (a file, or a directory if `directory`) can be written: it is not the other kind
+    of thing, and a file can be created in its nearest existing ancestor directory. Creates nothing."""
+    target = Path(target)
+    try:  # exists() raises for a name too long or a parent we may not search
+        _check_kind(target, directory)
+        ancestor = target.parent if not (directory and target.is_dir()) else target
+        while not ancestor.exists() and ancestor != ancestor.parent:
+            ancestor = ancestor.parent
+    except OSError as error:
+        raise _cannot_write(target, error) from None
     if not ancestor.is_dir():
         raise UsageError(f"cannot write {target}: {ancestor} is not a directory; choose another path")
     try:  # a real probe: access() says yes to root on read-only or virtual file systems such as /proc
@@ -102,7 +122,7 @@ def _replace_directory(tmp: Path, target: Path) -> None:
     os.replace(target, old)
     try:
         os.replace(tmp, target)
-    except OSError:
+    except BaseException:  # an interrupt too: the previous version goes back, never a missing target
         os.replace(old, target)
         raise
     shutil.rmtree(old, ignore_errors=True)

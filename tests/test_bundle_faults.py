@@ -265,3 +265,28 @@ def test_runner_without_samples_reports_no_switch_time():
            "switch": {"ms": [], "median_ms": -1.0, "load_median_ms": -1.0}}  # fmt: skip
     summary = summarize_round(raw)
     assert summary["switch_ms"] is None and summary["switch_load_ms"] is None
+
+
+def test_paths_the_file_system_refuses_are_one_line(tmp_path, capsys):
+    from mobile_moe.atomic import check_writable
+
+    with pytest.raises(UsageError, match="cannot write"):
+        check_writable(tmp_path / ("a" * 300), directory=True)  # ENAMETOOLONG, raised by exists() itself
+
+
+def test_a_symbolic_dimension_never_matches_the_manifest():
+    from export.runners import check_shapes
+
+    graph = {"name": "dense", "file": "dense.onnx", "inputs": [{"shape": [1, 3, 32, 32]}]}
+    with pytest.raises(UsageError, match="the bundle is corrupt"):
+        check_shapes(graph, "inputs", [("batch", 3, 32, 32)])
+
+
+def test_a_manifest_naming_a_file_in_a_subdirectory_does_not_make_the_directory_ours(tmp_path):
+    from export.manifest import entries_not_in_bundle
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.pte").write_bytes(b"")
+    (tmp_path / "manifest.json").write_text(json.dumps({"graphs": [{"file": "data/x.pte"}, {"file": "r.pte"}]}))
+    (tmp_path / "r.pte").write_bytes(b"")
+    assert entries_not_in_bundle(tmp_path) == ["data"]

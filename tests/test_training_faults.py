@@ -417,3 +417,24 @@ def test_a_broken_image_met_in_a_dataloader_worker_is_still_one_line():
     with pytest.raises(UnreadableImage) as raised:
         wrapped.reraise()
     assert str(raised.value) == "cannot read image /data/x.png: not an image PIL can decode; replace or remove it"
+
+
+def test_a_config_json_that_is_not_a_runs_is_never_overwritten(tmp_path, capsys):
+    out = tmp_path / "project"
+    out.mkdir()
+    (out / "config.json").write_text('{"my": "project settings"}')
+    status, err = cli(capsys, train_argv(out, 1))
+    assert status == 2 and "not a mobile-moe run" in err
+    assert (out / "config.json").read_text() == '{"my": "project settings"}'
+
+
+def test_a_preset_size_with_an_explicit_patch_resumes_as_started():
+    import argparse
+
+    from training.cli import model_differences
+
+    given = argparse.Namespace(model="vit", size="deit-ti", patch_size=8, image_size=None, num_classes=None,
+                               pool=None, num_experts=None, top_k=None, moe_layers=None)  # fmt: skip
+    run_model = {"name": "vit", "depth": 12, "width": 192, "num_heads": 3, "patch_size": 8}
+    assert model_differences(given, run_model) == []
+    assert model_differences(argparse.Namespace(**{**vars(given), "patch_size": None}), run_model)  # 16 vs 8

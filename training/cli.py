@@ -118,7 +118,9 @@ def model_differences(args: argparse.Namespace, model: dict[str, Any]) -> list[s
     found = []
     if args.model is not None and args.model != model["name"]:
         found.append(f"--model {args.model} differs from the run's {model['name']}")
-    if args.size is not None and any(model.get(k) != v for k, v in parse_size(args.size).items()):
+    # Fields an explicit flag sets (e.g. --patch 8 with --size deit-ti) are compared as that flag, not as the preset.
+    preset = {k: v for k, v in parse_size(args.size).items() if getattr(args, k, None) is None} if args.size else {}
+    if any(model.get(k) != v for k, v in preset.items()):
         found.append(f"--size {args.size} differs from the run's {model['depth']}x{model['width']}")
     for dest, flag in MODEL_FLAGS.items():
         value = getattr(args, dest)

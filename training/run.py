@@ -88,7 +88,24 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
     missing = [key for key in ("model", "data", "recipe") if not isinstance(config, dict) or key not in config]
     if missing:
         raise UsageError(f"{path} is not a run config: missing {', '.join(missing)}")
+    wrong = [key for key in ("model", "data", "recipe") if not isinstance(config[key], dict)]
+    wrong += [] if isinstance(config.get("super_classes"), dict | None) else ["super_classes"]
+    wrong += [] if isinstance(config["data"].get("spec", ""), str) else ["data.spec"]
+    if wrong:
+        raise UsageError(f"{path} is not a run config: {', '.join(wrong)} has the wrong type; was it edited?")
     return config
+
+
+def is_failed_start(path: str | os.PathLike) -> bool:
+    """A directory holding our config.json and no results: a start that failed before its first epoch, which may
+    be started afresh. A config.json that is not a run config is someone else's file, never overwritten."""
+    if holds_results(path) or not (Path(path) / CONFIG).exists():
+        return False
+    try:
+        read_config(path)
+    except UsageError:
+        return False
+    return True
 
 
 def write_config(run_dir: str | os.PathLike, config: dict[str, Any]) -> None:

@@ -155,7 +155,9 @@ def train(
     check_writable(out_dir, directory=True)
     if run.holds_results(out_dir):
         raise UsageError(f"{out_dir} already holds a run; continue it with --resume or choose another --out")
-    # A directory with only config.json is a start that failed before its first epoch: nothing to lose.
+    if (out_dir / run.CONFIG).exists() and not run.is_failed_start(out_dir):
+        raise UsageError(f"{out_dir} holds a {run.CONFIG} that is not a mobile-moe run's; choose another --out")
+    # A directory with only our config.json is a start that failed before its first epoch: nothing to lose.
     return _train(model_config, train_config, data_spec, super_class_spec, out_dir, verbose, False, fit_num_classes)
 
 
@@ -194,7 +196,7 @@ def check_resumable(state: dict[str, Any], run_config: dict[str, Any], cfg: Trai
             for name in sorted(set(theirs) | set(mine))
             if name not in skip and theirs.get(name) != mine.get(name)
         ]
-    if "super_classes" in state and (state["super_classes"] or None) != run_config["super_classes"]:
+    if "super_classes" in state and (state["super_classes"] or None) != run_config.get("super_classes"):
         mismatches.append(f"super_classes differ between {run.CONFIG} and {run.LAST}")
     if mismatches:
         raise UsageError(
@@ -349,7 +351,7 @@ def _train(
                     best_epoch=best_epoch,
                     recipe=cfg.to_dict(),
                     data=run_config["data"],
-                    super_classes=run_config["super_classes"],
+                    super_classes=run_config.get("super_classes"),
                     metrics=row,
                     history=list(metrics),
                     rng=rng_states(),
