@@ -21,6 +21,7 @@ from pathlib import Path
 
 from device_bench import results as results_module
 from device_bench.bundles import read_manifest
+from device_bench.native import check_runner
 from device_bench.settings import Settings
 from device_bench.workload import make_workload, write_raw
 from mobile_moe import jsonio
@@ -52,11 +53,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weight-cache", action="store_true", help="native: enable XNNPACK's packed-weight cache")
     parser.add_argument("--out", default="bench-out", help="output directory (default bench-out)")
     parser.add_argument("--json", action="store_true", help="print results.json on stdout instead of a summary")
-
-
-def check_runner(runner: str) -> None:
-    if not os.path.isfile(runner) or not os.access(runner, os.X_OK):
-        raise UsageError(f"--runner {runner}: not an executable file; build the runner (device_bench/native/README.md)")
 
 
 def parse_device(device: str) -> tuple[str, str | None]:
