@@ -43,6 +43,18 @@ def write_manifest(bundle_dir: Path, manifest: dict[str, Any]) -> None:
     (bundle_dir / MANIFEST).write_text(jsonio.dumps(manifest, indent=2) + "\n")  # a NaN parity error: null
 
 
+def _parse(path: Path) -> Any:
+    """manifest.json parsed as JSON, bounded; UsageError saying why it cannot be (the one place that reads it)."""
+    try:
+        if path.stat().st_size > MAX_MANIFEST_BYTES:
+            raise UsageError(f"{path} is over {MAX_MANIFEST_BYTES >> 20} MiB: not a manifest written by export")
+        return json.loads(path.read_bytes())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
+        # ValueError: bad JSON, or an integer of thousands of digits; RecursionError: absurdly deep nesting
+        reason = "nested too deeply" if isinstance(error, RecursionError) else error
+        raise UsageError(f"cannot read {path}: {reason}; re-export the bundle") from None
+
+
 def read_manifest(bundle_dir: str | os.PathLike) -> dict[str, Any]:
     """The validated manifest of the bundle at `bundle_dir` (UsageError saying what is wrong otherwise).
 
@@ -56,14 +68,7 @@ def read_manifest(bundle_dir: str | os.PathLike) -> dict[str, Any]:
         raise UsageError(
             f"{bundle_dir} is not a mobile-moe bundle (no {MANIFEST}); pass a directory written by `mobile-moe export`"
         )
-    try:
-        if path.stat().st_size > MAX_MANIFEST_BYTES:
-            raise UsageError(f"{path} is over {MAX_MANIFEST_BYTES >> 20} MiB: not a manifest written by export")
-        manifest = json.loads(path.read_bytes())
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
-        # ValueError: bad JSON, or an integer of thousands of digits; RecursionError: absurdly deep nesting
-        reason = "nested too deeply" if isinstance(error, RecursionError) else error
-        raise UsageError(f"cannot read {path}: {reason}; re-export the bundle") from None
+    manifest = _parse(path)
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise UsageError(f"{path} is not a {FORMAT} manifest")
     if manifest.get("version") != VERSION:
@@ -81,10 +86,8 @@ def is_bundle(path: str | os.PathLike) -> bool:
     """Whether `path` is a directory whose manifest.json says it is a mobile-moe bundle (its format field)."""
     manifest = Path(path) / MANIFEST
     try:
-        if not manifest.is_file() or manifest.stat().st_size > MAX_MANIFEST_BYTES:
-            return False
-        data = json.loads(manifest.read_bytes())
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        data = _parse(manifest) if manifest.is_file() else None
+    except UsageError:
         return False
     return isinstance(data, dict) and data.get("format") == FORMAT
 
@@ -94,9 +97,10 @@ def entries_not_in_bundle(path: str | os.PathLike) -> list[str]:
     path = Path(path)
     ours = {MANIFEST}
     try:
-        graphs = json.loads((path / MANIFEST).read_bytes()).get("graphs")
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError, AttributeError):
-        graphs = None
+        manifest = _parse(path / MANIFEST)
+    except UsageError:
+        manifest = None
+    graphs = manifest.get("graphs") if isinstance(manifest, dict) else None
     for graph in graphs if isinstance(graphs, list) else []:
         file = graph.get("file") if isinstance(graph, dict) else None
         if isinstance(file, str) and len(Path(file).parts) == 1:  # export writes top-level files and packages only

@@ -170,7 +170,7 @@ def _expect(graph: GraphEntry, actual: list[int] | None, expected: list[int], wh
 
 
 def _check_experts_and_k(m: Manifest, k_max: int) -> None:
-    if not 1 <= m.num_experts:
+    if m.num_experts < 1:
         raise ValueError(f"num_experts {m.num_experts}: a Mobile V-MoE bundle needs at least 1")
     if m.model.model_extra and m.model.model_extra.get("num_experts") not in (None, m.num_experts):
         raise ValueError(f"num_experts {m.num_experts} differs from the model's {m.model.model_extra['num_experts']}")
