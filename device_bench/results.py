@@ -28,8 +28,8 @@ def _median(values: list) -> float | None:
 def _costs(manifest: dict):
     """Parameter and FLOP counts from the manifest's model config (mobile_moe.costs), or None if it cannot say."""
     try:
-        from mobile_moe.config import config_from_dict
         from mobile_moe.costs import costs
+        from mobile_moe.registry import config_from_dict
 
         return costs(config_from_dict(dict(manifest["model"])))
     except Exception:  # an unknown model family: report the counts as unknown rather than guess

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from mobile_moe.errors import UsageError
-from mobile_moe.moe import ExpertMLPs, dense_mixture
+from mobile_moe.moe import ExpertMLPs
 from mobile_moe.routers import PerImageRouter
 
 LAYOUTS = ("expert-paths", "per-block")
@@ -99,11 +99,8 @@ class MonolithicGraph(nn.Module):
         self.model = model
 
     def forward(self, images: Tensor) -> tuple[Tensor, Tensor]:
-        x, routing = self.model.router_stage(images)
-        for block in self.model.moe_blocks:
-            x = block.attend(x)
-            x = x + dense_mixture(block.mlp, block.norm2(x), routing)
-        return self.model.head(x), routing.probs
+        output = self.model(images, dispatch="dense")
+        return output.logits, output.routing.probs
 
 
 class DenseGraph(nn.Module):

@@ -45,6 +45,12 @@ class ViTConfig:
     pool: str = "cls"  # "cls": class token; "mean": mean of patch tokens (no class token)
 
     name = "vit"  # registry name; a class attribute, not a field
+    model_class = "mobile_moe.vit:VisionTransformer"  # "module:Class", imported only when a model is built
+    routing = "none"  # how the model picks experts (see MoEConfig); "none" for a dense model
+
+    @property
+    def is_moe(self) -> bool:
+        return self.routing != "none"
 
     def __post_init__(self) -> None:
         for field in ("image_size", "patch_size", "in_chans", "num_classes", "depth", "width", "num_heads"):
@@ -80,35 +86,228 @@ class ViTConfig:
 
 
 @dataclass
-class MobileVMoEConfig(ViTConfig):
-    """Mobile V-MoE (Daxberger et al. 2023): the last `moe_layers` blocks are MoE blocks sharing one image router."""
+class MoEConfig(ViTConfig):
+    """Shared by every MoE: E experts in `moe_layers` MoE blocks. Not a model of its own.
+
+    `routing` (a class attribute) says how a model picks experts, which is what the rest of the toolkit asks:
+      image    one learned router per image, shared by every MoE block (Mobile V-MoE)
+      cluster  one fixed router per image: the nearest k-means centroid of a dense gater's features (Hard MoE)
+      token    a router per MoE block that sends each token to its top-k experts, within a buffer capacity
+      expert   a router per MoE block where each expert takes its top-C tokens (Experts Choice)
+      soft     every expert sees weighted averages of all tokens (Soft MoE); nothing is picked or dropped
+    Per-image models split into a router graph and one graph per expert; the others export whole.
+    """
 
     num_experts: int = 10  # E
-    top_k: int = 1  # k experts per image
-    moe_layers: int = 2  # L: MoE blocks at the end; the first depth - L blocks are dense and feed the router
-    renormalize_gates: bool = False  # divide the top-k weights by their sum (the paper does not)
+    moe_layers: int = 2  # L: MoE blocks
 
-    name = "mobile-vmoe"
+    routing = "image"
+    max_moe_layers_below_depth = 1  # per-image routers need at least one dense block before them
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _require(self.num_experts >= 2, f"num_experts={self.num_experts}: must be at least 2")
         _require(
-            1 <= self.top_k <= self.num_experts,
-            f"top_k={self.top_k}: must be between 1 and num_experts={self.num_experts}",
+            isinstance(self.num_experts, int) and self.num_experts >= 2,
+            f"num_experts={self.num_experts}: must be at least 2",
         )
+        limit = self.depth - self.max_moe_layers_below_depth
         _require(
-            1 <= self.moe_layers < self.depth,
-            f"moe_layers={self.moe_layers}: must be between 1 and depth-1={self.depth - 1} "
-            "(the router needs at least one dense block before it)",
+            isinstance(self.moe_layers, int) and 1 <= self.moe_layers <= limit,
+            f"moe_layers={self.moe_layers}: must be between 1 and {limit}"
+            + (" (the router needs at least one dense block before it)" if self.max_moe_layers_below_depth else ""),
         )
+
+    @property
+    def per_image(self) -> bool:
+        """One routing decision per image: the model splits into a router and per-expert graphs."""
+        return self.routing in ("image", "cluster")
 
     @property
     def dense_layers(self) -> int:
         return self.depth - self.moe_layers
 
+    def _require_top_k(self) -> None:
+        top_k = self.top_k
+        _require(
+            isinstance(top_k, int) and 1 <= top_k <= self.num_experts,
+            f"top_k={top_k}: must be between 1 and num_experts={self.num_experts}",
+        )
 
-CONFIGS: dict[str, type[ViTConfig]] = {cls.name: cls for cls in (ViTConfig, MobileVMoEConfig)}
+
+@dataclass
+class MobileVMoEConfig(MoEConfig):
+    """Mobile V-MoE (Daxberger et al. 2023): the last `moe_layers` blocks are MoE blocks sharing one image router."""
+
+    top_k: int = 1  # k experts per image
+    renormalize_gates: bool = False  # divide the top-k weights by their sum (the paper does not)
+
+    name = "mobile-vmoe"
+    model_class = "mobile_moe.mobile_vmoe:MobileVMoE"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._require_top_k()
+
+
+@dataclass
+class HardMoEConfig(MoEConfig):
+    """Hard MoE (Gross et al. 2017) on our split: the first depth - L blocks are a frozen dense gater whose pooled
+    features pick one expert by the nearest k-means centroid (after PCA); an expert is the last L whole blocks and a
+    classifier head (or one head shared by every expert, the paper's shared-decoder variant)."""
+
+    top_k: int = 1  # one expert per image, always
+    pca_dims: int = 32  # features are projected to this many principal components before k-means; 0: no PCA
+    shared_head: bool = False
+
+    name = "hard-moe"
+    model_class = "mobile_moe.hard_moe:HardMoE"
+    routing = "cluster"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(self.top_k == 1, f"top_k={self.top_k}: a Hard MoE sends each image to exactly one expert (top_k 1)")
+        _require(
+            isinstance(self.pca_dims, int) and 0 <= self.pca_dims <= self.width,
+            f"pca_dims={self.pca_dims}: must be between 0 (no PCA) and the width {self.width}",
+        )
+
+
+MOE_PLACEMENTS = ("last", "every-other")
+
+
+@dataclass
+class TokenMoEConfig(MoEConfig):
+    """A per-token MoE with its MoE blocks placed "last" (Mobile V-MoE's counterpart) or "every-other" (V-MoE's
+    layout: every second block from the second, counted from the end). Not a model of its own."""
+
+    moe_placement: str = "last"
+
+    max_moe_layers_below_depth = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(self.moe_placement in MOE_PLACEMENTS, f"moe_placement={self.moe_placement!r}: choose one of "
+                 f"{', '.join(MOE_PLACEMENTS)}")  # fmt: skip
+        if self.moe_placement == "every-other":
+            _require(
+                2 * self.moe_layers <= self.depth,
+                f"moe_layers={self.moe_layers} every other block needs depth >= {2 * self.moe_layers} "
+                f"(depth is {self.depth})",
+            )
+
+    @property
+    def moe_block_indices(self) -> list[int]:
+        """Which of the depth blocks are MoE blocks."""
+        if self.moe_placement == "last":
+            return list(range(self.depth - self.moe_layers, self.depth))
+        return list(range(self.depth - 1, self.depth - 1 - 2 * self.moe_layers, -2))[::-1]
+
+
+def _require_capacity(cfg: TokenMoEConfig) -> None:
+    for field in ("capacity_ratio", "eval_capacity_ratio"):
+        value = getattr(cfg, field)
+        _require(isinstance(value, (int, float)) and value > 0, f"{field}={value!r}: must be a positive number")
+
+
+@dataclass
+class VMoEConfig(TokenMoEConfig):
+    """V-MoE (Riquelme et al. 2021): each MoE block has its own router sending every token to its top-k experts,
+    with noisy gates, a buffer capacity per expert and Batch Prioritized Routing; importance and load losses."""
+
+    top_k: int = 2
+    capacity_ratio: float = 1.05  # C while training: each expert takes ceil(C * k * T / E) tokens of an image
+    eval_capacity_ratio: float = 4.0  # C at evaluation and in exported graphs
+    noise_std: float | None = None  # std of the noise added to the router logits while training; None: 1 / E
+    batch_prioritized: bool = True  # tokens with the highest top gate fill the buffers first (BPR)
+    aux_loss_weight: float = 0.01  # weight of (importance loss + load loss) / 2, summed over MoE blocks
+
+    name = "vmoe"
+    model_class = "mobile_moe.token_moe:TokenMoEViT"
+    routing = "token"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._require_top_k()
+        _require_capacity(self)
+        _require(
+            self.noise_std is None or (isinstance(self.noise_std, (int, float)) and self.noise_std >= 0),
+            f"noise_std={self.noise_std!r}: must be >= 0 (or null for 1 / num_experts)",
+        )
+        _require(self.aux_loss_weight >= 0, f"aux_loss_weight={self.aux_loss_weight}: must be >= 0")
+
+    @property
+    def router_noise_std(self) -> float:
+        return 1.0 / self.num_experts if self.noise_std is None else float(self.noise_std)
+
+
+@dataclass
+class ExpertsChoiceConfig(TokenMoEConfig):
+    """Experts Choice (Zhou et al. 2022): each expert takes its top-C tokens of an image, C = ceil(c * T / E) with c
+    the capacity ratio (tokens per expert relative to an even split); no token-side top-k, no auxiliary loss."""
+
+    capacity_ratio: float = 2.0
+    eval_capacity_ratio: float = 2.0
+
+    name = "experts-choice"
+    model_class = "mobile_moe.token_moe:TokenMoEViT"
+    routing = "expert"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require_capacity(self)
+
+
+@dataclass
+class SoftMoEConfig(TokenMoEConfig):
+    """Soft MoE (Puigcerver et al. 2023): each expert processes `slots_per_expert` slots, each slot a softmax-weighted
+    average of all tokens; each token's output is a softmax-weighted average of all slot outputs."""
+
+    slots_per_expert: int = 1
+
+    name = "soft-moe"
+    model_class = "mobile_moe.token_moe:TokenMoEViT"
+    routing = "soft"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(
+            isinstance(self.slots_per_expert, int) and self.slots_per_expert >= 1,
+            f"slots_per_expert={self.slots_per_expert}: must be at least 1",
+        )
+
+
+@dataclass
+class WideNetConfig(MoEConfig):
+    """WideNet (Xue et al. 2021): ONE attention and ONE per-token MoE layer (top-k, capacity, load-balancing loss)
+    shared by every block; each block keeps its own two LayerNorms. Every block is an MoE block (moe_layers = depth)."""
+
+    num_experts: int = 4
+    moe_layers: int = 0  # always depth; 0 means "every block" and is filled in
+    top_k: int = 2
+    capacity_ratio: float = 1.25
+    eval_capacity_ratio: float = 2.0
+    aux_loss_weight: float = 0.01  # Switch-style load-balancing loss, summed over blocks
+
+    name = "widenet"
+    model_class = "mobile_moe.widenet:WideNet"
+    routing = "token"
+    max_moe_layers_below_depth = 0
+
+    def __post_init__(self) -> None:
+        if self.moe_layers == 0:
+            self.moe_layers = self.depth
+        super().__post_init__()
+        _require(
+            self.moe_layers == self.depth,
+            f"moe_layers={self.moe_layers}: every WideNet block shares the one MoE layer (leave --moe-layers out)",
+        )
+        self._require_top_k()
+        _require_capacity(self)
+        _require(self.aux_loss_weight >= 0, f"aux_loss_weight={self.aux_loss_weight}: must be >= 0")
+
+    @property
+    def moe_block_indices(self) -> list[int]:
+        return list(range(self.depth))
 
 
 def parse_size(size: str) -> dict[str, int]:
@@ -126,23 +325,3 @@ def parse_size(size: str) -> dict[str, int]:
         f"size {size!r}: width {width} is not in the paper's grid; use one of {', '.join(map(str, HEADS_FOR_WIDTH))}",
     )
     return {"depth": depth, "width": width, "num_heads": HEADS_FOR_WIDTH[width]}
-
-
-def make_config(name: str, size: str | None = None, **overrides: Any) -> ViTConfig:
-    """The config of registered model `name` at `size`, with field overrides (None values are ignored)."""
-    _require(name in CONFIGS, f"unknown model {name!r}: choose one of {', '.join(CONFIGS)}")
-    cls = CONFIGS[name]
-    fields = parse_size(size) if size is not None else {}
-    fields.update({key: value for key, value in overrides.items() if value is not None})
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(fields) - known)
-    _require(not unknown, f"model {name!r} has no option {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    return cls(**fields)
-
-
-def config_from_dict(data: dict[str, Any]) -> ViTConfig:
-    """Inverse of `to_dict`: rebuilds the config (and so the model) from a checkpoint's `config` entry."""
-    data = dict(data)
-    name = data.pop("name", None)
-    _require(name in CONFIGS, f"config names unknown model {name!r}: expected one of {', '.join(CONFIGS)}")
-    return make_config(name, **data)

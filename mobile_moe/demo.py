@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from mobile_moe.atomic import write_text_atomic
-from mobile_moe.config import make_config
 from mobile_moe.costs import costs
+from mobile_moe.registry import make_config
 
 GRID_DEPTHS = (12, 9, 6)
 GRID_WIDTHS = (384, 192, 96, 64)

@@ -28,11 +28,11 @@ class RouterStage(nn.Module):
         self.blocks = blocks
         self.router = router
 
-    def forward(self, images: Tensor) -> tuple[Tensor, Routing]:
+    def forward(self, images: Tensor, route_to: Tensor | None = None) -> tuple[Tensor, Routing]:
         x = self.embedding(images)  # (B, T, D)
         for block in self.blocks:
             x = block(x)
-        return x, self.router(x)
+        return x, self.router(x, route_to)
 
 
 class ExpertPath(nn.Module):
@@ -74,18 +74,25 @@ class MobileVMoE(nn.Module):
     def router(self) -> PerImageRouter:
         return self.router_stage.router
 
-    def forward_features(self, images: Tensor) -> tuple[Tensor, Routing]:
-        """(B, C, H, W) -> (tokens (B, T, D) before the final norm, Routing). One decision serves all MoE blocks."""
-        x, routing = self.router_stage(images)
+    def forward_features(
+        self, images: Tensor, route_to: Tensor | None = None, dispatch: str = "grouped"
+    ) -> tuple[Tensor, Routing]:
+        """(B, C, H, W) -> (tokens (B, T, D) before the final norm, Routing). One decision serves all MoE blocks.
+
+        The one place the MoE composition is written. Options, not copies of it: route_to (B,) routes each image to
+        that expert first (label routing while training, see PerImageRouter); dispatch "dense" runs every expert on
+        every image weighted by the sparse gates (the single-graph export, see ExpertMLPs).
+        """
+        x, routing = self.router_stage(images, route_to)
         for block in self.moe_blocks:
-            x = block(x, routing)
+            x = block(x, routing, dispatch)
         return x, routing
 
     def forward_head(self, tokens: Tensor) -> Tensor:
         return self.head(tokens)
 
-    def forward(self, images: Tensor) -> ModelOutput:
-        tokens, routing = self.forward_features(images)
+    def forward(self, images: Tensor, route_to: Tensor | None = None, dispatch: str = "grouped") -> ModelOutput:
+        tokens, routing = self.forward_features(images, route_to, dispatch)
         return ModelOutput(self.forward_head(tokens), routing)
 
     # --- the split, for export ------------------------------------------------------------------------------------

@@ -24,8 +24,20 @@ class ExpertMLPs(nn.Module):
     def __len__(self) -> int:
         return len(self.experts)
 
-    def forward(self, x: Tensor, experts: Tensor, gates: Tensor) -> Tensor:
-        """sum over the chosen experts i of g_i * MLP_i(x), computed in O(k) MLP runs per item, not O(E).
+    def forward(self, x: Tensor, experts: Tensor, gates: Tensor, dispatch: str = "grouped") -> Tensor:
+        """sum over the chosen experts i of g_i * MLP_i(x).
+
+        dispatch "grouped" (training, eager): O(k) MLP runs per item; "dense": every expert on every item, weighted by
+        the sparse gates (dense_mixture), for a single exportable graph that never branches on data.
+        """
+        if dispatch == "dense":
+            return dense_mixture(self, x, experts, gates)
+        if dispatch != "grouped":
+            raise ValueError(f"dispatch {dispatch!r}: expected 'grouped' or 'dense'")
+        return self._grouped(x, experts, gates)
+
+    def _grouped(self, x: Tensor, experts: Tensor, gates: Tensor) -> Tensor:
+        """O(k) MLP runs per item, not O(E).
 
         x: (B, T, D); experts, gates: (B, k). Items are grouped by expert (one stable sort), each expert runs once on
         its group (gather -> MLP -> scatter-add). The group sizes are read on the host once per call: this is the
@@ -47,13 +59,14 @@ class ExpertMLPs(nn.Module):
         return out
 
 
-def dense_mixture(experts: ExpertMLPs, x: Tensor, routing: Routing) -> Tensor:
+def dense_mixture(experts: ExpertMLPs, x: Tensor, chosen: Tensor, gates: Tensor) -> Tensor:
     """Reference mixture: run all E experts on every item and weight by the sparse gate vector.
 
-    Costs E/k times the FLOPs of ExpertMLPs.forward. It exists for tests (the grouped dispatch must equal it) and for
-    the naive single-graph export that benchmarks compare against; never use it for training.
+    Costs E/k times the FLOPs of the grouped dispatch. It exists for tests (the grouped dispatch must equal it) and
+    for the naive single-graph export that benchmarks compare against; never use it for training.
     """
-    weights = torch.zeros_like(routing.probs).scatter(-1, routing.experts, routing.gates)  # (B, E), zero off top-k
+    B, E = chosen.shape[0], len(experts)
+    weights = gates.new_zeros(B, E).scatter(-1, chosen, gates)  # (B, E), zero off the top-k
     outputs = torch.stack([expert(x) for expert in experts.experts], dim=1)  # (B, E, T, D)
     return torch.einsum("be,betd->btd", weights.to(x.dtype), outputs)  # (B, T, D)
 
@@ -63,10 +76,10 @@ class MoEBlock(Block):
 
     mlp: ExpertMLPs
 
-    def forward(self, x: Tensor, routing: Routing) -> Tensor:  # type: ignore[override]
-        """x: (B, T, D) -> (B, T, D), with routing.experts / routing.gates of shape (B, k)."""
+    def forward(self, x: Tensor, routing: Routing, dispatch: str = "grouped") -> Tensor:  # type: ignore[override]
+        """x: (B, T, D) -> (B, T, D), with routing.experts / routing.gates of shape (B, k); dispatch: see ExpertMLPs."""
         x = self.attend(x)
-        return x + self.mlp(self.norm2(x), routing.experts, routing.gates)
+        return x + self.mlp(self.norm2(x), routing.experts, routing.gates, dispatch)
 
     def with_expert(self, expert: int) -> Block:
         """A dense view of this block whose MLP is expert `expert`: shares every parameter, copies none."""

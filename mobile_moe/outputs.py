@@ -17,8 +17,21 @@ class Routing(NamedTuple):
     gates: Tensor  # (B, k) their weights g_i
 
 
+class MoEStats(NamedTuple):
+    """What a per-token, experts-choice or soft MoE reports from one forward pass, over all its MoE blocks.
+
+    Per-image models report their one decision as `Routing` instead; these are the numbers that have no single
+    decision to read them from. Legend: B images, E experts.
+    """
+
+    aux_loss: Tensor  # () the model's own auxiliary loss, already weighted (0 where it has none)
+    expert_tokens: Tensor  # (B, E) token slots expert e filled for image b, summed over MoE blocks (0: never used)
+    dropped: Tensor  # () share of (token, choice) assignments no buffer had room for, mean over MoE blocks
+
+
 class ModelOutput(NamedTuple):
-    """Every model's forward: logits, plus the routing decision for MoE models (None for dense ones)."""
+    """Every model's forward: logits, the routing decision of a per-image MoE, and the statistics of the others."""
 
     logits: Tensor  # (B, K)
-    routing: Routing | None = None
+    routing: Routing | None = None  # per-image routing (Mobile V-MoE, Hard MoE); None otherwise
+    stats: MoEStats | None = None  # per-token / experts-choice / soft routing; None otherwise

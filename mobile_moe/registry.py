@@ -1,31 +1,79 @@
-"""Model registry: names -> model classes, and the timm-style `create_model` entry point."""
+"""The model registry: every `--model NAME`, its config class, its model class and how it routes.
+
+One table (MODELS) answers every "which model is this?" question: a config's `routing` ("none", "image", "cluster",
+"token", "expert", "soft"; see config.MoEConfig) and `is_moe` say what it does, its `model_class` what builds it.
+Torch-free until a model is built, so `mobile-moe info` starts instantly. timm-style entry point: `create_model`.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 from typing import Any
 
-from torch import nn
+from mobile_moe.config import (
+    ExpertsChoiceConfig,
+    HardMoEConfig,
+    MobileVMoEConfig,
+    SoftMoEConfig,
+    ViTConfig,
+    VMoEConfig,
+    WideNetConfig,
+    parse_size,
+)
+from mobile_moe.errors import UsageError
 
-from mobile_moe.config import ViTConfig, config_from_dict, make_config
-from mobile_moe.mobile_vmoe import MobileVMoE
-from mobile_moe.vit import VisionTransformer
-
-MODELS: dict[str, type[nn.Module]] = {"vit": VisionTransformer, "mobile-vmoe": MobileVMoE}
+MODELS: dict[str, type[ViTConfig]] = {
+    cls.name: cls
+    for cls in (
+        ViTConfig,
+        MobileVMoEConfig,
+        VMoEConfig,
+        ExpertsChoiceConfig,
+        SoftMoEConfig,
+        WideNetConfig,
+        HardMoEConfig,
+    )
+}
 
 
 def list_models() -> list[str]:
     return sorted(MODELS)
 
 
-def build_model(cfg: ViTConfig) -> nn.Module:
+def make_config(name: str, size: str | None = None, **overrides: Any) -> ViTConfig:
+    """The config of registered model `name` at `size`, with field overrides (None values are ignored)."""
+    if name not in MODELS:
+        raise UsageError(f"unknown model {name!r}: choose one of {', '.join(MODELS)}")
+    cls = MODELS[name]
+    fields = parse_size(size) if size is not None else {}
+    fields.update({key: value for key, value in overrides.items() if value is not None})
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise UsageError(f"model {name!r} has no option {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return cls(**fields)
+
+
+def config_from_dict(data: dict[str, Any]) -> ViTConfig:
+    """Inverse of `to_dict`: rebuilds the config (and so the model) from a checkpoint's `config` entry."""
+    data = dict(data)
+    name = data.pop("name", None)
+    if name not in MODELS:
+        raise UsageError(f"config names unknown model {name!r}: expected one of {', '.join(MODELS)}")
+    return make_config(name, **data)
+
+
+def build_model(cfg: ViTConfig):
     """The model a config describes (weights freshly initialised)."""
-    return MODELS[cfg.name](cfg)
+    module, _, cls = cfg.model_class.partition(":")
+    return getattr(importlib.import_module(module), cls)(cfg)
 
 
-def create_model(name: str, size: str | None = None, **overrides: Any) -> nn.Module:
+def create_model(name: str, size: str | None = None, **overrides: Any):
     """create_model("mobile-vmoe", "12x192", num_classes=100): config from name, size and overrides, then the model."""
     return build_model(make_config(name, size, **overrides))
 
 
-def model_from_config_dict(config: dict[str, Any]) -> nn.Module:
+def model_from_config_dict(config: dict[str, Any]):
     return build_model(config_from_dict(config))

@@ -1,4 +1,4 @@
-"""Routers: small modules that decide which experts see which input.
+"""Routers: small modules that decide which experts see which input, and THE top-k rule every one of them uses.
 
 The contract every router keeps (wave 2 adds per-token, experts-choice, soft and k-means routers on it):
 
@@ -11,10 +11,32 @@ tensors alone and never looks inside the router. Routers expose `num_experts` an
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from mobile_moe.outputs import Routing
 from mobile_moe.vit import pool_tokens
+
+
+def top_k(scores: Tensor, k: int, dim: int = -1) -> tuple[Tensor, Tensor]:
+    """(values, indices) of the k largest scores along `dim`, largest first; equal scores: the LOWER index first.
+
+    The one top-k rule of the toolkit. torch.topk promises no order among ties, so this is a stable descending sort;
+    the bundle runtimes pick experts from the exported router probabilities by the same rule (export/runtime.py:
+    numpy's stable argsort of -probs; the native runner: std::stable_sort by >), so eager PyTorch, the Python runtime
+    and the C++ runner agree even when probabilities tie (tests/test_top_k.py).
+    """
+    values, indices = torch.sort(scores, dim=dim, descending=True, stable=True)
+    return values.narrow(dim, 0, k), indices.narrow(dim, 0, k)
+
+
+def top_k_with_first(probs: Tensor, k: int, first: Tensor) -> Tensor:
+    """(B, k) experts: `first` (B,) forced as the first choice, then the k - 1 best of the others (label routing)."""
+    first = first.view(-1, 1)  # (B, 1)
+    if k == 1:
+        return first
+    others = probs.detach().scatter(-1, first, float("-inf"))  # (B, E): the forced one excluded
+    return torch.cat([first, top_k(others, k - 1)[1]], dim=-1)
 
 
 class PerImageRouter(nn.Module):
@@ -33,12 +55,21 @@ class PerImageRouter(nn.Module):
         self.norm = nn.LayerNorm(width)
         self.proj = nn.Linear(width, num_experts)
 
-    def forward(self, tokens: Tensor) -> Routing:
-        """tokens (B, T, D) -> Routing with experts, gates of shape (B, k)."""
+    def forward(self, tokens: Tensor, route_to: Tensor | None = None) -> Routing:
+        """tokens (B, T, D) -> Routing with experts, gates of shape (B, k).
+
+        route_to (B,), optional: label routing for training (`--route-by label`): that expert becomes each image's
+        first choice and the router's best others fill the remaining k - 1. Gates stay the router's probabilities of
+        the chosen experts, so a model trained this way behaves the same at inference, where the router picks.
+        """
         image = pool_tokens(tokens, self.pool)  # (B, D)
         logits = self.proj(self.norm(image))  # (B, E)
         probs = logits.softmax(dim=-1)  # (B, E)
-        gates, experts = probs.topk(self.top_k, dim=-1)  # (B, k) each
+        if route_to is None:
+            gates, experts = top_k(probs, self.top_k)  # (B, k) each
+        else:
+            experts = top_k_with_first(probs, self.top_k, route_to)  # (B, k)
+            gates = probs.gather(-1, experts)
         if self.renormalize_gates:
             gates = gates / gates.sum(dim=-1, keepdim=True)
         return Routing(logits, probs, experts, gates)

@@ -12,10 +12,20 @@ from mobile_moe.registry import create_model, list_models
 # A tiny config per registered model: 32 px images, 8 px patches -> 16 patches, width 32, 3 blocks.
 TINY = {"image_size": 32, "patch_size": 8, "num_classes": 7, "depth": 3, "width": 32, "num_heads": 2}
 TINY_MOE = {"num_experts": 4, "top_k": 1, "moe_layers": 2}
+# Each model's tiny MoE options: 4 experts; per-token routers pick k = 2 of them (V-MoE's and WideNet's default).
+TINY_OPTIONS = {
+    "vit": {},
+    "mobile-vmoe": TINY_MOE,
+    "hard-moe": {"num_experts": 4, "moe_layers": 2, "pca_dims": 8},
+    "vmoe": {"num_experts": 4, "top_k": 2, "moe_layers": 2},
+    "experts-choice": {"num_experts": 4, "moe_layers": 2},
+    "soft-moe": {"num_experts": 4, "moe_layers": 2},
+    "widenet": {"num_experts": 4, "top_k": 2},
+}
 
 
 def tiny_model(name: str, **overrides) -> torch.nn.Module:
-    fields = dict(TINY, **(TINY_MOE if name != "vit" else {}))
+    fields = dict(TINY, **TINY_OPTIONS[name])
     fields.update(overrides)
     torch.manual_seed(0)
     return create_model(name, **fields)

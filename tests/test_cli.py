@@ -39,9 +39,9 @@ def test_info_table(capsys):
         (["info", "--model", "vit", "--size", "12x100"], "width 100 is not in the paper's grid"),
         (["info", "--model", "vit", "--image-size", "100"], "image_size=100 is not divisible by patch_size=32"),
         (["info", "--model", "mobile-vmoe", "--top-k", "11"], "top_k=11: must be between 1 and num_experts=10"),
-        (["info", "--model", "mobile-vmoe", "--moe-layers", "12"], "moe_layers=12: must be between 1 and depth-1=11"),
+        (["info", "--model", "mobile-vmoe", "--moe-layers", "12"], "moe_layers=12: must be between 1 and 11"),
         (["info", "--model", "mobile-vmoe", "--experts", "1"], "num_experts=1: must be at least 2"),
-        (["info", "--model", "vit", "--experts", "4"], "--experts apply only to MoE models"),
+        (["info", "--model", "vit", "--experts", "4"], "--experts: model vit has no such option"),
         (["info"], "required: --model"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
     ],
@@ -54,8 +54,8 @@ def test_bad_input_is_one_line_and_status_2(capsys, argv, fragment):
 
 
 def test_width_not_divisible_by_heads():
-    from mobile_moe.config import make_config
     from mobile_moe.errors import UsageError
+    from mobile_moe.registry import make_config
 
     with pytest.raises(UsageError, match="width=100 is not divisible by num_heads=3"):
         make_config("vit", width=100, num_heads=3)

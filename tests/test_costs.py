@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from mobile_moe.config import make_config
 from mobile_moe.costs import costs
+from mobile_moe.registry import make_config
 from tests.conftest import TINY, TINY_MOE, tiny_model
 
 

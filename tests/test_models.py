@@ -7,7 +7,6 @@ import torch
 import torch.nn.functional as F
 
 from mobile_moe.checkpoint import checkpoint_dict, load_checkpoint, model_from_checkpoint, save_checkpoint
-from mobile_moe.moe import dense_mixture
 from tests.conftest import tiny_model
 
 
@@ -43,13 +42,10 @@ def test_every_parameter_gets_a_gradient(model_name, images):
 def test_k_equals_e_is_a_dense_mixture(images):
     model = tiny_model("mobile-vmoe", top_k=4).eval()
     with torch.no_grad():
-        x, routing = model.router_stage(images)
-        assert sorted(routing.experts[0].tolist()) == [0, 1, 2, 3]
-        for block in model.moe_blocks:
-            x = block.attend(x)
-            x = x + dense_mixture(block.mlp, block.norm2(x), routing)
-        reference = model.head(x)
-        torch.testing.assert_close(model(images).logits, reference, atol=1e-5, rtol=1e-5)
+        grouped = model(images)
+        assert sorted(grouped.routing.experts[0].tolist()) == [0, 1, 2, 3]
+        reference = model(images, dispatch="dense").logits  # every expert on every image (dense_mixture)
+        torch.testing.assert_close(grouped.logits, reference, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("top_k", [1, 2, 3])

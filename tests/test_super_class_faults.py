@@ -145,7 +145,7 @@ def test_bad_super_class_file_is_one_line(tmp_path, capsys, case):
 
 @pytest.mark.parametrize("case", ["assignment null", "unused index", "NaN", "nested 50000 deep", "class_names short"])
 def test_training_refuses_bad_super_class_file(tmp_path, case):
-    from mobile_moe.config import make_config
+    from mobile_moe.registry import make_config
     from training.data import open_data
     from training.super_spec import resolve_super_classes
 

@@ -10,7 +10,7 @@ import torch
 from conftest import tiny_model
 
 from mobile_moe.cli import main
-from mobile_moe.config import make_config
+from mobile_moe.registry import make_config
 from training import recipes
 from training.data import open_data
 from training.evaluate import collect_predictions, confusion_counts, evaluate

@@ -9,9 +9,10 @@ from conftest import tiny_model
 
 from mobile_moe.errors import UsageError
 from mobile_moe.outputs import Routing
+from mobile_moe.routers import PerImageRouter
 from training import augment, losses
 from training.recipes import TrainConfig
-from training.routing import TrainingForward, label_routing
+from training.routing import TrainingForward
 
 ASSIGNMENT = [0, 0, 1, 1, 2, 3, 3]  # 7 classes (the tiny models' num_classes) -> E = 4 super-classes
 
@@ -60,21 +61,34 @@ def test_load_balancing_loss_is_one_when_balanced_and_grows_with_collapse():
     assert losses.load_balancing_loss(collapsed).item() == pytest.approx(4 * 0.7)
 
 
+def _router_with_probs(probs: torch.Tensor, top_k: int, renormalize: bool = False) -> PerImageRouter:
+    """A per-image router whose probabilities are `probs` for every image batch of the same size (mean pooling)."""
+    router = PerImageRouter(probs.shape[1], probs.shape[1], top_k, "mean", renormalize)
+    router.norm = torch.nn.Identity()
+    with torch.no_grad():
+        router.proj.weight.copy_(torch.eye(probs.shape[1]))
+        router.proj.bias.zero_()
+    return router
+
+
+def _route(probs: torch.Tensor, labels: list[int], top_k: int, renormalize: bool = False):
+    tokens = probs.log()[:, None, :]  # (B, 1, E): pooled and projected to log-probs, so softmax gives back `probs`
+    return _router_with_probs(probs, top_k, renormalize)(tokens, torch.tensor(labels))
+
+
 def test_label_routing_k1_sends_each_image_to_its_super_class():
     probs = torch.tensor([[0.1, 0.6, 0.2, 0.1], [0.4, 0.3, 0.2, 0.1]])
-    routing = Routing(probs.log(), probs, probs.topk(1).indices, probs.topk(1).values)
-    forced = label_routing(routing, torch.tensor([2, 3]), top_k=1)
+    forced = _route(probs, [2, 3], top_k=1)
     assert forced.experts.tolist() == [[2], [3]]
     torch.testing.assert_close(forced.gates, torch.tensor([[0.2], [0.1]]))
 
 
 def test_label_routing_k2_puts_the_true_super_class_first_then_the_routers_best_other():
     probs = torch.tensor([[0.1, 0.6, 0.2, 0.1], [0.4, 0.3, 0.2, 0.1]])
-    routing = Routing(probs.log(), probs, probs.topk(2).indices, probs.topk(2).values)
-    forced = label_routing(routing, torch.tensor([2, 0]), top_k=2)
+    forced = _route(probs, [2, 0], top_k=2)
     assert forced.experts.tolist() == [[2, 1], [0, 1]]
     torch.testing.assert_close(forced.gates, torch.tensor([[0.2, 0.6], [0.4, 0.3]]))
-    renormalized = label_routing(routing, torch.tensor([2, 0]), top_k=2, renormalize=True)
+    renormalized = _route(probs, [2, 0], top_k=2, renormalize=True)
     torch.testing.assert_close(renormalized.gates.sum(-1), torch.ones(2))
 
 
@@ -99,7 +113,7 @@ def test_label_routing_changes_the_experts_used(images):
 
 
 def test_label_routing_needs_a_router():
-    with pytest.raises(UsageError, match="Mobile V-MoE"):
+    with pytest.raises(UsageError, match="per-image router"):
         TrainingForward(tiny_model("vit"), route_by="label")
 
 

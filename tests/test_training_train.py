@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from mobile_moe.cli import main
-from mobile_moe.config import make_config
 from mobile_moe.errors import UsageError
+from mobile_moe.registry import make_config
 from super_class.superclasses import random_super_classes
 from training import engine, recipes
 from training import train as train_module

@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from mobile_moe.cli_args import add_model_arguments, config_from_args
+from mobile_moe.cli_args import MODEL_FLAGS, add_model_arguments, config_from_args, model_kwargs
 from mobile_moe.errors import UsageError
 from training.recipes import DEVICES, MAY_CHANGE_ON_RESUME, RECIPES, ROUTE_BY, TrainConfig, finite_float, recipe
 
@@ -31,16 +31,6 @@ TRAIN_FLAGS = {
     "device": "device",
     "workers": "workers",
     "seed": "seed",
-}
-# model flag dest -> its spelling (the config field has the dest's name)
-MODEL_FLAGS = {
-    "patch_size": "--patch",
-    "image_size": "--image-size",
-    "num_classes": "--num-classes",
-    "pool": "--pool",
-    "num_experts": "--experts",
-    "top_k": "--top-k",
-    "moe_layers": "--moe-layers",
 }
 RESUME_HELP = (
     "continue --out from its checkpoint.pt, or start it if it has none yet; the command that started the run may be "
@@ -127,6 +117,10 @@ def model_differences(args: argparse.Namespace, model: dict[str, Any]) -> list[s
         if value is not None and value != model.get(dest):
             theirs = model.get(dest, f"{model['name']}, which has no such option")
             found.append(f"{flag} {value} differs from the run's {theirs}")
+    if args.model is not None:
+        for key, value in model_kwargs(args).items():
+            if value != model.get(key):
+                found.append(f"--model-kwargs {key}={value} differs from the run's {model.get(key)}")
     return found
 
 

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mobile_moe.config import make_config
 from mobile_moe.errors import UsageError
+from mobile_moe.registry import make_config
 from training import recipes
 from training.run import load_run, read_metrics
 from training.train import train

@@ -1,6 +1,6 @@
 """`train(...)`: the whole training run, in commented sections; `resume_training(run_dir)` continues one.
 
-    from mobile_moe.config import make_config
+    from mobile_moe.registry import make_config
     from training import recipes
     from training.train import train
 
@@ -27,9 +27,9 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from mobile_moe.atomic import check_writable
 from mobile_moe.checkpoint import checkpoint_dict, load_checkpoint, load_weights
-from mobile_moe.config import ViTConfig, config_from_dict
+from mobile_moe.config import ViTConfig
 from mobile_moe.errors import UsageError
-from mobile_moe.registry import build_model
+from mobile_moe.registry import build_model, config_from_dict
 from training import augment, distributed, run
 from training.data import Data, data_record, open_data
 from training.engine import EpochContext, NonFiniteLoss, train_one_epoch
@@ -87,8 +87,7 @@ def check_model_fits_data(model_config: ViTConfig, data: Data) -> None:
 
 
 def check_super_classes(model_config: ViTConfig, super_classes, cfg: TrainConfig) -> None:
-    is_moe = hasattr(model_config, "num_experts")
-    if is_moe and super_classes is None and cfg.router_loss_weight > 0:
+    if model_config.routing == "image" and super_classes is None and cfg.router_loss_weight > 0:
         raise UsageError(
             "a Mobile V-MoE with a router loss needs --super-classes (FILE.json, coarse, truth or random[:SEED]); "
             "or train end to end with --router-loss 0 [--balance-loss 0.01]"
@@ -263,7 +262,7 @@ def _train(
         if placement.distributed:
             device_ids = [placement.device.index] if placement.device.type == "cuda" else None
             # An MoE batch may leave some experts unchosen: their parameters get no gradient on that process.
-            sparse = hasattr(model_config, "num_experts")
+            sparse = model_config.is_moe
             step_module = nn.parallel.DistributedDataParallel(
                 step_module, device_ids=device_ids, find_unused_parameters=sparse
             )
