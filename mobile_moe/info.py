@@ -6,7 +6,7 @@ import argparse
 import json
 
 from mobile_moe.cli_args import add_model_arguments, config_from_args
-from mobile_moe.config import MobileVMoEConfig, ViTConfig
+from mobile_moe.config import ViTConfig
 from mobile_moe.costs import costs
 
 
@@ -15,11 +15,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
 
 
+# What one routing decision is about, per routing kind (config.MoEConfig)
+ROUTED_ITEM = {"image": "per image", "cluster": "per image", "token": "per token", "expert": "experts choose tokens",
+               "soft": "soft, every expert"}  # fmt: skip
+
+
 def describe(cfg: ViTConfig) -> str:
-    """e.g. `mobile-vmoe 12x192/32 @224, 1000 classes, E=10 k=1 L=2`."""
+    """e.g. `mobile-vmoe 12x192/32 @224, 1000 classes, E=10 k=1 L=2 (per image)`."""
     text = f"{cfg.name} {cfg.depth}x{cfg.width}/{cfg.patch_size} @{cfg.image_size}, {cfg.num_classes} classes"
-    if isinstance(cfg, MobileVMoEConfig):
-        text += f", E={cfg.num_experts} k={cfg.top_k} L={cfg.moe_layers}"
+    if cfg.is_moe:
+        k = f" k={cfg.top_k}" if hasattr(cfg, "top_k") else ""
+        text += f", E={cfg.num_experts}{k} L={cfg.moe_layers} ({ROUTED_ITEM[cfg.routing]})"
     return text
 
 
@@ -27,6 +33,7 @@ def info_dict(cfg: ViTConfig) -> dict:
     counts = costs(cfg)
     return {
         "model": cfg.name,
+        "routing": cfg.routing,
         "params_total": counts.params_total,
         "params_active": counts.params_active,
         "flops": counts.flops,
@@ -42,5 +49,6 @@ def run(args: argparse.Namespace) -> None:
         return
     print(describe(cfg))
     print(f"  params total   {info['params_total'] / 1e6:9.2f} M  ({info['params_total']:,})")
-    print(f"  params active  {info['params_active'] / 1e6:9.2f} M  ({info['params_active']:,}, per image)")
+    per_image = "per image" if not cfg.is_moe or cfg.per_image else "per image, at most: routing is per token"
+    print(f"  params active  {info['params_active'] / 1e6:9.2f} M  ({info['params_active']:,}, {per_image})")
     print(f"  FLOPs          {info['flops'] / 1e6:9.1f} M  ({info['flops']:,}, per image, 2 per MAC)")

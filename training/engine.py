@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from training import augment, losses
@@ -36,6 +37,38 @@ class EpochContext:
     show_progress: bool = True
 
 
+class RoutingSums:
+    """How training batches were routed, for the epoch's metrics row: the share of images using each expert, the
+    distinct experts per image and (capacity routers) the share of token assignments dropped, under training's
+    capacity and noise. This process's share of the batches, like train_top1."""
+
+    def __init__(self):
+        self.images, self.dropped, self.used = 0, 0.0, None  # used: (E,) images that used each expert
+        self.distinct = 0.0
+
+    def add(self, output) -> None:
+        if output.stats is not None:
+            used = (output.stats.expert_tokens.detach() > 0).float()  # (B, E)
+            self.dropped += output.stats.dropped.item() * len(used)
+        elif output.routing is not None:
+            E = output.routing.probs.shape[-1]
+            used = F.one_hot(output.routing.experts.detach(), E).amax(dim=1).float()  # (B, E)
+        else:
+            return
+        self.used = used.sum(0) if self.used is None else self.used + used.sum(0)
+        self.distinct += used.sum().item()
+        self.images += len(used)
+
+    def summary(self) -> dict[str, object]:
+        if not self.images:
+            return {}
+        return {
+            "train_expert_load": (self.used / self.images).tolist(),
+            "train_distinct_experts": self.distinct / self.images,
+            "train_dropped": self.dropped / self.images,
+        }
+
+
 def train_one_epoch(
     step_module: nn.Module,
     model: nn.Module,
@@ -52,7 +85,8 @@ def train_one_epoch(
     """
     cfg, device = ctx.cfg, ctx.placement.device
     step_module.train()
-    sums = {"loss": 0.0, "class_loss": 0.0, "router_loss": 0.0, "balance_loss": 0.0, "correct": 0.0}
+    sums = dict.fromkeys(("loss", "class_loss", "router_loss", "balance_loss", "aux_loss", "correct"), 0.0)
+    routed = RoutingSums()
     images_seen, steps = 0, len(loader)
     progress = Progress(steps, f"epoch {epoch + 1}/{cfg.epochs}", enabled=ctx.placement.is_main and ctx.show_progress)
     start = time.perf_counter()
@@ -86,6 +120,8 @@ def train_one_epoch(
         sums["class_loss"] += terms.classification.item()
         sums["router_loss"] += terms.router.item()
         sums["balance_loss"] += terms.balance.item()
+        sums["aux_loss"] += terms.aux.item()
+        routed.add(output)
         sums["correct"] += correct
         images_seen += len(labels)
         elapsed = time.perf_counter() - start
@@ -101,6 +137,8 @@ def train_one_epoch(
         "train_class_loss": sums["class_loss"] / steps,
         "train_router_loss": sums["router_loss"] / steps,
         "train_balance_loss": sums["balance_loss"] / steps,
+        "train_aux_loss": sums["aux_loss"] / steps,
+        **routed.summary(),
         "train_top1": sums["correct"] / images_seen,  # this process's share; against the dominant (mixed) class
         "images_per_s": images_seen * ctx.placement.world_size / elapsed,
         "epoch_time_s": elapsed,

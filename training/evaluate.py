@@ -59,14 +59,17 @@ class EvalCounts:
     top1: Tensor  # () correct at top-1
     top5: Tensor  # () correct at top-5 (top-C when C < 5)
     router: Tensor  # () router's top choice == true super-class (only with super-classes)
-    expert_images: Tensor  # (E,) images that used expert e (any of their k choices)
-    expert_first: Tensor  # (E,) images whose first choice was e
+    expert_images: Tensor  # (E,) images that used expert e (any of their choices, in any MoE block)
+    expert_first: Tensor  # (E,) images whose first choice was e (per-image routing)
     expert_first_correct: Tensor  # (E,) ... and were classified correctly
+    distinct_experts: Tensor  # (E + 1,) images by how many distinct experts they used: mean and max, all-reducible
+    dropped: Tensor  # () sum over images of the share of their token assignments dropped for capacity
 
     @classmethod
     def zeros(cls, num_experts: int, device) -> EvalCounts:
         z = lambda *shape: torch.zeros(shape, dtype=torch.float64, device=device)  # noqa: E731
-        return cls(z(), z(), z(), z(), z(num_experts), z(num_experts), z(num_experts))
+        E = num_experts
+        return cls(z(), z(), z(), z(), z(E), z(E), z(E), z(E + 1 if E else 0), z())
 
     def as_tensor(self) -> Tensor:
         return torch.cat([t.reshape(-1) for t in vars(self).values()])
@@ -92,16 +95,40 @@ def count_batch(counts: EvalCounts, output, labels: Tensor, super_of: Tensor | N
     counts.images += len(labels)
     counts.top1 += correct.sum()
     counts.top5 += (top == labels[:, None]).any(dim=-1).sum()
+    if output.stats is not None:
+        _count_token_routing(counts, output.stats)
     routing = output.routing
     if routing is None:
         return
     E = routing.probs.shape[-1]
-    counts.expert_images += torch.nn.functional.one_hot(routing.experts, E).amax(dim=1).sum(0)  # (E,)
+    used = torch.nn.functional.one_hot(routing.experts, E).amax(dim=1)  # (B, E): 1 where the image used e
+    counts.expert_images += used.sum(0)
+    counts.distinct_experts += torch.bincount(used.sum(-1), minlength=E + 1)
     first = routing.experts[:, 0]  # (B,)
     counts.expert_first += torch.bincount(first, minlength=E)
     counts.expert_first_correct += torch.bincount(first[correct], minlength=E)
     if super_of is not None:
         counts.router += (routing.probs.argmax(dim=-1) == super_of[labels]).sum()
+
+
+def _count_token_routing(counts: EvalCounts, stats) -> None:
+    """Per-token, experts-choice and soft routing: which experts each image reached, in any MoE block."""
+    used = stats.expert_tokens > 0  # (B, E)
+    E = used.shape[-1]
+    counts.expert_images += used.sum(0)
+    counts.distinct_experts += torch.bincount(used.sum(-1), minlength=E + 1)
+    counts.dropped += stats.dropped.double() * used.shape[0]
+
+
+def distinct_expert_summary(histogram: Tensor) -> dict[str, float | int]:
+    """(E + 1,) images by number of distinct experts used -> mean and max (Fig. 3e: what one image activates)."""
+    images = histogram.sum().item()
+    counts = torch.arange(len(histogram), dtype=histogram.dtype, device=histogram.device)
+    used = torch.nonzero(histogram).flatten()
+    return {
+        "distinct_experts_mean": (histogram * counts).sum().item() / max(images, 1.0),
+        "distinct_experts_max": int(used.max().item()) if len(used) else 0,
+    }
 
 
 def summarize(counts: EvalCounts, has_router: bool, has_super: bool) -> dict[str, Any]:
@@ -118,6 +145,8 @@ def summarize(counts: EvalCounts, has_router: bool, has_super: bool) -> dict[str
             (c / f) if f > 0 else None
             for c, f in zip(counts.expert_first_correct.tolist(), counts.expert_first.tolist(), strict=True)
         ]
+        result.update(distinct_expert_summary(counts.distinct_experts))
+        result["dropped"] = counts.dropped.item() / n
     return result
 
 
@@ -131,9 +160,12 @@ def evaluate(
     amp: bool = True,
 ) -> dict[str, Any]:
     """-> {"images", "top1", "top5", "router_accuracy" (None without super-classes), and for MoE models
-    "expert_load" (share of images using each expert; sums to k) and "expert_accuracy" (top-1 of the images whose
-    first choice was the expert; None if none)}. Under DDP pass each process its shard; counts are all-reduced."""
-    num_experts = getattr(model.config, "num_experts", 0) or 0
+    "expert_load" (share of images using each expert in any MoE block; sums to the mean of distinct experts),
+    "expert_accuracy" (top-1 of the images whose first choice was the expert; None if none, and for routers with no
+    per-image first choice), "distinct_experts_mean" / "distinct_experts_max" (experts one image activates: k for a
+    per-image router, data-dependent for per-token ones) and "dropped" (mean share of an image's token assignments
+    dropped for capacity)}. Under DDP pass each process its shard; counts are all-reduced."""
+    num_experts = model.config.num_experts if model.config.is_moe else 0
     has_router = num_experts > 0
     super_of = torch.as_tensor(super_assignment, device=device) if super_assignment is not None else None
     counts = EvalCounts.zeros(num_experts, device)

@@ -57,6 +57,10 @@ def run(args: argparse.Namespace) -> None:
     if scores["router_accuracy"] is not None:
         print(f"  router accuracy (vs super-classes) {100 * scores['router_accuracy']:.2f}%")
     if "expert_load" in scores:
+        print(
+            f"  distinct experts per image: mean {scores['distinct_experts_mean']:.2f}, "
+            f"max {scores['distinct_experts_max']}; dropped token assignments {100 * scores['dropped']:.2f}%"
+        )
         for e, (load, acc) in enumerate(zip(scores["expert_load"], scores["expert_accuracy"], strict=True)):
             acc_text = "   -  " if acc is None else f"{100 * acc:5.1f}%"
             print(f"  expert {e}: load {100 * load:5.1f}%  top-1 {acc_text}")

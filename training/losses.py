@@ -1,9 +1,11 @@
 """The training objective (paper, Sec. 2.2):
 
-    L = CE(logits, y) + lambda * CE(router_logits, super(y)) [+ beta * load-balancing loss]
+    L = CE(logits, y) + lambda * CE(router_logits, super(y)) [+ beta * load-balancing loss] [+ the model's own aux]
 
 lambda = 0.3 by default. With lambda = 0 the router learns end to end, only through the gates that scale the expert
-outputs; beta > 0 then adds Switch Transformer's balancing loss to keep experts from collapsing. Targets are
+outputs; beta > 0 then adds Switch Transformer's balancing loss to keep experts from collapsing. Per-token
+routers (V-MoE, WideNet) bring their own auxiliary losses, weighted by their config (`aux_loss_weight`, as in
+Hugging Face's `router_aux_loss_coef`): they arrive in ModelOutput.stats and are added as they are. Targets are
 probability vectors, so MixUp/CutMix-mixed targets (and their mixed super-classes) go through unchanged.
 Legend: B images, C classes, E experts.
 """
@@ -24,6 +26,7 @@ class LossTerms(NamedTuple):
     classification: Tensor
     router: Tensor  # 0 when there is no router loss
     balance: Tensor  # 0 when there is no balancing loss
+    aux: Tensor  # the model's own auxiliary loss, already weighted (0 when it has none)
 
 
 def load_balancing_loss(routing: Routing) -> Tensor:
@@ -55,8 +58,9 @@ def training_loss(
         router = F.cross_entropy(routing.logits.float(), super_targets)
     if routing is not None and balance_loss_weight > 0:
         balance = load_balancing_loss(routing)
-    total = classification + router_loss_weight * router + balance_loss_weight * balance
-    return LossTerms(total, classification.detach(), router.detach(), balance.detach())
+    aux = output.stats.aux_loss.float() if output.stats is not None else zero
+    total = classification + router_loss_weight * router + balance_loss_weight * balance + aux
+    return LossTerms(total, classification.detach(), router.detach(), balance.detach(), aux.detach())
 
 
 def router_correct(routing: Routing, super_labels: Tensor) -> Tensor:
