@@ -21,11 +21,13 @@ class MoEStats(NamedTuple):
     """What a per-token, experts-choice or soft MoE reports from one forward pass, over all its MoE blocks.
 
     Per-image models report their one decision as `Routing` instead; these are the numbers that have no single
-    decision to read them from. Legend: B images, E experts.
+    decision to read them from. Legend: B images, E experts, G expert sets (config.expert_sets: one per MoE block
+    that owns its experts; WideNet's blocks share one), so (expert_tokens > 0).sum((1, 2)) counts the expert MLPs
+    whose weights image b needed.
     """
 
     aux_loss: Tensor  # () the model's own auxiliary loss, already weighted (0 where it has none)
-    expert_tokens: Tensor  # (B, E) token slots expert e filled for image b, summed over MoE blocks (0: never used)
+    expert_tokens: Tensor  # (B, G, E) token slots expert e of expert set g filled for image b (0: never used)
     dropped: Tensor  # () share of (token, choice) assignments no buffer had room for, mean over MoE blocks
 
 

@@ -39,24 +39,27 @@ class EpochContext:
 
 class RoutingSums:
     """How training batches were routed, for the epoch's metrics row: the share of images using each expert, the
-    distinct experts per image and (capacity routers) the share of token assignments dropped, under training's
-    capacity and noise. This process's share of the batches, like train_top1."""
+    expert MLPs run per image (see evaluate) and (capacity routers) the share of token assignments dropped, under
+    training's capacity and noise. This process's share of the batches, like train_top1."""
 
-    def __init__(self):
+    def __init__(self, expert_sets: int):
+        self.expert_sets = expert_sets
         self.images, self.dropped, self.used = 0, 0.0, None  # used: (E,) images that used each expert
-        self.distinct = 0.0
+        self.runs = 0.0  # expert MLP runs, over all expert sets
 
     def add(self, output) -> None:
         if output.stats is not None:
-            used = (output.stats.expert_tokens.detach() > 0).float()  # (B, E)
+            per_set = (output.stats.expert_tokens.detach() > 0).float()  # (B, G, E)
+            used, runs = per_set.amax(dim=1), per_set.sum().item()  # (B, E): images using e in any set
             self.dropped += output.stats.dropped.item() * len(used)
         elif output.routing is not None:
             E = output.routing.probs.shape[-1]
             used = F.one_hot(output.routing.experts.detach(), E).amax(dim=1).float()  # (B, E)
+            runs = used.sum().item() * self.expert_sets
         else:
             return
         self.used = used.sum(0) if self.used is None else self.used + used.sum(0)
-        self.distinct += used.sum().item()
+        self.runs += runs
         self.images += len(used)
 
     def summary(self) -> dict[str, object]:
@@ -64,7 +67,7 @@ class RoutingSums:
             return {}
         return {
             "train_expert_load": (self.used / self.images).tolist(),
-            "train_distinct_experts": self.distinct / self.images,
+            "train_experts_per_image": self.runs / self.images,
             "train_dropped": self.dropped / self.images,
         }
 
@@ -86,7 +89,7 @@ def train_one_epoch(
     cfg, device = ctx.cfg, ctx.placement.device
     step_module.train()
     sums = dict.fromkeys(("loss", "class_loss", "router_loss", "balance_loss", "aux_loss", "correct"), 0.0)
-    routed = RoutingSums()
+    routed = RoutingSums(model.config.expert_sets if model.config.is_moe else 0)
     images_seen, steps = 0, len(loader)
     progress = Progress(steps, f"epoch {epoch + 1}/{cfg.epochs}", enabled=ctx.placement.is_main and ctx.show_progress)
     start = time.perf_counter()

@@ -62,14 +62,14 @@ class EvalCounts:
     expert_images: Tensor  # (E,) images that used expert e (any of their choices, in any MoE block)
     expert_first: Tensor  # (E,) images whose first choice was e (per-image routing)
     expert_first_correct: Tensor  # (E,) ... and were classified correctly
-    distinct_experts: Tensor  # (E + 1,) images by how many distinct experts they used: mean and max, all-reducible
+    experts_used: Tensor  # (G*E + 1,) images by how many experts (over the G expert sets) they ran: all-reducible
     dropped: Tensor  # () sum over images of the share of their token assignments dropped for capacity
 
     @classmethod
-    def zeros(cls, num_experts: int, device) -> EvalCounts:
+    def zeros(cls, num_experts: int, expert_sets: int, device) -> EvalCounts:
         z = lambda *shape: torch.zeros(shape, dtype=torch.float64, device=device)  # noqa: E731
         E = num_experts
-        return cls(z(), z(), z(), z(), z(E), z(E), z(E), z(E + 1 if E else 0), z())
+        return cls(z(), z(), z(), z(), z(E), z(E), z(E), z(expert_sets * E + 1 if E else 0), z())
 
     def as_tensor(self) -> Tensor:
         return torch.cat([t.reshape(-1) for t in vars(self).values()])
@@ -103,7 +103,8 @@ def count_batch(counts: EvalCounts, output, labels: Tensor, super_of: Tensor | N
     E = routing.probs.shape[-1]
     used = torch.nn.functional.one_hot(routing.experts, E).amax(dim=1)  # (B, E): 1 where the image used e
     counts.expert_images += used.sum(0)
-    counts.distinct_experts += torch.bincount(used.sum(-1), minlength=E + 1)
+    sets = (len(counts.experts_used) - 1) // E  # one decision serves every expert set
+    counts.experts_used += torch.bincount(used.sum(-1) * sets, minlength=len(counts.experts_used))
     first = routing.experts[:, 0]  # (B,)
     counts.expert_first += torch.bincount(first, minlength=E)
     counts.expert_first_correct += torch.bincount(first[correct], minlength=E)
@@ -112,22 +113,21 @@ def count_batch(counts: EvalCounts, output, labels: Tensor, super_of: Tensor | N
 
 
 def _count_token_routing(counts: EvalCounts, stats) -> None:
-    """Per-token, experts-choice and soft routing: which experts each image reached, in any MoE block."""
-    used = stats.expert_tokens > 0  # (B, E)
-    E = used.shape[-1]
-    counts.expert_images += used.sum(0)
-    counts.distinct_experts += torch.bincount(used.sum(-1), minlength=E + 1)
+    """Per-token, experts-choice and soft routing: which experts each image reached, in each expert set."""
+    used = stats.expert_tokens > 0  # (B, G, E)
+    counts.expert_images += used.any(dim=1).sum(0)
+    counts.experts_used += torch.bincount(used.sum(dim=(1, 2)), minlength=len(counts.experts_used))
     counts.dropped += stats.dropped.double() * used.shape[0]
 
 
-def distinct_expert_summary(histogram: Tensor) -> dict[str, float | int]:
-    """(E + 1,) images by number of distinct experts used -> mean and max (Fig. 3e: what one image activates)."""
+def experts_used_summary(histogram: Tensor) -> dict[str, float | int]:
+    """(G*E + 1,) images by number of experts run -> mean and max (Fig. 3e: the parameters one image activates)."""
     images = histogram.sum().item()
     counts = torch.arange(len(histogram), dtype=histogram.dtype, device=histogram.device)
     used = torch.nonzero(histogram).flatten()
     return {
-        "distinct_experts_mean": (histogram * counts).sum().item() / max(images, 1.0),
-        "distinct_experts_max": int(used.max().item()) if len(used) else 0,
+        "experts_per_image_mean": (histogram * counts).sum().item() / max(images, 1.0),
+        "experts_per_image_max": int(used.max().item()) if len(used) else 0,
     }
 
 
@@ -145,7 +145,7 @@ def summarize(counts: EvalCounts, has_router: bool, has_super: bool) -> dict[str
             (c / f) if f > 0 else None
             for c, f in zip(counts.expert_first_correct.tolist(), counts.expert_first.tolist(), strict=True)
         ]
-        result.update(distinct_expert_summary(counts.distinct_experts))
+        result.update(experts_used_summary(counts.experts_used))
         result["dropped"] = counts.dropped.item() / n
     return result
 
@@ -162,13 +162,15 @@ def evaluate(
     """-> {"images", "top1", "top5", "router_accuracy" (None without super-classes), and for MoE models
     "expert_load" (share of images using each expert in any MoE block; sums to the mean of distinct experts),
     "expert_accuracy" (top-1 of the images whose first choice was the expert; None if none, and for routers with no
-    per-image first choice), "distinct_experts_mean" / "distinct_experts_max" (experts one image activates: k for a
-    per-image router, data-dependent for per-token ones) and "dropped" (mean share of an image's token assignments
-    dropped for capacity)}. Under DDP pass each process its shard; counts are all-reduced."""
-    num_experts = model.config.num_experts if model.config.is_moe else 0
+    per-image first choice), "experts_per_image_mean" / "experts_per_image_max" (expert MLPs one image runs, over
+    all expert sets: k x L for a Mobile V-MoE, data-dependent for per-token routers; times an expert's parameters,
+    what an image needs in memory) and "dropped" (mean share of an image's token assignments dropped for capacity)}.
+    Under DDP pass each process its shard; counts are all-reduced."""
+    cfg = model.config
+    num_experts, expert_sets = (cfg.num_experts, cfg.expert_sets) if cfg.is_moe else (0, 0)
     has_router = num_experts > 0
     super_of = torch.as_tensor(super_assignment, device=device) if super_assignment is not None else None
-    counts = EvalCounts.zeros(num_experts, device)
+    counts = EvalCounts.zeros(num_experts, expert_sets, device)
     was_training = model.training
     model.eval()
     for images, labels in _batches(dataset, batch_size, device):
