@@ -126,6 +126,12 @@ class MoEConfig(ViTConfig):
     def dense_layers(self) -> int:
         return self.depth - self.moe_layers
 
+    @property
+    def expert_sets(self) -> int:
+        """How many sets of E experts the model holds: one per MoE block (WideNet's blocks share one set; a Hard MoE
+        expert is a whole set of blocks). An image needs (experts it uses in each set) summed over the sets."""
+        return self.moe_layers
+
     def _require_top_k(self) -> None:
         top_k = self.top_k
         _require(
@@ -162,6 +168,7 @@ class HardMoEConfig(MoEConfig):
     name = "hard-moe"
     model_class = "mobile_moe.hard_moe:HardMoE"
     routing = "cluster"
+    expert_sets = 1  # an expert is the whole set of last L blocks (and its head): one per image
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -308,6 +315,11 @@ class WideNetConfig(MoEConfig):
     @property
     def moe_block_indices(self) -> list[int]:
         return list(range(self.depth))
+
+    @property
+    def expert_sets(self) -> int:
+        """One: every block uses the same E experts."""
+        return 1
 
 
 def parse_size(size: str) -> dict[str, int]:

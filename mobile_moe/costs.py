@@ -3,13 +3,33 @@
 FLOPs: 2 per multiply-accumulate over every linear layer and convolution, including the attention score (Q K^T) and
 weighting (A V) products; norms, softmax, GELU, biases and residual adds are not counted. The tests check these
 numbers against the real modules (parameter tensors, torch.utils.flop_counter) and a hand count.
+
+Per-token MoEs (vmoe, experts-choice, soft-moe, widenet) are counted as their evaluation-mode forward runs, per image:
+the router's products, the dispatch and combine products (dense one-hot einsums, GShard-style: every token against
+every buffer slot, 2 * T * S * D each for S = E * cap slots) and the expert MLPs on all S slots, padding included,
+because a static-shape graph runs them whether a slot was filled or not. Their params_active is the worst case for
+one image: every expert an image can reach in each MoE layer.
+
+Hard MoE's k-means router (PCA mean and matrix, centroids) holds non-trainable buffers; they are counted as
+parameters because an exported router graph carries them like weights.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from fractions import Fraction
+from typing import NamedTuple
 
-from mobile_moe.config import MobileVMoEConfig, ViTConfig
+from mobile_moe.config import (
+    ExpertsChoiceConfig,
+    HardMoEConfig,
+    MobileVMoEConfig,
+    SoftMoEConfig,
+    TokenMoEConfig,
+    ViTConfig,
+    WideNetConfig,
+)
 
 
 @dataclass(frozen=True)
@@ -17,6 +37,16 @@ class Costs:
     params_total: int  # every parameter of the model
     params_active: int  # what one image uses: dense part, router, and the k chosen experts' MLPs
     flops: int  # per image, 2 per multiply-accumulate
+
+
+def buffer_capacity(ratio: float, top_k: int, tokens: int, experts: int) -> int:
+    """Tokens one expert's buffer holds per image: ceil(C * k * T / E) (V-MoE's formula with N = 1), at most T.
+
+    Computed on the ratio's decimal value as written, so that C = 1.05 with k T / E = 20 gives 21 slots, not the 22
+    that 21.000000000000004 would round up to. The model and the cost accounting both call this one function.
+    """
+    slots = math.ceil(Fraction(str(ratio)) * top_k * tokens / experts)
+    return max(1, min(tokens, slots))
 
 
 def _linear_params(fan_in: int, fan_out: int) -> int:
@@ -40,13 +70,20 @@ def _block_shared_params(cfg: ViTConfig) -> int:
     return 2 * _layer_norm_params(cfg.width) + _attention_params(cfg)
 
 
-def _stem_and_head_params(cfg: ViTConfig) -> int:
+def _embedding_params(cfg: ViTConfig) -> int:
     patch_embed = cfg.in_chans * cfg.patch_size**2 * cfg.width + cfg.width
     class_token = cfg.width if cfg.pool == "cls" else 0
     position = cfg.num_tokens * cfg.width
-    final_norm = _layer_norm_params(cfg.width)
-    head = _linear_params(cfg.width, cfg.num_classes)
-    return patch_embed + class_token + position + final_norm + head
+    return patch_embed + class_token + position
+
+
+def _head_params(cfg: ViTConfig) -> int:
+    """Final LayerNorm and classifier."""
+    return _layer_norm_params(cfg.width) + _linear_params(cfg.width, cfg.num_classes)
+
+
+def _stem_and_head_params(cfg: ViTConfig) -> int:
+    return _embedding_params(cfg) + _head_params(cfg)
 
 
 def router_params(cfg: MobileVMoEConfig) -> int:
@@ -62,18 +99,32 @@ def _attention_flops(cfg: ViTConfig) -> int:
     return qkv + scores + weighting + projection
 
 
-def mlp_flops(cfg: ViTConfig) -> int:
-    return 2 * 2 * cfg.num_tokens * cfg.width * cfg.mlp_hidden
+def mlp_flops(cfg: ViTConfig, tokens: int | None = None) -> int:
+    """One MLP on `tokens` tokens (default: the T of an image)."""
+    tokens = cfg.num_tokens if tokens is None else tokens
+    return 2 * 2 * tokens * cfg.width * cfg.mlp_hidden
+
+
+def _embedding_flops(cfg: ViTConfig) -> int:
+    return 2 * cfg.num_patches * cfg.in_chans * cfg.patch_size**2 * cfg.width
+
+
+def _head_flops(cfg: ViTConfig) -> int:
+    return 2 * cfg.width * cfg.num_classes
 
 
 def _stem_and_head_flops(cfg: ViTConfig) -> int:
-    patch_embed = 2 * cfg.num_patches * cfg.in_chans * cfg.patch_size**2 * cfg.width
-    head = 2 * cfg.width * cfg.num_classes
-    return patch_embed + head
+    return _embedding_flops(cfg) + _head_flops(cfg)
 
 
 def costs(cfg: ViTConfig) -> Costs:
     """Parameter and FLOP counts of the model `cfg` describes."""
+    if isinstance(cfg, HardMoEConfig):
+        return _hard_moe_costs(cfg)
+    if isinstance(cfg, WideNetConfig):
+        return _widenet_costs(cfg)
+    if isinstance(cfg, TokenMoEConfig):
+        return _token_moe_costs(cfg)
     dense_params = _stem_and_head_params(cfg) + cfg.depth * (_block_shared_params(cfg) + mlp_params(cfg))
     dense_flops = _stem_and_head_flops(cfg) + cfg.depth * (_attention_flops(cfg) + mlp_flops(cfg))
     if not isinstance(cfg, MobileVMoEConfig):
@@ -86,4 +137,102 @@ def costs(cfg: ViTConfig) -> Costs:
         params_total=dense_params + router_params(cfg) + extra_total * mlp_params(cfg),
         params_active=dense_params + router_params(cfg) + extra_active * mlp_params(cfg),
         flops=dense_flops + router_flops + extra_active * mlp_flops(cfg),
+    )
+
+
+# --- per-token MoEs ----------------------------------------------------------------------------------------------
+
+
+class MoELayerCosts(NamedTuple):
+    """One per-token MoE layer (router and E experts; not the block's attention and norms)."""
+
+    router_params: int
+    experts_reached: int  # most distinct experts one image can use in this layer
+    flops: int  # per image, evaluation mode
+
+
+def eval_slots(cfg: TokenMoEConfig | WideNetConfig) -> int:
+    """Buffer slots per image and MoE layer in evaluation mode, S = E * cap (Soft MoE: E * p)."""
+    if isinstance(cfg, SoftMoEConfig):
+        return cfg.num_experts * cfg.slots_per_expert
+    top_k = 1 if isinstance(cfg, ExpertsChoiceConfig) else cfg.top_k
+    return cfg.num_experts * buffer_capacity(cfg.eval_capacity_ratio, top_k, cfg.num_tokens, cfg.num_experts)
+
+
+def moe_layer_costs(cfg: TokenMoEConfig | WideNetConfig) -> MoELayerCosts:
+    """Router (a linear D -> E; Soft MoE: D x E*p slot parameters and a scale), dispatch, experts, combine."""
+    T, D, E = cfg.num_tokens, cfg.width, cfg.num_experts
+    slots = eval_slots(cfg)
+    if isinstance(cfg, SoftMoEConfig):
+        router, router_flops, reached = D * slots + 1, 2 * T * D * slots, E
+    else:
+        router, router_flops = _linear_params(D, E), 2 * T * D * E
+        # Token choice: T * k (token, choice) assignments, each can reach another expert. Experts choice: every
+        # expert takes cap >= 1 tokens.
+        reached = E if isinstance(cfg, ExpertsChoiceConfig) else min(E, T * cfg.top_k)
+    dispatch_and_combine = 2 * (2 * T * slots * D)
+    return MoELayerCosts(router, reached, router_flops + dispatch_and_combine + mlp_flops(cfg, slots))
+
+
+def _token_moe_costs(cfg: TokenMoEConfig) -> Costs:
+    """Dense ViT whose blocks at moe_block_indices hold an MoE layer instead of the MLP."""
+    dense_blocks = cfg.depth - cfg.moe_layers
+    layer = moe_layer_costs(cfg)
+    shared = _stem_and_head_params(cfg) + cfg.depth * _block_shared_params(cfg) + dense_blocks * mlp_params(cfg)
+    flops = _stem_and_head_flops(cfg) + cfg.depth * _attention_flops(cfg) + dense_blocks * mlp_flops(cfg)
+    return Costs(
+        params_total=shared + cfg.moe_layers * (layer.router_params + cfg.num_experts * mlp_params(cfg)),
+        params_active=shared + cfg.moe_layers * (layer.router_params + layer.experts_reached * mlp_params(cfg)),
+        flops=flops + cfg.moe_layers * layer.flops,
+    )
+
+
+def _widenet_costs(cfg: WideNetConfig) -> Costs:
+    """One attention and one MoE layer shared by all blocks: only the per-block LayerNorms grow with depth."""
+    layer = moe_layer_costs(cfg)
+    shared = _stem_and_head_params(cfg) + _attention_params(cfg) + cfg.depth * 2 * _layer_norm_params(cfg.width)
+    return Costs(
+        params_total=shared + layer.router_params + cfg.num_experts * mlp_params(cfg),
+        params_active=shared + layer.router_params + layer.experts_reached * mlp_params(cfg),
+        flops=_stem_and_head_flops(cfg) + cfg.depth * (_attention_flops(cfg) + layer.flops),
+    )
+
+
+# --- Hard MoE ----------------------------------------------------------------------------------------------------
+
+
+def hard_moe_router_params(cfg: HardMoEConfig) -> int:
+    """PCA (mean D, matrix pca_dims x D) and E centroids in the PCA space; pca_dims 0: centroids in R^D, no PCA.
+
+    Non-trainable buffers, counted as parameters (they are weights of the exported router graph).
+    """
+    if cfg.pca_dims == 0:
+        return cfg.num_experts * cfg.width
+    return cfg.width + cfg.pca_dims * cfg.width + cfg.num_experts * cfg.pca_dims
+
+
+def _hard_moe_router_flops(cfg: HardMoEConfig) -> int:
+    """Projection of the pooled feature onto the principal components, then distances to the E centroids."""
+    if cfg.pca_dims == 0:
+        return 2 * cfg.num_experts * cfg.width
+    return 2 * cfg.pca_dims * cfg.width + 2 * cfg.num_experts * cfg.pca_dims
+
+
+def _hard_moe_costs(cfg: HardMoEConfig) -> Costs:
+    """Trunk (embedding, depth - L dense blocks) -> k-means router -> ONE expert: L whole blocks and its own final
+    norm and head, or one final norm and head shared by every expert (shared_head)."""
+    block_params = _block_shared_params(cfg) + mlp_params(cfg)
+    block_flops = _attention_flops(cfg) + mlp_flops(cfg)
+    trunk = _embedding_params(cfg) + cfg.dense_layers * block_params
+    router = hard_moe_router_params(cfg)
+    expert = cfg.moe_layers * block_params + (0 if cfg.shared_head else _head_params(cfg))
+    shared_head = _head_params(cfg) if cfg.shared_head else 0
+    return Costs(
+        params_total=trunk + router + cfg.num_experts * expert + shared_head,
+        params_active=trunk + router + expert + shared_head,
+        flops=_embedding_flops(cfg)
+        + cfg.dense_layers * block_flops
+        + _hard_moe_router_flops(cfg)
+        + cfg.moe_layers * block_flops
+        + _head_flops(cfg),
     )

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from mobile_moe.costs import costs
-from mobile_moe.registry import make_config
+from mobile_moe.costs import buffer_capacity, costs
+from mobile_moe.registry import MODELS, make_config
 from tests.conftest import TINY, TINY_MOE, tiny_model
 
 
@@ -36,6 +36,11 @@ def test_hand_count_tiny_moe_k2():
     assert moe.flops == dense.flops + router_flops + 2 * mlp_flops
 
 
+def _weights(model: torch.nn.Module) -> int:
+    """Parameters and buffers: the only buffers are weights that are not trained (Hard MoE's PCA and centroids)."""
+    return sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
+
+
 def _cpu_attention_flops(query, key, value, *args, out_shape=None, **kwargs) -> int:
     """torch's FLOP counter knows the CUDA attention kernels but not the CPU one: Q K^T plus A V, 2 per MAC."""
     batch, heads, queries, head_dim = query
@@ -49,10 +54,14 @@ CPU_ATTENTION = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cp
 @pytest.mark.parametrize("pool", ["cls", "mean"])
 @pytest.mark.parametrize("top_k", [1, 2])
 def test_counts_match_the_modules(model_name, pool, top_k):
-    overrides = {"pool": pool} if model_name == "vit" else {"pool": pool, "top_k": top_k}
+    # k is an option of the models that route by top-k (per image or per token); the others run once.
+    has_k = MODELS[model_name].routing in ("image", "token")
+    if not has_k and top_k != 1:
+        pytest.skip(f"{model_name} has no top_k option")
+    overrides = {"pool": pool, "top_k": top_k} if has_k else {"pool": pool}
     model = tiny_model(model_name, **overrides).eval()
     c = costs(model.config)
-    assert c.params_total == sum(p.numel() for p in model.parameters())
+    assert c.params_total == _weights(model)
     if model_name == "mobile-vmoe" and top_k == 1:
         # One image needs exactly the router stage and one expert's path: that is what a phone loads.
         held = {id(p): p for m in (model.router_stage, model.expert_path(0)) for p in m.parameters()}
@@ -67,3 +76,87 @@ def test_paper_deit_ti_moe_counts():
     c = costs(make_config("mobile-vmoe", "deit-ti", top_k=2))
     assert round(c.params_active / 1e6, 2) == 6.31
     assert round(c.params_total / 1e6, 2) == 11.05
+
+
+# --- per-token MoEs and Hard MoE -----------------------------------------------------------------------------------
+
+
+def _assert_counts_match(model) -> None:
+    """Parameters against the module, FLOPs against torch's counter on the eval model at batch 1."""
+    model = model.eval()
+    c = costs(model.config)
+    assert c.params_total == sum(p.numel() for p in model.parameters())
+    with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as counter, torch.no_grad():
+        model(torch.randn(1, 3, 32, 32))
+    assert c.flops == counter.get_total_flops()
+
+
+@pytest.mark.parametrize(
+    "name, overrides",
+    [
+        ("vmoe", {"moe_placement": "every-other", "depth": 4}),
+        ("vmoe", {"top_k": 1, "eval_capacity_ratio": 1.05, "batch_prioritized": False}),
+        ("vmoe", {"eval_capacity_ratio": 100.0, "pool": "mean"}),  # capacity clipped to T
+        ("experts-choice", {"eval_capacity_ratio": 0.5}),
+        ("soft-moe", {"slots_per_expert": 3, "moe_layers": 3}),
+        ("widenet", {"top_k": 1, "eval_capacity_ratio": 0.7}),
+    ],
+)
+def test_per_token_counts_match_the_modules(name, overrides):
+    _assert_counts_match(tiny_model(name, **overrides))
+
+
+def test_hand_count_tiny_vmoe():
+    """T = 17, D = 32, F = 128, E = 4, k = 2, L = 2; eval capacity ceil(4.0 * 2 * 17 / 4) = 34 -> clipped to 17."""
+    dense = costs(make_config("vit", **TINY))
+    vmoe = costs(make_config("vmoe", **TINY, num_experts=4, top_k=2, moe_layers=2))
+    T, D, F, E, cap = 17, 32, 128, 4, 17
+    mlp_params = D * F + F + F * D + D
+    router_params = D * E + E
+    assert vmoe.params_total == dense.params_total + 2 * (router_params + (E - 1) * mlp_params)
+    assert vmoe.params_active == vmoe.params_total  # 17 tokens x 2 choices can reach all 4 experts
+    router, dispatch, combine, experts = 2 * T * D * E, 2 * T * E * cap * D, 2 * T * E * cap * D, E * cap * 4 * D * F
+    assert vmoe.flops == dense.flops + 2 * (router + dispatch + combine + experts - T * 4 * D * F)
+
+
+def test_per_token_active_params_are_the_reachable_experts():
+    # One token (a 32 px image, 32 px patch, mean pooling) with k = 2 reaches at most 2 of the 4 experts per layer.
+    small = {**TINY, "patch_size": 32, "pool": "mean", "num_experts": 4, "moe_layers": 2}
+    c = costs(make_config("vmoe", **small, top_k=2))
+    mlp_params = 32 * 128 + 128 + 128 * 32 + 32
+    assert c.params_total - c.params_active == 2 * 2 * mlp_params
+    ec = costs(make_config("experts-choice", **small))  # every expert takes cap >= 1 tokens
+    assert ec.params_active == ec.params_total
+
+
+def test_paper_vmoe_per_token_counts():
+    # Mobile V-MoEs Fig. 3e: the per-token V-MoE (DeiT-Ti/16, E=10, k=2, L=2) may use up to 11.05M per image.
+    c = costs(make_config("vmoe", "deit-ti", num_experts=10, top_k=2, moe_layers=2))
+    assert round(c.params_total / 1e6, 2) == 11.05
+    assert c.params_active == c.params_total
+    assert buffer_capacity(4.0, 2, 197, 10) == 158
+
+
+def test_widenet_shares_one_layer():
+    cfg = {**TINY, "num_experts": 4, "top_k": 2}
+    three, five = costs(make_config("widenet", **cfg)), costs(make_config("widenet", **{**cfg, "depth": 5}))
+    assert five.params_total - three.params_total == 2 * 2 * 2 * 32  # two blocks' LayerNorms
+    assert five.flops > three.flops  # the shared layer runs in every block
+
+
+@pytest.mark.parametrize("pca_dims, shared_head", [(8, False), (0, True)])
+def test_hand_count_tiny_hard_moe(pca_dims, shared_head):
+    """Trunk (embedding, 1 dense block) -> PCA + centroids -> one expert of L = 2 whole blocks (+ its head)."""
+    T, D, F, K, E = 17, 32, 128, 7, 4
+    embed_params = 3 * 8 * 8 * D + D + D + T * D
+    block_params = 2 * 2 * D + (D * 3 * D + 3 * D) + (D * D + D) + (D * F + F) + (F * D + D)
+    head_params = 2 * D + D * K + K
+    router_params = (D + pca_dims * D + E * pca_dims) if pca_dims else E * D  # buffers, counted as parameters
+    expert_params = 2 * block_params + (0 if shared_head else head_params)
+    shared = head_params if shared_head else 0
+    block_macs = T * D * 3 * D + T * T * D + T * T * D + T * D * D + 2 * T * D * F
+    router_macs = (pca_dims * D + E * pca_dims) if pca_dims else E * D
+    c = costs(make_config("hard-moe", **TINY, num_experts=E, moe_layers=2, pca_dims=pca_dims, shared_head=shared_head))
+    assert c.params_total == embed_params + block_params + router_params + E * expert_params + shared
+    assert c.params_active == embed_params + block_params + router_params + expert_params + shared
+    assert c.flops == 2 * (16 * 3 * 8 * 8 * D + 3 * block_macs + router_macs + D * K)

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from mobile_moe.checkpoint import checkpoint_dict, load_checkpoint, model_from_checkpoint, save_checkpoint
+from mobile_moe.registry import MODELS
 from tests.conftest import tiny_model
 
 
@@ -16,8 +17,13 @@ def test_forward_shapes_and_finite(model_name, images, pool):
     out = model(images)
     assert out.logits.shape == (6, 7)
     assert torch.isfinite(out.logits).all()
-    if model_name == "vit":
+    cfg = model.config
+    if not cfg.is_moe:
+        assert out.routing is None and out.stats is None
+    elif not cfg.per_image:
         assert out.routing is None
+        assert out.stats.expert_tokens.shape == (6, cfg.expert_sets, 4)
+        assert out.stats.aux_loss.shape == out.stats.dropped.shape == ()
     else:
         routing = out.routing
         assert routing.logits.shape == routing.probs.shape == (6, 4)
@@ -29,11 +35,17 @@ def test_forward_shapes_and_finite(model_name, images, pool):
 
 def test_every_parameter_gets_a_gradient(model_name, images):
     # Enough images that every expert is chosen at least once; the router learns through the router loss.
-    model = tiny_model(model_name, **({} if model_name == "vit" else {"top_k": 4}))
+    if model_name == "hard-moe":
+        pytest.skip("frozen gater and fixed k-means router: tests/test_hard_moe.py checks which parameters train")
+    routing = MODELS[model_name].routing
+    # Mean pooling: under a class token, a last-block expert that takes no class token rightly gets no gradient.
+    model = tiny_model(model_name, pool="mean", **({"top_k": 4} if routing in ("image", "token") else {}))
     out = model(images)
     loss = F.cross_entropy(out.logits, torch.arange(6) % 7)
     if out.routing is not None:
         loss = loss + 0.3 * F.cross_entropy(out.routing.logits, torch.arange(6) % 4)
+    if out.stats is not None:
+        loss = loss + out.stats.aux_loss
     loss.backward()
     missing = [name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
     assert missing == []

@@ -2,6 +2,7 @@
 
     mobile-moe train --model mobile-vmoe --size 6x64 --patch 8 --image-size 32 --experts 5 --data digits \
         --super-classes random --recipe tiny --out runs/digits-moe
+    mobile-moe train --model hard-moe --init-from runs/digits-vit --experts 4 --data digits --out runs/digits-hard
     torchrun --nproc_per_node 4 -m mobile_moe.cli train ...   # DDP: same flags, global --batch-size
 
 `--resume` may be appended to the command that started a run (what a job scheduler does): every flag given must
@@ -47,6 +48,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--super-classes", help="FILE.json | coarse | truth | random[:SEED] (Mobile V-MoE with a router loss)"
     )
     data.add_argument("--out", required=True, help="run directory (config.json, checkpoint.pt, best.pt, metrics)")
+    data.add_argument(
+        "--init-from",
+        metavar="RUN_DIR",
+        help="hard-moe: the trained dense vit run it starts from (its gater and every expert); model flags default "
+        "to that run's",
+    )
     train = parser.add_argument_group("training")
     train.add_argument("--recipe", choices=sorted(RECIPES), help=f"base recipe (default {DEFAULT_RECIPE})")
     train.add_argument("--epochs", type=int)
@@ -150,6 +157,15 @@ def recipe_differences(args: argparse.Namespace, run_cfg: TrainConfig, given: Tr
     return found
 
 
+def init_from_differences(args: argparse.Namespace, config: dict[str, Any]) -> list[str]:
+    from training.hard_moe import same_run_dir
+
+    theirs = config.get("init_from")
+    if args.init_from is None or same_run_dir(args.init_from, theirs):
+        return []
+    return [f"--init-from {args.init_from} differs from the run's {theirs or 'none'}"]
+
+
 def resume_changes(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, object]:
     """Refuse given flags that differ from the run's (config.json) values; -> the changes a resume may make."""
     from training.recipes import from_dict
@@ -163,6 +179,7 @@ def resume_changes(args: argparse.Namespace, config: dict[str, Any]) -> dict[str
     mine = None if args.super_classes == "none" else args.super_classes
     if args.super_classes is not None and mine != theirs:
         found.append(f"--super-classes {args.super_classes} differs from the run's {theirs or 'none'}")
+    found += init_from_differences(args, config)
     found += recipe_differences(args, run_cfg, given)
     if found:
         raise UsageError(
@@ -193,11 +210,21 @@ def run(args: argparse.Namespace) -> None:
     # A new run (with --resume too: it has no checkpoint yet, so it starts afresh from the given flags).
     cfg = with_lr(recipe_from_args(args), args.lr)
     train(
-        model_config=config_from_args(args),
+        model_config=config_from_args(args, **gater_defaults(args)),
         train_config=cfg,
         data_spec=args.data,
         super_class_spec=args.super_classes,
         out_dir=out,
         verbose=verbose,
         fit_num_classes=args.num_classes is None,
+        init_from=args.init_from,
     )
+
+
+def gater_defaults(args: argparse.Namespace) -> dict[str, object]:
+    """A hard-moe's model fields default to its gater's (--init-from), so only E and L need giving."""
+    if args.init_from is None or args.model != "hard-moe":
+        return {}  # train() refuses --init-from for other models, and a hard-moe without it
+    from training.hard_moe import gater_defaults as defaults
+
+    return defaults(args.init_from, args.size)

@@ -30,7 +30,7 @@ from mobile_moe.checkpoint import checkpoint_dict, load_checkpoint, load_weights
 from mobile_moe.config import ViTConfig
 from mobile_moe.errors import UsageError
 from mobile_moe.registry import build_model, config_from_dict
-from training import augment, distributed, run
+from training import augment, distributed, hard_moe, run
 from training.data import Data, data_record, open_data
 from training.engine import EpochContext, NonFiniteLoss, train_one_epoch
 from training.evaluate import evaluate
@@ -42,9 +42,11 @@ from training.super_spec import resolve_super_classes, super_record
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """No weight decay on biases, norms, position embedding and class token (DeiT / timm)."""
+    """Trainable parameters only; no weight decay on biases, norms, position embedding and class token (DeiT)."""
     decay, no_decay = [], []
     for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue  # frozen (a Hard MoE's gater trunk): the optimizer never sees it
         skip = param.ndim < 2 or name.endswith(("pos_embed", "cls_token"))
         (no_decay if skip else decay).append(param)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
@@ -91,6 +93,12 @@ def check_super_classes(model_config: ViTConfig, super_classes, cfg: TrainConfig
         raise UsageError(
             "a Mobile V-MoE with a router loss needs --super-classes (FILE.json, coarse, truth or random[:SEED]); "
             "or train end to end with --router-loss 0 [--balance-loss 0.01]"
+        )
+    fixed_router_loss = cfg.balance_loss_weight > 0 or (cfg.router_loss_weight > 0 and super_classes is not None)
+    if model_config.routing == "cluster" and fixed_router_loss:
+        raise UsageError(
+            "a Hard MoE's router is fixed k-means, it has no router or balance loss: drop --super-classes (or give "
+            "--router-loss 0 to only score its routing against them) and --balance-loss"
         )
     if cfg.route_by == "label" and super_classes is None:
         raise UsageError("--route-by label needs --super-classes: it routes each image to its true super-class")
@@ -143,13 +151,16 @@ def train(
     out_dir: str | os.PathLike,
     verbose: bool = True,
     fit_num_classes: bool = False,
+    init_from: str | os.PathLike | None = None,
 ) -> Path:
     """Train a new run into `out_dir` (which must not hold a run already); -> out_dir.
 
     model_config: e.g. make_config("mobile-vmoe", "6x64", ...); its num_classes must be the data's, unless
     `fit_num_classes` (the CLI without --num-classes) sets it from the data. super_class_spec: FILE.json, coarse,
-    truth, random[:SEED] or None (super_spec.py). Prints one line per epoch unless not `verbose`.
+    truth, random[:SEED] or None (super_spec.py). Prints one line per epoch unless not `verbose`. init_from: the
+    dense gater run a hard-moe starts from (required there, refused elsewhere; training/hard_moe.py).
     """
+    hard_moe.check_init_from(model_config, init_from)
     out_dir = Path(out_dir)
     check_writable(out_dir, directory=True)
     if run.holds_results(out_dir):
@@ -157,7 +168,9 @@ def train(
     if (out_dir / run.CONFIG).exists() and not run.is_failed_start(out_dir):
         raise UsageError(f"{out_dir} holds a {run.CONFIG} that is not a mobile-moe run's; choose another --out")
     # A directory with only our config.json is a start that failed before its first epoch: nothing to lose.
-    return _train(model_config, train_config, data_spec, super_class_spec, out_dir, verbose, False, fit_num_classes)
+    return _train(
+        model_config, train_config, data_spec, super_class_spec, out_dir, verbose, False, fit_num_classes, init_from
+    )
 
 
 def resume_training(run_dir: str | os.PathLike, verbose: bool = True, **changes: Any) -> Path:
@@ -172,7 +185,9 @@ def resume_training(run_dir: str | os.PathLike, verbose: bool = True, **changes:
     cfg = from_dict(config["recipe"]).replace(**{k: v for k, v in changes.items() if v is not None})
     spec = config["super_classes"]["spec"] if config.get("super_classes") else None
     model_config = config_from_dict(config["model"])
-    return _train(model_config, cfg, config["data"]["spec"], spec, Path(run_dir), verbose, resume=True)
+    return _train(
+        model_config, cfg, config["data"]["spec"], spec, Path(run_dir), verbose, True, init_from=config.get("init_from")
+    )
 
 
 def check_resumable(state: dict[str, Any], run_config: dict[str, Any], cfg: TrainConfig, path: Path) -> None:
@@ -232,6 +247,7 @@ def _train(
     verbose: bool,
     resume: bool,
     fit_num_classes: bool = False,
+    init_from: str | os.PathLike | None = None,
 ) -> Path:
     placement = distributed.setup(cfg.device)
     say = (lambda text: print(text, flush=True)) if verbose and placement.is_main else (lambda text: None)
@@ -256,6 +272,11 @@ def _train(
         # --- model, optimizer, schedule ---
         torch.manual_seed(cfg.seed)  # the same initial weights on every process
         model = build_model(model_config).to(placement.device)
+        # Hard MoE stage 1 (gater weights, PCA + k-means) on a fresh start; a resume keeps the run's own clusters.
+        hard_moe_entries = {}
+        if model_config.routing == "cluster":
+            resumed = run.read_config(out_dir) if state is not None else None
+            hard_moe_entries = hard_moe.stage_one(model, init_from, data, cfg, placement.device, resumed)
         optimizer = torch.optim.AdamW(parameter_groups(model, cfg.weight_decay), lr=cfg.lr)
         scheduler = cosine_schedule(optimizer, cfg, len(loader))
         step_module: nn.Module = TrainingForward(model, cfg.route_by)
@@ -276,6 +297,7 @@ def _train(
             "data": data_record(data),
             "super_classes": super_record(super_class_spec, super_classes),
             "recipe": cfg.to_dict(),
+            **hard_moe_entries,
         }
         if state is not None:
             load_training_state(state, last, model, optimizer, scheduler)
@@ -334,6 +356,8 @@ def _train(
                 "val_top5": scores["top5"],
                 "router_accuracy": scores["router_accuracy"],
                 "expert_load": scores.get("expert_load"),
+                "val_experts_per_image": scores.get("experts_per_image_mean"),
+                "val_dropped": scores.get("dropped"),
                 "lr": lr,
                 "time": time.time(),
             }

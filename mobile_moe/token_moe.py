@@ -1,0 +1,343 @@
+"""Per-token reference MoEs on the dense ViT's backbone: V-MoE, Experts Choice and Soft MoE.
+
+    images -> embedding -> blocks (those at cfg.moe_block_indices: MoE layer instead of the MLP) -> head -> logits
+
+Each MoE layer is a router and E expert MLPs (moe.ExpertMLPs). Every router returns the same two tensors, GShard-style:
+`dispatch` (which token fills which buffer slot) and `combine` (with what weight the slot's output returns to the
+token), so one MoELayer runs all three. Routing groups are images: each image's T tokens compete for buffers of
+`cap` slots per expert. Shapes never depend on the data (no .item(), no data-dependent branching), so the whole model
+exports as one graph with torch.export.
+
+Legend: B images, T tokens per image, D width, E experts, k choices per token, cap buffer slots per expert and image
+(Soft MoE: p slots per expert), S = E * cap slots in all, G expert sets (config.expert_sets: one per MoE block here).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from mobile_moe.config import ExpertsChoiceConfig, SoftMoEConfig, TokenMoEConfig, VMoEConfig
+from mobile_moe.costs import buffer_capacity
+from mobile_moe.moe import ExpertMLPs
+from mobile_moe.outputs import ModelOutput, MoEStats
+from mobile_moe.routers import top_k
+from mobile_moe.vit import Attention, Block, ClassifierHead, TokenEmbedding, dense_block, init_weights
+
+# --- helpers -----------------------------------------------------------------------------------------------------
+
+
+def one_hot(indices: Tensor, num_classes: int, dtype: torch.dtype) -> Tensor:
+    """(...,) -> (..., num_classes); an index >= num_classes gives an all-zero row (a choice that found no room).
+
+    A comparison rather than F.one_hot, whose range check reads the data and so breaks torch.export.
+    """
+    classes = torch.arange(num_classes, device=indices.device)
+    return (indices.unsqueeze(-1) == classes).to(dtype)
+
+
+def l2_normalize(x: Tensor, dim: int, eps: float = 1e-6) -> Tensor:
+    """x / (||x|| + eps), Soft MoE's Algorithm 2 (not F.normalize, which clamps the norm instead)."""
+    return x * torch.reciprocal(x.square().sum(dim, keepdim=True).sqrt() + eps)
+
+
+def cv_squared(values: Tensor) -> Tensor:
+    """(B, E) -> (B,): squared coefficient of variation over experts, (std / mean)^2 with the population std."""
+    return (values.std(-1, correction=0) / values.mean(-1)) ** 2
+
+
+class Route(NamedTuple):
+    """What a router hands its MoE layer."""
+
+    dispatch: Tensor  # (B, T, E, cap) 1 where token t fills slot c of expert e (Soft MoE: softmax over t)
+    combine: Tensor  # (B, T, E, cap) weight of slot (e, c)'s output in token t's output
+    stats: MoEStats  # aux_loss (), expert_tokens (B, 1, E): one layer is one expert set, dropped ()
+
+
+def merge_stats(per_layer: list[MoEStats], shared_experts: bool = False) -> MoEStats:
+    """The model's MoEStats from its MoE layers' (each with G = 1): aux losses summed, dropped shares averaged, and
+    expert token counts side by side, one expert set per layer (B, L, E), or summed into the one set that every
+    layer shares (shared_experts, WideNet: (B, 1, E))."""
+    counts = torch.cat([s.expert_tokens for s in per_layer], dim=1)  # (B, L, E)
+    return MoEStats(
+        aux_loss=torch.stack([s.aux_loss for s in per_layer]).sum(),
+        expert_tokens=counts.sum(1, keepdim=True) if shared_experts else counts,
+        dropped=torch.stack([s.dropped for s in per_layer]).mean(),
+    )
+
+
+# --- routers -----------------------------------------------------------------------------------------------------
+
+
+class TokenChoiceRouter(nn.Module):
+    """Each token picks its top-k experts; each expert's buffer takes `cap` tokens of an image (V-MoE's
+    NoisyTopExpertsPerItemRouter; WideNet's router with noise_std 0, no BPR and the Switch loss).
+
+        logits = W x  (no LayerNorm: the block's norm2 already normalised x)  (+ N(0, noise_std^2) while training)
+        gates = softmax(logits); each token's top-k gates, not renormalised (as in V-MoE)
+
+    Buffer slots go in priority order, all first choices before any second choice: by the top gate, highest first
+    (Batch Prioritized Routing, batch_prioritized) or in token order. A choice past `cap` is dropped: the token gets
+    nothing from that expert and its residual carries it on.
+
+    Auxiliary loss, per image, then averaged over images:
+      "importance-load" (V-MoE, appendix A): (importance + load) / 2. importance = CV^2 over experts of the summed
+        clean softmax gates; load = CV^2 of the summed probability that expert e stays in a token's top k when
+        only e's noise is drawn again: P(logit_e + noise >= k-th largest noisy logit) = 1 - Phi((threshold -
+        logit_e) / noise_std). Without noise (evaluation, or noise_std 0) that probability tends to the 0/1 top-k
+        indicator, so load is then the CV^2 of the hard top-k counts: the same number in the limit, without a
+        gradient. (google-research/vmoe drops the load term there; keeping its limit makes the reported loss mean
+        the same in training and evaluation, and only the importance term has a gradient either way.)
+      "switch" (Switch / WideNet): E * sum_e m_e P_e with m_e the share of (token, choice) assignments to e (before
+        the capacity cut) and P_e the mean gate of e; 1 when both are uniform.
+    The loss is returned already multiplied by aux_loss_weight.
+    """
+
+    def __init__(
+        self,
+        width: int,
+        num_experts: int,
+        top_k: int,
+        capacity_ratio: float,
+        eval_capacity_ratio: float,
+        noise_std: float = 0.0,
+        batch_prioritized: bool = False,
+        balance_loss: str = "importance-load",
+        aux_loss_weight: float = 0.0,
+    ):
+        super().__init__()
+        if balance_loss not in ("importance-load", "switch"):
+            raise ValueError(f"balance_loss {balance_loss!r}: expected 'importance-load' or 'switch'")
+        self.num_experts, self.top_k = num_experts, top_k
+        self.capacity_ratio, self.eval_capacity_ratio = capacity_ratio, eval_capacity_ratio
+        self.noise_std, self.batch_prioritized = noise_std, batch_prioritized
+        self.balance_loss, self.aux_loss_weight = balance_loss, aux_loss_weight
+        self.proj = nn.Linear(width, num_experts)
+
+    def capacity(self, tokens: int) -> int:
+        ratio = self.capacity_ratio if self.training else self.eval_capacity_ratio
+        return buffer_capacity(ratio, self.top_k, tokens, self.num_experts)
+
+    def forward(self, x: Tensor) -> Route:
+        """x (B, T, D) -> Route with dispatch, combine of shape (B, T, E, cap)."""
+        logits = self.proj(x)  # (B, T, E)
+        noisy = self.training and self.noise_std > 0
+        noisy_logits = logits + self.noise_std * torch.randn_like(logits) if noisy else logits
+        gates, experts = top_k(noisy_logits.softmax(-1), self.top_k)  # (B, T, k) each
+        capacity = self.capacity(x.shape[1])
+        slots = self.buffer_slots(experts, gates[..., 0])  # (B, T, k)
+        expert_mask = one_hot(experts, self.num_experts, x.dtype)  # (B, T, k, E)
+        slot_mask = one_hot(slots, capacity, x.dtype)  # (B, T, k, cap), zero past the capacity: dropped
+        dispatch = (expert_mask.unsqueeze(-1) * slot_mask.unsqueeze(-2)).sum(2)  # (B, T, E, cap)
+        expert_gates = (expert_mask * gates.unsqueeze(-1)).sum(2)  # (B, T, E), zero off the top k
+        combine = dispatch * expert_gates.unsqueeze(-1)  # (B, T, E, cap)
+        stats = MoEStats(
+            aux_loss=self.aux_loss_weight * self.balance(logits, noisy_logits, experts, expert_mask),
+            expert_tokens=dispatch.detach().sum((1, 3)).unsqueeze(1),  # (B, 1, E)
+            dropped=1.0 - (slots < capacity).to(x.dtype).mean(),
+        )
+        return Route(dispatch, combine, stats)
+
+    def buffer_slots(self, experts: Tensor, top_gate: Tensor) -> Tensor:
+        """(B, T, k) experts, (B, T) top gate -> (B, T, k): the slot each (token, choice) takes in its expert's buffer
+        (V-MoE's Algorithm 1; counted past the capacity, so a slot >= cap means dropped)."""
+        B, T, k = experts.shape
+        if self.batch_prioritized:
+            order = top_k(top_gate, T)[1]  # (B, T): tokens by top gate, highest first; ties: lower index first
+        else:
+            order = torch.arange(T, device=experts.device).expand(B, T)  # (B, T)
+        order = order.unsqueeze(-1).expand(B, T, k)  # (B, T, k)
+        queue = experts.gather(1, order).transpose(1, 2).reshape(B, k * T)  # (B, k*T): all 1st choices, then 2nd...
+        mask = one_hot(queue, self.num_experts, torch.int64)  # (B, k*T, E)
+        slots = (mask.cumsum(1) * mask).sum(-1) - 1  # (B, k*T): place in the expert's queue
+        slots = slots.reshape(B, k, T).transpose(1, 2)  # (B, T, k) in priority order
+        return torch.zeros_like(slots).scatter(1, order, slots)  # (B, T, k) back in token order
+
+    def balance(self, logits: Tensor, noisy_logits: Tensor, experts: Tensor, expert_mask: Tensor) -> Tensor:
+        """The unweighted auxiliary loss () (see the class docstring)."""
+        T = logits.shape[1]
+        assigned = expert_mask.sum(2)  # (B, T, E): 1 where e is among the token's top k
+        if self.balance_loss == "switch":
+            share = assigned.sum(1) / (self.top_k * T)  # (B, E)
+            mean_gate = noisy_logits.softmax(-1).mean(1)  # (B, E)
+            return (self.num_experts * (share * mean_gate).sum(-1)).mean()
+        importance = cv_squared(logits.softmax(-1).sum(1))  # (B,)
+        if self.training and self.noise_std > 0:
+            threshold = noisy_logits.gather(-1, experts[..., -1:])  # (B, T, 1): the k-th largest noisy logit
+            p_chosen = 0.5 * torch.erfc((threshold - logits) / (self.noise_std * math.sqrt(2.0)))  # (B, T, E)
+            load = cv_squared(p_chosen.sum(1))  # (B,)
+        else:
+            load = cv_squared(assigned.sum(1))  # (B,): the noise-free limit, hard top-k counts
+        return ((importance + load) / 2).mean()
+
+
+class ExpertsChoiceRouter(nn.Module):
+    """Each expert takes its top-cap tokens of an image (Zhou et al. 2022; vmoe's items-per-expert router).
+
+        scores = softmax over experts of W x  (B, T, E); expert e takes the cap tokens with the highest score_e,
+        cap = min(T, ceil(C * T / E)); combine weight = that score.
+
+    Every buffer is full, so nothing is dropped for lack of room; `dropped` reports instead the share of tokens no
+    expert took (they pass through on the residual). No auxiliary loss: the balance is built in.
+    """
+
+    def __init__(self, width: int, num_experts: int, capacity_ratio: float, eval_capacity_ratio: float):
+        super().__init__()
+        self.num_experts = num_experts
+        self.capacity_ratio, self.eval_capacity_ratio = capacity_ratio, eval_capacity_ratio
+        self.proj = nn.Linear(width, num_experts)
+
+    def capacity(self, tokens: int) -> int:
+        ratio = self.capacity_ratio if self.training else self.eval_capacity_ratio
+        return buffer_capacity(ratio, 1, tokens, self.num_experts)
+
+    def forward(self, x: Tensor) -> Route:
+        """x (B, T, D) -> Route with dispatch, combine of shape (B, T, E, cap)."""
+        T = x.shape[1]
+        scores = self.proj(x).softmax(-1)  # (B, T, E)
+        gates, tokens = top_k(scores.transpose(1, 2), self.capacity(T))  # (B, E, cap) each
+        dispatch = one_hot(tokens, T, x.dtype).permute(0, 3, 1, 2)  # (B, E, cap, T) -> (B, T, E, cap)
+        combine = dispatch * gates.unsqueeze(1)  # (B, T, E, cap)
+        taken = dispatch.detach().sum((2, 3)) > 0  # (B, T)
+        stats = MoEStats(
+            aux_loss=x.new_zeros(()),
+            expert_tokens=dispatch.detach().sum((1, 3)).unsqueeze(1),  # (B, 1, E): cap for every expert
+            dropped=1.0 - taken.to(x.dtype).mean(),
+        )
+        return Route(dispatch, combine, stats)
+
+
+class SoftRouter(nn.Module):
+    """Soft MoE (Puigcerver et al. 2023): every slot is a weighted average of all tokens; nothing is picked.
+
+        logits = l2norm_D(X) . (scale * l2norm_D(Phi))   (B, T, E, p)   Phi: (D, E, p) slot parameters, scale init 1
+        dispatch = softmax over the T tokens (each slot's column sums to 1)
+        combine = softmax over the E * p slots (each token's row sums to 1)
+
+    The l2 normalisation (the paper's Sec. 2.3) keeps the softmax from going one-hot as D grows. Every expert
+    processes its p slots: expert_tokens is p per expert and layer, dropped 0, no auxiliary loss.
+    """
+
+    def __init__(self, width: int, num_experts: int, slots_per_expert: int):
+        super().__init__()
+        self.num_experts, self.slots_per_expert = num_experts, slots_per_expert
+        # LeCun normal, as vmoe's SoftRouter; only Phi's direction matters after the normalisation.
+        self.phi = nn.Parameter(torch.randn(width, num_experts, slots_per_expert) / math.sqrt(width))
+        self.scale = nn.Parameter(torch.ones(()))
+
+    def forward(self, x: Tensor) -> Route:
+        """x (B, T, D) -> Route with dispatch, combine of shape (B, T, E, p)."""
+        phi = self.scale * l2_normalize(self.phi, 0)  # (D, E, p)
+        logits = torch.einsum("btd,dep->btep", l2_normalize(x, -1), phi)  # (B, T, E, p)
+        dispatch = logits.softmax(dim=1)  # (B, T, E, p), over tokens
+        combine = logits.flatten(2).softmax(-1).reshape(logits.shape)  # (B, T, E*p) -> (B, T, E, p), over slots
+        stats = MoEStats(
+            aux_loss=x.new_zeros(()),
+            expert_tokens=x.new_full((x.shape[0], 1, self.num_experts), float(self.slots_per_expert)),  # (B, 1, E)
+            dropped=x.new_zeros(()),
+        )
+        return Route(dispatch, combine, stats)
+
+
+# --- the MoE layer and block -------------------------------------------------------------------------------------
+
+
+class MoELayer(nn.Module):
+    """router -> dispatch -> each expert once on its (B, cap, D) buffer -> combine; x (B, T, D) -> (B, T, D), stats.
+
+        buffers[b, e, c] = sum_t dispatch[b, t, e, c] x[b, t]          "btec,btd->becd"
+        y[b, t] = sum_{e, c} combine[b, t, e, c] expert_e(buffers)[b, c]  "btec,becd->btd"
+
+    Empty slots hold zeros; the expert still runs on them (static shapes) but their combine weight is 0.
+    """
+
+    def __init__(self, router: nn.Module, experts: ExpertMLPs):
+        super().__init__()
+        self.router = router
+        self.experts = experts
+
+    def forward(self, x: Tensor) -> tuple[Tensor, MoEStats]:
+        route = self.router(x)
+        buffers = torch.einsum("btec,btd->becd", route.dispatch, x)  # (B, E, cap, D)
+        outputs = torch.stack([expert(buffers[:, e]) for e, expert in enumerate(self.experts.experts)], 1)
+        return torch.einsum("btec,becd->btd", route.combine, outputs), route.stats  # (B, T, D)
+
+
+class TokenMoEBlock(Block):
+    """Pre-norm block whose MLP is an MoELayer: x + attn(LN(x)), then x + MoE(LN(x)); returns (x, stats)."""
+
+    mlp: MoELayer
+
+    def forward(self, x: Tensor) -> tuple[Tensor, MoEStats]:  # type: ignore[override]
+        x = self.attend(x)
+        y, stats = self.mlp(self.norm2(x))
+        return x + y, stats
+
+
+def make_router(cfg: TokenMoEConfig) -> nn.Module:
+    """The router a config's routing kind asks for."""
+    if isinstance(cfg, VMoEConfig):
+        return TokenChoiceRouter(
+            cfg.width,
+            cfg.num_experts,
+            cfg.top_k,
+            cfg.capacity_ratio,
+            cfg.eval_capacity_ratio,
+            noise_std=cfg.router_noise_std,
+            batch_prioritized=cfg.batch_prioritized,
+            balance_loss="importance-load",
+            aux_loss_weight=cfg.aux_loss_weight,
+        )
+    if isinstance(cfg, ExpertsChoiceConfig):
+        return ExpertsChoiceRouter(cfg.width, cfg.num_experts, cfg.capacity_ratio, cfg.eval_capacity_ratio)
+    if isinstance(cfg, SoftMoEConfig):
+        return SoftRouter(cfg.width, cfg.num_experts, cfg.slots_per_expert)
+    raise TypeError(f"no per-token router for {type(cfg).__name__}")
+
+
+def token_moe_block(cfg: TokenMoEConfig) -> TokenMoEBlock:
+    return TokenMoEBlock(
+        nn.LayerNorm(cfg.width),
+        Attention(cfg.width, cfg.num_heads),
+        nn.LayerNorm(cfg.width),
+        MoELayer(make_router(cfg), ExpertMLPs(cfg.num_experts, cfg.width, cfg.mlp_hidden)),
+    )
+
+
+# --- the model ---------------------------------------------------------------------------------------------------
+
+
+class TokenMoEViT(nn.Module):
+    """The dense ViT with MoE layers at cfg.moe_block_indices; the same state-dict layout for embedding, dense blocks
+    and head (blocks.i.mlp.experts.experts.e holds expert e of MoE block i, upcycled from blocks.i.mlp)."""
+
+    def __init__(self, cfg: TokenMoEConfig):
+        super().__init__()
+        self.config = cfg
+        self.embedding = TokenEmbedding(cfg)
+        moe = set(cfg.moe_block_indices)
+        self.blocks = nn.ModuleList(token_moe_block(cfg) if i in moe else dense_block(cfg) for i in range(cfg.depth))
+        self.head = ClassifierHead(cfg)
+        self.apply(init_weights)
+
+    def forward_features(self, images: Tensor) -> tuple[Tensor, MoEStats]:
+        """(B, C, H, W) -> (tokens (B, T, D) before the final norm, MoEStats with expert_tokens (B, L, E))."""
+        x = self.embedding(images)
+        stats = []
+        for block in self.blocks:
+            if isinstance(block, TokenMoEBlock):  # fixed by the config, not by the data
+                x, block_stats = block(x)
+                stats.append(block_stats)
+            else:
+                x = block(x)
+        return x, merge_stats(stats)
+
+    def forward_head(self, tokens: Tensor) -> Tensor:
+        return self.head(tokens)
+
+    def forward(self, images: Tensor) -> ModelOutput:
+        tokens, stats = self.forward_features(images)
+        return ModelOutput(self.forward_head(tokens), None, stats)

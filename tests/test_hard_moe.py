@@ -1,0 +1,291 @@
+"""Hard MoE (Gross et al. 2017): nearest-centroid routing, the split, the frozen gater, and the two-stage training."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mobile_moe.checkpoint import load_checkpoint
+from mobile_moe.cli import main
+from mobile_moe.errors import UsageError
+from mobile_moe.registry import make_config
+from tests.conftest import tiny_model
+from training import hard_moe as stage
+from training.run import load_run, read_config, read_metrics
+
+# --- the model ------------------------------------------------------------------------------------------------------
+
+
+def fitted(model, images, seed=0):
+    """Fit the router on the features of `images` as stage 1 does; -> the fitted estimators and the features."""
+    with torch.no_grad():
+        features = model.image_features(images).double().numpy()
+    fit = stage.fit_clusters(features, model.config.num_experts, model.config.pca_dims, seed)
+    pca, kmeans = fit["pca"], fit["kmeans"]
+    as_buffer = lambda a: torch.as_tensor(a, dtype=torch.float32)  # noqa: E731
+    model.router.set_clusters(
+        None if pca is None else as_buffer(pca.mean_),
+        None if pca is None else as_buffer(pca.components_),
+        as_buffer(kmeans.cluster_centers_),
+    )
+    return fit, features
+
+
+@pytest.fixture
+def many_images() -> torch.Tensor:
+    return torch.randn(40, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+
+
+@pytest.mark.parametrize("pca_dims", [8, 0])
+@pytest.mark.parametrize("pool", ["cls", "mean"])
+def test_routing_is_sklearn_kmeans_predict_on_the_pca_features(many_images, pca_dims, pool):
+    model = tiny_model("hard-moe", pca_dims=pca_dims, pool=pool).eval()
+    fit, features = fitted(model, many_images)
+    expected = fit["kmeans"].predict(fit["projected"] if fit["pca"] is None else fit["pca"].transform(features))
+    with torch.no_grad():
+        routing = model(many_images).routing
+    assert routing.experts[:, 0].tolist() == expected.tolist()
+    assert len(set(expected.tolist())) > 1  # the test means something: images spread over experts
+    assert torch.equal(routing.probs, F.one_hot(routing.experts[:, 0], 4).float())
+    assert torch.equal(routing.gates, torch.ones(40, 1))
+    distances = ((torch.as_tensor(fit["projected"]).float()[:, None] - model.router.centroids) ** 2).sum(-1)
+    torch.testing.assert_close(routing.logits, -distances, atol=1e-4, rtol=1e-4)
+
+
+def test_an_unfitted_router_ties_and_picks_the_lowest_index(images):
+    routing = tiny_model("hard-moe")(images).routing
+    assert routing.experts[:, 0].tolist() == [0] * 6
+    assert torch.equal(routing.logits, routing.logits[:, :1].expand(6, 4))  # every centroid 0: all distances tie
+
+
+def test_clusters_live_in_buffers_not_parameters():
+    model = tiny_model("hard-moe")
+    buffers = {name for name, _ in model.named_buffers()}
+    assert buffers == {
+        "router_stage.router.pca_mean",
+        "router_stage.router.pca_components",
+        "router_stage.router.centroids",
+    }
+    assert {"router_stage.router.centroids"} == {n for n, _ in tiny_model("hard-moe", pca_dims=0).named_buffers()}
+    assert not any(name.startswith("router_stage.router") for name, _ in model.named_parameters())
+    with pytest.raises(ValueError, match="expected shape"):
+        model.router.set_clusters(torch.zeros(32), torch.zeros(8, 32), torch.zeros(3, 8))
+    with pytest.raises(ValueError, match="needs the PCA mean"):
+        model.router.set_clusters(None, None, torch.zeros(4, 8))
+
+
+@pytest.mark.parametrize("shared_head", [False, True])
+def test_expert_path_equals_the_model_on_the_images_routed_to_it(many_images, shared_head):
+    model = tiny_model("hard-moe", pool="mean", shared_head=shared_head).eval()
+    fitted(model, many_images)
+    with torch.no_grad():
+        whole = model(many_images)
+        tokens, routing = model.router_stage(many_images)
+        assert torch.equal(routing.experts, whole.routing.experts)
+        for e in range(4):
+            mine = routing.experts[:, 0] == e
+            if mine.any():
+                logits = model.expert_path(e)(tokens[mine], routing.gates[mine])
+                torch.testing.assert_close(logits, whole.logits[mine], atol=1e-5, rtol=1e-5)
+        dense = model(many_images, dispatch="dense").logits
+    torch.testing.assert_close(dense, whole.logits, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shared_head", [False, True])
+def test_expert_path_holds_only_its_own_expert(shared_head):
+    model = tiny_model("hard-moe", shared_head=shared_head)
+    held = {id(p) for p in model.expert_path(2).parameters()}
+    own = {id(p) for p in model.expert_blocks[2].parameters()}
+    others = {id(p) for e in (0, 1, 3) for p in model.expert_blocks[e].parameters()}
+    head = model.head if shared_head else model.expert_heads[2]
+    assert own | {id(p) for p in head.parameters()} == held and not others & held
+    assert (model.head is None) != shared_head and (model.expert_heads is None) == shared_head
+    with pytest.raises(IndexError):
+        model.expert_path(4)
+
+
+def test_gate_one_is_exactly_the_dense_blocks(images):
+    model = tiny_model("hard-moe").eval()
+    tokens, _ = model.router_stage(images)
+    x = tokens
+    for block in model.expert_blocks[1]:
+        x = block(x)
+    path = model.expert_path(1)
+    assert torch.equal(path(tokens, torch.ones(6, 1)), model.expert_heads[1](x))
+
+
+def test_an_upcycled_hard_moe_computes_its_gater(images):
+    """Every expert is a copy of the gater's last blocks and head: whatever the routing, the logits are the gater's."""
+    gater = tiny_model("vit").eval()
+    for shared_head in (False, True):
+        model = tiny_model("hard-moe", shared_head=shared_head).eval()
+        model.load_gater(gater.state_dict())
+        model.router.set_clusters(torch.zeros(32), torch.eye(8, 32), torch.randn(4, 8))
+        torch.testing.assert_close(model(images).logits, gater(images).logits, rtol=0, atol=0)
+    with pytest.raises(UsageError, match="missing"):
+        model.load_gater({k: v for k, v in gater.state_dict().items() if not k.startswith("head.")})
+
+
+def test_the_trunk_is_frozen_and_only_chosen_experts_get_gradients(many_images):
+    model = tiny_model("hard-moe", pool="mean")
+    fitted(model, many_images)
+    assert not any(p.requires_grad for p in model.router_stage.parameters())
+    with torch.no_grad():
+        nearest = model(many_images).routing.experts[:, 0]
+    batch = many_images[(nearest == 0) | (nearest == 2)]  # a batch that needs experts 0 and 2 only
+    out = model(batch)
+    F.cross_entropy(out.logits, torch.arange(len(batch)) % 7).backward()
+    chosen = set(out.routing.experts[:, 0].tolist())
+    assert chosen == {0, 2}
+    assert all(p.grad is None for p in model.router_stage.parameters())
+    for e in range(4):
+        params = [*model.expert_blocks[e].parameters(), *model.expert_heads[e].parameters()]
+        assert all((p.grad is not None and p.grad.abs().sum() > 0) == (e in chosen) for p in params), e
+
+
+def test_no_label_routing_and_known_dispatch_only(images):
+    model = tiny_model("hard-moe")
+    with pytest.raises(ValueError, match="no label routing"):
+        model(images, route_to=torch.zeros(6, dtype=torch.int64))
+    with pytest.raises(ValueError, match="dispatch"):
+        model(images, dispatch="sparse")
+    with pytest.raises(UsageError, match="top_k"):
+        make_config("hard-moe", top_k=2)
+
+
+# --- two-stage training ---------------------------------------------------------------------------------------------
+
+SYNTHETIC = "synthetic:classes=6,super=3,per_class=30,noise=0.05"
+MODEL = ["--size", "3x64", "--patch", "4", "--image-size", "16", "--pool", "mean"]
+RECIPE = ["--recipe", "tiny", "--epochs", "1", "--batch-size", "32", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def gater(tmp_path_factory):
+    """A tiny dense vit trained for one epoch: the gater every Hard MoE here starts from."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out = tmp_path_factory.mktemp("gater") / "vit"
+        assert main(["train", "--model", "vit", *MODEL, "--data", SYNTHETIC, *RECIPE, "--out", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def hard_moe_argv(gater, out, *extra):
+    return ["train", "--model", "hard-moe", "--init-from", str(gater), "--experts", "4", "--moe-layers", "2",
+            "--data", SYNTHETIC, *RECIPE, "--out", str(out), *extra]  # fmt: skip
+
+
+def gater_blocks(gater_state, index):
+    return {k.split(".", 2)[2]: v for k, v in gater_state.items() if k.startswith(f"blocks.{index}.")}
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_train_fits_kmeans_on_the_frozen_gater_and_trains_each_expert_on_its_cluster(gater, tmp_path, monkeypatch):
+    real_fit = stage.fit_clusters
+
+    def fit_with_an_empty_cluster(*args, **kwargs):
+        fit = real_fit(*args, **kwargs)
+        fit["kmeans"].cluster_centers_[3] = 1e6  # no image is nearest to it
+        return fit
+
+    monkeypatch.setattr(stage, "fit_clusters", fit_with_an_empty_cluster)
+    out = tmp_path / "hard"
+    assert main(hard_moe_argv(gater, out)) == 0
+    config = read_config(out)
+    record = config["hard_moe"]
+    assert config["init_from"] == str(gater.resolve()) and config["model"]["width"] == 64  # size from the gater
+    assert record["images"] == 125 and sum(record["cluster_sizes"]) == 125 and record["empty_clusters"] == [3]
+
+    gater_state = load_checkpoint(gater / "best.pt")["model"]
+    model = load_run(out, "last").model
+    # The trunk is the gater's, bit for bit, after training.
+    for key, value in model.router_stage.embedding.state_dict().items():
+        assert torch.equal(value, gater_state[f"embedding.{key}"]), key
+    for key, value in gater_blocks(gater_state, 0).items():
+        assert torch.equal(model.router_stage.blocks[0].state_dict()[key], value), key
+    # Each expert moved from its upcycled start exactly when its cluster has images.
+    for e, size in enumerate(record["cluster_sizes"]):
+        moved = any(
+            not torch.equal(model.expert_blocks[e][i].state_dict()[key], value)
+            for i in range(2)
+            for key, value in gater_blocks(gater_state, i + 1).items()
+        )
+        assert moved == (size > 0), e
+
+    # The routing is scikit-learn's KMeans.predict on the PCA'd features (refitted here with the run's seed).
+    data = load_run(out).open_data()
+    features = stage.trunk_features(model, data.split("train"), "cpu", 512)
+    fit = real_fit(features, 4, 32, record["seed"])
+    fit["kmeans"].cluster_centers_[3] = 1e6
+    with torch.no_grad():
+        routed = model.router.distances(torch.as_tensor(features, dtype=torch.float32)).argmin(-1)
+    assert routed.tolist() == fit["kmeans"].predict(fit["pca"].transform(features)).tolist()
+    assert np.bincount(routed.numpy(), minlength=4).tolist() == record["cluster_sizes"]
+    assert read_metrics(out)[-1]["expert_load"][3] == 0.0
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_train_evaluate_and_resume(gater, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "hard"
+    assert main(hard_moe_argv(gater, out, "--model-kwargs", "shared_head=true", "pca_dims=0")) == 0
+    before = read_config(out)
+    assert before["model"]["shared_head"] is True and before["hard_moe"]["explained_variance"] is None
+    capsys.readouterr()
+    assert main(["evaluate", str(out), "--data", SYNTHETIC, "--json"]) == 0
+    scores = json.loads(capsys.readouterr().out)
+    assert len(scores["expert_load"]) == 4 and sum(scores["expert_load"]) == pytest.approx(1.0)
+
+    # A resume refits nothing: the clusters come from checkpoint.pt, the record from config.json.
+    def refit(*args, **kwargs):
+        raise AssertionError("a resume must not refit the clusters")
+
+    monkeypatch.setattr(stage, "prepare_hard_moe", refit)
+    centroids = load_run(out, "last").model.router.centroids.clone()
+    assert main(hard_moe_argv(gater, out, "--model-kwargs", "shared_head=true", "pca_dims=0", "--resume",
+                              "--epochs", "2")) == 0  # fmt: skip
+    assert [row["epoch"] for row in read_metrics(out)] == [1, 2]
+    assert read_config(out)["hard_moe"] == before["hard_moe"]
+    assert torch.equal(load_run(out, "last").model.router.centroids, centroids)
+    assert main(["train", "--out", str(out), "--resume", "--init-from", str(tmp_path), "--epochs", "3"]) == 2
+    assert "--init-from" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_init_from_errors_are_one_line(gater, tmp_path, capsys):
+    def error(argv) -> str:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1
+        return err
+
+    out = str(tmp_path / "x")
+    base = ["--data", SYNTHETIC, *RECIPE, "--out", out]
+    assert "--init-from RUN_DIR" in error(["train", "--model", "hard-moe", *MODEL, *base])
+    assert "applies to hard-moe" in error(["train", "--model", "vit", *MODEL, "--init-from", str(gater), *base])
+    assert "does not fit" in error(["train", "--model", "hard-moe", "--init-from", str(gater), "--size", "4x64", *base])
+    assert "does not fit" in error(["train", "--model", "hard-moe", "--init-from", str(gater), "--pool", "cls", *base])
+    assert "not a run directory" in error(["train", "--model", "hard-moe", "--init-from", str(tmp_path), *base])
+    other = ["--data", "synthetic:classes=6,super=2,per_class=30", *RECIPE, "--out", out]
+    assert "classes are not those" in error(["train", "--model", "hard-moe", "--init-from", str(gater), *other])
+    assert not (tmp_path / "x" / "checkpoint.pt").exists()
+
+
+def test_a_hard_moe_gater_must_be_a_vit_run(gater, tmp_path):
+    (tmp_path / "moe").mkdir()
+    config = read_config(gater)
+    config["model"] = make_config("mobile-vmoe", "3x64", patch_size=4, image_size=16, num_classes=6).to_dict()
+    (tmp_path / "moe" / "config.json").write_text(json.dumps(config))
+    hard = make_config("hard-moe", "3x64", patch_size=4, image_size=16, num_classes=6, pool="mean", num_experts=4)
+    with pytest.raises(UsageError, match="is a mobile-vmoe run"):
+        stage.check_gater(hard, tmp_path / "moe")
+    with pytest.raises(UsageError, match="no best.pt"):
+        config["model"] = read_config(gater)["model"]
+        (tmp_path / "moe" / "config.json").write_text(json.dumps(config))
+        stage.load_gater_weights(tiny_model("hard-moe"), tmp_path / "moe")
