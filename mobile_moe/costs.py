@@ -117,6 +117,20 @@ def _stem_and_head_flops(cfg: ViTConfig) -> int:
     return _embedding_flops(cfg) + _head_flops(cfg)
 
 
+def params_per_expert(cfg: ViTConfig) -> int:
+    """The parameters of one expert: an MLP for every MoE, a Hard MoE's last L whole blocks and head; 0 when dense.
+
+    With the expert runs an image needed (evaluate's experts_per_image), params_total - E * expert_sets * this + runs
+    * this is what that image really activated: the measured side of params_active.
+    """
+    if not cfg.is_moe:
+        return 0
+    if isinstance(cfg, HardMoEConfig):
+        block = _block_shared_params(cfg) + mlp_params(cfg)
+        return cfg.moe_layers * block + (0 if cfg.shared_head else _head_params(cfg))
+    return mlp_params(cfg)
+
+
 def costs(cfg: ViTConfig) -> Costs:
     """Parameter and FLOP counts of the model `cfg` describes."""
     if isinstance(cfg, HardMoEConfig):

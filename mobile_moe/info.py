@@ -7,7 +7,7 @@ import json
 
 from mobile_moe.cli_args import add_model_arguments, config_from_args
 from mobile_moe.config import ViTConfig
-from mobile_moe.costs import costs
+from mobile_moe.costs import costs, params_per_expert
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -30,12 +30,18 @@ def describe(cfg: ViTConfig) -> str:
 
 
 def info_dict(cfg: ViTConfig) -> dict:
+    """params_active: per image, the worst case for per-token routers; params_shared / params_per_expert: what every
+    image needs, and one expert (an image needs evaluate's experts_per_image of them)."""
     counts = costs(cfg)
+    per_expert = params_per_expert(cfg)
+    experts_held = cfg.num_experts * cfg.expert_sets if cfg.is_moe else 0
     return {
         "model": cfg.name,
         "routing": cfg.routing,
         "params_total": counts.params_total,
         "params_active": counts.params_active,
+        "params_shared": counts.params_total - experts_held * per_expert,
+        "params_per_expert": per_expert,
         "flops": counts.flops,
         "config": cfg.to_dict(),
     }
