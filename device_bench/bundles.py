@@ -11,7 +11,7 @@ from pathlib import Path
 
 from export import manifest as export_manifest
 
-ROLES_OF_KIND = {"router": "split", "dense": "dense", "monolithic": "monolithic"}
+ROLES_OF_KIND = {"router": "split", "dense": "dense", "monolithic": "monolithic", "whole": "whole"}
 
 
 def read_manifest(bundle: str | Path) -> dict:
@@ -23,7 +23,8 @@ def read_manifest(bundle: str | Path) -> dict:
 
 
 def bundle_kind(manifest: dict) -> str:
-    """ "split" (router + experts), "dense" or "monolithic"."""
+    """ "split" (router + experts), "dense", "monolithic" (a per-image MoE in one graph) or "whole" (a per-token MoE,
+    which exports only as one graph)."""
     for graph in manifest["graphs"]:
         if graph["role"] in ROLES_OF_KIND:
             return ROLES_OF_KIND[graph["role"]]

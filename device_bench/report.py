@@ -16,6 +16,10 @@ def _mib(value) -> str:
     return "-" if value is None else f"{value / 2**20:.1f}"
 
 
+def _millions(value) -> str:
+    return "-" if value is None else f"{value / 1e6:.2f}"
+
+
 def _rate(value) -> str:
     return "-" if value is None else f"{value:.2f}"
 
@@ -24,22 +28,45 @@ def _label(run: dict) -> str:
     return f"{run['bundle_name']} ({run['runtime']}, {run['device']})"
 
 
+def _same_place(a: dict, b: dict) -> bool:
+    return (a["runtime"], a["device"]) == (b["runtime"], b["device"])
+
+
+def _split_vs_whole(split: dict, whole: dict) -> str:
+    """A split per-image MoE loads its router and the experts an image picks; a whole per-token MoE loads every expert
+    for every image, whatever its tokens used. Bytes and parameters loaded per image, beside what each computes with."""
+    return (
+        f"- split {split['bundle_name']} vs whole {whole['bundle_name']} ({split['runtime']}): graph bytes per image "
+        f"{_mib(split['bytes_loaded_per_image'])} vs {_mib(whole['bytes_loaded_per_image'])} MiB (router + chosen "
+        f"experts vs every expert), parameters loaded per image {_millions(split.get('params_loaded_per_image'))} vs "
+        f"{_millions(whole.get('params_loaded_per_image'))} M (active at most {_millions(split['params_active'])} vs "
+        f"{_millions(whole['params_active'])} M), peak RSS {_mib(split['peak_rss_bytes'])} vs "
+        f"{_mib(whole['peak_rss_bytes'])} MiB, p50 {_ms(split['latency_ms']['p50'])} vs "
+        f"{_ms(whole['latency_ms']['p50'])} ms"
+    )
+
+
 def comparisons(runs: list[dict]) -> list[str]:
-    """Sentences for the pairs the issue asks to see side by side: dense vs MoE, split vs monolithic."""
+    """Sentences for the pairs the issue asks to see side by side: dense vs MoE, split vs monolithic, split (a
+    per-image MoE) vs whole (a per-token MoE)."""
     lines = []
     by_kind: dict[str, list[dict]] = {}
     for run in runs:
         by_kind.setdefault(run["kind"], []).append(run)
-    for moe in by_kind.get("split", []):
+    for moe in by_kind.get("split", []) + by_kind.get("whole", []):
         for dense in by_kind.get("dense", []):
-            if (dense["runtime"], dense["device"]) == (moe["runtime"], moe["device"]):
+            if _same_place(moe, dense):
                 ratio = moe["latency_ms"]["p50"] / dense["latency_ms"]["p50"]
                 lines.append(
                     f"- {moe['bundle_name']} vs dense {dense['bundle_name']} ({moe['runtime']}): end-to-end p50 "
                     f"{_ms(moe['latency_ms']['p50'])} ms vs {_ms(dense['latency_ms']['p50'])} ms, ratio {ratio:.3f}"
                 )
+    for moe in by_kind.get("split", []):
+        for whole in by_kind.get("whole", []):
+            if _same_place(moe, whole):
+                lines.append(_split_vs_whole(moe, whole))
         for mono in by_kind.get("monolithic", []):
-            if (mono["runtime"], mono["device"]) == (moe["runtime"], moe["device"]):
+            if _same_place(moe, mono):
                 lines.append(
                     f"- split {moe['bundle_name']} vs monolithic {mono['bundle_name']} ({moe['runtime']}): peak RSS "
                     f"{_mib(moe['peak_rss_bytes'])} vs {_mib(mono['peak_rss_bytes'])} MiB, graph bytes per image "
@@ -58,8 +85,9 @@ def markdown(results: dict) -> str:
         "Latency is warm end-to-end per image; load is cold; switch = load + first run of an expert not loaded.",
         "",
         "| bundle | runtime | device | threads | p50 ms | p90 ms | p99 ms | mean ms | router load ms | expert load ms "
-        "| switch ms | peak RSS MiB | PSS MiB | graph MiB/image | expert change rate | spread |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| switch ms | peak RSS MiB | PSS MiB | graph MiB/image | params M loaded/image | params M active "
+        "| expert change rate | spread |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         latency, load = run["latency_ms"], run["load_ms"]
@@ -68,8 +96,9 @@ def markdown(results: dict) -> str:
             f"| {run['bundle_name']} | {run['runtime']} | {run['device']} | {run['threads']} | {_ms(latency['p50'])} "
             f"| {_ms(latency['p90'])} | {_ms(latency['p99'])} | {_ms(latency['mean'])} | {_ms(load['router'])} "
             f"| {_ms(load['expert'])} | {_ms(run['switch_ms'])} | {_mib(run['peak_rss_bytes'])} "
-            f"| {_mib(run['pss_bytes'])} | {_mib(run['bytes_loaded_per_image'])} | {_rate(run['expert_change_rate'])} "
-            f"| {spread} |"
+            f"| {_mib(run['pss_bytes'])} | {_mib(run['bytes_loaded_per_image'])} "
+            f"| {_millions(run.get('params_loaded_per_image'))} | {_millions(run['params_active'])} "
+            f"| {_rate(run['expert_change_rate'])} | {spread} |"
         )
     pairs = comparisons(runs)
     if pairs:

@@ -47,19 +47,40 @@ def _accuracy(manifest: dict) -> float | None:
     return None
 
 
-def bytes_per_image(manifest: dict, sequence: list[list[int]]) -> float:
-    """Graph bytes one image needs loaded: the router (or the single graph) plus its chosen experts, averaged."""
-    expert_bytes: dict[int, int] = {}  # expert -> bytes of its graphs (one path, or one MLP per block)
-    fixed = 0  # graphs every image needs: router, shared block halves, head (or the one dense/monolithic graph)
+def _loaded_per_image(manifest: dict, sequence: list[list[int]], field: str) -> float:
+    """Mean over images of `field` ("bytes" or "params") summed over the graphs each image needs loaded: every graph
+    that is not an expert's (router, shared block halves, head, or the one dense / monolithic / whole graph) plus the
+    graphs of the experts it chose. A whole per-token bundle has no expert graphs: each image loads the whole graph,
+    every expert included, whichever experts its tokens used."""
+    per_expert: dict[int, int] = {}  # expert -> its graphs (one path, or one MLP per block)
+    fixed = 0  # what every image needs
     for graph in manifest["graphs"]:
         if graph.get("expert") is not None and graph["role"] in ("expert", "block_expert"):
-            expert_bytes[graph["expert"]] = expert_bytes.get(graph["expert"], 0) + int(graph["bytes"])
+            per_expert[graph["expert"]] = per_expert.get(graph["expert"], 0) + int(graph[field])
         else:
-            fixed += int(graph["bytes"])
-    if not expert_bytes or not sequence:
+            fixed += int(graph[field])
+    if not per_expert or not sequence:
         return float(fixed)
-    per_image = [fixed + sum(expert_bytes[e] for e in experts) for experts in sequence]
-    return statistics.mean(per_image)
+    return statistics.mean(fixed + sum(per_expert[e] for e in experts) for experts in sequence)
+
+
+def bytes_per_image(manifest: dict, sequence: list[list[int]]) -> float:
+    """Graph bytes one image needs loaded: the router (or the single graph) plus its chosen experts, averaged."""
+    return _loaded_per_image(manifest, sequence, "bytes")
+
+
+def params_per_image(manifest: dict, sequence: list[list[int]]) -> float:
+    """Parameters (weights) of the graphs one image needs loaded, averaged: set beside params_active, what it
+    computes with, this says what a phone holds for it (a whole per-token bundle: every expert, always)."""
+    return _loaded_per_image(manifest, sequence, "params")
+
+
+def params_active(manifest: dict, counts) -> int | None:
+    """What one image computes with, worst case: the manifest's params_active_max (export recorded it from
+    mobile_moe.costs), else mobile_moe.costs on the manifest's model config (bundles written before the field)."""
+    if isinstance(manifest.get("params_active_max"), int):
+        return manifest["params_active_max"]
+    return counts.params_active if counts else None
 
 
 def _measured(value: float | None) -> float | None:
@@ -100,7 +121,9 @@ def run_record(
     switch_ms = _median([s["switch_ms"] for s in summaries])
     latency = {key: _median([s["latency_ms"][key] for s in summaries]) for key in ("p50", "p90", "p99", "mean")}
     bytes_image = bytes_per_image(manifest, sequence)
-    active_bytes = counts.params_active * 4 if counts else None  # fp32 weights
+    active = params_active(manifest, counts)
+    active_bytes = active * 4 if active else None  # fp32 weights
+    params_image = params_per_image(manifest, sequence)
     return {
         "bundle": str(bundle),
         "bundle_name": Path(bundle).name,
@@ -133,7 +156,9 @@ def run_record(
         "pss_bytes": _median([s["pss_bytes"] for s in summaries]),
         "bytes_loaded_per_image": bytes_image,
         "bundle_bytes": sum(graph_bytes(manifest).values()),
-        "params_active": counts.params_active if counts else None,
+        "params_active": active,
+        "params_loaded_per_image": params_image,
+        "params_loaded_vs_active": params_image / active if active else None,
         "params_total": counts.params_total if counts else None,
         "flops": counts.flops if counts else None,
         "bytes_loaded_vs_active_params": bytes_image / active_bytes if active_bytes else None,

@@ -28,7 +28,9 @@ from export.manifest import (
     entries_not_in_bundle,
     graph_entry,
     is_bundle,
+    planned_entry,
     read_manifest,
+    validate_manifest,
     verify_graph_files,
     write_manifest,
 )
@@ -37,6 +39,7 @@ from export.runners import TorchRunner
 from export.runtime import Bundle
 from export.traces import graph_inputs
 from mobile_moe.atomic import atomic_path, check_writable
+from mobile_moe.costs import costs
 from mobile_moe.errors import UsageError
 
 # backend -> (module, exporter function); imported only when used, so one backend's import cost is paid alone.
@@ -56,6 +59,7 @@ DESCRIPTIONS = {
     "residual": "tokens after the block's attention half",
     "normed": "residual after the block's second LayerNorm: the expert MLP's input",
     "delta": "the expert MLP's output, to be weighted by its gate and added to the residual",
+    "expert_tokens": "token slots expert e of expert set g (MoE block) filled for this image (0: unused)",
 }
 
 
@@ -174,31 +178,16 @@ def export_bundle(
     if quantize == "int8" and backend == "executorch":
         calibration = graph_inputs(split, model, sample_images if calibration_images is None else calibration_images)
 
+    planned = [planned_entry(spec, f"{spec.name}{suffix}") for spec in split.graphs]
+    precision = _precision(backend, quantize, fp32, coreml_compression)
+    manifest = _manifest(cfg, split, backend, planned, class_names, super_class_names, mean, std, precision, source)
+    _check_schema(manifest)  # before any graph is exported
+
     with atomic_path(out_dir, directory=True) as tmp:
         entries = _export_graphs(
             split, export_graph, suffix, tmp, backend, quantize, fp32, coreml_compression, calibration, log
         )
-        manifest = {
-            "format": FORMAT,
-            "version": VERSION,
-            "backend": backend,
-            "model": cfg.to_dict(),
-            "num_experts": getattr(cfg, "num_experts", 1) if split.layout != "dense" else 0,
-            "top_k": getattr(cfg, "top_k", 0) if split.layout != "dense" else 0,
-            "input": {
-                "shape": [1, cfg.in_chans, cfg.image_size, cfg.image_size],
-                "dtype": "float32",
-                "mean": list(mean) if mean is not None else [0.0] * cfg.in_chans,
-                "std": list(std) if std is not None else [1.0] * cfg.in_chans,
-            },
-            "class_names": class_names,
-            "super_class_names": list(super_class_names) if super_class_names else None,
-            "composition": split.composition,
-            "graphs": entries,
-            "sizes": _sizes(entries),
-            "precision": _precision(backend, quantize, fp32, coreml_compression),
-            "source": source,
-        }
+        manifest.update(graphs=entries, sizes=_sizes(entries))
         write_manifest(tmp, manifest)
         bundle, note = _runnable(tmp, backend, split)
         strict = quantize == "none" and (backend != "coreml" or note.startswith("split"))
@@ -209,6 +198,35 @@ def export_bundle(
         write_manifest(tmp, manifest)
         _verify(tmp)
     return manifest
+
+
+def _manifest(
+    cfg, split: Split, backend, entries, class_names, super_class_names, mean, std, precision, source
+) -> dict:
+    """The manifest of a bundle of `split`'s graphs (entries: written or planned); parity is added once measured."""
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "backend": backend,
+        "model": cfg.to_dict(),
+        "num_experts": getattr(cfg, "num_experts", 1) if split.layout != "dense" else 0,
+        "top_k": getattr(cfg, "top_k", 0) if split.layout != "dense" else 0,
+        "routing": cfg.routing,
+        "params_active_max": costs(cfg).params_active,
+        "input": {
+            "shape": [1, cfg.in_chans, cfg.image_size, cfg.image_size],
+            "dtype": "float32",
+            "mean": list(mean) if mean is not None else [0.0] * cfg.in_chans,
+            "std": list(std) if std is not None else [1.0] * cfg.in_chans,
+        },
+        "class_names": class_names,
+        "super_class_names": list(super_class_names) if super_class_names else None,
+        "composition": split.composition,
+        "graphs": entries,
+        "sizes": _sizes(entries),
+        "precision": precision,
+        "source": source,
+    }
 
 
 def _precision(backend: str, quantize: str, fp32: bool, coreml_compression: str) -> str:
@@ -277,6 +295,15 @@ def _quantization_report(manifest, split, bundle, model, val_data, backend) -> d
         images, labels = val_data
         report["validation"] = _validation_top1(bundle, model, images[:MAX_VAL_IMAGES], labels[:MAX_VAL_IMAGES])
     return report
+
+
+def _check_schema(manifest: dict[str, Any]) -> None:
+    """The manifest export is about to write must pass its own schema; if not (e.g. the cost accounting claims more
+    active parameters than the graphs hold), that is export's bug, said as such."""
+    try:
+        validate_manifest(manifest)
+    except ValueError as error:
+        raise UsageError(f"export would write a manifest that breaks its schema ({error}); nothing written") from None
 
 
 def _verify(bundle_dir: Path) -> None:

@@ -1,6 +1,9 @@
-"""Core ML exporter: torch.export + run_decompositions({}) -> coremltools 9 -> .mlpackage (ML program, iOS 17).
+"""Core ML exporter: torch.export + a few rewrites -> coremltools 9 -> .mlpackage (ML program, iOS 17).
 
 The TorchScript trace path fails on this torch version for ViT attention, hence the ExportedProgram route (DESIGN.md).
+Only aten.sort (Core ML's argsort promises no order among ties, the top-k rule does) and clamp_min/clamp_max (which
+coremltools converts only for a bound of the input's dtype) are rewritten (export/decompositions.py); everything else
+reaches coremltools as torch.export leaves it, as with run_decompositions({}).
 fp16 compute by default (what the Neural Engine runs), fp32 as an option. Compression works on the converted model:
 linear 8-bit weights, or k-means palettisation with 2**nbits entries.
 """
@@ -19,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from export.artifact import Artifact
+from export.decompositions import coreml_decompositions
 
 SUFFIX = ".mlpackage"
 TQDM_LINE = re.compile(r"\[\d+:\d+.*/s\]|%\|")  # "... [00:00, 330.04 passes/s]" or "98%|█████"
@@ -67,7 +71,7 @@ def export_coreml(
     import coremltools as ct
 
     with torch.no_grad():
-        program = torch.export.export(module.eval(), example_inputs).run_decompositions({})
+        program = torch.export.export(module.eval(), example_inputs).run_decompositions(coreml_decompositions())
     with without_progress_bars():
         mlmodel = _convert(ct, program, example_inputs, input_names, output_names, fp32)
     if quantize == "int8":

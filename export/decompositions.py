@@ -1,13 +1,24 @@
-"""Rewrites that let XNNPACK take the whole graph: every op below would otherwise stay outside the delegate.
+"""Rewrites applied while lowering, so that every backend can run the graph and XNNPACK can take most of it.
 
-XNNPACK (ExecuTorch 1.5) has no 3-D mean and no select/unbind/squeeze/expand kernels, and the default
-SDPA decomposition adds fully-masked-row handling (eq/any/where) that it cannot run. Undelegated ops run on the
-portable CPU kernels and cut the graph into several delegates, so a phone pays for both. Each rewrite below is
-exact up to float rounding and uses only ops the partitioner accepts (view, permute, slice, bmm, softmax, global
-average pooling over a 4-D tensor's last two dims, rsqrt, add/sub/mul).
+`sort_decompositions()` (every backend): the toolkit's one top-k rule (mobile_moe.routers.top_k) is a STABLE
+descending sort, and aten.sort is in no backend's op set: it is not Core ATen (ExecuTorch's verifier refuses it and
+its portable kernels have no sort), the ONNX exporter has no translation for sort.stable, and Core ML's argsort
+promises no order among ties. The rewrite ranks every element against every other (compare, sum, scatter), which
+every backend runs and which keeps the tie rule exactly: equal values keep their index order.
+
+`coreml_decompositions()` (Core ML) adds clamp_min/clamp_max as clamp, which coremltools converts for any bound.
+
+`xnnpack_decompositions()` (ExecuTorch) adds rewrites that keep ops inside the XNNPACK delegate. XNNPACK (ExecuTorch
+1.5) has no 3-D mean and no select/unbind/squeeze/expand kernels, and the default SDPA decomposition adds
+fully-masked-row handling (eq/any/where) that it cannot run. Undelegated ops run on the portable CPU kernels and cut
+the graph into several delegates, so a phone pays for both. Each of these is exact up to float rounding and uses only
+ops the partitioner accepts (view, permute, slice, bmm, softmax, global average pooling over a 4-D tensor's last two
+dims, rsqrt, add/sub/mul).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -89,9 +100,62 @@ def expand(x: Tensor, size, implicit: bool = False) -> Tensor:
     return x + x.new_zeros(size)
 
 
+def _rank_sort(x: Tensor, dim: int, descending: bool) -> tuple[Tensor, Tensor]:
+    """(values, indices) of a stable sort of x along dim, from ranks instead of a sort kernel.
+
+    Element i lands at rank_i = #{j ahead of i} + #{j before i with an equal value}: n^2 comparisons for n sorted
+    items (experts, or the tokens of one image), cheap at these sizes. Every value is copied, never computed, so the
+    result is bit-exact, and ties keep index order (the stable sort's, and the top-k rule's).
+    """
+    moved = x.movedim(dim, -1)  # (..., n)
+    n = moved.shape[-1]
+    mine = moved.unsqueeze(-1)  # (..., n, 1): element i
+    other = moved.unsqueeze(-2)  # (..., 1, n): element j
+    position = torch.arange(n, device=x.device)  # (n,)
+    ahead = other > mine if descending else other < mine  # (..., n, n): j sorts strictly before i
+    # logical_and/or, not & and |: those trace to aten.__and__/__or__, which Core ML's converter does not know; and the
+    # count is taken over integers, not booleans, which Core ML would sum as floats (scatter needs integer indices).
+    tied_before = torch.logical_and(other == mine, position < position.unsqueeze(-1))  # (..., n, n): equal, j < i
+    rank = torch.logical_or(ahead, tied_before).to(torch.int64).sum(dim=-1)  # (..., n): where element i lands
+    values = torch.zeros_like(moved).scatter(-1, rank, moved)  # (..., n)
+    indices = torch.zeros_like(rank).scatter(-1, rank, position.expand(rank.shape))  # (..., n)
+    return values.movedim(-1, dim), indices.movedim(-1, dim)
+
+
+def sort_stable(x: Tensor, *, stable: bool | None = None, dim: int = -1, descending: bool = False):
+    return _rank_sort(x, dim, descending)
+
+
+def sort_default(x: Tensor, dim: int = -1, descending: bool = False):
+    """An unstable sort may order ties any way; the stable order is one of them (and the one eager PyTorch gives)."""
+    return _rank_sort(x, dim, descending)
+
+
+def sort_decompositions() -> dict:
+    """aten.sort (and argsort, which decomposes into it) as ranks: for every backend's export."""
+    return {aten.sort.stable: sort_stable, aten.sort.default: sort_default}
+
+
+def clamp_min(x: Tensor, min) -> Tensor:
+    """clamp_min as clamp: coremltools 9 converts clamp_min only when the bound has x's dtype (it asserts, so
+    `distances.clamp_min(0)` on floats fails), while its clamp promotes the bound first. Same values. The open side
+    is infinite, not left out: coremltools would fill in float32's largest value, which overflows fp16."""
+    return aten.clamp.default(x, min, math.inf if x.is_floating_point() else None)
+
+
+def clamp_max(x: Tensor, max) -> Tensor:
+    return aten.clamp.default(x, -math.inf if x.is_floating_point() else None, max)
+
+
+def coreml_decompositions() -> dict:
+    """The sort rewrite, and clamp_min/clamp_max as clamp (coremltools' converter, see clamp_min)."""
+    return {**sort_decompositions(), aten.clamp_min.default: clamp_min, aten.clamp_max.default: clamp_max}
+
+
 def xnnpack_decompositions() -> dict:
     """torch.export's default decomposition table plus the rewrites above."""
     table = torch.export.default_decompositions()
+    table.update(sort_decompositions())
     table.update(
         {
             aten.scaled_dot_product_attention.default: scaled_dot_product_attention,

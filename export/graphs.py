@@ -1,5 +1,13 @@
 """The split: which graphs a bundle holds, as small modules that share the model's weights.
 
+What a model can be split into follows from how it routes (its config's `routing`, mobile_moe/config.py):
+  none              a dense ViT: one "dense" graph.
+  image, cluster    one decision per image (Mobile V-MoE's router, Hard MoE's nearest centroid): a router graph and
+                    one graph per expert, so a phone loads only the experts an image picks. Hard MoE's experts are
+                    whole blocks (no attention shared across experts), so it has expert-paths and no per-block split.
+  token, expert,    every token (or every expert) picks for itself inside each MoE block: any image may need any
+  soft              expert, so the model exports "whole", every expert in one graph.
+
 Layouts (the manifest's `composition.layout`):
   expert-paths  (k = 1 default)  router: images -> tokens, router_probs; expert_<e>: tokens, gate -> logits, holding
                                  expert e's MLP in every MoE block plus the shared attention, norms and head.
@@ -7,9 +15,16 @@ Layouts (the manifest's `composition.layout`):
                  k = 1 option)   norm2 of MoE block i); block<i>_expert<e>: normed -> delta (expert e's MLP in block i);
                                  head: tokens -> logits. Per block: tokens = residual + sum_j gate_j * delta_{e_j}.
                                  Shared attention lives once, outside the expert graphs.
-  monolithic                     the whole Mobile V-MoE, every expert inside (dense_mixture): the naive export.
+  monolithic                     a per-image MoE in one graph, every expert inside (dispatch "dense"): the naive
+                                 export. images -> logits, router_probs; the runtime takes the top-k.
+  whole                          a per-token MoE in one graph: images -> logits, expert_tokens (1, G, E) (token
+                                 slots expert e of expert set g filled: G = config.expert_sets, one per MoE block
+                                 owning its experts, 1 for WideNet's shared set; 0: not used by this image). Not the
+                                 monolithic layout: that is the naive export of a model that CAN be split and whose
+                                 runtime picks experts from router_probs; this is the only export of a model that
+                                 cannot, and its runtime reads which experts the image used.
   dense                          a dense ViT: images -> logits.
-Legend: S image size, T tokens, D width, E experts, K classes; every graph runs batch 1.
+Legend: S image size, T tokens, D width, E experts, G expert sets, K classes; every graph runs batch 1.
 """
 
 from __future__ import annotations
@@ -22,9 +37,10 @@ from torch import Tensor, nn
 
 from mobile_moe.errors import UsageError
 from mobile_moe.moe import ExpertMLPs
-from mobile_moe.routers import PerImageRouter
 
-LAYOUTS = ("expert-paths", "per-block")
+LAYOUTS = ("expert-paths", "per-block")  # what --layout chooses between, for a per-image MoE
+PER_IMAGE = ("image", "cluster")
+PER_TOKEN = ("token", "expert", "soft")
 
 
 @dataclass
@@ -40,7 +56,7 @@ class TensorSpec:
 @dataclass
 class GraphSpec:
     name: str
-    role: str  # router | expert | block_shared | block_expert | head | monolithic | dense
+    role: str  # router | expert | block_shared | block_expert | head | monolithic | whole | dense
     module: nn.Module
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
@@ -53,12 +69,14 @@ class GraphSpec:
 
     @property
     def params(self) -> int:
-        return sum(p.numel() for p in self.module.parameters())  # parameters() already skips shared duplicates
+        """Weights the graph's file carries: parameters and buffers (Hard MoE's k-means centroids are buffers, and
+        cost accounting counts them as parameters too). parameters() and buffers() already skip shared duplicates."""
+        return sum(t.numel() for t in self.module.parameters()) + sum(t.numel() for t in self.module.buffers())
 
 
 @dataclass
 class Split:
-    layout: str  # expert-paths | per-block | monolithic | dense
+    layout: str  # expert-paths | per-block | monolithic | whole | dense
     graphs: list[GraphSpec]
     composition: dict[str, Any] = field(default_factory=dict)
 
@@ -103,6 +121,20 @@ class MonolithicGraph(nn.Module):
         return output.logits, output.routing.probs
 
 
+class WholeGraph(nn.Module):
+    """images -> logits (1, K), expert_tokens (1, G, E) for a per-token MoE: every expert in the graph, static shapes
+    (the model's eval-mode capacity follows from the token count alone). expert_tokens is MoEStats' count of the token
+    slots expert e of set g filled: how the runtime learns which experts (and expert MLPs) an image used."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: Tensor) -> tuple[Tensor, Tensor]:
+        output = self.model(images)
+        return output.logits, output.stats.expert_tokens.to(torch.float32)
+
+
 class DenseGraph(nn.Module):
     """images -> logits for a dense ViT (ModelOutput is not an export output type)."""
 
@@ -117,22 +149,24 @@ class DenseGraph(nn.Module):
 # --- the split -----------------------------------------------------------------------------------------------------
 
 
-def model_kind(model: nn.Module) -> str:
-    """ "dense" or "mobile-vmoe"; anything else cannot be split, with the reason in the message."""
-    config = getattr(model, "config", None)
-    name = getattr(config, "name", None)
-    if name == "vit":
-        return "dense"
-    has_split = all(hasattr(model, attr) for attr in ("router_stage", "expert_path", "moe_blocks", "head"))
-    if not has_split or not isinstance(getattr(model, "router", None), PerImageRouter):
+def routing_of(model: nn.Module) -> str:
+    """The model's routing kind (its config's `routing`); a module that is not a registry model is refused."""
+    routing = getattr(getattr(model, "config", None), "routing", None)
+    if routing is None:
         raise UsageError(
-            f"model {name or type(model).__name__!r} cannot be split into router and expert graphs: only a per-image "
-            "router (Mobile V-MoE) picks the experts once per image; a per-token router needs every expert for every "
-            "image. Export a mobile-vmoe or a dense vit model"
+            f"{type(model).__name__} is not a mobile-moe model (it has no config.routing): export a model built by "
+            "mobile_moe.registry (a training run directory)"
         )
-    if not all(isinstance(block.mlp, ExpertMLPs) for block in model.moe_blocks):
-        raise UsageError("model's MoE blocks do not hold per-expert MLPs (ExpertMLPs); it cannot be split")
-    return "mobile-vmoe"
+    if routing not in ("none", *PER_IMAGE, *PER_TOKEN):
+        raise UsageError(f"model {model.config.name!r} routes by {routing!r}, which export does not know how to split")
+    return routing
+
+
+def _require_parts(model: nn.Module, parts: tuple[str, ...], why: str) -> None:
+    """The modules a split lifts out of the model (mobile_moe's shared API); a model lacking one is refused."""
+    missing = [part for part in parts if not hasattr(model, part)]
+    if missing:
+        raise UsageError(f"model {model.config.name!r} has no {', '.join(missing)}: {why}")
 
 
 def default_layout(model: nn.Module) -> str:
@@ -141,45 +175,83 @@ def default_layout(model: nn.Module) -> str:
 
 def split_model(model: nn.Module, *, monolithic: bool = False, layout: str | None = None) -> Split:
     """The graphs to export for `model` (in eval mode); see the module docstring for the layouts."""
-    kind = model_kind(model)
+    routing = routing_of(model)
     cfg = model.config
-    S, T, D, K = cfg.image_size, cfg.num_tokens, cfg.width, cfg.num_classes
-    images = TensorSpec("images", (1, cfg.in_chans, S, S))
-    logits = TensorSpec("logits", (1, K))
-    if kind == "dense":
+    images = TensorSpec("images", (1, cfg.in_chans, cfg.image_size, cfg.image_size))
+    logits = TensorSpec("logits", (1, cfg.num_classes))
+    if routing == "none":
         if monolithic or layout:
-            raise UsageError("--monolithic and --layout apply to Mobile V-MoE models; a dense ViT is always one graph")
+            raise UsageError("--monolithic and --layout apply to per-image MoEs; a dense ViT is always one graph")
         return Split("dense", [GraphSpec("dense", "dense", DenseGraph(model), [images], [logits])], {"layout": "dense"})
-    E = cfg.num_experts
-    probs = TensorSpec("router_probs", (1, E))
+    if routing in PER_TOKEN:
+        return _whole_split(model, images, logits, monolithic, layout)
+    probs = TensorSpec("router_probs", (1, cfg.num_experts))
     if monolithic:
         if layout:
             raise UsageError("--layout does not apply with --monolithic (one graph holds every expert)")
         graph = GraphSpec("monolithic", "monolithic", MonolithicGraph(model), [images], [logits, probs])
         return Split("monolithic", [graph], {"layout": "monolithic"})
     layout = layout or default_layout(model)
+    _check_layout(model, layout)
+    _require_parts(model, ("router_stage", "expert_path"), "the split lifts the router stage and each expert's path")
+    tokens = TensorSpec("tokens", (1, cfg.num_tokens, cfg.width))
+    router = GraphSpec("router", "router", RouterGraph(model), [images], [tokens, probs])
+    if layout == "expert-paths":
+        return _expert_paths_split(model, router, tokens, logits)
+    return _per_block_split(model, router, tokens, logits)
+
+
+def _whole_split(model: nn.Module, images: TensorSpec, logits: TensorSpec, monolithic: bool, layout: str | None):
+    cfg = model.config
+    if monolithic or layout:
+        flag = "--monolithic" if monolithic else f"--layout {layout}"
+        raise UsageError(
+            f"{flag} does not apply to {cfg.name} (routing {cfg.routing!r}): each token picks its experts, so any "
+            "image may need any expert and the model always exports whole, every expert in one graph; leave it out"
+        )
+    expert_tokens = TensorSpec("expert_tokens", (1, cfg.expert_sets, cfg.num_experts))
+    graph = GraphSpec("whole", "whole", WholeGraph(model), [images], [logits, expert_tokens])
+    composition = {
+        "layout": "whole",
+        "combine": "logits, expert_tokens = whole(images); the image used expert e of set g if expert_tokens[g, e] > 0",
+    }
+    return Split("whole", [graph], composition)
+
+
+def _check_layout(model: nn.Module, layout: str) -> None:
+    """`layout` is one a per-image MoE of this kind and k can be split into; a clear reason otherwise."""
+    cfg = model.config
     if layout not in LAYOUTS:
         raise UsageError(f"layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
+    if layout == "per-block" and cfg.routing == "cluster":
+        raise UsageError(
+            f"layout per-block does not apply to {cfg.name}: its experts are whole blocks (their own attention), so "
+            "nothing is shared between experts inside a block; use --layout expert-paths (the default)"
+        )
+    if layout == "per-block":
+        _require_parts(model, ("moe_blocks", "head"), "the per-block layout lifts each MoE block's halves")
+        if not all(isinstance(block.mlp, ExpertMLPs) for block in model.moe_blocks):
+            raise UsageError("model's MoE blocks hold no per-expert MLPs (ExpertMLPs); it cannot be split per block")
     if layout == "expert-paths" and cfg.top_k != 1:
         raise UsageError(
             f"layout expert-paths needs top_k = 1 (this model picks k = {cfg.top_k} experts per image, whose outputs "
             "mix inside every MoE block); use --layout per-block"
         )
-    tokens = TensorSpec("tokens", (1, T, D))
-    router = GraphSpec("router", "router", RouterGraph(model), [images], [tokens, probs])
-    if layout == "expert-paths":
-        experts = [
-            GraphSpec(f"expert_{e}", "expert", model.expert_path(e), [tokens, TensorSpec("gate", (1, 1))], [logits], e)
-            for e in range(E)
-        ]
-        composition = {
-            "layout": layout,
-            "router": "router",
-            "experts": [graph.name for graph in experts],
-            "combine": "logits = expert_<e>(tokens, gate) for the single chosen expert e",
-        }
-        return Split(layout, [router, *experts], composition)
-    return _per_block_split(model, router, tokens, logits)
+
+
+def _expert_paths_split(model: nn.Module, router: GraphSpec, tokens: TensorSpec, logits: TensorSpec) -> Split:
+    gate = TensorSpec("gate", (1, 1))
+    experts = [
+        GraphSpec(f"expert_{e}", "expert", model.expert_path(e), [tokens, gate], [logits], e)
+        for e in range(model.config.num_experts)
+    ]
+    composition = {
+        "layout": "expert-paths",
+        "router": "router",
+        "experts": [graph.name for graph in experts],
+        "combine": "logits = expert_<e>(tokens, gate) for the single chosen expert e",
+    }
+    return Split("expert-paths", [router, *experts], composition)
 
 
 def _per_block_split(model: nn.Module, router: GraphSpec, tokens: TensorSpec, logits: TensorSpec) -> Split:

@@ -20,22 +20,30 @@ MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 64 << 20  # a real manifest is kilobytes; refuse to parse anything absurd
 
 
-def graph_entry(spec, path: Path, bundle_dir: Path, details: dict[str, Any]) -> dict[str, Any]:
-    """One `graphs` entry for GraphSpec `spec` written at `path` inside `bundle_dir`."""
+def planned_entry(spec, file: str) -> dict[str, Any]:
+    """The `graphs` entry GraphSpec `spec` will have as `file`, before it is written (no size or sha256 yet): enough
+    for the schema to check the whole manifest before any graph is exported."""
     entry = {
         "name": spec.name,
         "role": spec.role,
         "expert": spec.expert,
-        "file": path.relative_to(bundle_dir).as_posix(),
-        "sha256": file_digest(path),
-        "bytes": file_bytes(path),
+        "file": file,
+        "sha256": "0" * 64,
+        "bytes": 0,
         "params": spec.params,
         "inputs": [tensor.to_dict() for tensor in spec.inputs],
         "outputs": [tensor.to_dict() for tensor in spec.outputs],
-        "backend_details": details,
+        "backend_details": {},
     }
     if spec.block is not None:
         entry["block"] = spec.block
+    return entry
+
+
+def graph_entry(spec, path: Path, bundle_dir: Path, details: dict[str, Any]) -> dict[str, Any]:
+    """One `graphs` entry for GraphSpec `spec` written at `path` inside `bundle_dir`."""
+    entry = planned_entry(spec, path.relative_to(bundle_dir).as_posix())
+    entry.update(sha256=file_digest(path), bytes=file_bytes(path), backend_details=details)
     return entry
 
 

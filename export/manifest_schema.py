@@ -11,6 +11,17 @@ Layouts and the graphs they need (export/graphs.py writes them):
   expert-paths  "router": images -> tokens, router_probs; "expert" e: tokens, gate -> logits.   top_k = 1
   per-block     "router"; per MoE block "block_shared": tokens -> residual, normed, and one "block_expert" per
                 expert: normed -> delta; "head": tokens -> logits.                          1 <= top_k <= E
+  whole         one graph, role "whole": images -> logits, expert_tokens (1, G, E): a per-token MoE, every expert
+                inside; expert_tokens[g, e] > 0 says the image used expert e of expert set g (G >= 1: one set per
+                MoE block owning experts).                                              0 <= top_k <= E (per token)
+
+What an image touches (optional, so bundles written before these fields still validate, and version stays 1):
+  routing            the model's routing kind (mobile_moe config): none -> dense; image -> expert-paths, per-block or
+                     monolithic; cluster -> expert-paths or monolithic; token, expert, soft -> whole.
+  params_active_max  the most parameters one image computes with (mobile_moe.costs' params_active, worst case). It
+                     can never exceed what the graphs one image needs hold (`params_loaded_max`): the router and
+                     shared graphs plus its top_k heaviest experts, or the one graph of a single-graph layout.
+Each graph's `params` counts the weights its file carries: parameters and buffers (Hard MoE's centroids).
 """
 
 from __future__ import annotations
@@ -23,8 +34,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 FORMAT = "mobile-moe-bundle"
 VERSION = 1
 BACKENDS = ("executorch", "onnx", "coreml")
-LAYOUTS = ("dense", "monolithic", "expert-paths", "per-block")
-ROLES = ("router", "expert", "block_shared", "block_expert", "head", "monolithic", "dense")
+LAYOUTS = ("dense", "monolithic", "expert-paths", "per-block", "whole")
+ROLES = ("router", "expert", "block_shared", "block_expert", "head", "monolithic", "dense", "whole")
+LAYOUTS_OF_ROUTING = {
+    "none": ("dense",),
+    "image": ("expert-paths", "per-block", "monolithic"),
+    "cluster": ("expert-paths", "monolithic"),
+    "token": ("whole",),
+    "expert": ("whole",),
+    "soft": ("whole",),
+}
+ROUTINGS = tuple(LAYOUTS_OF_ROUTING)
 
 # Bounds that keep every consumer's arithmetic in range (the native runner allocates from these numbers).
 MAX_EXPERTS = 4096
@@ -122,14 +142,29 @@ class Manifest(_Strict):
     super_class_names: list[Annotated[str, Field(max_length=1024)]] | None = None
     composition: Composition
     graphs: Annotated[list[GraphEntry], Field(min_length=1, max_length=1 << 16)]
+    routing: Literal[ROUTINGS] | None = None  # type: ignore[valid-type]
+    params_active_max: Count | None = None
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> Manifest:
         _check_input_and_classes(self)
         graphs = _graphs_by_name(self.graphs)
-        {"dense": _check_single, "monolithic": _check_single, "expert-paths": _check_expert_paths,
-         "per-block": _check_per_block}[self.composition.layout](self, graphs)  # fmt: skip
+        CHECKS[self.composition.layout](self, graphs)
+        _check_routing(self)
+        _check_params_active(self)
         return self
+
+    def params_loaded_max(self) -> int:
+        """Parameters held by the graphs one image needs at most: the router and shared graphs (or the one graph of
+        a single-graph layout) plus the top_k experts whose graphs hold the most."""
+        per_expert: dict[int, int] = {}
+        resident = 0
+        for graph in self.graphs:
+            if graph.role in ("expert", "block_expert"):
+                per_expert[graph.expert] = per_expert.get(graph.expert, 0) + graph.params
+            else:
+                resident += graph.params
+        return resident + sum(sorted(per_expert.values(), reverse=True)[: self.top_k])
 
 
 # --- cross-field rules ------------------------------------------------------------------------------------------------
@@ -169,13 +204,13 @@ def _expect(graph: GraphEntry, actual: list[int] | None, expected: list[int], wh
         raise ValueError(f"graph {graph.name!r}: {what} shape {actual} must be {expected}")
 
 
-def _check_experts_and_k(m: Manifest, k_max: int) -> None:
+def _check_experts_and_k(m: Manifest, k_max: int, k_min: int = 1) -> None:
     if m.num_experts < 1:
-        raise ValueError(f"num_experts {m.num_experts}: a Mobile V-MoE bundle needs at least 1")
+        raise ValueError(f"num_experts {m.num_experts}: an MoE bundle needs at least 1")
     if m.model.model_extra and m.model.model_extra.get("num_experts") not in (None, m.num_experts):
         raise ValueError(f"num_experts {m.num_experts} differs from the model's {m.model.model_extra['num_experts']}")
-    if not 1 <= m.top_k <= k_max:
-        raise ValueError(f"top_k {m.top_k} must be between 1 and {k_max} for the {m.composition.layout} layout")
+    if not k_min <= m.top_k <= k_max:
+        raise ValueError(f"top_k {m.top_k} must be between {k_min} and {k_max} for the {m.composition.layout} layout")
 
 
 def _check_single(m: Manifest, graphs: dict[str, GraphEntry]) -> None:
@@ -183,14 +218,20 @@ def _check_single(m: Manifest, graphs: dict[str, GraphEntry]) -> None:
     if len(graphs) != 1 or m.graphs[0].role != layout:
         raise ValueError(f"a {layout} bundle holds exactly one graph with role {layout!r}")
     graph = m.graphs[0]
-    _expect(graph, graph.inputs[0].shape, m.input.shape, "input")
+    _expect(graph, [spec.shape for spec in graph.inputs], [m.input.shape], "input")  # one input: the image
     _expect(graph, _shape(graph.output("logits")), [1, m.model.num_classes], "logits")
     if layout == "dense":
         if m.num_experts != 0 or m.top_k != 0:
             raise ValueError("a dense bundle has num_experts 0 and top_k 0")
         return
-    _check_experts_and_k(m, m.num_experts)
-    _expect(graph, _shape(graph.output("router_probs")), [1, m.num_experts], "router_probs")
+    # A per-token MoE's top_k is per token (Experts Choice and Soft MoE have none: 0); the runtime picks nothing.
+    _check_experts_and_k(m, m.num_experts, k_min=0 if layout == "whole" else 1)
+    if layout == "monolithic":
+        _expect(graph, _shape(graph.output("router_probs")), [1, m.num_experts], "router_probs")
+        return
+    tokens = graph.output("expert_tokens")
+    sets = tokens.shape[1] if tokens is not None and len(tokens.shape) == 3 else 1
+    _expect(graph, _shape(tokens), [1, sets, m.num_experts], "expert_tokens")
 
 
 def _check_router(m: Manifest, graphs: dict[str, GraphEntry]) -> GraphEntry:
@@ -238,6 +279,29 @@ def _check_per_block(m: Manifest, graphs: dict[str, GraphEntry]) -> None:
     head = _named(graphs, m.composition.head, "head", "head")
     _expect(head, [spec.shape for spec in head.inputs], [tokens], "input")
     _expect(head, _shape(head.output("logits")), [1, m.model.num_classes], "logits")
+
+
+def _check_routing(m: Manifest) -> None:
+    if m.routing is not None and m.composition.layout not in LAYOUTS_OF_ROUTING[m.routing]:
+        allowed = " or ".join(LAYOUTS_OF_ROUTING[m.routing])
+        raise ValueError(f"a model routing by {m.routing!r} exports as {allowed}, not {m.composition.layout}")
+
+
+def _check_params_active(m: Manifest) -> None:
+    if m.params_active_max is not None and m.params_active_max > m.params_loaded_max():
+        raise ValueError(
+            f"params_active_max {m.params_active_max} is more than the {m.params_loaded_max()} parameters the "
+            "graphs of one image hold"
+        )
+
+
+CHECKS = {
+    "dense": _check_single,
+    "monolithic": _check_single,
+    "whole": _check_single,
+    "expert-paths": _check_expert_paths,
+    "per-block": _check_per_block,
+}
 
 
 # --- the one entry point ----------------------------------------------------------------------------------------------

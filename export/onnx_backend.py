@@ -1,4 +1,9 @@
-"""ONNX exporter: torch.onnx.export (dynamo) -> onnx.checker -> .onnx; int8 through onnxruntime.quantization.
+"""ONNX exporter: torch.export + the sort rewrite -> torch.onnx.export (dynamo) -> onnx.checker -> .onnx; int8
+through onnxruntime.quantization.
+
+The exporter is handed an ExportedProgram whose aten.sort ops are already rewritten (export/decompositions.py: it has
+no translation for the stable sort of the toolkit's top-k rule). A graph without a sort exports to the same bytes as
+handing it the module itself.
 
 int8 here is dynamic quantization (int8 weights, activations quantized per call from their observed range): it is
 ONNX Runtime's recommended scheme for transformer MatMuls on CPU and needs no calibration set, so `calibration` is
@@ -16,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from export.artifact import Artifact
+from export.decompositions import sort_decompositions
 
 SUFFIX = ".onnx"
 OPSET = 18
@@ -25,8 +31,9 @@ def _export_fp32(module: nn.Module, example_inputs, out_path: Path, input_names,
     import onnx
 
     with torch.no_grad():
+        program = torch.export.export(module.eval(), example_inputs).run_decompositions(sort_decompositions())
         torch.onnx.export(
-            module.eval(),
+            program,
             example_inputs,
             str(out_path),
             dynamo=True,

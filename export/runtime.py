@@ -7,6 +7,12 @@
     bundle.loaded_graphs                     # e.g. ["router", "expert_3"]
 
 Every graph's sha256 is checked before a backend parses it; the manifest's composition says how graphs combine.
+
+A whole bundle (a per-token MoE: vmoe, experts-choice, soft-moe, widenet) is one graph, loaded at open, that reports
+how many token slots each expert of each expert set (MoE block) filled for the image (`expert_tokens`, (1, G, E)).
+Its Prediction's `experts` are the experts the image used in any set (slots summed over the sets > 0), ascending, and
+`gates` each one's share of the image's token slots (they sum to 1): there is no single gate per image to report, and
+the share says how much of the image each expert saw.
 """
 
 from __future__ import annotations
@@ -29,8 +35,8 @@ Runner = Callable[[list[np.ndarray]], dict[str, np.ndarray]]
 
 class Prediction(NamedTuple):
     logits: np.ndarray  # (K,)
-    experts: list[int]  # chosen experts, highest gate first; [] for a dense bundle
-    gates: list[float]  # their weights
+    experts: list[int]  # chosen experts, highest gate first; used experts, ascending (whole); [] for a dense bundle
+    gates: list[float]  # their weights; for a whole bundle, each one's share of the image's token slots
     timings: dict[str, float]  # milliseconds: router, load (experts loaded for this image), experts, total
 
 
@@ -69,7 +75,7 @@ class Bundle:
         return RUNNERS[self.backend](path, graph, self.threads)
 
     def _resident_graph_names(self) -> list[str]:
-        if self.layout in ("dense", "monolithic"):
+        if self.layout in ("dense", "monolithic", "whole"):
             return [self.manifest["graphs"][0]["name"]]
         names = [self.composition["router"]]
         if self.layout == "per-block":
@@ -128,21 +134,22 @@ class Bundle:
             gates = gates / gates.sum()
         return experts, [float(g) for g in gates]
 
+    @staticmethod
+    def used_experts(expert_tokens: np.ndarray) -> tuple[list[int], list[float]]:
+        """The experts an image used (token slots summed over the expert sets > 0), ascending, and each one's share of
+        its token slots. expert_tokens: (1, G, E)."""
+        counts = expert_tokens.reshape(-1, expert_tokens.shape[-1]).astype(np.float64).sum(0)  # (E,)
+        if not np.isfinite(counts).all() or (counts < 0).any():
+            raise UsageError("the whole graph reported a negative or non-finite expert token count; re-export it")
+        experts = [int(e) for e in np.flatnonzero(counts > 0)]
+        total = counts.sum()
+        return experts, [float(counts[e] / total) for e in experts]
+
     def predict(self, image: Any) -> Prediction:
         batch = self._image_batch(image)
         start = time.perf_counter()
-        if self.layout == "dense":
-            logits = next(iter(self._resident.values()))([batch])["logits"]
-            return Prediction(
-                logits[0], [], [], {"router": 0.0, "load": 0.0, "experts": 0.0, "total": _milliseconds(start)}
-            )
-        if self.layout == "monolithic":
-            out = next(iter(self._resident.values()))([batch])
-            experts, gates = self.choose_experts(out["router_probs"])
-            total = _milliseconds(start)
-            return Prediction(
-                out["logits"][0], experts, gates, {"router": 0.0, "load": 0.0, "experts": 0.0, "total": total}
-            )
+        if self.layout in ("dense", "monolithic", "whole"):
+            return self._predict_single(batch, start)
         routed = self._resident[self.composition["router"]]([batch])
         experts, gates = self.choose_experts(routed["router_probs"])
         router_ms = _milliseconds(start)
@@ -165,6 +172,19 @@ class Bundle:
             "total": _milliseconds(start),
         }
         return Prediction(logits[0], experts, gates, timings)
+
+    def _predict_single(self, batch: np.ndarray, start: float) -> Prediction:
+        """One graph: no experts (dense), top-k of its router_probs (monolithic), or the experts it used (whole)."""
+        out = next(iter(self._resident.values()))([batch])
+        experts, gates = [], []
+        if self.layout == "monolithic":
+            experts, gates = self.choose_experts(out["router_probs"])
+        elif self.layout == "whole":
+            experts, gates = self.used_experts(out["expert_tokens"])
+        total = _milliseconds(start)
+        return Prediction(
+            out["logits"][0], experts, gates, {"router": 0.0, "load": 0.0, "experts": 0.0, "total": total}
+        )
 
     def _run_blocks(self, tokens: np.ndarray, experts: list[dict[str, Runner]], gates: list[float]) -> np.ndarray:
         """tokens = residual + sum_j gate_j * delta_j in every MoE block, then the head (the manifest's `combine`)."""

@@ -1,7 +1,10 @@
 """The inputs each graph really sees on given images, from the eager model: int8 calibration sets.
 
 Expert graphs only see images routed to them; an expert that too few images pick is topped up with images forced to
-it (gate = its router probability), so every expert's observers see a representative range.
+it (gate = its router probability; a Hard MoE's gate is always 1, its one-hot probability would be 0 and silence
+the expert's blocks), so every expert's observers see a representative range. Single-graph layouts
+(dense, monolithic, whole) see the images themselves: a whole per-token graph routes inside, every image reaching
+the experts its tokens pick, so the observers of each expert see exactly the tokens it is given.
 """
 
 from __future__ import annotations
@@ -31,12 +34,19 @@ def _per_block_inputs(model, tokens: Tensor, experts: list[int], gates: Tensor, 
         record["head"].append((x,))
 
 
+def _forced_gate(model, routing, expert: int) -> Tensor:
+    """(1,) the gate expert `expert` would get if this image were routed to it."""
+    if model.config.routing == "cluster":  # nearest centroid: the chosen expert's gate is 1, whichever it is
+        return torch.ones_like(routing.probs[:, expert])
+    return routing.probs[:, expert]
+
+
 @torch.no_grad()
 def graph_inputs(split: Split, model, images: Tensor, min_per_expert: int = 4) -> dict[str, list[Inputs]]:
     """{graph name: [input tuple per image]} for images (N, C, S, S)."""
     record: dict[str, list[Inputs]] = defaultdict(list)
     singles = [image[None] for image in images]  # each (1, C, S, S)
-    if split.layout in ("dense", "monolithic"):
+    if split.layout in ("dense", "monolithic", "whole"):
         record[split.graphs[0].name] = [(image,) for image in singles]
         return dict(record)
     routed = [model.router_stage(image) for image in singles]  # (tokens, Routing) per image
@@ -54,7 +64,7 @@ def graph_inputs(split: Split, model, images: Tensor, min_per_expert: int = 4) -
                 break
             if expert in routing.experts[0].tolist():
                 continue
-            gate = routing.probs[:, expert]  # (1,)
+            gate = _forced_gate(model, routing, expert)  # (1,)
             if split.layout == "expert-paths":
                 record[name].append((tokens, gate.reshape(1, 1)))
             else:

@@ -53,8 +53,13 @@ def _raw(replace: Callable[[str], str]) -> Mutation:
     return lambda manifest: replace(json.dumps(manifest))
 
 
+def _raw_number(key: str, text: str) -> Mutation:
+    """Write `text` as the value of the top-level `key` (the old value stays behind, under "was")."""
+    return _raw(lambda doc: doc.replace(f'"{key}": ', f'"{key}": {text}, "was": ', 1))
+
+
 def _num_experts_raw(text: str) -> Mutation:
-    return _raw(lambda doc: doc.replace('"num_experts": ', f'"num_experts": {text}, "was": ', 1))
+    return _raw_number("num_experts", text)
 
 
 def _shrink_class_names(manifest: dict) -> str:
@@ -79,6 +84,12 @@ def _expert_index(value) -> Mutation:
         return json.dumps(manifest)
 
     return mutate
+
+
+def _params_active_beyond_graphs(manifest: dict) -> str:
+    """More active parameters than every graph of the bundle holds together: more than any image can touch."""
+    manifest["params_active_max"] = sum(graph["params"] for graph in manifest["graphs"]) + 1
+    return json.dumps(manifest)
 
 
 def _first_expert_input_shape(shape) -> Mutation:
@@ -134,6 +145,65 @@ MANIFEST_MUTATIONS: dict[str, Mutation] = {
     "truncated": lambda manifest: json.dumps(manifest)[:200],
     "nested_50000_deep": lambda manifest: '{"format": "mobile-moe-bundle", "x": ' + "[" * 50_000 + "]" * 50_000 + "}",
     "not_utf8": lambda manifest: json.dumps(manifest).replace("router", "r\udcffouter", 1),
+    # what an image touches: the routing kind and the parameters one image may compute with
+    "routing_unknown": _set("routing", "psychic"),
+    "routing_not_a_string": _set("routing", 3),
+    "routing_token_for_expert_paths": _set("routing", "token"),  # a per-token MoE never splits by expert
+    "routing_none_for_expert_paths": _set("routing", "none"),
+    "params_active_max_negative": _set("params_active_max", -1),
+    "params_active_max_fraction": _set("params_active_max", 1.5),
+    "params_active_max_string": _set("params_active_max", "95535"),
+    "params_active_max_huge": _raw_number("params_active_max", "1e300"),
+    "params_active_max_beyond_graphs": _params_active_beyond_graphs,
+    "layout_whole_for_split": _set("composition.layout", "whole"),
+}
+
+
+def _whole_graph(change: Callable[[dict], None]) -> Mutation:
+    """Apply `change` to the one graph entry of a whole bundle."""
+
+    def mutate(manifest: dict) -> str:
+        change(manifest["graphs"][0])
+        return json.dumps(manifest)
+
+    return mutate
+
+
+def _expert_tokens(change: Callable[[dict], None]) -> Mutation:
+    return _whole_graph(lambda graph: change(next(o for o in graph["outputs"] if o["name"] == "expert_tokens")))
+
+
+def _second_whole_graph(manifest: dict) -> str:
+    manifest["graphs"].append(dict(copy.deepcopy(manifest["graphs"][0]), name="whole_again"))
+    return json.dumps(manifest)
+
+
+def _params_active_beyond_whole(manifest: dict) -> str:
+    manifest["params_active_max"] = manifest["graphs"][0]["params"] + 1
+    return json.dumps(manifest)
+
+
+# name -> mutation; every whole bundle (a per-token MoE: one graph, images -> logits, expert_tokens (1, G, E)) is
+# refused after any of them.
+WHOLE_MANIFEST_MUTATIONS: dict[str, Mutation] = {
+    "expert_tokens_2d": _expert_tokens(lambda spec: spec.update(shape=spec["shape"][:1] + spec["shape"][2:])),
+    "expert_tokens_too_many_experts": _expert_tokens(lambda spec: spec.update(shape=[*spec["shape"][:2], 9])),
+    "expert_tokens_batch_2": _expert_tokens(lambda spec: spec.update(shape=[2, *spec["shape"][1:]])),
+    "expert_tokens_renamed": _expert_tokens(lambda spec: spec.update(name="router_probs")),
+    "expert_tokens_dropped": _whole_graph(lambda graph: graph.update(outputs=graph["outputs"][:1])),
+    "second_input": _whole_graph(lambda graph: graph["inputs"].append(dict(graph["inputs"][0], name="again"))),
+    "role_monolithic": _set("graphs.0.role", "monolithic"),
+    "layout_monolithic": _set("composition.layout", "monolithic"),
+    "layout_expert_paths": _set("composition.layout", "expert-paths"),
+    "second_graph": _second_whole_graph,
+    "num_experts_0": _set("num_experts", 0),
+    "num_experts_differs": _set("num_experts", 3),
+    "top_k_beyond_experts": _set("top_k", 5),
+    "top_k_negative": _set("top_k", -1),
+    "routing_image": _set("routing", "image"),
+    "routing_unknown": _set("routing", "psychic"),
+    "params_active_beyond_graph": _params_active_beyond_whole,
+    "params_active_negative": _set("params_active_max", -1),
 }
 
 
@@ -146,9 +216,22 @@ def write_manifest_text(bundle: Path, text: str) -> None:
     (bundle / "manifest.json").write_bytes(text.encode("utf-8", errors="surrogateescape"))
 
 
-def mutate_manifest(bundle: Path, name: str) -> None:
+def mutate_manifest(bundle: Path, name: str, table: dict[str, Mutation] = MANIFEST_MUTATIONS) -> None:
     manifest = json.loads((bundle / "manifest.json").read_text())
-    write_manifest_text(bundle, MANIFEST_MUTATIONS[name](manifest))
+    write_manifest_text(bundle, table[name](manifest))
+
+
+def whole_bundle(tmp_path_factory) -> Path:
+    """A tiny V-MoE (per-token routing, k = 2 of 4 experts, 2 MoE blocks) exported whole as ExecuTorch: once per
+    session, in the session's base temporary directory, so every module that asks shares it (the export takes tens
+    of seconds). Tests that change it work on a copy."""
+    out = tmp_path_factory.getbasetemp() / "whole-vmoe"
+    if not (out / "manifest.json").is_file():
+        from export.bundle import export_bundle
+        from tests.conftest import tiny_model
+
+        export_bundle(tiny_model("vmoe").eval(), out, "executorch")
+    return out
 
 
 def flip_byte(path: Path, offset: int) -> None:

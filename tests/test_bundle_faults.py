@@ -20,7 +20,16 @@ from PIL import Image
 from export.runtime import load_bundle
 from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
-from tests.faults import MANIFEST_MUTATIONS, copy_bundle, flip_byte, flip_offsets, mutate_manifest, reseal
+from tests.faults import (
+    MANIFEST_MUTATIONS,
+    WHOLE_MANIFEST_MUTATIONS,
+    copy_bundle,
+    flip_byte,
+    flip_offsets,
+    mutate_manifest,
+    reseal,
+    whole_bundle,
+)
 
 pytestmark = pytest.mark.export
 REPO = Path(__file__).resolve().parent.parent
@@ -57,6 +66,29 @@ def test_mutated_manifest_is_refused_everywhere(mutation, bundle, png, tmp_path,
 
 
 # --- byte flips in graph files ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory) -> Path:
+    return whole_bundle(tmp_path_factory)
+
+
+@pytest.mark.parametrize("mutation", sorted(WHOLE_MANIFEST_MUTATIONS))
+def test_mutated_whole_manifest_is_refused_everywhere(mutation, whole, png, tmp_path, capsys):
+    """The same for a whole bundle (a per-token MoE in one graph): its own layout rules, one line each."""
+    broken = copy_bundle(whole, tmp_path / "broken")
+    mutate_manifest(broken, mutation, WHOLE_MANIFEST_MUTATIONS)
+    refused(["predict", str(broken), str(png)], capsys)
+    refused(["bench", str(broken), "--runtime", "executorch", "--out", str(tmp_path / "bench")], capsys)
+    with pytest.raises(UsageError):
+        load_bundle(broken)
+    assert not (tmp_path / "bench").exists()
+
+
+def test_whole_bundle_predicts_before_any_mutation(whole, png, capsys):
+    capsys.readouterr()
+    assert main(["predict", str(whole), str(png), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["experts"]
 
 
 def test_flipped_byte_without_reseal_is_caught_by_sha256(bundle, png, tmp_path, capsys):

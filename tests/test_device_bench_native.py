@@ -233,3 +233,36 @@ def test_bench_cli_bad_input(bundle, tmp_path, capsys):
         assert "macOS" in capsys.readouterr().err
     assert main(["bench", str(bundle), "--device", "android", "--runtime", "native"]) == 2
     assert "--runner" in capsys.readouterr().err
+
+
+def _graph(name: str, role: str, expert, size: int, params: int) -> dict:
+    return {"name": name, "role": role, "expert": expert, "bytes": size, "params": params}
+
+
+def test_bytes_and_params_loaded_per_image_are_honest_for_split_and_whole():
+    """A split bundle loads its router and the experts each image picks; a whole per-token bundle loads its one graph,
+    every expert inside, for every image, whichever experts the image's tokens used."""
+    from device_bench.report import comparisons
+    from device_bench.results import bytes_per_image, params_active, params_per_image
+
+    split = {
+        "graphs": [_graph("router", "router", None, 100, 10), _graph("expert_0", "expert", 0, 50, 5),
+                   _graph("expert_1", "expert", 1, 70, 7)],
+        "params_active_max": 17,
+    }  # fmt: skip
+    whole = {"graphs": [_graph("whole", "whole", None, 300, 30)], "params_active_max": 20}
+    assert bytes_per_image(split, [[0], [1], [1]]) == pytest.approx((150 + 170 + 170) / 3)
+    assert params_per_image(split, [[0], [1]]) == pytest.approx(16)
+    assert bytes_per_image(whole, [[0, 1, 2], [1]]) == 300 and params_per_image(whole, [[3]]) == 30
+    assert params_active(whole, None) == 20 and params_active({"graphs": []}, None) is None
+
+    def run(name: str, kind: str, manifest: dict, sequence: list[list[int]]) -> dict:
+        return {
+            "bundle_name": name, "kind": kind, "runtime": "native", "device": "host", "peak_rss_bytes": 1 << 20,
+            "latency_ms": {"p50": 1.0}, "bytes_loaded_per_image": bytes_per_image(manifest, sequence),
+            "params_loaded_per_image": params_per_image(manifest, sequence),
+            "params_active": params_active(manifest, None),
+        }  # fmt: skip
+
+    (line,) = comparisons([run("mvmoe", "split", split, [[0]]), run("vmoe", "whole", whole, [[0, 1]])])
+    assert line.startswith("- split mvmoe vs whole vmoe (native)") and "every expert" in line

@@ -187,3 +187,92 @@ def test_executorch_per_block_layout_equals_eager(tmp_path, top_k):
         prediction = bundle.predict(image)
         np.testing.assert_allclose(prediction.logits, logits.numpy(), atol=1e-5, rtol=1e-4)
         assert prediction.experts == experts.tolist()
+
+
+# --- what the reference-model work changed, and what it must not have -----------------------------------------------
+
+MANIFEST_KEYS = {
+    "format", "version", "backend", "model", "num_experts", "top_k", "input", "class_names", "super_class_names",
+    "composition", "graphs", "sizes", "precision", "source", "parity",
+}  # fmt: skip
+GRAPH_KEYS = {
+    "name", "role", "expert", "file", "sha256", "bytes", "params", "inputs", "outputs", "backend_details",
+    "export_seconds",
+}  # fmt: skip
+NEW_KEYS = {"routing", "params_active_max"}  # what an image touches; optional in the schema
+
+
+def test_manifest_keeps_its_fields_and_adds_what_an_image_touches(moe, bundle_dir):
+    from mobile_moe.costs import costs
+
+    manifest = read_manifest(bundle_dir)
+    assert set(manifest) == MANIFEST_KEYS | NEW_KEYS
+    assert all(set(graph) == GRAPH_KEYS for graph in manifest["graphs"])
+    assert manifest["routing"] == "image" and manifest["params_active_max"] == costs(moe.config).params_active
+    # k = 1: the router and one expert path hold exactly the parameters one image computes with
+    router, expert = (next(g for g in manifest["graphs"] if g["role"] == role) for role in ("router", "expert"))
+    assert router["params"] + expert["params"] == manifest["params_active_max"]
+
+
+def test_bundle_written_before_the_new_fields_still_loads(moe, bundle_dir, tmp_path):
+    import shutil
+
+    from device_bench.results import params_active
+    from mobile_moe.costs import costs
+
+    old = shutil.copytree(bundle_dir, tmp_path / "old")
+    manifest = json.loads((old / "manifest.json").read_text())
+    for key in NEW_KEYS:
+        del manifest[key]
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    assert read_manifest(old)["version"] == 1
+    images, experts = images_for_experts(moe)
+    assert load_bundle(old).predict(images[0]).experts == [experts[0]]
+    assert params_active(read_manifest(old), costs(moe.config)) == costs(moe.config).params_active
+
+
+@pytest.mark.parametrize("descending", [False, True])
+def test_sort_rewrite_is_the_stable_sort(descending):
+    """Every backend gets aten.sort as ranks (export/decompositions.py): the same values and indices as the stable
+    sort, ties in index order, along any dim."""
+    from export.decompositions import sort_stable
+
+    generator = torch.Generator().manual_seed(0)
+    for shape, dim in [((7,), 0), ((3, 9), -1), ((2, 5, 4), 1), ((6, 3), 0)]:
+        x = torch.randint(0, 3, shape, generator=generator).float()  # mostly ties
+        x.view(-1)[0] = float("-inf")
+        expected = torch.sort(x, dim=dim, descending=descending, stable=True)
+        values, indices = sort_stable(x, dim=dim, descending=descending)
+        assert torch.equal(values, expected.values) and torch.equal(indices, expected.indices)
+
+
+def test_onnx_top_k_with_ties_matches_eager_and_sortless_graphs_keep_their_bytes(moe, tmp_path):
+    """The top-k rule (a stable sort) exports to ONNX through the rewrite and keeps the tie order; a graph without a
+    sort exports to exactly the bytes torch.onnx.export writes for the module itself."""
+    import onnxruntime as ort
+
+    from export.artifact import file_digest
+    from export.graphs import split_model
+    from export.onnx_backend import OPSET, export_onnx
+    from mobile_moe.routers import top_k
+
+    class TopK(torch.nn.Module):
+        def forward(self, scores):
+            values, experts = top_k(scores, 3)
+            return values, experts.float()
+
+    scores = torch.tensor([[0.2, 0.5, 0.2, 0.5, 0.1, 0.5]])  # ties: experts 1, 3, 5
+    export_onnx(TopK(), (scores,), tmp_path / "topk.onnx", input_names=["scores"], output_names=["values", "experts"])
+    session = ort.InferenceSession(str(tmp_path / "topk.onnx"), providers=["CPUExecutionProvider"])
+    values, experts = session.run(None, {"scores": scores.numpy()})
+    assert experts.tolist() == [[1.0, 3.0, 5.0]] and values[0].tolist() == pytest.approx([0.5, 0.5, 0.5])
+
+    router = split_model(moe).graphs[0]
+    names = {"input_names": ["images"], "output_names": ["tokens", "router_probs"]}
+    export_onnx(router.module, router.example_inputs(), tmp_path / "ours.onnx", **names)
+    with torch.no_grad():
+        torch.onnx.export(
+            router.module, router.example_inputs(), str(tmp_path / "plain.onnx"), dynamo=True, opset_version=OPSET,
+            external_data=False, verbose=False, **names,
+        )  # fmt: skip
+    assert file_digest(tmp_path / "ours.onnx") == file_digest(tmp_path / "plain.onnx")

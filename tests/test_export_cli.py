@@ -21,14 +21,11 @@ from tests.conftest import tiny_model
 pytestmark = pytest.mark.export
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    """A run directory as training writes it (config.json + best.pt), for a tiny untrained model on digits."""
+def make_run_dir(run, model):
+    """A run directory as training writes it (config.json + best.pt) for `model`, untrained, on digits."""
     from training.data import data_record, open_data
     from training.run import write_config
 
-    run = tmp_path_factory.mktemp("run")
-    model = tiny_model("mobile-vmoe", num_classes=10, num_experts=2)
     config = {
         "model": model.config.to_dict(),
         "data": data_record(open_data("digits", 32)),
@@ -38,6 +35,12 @@ def run_dir(tmp_path_factory):
     write_config(run, config)
     save_checkpoint(checkpoint_dict(model, epoch=1), run / "best.pt")
     return run
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A tiny untrained Mobile V-MoE's run directory."""
+    return make_run_dir(tmp_path_factory.mktemp("run"), tiny_model("mobile-vmoe", num_classes=10, num_experts=2))
 
 
 @pytest.fixture(scope="module")
@@ -100,11 +103,36 @@ def test_unknown_format_and_not_a_run_dir(run_dir, tmp_path, capsys):
 
 
 def test_unsplittable_model_says_why(tmp_path):
-    with pytest.raises(UsageError, match="per-token router needs every expert"):
+    with pytest.raises(UsageError, match="not a mobile-moe model"):
         export_bundle(torch.nn.Linear(3, 3), tmp_path / "b", "onnx")
     with pytest.raises(UsageError, match="needs top_k = 1"):
         export_bundle(tiny_model("mobile-vmoe", top_k=2), tmp_path / "b", "onnx", layout="expert-paths")
+    with pytest.raises(UsageError, match="--monolithic does not apply to vmoe .* exports whole"):
+        export_bundle(tiny_model("vmoe"), tmp_path / "b", "onnx", monolithic=True)
+    with pytest.raises(UsageError, match="per-block does not apply to hard-moe"):
+        export_bundle(tiny_model("hard-moe"), tmp_path / "b", "onnx", layout="per-block")
+    with pytest.raises(UsageError, match="a dense ViT is always one graph"):
+        export_bundle(tiny_model("vit"), tmp_path / "b", "onnx", monolithic=True)
     assert leftovers(tmp_path) == []
+
+
+def test_per_token_run_exports_whole_and_predicts(tmp_path, png, capsys):
+    """A V-MoE run through the CLI: --layout is one line (exit 2); without it the bundle is one whole graph, and
+    predict --json reports the experts the image used."""
+    (tmp_path / "run").mkdir()
+    run = make_run_dir(tmp_path / "run", tiny_model("vmoe", num_classes=10))
+    out = tmp_path / "bundle"
+    export = ["export", str(run), "--format", "onnx", "--out", str(out)]
+    fails([*export, "--layout", "expert-paths"], capsys, "exports whole")
+    assert not out.exists()
+    capsys.readouterr()
+    assert main([*export, "--json"]) == 0
+    manifest = json.loads(capsys.readouterr().out)
+    assert manifest["composition"]["layout"] == "whole" and manifest["routing"] == "token"
+    assert [graph["name"] for graph in manifest["graphs"]] == ["whole"] and manifest["parity"]["passed"]
+    assert main(["predict", str(out), str(png), "--json"]) == 0
+    (result,) = json.loads(capsys.readouterr().out)
+    assert result["experts"] == sorted(set(result["experts"])) and sum(result["gates"]) == pytest.approx(1.0)
 
 
 def test_refuses_to_overwrite_a_directory_that_is_not_a_bundle(run_dir, capsys):

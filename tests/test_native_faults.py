@@ -28,11 +28,13 @@ from mobile_moe.errors import UsageError
 from tests.conftest import needs_build
 from tests.faults import (
     MANIFEST_MUTATIONS,
+    WHOLE_MANIFEST_MUTATIONS,
     copy_bundle,
     flip_byte,
     flip_offsets,
     mutate_manifest,
     reseal,
+    whole_bundle,
     write_manifest_text,
 )
 
@@ -53,12 +55,12 @@ RAW_MANIFESTS = {
     "short_unicode_escape": lambda doc: doc.replace('"0"', '"\\u12"', 1),
     "lone_surrogate": lambda doc: doc.replace('"0"', '"\\udc00"', 1),
     "control_character": lambda doc: doc.replace('"0"', '"a\tb"', 1),
-    "leading_zero": lambda doc: doc.replace('"top_k": 1, "input"', '"top_k": 01, "input"', 1),
-    "plus_sign": lambda doc: doc.replace('"top_k": 1, "input"', '"top_k": +1, "input"', 1),
-    "hex_number": lambda doc: doc.replace('"top_k": 1, "input"', '"top_k": 0x1, "input"', 1),
+    "leading_zero": lambda doc: doc.replace('"top_k": 1, "routing"', '"top_k": 01, "routing"', 1),
+    "plus_sign": lambda doc: doc.replace('"top_k": 1, "routing"', '"top_k": +1, "routing"', 1),
+    "hex_number": lambda doc: doc.replace('"top_k": 1, "routing"', '"top_k": 0x1, "routing"', 1),
     "infinite_mean": lambda doc: doc.replace('"mean": [0.0,', '"mean": [1e400,', 1),
-    "integer_written_as_float": lambda doc: doc.replace('"top_k": 1, "input"', '"top_k": 1.0, "input"', 1),
-    "integer_with_exponent": lambda doc: doc.replace('"top_k": 1, "input"', '"top_k": 1e0, "input"', 1),
+    "integer_written_as_float": lambda doc: doc.replace('"top_k": 1, "routing"', '"top_k": 1.0, "routing"', 1),
+    "integer_with_exponent": lambda doc: doc.replace('"top_k": 1, "routing"', '"top_k": 1e0, "routing"', 1),
 }
 
 TIMEOUT_S = 60  # a hang fails the test; a normal refusal takes milliseconds
@@ -105,6 +107,27 @@ def test_runner_refuses_manifest_mutation(fault_runner, bundle, tmp_path, mutati
     assert_refused(run_runner(fault_runner, broken), (2,))
 
 
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory) -> Path:
+    return whole_bundle(tmp_path_factory)
+
+
+def test_runner_runs_the_whole_bundle(fault_runner, whole):
+    """The unmutated whole bundle runs (so each refusal below is the mutation's doing) and reports the experts its
+    image used."""
+    result = run_runner(fault_runner, whole)
+    assert result.returncode == 0, result.stderr.decode(errors="replace")[-2000:]
+    report = json.loads(result.stdout)
+    assert report["layout"] == "whole" and report["images"][0]["experts"]
+
+
+@pytest.mark.parametrize("mutation", sorted(WHOLE_MANIFEST_MUTATIONS))
+def test_runner_refuses_whole_manifest_mutation(fault_runner, whole, tmp_path, mutation):
+    broken = copy_bundle(whole, tmp_path / "bundle")
+    mutate_manifest(broken, mutation, WHOLE_MANIFEST_MUTATIONS)
+    assert_refused(run_runner(fault_runner, broken), (2,))
+
+
 @pytest.mark.parametrize("fault", sorted(RAW_MANIFESTS))
 def test_runner_refuses_malformed_json(fault_runner, bundle, tmp_path, fault):
     broken = copy_bundle(bundle, tmp_path / "bundle")
@@ -132,6 +155,32 @@ def test_runner_survives_flipped_graph_byte(fault_runner, bundle, tmp_path, name
     if offset in HEADER_OFFSETS:
         assert_refused(result, (2,))
     elif result.returncode == 0:  # the flip changed a weight: the program is valid, and runs
+        assert isinstance(json.loads(result.stdout), dict)
+    else:
+        assert_refused(result, (1, 2))
+
+
+WHOLE_FLIP_COUNT = 4
+WHOLE_FLIPS = [(index, resealed) for index in range(4 + WHOLE_FLIP_COUNT) for resealed in (False, True)]
+
+
+@pytest.mark.parametrize(
+    ("index", "resealed"), WHOLE_FLIPS, ids=[f"whole.pte-{i}-{'resealed' if r else 'raw'}" for i, r in WHOLE_FLIPS]
+)
+def test_runner_survives_flipped_whole_graph_byte(fault_runner, whole, tmp_path, index, resealed):
+    """The whole graph's program holds the routing bookkeeping (integer ops on the portable kernels) as well as the
+    experts: a flip there must be refused or fail cleanly too, never crash."""
+    offset = flip_offsets((whole / "whole.pte").stat().st_size, count=WHOLE_FLIP_COUNT, seed=2)[index]
+    broken = copy_bundle(whole, tmp_path / "bundle")
+    flip_byte(broken / "whole.pte", offset)
+    if not resealed:
+        assert "sha256" in assert_refused(run_runner(fault_runner, broken), (2,))
+        return
+    reseal(broken)
+    result = run_runner(fault_runner, broken)
+    if offset in HEADER_OFFSETS:
+        assert_refused(result, (2,))
+    elif result.returncode == 0:
         assert isinstance(json.loads(result.stdout), dict)
     else:
         assert_refused(result, (1, 2))

@@ -5,12 +5,14 @@
 // The manifest is untrusted input (a bundle can be copied to a phone by hand, where no Python validated it), so the
 // runner enforces the rules of the one manifest schema (export/manifest_schema.py) itself: every value it uses is
 // type- and range-checked (integers exact: 1.5, 1e300, -3, true and "4" are refused), the layout's cross-field rules
-// hold, every graph file matches its size and sha256 before any graph is loaded, and each loaded program's method
+// hold (what an image touches included: routing kind against layout, params_active_max against the graphs' params),
+// every graph file matches its size and sha256 before any graph is loaded, and each loaded program's method
 // signature matches the graph's specs before it runs. Every violation is a UsageError (exit 2), never a crash.
 #pragma once
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cmath>
@@ -39,9 +41,23 @@ constexpr int64_t kMaxElements = int64_t{1} << 28;
 constexpr int64_t kMaxClasses = int64_t{1} << 20;
 constexpr int64_t kMaxCount = int64_t{1} << 62;
 constexpr int64_t kMaxGraphs = int64_t{1} << 16;
-const char* const kRoles[] = {"router", "expert", "block_shared", "block_expert", "head", "monolithic", "dense"};
-const char* const kLayouts[] = {"dense", "monolithic", "expert-paths", "per-block"};
+const char* const kRoles[] = {"router", "expert",     "block_shared", "block_expert",
+                               "head",   "monolithic", "dense",        "whole"};
+const char* const kLayouts[] = {"dense", "monolithic", "expert-paths", "per-block", "whole"};
 const char* const kBackends[] = {"executorch", "onnx", "coreml"};
+const char* const kRoutings[] = {"none", "image", "cluster", "token", "expert", "soft"};
+
+// The layouts each routing kind exports as (export/manifest_schema.py LAYOUTS_OF_ROUTING).
+inline bool layout_fits_routing(const std::string& routing, const std::string& layout) {
+  if (routing == "none") return layout == "dense";
+  if (routing == "image") return layout == "expert-paths" || layout == "per-block" || layout == "monolithic";
+  if (routing == "cluster") return layout == "expert-paths" || layout == "monolithic";
+  return layout == "whole";  // token, expert, soft: per-token MoEs
+}
+
+// a + b for counts in [0, kMaxCount + 1], held at kMaxCount + 1 (more than any valid count) instead of overflowing:
+// 2^16 graphs of up to 2^62 parameters each would overflow int64.
+inline int64_t add_counts(int64_t a, int64_t b) { return a > kMaxCount - b ? kMaxCount + 1 : a + b; }
 
 struct Spec {
   std::string name;
@@ -52,13 +68,14 @@ struct Spec {
 struct Graph {
   std::string name, role, file, path, sha256;
   int expert = -1;
-  int64_t bytes = 0;  // the manifest's size, checked against the file
+  int64_t bytes = 0;   // the manifest's size, checked against the file
+  int64_t params = 0;  // weights the graph carries (parameters and buffers)
   std::vector<Spec> inputs, outputs;
   std::vector<std::vector<int32_t>> input_shapes;
-  // Index of the named output ("logits", "tokens", "router_probs") among the outputs; -1 when absent.
-  int output(const std::string& name) const {
+  // Index of the named output ("logits", "tokens", "router_probs", "expert_tokens") among the outputs; -1 when absent.
+  int output(const std::string& wanted) const {
     for (size_t i = 0; i < outputs.size(); ++i)
-      if (outputs[i].name == name) return static_cast<int>(i);
+      if (outputs[i].name == wanted) return static_cast<int>(i);
     return -1;
   }
 };
@@ -68,10 +85,12 @@ struct Graph {
 //   per-block (any k):    router, per MoE block a shared graph (tokens -> residual, normed), head (tokens -> logits)
 //                         loaded at open; expert e = one MLP graph per block (normed -> delta), x = residual + g * delta
 //   dense / monolithic:   one graph, images -> logits (+ router_probs)
+//   whole:                one graph, images -> logits, expert_tokens (1, G, E) (a per-token MoE, every expert
+//                         inside; G expert sets, one per MoE block that owns its experts)
 struct Bundle {
   std::string dir;     // real path
-  std::string kind;    // "split" (router + experts), "dense", "monolithic"
-  std::string layout;  // "expert-paths", "per-block", "dense", "monolithic"
+  std::string kind;    // "split" (router + experts), "dense", "monolithic", "whole"
+  std::string layout;  // "expert-paths", "per-block", "dense", "monolithic", "whole"
   int num_experts = 0, top_k = 1;
   bool renormalize_gates = false;
   std::vector<int32_t> image_shape;  // (1, C, S, S)
@@ -157,7 +176,7 @@ inline Graph graph_from(const json::Value& entry, const std::string& where, cons
   graph.sha256 = as_str(object_at(entry, where, "sha256"), child(where, "sha256"), 0, 64);
   if (!is_hex_digest(graph.sha256)) invalid(child(where, "sha256"), "must be 64 lowercase hex digits");
   graph.bytes = as_int(object_at(entry, where, "bytes"), child(where, "bytes"), 0, kMaxCount);
-  as_int(object_at(entry, where, "params"), child(where, "params"), 0, kMaxCount);
+  graph.params = as_int(object_at(entry, where, "params"), child(where, "params"), 0, kMaxCount);
   const auto& inputs = as_array(object_at(entry, where, "inputs"), child(where, "inputs"), 1, 16);
   for (size_t i = 0; i < inputs.size(); ++i) graph.inputs.push_back(spec_of(inputs[i], child(child(where, "inputs"), i)));
   const auto& outputs = as_array(object_at(entry, where, "outputs"), child(where, "outputs"), 1, 16);
@@ -197,8 +216,9 @@ inline void expect_inputs(const Graph& graph, const std::vector<std::vector<int3
   }
 }
 
-// Everything the schema checks (types, ranges, layout rules), then the runner's own needs.
-inline void validate(const json::Value& manifest, Bundle& bundle) {
+// Everything the schema checks but the routing and parameter rules (types, ranges, layout rules), then the runner's
+// own needs.
+inline void validate_layout(const json::Value& manifest, Bundle& bundle) {
   if (!manifest.is_object()) invalid("manifest", "must be a JSON object, not " + json::describe(manifest));
   const json::Value& format = object_at(manifest, "", "format");
   if (!format.is_string() || format.string != "mobile-moe-bundle") invalid("format", "must be \"mobile-moe-bundle\"");
@@ -278,14 +298,14 @@ inline void validate(const json::Value& manifest, Bundle& bundle) {
     return found->second;
   };
   const std::vector<int32_t> logits_shape{1, static_cast<int32_t>(num_classes)};
-  auto check_experts_and_k = [&](int k_max) {
-    if (bundle.num_experts < 1) invalid("num_experts", "a Mobile V-MoE bundle needs at least 1 expert");
+  auto check_experts_and_k = [&](int k_min, int k_max) {
+    if (bundle.num_experts < 1) invalid("num_experts", "an MoE bundle needs at least 1 expert");
     if (const json::Value* model_experts = optional_at(model, "model", "num_experts"))
       if (!model_experts->is_number() || !model_experts->integral || model_experts->whole != bundle.num_experts)
         invalid("num_experts", std::to_string(bundle.num_experts) + " differs from the model's " + shown(*model_experts));
-    if (bundle.top_k < 1 || bundle.top_k > k_max)
-      invalid("top_k", std::to_string(bundle.top_k) + " must be between 1 and " + std::to_string(k_max) + " for the " +
-                           bundle.layout + " layout");
+    if (bundle.top_k < k_min || bundle.top_k > k_max)
+      invalid("top_k", std::to_string(bundle.top_k) + " must be between " + std::to_string(k_min) + " and " +
+                           std::to_string(k_max) + " for the " + bundle.layout + " layout");
   };
   const std::vector<int32_t> probs_shape{1, static_cast<int32_t>(bundle.num_experts)};
   auto check_router = [&]() -> std::vector<int32_t> {
@@ -300,7 +320,7 @@ inline void validate(const json::Value& manifest, Bundle& bundle) {
     return tokens->shape;
   };
 
-  if (bundle.layout == "dense" || bundle.layout == "monolithic") {
+  if (bundle.layout == "dense" || bundle.layout == "monolithic" || bundle.layout == "whole") {
     if (graphs.size() != 1 || entries.size() != 1 || bundle.all[0].role != bundle.layout)
       invalid("graphs", "a " + bundle.layout + " bundle holds exactly one graph with role " + bundle.layout);
     bundle.single = bundle.all[0];
@@ -310,9 +330,14 @@ inline void validate(const json::Value& manifest, Bundle& bundle) {
     expect_shape(bundle.single, output_spec(bundle.single, "logits"), logits_shape, "logits");
     if (bundle.layout == "dense") {
       if (bundle.num_experts != 0 || bundle.top_k != 0) invalid("num_experts", "a dense bundle has num_experts 0 and top_k 0");
-    } else {
-      check_experts_and_k(bundle.num_experts);
+    } else if (bundle.layout == "monolithic") {
+      check_experts_and_k(1, bundle.num_experts);
       expect_shape(bundle.single, output_spec(bundle.single, "router_probs"), probs_shape, "router_probs");
+    } else {  // whole: top_k is per token (0 where the model has none); the runner picks nothing
+      check_experts_and_k(0, bundle.num_experts);
+      const Spec* tokens = output_spec(bundle.single, "expert_tokens");  // (1, G, E): G expert sets
+      int32_t sets = tokens != nullptr && tokens->shape.size() == 3 ? tokens->shape[1] : 1;
+      expect_shape(bundle.single, tokens, {1, sets, static_cast<int32_t>(bundle.num_experts)}, "expert_tokens");
     }
     return;
   }
@@ -320,7 +345,7 @@ inline void validate(const json::Value& manifest, Bundle& bundle) {
   bundle.kind = "split";
   bundle.experts.assign(bundle.num_experts, {});
   if (bundle.layout == "expert-paths") {
-    check_experts_and_k(1);
+    check_experts_and_k(1, 1);
     std::vector<int32_t> tokens = check_router();
     const json::Value* names = optional_at(composition, "composition", "experts");
     const auto& listed = names == nullptr ? std::vector<json::Value>{} : as_array(*names, "composition.experts", 0, kMaxExperts);
@@ -340,7 +365,7 @@ inline void validate(const json::Value& manifest, Bundle& bundle) {
   }
 
   // per-block
-  check_experts_and_k(bundle.num_experts);
+  check_experts_and_k(1, bundle.num_experts);
   std::vector<int32_t> tokens = check_router();
   const json::Value* blocks = optional_at(composition, "composition", "blocks");
   if (blocks == nullptr || as_array(*blocks, "composition.blocks", 0, 4097).empty())
@@ -372,6 +397,46 @@ inline void validate(const json::Value& manifest, Bundle& bundle) {
   bundle.head = named(optional_at(composition, "composition", "head"), "head", "head");
   expect_inputs(bundle.head, {tokens});
   expect_shape(bundle.head, output_spec(bundle.head, "logits"), logits_shape, "logits");
+}
+
+// Parameters held by the graphs one image needs at most (the schema's Manifest.params_loaded_max): every graph that is
+// not an expert's, plus the top_k experts whose graphs hold the most.
+inline int64_t params_loaded_max(const Bundle& bundle) {
+  int64_t loaded = 0;
+  std::map<int, int64_t> per_expert;
+  for (const auto& graph : bundle.all) {
+    if (graph.role == "expert" || graph.role == "block_expert")
+      per_expert[graph.expert] = add_counts(per_expert[graph.expert], graph.params);
+    else
+      loaded = add_counts(loaded, graph.params);
+  }
+  std::vector<int64_t> totals;
+  for (const auto& entry : per_expert) totals.push_back(entry.second);
+  std::sort(totals.begin(), totals.end(), [](int64_t a, int64_t b) { return a > b; });
+  for (size_t i = 0; i < totals.size() && i < static_cast<size_t>(bundle.top_k); ++i) loaded = add_counts(loaded, totals[i]);
+  return loaded;
+}
+
+// What an image touches (both optional: bundles written before them still run): the routing kind must be one whose
+// model exports as this layout, and params_active_max cannot exceed what the graphs of one image hold.
+inline void check_routing_and_params(const json::Value& manifest, const Bundle& bundle) {
+  if (const json::Value* routing = optional_at(manifest, "", "routing")) {
+    const std::string& kind = one_of(*routing, "routing", kRoutings);
+    if (!layout_fits_routing(kind, bundle.layout))
+      invalid("routing", "a model routing by \"" + kind + "\" does not export as " + bundle.layout);
+  }
+  if (const json::Value* active = optional_at(manifest, "", "params_active_max")) {
+    int64_t claimed = as_int(*active, "params_active_max", 0, kMaxCount);
+    int64_t loaded = params_loaded_max(bundle);
+    if (claimed > loaded)
+      invalid("params_active_max", std::to_string(claimed) + " is more than the " + std::to_string(loaded) +
+                                       " parameters the graphs of one image hold");
+  }
+}
+
+inline void validate(const json::Value& manifest, Bundle& bundle) {
+  validate_layout(manifest, bundle);
+  check_routing_and_params(manifest, bundle);
 }
 
 // Every graph file the manifest lists must have the recorded size and sha256: checked before any graph is loaded.

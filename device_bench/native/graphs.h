@@ -1,6 +1,7 @@
 // The ExecuTorch side of the native runner (runner.cpp): load a graph (program verified, signature checked against the
 // manifest, forward method initialised), run it, keep an LRU of expert graphs, and the pipeline that takes one image
-// through router -> top-k experts -> logits for every layout. Header-only, like json_reader.h.
+// through router -> top-k experts -> logits for every layout (or through the one graph of a dense, monolithic or
+// whole bundle). Header-only, like json_reader.h.
 #pragma once
 
 #include <executorch/extension/module/module.h>
@@ -237,6 +238,29 @@ inline void pick_experts(const std::vector<float>& probs, int k, bool renormaliz
     for (auto& gate : out.gates) gate /= total;
 }
 
+// A whole bundle's experts: those that filled token slots for this image in any expert set (expert_tokens (1, G, E)
+// summed over the G sets > 0), ascending, each with its share of the image's slots as the gate (export/runtime.py
+// Bundle.used_experts). A count that is negative or not finite can only come from a corrupt graph.
+inline void used_experts(const std::vector<float>& expert_tokens, int num_experts, Inference& out) {
+  if (num_experts < 1 || expert_tokens.size() % static_cast<size_t>(num_experts) != 0)
+    throw std::logic_error("expert_tokens holds " + std::to_string(expert_tokens.size()) + " values for " +
+                           std::to_string(num_experts) + " experts");
+  std::vector<double> counts(static_cast<size_t>(num_experts), 0.0);
+  double total = 0;
+  for (size_t i = 0; i < expert_tokens.size(); ++i) {
+    float count = expert_tokens[i];
+    if (!std::isfinite(count) || count < 0)
+      throw std::runtime_error("the whole graph reported a negative or non-finite expert token count (a corrupt graph?)");
+    counts[i % counts.size()] += count;
+    total += count;
+  }
+  for (size_t e = 0; e < counts.size(); ++e) {
+    if (counts[e] <= 0) continue;
+    out.experts.push_back(static_cast<int>(e));
+    out.gates.push_back(static_cast<float>(counts[e] / total));
+  }
+}
+
 // An output looked up by name (validated to exist when the bundle was read).
 inline std::vector<float>& named_output(std::vector<std::vector<float>>& outputs, const Graph& graph,
                                         const char* name) {
@@ -269,6 +293,8 @@ class Pipeline {
       out.logits = named_output(outputs, first, "logits");
       if (bundle_.kind == "monolithic")
         pick_experts(named_output(outputs, first, "router_probs"), bundle_.top_k, bundle_.renormalize_gates, out);
+      if (bundle_.kind == "whole")
+        used_experts(named_output(outputs, first, "expert_tokens"), bundle_.num_experts, out);
       out.total_ms = out.router_ms = ms_since(start);
       return out;
     }
@@ -310,7 +336,7 @@ class Pipeline {
  private:
   const Bundle& bundle_;
   Loader& loader_;
-  std::unique_ptr<Module> first_;  // the router, or the one dense / monolithic graph
+  std::unique_ptr<Module> first_;  // the router, or the one dense / monolithic / whole graph
   std::vector<std::unique_ptr<Module>> shared_;  // per-block: each MoE block's attention half
   std::unique_ptr<Module> head_;                  // per-block: final norm + classifier
   ExpertCache cache_;

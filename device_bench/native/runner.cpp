@@ -3,7 +3,8 @@
 //
 // Split bundles (k = 1): the router graph is loaded at start; per image the runner runs the router, picks the top-k
 // experts from router_probs, loads only those expert graphs (an LRU of --cache-experts graphs; the least recently
-// used is unloaded beyond it), runs them and returns the expert's logits. Dense and monolithic bundles are one graph.
+// used is unloaded beyond it), runs them and returns the expert's logits. Dense, monolithic and whole bundles are one
+// graph; a whole bundle (a per-token MoE) reports the experts each image used, from its expert_tokens output.
 //
 // Phases, in order (all in one process, so the numbers share one thread pool and one allocator):
 //   1. cold load of the router (program open + method init, which is where XNNPACK packs weights)
@@ -210,7 +211,7 @@ std::string measure(const Options& options) {
   set_phase("reading the bundle " + options.bundle);
   Bundle bundle = read_bundle(options.bundle);
   auto images = read_images(options, bundle);
-  int num_experts = bundle.kind == "split" ? bundle.num_experts : 0;
+  int num_experts = bundle.kind == "split" || bundle.kind == "whole" ? bundle.num_experts : 0;
   int cache_experts = options.cache_experts < 0 ? std::max(num_experts, 1) : options.cache_experts;
   if (bundle.kind == "split" && cache_experts < 1) throw UsageError("--cache-experts must be at least 1");
   set_threads(options.threads);
