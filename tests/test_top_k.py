@@ -46,7 +46,7 @@ def _tied_router_model(top_k_: int):
 
 
 @pytest.mark.export
-@pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_eager_python_runtime_and_native_runner_agree_on_ties(k, tmp_path, request):
     from export.bundle import export_bundle
     from export.runtime import load_bundle
