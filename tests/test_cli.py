@@ -42,6 +42,12 @@ def test_info_table(capsys):
         (["info", "--model", "mobile-vmoe", "--moe-layers", "12"], "moe_layers=12: must be between 1 and 11"),
         (["info", "--model", "mobile-vmoe", "--experts", "1"], "num_experts=1: must be at least 2"),
         (["info", "--model", "vit", "--experts", "4"], "--experts: model vit has no such option"),
+        (["info", "--model", "soft-moe", "--top-k", "2"], "--top-k: model soft-moe has no such option"),
+        (["info", "--model", "vmoe", "--model-kwargs", "capacity_ratio=big"], "capacity_ratio=big: expected float"),
+        (["info", "--model", "vmoe", "--model-kwargs", "top_k=2"], "top_k: not an option of vmoe (use --top-k)"),
+        (["info", "--model", "vmoe", "--model-kwargs", "moe_placement=first"], "moe_placement='first': choose one"),
+        (["info", "--model", "widenet", "--moe-layers", "2"], "every WideNet block shares the one MoE layer"),
+        (["info", "--model", "hard-moe", "--top-k", "2"], "sends each image to exactly one expert"),
         (["info"], "required: --model"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
     ],
@@ -51,6 +57,34 @@ def test_bad_input_is_one_line_and_status_2(capsys, argv, fragment):
     assert status == 2
     assert out == ""
     assert err.count("\n") == 1 and fragment in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        (["--model", "vmoe", "--super-classes", "random"], "--super-classes guides a per-image router"),
+        (["--model", "soft-moe", "--router-loss", "0", "--balance-loss", "0.01"], "it needs no balancing loss"),
+        (["--model", "widenet", "--balance-loss", "0.01"], "--model-kwargs aux_loss_weight=W"),
+        (["--model", "vmoe", "--init-from", "runs/dense"], "--init-from applies to hard-moe"),
+    ],
+)
+def test_train_refuses_flags_a_per_token_model_would_ignore(capsys, tmp_path, flags, fragment):
+    common = ["--size", "2x64", "--patch", "8", "--image-size", "32", "--experts", "2", "--data", "digits"]
+    status, out, err = run_cli(capsys, "train", *flags, *common, "--out", str(tmp_path / "run"))
+    assert status == 2 and err.count("\n") == 1 and fragment in err, err
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+def test_vmoe_info_is_the_papers_per_token_model(capsys):
+    """Fig. 3e of Mobile V-MoEs: per-token routing on DeiT-Ti, E=10, k=2, L=2 may touch about 11.05M parameters."""
+    argv = ["info", "--model", "vmoe", "--size", "deit-ti", "--experts", "10", "--top-k", "2", "--moe-layers", "2"]
+    status, out, _ = run_cli(capsys, *argv, "--json")
+    info = json.loads(out)
+    assert status == 0 and info["routing"] == "token"
+    assert round(info["params_total"] / 1e6, 2) == 11.05 and info["params_active"] == info["params_total"]
+    mobile = json.loads(run_cli(capsys, "info", "--model", "mobile-vmoe", "--size", "deit-ti", "--top-k", "2",
+                                "--json")[1])  # fmt: skip
+    assert round(mobile["params_active"] / 1e6, 2) == 6.31  # "vs 6.31M for ours"
 
 
 def test_width_not_divisible_by_heads():

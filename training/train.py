@@ -100,8 +100,24 @@ def check_super_classes(model_config: ViTConfig, super_classes, cfg: TrainConfig
             "a Hard MoE's router is fixed k-means, it has no router or balance loss: drop --super-classes (or give "
             "--router-loss 0 to only score its routing against them) and --balance-loss"
         )
+    if model_config.is_moe and not model_config.per_image:
+        _check_per_token_losses(model_config, super_classes, cfg)
     if cfg.route_by == "label" and super_classes is None:
         raise UsageError("--route-by label needs --super-classes: it routes each image to its true super-class")
+
+
+def _check_per_token_losses(model_config: ViTConfig, super_classes, cfg: TrainConfig) -> None:
+    """A per-token router has no per-image decision for a super-class loss, and weights its own balancing losses:
+    flags that would otherwise do nothing are refused."""
+    name = model_config.name
+    if super_classes is not None:
+        raise UsageError(
+            f"--super-classes guides a per-image router; {name} routes every token itself: drop --super-classes"
+        )
+    if cfg.balance_loss_weight > 0:
+        own = "--model-kwargs aux_loss_weight=W" if hasattr(model_config, "aux_loss_weight") else None
+        hint = f"its own auxiliary loss is weighted by {own}" if own else "it needs no balancing loss"
+        raise UsageError(f"--balance-loss applies to mobile-vmoe's router; {name}: {hint}; drop --balance-loss")
 
 
 def make_loader(dataset, cfg: TrainConfig, placement: distributed.Placement) -> tuple[DataLoader, DistributedSampler]:
