@@ -111,13 +111,15 @@ def measure(args: argparse.Namespace) -> dict:
 
 def measure_switch(path: str, images, rows: list[dict], load_bundle, router_ms: float) -> dict:
     """With one cached expert, alternate two images routed to different experts: every predict then switches."""
+    bundle = load_bundle(path, max_cached_experts=1)
+    if bundle.layout in ("dense", "monolithic", "whole"):
+        return {"ms": [], "median_ms": None, "note": "one graph holds every expert: there is no expert to switch"}
     by_expert: dict[int, int] = {}
     for index, row in enumerate(rows):
         if row["experts"]:
             by_expert.setdefault(row["experts"][0], index)
     if len(by_expert) < 2:
         return {"ms": [], "median_ms": None, "note": "the routing sequence uses one expert: no switch to time"}
-    bundle = load_bundle(path, max_cached_experts=1)
     picks = list(by_expert.values())
     switch_ms = []
     for _repeat in range(2):

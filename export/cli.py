@@ -16,12 +16,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", required=True, choices=BACKENDS, help="backend of the graphs")
     parser.add_argument("--out", required=True, metavar="BUNDLE_DIR", help="bundle directory to write")
     parser.add_argument("--quantize", default="none", choices=["none", "int8"], help="weight/activation precision")
-    parser.add_argument("--monolithic", action="store_true", help="one graph with every expert (the naive export)")
+    parser.add_argument(
+        "--monolithic",
+        action="store_true",
+        help="a per-image MoE as one graph with every expert (the naive export); per-token MoEs always export whole",
+    )
     parser.add_argument(
         "--layout",
         choices=LAYOUTS,
-        help="expert-paths (k=1 default: one graph per expert path) or per-block (k>1 default: shared attention in "
-        "its own graph, one graph per expert MLP per block)",
+        help="per-image MoEs: expert-paths (k=1 default: one graph per expert path) or per-block (k>1 default, "
+        "Mobile V-MoE: shared attention in its own graph, one graph per expert MLP per block)",
     )
     parser.add_argument("--fp32", action="store_true", help="Core ML: fp32 compute instead of fp16")
     parser.add_argument(

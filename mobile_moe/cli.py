@@ -18,7 +18,7 @@ from mobile_moe.errors import UsageError
 # command -> (module, one-line help). Commands whose module does not exist yet are not offered.
 COMMANDS: dict[str, tuple[str, str]] = {
     "info": ("mobile_moe.info", "parameters (total, active) and FLOPs of a model"),
-    "train": ("training.cli", "train a dense ViT or a Mobile V-MoE"),
+    "train": ("training.cli", "train a dense ViT, a Mobile V-MoE or a reference MoE"),
     "evaluate": ("training.evaluate_cli", "evaluate a trained run on a data split"),
     "superclass": ("super_class.cli", "derive super-classes from a dense model's confusion graph, or show them"),
     "export": ("export.cli", "split a model into router and expert graphs (ExecuTorch, ONNX, Core ML)"),
