@@ -128,7 +128,9 @@ class WholeGraph(nn.Module):
 
     def __init__(self, model: nn.Module):
         super().__init__()
-        self.model = model
+        # A model whose blocks share modules offers a view with one module object per block (WideNet): the backends
+        # partition by module, and ONE module used in every block would not be delegated.
+        self.model = model.graph_capture_view() if hasattr(model, "graph_capture_view") else model
 
     def forward(self, images: Tensor) -> tuple[Tensor, Tensor]:
         output = self.model(images)

@@ -268,3 +268,19 @@ def test_bench_puts_split_and_whole_side_by_side(runner, bundles, tmp_path):
     assert runs["whole"]["expert_change_rate"] is None and runs["whole"]["cache_hit_rate"] == {}
     report = (tmp_path / "out" / "report.md").read_text()
     assert f"split {split.name} vs whole {whole.name}" in report
+
+
+def test_widenet_shared_layers_are_delegated_once_per_block(models, tmp_path):
+    """WideNet's one attention and MoE layer serve every block: export traces a view with one module object per
+    block (sharing every Parameter), so XNNPACK takes each block's linears instead of leaving all of them on
+    ExecuTorch's portable kernels (a module used in several blocks is one partition it declines)."""
+    model = models("widenet")
+    view = model.graph_capture_view()
+    assert {id(p) for p in view.parameters()} == {id(p) for p in model.parameters()}  # shares, copies nothing
+    assert list(view.state_dict()) != list(model.state_dict()) and "block_views" not in dict(model.named_modules())
+    images = sample_images(2)
+    with torch.no_grad():
+        torch.testing.assert_close(view(images).logits, model(images).logits, rtol=0, atol=0)
+    manifest = export_bundle(model, tmp_path / "widenet", "executorch")
+    leftover = manifest["graphs"][0]["backend_details"]["undelegated_ops"]
+    assert not [op for op in leftover if op in ("aten.addmm.default", "aten.mm.default", "aten.linear.default")]
