@@ -37,6 +37,7 @@ from torch import Tensor, nn
 
 from mobile_moe.errors import UsageError
 from mobile_moe.moe import ExpertMLPs
+from mobile_moe.vit import Block
 
 LAYOUTS = ("expert-paths", "per-block")  # what --layout chooses between, for a per-image MoE
 PER_IMAGE = ("image", "cluster")
@@ -102,7 +103,8 @@ class BlockShared(nn.Module):
 
     def __init__(self, block: nn.Module):
         super().__init__()
-        self.block = block
+        # The block without its experts, so that `params` counts what this graph holds (the norms and attention).
+        self.block = Block(block.norm1, block.attn, block.norm2, nn.Identity())
 
     def forward(self, tokens: Tensor) -> tuple[Tensor, Tensor]:
         residual = self.block.attend(tokens)
