@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import typing
 
 from mobile_moe.config import PRESETS, ViTConfig
@@ -61,6 +62,8 @@ def _field_value(cls: type[ViTConfig], key: str, text: str) -> object:
         value = json.loads(text)
     except ValueError:
         value = text
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UsageError(f"--model-kwargs {key}={text}: must be a finite number")
     allowed = typing.get_args(kind) or (kind,)
     if float in allowed and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
@@ -70,9 +73,12 @@ def _field_value(cls: type[ViTConfig], key: str, text: str) -> object:
     return value
 
 
-def model_kwargs(args: argparse.Namespace) -> dict[str, object]:
-    """--model-kwargs KEY=VALUE ... -> {field: typed value} for args.model."""
-    cls = MODELS[args.model]
+def model_kwargs(args: argparse.Namespace, model: str | None = None) -> dict[str, object]:
+    """--model-kwargs KEY=VALUE ... -> {field: typed value} for `model` (default: args.model)."""
+    name = model or args.model
+    if name not in MODELS:
+        raise UsageError(f"unknown model {name!r}: choose one of {', '.join(MODELS)}")
+    cls = MODELS[name]
     found: dict[str, object] = {}
     for item in getattr(args, "model_kwargs", None) or []:
         key, sep, text = item.partition("=")

@@ -210,10 +210,24 @@ class TokenMoEConfig(MoEConfig):
         return list(range(self.depth - 1, self.depth - 1 - 2 * self.moe_layers, -2))[::-1]
 
 
+def _require_noise(cfg: MoEConfig) -> None:
+    noise = cfg.noise_std
+    _require(
+        noise is None or (isinstance(noise, (int, float)) and 0 <= noise < float("inf")),
+        f"noise_std={noise!r}: must be a finite number >= 0 (or null for 1 / num_experts)",
+    )
+
+
+def _router_noise_std(cfg: MoEConfig) -> float:
+    """The std of the noise a per-token router adds to its logits while training: noise_std, or 1 / E by default."""
+    return 1.0 / cfg.num_experts if cfg.noise_std is None else float(cfg.noise_std)
+
+
 def _require_capacity(cfg: TokenMoEConfig) -> None:
     for field in ("capacity_ratio", "eval_capacity_ratio"):
         value = getattr(cfg, field)
-        _require(isinstance(value, (int, float)) and value > 0, f"{field}={value!r}: must be a positive number")
+        finite = isinstance(value, (int, float)) and 0 < value < float("inf")
+        _require(finite, f"{field}={value!r}: must be a positive number")
 
 
 @dataclass
@@ -236,15 +250,12 @@ class VMoEConfig(TokenMoEConfig):
         super().__post_init__()
         self._require_top_k()
         _require_capacity(self)
-        _require(
-            self.noise_std is None or (isinstance(self.noise_std, (int, float)) and self.noise_std >= 0),
-            f"noise_std={self.noise_std!r}: must be >= 0 (or null for 1 / num_experts)",
-        )
-        _require(self.aux_loss_weight >= 0, f"aux_loss_weight={self.aux_loss_weight}: must be >= 0")
+        _require_noise(self)
+        _require(0 <= self.aux_loss_weight < float("inf"), f"aux_loss_weight={self.aux_loss_weight}: must be >= 0")
 
     @property
     def router_noise_std(self) -> float:
-        return 1.0 / self.num_experts if self.noise_std is None else float(self.noise_std)
+        return _router_noise_std(self)
 
 
 @dataclass
@@ -291,8 +302,9 @@ class WideNetConfig(MoEConfig):
     num_experts: int = 4
     moe_layers: int = 0  # always depth; 0 means "every block" and is filled in
     top_k: int = 2
-    capacity_ratio: float = 1.25
+    capacity_ratio: float = 1.2  # the paper's C
     eval_capacity_ratio: float = 2.0
+    noise_std: float | None = None  # router noise while training (Eq. 2: N(0, 1/E^2)); None: 1 / E
     aux_loss_weight: float = 0.01  # Switch-style load-balancing loss, summed over blocks
 
     name = "widenet"
@@ -310,11 +322,16 @@ class WideNetConfig(MoEConfig):
         )
         self._require_top_k()
         _require_capacity(self)
-        _require(self.aux_loss_weight >= 0, f"aux_loss_weight={self.aux_loss_weight}: must be >= 0")
+        _require_noise(self)
+        _require(0 <= self.aux_loss_weight < float("inf"), f"aux_loss_weight={self.aux_loss_weight}: must be >= 0")
 
     @property
     def moe_block_indices(self) -> list[int]:
         return list(range(self.depth))
+
+    @property
+    def router_noise_std(self) -> float:
+        return _router_noise_std(self)
 
     @property
     def expert_sets(self) -> int:

@@ -4,6 +4,10 @@ nearest k-means centroid of its features; an expert is the last L whole blocks a
     images -> [RouterStage: embedding, depth-L frozen gater blocks, CentroidRouter] -> tokens, routing
            -> [expert e: its own L blocks (attention, MLP, norms)] -> [its head, or the shared head] -> logits
 
+The paper clusters the last hidden layer of the whole dense model; here the features are the gater's pooled tokens at
+the split point (after its first depth-L blocks), so that the router costs no more than that trunk and the experts
+continue from the very tokens it computed: the adaptation that lets a Hard MoE split like a Mobile V-MoE.
+
 Unlike Mobile V-MoE nothing is learned end to end: the gater is a trained dense `vit` whose first depth-L blocks are
 copied and frozen, the centroids are fitted once on its pooled training features (training/hard_moe.py), and every
 expert starts as a copy of the gater's last L blocks and head (upcycling), then trains on the images of its cluster

@@ -91,8 +91,8 @@ class TokenChoiceRouter(nn.Module):
         indicator, so load is then the CV^2 of the hard top-k counts: the same number in the limit, without a
         gradient. (google-research/vmoe drops the load term there; keeping its limit makes the reported loss mean
         the same in training and evaluation, and only the importance term has a gradient either way.)
-      "switch" (Switch / WideNet): E * sum_e m_e P_e with m_e the share of (token, choice) assignments to e (before
-        the capacity cut) and P_e the mean gate of e; 1 when both are uniform.
+      "switch" (Switch / WideNet Eq. 3-5): E * sum_e m_e P_e with m_e the share of tokens having e among their top k
+        (before the capacity cut; the m_e sum to k) and P_e the mean noisy gate of e; k when both are uniform.
     The loss is returned already multiplied by aux_loss_weight.
     """
 
@@ -161,7 +161,7 @@ class TokenChoiceRouter(nn.Module):
         T = logits.shape[1]
         assigned = expert_mask.sum(2)  # (B, T, E): 1 where e is among the token's top k
         if self.balance_loss == "switch":
-            share = assigned.sum(1) / (self.top_k * T)  # (B, E)
+            share = assigned.sum(1) / T  # (B, E): WideNet's m (Eq. 4), summing to k over the experts
             mean_gate = noisy_logits.softmax(-1).mean(1)  # (B, E)
             return (self.num_experts * (share * mean_gate).sum(-1)).mean()
         importance = cv_squared(logits.softmax(-1).sum(1))  # (B,)

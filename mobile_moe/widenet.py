@@ -3,10 +3,11 @@ depth blocks; each block keeps its own two LayerNorms, so the blocks see differe
 
     images -> embedding -> depth x [x + attn(LN1_i(x)); x + MoE(LN2_i(x))] -> head -> logits
 
-The MoE layer is token_moe's (TokenChoiceRouter + ExpertMLPs: top-k, buffer capacity), with the Switch-style
-load-balancing loss of the paper, no router noise and no Batch Prioritized Routing. The shared modules are held once
-(attn, moe) and the per-block norms in two lists, so nothing is registered twice and the parameter count grows with
-depth by the LayerNorms alone. Legend: B images, T tokens, D width, E experts, k choices per token.
+The MoE layer is token_moe's (TokenChoiceRouter + ExpertMLPs: top-k, buffer capacity), with the paper's router
+noise (N(0, 1/E^2) while training, Eq. 2), its Switch-style load-balancing loss (Eq. 3-5) and no Batch Prioritized
+Routing. The shared modules are held once (attn, moe) and the per-block norms in two lists, so nothing is registered
+twice and the parameter count grows with depth by the LayerNorms alone.
+Legend: B images, T tokens, D width, E experts, k choices per token.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class WideNet(nn.Module):
             cfg.top_k,
             cfg.capacity_ratio,
             cfg.eval_capacity_ratio,
-            noise_std=0.0,
+            noise_std=cfg.router_noise_std,
             batch_prioritized=False,
             balance_loss="switch",
             aux_loss_weight=cfg.aux_loss_weight,

@@ -44,6 +44,7 @@ def test_info_table(capsys):
         (["info", "--model", "vit", "--experts", "4"], "--experts: model vit has no such option"),
         (["info", "--model", "soft-moe", "--top-k", "2"], "--top-k: model soft-moe has no such option"),
         (["info", "--model", "vmoe", "--model-kwargs", "capacity_ratio=big"], "capacity_ratio=big: expected float"),
+        (["info", "--model", "vmoe", "--model-kwargs", "eval_capacity_ratio=Infinity"], "must be a finite number"),
         (["info", "--model", "vmoe", "--model-kwargs", "top_k=2"], "top_k: not an option of vmoe (use --top-k)"),
         (["info", "--model", "vmoe", "--model-kwargs", "moe_placement=first"], "moe_placement='first': choose one"),
         (["info", "--model", "widenet", "--moe-layers", "2"], "every WideNet block shares the one MoE layer"),
@@ -73,6 +74,17 @@ def test_train_refuses_flags_a_per_token_model_would_ignore(capsys, tmp_path, fl
     status, out, err = run_cli(capsys, "train", *flags, *common, "--out", str(tmp_path / "run"))
     assert status == 2 and err.count("\n") == 1 and fragment in err, err
     assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+def test_resume_compares_model_kwargs_even_without_model(capsys, tmp_path, one_thread):
+    run = str(tmp_path / "run")
+    flags = ["--size", "2x64", "--patch", "8", "--image-size", "32", "--experts", "2", "--data", "digits"]
+    flags += ["--recipe", "tiny", "--epochs", "1", "--batch-size", "64", "--device", "cpu", "--workers", "0"]
+    status, _, err = run_cli(capsys, "train", "--model", "vmoe", *flags, "--quiet", "--out", run)
+    assert status == 0, err
+    argv = ["train", "--out", run, "--resume", "--epochs", "2", "--model-kwargs", "capacity_ratio=2"]
+    status, _, err = run_cli(capsys, *argv)
+    assert status == 2 and "--model-kwargs capacity_ratio=2.0 differs from the run's 1.05" in err, err
 
 
 def test_vmoe_info_is_the_papers_per_token_model(capsys):

@@ -122,8 +122,8 @@ def test_uniform_router_losses_by_hand():
     x = _tokens()
     # importance: equal sums -> CV^2 0; noise-free load: counts (T, T, 0, 0) -> std T/2 / mean T/2 -> 1.
     torch.testing.assert_close(vmoe(x).stats.aux_loss, torch.tensor(0.5 * (0.0 + 1.0) / 2))
-    # Switch: E * sum_e m_e P_e with P_e = 1/4 -> 1 whatever m is.
-    torch.testing.assert_close(switch(x).stats.aux_loss, torch.tensor(0.5 * 1.0))
+    # Switch (WideNet Eq. 3-5): E * sum_e m_e P_e with P_e = 1/4 and the m_e summing to k = 2 -> 2.
+    torch.testing.assert_close(switch(x).stats.aux_loss, torch.tensor(0.5 * 2.0))
 
 
 def test_noisy_load_loss_has_a_gradient():

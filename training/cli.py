@@ -124,8 +124,8 @@ def model_differences(args: argparse.Namespace, model: dict[str, Any]) -> list[s
         if value is not None and value != model.get(dest):
             theirs = model.get(dest, f"{model['name']}, which has no such option")
             found.append(f"{flag} {value} differs from the run's {theirs}")
-    if args.model is not None:
-        for key, value in model_kwargs(args).items():
+    if args.model is not None or args.model_kwargs:
+        for key, value in model_kwargs(args, args.model or model["name"]).items():
             if value != model.get(key):
                 found.append(f"--model-kwargs {key}={value} differs from the run's {model.get(key)}")
     return found
