@@ -20,7 +20,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from mobile_moe.config import ExpertsChoiceConfig, SoftMoEConfig, TokenMoEConfig, VMoEConfig
+from mobile_moe.config import ExpertsChoiceConfig, SoftMoEConfig, TokenMoEConfig, VMoEConfig, WideNetConfig
 from mobile_moe.costs import buffer_capacity
 from mobile_moe.moe import ExpertMLPs
 from mobile_moe.outputs import ModelOutput, MoEStats
@@ -277,20 +277,27 @@ class TokenMoEBlock(Block):
         return x + y, stats
 
 
+def token_choice_router(
+    cfg: VMoEConfig | WideNetConfig, balance_loss: str, batch_prioritized: bool
+) -> TokenChoiceRouter:
+    """V-MoE's router (importance-load, BPR) or WideNet's (switch, token order), from the config's own fields."""
+    return TokenChoiceRouter(
+        cfg.width,
+        cfg.num_experts,
+        cfg.top_k,
+        cfg.capacity_ratio,
+        cfg.eval_capacity_ratio,
+        noise_std=cfg.router_noise_std,
+        batch_prioritized=batch_prioritized,
+        balance_loss=balance_loss,
+        aux_loss_weight=cfg.aux_loss_weight,
+    )
+
+
 def make_router(cfg: TokenMoEConfig) -> nn.Module:
     """The router a config's routing kind asks for."""
     if isinstance(cfg, VMoEConfig):
-        return TokenChoiceRouter(
-            cfg.width,
-            cfg.num_experts,
-            cfg.top_k,
-            cfg.capacity_ratio,
-            cfg.eval_capacity_ratio,
-            noise_std=cfg.router_noise_std,
-            batch_prioritized=cfg.batch_prioritized,
-            balance_loss="importance-load",
-            aux_loss_weight=cfg.aux_loss_weight,
-        )
+        return token_choice_router(cfg, "importance-load", cfg.batch_prioritized)
     if isinstance(cfg, ExpertsChoiceConfig):
         return ExpertsChoiceRouter(cfg.width, cfg.num_experts, cfg.capacity_ratio, cfg.eval_capacity_ratio)
     if isinstance(cfg, SoftMoEConfig):

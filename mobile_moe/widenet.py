@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from mobile_moe.config import WideNetConfig
 from mobile_moe.moe import ExpertMLPs
 from mobile_moe.outputs import ModelOutput, MoEStats
-from mobile_moe.token_moe import MoELayer, TokenChoiceRouter, merge_stats
+from mobile_moe.token_moe import MoELayer, merge_stats, token_choice_router
 from mobile_moe.vit import Attention, ClassifierHead, TokenEmbedding, init_weights
 
 
@@ -32,17 +32,7 @@ class WideNet(nn.Module):
         self.config = cfg
         self.embedding = TokenEmbedding(cfg)
         self.attn = Attention(cfg.width, cfg.num_heads)
-        router = TokenChoiceRouter(
-            cfg.width,
-            cfg.num_experts,
-            cfg.top_k,
-            cfg.capacity_ratio,
-            cfg.eval_capacity_ratio,
-            noise_std=cfg.router_noise_std,
-            batch_prioritized=False,
-            balance_loss="switch",
-            aux_loss_weight=cfg.aux_loss_weight,
-        )
+        router = token_choice_router(cfg, balance_loss="switch", batch_prioritized=False)
         self.moe = MoELayer(router, ExpertMLPs(cfg.num_experts, cfg.width, cfg.mlp_hidden))
         self.norms1 = nn.ModuleList(nn.LayerNorm(cfg.width) for _ in range(cfg.depth))  # before attention
         self.norms2 = nn.ModuleList(nn.LayerNorm(cfg.width) for _ in range(cfg.depth))  # before the MoE layer
