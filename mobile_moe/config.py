@@ -102,7 +102,7 @@ class MoEConfig(ViTConfig):
     moe_layers: int = 2  # L: MoE blocks
 
     routing = "image"
-    max_moe_layers_below_depth = 1  # per-image routers need at least one dense block before them
+    min_dense_layers = 1  # dense blocks a model needs before its MoE blocks: a per-image router reads their tokens
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -110,11 +110,11 @@ class MoEConfig(ViTConfig):
             isinstance(self.num_experts, int) and self.num_experts >= 2,
             f"num_experts={self.num_experts}: must be at least 2",
         )
-        limit = self.depth - self.max_moe_layers_below_depth
+        limit = self.depth - self.min_dense_layers
         _require(
             isinstance(self.moe_layers, int) and 1 <= self.moe_layers <= limit,
             f"moe_layers={self.moe_layers}: must be between 1 and {limit}"
-            + (" (the router needs at least one dense block before it)" if self.max_moe_layers_below_depth else ""),
+            + (" (the router needs at least one dense block before it)" if self.min_dense_layers else ""),
         )
 
     @property
@@ -189,7 +189,7 @@ class TokenMoEConfig(MoEConfig):
 
     moe_placement: str = "last"
 
-    max_moe_layers_below_depth = 0
+    min_dense_layers = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -216,6 +216,14 @@ def _require_noise(cfg: MoEConfig) -> None:
         noise is None or (isinstance(noise, (int, float)) and 0 <= noise < float("inf")),
         f"noise_std={noise!r}: must be a finite number >= 0 (or null for 1 / num_experts)",
     )
+
+
+def _require_token_choice(cfg: VMoEConfig | WideNetConfig) -> None:
+    """The options V-MoE's and WideNet's token-choice routers share: top_k, capacity, noise, auxiliary loss."""
+    cfg._require_top_k()
+    _require_capacity(cfg)
+    _require_noise(cfg)
+    _require(0 <= cfg.aux_loss_weight < float("inf"), f"aux_loss_weight={cfg.aux_loss_weight}: must be >= 0")
 
 
 def _router_noise_std(cfg: MoEConfig) -> float:
@@ -248,10 +256,7 @@ class VMoEConfig(TokenMoEConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._require_top_k()
-        _require_capacity(self)
-        _require_noise(self)
-        _require(0 <= self.aux_loss_weight < float("inf"), f"aux_loss_weight={self.aux_loss_weight}: must be >= 0")
+        _require_token_choice(self)
 
     @property
     def router_noise_std(self) -> float:
@@ -310,7 +315,8 @@ class WideNetConfig(MoEConfig):
     name = "widenet"
     model_class = "mobile_moe.widenet:WideNet"
     routing = "token"
-    max_moe_layers_below_depth = 0
+    expert_sets = 1  # every block uses the same E experts
+    min_dense_layers = 0
 
     def __post_init__(self) -> None:
         if self.moe_layers == 0:
@@ -320,23 +326,11 @@ class WideNetConfig(MoEConfig):
             self.moe_layers == self.depth,
             f"moe_layers={self.moe_layers}: every WideNet block shares the one MoE layer (leave --moe-layers out)",
         )
-        self._require_top_k()
-        _require_capacity(self)
-        _require_noise(self)
-        _require(0 <= self.aux_loss_weight < float("inf"), f"aux_loss_weight={self.aux_loss_weight}: must be >= 0")
-
-    @property
-    def moe_block_indices(self) -> list[int]:
-        return list(range(self.depth))
+        _require_token_choice(self)
 
     @property
     def router_noise_std(self) -> float:
         return _router_noise_std(self)
-
-    @property
-    def expert_sets(self) -> int:
-        """One: every block uses the same E experts."""
-        return 1
 
 
 def parse_size(size: str) -> dict[str, int]:
