@@ -190,7 +190,7 @@ def moe_layer_costs(cfg: TokenMoEConfig | WideNetConfig) -> MoELayerCosts:
 
 def _token_moe_costs(cfg: TokenMoEConfig) -> Costs:
     """Dense ViT whose blocks at moe_block_indices hold an MoE layer instead of the MLP."""
-    dense_blocks = cfg.depth - cfg.moe_layers
+    dense_blocks = cfg.dense_layers
     layer = moe_layer_costs(cfg)
     shared = _stem_and_head_params(cfg) + cfg.depth * _block_shared_params(cfg) + dense_blocks * mlp_params(cfg)
     flops = _stem_and_head_flops(cfg) + cfg.depth * _attention_flops(cfg) + dense_blocks * mlp_flops(cfg)
@@ -239,7 +239,7 @@ def _hard_moe_costs(cfg: HardMoEConfig) -> Costs:
     block_flops = _attention_flops(cfg) + mlp_flops(cfg)
     trunk = _embedding_params(cfg) + cfg.dense_layers * block_params
     router = hard_moe_router_params(cfg)
-    expert = cfg.moe_layers * block_params + (0 if cfg.shared_head else _head_params(cfg))
+    expert = params_per_expert(cfg)
     shared_head = _head_params(cfg) if cfg.shared_head else 0
     return Costs(
         params_total=trunk + router + cfg.num_experts * expert + shared_head,

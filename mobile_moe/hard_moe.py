@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from mobile_moe.checkpoint import load_weights
 from mobile_moe.config import HardMoEConfig
 from mobile_moe.mobile_vmoe import RouterStage
+from mobile_moe.moe import expert_groups
 from mobile_moe.outputs import ModelOutput, Routing
 from mobile_moe.routers import top_k
 from mobile_moe.vit import ClassifierHead, TokenEmbedding, dense_block, init_weights, pool_tokens
@@ -194,18 +195,16 @@ class HardMoE(nn.Module):
     def _grouped(self, expert_fn, x: Tensor, routing: Routing) -> Tensor:
         """x (B, ...) -> (B, ...'): images grouped by expert (one stable sort), each expert runs once on its group.
 
-        The group sizes are read on the host once per call (as moe.ExpertMLPs._grouped): the training/eager path. An
-        expert with no images in the batch does not run, so it gets no gradient (an empty cluster: never).
+        moe.expert_groups does the grouping (the training/eager path). An expert with no images in the batch does not
+        run, so it gets no gradient (an empty cluster: never).
         """
-        chosen = routing.experts[:, 0]  # (B,)
-        order = torch.argsort(chosen, stable=True)  # (B,): images grouped by expert
-        sizes = torch.bincount(chosen, minlength=self.config.num_experts).tolist()  # [n_e] for e in 0..E-1
+        groups = expert_groups(routing.experts[:, 0], self.config.num_experts)  # per expert, its images
         pieces = [
             expert_fn(e, x[group], routing.gates[group])  # (n_e, ...')
-            for e, group in enumerate(order.split(sizes))
+            for e, group in enumerate(groups)
             if group.numel()
         ]
-        return torch.cat(pieces)[torch.argsort(order)]  # (B, ...') back in image order
+        return torch.cat(pieces)[torch.argsort(torch.cat(groups))]  # (B, ...') back in image order
 
     def _dense(self, expert_fn, x: Tensor, routing: Routing) -> Tensor:
         """Every expert on every image, weighted by the sparse gates: one graph that never branches on data."""

@@ -14,6 +14,17 @@ from mobile_moe.outputs import Routing
 from mobile_moe.vit import Attention, Block, Mlp
 
 
+def expert_groups(chosen: Tensor, num_experts: int) -> tuple[Tensor, ...]:
+    """(N,) the expert of each routed item -> for each expert e, the indices of its items, (n_e,) in item order.
+
+    One stable sort; the group sizes are read on the host once per call, so this is the training/eager dispatch
+    (exported graphs never branch on data). torch.cat of the groups is the sort order itself.
+    """
+    order = torch.argsort(chosen, stable=True)  # (N,): items grouped by expert
+    sizes = torch.bincount(chosen, minlength=num_experts).tolist()  # [n_e] for e in 0..E-1
+    return order.split(sizes)
+
+
 class ExpertMLPs(nn.Module):
     """E independent MLPs. Each is its own module so an exported expert graph holds only its own weights."""
 
@@ -47,10 +58,8 @@ class ExpertMLPs(nn.Module):
         flat_experts = experts.reshape(-1)  # (B*k,)
         flat_items = torch.arange(B, device=x.device).repeat_interleave(k)  # (B*k,): item of each (item, choice)
         flat_gates = gates.reshape(-1)  # (B*k,)
-        order = torch.argsort(flat_experts, stable=True)  # (B*k,): choices grouped by expert
-        group_sizes = torch.bincount(flat_experts, minlength=len(self.experts)).tolist()  # [n_e] for e in 0..E-1
         out = torch.zeros_like(x)  # (B, T, D)
-        for expert, group in zip(self.experts, order.split(group_sizes), strict=True):
+        for expert, group in zip(self.experts, expert_groups(flat_experts, len(self.experts)), strict=True):
             if group.numel() == 0:
                 continue
             items = flat_items[group]  # (n_e,)
