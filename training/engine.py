@@ -7,12 +7,11 @@ import time
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from training import augment, losses
 from training.distributed import Placement, mean_over_ranks
-from training.evaluate import autocast
+from training.evaluate import autocast, expert_use
 from training.progress import Progress
 from training.recipes import TrainConfig
 
@@ -48,19 +47,16 @@ class RoutingSums:
         self.runs = 0.0  # expert MLP runs, over all expert sets
 
     def add(self, output) -> None:
-        if output.stats is not None:
-            per_set = (output.stats.expert_tokens.detach() > 0).float()  # (B, G, E)
-            used, runs = per_set.amax(dim=1), per_set.sum().item()  # (B, E): images using e in any set
-            self.dropped += output.stats.dropped.item() * len(used)
-        elif output.routing is not None:
-            E = output.routing.probs.shape[-1]
-            used = F.one_hot(output.routing.experts.detach(), E).amax(dim=1).float()  # (B, E)
-            runs = used.sum().item() * self.expert_sets
-        else:
+        use = expert_use(output, self.expert_sets)
+        if use is None:
             return
-        self.used = used.sum(0) if self.used is None else self.used + used.sum(0)
-        self.runs += runs
-        self.images += len(used)
+        used, runs = use  # (B, E), (B,)
+        if output.stats is not None:
+            self.dropped += output.stats.dropped.item() * len(used)
+        used = used.float().sum(0)  # (E,)
+        self.used = used if self.used is None else self.used + used
+        self.runs += runs.sum().item()
+        self.images += len(runs)
 
     def summary(self) -> dict[str, object]:
         if not self.images:

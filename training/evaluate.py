@@ -88,23 +88,24 @@ class EvalCounts:
             offset += value.numel()
 
 
-def count_batch(counts: EvalCounts, output, labels: Tensor, super_of: Tensor | None) -> None:
+def count_batch(counts: EvalCounts, output, labels: Tensor, super_of: Tensor | None, expert_sets: int = 0) -> None:
     logits = output.logits.float()
     top = logits.topk(min(5, logits.shape[1]), dim=-1).indices  # (B, 5)
     correct = top[:, 0] == labels  # (B,)
     counts.images += len(labels)
     counts.top1 += correct.sum()
     counts.top5 += (top == labels[:, None]).any(dim=-1).sum()
+    use = expert_use(output, expert_sets)
+    if use is not None:
+        used, runs = use
+        counts.expert_images += used.sum(0)
+        counts.experts_used += torch.bincount(runs, minlength=len(counts.experts_used))
     if output.stats is not None:
-        _count_token_routing(counts, output.stats)
+        counts.dropped += output.stats.dropped.double() * len(labels)
     routing = output.routing
     if routing is None:
         return
     E = routing.probs.shape[-1]
-    used = torch.nn.functional.one_hot(routing.experts, E).amax(dim=1)  # (B, E): 1 where the image used e
-    counts.expert_images += used.sum(0)
-    sets = (len(counts.experts_used) - 1) // E  # one decision serves every expert set
-    counts.experts_used += torch.bincount(used.sum(-1) * sets, minlength=len(counts.experts_used))
     first = routing.experts[:, 0]  # (B,)
     counts.expert_first += torch.bincount(first, minlength=E)
     counts.expert_first_correct += torch.bincount(first[correct], minlength=E)
@@ -112,12 +113,18 @@ def count_batch(counts: EvalCounts, output, labels: Tensor, super_of: Tensor | N
         counts.router += (routing.probs.argmax(dim=-1) == super_of[labels]).sum()
 
 
-def _count_token_routing(counts: EvalCounts, stats) -> None:
-    """Per-token, experts-choice and soft routing: which experts each image reached, in each expert set."""
-    used = stats.expert_tokens > 0  # (B, G, E)
-    counts.expert_images += used.any(dim=1).sum(0)
-    counts.experts_used += torch.bincount(used.sum(dim=(1, 2)), minlength=len(counts.experts_used))
-    counts.dropped += stats.dropped.double() * used.shape[0]
+def expert_use(output, expert_sets: int) -> tuple[Tensor, Tensor] | None:
+    """Which experts each image used: (used (B, E) bool, in any expert set; runs (B,) int64, the expert MLPs it ran
+    over all G expert sets), from a per-image Routing (one decision serves every set) or a per-token model's
+    MoEStats; None for a dense model. The one reading of both, for evaluation and for training's metrics."""
+    if output.stats is not None:
+        per_set = output.stats.expert_tokens.detach() > 0  # (B, G, E)
+        return per_set.any(dim=1), per_set.sum(dim=(1, 2))
+    if output.routing is None:
+        return None
+    E = output.routing.probs.shape[-1]
+    used = torch.nn.functional.one_hot(output.routing.experts.detach(), E).amax(dim=1) > 0  # (B, E)
+    return used, used.sum(-1) * expert_sets
 
 
 def experts_used_summary(histogram: Tensor) -> dict[str, float | int]:
@@ -176,7 +183,7 @@ def evaluate(
     for images, labels in _batches(dataset, batch_size, device):
         with autocast(device, amp):
             output = model(images)
-        count_batch(counts, output, labels, super_of)
+        count_batch(counts, output, labels, super_of, expert_sets)
     model.train(was_training)
     counts.all_reduce()
     return summarize(counts, has_router, has_router and super_of is not None)
