@@ -12,6 +12,7 @@ from pathlib import Path
 
 from device_bench import routing_stats
 from device_bench.bundles import bundle_kind, graph_bytes
+from export.manifest_schema import resident_and_per_expert
 
 SPREAD_FLAG = 0.10  # (max - min) / median of the rounds' p50 above this: the rounds disagree, numbers are noisy
 REQUIRED_FIELDS = (
@@ -52,13 +53,8 @@ def _loaded_per_image(manifest: dict, sequence: list[list[int]], field: str) -> 
     that is not an expert's (router, shared block halves, head, or the one dense / monolithic / whole graph) plus the
     graphs of the experts it chose. A whole per-token bundle has no expert graphs: each image loads the whole graph,
     every expert included, whichever experts its tokens used."""
-    per_expert: dict[int, int] = {}  # expert -> its graphs (one path, or one MLP per block)
-    fixed = 0  # what every image needs
-    for graph in manifest["graphs"]:
-        if graph.get("expert") is not None and graph["role"] in ("expert", "block_expert"):
-            per_expert[graph["expert"]] = per_expert.get(graph["expert"], 0) + int(graph[field])
-        else:
-            fixed += int(graph[field])
+    graphs = ((graph["role"], graph.get("expert"), int(graph[field])) for graph in manifest["graphs"])
+    fixed, per_expert = resident_and_per_expert(graphs)
     if not per_expert or not sequence:
         return float(fixed)
     return statistics.mean(fixed + sum(per_expert[e] for e in experts) for experts in sequence)

@@ -27,6 +27,7 @@ Each graph's `params` counts the weights its file carries: parameters and buffer
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -157,14 +158,24 @@ class Manifest(_Strict):
     def params_loaded_max(self) -> int:
         """Parameters held by the graphs one image needs at most: the router and shared graphs (or the one graph of
         a single-graph layout) plus the top_k experts whose graphs hold the most."""
-        per_expert: dict[int, int] = {}
-        resident = 0
-        for graph in self.graphs:
-            if graph.role in ("expert", "block_expert"):
-                per_expert[graph.expert] = per_expert.get(graph.expert, 0) + graph.params
-            else:
-                resident += graph.params
+        resident, per_expert = resident_and_per_expert((g.role, g.expert, g.params) for g in self.graphs)
         return resident + sum(sorted(per_expert.values(), reverse=True)[: self.top_k])
+
+
+def resident_and_per_expert(graphs: Iterable[tuple[str, int | None, int]]) -> tuple[int, dict[int, int]]:
+    """(role, expert, size) per graph -> (what every image loads, {expert: what choosing it adds}).
+
+    An expert's graphs (role expert or block_expert: one path, or its MLP in each block) load only for the images
+    that pick it; every other graph (router, shared block halves, head, or the one graph of a single-graph layout)
+    for every image. The one reading of that rule: the schema's params bound and bench's bytes and params per image.
+    """
+    resident, per_expert = 0, {}
+    for role, expert, size in graphs:
+        if role in ("expert", "block_expert") and expert is not None:
+            per_expert[expert] = per_expert.get(expert, 0) + size
+        else:
+            resident += size
+    return resident, per_expert
 
 
 # --- cross-field rules ------------------------------------------------------------------------------------------------
