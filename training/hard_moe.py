@@ -33,15 +33,15 @@ GATER_FIELDS = tuple("depth width num_heads mlp_ratio patch_size image_size in_c
 INIT_FROM_HELP = "a trained dense vit run of the same size (its --out); a Hard MoE's trunk and experts start from it"
 
 
-def check_init_from(model_config: ViTConfig, init_from: str | os.PathLike | None) -> None:
-    """--init-from is required by a Hard MoE (and must fit it) and refused by every other model (for now). Checked
-    before any data is opened, so a wrong gater costs nothing."""
+def check_init_from(model_config: ViTConfig, init_from: str | os.PathLike | None, data=None) -> None:
+    """--init-from is required by a Hard MoE (and must fit it, and `data` when given) and refused by every other
+    model (for now). Checked before any data is opened too, so a wrong gater costs nothing."""
     if model_config.routing == "cluster" and init_from is None:
         raise UsageError(f"{model_config.name} trains from a dense gater: give --init-from RUN_DIR, {INIT_FROM_HELP}")
     if model_config.routing != "cluster" and init_from is not None:
         raise UsageError(f"--init-from applies to hard-moe; drop it for --model {model_config.name}")
     if init_from is not None:
-        check_gater(model_config, init_from)
+        check_gater(model_config, init_from, data)
 
 
 def same_run_dir(a: str | os.PathLike | None, b: str | os.PathLike | None) -> bool:
@@ -171,8 +171,7 @@ def stage_one(model, init_from, data, train_config, device, resumed: dict[str, A
     config.json (`resumed`), whose clusters checkpoint.pt already holds."""
     if resumed is not None:
         return {"init_from": resumed.get("init_from"), "hard_moe": resumed.get("hard_moe")}
-    check_init_from(model.config, init_from)
-    check_gater(model.config, init_from, data)  # again, now with the data's classes and normalisation
+    check_init_from(model.config, init_from, data)  # again, now with the data's classes and normalisation
     train_set = data.split("train")  # the evaluation transform: features of the images, not of augmentations
     record = prepare_hard_moe(model, init_from, train_set, device, train_config.eval_batch_size, train_config.seed)
     return {"init_from": str(Path(init_from).resolve()), "hard_moe": record}
