@@ -197,6 +197,11 @@ def _derive(root, *args: str, out: str | None = None) -> list[str]:
     return ["superclass", "derive", *args, "--out", out if out is not None else str(root / "out" / "sc.json")]
 
 
+def _with_class_names(name: str):
+    """derive from good.npy with --class-names r/NAME (a file the case sets up)."""
+    return lambda r: _derive(r, "--confusion", str(r / "good.npy"), "-E", "3", "--class-names", str(r / name))
+
+
 # name -> (argv builder, message fragment)
 BAD_ARGS = {
     "confusion missing": (lambda r: _derive(r, "--confusion", str(r / "nope.npy"), "-E", "3"), "does not exist"),
@@ -247,30 +252,12 @@ BAD_ARGS = {
         "different names",
     ),
     "plot format": (lambda r: _derive(r, "--confusion", str(r / "good.npy"), "-E", "3", "--plot", "p.bmp"), ".png"),
-    "class names FIFO": (
-        lambda r: _derive(r, "--confusion", str(r / "good.npy"), "-E", "3", "--class-names", str(r / "fifo.txt")),
-        "not a regular file",
-    ),
-    "class names missing": (
-        lambda r: _derive(r, "--confusion", str(r / "good.npy"), "-E", "3", "--class-names", str(r / "nope.txt")),
-        "does not exist",
-    ),
-    "class names directory": (
-        lambda r: _derive(r, "--confusion", str(r / "good.npy"), "-E", "3", "--class-names", str(r / "dir.npy")),
-        "not a regular file",
-    ),
-    "class names deep JSON": (
-        lambda r: _derive(r, "--confusion", str(r / "good.npy"), "-E", "3", "--class-names", str(r / "deep.json")),
-        "nested too deeply",
-    ),
-    "class names not a list": (
-        lambda r: _derive(r, "--confusion", str(r / "good.npy"), "-E", "3", "--class-names", str(r / "not_list.json")),
-        "list of strings",
-    ),
-    "class names count": (
-        lambda r: _derive(r, "--confusion", str(r / "good.npy"), "-E", "3", "--class-names", str(r / "sc.json")),
-        "list of strings",
-    ),
+    "class names FIFO": (_with_class_names("fifo.txt"), "not a regular file"),
+    "class names missing": (_with_class_names("nope.txt"), "does not exist"),
+    "class names directory": (_with_class_names("dir.npy"), "not a regular file"),
+    "class names deep JSON": (_with_class_names("deep.json"), "nested too deeply"),
+    "class names not a list": (_with_class_names("not_list.json"), "list of strings"),
+    "class names count": (_with_class_names("sc.json"), "list of strings"),
     "show examples -2": (lambda r: ["superclass", "show", str(r / "sc.json"), "--examples", "-2"], "--examples -2"),
     "show FIFO": (lambda r: ["superclass", "show", str(r / "fifo.json")], "not a regular file"),
     "show directory": (lambda r: ["superclass", "show", str(r)], "not a regular file"),
