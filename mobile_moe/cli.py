@@ -66,6 +66,26 @@ def _raise_terminated(signum, frame) -> None:
     raise Terminated()
 
 
+def _interrupt_behind(error: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM an exception was raised while handling, if any: a library whose own clean-up fails as
+    the interrupt unwinds it (torch.export's tracer asserts on its mode stack) must not turn a stop into a crash."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def _stopped(interrupt: KeyboardInterrupt) -> int:
+    if isinstance(interrupt, Terminated):
+        print("mobile-moe: terminated", file=sys.stderr)
+        return 143
+    print("mobile-moe: interrupted", file=sys.stderr)
+    return 130
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     chosen = next((arg for arg in argv if not arg.startswith("-")), None)
@@ -79,12 +99,13 @@ def main(argv: list[str] | None = None) -> int:
         message = " ".join(str(error).split())  # ONE line, whatever a library put in the message
         print(f"mobile-moe {chosen or ''}: error: {message}".replace("  ", " "), file=sys.stderr)
         return 2
-    except Terminated:
-        print("mobile-moe: terminated", file=sys.stderr)
-        return 143
-    except KeyboardInterrupt:
-        print("mobile-moe: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (Terminated)
+        return _stopped(interrupt)
+    except Exception as error:
+        interrupt = _interrupt_behind(error)
+        if interrupt is None or os.environ.get("MOBILE_MOE_DEBUG") == "1":
+            raise
+        return _stopped(interrupt)
     finally:
         signal.signal(signal.SIGTERM, previous)
 

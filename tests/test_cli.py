@@ -115,3 +115,39 @@ def test_help_and_info_do_not_import_torch():
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
     result = subprocess.run([sys.executable, "-m", "mobile_moe.cli", "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "info" in result.stdout and "demo" in result.stdout
+
+
+def _main_running(monkeypatch, run) -> None:
+    import argparse
+
+    from mobile_moe import cli
+
+    parser = argparse.ArgumentParser()
+    parser.set_defaults(run=run)
+    monkeypatch.setattr(cli, "build_parser", lambda chosen: parser)
+
+
+def test_a_library_failing_while_sigterm_unwinds_it_still_ends_as_terminated(monkeypatch, capsys):
+    """torch.export's tracer can assert on its own clean-up when SIGTERM lands mid-trace: still a clean stop."""
+    from mobile_moe.cli import Terminated, main
+
+    def run(args):
+        try:
+            raise Terminated()
+        except Terminated:
+            raise AssertionError("Trying to pop empty mode stack") from None
+
+    _main_running(monkeypatch, run)
+    assert main([]) == 143
+    assert capsys.readouterr().err == "mobile-moe: terminated\n"
+
+
+def test_an_error_with_no_interrupt_behind_it_is_not_hidden(monkeypatch):
+    from mobile_moe.cli import main
+
+    def run(args):
+        raise AssertionError("a real bug")
+
+    _main_running(monkeypatch, run)
+    with pytest.raises(AssertionError, match="a real bug"):
+        main([])
