@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("export.cli", "split a model into router and expert graphs (ExecuTorch, ONNX, Core ML)"),
     "predict": ("export.predict_cli", "classify image files with an exported bundle"),
     "bench": ("device_bench.cli", "measure latency and memory of bundles on the host or a phone"),
+    "reproduce": ("evidence.cli", "regenerate one of the paper's figures on your data: table, CSV and plot"),
     "demo": ("mobile_moe.demo", "the main job, end to end, on built-in data"),
 }
 

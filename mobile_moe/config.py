@@ -43,6 +43,10 @@ class ViTConfig:
     num_heads: int = 3
     mlp_ratio: float = 4.0  # MLP hidden size = mlp_ratio * width
     pool: str = "cls"  # "cls": class token; "mean": mean of patch tokens (no class token)
+    # The dense baseline of Fig. 3d: the last `wide_mlp_layers` blocks have an MLP `wide_mlp_factor` times as wide,
+    # which costs the inference FLOPs of a Mobile V-MoE running k = wide_mlp_factor experts in its last L blocks.
+    wide_mlp_layers: int = 0
+    wide_mlp_factor: int = 1
 
     name = "vit"  # registry name; a class attribute, not a field
     model_class = "mobile_moe.vit:VisionTransformer"  # "module:Class", imported only when a model is built
@@ -58,6 +62,14 @@ class ViTConfig:
             _require(isinstance(value, int) and value >= 1, f"{field}={value!r}: must be a positive integer")
         _require(self.mlp_ratio > 0, f"mlp_ratio={self.mlp_ratio}: must be positive")
         _require(self.pool in POOLS, f"pool={self.pool!r}: must be one of {', '.join(POOLS)}")
+        _require(
+            isinstance(self.wide_mlp_layers, int) and 0 <= self.wide_mlp_layers <= self.depth,
+            f"wide_mlp_layers={self.wide_mlp_layers!r}: must be between 0 and depth={self.depth}",
+        )
+        _require(
+            isinstance(self.wide_mlp_factor, int) and self.wide_mlp_factor >= 1,
+            f"wide_mlp_factor={self.wide_mlp_factor!r}: must be a positive integer",
+        )
         _require(
             self.width % self.num_heads == 0,
             f"width={self.width} is not divisible by num_heads={self.num_heads}: pick heads that divide the width",
@@ -80,6 +92,11 @@ class ViTConfig:
     @property
     def mlp_hidden(self) -> int:
         return int(self.width * self.mlp_ratio)
+
+    def mlp_hidden_of(self, block: int) -> int:
+        """MLP hidden size of block `block` (0-based): mlp_hidden, times wide_mlp_factor in the last wide layers."""
+        wide = block >= self.depth - self.wide_mlp_layers
+        return self.mlp_hidden * (self.wide_mlp_factor if wide else 1)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, **dataclasses.asdict(self)}
@@ -106,6 +123,11 @@ class MoEConfig(ViTConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        _require(
+            self.wide_mlp_layers == 0,
+            f"wide_mlp_layers={self.wide_mlp_layers}: widening MLPs makes a FLOPs-matched dense vit; an MoE adds "
+            "experts instead (--top-k)",
+        )
         _require(
             isinstance(self.num_experts, int) and self.num_experts >= 2,
             f"num_experts={self.num_experts}: must be at least 2",

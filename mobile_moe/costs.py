@@ -57,8 +57,9 @@ def _layer_norm_params(width: int) -> int:
     return 2 * width
 
 
-def mlp_params(cfg: ViTConfig) -> int:
-    return _linear_params(cfg.width, cfg.mlp_hidden) + _linear_params(cfg.mlp_hidden, cfg.width)
+def mlp_params(cfg: ViTConfig, hidden: int | None = None) -> int:
+    hidden = cfg.mlp_hidden if hidden is None else hidden
+    return _linear_params(cfg.width, hidden) + _linear_params(hidden, cfg.width)
 
 
 def _attention_params(cfg: ViTConfig) -> int:
@@ -99,10 +100,10 @@ def _attention_flops(cfg: ViTConfig) -> int:
     return qkv + scores + weighting + projection
 
 
-def mlp_flops(cfg: ViTConfig, tokens: int | None = None) -> int:
-    """One MLP on `tokens` tokens (default: the T of an image)."""
+def mlp_flops(cfg: ViTConfig, tokens: int | None = None, hidden: int | None = None) -> int:
+    """One MLP (of `hidden` units, default mlp_hidden) on `tokens` tokens (default: the T of an image)."""
     tokens = cfg.num_tokens if tokens is None else tokens
-    return 2 * 2 * tokens * cfg.width * cfg.mlp_hidden
+    return 2 * 2 * tokens * cfg.width * (cfg.mlp_hidden if hidden is None else hidden)
 
 
 def _embedding_flops(cfg: ViTConfig) -> int:
@@ -139,8 +140,9 @@ def costs(cfg: ViTConfig) -> Costs:
         return _widenet_costs(cfg)
     if isinstance(cfg, TokenMoEConfig):
         return _token_moe_costs(cfg)
-    dense_params = _stem_and_head_params(cfg) + cfg.depth * (_block_shared_params(cfg) + mlp_params(cfg))
-    dense_flops = _stem_and_head_flops(cfg) + cfg.depth * (_attention_flops(cfg) + mlp_flops(cfg))
+    hidden = [cfg.mlp_hidden_of(block) for block in range(cfg.depth)]
+    dense_params = _stem_and_head_params(cfg) + sum(_block_shared_params(cfg) + mlp_params(cfg, h) for h in hidden)
+    dense_flops = _stem_and_head_flops(cfg) + sum(_attention_flops(cfg) + mlp_flops(cfg, hidden=h) for h in hidden)
     if not isinstance(cfg, MobileVMoEConfig):
         return Costs(params_total=dense_params, params_active=dense_params, flops=dense_flops)
     # Start from the dense model (one MLP per MoE block), then add the router and the other experts' MLPs.

@@ -78,12 +78,12 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-def dense_block(cfg: ViTConfig) -> Block:
+def dense_block(cfg: ViTConfig, mlp_hidden: int | None = None) -> Block:
     return Block(
         nn.LayerNorm(cfg.width),
         Attention(cfg.width, cfg.num_heads),
         nn.LayerNorm(cfg.width),
-        Mlp(cfg.width, cfg.mlp_hidden),
+        Mlp(cfg.width, mlp_hidden or cfg.mlp_hidden),
     )
 
 
@@ -133,7 +133,7 @@ class VisionTransformer(nn.Module):
         super().__init__()
         self.config = cfg
         self.embedding = TokenEmbedding(cfg)
-        self.blocks = nn.ModuleList(dense_block(cfg) for _ in range(cfg.depth))
+        self.blocks = nn.ModuleList(dense_block(cfg, cfg.mlp_hidden_of(i)) for i in range(cfg.depth))
         self.head = ClassifierHead(cfg)
         self.apply(init_weights)
 

@@ -65,6 +65,9 @@ def check_gater(model_config: ViTConfig, gater_dir: str | os.PathLike, data=None
     where = f"--init-from {gater_dir}"
     if gater.get("name") != "vit":
         raise UsageError(f"{where} is a {gater.get('name')} run; a Hard MoE's gater is a trained dense vit run")
+    if gater.get("wide_mlp_layers", 0):
+        raise UsageError(f"{where} widens its last MLPs (a FLOPs-matched baseline); a Hard MoE's experts copy a plain "
+                         "vit's blocks: train the gater without wide_mlp_layers")  # fmt: skip
     differ = [f"{k} {model_config.to_dict().get(k)} vs the gater's {gater.get(k)}" for k in GATER_FIELDS
               if model_config.to_dict().get(k) != gater.get(k)]  # fmt: skip
     if differ:

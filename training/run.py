@@ -186,6 +186,11 @@ def reconcile(run_dir: str | os.PathLike, checkpoint: dict[str, Any]) -> list[st
     return repaired
 
 
+def epochs_done(run_dir: str | os.PathLike) -> int:
+    """Epochs the run has committed (checkpoint.pt's epoch); 0 before its first, or if checkpoint.pt is unreadable."""
+    return _epoch_of(Path(run_dir) / LAST) or 0
+
+
 def _epoch_of(path: Path) -> int | None:
     if not path.is_file():
         return None

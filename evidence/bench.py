@@ -1,0 +1,42 @@
+"""--bench: what each cell costs on a device, measured. Each cell's seed-0 run is exported to ExecuTorch once
+(DIR/bundles/CELL) and every bundle is benchmarked in one `bench` run (DIR/bench: results.json, report.md), so the
+latencies of a figure are measured side by side on the same host, in the same minutes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from evidence.results import CellResult
+from evidence.sweep import run_dir
+
+
+def export_cell(out: Path, result: CellResult, log) -> Path:
+    """The cell's seed-0 run as an ExecuTorch bundle (exported once; a finished cell's weights never change)."""
+    from export.bundle import export_bundle
+    from export.source import source_from_run
+
+    bundle = out / "bundles" / result.cell.name
+    if (bundle / "manifest.json").is_file():
+        return bundle
+    source = source_from_run(run_dir(out, result.cell, 0))
+    log(f"exporting {result.cell.name} -> {bundle}")
+    export_bundle(source.model, bundle, "executorch", **source.export_kwargs())
+    return bundle
+
+
+def bench_cells(out: Path, results: list[CellResult], data: str, iterations: int, log) -> None:
+    """Fill each measured cell's `bench` with p50 latency, peak memory and graph bytes loaded per image (native runner,
+    one thread, images from the data's test split)."""
+    from device_bench.cli import bench_bundles
+
+    measured = [r for r in results if any(s["seed"] == 0 for s in r.seeds)]
+    bundles = {str(export_cell(out, result, log)): result for result in measured}
+    if not bundles:
+        return
+    report = bench_bundles(list(bundles), out / "bench", runtime="native", iterations=iterations, data=data, log=log)
+    for run in report["runs"]:
+        bundles[run["bundle"]].bench = {
+            "p50_ms": run["latency_ms"]["p50"],
+            "peak_rss_bytes": run["peak_rss_bytes"],
+            "bytes_loaded_per_image": run["bytes_loaded_per_image"],
+        }
