@@ -47,6 +47,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise UsageError("reproduce launches its own training runs: start it without torchrun (for several GPUs per "
+                         "run use --launcher submitit --gpus-per-cell G)")  # fmt: skip
     for flag, value, least in (("--seeds", args.seeds, 1), ("--epochs", args.epochs, 1),
                                ("--iterations", args.iterations, 1), ("--gpus-per-cell", args.gpus_per_cell, 0),
                                ("--timeout-min", args.timeout_min, 1)):  # fmt: skip

@@ -247,7 +247,7 @@ def plot_figure(fig: Figure, results: list[CellResult], path: Path) -> None:
         axis.set_xlabel("MFLOPs per image")
     else:
         measured = _measured(results)
-        labels = [r.cell.row if r.cell.role == "moe" else f"{r.cell.row} (dense)" for r in measured]
+        labels = [r.cell.row if r.cell.role == "moe" or "dense" in r.cell.row else f"{r.cell.row} (dense)" for r in measured]
         colors = ["tab:blue" if r.cell.role == "moe" else "tab:gray" for r in measured]
         axis.bar(range(len(measured)), [pct(r.mean("top1")) for r in measured], color=colors,
                  yerr=[pct(r.std("top1") or 0) for r in measured], capsize=3)  # fmt: skip

@@ -106,7 +106,7 @@ def train_job(job: Job, verbose: bool = False) -> str:
     if done >= recipe.epochs:
         return "done"
     if done > 0:
-        resume_training(job.run_dir, verbose=verbose, epochs=recipe.epochs)
+        resume_training(job.run_dir, verbose=verbose, epochs=recipe.epochs, device=recipe.device)
         return "resumed"
     train(config_from_dict(job.model), recipe, job.data, job.super_classes, job.run_dir, verbose=verbose)
     return "trained"

@@ -1,0 +1,201 @@
+"""`mobile-moe reproduce`: each figure's cells at every scale, the sweep (never retrains a finished run, resumes a
+short one, refuses a DIR of another sweep), the table/CSV/plot it writes, and the submitit launcher."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from evidence.cli import cell_recipes
+from evidence.figures import DERIVED, FIGURES, figure
+from evidence.scales import SCALES, Backbone, scale
+from evidence.sweep import Job, SlurmOptions, run_submitit
+from mobile_moe.cli import main
+from mobile_moe.costs import costs
+from mobile_moe.errors import UsageError
+
+
+@pytest.mark.parametrize("scale_name", sorted(SCALES))
+@pytest.mark.parametrize("name", FIGURES)
+def test_every_figure_plans_at_every_scale(name, scale_name):
+    fig = figure(name, scale(scale_name), num_classes=100)
+    names = [cell.name for cell in fig.cells]
+    assert len(names) == len(set(names))
+    assert fig.cell(fig.source).role == "dense"
+    for cell in fig.cells:
+        assert cell.skip is None, cell.skip  # 100 classes: every cell of every figure runs
+        assert cell.config.image_size == SCALES[scale_name].image_size
+        if cell.role == "moe":
+            assert fig.cell(cell.baseline).role == "dense"
+    recipes = cell_recipes(fig, scale(scale_name), None, "auto")
+    assert {cfg["epochs"] for cfg in recipes.values()} == {SCALES[scale_name].epochs}
+
+
+def test_paper_scale_is_the_papers_grid_and_recipes():
+    fig = figure("fig3a", scale("paper"), num_classes=1000)
+    assert len(fig.cells) == 24  # 3 depths x 4 widths, dense and MoE
+    for cell in fig.cells:
+        cfg = cell.config
+        assert (cfg.patch_size, cfg.image_size, cfg.pool) == (32, 224, "cls")
+        assert cell.recipe == ("deit" if cfg.width >= 192 else "vit")  # Sec. 3.1
+        assert cfg.num_heads == {384: 6, 192: 3, 96: 3, 64: 2}[cfg.width]
+        if cell.role == "moe":
+            assert (cfg.num_experts, cfg.top_k, cfg.moe_layers) == (10, 1, 2) and cell.super_classes == DERIVED
+    ablation = figure("fig3b", scale("paper"), num_classes=1000).cell("deit-ti-dense").config
+    assert (ablation.depth, ablation.width, ablation.patch_size) == (12, 192, 16)  # DeiT-Ti/16
+
+
+def test_cells_that_cannot_run_say_why_instead_of_failing_the_sweep():
+    fig3b = figure("fig3b", scale("tiny"), num_classes=10)  # digits: 10 classes
+    skipped = {cell.row: cell.skip for cell in fig3b.cells if cell.skip}
+    assert set(skipped) == {"E=15", "E=20"}
+    assert "the data has 10" in skipped["E=15"]
+    shallow = SCALES["tiny"].__class__(**{**vars(SCALES["tiny"]), "ablation": Backbone(4, 64, 2, 8)})
+    fig3c = figure("fig3c", shallow, num_classes=10)
+    assert {cell.row for cell in fig3c.cells if cell.skip} == {"L=4", "L=5"}  # 4 blocks: the router needs one
+
+
+def test_fig3d_dense_baselines_match_the_moe_flops():
+    """Fig. 3d: each dense model's last L MLPs are k times wider, so it costs what the k-expert MoE costs (the MoE
+    adds only its router's D x E product)."""
+    fig = figure("fig3d", scale("paper"), num_classes=1000)
+    for moe in (cell for cell in fig.cells if cell.role == "moe"):
+        dense = fig.cell(moe.baseline)
+        width, experts = moe.config.width, moe.config.num_experts
+        assert costs(moe.config).flops - costs(dense.config).flops == 2 * width * experts
+    k2 = fig.cell("deit-ti-dense-k2").config
+    assert costs(k2).params_total == 6_308_776  # vs the k=2 MoE's 6.31M active (Fig. 3e's text)
+
+
+def test_figures_share_the_runs_of_the_same_model():
+    tiny = scale("tiny")
+    assert [c.name for c in figure("fig1", tiny, 10).cells] == [c.name for c in figure("fig3a", tiny, 10).cells]
+    fig3d, fig3e = figure("fig3d", tiny, 10), figure("fig3e", tiny, 10)
+    assert fig3d.cell("deit-ti-moe-E10-k2-L2").config == fig3e.cell("deit-ti-moe-E10-k2-L2").config
+
+
+# --- the sweep, end to end on digits ----------------------------------------------------------------------------
+
+
+def reproduce(capsys, out: Path, *extra: str, figure_name: str = "fig3b") -> tuple[int, str, str]:
+    argv = ["reproduce", figure_name, "--data", "digits", "--scale", "tiny", "--epochs", "1", "--out", str(out)]
+    status = main([*argv, *extra])
+    stdout, stderr = capsys.readouterr()
+    return status, stdout, stderr
+
+
+@pytest.fixture(scope="module")
+def fig3b_dir(tmp_path_factory):
+    """fig3b at the tiny scale, 1 epoch, 1 seed: a dense model, E = 5, 7, 10 (E = 15, 20 need more classes)."""
+    out = tmp_path_factory.mktemp("reproduce") / "figs"
+    assert main(["reproduce", "fig3b", "--data", "digits", "--scale", "tiny", "--epochs", "1", "--out", str(out)]) == 0
+    return out
+
+
+def test_reproduce_writes_the_table_the_csv_and_the_plot(fig3b_dir):
+    table = (fig3b_dir / "fig3b.md").read_text()
+    assert "| E=10 | 6x64/8 | 87.12 |" in table  # the paper's router accuracy beside ours
+    assert "n/a: 15 super-classes need at least 15 classes; the data has 10" in table
+    rows = {row["row"]: row for row in csv.DictReader((fig3b_dir / "fig3b.csv").open())}
+    assert list(rows) == ["dense", "E=5", "E=7", "E=10", "E=15", "E=20"]
+    for name in ("dense", "E=5", "E=7", "E=10"):
+        assert rows[name]["status"] == "ok" and 0 <= float(rows[name]["top1_mean"]) <= 100
+        assert rows[name]["seeds"] == "1" and rows[name]["top1_std"] == ""  # one seed: no std
+    assert rows["E=5"]["num_experts"] == "5" and float(rows["E=5"]["delta_top1"]) == pytest.approx(
+        float(rows["E=5"]["top1_mean"]) - float(rows["dense"]["top1_mean"]), abs=1e-3
+    )
+    assert rows["E=15"]["status"].startswith("n/a") and rows["E=15"]["top1_mean"] == ""
+    assert (fig3b_dir / "fig3b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    super_classes = json.loads((fig3b_dir / "super-classes" / "deit-ti-dense-E7.json").read_text())
+    assert super_classes["num_super_classes"] == 7 and "deit-ti-dense/seed-0" in super_classes["source"]
+    config = json.loads((fig3b_dir / "runs" / "deit-ti-moe-E7-k1-L2" / "seed-0" / "config.json").read_text())
+    assert config["super_classes"]["spec"].endswith("deit-ti-dense-E7.json")
+
+
+def test_a_finished_sweep_is_never_retrained(fig3b_dir, capsys, monkeypatch):
+    import training.train
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a finished run was trained again")
+
+    monkeypatch.setattr(training.train, "train", refuse)
+    monkeypatch.setattr(training.train, "resume_training", refuse)
+    before = (fig3b_dir / "fig3b.csv").read_text()
+    status, stdout, stderr = reproduce(capsys, fig3b_dir)
+    assert status == 0 and "training into" not in stderr
+    assert (fig3b_dir / "fig3b.csv").read_text() == before  # evaluations are cached with the epochs they saw
+
+
+def test_more_epochs_resume_every_run_where_it_stopped(fig3b_dir, capsys, tmp_path):
+    import shutil
+
+    out = tmp_path / "figs"
+    shutil.copytree(fig3b_dir, out)
+    first = (out / "runs" / "deit-ti-moe-E5-k1-L2" / "seed-0" / "metrics.jsonl").read_text()
+    status, _, stderr = reproduce(capsys, out, "--epochs", "2")
+    assert status == 0, stderr
+    rows = (out / "runs" / "deit-ti-moe-E5-k1-L2" / "seed-0" / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 2 and rows[0] == first.strip()  # epoch 1 kept, epoch 2 added: resumed, not retrained
+    assert "2 epochs" in (out / "fig3b.md").read_text()
+
+
+def test_a_dir_of_another_sweep_is_refused_before_any_training(fig3b_dir, capsys, tmp_path):
+    """The same DIR at another scale would mix two sweeps' runs in one table."""
+    import shutil
+
+    out = tmp_path / "figs"
+    shutil.copytree(fig3b_dir / "runs", out / "runs")
+    status = main(["reproduce", "fig3b", "--data", "digits", "--scale", "small", "--epochs", "1", "--out", str(out)])
+    _, stderr = capsys.readouterr()
+    assert status == 2 and "is not this sweep's deit-ti-dense" in stderr and "new --out" in stderr
+    assert stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--seeds", "0"], "--seeds 0: must be at least 1"),
+        (["--gpus-per-cell", "2"], "for --launcher submitit"),
+        (["--data", "nonsense"], "nonsense"),
+    ],
+)
+def test_bad_input_is_one_line_and_status_2(flags, message, capsys, tmp_path):
+    argv = ["reproduce", "fig3e", "--data", "digits", "--scale", "tiny", "--out", str(tmp_path / "o"), *flags]
+    assert main(argv) == 2
+    _, stderr = capsys.readouterr()
+    assert message in stderr and stderr.count("\n") == 1
+    assert not (tmp_path / "o" / "runs").exists()
+
+
+def test_reproduce_refuses_to_run_under_torchrun(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["reproduce", "fig3e", "--data", "digits", "--out", str(tmp_path / "o")]) == 2
+    assert "without torchrun" in capsys.readouterr().err
+
+
+def test_submitit_runs_each_job_in_its_own_process(tmp_path):
+    """submitit's local executor (what AutoExecutor picks without Slurm) trains two fig3e cells; the runs are the
+    same run directories the local launcher writes."""
+    fig = figure("fig3e", scale("tiny"), num_classes=10)
+    recipes = cell_recipes(fig, scale("tiny"), 1, "cpu")
+    jobs = [
+        Job(name, 0, str(tmp_path / "runs" / name / "seed-0"), fig.cell(name).config.to_dict(),
+            {**recipes[name], "seed": 0}, "digits", spec)
+        for name, spec in (("deit-ti-e2e-token-E10-k2-L2", None), ("deit-ti-random-E10-k2-L2", "random:0"))
+    ]  # fmt: skip
+    outcomes = run_submitit(jobs, tmp_path / "submitit", SlurmOptions(), log=lambda message: None)
+    assert outcomes == {(job.cell, 0): "trained" for job in jobs}
+    for job in jobs:
+        assert (Path(job.run_dir) / "best.pt").is_file()
+    again = run_submitit(jobs[:1], tmp_path / "submitit", SlurmOptions(), log=lambda message: None)
+    assert again == {(jobs[0].cell, 0): "done"}
+
+
+def test_unknown_scale_and_figure_are_usage_errors():
+    with pytest.raises(UsageError, match="choose one of"):
+        scale("huge")
+    with pytest.raises(UsageError, match="fig3e"):
+        figure("fig9", scale("tiny"), 10)
