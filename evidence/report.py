@@ -228,6 +228,11 @@ def _measured(results: list[CellResult], role: str | None = None) -> list[CellRe
     return [r for r in results if r.mean("top1") is not None and (role is None or r.cell.role == role)]
 
 
+def _bar_label(result: CellResult) -> str:
+    row = result.cell.row
+    return row if result.cell.role == "moe" or "dense" in row else f"{row} (dense)"
+
+
 def plot_figure(fig: Figure, results: list[CellResult], path: Path) -> None:
     import matplotlib
 
@@ -247,7 +252,7 @@ def plot_figure(fig: Figure, results: list[CellResult], path: Path) -> None:
         axis.set_xlabel("MFLOPs per image")
     else:
         measured = _measured(results)
-        labels = [r.cell.row if r.cell.role == "moe" or "dense" in r.cell.row else f"{r.cell.row} (dense)" for r in measured]
+        labels = [_bar_label(r) for r in measured]
         colors = ["tab:blue" if r.cell.role == "moe" else "tab:gray" for r in measured]
         axis.bar(range(len(measured)), [pct(r.mean("top1")) for r in measured], color=colors,
                  yerr=[pct(r.std("top1") or 0) for r in measured], capsize=3)  # fmt: skip
