@@ -187,12 +187,12 @@ BUILDERS = {"fig1": fig1, "fig3a": fig3a, "fig3b": fig3b, "fig3c": fig3c, "fig3d
 
 # How each fig3e row routes, for its table
 ROUTING_OF_ROW = {
-    "dense": ("N/A", "-"),
+    "dense": ("N/A (dense, k=2 FLOPs)", "-"),
     "super-class": ("super-class", "image"),
     "random": ("random super-class", "image"),
     "e2e-image": ("end-to-end", "image"),
     "e2e-token": ("end-to-end", "token"),
-    "super-class source (k=1 dense)": ("N/A", "-"),
+    "super-class source (k=1 dense)": ("N/A (dense, k=1: super-class source)", "-"),
 }
 
 

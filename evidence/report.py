@@ -143,7 +143,18 @@ def claims(fig: Figure, results: list[CellResult]) -> list[str]:
         order = sorted((r for r in results if r.mean("top1") is not None), key=lambda r: -r.mean("top1"))
         lines.append(f"Ours, best first: {', '.join(r.cell.row for r in order)}.")
         lines.append("Paper, best first: e2e-token, super-class, e2e-image, dense, random.")
-    return lines
+    return lines + _one_class_per_super_class(moes)
+
+
+def _one_class_per_super_class(moes: list[CellResult]) -> list[str]:
+    """With as many super-classes as classes, every super-class is one class: the router loss is the classification
+    loss, and random super-classes are the same task as derived ones (a permutation)."""
+    rows = [r.cell.row for r in moes if r.cell.super_classes and r.cell.num_experts == r.cell.config.num_classes]
+    if not rows:
+        return []
+    return [f"Caveat: in {', '.join(rows)} E equals the number of classes, so each super-class is a single class "
+            "(derived and random super-classes differ only by a permutation); the paper has 100 classes per "
+            "super-class."]  # fmt: skip
 
 
 def _clear_of_noise(moe: CellResult, dense: CellResult, by_name) -> bool:

@@ -16,6 +16,7 @@ from evidence.sweep import Job, SlurmOptions, run_submitit
 from mobile_moe.cli import main
 from mobile_moe.costs import costs
 from mobile_moe.errors import UsageError
+from tests.conftest import needs_build
 
 
 @pytest.mark.parametrize("scale_name", sorted(SCALES))
@@ -99,6 +100,7 @@ def test_reproduce_writes_the_table_the_csv_and_the_plot(fig3b_dir):
     table = (fig3b_dir / "fig3b.md").read_text()
     assert "| E=10 | 6x64/8 | 87.12 |" in table  # the paper's router accuracy beside ours
     assert "n/a: 15 super-classes need at least 15 classes; the data has 10" in table
+    assert "Caveat: in E=10 E equals the number of classes" in table  # digits: 10 classes into 10 super-classes
     rows = {row["row"]: row for row in csv.DictReader((fig3b_dir / "fig3b.csv").open())}
     assert list(rows) == ["dense", "E=5", "E=7", "E=10", "E=15", "E=20"]
     for name in ("dense", "E=5", "E=7", "E=10"):
@@ -129,17 +131,21 @@ def test_a_finished_sweep_is_never_retrained(fig3b_dir, capsys, monkeypatch):
     assert (fig3b_dir / "fig3b.csv").read_text() == before  # evaluations are cached with the epochs they saw
 
 
-def test_more_epochs_resume_every_run_where_it_stopped(fig3b_dir, capsys, tmp_path):
+def test_a_run_short_of_its_epochs_resumes_where_it_stopped(fig3b_dir, tmp_path):
+    """What a killed sweep's unfinished run, or more --epochs, gets: resumed from its checkpoint, not retrained."""
     import shutil
 
-    out = tmp_path / "figs"
-    shutil.copytree(fig3b_dir, out)
-    first = (out / "runs" / "deit-ti-moe-E5-k1-L2" / "seed-0" / "metrics.jsonl").read_text()
-    status, _, stderr = reproduce(capsys, out, "--epochs", "2")
-    assert status == 0, stderr
-    rows = (out / "runs" / "deit-ti-moe-E5-k1-L2" / "seed-0" / "metrics.jsonl").read_text().splitlines()
-    assert len(rows) == 2 and rows[0] == first.strip()  # epoch 1 kept, epoch 2 added: resumed, not retrained
-    assert "2 epochs" in (out / "fig3b.md").read_text()
+    from evidence.sweep import train_job
+
+    run = tmp_path / "seed-0"
+    shutil.copytree(fig3b_dir / "runs" / "deit-ti-dense" / "seed-0", run)
+    first = (run / "metrics.jsonl").read_text()
+    config = json.loads((run / "config.json").read_text())
+    job = Job("deit-ti-dense", 0, str(run), config["model"], {**config["recipe"], "epochs": 2}, "digits", None)
+    assert train_job(job) == "resumed"
+    rows = (run / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 2 and rows[0] == first.strip()  # epoch 1 kept, epoch 2 added
+    assert train_job(job) == "done"
 
 
 def test_a_dir_of_another_sweep_is_refused_before_any_training(fig3b_dir, capsys, tmp_path):
@@ -199,3 +205,20 @@ def test_unknown_scale_and_figure_are_usage_errors():
         scale("huge")
     with pytest.raises(UsageError, match="fig3e"):
         figure("fig9", scale("tiny"), 10)
+
+
+@pytest.mark.slow
+@needs_build
+def test_bench_adds_measured_cost_to_every_trained_cell(fig3b_dir, capsys, tmp_path):
+    import shutil
+
+    out = tmp_path / "figs"
+    shutil.copytree(fig3b_dir, out)
+    status, stdout, stderr = reproduce(capsys, out, "--bench", "--iterations", "3")
+    assert status == 0, stderr
+    rows = {row["row"]: row for row in csv.DictReader((out / "fig3b.csv").open())}
+    for name in ("dense", "E=5", "E=7", "E=10"):
+        assert float(rows[name]["p50_ms"]) > 0 and float(rows[name]["bytes_loaded_per_image"]) > 0
+        assert (out / "bundles" / rows[name]["cell"] / "manifest.json").is_file()
+    assert rows["E=15"]["p50_ms"] == ""
+    assert "p50 ms" in stdout and (out / "fig3b-latency.png").is_file()
