@@ -11,14 +11,15 @@ from evidence.sweep import run_dir
 
 
 def export_cell(out: Path, result: CellResult, log) -> Path:
-    """The cell's seed-0 run as an ExecuTorch bundle (exported once; a finished cell's weights never change)."""
+    """The cell's seed-0 run as an ExecuTorch bundle, exported again only when best.pt is newer than the bundle."""
     from export.bundle import export_bundle
     from export.source import source_from_run
 
-    bundle = out / "bundles" / result.cell.name
-    if (bundle / "manifest.json").is_file():
+    bundle, run = out / "bundles" / result.cell.name, run_dir(out, result.cell, 0)
+    manifest = bundle / "manifest.json"
+    if manifest.is_file() and manifest.stat().st_mtime_ns >= (run / "best.pt").stat().st_mtime_ns:
         return bundle
-    source = source_from_run(run_dir(out, result.cell, 0))
+    source = source_from_run(run)
     log(f"exporting {result.cell.name} -> {bundle}")
     export_bundle(source.model, bundle, "executorch", **source.export_kwargs())
     return bundle

@@ -44,41 +44,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
     launch.add_argument("--gpus-per-cell", type=int, default=0, help="submitit: GPUs (DDP ranks) per run")
     launch.add_argument("--partition", help="submitit: the Slurm partition")
     launch.add_argument("--timeout-min", type=int, default=3 * 24 * 60, help="submitit: a run's time limit")
+    launch.add_argument("--cpus-per-cell", type=int, default=8, help="submitit: CPUs per task (data loading)")
 
 
 def _check(args: argparse.Namespace) -> None:
     import os
 
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if os.environ.get("WORLD_SIZE", "1") not in ("", "1"):
         raise UsageError("reproduce launches its own training runs: start it without torchrun (for several GPUs per "
                          "run use --launcher submitit --gpus-per-cell G)")  # fmt: skip
-    for flag, value, least in (("--seeds", args.seeds, 1), ("--epochs", args.epochs, 1),
-                               ("--iterations", args.iterations, 1), ("--gpus-per-cell", args.gpus_per_cell, 0),
-                               ("--timeout-min", args.timeout_min, 1)):  # fmt: skip
-        if value is not None and value < least:
-            raise UsageError(f"{flag} {value}: must be at least {least}")
+    least = {"seeds": 1, "epochs": 1, "iterations": 1, "gpus_per_cell": 0, "timeout_min": 1, "cpus_per_cell": 1}
+    for name, floor in least.items():
+        value = getattr(args, name)
+        if value is not None and value < floor:
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag} {value}: must be at least {floor}")
     if args.launcher == "local" and (args.gpus_per_cell or args.partition):
-        raise UsageError("--gpus-per-cell and --partition are for --launcher submitit; the local launcher trains in "
-                         "this process (use torchrun for several GPUs)")  # fmt: skip
-
-
-def cell_recipes(fig, scale, epochs: int | None, device: str) -> dict[str, dict]:
-    """Each runnable cell's TrainConfig (as a dict, without the seed): its recipe at the scale's epochs and batch."""
-    from training.recipes import recipe
-
-    recipes = {}
-    for cell in fig.cells:
-        if cell.skip is None:
-            changes = {"epochs": epochs or scale.epochs, "device": device, **cell.recipe_changes}
-            if scale.batch_size is not None:
-                changes["batch_size"] = scale.batch_size
-            recipes[cell.name] = recipe(cell.recipe).replace(**changes).to_dict()
-    return recipes
+        raise UsageError("--gpus-per-cell and --partition are for --launcher submitit; the local launcher trains each "
+                         "run in this process, on one device")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
     from evidence import report
-    from evidence.figures import figure
+    from evidence.figures import cell_recipes, figure
     from evidence.results import collect
     from evidence.scales import scale as scale_named
     from evidence.sweep import SlurmOptions, stderr_log, sweep
@@ -93,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     num_classes = open_data(args.data, scale.image_size).num_classes
     fig = figure(args.figure, scale, num_classes)
     recipes = cell_recipes(fig, scale, args.epochs, args.device)
-    options = SlurmOptions(args.gpus_per_cell, args.partition, args.timeout_min)
+    options = SlurmOptions(args.gpus_per_cell, args.partition, args.timeout_min, args.cpus_per_cell)
     outcomes = sweep(fig, out, args.data, recipes, args.seeds, args.launcher, options, stderr_log)
     evaluate_on = str(resolve_device(args.device))
     epochs = {name: cfg["epochs"] for name, cfg in recipes.items()}

@@ -124,7 +124,7 @@ def _moe(scale: Scale, num_classes: int, row: str, baseline: str = DENSE, name: 
 
 def fig3b(scale: Scale, num_classes: int) -> Figure:
     """Total number of experts E (and of super-classes) in {5, 7, 10, 15, 20}."""
-    cells = [_dense(scale, num_classes)]
+    cells = [_dense(scale, num_classes, paper_numbers={"top1": paper.ABLATION_DENSE})]
     for experts, (router, top1, delta) in paper.FIG3B.items():
         numbers = {"router": router, "top1": top1, "delta": delta}
         cells.append(_moe(scale, num_classes, f"E={experts}", paper_numbers=numbers, num_experts=experts))
@@ -133,7 +133,7 @@ def fig3b(scale: Scale, num_classes: int) -> Figure:
 
 def fig3c(scale: Scale, num_classes: int) -> Figure:
     """Number of MoE layers L in {1, ..., 5} (the paper's numbers where it tried that L: 1, 2, 4)."""
-    cells = [_dense(scale, num_classes)]
+    cells = [_dense(scale, num_classes, paper_numbers={"top1": paper.ABLATION_DENSE})]
     for layers in range(1, 6):
         router, top1, delta = paper.FIG3C.get(layers, (None, None, None))
         numbers = {} if top1 is None else {"router": router, "top1": top1, "delta": delta}
@@ -194,6 +194,21 @@ ROUTING_OF_ROW = {
     "e2e-token": ("end-to-end", "token"),
     "super-class source (k=1 dense)": ("N/A (dense, k=1: super-class source)", "-"),
 }
+
+
+def cell_recipes(fig: Figure, scale: Scale, epochs: int | None, device: str) -> dict[str, dict[str, Any]]:
+    """Each runnable cell's TrainConfig as a dict (without the seed): its recipe at the scale's epochs (or `epochs`)
+    and batch size, with the cell's own changes (e.g. no router loss for end-to-end routing)."""
+    from training.recipes import recipe
+
+    recipes = {}
+    for cell in fig.cells:
+        if cell.skip is None:
+            changes = {"epochs": epochs or scale.epochs, "device": device, **cell.recipe_changes}
+            if scale.batch_size is not None:
+                changes["batch_size"] = scale.batch_size
+            recipes[cell.name] = recipe(cell.recipe).replace(**changes).to_dict()
+    return recipes
 
 
 def figure(name: str, scale: Scale, num_classes: int) -> Figure:

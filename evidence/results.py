@@ -38,12 +38,18 @@ class CellResult:
         return statistics.stdev(values) if len(values) > 1 else None
 
 
-def _cached(path: Path, done: int) -> dict[str, Any] | None:
+def checkpoint_stamp(run: Path) -> list[int]:
+    """best.pt's size and modification time: a run trained again (or further) into the same directory has another."""
+    stat = (run / "best.pt").stat()
+    return [stat.st_size, stat.st_mtime_ns]
+
+
+def _cached(path: Path, stamp: list[int]) -> dict[str, Any] | None:
     try:
         record = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None  # absent or damaged: evaluate again
-    return record if isinstance(record, dict) and record.get("epochs_done") == done else None
+    return record if isinstance(record, dict) and record.get("checkpoint") == stamp else None
 
 
 def evaluate_run(out: Path, cell: Cell, seed: int, device: str) -> dict[str, Any]:
@@ -52,16 +58,17 @@ def evaluate_run(out: Path, cell: Cell, seed: int, device: str) -> dict[str, Any
     from training.run import load_run
 
     path = run_dir(out, cell, seed)
-    done = epochs_done(path)
+    stamp = checkpoint_stamp(path)
     cache = out / "scores" / cell.name / f"seed-{seed}.json"
-    record = _cached(cache, done)
+    record = _cached(cache, stamp)
     if record is not None:
         return record
     run = load_run(path)
     data = run.open_data()
     split = "test" if len(data.split("test")) else "val"
     scores = evaluate(run.model.to(device), data.split(split), run.super_assignment, device=device)
-    record = {"seed": seed, "epochs_done": done, "split": split, "images": scores["images"]}
+    record = {"seed": seed, "checkpoint": stamp, "epochs_done": epochs_done(path), "split": split,
+              "images": scores["images"]}  # fmt: skip
     record.update({key: scores.get(key) for key in SCORED})
     cache.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(cache, json.dumps(record, indent=1) + "\n")

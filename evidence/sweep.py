@@ -47,6 +47,7 @@ class SlurmOptions:
     gpus_per_cell: int = 0  # 0: CPU jobs; N: one node, N tasks (one DDP rank per GPU)
     partition: str | None = None
     timeout_min: int = 3 * 24 * 60
+    cpus_per_task: int = 8  # a training process and its DataLoader workers
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -69,35 +70,46 @@ def make_job(out: Path, fig: Figure, cell: Cell, seed: int, data: str, recipe: d
 
 
 def check_same_run(job: Job) -> None:
-    """A run directory already there must be this cell's run: a sweep into a DIR that holds another scale's, data's
-    or recipe's runs would otherwise mix them into one table."""
+    """A run directory already there must be this cell's run, trained no longer than asked: a sweep into a DIR that
+    holds another scale's, data's or recipe's runs would mix them into one table, and a run of 20 epochs is not the
+    answer to --epochs 5."""
     from training import run
-    from training.recipes import MAY_CHANGE_ON_RESUME
 
     if not run.is_run_dir(job.run_dir):
         return
     config = run.read_config(job.run_dir)
-    mine = {**job.recipe}
-    theirs = dict(config["recipe"])
-    for name in MAY_CHANGE_ON_RESUME:
-        mine.pop(name, None)
-        theirs.pop(name, None)
-    differ = [key for key in sorted(set(job.model) | set(config["model"])) if job.model.get(key) !=
-              config["model"].get(key)]  # fmt: skip
-    differ += [f"recipe {key}" for key in sorted(set(mine) | set(theirs)) if mine.get(key) != theirs.get(key)]
-    if config["data"]["spec"] != job.data:
-        differ.append(f"data {config['data']['spec']}")
+    differ = run.differences(config, job.model, job.recipe, job.data)
+    differ += ["super-classes"] if _other_super_classes(config.get("super_classes"), job.super_classes) else []
     if differ:
         raise UsageError(
             f"{job.run_dir} holds a run that is not this sweep's {job.cell} (differs in {', '.join(differ[:4])}); "
-            "it was made with other --data, --scale or --epochs: reproduce into a new --out"
+            "it was made with other --data or --scale: reproduce into a new --out"
         )
+    done, asked = epochs_done(job.run_dir), job.recipe["epochs"]
+    if done > asked:
+        raise UsageError(
+            f"{job.run_dir} has trained {done} epochs, more than --epochs {asked}; give --epochs {done} or more "
+            "(or leave it out), or reproduce into a new --out"
+        )
+
+
+def _other_super_classes(theirs: dict[str, Any] | None, spec: str | None) -> bool:
+    """Whether a run trained with `theirs` (its config's record) is not one trained with `spec`. A derived file is
+    compared by its assignment, so a sweep DIR that was moved or copied still holds its own runs."""
+    from super_class.superclasses import load
+
+    if theirs is None or spec is None:
+        return (theirs is None) != (spec is None)
+    if Path(spec).is_file():
+        return load(spec).assignment != theirs.get("assignment")
+    return spec != theirs.get("spec")
 
 
 def train_job(job: Job, verbose: bool = False) -> str:
     """Train, resume or skip one run; -> "trained", "resumed" or "done". What submitit runs on a cluster node."""
     from mobile_moe.registry import config_from_dict
     from training.recipes import from_dict
+    from training.run import holds_results
     from training.train import resume_training, train
 
     _join_submitit_ranks()
@@ -105,6 +117,11 @@ def train_job(job: Job, verbose: bool = False) -> str:
     done = epochs_done(job.run_dir)
     if done >= recipe.epochs:
         return "done"
+    if done == 0 and holds_results(job.run_dir):
+        raise UsageError(
+            f"{job.run_dir}/checkpoint.pt is missing or unreadable although the run has results; move that run "
+            "directory aside to train it again"
+        )
     if done > 0:
         resume_training(job.run_dir, verbose=verbose, epochs=recipe.epochs, device=recipe.device)
         return "resumed"
@@ -136,40 +153,55 @@ def run_local(jobs: list[Job], log: Callable[[str], None]) -> dict[tuple[str, in
         log(f"[{index}/{len(jobs)}] {job.cell} seed {job.seed}: training into {job.run_dir}")
         try:
             outcomes[(job.cell, job.seed)] = train_job(job)
-        except NonFiniteLoss as error:  # one diverging cell is a result, not the end of the sweep
+        except (NonFiniteLoss, UsageError) as error:  # one diverging or damaged run is not the end of the sweep
             outcomes[(job.cell, job.seed)] = f"failed: {error}"
+            log(f"{job.cell} seed {job.seed}: failed: {error}")
     return outcomes
 
 
 def run_submitit(jobs: list[Job], folder: Path, options: SlurmOptions, log: Callable[[str], None]):
-    """Submit every job, wait for all; -> (cell, seed) -> outcome. A failed job is reported, not raised."""
+    """Submit the jobs and wait for them; -> (cell, seed) -> outcome. A failed job is reported, not raised.
+
+    On Slurm every job is queued at once; submitit's local executor (no Slurm here) would start them all at once on
+    this machine, so there each job is submitted when the previous one has ended."""
     import submitit
 
     executor = submitit.AutoExecutor(folder=folder)
-    tasks = max(1, options.gpus_per_cell)
+    executor.update_parameters(**slurm_parameters(options))
+    one_at_a_time = executor.cluster == "local"
+    log(f"submitting {len(jobs)} runs to {executor.cluster} (logs in {folder})")
+    outcomes: dict[tuple[str, int], str] = {}
+    submitted = [] if one_at_a_time else [(job, executor.submit(train_job, job)) for job in jobs]
+    for job in jobs:
+        handle = executor.submit(train_job, job) if one_at_a_time else dict(submitted)[job]
+        outcomes[(job.cell, job.seed)] = _job_outcome(handle)
+        log(f"{job.cell} seed {job.seed}: {outcomes[(job.cell, job.seed)]}")
+    return outcomes
+
+
+def slurm_parameters(options: SlurmOptions) -> dict[str, Any]:
+    """AutoExecutor parameters: one node, a task (DDP rank) per GPU; GPUs only when asked for (sbatch refuses
+    --gpus-per-node=0 where no GPUs are configured)."""
     params: dict[str, Any] = {
         "name": "mobile-moe-reproduce",
         "timeout_min": options.timeout_min,
         "nodes": 1,
-        "tasks_per_node": tasks,
-        "gpus_per_node": options.gpus_per_cell,
-        **options.extra,
+        "tasks_per_node": max(1, options.gpus_per_cell),
+        "cpus_per_task": options.cpus_per_task,
     }
+    if options.gpus_per_cell:
+        params["gpus_per_node"] = options.gpus_per_cell
     if options.partition:
         params["slurm_partition"] = options.partition
-    executor.update_parameters(**params)
-    submitted = [(job, executor.submit(train_job, job)) for job in jobs]
-    log(f"submitted {len(submitted)} runs to {executor.cluster} (logs in {folder})")
-    outcomes = {}
-    for job, handle in submitted:
-        try:
-            results = handle.results()  # one per task; rank 0's is the run's
-            outcomes[(job.cell, job.seed)] = results[0]
-        except Exception as error:  # submitit's FailedJobError carries the job's traceback: keep its last line
-            last = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
-            outcomes[(job.cell, job.seed)] = f"failed: {last} (log: {handle.paths.stderr})"
-        log(f"{job.cell} seed {job.seed}: {outcomes[(job.cell, job.seed)]}")
-    return outcomes
+    return {**params, **options.extra}
+
+
+def _job_outcome(handle) -> str:
+    try:
+        return handle.results()[0]  # one result per task; rank 0's is the run's
+    except Exception as error:  # submitit's FailedJobError carries the job's traceback: keep its last line
+        text = str(error).strip()
+        return f"failed: {text.splitlines()[-1] if text else type(error).__name__} (log: {handle.paths.stderr})"
 
 
 def launch(jobs: list[Job], launcher: str, out: Path, options: SlurmOptions, log) -> dict[tuple[str, int], str]:
@@ -183,8 +215,10 @@ def launch(jobs: list[Job], launcher: str, out: Path, options: SlurmOptions, log
 # --- the two phases -----------------------------------------------------------------------------------------------
 
 
-def derive_super_classes(out: Path, fig: Figure, num_experts: int, log) -> Path:
-    """The source cell's seed-0 run's val confusion -> `num_experts` super-classes (spectral clustering), once."""
+def derive_super_classes(out: Path, fig: Figure, num_experts: int, device: str, log) -> Path:
+    """The source cell's seed-0 run's val confusion -> `num_experts` super-classes (spectral clustering), once: runs
+    record the file they trained with and a resume re-reads it, so it never changes under them (not even when more
+    --epochs extend the source run)."""
     from super_class.derive import confusion_from_run
     from super_class.derive import derive_super_classes as derive
 
@@ -192,7 +226,7 @@ def derive_super_classes(out: Path, fig: Figure, num_experts: int, log) -> Path:
     if path.exists():
         return path
     source = run_dir(out, fig.cell(fig.source), 0)
-    confusion = confusion_from_run(source, split="val", device="auto")
+    confusion = confusion_from_run(source, split="val", device=device)
     derive(confusion.matrix, num_experts, "spectral", 0, confusion.class_names, confusion.source).save(path)
     log(f"derived {num_experts} super-classes from {source} -> {path}")
     return path
@@ -225,12 +259,14 @@ def sweep(
     outcomes = launch(_pending(first), launcher, out, options, log)
     second = [job for key, job in jobs.items() if fig.cell(key[0]).super_classes == DERIVED]
     if second:
-        source = run_dir(out, fig.cell(fig.source), 0)
-        if epochs_done(source) == 0:
-            log(f"no super-classes: the source run {source} did not train; skipping the cells that need them")
+        source = jobs[(fig.source, 0)]
+        if epochs_done(source.run_dir) < source.recipe["epochs"]:
+            log(
+                f"no super-classes: the source run {source.run_dir} has not finished; skipping the cells that need them"
+            )
             return outcomes
         for experts in sorted({fig.cell(job.cell).num_experts for job in second}):
-            derive_super_classes(out, fig, experts, log)
+            derive_super_classes(out, fig, experts, source.recipe["device"], log)
         outcomes.update(launch(_pending(second), launcher, out, options, log))
     return outcomes
 

@@ -71,6 +71,11 @@ class ViTConfig:
             f"wide_mlp_factor={self.wide_mlp_factor!r}: must be a positive integer",
         )
         _require(
+            (self.wide_mlp_layers == 0) == (self.wide_mlp_factor == 1),
+            f"wide_mlp_layers={self.wide_mlp_layers} with wide_mlp_factor={self.wide_mlp_factor}: give both (a factor "
+            "above 1 for some last layers) or neither",
+        )
+        _require(
             self.width % self.num_heads == 0,
             f"width={self.width} is not divisible by num_heads={self.num_heads}: pick heads that divide the width",
         )

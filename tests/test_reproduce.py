@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from evidence.cli import cell_recipes
-from evidence.figures import DERIVED, FIGURES, figure
+from evidence.figures import DERIVED, FIGURES, cell_recipes, figure
 from evidence.scales import SCALES, Backbone, scale
 from evidence.sweep import Job, SlurmOptions, run_submitit
 from mobile_moe.cli import main
@@ -158,6 +157,42 @@ def test_a_dir_of_another_sweep_is_refused_before_any_training(fig3b_dir, capsys
     _, stderr = capsys.readouterr()
     assert status == 2 and "is not this sweep's deit-ti-dense" in stderr and "new --out" in stderr
     assert stderr.count("\n") == 1
+
+
+def test_fewer_epochs_than_a_run_has_are_refused(fig3b_dir, capsys, tmp_path):
+    """A 2-epoch run is not the answer to --epochs 1: refused, not reported under the wrong caption."""
+    import shutil
+
+    from evidence.sweep import train_job
+
+    out = tmp_path / "figs"
+    shutil.copytree(fig3b_dir, out)
+    run = out / "runs" / "deit-ti-dense" / "seed-0"
+    config = json.loads((run / "config.json").read_text())
+    train_job(Job("deit-ti-dense", 0, str(run), config["model"], {**config["recipe"], "epochs": 2}, "digits", None))
+    status, _, stderr = reproduce(capsys, out)
+    assert status == 2 and "has trained 2 epochs, more than --epochs 1" in stderr
+
+
+def test_a_damaged_run_is_a_failed_row_and_the_sweep_goes_on(fig3b_dir, capsys, tmp_path):
+    import shutil
+
+    out = tmp_path / "figs"
+    shutil.copytree(fig3b_dir, out)
+    (out / "runs" / "deit-ti-moe-E7-k1-L2" / "seed-0" / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    status, stdout, stderr = reproduce(capsys, out)
+    assert status == 0, stderr
+    rows = {row["row"]: row for row in csv.DictReader((out / "fig3b.csv").open())}
+    assert rows["E=7"]["status"].startswith("seed 0: failed") and "move that run directory aside" in rows["E=7"]["status"]
+    assert rows["E=5"]["status"] == "ok" and rows["E=10"]["status"] == "ok"
+
+
+def test_slurm_jobs_ask_for_gpus_only_when_given():
+    from evidence.sweep import slurm_parameters
+
+    assert "gpus_per_node" not in slurm_parameters(SlurmOptions())
+    params = slurm_parameters(SlurmOptions(gpus_per_cell=8, partition="gpu"))
+    assert (params["gpus_per_node"], params["tasks_per_node"], params["slurm_partition"]) == (8, 8, "gpu")
 
 
 @pytest.mark.parametrize(

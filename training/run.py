@@ -186,6 +186,21 @@ def reconcile(run_dir: str | os.PathLike, checkpoint: dict[str, Any]) -> list[st
     return repaired
 
 
+def differences(config: dict[str, Any], model: dict[str, Any], recipe: dict[str, Any], data: str) -> list[str]:
+    """What makes the run `config` (config.json) another run than one of `model`, `recipe` (dicts) and `data` (a
+    spec): every field but those a resume may change."""
+    from training.recipes import MAY_CHANGE_ON_RESUME
+
+    found = [f"model {key}" for key in sorted(set(model) | set(config["model"]))
+             if model.get(key) != config["model"].get(key)]  # fmt: skip
+    theirs = config["recipe"]
+    found += [f"recipe {key}" for key in sorted(set(recipe) | set(theirs))
+              if key not in MAY_CHANGE_ON_RESUME and recipe.get(key) != theirs.get(key)]  # fmt: skip
+    if config["data"].get("spec") != data:
+        found.append(f"data {config['data'].get('spec')}")
+    return found
+
+
 def epochs_done(run_dir: str | os.PathLike) -> int:
     """Epochs the run has committed (checkpoint.pt's epoch); 0 before its first, or if checkpoint.pt is unreadable."""
     return _epoch_of(Path(run_dir) / LAST) or 0
