@@ -64,6 +64,14 @@ def _check(args: argparse.Namespace) -> None:
                          "run in this process, on one device")  # fmt: skip
 
 
+def _check_batches(recipes: dict[str, dict], train_images: int, args: argparse.Namespace) -> None:
+    """Every cell would refuse a batch larger than the training set: say so once, before the sweep starts."""
+    largest = max((cfg["batch_size"] for cfg in recipes.values()), default=0)
+    if largest > train_images:
+        raise UsageError(f"--scale {args.scale} trains with batches of {largest} images but {args.data} has "
+                         f"{train_images} training images; use a smaller --scale (small, tiny)")  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> int:
     from evidence import report
     from evidence.figures import cell_recipes, figure
@@ -78,9 +86,10 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     check_writable(out, directory=True)
     scale = scale_named(args.scale)
-    num_classes = open_data(args.data, scale.image_size).num_classes
-    fig = figure(args.figure, scale, num_classes)
+    data = open_data(args.data, scale.image_size)
+    fig = figure(args.figure, scale, data.num_classes)
     recipes = cell_recipes(fig, scale, args.epochs, args.device)
+    _check_batches(recipes, len(data.split("train")), args)
     options = SlurmOptions(args.gpus_per_cell, args.partition, args.timeout_min, args.cpus_per_cell)
     outcomes = sweep(fig, out, args.data, recipes, args.seeds, args.launcher, options, stderr_log)
     evaluate_on = str(resolve_device(args.device))

@@ -201,6 +201,7 @@ def test_slurm_jobs_ask_for_gpus_only_when_given():
         (["--seeds", "0"], "--seeds 0: must be at least 1"),
         (["--gpus-per-cell", "2"], "for --launcher submitit"),
         (["--data", "nonsense"], "nonsense"),
+        (["--data", "synthetic:classes=4,per_class=20", "--scale", "small"], "batches of 256 images but"),
     ],
 )
 def test_bad_input_is_one_line_and_status_2(flags, message, capsys, tmp_path):
