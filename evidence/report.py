@@ -153,7 +153,8 @@ def _one_class_per_super_class(moes: list[CellResult]) -> list[str]:
     rows = [r.cell.row for r in moes if r.cell.super_classes and r.cell.num_experts == r.cell.config.num_classes]
     if not rows:
         return []
-    return [f"Caveat: in {', '.join(rows)} E equals the number of classes, so each super-class is a single class "
+    where = "every MoE row" if len(rows) == len(moes) else ", ".join(rows)
+    return [f"Caveat: in {where} E equals the number of classes, so each super-class is a single class "
             "(derived and random super-classes differ only by a permutation); the paper has 100 classes per "
             "super-class."]  # fmt: skip
 
