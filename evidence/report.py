@@ -69,7 +69,8 @@ BENCH_HEADER = ["p50 ms", "peak RSS MiB", "KB loaded / image"]
 
 def _pairs_table(fig: Figure, results: list[CellResult], bench: bool) -> list[list[str]]:
     by_name = {r.cell.name: r for r in results}
-    header = ["model (paper)", "ours", "MFLOPs paper", "MFLOPs ours", "dense paper", "dense ours", "MoE paper",
+    key = "k" if fig.name == "fig3d" else "model (paper)"
+    header = [key, "ours", "MFLOPs paper", "MFLOPs ours", "dense paper", "dense ours", "MoE paper",
               "MoE ours", "Δ paper", "Δ ours"]  # fmt: skip
     header += [f"dense / MoE {h}" for h in BENCH_HEADER] if bench else []
     rows = [header]

@@ -183,7 +183,8 @@ def test_a_damaged_run_is_a_failed_row_and_the_sweep_goes_on(fig3b_dir, capsys, 
     status, stdout, stderr = reproduce(capsys, out)
     assert status == 0, stderr
     rows = {row["row"]: row for row in csv.DictReader((out / "fig3b.csv").open())}
-    assert rows["E=7"]["status"].startswith("seed 0: failed") and "move that run directory aside" in rows["E=7"]["status"]
+    status_e7 = rows["E=7"]["status"]
+    assert status_e7.startswith("seed 0: failed") and "move that run directory aside" in status_e7
     assert rows["E=5"]["status"] == "ok" and rows["E=10"]["status"] == "ok"
 
 
