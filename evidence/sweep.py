@@ -48,7 +48,7 @@ class SlurmOptions:
     partition: str | None = None
     timeout_min: int = 3 * 24 * 60
     cpus_per_task: int = 8  # a training process and its DataLoader workers
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # any other AutoExecutor parameter, e.g. slurm_mem_gb
 
 
 def run_dir(out: Path, cell: Cell, seed: int) -> Path:
