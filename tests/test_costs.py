@@ -71,6 +71,20 @@ def test_counts_match_the_modules(model_name, pool, top_k):
     assert c.flops == counter.get_total_flops()
 
 
+def test_flops_matched_dense_counts_match_the_module():
+    """Fig. 3d's dense baseline: the last 2 MLPs 3x wider; counted like the module, and the 3-expert MoE's FLOPs
+    plus nothing but its router."""
+    model = tiny_model("vit", wide_mlp_layers=2, wide_mlp_factor=3).eval()
+    assert [block.mlp.fc1.out_features for block in model.blocks] == [128, 384, 384]
+    c = costs(model.config)
+    assert c.params_total == _weights(model)
+    with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as counter, torch.no_grad():
+        model(torch.randn(1, 3, 32, 32))
+    assert c.flops == counter.get_total_flops()
+    moe = costs(tiny_model("mobile-vmoe", num_experts=4, top_k=3).config)
+    assert moe.flops - c.flops == 2 * 32 * 4  # the router: D x E
+
+
 def test_paper_deit_ti_moe_counts():
     # Sec. 3.2: DeiT-Ti/16 with E=10, L=2 and k=2 activates 6.31M parameters per image; 11.05M in total.
     c = costs(make_config("mobile-vmoe", "deit-ti", top_k=2))
@@ -160,3 +174,19 @@ def test_hand_count_tiny_hard_moe(pca_dims, shared_head):
     assert c.params_total == embed_params + block_params + router_params + E * expert_params + shared
     assert c.params_active == embed_params + block_params + router_params + expert_params + shared
     assert c.flops == 2 * (16 * 3 * 8 * 8 * D + 3 * block_macs + router_macs + D * K)
+
+
+@pytest.mark.parametrize(
+    ("name", "fields", "message"),
+    [
+        ("vit", {"wide_mlp_factor": 2}, "give both"),
+        ("vit", {"wide_mlp_layers": 2}, "give both"),
+        ("vit", {"wide_mlp_layers": 13, "wide_mlp_factor": 2}, "between 0 and depth=12"),
+        ("mobile-vmoe", {"wide_mlp_layers": 2, "wide_mlp_factor": 2}, "an MoE adds experts instead"),
+    ],
+)
+def test_wide_mlp_options_are_checked(name, fields, message):
+    from mobile_moe.errors import UsageError
+
+    with pytest.raises(UsageError, match=message):
+        make_config(name, "12x192", **fields)
