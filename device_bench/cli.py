@@ -75,7 +75,7 @@ def python_worker(bundle: str, runtime: str, images: Path, settings: Settings) -
     """One round with export's Python runtime, in a fresh interpreter."""
     command = [sys.executable, "-m", "device_bench.python_worker", "--bundle", bundle, "--runtime", runtime]
     command += ["--input", str(images), "--iterations", str(settings.iterations), "--warmup", str(settings.warmup)]
-    command += ["--threads", str(settings.threads)]
+    command += ["--threads", str(settings.threads), "--switch-repeats", str(settings.switch_repeats)]
     if settings.cache_experts is not None:
         command += ["--cache-experts", str(settings.cache_experts)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))

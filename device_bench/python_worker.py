@@ -33,14 +33,6 @@ def summary(samples: list[float]) -> dict:
     }
 
 
-def _stage(timings: dict, *names: str) -> float:
-    """A stage time from Prediction.timings (ms), whichever of the given names the runtime uses; 0 if absent."""
-    for name in names:
-        if name in timings:
-            return float(timings[name])
-    return 0.0
-
-
 def timed_predict(bundle, image) -> tuple[object, float, bool]:
     """(prediction, wall ms, whether every chosen expert was already loaded)."""
     loaded_before = set(bundle.loaded_graphs)
@@ -65,7 +57,7 @@ def measure(args: argparse.Namespace) -> dict:
     report["memory_at_start"] = memory_now()
 
     start = time.perf_counter()
-    bundle = load_bundle(args.bundle, max_cached_experts=cache)
+    bundle = load_bundle(args.bundle, max_cached_experts=cache, threads=args.threads)  # every session: --threads
     report["load_ms"] = {"router": (time.perf_counter() - start) * 1e3}
     report["memory_after_first_load"] = memory_now()
 
@@ -74,8 +66,7 @@ def measure(args: argparse.Namespace) -> dict:
     for image in images:
         prediction, wall_ms, hit = timed_predict(bundle, image[None])
         experts = [int(e) for e in prediction.experts]
-        router_ms = _stage(prediction.timings, "router_ms", "router")
-        load_ms = _stage(prediction.timings, "load_ms", "expert_load_ms", "load")
+        router_ms, load_ms = prediction.timings["router"], prediction.timings["load"]
         if not hit and experts and experts[0] not in expert_load_ms:
             expert_load_ms[experts[0]] = load_ms
         rows.append(
@@ -98,20 +89,24 @@ def measure(args: argparse.Namespace) -> dict:
     for i in range(args.iterations):
         prediction, wall_ms, _ = timed_predict(bundle, images[i % len(images)][None])
         total.append(wall_ms)
-        router.append(_stage(prediction.timings, "router_ms", "router"))
-        expert.append(_stage(prediction.timings, "expert_ms", "experts_ms", "expert"))
+        router.append(prediction.timings["router"])  # Prediction.timings: router, load, experts, total (ms)
+        expert.append(prediction.timings["experts"])
     report["latency_ms"] = summary(total)
     report["stages_ms"] = {"router": summary(router), "expert": summary(expert)}
     report["memory_after_warm"] = memory_now()
     report["expert_load_ms"] = {str(e): ms for e, ms in expert_load_ms.items()}
-    report["switch"] = measure_switch(args.bundle, images, rows, load_bundle, statistics.median(router or [0.0]))
+    router_ms = statistics.median(router or [0.0])
+    report["switch"] = measure_switch(args, images, rows, load_bundle, router_ms)
     report["memory_at_end"] = memory_now()
     return report
 
 
-def measure_switch(path: str, images, rows: list[dict], load_bundle, router_ms: float) -> dict:
-    """With one cached expert, alternate two images routed to different experts: every predict then switches."""
-    bundle = load_bundle(path, max_cached_experts=1)
+def measure_switch(args: argparse.Namespace, images, rows: list[dict], load_bundle, router_ms: float) -> dict:
+    """With one cached expert, alternate images routed to different experts, --switch-repeats times over: every
+    predict then switches (unloads one expert, loads and first-runs another)."""
+    if args.switch_repeats == 0:
+        return {"ms": [], "median_ms": None, "note": "--switch-repeats 0: switch timing off"}
+    bundle = load_bundle(args.bundle, max_cached_experts=1, threads=args.threads)
     if bundle.layout in ("dense", "monolithic", "whole"):
         return {"ms": [], "median_ms": None, "note": "one graph holds every expert: there is no expert to switch"}
     by_expert: dict[int, int] = {}
@@ -122,7 +117,7 @@ def measure_switch(path: str, images, rows: list[dict], load_bundle, router_ms: 
         return {"ms": [], "median_ms": None, "note": "the routing sequence uses one expert: no switch to time"}
     picks = list(by_expert.values())
     switch_ms = []
-    for _repeat in range(2):
+    for _repeat in range(args.switch_repeats):
         for index in picks:
             _, wall_ms, hit = timed_predict(bundle, images[index][None])
             if not hit:
@@ -133,12 +128,13 @@ def measure_switch(path: str, images, rows: list[dict], load_bundle, router_ms: 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--bundle", required=True)
-    parser.add_argument("--runtime", required=True, choices=["executorch", "onnxruntime"])
+    parser.add_argument("--runtime", required=True, choices=["executorch", "onnxruntime", "coreml"])
     parser.add_argument("--input", required=True)
     parser.add_argument("--iterations", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--cache-experts", type=int, default=None)
+    parser.add_argument("--switch-repeats", type=int, default=2)
     args = parser.parse_args(argv)
     try:
         print(json.dumps(measure(args)))
