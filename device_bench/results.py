@@ -37,17 +37,6 @@ def _costs(manifest: dict):
         return None
 
 
-def _accuracy(manifest: dict) -> float | None:
-    for key in ("accuracy", "top1", "val_accuracy"):
-        if isinstance(manifest.get(key), int | float):
-            return float(manifest[key])
-    metrics = manifest.get("metrics") or manifest.get("evaluation") or {}
-    for key in ("accuracy", "top1", "val_accuracy"):
-        if isinstance(metrics.get(key), int | float):
-            return float(metrics[key])
-    return None
-
-
 def _loaded_per_image(manifest: dict, sequence: list[list[int]], field: str) -> float:
     """Mean over images of `field` ("bytes" or "params") summed over the graphs each image needs loaded: every graph
     that is not an expert's (router, shared block halves, head, or the one dense / monolithic / whole graph) plus the
@@ -158,7 +147,7 @@ def run_record(
         "params_total": counts.params_total if counts else None,
         "flops": counts.flops if counts else None,
         "bytes_loaded_vs_active_params": bytes_image / active_bytes if active_bytes else None,
-        "accuracy": _accuracy(manifest),
+        "accuracy": manifest.get("validation_top1"),  # the schema's: 0..1 or absent
         "expert_change_rate": routing_stats.expert_change_rate(sequence) if split else None,
         "cache_hit_rate": routing_stats.cache_hit_rates(sequence, num_experts) if split else {},
         "expert_histogram": routing_stats.expert_histogram(sequence, num_experts) if split else [],

@@ -157,6 +157,7 @@ def export_bundle(
     calibration_images: Tensor | None = None,
     val_data: tuple[Tensor, Tensor] | None = None,
     source: str | None = None,
+    validation_top1: float | None = None,
     log: Callable[[str], None] = lambda message: None,
 ) -> dict[str, Any]:
     """Export `model` as a bundle at `out_dir`; returns the manifest. See the module docstring."""
@@ -181,6 +182,8 @@ def export_bundle(
     planned = [planned_entry(spec, f"{spec.name}{suffix}") for spec in split.graphs]
     precision = _precision(backend, quantize, fp32, coreml_compression)
     manifest = _manifest(cfg, split, backend, planned, class_names, super_class_names, mean, std, precision, source)
+    if validation_top1 is not None:
+        manifest["validation_top1"] = validation_top1
     _check_schema(manifest)  # before any graph is exported
 
     with atomic_path(out_dir, directory=True) as tmp:

@@ -21,6 +21,8 @@ What an image touches (optional, so bundles written before these fields still va
   params_active_max  the most parameters one image computes with (mobile_moe.costs' params_active, worst case). It
                      can never exceed what the graphs one image needs hold (`params_loaded_max`): the router and
                      shared graphs plus its top_k heaviest experts, or the one graph of a single-graph layout.
+  validation_top1    the exported run's validation top-1 (its best.pt, 0..1), when the bundle comes from a run; what
+                     bench reports plot accuracy against cost with.
 Each graph's `params` counts the weights its file carries: parameters and buffers (Hard MoE's centroids).
 """
 
@@ -145,6 +147,7 @@ class Manifest(_Strict):
     graphs: Annotated[list[GraphEntry], Field(min_length=1, max_length=1 << 16)]
     routing: Literal[ROUTINGS] | None = None  # type: ignore[valid-type]
     params_active_max: Count | None = None
+    validation_top1: Annotated[float, Field(ge=0, le=1)] | None = None
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> Manifest:

@@ -25,6 +25,7 @@ class ExportSource:
     calibration_images: Tensor  # int8 calibration
     val_data: tuple[Tensor, Tensor]  # (images, labels): int8 top-1 change
     source: str
+    validation_top1: float | None = None  # the run's best validation top-1, recorded in the manifest
 
     def export_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for export.bundle.export_bundle."""
@@ -37,6 +38,7 @@ class ExportSource:
             "calibration_images": self.calibration_images,
             "val_data": self.val_data,
             "source": self.source,
+            "validation_top1": self.validation_top1,
         }
 
 
@@ -74,4 +76,12 @@ def source_from_run(
         calibration_images=calibration_images,
         val_data=(val_images, val_labels),
         source=str(run.run_dir),
+        validation_top1=_validation_top1(run.checkpoint),
     )
+
+
+def _validation_top1(checkpoint: dict) -> float | None:
+    """best.pt's validation top-1 (checkpoint.pt's best so far), if it holds one: an imported checkpoint may not."""
+    value = checkpoint.get("best_top1")
+    is_number = isinstance(value, float | int) and not isinstance(value, bool)
+    return float(value) if is_number and 0 <= value <= 1 else None

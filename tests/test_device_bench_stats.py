@@ -38,14 +38,21 @@ def fake_manifest(kind: str) -> dict:
              "depth": 3, "width": 32, "num_heads": 2}  # fmt: skip
     if kind == "dense":
         graphs = [{"name": "dense", "role": "dense", "expert": None, "file": "dense.pte", "bytes": 1000, "params": 250}]
-        return {"backend": "executorch", "model": model, "num_experts": 0, "graphs": graphs, "accuracy": 0.5}
+        return {"backend": "executorch", "model": model, "num_experts": 0, "graphs": graphs, "validation_top1": 0.5}
     model.update(num_experts=2, top_k=1, moe_layers=2)
     graphs = [{"name": "router", "role": "router", "expert": None, "file": "router.pte", "bytes": 600, "params": 150}]
     graphs += [
         {"name": f"expert_{e}", "role": "expert", "expert": e, "file": f"e{e}.pte", "bytes": 500, "params": 125}
         for e in (0, 1)
     ]
-    return {"backend": "executorch", "model": model, "num_experts": 2, "top_k": 1, "graphs": graphs, "accuracy": 0.6}
+    return {
+        "backend": "executorch",
+        "model": model,
+        "num_experts": 2,
+        "top_k": 1,
+        "graphs": graphs,
+        "validation_top1": 0.6,
+    }
 
 
 def fake_round(p50: float, experts: list[int]) -> dict:

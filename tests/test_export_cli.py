@@ -65,6 +65,24 @@ def test_export_from_run_dir_records_run_metadata(onnx_bundle, run_dir):
     assert len(manifest["input"]["mean"]) == 3 and manifest["source"] == str(run_dir)
 
 
+def test_the_runs_validation_top1_reaches_the_manifest_and_the_bench_report(tmp_path, onnx_bundle):
+    """A bundle from a trained run carries its best.pt's validation top-1 (so bench reports can plot accuracy against
+    cost); an untrained run's (no best_top1) carries none."""
+    from device_bench.cli import bench_bundles
+
+    assert "validation_top1" not in json.loads((onnx_bundle / MANIFEST).read_text())
+    model = tiny_model("vit", num_classes=10)
+    run = make_run_dir(tmp_path / "runs", model)
+    save_checkpoint(checkpoint_dict(model, epoch=3, best_top1=0.75), run / "best.pt")
+    out = tmp_path / "dense"
+    assert main(["export", str(run), "--format", "onnx", "--out", str(out)]) == 0
+    assert json.loads((out / MANIFEST).read_text())["validation_top1"] == 0.75
+    results = bench_bundles([out], tmp_path / "bench", runtime="onnxruntime", iterations=2, warmup=0,
+                            log=lambda message: None)  # fmt: skip
+    assert results["runs"][0]["accuracy"] == 0.75
+    assert (tmp_path / "bench" / "accuracy_vs_flops.png").is_file()
+
+
 def test_predict_json(onnx_bundle, png, capsys):
     capsys.readouterr()
     assert main(["predict", str(onnx_bundle), str(png), str(png), "--json"]) == 0

@@ -432,6 +432,10 @@ inline void check_routing_and_params(const json::Value& manifest, const Bundle& 
       invalid("params_active_max", std::to_string(claimed) + " is more than the " + std::to_string(loaded) +
                                        " parameters the graphs of one image hold");
   }
+  if (const json::Value* top1 = optional_at(manifest, "", "validation_top1")) {
+    double value = as_finite(*top1, "validation_top1");
+    if (value < 0 || value > 1) invalid("validation_top1", "must be a top-1 between 0 and 1");
+  }
 }
 
 inline void validate(const json::Value& manifest, Bundle& bundle) {
