@@ -168,12 +168,13 @@ def run_submitit(jobs: list[Job], folder: Path, options: SlurmOptions, log: Call
 
     executor = submitit.AutoExecutor(folder=folder)
     executor.update_parameters(**slurm_parameters(options))
-    one_at_a_time = executor.cluster == "local"
     log(f"submitting {len(jobs)} runs to {executor.cluster} (logs in {folder})")
+    if executor.cluster == "local":  # lazily: each job is submitted when the loop has waited for the one before
+        handles = (executor.submit(train_job, job) for job in jobs)
+    else:
+        handles = [executor.submit(train_job, job) for job in jobs]
     outcomes: dict[tuple[str, int], str] = {}
-    submitted = [] if one_at_a_time else [(job, executor.submit(train_job, job)) for job in jobs]
-    for job in jobs:
-        handle = executor.submit(train_job, job) if one_at_a_time else dict(submitted)[job]
+    for job, handle in zip(jobs, handles, strict=True):
         outcomes[(job.cell, job.seed)] = _job_outcome(handle)
         log(f"{job.cell} seed {job.seed}: {outcomes[(job.cell, job.seed)]}")
     return outcomes

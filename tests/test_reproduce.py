@@ -237,6 +237,40 @@ def test_submitit_runs_each_job_in_its_own_process(tmp_path):
     assert again == {(jobs[0].cell, 0): "done"}
 
 
+def test_on_slurm_every_job_is_queued_before_any_is_awaited(monkeypatch, tmp_path):
+    """The Slurm branch, with a stand-in AutoExecutor: all jobs submitted up front, outcomes read in job order."""
+    import submitit
+
+    events = []
+
+    class Handle:
+        def __init__(self, job):
+            self.job = job
+
+        def results(self):
+            events.append(("wait", self.job.cell))
+            return [f"trained {self.job.cell}"]
+
+    class SlurmExecutor:
+        cluster = "slurm"
+
+        def __init__(self, folder):
+            self.parameters = {}
+
+        def update_parameters(self, **parameters):
+            self.parameters.update(parameters)
+
+        def submit(self, function, job):
+            events.append(("submit", job.cell))
+            return Handle(job)
+
+    monkeypatch.setattr(submitit, "AutoExecutor", SlurmExecutor)
+    jobs = [Job(name, 0, str(tmp_path / name), {"name": "vit"}, {"epochs": 1}, "digits", None) for name in "ab"]
+    outcomes = run_submitit(jobs, tmp_path / "submitit", SlurmOptions(gpus_per_cell=2), log=lambda message: None)
+    assert outcomes == {("a", 0): "trained a", ("b", 0): "trained b"}
+    assert events == [("submit", "a"), ("submit", "b"), ("wait", "a"), ("wait", "b")]
+
+
 def test_unknown_scale_and_figure_are_usage_errors():
     with pytest.raises(UsageError, match="choose one of"):
         scale("huge")
