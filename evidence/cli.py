@@ -86,13 +86,14 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     check_writable(out, directory=True)
     scale = scale_named(args.scale)
+    # Before the sweep: --device cuda without CUDA is one line, not a failed row for every cell.
+    evaluate_on = str(resolve_device(args.device))
     data = open_data(args.data, scale.image_size)
     fig = figure(args.figure, scale, data.num_classes)
     recipes = cell_recipes(fig, scale, args.epochs, args.device)
     _check_batches(recipes, len(data.split("train")), args)
     options = SlurmOptions(args.gpus_per_cell, args.partition, args.timeout_min, args.cpus_per_cell)
     outcomes = sweep(fig, out, args.data, recipes, args.seeds, args.launcher, options, stderr_log)
-    evaluate_on = str(resolve_device(args.device))
     epochs = {name: cfg["epochs"] for name, cfg in recipes.items()}
     results = collect(fig, out, args.seeds, epochs, outcomes, evaluate_on)
     if args.bench:

@@ -213,6 +213,13 @@ def test_bad_input_is_one_line_and_status_2(flags, message, capsys, tmp_path):
     assert not (tmp_path / "o" / "runs").exists()
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_cuda_is_refused_before_the_sweep(capsys, tmp_path):
+    argv = ["reproduce", "fig3e", "--data", "digits", "--scale", "tiny", "--device", "cuda", "--out", str(tmp_path)]
+    assert main(argv) == 2
+    assert "no CUDA device" in capsys.readouterr().err and not (tmp_path / "runs").exists()
+
+
 def test_reproduce_refuses_to_run_under_torchrun(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert main(["reproduce", "fig3e", "--data", "digits", "--out", str(tmp_path / "o")]) == 2
