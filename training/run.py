@@ -186,16 +186,18 @@ def reconcile(run_dir: str | os.PathLike, checkpoint: dict[str, Any]) -> list[st
     return repaired
 
 
+def differing_fields(a: dict[str, Any], b: dict[str, Any], skip: tuple[str, ...] = ()) -> list[str]:
+    """The keys (sorted) whose values differ between two config dicts, a key missing on one side included."""
+    return [key for key in sorted(set(a) | set(b)) if key not in skip and a.get(key) != b.get(key)]
+
+
 def differences(config: dict[str, Any], model: dict[str, Any], recipe: dict[str, Any], data: str) -> list[str]:
     """What makes the run `config` (config.json) another run than one of `model`, `recipe` (dicts) and `data` (a
     spec): every field but those a resume may change."""
     from training.recipes import MAY_CHANGE_ON_RESUME
 
-    found = [f"model {key}" for key in sorted(set(model) | set(config["model"]))
-             if model.get(key) != config["model"].get(key)]  # fmt: skip
-    theirs = config["recipe"]
-    found += [f"recipe {key}" for key in sorted(set(recipe) | set(theirs))
-              if key not in MAY_CHANGE_ON_RESUME and recipe.get(key) != theirs.get(key)]  # fmt: skip
+    found = [f"model {key}" for key in differing_fields(model, config["model"])]
+    found += [f"recipe {key}" for key in differing_fields(recipe, config["recipe"], MAY_CHANGE_ON_RESUME)]
     if config["data"].get("spec") != data:
         found.append(f"data {config['data'].get('spec')}")
     return found

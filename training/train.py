@@ -220,11 +220,10 @@ def check_resumable(state: dict[str, Any], run_config: dict[str, Any], cfg: Trai
         theirs = run_config[key]
         if not isinstance(mine, dict):
             continue  # a checkpoint from before this entry was recorded
-        skip = set(MAY_CHANGE_ON_RESUME) if key == "recipe" else set()
+        skip = MAY_CHANGE_ON_RESUME if key == "recipe" else ()
         mismatches += [
             f"{key} {name}={theirs.get(name)!r} in {run.CONFIG} but {mine.get(name)!r} in {run.LAST}"
-            for name in sorted(set(theirs) | set(mine))
-            if name not in skip and theirs.get(name) != mine.get(name)
+            for name in run.differing_fields(theirs, mine, skip)
         ]
     if "super_classes" in state and (state["super_classes"] or None) != run_config.get("super_classes"):
         mismatches.append(f"super_classes differ between {run.CONFIG} and {run.LAST}")
