@@ -141,12 +141,13 @@ def fig3c(scale: Scale, num_classes: int) -> Figure:
     return Figure("fig3c", "Number of MoE layers L", "rows", cells, DENSE)
 
 
-def _matched_dense(scale: Scale, num_classes: int, top_k: int, paper_numbers: dict) -> Cell:
+def _matched_dense(scale: Scale, num_classes: int, top_k: int, paper_numbers: dict, row: str | None = None) -> Cell:
     """The dense model with a k-expert MoE's inference FLOPs: its last L MLPs k times as wide (k = 1: plain)."""
+    row = row or f"k={top_k}"
     if top_k == 1:
-        return _dense(scale, num_classes, "k=1", paper_numbers)
+        return _dense(scale, num_classes, row, paper_numbers)
     wide = {"wide_mlp_layers": ABLATION["moe_layers"], "wide_mlp_factor": top_k}
-    return _cell(f"{DENSE}-k{top_k}", f"k={top_k}", "dense", "vit", scale.ablation, scale, scale.recipe_for(192),
+    return _cell(f"{DENSE}-k{top_k}", row, "dense", "vit", scale.ablation, scale, scale.recipe_for(192),
                  num_classes, wide, paper=paper_numbers)  # fmt: skip
 
 
@@ -165,8 +166,7 @@ def fig3e(scale: Scale, num_classes: int) -> Figure:
     per-image routing (no router loss; Switch balancing instead) and learned per-token routing (V-MoE)."""
     numbers = {name: {"top1": top1, "delta": round(top1 - paper.FIG3E["dense"], 2)} for name, top1 in
                paper.FIG3E.items()}  # fmt: skip
-    dense = _matched_dense(scale, num_classes, 2, {"top1": paper.FIG3E["dense"]})
-    dense.row = "dense"
+    dense = _matched_dense(scale, num_classes, 2, {"top1": paper.FIG3E["dense"]}, row="dense")
     k2 = {"baseline": dense.name, "top_k": 2}
     cells = [
         dense,
