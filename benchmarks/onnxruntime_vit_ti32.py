@@ -3,17 +3,16 @@
     .venv/bin/python benchmarks/onnxruntime_vit_ti32.py [--bundles DIR] [--iterations N] [--threads T]
 
 Exports (once, cached in --bundles) the dense ViT and the Mobile V-MoE split as ONNX, benchmarks both in ONE
-`mobile-moe bench --runtime onnxruntime` run, then times the same graphs directly: one onnxruntime session per graph
-at intra_op_num_threads=T, dense and MoE (router, then the chosen expert's path) alternating image by image. Prints
-MoE/dense p50 through the bench (goal <= 1.05) and directly, and the bench's p50 over the direct p50 for each model
-(goal: within 5%). Random weights and images: latency does not depend on their values. The host is shared; rerun
-when the two ratios disagree.
+`mobile-moe bench --runtime onnxruntime` run, then times the same graphs directly: one onnxruntime session per
+graph at intra_op_num_threads=T, dense and MoE (router, then the chosen expert's path) alternating in blocks of 20
+images. Prints MoE/dense p50 through the bench (goal <= 1.05) and directly, and the bench's p50 over the direct p50
+for each model (goal: within 5%). Random weights and images: latency does not depend on their values. The host is
+shared; rerun when the two ratios disagree.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from device_bench.cli import bench_bundles
+from export.manifest import read_manifest
 from mobile_moe.registry import create_model
 
 MODELS = {"dense": "vit", "moe": "mobile-vmoe"}
@@ -54,8 +54,7 @@ def session(path: Path, threads: int):
 def direct_runs(paths: dict[str, Path], images: np.ndarray, iterations: int, threads: int) -> dict[str, list[float]]:
     """ms per image for each model: blocks of 20 images per model, alternating models block by block, so drift hits
     both alike while each model runs with its own weights hot in cache, as it does in the bench's own process."""
-    dense_manifest = json.loads((paths["dense"] / "manifest.json").read_text())
-    moe_manifest = json.loads((paths["moe"] / "manifest.json").read_text())
+    dense_manifest, moe_manifest = read_manifest(paths["dense"]), read_manifest(paths["moe"])
     dense = session(paths["dense"] / dense_manifest["graphs"][0]["file"], threads)
     graphs = {graph["name"]: graph for graph in moe_manifest["graphs"]}
     composition = moe_manifest["composition"]
