@@ -52,8 +52,9 @@ def _cached(path: Path, stamp: list[int]) -> dict[str, Any] | None:
     return record if isinstance(record, dict) and record.get("checkpoint") == stamp else None
 
 
-def evaluate_run(out: Path, cell: Cell, seed: int, device: str) -> dict[str, Any]:
-    """The run's best.pt on the data's test split (val where the data has no test images); cached."""
+def evaluate_run(out: Path, cell: Cell, seed: int, done: int, device: str) -> dict[str, Any]:
+    """The run's best.pt on the data's test split (val where the data has no test images); cached. `done`: the
+    epochs the run has (recorded with the scores)."""
     from training.evaluate import evaluate
     from training.run import load_run
 
@@ -67,7 +68,7 @@ def evaluate_run(out: Path, cell: Cell, seed: int, device: str) -> dict[str, Any
     data = run.open_data()
     split = "test" if len(data.split("test")) else "val"
     scores = evaluate(run.model.to(device), data.split(split), run.super_assignment, device=device)
-    record = {"seed": seed, "checkpoint": stamp, "epochs_done": epochs_done(path), "split": split,
+    record = {"seed": seed, "checkpoint": stamp, "epochs_done": done, "split": split,
               "images": scores["images"]}  # fmt: skip
     record.update({key: scores.get(key) for key in SCORED})
     cache.parent.mkdir(parents=True, exist_ok=True)
@@ -91,8 +92,9 @@ def collect(
         result.costs = vars(costs(cell.config))
         failed = [f"seed {seed}: {outcomes[(cell.name, seed)]}" for seed in range(seeds)
                   if str(outcomes.get((cell.name, seed), "")).startswith("failed")]  # fmt: skip
-        finished = [seed for seed in range(seeds) if epochs_done(run_dir(out, cell, seed)) >= epochs[cell.name]]
-        result.seeds = [evaluate_run(out, cell, seed, device) for seed in finished]
+        done = {seed: epochs_done(run_dir(out, cell, seed)) for seed in range(seeds)}
+        finished = [seed for seed in range(seeds) if done[seed] >= epochs[cell.name]]
+        result.seeds = [evaluate_run(out, cell, seed, done[seed], device) for seed in finished]
         if failed:
             result.status = "; ".join(failed)
         elif len(finished) < seeds:

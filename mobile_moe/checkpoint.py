@@ -42,9 +42,13 @@ def _first_reason(error: Exception) -> str:
     return f"{error.__class__.__name__}: {line}"
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+def load_checkpoint(
+    path: str | os.PathLike, map_location: str | torch.device = "cpu", mmap: bool = False
+) -> dict[str, Any]:
+    """The checkpoint dict at `path`, or one UsageError line. `mmap`: tensors stay in the file until touched, for
+    callers that only read its small entries (the epoch) of a checkpoint that may hold gigabytes of optimizer state."""
     try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except FileNotFoundError:
         raise UsageError(f"checkpoint {path} does not exist") from None
     except IsADirectoryError:

@@ -212,6 +212,6 @@ def _epoch_of(path: Path) -> int | None:
     if not path.is_file():
         return None
     try:
-        return int(load_checkpoint(path)["epoch"])
+        return int(load_checkpoint(path, mmap=True)["epoch"])  # the epoch only: leave the tensors on disk
     except (UsageError, KeyError, TypeError, ValueError):
         return None
