@@ -76,11 +76,11 @@ def source_from_run(
         calibration_images=calibration_images,
         val_data=(val_images, val_labels),
         source=str(run.run_dir),
-        validation_top1=_validation_top1(run.checkpoint),
+        validation_top1=_best_validation_top1(run.checkpoint),
     )
 
 
-def _validation_top1(checkpoint: dict) -> float | None:
+def _best_validation_top1(checkpoint: dict) -> float | None:
     """best.pt's validation top-1 (checkpoint.pt's best so far), if it holds one: an imported checkpoint may not."""
     value = checkpoint.get("best_top1")
     is_number = isinstance(value, float | int) and not isinstance(value, bool)
