@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from export.bundle import export_bundle
+from export.manifest import load_bytes
 from mobile_moe.registry import create_model
 
 # split: router + one graph per expert path (k=1 default); per-block: shared attention in its own graphs, experts
@@ -45,7 +46,7 @@ def export_one(model, backend: str, variant: str, out: Path, images: torch.Tenso
         log=lambda message: print("   ", message, flush=True),
     )
     seconds = time.perf_counter() - start
-    graphs = {g["name"]: g["bytes"] for g in manifest["graphs"]}
+    graphs = {g["name"]: load_bytes(g) for g in manifest["graphs"]}
     undelegated = sorted({op for g in manifest["graphs"] for op in g["backend_details"].get("undelegated_ops", [])})
     parity = manifest["parity"]
     return {

@@ -20,6 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from export.manifest import bundle_bytes
+
 BACKBONE = ["--size", "4x64", "--patch", "8", "--image-size", "32", "--pool", "mean"]
 MOE_LAYERS = 2
 
@@ -78,7 +80,7 @@ def main() -> None:
         bundle = out / "bundles" / name
         mobile_moe("export", str(run), "--format", "executorch", "--out", str(bundle))
         manifest = json.loads((bundle / "manifest.json").read_text())
-        rows[name] = {"info": info, "scores": scores, "bundle_bytes": sum(g["bytes"] for g in manifest["graphs"])}
+        rows[name] = {"info": info, "scores": scores, "bundle_bytes": bundle_bytes(manifest["graphs"])}
     bench_argv = [*(str(out / "bundles" / name) for name in runs), "--runtime", "native", "--threads", "1"]
     bench_argv += ["--iterations", str(args.iterations), "--data", "digits", "--out", str(out / "bench"), "--json"]
     results = json.loads(mobile_moe("bench", *bench_argv))

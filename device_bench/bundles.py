@@ -32,4 +32,5 @@ def bundle_kind(manifest: dict) -> str:
 
 
 def graph_bytes(manifest: dict) -> dict[str, int]:
-    return {graph["name"]: int(graph["bytes"]) for graph in manifest["graphs"]}
+    """Bytes loading each graph reads (its program, plus its own weights file when graphs share a program)."""
+    return {graph["name"]: export_manifest.load_bytes(graph) for graph in manifest["graphs"]}

@@ -17,6 +17,7 @@ from typing import Any
 class Artifact:
     path: Path
     details: dict[str, Any] = field(default_factory=dict)  # backend facts for the manifest (delegation, precision)
+    weights: Path | None = None  # ExecuTorch: the .ptd holding this graph's own weights when `path` is shared
 
 
 def _files(path: Path) -> list[Path]:

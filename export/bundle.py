@@ -25,9 +25,11 @@ from export.manifest import (
     FORMAT,
     MANIFEST,
     VERSION,
+    bundle_bytes,
     entries_not_in_bundle,
     graph_entry,
     is_bundle,
+    load_bytes,
     planned_entry,
     read_manifest,
     validate_manifest,
@@ -49,9 +51,11 @@ EXPORTERS = {
     "coreml": ("export.coreml_backend", "export_coreml"),
 }
 QUANTIZE = ("none", "int8")
+# input.resize when no run says how evaluation resized images: predict's behaviour before the record, said as assumed
+ASSUMED_RESIZE = {"policy": "stretch", "origin": "assumed"}
 MAX_VAL_IMAGES = 512
 DESCRIPTIONS = {
-    "images": "image, resized to the input size and normalised with the manifest's mean/std (NCHW)",
+    "images": "image, resized by the manifest's input.resize policy and normalised with its mean/std (NCHW)",
     "tokens": "tokens after the router's dense blocks (batch, tokens, width)",
     "router_probs": "router probabilities over the experts; the runtime takes the top-k",
     "gate": "weight of the chosen expert (its router probability)",
@@ -97,13 +101,14 @@ def _random_images(model: nn.Module, count: int = 8) -> Tensor:
 
 
 def _sizes(graphs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Bytes a phone holds: everything, the router (+ shared parts), and the router plus one image's experts."""
-    total = sum(g["bytes"] for g in graphs)
-    resident = sum(g["bytes"] for g in graphs if g["role"] in ("router", "block_shared", "head"))
+    """Bytes a phone holds: everything (a shared program once), the router (+ shared parts), and the router plus one
+    image's experts (each expert's program and weights: what loading it reads)."""
+    total = bundle_bytes(graphs)
+    resident = sum(load_bytes(g) for g in graphs if g["role"] in ("router", "block_shared", "head"))
     per_expert: dict[int, int] = {}
     for g in graphs:
         if g["expert"] is not None:
-            per_expert[g["expert"]] = per_expert.get(g["expert"], 0) + g["bytes"]
+            per_expert[g["expert"]] = per_expert.get(g["expert"], 0) + load_bytes(g)
     sizes = {"total_bytes": total, "resident_bytes": resident or total}
     if per_expert:
         sizes["max_expert_bytes"] = max(per_expert.values())
@@ -158,6 +163,7 @@ def export_bundle(
     val_data: tuple[Tensor, Tensor] | None = None,
     source: str | None = None,
     validation_top1: float | None = None,
+    resize: dict[str, Any] | None = None,
     log: Callable[[str], None] = lambda message: None,
 ) -> dict[str, Any]:
     """Export `model` as a bundle at `out_dir`; returns the manifest. See the module docstring."""
@@ -182,6 +188,7 @@ def export_bundle(
     planned = [planned_entry(spec, f"{spec.name}{suffix}") for spec in split.graphs]
     precision = _precision(backend, quantize, fp32, coreml_compression)
     manifest = _manifest(cfg, split, backend, planned, class_names, super_class_names, mean, std, precision, source)
+    manifest["input"]["resize"] = dict(resize if resize is not None else ASSUMED_RESIZE)
     if validation_top1 is not None:
         manifest["validation_top1"] = validation_top1
     _check_schema(manifest)  # before any graph is exported
@@ -241,14 +248,21 @@ def _precision(backend: str, quantize: str, fp32: bool, coreml_compression: str)
 
 
 def _export_graphs(split, export_graph, suffix, tmp, backend, quantize, fp32, coreml_compression, calibration, log):
-    entries = []
+    """Export every graph of `split` into `tmp`; a family of graphs shares one program where the backend can."""
+    specs = {spec.name: spec for spec in split.graphs}
+    artifacts: dict[str, tuple[Any, float]] = {}  # graph name -> (Artifact, seconds)
+    if backend == "executorch":
+        for program, names in split.families.items():
+            members = [specs[name] for name in names]
+            artifacts.update(_export_family(program, members, tmp, quantize, calibration, log))
     for spec in split.graphs:
-        path = tmp / f"{spec.name}{suffix}"
+        if spec.name in artifacts:
+            continue
         start = time.perf_counter()
         artifact = export_graph(
             spec.module,
             spec.example_inputs(),
-            path,
+            tmp / f"{spec.name}{suffix}",
             input_names=[t.name for t in spec.inputs],
             output_names=[t.name for t in spec.outputs],
             quantize=quantize,
@@ -258,16 +272,47 @@ def _export_graphs(split, export_graph, suffix, tmp, backend, quantize, fp32, co
             descriptions=DESCRIPTIONS,
             summary=f"mobile-moe {split.layout} graph {spec.name} ({spec.role})",
         )
-        seconds = time.perf_counter() - start
-        entry = graph_entry(spec, artifact.path, tmp, artifact.details)
+        artifacts[spec.name] = (artifact, time.perf_counter() - start)
+    entries = []
+    for spec in split.graphs:
+        artifact, seconds = artifacts[spec.name]
+        entry = graph_entry(spec, artifact, tmp)
         entry["export_seconds"] = round(seconds, 3)
         entries.append(entry)
         leftover = artifact.details.get("undelegated_ops")
         log(
-            f"  {spec.name}: {entry['bytes'] / 1e6:.2f} MB in {seconds:.1f} s"
+            f"  {spec.name}: {load_bytes(entry) / 1e6:.2f} MB in {seconds:.1f} s"
             + (f", not delegated: {leftover}" if leftover else "")
         )
     return entries
+
+
+def _export_family(program: str, members: list, tmp: Path, quantize: str, calibration: dict, log) -> dict:
+    """{member name: (Artifact, seconds)} for a family lowered once (export/executorch_family.py), each member's
+    seconds its share of the family's; {} if the family cannot share a program (its members are then exported one
+    by one, as any graph)."""
+    from export.executorch_family import NotShareable, export_executorch_family
+
+    program_path = tmp / f"{program}.pte"
+    weight_paths = [tmp / f"{spec.name}.ptd" for spec in members]
+    start = time.perf_counter()
+    try:
+        artifacts = export_executorch_family(
+            [spec.module for spec in members],
+            members[0].example_inputs(),
+            program_path,
+            weight_paths,
+            quantize=quantize,
+            calibrations=[calibration.get(spec.name, ()) for spec in members],
+        )
+    except NotShareable as reason:
+        for path in (program_path, *weight_paths):  # ours, written into the bundle's temporary directory
+            path.unlink(missing_ok=True)
+        log(f"  {program}: one program per graph ({reason})")
+        return {}
+    seconds = (time.perf_counter() - start) / len(members)
+    log(f"  {program}: one program for {len(members)} graphs, each with its own weights file")
+    return {spec.name: (artifact, seconds) for spec, artifact in zip(members, artifacts, strict=True)}
 
 
 def _runnable(bundle_dir: Path, backend: str, split: Split) -> tuple[Bundle, str]:

@@ -7,7 +7,7 @@ calibrated on the inputs the graph really sees; the quantized graph is exported 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -19,17 +19,22 @@ from export.decompositions import xnnpack_decompositions
 SUFFIX = ".pte"
 
 
-def quantize_pt2e(module: nn.Module, example_inputs: tuple[Tensor, ...], calibration: Sequence[tuple[Tensor, ...]]):
-    """The module with int8 weights and activations (XNNPACK's scheme), observers calibrated on `calibration`."""
+def quantizer():
+    """XNNPACK's int8 scheme: symmetric, per-channel weights, static activations."""
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
         XNNPACKQuantizer,
         get_symmetric_quantization_config,
     )
+
+    return XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
+
+
+def quantize_pt2e(module: nn.Module, example_inputs: tuple[Tensor, ...], calibration: Sequence[tuple[Tensor, ...]]):
+    """The module with int8 weights and activations (XNNPACK's scheme), observers calibrated on `calibration`."""
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
     captured = torch.export.export(module, example_inputs).module()
-    prepared = prepare_pt2e(captured, quantizer)
+    prepared = prepare_pt2e(captured, quantizer())
     with torch.no_grad():
         for inputs in calibration or [example_inputs]:
             prepared(*inputs)
@@ -53,6 +58,36 @@ def undelegated_ops(edge_program) -> list[str]:
     return ops
 
 
+def lower(module: nn.Module, example_inputs: tuple[Tensor, ...], tag: Callable[[str], bool] | None = None):
+    """(ExecuTorch program, details for the manifest) for `module` lowered to XNNPACK. `tag(name)`: weights (get_attr
+    names in the module) that XNNPACK keeps outside the program, in the "weights" data file."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    program = torch.export.export(module, example_inputs)
+    if tag is not None:
+        _tag_weights(program, tag)
+    program = program.run_decompositions(xnnpack_decompositions())
+    edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+    leftover = undelegated_ops(edge.exported_program())
+    delegates = sum(1 for n in edge.exported_program().graph_module.graph.nodes if "call_delegate" in str(n.target))
+    return edge.to_executorch(), {"delegate": "xnnpack", "delegates": delegates, "undelegated_ops": leftover}
+
+
+def _tag_weights(program, tag: Callable[[str], bool]) -> None:
+    """Mark the weights `tag` names (by their name in the module: parameter, buffer or pt2e's folded constant) so
+    XNNPACK keeps them outside the program, in the "weights" data file."""
+    signature = program.graph_signature
+    names = {
+        **signature.inputs_to_parameters,
+        **signature.inputs_to_buffers,
+        **signature.inputs_to_lifted_tensor_constants,
+    }
+    for node in program.graph.nodes:
+        if node.op == "placeholder" and node.name in names and tag(names[node.name]):
+            node.meta.setdefault("custom", {})["delegate_constant_tag"] = "weights"
+
+
 def export_executorch(
     module: nn.Module,
     example_inputs: tuple[Tensor, ...],
@@ -62,17 +97,10 @@ def export_executorch(
     calibration: Sequence[tuple[Tensor, ...]] = (),
     **_: object,
 ) -> Artifact:
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.exir import to_edge_transform_and_lower
-
     module = module.eval()
     with torch.no_grad():
         if quantize == "int8":
             module = quantize_pt2e(module, example_inputs, calibration)
-        program = torch.export.export(module, example_inputs).run_decompositions(xnnpack_decompositions())
-        edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
-        leftover = undelegated_ops(edge.exported_program())
-        delegates = sum(1 for n in edge.exported_program().graph_module.graph.nodes if "call_delegate" in str(n.target))
-        executorch_program = edge.to_executorch()
-    Path(out_path).write_bytes(executorch_program.buffer)
-    return Artifact(Path(out_path), {"delegate": "xnnpack", "delegates": delegates, "undelegated_ops": leftover})
+        program, details = lower(module, example_inputs)
+    Path(out_path).write_bytes(program.buffer)
+    return Artifact(Path(out_path), details)

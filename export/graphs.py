@@ -24,6 +24,8 @@ Layouts (the manifest's `composition.layout`):
                                  runtime picks experts from router_probs; this is the only export of a model that
                                  cannot, and its runtime reads which experts the image used.
   dense                          a dense ViT: images -> logits.
+Families: the experts of expert-paths (one family "expert") and each block's experts in per-block ("block<i>_expert")
+share one structure; an ExecuTorch bundle lowers each family once (export/executorch_family.py).
 Legend: S image size, T tokens, D width, E experts, G expert sets, K classes; every graph runs batch 1.
 """
 
@@ -80,6 +82,9 @@ class Split:
     layout: str  # expert-paths | per-block | monolithic | whole | dense
     graphs: list[GraphSpec]
     composition: dict[str, Any] = field(default_factory=dict)
+    # Graphs of one structure that differ only in some of their weights, by the name of the program they can share
+    # (a backend that keeps weights outside its programs lowers each family once: export/executorch_family.py).
+    families: dict[str, list[str]] = field(default_factory=dict)
 
 
 # --- wrapper modules: each lifts existing parts of the model, copies no weights -------------------------------------
@@ -255,7 +260,7 @@ def _expert_paths_split(model: nn.Module, router: GraphSpec, tokens: TensorSpec,
         "experts": [graph.name for graph in experts],
         "combine": "logits = expert_<e>(tokens, gate) for the single chosen expert e",
     }
-    return Split("expert-paths", [router, *experts], composition)
+    return Split("expert-paths", [router, *experts], composition, {"expert": composition["experts"]})
 
 
 def _per_block_split(model: nn.Module, router: GraphSpec, tokens: TensorSpec, logits: TensorSpec) -> Split:
@@ -284,4 +289,5 @@ def _per_block_split(model: nn.Module, router: GraphSpec, tokens: TensorSpec, lo
             "x = residual + sum over chosen experts j of gate_j * expert_j(normed).delta; logits = head(x)"
         ),
     }
-    return Split("per-block", graphs, composition)
+    families = {f"block{i}_expert": block["experts"] for i, block in enumerate(blocks)}
+    return Split("per-block", graphs, composition, families)

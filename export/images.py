@@ -1,4 +1,5 @@
-"""Image files -> the tensor a bundle takes, with the bundle's own preprocessing (resize to S, scale, mean/std)."""
+"""Image files -> the tensor a bundle takes, with the bundle's own preprocessing: its manifest's input.resize policy,
+then scale and mean/std, through mobile_moe.preprocess, the transform training's evaluation uses too."""
 
 from __future__ import annotations
 
@@ -11,17 +12,12 @@ from mobile_moe.errors import UsageError
 
 
 def preprocess(manifest_input: dict[str, Any]):
-    from torchvision.transforms import v2
+    """PIL image -> (C, S, S) float32, as evaluation transformed the run's validation images (a validated manifest)."""
+    from mobile_moe import preprocess as eval_pipeline
 
-    _, _, height, width = manifest_input["shape"]
-    return v2.Compose(
-        [
-            v2.ToImage(),
-            v2.Resize((height, width), antialias=True),
-            v2.ToDtype(torch.float32, scale=True),
-            v2.Normalize(manifest_input["mean"], manifest_input["std"]),
-        ]
-    )
+    size = manifest_input["shape"][-1]
+    resize = manifest_input.get("resize") or eval_pipeline.stretch()  # a bundle from before the record: stretch
+    return eval_pipeline.eval_transform(resize, size, manifest_input["mean"], manifest_input["std"])
 
 
 def load_image(path: str | os.PathLike, manifest_input: dict[str, Any]) -> torch.Tensor:

@@ -40,11 +40,38 @@ def planned_entry(spec, file: str) -> dict[str, Any]:
     return entry
 
 
-def graph_entry(spec, path: Path, bundle_dir: Path, details: dict[str, Any]) -> dict[str, Any]:
-    """One `graphs` entry for GraphSpec `spec` written at `path` inside `bundle_dir`."""
-    entry = planned_entry(spec, path.relative_to(bundle_dir).as_posix())
-    entry.update(sha256=file_digest(path), bytes=file_bytes(path), backend_details=details)
+def graph_entry(spec, artifact, bundle_dir: Path) -> dict[str, Any]:
+    """One `graphs` entry for GraphSpec `spec` exported as `artifact` (export.artifact.Artifact) inside `bundle_dir`."""
+    entry = planned_entry(spec, artifact.path.relative_to(bundle_dir).as_posix())
+    entry.update(sha256=file_digest(artifact.path), bytes=file_bytes(artifact.path), backend_details=artifact.details)
+    if artifact.weights is not None:
+        entry["weights"] = {
+            "file": artifact.weights.relative_to(bundle_dir).as_posix(),
+            "sha256": file_digest(artifact.weights),
+            "bytes": file_bytes(artifact.weights),
+        }
     return entry
+
+
+def graph_files(graph: dict[str, Any]) -> list[dict[str, Any]]:
+    """The files loading `graph` reads, each {file, sha256, bytes}: its program, and its weights file if it has one."""
+    files = [{key: graph[key] for key in ("file", "sha256", "bytes")}]
+    return files + ([graph["weights"]] if graph.get("weights") else [])
+
+
+def load_bytes(graph: dict[str, Any]) -> int:
+    """Bytes read to load `graph`: its program plus its own weights file."""
+    return int(graph["bytes"]) + int((graph.get("weights") or {}).get("bytes", 0))
+
+
+def bundle_bytes(graphs: list[dict[str, Any]]) -> int:
+    """Bytes on disk of the bundle's graph files, a program that graphs share counted once."""
+    sizes = {}
+    for graph in graphs:
+        sizes[graph["file"]] = int(graph["bytes"])
+        if graph.get("weights"):
+            sizes[graph["weights"]["file"]] = int(graph["weights"]["bytes"])
+    return sum(sizes.values())
 
 
 def write_manifest(bundle_dir: Path, manifest: dict[str, Any]) -> None:
@@ -68,7 +95,7 @@ def read_manifest(bundle_dir: str | os.PathLike) -> dict[str, Any]:
 
     Validation is the schema's (export/manifest_schema.py): types, ranges and the rules tying fields together; then
     every graph file is resolved inside the bundle (a path that leaves it is refused). Graph files' sha256 is checked
-    by `verified_graph_file` when a graph is loaded, or by `verify_graph_files` before a bundle is handed on.
+    by `verified_graph_files` when a graph is loaded, or by `verify_graph_files` before a bundle is handed on.
     """
     bundle_dir = Path(bundle_dir)
     path = bundle_dir / MANIFEST
@@ -86,7 +113,11 @@ def read_manifest(bundle_dir: str | os.PathLike) -> dict[str, Any]:
     except ValueError as error:
         raise UsageError(f"{path}: {error}; re-export the bundle") from None
     for graph in manifest["graphs"]:
-        resolve_graph_file(bundle_dir, graph)  # refuse escaping paths at open, before anything is loaded
+        for file in graph_files(graph):
+            # At open, before anything is loaded: a path leaving the bundle, or a file that is not there (a bundle
+            # copied in part), is refused now rather than when an image first picks that expert.
+            if not resolve_graph_file(bundle_dir, graph, file).exists():
+                raise UsageError(f"graph {graph['name']!r}: {file['file']} is missing; re-export the bundle")
     return manifest
 
 
@@ -110,16 +141,21 @@ def entries_not_in_bundle(path: str | os.PathLike) -> list[str]:
         manifest = None
     graphs = manifest.get("graphs") if isinstance(manifest, dict) else None
     for graph in graphs if isinstance(graphs, list) else []:
-        file = graph.get("file") if isinstance(graph, dict) else None
-        if isinstance(file, str) and len(Path(file).parts) == 1:  # export writes top-level files and packages only
-            ours.add(file)
+        weights = graph.get("weights") if isinstance(graph, dict) else None
+        for entry in (graph, weights if isinstance(weights, dict) else None):
+            file = entry.get("file") if isinstance(entry, dict) else None
+            if isinstance(file, str) and len(Path(file).parts) == 1:  # export writes top-level files and packages
+                ours.add(file)
     return sorted(entry.name for entry in path.iterdir() if entry.name not in ours)
 
 
-def resolve_graph_file(bundle_dir: str | os.PathLike, graph: dict[str, Any]) -> Path:
-    """The graph's file inside the bundle; a path that leaves the bundle (.., absolute, symlink out) is refused."""
+def resolve_graph_file(
+    bundle_dir: str | os.PathLike, graph: dict[str, Any], file: dict[str, Any] | None = None
+) -> Path:
+    """The graph's file (or `file`, one of graph_files(graph)) inside the bundle; a path that leaves the bundle
+    (.., absolute, symlink out) is refused."""
     root = Path(bundle_dir).resolve()
-    relative = graph["file"]
+    relative = (file or graph)["file"]
     if not isinstance(relative, str) or not relative or Path(relative).is_absolute():
         raise UsageError(f"graph {graph['name']!r}: file {relative!r} must be a path relative to the bundle")
     path = (root / relative).resolve()
@@ -128,17 +164,22 @@ def resolve_graph_file(bundle_dir: str | os.PathLike, graph: dict[str, Any]) -> 
     return path
 
 
-def verified_graph_file(bundle_dir: str | os.PathLike, graph: dict[str, Any]) -> Path:
-    """The graph's file after checking it exists and matches the manifest's size and sha256."""
-    path = resolve_graph_file(bundle_dir, graph)
+def verified_graph_files(bundle_dir: str | os.PathLike, graph: dict[str, Any]) -> list[Path]:
+    """The graph's files (graph_files: its program, then its weights file if any), each checked to exist and match
+    the manifest's size and sha256."""
+    return [_verified(bundle_dir, graph, file) for file in graph_files(graph)]
+
+
+def _verified(bundle_dir: str | os.PathLike, graph: dict[str, Any], file: dict[str, Any]) -> Path:
+    path = resolve_graph_file(bundle_dir, graph, file)
     try:  # exists() and reading raise for names too long, unreadable files and the like
         if not path.exists():
             raise UsageError(f"graph {graph['name']!r}: {path} is missing; re-export the bundle")
         if not (path.is_file() or path.is_dir()):
             raise UsageError(f"graph {graph['name']!r}: {path} is not a regular file; re-export the bundle")
-        matches = file_bytes(path) == graph["bytes"] and file_digest(path) == graph["sha256"]
+        matches = file_bytes(path) == file["bytes"] and file_digest(path) == file["sha256"]
     except OSError as error:
-        raise UsageError(f"graph {graph['name']!r}: cannot read {graph['file']!r}: {error.strerror}") from None
+        raise UsageError(f"graph {graph['name']!r}: cannot read {file['file']!r}: {error.strerror}") from None
     if not matches:
         raise UsageError(
             f"graph {graph['name']!r}: {path} does not match the sha256 in the manifest (tampered with or truncated); "
@@ -151,4 +192,4 @@ def verify_graph_files(bundle_dir: str | os.PathLike, manifest: dict[str, Any]) 
     """Check every graph file of the bundle against the manifest: before a bundle is handed to a runtime we do not
     drive graph by graph (the native runner, a phone)."""
     for graph in manifest["graphs"]:
-        verified_graph_file(bundle_dir, graph)
+        verified_graph_files(bundle_dir, graph)

@@ -23,7 +23,20 @@ What an image touches (optional, so bundles written before these fields still va
                      shared graphs plus its top_k heaviest experts, or the one graph of a single-graph layout.
   validation_top1    the exported run's validation top-1 (its best.pt, 0..1), when the bundle comes from a run; what
                      bench reports plot accuracy against cost with.
-Each graph's `params` counts the weights its file carries: parameters and buffers (Hard MoE's centroids).
+How an image file becomes the input tensor (optional, same reason):
+  input.resize       the eval resize policy evaluation used (mobile_moe/preprocess.py, which predict applies), then
+                     scale to [0, 1] and input.mean/std:
+                       {"policy": "stretch"}: both sides to S, the aspect ratio not kept;
+                       {"policy": "resize-center-crop", "resize_to": R, "crop_to": S}: the shorter side to R >= S
+                       (aspect ratio kept), then the centre S x S square.
+                     `origin` says where the policy came from: "run" (the run's config.json recorded it), "data-spec"
+                     (a run from before that record: the policy its data spec gets, as its evaluation did) or
+                     "assumed" (exported without a run: stretch, the behaviour before the record). Absent: stretch.
+                     Strict when present: a known policy, no unknown keys, sizes positive integers, crop_to = S.
+Each graph's `params` counts the weights it carries: parameters and buffers (Hard MoE's centroids).
+Graphs sharing one program (ExecuTorch, export/executorch_family.py): several graphs name the same `file` (the
+program, with the weights they share) and each its own `weights` ({file, sha256, bytes}: a .ptd holding the weights
+only it has); loading the graph loads both. `bytes` is the program's size; export.manifest.load_bytes adds the two.
 """
 
 from __future__ import annotations
@@ -33,6 +46,8 @@ from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from mobile_moe.preprocess import ResizePolicy
 
 FORMAT = "mobile-moe-bundle"
 VERSION = 1
@@ -48,6 +63,7 @@ LAYOUTS_OF_ROUTING = {
     "soft": ("whole",),
 }
 ROUTINGS = tuple(LAYOUTS_OF_ROUTING)
+RESIZE_ORIGINS = ("run", "data-spec", "assumed")
 
 # Bounds that keep every consumer's arithmetic in range (the native runner allocates from these numbers).
 MAX_EXPERTS = 4096
@@ -78,11 +94,18 @@ class TensorSpec(_Strict):
         return self
 
 
+class ResizeSpec(ResizePolicy):
+    """input.resize: the policy's own rules (strict, no unknown keys) and where it came from."""
+
+    origin: Literal[RESIZE_ORIGINS] | None = None  # type: ignore[valid-type]
+
+
 class InputSpec(_Strict):
     shape: Annotated[list[Dim], Field(min_length=4, max_length=4)]  # (1, C, S, S)
     dtype: Literal["float32"]
     mean: list[FiniteFloat]
     std: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]]
+    resize: ResizeSpec | None = None  # absent (bundles from before it): stretch
 
     @model_validator(mode="after")
     def _consistent(self) -> InputSpec:
@@ -91,6 +114,8 @@ class InputSpec(_Strict):
             raise ValueError(f"shape {self.shape} must be (1, C, S, S) with C <= 4")
         if len(self.mean) != channels or len(self.std) != channels:
             raise ValueError(f"mean and std need {channels} values (one per channel)")
+        if self.resize is not None and self.resize.crop_to not in (None, height):
+            raise ValueError(f"resize.crop_to {self.resize.crop_to} must be the input size {height}")
         return self
 
 
@@ -104,6 +129,14 @@ class ModelSummary(_Strict):
     renormalize_gates: bool = False
 
 
+class WeightsFile(_Strict):
+    """An ExecuTorch named-data file (.ptd) holding the weights a graph keeps outside its program (`file`)."""
+
+    file: Annotated[str, Field(min_length=1, max_length=4096)]
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    bytes: Count
+
+
 class GraphEntry(_Strict):
     name: Name
     role: Literal[ROLES]  # type: ignore[valid-type]
@@ -115,6 +148,7 @@ class GraphEntry(_Strict):
     params: Count
     inputs: Annotated[list[TensorSpec], Field(min_length=1, max_length=16)]
     outputs: Annotated[list[TensorSpec], Field(min_length=1, max_length=16)]
+    weights: WeightsFile | None = None  # ExecuTorch: this graph's own weights, when graphs share one program
 
     def output(self, name: str) -> TensorSpec | None:
         return next((spec for spec in self.outputs if spec.name == name), None)
@@ -152,6 +186,7 @@ class Manifest(_Strict):
     @model_validator(mode="after")
     def _cross_field_rules(self) -> Manifest:
         _check_input_and_classes(self)
+        _check_weights(self)
         graphs = _graphs_by_name(self.graphs)
         CHECKS[self.composition.layout](self, graphs)
         _check_routing(self)
@@ -190,6 +225,14 @@ def _check_input_and_classes(m: Manifest) -> None:
         raise ValueError(f"input.shape {m.input.shape} differs from the model's {expected}")
     if len(m.class_names) != m.model.num_classes:
         raise ValueError(f"{len(m.class_names)} class_names for a model with {m.model.num_classes} classes")
+
+
+def _check_weights(m: Manifest) -> None:
+    for graph in m.graphs:
+        if graph.weights is not None and m.backend != "executorch":
+            raise ValueError(f"graph {graph.name!r} has a weights file: only ExecuTorch programs load one")
+        if graph.weights is not None and graph.weights.file == graph.file:
+            raise ValueError(f"graph {graph.name!r}: its weights file is its program file")
 
 
 def _graphs_by_name(entries: list[GraphEntry]) -> dict[str, GraphEntry]:

@@ -28,21 +28,33 @@ def quiet_third_party_loggers() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
+_capture_file = None  # one per process: opening a file per call would cost more than the calls it wraps
+
+
+def _emptied_capture_file():
+    global _capture_file
+    if _capture_file is None:
+        _capture_file = tempfile.TemporaryFile()
+    _capture_file.seek(0)
+    _capture_file.truncate()
+    return _capture_file
+
+
 @contextlib.contextmanager
 def native_stderr_captured() -> Iterator[None]:
     """Capture what native code writes to fd 2 or sys.stderr during the block; replay it only with
-    MOBILE_MOE_DEBUG=1."""
+    MOBILE_MOE_DEBUG=1. Cheap enough (a few system calls) to wrap every inference call."""
     sys.stderr.flush()
     saved = os.dup(2)
     python_side = io.StringIO()
-    with tempfile.TemporaryFile() as capture:
-        os.dup2(capture.fileno(), 2)
-        try:
-            with contextlib.redirect_stderr(python_side):
-                yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            if os.environ.get("MOBILE_MOE_DEBUG") == "1":
-                capture.seek(0)
-                sys.stderr.write(capture.read().decode(errors="replace") + python_side.getvalue())
+    capture = _emptied_capture_file()
+    os.dup2(capture.fileno(), 2)
+    try:
+        with contextlib.redirect_stderr(python_side):
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        if os.environ.get("MOBILE_MOE_DEBUG") == "1":
+            capture.seek(0)
+            sys.stderr.write(capture.read().decode(errors="replace") + python_side.getvalue())

@@ -42,13 +42,18 @@ def named_outputs(graph: dict[str, Any], outputs: list[np.ndarray]) -> dict[str,
 
 
 class ExecuTorchRunner:
-    def __init__(self, path: Path, graph: dict[str, Any], threads: int | None = None):
+    def __init__(self, path: Path, graph: dict[str, Any], threads: int | None = None, weights: Path | None = None):
+        """`weights`: the .ptd holding the weights this graph keeps outside its program (shared by a family)."""
         from executorch.runtime import Runtime, Verification
 
         self.graph = graph
+        data_path = str(weights) if weights is not None else None
         try:
             with native_stderr_captured():
-                self.program = Runtime.get().load_program(str(path), verification=Verification.InternalConsistency)
+                runtime = Runtime.get()
+                self.program = runtime.load_program(
+                    str(path), verification=Verification.InternalConsistency, data_path=data_path
+                )
                 self.method = self.program.load_method("forward")  # initialises XNNPACK (packs weights)
             meta = self.method.metadata
             inputs = [tuple(meta.input_tensor_meta(i).sizes()) for i in range(meta.num_inputs())]
@@ -62,7 +67,8 @@ class ExecuTorchRunner:
         import torch
 
         try:
-            outputs = self.method.execute([torch.from_numpy(np.ascontiguousarray(x)) for x in inputs])
+            with native_stderr_captured():  # a failing delegate logs its own line to fd 2; ours is the one line
+                outputs = self.method.execute([torch.from_numpy(np.ascontiguousarray(x)) for x in inputs])
         except (RuntimeError, ValueError) as error:
             raise bundle_fault(self.graph, f"ExecuTorch failed to run it ({error})") from None
         return named_outputs(self.graph, [out.numpy() for out in outputs])

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from export.manifest import read_manifest, verified_graph_file
+from export.manifest import read_manifest, verified_graph_files
 from export.runners import RUNNERS
 from mobile_moe.errors import UsageError
 
@@ -71,8 +71,8 @@ class Bundle:
     # --- loading ------------------------------------------------------------------------------------------------------
 
     def _open_file(self, graph: dict[str, Any]) -> Runner:
-        path = verified_graph_file(self.path, graph)
-        return RUNNERS[self.backend](path, graph, self.threads)
+        path, *weights = verified_graph_files(self.path, graph)
+        return RUNNERS[self.backend](path, graph, self.threads, *weights)
 
     def _resident_graph_names(self) -> list[str]:
         if self.layout in ("dense", "monolithic", "whole"):

@@ -2,6 +2,9 @@
 
 Parity runs on validation images, int8 calibration on training images, the int8 accuracy check on the validation
 split: all through training's seam (`training.run.load_run`, `Run.open_data`), never by re-reading its files here.
+The eval resize policy the bundle's manifest records is the one those validation images went through: the run's
+recorded one, or for a run from before that record the one its data spec gets (`open_data`'s, the same rule its
+evaluation used).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ class ExportSource:
     val_data: tuple[Tensor, Tensor]  # (images, labels): int8 top-1 change
     source: str
     validation_top1: float | None = None  # the run's best validation top-1, recorded in the manifest
+    resize: dict[str, Any] | None = None  # the manifest's input.resize: the eval resize policy and its origin
 
     def export_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for export.bundle.export_bundle."""
@@ -39,6 +43,7 @@ class ExportSource:
             "val_data": self.val_data,
             "source": self.source,
             "validation_top1": self.validation_top1,
+            "resize": self.resize,
         }
 
 
@@ -77,6 +82,7 @@ def source_from_run(
         val_data=(val_images, val_labels),
         source=str(run.run_dir),
         validation_top1=_best_validation_top1(run.checkpoint),
+        resize=dict(data.eval_resize, origin="run" if "eval_resize" in data_config else "data-spec"),
     )
 
 

@@ -100,6 +100,41 @@ def _first_expert_input_shape(shape) -> Mutation:
     return mutate
 
 
+def _experts(manifest: dict) -> list[dict]:
+    """Every expert graph: a weights mutation reaches them all, so predict meets it whichever expert it loads."""
+    graphs = [g for g in manifest["graphs"] if g["expert"] is not None]
+    assert all("weights" in g for g in graphs), "the fault bundle's experts share one program, each own weights"
+    return graphs
+
+
+def _expert_weights(key: str, value) -> Mutation:
+    def mutate(manifest: dict) -> str:
+        for graph in _experts(manifest):
+            graph["weights"][key] = value
+        return json.dumps(manifest)
+
+    return mutate
+
+
+def _set_expert_weights(value) -> Mutation:
+    def mutate(manifest: dict) -> str:
+        for graph in _experts(manifest):
+            graph["weights"] = value
+        return json.dumps(manifest)
+
+    return mutate
+
+
+def _weights_are_the_program(manifest: dict) -> str:
+    for graph in _experts(manifest):
+        graph["weights"] = {key: graph[key] for key in ("file", "sha256", "bytes")}
+    return json.dumps(manifest)
+
+
+def _crop(**sizes) -> dict:
+    return {"policy": "resize-center-crop", **sizes}
+
+
 # name -> mutation; every split (expert-paths, k = 1) bundle is refused after any of them.
 MANIFEST_MUTATIONS: dict[str, Mutation] = {
     "num_experts_1": _set("num_experts", 1),  # the router still emits E probabilities
@@ -159,6 +194,24 @@ MANIFEST_MUTATIONS: dict[str, Mutation] = {
     # the exported run's validation accuracy (bench reports plot it)
     "validation_top1_above_one": _set("validation_top1", 1.5),
     "validation_top1_string": _set("validation_top1", "0.9"),
+    # how predict resizes an image file (input.resize): a policy it knows, sizes that fit the input
+    "resize_policy_unknown": _set("input.resize", {"policy": "fisheye"}),
+    "resize_not_an_object": _set("input.resize", "stretch"),
+    "resize_crop_larger_than_resize": _set("input.resize", _crop(resize_to=30, crop_to=32)),
+    "resize_size_zero": _set("input.resize", _crop(resize_to=0, crop_to=32)),
+    "resize_size_fraction": _set("input.resize", _crop(resize_to=36.5, crop_to=32)),
+    "resize_crop_not_the_input_size": _set("input.resize", _crop(resize_to=37, crop_to=16)),
+    "resize_crop_missing": _set("input.resize", {"policy": "resize-center-crop", "resize_to": 37}),
+    "resize_unknown_key": _set("input.resize", _crop(resize_to=37, crop_to=32, interpolation="nearest")),
+    "resize_origin_unknown": _set("input.resize", {"policy": "stretch", "origin": "guessed"}),
+    # an expert's own weights file (experts share one program): inside the bundle, well-formed, not the program
+    "weights_file_escapes": _expert_weights("file", "../../etc/passwd"),
+    "weights_file_absolute": _expert_weights("file", "/etc/passwd"),
+    "weights_file_missing": _expert_weights("file", "expert_99.ptd"),
+    "weights_file_is_the_program": _weights_are_the_program,
+    "weights_bytes_negative": _expert_weights("bytes", -1),
+    "weights_not_an_object": _set_expert_weights("expert_0.ptd"),
+    "weights_on_onnx": _set("backend", "onnx"),  # a split bundle with weights files is ExecuTorch's
 }
 
 
@@ -244,11 +297,14 @@ def flip_byte(path: Path, offset: int) -> None:
 
 
 def reseal(bundle: Path) -> None:
-    """Record every graph file's current bytes and sha256 in the manifest: tampering that a checksum cannot see."""
+    """Record every graph file's (and weights file's) current bytes and sha256 in the manifest: tampering that a
+    checksum cannot see."""
     manifest = json.loads((bundle / "manifest.json").read_text())
     for graph in manifest["graphs"]:
-        graph["sha256"] = file_digest(bundle / graph["file"])
-        graph["bytes"] = file_bytes(bundle / graph["file"])
+        for entry in (graph, graph.get("weights")):
+            if entry:
+                entry["sha256"] = file_digest(bundle / entry["file"])
+                entry["bytes"] = file_bytes(bundle / entry["file"])
     (bundle / "manifest.json").write_text(json.dumps(manifest))
 
 

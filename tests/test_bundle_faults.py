@@ -96,7 +96,7 @@ def test_flipped_byte_without_reseal_is_caught_by_sha256(bundle, png, tmp_path, 
     flip_byte(router / "router.pte", 1000)
     assert "sha256" in refused(["predict", str(router), str(png)], capsys)
     expert = copy_bundle(bundle, tmp_path / "expert")
-    flip_byte(expert / "expert_2.pte", 1000)
+    flip_byte(expert / "expert_2.ptd", 1000)  # expert 2's own weights (the experts share expert.pte)
     load_bundle(expert)  # experts load lazily: the bundle opens; bench checks every graph before it runs any
     assert "sha256" in refused(["bench", str(expert), "--runtime", "executorch", "--out", str(tmp_path / "b")], capsys)
 
@@ -112,7 +112,7 @@ for bundle in sys.argv[2:]:
 """
 
 
-@pytest.mark.parametrize("graph", ["router.pte", "expert_1.pte"])
+@pytest.mark.parametrize("graph", ["router.pte", "expert.pte", "expert_1.ptd"])
 def test_resealed_byte_flips_never_crash_predict(graph, bundle, png, tmp_path):
     """A flip the checksum cannot see (re-sealed): ExecuTorch's program verification refuses what it can, the shape
     checks the rest; a flip inside weights runs (the program is valid). Never a signal, never a traceback."""

@@ -42,7 +42,7 @@ pytestmark = [pytest.mark.export, needs_build]
 
 # flip_offsets(size, count=12, seed=0) on each file: the header offsets that crashed the runner before, then 12 seeded
 # random ones. The graphs' sizes are known only once the session's bundle is exported, so tests take an index.
-FLIP_FILES = ("router.pte", "expert_0.pte")
+FLIP_FILES = ("router.pte", "expert.pte", "expert_0.ptd")  # the experts' shared program, expert 0's weights
 FLIP_COUNT = 12
 HEADER_OFFSETS = {0, 48, 52, 60}  # flatbuffer root and header fields: program verification must refuse these
 FLIPS = [
@@ -240,7 +240,7 @@ def test_run_native_reports_crashes_and_odd_output_in_one_line(bundle, tmp_path)
 
 def test_run_native_checks_sha256_before_the_runner_starts(bundle, tmp_path):
     broken = copy_bundle(bundle, tmp_path / "bundle")
-    flip_byte(broken / "expert_1.pte", 1000)
+    flip_byte(broken / "expert_1.ptd", 1000)
     marker = tmp_path / "ran"
     spy = _script(tmp_path, "spy", f"touch {marker}\nexit 0")
     with pytest.raises(UsageError, match="sha256"):

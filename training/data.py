@@ -7,6 +7,10 @@
 
 Splits: `train`, `val` (model selection and super-class derivation) and `test`, fixed and stratified. `split(name)`
 gives un-augmented, normalised float images (3, S, S) with int labels; training passes its own transform for train.
+Evaluation resizes by the data's eval resize policy (mobile_moe/preprocess.py): imagefolder images (any size) are
+resized and centre-cropped ImageNet-style; everything else is stretched to S x S (a no-op for the in-memory datasets
+and CIFAR at 32, whose images already are S x S). config.json records the policy (`data_record`), and export hands it
+on to the bundle's manifest, so predict resizes an image file as evaluation did.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from mobile_moe import preprocess
 from mobile_moe.errors import UsageError
 from super_class.superclasses import SuperClasses, from_labels
 from training import files, synthetic
@@ -65,7 +70,7 @@ class Data:
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
     raw_splits: dict[str, Dataset]  # items (uint8 tensor or PIL image, label), not yet resized or normalised
-    resize_for_eval: list = field(default_factory=list)  # v2 transforms bringing a raw image to (3, S, S)
+    eval_resize: dict = field(default_factory=preprocess.stretch)  # the policy bringing a raw image to (3, S, S)
     super_classes: SuperClasses | None = None  # provided by the dataset itself (synthetic truth, CIFAR-100 coarse)
 
     @property
@@ -76,16 +81,18 @@ class Data:
         raw = self._raw(name)
         return list(raw.targets) if hasattr(raw, "targets") else _subset_targets(raw)
 
+    @property
+    def resize_for_eval(self) -> list:
+        """v2 transforms bringing a raw image to (3, S, S) by the eval resize policy."""
+        return preprocess.resize_steps(self.eval_resize, self.image_size)
+
     def normalize(self):
         """uint8 image -> float in [0, 1] -> (x - mean) / std: the last steps of every pipeline (and of export's)."""
-        from torchvision.transforms import v2
-
-        return v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(self.mean), list(self.std))])
+        return preprocess.normalize(self.mean, self.std)
 
     def eval_transform(self):
-        from torchvision.transforms import v2
-
-        return v2.Compose([v2.ToImage(), *self.resize_for_eval, self.normalize()])
+        """Raw image -> normalised (3, S, S): the same transform export's predict builds from a bundle's manifest."""
+        return preprocess.eval_transform(self.eval_resize, self.image_size, self.mean, self.std)
 
     def split(self, name: str, transform: Callable | None = None) -> Dataset:
         """Items (image float (3, S, S), label int). Un-augmented unless a (training) `transform` is given; a given
@@ -132,7 +139,7 @@ def in_memory(spec, image_size, images: np.ndarray, labels: np.ndarray, class_na
     parts = stratified_split(labels, (0.7, 0.15, 0.15))
     splits = {name: ImageTensors(images[idx], labels[idx]) for name, idx in zip(SPLITS, parts, strict=True)}
     mean, std = channel_stats(splits["train"].images)
-    return Data(spec, image_size, list(class_names), mean, std, splits, [], super_classes)
+    return Data(spec, image_size, list(class_names), mean, std, splits, preprocess.stretch(), super_classes)
 
 
 def open_digits(spec: str, image_size: int) -> Data:
@@ -153,22 +160,12 @@ def open_synthetic(spec: str, argument: str, image_size: int) -> Data:
     return in_memory(spec, image_size, images, labels, names, truth)
 
 
-def resize_to(image_size: int, crop: bool) -> list:
-    """Eval geometry: shorter side to S (ImageNet style: to S*256/224, then a centre crop of S), or a plain resize."""
-    from torchvision.transforms import v2
-
-    if crop:
-        return [v2.Resize(int(round(image_size * 256 / 224)), antialias=True), v2.CenterCrop(image_size)]
-    return [v2.Resize((image_size, image_size), antialias=True)]
-
-
 def open_cifar(spec: str, name: str, root: str, image_size: int) -> Data:
     train, test, names, coarse = files.open_cifar(name, root)
     train_idx, val_idx = stratified_split(np.asarray(train.targets), (0.9, 0.1))
     splits = {"train": files.subset(train, train_idx), "val": files.subset(train, val_idx), "test": test}
     mean, std = files.CIFAR_STATS[name]
-    resize = [] if image_size == 32 else resize_to(image_size, crop=False)
-    return Data(spec, image_size, names, mean, std, splits, resize, coarse)
+    return Data(spec, image_size, names, mean, std, splits, preprocess.stretch(), coarse)
 
 
 def open_imagefolder(spec: str, root: str, image_size: int) -> Data:
@@ -176,11 +173,12 @@ def open_imagefolder(spec: str, root: str, image_size: int) -> Data:
     val_idx, test_idx = stratified_split(np.asarray(val.targets), (0.5, 0.5))
     splits = {"train": train, "val": files.subset(val, val_idx), "test": files.subset(val, test_idx)}
     mean, std = files.IMAGENET_STATS
-    return Data(spec, image_size, names, mean, std, splits, resize_to(image_size, crop=True), None)
+    return Data(spec, image_size, names, mean, std, splits, preprocess.resize_center_crop(image_size), None)
 
 
-def open_data(spec: str, image_size: int, mean=None, std=None) -> Data:
-    """Open a data spec at `image_size`. `mean`/`std` override the dataset's own statistics (a run's recorded ones)."""
+def open_data(spec: str, image_size: int, mean=None, std=None, eval_resize=None) -> Data:
+    """Open a data spec at `image_size`. `mean`/`std` override the dataset's own statistics and `eval_resize` its eval
+    resize policy (a run's recorded ones)."""
     if not isinstance(image_size, int) or image_size < 1:
         raise UsageError(f"image size {image_size!r}: must be a positive integer")
     name, _, argument = spec.partition(":")
@@ -198,6 +196,8 @@ def open_data(spec: str, image_size: int, mean=None, std=None) -> Data:
         data.mean = tuple(float(v) for v in mean)
     if std is not None:
         data.std = tuple(float(v) for v in std)
+    if eval_resize is not None:
+        data.eval_resize = preprocess.check_resize(eval_resize, image_size, "data.eval_resize")
     return data
 
 
@@ -209,4 +209,5 @@ def data_record(data: Data) -> dict:
         "mean": list(data.mean),
         "std": list(data.std),
         "class_names": list(data.class_names),
+        "eval_resize": dict(data.eval_resize),
     }

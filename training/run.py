@@ -1,7 +1,7 @@
 """Run directories (DESIGN.md): what training writes and every later stage reads.
 
     RUN_DIR/config.json    {"model": ViTConfig.to_dict(), "data": {"spec", "image_size", "mean", "std",
-                            "class_names"}, "super_classes": null | {"spec", "names", "assignment"},
+                            "class_names", "eval_resize"}, "super_classes": null | {"spec", "names", "assignment"},
                             "recipe": TrainConfig as a dict}
     RUN_DIR/checkpoint.pt  last epoch: {"model", "config", "optimizer", "scheduler", "epoch", "rng", "best_epoch",
                             "best_top1", "metrics" (this epoch's row), "history" (every epoch's row so far), ...}
@@ -58,11 +58,16 @@ class Run:
         return list(super_classes["assignment"]) if super_classes else None
 
     def open_data(self, spec: str | None = None):
-        """The run's data (or `spec`) at the run's image size, normalised with the run's recorded mean and std."""
+        """The run's data (or `spec`) at the run's image size, normalised with the run's recorded mean and std and
+        resized by its recorded eval resize policy (runs from before that record: the data spec's own policy)."""
+        from mobile_moe.preprocess import check_resize
         from training.data import open_data
 
         data = self.config["data"]
-        return open_data(spec or data["spec"], data["image_size"], mean=data["mean"], std=data["std"])
+        size, resize = data["image_size"], data.get("eval_resize")
+        if resize is not None:  # say which file holds a bad record (open_data checks it too, knowing no file)
+            resize = check_resize(resize, size, f"{self.run_dir / CONFIG} data.eval_resize")
+        return open_data(spec or data["spec"], size, mean=data["mean"], std=data["std"], eval_resize=resize)
 
 
 def is_run_dir(path: str | os.PathLike) -> bool:

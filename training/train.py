@@ -221,6 +221,8 @@ def check_resumable(state: dict[str, Any], run_config: dict[str, Any], cfg: Trai
         if not isinstance(mine, dict):
             continue  # a checkpoint from before this entry was recorded
         skip = MAY_CHANGE_ON_RESUME if key == "recipe" else ()
+        if key == "data" and "eval_resize" not in mine:
+            skip = ("eval_resize",)  # a checkpoint from before that record; its resume's config.json has it
         mismatches += [
             f"{key} {name}={theirs.get(name)!r} in {run.CONFIG} but {mine.get(name)!r} in {run.LAST}"
             for name in run.differing_fields(theirs, mine, skip)

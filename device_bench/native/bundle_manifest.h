@@ -65,11 +65,22 @@ struct Spec {
   int64_t numel = 1;
 };
 
+// A file the manifest names: relative to the bundle, resolved inside it, with its recorded size and sha256.
+struct File {
+  std::string file, path, sha256;
+  int64_t bytes = 0;  // the manifest's size, checked against the file
+};
+
 struct Graph {
   std::string name, role, file, path, sha256;
   int expert = -1;
   int64_t bytes = 0;   // the manifest's size, checked against the file
   int64_t params = 0;  // weights the graph carries (parameters and buffers)
+  // ExecuTorch named data (.ptd) with the weights this graph keeps outside its program, when graphs share one
+  // program (export/executorch_family.py); empty `file` when the program holds them all.
+  File weights;
+  bool shares_program() const { return !weights.file.empty(); }
+  int64_t load_bytes() const { return bytes + weights.bytes; }  // what loading the graph reads
   std::vector<Spec> inputs, outputs;
   std::vector<std::vector<int32_t>> input_shapes;
   // Index of the named output ("logits", "tokens", "router_probs", "expert_tokens") among the outputs; -1 when absent.
@@ -103,7 +114,7 @@ struct Bundle {
   const Graph& first() const { return kind == "split" ? router : single; }
   int64_t expert_bytes(int e) const {
     int64_t total = 0;
-    for (const auto& graph : experts[e]) total += graph.bytes;
+    for (const auto& graph : experts[e]) total += graph.load_bytes();
     return total;
   }
 };
@@ -165,6 +176,20 @@ inline bool is_hex_digest(const std::string& text) {
   return true;
 }
 
+// A file a graph names: relative, inside the bundle (a bundle is untrusted input on a phone), a regular file.
+inline std::string path_in_bundle(const std::string& graph, const std::string& file, const std::string& dir) {
+  if (file[0] == '/') throw UsageError("graph " + graph + ": file " + file + " must be a path relative to the bundle");
+  std::string path = real_path(dir + "/" + file);
+  if (path.empty())
+    throw UsageError("graph " + graph + ": file " + file + " named in the manifest is missing; re-export the bundle");
+  if (path.compare(0, dir.size() + 1, dir + "/") != 0)
+    throw UsageError("graph " + graph + ": file " + file + " leaves the bundle directory; refusing it");
+  struct stat info {};
+  if (stat(path.c_str(), &info) != 0 || !S_ISREG(info.st_mode))
+    throw UsageError("graph " + graph + ": file " + file + " is not a regular file");
+  return path;
+}
+
 inline Graph graph_from(const json::Value& entry, const std::string& where, const std::string& dir) {
   Graph graph;
   graph.name = as_str(object_at(entry, where, "name"), child(where, "name"), 1, 256);
@@ -183,18 +208,17 @@ inline Graph graph_from(const json::Value& entry, const std::string& where, cons
   for (size_t i = 0; i < outputs.size(); ++i)
     graph.outputs.push_back(spec_of(outputs[i], child(child(where, "outputs"), i)));
   for (const auto& spec : graph.inputs) graph.input_shapes.push_back(spec.shape);
-
-  // The file: relative, inside the bundle (a bundle is untrusted input on a phone), a regular file.
-  if (graph.file[0] == '/')
-    throw UsageError("graph " + graph.name + ": file " + graph.file + " must be a path relative to the bundle");
-  graph.path = real_path(dir + "/" + graph.file);
-  if (graph.path.empty())
-    throw UsageError("graph " + graph.name + ": file " + graph.file + " named in the manifest is missing; re-export the bundle");
-  if (graph.path.compare(0, dir.size() + 1, dir + "/") != 0)
-    throw UsageError("graph " + graph.name + ": file " + graph.file + " leaves the bundle directory; refusing it");
-  struct stat info {};
-  if (stat(graph.path.c_str(), &info) != 0 || !S_ISREG(info.st_mode))
-    throw UsageError("graph " + graph.name + ": file " + graph.file + " is not a regular file");
+  graph.path = path_in_bundle(graph.name, graph.file, dir);
+  if (const json::Value* weights = optional_at(entry, where, "weights")) {
+    std::string at = child(where, "weights");
+    if (!weights->is_object()) invalid(at, "must be an object {file, sha256, bytes}, not " + json::describe(*weights));
+    graph.weights.file = as_str(object_at(*weights, at, "file"), child(at, "file"), 1, 4096);
+    graph.weights.sha256 = as_str(object_at(*weights, at, "sha256"), child(at, "sha256"), 0, 64);
+    if (!is_hex_digest(graph.weights.sha256)) invalid(child(at, "sha256"), "must be 64 lowercase hex digits");
+    graph.weights.bytes = as_int(object_at(*weights, at, "bytes"), child(at, "bytes"), 0, kMaxCount);
+    if (graph.weights.file == graph.file) invalid(child(at, "file"), "is the graph's program file");
+    graph.weights.path = path_in_bundle(graph.name, graph.weights.file, dir);
+  }
   return graph;
 }
 
@@ -214,6 +238,43 @@ inline void expect_inputs(const Graph& graph, const std::vector<std::vector<int3
     for (const auto& shape : expected) want += (want.empty() ? "" : ", ") + shape_text(shape);
     invalid("graph " + graph.name, "inputs must have shapes " + want);
   }
+}
+
+// input.resize (optional; absent or null means stretch): the eval resize policy predict applies to an image file
+// (mobile_moe/preprocess.py). The runner is handed tensors already preprocessed, so it only checks the record, by the
+// schema's rules (export/manifest_schema.py ResizeSpec): a known policy and origin, no unknown key, stretch without
+// sizes, resize-center-crop with resize_to >= crop_to = S.
+const char* const kResizePolicies[] = {"stretch", "resize-center-crop"};
+const char* const kResizeOrigins[] = {"run", "data-spec", "assumed"};
+
+inline void check_resize(const json::Value& input, int64_t image_size) {
+  const json::Value* resize = optional_at(input, "input", "resize");
+  if (resize == nullptr) return;
+  if (!resize->is_object()) invalid("input.resize", "must be an object, not " + shown(*resize));
+  for (const auto& entry : resize->object)
+    if (entry.first != "policy" && entry.first != "resize_to" && entry.first != "crop_to" && entry.first != "origin")
+      invalid("input.resize", "has an unknown key \"" + entry.first.substr(0, 40) + "\"");
+  const std::string& policy =
+      one_of(object_at(*resize, "input.resize", "policy"), "input.resize.policy", kResizePolicies);
+  if (const json::Value* origin = optional_at(*resize, "input.resize", "origin"))
+    one_of(*origin, "input.resize.origin", kResizeOrigins);
+  const json::Value* resize_to = optional_at(*resize, "input.resize", "resize_to");
+  const json::Value* crop_to = optional_at(*resize, "input.resize", "crop_to");
+  if (policy == "stretch") {
+    if (resize_to != nullptr || crop_to != nullptr)
+      invalid("input.resize", "the stretch policy resizes to the input size and takes no resize_to or crop_to");
+    return;
+  }
+  if (resize_to == nullptr || crop_to == nullptr)
+    invalid("input.resize", "the resize-center-crop policy needs resize_to and crop_to");
+  int64_t resize_side = as_int(*resize_to, "input.resize.resize_to", 1, kMaxDim);
+  int64_t crop_side = as_int(*crop_to, "input.resize.crop_to", 1, kMaxDim);
+  if (resize_side < crop_side)
+    invalid("input.resize", "resize_to " + std::to_string(resize_side) + " is smaller than crop_to " +
+                                std::to_string(crop_side) + ": the crop must fit in");
+  if (crop_side != image_size)
+    invalid("input.resize.crop_to",
+            std::to_string(crop_side) + " must be the input size " + std::to_string(image_size));
 }
 
 // Everything the schema checks but the routing and parameter rules (types, ranges, layout rules), then the runner's
@@ -260,6 +321,7 @@ inline void validate_layout(const json::Value& manifest, Bundle& bundle) {
                                    static_cast<int32_t>(image_size)};
   if (shape != model_shape)
     invalid("input.shape", shape_text(shape) + " differs from the model's " + shape_text(model_shape));
+  check_resize(input, shape[2]);
 
   const auto& class_names = as_array(object_at(manifest, "", "class_names"), "class_names", 0, kMaxClasses);
   for (size_t i = 0; i < class_names.size(); ++i) as_str(class_names[i], child("class_names", i), 0, 1024);
@@ -444,15 +506,21 @@ inline void validate(const json::Value& manifest, Bundle& bundle) {
 }
 
 // Every graph file the manifest lists must have the recorded size and sha256: checked before any graph is loaded.
+inline void verify_file(const std::string& graph, const std::string& file, const std::string& path,
+                        const std::string& sha256, int64_t bytes) {
+  std::string digest;
+  uint64_t size = 0;
+  if (!mobile_moe::sha256::file_digest(path, &digest, &size)) throw UsageError("graph " + graph + ": cannot read " + file);
+  if (static_cast<int64_t>(size) != bytes || digest != sha256)
+    throw UsageError("graph " + graph + ": " + file +
+                     " does not match the sha256 in the manifest (tampered with or truncated); re-export the bundle");
+}
+
 inline void verify_graph_files(const Bundle& bundle) {
   for (const auto& graph : bundle.all) {
-    std::string digest;
-    uint64_t size = 0;
-    if (!mobile_moe::sha256::file_digest(graph.path, &digest, &size))
-      throw UsageError("graph " + graph.name + ": cannot read " + graph.file);
-    if (static_cast<int64_t>(size) != graph.bytes || digest != graph.sha256)
-      throw UsageError("graph " + graph.name + ": " + graph.file +
-                       " does not match the sha256 in the manifest (tampered with or truncated); re-export the bundle");
+    verify_file(graph.name, graph.file, graph.path, graph.sha256, graph.bytes);
+    if (graph.shares_program())
+      verify_file(graph.name, graph.weights.file, graph.weights.path, graph.weights.sha256, graph.weights.bytes);
   }
 }
 

@@ -95,7 +95,8 @@ class Loader {
   std::unique_ptr<Module> load(const Graph& graph) {
     set_phase("loading " + graph.file);
     auto start = Clock::now();
-    auto module = std::make_unique<Module>(graph.path, mode_);
+    auto module = graph.shares_program() ? std::make_unique<Module>(graph.path, graph.weights.path, mode_)
+                                         : std::make_unique<Module>(graph.path, mode_);
     auto status = module->load(executorch::runtime::Program::Verification::InternalConsistency);
     if (status != executorch::runtime::Error::Ok)
       throw UsageError("graph " + graph.name + ": " + graph.file + " is not a valid ExecuTorch program " +
@@ -107,8 +108,8 @@ class Loader {
     if (status != executorch::runtime::Error::Ok)
       throw UsageError("graph " + graph.name + ": initialising " + graph.file + " failed " + runtime_error_text(status) +
                        "; re-export the bundle with this ExecuTorch version");
-    events.push_back({graph.name, graph.bytes, ms_since(start), program_ms, ms_since(method_start)});
-    bytes_loaded += graph.bytes;
+    events.push_back({graph.name, graph.load_bytes(), ms_since(start), program_ms, ms_since(method_start)});
+    bytes_loaded += graph.load_bytes();
     set_phase("running");
     return module;
   }

@@ -1,0 +1,155 @@
+"""Train/serve skew: `predict` on an image file gives the logits evaluation gives on it.
+
+A tiny run on a tiny imagefolder of 40x48 images (not S x S, not square, so a stretch and ImageNet's resize +
+centre crop see different pixels), exported as ONNX: the manifest carries the run's eval resize policy and predict
+applies it; a manifest from before that record still predicts, by a stretch; a bad record is refused in one line.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from export.images import load_image
+from export.manifest import MANIFEST
+from export.runtime import load_bundle
+from mobile_moe.cli import main
+
+pytestmark = pytest.mark.export
+
+SIZE = 16  # S; the images are 40 wide and 48 high
+CROP = {"policy": "resize-center-crop", "resize_to": 18, "crop_to": SIZE}  # 18 = round(16 * 256 / 224)
+MODEL = ["--model", "vit", "--size", "1x64", "--patch", "8", "--image-size", str(SIZE)]
+
+
+@pytest.fixture(scope="module")
+def image_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("images")
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 3), ("val", 2)):
+        for name in ("a", "b"):
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for i in range(count):
+                Image.fromarray(rng.integers(0, 256, (48, 40, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    return root
+
+
+@pytest.fixture(scope="module")
+def run_dir(image_root, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("runs") / "vit"
+    argv = ["train", *MODEL, "--data", f"imagefolder:{image_root}", "--recipe", "tiny", "--epochs", "1"]
+    assert main([*argv, "--batch-size", "4", "--device", "cpu", "--quiet", "--out", str(out)]) == 0
+    return out
+
+
+def export_onnx(run_dir: Path, out: Path) -> Path:
+    assert main(["export", str(run_dir), "--format", "onnx", "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def bundle(run_dir, tmp_path_factory) -> Path:
+    return export_onnx(run_dir, tmp_path_factory.mktemp("bundles") / "onnx")
+
+
+def val_item(run_dir: Path, index: int) -> tuple[str, torch.Tensor, torch.Tensor]:
+    """(file, the val split's image tensor, the trained model's eager logits on it): what `evaluate` computes."""
+    from training.run import load_run
+
+    run = load_run(run_dir)
+    data = run.open_data()
+    raw = data.raw_splits["val"]  # a Subset of torchvision's ImageFolder
+    path = raw.dataset.samples[raw.indices[index]][0]
+    image = data.split("val")[index][0]
+    with torch.no_grad():
+        logits = run.model(image[None]).logits[0]
+    return path, image, logits
+
+
+def predicted_logits(bundle: Path, path: str) -> tuple[torch.Tensor, np.ndarray]:
+    """(the tensor predict feeds the bundle, the logits it gets) for an image file: predict's own two steps."""
+    opened = load_bundle(bundle)
+    image = load_image(path, opened.manifest["input"])
+    return image, opened.predict(image).logits.reshape(-1)
+
+
+def test_the_run_and_the_manifest_record_the_eval_resize_policy(run_dir, bundle):
+    assert json.loads((run_dir / "config.json").read_text())["data"]["eval_resize"] == CROP
+    assert json.loads((bundle / MANIFEST).read_text())["input"]["resize"] == {**CROP, "origin": "run"}
+
+
+def test_predict_gives_the_logits_evaluation_gives(run_dir, bundle, capsys):
+    for index in range(2):
+        path, eval_image, eval_logits = val_item(run_dir, index)
+        image, logits = predicted_logits(bundle, path)
+        assert torch.equal(image, eval_image)  # the same pixels, not merely close ones
+        np.testing.assert_allclose(logits, eval_logits.numpy(), rtol=1e-5, atol=1e-5)
+    capsys.readouterr()
+    assert main(["predict", str(bundle), path, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)[0]
+    assert result["class_index"] == int(eval_logits.argmax())
+    assert result["probability"] == pytest.approx(float(eval_logits.softmax(-1).max()), abs=1e-5)
+
+
+def test_a_manifest_without_the_record_still_predicts_by_stretching(run_dir, bundle, tmp_path):
+    from torchvision.transforms import v2
+
+    from training.run import load_run
+
+    manifest = json.loads((bundle / MANIFEST).read_text())
+    del manifest["input"]["resize"]  # as export wrote it before the record
+    old = tmp_path / "old"
+    old.mkdir()
+    for file in bundle.iterdir():
+        (old / file.name).write_bytes(file.read_bytes())
+    (old / MANIFEST).write_text(json.dumps(manifest))
+    path, cropped, _ = val_item(run_dir, 0)
+    stretch = v2.Compose([v2.ToImage(), v2.Resize((SIZE, SIZE), antialias=True), v2.ToDtype(torch.float32, scale=True),
+                          v2.Normalize(manifest["input"]["mean"], manifest["input"]["std"])])  # fmt: skip
+    expected = stretch(Image.open(path).convert("RGB"))
+    image, logits = predicted_logits(old, path)
+    assert torch.equal(image, expected) and not torch.equal(image, cropped)
+    with torch.no_grad():
+        eager = load_run(run_dir).model(expected[None]).logits[0].numpy()
+    np.testing.assert_allclose(logits, eager, rtol=1e-5, atol=1e-5)
+
+
+def edit_config(run_dir: Path, to: Path, change) -> Path:
+    to.mkdir()
+    for file in run_dir.iterdir():
+        (to / file.name).write_bytes(file.read_bytes())
+    config = json.loads((to / "config.json").read_text())
+    change(config["data"])
+    (to / "config.json").write_text(json.dumps(config))
+    return to
+
+
+def test_a_run_from_before_the_record_exports_its_data_specs_policy(run_dir, tmp_path):
+    old_run = edit_config(run_dir, tmp_path / "old-run", lambda data: data.pop("eval_resize"))
+    bundle = export_onnx(old_run, tmp_path / "bundle")
+    assert json.loads((bundle / MANIFEST).read_text())["input"]["resize"] == {**CROP, "origin": "data-spec"}
+
+
+@pytest.mark.parametrize(
+    "record, message",
+    [
+        ({"policy": "fisheye"}, "policy"),
+        ({**CROP, "resize_to": 12}, "resize_to 12 is smaller than crop_to 16"),
+        ({**CROP, "crop_to": 8, "resize_to": 9}, "crop_to 8 must be the image size 16"),
+        ({**CROP, "resize_to": 0}, "greater than or equal to 1"),
+        ({"policy": "stretch", "crop_to": 16}, "takes no resize_to or crop_to"),
+    ],
+)
+def test_a_bad_record_in_config_json_is_one_line(run_dir, tmp_path, capsys, record, message):
+    broken = edit_config(run_dir, tmp_path / "run", lambda data: data.update(eval_resize=record))
+    capsys.readouterr()
+    assert main(["export", str(broken), "--format", "onnx", "--out", str(tmp_path / "bundle")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "config.json data.eval_resize" in err and message in err, err
+    assert not (tmp_path / "bundle").exists()
