@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from device_bench.cli import bench_bundles
+from device_bench.bench import bench_bundles
 from export.manifest import read_manifest
 from mobile_moe.registry import create_model
 

@@ -12,9 +12,11 @@ import shutil
 import subprocess
 import tempfile
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
-from device_bench.native import parse_runner_output
+from device_bench.native import as_round_report, parse_runner_output
+from device_bench.round_report import RoundReport
 from device_bench.settings import Settings
 from mobile_moe.errors import UsageError
 
@@ -100,3 +102,19 @@ def run_on_android(
 def _read(path: Path) -> str:
     """What the runner wrote on the phone; any bytes (a crash can leave garbage) read without failing."""
     return path.read_bytes().decode(errors="replace") if path.exists() else ""
+
+
+@dataclass(frozen=True)
+class AndroidRunner:
+    """The native runner on a phone over adb: `binary` is an Android arm64 build; `serial` None means the only phone
+    attached."""
+
+    serial: str | None
+    binary: Path
+
+    @property
+    def name(self) -> str:
+        return f"native runner on Android device {self.serial or '(the one attached)'}"
+
+    def run_round(self, bundle: Path, images: Path, settings: Settings) -> RoundReport:
+        return as_round_report(run_on_android(self.serial, self.binary, bundle, images, settings))

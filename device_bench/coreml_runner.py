@@ -1,4 +1,4 @@
-"""Core ML measurement (macOS only): coremltools MLModel with compute units CPU_ONLY / CPU_AND_NE / ALL.
+"""Core ML measurement (macOS only): export's runtime opens the bundle's Core ML graphs in the Python worker.
 
 Off macOS Core ML cannot run a model at all, so this refuses with a clear error rather than reporting nothing.
 """
@@ -6,10 +6,13 @@ Off macOS Core ML cannot run a model at all, so this refuses with a clear error 
 from __future__ import annotations
 
 import platform
+from dataclasses import dataclass
+from pathlib import Path
 
+from device_bench.python_worker import PythonWorker
+from device_bench.round_report import RoundReport
+from device_bench.settings import Settings
 from mobile_moe.errors import UsageError
-
-COMPUTE_UNITS = ("CPU_ONLY", "CPU_AND_NE", "ALL")
 
 
 def require_macos() -> None:
@@ -20,11 +23,16 @@ def require_macos() -> None:
         )
 
 
-def worker_command(python: str, bundle: str, images: str, settings, compute_units: str = "ALL") -> list[str]:
-    """The Python worker, with export's runtime opening Core ML graphs at the chosen compute units."""
-    require_macos()
-    if compute_units not in COMPUTE_UNITS:
-        raise UsageError(f"compute units {compute_units!r}: choose one of {', '.join(COMPUTE_UNITS)}")
-    command = [python, "-m", "device_bench.python_worker", "--bundle", bundle, "--runtime", "coreml"]
-    command += ["--input", images, "--iterations", str(settings.iterations), "--warmup", str(settings.warmup)]
-    return command + ["--threads", str(settings.threads), "--compute-units", compute_units]
+@dataclass(frozen=True)
+class CoreMLRunner:
+    """The Python worker with runtime coreml; refused at construction anywhere but macOS."""
+
+    def __post_init__(self) -> None:
+        require_macos()
+
+    @property
+    def name(self) -> str:
+        return "coreml worker"
+
+    def run_round(self, bundle: Path, images: Path, settings: Settings) -> RoundReport:
+        return PythonWorker("coreml").run_round(bundle, images, settings)

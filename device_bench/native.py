@@ -12,8 +12,10 @@ import json
 import os
 import signal
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
+from device_bench.round_report import RoundReport
 from device_bench.settings import Settings
 from mobile_moe.errors import UsageError
 
@@ -106,3 +108,31 @@ def run_native(runner: str | Path, bundle: str | Path, images: str | Path | None
     except OSError as error:  # e.g. an Android arm64 build run on this machine: Exec format error
         raise UsageError(f"--runner {runner}: cannot run it on this machine ({error.strerror or error})") from None
     return parse_runner_output(result.returncode, result.stdout, result.stderr, "native runner", bundle)
+
+
+def as_round_report(raw: dict) -> RoundReport:
+    """The runner's JSON in RoundReport's terms: it writes -1 for a switch median it has no samples for (C++ has no
+    null double), which RoundReport says as null. results.validate_round checks the rest."""
+    switch = raw.get("switch")
+    if isinstance(switch, dict):
+        raw["switch"] = {
+            key: None if key.endswith("median_ms") and isinstance(value, int | float) and value < 0 else value
+            for key, value in switch.items()
+        }
+    return raw  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class NativeRunner:
+    """The native C++ runner on this machine: `binary`, or one built for this host on first use (cached)."""
+
+    binary: Path | None = None
+
+    @property
+    def name(self) -> str:
+        return f"native runner {self.binary}" if self.binary is not None else "native runner"
+
+    def run_round(self, bundle: Path, images: Path, settings: Settings) -> RoundReport:
+        from device_bench.native_build import build_runner
+
+        return as_round_report(run_native(self.binary or build_runner(), bundle, images, settings))

@@ -1,23 +1,31 @@
 """A measurement process around export's Python bundle runtime (ExecuTorch Python bindings or ONNX Runtime).
 
-Run as `python -m device_bench.python_worker --bundle DIR --input FILE.f32 ...`, one fresh process per run (so the
-cold load is cold and the memory high-water mark belongs to this bundle alone), it prints one JSON object with the
-same keys as the native runner, so results.py treats every runner alike. Bundle loading is export.runtime's; this
-file only times it.
+`PythonWorker(runtime).run_round(...)` runs `python -m device_bench.python_worker --bundle DIR --input FILE.f32 ...`,
+one fresh process per round (so the cold load is cold and the memory high-water mark belongs to this bundle alone),
+which prints one JSON object: a RoundReport (round_report.py), as the native runner does, so results.py treats every
+runner alike. Bundle loading is export.runtime's; this file only times it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from device_bench.process_memory import memory_now
+from device_bench.round_report import RoundReport, Switch
+from device_bench.settings import Settings
 from mobile_moe.errors import UsageError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def summary(samples: list[float]) -> dict:
@@ -43,21 +51,22 @@ def timed_predict(bundle, image) -> tuple[object, float, bool]:
     return prediction, wall_ms, hit
 
 
-def measure(args: argparse.Namespace) -> dict:
+def measure(bundle_dir: str | Path, runtime: str, images_file: str | Path, settings: Settings) -> RoundReport:
+    """One round on `bundle_dir` in this process: cold load, routing pass, timed warm runs, expert switches."""
     import torch
 
     from export.manifest import read_manifest
     from export.runtime import load_bundle
 
-    shape = read_manifest(args.bundle)["input"]["shape"]  # the schema's checks; nothing is loaded before the timing
-    images = torch.from_numpy(np.fromfile(args.input, dtype=np.float32).reshape(-1, *shape[1:]))  # (N, C, S, S)
-    torch.set_num_threads(args.threads)
-    cache = args.cache_experts
-    report: dict = {"runner": f"python-{args.runtime}", "bundle": args.bundle, "threads": args.threads}
+    shape = read_manifest(bundle_dir)["input"]["shape"]  # the schema's checks; nothing is loaded before the timing
+    images = torch.from_numpy(np.fromfile(images_file, dtype=np.float32).reshape(-1, *shape[1:]))  # (N, C, S, S)
+    torch.set_num_threads(settings.threads)
+    cache = settings.cache_experts
+    report: dict = {"runner": f"python-{runtime}", "bundle": str(bundle_dir), "threads": settings.threads}
     report["memory_at_start"] = memory_now()
 
     start = time.perf_counter()
-    bundle = load_bundle(args.bundle, max_cached_experts=cache, threads=args.threads)  # every session: --threads
+    bundle = load_bundle(bundle_dir, max_cached_experts=cache, threads=settings.threads)  # every session: --threads
     report["load_ms"] = {"router": (time.perf_counter() - start) * 1e3}
     report["memory_after_first_load"] = memory_now()
 
@@ -75,6 +84,7 @@ def measure(args: argparse.Namespace) -> dict:
                 "gates": [float(g) for g in prediction.gates],
                 "logits": [float(v) for v in np.asarray(prediction.logits).reshape(-1)],
                 "router_ms": router_ms,
+                "expert_ms": prediction.timings["experts"],
                 "load_ms": load_ms,
                 "total_ms": wall_ms,
                 "cache_hit": hit,
@@ -83,10 +93,10 @@ def measure(args: argparse.Namespace) -> dict:
     report["images"] = rows
     report["graphs_loaded_after_routing"] = sorted(bundle.loaded_graphs)
 
-    for i in range(args.warmup):
+    for i in range(settings.warmup):
         bundle.predict(images[i % len(images)][None])
     total, router, expert = [], [], []
-    for i in range(args.iterations):
+    for i in range(settings.iterations):
         prediction, wall_ms, _ = timed_predict(bundle, images[i % len(images)][None])
         total.append(wall_ms)
         router.append(prediction.timings["router"])  # Prediction.timings: router, load, experts, total (ms)
@@ -96,33 +106,84 @@ def measure(args: argparse.Namespace) -> dict:
     report["memory_after_warm"] = memory_now()
     report["expert_load_ms"] = {str(e): ms for e, ms in expert_load_ms.items()}
     router_ms = statistics.median(router or [0.0])
-    report["switch"] = measure_switch(args, images, rows, load_bundle, router_ms)
+    report["switch"] = measure_switch(bundle_dir, settings, images, rows, load_bundle, router_ms)
     report["memory_at_end"] = memory_now()
-    return report
+    return report  # type: ignore[return-value]
 
 
-def measure_switch(args: argparse.Namespace, images, rows: list[dict], load_bundle, router_ms: float) -> dict:
+def no_switch(note: str) -> Switch:
+    return {"ms": [], "median_ms": None, "load_median_ms": None, "first_run_median_ms": None,
+            "warm_expert_run_median_ms": None, "note": note}  # fmt: skip
+
+
+def _median_or_none(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def measure_switch(bundle_dir, settings: Settings, images, rows: list[dict], load_bundle, router_ms: float) -> Switch:
     """With one cached expert, alternate images routed to different experts, --switch-repeats times over: every
-    predict then switches (unloads one expert, loads and first-runs another)."""
-    if args.switch_repeats == 0:
-        return {"ms": [], "median_ms": None, "note": "--switch-repeats 0: switch timing off"}
-    bundle = load_bundle(args.bundle, max_cached_experts=1, threads=args.threads)
+    predict then switches (unloads one expert, loads and first-runs another); the same image once more right after
+    is that expert's warm run."""
+    if settings.switch_repeats == 0:
+        return no_switch("--switch-repeats 0: switch timing off")
+    bundle = load_bundle(bundle_dir, max_cached_experts=1, threads=settings.threads)
     if bundle.layout in ("dense", "monolithic", "whole"):
-        return {"ms": [], "median_ms": None, "note": "one graph holds every expert: there is no expert to switch"}
+        return no_switch("one graph holds every expert: there is no expert to switch")
     by_expert: dict[int, int] = {}
     for index, row in enumerate(rows):
         if row["experts"]:
             by_expert.setdefault(row["experts"][0], index)
     if len(by_expert) < 2:
-        return {"ms": [], "median_ms": None, "note": "the routing sequence uses one expert: no switch to time"}
+        return no_switch("the routing sequence uses one expert: no switch to time")
     picks = list(by_expert.values())
-    switch_ms = []
-    for _repeat in range(args.switch_repeats):
+    switch_ms, load_ms, first_run_ms, warm_run_ms = [], [], [], []
+    for _repeat in range(settings.switch_repeats):
         for index in picks:
-            _, wall_ms, hit = timed_predict(bundle, images[index][None])
+            prediction, wall_ms, hit = timed_predict(bundle, images[index][None])
             if not hit:
                 switch_ms.append(wall_ms - router_ms)
-    return {"ms": switch_ms, "median_ms": statistics.median(switch_ms) if switch_ms else None}
+                load_ms.append(prediction.timings["load"])
+                first_run_ms.append(prediction.timings["experts"])
+                warm_run_ms.append(bundle.predict(images[index][None]).timings["experts"])  # a hit: cache of one
+    return {
+        "ms": switch_ms,
+        "median_ms": _median_or_none(switch_ms),
+        "load_median_ms": _median_or_none(load_ms),
+        "first_run_median_ms": _median_or_none(first_run_ms),
+        "warm_expert_run_median_ms": _median_or_none(warm_run_ms),
+    }
+
+
+def worker_command(bundle: str | Path, runtime: str, images: str | Path, settings: Settings) -> list[str]:
+    command = [sys.executable, "-m", "device_bench.python_worker", "--bundle", str(bundle), "--runtime", runtime]
+    command += ["--input", str(images), "--iterations", str(settings.iterations), "--warmup", str(settings.warmup)]
+    command += ["--threads", str(settings.threads), "--switch-repeats", str(settings.switch_repeats)]
+    if settings.cache_experts is not None:
+        command += ["--cache-experts", str(settings.cache_experts)]
+    return command
+
+
+@dataclass(frozen=True)
+class PythonWorker:
+    """export's Python runtime (ExecuTorch bindings, ONNX Runtime, Core ML on macOS) in a fresh interpreter per round.
+    Settings.weight_cache is the native runner's: these runtimes have no such switch."""
+
+    runtime: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.runtime} worker"
+
+    def run_round(self, bundle: Path, images: Path, settings: Settings) -> RoundReport:
+        pythonpath = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+        command = worker_command(bundle, self.runtime, images, settings)
+        result = subprocess.run(command, capture_output=True, env=dict(os.environ, PYTHONPATH=pythonpath))
+        stderr = result.stderr.decode(errors="replace").strip().splitlines()
+        if result.returncode == 2:  # the worker's one line for a bad bundle
+            raise UsageError(stderr[-1] if stderr else f"{self.name} refused {bundle}")
+        if result.returncode != 0:
+            raise RuntimeError(f"{self.name} failed on {bundle} (status {result.returncode}): {stderr[-1:]}")
+        return json.loads(result.stdout)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--switch-repeats", type=int, default=2)
     args = parser.parse_args(argv)
     try:
-        print(json.dumps(measure(args)))
+        settings = Settings(args.iterations, args.warmup, args.threads, args.cache_experts, args.switch_repeats)
+        print(json.dumps(measure(args.bundle, args.runtime, args.input, settings)))
     except UsageError as error:  # a bad bundle: one line, status 2, which the bench CLI passes on
         print(" ".join(str(error).split()), file=sys.stderr)
         return 2

@@ -7,12 +7,18 @@ shared or thermally throttled machine one run can mislead.
 
 from __future__ import annotations
 
+import functools
 import statistics
+import types
+import typing
 from pathlib import Path
 
 from device_bench import routing_stats
-from device_bench.bundles import bundle_kind, graph_bytes
+from device_bench.bundles import bundle_kind
+from device_bench.round_report import RoundReport
+from export.manifest import bundle_bytes, load_bytes
 from export.manifest_schema import resident_and_per_expert
+from mobile_moe.errors import UsageError
 
 SPREAD_FLAG = 0.10  # (max - min) / median of the rounds' p50 above this: the rounds disagree, numbers are noisy
 REQUIRED_FIELDS = (
@@ -42,7 +48,8 @@ def _loaded_per_image(manifest: dict, sequence: list[list[int]], field: str) -> 
     that is not an expert's (router, shared block halves, head, or the one dense / monolithic / whole graph) plus the
     graphs of the experts it chose. A whole per-token bundle has no expert graphs: each image loads the whole graph,
     every expert included, whichever experts its tokens used."""
-    graphs = ((graph["role"], graph.get("expert"), int(graph[field])) for graph in manifest["graphs"])
+    size = load_bytes if field == "bytes" else lambda graph: int(graph[field])
+    graphs = ((graph["role"], graph.get("expert"), size(graph)) for graph in manifest["graphs"])
     fixed, per_expert = resident_and_per_expert(graphs)
     if not per_expert or not sequence:
         return float(fixed)
@@ -71,6 +78,67 @@ def params_active(manifest: dict, counts) -> int | None:
 def _measured(value: float | None) -> float | None:
     """A runner's median, or None when nothing was measured (the native runner writes -1 for "no samples")."""
     return value if value is not None and value >= 0 else None
+
+
+class RoundReportError(UsageError):
+    """A runner's round report lacks a field RoundReport requires, or holds the wrong kind of value in one. A
+    UsageError (one line, status 2) because the usual cause is a --runner binary built from other sources."""
+
+
+@functools.cache
+def _fields(report_type: type) -> dict:
+    return typing.get_type_hints(report_type)
+
+
+def _kind_name(kind) -> str:
+    return getattr(kind, "__name__", None) or str(kind)
+
+
+def _check_field(value, kind, runner: str, where: str) -> None:
+    """Raise RoundReportError unless `value` fits `kind`: a TypedDict, X | None, list[X], dict[str, X] or a plain
+    type (an int passes for a float: JSON writes 3.0 as 3; a bool passes for neither)."""
+    if typing.is_typeddict(kind):
+        if not isinstance(value, dict):
+            raise RoundReportError(f"{runner}: round report {where.rstrip('.') or 'itself'} is not an object")
+        for key in _fields(kind):
+            if key in kind.__required_keys__ and key not in value:
+                raise RoundReportError(
+                    f"{runner} returned a round report without {where}{key}: every runner must give it "
+                    "(null when it cannot measure it)"
+                )
+        for key, field_kind in _fields(kind).items():
+            if key in value:
+                _check_field(value[key], field_kind, runner, f"{where}{key}.")
+        return
+    where = where.rstrip(".")
+    origin, arguments = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (types.UnionType, typing.Union):
+        if value is None and type(None) in arguments:
+            return
+        (kind,) = [argument for argument in arguments if argument is not type(None)]
+        origin, arguments = typing.get_origin(kind), typing.get_args(kind)
+    if origin is list and isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_field(item, arguments[0], runner, f"{where}[{index}].")
+        return
+    if origin is dict and isinstance(value, dict):
+        for key, item in value.items():
+            _check_field(item, arguments[1], runner, f"{where}.{key}.")
+        return
+    plain = {float: (int, float)}.get(kind, kind) if origin is None else None
+    if plain is not None and isinstance(value, plain) and (kind is bool or not isinstance(value, bool)):
+        return
+    found, expected = type(value).__name__, _kind_name(origin or kind)
+    raise RoundReportError(f"{runner}: round report field {where} is {found}; RoundReport wants {expected}")
+
+
+def validate_round(report: object, runner: str) -> RoundReport:
+    """`report` as a RoundReport (device_bench/round_report.py), or RoundReportError naming the runner and the first
+    field it lacks or holds the wrong kind of value in. Every round goes through here before results reads it."""
+    _check_field(report, RoundReport, runner, "")
+    if not report["load_ms"]:
+        raise RoundReportError(f"{runner}: round report field load_ms is empty; it must time the graph loaded first")
+    return report
 
 
 def summarize_round(raw: dict) -> dict:
@@ -140,7 +208,7 @@ def run_record(
         "peak_rss_bytes": _median([s["peak_rss_bytes"] for s in summaries]),
         "pss_bytes": _median([s["pss_bytes"] for s in summaries]),
         "bytes_loaded_per_image": bytes_image,
-        "bundle_bytes": sum(graph_bytes(manifest).values()),
+        "bundle_bytes": bundle_bytes(manifest["graphs"]),
         "params_active": active,
         "params_loaded_per_image": params_image,
         "params_loaded_vs_active": params_image / active if active else None,

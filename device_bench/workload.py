@@ -41,15 +41,24 @@ def data_workload(spec: str, manifest: dict, count: int) -> Workload:
     return Workload(images, f"{spec} (val, first {count})")
 
 
+def random_seed(spec: str) -> int | None:
+    """The seed of a `random` / `random:SEED` spec (0 when omitted); None for a data spec, which training.data checks
+    when it opens it."""
+    if spec != "random" and not spec.startswith("random:"):
+        return None
+    seed = spec.partition(":")[2] or "0"
+    if not seed.isdigit():
+        raise UsageError(f"--data {spec}: the seed must be a non-negative integer, e.g. random:3")
+    return int(seed)
+
+
 def make_workload(spec: str, manifest: dict, count: int) -> Workload:
     """`random` / `random:SEED`, or any data spec training.data understands."""
     if count < 1:
         raise UsageError(f"--images {count}: must be at least 1")
-    if spec == "random" or spec.startswith("random:"):
-        seed = spec.partition(":")[2] or "0"
-        if not seed.isdigit():
-            raise UsageError(f"--data {spec}: the seed must be a non-negative integer, e.g. random:3")
-        return random_workload(manifest["input"]["shape"], count, int(seed))
+    seed = random_seed(spec)
+    if seed is not None:
+        return random_workload(manifest["input"]["shape"], count, seed)
     return data_workload(spec, manifest, count)
 
 

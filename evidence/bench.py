@@ -28,7 +28,7 @@ def export_cell(out: Path, result: CellResult, log) -> Path:
 def bench_cells(out: Path, results: list[CellResult], data: str, iterations: int, log) -> None:
     """Fill each measured cell's `bench` with p50 latency, peak memory and graph bytes loaded per image (native runner,
     one thread, images from the data's test split)."""
-    from device_bench.cli import bench_bundles
+    from device_bench.bench import bench_bundles
 
     measured = [r for r in results if any(s["seed"] == 0 for s in r.seeds)]
     bundles = {str(export_cell(out, result, log)): result for result in measured}

@@ -134,7 +134,7 @@ def write_report(out: Path, cost: str, accuracy: list[str], listing: str, bundle
 def run(args: argparse.Namespace) -> None:
     check_arguments(args)  # before the imports below (seconds) and any output
     # Each package's step is imported here, not at the top, so `mobile-moe --help` never pays for them.
-    from device_bench.cli import bench_bundles
+    from device_bench.bench import bench_bundles
     from export.demo import export_demo
     from super_class.demo import derive_for_demo
     from super_class.table import format_table

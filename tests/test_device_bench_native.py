@@ -24,6 +24,7 @@ from device_bench.native_build import NATIVE_DIR, build_runner
 from device_bench.results import validate_results
 from device_bench.settings import Settings
 from device_bench.workload import random_workload, write_raw
+from export.manifest import graph_files, load_bytes
 from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
 from tests.conftest import needs_build
@@ -66,20 +67,22 @@ def test_native_runner_loads_only_chosen_experts(runner, bundle, workload_file):
     sequence = [row["experts"] for row in report["images"]]
     chosen = {e for experts in sequence for e in experts}
     assert len(chosen) >= 2, "precondition: the workload should route to several experts"
-    file_of = {g["expert"]: g["file"] for g in manifest["graphs"] if g["role"] == "expert"}
+    # An expert's files: the program the experts share and its own weights file.
+    files_of = {g["expert"]: {f["file"] for f in graph_files(g)} for g in manifest["graphs"] if g["role"] == "expert"}
+    assert all(len(files) == 2 for files in files_of.values())
     router_file = next(g["file"] for g in manifest["graphs"] if g["role"] == "router")
     # The OS's list of files the process held open agrees with the runner's own account of what it loaded.
-    assert set(report["files_opened"]) == {router_file} | {file_of[e] for e in chosen}
+    assert set(report["files_opened"]) == {router_file}.union(*(files_of[e] for e in chosen))
     assert report["graphs_loaded_after_routing"] == [f"expert_{sequence[-1][0]}"]  # LRU of one: the last expert
     assert report["files_open_after_routing"] and set(report["files_open_after_routing"]) == {
         router_file,
-        file_of[sequence[-1][0]],
+        *files_of[sequence[-1][0]],
     }
     # Its cache hits are those an LRU of one would have on this sequence, and every miss loaded one expert file.
     hits = [row["cache_hit"] for row in report["images"]]
     assert sum(hits) / len(hits) == pytest.approx(routing_stats.lru_hit_rate(sequence, 1))
     misses = [row["experts"][0] for row in report["images"] if not row["cache_hit"]]
-    sizes = {g["expert"]: g["bytes"] for g in manifest["graphs"] if g["role"] == "expert"}
+    sizes = {g["expert"]: load_bytes(g) for g in manifest["graphs"] if g["role"] == "expert"}
     assert report["routing_pass_graph_bytes_loaded"] == sum(sizes[e] for e in misses)
 
 
@@ -100,10 +103,10 @@ def test_runner_refuses_bad_bundles(runner, bundle, workload_file, tmp_path):
         run_native(runner, tmp_path, workload_file, settings)
     broken = tmp_path / "broken"
     shutil.copytree(bundle, broken)
-    (broken / "expert_1.pte").unlink()
-    with pytest.raises(UsageError, match="expert_1.pte"):
+    (broken / "expert_1.ptd").unlink()
+    with pytest.raises(UsageError, match="expert_1.ptd"):
         run_native(runner, broken, workload_file, settings)
-    with pytest.raises(UsageError, match="expert_1.pte"):
+    with pytest.raises(UsageError, match="expert_1.ptd"):
         read_manifest(broken)
 
 

@@ -1,12 +1,16 @@
-"""device_bench's pure parts: routing statistics, the results.json schema, and the report from given results."""
+"""device_bench's pure parts: routing statistics, the round report and results.json schemas, the bench's settings,
+and the report from given results."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 
 from device_bench import routing_stats
+from device_bench.bench import BenchSettings, choose_runner
 from device_bench.report import write_report
-from device_bench.results import run_record, validate_results
+from device_bench.results import RoundReportError, run_record, validate_results, validate_round
 from device_bench.settings import Settings
 from mobile_moe.errors import UsageError
 
@@ -55,17 +59,108 @@ def fake_manifest(kind: str) -> dict:
     }
 
 
+def fake_summary(p50: float) -> dict:
+    return {"p50": p50, "p90": p50 * 1.1, "p99": p50 * 1.3, "mean": p50 * 1.05, "min": p50 * 0.9, "max": p50 * 1.4,
+            "samples": [p50 * 0.9, p50, p50 * 1.4]}  # fmt: skip
+
+
 def fake_round(p50: float, experts: list[int]) -> dict:
+    """A complete RoundReport, as a runner would return it."""
+    memory = {"rss_bytes": 10, "peak_rss_bytes": 20, "pss_bytes": 15}
+    row = {"gates": [1.0], "logits": [0.1, 0.9], "router_ms": 1.0, "expert_ms": 1.0, "load_ms": 0, "total_ms": 2.0,
+           "cache_hit": True}  # fmt: skip
     return {
+        "runner": "fake",
+        "bundle": "b/moe",
         "threads": 1,
-        "latency_ms": {"p50": p50, "p90": p50 * 1.1, "p99": p50 * 1.3, "mean": p50 * 1.05},
-        "stages_ms": {"router": {"p50": p50 / 2}},
+        "latency_ms": fake_summary(p50),
+        "stages_ms": {"router": fake_summary(p50 / 2)},
         "load_ms": {"router": 3.0},
         "expert_load_ms": {"0": 2.0, "1": 4.0},
-        "switch": {"median_ms": 5.0},
-        "memory_at_end": {"rss_bytes": 10, "peak_rss_bytes": 20, "pss_bytes": 15},
-        "images": [{"experts": [e]} for e in experts],
+        "switch": {
+            "ms": [5.0],
+            "median_ms": 5.0,
+            "load_median_ms": None,
+            "first_run_median_ms": None,
+            "warm_expert_run_median_ms": None,
+        },  # fmt: skip
+        "memory_at_start": memory,
+        "memory_after_first_load": memory,
+        "memory_after_warm": memory,
+        "memory_at_end": {**memory, "pss_bytes": None},
+        "images": [{**row, "experts": [e]} for e in experts],
+        "graphs_loaded_after_routing": ["router", "expert_0"],
     }
+
+
+def test_a_complete_round_report_validates_nulls_and_extra_keys_included():
+    report = dict(fake_round(10.0, [0, 1]), files_opened=["router.pte"])  # a runner's own extras pass through
+    assert validate_round(report, "fake runner") is report
+
+
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        (lambda r: r["switch"].pop("load_median_ms"), "returned a round report without switch.load_median_ms"),
+        (lambda r: r.pop("memory_after_warm"), "without memory_after_warm"),
+        (lambda r: r["images"][1].pop("cache_hit"), "without images[1].cache_hit"),
+        (lambda r: r["latency_ms"].update(p90="slow"), "field latency_ms.p90 is str; RoundReport wants float"),
+        (lambda r: r["stages_ms"]["router"].update(samples=None), "samples is NoneType; RoundReport wants list"),
+        (lambda r: r.update(threads=True), "field threads is bool; RoundReport wants int"),
+        (lambda r: r.update(load_ms={}), "load_ms is empty"),
+        (lambda r: r.update(switch=[]), "round report switch is not an object"),
+    ],
+)
+def test_a_round_report_missing_or_mistyped_field_is_refused_by_name(change, fragment):
+    report = copy.deepcopy(fake_round(10.0, [0, 1]))
+    change(report)
+    with pytest.raises(RoundReportError, match="fake runner") as refused:
+        validate_round(report, "fake runner")
+    assert fragment in str(refused.value) and "\n" not in str(refused.value)
+    assert isinstance(refused.value, UsageError)  # the CLI's one line and status 2
+    with pytest.raises(RoundReportError, match="is not an object"):
+        validate_round(["not", "a", "report"], "fake runner")
+
+
+@pytest.mark.parametrize(
+    "changes, fragment",
+    [
+        ({"rounds": 0}, "--rounds 0: must be at least 1"),
+        ({"pause_s": -1.0}, "--pause -1.0: seconds between rounds"),
+        ({"pause_s": 4000.0}, "--pause 4000.0"),
+        ({"images": 0}, "--images 0: must be at least 1"),
+        ({"data": "random:abc"}, "--data random:abc: the seed must be a non-negative integer"),
+        ({"runtime": "tflite"}, "--runtime 'tflite': choose one of executorch, onnxruntime, native, coreml"),
+        ({"device": "iphone"}, "--device 'iphone': use host or android[:SERIAL]"),
+        ({"device": "host:1234"}, "--device 'host:1234'"),
+        ({"runner": "/nonexistent/runner"}, "--runner /nonexistent/runner: no such file"),
+        ({"device": "android", "runtime": "native"}, "--device android needs --runner PATH"),
+        ({"device": "android:ABC", "runtime": "onnxruntime"}, "--device android runs the native runner only"),
+    ],
+)
+def test_bench_settings_refuse_bad_values_in_one_line(changes, fragment):
+    with pytest.raises(UsageError) as refused:
+        BenchSettings(Settings(iterations=2), **changes)
+    assert fragment in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_bench_settings_defaults_and_json():
+    settings = BenchSettings(Settings(iterations=7, weight_cache=True), data="random:3", pause_s=0)
+    assert settings.runtime is None and settings.device == "host" and settings.rounds == 3
+    assert settings.as_json() == {"iterations": 7, "warmup": 5, "threads": 1, "cache_experts": None,
+                                  "switch_repeats": 2, "weight_cache": True, "data": "random:3", "images": 32,
+                                  "pause_s": 0}  # fmt: skip
+
+
+def test_one_function_picks_the_runner_for_runtime_and_device(tmp_path):
+    from device_bench.android import AndroidRunner
+    from device_bench.native import NativeRunner
+    from device_bench.python_worker import PythonWorker
+
+    assert choose_runner("native") == NativeRunner(None)
+    assert choose_runner("onnxruntime") == PythonWorker("onnxruntime")
+    assert choose_runner("executorch").name == "executorch worker"
+    assert choose_runner("native", "android:SER1", tmp_path / "runner") == AndroidRunner("SER1", tmp_path / "runner")
 
 
 def test_run_record_medians_spread_and_schema(tmp_path):

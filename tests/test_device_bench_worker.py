@@ -1,14 +1,16 @@
-"""The Python bench worker (ExecuTorch Python bindings, ONNX Runtime): its report has every stage, the switch
-timing honours --switch-repeats, and --threads reaches every session it opens."""
+"""The Python bench worker (ExecuTorch Python bindings, ONNX Runtime): its report is a RoundReport with every stage,
+the switch timing honours --switch-repeats, and --threads reaches every session it opens."""
 
 from __future__ import annotations
 
-import argparse
+import json
 from pathlib import Path
 
 import pytest
 
 from device_bench import python_worker
+from device_bench.results import validate_round
+from device_bench.settings import Settings
 from device_bench.workload import random_workload, write_raw
 from export.manifest import read_manifest
 from tests.conftest import tiny_model
@@ -28,16 +30,17 @@ def split_bundle(request, bundle, onnx_bundle) -> tuple[Path, str]:
     return (bundle if request.param == "executorch" else onnx_bundle), request.param
 
 
-def worker_args(bundle: Path, runtime: str, tmp_path: Path, **changes) -> argparse.Namespace:
+def measure(bundle: Path, runtime: str, tmp_path: Path, **changes) -> dict:
+    """One round in this process, on eight random images."""
     images = write_raw(random_workload(read_manifest(bundle)["input"]["shape"], count=8, seed=3), tmp_path / "x.f32")
-    fields = {"bundle": str(bundle), "runtime": runtime, "input": str(images), "iterations": 6, "warmup": 1,
-              "threads": 1, "cache_experts": None, "switch_repeats": 2, **changes}  # fmt: skip
-    return argparse.Namespace(**fields)
+    settings = Settings(**{"iterations": 6, "warmup": 1, "threads": 1, "switch_repeats": 2, **changes})
+    return python_worker.measure(bundle, runtime, images, settings)
 
 
 def test_report_times_the_router_and_the_expert_stage(split_bundle, tmp_path):
     bundle, runtime = split_bundle
-    report = python_worker.measure(worker_args(bundle, runtime, tmp_path))
+    report = measure(bundle, runtime, tmp_path)
+    validate_round(report, f"{runtime} worker")  # every field RoundReport requires, of the right kinds
     stages = report["stages_ms"]
     assert stages["router"]["p50"] > 0 and stages["expert"]["p50"] > 0  # the expert stage was always 0
     assert stages["router"]["p50"] + stages["expert"]["p50"] <= report["latency_ms"]["p50"] * 1.5
@@ -46,14 +49,17 @@ def test_report_times_the_router_and_the_expert_stage(split_bundle, tmp_path):
 
 @pytest.mark.parametrize("repeats", [0, 1, 3])
 def test_switch_timing_follows_switch_repeats(bundle, tmp_path, repeats):
-    report = python_worker.measure(worker_args(bundle, "executorch", tmp_path, switch_repeats=repeats))
+    report = measure(bundle, "executorch", tmp_path, switch_repeats=repeats)
     switch = report["switch"]
     experts_used = {row["experts"][0] for row in report["images"]}
     assert len(experts_used) >= 2  # mean pooling: random images reach different experts
     if repeats == 0:
         assert switch["ms"] == [] and "switch timing off" in switch["note"]
+        assert switch["load_median_ms"] is None and switch["first_run_median_ms"] is None  # null, not left out
     else:
         assert len(switch["ms"]) == repeats * len(experts_used)  # one cold switch per expert per repeat
+        assert switch["load_median_ms"] > 0 and switch["first_run_median_ms"] > 0
+        assert switch["warm_expert_run_median_ms"] > 0
 
 
 def test_threads_reach_every_onnxruntime_session(onnx_bundle, tmp_path, monkeypatch):
@@ -68,6 +74,60 @@ def test_threads_reach_every_onnxruntime_session(onnx_bundle, tmp_path, monkeypa
         return runner
 
     monkeypatch.setitem(runners.RUNNERS, "onnx", opened)
-    python_worker.measure(worker_args(onnx_bundle, "onnxruntime", tmp_path, threads=2))
+    measure(onnx_bundle, "onnxruntime", tmp_path, threads=2)
     assert len(threads_of_sessions) >= 3  # the router and at least two experts, for the timing and the switch
     assert set(threads_of_sessions) == {2}
+
+
+def test_benchmark_with_bench_settings_writes_results_that_validate(bundle, tmp_path):
+    from device_bench.bench import BenchSettings, benchmark
+    from device_bench.results import validate_results
+
+    settings = BenchSettings(Settings(iterations=3, warmup=0, switch_repeats=1), runtime="executorch", rounds=2,
+                             pause_s=0, images=4)  # fmt: skip
+    lines: list[str] = []
+    results = benchmark([bundle], settings, tmp_path / "bench", log=lines.append)
+    validate_results(results)
+    assert json.loads((tmp_path / "bench" / "results.json").read_text()) == json.loads(json.dumps(results))
+    (run,) = results["runs"]
+    assert run["bundle"] == str(bundle) and run["runtime"] == "executorch" and run["device"] == "host"
+    assert run["rounds"] == 2 and run["images"] == 4 and len(lines) == 2
+    assert run["raw_first_round"]["runner"] == "python-executorch"
+    assert results["settings"]["iterations"] == 3 and results["settings"]["pause_s"] == 0
+    assert (tmp_path / "bench" / "report.md").stat().st_size > 0
+
+
+class IncompleteRunner:
+    """A runner whose report lacks one field RoundReport requires."""
+
+    name = "incomplete runner"
+
+    def run_round(self, bundle, images, settings):
+        report = python_worker.measure(bundle, "executorch", images, settings)
+        del report["memory_after_warm"]
+        return report
+
+
+def test_benchmark_refuses_a_runner_report_without_a_field_by_name(bundle, tmp_path, monkeypatch):
+    from device_bench import bench
+    from device_bench.results import RoundReportError
+
+    monkeypatch.setattr(bench, "choose_runner", lambda runtime, device, runner: IncompleteRunner())
+    settings = bench.BenchSettings(Settings(iterations=1, warmup=0, switch_repeats=0), rounds=1, images=2)
+    with pytest.raises(RoundReportError, match="incomplete runner returned a round report without memory_after_warm"):
+        bench.benchmark([bundle], settings, tmp_path / "bench", log=lambda message: None)
+    assert not (tmp_path / "bench" / "results.json").exists()
+
+
+def test_benchmark_refuses_bad_input_before_measuring(bundle, tmp_path):
+    from device_bench.bench import BenchSettings, benchmark
+    from mobile_moe.errors import UsageError
+
+    settings = BenchSettings(Settings(iterations=1), runtime="onnxruntime", rounds=1)
+    with pytest.raises(UsageError, match="is an executorch bundle; --runtime onnxruntime cannot run it"):
+        benchmark([bundle], settings, tmp_path / "bench")
+    with pytest.raises(UsageError, match="no bundle to benchmark"):
+        benchmark([], BenchSettings(), tmp_path / "bench")
+    with pytest.raises(TypeError, match="not one path"):
+        benchmark(str(bundle), BenchSettings(), tmp_path / "bench")
+    assert not (tmp_path / "bench").exists()

@@ -152,7 +152,8 @@ def test_runner_survives_flipped_graph_byte(fault_runner, bundle, tmp_path, name
         return
     reseal(broken)
     result = run_runner(fault_runner, broken)
-    if offset in HEADER_OFFSETS:
+    # A .ptd's bytes at those offsets may be padding: there, any outcome but a crash.
+    if offset in HEADER_OFFSETS and name.endswith(".pte"):
         assert_refused(result, (2,))
     elif result.returncode == 0:  # the flip changed a weight: the program is valid, and runs
         assert isinstance(json.loads(result.stdout), dict)

@@ -8,6 +8,8 @@
 #include <executorch/extension/tensor/tensor.h>
 #include <executorch/runtime/core/error.h>
 #include <executorch/runtime/executor/program.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -83,6 +85,42 @@ inline void check_signature(Module& module, const Graph& graph) {
   compare(
       "outputs", meta->num_outputs(), graph.outputs, [&](size_t i) { return meta->output_tag(i); },
       [&](size_t i) { return meta->output_tensor_meta(i); });
+}
+
+// ExecuTorch verifies a program's flatbuffer (InternalConsistency) but not a .ptd data file's: a corrupt one can crash
+// the runtime while it loads. So every graph that loads a weights file is first loaded once in a forked child; a child
+// killed by a signal means a corrupt file, refused in one line before anything is measured. Run before this process
+// loads anything, so the child inherits no thread pool.
+inline void probe_weights_files(const Bundle& bundle, const std::string& load_mode) {
+  for (const auto& graph : bundle.all) {
+    if (!graph.shares_program()) continue;
+    set_phase("checking that " + graph.weights.file + " loads");
+    pid_t child = fork();
+    if (child < 0) throw std::runtime_error("fork failed while checking " + graph.weights.file);
+    if (child == 0) {
+      signal(SIGSEGV, SIG_DFL);  // die quietly: the parent reports
+      signal(SIGBUS, SIG_DFL);
+      signal(SIGABRT, SIG_DFL);
+      signal(SIGFPE, SIG_DFL);
+      signal(SIGILL, SIG_DFL);
+      Module module(graph.path, graph.weights.path,
+                    load_mode == "file" ? Module::LoadMode::File : Module::LoadMode::Mmap);
+      bool ok = module.load(executorch::runtime::Program::Verification::InternalConsistency) ==
+                    executorch::runtime::Error::Ok &&
+                module.load_forward() == executorch::runtime::Error::Ok;
+      _exit(ok ? 0 : 3);
+    }
+    int status = 0;
+    while (waitpid(child, &status, 0) < 0) {
+    }
+    if (WIFSIGNALED(status))
+      throw UsageError("graph " + graph.name + ": loading " + graph.file + " with " + graph.weights.file +
+                       " crashed the ExecuTorch runtime (signal " + std::to_string(WTERMSIG(status)) +
+                       "); the weights file is corrupt: re-export the bundle");
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+      throw UsageError("graph " + graph.name + ": ExecuTorch cannot load " + graph.file + " with " + graph.weights.file +
+                       "; the bundle is corrupt: re-export it");
+  }
 }
 
 class Loader {

@@ -12,9 +12,10 @@
 //   3. warm-up, then --iterations timed end-to-end runs cycling over the images (cache as configured)
 //   4. switch cost: for each expert, unload it, then time load + first run; then one more (warm) run
 //
-// Files: this one (options, inputs, statistics, measure(), main()); bundle_manifest.h (read and validate the bundle);
-// graphs.h (load and run ExecuTorch graphs, the expert cache, the pipeline); runtime_log.h (ExecuTorch's log, the
-// current phase); errors.h; json_reader.h, json_writer.h, sha256.h, process_stats.h (self-contained helpers).
+// Files: this one (options, inputs, statistics, measure() and its phases, main()); bundle_manifest.h (read and
+// validate the bundle); graphs.h (load and run ExecuTorch graphs, the expert cache, the pipeline); runtime_log.h
+// (ExecuTorch's log, the current phase); errors.h; json_reader.h, json_writer.h, sha256.h, process_stats.h
+// (self-contained helpers).
 #include <executorch/runtime/backend/interface.h>
 #include <executorch/runtime/backend/options.h>
 #include <executorch/runtime/core/error.h>
@@ -206,20 +207,44 @@ void enable_weight_cache() {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// measure(): the settings, then the four phases, each writing its part of the report in order
 
-std::string measure(const Options& options) {
-  set_phase("reading the bundle " + options.bundle);
-  Bundle bundle = read_bundle(options.bundle);
-  auto images = read_images(options, bundle);
-  int num_experts = bundle.kind == "split" || bundle.kind == "whole" ? bundle.num_experts : 0;
+// Files under the bundle the process has held open, sampled after every step: the report shows that only the router
+// and the chosen experts were ever opened.
+struct OpenFiles {
+  std::string bundle_dir;
+  std::set<std::string> seen;
+
+  void note() {
+    for (const auto& file : stats::open_files_under(bundle_dir)) seen.insert(file);
+  }
+  std::vector<std::string> list() const { return std::vector<std::string>(seen.begin(), seen.end()); }
+};
+
+// What the graph loaded at start is called in load_ms and stages_ms: the router, or the single graph's kind.
+std::string first_graph_key(const Bundle& bundle) { return bundle.kind == "split" ? "router" : bundle.kind; }
+
+// Expert graphs kept loaded: --cache-experts, or every expert when it is not given.
+int expert_cache_size(const Options& options, const Bundle& bundle, int num_experts) {
   int cache_experts = options.cache_experts < 0 ? std::max(num_experts, 1) : options.cache_experts;
   if (bundle.kind == "split" && cache_experts < 1) throw UsageError("--cache-experts must be at least 1");
-  set_threads(options.threads);
-  if (options.weight_cache) enable_weight_cache();
-  auto* pool = executorch::extension::threadpool::get_threadpool();
+  return cache_experts;
+}
 
-  json::Writer out;
-  out.begin_object();
+void configure_weight_cache(const Options& options, const Bundle& bundle) {
+  if (!options.weight_cache) return;
+  // XNNPACK's cache keys packed weights by their named-data key, and experts sharing one program share keys: the
+  // cache would hand one expert another's weights.
+  for (const auto& graph : bundle.all)
+    if (graph.shares_program())
+      throw UsageError("--weight-cache cannot serve this bundle: its experts share one program (graph " + graph.name +
+                       " loads " + graph.weights.file + "), and the cache keys weights by name");
+  enable_weight_cache();
+}
+
+void write_run_settings(json::Writer& out, const Options& options, const Bundle& bundle, int num_experts,
+                        int cache_experts, size_t num_images) {
+  auto* pool = executorch::extension::threadpool::get_threadpool();
   out.key("runner").value("mobile-moe-native");
   out.key("bundle").value(bundle.dir);
   out.key("kind").value(bundle.kind);
@@ -230,45 +255,48 @@ std::string measure(const Options& options) {
   out.key("num_experts").value(num_experts);
   out.key("top_k").value(bundle.top_k);
   out.key("cache_experts").value(cache_experts);
-  out.key("num_images").value(images.size());
+  out.key("num_images").value(num_images);
   out.key("iterations").value(options.iterations);
   out.key("warmup").value(options.warmup);
-  out.key("memory_at_start");
-  write_memory(out, stats::memory_now());
+}
 
-  // 1. cold load of the router (or the single graph)
-  Loader loader(options.load_mode);
-  Pipeline pipeline(bundle, loader, cache_experts);
+// 1. Cold load of the router (or the single graph): program open + method init, where XNNPACK packs weights.
+void load_first_graph(json::Writer& out, const Bundle& bundle, Pipeline& pipeline) {
   double first_load_ms = pipeline.load_resident();
   out.key("load_ms").begin_object();
-  out.key(bundle.kind == "split" ? "router" : bundle.kind).value(first_load_ms);
+  out.key(first_graph_key(bundle)).value(first_load_ms);
   out.end_object();
   out.key("memory_after_first_load");
   write_memory(out, stats::memory_now());
+}
 
-  // 2. routing pass: each image once, in order, through the expert cache
-  std::set<std::string> files_seen;
-  auto note_open_files = [&]() {
-    for (const auto& file : stats::open_files_under(bundle.dir)) files_seen.insert(file);
-  };
-  note_open_files();
-  std::map<int, double> cold_expert_load_ms;  // the first load of each expert in this process
+void write_image_row(json::Writer& out, const Inference& result) {
+  out.begin_object();
+  out.key("experts").array(result.experts);
+  out.key("gates").array(std::vector<double>(result.gates.begin(), result.gates.end()));
+  out.key("logits").array(std::vector<double>(result.logits.begin(), result.logits.end()));
+  out.key("router_ms").value(result.router_ms);
+  out.key("expert_ms").value(result.expert_ms);
+  out.key("load_ms").value(result.load_ms);
+  out.key("total_ms").value(result.total_ms);
+  out.key("cache_hit").value(result.hit);
+  out.end_object();
+}
+
+// 2. Routing pass: each image once, in order, through the expert cache. Returns each expert's cold load time (its
+// first load in this process).
+std::map<int, double> routing_pass(json::Writer& out, const Bundle& bundle, Pipeline& pipeline, const Loader& loader,
+                                   std::vector<std::vector<float>>& images, OpenFiles& files) {
+  files.note();
+  std::map<int, double> cold_expert_load_ms;
   int64_t bytes_before_routing = loader.bytes_loaded;
   out.key("images").begin_array();
   for (auto& image : images) {
     Inference result = pipeline.infer(image);
-    note_open_files();
-    if (!result.hit && !cold_expert_load_ms.count(result.experts[0])) cold_expert_load_ms[result.experts[0]] = result.load_ms;
-    out.begin_object();
-    out.key("experts").array(result.experts);
-    out.key("gates").array(std::vector<double>(result.gates.begin(), result.gates.end()));
-    out.key("logits").array(std::vector<double>(result.logits.begin(), result.logits.end()));
-    out.key("router_ms").value(result.router_ms);
-    out.key("expert_ms").value(result.expert_ms);
-    out.key("load_ms").value(result.load_ms);
-    out.key("total_ms").value(result.total_ms);
-    out.key("cache_hit").value(result.hit);
-    out.end_object();
+    files.note();
+    if (!result.hit && !cold_expert_load_ms.count(result.experts[0]))
+      cold_expert_load_ms[result.experts[0]] = result.load_ms;
+    write_image_row(out, result);
   }
   out.end_array();
   int64_t routing_bytes = loader.bytes_loaded - bytes_before_routing;
@@ -277,8 +305,12 @@ std::string measure(const Options& options) {
   out.key("files_open_after_routing").array(stats::open_files_under(bundle.dir));
   out.key("memory_after_routing");
   write_memory(out, stats::memory_now());
+  return cold_expert_load_ms;
+}
 
-  // 3. warm-up, then timed end-to-end iterations cycling over the images
+// 3. Warm-up, then --iterations timed end-to-end runs cycling over the images (cache as configured).
+void timed_runs(json::Writer& out, const Options& options, const Bundle& bundle, Pipeline& pipeline,
+                std::vector<std::vector<float>>& images, OpenFiles& files) {
   for (int i = 0; i < options.warmup; ++i) pipeline.infer(images[i % images.size()]);
   std::vector<double> total, router, expert, loads;
   for (int i = 0; i < options.iterations; ++i) {
@@ -288,11 +320,11 @@ std::string measure(const Options& options) {
     expert.push_back(result.expert_ms);
     if (!result.hit) loads.push_back(result.load_ms);
   }
-  note_open_files();
+  files.note();
   out.key("latency_ms");
   write_summary(out, total);
   out.key("stages_ms").begin_object();
-  out.key(bundle.kind == "split" ? "router" : bundle.kind);
+  out.key(first_graph_key(bundle));
   write_summary(out, router);
   if (bundle.kind == "split") {
     out.key("expert");
@@ -302,46 +334,57 @@ std::string measure(const Options& options) {
   out.key("timed_expert_loads").value(loads.size());
   out.key("memory_after_warm");
   write_memory(out, stats::memory_now());
+}
 
-  // What the routing pass and the timed runs had open: by design only the router and the experts the images chose.
-  out.key("files_opened").array(std::vector<std::string>(files_seen.begin(), files_seen.end()));
+struct SwitchTimes {
+  std::vector<double> total_ms, load_ms, first_run_ms, warm_run_ms;
+};
 
-  // 4. switch cost: an expert that is not loaded, loaded and run once (what a phone pays when routing changes)
-  std::vector<double> switch_ms, switch_load_ms, switch_first_run_ms, switch_warm_run_ms;
-  if (bundle.kind == "split") {
-    std::vector<float> tokens = pipeline.route(images[0]);  // real tokens, so the expert sees real input
-    for (int repeat = 0; repeat < options.switch_repeats; ++repeat) {
-      for (int e = 0; e < num_experts; ++e) {
-        pipeline.cache().unload(e);
-        auto start = Clock::now();
-        bool hit = false;
-        double load_ms = 0;
-        auto& modules = pipeline.cache().get(e, &hit, &load_ms);
-        if (!cold_expert_load_ms.count(e)) cold_expert_load_ms[e] = load_ms;
-        auto run_start = Clock::now();
-        pipeline.run_expert(e, modules, tokens);
-        switch_first_run_ms.push_back(ms_since(run_start));
-        switch_ms.push_back(ms_since(start));
-        switch_load_ms.push_back(load_ms);
-        auto warm_start = Clock::now();
-        pipeline.run_expert(e, modules, tokens);
-        switch_warm_run_ms.push_back(ms_since(warm_start));
-        note_open_files();
-      }
+// 4. Switch cost: for each expert, unload it, then time load + first run (what a phone pays when routing changes);
+// then one more (warm) run. An expert first loaded here has its cold load recorded in cold_expert_load_ms.
+SwitchTimes measure_switches(const Options& options, const Bundle& bundle, Pipeline& pipeline,
+                             std::vector<std::vector<float>>& images, int num_experts, OpenFiles& files,
+                             std::map<int, double>& cold_expert_load_ms) {
+  SwitchTimes times;
+  if (bundle.kind != "split") return times;
+  std::vector<float> tokens = pipeline.route(images[0]);  // real tokens, so the expert sees real input
+  for (int repeat = 0; repeat < options.switch_repeats; ++repeat) {
+    for (int e = 0; e < num_experts; ++e) {
+      pipeline.cache().unload(e);
+      auto start = Clock::now();
+      bool hit = false;
+      double load_ms = 0;
+      auto& modules = pipeline.cache().get(e, &hit, &load_ms);
+      if (!cold_expert_load_ms.count(e)) cold_expert_load_ms[e] = load_ms;
+      auto run_start = Clock::now();
+      pipeline.run_expert(e, modules, tokens);
+      times.first_run_ms.push_back(ms_since(run_start));
+      times.total_ms.push_back(ms_since(start));
+      times.load_ms.push_back(load_ms);
+      auto warm_start = Clock::now();
+      pipeline.run_expert(e, modules, tokens);
+      times.warm_run_ms.push_back(ms_since(warm_start));
+      files.note();
     }
   }
+  return times;
+}
+
+void write_switches(json::Writer& out, const std::map<int, double>& cold_expert_load_ms, const SwitchTimes& times) {
   out.key("expert_load_ms").begin_object();
   for (const auto& [e, ms] : cold_expert_load_ms) out.key(std::to_string(e)).value(ms);
   out.end_object();
   out.key("switch").begin_object();
-  out.key("ms").array(switch_ms);
-  out.key("median_ms").value(median(switch_ms));
-  out.key("load_median_ms").value(median(switch_load_ms));
-  out.key("first_run_median_ms").value(median(switch_first_run_ms));
-  out.key("warm_expert_run_median_ms").value(median(switch_warm_run_ms));
+  out.key("ms").array(times.total_ms);
+  out.key("median_ms").value(median(times.total_ms));
+  out.key("load_median_ms").value(median(times.load_ms));
+  out.key("first_run_median_ms").value(median(times.first_run_ms));
+  out.key("warm_expert_run_median_ms").value(median(times.warm_run_ms));
   out.end_object();
+}
 
-  // Graph bytes each image needs: the router (or single graph) plus its chosen experts' files.
+// Graph bytes each image needs: the router (or single graph) plus its chosen experts' files; then every load.
+void write_graph_loads(json::Writer& out, const Bundle& bundle, const Loader& loader) {
   out.key("graph_bytes").begin_object();
   out.key(bundle.first().name).value(bundle.first().bytes);
   for (const auto& graph : bundle.shared) out.key(graph.name).value(graph.bytes);
@@ -361,7 +404,36 @@ std::string measure(const Options& options) {
     out.end_object();
   }
   out.end_array();
-  out.key("files_opened_incl_switch").array(std::vector<std::string>(files_seen.begin(), files_seen.end()));
+}
+
+std::string measure(const Options& options) {
+  set_phase("reading the bundle " + options.bundle);
+  Bundle bundle = read_bundle(options.bundle);
+  probe_weights_files(bundle, options.load_mode);  // before any thread pool exists: the probe forks
+  auto images = read_images(options, bundle);
+  int num_experts = bundle.kind == "split" || bundle.kind == "whole" ? bundle.num_experts : 0;
+  int cache_experts = expert_cache_size(options, bundle, num_experts);
+  set_threads(options.threads);
+  configure_weight_cache(options, bundle);
+
+  json::Writer out;
+  out.begin_object();
+  write_run_settings(out, options, bundle, num_experts, cache_experts, images.size());
+  out.key("memory_at_start");
+  write_memory(out, stats::memory_now());
+
+  Loader loader(options.load_mode);
+  Pipeline pipeline(bundle, loader, cache_experts);
+  OpenFiles files{bundle.dir, {}};
+  load_first_graph(out, bundle, pipeline);
+  std::map<int, double> cold_expert_load_ms = routing_pass(out, bundle, pipeline, loader, images, files);
+  timed_runs(out, options, bundle, pipeline, images, files);
+  // What the routing pass and the timed runs had open: by design only the router and the experts the images chose.
+  out.key("files_opened").array(files.list());
+  SwitchTimes switches = measure_switches(options, bundle, pipeline, images, num_experts, files, cold_expert_load_ms);
+  write_switches(out, cold_expert_load_ms, switches);
+  write_graph_loads(out, bundle, loader);
+  out.key("files_opened_incl_switch").array(files.list());
   out.key("memory_at_end");
   write_memory(out, stats::memory_now());
   out.end_object();

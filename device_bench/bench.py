@@ -1,0 +1,211 @@
+"""The benchmark as a typed library: BenchSettings in, the results.json object out (DESIGN.md, "Benchmark results").
+
+    from device_bench.bench import BenchSettings, benchmark
+    from device_bench.settings import Settings
+
+    settings = BenchSettings(Settings(iterations=50, threads=1), runtime="native", rounds=3, data="digits")
+    results = benchmark(["bundles/moe", "bundles/dense"], settings, out="bench/")
+
+Each (bundle, round) is one fresh runner process, so cold loads are cold and each process's memory high-water mark
+is its own. Every runner (the native C++ runner on the host or over adb, the Python worker around export's runtime,
+Core ML) is a RoundRunner, picked by `choose_runner(runtime, device, runner)`; whatever it returns goes through
+results.validate_round before anything reads it. Rounds are separated by a pause (heat, background work), and
+results.json keeps the median across rounds with a flag when they disagree. `mobile-moe bench` (cli.py) is this
+library behind argparse.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from device_bench import results as results_module
+from device_bench.bundles import read_manifest
+from device_bench.native import check_runner
+from device_bench.round_report import RoundReport
+from device_bench.settings import Settings
+from device_bench.workload import make_workload, random_seed, write_raw
+from mobile_moe import jsonio
+from mobile_moe.atomic import check_writable, write_text_atomic
+from mobile_moe.errors import UsageError
+
+RUNTIMES = ("executorch", "onnxruntime", "native", "coreml")
+DEFAULT_RUNTIME = {"executorch": "native", "onnx": "onnxruntime", "coreml": "coreml"}  # by bundle backend
+BACKEND_OF_RUNTIME = {"executorch": "executorch", "native": "executorch", "onnxruntime": "onnx", "coreml": "coreml"}
+MAX_PAUSE_S = 3600
+
+
+class RoundRunner(Protocol):
+    """Runs one round (one fresh process) on one bundle and returns what it measured."""
+
+    @property
+    def name(self) -> str:
+        """Which runner this is, for error messages ("native runner", "onnxruntime worker", ...)."""
+        ...
+
+    def run_round(self, bundle: Path, images: Path, settings: Settings) -> RoundReport: ...
+
+
+def parse_device(device: str) -> tuple[str, str | None]:
+    """("host", None) or ("android", SERIAL or None)."""
+    name, _, serial = device.partition(":")
+    if name not in ("host", "android") or (name == "host" and serial):
+        raise UsageError(f"--device {device!r}: use host or android[:SERIAL]")
+    return name, serial or None
+
+
+def choose_runner(runtime: str, device: str = "host", runner: str | Path | None = None) -> RoundRunner:
+    """The one place that maps (runtime, device) to a runner. `runner`: a native runner binary (an Android arm64
+    build for a phone); None builds one for this host when the native runtime needs it."""
+    place, serial = parse_device(device)
+    if place == "android":
+        if runtime != "native":
+            raise UsageError("--device android runs the native runner only: add --runtime native --runner PATH")
+        if runner is None:
+            raise UsageError("--device android needs --runner PATH: an Android arm64 build (native/build_android.sh)")
+        from device_bench.android import AndroidRunner
+
+        return AndroidRunner(serial, Path(runner))
+    if runtime == "native":
+        from device_bench.native import NativeRunner
+
+        return NativeRunner(Path(runner) if runner is not None else None)
+    if runtime == "coreml":
+        from device_bench.coreml_runner import CoreMLRunner
+
+        return CoreMLRunner()  # refuses off macOS
+    from device_bench.python_worker import PythonWorker
+
+    return PythonWorker(runtime)
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """A whole bench's settings; `round` holds what each runner process is told (iterations, threads, ...)."""
+
+    round: Settings = field(default_factory=Settings)
+    runtime: str | None = None  # one of RUNTIMES; None: each bundle's default (native for ExecuTorch, ...)
+    device: str = "host"  # "host" or "android[:SERIAL]" (the native runner over adb)
+    runner: str | Path | None = None  # native runner binary; None: build one for this host (required on android)
+    rounds: int = 3  # fresh processes per bundle; results keep the median and flag disagreement
+    pause_s: float = 2.0  # between rounds, so heat and background work settle
+    data: str = "random"  # images: random[:SEED] or a data spec (digits, cifar10:ROOT, ...)
+    images: int = 32  # images in the routing workload
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1:
+            raise UsageError(f"--rounds {self.rounds}: must be at least 1")
+        if not 0 <= self.pause_s <= MAX_PAUSE_S:
+            raise UsageError(f"--pause {self.pause_s}: seconds between rounds, from 0 to {MAX_PAUSE_S}")
+        if self.images < 1:
+            raise UsageError(f"--images {self.images}: must be at least 1")
+        random_seed(self.data)  # a bad random:SEED now; a data spec is checked when it is opened
+        if self.runtime is not None and self.runtime not in RUNTIMES:
+            raise UsageError(f"--runtime {self.runtime!r}: choose one of {', '.join(RUNTIMES)}")
+        place, _ = parse_device(self.device)
+        if self.runner is not None:
+            check_runner(self.runner)
+        if self.runtime is not None or place == "android":
+            choose_runner(self.runtime or "native", self.device, self.runner)  # its refusals, before anything runs
+
+    def as_json(self) -> dict:
+        """results.json's "settings": the per-round knobs and the workload."""
+        return {**dataclasses.asdict(self.round), "data": self.data, "images": self.images, "pause_s": self.pause_s}
+
+
+def choose_runtime(requested: str | None, manifest: dict, bundle: str) -> str:
+    runtime = requested or DEFAULT_RUNTIME.get(manifest["backend"])
+    if runtime is None or BACKEND_OF_RUNTIME[runtime] != manifest["backend"]:
+        backend = manifest["backend"]
+        article = "an" if backend[0] in "aeiou" else "a"
+        raise UsageError(f"{bundle} is {article} {backend} bundle; --runtime {requested} cannot run it")
+    return runtime
+
+
+def host_description() -> str:
+    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+
+
+def measure_bundle(
+    bundle: str,
+    manifest: dict,
+    runtime: str,
+    runner: RoundRunner,
+    settings: BenchSettings,
+    images_file: Path,
+    log: Callable[[str], None],
+) -> dict:
+    """The results.json record of one bundle: its workload written once, then `settings.rounds` rounds."""
+    workload = make_workload(settings.data, manifest, settings.images)
+    images = write_raw(workload, images_file)
+    rounds: list[RoundReport] = []
+    for index in range(settings.rounds):
+        if index:
+            time.sleep(settings.pause_s)
+        report = runner.run_round(Path(bundle), images, settings.round)
+        rounds.append(results_module.validate_round(report, runner.name))
+        log(f"{bundle} [{runtime}, {settings.device}] round {index + 1}: p50 {report['latency_ms']['p50']:.2f} ms")
+    record = results_module.run_record(bundle, manifest, runtime, settings.device, rounds, workload.source)
+    record["raw_first_round"] = rounds[0]
+    return record
+
+
+def write_results(results: dict, out: Path) -> None:
+    from device_bench.report import write_report
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "results.json", jsonio.dumps(results, indent=1))
+    write_report(results, out)
+
+
+def benchmark(
+    bundles: Sequence[str | Path], settings: BenchSettings, out: str | Path, log: Callable[[str], None] = print
+) -> dict:
+    """Measure every bundle; writes results.json, report.md and plots to `out` and returns the results.json object.
+    Every bundle and the output directory are checked before the first round runs."""
+    if isinstance(bundles, str | Path):  # a str is a Sequence too: of characters
+        raise TypeError("bundles: a list of bundle directories, not one path")
+    names = [str(bundle) for bundle in bundles]  # results.json names bundles as the caller did
+    if not names:
+        raise UsageError("no bundle to benchmark: pass at least one bundle directory")
+    check_writable(out, directory=True)  # before measuring, not after
+    manifests = {name: read_manifest(name) for name in names}  # all checked before any is run
+    runtimes = {name: choose_runtime(settings.runtime, manifests[name], name) for name in names}
+    runners = {runtime: choose_runner(runtime, settings.device, settings.runner) for runtime in set(runtimes.values())}
+    with tempfile.TemporaryDirectory(prefix="mobile-moe-bench-") as scratch:
+        images_file = Path(scratch) / "images.f32"
+        records = [
+            measure_bundle(name, manifests[name], runtimes[name], runners[runtimes[name]], settings, images_file, log)
+            for name in names
+        ]
+    results = {"runs": records, "host": host_description(), "rounds": settings.rounds, "settings": settings.as_json()}
+    results_module.validate_results(results)
+    write_results(results, Path(out))
+    return results
+
+
+def bench_bundles(
+    bundles: Sequence[str | Path],
+    out: str | Path,
+    *,
+    runtime: str | None = None,
+    iterations: int = 20,
+    warmup: int = 3,
+    threads: int = 1,
+    rounds: int = 1,
+    data: str = "random",
+    images: int = 16,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """For `mobile-moe demo` and notebooks: benchmark bundles on this host with short defaults (a half-second pause
+    between rounds); writes results.json, report.md and plots to `out` and returns the results.json object."""
+    round_settings = Settings(iterations=iterations, warmup=warmup, threads=threads)
+    settings = BenchSettings(round_settings, runtime=runtime, rounds=rounds, pause_s=0.5, data=data, images=images)
+    return benchmark(bundles, settings, out, log)

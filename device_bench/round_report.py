@@ -1,0 +1,74 @@
+"""What one round (one runner process on one bundle) must report, whichever runner ran it.
+
+Every runner (the native C++ runner on the host or over adb, the Python worker around export's runtime, Core ML)
+returns a RoundReport; device_bench/results.py `validate_round` checks one against these types before anything
+reads it, so a runner that leaves a field out is refused by name instead of failing deep inside the aggregate.
+A runner that cannot measure a value gives null (None) for it; it never leaves the key out. Runners may add keys
+of their own (the native runner's files_opened, loads, graph_bytes, ...): they pass through to raw_first_round.
+"""
+
+# No `from __future__ import annotations` here: on Python 3.11 TypedDict cannot see NotRequired in a string
+# annotation, and results.validate_round reads __required_keys__.
+from typing import NotRequired, TypedDict
+
+
+class Summary(TypedDict):
+    """Timed samples in ms and their percentiles (linear interpolation, numpy's default, on every runner)."""
+
+    p50: float
+    p90: float
+    p99: float
+    mean: float
+    min: float
+    max: float
+    samples: list[float]
+
+
+class Memory(TypedDict):
+    """The runner process's memory at one moment, as the OS reports it; None where the OS does not say (macOS)."""
+
+    rss_bytes: int | None
+    peak_rss_bytes: int | None  # the high-water mark so far (VmHWM)
+    pss_bytes: int | None
+
+
+class ImageRow(TypedDict):
+    """One image of the routing pass (every image once, in order, cache cold at the start)."""
+
+    experts: list[int]  # chosen experts; empty for a dense bundle
+    gates: list[float]
+    logits: list[float]
+    router_ms: float
+    expert_ms: float
+    load_ms: float  # expert graphs loaded for this image (0 on a cache hit)
+    total_ms: float
+    cache_hit: bool
+
+
+class Switch(TypedDict):
+    """An expert not loaded, loaded and run once: what routing to another expert costs. Medians are None when nothing
+    was timed (a dense or one-graph bundle, --switch-repeats 0, or a routing sequence with one expert)."""
+
+    ms: list[float]
+    median_ms: float | None
+    load_median_ms: float | None
+    first_run_median_ms: float | None
+    warm_expert_run_median_ms: float | None  # the same expert's next run, for comparison
+    note: NotRequired[str]  # why nothing was timed
+
+
+class RoundReport(TypedDict):
+    runner: str
+    bundle: str  # as the runner saw it (a device path on a phone)
+    threads: int
+    load_ms: dict[str, float]  # cold load of what is resident from the start: {"router" or the bundle kind: ms}
+    expert_load_ms: dict[str, float]  # cold load of each expert graph, by expert index; {} for one-graph bundles
+    images: list[ImageRow]
+    graphs_loaded_after_routing: list[str]
+    latency_ms: Summary  # warm end to end per image
+    stages_ms: dict[str, Summary]  # "router" and "expert" for split bundles, the bundle kind for one graph
+    switch: Switch
+    memory_at_start: Memory
+    memory_after_first_load: Memory
+    memory_after_warm: Memory  # after the routing pass and the timed runs: what serving holds
+    memory_at_end: Memory  # after the switch phase, which loads every expert in turn
