@@ -269,3 +269,10 @@ def test_bytes_and_params_loaded_per_image_are_honest_for_split_and_whole():
 
     (line,) = comparisons([run("mvmoe", "split", split, [[0]]), run("vmoe", "whole", whole, [[0, 1]])])
     assert line.startswith("- split mvmoe vs whole vmoe (native)") and "every expert" in line
+
+
+@needs_build
+def test_runner_refuses_the_weight_cache_for_experts_sharing_a_program(runner, bundle, workload_file):
+    """XNNPACK's cache keys packed weights by named-data key, which experts sharing one program share."""
+    with pytest.raises(UsageError, match="--weight-cache cannot serve this bundle"):
+        run_native(runner, bundle, workload_file, Settings(iterations=1, warmup=0, weight_cache=True))
