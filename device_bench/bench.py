@@ -133,28 +133,13 @@ def host_description() -> str:
     return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
 
 
-def measure_bundle(
-    bundle: str,
-    manifest: dict,
-    runtime: str,
-    runner: RoundRunner,
-    settings: BenchSettings,
-    images_file: Path,
-    log: Callable[[str], None],
-) -> dict:
-    """The results.json record of one bundle: its workload written once, then `settings.rounds` rounds."""
-    workload = make_workload(settings.data, manifest, settings.images)
-    images = write_raw(workload, images_file)
-    rounds: list[RoundReport] = []
-    for index in range(settings.rounds):
-        if index:
-            time.sleep(settings.pause_s)
-        report = runner.run_round(Path(bundle), images, settings.round)
-        rounds.append(results_module.validate_round(report, runner.name))
-        log(f"{bundle} [{runtime}, {settings.device}] round {index + 1}: p50 {report['latency_ms']['p50']:.2f} ms")
-    record = results_module.run_record(bundle, manifest, runtime, settings.device, rounds, workload.source)
-    record["raw_first_round"] = rounds[0]
-    return record
+def measure_round(
+    bundle: str, runtime: str, runner: RoundRunner, settings: BenchSettings, images: Path, index: int, log
+) -> RoundReport:
+    """One round of one bundle: a fresh runner process, its report validated."""
+    report = results_module.validate_round(runner.run_round(Path(bundle), images, settings.round), runner.name)
+    log(f"{bundle} [{runtime}, {settings.device}] round {index + 1}: p50 {report['latency_ms']['p50']:.2f} ms")
+    return report
 
 
 def write_results(results: dict, out: Path) -> None:
@@ -179,12 +164,25 @@ def benchmark(
     manifests = {name: read_manifest(name) for name in names}  # all checked before any is run
     runtimes = {name: choose_runtime(settings.runtime, manifests[name], name) for name in names}
     runners = {runtime: choose_runner(runtime, settings.device, settings.runner) for runtime in set(runtimes.values())}
+    workloads = {name: make_workload(settings.data, manifests[name], settings.images) for name in names}
+    rounds: dict[str, list[RoundReport]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="mobile-moe-bench-") as scratch:
-        images_file = Path(scratch) / "images.f32"
-        records = [
-            measure_bundle(name, manifests[name], runtimes[name], runners[runtimes[name]], settings, images_file, log)
-            for name in names
-        ]
+        images = {name: write_raw(workloads[name], Path(scratch) / f"images-{i}.f32") for i, name in enumerate(names)}
+        # Rounds interleave the bundles (round 1 of each, then round 2 of each, ...): a host that drifts during the
+        # bench (heat, other work) then hits every bundle alike, and the ratios between bundles stay honest.
+        for index in range(settings.rounds):
+            if index:
+                time.sleep(settings.pause_s)
+            for name in names:
+                runner = runners[runtimes[name]]
+                rounds[name].append(measure_round(name, runtimes[name], runner, settings, images[name], index, log))
+    records = [
+        results_module.run_record(
+            name, manifests[name], runtimes[name], settings.device, rounds[name], workloads[name].source
+        )
+        | {"raw_first_round": rounds[name][0]}
+        for name in names
+    ]
     results = {"runs": records, "host": host_description(), "rounds": settings.rounds, "settings": settings.as_json()}
     results_module.validate_results(results)
     write_results(results, Path(out))
