@@ -57,6 +57,21 @@ def _missing_build_tools() -> list[str]:
     return missing_tools()
 
 
+def write_imagefolder(root: Path, counts: dict[str, int], classes: tuple[str, ...], size: tuple[int, int]) -> Path:
+    """ROOT/<split>/<class>/<i>.png of random RGB images (height, width = size): `counts[split]` per class."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, count in counts.items():
+        for name in classes:
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for i in range(count):
+                Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    return root
+
+
 needs_build = pytest.mark.skipif(
     bool(_missing_build_tools()), reason=f"cannot build the native runner: {_missing_build_tools()}"
 )

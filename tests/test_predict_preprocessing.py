@@ -19,6 +19,7 @@ from export.images import load_image
 from export.manifest import MANIFEST
 from export.runtime import load_bundle
 from mobile_moe.cli import main
+from tests.conftest import write_imagefolder
 
 pytestmark = pytest.mark.export
 
@@ -29,15 +30,7 @@ MODEL = ["--model", "vit", "--size", "1x64", "--patch", "8", "--image-size", str
 
 @pytest.fixture(scope="module")
 def image_root(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("images")
-    rng = np.random.default_rng(0)
-    for split, count in (("train", 3), ("val", 2)):
-        for name in ("a", "b"):
-            folder = root / split / name
-            folder.mkdir(parents=True)
-            for i in range(count):
-                Image.fromarray(rng.integers(0, 256, (48, 40, 3), dtype=np.uint8)).save(folder / f"{i}.png")
-    return root
+    return write_imagefolder(tmp_path_factory.mktemp("images"), {"train": 3, "val": 2}, ("a", "b"), (48, 40))
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from mobile_moe.errors import UsageError
+from tests.conftest import write_imagefolder
 from training import augment
 from training.data import open_data
 from training.recipes import deit
@@ -68,13 +68,7 @@ def test_training_transform_augments_and_normalises():
 
 
 def test_imagefolder_reads_train_and_splits_val(tmp_path):
-    rng = np.random.default_rng(0)
-    for split, count in (("train", 4), ("val", 4)):
-        for name in ("cat", "dog"):
-            folder = tmp_path / split / name
-            folder.mkdir(parents=True)
-            for i in range(count):
-                Image.fromarray(rng.integers(0, 255, (20, 24, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    write_imagefolder(tmp_path, {"train": 4, "val": 4}, ("cat", "dog"), (20, 24))
     data = open_data(f"imagefolder:{tmp_path}", 16)
     assert data.class_names == ["cat", "dog"] and data.super_classes is None
     assert [len(data.split(s)) for s in ("train", "val", "test")] == [8, 4, 4]
