@@ -72,15 +72,15 @@ struct File {
 };
 
 struct Graph {
-  std::string name, role, file, path, sha256;
+  std::string name, role;
   int expert = -1;
-  int64_t bytes = 0;   // the manifest's size, checked against the file
   int64_t params = 0;  // weights the graph carries (parameters and buffers)
+  File program;        // the ExecuTorch program (.pte)
   // ExecuTorch named data (.ptd) with the weights this graph keeps outside its program, when graphs share one
   // program (export/executorch_family.py); empty `file` when the program holds them all.
   File weights;
   bool shares_program() const { return !weights.file.empty(); }
-  int64_t load_bytes() const { return bytes + weights.bytes; }  // what loading the graph reads
+  int64_t load_bytes() const { return program.bytes + weights.bytes; }  // what loading the graph reads
   std::vector<Spec> inputs, outputs;
   std::vector<std::vector<int32_t>> input_shapes;
   // Index of the named output ("logits", "tokens", "router_probs", "expert_tokens") among the outputs; -1 when absent.
@@ -176,7 +176,7 @@ inline bool is_hex_digest(const std::string& text) {
   return true;
 }
 
-// A file a graph names: relative, inside the bundle (a bundle is untrusted input on a phone), a regular file.
+// A path a graph names: relative, inside the bundle (a bundle is untrusted input on a phone), a regular file.
 inline std::string path_in_bundle(const std::string& graph, const std::string& file, const std::string& dir) {
   if (file[0] == '/') throw UsageError("graph " + graph + ": file " + file + " must be a path relative to the bundle");
   std::string path = real_path(dir + "/" + file);
@@ -190,6 +190,18 @@ inline std::string path_in_bundle(const std::string& graph, const std::string& f
   return path;
 }
 
+// {file, sha256, bytes} at `where` (a graph entry, or its `weights` object), its path resolved inside the bundle.
+inline File file_from(const json::Value& object, const std::string& where, const std::string& graph,
+                      const std::string& dir) {
+  File file;
+  file.file = as_str(object_at(object, where, "file"), child(where, "file"), 1, 4096);
+  file.sha256 = as_str(object_at(object, where, "sha256"), child(where, "sha256"), 0, 64);
+  if (!is_hex_digest(file.sha256)) invalid(child(where, "sha256"), "must be 64 lowercase hex digits");
+  file.bytes = as_int(object_at(object, where, "bytes"), child(where, "bytes"), 0, kMaxCount);
+  file.path = path_in_bundle(graph, file.file, dir);
+  return file;
+}
+
 inline Graph graph_from(const json::Value& entry, const std::string& where, const std::string& dir) {
   Graph graph;
   graph.name = as_str(object_at(entry, where, "name"), child(where, "name"), 1, 256);
@@ -197,10 +209,6 @@ inline Graph graph_from(const json::Value& entry, const std::string& where, cons
   const json::Value& expert = object_at(entry, where, "expert");  // required, may be null
   graph.expert = expert.is_null() ? -1 : static_cast<int>(as_int(expert, child(where, "expert"), 0, kMaxExperts - 1));
   if (const json::Value* block = optional_at(entry, where, "block")) as_int(*block, child(where, "block"), 0, 4096);
-  graph.file = as_str(object_at(entry, where, "file"), child(where, "file"), 1, 4096);
-  graph.sha256 = as_str(object_at(entry, where, "sha256"), child(where, "sha256"), 0, 64);
-  if (!is_hex_digest(graph.sha256)) invalid(child(where, "sha256"), "must be 64 lowercase hex digits");
-  graph.bytes = as_int(object_at(entry, where, "bytes"), child(where, "bytes"), 0, kMaxCount);
   graph.params = as_int(object_at(entry, where, "params"), child(where, "params"), 0, kMaxCount);
   const auto& inputs = as_array(object_at(entry, where, "inputs"), child(where, "inputs"), 1, 16);
   for (size_t i = 0; i < inputs.size(); ++i) graph.inputs.push_back(spec_of(inputs[i], child(child(where, "inputs"), i)));
@@ -208,16 +216,12 @@ inline Graph graph_from(const json::Value& entry, const std::string& where, cons
   for (size_t i = 0; i < outputs.size(); ++i)
     graph.outputs.push_back(spec_of(outputs[i], child(child(where, "outputs"), i)));
   for (const auto& spec : graph.inputs) graph.input_shapes.push_back(spec.shape);
-  graph.path = path_in_bundle(graph.name, graph.file, dir);
+  graph.program = file_from(entry, where, graph.name, dir);
   if (const json::Value* weights = optional_at(entry, where, "weights")) {
     std::string at = child(where, "weights");
     if (!weights->is_object()) invalid(at, "must be an object {file, sha256, bytes}, not " + json::describe(*weights));
-    graph.weights.file = as_str(object_at(*weights, at, "file"), child(at, "file"), 1, 4096);
-    graph.weights.sha256 = as_str(object_at(*weights, at, "sha256"), child(at, "sha256"), 0, 64);
-    if (!is_hex_digest(graph.weights.sha256)) invalid(child(at, "sha256"), "must be 64 lowercase hex digits");
-    graph.weights.bytes = as_int(object_at(*weights, at, "bytes"), child(at, "bytes"), 0, kMaxCount);
-    if (graph.weights.file == graph.file) invalid(child(at, "file"), "is the graph's program file");
-    graph.weights.path = path_in_bundle(graph.name, graph.weights.file, dir);
+    graph.weights = file_from(*weights, at, graph.name, dir);
+    if (graph.weights.file == graph.program.file) invalid(child(at, "file"), "is the graph's program file");
   }
   return graph;
 }
@@ -506,21 +510,20 @@ inline void validate(const json::Value& manifest, Bundle& bundle) {
 }
 
 // Every graph file the manifest lists must have the recorded size and sha256: checked before any graph is loaded.
-inline void verify_file(const std::string& graph, const std::string& file, const std::string& path,
-                        const std::string& sha256, int64_t bytes) {
+inline void verify_file(const std::string& graph, const File& file) {
   std::string digest;
   uint64_t size = 0;
-  if (!mobile_moe::sha256::file_digest(path, &digest, &size)) throw UsageError("graph " + graph + ": cannot read " + file);
-  if (static_cast<int64_t>(size) != bytes || digest != sha256)
-    throw UsageError("graph " + graph + ": " + file +
+  if (!mobile_moe::sha256::file_digest(file.path, &digest, &size))
+    throw UsageError("graph " + graph + ": cannot read " + file.file);
+  if (static_cast<int64_t>(size) != file.bytes || digest != file.sha256)
+    throw UsageError("graph " + graph + ": " + file.file +
                      " does not match the sha256 in the manifest (tampered with or truncated); re-export the bundle");
 }
 
 inline void verify_graph_files(const Bundle& bundle) {
   for (const auto& graph : bundle.all) {
-    verify_file(graph.name, graph.file, graph.path, graph.sha256, graph.bytes);
-    if (graph.shares_program())
-      verify_file(graph.name, graph.weights.file, graph.weights.path, graph.weights.sha256, graph.weights.bytes);
+    verify_file(graph.name, graph.program);
+    if (graph.shares_program()) verify_file(graph.name, graph.weights);
   }
 }
 

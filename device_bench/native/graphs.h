@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdint>
 #include <list>
 #include <map>
@@ -56,26 +57,26 @@ inline void check_signature(Module& module, const Graph& graph) {
   using executorch::runtime::Tag;
   auto meta = module.method_meta("forward");
   if (!meta.ok())
-    throw UsageError("graph " + graph.name + ": " + graph.file + " has no forward method " +
+    throw UsageError("graph " + graph.name + ": " + graph.program.file + " has no forward method " +
                      runtime_error_text(meta.error()));
   auto compare = [&](const char* what, size_t count, const std::vector<Spec>& specs, auto tag_of, auto info_of) {
     if (count != specs.size())
-      throw UsageError("graph " + graph.name + ": " + graph.file + " takes " + std::to_string(count) + " " + what +
+      throw UsageError("graph " + graph.name + ": " + graph.program.file + " takes " + std::to_string(count) + " " + what +
                        " but the manifest lists " + std::to_string(specs.size()));
     for (size_t i = 0; i < count; ++i) {
       std::string which = std::string(what) + " " + std::to_string(i) + " (" + specs[i].name + ")";
       auto tag = tag_of(i);
       if (!tag.ok() || *tag != Tag::Tensor)
-        throw UsageError("graph " + graph.name + ": " + which + " of " + graph.file + " is not a tensor");
+        throw UsageError("graph " + graph.name + ": " + which + " of " + graph.program.file + " is not a tensor");
       auto info = info_of(i);
       if (!info.ok())
-        throw UsageError("graph " + graph.name + ": " + which + " of " + graph.file + " has no tensor metadata");
+        throw UsageError("graph " + graph.name + ": " + which + " of " + graph.program.file + " has no tensor metadata");
       if (info->scalar_type() != executorch::aten::ScalarType::Float)
-        throw UsageError("graph " + graph.name + ": " + which + " of " + graph.file + " is not float32");
+        throw UsageError("graph " + graph.name + ": " + which + " of " + graph.program.file + " is not float32");
       auto sizes = info->sizes();
       std::vector<int32_t> actual(sizes.begin(), sizes.end());
       if (actual != specs[i].shape)
-        throw UsageError("graph " + graph.name + ": " + which + " of " + graph.file + " has shape " +
+        throw UsageError("graph " + graph.name + ": " + which + " of " + graph.program.file + " has shape " +
                          shape_text(actual) + " but the manifest says " + shape_text(specs[i].shape));
     }
   };
@@ -87,42 +88,6 @@ inline void check_signature(Module& module, const Graph& graph) {
       [&](size_t i) { return meta->output_tensor_meta(i); });
 }
 
-// ExecuTorch verifies a program's flatbuffer (InternalConsistency) but not a .ptd data file's: a corrupt one can crash
-// the runtime while it loads. So every graph that loads a weights file is first loaded once in a forked child; a child
-// killed by a signal means a corrupt file, refused in one line before anything is measured. Run before this process
-// loads anything, so the child inherits no thread pool.
-inline void probe_weights_files(const Bundle& bundle, const std::string& load_mode) {
-  for (const auto& graph : bundle.all) {
-    if (!graph.shares_program()) continue;
-    set_phase("checking that " + graph.weights.file + " loads");
-    pid_t child = fork();
-    if (child < 0) throw std::runtime_error("fork failed while checking " + graph.weights.file);
-    if (child == 0) {
-      signal(SIGSEGV, SIG_DFL);  // die quietly: the parent reports
-      signal(SIGBUS, SIG_DFL);
-      signal(SIGABRT, SIG_DFL);
-      signal(SIGFPE, SIG_DFL);
-      signal(SIGILL, SIG_DFL);
-      Module module(graph.path, graph.weights.path,
-                    load_mode == "file" ? Module::LoadMode::File : Module::LoadMode::Mmap);
-      bool ok = module.load(executorch::runtime::Program::Verification::InternalConsistency) ==
-                    executorch::runtime::Error::Ok &&
-                module.load_forward() == executorch::runtime::Error::Ok;
-      _exit(ok ? 0 : 3);
-    }
-    int status = 0;
-    while (waitpid(child, &status, 0) < 0) {
-    }
-    if (WIFSIGNALED(status))
-      throw UsageError("graph " + graph.name + ": loading " + graph.file + " with " + graph.weights.file +
-                       " crashed the ExecuTorch runtime (signal " + std::to_string(WTERMSIG(status)) +
-                       "); the weights file is corrupt: re-export the bundle");
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-      throw UsageError("graph " + graph.name + ": ExecuTorch cannot load " + graph.file + " with " + graph.weights.file +
-                       "; the bundle is corrupt: re-export it");
-  }
-}
-
 class Loader {
  public:
   explicit Loader(const std::string& mode)
@@ -131,20 +96,20 @@ class Loader {
   // Open the program (fully verified: a corrupt flatbuffer is refused, not walked), check its signature against the
   // manifest, and initialise its forward method: the delegate (XNNPACK) packs its weights here.
   std::unique_ptr<Module> load(const Graph& graph) {
-    set_phase("loading " + graph.file);
+    set_phase("loading " + graph.program.file);
     auto start = Clock::now();
-    auto module = graph.shares_program() ? std::make_unique<Module>(graph.path, graph.weights.path, mode_)
-                                         : std::make_unique<Module>(graph.path, mode_);
+    auto module = graph.shares_program() ? std::make_unique<Module>(graph.program.path, graph.weights.path, mode_)
+                                         : std::make_unique<Module>(graph.program.path, mode_);
     auto status = module->load(executorch::runtime::Program::Verification::InternalConsistency);
     if (status != executorch::runtime::Error::Ok)
-      throw UsageError("graph " + graph.name + ": " + graph.file + " is not a valid ExecuTorch program " +
+      throw UsageError("graph " + graph.name + ": " + graph.program.file + " is not a valid ExecuTorch program " +
                        runtime_error_text(status) + "; re-export the bundle");
     check_signature(*module, graph);
     double program_ms = ms_since(start);
     auto method_start = Clock::now();
     status = module->load_forward();
     if (status != executorch::runtime::Error::Ok)
-      throw UsageError("graph " + graph.name + ": initialising " + graph.file + " failed " + runtime_error_text(status) +
+      throw UsageError("graph " + graph.name + ": initialising " + graph.program.file + " failed " + runtime_error_text(status) +
                        "; re-export the bundle with this ExecuTorch version");
     events.push_back({graph.name, graph.load_bytes(), ms_since(start), program_ms, ms_since(method_start)});
     bytes_loaded += graph.load_bytes();
@@ -158,6 +123,40 @@ class Loader {
  private:
   Module::LoadMode mode_;
 };
+
+// ExecuTorch verifies a program's flatbuffer (InternalConsistency) but not a .ptd data file's: a corrupt one can crash
+// the runtime while it loads. So every graph that loads a weights file is first loaded once (by a Loader, as the
+// measurement will) in a forked child; a child killed by a signal means a corrupt file, and a child that could not
+// load it a bundle that cannot run: either is refused in one line before anything is measured. Run before this
+// process loads anything, so the child inherits no thread pool.
+inline void probe_weights_files(const Bundle& bundle, const std::string& load_mode) {
+  for (const auto& graph : bundle.all) {
+    if (!graph.shares_program()) continue;
+    set_phase("checking that " + graph.weights.file + " loads");
+    pid_t child = fork();
+    if (child < 0) throw std::runtime_error("fork failed while checking " + graph.weights.file);
+    if (child == 0) {
+      // Die of the signal without the runner's one-line crash report: the parent reports.
+      for (int fatal : {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL}) signal(fatal, SIG_DFL);
+      try {
+        Loader(load_mode).load(graph);
+      } catch (...) {
+        _exit(3);
+      }
+      _exit(0);
+    }
+    int status = 0;
+    while (waitpid(child, &status, 0) < 0) {
+    }
+    if (WIFSIGNALED(status))
+      throw UsageError("graph " + graph.name + ": loading " + graph.program.file + " with " + graph.weights.file +
+                       " crashed the ExecuTorch runtime (signal " + std::to_string(WTERMSIG(status)) +
+                       "); the weights file is corrupt: re-export the bundle");
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+      throw UsageError("graph " + graph.name + ": ExecuTorch cannot load " + graph.program.file + " with " +
+                       graph.weights.file + "; the bundle is corrupt: re-export it");
+  }
+}
 
 // Run forward on float32 inputs (each buffer exactly its spec's size); copy the float32 outputs out (the module's
 // output buffers are reused on the next run), each checked against its spec's size.
@@ -177,18 +176,18 @@ inline std::vector<std::vector<float>> run(Module& module, const Graph& graph,
   }
   auto result = module.forward(values);
   if (!result.ok())
-    throw std::runtime_error("running " + graph.file + " failed " + runtime_error_text(result.error()));
+    throw std::runtime_error("running " + graph.program.file + " failed " + runtime_error_text(result.error()));
   if (result->size() != graph.outputs.size())
-    throw std::runtime_error(graph.file + " returned " + std::to_string(result->size()) + " outputs, not " +
+    throw std::runtime_error(graph.program.file + " returned " + std::to_string(result->size()) + " outputs, not " +
                              std::to_string(graph.outputs.size()));
   std::vector<std::vector<float>> outputs;
   for (size_t i = 0; i < result->size(); ++i) {
     const EValue& value = (*result)[i];
-    if (!value.isTensor()) throw std::runtime_error(graph.file + ": output " + std::to_string(i) + " is not a tensor");
+    if (!value.isTensor()) throw std::runtime_error(graph.program.file + ": output " + std::to_string(i) + " is not a tensor");
     const auto& tensor = value.toTensor();
     if (tensor.scalar_type() != executorch::aten::ScalarType::Float ||
         static_cast<int64_t>(tensor.numel()) != graph.outputs[i].numel)
-      throw std::runtime_error(graph.file + ": output " + std::to_string(i) + " (" + graph.outputs[i].name + ") has " +
+      throw std::runtime_error(graph.program.file + ": output " + std::to_string(i) + " (" + graph.outputs[i].name + ") has " +
                                std::to_string(tensor.numel()) + " values, not the " +
                                std::to_string(graph.outputs[i].numel) + " float32 values of its spec");
     const float* data = tensor.const_data_ptr<float>();
@@ -397,7 +396,7 @@ class Pipeline {
       for (size_t j = 0; j < chosen.size(); ++j) {
         const Graph& graph = bundle_.experts.at(experts.at(j)).at(block);
         auto delta = run(*chosen[j]->at(block), graph, {{normed.data(), normed.size()}}).at(0);
-        if (delta.size() != x.size()) throw std::runtime_error(graph.file + " returned a delta of the wrong size");
+        if (delta.size() != x.size()) throw std::runtime_error(graph.program.file + " returned a delta of the wrong size");
         for (size_t i = 0; i < x.size(); ++i) x[i] += gates.at(j) * delta[i];
       }
     }
