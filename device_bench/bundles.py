@@ -29,8 +29,3 @@ def bundle_kind(manifest: dict) -> str:
         if graph["role"] in ROLES_OF_KIND:
             return ROLES_OF_KIND[graph["role"]]
     return "split" if "composition" in manifest else "unknown"
-
-
-def graph_bytes(manifest: dict) -> dict[str, int]:
-    """Bytes loading each graph reads (its program, plus its own weights file when graphs share a program)."""
-    return {graph["name"]: export_manifest.load_bytes(graph) for graph in manifest["graphs"]}
