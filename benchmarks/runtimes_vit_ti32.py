@@ -31,7 +31,7 @@ from device_bench.settings import Settings
 from export.bundle import export_bundle
 from export.manifest import bundle_bytes
 from mobile_moe.costs import costs
-from mobile_moe.registry import create_model
+from mobile_moe.registry import create_model, make_config
 
 MODELS = {"dense": "vit", "moe": "mobile-vmoe"}
 
@@ -54,8 +54,61 @@ def bench(paths: dict[str, Path], out: Path, runtime: str, cache_experts: int | 
     return {Path(run["bundle"]).name: run for run in results["runs"]}
 
 
-def ratio(moe: float, dense: float) -> float:
-    return moe / dense
+Goal = tuple[str, float, str]  # (what, measured ratio, goal)
+
+
+def export_goals(root: Path) -> tuple[list[Goal], dict[str, float]]:
+    """Export time MoE/dense for fp32 and int8, and bundle bytes against fp32 parameter bytes; the export seconds."""
+    goals, seconds, manifests = [], {}, {}
+    for quantize in ("none", "int8"):
+        for name in MODELS:
+            key = f"{name}-{quantize}"
+            seconds[key], manifests[key] = export_timed(name, "executorch", quantize, root / "executorch" / key)
+        export_ratio = seconds[f"moe-{quantize}"] / seconds[f"dense-{quantize}"]
+        goals.append((f"export time MoE/dense, {quantize}", export_ratio, "<= 1.5"))
+    for name in MODELS:
+        params = costs(make_config(MODELS[name], "12x192", num_classes=1000)).params_total
+        disk_ratio = bundle_bytes(manifests[f"{name}-none"]["graphs"]) / (4 * params)
+        goals.append((f"bundle bytes / fp32 parameter bytes, {name}", disk_ratio, "<= 1.05"))
+    return goals, seconds
+
+
+def native_goals(root: Path, args) -> list[Goal]:
+    """p50, peak RSS and RSS after warm-up, MoE/dense, per expert-cache size; the switch against a warm run."""
+    goals = []
+    native = {name: root / "executorch" / f"{name}-none" for name in MODELS}
+    for cache in (1, None):
+        runs = bench(native, root / f"bench-native-cache-{cache or 'all'}", "native", cache, args)
+        moe, dense = runs["moe-none"], runs["dense-none"]
+        label = f"cache {cache or 'all'}"
+        p50 = moe["latency_ms"]["p50"] / dense["latency_ms"]["p50"]
+        goals.append((f"native p50 MoE/dense, {label}", p50, "<= 1.03" if cache is None else "(switches included)"))
+        if cache is None:
+            switch = moe["switch_ms"] / moe["latency_ms"]["p50"]
+            goals.append(("native expert switch / warm MoE p50", switch, "(report)"))
+        peak = moe["peak_rss_bytes"] / dense["peak_rss_bytes"]
+        goals.append((f"native peak RSS split/dense, {label}", peak, "<= 1.05" if cache == 1 else "(report)"))
+        moe_warm, dense_warm = (run["raw_first_round"]["memory_after_warm"]["rss_bytes"] for run in (moe, dense))
+        goals.append((f"native RSS after warm-up split/dense, {label}", moe_warm / dense_warm, "(report)"))
+    return goals
+
+
+def onnxruntime_goals(root: Path, args) -> list[Goal]:
+    """MoE/dense p50 through the bench and in direct sessions, and the bench against direct sessions per model."""
+    onnx = {name: root / "onnx" / name for name in MODELS}
+    for name, path in onnx.items():
+        export_timed(name, "onnx", "none", path)
+    runs = bench(onnx, root / "bench-onnxruntime", "onnxruntime", None, args)
+    bench_p50 = {name: runs[name]["latency_ms"]["p50"] for name in MODELS}
+    images = np.random.default_rng(0).standard_normal((16, 3, 224, 224), dtype=np.float32)
+    direct = {name: statistics.median(ms) for name, ms in direct_runs(onnx, images, args.iterations, 1).items()}
+    goals = [
+        ("onnxruntime bench p50 MoE/dense", bench_p50["moe"] / bench_p50["dense"], "<= 1.05"),
+        ("onnxruntime direct p50 MoE/dense", direct["moe"] / direct["dense"], "(report)"),
+    ]
+    for name in MODELS:
+        goals.append((f"onnxruntime bench / direct p50, {name}", bench_p50[name] / direct[name], "0.95..1.05"))
+    return goals
 
 
 def main() -> None:
@@ -65,59 +118,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     root = Path(args.out)
-    goals: list[tuple[str, float, str]] = []  # (what, measured, goal)
-
-    seconds, manifests = {}, {}
-    for quantize in ("none", "int8"):
-        for name in MODELS:
-            key = f"{name}-{quantize}"
-            seconds[key], manifests[key] = export_timed(name, "executorch", quantize, root / "executorch" / key)
-        goals.append(
-            (
-                f"export time MoE/dense, {quantize}",
-                ratio(seconds[f"moe-{quantize}"], seconds[f"dense-{quantize}"]),
-                "<= 1.5",
-            )
-        )
-    for name in MODELS:
-        params = costs(create_model(MODELS[name], "12x192", num_classes=1000).config).params_total
-        goals.append(
-            (
-                f"bundle bytes / fp32 parameter bytes, {name}",
-                bundle_bytes(manifests[f"{name}-none"]["graphs"]) / (4 * params),
-                "<= 1.05",
-            )
-        )
-
-    native = {name: root / "executorch" / f"{name}-none" for name in MODELS}
-    for cache in (1, None):
-        runs = bench(native, root / f"bench-native-cache-{cache or 'all'}", "native", cache, args)
-        moe, dense = runs["moe-none"], runs["dense-none"]
-        label = f"cache {cache or 'all'}"
-        p50 = ratio(moe["latency_ms"]["p50"], dense["latency_ms"]["p50"])
-        goals.append((f"native p50 MoE/dense, {label}", p50, "<= 1.03" if cache is None else "(switches included)"))
-        if cache is None:
-            goals.append(
-                ("native expert switch / warm MoE p50", moe["switch_ms"] / moe["latency_ms"]["p50"], "(report)")
-            )
-        peak = ratio(moe["peak_rss_bytes"], dense["peak_rss_bytes"])
-        goals.append((f"native peak RSS split/dense, {label}", peak, "<= 1.05" if cache == 1 else "(report)"))
-        warm = [run["raw_first_round"]["memory_after_warm"]["rss_bytes"] for run in (moe, dense)]
-        goals.append((f"native RSS after warm-up split/dense, {label}", ratio(*warm), "(report)"))
-
-    onnx = {}
-    for name in MODELS:
-        onnx[name] = root / "onnx" / name
-        export_timed(name, "onnx", "none", onnx[name])
-    runs = bench(onnx, root / "bench-onnxruntime", "onnxruntime", None, args)
-    bench_p50 = {name: runs[name]["latency_ms"]["p50"] for name in MODELS}
-    images = np.random.default_rng(0).standard_normal((16, 3, 224, 224), dtype=np.float32)
-    direct = {name: statistics.median(ms) for name, ms in direct_runs(onnx, images, args.iterations, 1).items()}
-    goals.append(("onnxruntime bench p50 MoE/dense", ratio(bench_p50["moe"], bench_p50["dense"]), "<= 1.05"))
-    goals.append(("onnxruntime direct p50 MoE/dense", ratio(direct["moe"], direct["dense"]), "(report)"))
-    for name in MODELS:
-        goals.append((f"onnxruntime bench / direct p50, {name}", ratio(bench_p50[name], direct[name]), "0.95..1.05"))
-
+    goals, seconds = export_goals(root)
+    goals += native_goals(root, args) + onnxruntime_goals(root, args)
     print("\n| measure | ratio | goal |\n|---|---:|---|")
     for what, value, goal in goals:
         print(f"| {what} | {value:.3f} | {goal} |")
