@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 from device_bench.bench import RUNTIMES, BenchSettings, benchmark
-from device_bench.bench import bench_bundles as bench_bundles  # re-exported: older callers import it from here
 from device_bench.settings import Settings
 from mobile_moe import jsonio
 

@@ -68,7 +68,7 @@ def test_export_from_run_dir_records_run_metadata(onnx_bundle, run_dir):
 def test_the_runs_validation_top1_reaches_the_manifest_and_the_bench_report(tmp_path, onnx_bundle):
     """A bundle from a trained run carries its best.pt's validation top-1 (so bench reports can plot accuracy against
     cost); an untrained run's (no best_top1) carries none."""
-    from device_bench.cli import bench_bundles
+    from device_bench.bench import bench_bundles
 
     assert "validation_top1" not in json.loads((onnx_bundle / MANIFEST).read_text())
     model = tiny_model("vit", num_classes=10)
