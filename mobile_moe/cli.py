@@ -19,6 +19,7 @@ from mobile_moe.errors import UsageError
 COMMANDS: dict[str, tuple[str, str]] = {
     "info": ("mobile_moe.info", "parameters (total, active) and FLOPs of a model"),
     "train": ("training.cli", "train a dense ViT, a Mobile V-MoE or a reference MoE"),
+    "import": ("training.import_cli", "a dense run from a local timm or torchvision ViT checkpoint"),
     "evaluate": ("training.evaluate_cli", "evaluate a trained run on a data split"),
     "superclass": ("super_class.cli", "derive super-classes from a dense model's confusion graph, or show them"),
     "export": ("export.cli", "split a model into router and expert graphs (ExecuTorch, ONNX, Core ML)"),

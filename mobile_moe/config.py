@@ -43,6 +43,7 @@ class ViTConfig:
     num_heads: int = 3
     mlp_ratio: float = 4.0  # MLP hidden size = mlp_ratio * width
     pool: str = "cls"  # "cls": class token; "mean": mean of patch tokens (no class token)
+    norm_eps: float = 1e-5  # every LayerNorm's epsilon; timm and torchvision ViTs use 1e-6 (kept by `import`)
     # The dense baseline of Fig. 3d: the last `wide_mlp_layers` blocks have an MLP `wide_mlp_factor` times as wide,
     # which costs the inference FLOPs of a Mobile V-MoE running k = wide_mlp_factor experts in its last L blocks.
     wide_mlp_layers: int = 0
@@ -61,6 +62,10 @@ class ViTConfig:
             value = getattr(self, field)
             _require(isinstance(value, int) and value >= 1, f"{field}={value!r}: must be a positive integer")
         _require(self.mlp_ratio > 0, f"mlp_ratio={self.mlp_ratio}: must be positive")
+        _require(
+            isinstance(self.norm_eps, float) and 0 < self.norm_eps < 1,
+            f"norm_eps={self.norm_eps!r}: must be a float between 0 and 1 (e.g. 1e-6)",
+        )
         _require(self.pool in POOLS, f"pool={self.pool!r}: must be one of {', '.join(POOLS)}")
         _require(
             isinstance(self.wide_mlp_layers, int) and 0 <= self.wide_mlp_layers <= self.depth,

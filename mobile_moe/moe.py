@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from mobile_moe.config import ViTConfig
 from mobile_moe.outputs import Routing
-from mobile_moe.vit import Attention, Block, Mlp
+from mobile_moe.vit import Attention, Block, Mlp, layer_norm
 
 
 def expert_groups(chosen: Tensor, num_experts: int) -> tuple[Tensor, ...]:
@@ -97,8 +97,8 @@ class MoEBlock(Block):
 
 def moe_block(cfg: ViTConfig, num_experts: int) -> MoEBlock:
     return MoEBlock(
-        nn.LayerNorm(cfg.width),
+        layer_norm(cfg),
         Attention(cfg.width, cfg.num_heads),
-        nn.LayerNorm(cfg.width),
+        layer_norm(cfg),
         ExpertMLPs(num_experts, cfg.width, cfg.mlp_hidden),
     )

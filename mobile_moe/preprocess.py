@@ -11,8 +11,10 @@ Resize policies (the record's `policy`):
                          square (crop_to = S); ImageNet-style evaluation has resize_to = round(S * 256 / 224):
                          {"policy": "resize-center-crop", "resize_to": 37, "crop_to": 32}
 
-A record is strict: an unknown policy or key, a size that is not a positive integer, resize_to < crop_to and (where S
-is known) crop_to != S are refused, because any of them would change the pixels a model sees.
+Either policy may name its `interpolation`: "bilinear" (absent: the default) or "bicubic" (timm's ViTs and DeiTs).
+
+A record is strict: an unknown policy, key or interpolation, a size that is not a positive integer, resize_to <
+crop_to and (where S is known) crop_to != S are refused, because any of them would change the pixels a model sees.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from mobile_moe.errors import UsageError
 STRETCH = "stretch"
 RESIZE_CENTER_CROP = "resize-center-crop"
 POLICIES = (STRETCH, RESIZE_CENTER_CROP)
+INTERPOLATIONS = ("bilinear", "bicubic")
 CROP_RATIO = 256 / 224  # ImageNet evaluation: resize the shorter side to 256, crop 224
 MAX_SIDE = 1 << 16  # the manifest schema's MAX_DIM
 
@@ -42,6 +45,7 @@ class ResizePolicy(BaseModel):
     policy: Literal[POLICIES]  # type: ignore[valid-type]
     resize_to: Side | None = None
     crop_to: Side | None = None
+    interpolation: Literal[INTERPOLATIONS] | None = None  # type: ignore[valid-type]
 
     @model_validator(mode="after")
     def _sizes_fit_the_policy(self) -> ResizePolicy:
@@ -61,8 +65,13 @@ def stretch() -> dict[str, Any]:
     return {"policy": STRETCH}
 
 
-def resize_center_crop(image_size: int) -> dict[str, Any]:
-    return {"policy": RESIZE_CENTER_CROP, "resize_to": int(round(image_size * CROP_RATIO)), "crop_to": image_size}
+def resize_center_crop(
+    image_size: int, resize_to: int | None = None, interpolation: str | None = None
+) -> dict[str, Any]:
+    """Shorter side to `resize_to` (default: ImageNet's round(S * 256 / 224)), then the centre S x S."""
+    record = {"policy": RESIZE_CENTER_CROP, "resize_to": resize_to or int(round(image_size * CROP_RATIO))}
+    record["crop_to"] = image_size
+    return record if interpolation in (None, "bilinear") else {**record, "interpolation": interpolation}
 
 
 def check_resize(record: Any, image_size: int, where: str) -> dict[str, Any]:
@@ -82,11 +91,15 @@ def check_resize(record: Any, image_size: int, where: str) -> dict[str, Any]:
 
 def resize_steps(record: Mapping[str, Any], image_size: int) -> list:
     """torchvision v2 transforms bringing an image of any size to S x S by `record`'s policy (checked already)."""
-    from torchvision.transforms import v2
+    from torchvision.transforms import InterpolationMode, v2
 
+    interpolation = InterpolationMode(record.get("interpolation", "bilinear"))
     if record["policy"] == RESIZE_CENTER_CROP:
-        return [v2.Resize(record["resize_to"], antialias=True), v2.CenterCrop(record["crop_to"])]
-    return [v2.Resize((image_size, image_size), antialias=True)]
+        return [
+            v2.Resize(record["resize_to"], interpolation=interpolation, antialias=True),
+            v2.CenterCrop(record["crop_to"]),
+        ]
+    return [v2.Resize((image_size, image_size), interpolation=interpolation, antialias=True)]
 
 
 def normalize(mean: Sequence[float], std: Sequence[float]):

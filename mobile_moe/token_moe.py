@@ -25,7 +25,7 @@ from mobile_moe.costs import buffer_capacity
 from mobile_moe.moe import ExpertMLPs
 from mobile_moe.outputs import ModelOutput, MoEStats
 from mobile_moe.routers import top_k
-from mobile_moe.vit import Attention, Block, ClassifierHead, TokenEmbedding, dense_block, init_weights
+from mobile_moe.vit import Attention, Block, ClassifierHead, TokenEmbedding, dense_block, init_weights, layer_norm
 
 # --- helpers -----------------------------------------------------------------------------------------------------
 
@@ -307,9 +307,9 @@ def make_router(cfg: TokenMoEConfig) -> nn.Module:
 
 def token_moe_block(cfg: TokenMoEConfig) -> TokenMoEBlock:
     return TokenMoEBlock(
-        nn.LayerNorm(cfg.width),
+        layer_norm(cfg),
         Attention(cfg.width, cfg.num_heads),
-        nn.LayerNorm(cfg.width),
+        layer_norm(cfg),
         MoELayer(make_router(cfg), ExpertMLPs(cfg.num_experts, cfg.width, cfg.mlp_hidden)),
     )
 

@@ -78,11 +78,16 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
+def layer_norm(cfg: ViTConfig) -> nn.LayerNorm:
+    """Every LayerNorm of the model (blocks, head): the config's width and epsilon."""
+    return nn.LayerNorm(cfg.width, eps=cfg.norm_eps)
+
+
 def dense_block(cfg: ViTConfig, mlp_hidden: int | None = None) -> Block:
     return Block(
-        nn.LayerNorm(cfg.width),
+        layer_norm(cfg),
         Attention(cfg.width, cfg.num_heads),
-        nn.LayerNorm(cfg.width),
+        layer_norm(cfg),
         Mlp(cfg.width, mlp_hidden or cfg.mlp_hidden),
     )
 
@@ -119,7 +124,7 @@ class ClassifierHead(nn.Module):
     def __init__(self, cfg: ViTConfig):
         super().__init__()
         self.pool = cfg.pool
-        self.norm = nn.LayerNorm(cfg.width)
+        self.norm = layer_norm(cfg)
         self.fc = nn.Linear(cfg.width, cfg.num_classes)
 
     def forward(self, tokens: Tensor) -> Tensor:

@@ -20,7 +20,7 @@ from mobile_moe.config import WideNetConfig
 from mobile_moe.moe import ExpertMLPs
 from mobile_moe.outputs import ModelOutput, MoEStats
 from mobile_moe.token_moe import MoELayer, merge_stats, token_choice_router
-from mobile_moe.vit import Attention, ClassifierHead, TokenEmbedding, init_weights
+from mobile_moe.vit import Attention, ClassifierHead, TokenEmbedding, init_weights, layer_norm
 
 
 class WideNet(nn.Module):
@@ -34,8 +34,8 @@ class WideNet(nn.Module):
         self.attn = Attention(cfg.width, cfg.num_heads)
         router = token_choice_router(cfg, balance_loss="switch", batch_prioritized=False)
         self.moe = MoELayer(router, ExpertMLPs(cfg.num_experts, cfg.width, cfg.mlp_hidden))
-        self.norms1 = nn.ModuleList(nn.LayerNorm(cfg.width) for _ in range(cfg.depth))  # before attention
-        self.norms2 = nn.ModuleList(nn.LayerNorm(cfg.width) for _ in range(cfg.depth))  # before the MoE layer
+        self.norms1 = nn.ModuleList(layer_norm(cfg) for _ in range(cfg.depth))  # before attention
+        self.norms2 = nn.ModuleList(layer_norm(cfg) for _ in range(cfg.depth))  # before the MoE layer
         self.head = ClassifierHead(cfg)
         self.apply(init_weights)
 

@@ -202,7 +202,8 @@ MANIFEST_MUTATIONS: dict[str, Mutation] = {
     "resize_size_fraction": _set("input.resize", _crop(resize_to=36.5, crop_to=32)),
     "resize_crop_not_the_input_size": _set("input.resize", _crop(resize_to=37, crop_to=16)),
     "resize_crop_missing": _set("input.resize", {"policy": "resize-center-crop", "resize_to": 37}),
-    "resize_unknown_key": _set("input.resize", _crop(resize_to=37, crop_to=32, interpolation="nearest")),
+    "resize_unknown_key": _set("input.resize", _crop(resize_to=37, crop_to=32, antialias=False)),
+    "resize_interpolation_unknown": _set("input.resize", _crop(resize_to=37, crop_to=32, interpolation="nearest")),
     "resize_origin_unknown": _set("input.resize", {"policy": "stretch", "origin": "guessed"}),
     # an expert's own weights file (experts share one program): inside the bundle, well-formed, not the program
     "weights_file_escapes": _expert_weights("file", "../../etc/passwd"),

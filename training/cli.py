@@ -168,8 +168,10 @@ def init_from_differences(args: argparse.Namespace, config: dict[str, Any]) -> l
 
 def resume_changes(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, object]:
     """Refuse given flags that differ from the run's (config.json) values; -> the changes a resume may make."""
+    from training.imported import refuse_resume
     from training.recipes import from_dict
 
+    refuse_resume(config, args.out)
     run_cfg = from_dict(config["recipe"])
     given = recipe_from_args(args, base=run_cfg)
     found = model_differences(args, config["model"])

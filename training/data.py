@@ -103,6 +103,8 @@ class Data:
     def _raw(self, name: str) -> Dataset:
         if name not in SPLITS:
             raise UsageError(f"split {name!r}: choose one of {', '.join(SPLITS)}")
+        if name not in self.raw_splits:
+            raise UsageError(f"--data {self.spec} has no {name} split (e.g. an imagefolder without ROOT/train)")
         return self.raw_splits[name]
 
 
@@ -171,7 +173,9 @@ def open_cifar(spec: str, name: str, root: str, image_size: int) -> Data:
 def open_imagefolder(spec: str, root: str, image_size: int) -> Data:
     train, val, names = files.open_imagefolder(root)
     val_idx, test_idx = stratified_split(np.asarray(val.targets), (0.5, 0.5))
-    splits = {"train": train, "val": files.subset(val, val_idx), "test": files.subset(val, test_idx)}
+    splits = {"val": files.subset(val, val_idx), "test": files.subset(val, test_idx)}
+    if train is not None:
+        splits["train"] = train
     mean, std = files.IMAGENET_STATS
     return Data(spec, image_size, names, mean, std, splits, preprocess.resize_center_crop(image_size), None)
 

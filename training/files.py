@@ -99,23 +99,25 @@ def load_image(path: str):
         ) from None
 
 
-def open_imagefolder(root: str) -> tuple[Dataset, Dataset, list[str]]:
-    """ROOT/train/<class>/*.jpg and ROOT/val/<class>/*.jpg (ImageNet layout) -> (train, val, class names)."""
+def open_imagefolder(root: str) -> tuple[Dataset | None, Dataset, list[str]]:
+    """ROOT/train/<class>/*.jpg and ROOT/val/<class>/*.jpg (ImageNet layout) -> (train, val, class names). ROOT/val
+    alone (ImageNet's validation set) opens too, with train None: enough to evaluate a model or derive its
+    super-classes, and a clear error for anything that needs the training split."""
     from torchvision.datasets import ImageFolder
 
     path = Path(root).expanduser()
     layout = f"put images in {path}/train/<class name>/*.jpg and {path}/val/<class name>/*.jpg"
+    if not (path / "val").is_dir():
+        raise UsageError(f"imagefolder:{root}: {path / 'val'} is missing; {layout}")
     folders = {}
-    for split in ("train", "val"):
-        if not (path / split).is_dir():
-            raise UsageError(f"imagefolder:{root}: {path / split} is missing; {layout}")
+    for split in ("train", "val") if (path / "train").exists() else ("val",):
         try:
             folders[split] = ImageFolder(str(path / split), loader=load_image)
-        except (FileNotFoundError, RuntimeError) as error:
+        except (FileNotFoundError, NotADirectoryError, RuntimeError) as error:
             raise UsageError(f"imagefolder:{root}: {error}; {layout}") from None
-    if folders["train"].classes != folders["val"].classes:
+    if "train" in folders and folders["train"].classes != folders["val"].classes:
         raise UsageError(f"imagefolder:{root}: train and val have different class folders; {layout}")
-    return folders["train"], folders["val"], list(folders["train"].classes)
+    return folders.get("train"), folders["val"], list(folders["val"].classes)
 
 
 def subset(dataset: Dataset, indices) -> Subset:

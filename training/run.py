@@ -64,10 +64,14 @@ class Run:
         from training.data import open_data
 
         data = self.config["data"]
+        spec = spec or data["spec"]
+        if spec is None:
+            source = self.config["source"]["model"]
+            raise UsageError(f"{self.run_dir} was imported from {source} and has no data of its own; give --data SPEC")
         size, resize = data["image_size"], data.get("eval_resize")
         if resize is not None:  # say which file holds a bad record (open_data checks it too, knowing no file)
             resize = check_resize(resize, size, f"{self.run_dir / CONFIG} data.eval_resize")
-        return open_data(spec or data["spec"], size, mean=data["mean"], std=data["std"], eval_resize=resize)
+        return open_data(spec, size, mean=data["mean"], std=data["std"], eval_resize=resize)
 
 
 def is_run_dir(path: str | os.PathLike) -> bool:
@@ -93,9 +97,13 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
     missing = [key for key in ("model", "data", "recipe") if not isinstance(config, dict) or key not in config]
     if missing:
         raise UsageError(f"{path} is not a run config: missing {', '.join(missing)}")
-    wrong = [key for key in ("model", "data", "recipe") if not isinstance(config[key], dict)]
+    # An imported run (training/imported.py) has a source instead of a recipe and data spec.
+    imported = isinstance(config.get("source"), dict)
+    wrong = [key for key in ("model", "data") if not isinstance(config[key], dict)]
+    wrong += [] if isinstance(config["recipe"], dict) or (imported and config["recipe"] is None) else ["recipe"]
     wrong += [] if isinstance(config.get("super_classes"), dict | None) else ["super_classes"]
-    wrong += [] if isinstance(config["data"].get("spec", ""), str) else ["data.spec"]
+    spec = config["data"].get("spec", "") if isinstance(config["data"], dict) else ""
+    wrong += [] if isinstance(spec, str) or (imported and spec is None) else ["data.spec"]
     if wrong:
         raise UsageError(f"{path} is not a run config: {', '.join(wrong)} has the wrong type; was it edited?")
     return config

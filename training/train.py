@@ -34,6 +34,7 @@ from training import augment, distributed, hard_moe, run
 from training.data import Data, data_record, open_data
 from training.engine import EpochContext, NonFiniteLoss, train_one_epoch
 from training.evaluate import evaluate
+from training.imported import refuse_resume
 from training.recipes import MAY_CHANGE_ON_RESUME, TrainConfig, from_dict
 from training.routing import TrainingForward
 from training.super_spec import resolve_super_classes, super_record
@@ -198,6 +199,7 @@ def resume_training(run_dir: str | os.PathLike, verbose: bool = True, **changes:
         raise UsageError(f"--resume keeps the run's settings; cannot change {', '.join(refused)} (start a new --out)")
     check_writable(run_dir, directory=True)
     config = run.read_config(run_dir)
+    refuse_resume(config, run_dir)
     cfg = from_dict(config["recipe"]).replace(**{k: v for k, v in changes.items() if v is not None})
     spec = config["super_classes"]["spec"] if config.get("super_classes") else None
     model_config = config_from_dict(config["model"])

@@ -247,21 +247,25 @@ inline void expect_inputs(const Graph& graph, const std::vector<std::vector<int3
 // input.resize (optional; absent or null means stretch): the eval resize policy predict applies to an image file
 // (mobile_moe/preprocess.py). The runner is handed tensors already preprocessed, so it only checks the record, by the
 // schema's rules (export/manifest_schema.py ResizeSpec): a known policy and origin, no unknown key, stretch without
-// sizes, resize-center-crop with resize_to >= crop_to = S.
+// sizes, resize-center-crop with resize_to >= crop_to = S, an optional known interpolation.
 const char* const kResizePolicies[] = {"stretch", "resize-center-crop"};
 const char* const kResizeOrigins[] = {"run", "data-spec", "assumed"};
+const char* const kResizeInterpolations[] = {"bilinear", "bicubic"};
 
 inline void check_resize(const json::Value& input, int64_t image_size) {
   const json::Value* resize = optional_at(input, "input", "resize");
   if (resize == nullptr) return;
   if (!resize->is_object()) invalid("input.resize", "must be an object, not " + shown(*resize));
   for (const auto& entry : resize->object)
-    if (entry.first != "policy" && entry.first != "resize_to" && entry.first != "crop_to" && entry.first != "origin")
+    if (entry.first != "policy" && entry.first != "resize_to" && entry.first != "crop_to" && entry.first != "origin" &&
+        entry.first != "interpolation")
       invalid("input.resize", "has an unknown key \"" + entry.first.substr(0, 40) + "\"");
   const std::string& policy =
       one_of(object_at(*resize, "input.resize", "policy"), "input.resize.policy", kResizePolicies);
   if (const json::Value* origin = optional_at(*resize, "input.resize", "origin"))
     one_of(*origin, "input.resize.origin", kResizeOrigins);
+  if (const json::Value* interpolation = optional_at(*resize, "input.resize", "interpolation"))
+    one_of(*interpolation, "input.resize.interpolation", kResizeInterpolations);
   const json::Value* resize_to = optional_at(*resize, "input.resize", "resize_to");
   const json::Value* crop_to = optional_at(*resize, "input.resize", "crop_to");
   if (policy == "stretch") {

@@ -1,0 +1,200 @@
+"""Dense ViTs from other libraries: a local timm or torchvision checkpoint -> our ViTConfig and state dict, computing
+the same function (checked on a seeded batch before anything is written).
+
+    imported = import_vit(parse_source("timm:deit_tiny_patch16_224"), read_state_dict("deit_tiny.safetensors"))
+    imported.config, imported.state_dict, imported.preprocessing, imported.max_abs_difference
+
+Each library has its own module (timm_vit.py, torchvision_vit.py): it builds the library's own model for the name
+(never pretrained: nothing is downloaded) at the checkpoint's class count and image size, loads the checkpoint into
+it, refuses what our ViT cannot express (one line naming the first mismatch) and maps the rest, key by key.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from mobile_moe.config import ViTConfig
+from mobile_moe.errors import UsageError
+
+LIBRARIES = ("timm", "torchvision")
+PARITY_TOLERANCE = 1e-5  # max abs logit difference (float32) an import must meet
+WRAPPERS = ("state_dict", "model", "module", "model_state_dict")  # where training scripts nest the weights
+WEIGHTS_HELP = {
+    "timm": "timm keeps downloaded weights in the Hugging Face cache (~/.cache/huggingface/hub/models--timm--NAME...,"
+    ' model.safetensors); on a connected machine run `python -c "import timm, torch; torch.save(timm.create_model('
+    "'{name}', pretrained=True).state_dict(), '{name}.pth')\"` and copy the file here",
+    "torchvision": "torchvision keeps downloaded weights in ~/.cache/torch/hub/checkpoints/; on a connected machine "
+    "run `python -c \"import torch, torchvision; torch.save(torchvision.models.get_model('{name}', weights='DEFAULT')"
+    ".state_dict(), '{name}.pth')\"` and copy the file here",
+}
+
+
+@dataclass(frozen=True)
+class Source:
+    library: str  # "timm" | "torchvision"
+    name: str  # the library's model name, e.g. deit_tiny_patch16_224, vit_b_32
+
+    def __str__(self) -> str:
+        return f"{self.library}:{self.name}"
+
+
+@dataclass
+class Preprocessing:
+    """How the source library evaluates the model: what our run's data record and eval resize policy carry on."""
+
+    mean: list[float]
+    std: list[float]
+    eval_resize: dict[str, Any]  # a mobile_moe.preprocess policy record
+
+
+@dataclass
+class ImportedViT:
+    source: Source
+    config: ViTConfig
+    state_dict: dict[str, Tensor]
+    preprocessing: Preprocessing
+    class_names: list[str] | None  # the library's names for a head of its pretraining classes (ImageNet-1k)
+    max_abs_difference: float  # our logits vs the source model's on a seeded batch
+
+
+def parse_source(text: str) -> Source:
+    library, sep, name = text.partition(":")
+    if not sep or library not in LIBRARIES or not name:
+        raise UsageError(
+            f"model {text!r}: use timm:NAME (e.g. timm:deit_tiny_patch16_224) or torchvision:NAME (e.g. "
+            "torchvision:vit_b_32)"
+        )
+    return Source(library, name)
+
+
+def read_state_dict(path: str | os.PathLike, source: Source) -> dict[str, Tensor]:
+    """The tensors of a checkpoint file (.safetensors, or torch.save'd and loaded with weights_only=True): a plain
+    state dict, or one nested under state_dict/model/... as training scripts save it; a DDP "module." prefix is
+    dropped. A missing file says where the library keeps its weights; an unreadable one is one line."""
+    path = Path(path)
+    if not path.is_file():
+        where = WEIGHTS_HELP[source.library].format(name=source.name)
+        raise UsageError(f"--weights {path}: no such file (nothing is downloaded here); {where}")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(str(path), device="cpu")
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # each format raises its own types for a damaged or foreign file
+        reason = " ".join(str(error).split())[:160] or error.__class__.__name__
+        raise UsageError(f"--weights {path}: cannot read it as a checkpoint ({reason})") from None
+    state = _unwrap(state)
+    if state is None:
+        raise UsageError(
+            f"--weights {path}: holds no state dict (expected name -> tensor, possibly under one of "
+            f"{', '.join(WRAPPERS)})"
+        )
+    return {key.removeprefix("module."): value for key, value in state.items()}
+
+
+def _unwrap(state: Any) -> dict[str, Tensor] | None:
+    if isinstance(state, dict) and state and all(isinstance(v, Tensor) for v in state.values()):
+        return state
+    if isinstance(state, dict):
+        for key in WRAPPERS:
+            if key in state:
+                return _unwrap(state[key])
+    return None
+
+
+def import_vit(source: Source, state: dict[str, Tensor]) -> ImportedViT:
+    """Map `state` (a checkpoint of `source`) onto our dense ViT; refuses a mismatch or a parity failure."""
+    return convert_model(source, _library(source).build(source, state))
+
+
+def convert_model(source: Source, theirs: nn.Module) -> ImportedViT:
+    """The library's own model `theirs` (weights loaded) as our dense ViT, its logits checked against `theirs`."""
+    library = _library(source)
+    library.check_architecture(source, theirs)
+    config, mapped = library.convert(source, theirs.eval())
+    ours = _load_ours(source, config, mapped)
+    difference = max_abs_difference(ours, theirs, config)
+    if not difference <= PARITY_TOLERANCE:
+        raise UsageError(
+            f"{source}: the imported model's logits differ from the source's by {difference:.3g} (more than "
+            f"{PARITY_TOLERANCE:g}); this model uses something the mapping does not cover: please report it"
+        )
+    preprocessing = library.preprocessing(source, theirs, config)
+    return ImportedViT(source, config, ours.state_dict(), preprocessing, imagenet_classes(config), difference)
+
+
+def _library(source: Source):
+    if source.library == "timm":
+        from mobile_moe.importers import timm_vit
+
+        return timm_vit
+    from mobile_moe.importers import torchvision_vit
+
+    return torchvision_vit
+
+
+def imagenet_classes(config: ViTConfig) -> list[str] | None:
+    """A 1000-way head is taken to be ImageNet-1k's, in the standard order: its WordNet ids (n01440764, ...), which are
+    also the class folder names of ImageNet's train and val layouts (sorted, so ImageFolder's order). From timm's
+    bundled ImageNet info: nothing is downloaded. Other heads: None (the caller asks for names)."""
+    if config.num_classes != 1000:
+        return None
+    from timm.data import ImageNetInfo
+
+    return list(ImageNetInfo().label_names())
+
+
+def load_into_source(source: Source, model: nn.Module, state: dict[str, Tensor]) -> nn.Module:
+    """`state` into the library's own model, every key and shape checked; the first mismatch is the one line."""
+    expected = model.state_dict()
+    missing = [key for key in expected if key not in state]
+    unexpected = [key for key in state if key not in expected]
+    shapes = [key for key in expected if key in state and state[key].shape != expected[key].shape]
+    for keys, what in ((missing, "lacks"), (unexpected, "has an entry not in"), (shapes, "has another shape for")):
+        if keys:
+            raise UsageError(
+                f"--weights does not fit {source}: it {what} {source.name}'s {keys[0]} ({len(keys)} such); was it "
+                "saved from another model or size?"
+            )
+    model.load_state_dict(state)
+    return model.eval()
+
+
+def _load_ours(source: Source, config: ViTConfig, state: dict[str, Tensor]) -> nn.Module:
+    from mobile_moe.checkpoint import load_weights
+    from mobile_moe.vit import VisionTransformer
+
+    model = VisionTransformer(config)
+    load_weights(model, state, str(source))
+    return model.eval()
+
+
+@torch.no_grad()
+def max_abs_difference(ours: nn.Module, theirs: nn.Module, config: ViTConfig, batch: int = 2) -> float:
+    """max |our logits - the source's| on a seeded standard-normal batch (float32)."""
+    shape = (batch, config.in_chans, config.image_size, config.image_size)
+    images = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    return float((ours(images).logits - theirs(images)).abs().max())
+
+
+def refuse(source: Source, what: str) -> UsageError:
+    """The one line for a model our ViT cannot express: what differs, and what import takes."""
+    return UsageError(
+        f"{source}: {what}; import takes plain ViTs (patch embedding, class token or mean pooling, pre-norm blocks "
+        "of attention and a GELU MLP, a linear head)"
+    )
+
+
+def mlp_ratio_of(source: Source, width: int, hidden: int) -> float:
+    ratio = hidden / width
+    if int(width * ratio) != hidden:
+        raise refuse(source, f"its MLP hidden size {hidden} is not a whole multiple of width {width} we can express")
+    return ratio

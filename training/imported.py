@@ -1,0 +1,122 @@
+"""`mobile-moe import`: a timm or torchvision ViT checkpoint -> a dense run directory (DESIGN.md's format).
+
+    RUN_DIR/config.json  {"model": our ViTConfig, "data": {"spec": null, "image_size", "mean", "std", "class_names",
+                          "eval_resize"}, "super_classes": null, "recipe": null,
+                          "source": {"model", "weights", "sha256", "bytes", "max_abs_logit_difference"}}
+    RUN_DIR/best.pt      {"model": state_dict, "config": the model config, "source": the same record}
+
+The data record is the source library's preprocessing (mean, std, resize and crop, interpolation), so evaluating the
+run, deriving its super-classes and training from it (--init-from) feed it images as its own library would. It has
+no data spec (the run was not trained here): commands that read its images take --data. It has no training state
+either, so it cannot be resumed; it is a starting point (`train --init-from RUN_DIR`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from mobile_moe.errors import UsageError
+
+
+def import_run(model: str, weights: str | os.PathLike, out: str | os.PathLike, class_names: str | None = None) -> dict:
+    """Import `weights` of `model` ("timm:NAME" | "torchvision:NAME") into a new run directory `out`, written whole
+    or not at all; -> the run's source record."""
+    from mobile_moe.atomic import atomic_path, check_writable
+    from mobile_moe.checkpoint import save_checkpoint
+    from mobile_moe.importers import import_vit, parse_source, read_state_dict
+    from training import run
+
+    source = parse_source(model)
+    out = Path(out)
+    check_writable(out, directory=True)
+    if out.exists() and any(out.iterdir()):
+        raise UsageError(f"--out {out} is not empty; import into a new directory")
+    imported = import_vit(source, read_state_dict(weights, source))
+    names = read_class_names(class_names, imported.config.num_classes) if class_names else imported.class_names
+    if names is None:
+        raise UsageError(
+            f"{source} has {imported.config.num_classes} classes, not ImageNet-1k's 1000: give their names with "
+            "--class-names (a text file with one name per line, or an image folder whose class folders name them)"
+        )
+    record = source_record(str(source), Path(weights), imported.max_abs_difference)
+    config = {
+        "model": imported.config.to_dict(),
+        "data": {
+            "spec": None,
+            "image_size": imported.config.image_size,
+            "mean": imported.preprocessing.mean,
+            "std": imported.preprocessing.std,
+            "class_names": names,
+            "eval_resize": imported.preprocessing.eval_resize,
+        },
+        "super_classes": None,
+        "recipe": None,
+        "source": record,
+    }
+    with atomic_path(out, directory=True) as tmp:
+        run.write_config(tmp, config)
+        checkpoint = {"model": imported.state_dict, "config": config["model"], "source": record}
+        save_checkpoint(checkpoint, tmp / run.BEST)
+    return record
+
+
+def source_record(model: str, weights: Path, difference: float) -> dict[str, Any]:
+    digest = hashlib.sha256()
+    with open(weights, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return {
+        "model": model,
+        "weights": str(weights.resolve()),
+        "sha256": digest.hexdigest(),
+        "bytes": weights.stat().st_size,
+        "max_abs_logit_difference": difference,
+    }
+
+
+def read_class_names(source: str, num_classes: int) -> list[str]:
+    """Class names from a directory (its sub-folder names, sorted: ImageFolder's order, e.g. ImageNet's val folder),
+    a JSON list, or a text file with one name per line; there must be one per class."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        names = sorted(entry.name for entry in path.iterdir() if entry.is_dir())
+    elif path.is_file():
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as error:
+            raise UsageError(f"--class-names {path}: cannot read it ({error.__class__.__name__})") from None
+        names = _names_in(text, path)
+    else:
+        raise UsageError(f"--class-names {path}: no such file or directory")
+    if len(names) != num_classes or len(set(names)) != len(names) or not all(names):
+        raise UsageError(
+            f"--class-names {path}: {len(names)} names ({len(set(names))} distinct, non-empty) for a model with "
+            f"{num_classes} classes; give one distinct name per class, in the order of the model's outputs"
+        )
+    return names
+
+
+def _names_in(text: str, path: Path) -> list[str]:
+    if path.suffix == ".json":
+        try:
+            names = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise UsageError(f"--class-names {path}: not valid JSON ({error.msg}, line {error.lineno})") from None
+        if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+            raise UsageError(f"--class-names {path}: expected a JSON list of strings")
+        return names
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def refuse_resume(config: dict[str, Any], run_dir: str | os.PathLike) -> None:
+    """An imported run holds no training state: it is a starting point, never resumed (that would retrain it)."""
+    source = config.get("source")
+    if isinstance(source, dict):
+        raise UsageError(
+            f"{run_dir} was imported from {source.get('model')}, not trained here, so it cannot be resumed; train "
+            f"from it into a new --out with --init-from {run_dir}"
+        )
