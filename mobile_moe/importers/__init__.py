@@ -26,8 +26,9 @@ LIBRARIES = ("timm", "torchvision")
 PARITY_TOLERANCE = 1e-5  # max abs logit difference (float32) an import must meet
 WRAPPERS = ("state_dict", "model", "module", "model_state_dict")  # where training scripts nest the weights
 WEIGHTS_HELP = {
-    "timm": "timm keeps downloaded weights in the Hugging Face cache (~/.cache/huggingface/hub/models--timm--NAME...,"
-    ' model.safetensors); on a connected machine run `python -c "import timm, torch; torch.save(timm.create_model('
+    "timm": "timm keeps downloaded weights in the Hugging Face cache (~/.cache/huggingface/hub/models--timm--{name}"
+    ".<tag>/snapshots/*/model.safetensors); on a connected machine run "
+    '`python -c "import timm, torch; torch.save(timm.create_model('
     "'{name}', pretrained=True).state_dict(), '{name}.pth')\"` and copy the file here",
     "torchvision": "torchvision keeps downloaded weights in ~/.cache/torch/hub/checkpoints/; on a connected machine "
     "run `python -c \"import torch, torchvision; torch.save(torchvision.models.get_model('{name}', weights='DEFAULT')"
