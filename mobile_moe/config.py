@@ -52,6 +52,8 @@ class ViTConfig:
     name = "vit"  # registry name; a class attribute, not a field
     model_class = "mobile_moe.vit:VisionTransformer"  # "module:Class", imported only when a model is built
     routing = "none"  # how the model picks experts (see MoEConfig); "none" for a dense model
+    # Why a dense vit run cannot initialise this model (mobile_moe/upcycle.py); None: it can (--init-from).
+    upcycle_refusal = "--model vit is dense (nothing to upcycle)"
 
     @property
     def is_moe(self) -> bool:
@@ -129,6 +131,7 @@ class MoEConfig(ViTConfig):
     moe_layers: int = 2  # L: MoE blocks
 
     routing = "image"
+    upcycle_refusal = None
     min_dense_layers = 1  # dense blocks a model needs before its MoE blocks: a per-image router reads their tokens
 
     def __post_init__(self) -> None:
@@ -347,6 +350,7 @@ class WideNetConfig(MoEConfig):
     name = "widenet"
     model_class = "mobile_moe.widenet:WideNet"
     routing = "token"
+    upcycle_refusal = "widenet's blocks share ONE attention and MoE layer, where a dense vit has one per block"
     expert_sets = 1  # every block uses the same E experts
     min_dense_layers = 0
 

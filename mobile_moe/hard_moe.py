@@ -24,7 +24,6 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from mobile_moe.checkpoint import load_weights
 from mobile_moe.config import HardMoEConfig
 from mobile_moe.mobile_vmoe import RouterStage
 from mobile_moe.moe import expert_groups
@@ -224,31 +223,17 @@ class HardMoE(nn.Module):
 
     # --- stage 1: from a trained dense gater -------------------------------------------------------------------------
 
-    def gater_keys(self, key: str) -> list[str]:
-        """Where a dense `vit` state-dict entry goes: the first depth-L blocks into the frozen trunk, the last L blocks
-        and the head into EVERY expert (upcycling). Keys of no such place come back unchanged (reported unexpected)."""
-        head, dot, rest = key.partition(".")
-        E, first_expert = self.config.num_experts, self.config.dense_layers
-        if head == "embedding":
-            return [f"router_stage.{key}"]
-        if head == "head":
-            return [key] if self.head is not None else [f"expert_heads.{e}.{rest}" for e in range(E)]
-        if head == "blocks" and dot:
-            index, _, param = rest.partition(".")
-            if index.isdigit() and int(index) < first_expert:
-                return [f"router_stage.{key}"]
-            if index.isdigit():
-                return [f"expert_blocks.{e}.{int(index) - first_expert}.{param}" for e in range(E)]
-        return [key]
-
-    def load_gater(self, gater: dict[str, Tensor], source: str = "gater") -> None:
-        """Copy a trained dense `vit` of the same size (its state dict) into the trunk and into every expert.
-
-        The router's buffers are kept as they are (`set_clusters` fits them from the trunk's features afterwards).
-        A state dict that does not fit is one UsageError naming `source`.
-        """
-        mapped = {k: v for k, v in self.state_dict().items() if k.startswith("router_stage.router.")}
-        for key, value in gater.items():
-            for target in self.gater_keys(key):
-                mapped[target] = value
-        load_weights(self, mapped, source)
+    def dense_key(self, key: str) -> str | None:
+        """Upcycling (mobile_moe/upcycle.py): the dense gater's entry `key` starts from: the first depth-L blocks for
+        the frozen trunk, the last L blocks and the head for EVERY expert; None for the router's buffers, which
+        training/hard_moe.py fits from the trunk's features afterwards."""
+        part, _, rest = key.partition(".")
+        if part == "router_stage":
+            return None if rest.startswith("router.") else rest  # embedding.*, blocks.<i>.*: the same names
+        if part == "expert_blocks":
+            _expert, _, rest = rest.partition(".")
+            index, _, rest = rest.partition(".")
+            return f"blocks.{self.config.dense_layers + int(index)}.{rest}"
+        if part == "expert_heads":
+            return f"head.{rest.partition('.')[2]}"
+        return key  # head.* (the shared head)

@@ -16,6 +16,7 @@ from mobile_moe.config import MobileVMoEConfig
 from mobile_moe.moe import moe_block
 from mobile_moe.outputs import ModelOutput, Routing
 from mobile_moe.routers import PerImageRouter
+from mobile_moe.upcycle import block_entry
 from mobile_moe.vit import Block, ClassifierHead, TokenEmbedding, dense_block, init_weights
 
 
@@ -94,6 +95,16 @@ class MobileVMoE(nn.Module):
     def forward(self, images: Tensor, route_to: Tensor | None = None, dispatch: str = "grouped") -> ModelOutput:
         tokens, routing = self.forward_features(images, route_to, dispatch)
         return ModelOutput(self.forward_head(tokens), routing)
+
+    def dense_key(self, key: str) -> str | None:
+        """Upcycling (mobile_moe/upcycle.py): the dense vit entry `key` starts from; None for the fresh router."""
+        part, _, rest = key.partition(".")
+        if part == "router_stage":
+            return None if rest.startswith("router.") else rest  # embedding.*, blocks.<i>.*: the same names
+        if part == "moe_blocks":
+            index, _, rest = rest.partition(".")
+            return block_entry(rest, self.config.dense_layers + int(index))
+        return key  # head.*
 
     # --- the split, for export ------------------------------------------------------------------------------------
 

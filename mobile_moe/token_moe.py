@@ -25,6 +25,7 @@ from mobile_moe.costs import buffer_capacity
 from mobile_moe.moe import ExpertMLPs
 from mobile_moe.outputs import ModelOutput, MoEStats
 from mobile_moe.routers import top_k
+from mobile_moe.upcycle import block_entry
 from mobile_moe.vit import Attention, Block, ClassifierHead, TokenEmbedding, dense_block, init_weights, layer_norm
 
 # --- helpers -----------------------------------------------------------------------------------------------------
@@ -348,3 +349,11 @@ class TokenMoEViT(nn.Module):
     def forward(self, images: Tensor) -> ModelOutput:
         tokens, stats = self.forward_features(images)
         return ModelOutput(self.forward_head(tokens), None, stats)
+
+    def dense_key(self, key: str) -> str | None:
+        """Upcycling (mobile_moe/upcycle.py): the dense vit entry `key` starts from; None for a fresh router."""
+        part, _, rest = key.partition(".")
+        if part != "blocks":
+            return key  # embedding.*, head.*
+        index, _, rest = rest.partition(".")
+        return None if rest.startswith("mlp.router.") else block_entry(rest, int(index))

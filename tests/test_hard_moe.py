@@ -13,8 +13,10 @@ from mobile_moe.checkpoint import load_checkpoint
 from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
 from mobile_moe.registry import make_config
+from mobile_moe.upcycle import upcycle
 from tests.conftest import tiny_model
 from training import hard_moe as stage
+from training.init_from import check_init_from, load_dense
 from training.run import load_run, read_config, read_metrics
 
 # --- the model ------------------------------------------------------------------------------------------------------
@@ -123,11 +125,11 @@ def test_an_upcycled_hard_moe_computes_its_gater(images):
     gater = tiny_model("vit").eval()
     for shared_head in (False, True):
         model = tiny_model("hard-moe", shared_head=shared_head).eval()
-        model.load_gater(gater.state_dict())
+        upcycle(model, gater.state_dict(), "gater")
         model.router.set_clusters(torch.zeros(32), torch.eye(8, 32), torch.randn(4, 8))
         torch.testing.assert_close(model(images).logits, gater(images).logits, rtol=0, atol=0)
     with pytest.raises(UsageError, match="missing"):
-        model.load_gater({k: v for k, v in gater.state_dict().items() if not k.startswith("head.")})
+        upcycle(model, {k: v for k, v in gater.state_dict().items() if not k.startswith("head.")}, "gater")
 
 
 def test_the_trunk_is_frozen_and_only_chosen_experts_get_gradients(many_images):
@@ -268,12 +270,12 @@ def test_init_from_errors_are_one_line(gater, tmp_path, capsys):
     out = str(tmp_path / "x")
     base = ["--data", SYNTHETIC, *RECIPE, "--out", out]
     assert "--init-from RUN_DIR" in error(["train", "--model", "hard-moe", *MODEL, *base])
-    assert "applies to hard-moe" in error(["train", "--model", "vit", *MODEL, "--init-from", str(gater), *base])
+    assert "--model vit is dense" in error(["train", "--model", "vit", *MODEL, "--init-from", str(gater), *base])
     assert "does not fit" in error(["train", "--model", "hard-moe", "--init-from", str(gater), "--size", "4x64", *base])
     assert "does not fit" in error(["train", "--model", "hard-moe", "--init-from", str(gater), "--pool", "cls", *base])
     assert "not a run directory" in error(["train", "--model", "hard-moe", "--init-from", str(tmp_path), *base])
     other = ["--data", "synthetic:classes=6,super=2,per_class=30", *RECIPE, "--out", out]
-    assert "classes are not those" in error(["train", "--model", "hard-moe", "--init-from", str(gater), *other])
+    assert "are not those of" in error(["train", "--model", "hard-moe", "--init-from", str(gater), *other])
     assert not (tmp_path / "x" / "checkpoint.pt").exists()
 
 
@@ -284,8 +286,8 @@ def test_a_hard_moe_gater_must_be_a_vit_run(gater, tmp_path):
     (tmp_path / "moe" / "config.json").write_text(json.dumps(config))
     hard = make_config("hard-moe", "3x64", patch_size=4, image_size=16, num_classes=6, pool="mean", num_experts=4)
     with pytest.raises(UsageError, match="is a mobile-vmoe run"):
-        stage.check_gater(hard, tmp_path / "moe")
+        check_init_from(hard, tmp_path / "moe")
     with pytest.raises(UsageError, match="no best.pt"):
         config["model"] = read_config(gater)["model"]
         (tmp_path / "moe" / "config.json").write_text(json.dumps(config))
-        stage.load_gater_weights(tiny_model("hard-moe"), tmp_path / "moe")
+        load_dense(tiny_model("hard-moe"), tmp_path / "moe")

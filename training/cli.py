@@ -2,6 +2,7 @@
 
     mobile-moe train --model mobile-vmoe --size 6x64 --patch 8 --image-size 32 --experts 5 --data digits \
         --super-classes random --recipe tiny --out runs/digits-moe
+    mobile-moe train --model mobile-vmoe --init-from runs/digits-vit --experts 5 --data digits --out runs/upcycled
     mobile-moe train --model hard-moe --init-from runs/digits-vit --experts 4 --data digits --out runs/digits-hard
     torchrun --nproc_per_node 4 -m mobile_moe.cli train ...   # DDP: same flags, global --batch-size
 
@@ -51,8 +52,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     data.add_argument(
         "--init-from",
         metavar="RUN_DIR",
-        help="hard-moe: the trained dense vit run it starts from (its gater and every expert); model flags default "
-        "to that run's",
+        help="a trained or imported dense vit run the MoE starts from (sparse upcycling: every expert MLP from the "
+        "dense MLP of its block, routers fresh; a hard-moe's gater); model flags default to that run's",
     )
     train = parser.add_argument_group("training")
     train.add_argument("--recipe", choices=sorted(RECIPES), help=f"base recipe (default {DEFAULT_RECIPE})")
@@ -158,7 +159,7 @@ def recipe_differences(args: argparse.Namespace, run_cfg: TrainConfig, given: Tr
 
 
 def init_from_differences(args: argparse.Namespace, config: dict[str, Any]) -> list[str]:
-    from training.hard_moe import same_run_dir
+    from training.init_from import same_run_dir
 
     theirs = config.get("init_from")
     if args.init_from is None or same_run_dir(args.init_from, theirs):
@@ -212,7 +213,7 @@ def run(args: argparse.Namespace) -> None:
     # A new run (with --resume too: it has no checkpoint yet, so it starts afresh from the given flags).
     cfg = with_lr(recipe_from_args(args), args.lr)
     train(
-        model_config=config_from_args(args, **gater_defaults(args)),
+        model_config=config_from_args(args, **init_defaults(args)),
         train_config=cfg,
         data_spec=args.data,
         super_class_spec=args.super_classes,
@@ -223,10 +224,10 @@ def run(args: argparse.Namespace) -> None:
     )
 
 
-def gater_defaults(args: argparse.Namespace) -> dict[str, object]:
-    """A hard-moe's model fields default to its gater's (--init-from), so only E and L need giving."""
-    if args.init_from is None or args.model != "hard-moe":
-        return {}  # train() refuses --init-from for other models, and a hard-moe without it
-    from training.hard_moe import gater_defaults as defaults
+def init_defaults(args: argparse.Namespace) -> dict[str, object]:
+    """With --init-from, the model's fields default to the dense run's, so only E, k and L need giving."""
+    if args.init_from is None:
+        return {}
+    from training.init_from import model_defaults
 
-    return defaults(args.init_from, args.size)
+    return model_defaults(args.init_from, args.size)

@@ -31,6 +31,7 @@ from mobile_moe.config import ViTConfig
 from mobile_moe.errors import UsageError
 from mobile_moe.registry import build_model, config_from_dict
 from training import augment, distributed, hard_moe, run
+from training import init_from as upcycling
 from training.data import Data, data_record, open_data
 from training.engine import EpochContext, NonFiniteLoss, train_one_epoch
 from training.evaluate import evaluate
@@ -174,10 +175,10 @@ def train(
 
     model_config: e.g. make_config("mobile-vmoe", "6x64", ...); its num_classes must be the data's, unless
     `fit_num_classes` (the CLI without --num-classes) sets it from the data. super_class_spec: FILE.json, coarse,
-    truth, random[:SEED] or None (super_spec.py). Prints one line per epoch unless not `verbose`. init_from: the
-    dense gater run a hard-moe starts from (required there, refused elsewhere; training/hard_moe.py).
+    truth, random[:SEED] or None (super_spec.py). Prints one line per epoch unless not `verbose`. init_from: a
+    dense vit run an MoE starts from (upcycled; a hard-moe requires one as its gater; training/init_from.py).
     """
-    hard_moe.check_init_from(model_config, init_from)
+    upcycling.check_init_from(model_config, init_from)
     out_dir = Path(out_dir)
     check_writable(out_dir, directory=True)
     if run.holds_results(out_dir):
@@ -206,6 +207,15 @@ def resume_training(run_dir: str | os.PathLike, verbose: bool = True, **changes:
     return _train(
         model_config, cfg, config["data"]["spec"], spec, Path(run_dir), verbose, True, init_from=config.get("init_from")
     )
+
+
+def fed_as(out_dir: Path, resume: bool, init_from: str | os.PathLike | None) -> dict[str, Any]:
+    """open_data's preprocessing overrides (mean, std, eval resize): a resumed run's own record, else the dense run's
+    it starts from, else none (the data spec's own)."""
+    if resume and (out_dir / run.CONFIG).is_file():
+        data = run.read_config(out_dir)["data"]
+        return {"mean": data["mean"], "std": data["std"], "eval_resize": data.get("eval_resize")}
+    return upcycling.preprocessing(init_from) if init_from is not None else {}
 
 
 def check_resumable(state: dict[str, Any], run_config: dict[str, Any], cfg: TrainConfig, path: Path) -> None:
@@ -278,7 +288,7 @@ def _train(
             check_resumable(state, run.read_config(out_dir), cfg, last)
 
         # --- data and super-classes ---
-        data = open_data(data_spec, model_config.image_size)
+        data = open_data(data_spec, model_config.image_size, **fed_as(out_dir, resume, init_from))
         if fit_num_classes:
             model_config = dataclasses.replace(model_config, num_classes=data.num_classes)
         check_model_fits_data(model_config, data)
@@ -291,11 +301,13 @@ def _train(
         # --- model, optimizer, schedule ---
         torch.manual_seed(cfg.seed)  # the same initial weights on every process
         model = build_model(model_config).to(placement.device)
-        # Hard MoE stage 1 (gater weights, PCA + k-means) on a fresh start; a resume keeps the run's own clusters.
-        hard_moe_entries = {}
+        # From a dense run (--init-from) on a fresh start: its weights (upcycled) and, for a Hard MoE, stage 1 (PCA +
+        # k-means); a resume keeps the run's own (checkpoint.pt, config.json).
+        init_entries, resumed = {}, run.read_config(out_dir) if state is not None else None
         if model_config.routing == "cluster":
-            resumed = run.read_config(out_dir) if state is not None else None
-            hard_moe_entries = hard_moe.stage_one(model, init_from, data, cfg, placement.device, resumed)
+            init_entries = hard_moe.stage_one(model, init_from, data, cfg, placement.device, resumed)
+        elif init_from is not None:
+            init_entries = upcycling.start(model, init_from, data, resumed)
         optimizer = torch.optim.AdamW(parameter_groups(model, cfg.weight_decay), lr=cfg.lr)
         scheduler = cosine_schedule(optimizer, cfg, len(loader))
         step_module: nn.Module = TrainingForward(model, cfg.route_by)
@@ -316,7 +328,7 @@ def _train(
             "data": data_record(data),
             "super_classes": super_record(super_class_spec, super_classes),
             "recipe": cfg.to_dict(),
-            **hard_moe_entries,
+            **init_entries,
         }
         if state is not None:
             load_training_state(state, last, model, optimizer, scheduler)

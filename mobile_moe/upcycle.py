@@ -1,0 +1,87 @@
+"""Sparse upcycling (Komatsuzaki et al. 2022): an MoE starts from a trained dense ViT of the same size.
+
+The embedding, the dense blocks, the MoE blocks' attention and norms and the head are copied; EVERY expert's MLP is
+a copy of the dense MLP of its block; a router starts fresh (keeps its own initialisation). Each MoE model says where
+each of its state-dict entries comes from (`dense_key(key)`: a dense `vit` key, or None for fresh); `upcycle` is the
+one function that applies it. A Mobile V-MoE whose gates sum to 1 (renormalize_gates, or k = 1 after renormalising)
+then computes the dense model's function exactly at step 0: its experts are identical, so any mixture of them is the
+dense MLP. So does a Hard MoE (its one-hot gate is 1). Token-routed models drop tokens past a buffer capacity and do
+not renormalise, so they start near the dense function, not at it.
+
+WideNet is not upcycled: its blocks share ONE attention and ONE MoE layer, where a dense ViT has one per block.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from torch import Tensor, nn
+
+from mobile_moe.checkpoint import load_weights
+from mobile_moe.config import ViTConfig
+from mobile_moe.errors import UsageError
+
+# The fields the dense run and the MoE must share: the dense weights must fit every place they are copied to.
+SHARED_FIELDS = ("depth", "width", "num_heads", "mlp_ratio", "patch_size", "image_size", "in_chans", "num_classes",
+                 "pool", "norm_eps")  # fmt: skip
+DEFAULT_NORM_EPS = 1e-5  # a config from before norm_eps was recorded
+EXPERT_MLP = re.compile(r"mlp\.(?:experts\.)+\d+\.(?P<param>.+)")  # an expert's MLP entry, relative to its MoE block
+
+
+def check_dense_fits(moe_config: ViTConfig, dense_config: dict[str, Any], where: str) -> None:
+    """One UsageError line unless `dense_config` (a run's config.json "model") is a plain dense vit of the MoE's
+    size. `where` names the run (e.g. "--init-from runs/vit")."""
+    if moe_config.upcycle_refusal is not None:
+        raise UsageError(f"--init-from upcycles a dense vit run into an MoE: {moe_config.upcycle_refusal}")
+    if dense_config.get("name") != "vit":
+        raise UsageError(f"{where} is a {dense_config.get('name')} run; --init-from takes a dense vit run")
+    if dense_config.get("wide_mlp_layers", 0):
+        raise UsageError(f"{where} widens its last MLPs (a FLOPs-matched baseline); upcycling copies a plain vit's "
+                         "MLPs: start from a vit without wide_mlp_layers")  # fmt: skip
+    mine = moe_config.to_dict()
+    theirs = {**dense_config, "norm_eps": dense_config.get("norm_eps", DEFAULT_NORM_EPS)}
+    differ = [
+        f"{k} {mine.get(k)} vs the dense run's {theirs.get(k)}" for k in SHARED_FIELDS if mine.get(k) != theirs.get(k)
+    ]
+    if differ:
+        raise UsageError(
+            f"{where}: the dense run does not fit this {moe_config.name} ({'; '.join(differ)}); leave --size, --patch, "
+            "--image-size, --num-classes and --pool out (they default to the dense run's) or give its values"
+        )
+
+
+def dense_defaults(dense_config: dict[str, Any], preset: set[str]) -> dict[str, Any]:
+    """The dense run's shared fields, as defaults for the MoE's config (explicit flags and the fields a --size preset
+    sets win)."""
+    return {key: dense_config[key] for key in SHARED_FIELDS if key in dense_config and key not in preset}
+
+
+def upcycle(model: nn.Module, dense_state: dict[str, Tensor], source: str | os.PathLike) -> list[str]:
+    """Copy a dense vit's state dict into `model` by its `dense_key` map; -> the entries that kept their own (fresh)
+    values. A dense state that lacks a needed entry, or whose shapes do not fit, is one UsageError naming `source`."""
+    own = model.state_dict()
+    mapped, fresh = {}, []
+    for key, value in own.items():
+        dense = model.dense_key(key)
+        if dense is None:
+            mapped[key], fresh = value, [*fresh, key]
+        elif dense in dense_state:
+            mapped[key] = dense_state[dense]
+        else:
+            raise UsageError(f"{source}: a dense vit's {dense} is missing (needed for {key}); is it a vit checkpoint?")
+    unused = sorted(set(dense_state) - {model.dense_key(key) for key in own})
+    if unused:
+        raise UsageError(f"{source}: {unused[0]} ({len(unused)} such) has no place in {model.config.name}; is it a "
+                         "plain vit checkpoint of the same size?")  # fmt: skip
+    load_weights(model, mapped, source)
+    return fresh
+
+
+def block_entry(rest: str, dense_block: int) -> str:
+    """An MoE block's entry (relative to the block) -> the dense block's: every expert's MLP entry
+    (mlp.experts.<e>.fc1.weight, or mlp.experts.experts.<e>... in a token-routed block) comes from mlp.fc1.weight;
+    attention and norms keep their names."""
+    match = EXPERT_MLP.fullmatch(rest)
+    return f"blocks.{dense_block}.mlp.{match['param']}" if match else f"blocks.{dense_block}.{rest}"

@@ -1,0 +1,83 @@
+"""`train --init-from RUN_DIR`: an MoE starts from a dense vit run, ours or imported (sparse upcycling).
+
+    mobile-moe train --model mobile-vmoe --init-from runs/vit --experts 5 --data digits --out runs/upcycled
+
+The model's fields default to the dense run's (only E, k, L need giving); before the first epoch of a fresh run its
+best.pt is copied in by the model's own map (mobile_moe/upcycle.py: every expert MLP from the dense MLP of its block,
+routers fresh). The data is opened with the dense run's preprocessing (mean, std, eval resize), so the upcycled model
+sees its images as the dense model did (an imported run's are its library's); its classes must be the dense run's.
+config.json records the dense run ("init_from") and what was copied ("upcycled"); a resume reads both and copies
+nothing (checkpoint.pt holds the weights). A Hard MoE requires --init-from (its gater, training/hard_moe.py).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from mobile_moe.checkpoint import load_checkpoint
+from mobile_moe.config import ViTConfig, parse_size
+from mobile_moe.errors import UsageError
+from mobile_moe.upcycle import check_dense_fits, dense_defaults, upcycle
+from training import run
+
+HELP = "a dense vit run (ours, or `mobile-moe import`ed) of the same size: the MoE starts from its weights"
+
+
+def check_init_from(model_config: ViTConfig, init_from: str | os.PathLike | None, data=None) -> None:
+    """--init-from must fit the model (and `data`, when given: the dense run's classes); a Hard MoE requires it.
+    Checked before any data is opened too, so a wrong run costs nothing."""
+    if model_config.routing == "cluster" and init_from is None:
+        raise UsageError(f"{model_config.name} trains from a dense gater: give --init-from RUN_DIR, {HELP}")
+    if init_from is None:
+        return
+    where = f"--init-from {init_from}"
+    config = run.read_config(init_from)
+    check_dense_fits(model_config, config["model"], where)
+    if data is not None and list(config["data"].get("class_names", [])) != list(data.class_names):
+        raise UsageError(
+            f"{where} classifies {len(config['data'].get('class_names', []))} classes that are not those of "
+            f"{data.spec} ({data.num_classes}); train on data with the dense run's classes"
+        )
+
+
+def same_run_dir(a: str | os.PathLike | None, b: str | os.PathLike | None) -> bool:
+    return a is not None and b is not None and Path(a).resolve() == Path(b).resolve()
+
+
+def model_defaults(init_from: str | os.PathLike, size: str | None) -> dict[str, Any]:
+    """The dense run's model fields, as defaults (explicit flags win; --size replaces the fields its preset sets, so
+    `--size deit-ti` still means patch 16 unless --patch says otherwise)."""
+    preset = set(parse_size(size)) if size else set()
+    return dense_defaults(run.read_config(init_from)["model"], preset)
+
+
+def preprocessing(init_from: str | os.PathLike) -> dict[str, Any]:
+    """open_data's overrides that feed images as the dense run was fed: its mean, std and eval resize policy."""
+    data = run.read_config(init_from)["data"]
+    return {"mean": data["mean"], "std": data["std"], "eval_resize": data.get("eval_resize")}
+
+
+def load_dense(model, init_from: str | os.PathLike) -> dict[str, Any]:
+    """The dense run's best.pt into `model` (upcycled); -> the config.json record of what was copied."""
+    path = Path(init_from) / run.BEST
+    if not path.is_file():
+        raise UsageError(f"--init-from {init_from} has no {run.BEST} yet; let the dense run finish an epoch")
+    state = load_checkpoint(path, map_location="cpu")
+    fresh = upcycle(model, state["model"], path)
+    source = run.read_config(init_from).get("source")
+    return {
+        "dense_epoch": int(state["epoch"]) if "epoch" in state else None,
+        "dense_source": source.get("model") if isinstance(source, dict) else None,
+        "fresh": sorted({key.rsplit(".", 1)[0] for key in fresh}),  # modules that kept their own initialisation
+    }
+
+
+def start(model, init_from: str | os.PathLike, data, resumed: dict[str, Any] | None) -> dict[str, Any]:
+    """config.json entries of a run started from a dense run: copied now on a fresh start; on a resume, kept from the
+    run's own config.json (`resumed`), whose weights checkpoint.pt already holds."""
+    if resumed is not None:
+        return {"init_from": resumed.get("init_from"), "upcycled": resumed.get("upcycled")}
+    check_init_from(model.config, init_from, data)  # again, now with the data's classes
+    return {"init_from": str(Path(init_from).resolve()), "upcycled": load_dense(model, init_from)}
