@@ -30,11 +30,16 @@ DEFAULT_NORM_EPS = 1e-5  # a config from before norm_eps was recorded
 EXPERT_MLP = re.compile(r"mlp\.(?:experts\.)+\d+\.(?P<param>.+)")  # an expert's MLP entry, relative to its MoE block
 
 
+def check_upcyclable(model: ViTConfig | type[ViTConfig]) -> None:
+    """One UsageError line if a dense run cannot initialise this kind of model (its config's upcycle_refusal)."""
+    if model.upcycle_refusal is not None:
+        raise UsageError(f"--init-from upcycles a dense vit run into an MoE: {model.upcycle_refusal}")
+
+
 def check_dense_fits(moe_config: ViTConfig, dense_config: dict[str, Any], where: str) -> None:
     """One UsageError line unless `dense_config` (a run's config.json "model") is a plain dense vit of the MoE's
     size. `where` names the run (e.g. "--init-from runs/vit")."""
-    if moe_config.upcycle_refusal is not None:
-        raise UsageError(f"--init-from upcycles a dense vit run into an MoE: {moe_config.upcycle_refusal}")
+    check_upcyclable(moe_config)
     if dense_config.get("name") != "vit":
         raise UsageError(f"{where} is a {dense_config.get('name')} run; --init-from takes a dense vit run")
     if dense_config.get("wide_mlp_layers", 0):

@@ -226,8 +226,8 @@ def run(args: argparse.Namespace) -> None:
 
 def init_defaults(args: argparse.Namespace) -> dict[str, object]:
     """With --init-from, the model's fields default to the dense run's, so only E, k and L need giving."""
-    if args.init_from is None:
+    if args.init_from is None or args.model is None:
         return {}
     from training.init_from import model_defaults
 
-    return model_defaults(args.init_from, args.size)
+    return model_defaults(args.model, args.init_from, args.size)

@@ -19,7 +19,8 @@ from typing import Any
 from mobile_moe.checkpoint import load_checkpoint
 from mobile_moe.config import ViTConfig, parse_size
 from mobile_moe.errors import UsageError
-from mobile_moe.upcycle import check_dense_fits, dense_defaults, upcycle
+from mobile_moe.registry import MODELS
+from mobile_moe.upcycle import check_dense_fits, check_upcyclable, dense_defaults, upcycle
 from training import run
 
 HELP = "a dense vit run (ours, or `mobile-moe import`ed) of the same size: the MoE starts from its weights"
@@ -46,9 +47,10 @@ def same_run_dir(a: str | os.PathLike | None, b: str | os.PathLike | None) -> bo
     return a is not None and b is not None and Path(a).resolve() == Path(b).resolve()
 
 
-def model_defaults(init_from: str | os.PathLike, size: str | None) -> dict[str, Any]:
-    """The dense run's model fields, as defaults (explicit flags win; --size replaces the fields its preset sets, so
-    `--size deit-ti` still means patch 16 unless --patch says otherwise)."""
+def model_defaults(model: str, init_from: str | os.PathLike, size: str | None) -> dict[str, Any]:
+    """The dense run's model fields, as defaults for --model `model` (explicit flags win; --size replaces the fields
+    its preset sets, so `--size deit-ti` still means patch 16 unless --patch says otherwise)."""
+    check_upcyclable(MODELS[model])  # before the run is read: a WideNet is refused whatever the run
     preset = set(parse_size(size)) if size else set()
     return dense_defaults(run.read_config(init_from)["model"], preset)
 
