@@ -35,12 +35,12 @@ def check_init_from(model_config: ViTConfig, init_from: str | os.PathLike | None
         return
     where = f"--init-from {init_from}"
     config = run.read_config(init_from)
-    check_dense_fits(model_config, config["model"], where)
     if data is not None and list(config["data"].get("class_names", [])) != list(data.class_names):
         raise UsageError(
             f"{where} classifies {len(config['data'].get('class_names', []))} classes that are not those of "
             f"{data.spec} ({data.num_classes}); train on data with the dense run's classes"
         )
+    check_dense_fits(model_config, config["model"], where)
 
 
 def same_run_dir(a: str | os.PathLike | None, b: str | os.PathLike | None) -> bool:

@@ -1,0 +1,170 @@
+"""Sparse upcycling (`train --init-from`): every expert MLP starts as the dense MLP of its block, routers fresh; with
+gates that sum to 1 the upcycled model computes the dense model's function at step 0, from our own dense runs and from
+imported timm / torchvision models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mobile_moe.cli import main
+from mobile_moe.errors import UsageError
+from mobile_moe.registry import MODELS, create_model, make_config
+from mobile_moe.upcycle import check_dense_fits, upcycle
+from tests.conftest import TINY, TINY_OPTIONS, tiny_model
+from training.run import load_run, read_config
+
+UPCYCLED = sorted(name for name, cfg in MODELS.items() if cfg.upcycle_refusal is None)
+DIGITS_MODEL = ["--size", "3x64", "--patch", "8", "--image-size", "32"]
+RECIPE = ["--recipe", "tiny", "--epochs", "1", "--batch-size", "64", "--quiet"]
+
+
+def upcycled(name: str, dense: torch.nn.Module, **overrides) -> tuple[torch.nn.Module, dict, list[str]]:
+    """An MoE `name` of the dense model's size, its fresh state before, and the entries upcycling left fresh."""
+    fields = {**TINY, **TINY_OPTIONS[name], "norm_eps": dense.config.norm_eps, **overrides}
+    torch.manual_seed(1)
+    model = create_model(name, **fields).eval()
+    before = {key: value.clone() for key, value in model.state_dict().items()}
+    return model, before, upcycle(model, dense.state_dict(), "dense")
+
+
+@pytest.mark.parametrize("name", UPCYCLED)
+def test_every_expert_starts_as_the_dense_mlp_of_its_block_and_routers_start_fresh(name):
+    dense = tiny_model("vit")
+    model, before, fresh = upcycled(name, dense)
+    dense_state, state = dense.state_dict(), model.state_dict()
+    assert fresh and all(".router." in key for key in fresh)
+    for key, value in state.items():
+        source = model.dense_key(key)
+        assert torch.equal(value, before[key] if source is None else dense_state[source]), key
+    # Each expert of each MoE block, spelled out: its fc1/fc2 are the dense block's.
+    first_moe = model.config.depth - model.config.moe_layers
+    experts = [key for key in state if ".fc1.weight" in key and "expert" in key]
+    assert len(experts) == model.config.num_experts * model.config.moe_layers
+    for key in experts:
+        block = model.dense_key(key).split(".")[1]
+        assert int(block) >= first_moe and torch.equal(state[key], dense_state[f"blocks.{block}.mlp.fc1.weight"])
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides"),
+    [
+        ("mobile-vmoe", {"renormalize_gates": True}),  # k = 1: gate 1
+        ("mobile-vmoe", {"renormalize_gates": True, "top_k": 2}),  # two identical experts, gates summing to 1
+        ("hard-moe", {}),  # one-hot gate
+    ],
+    ids=["mobile-vmoe-k1", "mobile-vmoe-k2", "hard-moe"],
+)
+def test_an_upcycled_model_computes_the_dense_function_at_step_zero(name, overrides, images):
+    dense = tiny_model("vit").eval()
+    model, _, _ = upcycled(name, dense, **overrides)
+    if name == "hard-moe":  # any clusters: every expert is the dense tail
+        model.router.set_clusters(torch.zeros(32), torch.eye(8, 32), torch.randn(4, 8))
+    with torch.no_grad():
+        expected = dense(images).logits
+        for dispatch in ("grouped", "dense"):
+            torch.testing.assert_close(model(images, dispatch=dispatch).logits, expected, atol=1e-6, rtol=0)
+
+
+def test_without_renormalised_gates_the_upcycled_model_scales_its_experts(images):
+    """The paper's gate is the router's winning probability (< 1), so an upcycled Mobile V-MoE starts near, not at,
+    the dense function: the issue's exactness claim needs renormalize_gates."""
+    dense = tiny_model("vit").eval()
+    model, _, _ = upcycled("mobile-vmoe", dense)
+    with torch.no_grad():
+        assert (model(images).logits - dense(images).logits).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize(
+    ("source", "kwargs", "experts"),
+    [("timm:deit_tiny_patch16_224", {}, 10), ("torchvision:vit_b_32", {}, 2)],
+    ids=["deit-tiny", "vit-b-32"],
+)
+def test_an_upcycled_import_computes_the_source_models_logits(source, kwargs, experts):
+    from mobile_moe.importers import Source, convert_model
+    from tests.test_import import source_model
+
+    theirs = source_model(source, **kwargs)
+    library, _, name = source.partition(":")
+    imported = convert_model(Source(library, name), theirs)
+    fields = {k: v for k, v in imported.config.to_dict().items() if k not in ("name", "wide_mlp_layers",
+              "wide_mlp_factor")}  # fmt: skip
+    torch.manual_seed(0)
+    model = create_model("mobile-vmoe", **fields, num_experts=experts, renormalize_gates=True).eval()
+    upcycle(model, imported.state_dict, source)
+    images = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        assert (model(images).logits - theirs(images)).abs().max() <= 1e-5
+
+
+def test_a_dense_run_that_does_not_fit_is_refused_in_one_line():
+    moe = make_config("mobile-vmoe", **TINY, **TINY_OPTIONS["mobile-vmoe"])
+    dense = make_config("vit", **TINY).to_dict()
+    check_dense_fits(moe, dense, "--init-from d")
+    for change, message in (
+        ({"width": 64, "num_heads": 2}, "width 32 vs the dense run's 64"),
+        ({"norm_eps": 1e-6}, "norm_eps"),
+        ({"wide_mlp_layers": 1, "wide_mlp_factor": 2}, "widens its last MLPs"),
+        ({"name": "mobile-vmoe"}, "is a mobile-vmoe run"),
+    ):
+        with pytest.raises(UsageError, match=message):
+            check_dense_fits(moe, {**dense, **change}, "--init-from d")
+    for name in ("widenet", "vit"):
+        with pytest.raises(UsageError, match="--init-from upcycles"):
+            check_dense_fits(make_config(name, **TINY, **TINY_OPTIONS[name]), dense, "--init-from d")
+    with pytest.raises(UsageError, match="blocks.0.mlp.fc1.weight is missing"):
+        model = tiny_model("mobile-vmoe")
+        upcycle(model, {k: v for k, v in tiny_model("vit").state_dict().items() if "mlp" not in k}, "d")
+
+
+@pytest.fixture(scope="module")
+def dense_run(tmp_path_factory):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out = tmp_path_factory.mktemp("dense") / "vit"
+        assert main(["train", "--model", "vit", *DIGITS_MODEL, "--data", "digits", *RECIPE, "--out", str(out)]) == 0
+        return out
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_train_init_from_upcycles_a_dense_run_and_a_resume_keeps_it(dense_run, tmp_path, capsys):
+    out = tmp_path / "moe"
+    argv = ["train", "--model", "mobile-vmoe", "--init-from", str(dense_run), "--experts", "3", "--data", "digits",
+            "--super-classes", "random",
+            *RECIPE, "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    config = read_config(out)
+    assert config["init_from"] == str(dense_run.resolve())
+    assert config["upcycled"]["fresh"] == ["router_stage.router.norm", "router_stage.router.proj"]
+    assert config["model"]["depth"] == 3 and config["model"]["patch_size"] == 8  # the dense run's, not flags
+    assert main([*argv, "--epochs", "2", "--resume"]) == 0  # the starting command, extended
+    assert read_config(out)["upcycled"] == config["upcycled"]
+    assert load_run(out).checkpoint["epoch"] == 2
+    other = ["--data", "synthetic:classes=6,super=2,per_class=20", "--super-classes", "truth", "--experts", "2"]
+    assert main(["train", "--model", "mobile-vmoe", "--init-from", str(dense_run), *other, *RECIPE, "--out",
+                 str(tmp_path / "x")]) == 2  # fmt: skip
+    assert "are not those of" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_run_upcycled_from_an_import_sees_images_as_the_source_library_does(tmp_path):
+    """The imported model's preprocessing (timm's mean/std, bicubic crop) is the upcycled run's too."""
+    from tests.test_import import source_model
+
+    theirs = source_model("timm:deit_tiny_patch16_224", img_size=32, num_classes=10)
+    torch.save(theirs.state_dict(), tmp_path / "w.pth")
+    (tmp_path / "digits.txt").write_text("\n".join(str(d) for d in range(10)))
+    assert main(["import", "timm:deit_tiny_patch16_224", "--weights", str(tmp_path / "w.pth"), "--class-names",
+                 str(tmp_path / "digits.txt"), "--out", str(tmp_path / "deit")]) == 0  # fmt: skip
+    out = tmp_path / "moe"
+    assert main(["train", "--model", "mobile-vmoe", "--init-from", str(tmp_path / "deit"), "--experts", "2",
+                 "--moe-layers", "1", "--data", "digits", "--super-classes", "random", *RECIPE, "--out",
+                 str(out)]) == 0  # fmt: skip
+    imported, trained = read_config(tmp_path / "deit")["data"], read_config(out)["data"]
+    assert {k: trained[k] for k in ("mean", "std", "eval_resize")} == {
+        k: imported[k] for k in ("mean", "std", "eval_resize")
+    }
+    assert read_config(out)["upcycled"]["dense_source"] == "timm:deit_tiny_patch16_224"
