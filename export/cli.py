@@ -34,6 +34,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         choices=COMPRESSIONS,
         help="Core ML weight compression used by --quantize int8: linear 8-bit (default) or N-bit palettisation",
     )
+    parser.add_argument(
+        "--data",
+        metavar="SPEC",
+        help="images for the parity check and int8 calibration (default: the run's own data; an imported run has none)",
+    )
     parser.add_argument("--checkpoint", default="best", choices=["best", "last"], help="which checkpoint to export")
     parser.add_argument("--json", action="store_true", help="print the manifest as one JSON object")
 
@@ -47,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
 
     check_target(Path(args.out))  # before loading the run: a bad --out fails in a second, not after the export
     log = (lambda message: print(message, file=sys.stderr)) if args.json else print
-    source = source_from_run(args.run_dir, checkpoint=args.checkpoint)
+    calibration = 64 if args.quantize == "int8" else 0
+    source = source_from_run(args.run_dir, args.checkpoint, calibration=calibration, data_spec=args.data)
     log(f"exporting {args.run_dir} ({source.model.config.name}) as {args.format} -> {args.out}")
     manifest = export_bundle(
         source.model,

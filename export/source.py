@@ -25,7 +25,7 @@ class ExportSource:
     mean: list[float]
     std: list[float]
     sample_images: Tensor  # (N, C, S, S) normalised: parity
-    calibration_images: Tensor  # int8 calibration
+    calibration_images: Tensor | None  # int8 calibration (None: not asked for)
     val_data: tuple[Tensor, Tensor]  # (images, labels): int8 top-1 change
     source: str
     validation_top1: float | None = None  # the run's best validation top-1, recorded in the manifest
@@ -60,14 +60,23 @@ def source_from_run(
     samples: int = 16,
     calibration: int = 64,
     validation: int = 512,
+    data_spec: str | None = None,
 ) -> ExportSource:
+    """The run's model and images from its own data, or from `data_spec` (an imported run has none) with the run's
+    preprocessing and classes. `calibration`: training images for int8 calibration (0: none, no train split needed)."""
+    from mobile_moe.errors import UsageError
     from training.run import load_run
 
     run = load_run(run_dir, checkpoint=checkpoint)
     data_config = run.config["data"]
-    data = run.open_data()
+    data = run.open_data(data_spec)
+    if list(data.class_names) != run.class_names:
+        raise UsageError(
+            f"--data {data.spec} has {data.num_classes} classes that are not the {len(run.class_names)} of {run_dir}; "
+            "give data with the run's classes"
+        )
     val_images, val_labels = _take(data.split("val"), validation, seed=0)
-    calibration_images, _ = _take(data.split("train"), calibration, seed=1)
+    calibration_images = _take(data.split("train"), calibration, seed=1)[0] if calibration else None
     super_classes = run.config.get("super_classes")
     if isinstance(super_classes, dict):
         super_classes = super_classes.get("names")

@@ -218,3 +218,26 @@ def test_super_classes_derive_from_an_imported_run_on_an_imagenet_val_folder(imp
     assert "cannot be resumed" in capsys.readouterr().err
     assert main(["evaluate", str(run_dir), "--data", f"imagefolder:{root}", "--split", "train"]) == 2
     assert "no train split" in capsys.readouterr().err
+
+
+def test_an_imported_run_exports_with_images_from_data_spec(imported_run, tmp_path, capsys):
+    """An imported run has no data of its own: export takes --data (a val-only folder is enough for fp32) and the
+    bundle's manifest carries timm's preprocessing, which predict applies."""
+    run_dir, root, theirs = imported_run
+    bundle = tmp_path / "bundle"
+    export = ["export", str(run_dir), "--format", "onnx", "--out", str(bundle)]
+    assert main(export) == 2
+    assert "give --data SPEC" in capsys.readouterr().err
+    assert main([*export, "--data", f"imagefolder:{root}"]) == 0
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["input"]["resize"] == {**read_config(run_dir)["data"]["eval_resize"], "origin": "run"}
+    assert manifest["class_names"] == list(CLASSES)
+    capsys.readouterr()
+    image = next((root / "val" / "dog").iterdir())
+    assert main(["predict", str(bundle), str(image), "--json"]) == 0
+    predicted = json.loads(capsys.readouterr().out)[0]
+    tensor = load_run(run_dir).open_data(f"imagefolder:{root}").eval_transform()(Image.open(image).convert("RGB"))
+    with torch.no_grad():
+        expected = theirs(tensor[None]).softmax(-1)[0]
+    assert predicted["class_index"] == int(expected.argmax())
+    assert abs(predicted["probability"] - float(expected.max())) < 1e-4
