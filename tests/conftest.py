@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -41,14 +42,22 @@ def images() -> torch.Tensor:
     return torch.randn(6, 3, 32, 32, generator=torch.Generator().manual_seed(1))
 
 
-@pytest.fixture
-def one_thread():
-    """Training tests run on one torch thread: on CI's 2 shared cores, two spinning OpenMP threads per process slow
-    training several-fold."""
+@contextlib.contextmanager
+def one_torch_thread():
+    """Training in tests runs on one torch thread: on CI's 2 shared cores, two spinning OpenMP threads per process
+    slow training several-fold. For module-scoped fixtures; tests use the `one_thread` fixture."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def one_thread():
+    with one_torch_thread():
+        yield
 
 
 def _missing_build_tools() -> list[str]:

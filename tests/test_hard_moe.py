@@ -14,7 +14,7 @@ from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
 from mobile_moe.registry import make_config
 from mobile_moe.upcycle import upcycle
-from tests.conftest import tiny_model
+from tests.conftest import one_torch_thread, tiny_model
 from training import hard_moe as stage
 from training.init_from import check_init_from, load_dense
 from training.run import load_run, read_config, read_metrics
@@ -169,13 +169,9 @@ RECIPE = ["--recipe", "tiny", "--epochs", "1", "--batch-size", "32", "--quiet"]
 @pytest.fixture(scope="module")
 def gater(tmp_path_factory):
     """A tiny dense vit trained for one epoch: the gater every Hard MoE here starts from."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        out = tmp_path_factory.mktemp("gater") / "vit"
+    out = tmp_path_factory.mktemp("gater") / "vit"
+    with one_torch_thread():
         assert main(["train", "--model", "vit", *MODEL, "--data", SYNTHETIC, *RECIPE, "--out", str(out)]) == 0
-    finally:
-        torch.set_num_threads(threads)
     return out
 
 

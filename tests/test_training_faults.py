@@ -18,6 +18,7 @@ import torch
 
 from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
+from tests.conftest import one_torch_thread
 from training import run as runs
 from training import train as train_module
 from training.run import load_run, read_metrics
@@ -209,10 +210,8 @@ def test_sigkill_many_times_then_resume_equals_the_uninterrupted_run(tmp_path, c
 @pytest.fixture(scope="module")
 def one_epoch(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("resume") / "run"
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    assert main(train_argv(out, 1)) == 0
-    torch.set_num_threads(threads)
+    with one_torch_thread():
+        assert main(train_argv(out, 1)) == 0
     return out
 
 

@@ -11,7 +11,7 @@ from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
 from mobile_moe.registry import MODELS, create_model, make_config
 from mobile_moe.upcycle import check_dense_fits, upcycle
-from tests.conftest import TINY, TINY_OPTIONS, tiny_model
+from tests.conftest import TINY, TINY_OPTIONS, one_torch_thread, tiny_model
 from training.run import load_run, read_config
 
 UPCYCLED = sorted(name for name, cfg in MODELS.items() if cfg.upcycle_refusal is None)
@@ -119,14 +119,10 @@ def test_a_dense_run_that_does_not_fit_is_refused_in_one_line():
 
 @pytest.fixture(scope="module")
 def dense_run(tmp_path_factory):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        out = tmp_path_factory.mktemp("dense") / "vit"
+    out = tmp_path_factory.mktemp("dense") / "vit"
+    with one_torch_thread():
         assert main(["train", "--model", "vit", *DIGITS_MODEL, "--data", "digits", *RECIPE, "--out", str(out)]) == 0
-        return out
-    finally:
-        torch.set_num_threads(threads)
+    return out
 
 
 @pytest.mark.usefixtures("one_thread")
