@@ -122,7 +122,7 @@ def convert_model(source: Source, theirs: nn.Module) -> ImportedViT:
     library.check_architecture(source, theirs)
     config, mapped = library.convert(source, theirs.eval())
     ours = _load_ours(source, config, mapped)
-    difference = max_abs_difference(ours, theirs, config)
+    difference = max_abs_difference(ours, theirs, library.classifier(theirs), config)
     if not difference <= PARITY_TOLERANCE:
         raise UsageError(
             f"{source}: the imported model's logits differ from the source's by {difference:.3g} (more than "
@@ -179,11 +179,21 @@ def _load_ours(source: Source, config: ViTConfig, state: dict[str, Tensor]) -> n
 
 
 @torch.no_grad()
-def max_abs_difference(ours: nn.Module, theirs: nn.Module, config: ViTConfig, batch: int = 2) -> float:
-    """max |our logits - the source's| on a seeded standard-normal batch (float32)."""
-    shape = (batch, config.in_chans, config.image_size, config.image_size)
+def max_abs_difference(ours: nn.Module, theirs: nn.Module, their_head: nn.Linear, config: ViTConfig) -> float:
+    """max |ours - the source's| over the logits AND the classifier's input features, on a seeded standard-normal
+    batch (float32). The features count too because a head initialised to zero (torchvision's) makes every logit 0
+    whatever the blocks compute."""
+    shape = (2, config.in_chans, config.image_size, config.image_size)
     images = torch.randn(shape, generator=torch.Generator().manual_seed(0))
-    return float((ours(images).logits - theirs(images)).abs().max())
+    features = []
+    hooks = [head.register_forward_hook(lambda _m, args, _o: features.append(args[0])) for head in (ours.head.fc,
+             their_head)]  # fmt: skip
+    try:
+        logits = (ours(images).logits - theirs(images)).abs().max()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return float(max(logits, (features[0] - features[1]).abs().max()))
 
 
 def refuse(source: Source, what: str) -> UsageError:

@@ -179,6 +179,10 @@ def _position_embedding(model: nn.Module, config: ViTConfig) -> Tensor:
     return pos
 
 
+def classifier(model: nn.Module) -> nn.Linear:
+    return model.head
+
+
 def preprocessing(source: Source, model: nn.Module, config: ViTConfig) -> Preprocessing:
     """timm's data config for the model (resolve_model_data_config: its pretrained config, else timm's defaults):
     mean/std, and its eval transform (shorter side to floor(S / crop_pct), centre crop) with its interpolation."""

@@ -115,6 +115,10 @@ def _params(prefix: str, module: nn.Module) -> dict[str, Tensor]:
     return {f"{prefix}.weight": module.weight, f"{prefix}.bias": module.bias}
 
 
+def classifier(model: nn.Module) -> nn.Linear:
+    return model.heads.head
+
+
 def preprocessing(source: Source, model: nn.Module, config: ViTConfig) -> Preprocessing:
     """The eval transform of the model's published weights (torchvision's ImageClassification: shorter side to
     resize_size, centre crop): the entry for this image size, else the first one's resize ratio at this size."""
