@@ -1,8 +1,9 @@
-"""The adb flow: push a bundle, the runner and the inputs to a phone, run there, pull the JSON back, clean up.
+"""The adb flow: a phone as a remote device (device_bench/remote.py pushes, runs, pulls and cleans up).
 
 The runner must be an Android arm64 build of device_bench/native (see native/build_android.sh). Everything goes to
 one working directory under /data/local/tmp (executable there without root), which is removed afterwards even when
-the run fails. Phone numbers need a real phone; the tests drive this flow through a stand-in `adb`.
+the run fails. Phone numbers need a real phone; the tests drive this flow through a stand-in `adb`, and the same flow
+runs real ARM64 code on the emulated device (device_bench/arm64.py).
 """
 
 from __future__ import annotations
@@ -10,12 +11,12 @@ from __future__ import annotations
 import shlex
 import shutil
 import subprocess
-import tempfile
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from device_bench.native import as_round_report, parse_runner_output
+from device_bench.bundles import read_manifest
+from device_bench.native import as_round_report
+from device_bench.remote import RunnerFiles, run_remote
 from device_bench.round_report import RoundReport
 from device_bench.settings import Settings
 from mobile_moe.errors import UsageError
@@ -61,47 +62,50 @@ class Adb:
             raise UsageError(f"Android device {self.serial} is not attached (see `adb devices`)")
 
 
+class AdbDevice:
+    """A phone as a RemoteDevice (device_bench/remote.py): adb push/pull, and `adb shell` for the rest."""
+
+    root = DEVICE_ROOT
+
+    def __init__(self, serial: str | None = None):
+        self.adb = Adb(serial)
+        self.adb.check_attached()
+
+    @property
+    def name(self) -> str:
+        return f"Android device {self.adb.serial}"
+
+    def make_dir(self, remote: str) -> None:
+        self.adb.run("shell", f"mkdir -p {shlex.quote(remote)}")
+
+    def push(self, local: Path, remote: str) -> None:
+        self.adb.run("push", str(local), remote)
+
+    def pull(self, remote: str, local: Path) -> None:
+        self.adb.run("pull", remote, str(local), check=False)
+
+    def execute(self, argv: list[str], env: dict[str, str], stdout: str, stderr: str) -> int:
+        assignments = " ".join(f"{key}={shlex.quote(value)}" for key, value in env.items())
+        command = f"{assignments} {shlex.join(argv)}".strip()
+        shell = f"chmod 755 {shlex.quote(argv[0])} && {command} > {shlex.quote(stdout)} 2> {shlex.quote(stderr)}"
+        status = self.adb.run("shell", f"{shell}; echo exit=$?", check=False)
+        code = int(status.stdout.strip().rpartition("exit=")[2] or 1)
+        return -(code - 128) if code > 128 else code  # the shell's 128 + N: killed by signal N
+
+    def remove(self, remote: str) -> None:
+        self.adb.run("shell", f"rm -rf {shlex.quote(remote)}", check=False)
+
+
 def run_on_android(
     serial: str | None, runner: str | Path, bundle: str | Path, images: str | Path | None, settings: Settings
 ) -> dict:
     """Run the runner on the phone against the bundle; returns its JSON (bundle paths in it are device paths)."""
-    from device_bench.bundles import read_manifest
-
     runner = Path(runner)
     if not runner.is_file():
         raise UsageError(f"--runner {runner}: no such file; build it with device_bench/native/build_android.sh")
-    read_manifest(bundle)  # the schema and every graph's sha256, before anything reaches the phone
-    adb = Adb(serial)
-    adb.check_attached()
-    workdir = f"{DEVICE_ROOT}/mobile-moe-{uuid.uuid4().hex[:8]}"
-    remote_bundle, remote_runner = f"{workdir}/bundle", f"{workdir}/mobile_moe_runner"
-    remote_images = f"{workdir}/images.f32" if images is not None else None
-    try:
-        adb.run("shell", f"mkdir -p {shlex.quote(workdir)}")
-        adb.run("push", str(bundle), remote_bundle)
-        adb.run("push", str(runner), remote_runner)
-        if images is not None:
-            adb.run("push", str(images), remote_images)
-        command = [remote_runner, "--bundle", remote_bundle, *settings.runner_flags()]
-        if remote_images:
-            command += ["--input", remote_images]
-        # Output to a file on the phone and pull it: adb shell mangles long stdout lines on some devices.
-        shell = f"chmod 755 {remote_runner} && {shlex.join(command)} > {workdir}/result.json 2> {workdir}/stderr.txt"
-        status = adb.run("shell", f"{shell}; echo exit=$?", check=False)
-        returncode = int(status.stdout.strip().rpartition("exit=")[2] or 1)
-        with tempfile.TemporaryDirectory() as local:
-            adb.run("pull", f"{workdir}/result.json", f"{local}/result.json", check=False)
-            adb.run("pull", f"{workdir}/stderr.txt", f"{local}/stderr.txt", check=False)
-            stdout = _read(Path(local) / "result.json")
-            stderr = _read(Path(local) / "stderr.txt")
-        return parse_runner_output(returncode, stdout, stderr, f"runner on Android device {adb.serial}")
-    finally:
-        adb.run("shell", f"rm -rf {shlex.quote(workdir)}", check=False)
-
-
-def _read(path: Path) -> str:
-    """What the runner wrote on the phone; any bytes (a crash can leave garbage) read without failing."""
-    return path.read_bytes().decode(errors="replace") if path.exists() else ""
+    read_manifest(bundle)  # the schema and every graph's sha256, before the phone is even asked for
+    images = Path(images) if images is not None else None
+    return run_remote(AdbDevice(serial), RunnerFiles(runner), Path(bundle), images, settings)
 
 
 @dataclass(frozen=True)

@@ -53,26 +53,41 @@ class RoundRunner(Protocol):
     def run_round(self, bundle: Path, images: Path, settings: Settings) -> RoundReport: ...
 
 
+DEVICES = ("host", "android[:SERIAL]", "arm64-emulated")
+REMOTE = ("android", "arm64-emulated")  # devices the native runner is pushed to (device_bench/remote.py)
+
+
 def parse_device(device: str) -> tuple[str, str | None]:
-    """("host", None) or ("android", SERIAL or None)."""
+    """("host", None), ("android", SERIAL or None) or ("arm64-emulated", None)."""
     name, _, serial = device.partition(":")
-    if name not in ("host", "android") or (name == "host" and serial):
-        raise UsageError(f"--device {device!r}: use host or android[:SERIAL]")
+    if name not in ("host", *REMOTE) or (name != "android" and serial):
+        raise UsageError(f"--device {device!r}: use {', '.join(DEVICES)}")
     return name, serial or None
 
 
+def is_emulated(device: str) -> bool:
+    """Whether a device's timings and memory are an emulator's (not comparable to a phone's)."""
+    return parse_device(device)[0] == "arm64-emulated"
+
+
 def choose_runner(runtime: str, device: str = "host", runner: str | Path | None = None) -> RoundRunner:
-    """The one place that maps (runtime, device) to a runner. `runner`: a native runner binary (an Android arm64
-    build for a phone); None builds one for this host when the native runtime needs it."""
+    """The one place that maps (runtime, device) to a runner. `runner`: a native runner binary for the device (an
+    Android arm64 build for a phone, a linux-arm64 one for arm64-emulated); None builds one for this host, or for
+    arm64-emulated, when the native runtime needs it."""
     place, serial = parse_device(device)
+    if place in REMOTE and runtime != "native":
+        raise UsageError(f"--device {place} runs the native runner only: add --runtime native")
     if place == "android":
-        if runtime != "native":
-            raise UsageError("--device android runs the native runner only: add --runtime native --runner PATH")
         if runner is None:
             raise UsageError("--device android needs --runner PATH: an Android arm64 build (native/build_android.sh)")
         from device_bench.android import AndroidRunner
 
         return AndroidRunner(serial, Path(runner))
+    if place == "arm64-emulated":
+        from device_bench.arm64 import EmulatedArm64Runner, require
+
+        require()  # the toolchain, qemu and the wheel, before any round
+        return EmulatedArm64Runner(Path(runner) if runner is not None else None)
     if runtime == "native":
         from device_bench.native import NativeRunner
 
@@ -92,8 +107,8 @@ class BenchSettings:
 
     round: Settings = field(default_factory=Settings)
     runtime: str | None = None  # one of RUNTIMES; None: each bundle's default (native for ExecuTorch, ...)
-    device: str = "host"  # "host" or "android[:SERIAL]" (the native runner over adb)
-    runner: str | Path | None = None  # native runner binary; None: build one for this host (required on android)
+    device: str = "host"  # "host", "android[:SERIAL]" (the native runner over adb) or "arm64-emulated" (qemu-user)
+    runner: str | Path | None = None  # native runner binary for the device; None: build one (required on android)
     rounds: int = 3  # fresh processes per bundle; results keep the median and flag disagreement
     pause_s: float = 2.0  # between rounds, so heat and background work settle
     data: str = "random"  # images: random[:SEED] or a data spec (digits, cifar10:ROOT, ...)
@@ -112,7 +127,7 @@ class BenchSettings:
         place, _ = parse_device(self.device)
         if self.runner is not None:
             check_runner(self.runner)
-        if self.runtime is not None or place == "android":
+        if self.runtime is not None or place in REMOTE:
             choose_runner(self.runtime or "native", self.device, self.runner)  # its refusals, before anything runs
 
     def as_json(self) -> dict:
@@ -180,7 +195,7 @@ def benchmark(
         results_module.run_record(
             name, manifests[name], runtimes[name], settings.device, rounds[name], workloads[name].source
         )
-        | {"raw_first_round": rounds[name][0]}
+        | {"emulated": is_emulated(settings.device), "raw_first_round": rounds[name][0]}
         for name in names
     ]
     results = {"runs": records, "host": host_description(), "rounds": settings.rounds, "settings": settings.as_json()}

@@ -22,8 +22,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "bundles", nargs="+", metavar="BUNDLE", help="bundle directories written by `mobile-moe export`"
     )
     parser.add_argument("--runtime", choices=RUNTIMES, help="default: native for ExecuTorch, onnxruntime for ONNX")
-    parser.add_argument("--device", default="host", help="host, or android[:SERIAL] (needs adb and --runner)")
-    parser.add_argument("--runner", help="native runner binary (required for android: an arm64 build)")
+    parser.add_argument(
+        "--device",
+        default="host",
+        help="host; android[:SERIAL] (needs adb and --runner); arm64-emulated (the runner built for ARM64 and run "
+        "under qemu-user: real parity, routing and files, emulated latency; `make arm64` sets it up)",
+    )
+    parser.add_argument("--runner", help="native runner binary for the device (required for android: an arm64 build)")
     parser.add_argument("--iterations", type=int, default=50, help="timed warm runs per round (default 50)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed runs before them (default 5)")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads for inference (default 1)")

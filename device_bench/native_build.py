@@ -46,15 +46,19 @@ def missing_tools() -> list[str]:
     return missing
 
 
-def source_hash(source_dir: Path = NATIVE_DIR) -> str:
+def host_compiler() -> str:
+    return shutil.which("c++") or shutil.which("g++") or ""
+
+
+def source_hash(source_dir: Path = NATIVE_DIR, compiler: str | None = None) -> str:
     digest = hashlib.sha256()
     for path in sorted(source_dir.iterdir()):
-        if path.suffix in (".cpp", ".h", ".txt"):
+        if path.suffix in (".cpp", ".h", ".txt", ".cmake"):
             digest.update(path.name.encode() + path.read_bytes())
     from executorch.version import __version__
 
     digest.update(__version__.encode())
-    digest.update((shutil.which("c++") or shutil.which("g++") or "").encode())
+    digest.update((host_compiler() if compiler is None else compiler).encode())
     return digest.hexdigest()[:16]
 
 
@@ -92,35 +96,41 @@ def sanitizer_env(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def build_runner(source_dir: Path = NATIVE_DIR, build_root: Path | None = None, sanitize: str | None = None) -> Path:
+TARGETS = ("host", "linux-arm64")
+
+
+def build_runner(
+    source_dir: Path = NATIVE_DIR, build_root: Path | None = None, sanitize: str | None = None, target: str = "host"
+) -> Path:
     """Path to a built runner, configuring and compiling it first when this source has not been built yet.
-    sanitize="address" (or "undefined") builds a sanitizer runner into a separate cache directory."""
+    sanitize="address" (or "undefined") builds a sanitizer runner into a separate cache directory. target
+    "linux-arm64" cross-compiles it against executorch's aarch64 wheel (device_bench/arm64.py) into its own."""
     if sanitize is not None and sanitize not in SANITIZERS:
         raise UsageError(f"sanitize={sanitize!r}: choose one of {', '.join(SANITIZERS)}")
-    missing = missing_tools()
-    if missing:
-        raise UsageError(f"cannot build the native runner: {' and '.join(missing)} not found; install them")
-    suffix = f"-{SANITIZERS[sanitize]}" if sanitize else ""
-    build_dir = (build_root or cache_root()) / f"native-{source_hash(source_dir)}{suffix}"
+    if target not in TARGETS:
+        raise UsageError(f"target={target!r}: choose one of {', '.join(TARGETS)}")
+    if target == "host":
+        missing = missing_tools()
+        if missing:
+            raise UsageError(f"cannot build the native runner: {' and '.join(missing)} not found; install them")
+        prefix, extra, compiler = executorch_package_dir(), [], host_compiler()
+    else:
+        from device_bench import arm64
+
+        if sanitize is not None:
+            raise UsageError("sanitizer builds are for the host; build linux-arm64 without sanitize")
+        prefix, extra = arm64.cmake_settings()
+        compiler = shutil.which(arm64.COMPILER) or arm64.COMPILER
+    suffix = f"-{SANITIZERS[sanitize]}" if sanitize else "" if target == "host" else f"-{target}"
+    build_dir = (build_root or cache_root()) / f"native-{source_hash(source_dir, compiler)}{suffix}"
     runner = build_dir / RUNNER_NAME
     if runner.exists():
         return runner
     work = build_dir / "cmake-build"
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
-    _run(
-        [
-            "cmake",
-            "-S",
-            str(source_dir),
-            "-B",
-            str(work),
-            *generator,
-            "-DCMAKE_BUILD_TYPE=Release",
-            f"-DCMAKE_PREFIX_PATH={executorch_package_dir()}",
-            f"-DMOBILE_MOE_SANITIZE={sanitize or ''}",
-        ],
-        "cmake configure",
-    )
+    configure = ["cmake", "-S", str(source_dir), "-B", str(work), *generator, "-DCMAKE_BUILD_TYPE=Release"]
+    configure += [f"-DCMAKE_PREFIX_PATH={prefix}", f"-DMOBILE_MOE_SANITIZE={sanitize or ''}", *extra]
+    _run(configure, "cmake configure")
     _run(["cmake", "--build", str(work), "--parallel", "2"], "compile")
     # Copy, then rename into place: a concurrent or interrupted build never leaves a half-written runner behind.
     staged = build_dir / f".{RUNNER_NAME}.{os.getpid()}"

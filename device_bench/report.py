@@ -93,7 +93,8 @@ def markdown(results: dict) -> str:
         latency, load = run["latency_ms"], run["load_ms"]
         spread = f"{run['spread']['relative']:.0%}" + (" WIDE" if run["spread"]["wide"] else "")
         lines.append(
-            f"| {run['bundle_name']} | {run['runtime']} | {run['device']} | {run['threads']} | {_ms(latency['p50'])} "
+            f"| {run['bundle_name']} | {run['runtime']} | {run['device']} | {run['threads']} | {_ms(latency['p50'])}"
+            f"{' EMULATED' if run.get('emulated') else ''} "
             f"| {_ms(latency['p90'])} | {_ms(latency['p99'])} | {_ms(latency['mean'])} | {_ms(load['router'])} "
             f"| {_ms(load['expert'])} | {_ms(run['switch_ms'])} | {_mib(run['peak_rss_bytes'])} "
             f"| {_mib(run['pss_bytes'])} | {_mib(run['bytes_loaded_per_image'])} "
@@ -111,6 +112,13 @@ def markdown(results: dict) -> str:
         for run in cache_rows:
             rates = [_rate(run["cache_hit_rate"].get(str(size))) for size in sizes]
             lines.append(f"| {_label(run)} | " + " | ".join(rates) + " |")
+    if any(run.get("emulated") for run in runs):
+        lines += [
+            "",
+            "Runs on arm64-emulated ran the runner built for ARM64 under qemu-user: their parity, routing, files "
+            "opened and bytes loaded are real ARM64 results; their latency, load and switch times and memory (marked "
+            "EMULATED) are the emulator's, not comparable to a phone's or to the host's.",
+        ]
     if any(run["spread"]["wide"] for run in runs):
         lines += ["", "Runs marked WIDE disagree across rounds by more than 10% (p50): treat them as noisy."]
     lines += ["", "Phone numbers need a real phone (`--device android`); host numbers depend on what else runs."]

@@ -131,7 +131,7 @@ def test_a_round_report_missing_or_mistyped_field_is_refused_by_name(change, fra
         ({"images": 0}, "--images 0: must be at least 1"),
         ({"data": "random:abc"}, "--data random:abc: the seed must be a non-negative integer"),
         ({"runtime": "tflite"}, "--runtime 'tflite': choose one of executorch, onnxruntime, native, coreml"),
-        ({"device": "iphone"}, "--device 'iphone': use host or android[:SERIAL]"),
+        ({"device": "iphone"}, "--device 'iphone': use host, android[:SERIAL], arm64-emulated"),
         ({"device": "host:1234"}, "--device 'host:1234'"),
         ({"runner": "/nonexistent/runner"}, "--runner /nonexistent/runner: no such file"),
         ({"device": "android", "runtime": "native"}, "--device android needs --runner PATH"),

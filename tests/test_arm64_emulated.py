@@ -1,0 +1,130 @@
+"""The emulated ARM64 device: the native runner cross-built for linux-arm64 and run on ARM instructions under
+qemu-user, through the same remote flow (push, run, pull, clean up) as a phone.
+
+The tests that build and run ARM64 code are slow and run with `make arm64` (which installs what they need); they skip,
+saying what is missing, when the cross toolchain, qemu or executorch's aarch64 wheel is absent. The flow's own logic
+(device paths, refusals) is tested here on every run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from device_bench import arm64
+from device_bench.bench import BenchSettings, choose_runner, parse_device
+from device_bench.bundles import read_manifest
+from device_bench.native import run_native
+from device_bench.settings import Settings
+from device_bench.workload import random_workload, write_raw
+from export.manifest import graph_files
+from mobile_moe.cli import main
+from mobile_moe.errors import UsageError
+from tests.conftest import tiny_model
+
+needs_arm64 = pytest.mark.skipif(bool(arm64.missing()), reason=f"no emulated ARM64 device: {arm64.missing()}")
+VARIANTS = {  # bundle -> export options
+    "fp32-expert-paths": {},
+    "fp32-per-block": {"layout": "per-block"},
+    "int8-expert-paths": {"quantize": "int8"},
+    "int8-per-block": {"quantize": "int8", "layout": "per-block"},
+}
+
+
+def test_arm64_emulated_is_a_device_that_runs_the_native_runner_only(monkeypatch):
+    assert parse_device("arm64-emulated") == ("arm64-emulated", None)
+    with pytest.raises(UsageError, match="use host, android"):
+        parse_device("arm64-emulated:1")
+    with pytest.raises(UsageError, match="runs the native runner only"):
+        choose_runner("onnxruntime", "arm64-emulated")
+    monkeypatch.setattr(arm64, "missing", lambda: ["qemu-aarch64 (Debian package qemu-user-static)"])
+    with pytest.raises(UsageError, match=r"needs qemu-aarch64 .*run `make arm64`"):
+        BenchSettings(device="arm64-emulated")  # refused before any round
+
+
+def test_the_emulated_device_touches_nothing_outside_its_own_directory(monkeypatch, tmp_path):
+    monkeypatch.setattr(arm64, "require", lambda: None)
+    (tmp_path / "bundle").mkdir()
+    (tmp_path / "bundle" / "manifest.json").write_text("{}")
+    with arm64.EmulatedArm64Device() as device:
+        assert device.root.endswith("/data/local/tmp") and Path(device.root).is_dir()
+        workdir = f"{device.root}/mobile-moe-test"
+        device.make_dir(workdir)
+        device.push(tmp_path / "bundle", f"{workdir}/bundle")
+        assert Path(f"{workdir}/bundle/manifest.json").read_text() == "{}"
+        device.pull(f"{workdir}/bundle/manifest.json", tmp_path / "pulled.json")
+        device.pull(f"{workdir}/absent.json", tmp_path / "absent.json")  # a run that wrote nothing: no file
+        assert (tmp_path / "pulled.json").read_text() == "{}" and not (tmp_path / "absent.json").exists()
+        for outside in (str(tmp_path / "bundle"), f"{workdir}/../../../../.."):
+            with pytest.raises(ValueError, match="not a path on the emulated ARM64 device"):
+                device.remove(outside)
+        assert (tmp_path / "bundle" / "manifest.json").exists()
+        device.remove(workdir)
+        assert not Path(workdir).exists()
+        filesystem = device.filesystem
+    assert not filesystem.exists()
+
+
+@pytest.fixture(scope="module")
+def arm64_runner() -> Path:
+    from device_bench.native_build import build_runner
+
+    return build_runner(target="linux-arm64")
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
+def arm64_bundle(request, tmp_path_factory) -> Path:
+    from export.bundle import export_bundle
+
+    out = tmp_path_factory.mktemp("arm64") / request.param
+    export_bundle(tiny_model("mobile-vmoe", pool="mean").eval(), out, "executorch", **VARIANTS[request.param])
+    return out
+
+
+def expected_files(manifest: dict, chosen: set[int]) -> set[str]:
+    """What a run may open: every graph that is not an expert's (router, shared block halves), and the chosen
+    experts' (program and weights)."""
+    return {
+        file["file"]
+        for graph in manifest["graphs"]
+        if graph.get("expert") is None or graph["expert"] in chosen
+        for file in graph_files(graph)
+    }
+
+
+@pytest.mark.slow
+@needs_arm64
+def test_the_arm64_runner_reproduces_the_host_runner(runner, arm64_runner, arm64_bundle, tmp_path):
+    manifest = read_manifest(arm64_bundle)
+    images = write_raw(random_workload(manifest["input"]["shape"], count=6, seed=3), tmp_path / "images.f32")
+    settings = Settings(iterations=2, warmup=1, cache_experts=1, switch_repeats=0)
+    host = run_native(runner, arm64_bundle, images, settings)
+    arm = arm64.run_emulated(arm64_runner, arm64_bundle, images, settings)
+    assert "/data/local/tmp/mobile-moe-" in arm["bundle"]  # it ran from the device's copy
+    experts = [row["experts"] for row in arm["images"]]
+    assert experts == [row["experts"] for row in host["images"]]
+    arm_logits, host_logits = (np.array([row["logits"] for row in r["images"]]) for r in (arm, host))
+    if arm64_bundle.name.startswith("int8"):  # same classes and experts; XNNPACK's int8 kernels differ by arch
+        assert arm_logits.argmax(1).tolist() == host_logits.argmax(1).tolist()
+    else:
+        np.testing.assert_allclose(arm_logits, host_logits, atol=1e-4)
+    chosen = {e for row in experts for e in row}
+    assert len(chosen) >= 2, "precondition: the workload should route to several experts"
+    assert set(arm["files_opened"]) == set(host["files_opened"]) == expected_files(manifest, chosen)
+
+
+@pytest.mark.slow
+@needs_arm64
+def test_bench_on_the_emulated_device_marks_its_latency_emulated(bundle, arm64_runner, tmp_path, capsys):
+    out = tmp_path / "bench"
+    argv = ["bench", str(bundle), "--device", "arm64-emulated", "--iterations", "3", "--warmup", "1", "--rounds", "1"]
+    assert main([*argv, "--images", "4", "--out", str(out), "--json"]) == 0
+    results = json.loads(capsys.readouterr().out)
+    run = results["runs"][0]
+    assert run["device"] == "arm64-emulated" and run["emulated"] is True and run["runtime"] == "native"
+    assert run["bytes_loaded_per_image"] > 0 and run["cache_hit_rate"]
+    report = (out / "report.md").read_text()
+    assert "EMULATED" in report and "not comparable to a phone's" in report
