@@ -4,7 +4,7 @@ PYTHON ?= python3
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-all lint clean
+.PHONY: demo test test-all lint clean arm64
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,18 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(BIN)/pytest -q -m 'not gpu'
+
+# The emulated ARM64 device (device_bench/arm64.py): Debian's aarch64 cross compiler and qemu-user, executorch's
+# aarch64 wheel (downloaded from the package registry, unpacked into the cache), then its tests, which build the runner
+# for linux-arm64 and check it against the host runner. Afterwards `mobile-moe bench BUNDLE --device arm64-emulated`.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+ARM64_PACKAGES := g++-aarch64-linux-gnu qemu-user-static
+
+arm64: $(STAMP)
+	$(SUDO) apt-get update -qq
+	$(SUDO) apt-get install -y -qq --no-install-recommends $(ARM64_PACKAGES)
+	$(BIN)/python -c "from device_bench.arm64 import fetch_wheel; print('executorch aarch64 wheel:', fetch_wheel())"
+	$(BIN)/pytest -q -m slow tests/test_arm64_emulated.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -46,6 +46,10 @@ def _split_vs_whole(split: dict, whole: dict) -> str:
     )
 
 
+def _runtime_label(run: dict) -> str:
+    return f"{run['runtime']}, EMULATED" if run.get("emulated") else run["runtime"]
+
+
 def comparisons(runs: list[dict]) -> list[str]:
     """Sentences for the pairs the issue asks to see side by side: dense vs MoE, split vs monolithic, split (a
     per-image MoE) vs whole (a per-token MoE)."""
@@ -58,7 +62,7 @@ def comparisons(runs: list[dict]) -> list[str]:
             if _same_place(moe, dense):
                 ratio = moe["latency_ms"]["p50"] / dense["latency_ms"]["p50"]
                 lines.append(
-                    f"- {moe['bundle_name']} vs dense {dense['bundle_name']} ({moe['runtime']}): end-to-end p50 "
+                    f"- {moe['bundle_name']} vs dense {dense['bundle_name']} ({_runtime_label(moe)}): end-to-end p50 "
                     f"{_ms(moe['latency_ms']['p50'])} ms vs {_ms(dense['latency_ms']['p50'])} ms, ratio {ratio:.3f}"
                 )
     for moe in by_kind.get("split", []):
@@ -68,9 +72,9 @@ def comparisons(runs: list[dict]) -> list[str]:
         for mono in by_kind.get("monolithic", []):
             if _same_place(moe, mono):
                 lines.append(
-                    f"- split {moe['bundle_name']} vs monolithic {mono['bundle_name']} ({moe['runtime']}): peak RSS "
-                    f"{_mib(moe['peak_rss_bytes'])} vs {_mib(mono['peak_rss_bytes'])} MiB, graph bytes per image "
-                    f"{_mib(moe['bytes_loaded_per_image'])} vs {_mib(mono['bytes_loaded_per_image'])} MiB, p50 "
+                    f"- split {moe['bundle_name']} vs monolithic {mono['bundle_name']} ({_runtime_label(moe)}): "
+                    f"peak RSS {_mib(moe['peak_rss_bytes'])} vs {_mib(mono['peak_rss_bytes'])} MiB, graph bytes per "
+                    f"image {_mib(moe['bytes_loaded_per_image'])} vs {_mib(mono['bytes_loaded_per_image'])} MiB, p50 "
                     f"{_ms(moe['latency_ms']['p50'])} vs {_ms(mono['latency_ms']['p50'])} ms"
                 )
     return lines

@@ -18,6 +18,9 @@
 #     -DEXECUTORCH_BUILD_EXTENSION_TENSOR=ON -DEXECUTORCH_BUILD_EXTENSION_THREADPOOL=ON
 #   cmake --build cmake-out-android -j8 --target install
 #
+# The same CMakeLists.txt builds the linux-arm64 runner with linux-arm64.toolchain.cmake against executorch's aarch64
+# wheel; `make arm64` builds it and runs it here under qemu-user through the same flow as adb (--device arm64-emulated).
+#
 # Then run it through the toolkit (adb on PATH, phone with USB debugging):
 #   mobile-moe bench BUNDLE --runtime native --device android[:SERIAL] --runner OUT_DIR/mobile_moe_runner
 set -euo pipefail

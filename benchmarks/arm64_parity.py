@@ -1,0 +1,64 @@
+"""ARM64 against the host: the native runner cross-built for linux-arm64 and run under qemu-user (the emulated device,
+device_bench/arm64.py) against the host runner, on the same bundles and the same images.
+
+    .venv/bin/python benchmarks/arm64_parity.py BUNDLE... [--data digits] [--images 64] [--iterations 20]
+
+Needs `make arm64`. Per bundle it prints the max abs logit difference, how many images get the same class and the
+same experts, whether both opened the same files, the graph bytes each loaded, and both warm p50 latencies with their
+ratio: that ratio is the cost of emulation on this machine, never a phone's latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from device_bench import arm64
+from device_bench.bundles import read_manifest
+from device_bench.native import run_native
+from device_bench.native_build import build_runner
+from device_bench.settings import Settings
+from device_bench.workload import make_workload, write_raw
+
+
+def compare(bundle: Path, data: str, images: int, settings: Settings, scratch: Path) -> str:
+    manifest = read_manifest(bundle)
+    inputs = write_raw(make_workload(data, manifest, images), scratch / f"{bundle.name}.f32")
+    host = run_native(build_runner(), bundle, inputs, settings)
+    arm = arm64.run_emulated(None, bundle, inputs, settings)
+    host_logits, arm_logits = (np.array([row["logits"] for row in run["images"]]) for run in (host, arm))
+    same_class = int((host_logits.argmax(1) == arm_logits.argmax(1)).sum())
+    same_experts = sum(a["experts"] == h["experts"] for a, h in zip(arm["images"], host["images"], strict=True))
+    same_files = sorted(arm["files_opened"]) == sorted(host["files_opened"])
+    loaded = [run["graph_bytes_loaded_total"] for run in (host, arm)]
+    p50 = [run["latency_ms"]["p50"] for run in (host, arm)]
+    return (
+        f"| {bundle.name} | {np.abs(host_logits - arm_logits).max():.2e} | {same_class}/{len(host_logits)} "
+        f"| {same_experts}/{len(host_logits)} | {'same' if same_files else 'DIFFERENT'} ({len(arm['files_opened'])}) "
+        f"| {loaded[0] / 1e6:.2f} / {loaded[1] / 1e6:.2f} | {p50[0]:.2f} | {p50[1]:.2f} | {p50[1] / p50[0]:.1f}x |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("bundles", nargs="+", type=Path)
+    parser.add_argument("--data", default="digits", help="images: random[:SEED] or a data spec (default digits)")
+    parser.add_argument("--images", type=int, default=64)
+    parser.add_argument("--iterations", type=int, default=20)
+    args = parser.parse_args()
+    arm64.require()
+    settings = Settings(iterations=args.iterations, warmup=3, switch_repeats=0)
+    print(f"ARM64 ({arm64.CPU} under qemu-user) vs host runner, {args.images} images of {args.data}, 1 thread")
+    print("| bundle | max abs logit diff | same class | same experts | files opened | MB loaded host / arm64 "
+          "| host p50 ms | arm64 p50 ms (emulated) | emulated / host |")  # fmt: skip
+    print("|---|---:|---:|---:|---|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as scratch:
+        for bundle in args.bundles:
+            print(compare(bundle, args.data, args.images, settings, Path(scratch)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
