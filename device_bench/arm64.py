@@ -37,10 +37,10 @@ COMPILER = "aarch64-linux-gnu-g++"
 SYSROOT = Path("/usr/aarch64-linux-gnu")  # Debian's aarch64 glibc and libstdc++ (pulled in by the cross compiler)
 QEMU = ("qemu-aarch64-static", "qemu-aarch64")
 # The core the device emulates: a Cortex-A76 (ARMv8.2-A with dot product and fp16: the big core of many 2019-2022
-# phones), a fixed feature set that does not move with qemu's version. Not qemu's default "max": it advertises SME,
-# XNNPACK then picks SME int8 kernels, and under qemu 7.2 those give wrong logits (one class for every image) where
-# every concrete core, and "max,sme=off", match the host; fp32 is right either way. Whether qemu's SME emulation or
-# the SME kernels are at fault needs SME hardware to tell.
+# phones), a fixed feature set that does not move with qemu's version. Not qemu's default "max": with it, int8
+# bundles give wrong logits under qemu 7.2 (one class for every image), while "max,sme=off" and every concrete core
+# match the host bit for bit, and fp32 is right either way. So the SME code path is at fault (XNNPACK's SME kernels, or
+# qemu's emulation of SME); telling which needs SME hardware.
 CPU = "cortex-a76"
 TOOLCHAIN_FILE = NATIVE_DIR / "linux-arm64.toolchain.cmake"
 WHEEL_PLATFORM = "manylinux_2_28_aarch64"
