@@ -71,7 +71,8 @@ def upcycle(model: nn.Module, dense_state: dict[str, Tensor], source: str | os.P
     for key, value in own.items():
         dense = model.dense_key(key)
         if dense is None:
-            mapped[key], fresh = value, [*fresh, key]
+            mapped[key] = value
+            fresh.append(key)
         elif dense in dense_state:
             mapped[key] = dense_state[dense]
         else:
