@@ -1,9 +1,10 @@
 """A .ptd file (ExecuTorch's FlatTensor: a flatbuffer of named tensor data, then the data segments) checked before
 ExecuTorch reads it. ExecuTorch verifies a .pte's flatbuffer (Verification::InternalConsistency) but not a .ptd's: a
 re-sealed flipped byte in its root offset made `predict` die by SIGSEGV, on some runs only (it depends on what the
-garbage offsets point at). This walks the file the way flatbuffers' own Verifier does, for FlatTensor's schema
-(executorch/extension/flat_tensor/serialize/flat_tensor.fbs), and checks what ExecuTorch then trusts: every segment
-inside the segment data, every named entry's segment index in range.
+garbage offsets point at). This walks the flatbuffer the way flatbuffers' own Verifier does, for FlatTensor's schema
+(executorch/extension/flat_tensor/serialize/flat_tensor.fbs), within the bytes ExecuTorch loads for it, and checks
+what ExecuTorch then trusts: every named entry has a key and a segment index in range, every segment lies inside the
+segment data.
 
     check_flat_tensor_file(path)   # ValueError naming the first fault; reads the header and flatbuffer only
 
@@ -26,6 +27,7 @@ MAX_ENTRIES = 1 << 20  # bounds vector lengths (tensors per file): a flipped len
 TENSOR_LAYOUT = {0: ("scalar", 1), 1: ("scalars", 4), 2: ("scalars", 1)}  # scalar_type, sizes, dim_order
 DATA_SEGMENT = {0: ("scalar", 8), 1: ("scalar", 8)}  # offset, size
 NAMED_DATA = {0: ("string", None), 1: ("scalar", 4), 2: ("table", TENSOR_LAYOUT)}  # key, segment_index, layout
+REQUIRED = {id(NAMED_DATA): (0,)}  # fields ExecuTorch reads without asking whether they are there (the key: strcmp)
 FLAT_TENSOR = {0: ("scalar", 4), 1: ("tables", DATA_SEGMENT), 2: ("tables", NAMED_DATA)}  # version, segments, named
 
 
@@ -73,6 +75,9 @@ def _table(buffer: _Buffer, position: int, schema: dict, what: str) -> dict[int,
         buffer.need(field, size, size, f"{what}'s field {index}")
         _child(buffer, field, kind, detail, f"{what}.{index}")
         fields[index] = field
+    missing = [index for index in REQUIRED.get(id(schema), ()) if index not in fields]
+    if missing:
+        raise ValueError(f"{what} lacks its field {missing[0]}, which ExecuTorch reads unconditionally")
     return fields
 
 
@@ -101,29 +106,27 @@ def check_flat_tensor_file(path) -> None:
     with open(path, "rb") as f:
         head = f.read(8 + HEADER.size)
         size = f.seek(0, 2)
-        if len(head) == 8 + HEADER.size and head[8:12] == HEADER_MAGIC:
-            segment_base, segment_size = HEADER.unpack_from(head, 8)[4:]
-            end = segment_base if segment_size and segment_base <= size else size
-        else:
-            end = len(head)  # check_flat_tensor refuses it from the header alone
+        fb_offset, fb_size = HEADER.unpack_from(head, 8)[2:4] if len(head) == 8 + HEADER.size else (0, 0)
         f.seek(0)
-        check_flat_tensor(f.read(end), size)
+        check_flat_tensor(f.read(max(len(head), min(fb_offset + fb_size, size))), size)
 
 
 def check_flat_tensor(data: bytes, file_size: int | None = None) -> None:
-    """ValueError naming the first way `data` (a whole FlatTensor file, or its first bytes up to the segment data,
-    with `file_size` the whole file's size) is not a FlatTensor file ExecuTorch can read safely."""
+    """ValueError naming the first way `data` (a whole FlatTensor file, or its first bytes up to the end of its
+    flatbuffer, with `file_size` the whole file's size) is not a FlatTensor file ExecuTorch can read safely."""
     file_size = len(data) if file_size is None else file_size
     if len(data) < 8 + HEADER.size or data[4:8] != IDENTIFIER:
         raise ValueError(f"not a FlatTensor file (no {IDENTIFIER.decode()} identifier)")
-    magic, length, _fb_offset, fb_size, segment_base, segment_size = HEADER.unpack_from(data, 8)
+    magic, length, fb_offset, fb_size, segment_base, segment_size = HEADER.unpack_from(data, 8)
     if magic != HEADER_MAGIC or length < HEADER.size:
         raise ValueError(f"its extended header is damaged (magic {magic!r}, length {length})")
     if segment_size and (segment_base < 8 + HEADER.size or segment_base + segment_size > file_size):
         raise ValueError(f"its segment data ({segment_base} + {segment_size}) lies outside the file ({file_size})")
-    end = min(segment_base if segment_size else file_size, len(data))
-    if fb_size > end:
-        raise ValueError(f"its flatbuffer size {fb_size} runs into the segment data at {end}")
+    # ExecuTorch loads bytes [0, flatbuffer offset + size) and parses the flatbuffer in them: every table lies there.
+    end = fb_offset + fb_size
+    limit = segment_base if segment_size else file_size
+    if end > limit or end > len(data):
+        raise ValueError(f"its flatbuffer ({fb_offset} + {fb_size}) runs past {min(limit, len(data))}")
     buffer = _Buffer(data, end)
     root = _table(buffer, buffer.target(0, "the root offset"), FLAT_TENSOR, "FlatTensor")
     segments = _vector_of_tables(buffer, root.get(1))

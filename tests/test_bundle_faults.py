@@ -136,26 +136,12 @@ def test_resealed_byte_flips_never_crash_predict(graph, bundle, png, tmp_path):
     assert any(row["status"] == 2 for row in rows)  # the header flips at least are refused
 
 
-def test_a_weights_file_is_checked_before_executorch_reads_it(bundle, tmp_path):
-    """ExecuTorch does not verify a .ptd; a flipped root offset made predict die by SIGSEGV on some runs. Every flip of
-    a .ptd's header and flatbuffer is either refused by the check or leaves a file whose offsets all stay in bounds;
-    the check itself only ever raises ValueError. The runtime refuses the root-offset flip, every time."""
-    from export.flat_tensor import HEADER, check_flat_tensor
-
-    data = (bundle / "expert_1.ptd").read_bytes()
-    check_flat_tensor(data)
-    refused = 0
-    for offset in range(HEADER.unpack_from(data, 8)[4]):  # up to the segment data: the part ExecuTorch parses
-        damaged = bytearray(data)
-        damaged[offset] ^= 0xFF
-        try:
-            check_flat_tensor(bytes(damaged))
-        except ValueError:
-            refused += 1
-    assert refused > 100  # offsets, lengths and identifiers are refused; names and padding may change freely
+def test_a_damaged_weights_file_is_refused_before_executorch_reads_it(bundle, tmp_path):
+    """ExecuTorch does not verify a .ptd; a re-sealed flipped root offset made predict die by SIGSEGV on some runs
+    (what the garbage offset pointed at decided). The runtime refuses it, every time (export/flat_tensor.py)."""
     from export.runners import ExecuTorchRunner
 
-    (tmp_path / "expert_1.ptd").write_bytes(data)
+    (tmp_path / "expert_1.ptd").write_bytes((bundle / "expert_1.ptd").read_bytes())
     flip_byte(tmp_path / "expert_1.ptd", 0)
     graph = next(g for g in json.loads((bundle / "manifest.json").read_text())["graphs"] if g.get("expert") == 1)
     with pytest.raises(UsageError, match=r"its weights file expert_1.ptd is damaged: FlatTensor.s vtable offset"):
