@@ -8,13 +8,13 @@ runs real ARM64 code on the emulated device (device_bench/arm64.py).
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from device_bench.bundles import read_manifest
 from device_bench.native import as_round_report
 from device_bench.remote import RunnerFiles, run_remote
 from device_bench.round_report import RoundReport
@@ -71,6 +71,12 @@ class AdbDevice:
         self.adb = Adb(serial)
         self.adb.check_attached()
 
+    def __enter__(self) -> AdbDevice:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        pass  # nothing to tear down: run_remote removes its working directory itself
+
     @property
     def name(self) -> str:
         return f"Android device {self.adb.serial}"
@@ -89,7 +95,10 @@ class AdbDevice:
         command = f"{assignments} {shlex.join(argv)}".strip()
         shell = f"chmod 755 {shlex.quote(argv[0])} && {command} > {shlex.quote(stdout)} 2> {shlex.quote(stderr)}"
         status = self.adb.run("shell", f"{shell}; echo exit=$?", check=False)
-        code = int(status.stdout.strip().rpartition("exit=")[2] or 1)
+        found = re.search(r"exit=(\d+)\s*$", status.stdout)
+        if found is None:  # the device went away mid-run, or adb failed: no status line came back
+            raise UsageError(f"{self.name} gave no exit status ({(status.stderr or status.stdout).strip()[:200]})")
+        code = int(found.group(1))
         return -(code - 128) if code > 128 else code  # the shell's 128 + N: killed by signal N
 
     def remove(self, remote: str) -> None:
@@ -103,9 +112,8 @@ def run_on_android(
     runner = Path(runner)
     if not runner.is_file():
         raise UsageError(f"--runner {runner}: no such file; build it with device_bench/native/build_android.sh")
-    read_manifest(bundle)  # the schema and every graph's sha256, before the phone is even asked for
     images = Path(images) if images is not None else None
-    return run_remote(AdbDevice(serial), RunnerFiles(runner), Path(bundle), images, settings)
+    return run_remote(lambda: AdbDevice(serial), RunnerFiles(runner), Path(bundle), images, settings)
 
 
 @dataclass(frozen=True)

@@ -164,13 +164,10 @@ class EmulatedArm64Device:
 
 def run_emulated(runner: Path | None, bundle: Path, images: Path | None, settings: Settings) -> dict:
     """The cross-built runner (`runner`, or the cached build) on a fresh emulated device; -> its JSON."""
-    from device_bench.bundles import read_manifest
     from device_bench.native_build import build_runner
 
-    read_manifest(bundle)  # the schema and every graph's sha256, before the device is set up
     binary = runner if runner is not None else build_runner(target="linux-arm64")
-    with EmulatedArm64Device() as device:
-        return run_remote(device, RunnerFiles(binary, runtime_libraries()), bundle, images, settings)
+    return run_remote(EmulatedArm64Device, RunnerFiles(binary, runtime_libraries()), bundle, images, settings)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import tempfile
 import uuid
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -30,6 +32,8 @@ class RunnerFiles:
 
 
 class RemoteDevice(Protocol):
+    """A device reached over some channel; opened as a context manager (set up, then torn down)."""
+
     @property
     def name(self) -> str:
         """The device in messages: "Android device SERIAL", "emulated ARM64 device (qemu-user)"."""
@@ -59,10 +63,22 @@ class RemoteDevice(Protocol):
 
 
 def run_remote(
-    device: RemoteDevice, runner: RunnerFiles, bundle: Path, images: Path | None, settings: Settings
+    open_device: Callable[[], AbstractContextManager[RemoteDevice]],
+    runner: RunnerFiles,
+    bundle: Path,
+    images: Path | None,
+    settings: Settings,
 ) -> dict:
-    """Run `runner` on `device` against `bundle`; -> its JSON (bundle paths in it are device paths). Callers check the
-    bundle (device_bench.bundles.read_manifest: the schema, every graph's sha256) before they reach for a device."""
+    """Run `runner` against `bundle` on the device `open_device()` opens; -> its JSON (bundle paths in it are device
+    paths). The bundle is checked (the schema, every graph's sha256) before any device is asked for."""
+    from device_bench.bundles import read_manifest
+
+    read_manifest(bundle)
+    with open_device() as device:
+        return _run_on(device, runner, bundle, images, settings)
+
+
+def _run_on(device: RemoteDevice, runner: RunnerFiles, bundle: Path, images: Path | None, settings: Settings) -> dict:
     workdir = f"{device.root}/mobile-moe-{uuid.uuid4().hex[:8]}"
     remote_bundle, remote_runner = f"{workdir}/bundle", f"{workdir}/{RUNNER}"
     remote_images = f"{workdir}/images.f32" if images is not None else None

@@ -32,22 +32,22 @@ def _same_place(a: dict, b: dict) -> bool:
     return (a["runtime"], a["device"]) == (b["runtime"], b["device"])
 
 
+def _runtime_label(run: dict) -> str:
+    return f"{run['runtime']}, EMULATED" if run.get("emulated") else run["runtime"]
+
+
 def _split_vs_whole(split: dict, whole: dict) -> str:
     """A split per-image MoE loads its router and the experts an image picks; a whole per-token MoE loads every expert
     for every image, whatever its tokens used. Bytes and parameters loaded per image, beside what each computes with."""
+    params = (_millions(run.get("params_loaded_per_image")) for run in (split, whole))
     return (
-        f"- split {split['bundle_name']} vs whole {whole['bundle_name']} ({split['runtime']}): graph bytes per image "
-        f"{_mib(split['bytes_loaded_per_image'])} vs {_mib(whole['bytes_loaded_per_image'])} MiB (router + chosen "
-        f"experts vs every expert), parameters loaded per image {_millions(split.get('params_loaded_per_image'))} vs "
-        f"{_millions(whole.get('params_loaded_per_image'))} M (active at most {_millions(split['params_active'])} vs "
-        f"{_millions(whole['params_active'])} M), peak RSS {_mib(split['peak_rss_bytes'])} vs "
-        f"{_mib(whole['peak_rss_bytes'])} MiB, p50 {_ms(split['latency_ms']['p50'])} vs "
-        f"{_ms(whole['latency_ms']['p50'])} ms"
+        f"- split {split['bundle_name']} vs whole {whole['bundle_name']} ({_runtime_label(split)}): graph bytes per "
+        f"image {_mib(split['bytes_loaded_per_image'])} vs {_mib(whole['bytes_loaded_per_image'])} MiB (router + "
+        f"chosen experts vs every expert), parameters loaded per image {' vs '.join(params)} M (active at most "
+        f"{_millions(split['params_active'])} vs {_millions(whole['params_active'])} M), peak RSS "
+        f"{_mib(split['peak_rss_bytes'])} vs {_mib(whole['peak_rss_bytes'])} MiB, p50 "
+        f"{_ms(split['latency_ms']['p50'])} vs {_ms(whole['latency_ms']['p50'])} ms"
     )
-
-
-def _runtime_label(run: dict) -> str:
-    return f"{run['runtime']}, EMULATED" if run.get("emulated") else run["runtime"]
 
 
 def comparisons(runs: list[dict]) -> list[str]:

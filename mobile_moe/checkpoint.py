@@ -29,7 +29,7 @@ def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike) -> None
         torch.save(checkpoint, tmp)
 
 
-def _first_reason(error: Exception) -> str:
+def first_reason(error: Exception) -> str:
     """The underlying error's own reason, one short line. torch's weights-only failure wraps it in paragraphs that end
     in "re-run with weights_only=False": the one advice a file that failed the safe load must not be given."""
     text = str(error)
@@ -54,15 +54,15 @@ def load_checkpoint(
     except IsADirectoryError:
         raise UsageError(f"checkpoint {path} is a directory; give a checkpoint file") from None
     except Exception as error:  # torch raises several types for corrupt or foreign files
-        raise UsageError(f"cannot read checkpoint {path}: {NOT_OURS}; {_first_reason(error)}") from None
+        raise UsageError(f"cannot read checkpoint {path}: {NOT_OURS}; {first_reason(error)}") from None
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("model"), dict) or "config" not in checkpoint:
         raise UsageError(f"{path} is not a mobile-moe checkpoint: expected a dict with 'model' and 'config'")
     return checkpoint
 
 
-def load_weights(model: nn.Module, state_dict: dict[str, Any], source: str | os.PathLike) -> None:
-    """model.load_state_dict, with a state dict that does not fit the model reported in one line (what and where)."""
-    expected = model.state_dict()
+def state_mismatches(expected: dict[str, Any], state_dict: dict[str, Any]) -> list[str]:
+    """How `state_dict` fails to fit a model whose state dict is `expected`: "N missing (e.g. KEY)", "N unexpected
+    (...)", "N of another shape (...)"; empty when it fits."""
     missing = [key for key in expected if key not in state_dict]
     unexpected = [key for key in state_dict if key not in expected]
     shapes = [
@@ -71,11 +71,17 @@ def load_weights(model: nn.Module, state_dict: dict[str, Any], source: str | os.
         if key in state_dict
         and (not isinstance(state_dict[key], torch.Tensor) or state_dict[key].shape != expected[key].shape)
     ]
-    problems = [
+    return [
         f"{len(keys)} {what} (e.g. {keys[0]})"
         for keys, what in ((missing, "missing"), (unexpected, "unexpected"), (shapes, "of another shape"))
         if keys
     ]
+
+
+def load_weights(model: nn.Module, state_dict: dict[str, Any], source: str | os.PathLike) -> None:
+    """model.load_state_dict, with a state dict that does not fit the model reported in one line (what and where)."""
+    expected = model.state_dict()
+    problems = state_mismatches(expected, state_dict)
     if problems:
         raise UsageError(
             f"{source}: its weights do not fit its {model.config.name} config ({len(expected)} tensors expected; "
@@ -84,7 +90,7 @@ def load_weights(model: nn.Module, state_dict: dict[str, Any], source: str | os.
     try:
         model.load_state_dict(state_dict)
     except (RuntimeError, ValueError, TypeError) as error:  # e.g. a dtype torch cannot copy
-        raise UsageError(f"{source}: cannot load its weights: {_first_reason(error)}") from None
+        raise UsageError(f"{source}: cannot load its weights: {first_reason(error)}") from None
 
 
 def model_from_checkpoint(checkpoint: dict[str, Any], source: str | os.PathLike = "checkpoint") -> nn.Module:

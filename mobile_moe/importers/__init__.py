@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from mobile_moe.checkpoint import first_reason
 from mobile_moe.config import ViTConfig
 from mobile_moe.errors import UsageError
 
@@ -90,8 +91,10 @@ def read_state_dict(path: str | os.PathLike, source: Source) -> dict[str, Tensor
         else:
             state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # each format raises its own types for a damaged or foreign file
-        reason = " ".join(str(error).split())[:160] or error.__class__.__name__
-        raise UsageError(f"--weights {path}: cannot read it as a checkpoint ({reason})") from None
+        raise UsageError(
+            f"--weights {path}: cannot read it as a checkpoint ({first_reason(error)}); it is loaded with "
+            "weights_only=True: save the model's state_dict() alone (torch.save or safetensors) and import that"
+        ) from None
     state = _unwrap(state)
     if state is None:
         raise UsageError(
@@ -154,17 +157,15 @@ def imagenet_classes(config: ViTConfig) -> list[str] | None:
 
 
 def load_into_source(source: Source, model: nn.Module, state: dict[str, Tensor]) -> nn.Module:
-    """`state` into the library's own model, every key and shape checked; the first mismatch is the one line."""
-    expected = model.state_dict()
-    missing = [key for key in expected if key not in state]
-    unexpected = [key for key in state if key not in expected]
-    shapes = [key for key in expected if key in state and state[key].shape != expected[key].shape]
-    for keys, what in ((missing, "lacks"), (unexpected, "has an entry not in"), (shapes, "has another shape for")):
-        if keys:
-            raise UsageError(
-                f"--weights does not fit {source}: it {what} {source.name}'s {keys[0]} ({len(keys)} such); was it "
-                "saved from another model or size?"
-            )
+    """`state` into the library's own model, every key and shape checked; what does not fit is the one line."""
+    from mobile_moe.checkpoint import state_mismatches
+
+    problems = state_mismatches(model.state_dict(), state)
+    if problems:
+        raise UsageError(
+            f"--weights does not fit {source}: {'; '.join(problems)} among {source.name}'s entries; was it saved "
+            "from another model or size?"
+        )
     model.load_state_dict(state)
     return model.eval()
 
@@ -207,5 +208,5 @@ def refuse(source: Source, what: str) -> UsageError:
 def mlp_ratio_of(source: Source, width: int, hidden: int) -> float:
     ratio = hidden / width
     if int(width * ratio) != hidden:
-        raise refuse(source, f"its MLP hidden size {hidden} is not a whole multiple of width {width} we can express")
+        raise refuse(source, f"our config cannot express MLP hidden size {hidden} at width {width}")
     return ratio
