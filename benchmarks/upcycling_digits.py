@@ -18,8 +18,8 @@ from pathlib import Path
 from mobile_moe.registry import make_config
 from training import recipes
 from training.demo import DEMO_MODEL, DEMO_MOE
-from training.run import read_metrics
-from training.train import train
+from training.run import holds_results, read_metrics
+from training.train import resume_training, train
 
 
 def model_config(name: str, **extra):
@@ -53,7 +53,7 @@ def main() -> None:
 
     recipe = recipes.tiny().replace(device="cpu", epochs=args.epochs)
     dense_dir = args.out / "dense"
-    if not (dense_dir / "best.pt").is_file():
+    if not holds_results(dense_dir):
         train(model_config("vit"), recipe, "digits", None, dense_dir, verbose=False)
     supers = derive_super_classes(dense_dir, args.out / "super_classes.json")
     print(f"dense vit: val top-1 by epoch {fmt(curve(dense_dir))}")
@@ -62,10 +62,12 @@ def main() -> None:
         curves = {}
         for kind, init_from in (("scratch", None), ("upcycled", dense_dir)):
             out = args.out / f"moe-{kind}-seed{seed}"
-            if not (out / "best.pt").is_file() or len(read_metrics(out)) < args.epochs:
+            if not holds_results(out):
                 train(model_config("mobile-vmoe", **DEMO_MOE), seeded, "digits", str(supers), out, verbose=False,
                       init_from=init_from)  # fmt: skip
-            curves[kind] = curve(out)
+            elif len(read_metrics(out)) < args.epochs:  # a run from an earlier, shorter invocation: extend it
+                resume_training(out, verbose=False, epochs=args.epochs)
+            curves[kind] = curve(out)[: args.epochs]
             print(f"seed {seed} {kind:>8}: val top-1 by epoch {fmt(curves[kind])}")
         target = max(curves["scratch"])
         reached = first_epoch_reaching(curves["upcycled"], target)

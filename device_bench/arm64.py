@@ -16,7 +16,6 @@ times and memory are the emulator's (JIT-translated code, qemu's own memory): ma
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -81,22 +80,21 @@ def require() -> None:
 def fetch_wheel() -> Path:
     """Download executorch's aarch64 wheel of this executorch version (pip download: no install) and unpack it into
     wheel_dir(), whole or not at all; -> wheel_dir(). Does nothing when it is there already."""
+    from mobile_moe.atomic import atomic_path
+
     target = wheel_dir()
     if target.is_dir():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+    with atomic_path(target, directory=True) as unpacked, tempfile.TemporaryDirectory() as download:
         command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
-                   "--platform", WHEEL_PLATFORM, f"executorch=={executorch_version()}", "--dest", scratch]  # fmt: skip
+                   "--platform", WHEEL_PLATFORM, f"executorch=={executorch_version()}", "--dest", download]  # fmt: skip
         result = subprocess.run(command, capture_output=True, text=True)
-        wheels = list(Path(scratch).glob("executorch-*.whl"))
+        wheels = list(Path(download).glob("executorch-*.whl"))
         if result.returncode != 0 or not wheels:
             reason = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no wheel"]
             raise UsageError(f"cannot download executorch's {WHEEL_PLATFORM} wheel: {reason[0]}")
-        unpacked = Path(scratch) / "unpacked"
         with zipfile.ZipFile(wheels[0]) as wheel:
             wheel.extractall(unpacked)
-        os.replace(unpacked, target)
     return target
 
 

@@ -64,17 +64,11 @@ def source_from_run(
 ) -> ExportSource:
     """The run's model and images from its own data, or from `data_spec` (an imported run has none) with the run's
     preprocessing and classes. `calibration`: training images for int8 calibration (0: none, no train split needed)."""
-    from mobile_moe.errors import UsageError
     from training.run import load_run
 
     run = load_run(run_dir, checkpoint=checkpoint)
     data_config = run.config["data"]
-    data = run.open_data(data_spec)
-    if list(data.class_names) != run.class_names:
-        raise UsageError(
-            f"--data {data.spec} has {data.num_classes} classes that are not the {len(run.class_names)} of {run_dir}; "
-            "give data with the run's classes"
-        )
+    data = run.open_data(data_spec)  # refuses data with other classes than the run's
     val_images, val_labels = _take(data.split("val"), validation, seed=0)
     calibration_images = _take(data.split("train"), calibration, seed=1)[0] if calibration else None
     super_classes = run.config.get("super_classes")

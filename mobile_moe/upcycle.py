@@ -5,8 +5,9 @@ a copy of the dense MLP of its block; a router starts fresh (keeps its own initi
 each of its state-dict entries comes from (`dense_key(key)`: a dense `vit` key, or None for fresh); `upcycle` is the
 one function that applies it. A Mobile V-MoE whose gates sum to 1 (renormalize_gates, or k = 1 after renormalising)
 then computes the dense model's function exactly at step 0: its experts are identical, so any mixture of them is the
-dense MLP. So does a Hard MoE (its one-hot gate is 1). Token-routed models drop tokens past a buffer capacity and do
-not renormalise, so they start near the dense function, not at it.
+dense MLP. So does a Hard MoE (its one-hot gate is 1). V-MoE and Experts Choice drop tokens past a buffer capacity and
+do not renormalise, so they start near the dense function, not at it; Soft MoE mixes tokens into slots before its
+experts, so its upcycled experts start from the dense MLP's weights but compute another function.
 
 WideNet is not upcycled: its blocks share ONE attention and ONE MoE layer, where a dense ViT has one per block.
 """

@@ -84,13 +84,8 @@ def confusion_from_run(
     from training.run import load_run
 
     run = load_run(run_dir, checkpoint="best")
-    spec = data_spec or run.config["data"]["spec"]
-    data = run.open_data(spec)
-    if data.class_names != run.class_names:
-        raise UsageError(
-            f"--data {spec} has {len(data.class_names)} classes that do not match the {len(run.class_names)} the run "
-            f"in {run_dir} was trained on; pass the run's data spec ({run.config['data']['spec']})"
-        )
+    data = run.open_data(data_spec)  # the run's own data by default; refuses data with other classes
+    spec = data.spec
     dataset = data.split(split)
     if len(dataset) == 0:
         raise UsageError(f"--data {spec} --split {split} has no images; choose another split")

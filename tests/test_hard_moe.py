@@ -271,7 +271,7 @@ def test_init_from_errors_are_one_line(gater, tmp_path, capsys):
     assert "does not fit" in error(["train", "--model", "hard-moe", "--init-from", str(gater), "--pool", "cls", *base])
     assert "not a run directory" in error(["train", "--model", "hard-moe", "--init-from", str(tmp_path), *base])
     other = ["--data", "synthetic:classes=6,super=2,per_class=30", *RECIPE, "--out", out]
-    assert "are not those of" in error(["train", "--model", "hard-moe", "--init-from", str(gater), *other])
+    assert "that are not the" in error(["train", "--model", "hard-moe", "--init-from", str(gater), *other])
     assert not (tmp_path / "x" / "checkpoint.pt").exists()
 
 

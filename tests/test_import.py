@@ -208,20 +208,28 @@ def test_an_imported_run_feeds_images_as_timm_does(imported_run):
     assert difference.mean() < 1e-3 and difference.max() < 0.05  # PIL's and torch's bicubic round differently
 
 
-def test_super_classes_derive_from_an_imported_run_on_an_imagenet_val_folder(imported_run, tmp_path, capsys):
+def test_super_classes_derive_from_an_imported_run_on_an_imagenet_val_folder(imported_run, tmp_path):
     run_dir, root, _ = imported_run
     out = tmp_path / "super.json"
     assert main(["superclass", "derive", "--run", str(run_dir), "--data", f"imagefolder:{root}",
                  "--num-super-classes", "2", "--out", str(out)]) == 0  # fmt: skip
     derived = json.loads(out.read_text())
     assert derived["class_names"] == list(CLASSES) and sorted(set(derived["assignment"])) == [0, 1]
-    capsys.readouterr()
-    assert main(["superclass", "derive", "--run", str(run_dir), "--num-super-classes", "2", "--out", str(out)]) == 2
+
+
+def test_an_imported_run_is_a_starting_point_not_a_training_run(imported_run, tmp_path, capsys):
+    """No data of its own (commands that read images take --data), no training state (no resume), and a val-only
+    folder has no train split."""
+    run_dir, root, _ = imported_run
+    argv = ["superclass", "derive", "--run", str(run_dir), "--num-super-classes", "2", "--out", str(tmp_path / "s")]
+    assert main(argv) == 2
     assert "has no data of its own; give --data" in capsys.readouterr().err
     assert main(["train", "--out", str(run_dir), "--resume"]) == 2
     assert "cannot be resumed" in capsys.readouterr().err
     assert main(["evaluate", str(run_dir), "--data", f"imagefolder:{root}", "--split", "train"]) == 2
-    assert "no train split" in capsys.readouterr().err
+    assert "has no train split" in capsys.readouterr().err
+    assert main(["evaluate", str(run_dir), "--data", "digits"]) == 2
+    assert "10 classes (0, 1, 2, ...) that are not the 4 of the run" in capsys.readouterr().err
 
 
 def test_an_imported_run_exports_with_images_from_data_spec(imported_run, tmp_path, capsys):

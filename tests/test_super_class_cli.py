@@ -159,7 +159,7 @@ def test_run_with_mismatched_data_is_refused(run_dir, tmp_path, capsys):
     out = tmp_path / "sc.json"
     args = ["superclass", "derive", "--run", str(run_dir), "--data", "synthetic", "-E", "3", "--out", str(out)]
     assert main(args) == 2
-    assert "do not match" in capsys.readouterr().err
+    assert "that are not the 10 of the run" in capsys.readouterr().err
     assert not out.exists()
 
 

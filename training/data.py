@@ -104,7 +104,10 @@ class Data:
         if name not in SPLITS:
             raise UsageError(f"split {name!r}: choose one of {', '.join(SPLITS)}")
         if name not in self.raw_splits:
-            raise UsageError(f"--data {self.spec} has no {name} split (e.g. an imagefolder without ROOT/train)")
+            raise UsageError(
+                f"--data {self.spec} has no {name} split (an imagefolder without ROOT/{name}?): add it, or use data "
+                f"that has one"
+            )
         return self.raw_splits[name]
 
 

@@ -114,9 +114,10 @@ def _names_in(text: str, path: Path) -> list[str]:
 
 def refuse_resume(config: dict[str, Any], run_dir: str | os.PathLike) -> None:
     """An imported run holds no training state: it is a starting point, never resumed (that would retrain it)."""
-    source = config.get("source")
-    if isinstance(source, dict):
+    from training.run import is_imported
+
+    if is_imported(config):
         raise UsageError(
-            f"{run_dir} was imported from {source.get('model')}, not trained here, so it cannot be resumed; train "
-            f"from it into a new --out with --init-from {run_dir}"
+            f"{run_dir} was imported from {config['source'].get('model')}, not trained here, so it cannot be resumed; "
+            f"train from it into a new --out with --init-from {run_dir}"
         )

@@ -35,11 +35,8 @@ def check_init_from(model_config: ViTConfig, init_from: str | os.PathLike | None
         return
     where = f"--init-from {init_from}"
     config = run.read_config(init_from)
-    if data is not None and list(config["data"].get("class_names", [])) != list(data.class_names):
-        raise UsageError(
-            f"{where} classifies {len(config['data'].get('class_names', []))} classes that are not those of "
-            f"{data.spec} ({data.num_classes}); train on data with the dense run's classes"
-        )
+    if data is not None:
+        run.check_classes(config["data"].get("class_names", []), data, f"the dense run {init_from}")
     check_dense_fits(model_config, config["model"], where)
 
 
@@ -57,8 +54,7 @@ def model_defaults(model: str, init_from: str | os.PathLike, size: str | None) -
 
 def preprocessing(init_from: str | os.PathLike) -> dict[str, Any]:
     """open_data's overrides that feed images as the dense run was fed: its mean, std and eval resize policy."""
-    data = run.read_config(init_from)["data"]
-    return {"mean": data["mean"], "std": data["std"], "eval_resize": data.get("eval_resize")}
+    return run.preprocessing(run.read_config(init_from)["data"], Path(init_from) / run.CONFIG)
 
 
 def load_dense(model, init_from: str | os.PathLike) -> dict[str, Any]:
@@ -68,10 +64,10 @@ def load_dense(model, init_from: str | os.PathLike) -> dict[str, Any]:
         raise UsageError(f"--init-from {init_from} has no {run.BEST} yet; let the dense run finish an epoch")
     state = load_checkpoint(path, map_location="cpu")
     fresh = upcycle(model, state["model"], path)
-    source = run.read_config(init_from).get("source")
+    config = run.read_config(init_from)
     return {
         "dense_epoch": int(state["epoch"]) if "epoch" in state else None,
-        "dense_source": source.get("model") if isinstance(source, dict) else None,
+        "dense_source": config["source"].get("model") if run.is_imported(config) else None,
         "fresh": sorted({key.rsplit(".", 1)[0] for key in fresh}),  # modules that kept their own initialisation
     }
 

@@ -58,20 +58,43 @@ class Run:
         return list(super_classes["assignment"]) if super_classes else None
 
     def open_data(self, spec: str | None = None):
-        """The run's data (or `spec`) at the run's image size, normalised with the run's recorded mean and std and
-        resized by its recorded eval resize policy (runs from before that record: the data spec's own policy)."""
-        from mobile_moe.preprocess import check_resize
+        """The run's data (or `spec`, which must have the run's classes) at the run's image size, fed as the run
+        records (`preprocessing`; runs from before the resize record: the data spec's own policy)."""
         from training.data import open_data
 
-        data = self.config["data"]
-        spec = spec or data["spec"]
+        record = self.config["data"]
+        spec = spec or record["spec"]
         if spec is None:
             source = self.config["source"]["model"]
             raise UsageError(f"{self.run_dir} was imported from {source} and has no data of its own; give --data SPEC")
-        size, resize = data["image_size"], data.get("eval_resize")
-        if resize is not None:  # say which file holds a bad record (open_data checks it too, knowing no file)
-            resize = check_resize(resize, size, f"{self.run_dir / CONFIG} data.eval_resize")
-        return open_data(spec, size, mean=data["mean"], std=data["std"], eval_resize=resize)
+        data = open_data(spec, record["image_size"], **preprocessing(record, self.run_dir / CONFIG))
+        check_classes(self.class_names, data, f"the run in {self.run_dir}")
+        return data
+
+
+def preprocessing(record: dict[str, Any], where: str | os.PathLike) -> dict[str, Any]:
+    """open_data's overrides that feed images as a run's data record says: its mean, std and eval resize policy
+    (checked here, so a bad record names the file `where` it came from)."""
+    from mobile_moe.preprocess import check_resize
+
+    resize = record.get("eval_resize")
+    if resize is not None:
+        resize = check_resize(resize, record["image_size"], f"{where} data.eval_resize")
+    return {"mean": record["mean"], "std": record["std"], "eval_resize": resize}
+
+
+def check_classes(class_names: list[str], data, whose: str) -> None:
+    """`data` must classify exactly `class_names` (in order): a model's outputs mean those classes."""
+    if list(data.class_names) != list(class_names):
+        raise UsageError(
+            f"--data {data.spec} has {data.num_classes} classes ({', '.join(data.class_names[:3])}, ...) that are not "
+            f"the {len(class_names)} of {whose} ({', '.join(class_names[:3])}, ...); use data with the run's classes"
+        )
+
+
+def is_imported(config: dict[str, Any]) -> bool:
+    """A run `mobile-moe import` wrote (training/imported.py): a source, no recipe, no data spec, no training state."""
+    return isinstance(config.get("source"), dict)
 
 
 def is_run_dir(path: str | os.PathLike) -> bool:
@@ -97,8 +120,7 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
     missing = [key for key in ("model", "data", "recipe") if not isinstance(config, dict) or key not in config]
     if missing:
         raise UsageError(f"{path} is not a run config: missing {', '.join(missing)}")
-    # An imported run (training/imported.py) has a source instead of a recipe and data spec.
-    imported = isinstance(config.get("source"), dict)
+    imported = is_imported(config)  # a source instead of a recipe and a data spec
     wrong = [key for key in ("model", "data") if not isinstance(config[key], dict)]
     wrong += [] if isinstance(config["recipe"], dict) or (imported and config["recipe"] is None) else ["recipe"]
     wrong += [] if isinstance(config.get("super_classes"), dict | None) else ["super_classes"]

@@ -209,12 +209,11 @@ def resume_training(run_dir: str | os.PathLike, verbose: bool = True, **changes:
     )
 
 
-def fed_as(out_dir: Path, resume: bool, init_from: str | os.PathLike | None) -> dict[str, Any]:
-    """open_data's preprocessing overrides (mean, std, eval resize): a resumed run's own record, else the dense run's
-    it starts from, else none (the data spec's own)."""
+def training_preprocessing(out_dir: Path, resume: bool, init_from: str | os.PathLike | None) -> dict[str, Any]:
+    """How a run feeds its images (open_data's mean, std and eval resize overrides): a resumed run as its own record
+    says, a run started from a dense run as that run did, any other run as its data spec does (no overrides)."""
     if resume and (out_dir / run.CONFIG).is_file():
-        data = run.read_config(out_dir)["data"]
-        return {"mean": data["mean"], "std": data["std"], "eval_resize": data.get("eval_resize")}
+        return run.preprocessing(run.read_config(out_dir)["data"], out_dir / run.CONFIG)
     return upcycling.preprocessing(init_from) if init_from is not None else {}
 
 
@@ -288,7 +287,7 @@ def _train(
             check_resumable(state, run.read_config(out_dir), cfg, last)
 
         # --- data and super-classes ---
-        data = open_data(data_spec, model_config.image_size, **fed_as(out_dir, resume, init_from))
+        data = open_data(data_spec, model_config.image_size, **training_preprocessing(out_dir, resume, init_from))
         if fit_num_classes:
             model_config = dataclasses.replace(model_config, num_classes=data.num_classes)
         check_model_fits_data(model_config, data)

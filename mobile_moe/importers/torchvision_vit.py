@@ -129,7 +129,10 @@ def preprocessing(source: Source, model: nn.Module, config: ViTConfig) -> Prepro
     resize_to = round(config.image_size * chosen.resize_size[0] / chosen.crop_size[0])
     interpolation = chosen.interpolation.value
     if interpolation not in ("bilinear", "bicubic"):
-        raise UsageError(f"torchvision evaluates this ViT with {interpolation} interpolation, which we do not have")
+        raise UsageError(
+            f"{source}: torchvision evaluates it with {interpolation} interpolation; our eval resize policies are "
+            "bilinear or bicubic (mobile_moe/preprocess.py)"
+        )
     return Preprocessing(
         mean=[float(v) for v in chosen.mean],
         std=[float(v) for v in chosen.std],
