@@ -121,6 +121,7 @@ def test_the_arm64_runner_reproduces_the_host_runner(runner, arm64_runner, arm64
 def test_bench_on_the_emulated_device_marks_its_latency_emulated(bundle, arm64_runner, tmp_path, capsys):
     out = tmp_path / "bench"
     argv = ["bench", str(bundle), "--device", "arm64-emulated", "--iterations", "3", "--warmup", "1", "--rounds", "1"]
+    argv += ["--runner", str(arm64_runner)]  # the build the flow would make itself, given explicitly
     assert main([*argv, "--images", "4", "--out", str(out), "--json"]) == 0
     results = json.loads(capsys.readouterr().out)
     run = results["runs"][0]

@@ -230,6 +230,11 @@ def test_an_imported_run_is_a_starting_point_not_a_training_run(imported_run, tm
     assert "has no train split" in capsys.readouterr().err
     assert main(["evaluate", str(run_dir), "--data", "digits"]) == 2
     assert "10 classes (0, 1, 2, ...) that are not the 4 of the run" in capsys.readouterr().err
+    config = json.loads((run_dir / "config.json").read_text())
+    del config["source"]  # without its source record, a null recipe and data spec are a damaged run config
+    (run_dir / "config.json").write_text(json.dumps(config))
+    assert main(["evaluate", str(run_dir), "--data", f"imagefolder:{root}"]) == 2
+    assert "recipe, data.spec has the wrong type" in capsys.readouterr().err
 
 
 def test_an_imported_run_exports_with_images_from_data_spec(imported_run, tmp_path, capsys):
