@@ -26,7 +26,10 @@ def checkpoint_dict(model: nn.Module, **extra: Any) -> dict[str, Any]:
 def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
     """Atomically write a checkpoint dict (temp file + rename)."""
     with atomic_path(path) as tmp:
-        torch.save(checkpoint, tmp)
+        try:
+            torch.save(checkpoint, tmp)
+        except (OSError, RuntimeError) as error:  # a full disk surfaces as torch's RuntimeError
+            raise UsageError(f"cannot write checkpoint {path}: {first_reason(error)}") from None
 
 
 def first_reason(error: Exception) -> str:

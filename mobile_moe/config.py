@@ -63,7 +63,10 @@ class ViTConfig:
         for field in ("image_size", "patch_size", "in_chans", "num_classes", "depth", "width", "num_heads"):
             value = getattr(self, field)
             _require(isinstance(value, int) and value >= 1, f"{field}={value!r}: must be a positive integer")
-        _require(self.mlp_ratio > 0, f"mlp_ratio={self.mlp_ratio}: must be positive")
+        _require(
+            isinstance(self.mlp_ratio, int | float) and not isinstance(self.mlp_ratio, bool) and self.mlp_ratio > 0,
+            f"mlp_ratio={self.mlp_ratio!r}: must be a positive number",
+        )
         _require(
             isinstance(self.norm_eps, float) and 0 < self.norm_eps < 1,
             f"norm_eps={self.norm_eps!r}: must be a float between 0 and 1 (e.g. 1e-6)",

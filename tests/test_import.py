@@ -258,3 +258,47 @@ def test_an_imported_run_exports_with_images_from_data_spec(imported_run, tmp_pa
         expected = theirs(tensor[None]).softmax(-1)[0]
     assert predicted["class_index"] == int(expected.argmax())
     assert abs(predicted["probability"] - float(expected.max())) < 1e-4
+
+
+def test_odd_checkpoints_and_outs_are_one_line_and_leave_users_files(tmp_path, capsys, monkeypatch):
+    """From a red-team of the command: entries that are not weights, a directory as --weights, a symlink as --out,
+    and a file written into --out while the import runs (kept, and the import refused)."""
+    deit = "timm:deit_tiny_patch16_224"
+    state = source_model(deit, img_size=32, num_classes=4).state_dict()
+    names = ["--class-names", tmp_path / "names.txt"]
+    (tmp_path / "names.txt").write_text("\n".join(CLASSES))
+    cases = {
+        "key.pth": ({**state, 1: torch.zeros(1)}, "its name is not a string"),
+        "nan.pth": ({**state, "head.bias": torch.full((4,), float("nan"))}, "not finite"),
+        "sparse.pth": ({**state, "head.bias": state["head.bias"].to_sparse()}, "sparse_coo tensor"),
+    }
+    for file, (checkpoint, message) in cases.items():
+        torch.save(checkpoint, tmp_path / file)
+        assert message in error_of(capsys, deit, "--weights", tmp_path / file, "--out", tmp_path / "run", *names)
+    hybrid = source_model("timm:vit_tiny_r_s16_p8_224", img_size=32, num_classes=4)
+    torch.save(hybrid.state_dict(), tmp_path / "hybrid.pth")
+    assert "hybrid ViT" in error_of(capsys, "timm:vit_tiny_r_s16_p8_224", "--weights", tmp_path / "hybrid.pth",
+                                    "--out", tmp_path / "run", *names)  # fmt: skip
+    assert "not a regular file" in error_of(capsys, deit, "--weights", tmp_path, "--out", tmp_path / "run", *names)
+    torch.save(state, tmp_path / "w.pth")
+    (tmp_path / "target").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "target")
+    link_out = ["--out", tmp_path / "link", *names]
+    assert "symbolic link" in error_of(capsys, deit, "--weights", tmp_path / "w.pth", *link_out)
+    assert not (tmp_path / "run").exists() and list((tmp_path / "target").iterdir()) == []
+
+    import training.imported as imported
+    from mobile_moe import importers
+
+    out = tmp_path / "raced"
+    out.mkdir()
+    real = importers.import_vit
+
+    def import_while_a_user_writes(*args):
+        (out / "mine.txt").write_text("keep")
+        return real(*args)
+
+    monkeypatch.setattr(importers, "import_vit", import_while_a_user_writes)
+    with pytest.raises(UsageError, match="no longer empty"):
+        imported.import_run(deit, tmp_path / "w.pth", out, str(tmp_path / "names.txt"))
+    assert [p.name for p in out.iterdir()] == ["mine.txt"]

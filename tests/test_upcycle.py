@@ -4,6 +4,9 @@ imported timm / torchvision models."""
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 import torch
 
@@ -140,6 +143,15 @@ def test_train_init_from_upcycles_a_dense_run_and_a_resume_keeps_it(dense_run, t
     assert main([*argv, "--epochs", "2", "--resume"]) == 0  # the starting command, extended
     assert read_config(out)["upcycled"] == config["upcycled"]
     assert load_run(out).checkpoint["epoch"] == 2
+    for field, value in (("norm_eps", 1e-6), ("num_heads", 4), ("mean", "x")):
+        edited = tmp_path / f"edited-{field}"
+        shutil.copytree(dense_run, edited)
+        config = json.loads((edited / "config.json").read_text())
+        config["data" if field == "mean" else "model"][field] = value
+        (edited / "config.json").write_text(json.dumps(config))
+        assert main([*argv[:4], str(edited), *argv[5:-1], str(tmp_path / f"from-{field}")]) == 2
+        err = capsys.readouterr().err
+        assert ("describe different models" if field != "mean" else "data.mean and data.std") in err, err
     other = ["--data", "synthetic:classes=6,super=2,per_class=20", "--super-classes", "truth", "--experts", "2"]
     assert main(["train", "--model", "mobile-vmoe", "--init-from", str(dense_run), *other, *RECIPE, "--out",
                  str(tmp_path / "x")]) == 2  # fmt: skip

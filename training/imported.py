@@ -32,6 +32,8 @@ def import_run(model: str, weights: str | os.PathLike, out: str | os.PathLike, c
 
     source = parse_source(model)
     out = Path(out)
+    if out.is_symlink():
+        raise UsageError(f"--out {out} is a symbolic link; give a new directory's own path")
     check_writable(out, directory=True)
     if out.exists() and any(out.iterdir()):
         raise UsageError(f"--out {out} is not empty; import into a new directory")
@@ -61,7 +63,20 @@ def import_run(model: str, weights: str | os.PathLike, out: str | os.PathLike, c
         run.write_config(tmp, config)
         checkpoint = {"model": imported.state_dict, "config": config["model"], "source": record}
         save_checkpoint(checkpoint, tmp / run.BEST)
+        _release_empty(out)
     return record
+
+
+def _release_empty(out: Path) -> None:
+    """Remove `out` if it is (still) an empty directory, so the finished run is renamed into its place; refuse if a
+    file appeared in it during the import: atomic_path would replace the directory whole, and that file is not ours."""
+    if not out.exists():
+        return
+    try:
+        out.rmdir()
+    except OSError:
+        raise UsageError(f"--out {out} is no longer empty (something was written into it during the import); nothing "
+                         "was imported: import into a new directory") from None  # fmt: skip
 
 
 def source_record(model: str, weights: Path, difference: float) -> dict[str, Any]:
@@ -117,7 +132,22 @@ def refuse_resume(config: dict[str, Any], run_dir: str | os.PathLike) -> None:
     from training.run import is_imported
 
     if is_imported(config):
-        raise UsageError(
-            f"{run_dir} was imported from {config['source'].get('model')}, not trained here, so it cannot be resumed; "
-            f"train from it into a new --out with --init-from {run_dir}"
-        )
+        raise _not_resumable(config["source"].get("model"), run_dir)
+
+
+def refuse_training_into(run_dir: str | os.PathLike) -> None:
+    """Training into an imported run's directory is refused as what it is (its config.json read leniently: a damaged
+    one is left to the caller's own error)."""
+    try:
+        config = json.loads((Path(run_dir) / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return
+    if isinstance(config, dict) and isinstance(config.get("source"), dict):
+        raise _not_resumable(config["source"].get("model"), run_dir)
+
+
+def _not_resumable(source: Any, run_dir: str | os.PathLike) -> UsageError:
+    return UsageError(
+        f"{run_dir} was imported from {source}, not trained here, so it cannot be resumed or trained into; train from "
+        f"it into a new --out with --init-from {run_dir}"
+    )

@@ -63,8 +63,16 @@ def load_dense(model, init_from: str | os.PathLike) -> dict[str, Any]:
     if not path.is_file():
         raise UsageError(f"--init-from {init_from} has no {run.BEST} yet; let the dense run finish an epoch")
     state = load_checkpoint(path, map_location="cpu")
-    fresh = upcycle(model, state["model"], path)
     config = run.read_config(init_from)
+    # The fit was checked against config.json; the weights are best.pt's: they must be the same model (an edited
+    # norm_eps or head count would load without a shape error and upcycle another function).
+    differ = run.differing_fields(config["model"], state["config"]) if isinstance(state["config"], dict) else ["all"]
+    if differ:
+        raise UsageError(
+            f"--init-from {init_from}: {run.CONFIG} and {run.BEST} describe different models ({', '.join(differ[:3])}"
+            f" differ); restore the run's {run.CONFIG} (the checkpoint holds the truth)"
+        )
+    fresh = upcycle(model, state["model"], path)
     return {
         "dense_epoch": int(state["epoch"]) if "epoch" in state else None,
         "dense_source": config["source"].get("model") if run.is_imported(config) else None,

@@ -128,7 +128,34 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
     wrong += [] if isinstance(spec, str) or (imported and spec is None) else ["data.spec"]
     if wrong:
         raise UsageError(f"{path} is not a run config: {', '.join(wrong)} has the wrong type; was it edited?")
+    problem = data_record_problem(config["data"]) or (
+        "source.model is not a name" if imported and not isinstance(config["source"].get("model"), str) else None
+    )
+    if problem:
+        raise UsageError(f"{path} is damaged: {problem}; was it edited? restore it or re-create the run")
     return config
+
+
+def data_record_problem(record: dict[str, Any]) -> str | None:
+    """The first way a config.json "data" record (data.data_record) cannot feed a model, or None."""
+    import math
+
+    def numbers(value: Any, positive: bool) -> bool:
+        return (
+            isinstance(value, list)
+            and len(value) == 3
+            and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in value)
+            and (not positive or all(v > 0 for v in value))
+        )
+
+    size, names = record.get("image_size"), record.get("class_names")
+    if not (isinstance(size, int) and not isinstance(size, bool) and size >= 1):
+        return f"data.image_size {size!r} is not a positive integer"
+    if not numbers(record.get("mean"), positive=False) or not numbers(record.get("std"), positive=True):
+        return "data.mean and data.std must be 3 finite numbers each (std above 0)"
+    if not (isinstance(names, list) and names and all(isinstance(n, str) and n.strip() for n in names)):
+        return "data.class_names must be a non-empty list of names"
+    return None
 
 
 def is_failed_start(path: str | os.PathLike) -> bool:

@@ -35,7 +35,7 @@ from training import init_from as upcycling
 from training.data import Data, data_record, open_data
 from training.engine import EpochContext, NonFiniteLoss, train_one_epoch
 from training.evaluate import evaluate
-from training.imported import refuse_resume
+from training.imported import refuse_resume, refuse_training_into
 from training.recipes import MAY_CHANGE_ON_RESUME, TrainConfig, from_dict
 from training.routing import TrainingForward
 from training.super_spec import resolve_super_classes, super_record
@@ -182,6 +182,7 @@ def train(
     out_dir = Path(out_dir)
     check_writable(out_dir, directory=True)
     if run.holds_results(out_dir):
+        refuse_training_into(out_dir)  # an imported run: say so, not "continue it with --resume"
         raise UsageError(f"{out_dir} already holds a run; continue it with --resume or choose another --out")
     if (out_dir / run.CONFIG).exists() and not run.is_failed_start(out_dir):
         raise UsageError(f"{out_dir} holds a {run.CONFIG} that is not a mobile-moe run's; choose another --out")

@@ -80,11 +80,13 @@ def read_state_dict(path: str | os.PathLike, source: Source) -> dict[str, Tensor
     state dict, or one nested under state_dict/model/... as training scripts save it; a DDP "module." prefix is
     dropped. A missing file says where the library keeps its weights; an unreadable one is one line."""
     path = Path(path)
+    if path.exists() and not path.is_file():
+        raise UsageError(f"--weights {path}: not a regular file; give the checkpoint file")
     if not path.is_file():
         where = WEIGHTS_HELP[source.library].format(name=source.name)
         raise UsageError(f"--weights {path}: no such file (nothing is downloaded here); {where}")
     try:
-        if path.suffix == ".safetensors":
+        if path.suffix.lower() == ".safetensors":
             from safetensors.torch import load_file
 
             state = load_file(str(path), device="cpu")
@@ -101,16 +103,34 @@ def read_state_dict(path: str | os.PathLike, source: Source) -> dict[str, Tensor
             f"--weights {path}: holds no state dict (expected name -> tensor, possibly under one of "
             f"{', '.join(WRAPPERS)})"
         )
-    return {key.removeprefix("module."): value for key, value in state.items()}
+    problem = next((f"{key!r}: {why}" for key, value in state.items() if (why := _not_a_weight(key, value))), None)
+    if problem is not None:
+        raise UsageError(f"--weights {path}: entry {problem}; import takes a model's state_dict() of dense tensors")
+    unwrapped = {key.removeprefix("module."): value for key, value in state.items()}
+    if len(unwrapped) != len(state):
+        raise UsageError(f"--weights {path}: holds both NAME and module.NAME entries; save one model's state_dict()")
+    return unwrapped
 
 
-def _unwrap(state: Any) -> dict[str, Tensor] | None:
+def _not_a_weight(key: Any, value: Tensor) -> str | None:
+    """Why a state-dict entry is not one we take (None: it is): dense real tensors, float ones finite."""
+    if not isinstance(key, str):
+        return "its name is not a string"
+    if value.layout != torch.strided or value.is_quantized or value.is_complex():
+        return f"a {value.dtype} {str(value.layout).removeprefix('torch.')} tensor"
+    if value.is_floating_point() and not torch.isfinite(value).all():
+        return "holds values that are not finite"
+    return None
+
+
+def _unwrap(state: Any, depth: int = 3) -> dict[str, Tensor] | None:
+    """The name -> tensor dict in a checkpoint: `state` itself, or one nested under WRAPPERS (at most `depth` deep)."""
     if isinstance(state, dict) and state and all(isinstance(v, Tensor) for v in state.values()):
         return state
-    if isinstance(state, dict):
+    if isinstance(state, dict) and depth > 0:
         for key in WRAPPERS:
             if key in state:
-                return _unwrap(state[key])
+                return _unwrap(state[key], depth - 1)
     return None
 
 
@@ -166,7 +186,10 @@ def load_into_source(source: Source, model: nn.Module, state: dict[str, Tensor])
             f"--weights does not fit {source}: {'; '.join(problems)} among {source.name}'s entries; was it saved "
             "from another model or size?"
         )
-    model.load_state_dict(state)
+    try:
+        model.load_state_dict(state)
+    except (RuntimeError, ValueError, TypeError) as error:
+        raise UsageError(f"--weights does not load into {source}: {first_reason(error)}") from None
     return model.eval()
 
 

@@ -30,8 +30,14 @@ def build(source: Source, state: dict[str, Tensor]) -> nn.Module:
     if not timm.is_model(source.name):
         raise UsageError(f"{source}: timm has no model of that name (`timm.list_models('*vit*')` lists the ViTs)")
     head = state.get("head.weight")
-    model = _create(source, num_classes=head.shape[0] if head is not None else 0)
-    check_architecture(source, model)
+    has_head = head is not None and head.dim() == 2 and head.shape[0] > 0
+    model = _create(source, **({"num_classes": head.shape[0]} if has_head else {}))
+    check_architecture(source, model)  # the architecture first: a ResNet's state dict has no head.weight either
+    if not has_head:
+        raise UsageError(
+            f"--weights has no 2-d head.weight, so it is not a timm ViT classifier's state dict (its first entries: "
+            f"{', '.join(list(state)[:3])})"
+        )
     size = _image_size(model, state.get("pos_embed"))
     if size not in (None, model.patch_embed.img_size[0]):
         model = _create(source, num_classes=model.num_classes, img_size=size)
@@ -62,7 +68,7 @@ def _identity(module: nn.Module | None) -> bool:
 
 def check_architecture(source: Source, model: nn.Module) -> None:
     """The first part of `model` our ViT cannot express, as one refusal."""
-    from timm.layers import Mlp
+    from timm.layers import Mlp, PatchEmbed
     from timm.models.vision_transformer import Attention, Block, VisionTransformer
 
     if hasattr(model, "dist_token"):
@@ -70,6 +76,8 @@ def check_architecture(source: Source, model: nn.Module) -> None:
                      "own head; import the non-distilled deit_* model instead")  # fmt: skip
     if type(model) is not VisionTransformer:
         raise refuse(source, f"it is a timm {type(model).__name__}, not timm's VisionTransformer")
+    if type(model.patch_embed) is not PatchEmbed:
+        raise refuse(source, f"its patch embedding is a {type(model.patch_embed).__name__} (a hybrid ViT)")
     pool = (model.has_class_token, model.global_pool)
     checks = [
         (model.num_classes > 0, "it has no classifier head (num_classes 0)"),

@@ -25,7 +25,12 @@ def build(source: Source, state: dict[str, Tensor]) -> nn.Module:
     if source.name not in vits:
         raise UsageError(f"{source}: not one of torchvision's ViTs ({', '.join(vits)})")
     head = state.get("heads.head.weight")
-    kwargs = {"num_classes": head.shape[0]} if head is not None else {}
+    if head is None or head.dim() != 2 or head.shape[0] < 1:
+        raise UsageError(
+            f"--weights has no 2-d heads.head.weight, so it is not a torchvision ViT classifier's state dict (its "
+            f"first entries: {', '.join(list(state)[:3])})"
+        )
+    kwargs = {"num_classes": head.shape[0]}
     model = _create(source, **kwargs)
     check_architecture(source, model)
     pos = state.get("encoder.pos_embedding")
