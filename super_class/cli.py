@@ -8,11 +8,11 @@ mobile-moe superclass show super_classes.json
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from mobile_moe.atomic import atomic_path, check_writable
+from mobile_moe.class_names import read_class_names
 from mobile_moe.errors import UsageError
 from mobile_moe.jsonio import dumps
 from super_class.clustering import METHODS
@@ -61,29 +61,6 @@ def show_command(args: argparse.Namespace) -> int:
         raise UsageError(f"--examples {args.examples}: give how many class names to show per super-class, 0 or more")
     print(format_table(load(args.file), examples=args.examples, seed=args.seed))
     return 0
-
-
-def read_class_names(path: str) -> list[str]:
-    """One name per line, or a JSON list of strings (a .json file). Never opens a FIFO or device (it could block)."""
-    if not Path(path).exists():
-        raise UsageError(f"--class-names {path} does not exist; give a file with one class name per line")
-    if not Path(path).is_file():
-        raise UsageError(f"--class-names {path} is not a regular file; give a file with one class name per line")
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise UsageError(f"cannot read --class-names {path}: {error}") from None
-    if path.endswith(".json"):
-        try:
-            names = json.loads(text)
-        except RecursionError:
-            raise UsageError(f"--class-names {path}: not JSON: nested too deeply") from None
-        except ValueError as error:  # JSONDecodeError, or an integer too long to convert
-            raise UsageError(f"--class-names {path}: not JSON: {error}") from None
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            raise UsageError(f"--class-names {path}: expected a JSON list of strings")
-        return names
-    return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 def check_arguments(args: argparse.Namespace) -> None:

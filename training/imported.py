@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from mobile_moe.class_names import read_class_names
 from mobile_moe.errors import UsageError
 
 
@@ -38,7 +39,7 @@ def import_run(model: str, weights: str | os.PathLike, out: str | os.PathLike, c
     if out.exists() and any(out.iterdir()):
         raise UsageError(f"--out {out} is not empty; import into a new directory")
     imported = import_vit(source, read_state_dict(weights, source))
-    names = read_class_names(class_names, imported.config.num_classes) if class_names else imported.class_names
+    names = class_names_from(class_names, imported.config.num_classes) if class_names else imported.class_names
     if names is None:
         raise UsageError(
             f"{source} has {imported.config.num_classes} classes, not ImageNet-1k's 1000: give their names with "
@@ -93,38 +94,20 @@ def source_record(model: str, weights: Path, difference: float) -> dict[str, Any
     }
 
 
-def read_class_names(source: str, num_classes: int) -> list[str]:
-    """Class names from a directory (its sub-folder names, sorted: ImageFolder's order, e.g. ImageNet's val folder),
-    a JSON list, or a text file with one name per line; there must be one per class."""
+def class_names_from(source: str, num_classes: int) -> list[str]:
+    """Class names from a directory (its sub-folder names, sorted: ImageFolder's order, e.g. ImageNet's val folder)
+    or a names file (mobile_moe.class_names); there must be one distinct name per class."""
     path = Path(source).expanduser()
     if path.is_dir():
         names = sorted(entry.name for entry in path.iterdir() if entry.is_dir())
-    elif path.is_file():
-        try:
-            text = path.read_text()
-        except (OSError, UnicodeDecodeError) as error:
-            raise UsageError(f"--class-names {path}: cannot read it ({error.__class__.__name__})") from None
-        names = _names_in(text, path)
     else:
-        raise UsageError(f"--class-names {path}: no such file or directory")
+        names = read_class_names(path)
     if len(names) != num_classes or len(set(names)) != len(names) or not all(names):
         raise UsageError(
             f"--class-names {path}: {len(names)} names ({len(set(names))} distinct, non-empty) for a model with "
             f"{num_classes} classes; give one distinct name per class, in the order of the model's outputs"
         )
     return names
-
-
-def _names_in(text: str, path: Path) -> list[str]:
-    if path.suffix == ".json":
-        try:
-            names = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise UsageError(f"--class-names {path}: not valid JSON ({error.msg}, line {error.lineno})") from None
-        if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
-            raise UsageError(f"--class-names {path}: expected a JSON list of strings")
-        return names
-    return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 def refuse_resume(config: dict[str, Any], run_dir: str | os.PathLike) -> None:
