@@ -27,7 +27,6 @@ from mobile_moe.errors import UsageError
 # The fields the dense run and the MoE must share: the dense weights must fit every place they are copied to.
 SHARED_FIELDS = ("depth", "width", "num_heads", "mlp_ratio", "patch_size", "image_size", "in_chans", "num_classes",
                  "pool", "norm_eps")  # fmt: skip
-DEFAULT_NORM_EPS = 1e-5  # a config from before norm_eps was recorded
 EXPERT_MLP = re.compile(r"mlp\.(?:experts\.)+\d+\.(?P<param>.+)")  # an expert's MLP entry, relative to its MoE block
 
 
@@ -41,16 +40,20 @@ def check_dense_fits(moe_config: ViTConfig, dense_config: dict[str, Any], where:
     """One UsageError line unless `dense_config` (a run's config.json "model") is a plain dense vit of the MoE's
     size. `where` names the run (e.g. "--init-from runs/vit")."""
     check_upcyclable(moe_config)
+    from mobile_moe.registry import config_from_dict
+
     if dense_config.get("name") != "vit":
         raise UsageError(f"{where} is a {dense_config.get('name')} run; --init-from takes a dense vit run")
-    if dense_config.get("wide_mlp_layers", 0):
+    # Through the registry: the dense config is validated, and fields a run from before them lacks take defaults.
+    try:
+        theirs = config_from_dict(dense_config).to_dict()
+    except UsageError as error:
+        raise UsageError(f"{where}: its model config is not valid ({error})") from None
+    if theirs["wide_mlp_layers"]:
         raise UsageError(f"{where} widens its last MLPs (a FLOPs-matched baseline); upcycling copies a plain vit's "
                          "MLPs: start from a vit without wide_mlp_layers")  # fmt: skip
     mine = moe_config.to_dict()
-    theirs = {**dense_config, "norm_eps": dense_config.get("norm_eps", DEFAULT_NORM_EPS)}
-    differ = [
-        f"{k} {mine.get(k)} vs the dense run's {theirs.get(k)}" for k in SHARED_FIELDS if mine.get(k) != theirs.get(k)
-    ]
+    differ = [f"{k} {mine[k]} vs the dense run's {theirs[k]}" for k in SHARED_FIELDS if mine[k] != theirs[k]]
     if differ:
         raise UsageError(
             f"{where}: the dense run does not fit this {moe_config.name} ({'; '.join(differ)}); leave --size, --patch, "
