@@ -105,6 +105,6 @@ def _run_on(device: RemoteDevice, runner: RunnerFiles, bundle: Path, images: Pat
         device.remove(workdir)
 
 
-def _read(path: Path) -> str:
-    """What the runner wrote on the device; any bytes (a crash can leave garbage) read without failing."""
-    return path.read_bytes().decode(errors="replace") if path.exists() else ""
+def _read(path: Path) -> bytes:
+    """What the runner wrote on the device (parse_runner_output decodes any bytes: a crash can leave garbage)."""
+    return path.read_bytes() if path.exists() else b""
