@@ -31,7 +31,7 @@ ARM64_PACKAGES := g++-aarch64-linux-gnu qemu-user-static
 arm64: $(STAMP)
 	$(SUDO) apt-get update -qq
 	$(SUDO) apt-get install -y -qq --no-install-recommends $(ARM64_PACKAGES)
-	$(BIN)/python -c "from device_bench.arm64 import fetch_wheel; print('executorch aarch64 wheel:', fetch_wheel())"
+	$(BIN)/python -c "from mobile_moe.device_bench.arm64 import fetch_wheel; print('executorch aarch64 wheel:', fetch_wheel())"
 	$(BIN)/pytest -q -m slow tests/test_arm64_emulated.py
 
 lint: $(STAMP)

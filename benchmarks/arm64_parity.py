@@ -15,13 +15,12 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-
-from device_bench import arm64
-from device_bench.bundles import read_manifest
-from device_bench.native import run_native
-from device_bench.native_build import build_runner
-from device_bench.settings import Settings
-from device_bench.workload import make_workload, write_raw
+from mobile_moe.device_bench import arm64
+from mobile_moe.device_bench.bundles import read_manifest
+from mobile_moe.device_bench.native import run_native
+from mobile_moe.device_bench.native_build import build_runner
+from mobile_moe.device_bench.settings import Settings
+from mobile_moe.device_bench.workload import make_workload, write_raw
 
 
 def compare(bundle: Path, data: str, images: int, settings: Settings, scratch: Path) -> str:

@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 import torch
+from mobile_moe.device_bench.bench import BenchSettings, benchmark
+from mobile_moe.device_bench.settings import Settings
 
-from device_bench.bench import BenchSettings, benchmark
-from device_bench.settings import Settings
 from mobile_moe.registry import create_model
 
 VARIANTS = {  # bundle name -> (model, export options)
@@ -34,7 +34,7 @@ VARIANTS = {  # bundle name -> (model, export options)
 
 
 def export_bundles(root: Path) -> list[Path]:
-    from export.bundle import export_bundle
+    from mobile_moe.export.bundle import export_bundle
 
     paths = []
     for name, (model_name, options) in VARIANTS.items():

@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from export.manifest import bundle_bytes
+from mobile_moe.export.manifest import bundle_bytes
 
 BACKBONE = ["--size", "4x64", "--patch", "8", "--image-size", "32", "--pool", "mean"]
 MOE_LAYERS = 2

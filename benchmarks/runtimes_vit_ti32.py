@@ -24,12 +24,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from mobile_moe.device_bench.bench import BenchSettings, benchmark
+from mobile_moe.device_bench.settings import Settings
+from mobile_moe.export.bundle import export_bundle
+from mobile_moe.export.manifest import bundle_bytes
 from onnxruntime_vit_ti32 import direct_runs
 
-from device_bench.bench import BenchSettings, benchmark
-from device_bench.settings import Settings
-from export.bundle import export_bundle
-from export.manifest import bundle_bytes
 from mobile_moe.costs import costs
 from mobile_moe.registry import create_model, make_config
 

@@ -17,12 +17,11 @@ import sys
 import time
 
 import numpy as np
+from mobile_moe.super_class.clustering import cluster
+from mobile_moe.super_class.planted import planted_confusion
+from mobile_moe.super_class.quality import quality
+from mobile_moe.super_class.superclasses import random_super_classes
 from sklearn.metrics import adjusted_rand_score
-
-from super_class.clustering import cluster
-from super_class.planted import planted_confusion
-from super_class.quality import quality
-from super_class.superclasses import random_super_classes
 
 VARIANTS = [  # (label, method, affinity)
     ("spectral (default: auto)", "spectral", "auto"),

@@ -15,11 +15,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from mobile_moe.training import recipes
+from mobile_moe.training.demo import DEMO_MODEL, DEMO_MOE
+from mobile_moe.training.run import holds_results, read_metrics
+from mobile_moe.training.train import resume_training, train
+
 from mobile_moe.registry import make_config
-from training import recipes
-from training.demo import DEMO_MODEL, DEMO_MOE
-from training.run import holds_results, read_metrics
-from training.train import resume_training, train
 
 
 def model_config(name: str, **extra):
@@ -28,7 +29,7 @@ def model_config(name: str, **extra):
 
 
 def derive_super_classes(dense_dir: Path, out: Path) -> Path:
-    from super_class.derive import confusion_from_run, derive_super_classes
+    from mobile_moe.super_class.derive import confusion_from_run, derive_super_classes
 
     confusion = confusion_from_run(dense_dir, device="cpu")
     derived = derive_super_classes(confusion.matrix, DEMO_MOE["num_experts"], class_names=confusion.class_names)

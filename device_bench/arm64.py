@@ -24,11 +24,12 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from device_bench.native import as_round_report
-from device_bench.native_build import NATIVE_DIR, cache_root
-from device_bench.remote import RunnerFiles, run_remote
-from device_bench.round_report import RoundReport
-from device_bench.settings import Settings
+from mobile_moe.device_bench.native import as_round_report
+from mobile_moe.device_bench.native_build import NATIVE_DIR, cache_root
+from mobile_moe.device_bench.remote import RunnerFiles, run_remote
+from mobile_moe.device_bench.round_report import RoundReport
+from mobile_moe.device_bench.settings import Settings
+
 from mobile_moe.errors import UsageError
 
 DEVICE = "arm64-emulated"
@@ -162,7 +163,7 @@ class EmulatedArm64Device:
 
 def run_emulated(runner: Path | None, bundle: Path, images: Path | None, settings: Settings) -> dict:
     """The cross-built runner (`runner`, or the cached build) on a fresh emulated device; -> its JSON."""
-    from device_bench.native_build import build_runner
+    from mobile_moe.device_bench.native_build import build_runner
 
     binary = runner if runner is not None else build_runner(target="linux-arm64")
     return run_remote(EmulatedArm64Device, RunnerFiles(binary, runtime_libraries()), bundle, images, settings)

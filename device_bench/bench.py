@@ -1,7 +1,7 @@
 """The benchmark as a typed library: BenchSettings in, the results.json object out (DESIGN.md, "Benchmark results").
 
-    from device_bench.bench import BenchSettings, benchmark
-    from device_bench.settings import Settings
+    from mobile_moe.device_bench.bench import BenchSettings, benchmark
+    from mobile_moe.device_bench.settings import Settings
 
     settings = BenchSettings(Settings(iterations=50, threads=1), runtime="native", rounds=3, data="digits")
     results = benchmark(["bundles/moe", "bundles/dense"], settings, out="bench/")
@@ -26,12 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from device_bench import results as results_module
-from device_bench.bundles import read_manifest
-from device_bench.native import check_runner
-from device_bench.round_report import RoundReport
-from device_bench.settings import Settings
-from device_bench.workload import make_workload, random_seed, write_raw
+from mobile_moe.device_bench import results as results_module
+from mobile_moe.device_bench.bundles import read_manifest
+from mobile_moe.device_bench.native import check_runner
+from mobile_moe.device_bench.round_report import RoundReport
+from mobile_moe.device_bench.settings import Settings
+from mobile_moe.device_bench.workload import make_workload, random_seed, write_raw
+
 from mobile_moe import jsonio
 from mobile_moe.atomic import check_writable, write_text_atomic
 from mobile_moe.errors import UsageError
@@ -80,23 +81,23 @@ def choose_runner(runtime: str, device: str = "host", runner: str | Path | None 
     if place == "android":
         if runner is None:
             raise UsageError("--device android needs --runner PATH: an Android arm64 build (native/build_android.sh)")
-        from device_bench.android import AndroidRunner
+        from mobile_moe.device_bench.android import AndroidRunner
 
         return AndroidRunner(serial, Path(runner))
     if place == "arm64-emulated":
-        from device_bench.arm64 import EmulatedArm64Runner, require
+        from mobile_moe.device_bench.arm64 import EmulatedArm64Runner, require
 
         require()  # the toolchain, qemu and the wheel, before any round
         return EmulatedArm64Runner(Path(runner) if runner is not None else None)
     if runtime == "native":
-        from device_bench.native import NativeRunner
+        from mobile_moe.device_bench.native import NativeRunner
 
         return NativeRunner(Path(runner) if runner is not None else None)
     if runtime == "coreml":
-        from device_bench.coreml_runner import CoreMLRunner
+        from mobile_moe.device_bench.coreml_runner import CoreMLRunner
 
         return CoreMLRunner()  # refuses off macOS
-    from device_bench.python_worker import PythonWorker
+    from mobile_moe.device_bench.python_worker import PythonWorker
 
     return PythonWorker(runtime)
 
@@ -158,7 +159,7 @@ def measure_round(
 
 
 def write_results(results: dict, out: Path) -> None:
-    from device_bench.report import write_report
+    from mobile_moe.device_bench.report import write_report
 
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "results.json", jsonio.dumps(results, indent=1))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from export import manifest as export_manifest
+from mobile_moe.export import manifest as export_manifest
 
 ROLES_OF_KIND = {"router": "split", "dense": "dense", "monolithic": "monolithic", "whole": "whole"}
 

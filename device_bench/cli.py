@@ -12,8 +12,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from device_bench.bench import RUNTIMES, BenchSettings, benchmark
-from device_bench.settings import Settings
+from mobile_moe.device_bench.bench import RUNTIMES, BenchSettings, benchmark
+from mobile_moe.device_bench.settings import Settings
+
 from mobile_moe import jsonio
 
 

@@ -9,9 +9,10 @@ import platform
 from dataclasses import dataclass
 from pathlib import Path
 
-from device_bench.python_worker import PythonWorker
-from device_bench.round_report import RoundReport
-from device_bench.settings import Settings
+from mobile_moe.device_bench.python_worker import PythonWorker
+from mobile_moe.device_bench.round_report import RoundReport
+from mobile_moe.device_bench.settings import Settings
+
 from mobile_moe.errors import UsageError
 
 

@@ -15,8 +15,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from device_bench.round_report import RoundReport
-from device_bench.settings import Settings
+from mobile_moe.device_bench.round_report import RoundReport
+from mobile_moe.device_bench.settings import Settings
+
 from mobile_moe.errors import UsageError
 
 RUNNER_PREFIX = "mobile_moe_runner"
@@ -97,7 +98,7 @@ def check_runner(runner: str | Path) -> Path:
 
 
 def run_native(runner: str | Path, bundle: str | Path, images: str | Path | None, settings: Settings) -> dict:
-    from export.manifest import read_manifest, verify_graph_files
+    from mobile_moe.export.manifest import read_manifest, verify_graph_files
 
     check_runner(runner)
     # The runner checks these too (a bundle may be run by hand on a phone); checking here first gives Python's message.
@@ -133,6 +134,6 @@ class NativeRunner:
         return f"native runner {self.binary}" if self.binary is not None else "native runner"
 
     def run_round(self, bundle: Path, images: Path, settings: Settings) -> RoundReport:
-        from device_bench.native_build import build_runner
+        from mobile_moe.device_bench.native_build import build_runner
 
         return as_round_report(run_native(self.binary or build_runner(), bundle, images, settings))

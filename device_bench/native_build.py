@@ -11,6 +11,7 @@ allocations alive at exit; a distinct exit status for an ASan report, so a repor
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -115,7 +116,7 @@ def build_runner(
             raise UsageError(f"cannot build the native runner: {' and '.join(missing)} not found; install them")
         prefix, extra, compiler = executorch_package_dir(), [], host_compiler()
     else:
-        from device_bench import arm64
+        from mobile_moe.device_bench import arm64
 
         if sanitize is not None:
             raise UsageError("sanitizer builds are for the host; build linux-arm64 without sanitize")
@@ -126,14 +127,26 @@ def build_runner(
     runner = build_dir / RUNNER_NAME
     if runner.exists():
         return runner
+    build_dir.mkdir(parents=True, exist_ok=True)
+    # One build at a time per directory (parallel test workers, two benches): the others wait, then find the runner.
+    with open(build_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not runner.exists():
+            _configure_and_compile(source_dir, build_dir, prefix=prefix, sanitize=sanitize, cmake_extra=extra)
+    return runner
+
+
+def _configure_and_compile(
+    source_dir: Path, build_dir: Path, *, prefix: Path, sanitize: str | None, cmake_extra: list[str]
+) -> None:
+    runner = build_dir / RUNNER_NAME
     work = build_dir / "cmake-build"
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     configure = ["cmake", "-S", str(source_dir), "-B", str(work), *generator, "-DCMAKE_BUILD_TYPE=Release"]
-    configure += [f"-DCMAKE_PREFIX_PATH={prefix}", f"-DMOBILE_MOE_SANITIZE={sanitize or ''}", *extra]
+    configure += [f"-DCMAKE_PREFIX_PATH={prefix}", f"-DMOBILE_MOE_SANITIZE={sanitize or ''}", *cmake_extra]
     _run(configure, "cmake configure")
     _run(["cmake", "--build", str(work), "--parallel", "2"], "compile")
     # Copy, then rename into place: a concurrent or interrupted build never leaves a half-written runner behind.
     staged = build_dir / f".{RUNNER_NAME}.{os.getpid()}"
     shutil.copy2(work / RUNNER_NAME, staged)
     os.replace(staged, runner)
-    return runner

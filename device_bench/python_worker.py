@@ -1,6 +1,6 @@
 """A measurement process around export's Python bundle runtime (ExecuTorch Python bindings or ONNX Runtime).
 
-`PythonWorker(runtime).run_round(...)` runs `python -m device_bench.python_worker --bundle DIR --input FILE.f32 ...`,
+`PythonWorker(runtime).run_round(...)` runs `python -m mobile_moe.device_bench.python_worker --bundle DIR ...`,
 one fresh process per round (so the cold load is cold and the memory high-water mark belongs to this bundle alone),
 which prints one JSON object: a RoundReport (round_report.py), as the native runner does, so results.py treats every
 runner alike. Bundle loading is export.runtime's; this file only times it.
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -19,13 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from mobile_moe.device_bench.process_memory import memory_now
+from mobile_moe.device_bench.round_report import RoundReport, Switch
+from mobile_moe.device_bench.settings import Settings
 
-from device_bench.process_memory import memory_now
-from device_bench.round_report import RoundReport, Switch
-from device_bench.settings import Settings
 from mobile_moe.errors import UsageError
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def summary(samples: list[float]) -> dict:
@@ -54,9 +51,8 @@ def timed_predict(bundle, image) -> tuple[object, float, bool]:
 def measure(bundle_dir: str | Path, runtime: str, images_file: str | Path, settings: Settings) -> RoundReport:
     """One round on `bundle_dir` in this process: cold load, routing pass, timed warm runs, expert switches."""
     import torch
-
-    from export.manifest import read_manifest
-    from export.runtime import load_bundle
+    from mobile_moe.export.manifest import read_manifest
+    from mobile_moe.export.runtime import load_bundle
 
     shape = read_manifest(bundle_dir)["input"]["shape"]  # the schema's checks; nothing is loaded before the timing
     images = torch.from_numpy(np.fromfile(images_file, dtype=np.float32).reshape(-1, *shape[1:]))  # (N, C, S, S)
@@ -155,7 +151,8 @@ def measure_switch(bundle_dir, settings: Settings, images, rows: list[dict], loa
 
 
 def worker_command(bundle: str | Path, runtime: str, images: str | Path, settings: Settings) -> list[str]:
-    command = [sys.executable, "-m", "device_bench.python_worker", "--bundle", str(bundle), "--runtime", runtime]
+    command = [sys.executable, "-m", "mobile_moe.device_bench.python_worker"]
+    command += ["--bundle", str(bundle), "--runtime", runtime]
     command += ["--input", str(images), "--iterations", str(settings.iterations), "--warmup", str(settings.warmup)]
     command += ["--threads", str(settings.threads), "--switch-repeats", str(settings.switch_repeats)]
     if settings.cache_experts is not None:
@@ -175,9 +172,8 @@ class PythonWorker:
         return f"{self.runtime} worker"
 
     def run_round(self, bundle: Path, images: Path, settings: Settings) -> RoundReport:
-        pythonpath = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
         command = worker_command(bundle, self.runtime, images, settings)
-        result = subprocess.run(command, capture_output=True, env=dict(os.environ, PYTHONPATH=pythonpath))
+        result = subprocess.run(command, capture_output=True)
         stderr = result.stderr.decode(errors="replace").strip().splitlines()
         if result.returncode == 2:  # the worker's one line for a bad bundle
             raise UsageError(stderr[-1] if stderr else f"{self.name} refused {bundle}")

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from device_bench.native import parse_runner_output, runner_command
-from device_bench.settings import Settings
+from mobile_moe.device_bench.native import parse_runner_output, runner_command
+from mobile_moe.device_bench.settings import Settings
 
 RUNNER = "mobile_moe_runner"
 
@@ -71,7 +71,7 @@ def run_remote(
 ) -> dict:
     """Run `runner` against `bundle` on the device `open_device()` opens; -> its JSON (bundle paths in it are device
     paths). The bundle is checked (the schema, every graph's sha256) before any device is asked for."""
-    from device_bench.bundles import read_manifest
+    from mobile_moe.device_bench.bundles import read_manifest
 
     read_manifest(bundle)
     with open_device() as device:

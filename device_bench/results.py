@@ -13,11 +13,12 @@ import types
 import typing
 from pathlib import Path
 
-from device_bench import routing_stats
-from device_bench.bundles import bundle_kind
-from device_bench.round_report import RoundReport
-from export.manifest import bundle_bytes, load_bytes
-from export.manifest_schema import resident_and_per_expert
+from mobile_moe.device_bench import routing_stats
+from mobile_moe.device_bench.bundles import bundle_kind
+from mobile_moe.device_bench.round_report import RoundReport
+from mobile_moe.export.manifest import bundle_bytes, load_bytes
+from mobile_moe.export.manifest_schema import resident_and_per_expert
+
 from mobile_moe.errors import UsageError
 
 SPREAD_FLAG = 0.10  # (max - min) / median of the rounds' p50 above this: the rounds disagree, numbers are noisy

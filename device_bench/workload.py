@@ -30,7 +30,7 @@ def random_workload(shape: list[int], count: int, seed: int = 0) -> Workload:
 def data_workload(spec: str, manifest: dict, count: int) -> Workload:
     """The first `count` images of the spec's val split, preprocessed with the bundle's recorded normalisation."""
     try:
-        from training.data import open_data
+        from mobile_moe.training.data import open_data
     except ImportError as error:  # training/ is another package of this toolkit; say what is missing
         raise UsageError(f"--data needs the training package ({error}); use --data random instead") from error
     shape = manifest["input"]["shape"]

@@ -15,11 +15,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from evidence.figures import FIGURES
-from evidence.scales import SCALES
-from evidence.sweep import LAUNCHERS
+from mobile_moe.evidence.figures import FIGURES
+from mobile_moe.evidence.scales import SCALES
+from mobile_moe.evidence.sweep import LAUNCHERS
+from mobile_moe.training.recipes import DEVICES
+
 from mobile_moe.errors import UsageError
-from training.recipes import DEVICES
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -73,14 +74,15 @@ def _check_batches(recipes: dict[str, dict], train_images: int, args: argparse.N
 
 
 def run(args: argparse.Namespace) -> int:
-    from evidence import report
-    from evidence.figures import cell_recipes, figure
-    from evidence.results import collect
-    from evidence.scales import scale as scale_named
-    from evidence.sweep import SlurmOptions, stderr_log, sweep
+    from mobile_moe.evidence import report
+    from mobile_moe.evidence.figures import cell_recipes, figure
+    from mobile_moe.evidence.results import collect
+    from mobile_moe.evidence.scales import scale as scale_named
+    from mobile_moe.evidence.sweep import SlurmOptions, stderr_log, sweep
+    from mobile_moe.training.data import open_data
+    from mobile_moe.training.distributed import resolve_device
+
     from mobile_moe.atomic import check_writable
-    from training.data import open_data
-    from training.distributed import resolve_device
 
     _check(args)
     out = Path(args.out)
@@ -97,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     epochs = {name: cfg["epochs"] for name, cfg in recipes.items()}
     results = collect(fig, out, args.seeds, epochs, outcomes, evaluate_on)
     if args.bench:
-        from evidence.bench import bench_cells
+        from mobile_moe.evidence.bench import bench_cells
 
         bench_cells(out, results, args.data, args.iterations, stderr_log)
     splits = {s["split"] for r in results for s in r.seeds}

@@ -5,7 +5,7 @@ names say what was trained in the paper's terms, so figures that share a model s
 one grid; the DeiT-Ti dense model is Fig. 3b/3c's baseline, Fig. 3d's k=1 dense model and every ablation's source of
 super-classes; Fig. 3d's k=2 MoE is Fig. 3e's super-class routing.
 
-    from evidence.figures import figure
+    from mobile_moe.evidence.figures import figure
     fig = figure("fig3e", scale("tiny"), num_classes=10)
     [cell.name for cell in fig.cells]
 """
@@ -15,8 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from evidence import paper
-from evidence.scales import PAPER_DEPTHS, PAPER_WIDTHS, Backbone, Scale
+from mobile_moe.evidence import paper
+from mobile_moe.evidence.scales import PAPER_DEPTHS, PAPER_WIDTHS, Backbone, Scale
+
 from mobile_moe.config import ViTConfig
 from mobile_moe.errors import UsageError
 from mobile_moe.registry import make_config
@@ -199,7 +200,7 @@ ROUTING_OF_ROW = {
 def cell_recipes(fig: Figure, scale: Scale, epochs: int | None, device: str) -> dict[str, dict[str, Any]]:
     """Each runnable cell's TrainConfig as a dict (without the seed): its recipe at the scale's epochs (or `epochs`)
     and batch size, with the cell's own changes (e.g. no router loss for end-to-end routing)."""
-    from training.recipes import recipe
+    from mobile_moe.training.recipes import recipe
 
     recipes = {}
     for cell in fig.cells:

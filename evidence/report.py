@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evidence.figures import ROUTING_OF_ROW, Figure
-from evidence.results import CellResult
+from mobile_moe.evidence.figures import ROUTING_OF_ROW, Figure
+from mobile_moe.evidence.results import CellResult
+
 from mobile_moe.atomic import atomic_path, write_text_atomic
 
 

@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evidence.figures import Cell, Figure
-from evidence.sweep import run_dir
+from mobile_moe.evidence.figures import Cell, Figure
+from mobile_moe.evidence.sweep import run_dir
+from mobile_moe.training.run import epochs_done
+
 from mobile_moe.atomic import write_text_atomic
-from training.run import epochs_done
 
 SCORED = ("top1", "router_accuracy", "experts_per_image_mean")  # what evaluate() reports that the tables use
 
@@ -55,8 +56,8 @@ def _cached(path: Path, stamp: list[int]) -> dict[str, Any] | None:
 def evaluate_run(out: Path, cell: Cell, seed: int, done: int, device: str) -> dict[str, Any]:
     """The run's best.pt on the data's test split (val where the data has no test images); cached. `done`: the
     epochs the run has (recorded with the scores)."""
-    from training.evaluate import evaluate
-    from training.run import load_run
+    from mobile_moe.training.evaluate import evaluate
+    from mobile_moe.training.run import load_run
 
     path = run_dir(out, cell, seed)
     stamp = checkpoint_stamp(path)

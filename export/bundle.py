@@ -17,10 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
-
-from export.graphs import Split, split_model
-from export.manifest import (
+from mobile_moe.export.graphs import Split, split_model
+from mobile_moe.export.manifest import (
     BACKENDS,
     FORMAT,
     MANIFEST,
@@ -36,19 +34,21 @@ from export.manifest import (
     verify_graph_files,
     write_manifest,
 )
-from export.parity import PROB_TOLERANCE, measure_parity, parity_passed
-from export.runners import TorchRunner
-from export.runtime import Bundle
-from export.traces import graph_inputs
+from mobile_moe.export.parity import PROB_TOLERANCE, measure_parity, parity_passed
+from mobile_moe.export.runners import TorchRunner
+from mobile_moe.export.runtime import Bundle
+from mobile_moe.export.traces import graph_inputs
+from torch import Tensor, nn
+
 from mobile_moe.atomic import atomic_path, check_writable
 from mobile_moe.costs import costs
 from mobile_moe.errors import UsageError
 
 # backend -> (module, exporter function); imported only when used, so one backend's import cost is paid alone.
 EXPORTERS = {
-    "executorch": ("export.executorch_backend", "export_executorch"),
-    "onnx": ("export.onnx_backend", "export_onnx"),
-    "coreml": ("export.coreml_backend", "export_coreml"),
+    "executorch": ("mobile_moe.export.executorch_backend", "export_executorch"),
+    "onnx": ("mobile_moe.export.onnx_backend", "export_onnx"),
+    "coreml": ("mobile_moe.export.coreml_backend", "export_coreml"),
 }
 QUANTIZE = ("none", "int8")
 # input.resize when no run says how evaluation resized images: predict's behaviour before the record, said as assumed
@@ -291,7 +291,7 @@ def _export_family(program: str, members: list, tmp: Path, quantize: str, calibr
     """{member name: (Artifact, seconds)} for a family lowered once (export/executorch_family.py), each member's
     seconds its share of the family's; {} if the family cannot share a program (its members are then exported one
     by one, as any graph)."""
-    from export.executorch_family import NotShareable, export_executorch_family
+    from mobile_moe.export.executorch_family import NotShareable, export_executorch_family
 
     program_path = tmp / f"{program}.pte"
     weight_paths = [tmp / f"{spec.name}.ptd" for spec in members]

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from export.graphs import LAYOUTS
-from export.manifest import BACKENDS
+from mobile_moe.export.graphs import LAYOUTS
+from mobile_moe.export.manifest import BACKENDS
+
 from mobile_moe import jsonio
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from export.coreml_backend import COMPRESSIONS
+    from mobile_moe.export.coreml_backend import COMPRESSIONS
 
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a training run directory (mobile-moe train --out)")
     parser.add_argument("--format", required=True, choices=BACKENDS, help="backend of the graphs")
@@ -47,8 +48,8 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from export.bundle import check_target, export_bundle
-    from export.source import source_from_run
+    from mobile_moe.export.bundle import check_target, export_bundle
+    from mobile_moe.export.source import source_from_run
 
     check_target(Path(args.out))  # before loading the run: a bad --out fails in a second, not after the export
     log = (lambda message: print(message, file=sys.stderr)) if args.json else print

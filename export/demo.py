@@ -1,6 +1,6 @@
 """The export step of `mobile-moe demo`: bundles for trained runs, one line each, and a prediction through each.
 
-from export.demo import export_demo
+from mobile_moe.export.demo import export_demo
 rows = export_demo({"mobile-vmoe": moe_run_dir, "vit": dense_run_dir}, out_dir / "bundles")
 """
 
@@ -11,9 +11,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from export.bundle import export_bundle
-from export.runtime import load_bundle
-from export.source import source_from_run
+from mobile_moe.export.bundle import export_bundle
+from mobile_moe.export.runtime import load_bundle
+from mobile_moe.export.source import source_from_run
 
 FORMATS = ("executorch", "onnx", "coreml")
 

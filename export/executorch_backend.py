@@ -11,10 +11,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
+from mobile_moe.export.artifact import Artifact
+from mobile_moe.export.decompositions import xnnpack_decompositions
 from torch import Tensor, nn
-
-from export.artifact import Artifact
-from export.decompositions import xnnpack_decompositions
 
 SUFFIX = ".pte"
 

@@ -25,10 +25,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from mobile_moe.export.artifact import Artifact
+from mobile_moe.export.executorch_backend import lower, quantizer
 from torch import Tensor, nn
-
-from export.artifact import Artifact
-from export.executorch_backend import lower, quantizer
 
 WEIGHTS_TAG = "weights"
 ALIGNMENT = 16  # XNNPACK's constant alignment (xnnpack_graph_serialize.CONSTANT_TENSOR_ALIGNMENT)

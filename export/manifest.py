@@ -11,8 +11,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from export.artifact import file_bytes, file_digest
-from export.manifest_schema import BACKENDS, FORMAT, VERSION, validate_manifest  # noqa: F401 (BACKENDS: the CLI's)
+from mobile_moe.export.artifact import file_bytes, file_digest
+from mobile_moe.export.manifest_schema import BACKENDS, FORMAT, VERSION, validate_manifest  # noqa: F401 (BACKENDS: the CLI's)
+
 from mobile_moe import jsonio
 from mobile_moe.errors import UsageError
 

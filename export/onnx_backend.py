@@ -18,10 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from mobile_moe.export.artifact import Artifact
+from mobile_moe.export.decompositions import sort_decompositions
 from torch import Tensor, nn
-
-from export.artifact import Artifact
-from export.decompositions import sort_decompositions
 
 SUFFIX = ".onnx"
 OPSET = 18

@@ -34,8 +34,8 @@ def classify(bundle, path: str, image) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from export.images import load_image
-    from export.runtime import load_bundle
+    from mobile_moe.export.images import load_image
+    from mobile_moe.export.runtime import load_bundle
 
     bundle = load_bundle(args.bundle, max_cached_experts=args.cache_experts)
     # Read every image first: a bad file fails the command before any output.

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from mobile_moe.export.flat_tensor import check_flat_tensor_file
+from mobile_moe.export.quiet import native_stderr_captured
 
-from export.flat_tensor import check_flat_tensor_file
-from export.quiet import native_stderr_captured
 from mobile_moe.errors import UsageError
 
 

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
+from mobile_moe.export.manifest import read_manifest, verified_graph_files
+from mobile_moe.export.runners import RUNNERS
 
-from export.manifest import read_manifest, verified_graph_files
-from export.runners import RUNNERS
 from mobile_moe.errors import UsageError
 
 Runner = Callable[[list[np.ndarray]], dict[str, np.ndarray]]

@@ -1,7 +1,8 @@
 """What an export needs from a training run: the model, its metadata, and images from the run's own data.
 
 Parity runs on validation images, int8 calibration on training images, the int8 accuracy check on the validation
-split: all through training's seam (`training.run.load_run`, `Run.open_data`), never by re-reading its files here.
+split: all through training's seam (`mobile_moe.training.run.load_run`, `Run.open_data`), never by re-reading its
+files here.
 The eval resize policy the bundle's manifest records is the one those validation images went through: the run's
 recorded one, or for a run from before that record the one its data spec gets (`open_data`'s, the same rule its
 evaluation used).
@@ -64,7 +65,7 @@ def source_from_run(
 ) -> ExportSource:
     """The run's model and images from its own data, or from `data_spec` (an imported run has none) with the run's
     preprocessing and classes. `calibration`: training images for int8 calibration (0: none, no train split needed)."""
-    from training.run import load_run
+    from mobile_moe.training.run import load_run
 
     run = load_run(run_dir, checkpoint=checkpoint)
     data_config = run.config["data"]

@@ -12,9 +12,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 import torch
+from mobile_moe.export.graphs import Split
 from torch import Tensor
-
-from export.graphs import Split
 
 Inputs = tuple[Tensor, ...]
 

@@ -18,14 +18,14 @@ from mobile_moe.errors import UsageError
 # command -> (module, one-line help). Commands whose module does not exist yet are not offered.
 COMMANDS: dict[str, tuple[str, str]] = {
     "info": ("mobile_moe.info", "parameters (total, active) and FLOPs of a model"),
-    "train": ("training.cli", "train a dense ViT, a Mobile V-MoE or a reference MoE"),
-    "import": ("training.import_cli", "a dense run from a local timm or torchvision ViT checkpoint"),
-    "evaluate": ("training.evaluate_cli", "evaluate a trained run on a data split"),
-    "superclass": ("super_class.cli", "derive super-classes from a dense model's confusion graph, or show them"),
-    "export": ("export.cli", "split a model into router and expert graphs (ExecuTorch, ONNX, Core ML)"),
-    "predict": ("export.predict_cli", "classify image files with an exported bundle"),
-    "bench": ("device_bench.cli", "measure latency and memory of bundles on the host or a phone"),
-    "reproduce": ("evidence.cli", "regenerate one of the paper's figures on your data: table, CSV and plot"),
+    "train": ("mobile_moe.training.cli", "train a dense ViT, a Mobile V-MoE or a reference MoE"),
+    "import": ("mobile_moe.training.import_cli", "a dense run from a local timm or torchvision ViT checkpoint"),
+    "evaluate": ("mobile_moe.training.evaluate_cli", "evaluate a trained run on a data split"),
+    "superclass": ("mobile_moe.super_class.cli", "super-classes from a dense model's confusion graph, or show them"),
+    "export": ("mobile_moe.export.cli", "split a model into router and expert graphs (ExecuTorch, ONNX, Core ML)"),
+    "predict": ("mobile_moe.export.predict_cli", "classify image files with an exported bundle"),
+    "bench": ("mobile_moe.device_bench.cli", "measure latency and memory of bundles on the host or a phone"),
+    "reproduce": ("mobile_moe.evidence.cli", "regenerate one of the paper's figures on your data: table, CSV and plot"),
     "demo": ("mobile_moe.demo", "the main job, end to end, on built-in data"),
 }
 

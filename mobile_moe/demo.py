@@ -134,11 +134,11 @@ def write_report(out: Path, cost: str, accuracy: list[str], listing: str, bundle
 def run(args: argparse.Namespace) -> None:
     check_arguments(args)  # before the imports below (seconds) and any output
     # Each package's step is imported here, not at the top, so `mobile-moe --help` never pays for them.
-    from device_bench.bench import bench_bundles
-    from export.demo import export_demo
-    from super_class.demo import derive_for_demo
-    from super_class.table import format_table
-    from training.demo import train_digits
+    from mobile_moe.device_bench.bench import bench_bundles
+    from mobile_moe.export.demo import export_demo
+    from mobile_moe.super_class.demo import derive_for_demo
+    from mobile_moe.super_class.table import format_table
+    from mobile_moe.training.demo import train_digits
 
     out = Path(args.out)
     start = time.perf_counter()

@@ -6,9 +6,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from super_class.derive import confusion_from_run, derive_super_classes
-from super_class.superclasses import SuperClasses
-from super_class.table import format_table
+from mobile_moe.super_class.derive import confusion_from_run, derive_super_classes
+from mobile_moe.super_class.superclasses import SuperClasses
+from mobile_moe.super_class.table import format_table
 
 
 def derive_for_demo(
@@ -31,7 +31,7 @@ def derive_for_demo(
     )
     super_classes.save(out)
     if plot is not None:
-        from super_class.plot import plot_super_classes
+        from mobile_moe.super_class.plot import plot_super_classes
 
         plot_super_classes(plot, confusion.matrix, super_classes)
     echo(format_table(super_classes, seed=seed))

@@ -11,12 +11,12 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
+from mobile_moe.super_class.clustering import cluster
+from mobile_moe.super_class.confusion import check_confusion, classes_without_images, confusion_from_predictions
+from mobile_moe.super_class.quality import quality
+from mobile_moe.super_class.superclasses import SuperClasses, default_names
 
 from mobile_moe.errors import UsageError
-from super_class.clustering import cluster
-from super_class.confusion import check_confusion, classes_without_images, confusion_from_predictions
-from super_class.quality import quality
-from super_class.superclasses import SuperClasses, default_names
 
 
 @dataclass
@@ -80,8 +80,8 @@ def confusion_from_run(
 
     `data_spec` defaults to the run's own data; images are normalised with the statistics the run recorded.
     """
-    from training.evaluate import collect_predictions
-    from training.run import load_run
+    from mobile_moe.training.evaluate import collect_predictions
+    from mobile_moe.training.run import load_run
 
     run = load_run(run_dir, checkpoint="best")
     data = run.open_data(data_spec)  # the run's own data by default; refuses data with other classes

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-
-from super_class.graph import class_affinity
+from mobile_moe.super_class.graph import class_affinity
 
 
 def within_share(matrix: np.ndarray, assignment: np.ndarray) -> float | None:

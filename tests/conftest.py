@@ -61,7 +61,7 @@ def one_thread():
 
 
 def _missing_build_tools() -> list[str]:
-    from device_bench.native_build import missing_tools
+    from mobile_moe.device_bench.native_build import missing_tools
 
     return missing_tools()
 
@@ -89,7 +89,7 @@ needs_build = pytest.mark.skipif(
 @pytest.fixture(scope="session")
 def runner() -> Path:
     """The native runner, built once per source version (cached across sessions)."""
-    from device_bench.native_build import build_runner
+    from mobile_moe.device_bench.native_build import build_runner
 
     if _missing_build_tools():
         pytest.skip(f"cannot build the native runner: {', '.join(_missing_build_tools())} missing")
@@ -101,7 +101,7 @@ def bundle(tmp_path_factory) -> Path:
     """A tiny Mobile V-MoE (E=4, k=1) exported by export's bundle builder as ExecuTorch. Mean pooling: with a class
     token, an untrained router sends every random image to the same expert; the mean of the patch tokens tells them
     apart. Tests that change it work on a copy."""
-    from export.bundle import export_bundle
+    from mobile_moe.export.bundle import export_bundle
 
     model = tiny_model("mobile-vmoe", pool="mean").eval()
     out = tmp_path_factory.mktemp("bundles") / "tiny-moe"

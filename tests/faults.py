@@ -14,7 +14,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from export.artifact import file_bytes, file_digest
+from mobile_moe.export.artifact import file_bytes, file_digest
 
 Mutation = Callable[[dict], str]
 
@@ -284,8 +284,8 @@ def whole_bundle(tmp_path_factory) -> Path:
     of seconds). Tests that change it work on a copy."""
     out = tmp_path_factory.getbasetemp() / "whole-vmoe"
     if not (out / "manifest.json").is_file():
-        from export.bundle import export_bundle
-        from tests.conftest import tiny_model
+        from conftest import tiny_model
+        from mobile_moe.export.bundle import export_bundle
 
         export_bundle(tiny_model("vmoe").eval(), out, "executorch")
     return out

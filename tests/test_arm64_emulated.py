@@ -13,17 +13,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import tiny_model
+from mobile_moe.device_bench import arm64
+from mobile_moe.device_bench.bench import BenchSettings, choose_runner, parse_device
+from mobile_moe.device_bench.bundles import read_manifest
+from mobile_moe.device_bench.native import run_native
+from mobile_moe.device_bench.settings import Settings
+from mobile_moe.device_bench.workload import random_workload, write_raw
+from mobile_moe.export.manifest import graph_files
 
-from device_bench import arm64
-from device_bench.bench import BenchSettings, choose_runner, parse_device
-from device_bench.bundles import read_manifest
-from device_bench.native import run_native
-from device_bench.settings import Settings
-from device_bench.workload import random_workload, write_raw
-from export.manifest import graph_files
 from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
-from tests.conftest import tiny_model
 
 needs_arm64 = pytest.mark.skipif(bool(arm64.missing()), reason=f"no emulated ARM64 device: {arm64.missing()}")
 VARIANTS = {  # bundle -> export options
@@ -70,14 +70,14 @@ def test_the_emulated_device_touches_nothing_outside_its_own_directory(monkeypat
 
 @pytest.fixture(scope="module")
 def arm64_runner() -> Path:
-    from device_bench.native_build import build_runner
+    from mobile_moe.device_bench.native_build import build_runner
 
     return build_runner(target="linux-arm64")
 
 
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
 def arm64_bundle(request, tmp_path_factory) -> Path:
-    from export.bundle import export_bundle
+    from mobile_moe.export.bundle import export_bundle
 
     out = tmp_path_factory.mktemp("arm64") / request.param
     export_bundle(tiny_model("mobile-vmoe", pool="mean").eval(), out, "executorch", **VARIANTS[request.param])

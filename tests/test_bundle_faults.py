@@ -15,12 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
-
-from export.runtime import load_bundle
-from mobile_moe.cli import main
-from mobile_moe.errors import UsageError
-from tests.faults import (
+from faults import (
     MANIFEST_MUTATIONS,
     WHOLE_MANIFEST_MUTATIONS,
     copy_bundle,
@@ -30,6 +25,11 @@ from tests.faults import (
     reseal,
     whole_bundle,
 )
+from mobile_moe.export.runtime import load_bundle
+from PIL import Image
+
+from mobile_moe.cli import main
+from mobile_moe.errors import UsageError
 
 pytestmark = pytest.mark.export
 REPO = Path(__file__).resolve().parent.parent
@@ -139,7 +139,7 @@ def test_resealed_byte_flips_never_crash_predict(graph, bundle, png, tmp_path):
 def test_a_damaged_weights_file_is_refused_before_executorch_reads_it(bundle, tmp_path):
     """ExecuTorch does not verify a .ptd; a re-sealed flipped root offset made predict die by SIGSEGV on some runs
     (what the garbage offset pointed at decided). The runtime refuses it, every time (export/flat_tensor.py)."""
-    from export.runners import ExecuTorchRunner
+    from mobile_moe.export.runners import ExecuTorchRunner
 
     (tmp_path / "expert_1.ptd").write_bytes((bundle / "expert_1.ptd").read_bytes())
     flip_byte(tmp_path / "expert_1.ptd", 0)
@@ -153,10 +153,11 @@ def test_a_damaged_weights_file_is_refused_before_executorch_reads_it(bundle, tm
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
+    from conftest import tiny_model
+    from mobile_moe.training.data import data_record, open_data
+    from mobile_moe.training.run import write_config
+
     from mobile_moe.checkpoint import checkpoint_dict, save_checkpoint
-    from tests.conftest import tiny_model
-    from training.data import data_record, open_data
-    from training.run import write_config
 
     run = tmp_path_factory.mktemp("run")
     model = tiny_model("mobile-vmoe", num_classes=10, num_experts=2)
@@ -187,10 +188,10 @@ def test_export_replaces_its_own_bundle_but_not_files_added_to_it(run_dir, tmp_p
 
 @pytest.mark.parametrize("out", ["/proc/mobile-moe/bundle", "/proc/version"])
 def test_export_refuses_unwritable_out_before_work(run_dir, out, capsys, monkeypatch):
-    import export.source
+    import mobile_moe.export.source as source_module
 
     loaded = []
-    monkeypatch.setattr(export.source, "source_from_run", lambda *args, **kwargs: loaded.append(args))
+    monkeypatch.setattr(source_module, "source_from_run", lambda *args, **kwargs: loaded.append(args))
     refused(["export", str(run_dir), "--format", "onnx", "--out", out], capsys)
     assert loaded == []  # refused before the run is loaded, let alone exported
 
@@ -306,7 +307,7 @@ def test_bench_refuses_bad_flags_before_measuring(flags, match, bundle, tmp_path
 
 
 def test_runner_without_samples_reports_no_switch_time():
-    from device_bench.results import summarize_round
+    from mobile_moe.device_bench.results import summarize_round
 
     raw = {"latency_ms": {"p50": 1, "p90": 1, "p99": 1, "mean": 1}, "load_ms": {"router": 1.0},
            "switch": {"ms": [], "median_ms": -1.0, "load_median_ms": -1.0}}  # fmt: skip
@@ -322,7 +323,7 @@ def test_paths_the_file_system_refuses_are_one_line(tmp_path, capsys):
 
 
 def test_a_symbolic_dimension_never_matches_the_manifest():
-    from export.runners import check_shapes
+    from mobile_moe.export.runners import check_shapes
 
     graph = {"name": "dense", "file": "dense.onnx", "inputs": [{"shape": [1, 3, 32, 32]}]}
     with pytest.raises(UsageError, match="the bundle is corrupt"):
@@ -330,7 +331,7 @@ def test_a_symbolic_dimension_never_matches_the_manifest():
 
 
 def test_a_manifest_naming_a_file_in_a_subdirectory_does_not_make_the_directory_ours(tmp_path):
-    from export.manifest import entries_not_in_bundle
+    from mobile_moe.export.manifest import entries_not_in_bundle
 
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "x.pte").write_bytes(b"")

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -152,3 +155,34 @@ def test_an_error_with_no_interrupt_behind_it_is_not_hidden(monkeypatch):
     _main_running(monkeypatch, run)
     with pytest.raises(AssertionError, match="a real bug"):
         main([])
+
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+
+
+def test_the_wheel_holds_one_namespace_and_the_native_runner_sources(tmp_path):
+    """What `pip install .` installs: `mobile_moe` alone (its stages are subpackages, never a top-level `training` or
+    `export` on a user's sys.path), with the native runner's sources as package data. Built from a copy of the tree so
+    that setuptools' build/ folder is not left in the repository."""
+    source = tmp_path / "source"
+    files = subprocess.run(["git", "ls-files"], cwd=REPOSITORY, capture_output=True, text=True, check=True).stdout
+    for name in files.splitlines():
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPOSITORY / name, source / name)
+    build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), "."]
+    subprocess.run(build, cwd=source, capture_output=True, check=True)
+    (wheel,) = tmp_path.glob("mobile_moe-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {name.split("/")[0] for name in names} == {"mobile_moe", "mobile_moe-0.1.0.dist-info"}
+    assert {"mobile_moe/device_bench/native/runner.cpp", "mobile_moe/device_bench/native/CMakeLists.txt"} <= set(names)
+
+
+def test_nothing_is_importable_under_the_old_top_level_names(tmp_path):
+    probe = (
+        "import importlib.util as u, mobile_moe.export, mobile_moe.training, mobile_moe.super_class, "
+        "mobile_moe.device_bench, mobile_moe.evidence; "
+        "print([n for n in ('export', 'training', 'super_class', 'device_bench', 'evidence') if u.find_spec(n)])"
+    )
+    # Outside the repository, whose root would otherwise be on sys.path as the working directory.
+    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

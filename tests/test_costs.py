@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import TINY, TINY_MOE, tiny_model
 from torch.utils.flop_counter import FlopCounterMode
 
 from mobile_moe.costs import buffer_capacity, costs
 from mobile_moe.registry import MODELS, make_config
-from tests.conftest import TINY, TINY_MOE, tiny_model
 
 
 def test_hand_count_tiny_dense():

@@ -16,18 +16,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import needs_build
+from mobile_moe.device_bench import routing_stats
+from mobile_moe.device_bench.bundles import read_manifest
+from mobile_moe.device_bench.native import run_native
+from mobile_moe.device_bench.native_build import NATIVE_DIR, build_runner
+from mobile_moe.device_bench.results import validate_results
+from mobile_moe.device_bench.settings import Settings
+from mobile_moe.device_bench.workload import random_workload, write_raw
+from mobile_moe.export.manifest import graph_files, load_bytes
 
-from device_bench import routing_stats
-from device_bench.bundles import read_manifest
-from device_bench.native import run_native
-from device_bench.native_build import NATIVE_DIR, build_runner
-from device_bench.results import validate_results
-from device_bench.settings import Settings
-from device_bench.workload import random_workload, write_raw
-from export.manifest import graph_files, load_bytes
 from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
-from tests.conftest import needs_build
 
 pytestmark = pytest.mark.export
 
@@ -39,7 +39,7 @@ def workload_file(bundle, tmp_path_factory) -> Path:
 
 
 def python_predictions(bundle: Path, images_file: Path):
-    from export.runtime import load_bundle
+    from mobile_moe.export.runtime import load_bundle
 
     shape = read_manifest(bundle)["input"]["shape"]
     images = np.fromfile(images_file, dtype=np.float32).reshape(-1, *shape[1:])
@@ -168,7 +168,7 @@ def fake_adb(tmp_path, monkeypatch) -> Path:
 
 @needs_build
 def test_android_flow_with_stand_in_adb(runner, bundle, workload_file, fake_adb):
-    from device_bench.android import run_on_android
+    from mobile_moe.device_bench.android import run_on_android
 
     settings = Settings(iterations=3, warmup=1, cache_experts=2)
     on_phone = run_on_android("FAKE0001", runner, bundle, workload_file, settings)
@@ -183,7 +183,7 @@ def test_android_flow_with_stand_in_adb(runner, bundle, workload_file, fake_adb)
 
 @needs_build
 def test_android_flow_errors(runner, bundle, workload_file, fake_adb, monkeypatch, tmp_path):
-    from device_bench.android import run_on_android
+    from mobile_moe.device_bench.android import run_on_android
 
     settings = Settings(iterations=1, warmup=0)
     with pytest.raises(UsageError, match="not attached"):
@@ -245,8 +245,8 @@ def _graph(name: str, role: str, expert, size: int, params: int) -> dict:
 def test_bytes_and_params_loaded_per_image_are_honest_for_split_and_whole():
     """A split bundle loads its router and the experts each image picks; a whole per-token bundle loads its one graph,
     every expert inside, for every image, whichever experts the image's tokens used."""
-    from device_bench.report import comparisons
-    from device_bench.results import bytes_per_image, params_active, params_per_image
+    from mobile_moe.device_bench.report import comparisons
+    from mobile_moe.device_bench.results import bytes_per_image, params_active, params_per_image
 
     split = {
         "graphs": [_graph("router", "router", None, 100, 10), _graph("expert_0", "expert", 0, 50, 5),

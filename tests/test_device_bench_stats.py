@@ -6,12 +6,12 @@ from __future__ import annotations
 import copy
 
 import pytest
+from mobile_moe.device_bench import routing_stats
+from mobile_moe.device_bench.bench import BenchSettings, choose_runner
+from mobile_moe.device_bench.report import write_report
+from mobile_moe.device_bench.results import RoundReportError, run_record, validate_results, validate_round
+from mobile_moe.device_bench.settings import Settings
 
-from device_bench import routing_stats
-from device_bench.bench import BenchSettings, choose_runner
-from device_bench.report import write_report
-from device_bench.results import RoundReportError, run_record, validate_results, validate_round
-from device_bench.settings import Settings
 from mobile_moe.errors import UsageError
 
 
@@ -153,9 +153,9 @@ def test_bench_settings_defaults_and_json():
 
 
 def test_one_function_picks_the_runner_for_runtime_and_device(tmp_path):
-    from device_bench.android import AndroidRunner
-    from device_bench.native import NativeRunner
-    from device_bench.python_worker import PythonWorker
+    from mobile_moe.device_bench.android import AndroidRunner
+    from mobile_moe.device_bench.native import NativeRunner
+    from mobile_moe.device_bench.python_worker import PythonWorker
 
     assert choose_runner("native") == NativeRunner(None)
     assert choose_runner("onnxruntime") == PythonWorker("onnxruntime")

@@ -7,18 +7,17 @@ import json
 from pathlib import Path
 
 import pytest
-
-from device_bench import python_worker
-from device_bench.results import validate_round
-from device_bench.settings import Settings
-from device_bench.workload import random_workload, write_raw
-from export.manifest import read_manifest
-from tests.conftest import tiny_model
+from conftest import tiny_model
+from mobile_moe.device_bench import python_worker
+from mobile_moe.device_bench.results import validate_round
+from mobile_moe.device_bench.settings import Settings
+from mobile_moe.device_bench.workload import random_workload, write_raw
+from mobile_moe.export.manifest import read_manifest
 
 
 @pytest.fixture(scope="module")
 def onnx_bundle(tmp_path_factory) -> Path:
-    from export.bundle import export_bundle
+    from mobile_moe.export.bundle import export_bundle
 
     out = tmp_path_factory.mktemp("bundles") / "tiny-moe-onnx"
     export_bundle(tiny_model("mobile-vmoe", pool="mean").eval(), out, "onnx")
@@ -64,7 +63,7 @@ def test_switch_timing_follows_switch_repeats(bundle, tmp_path, repeats):
 
 def test_threads_reach_every_onnxruntime_session(onnx_bundle, tmp_path, monkeypatch):
     """Without it each session made its own thread pool: eleven graphs fought over the cores (issue 12)."""
-    from export import runners
+    from mobile_moe.export import runners
 
     threads_of_sessions = []
 
@@ -80,8 +79,8 @@ def test_threads_reach_every_onnxruntime_session(onnx_bundle, tmp_path, monkeypa
 
 
 def test_benchmark_with_bench_settings_writes_results_that_validate(bundle, tmp_path):
-    from device_bench.bench import BenchSettings, benchmark
-    from device_bench.results import validate_results
+    from mobile_moe.device_bench.bench import BenchSettings, benchmark
+    from mobile_moe.device_bench.results import validate_results
 
     settings = BenchSettings(Settings(iterations=3, warmup=0, switch_repeats=1), runtime="executorch", rounds=2,
                              pause_s=0, images=4)  # fmt: skip
@@ -109,8 +108,8 @@ class IncompleteRunner:
 
 
 def test_benchmark_refuses_a_runner_report_without_a_field_by_name(bundle, tmp_path, monkeypatch):
-    from device_bench import bench
-    from device_bench.results import RoundReportError
+    from mobile_moe.device_bench import bench
+    from mobile_moe.device_bench.results import RoundReportError
 
     monkeypatch.setattr(bench, "choose_runner", lambda runtime, device, runner: IncompleteRunner())
     settings = bench.BenchSettings(Settings(iterations=1, warmup=0, switch_repeats=0), rounds=1, images=2)
@@ -120,7 +119,8 @@ def test_benchmark_refuses_a_runner_report_without_a_field_by_name(bundle, tmp_p
 
 
 def test_benchmark_refuses_bad_input_before_measuring(bundle, tmp_path):
-    from device_bench.bench import BenchSettings, benchmark
+    from mobile_moe.device_bench.bench import BenchSettings, benchmark
+
     from mobile_moe.errors import UsageError
 
     settings = BenchSettings(Settings(iterations=1), runtime="onnxruntime", rounds=1)

@@ -7,12 +7,11 @@ import json
 import numpy as np
 import pytest
 import torch
-
-from export.bundle import export_bundle
-from export.executorch_backend import PORTABLE_BY_DESIGN
-from export.manifest import read_manifest
-from export.runtime import load_bundle
-from tests.conftest import tiny_model
+from conftest import tiny_model
+from mobile_moe.export.bundle import export_bundle
+from mobile_moe.export.executorch_backend import PORTABLE_BY_DESIGN
+from mobile_moe.export.manifest import read_manifest
+from mobile_moe.export.runtime import load_bundle
 
 pytestmark = pytest.mark.export
 
@@ -225,7 +224,8 @@ def test_manifest_keeps_its_fields_and_adds_what_an_image_touches(moe, bundle_di
 def test_bundle_written_before_the_new_fields_still_loads(moe, bundle_dir, tmp_path):
     import shutil
 
-    from device_bench.results import params_active
+    from mobile_moe.device_bench.results import params_active
+
     from mobile_moe.costs import costs
 
     old = shutil.copytree(bundle_dir, tmp_path / "old")
@@ -243,7 +243,7 @@ def test_bundle_written_before_the_new_fields_still_loads(moe, bundle_dir, tmp_p
 def test_sort_rewrite_is_the_stable_sort(descending):
     """Every backend gets aten.sort as ranks (export/decompositions.py): the same values and indices as the stable
     sort, ties in index order, along any dim."""
-    from export.decompositions import sort_stable
+    from mobile_moe.export.decompositions import sort_stable
 
     generator = torch.Generator().manual_seed(0)
     for shape, dim in [((7,), 0), ((3, 9), -1), ((2, 5, 4), 1), ((6, 3), 0)]:
@@ -258,10 +258,10 @@ def test_onnx_top_k_with_ties_matches_eager_and_sortless_graphs_keep_their_bytes
     """The top-k rule (a stable sort) exports to ONNX through the rewrite and keeps the tie order; a graph without a
     sort exports to exactly the bytes torch.onnx.export writes for the module itself."""
     import onnxruntime as ort
+    from mobile_moe.export.artifact import file_digest
+    from mobile_moe.export.graphs import split_model
+    from mobile_moe.export.onnx_backend import OPSET, export_onnx
 
-    from export.artifact import file_digest
-    from export.graphs import split_model
-    from export.onnx_backend import OPSET, export_onnx
     from mobile_moe.routers import top_k
 
     class TopK(torch.nn.Module):

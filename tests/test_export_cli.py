@@ -8,23 +8,23 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_model
+from mobile_moe.export.bundle import export_bundle
+from mobile_moe.export.manifest import MANIFEST
+from mobile_moe.export.runtime import load_bundle
 from PIL import Image
 
-from export.bundle import export_bundle
-from export.manifest import MANIFEST
-from export.runtime import load_bundle
 from mobile_moe.checkpoint import checkpoint_dict, save_checkpoint
 from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
-from tests.conftest import tiny_model
 
 pytestmark = pytest.mark.export
 
 
 def make_run_dir(run, model):
     """A run directory as training writes it (config.json + best.pt) for `model`, untrained, on digits."""
-    from training.data import data_record, open_data
-    from training.run import write_config
+    from mobile_moe.training.data import data_record, open_data
+    from mobile_moe.training.run import write_config
 
     config = {
         "model": model.config.to_dict(),
@@ -68,7 +68,7 @@ def test_export_from_run_dir_records_run_metadata(onnx_bundle, run_dir):
 def test_the_runs_validation_top1_reaches_the_manifest_and_the_bench_report(tmp_path, onnx_bundle):
     """A bundle from a trained run carries its best.pt's validation top-1 (so bench reports can plot accuracy against
     cost); an untrained run's (no best_top1) carries none."""
-    from device_bench.bench import bench_bundles
+    from mobile_moe.device_bench.bench import bench_bundles
 
     assert "validation_top1" not in json.loads((onnx_bundle / MANIFEST).read_text())
     model = tiny_model("vit", num_classes=10)
@@ -159,9 +159,9 @@ def test_refuses_to_overwrite_a_directory_that_is_not_a_bundle(run_dir, capsys):
 
 
 def test_failed_parity_writes_nothing(monkeypatch, tmp_path):
-    import export.bundle
+    import mobile_moe.export.bundle as bundle_module
 
-    monkeypatch.setattr(export.bundle, "parity_passed", lambda result: False)
+    monkeypatch.setattr(bundle_module, "parity_passed", lambda result: False)
     with pytest.raises(UsageError, match="parity check failed"):
         export_bundle(tiny_model("vit"), tmp_path / "b", "onnx")
     assert leftovers(tmp_path) == []

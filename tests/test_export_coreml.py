@@ -7,11 +7,11 @@ import sys
 
 import pytest
 import torch
+from conftest import tiny_model
+from mobile_moe.export.bundle import export_bundle
+from mobile_moe.export.runtime import load_bundle
 
-from export.bundle import export_bundle
-from export.runtime import load_bundle
 from mobile_moe.errors import UsageError
-from tests.conftest import tiny_model
 
 pytestmark = pytest.mark.export
 

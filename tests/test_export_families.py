@@ -5,12 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from export.bundle import export_bundle
-from export.graphs import split_model
-from export.manifest import bundle_bytes, load_bytes, read_manifest, verified_graph_files
-from export.runners import ExecuTorchRunner
-from tests.conftest import tiny_model
+from conftest import tiny_model
+from mobile_moe.export.bundle import export_bundle
+from mobile_moe.export.graphs import split_model
+from mobile_moe.export.manifest import bundle_bytes, load_bytes, read_manifest, verified_graph_files
+from mobile_moe.export.runners import ExecuTorchRunner
 
 pytestmark = pytest.mark.export
 
@@ -93,7 +92,7 @@ def test_export_leaves_the_model_untouched(exported):
 
 
 def test_a_family_that_cannot_share_exports_each_expert_alone(monkeypatch, tmp_path):
-    import export.executorch_family as family
+    import mobile_moe.export.executorch_family as family
 
     def refuse(members, example_inputs, program_path, weight_paths, **_):
         program_path.write_bytes(b"half-written")  # what a failed attempt may leave: the fallback removes it
@@ -112,9 +111,10 @@ def test_a_family_that_cannot_share_exports_each_expert_alone(monkeypatch, tmp_p
 def test_a_tampered_weights_file_is_refused_when_its_expert_loads(tmp_path):
     import shutil
 
-    from export.runtime import load_bundle
+    from faults import flip_byte
+    from mobile_moe.export.runtime import load_bundle
+
     from mobile_moe.errors import UsageError
-    from tests.faults import flip_byte
 
     model = trained_looking(tiny_model("mobile-vmoe", pool="mean"))
     export_bundle(model, tmp_path / "bundle", "executorch")

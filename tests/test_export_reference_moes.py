@@ -17,18 +17,18 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import needs_build, tiny_model
+from mobile_moe.export.bundle import export_bundle
+from mobile_moe.export.graphs import split_model
+from mobile_moe.export.manifest import read_manifest
+from mobile_moe.export.manifest_schema import validate_manifest
+from mobile_moe.export.runtime import load_bundle
 from PIL import Image
 
-from export.bundle import export_bundle
-from export.graphs import split_model
-from export.manifest import read_manifest
-from export.manifest_schema import validate_manifest
-from export.runtime import load_bundle
 from mobile_moe.cli import main
 from mobile_moe.costs import costs
 from mobile_moe.errors import UsageError
 from mobile_moe.registry import MODELS, list_models
-from tests.conftest import needs_build, tiny_model
 
 pytestmark = pytest.mark.export
 
@@ -232,8 +232,8 @@ def test_predict_json_reports_the_experts_a_whole_bundle_used(bundles, models, t
 @needs_build
 @pytest.mark.parametrize("name", DEFAULT_EXECUTORCH)
 def test_native_runner_matches_python_runtime(name, runner, bundles, tmp_path):
-    from device_bench.native import run_native
-    from device_bench.settings import Settings
+    from mobile_moe.device_bench.native import run_native
+    from mobile_moe.device_bench.settings import Settings
 
     images = sample_images().numpy()
     images.tofile(tmp_path / "images.f32")

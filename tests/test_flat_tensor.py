@@ -6,9 +6,8 @@ from __future__ import annotations
 import struct
 
 import pytest
-
-from export import flat_tensor
-from export.flat_tensor import HEADER, check_flat_tensor, check_flat_tensor_file
+from mobile_moe.export import flat_tensor
+from mobile_moe.export.flat_tensor import HEADER, check_flat_tensor, check_flat_tensor_file
 
 
 @pytest.fixture

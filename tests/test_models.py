@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import tiny_model
 
 from mobile_moe.checkpoint import checkpoint_dict, load_checkpoint, model_from_checkpoint, save_checkpoint
 from mobile_moe.registry import MODELS
-from tests.conftest import tiny_model
 
 
 @pytest.mark.parametrize("pool", ["cls", "mean"])

@@ -21,12 +21,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from device_bench.native import run_native
-from device_bench.settings import Settings
-from mobile_moe.errors import UsageError
-from tests.conftest import needs_build
-from tests.faults import (
+from conftest import needs_build
+from faults import (
     MANIFEST_MUTATIONS,
     WHOLE_MANIFEST_MUTATIONS,
     copy_bundle,
@@ -37,6 +33,10 @@ from tests.faults import (
     whole_bundle,
     write_manifest_text,
 )
+from mobile_moe.device_bench.native import run_native
+from mobile_moe.device_bench.settings import Settings
+
+from mobile_moe.errors import UsageError
 
 pytestmark = [pytest.mark.export, needs_build]
 
@@ -71,7 +71,7 @@ def fault_runner(request, runner) -> tuple[Path, dict[str, str]]:
     """The runner and the environment to run it in: the normal build, and an AddressSanitizer build."""
     if request.param == "plain":
         return runner, dict(os.environ)
-    from device_bench.native_build import build_runner, sanitizer_env
+    from mobile_moe.device_bench.native_build import build_runner, sanitizer_env
 
     try:
         asan = build_runner(sanitize="address")

@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import write_imagefolder
+from mobile_moe.export.images import load_image
+from mobile_moe.export.manifest import MANIFEST
+from mobile_moe.export.runtime import load_bundle
 from PIL import Image
 
-from export.images import load_image
-from export.manifest import MANIFEST
-from export.runtime import load_bundle
 from mobile_moe.cli import main
-from tests.conftest import write_imagefolder
 
 pytestmark = pytest.mark.export
 
@@ -53,7 +53,7 @@ def bundle(run_dir, tmp_path_factory) -> Path:
 
 def val_item(run_dir: Path, index: int) -> tuple[str, torch.Tensor, torch.Tensor]:
     """(file, the val split's image tensor, the trained model's eager logits on it): what `evaluate` computes."""
-    from training.run import load_run
+    from mobile_moe.training.run import load_run
 
     run = load_run(run_dir)
     data = run.open_data()
@@ -91,9 +91,8 @@ def test_predict_gives_the_logits_evaluation_gives(run_dir, bundle, capsys):
 
 
 def test_a_manifest_without_the_record_still_predicts_by_stretching(run_dir, bundle, tmp_path):
+    from mobile_moe.training.run import load_run
     from torchvision.transforms import v2
-
-    from training.run import load_run
 
     manifest = json.loads((bundle / MANIFEST).read_text())
     del manifest["input"]["resize"]  # as export wrote it before the record

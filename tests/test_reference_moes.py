@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import tiny_model
 
 from mobile_moe.costs import buffer_capacity
 from mobile_moe.moe import ExpertMLPs
@@ -12,7 +13,6 @@ from mobile_moe.outputs import MoEStats
 from mobile_moe.routers import top_k
 from mobile_moe.token_moe import MoELayer, SoftRouter, TokenChoiceRouter, TokenMoEBlock
 from mobile_moe.vit import Attention
-from tests.conftest import tiny_model
 
 REFERENCE_MOES = ["vmoe", "experts-choice", "soft-moe", "widenet"]
 

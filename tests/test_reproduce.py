@@ -8,14 +8,14 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import needs_build
+from mobile_moe.evidence.figures import DERIVED, FIGURES, cell_recipes, figure
+from mobile_moe.evidence.scales import SCALES, Backbone, scale
+from mobile_moe.evidence.sweep import Job, SlurmOptions, run_submitit
 
-from evidence.figures import DERIVED, FIGURES, cell_recipes, figure
-from evidence.scales import SCALES, Backbone, scale
-from evidence.sweep import Job, SlurmOptions, run_submitit
 from mobile_moe.cli import main
 from mobile_moe.costs import costs
 from mobile_moe.errors import UsageError
-from tests.conftest import needs_build
 
 
 @pytest.mark.parametrize("scale_name", sorted(SCALES))
@@ -117,13 +117,13 @@ def test_reproduce_writes_the_table_the_csv_and_the_plot(fig3b_dir):
 
 
 def test_a_finished_sweep_is_never_retrained(fig3b_dir, capsys, monkeypatch):
-    import training.train
+    import mobile_moe.training.train as train_module
 
     def refuse(*args, **kwargs):
         raise AssertionError("a finished run was trained again")
 
-    monkeypatch.setattr(training.train, "train", refuse)
-    monkeypatch.setattr(training.train, "resume_training", refuse)
+    monkeypatch.setattr(train_module, "train", refuse)
+    monkeypatch.setattr(train_module, "resume_training", refuse)
     before = (fig3b_dir / "fig3b.csv").read_text()
     status, stdout, stderr = reproduce(capsys, fig3b_dir)
     assert status == 0 and "training into" not in stderr
@@ -134,7 +134,7 @@ def test_a_run_short_of_its_epochs_resumes_where_it_stopped(fig3b_dir, tmp_path)
     """What a killed sweep's unfinished run, or more --epochs, gets: resumed from its checkpoint, not retrained."""
     import shutil
 
-    from evidence.sweep import train_job
+    from mobile_moe.evidence.sweep import train_job
 
     run = tmp_path / "seed-0"
     shutil.copytree(fig3b_dir / "runs" / "deit-ti-dense" / "seed-0", run)
@@ -163,7 +163,7 @@ def test_fewer_epochs_than_a_run_has_are_refused(fig3b_dir, capsys, tmp_path):
     """A 2-epoch run is not the answer to --epochs 1: refused, not reported under the wrong caption."""
     import shutil
 
-    from evidence.sweep import train_job
+    from mobile_moe.evidence.sweep import train_job
 
     out = tmp_path / "figs"
     shutil.copytree(fig3b_dir, out)
@@ -189,7 +189,7 @@ def test_a_damaged_run_is_a_failed_row_and_the_sweep_goes_on(fig3b_dir, capsys, 
 
 
 def test_slurm_jobs_ask_for_gpus_only_when_given():
-    from evidence.sweep import slurm_parameters
+    from mobile_moe.evidence.sweep import slurm_parameters
 
     assert "gpus_per_node" not in slurm_parameters(SlurmOptions())
     params = slurm_parameters(SlurmOptions(gpus_per_cell=8, partition="gpu"))

@@ -6,13 +6,13 @@ import json
 
 import numpy as np
 import pytest
+from conftest import tiny_model
+from mobile_moe.super_class.confusion import save_confusion
+from mobile_moe.super_class.planted import planted_confusion
+from mobile_moe.super_class.superclasses import load
 
 from mobile_moe.checkpoint import checkpoint_dict, save_checkpoint
 from mobile_moe.cli import main
-from super_class.confusion import save_confusion
-from super_class.planted import planted_confusion
-from super_class.superclasses import load
-from tests.conftest import tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +25,8 @@ def confusion_file(tmp_path_factory):
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """A run directory as training writes it, with an untrained tiny dense model on `digits` (10 classes)."""
-    from training.data import data_record, open_data
-    from training.run import write_config
+    from mobile_moe.training.data import data_record, open_data
+    from mobile_moe.training.run import write_config
 
     run_dir = tmp_path_factory.mktemp("run")
     model = tiny_model("vit", num_classes=10)
@@ -89,7 +89,7 @@ def test_derive_from_run_soft_and_hard(run_dir, tmp_path):
 
 
 def test_demo_helper(run_dir, tmp_path):
-    from super_class.demo import derive_for_demo
+    from mobile_moe.super_class.demo import derive_for_demo
 
     lines = []
     result = derive_for_demo(run_dir, 3, tmp_path / "sc.json", echo=lines.append)

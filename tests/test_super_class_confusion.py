@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_model
+from mobile_moe.super_class.confusion import check_confusion, confusion_from_predictions, load_confusion, save_confusion
+from mobile_moe.super_class.derive import derive_super_classes
+from mobile_moe.super_class.graph import class_affinity, confusion_graph
+from mobile_moe.super_class.planted import planted_confusion
+from mobile_moe.super_class.superclasses import load
 
 from mobile_moe.errors import UsageError
-from super_class.confusion import check_confusion, confusion_from_predictions, load_confusion, save_confusion
-from super_class.derive import derive_super_classes
-from super_class.graph import class_affinity, confusion_graph
-from super_class.planted import planted_confusion
-from super_class.superclasses import load
-from tests.conftest import tiny_model
 
 
 @pytest.fixture(scope="module")

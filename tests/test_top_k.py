@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import needs_build, tiny_model
 
 from mobile_moe.routers import top_k
-from tests.conftest import needs_build, tiny_model
 
 
 @pytest.mark.parametrize(
@@ -48,8 +48,8 @@ def _tied_router_model(top_k_: int):
 @pytest.mark.export
 @pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_eager_python_runtime_and_native_runner_agree_on_ties(k, tmp_path, request):
-    from export.bundle import export_bundle
-    from export.runtime import load_bundle
+    from mobile_moe.export.bundle import export_bundle
+    from mobile_moe.export.runtime import load_bundle
 
     model = _tied_router_model(k)
     images = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
@@ -61,9 +61,9 @@ def test_eager_python_runtime_and_native_runner_agree_on_ties(k, tmp_path, reque
     assert [runtime.predict(image.numpy()).experts for image in images] == eager
     if needs_build.args[0]:  # skipif condition: no cmake / compiler here
         pytest.skip(needs_build.kwargs["reason"])
-    from device_bench.native import run_native
-    from device_bench.settings import Settings
-    from device_bench.workload import Workload, write_raw
+    from mobile_moe.device_bench.native import run_native
+    from mobile_moe.device_bench.settings import Settings
+    from mobile_moe.device_bench.workload import Workload, write_raw
 
     runner = request.getfixturevalue("runner")
     images_file = write_raw(Workload(images.numpy(), "tied"), tmp_path / "images.f32")

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import one_torch_thread
+from mobile_moe.training import run as runs
+from mobile_moe.training import train as train_module
+from mobile_moe.training.run import load_run, read_metrics
 
 from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
-from tests.conftest import one_torch_thread
-from training import run as runs
-from training import train as train_module
-from training.run import load_run, read_metrics
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -405,9 +405,8 @@ def test_a_broken_image_in_an_imagefolder_names_the_file(tmp_path, capsys, damag
 def test_a_broken_image_met_in_a_dataloader_worker_is_still_one_line():
     """torch re-raises a worker's exception as type(error)("Caught ... Original Traceback ..."); fast stand-in for
     the slow workers=2 case above, through torch's own wrapper."""
+    from mobile_moe.training.files import UnreadableImage
     from torch._utils import ExceptionWrapper
-
-    from training.files import UnreadableImage
 
     try:
         raise UnreadableImage("cannot read image /data/x.png: not an image PIL can decode; replace or remove it")
@@ -430,7 +429,7 @@ def test_a_config_json_that_is_not_a_runs_is_never_overwritten(tmp_path, capsys)
 def test_a_preset_size_with_an_explicit_patch_resumes_as_started():
     import argparse
 
-    from training.cli import model_differences
+    from mobile_moe.training.cli import model_differences
 
     given = argparse.Namespace(model="vit", size="deit-ti", patch_size=8, image_size=None, num_classes=None,
                                pool=None, num_experts=None, top_k=None, moe_layers=None)  # fmt: skip

@@ -9,13 +9,13 @@ import shutil
 
 import pytest
 import torch
+from conftest import TINY, TINY_OPTIONS, one_torch_thread, tiny_model
+from mobile_moe.training.run import load_run, read_config
 
 from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
 from mobile_moe.registry import MODELS, create_model, make_config
 from mobile_moe.upcycle import check_dense_fits, upcycle
-from tests.conftest import TINY, TINY_OPTIONS, one_torch_thread, tiny_model
-from training.run import load_run, read_config
 
 UPCYCLED = sorted(name for name, cfg in MODELS.items() if cfg.upcycle_refusal is None)
 DIGITS_MODEL = ["--size", "3x64", "--patch", "8", "--image-size", "32"]
@@ -84,8 +84,9 @@ def test_without_renormalised_gates_the_upcycled_model_scales_its_experts(images
     ids=["deit-tiny", "vit-b-32"],
 )
 def test_an_upcycled_import_computes_the_source_models_logits(source, kwargs, experts):
+    from test_import import source_model
+
     from mobile_moe.importers import Source, convert_model
-    from tests.test_import import source_model
 
     theirs = source_model(source, **kwargs)
     library, _, name = source.partition(":")
@@ -161,7 +162,7 @@ def test_train_init_from_upcycles_a_dense_run_and_a_resume_keeps_it(dense_run, t
 @pytest.mark.usefixtures("one_thread")
 def test_a_run_upcycled_from_an_import_sees_images_as_the_source_library_does(tmp_path):
     """The imported model's preprocessing (timm's mean/std, bicubic crop) is the upcycled run's too."""
-    from tests.test_import import source_model
+    from test_import import source_model
 
     theirs = source_model("timm:deit_tiny_patch16_224", img_size=32, num_classes=10)
     torch.save(theirs.state_dict(), tmp_path / "w.pth")

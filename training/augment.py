@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from mobile_moe.training.data import Data
+from mobile_moe.training.recipes import TrainConfig
 from torch import Tensor
-
-from training.data import Data
-from training.recipes import TrainConfig
 
 
 def train_transform(cfg: TrainConfig, data: Data):

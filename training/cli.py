@@ -17,9 +17,18 @@ import math
 from pathlib import Path
 from typing import Any
 
+from mobile_moe.training.recipes import (
+    DEVICES,
+    MAY_CHANGE_ON_RESUME,
+    RECIPES,
+    ROUTE_BY,
+    TrainConfig,
+    finite_float,
+    recipe,
+)
+
 from mobile_moe.cli_args import MODEL_FLAGS, add_model_arguments, config_from_args, model_kwargs
 from mobile_moe.errors import UsageError
-from training.recipes import DEVICES, MAY_CHANGE_ON_RESUME, RECIPES, ROUTE_BY, TrainConfig, finite_float, recipe
 
 DEFAULT_RECIPE = "deit"
 
@@ -159,7 +168,7 @@ def recipe_differences(args: argparse.Namespace, run_cfg: TrainConfig, given: Tr
 
 
 def init_from_differences(args: argparse.Namespace, config: dict[str, Any]) -> list[str]:
-    from training.init_from import same_run_dir
+    from mobile_moe.training.init_from import same_run_dir
 
     theirs = config.get("init_from")
     if args.init_from is None or same_run_dir(args.init_from, theirs):
@@ -169,8 +178,8 @@ def init_from_differences(args: argparse.Namespace, config: dict[str, Any]) -> l
 
 def resume_changes(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, object]:
     """Refuse given flags that differ from the run's (config.json) values; -> the changes a resume may make."""
-    from training.imported import refuse_resume
-    from training.recipes import from_dict
+    from mobile_moe.training.imported import refuse_resume
+    from mobile_moe.training.recipes import from_dict
 
     refuse_resume(config, args.out)
     run_cfg = from_dict(config["recipe"])
@@ -195,9 +204,10 @@ def resume_changes(args: argparse.Namespace, config: dict[str, Any]) -> dict[str
 
 
 def run(args: argparse.Namespace) -> None:
+    from mobile_moe.training import run as runs
+    from mobile_moe.training.train import resume_training, train
+
     from mobile_moe.atomic import check_writable
-    from training import run as runs
-    from training.train import resume_training, train
 
     out = Path(args.out)
     check_writable(out, directory=True)
@@ -228,6 +238,6 @@ def init_defaults(args: argparse.Namespace) -> dict[str, object]:
     """With --init-from, the model's fields default to the dense run's, so only E, k and L need giving."""
     if args.init_from is None or args.model is None:
         return {}
-    from training.init_from import model_defaults
+    from mobile_moe.training.init_from import model_defaults
 
     return model_defaults(args.model, args.init_from, args.size)

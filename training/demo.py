@@ -1,6 +1,6 @@
 """What `mobile-moe demo` calls: train the demo's dense ViT or Mobile V-MoE on `digits` on CPU.
 
-from training.demo import train_digits
+from mobile_moe.training.demo import train_digits
 dense = train_digits("dense", "demo-out/dense")
 moe = train_digits("moe", "demo-out/moe", super_classes="demo-out/super_classes.json")
 """
@@ -12,11 +12,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mobile_moe.training import recipes
+from mobile_moe.training.run import load_run, read_metrics
+from mobile_moe.training.train import train
+
 from mobile_moe.errors import UsageError
 from mobile_moe.registry import make_config
-from training import recipes
-from training.run import load_run, read_metrics
-from training.train import train
 
 # The demo model: 4 blocks of width 64 (2 heads), 32 px digits in 8 px patches (16 tokens), mean pooling (learns a
 # tiny dataset several epochs sooner than a class token). The MoE: E=5 experts, k=1, the last L=2 blocks.
@@ -39,7 +40,7 @@ def train_digits(
     Returns run_dir, test_top1, test_top5, router_accuracy (None for dense), expert_load, images_per_s (mean over
     epochs) and wall_s.
     """
-    from training.evaluate import evaluate
+    from mobile_moe.training.evaluate import evaluate
 
     name, extra = MODELS[kind]
     fields = dict(DEMO_MODEL)

@@ -7,13 +7,12 @@ import time
 from dataclasses import dataclass
 
 import torch
+from mobile_moe.training import augment, losses
+from mobile_moe.training.distributed import Placement, mean_over_ranks
+from mobile_moe.training.evaluate import autocast, expert_use
+from mobile_moe.training.progress import Progress
+from mobile_moe.training.recipes import TrainConfig
 from torch import Tensor, nn
-
-from training import augment, losses
-from training.distributed import Placement, mean_over_ranks
-from training.evaluate import autocast, expert_use
-from training.progress import Progress
-from training.recipes import TrainConfig
 
 
 class NonFiniteLoss(Exception):

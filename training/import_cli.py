@@ -26,7 +26,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from training.imported import import_run
+    from mobile_moe.training.imported import import_run
 
     record = import_run(args.model, args.weights, args.out, args.class_names)
     if args.json:

@@ -26,10 +26,11 @@ from mobile_moe.errors import UsageError
 def import_run(model: str, weights: str | os.PathLike, out: str | os.PathLike, class_names: str | None = None) -> dict:
     """Import `weights` of `model` ("timm:NAME" | "torchvision:NAME") into a new run directory `out`, written whole
     or not at all; -> the run's source record."""
+    from mobile_moe.training import run
+
     from mobile_moe.atomic import atomic_path, check_writable
     from mobile_moe.checkpoint import save_checkpoint
     from mobile_moe.importers import import_vit, parse_source, read_state_dict
-    from training import run
 
     source = parse_source(model)
     out = Path(out)
@@ -112,7 +113,7 @@ def class_names_from(source: str, num_classes: int) -> list[str]:
 
 def refuse_resume(config: dict[str, Any], run_dir: str | os.PathLike) -> None:
     """An imported run holds no training state: it is a starting point, never resumed (that would retrain it)."""
-    from training.run import is_imported
+    from mobile_moe.training.run import is_imported
 
     if is_imported(config):
         raise _not_resumable(config["source"].get("model"), run_dir)

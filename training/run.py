@@ -60,7 +60,7 @@ class Run:
     def open_data(self, spec: str | None = None):
         """The run's data (or `spec`, which must have the run's classes) at the run's image size, fed as the run
         records (`preprocessing`; runs from before the resize record: the data spec's own policy)."""
-        from training.data import open_data
+        from mobile_moe.training.data import open_data
 
         record = self.config["data"]
         spec = spec or record["spec"]
@@ -256,7 +256,7 @@ def differing_fields(a: dict[str, Any], b: dict[str, Any], skip: tuple[str, ...]
 def differences(config: dict[str, Any], model: dict[str, Any], recipe: dict[str, Any], data: str) -> list[str]:
     """What makes the run `config` (config.json) another run than one of `model`, `recipe` (dicts) and `data` (a
     spec): every field but those a resume may change."""
-    from training.recipes import MAY_CHANGE_ON_RESUME
+    from mobile_moe.training.recipes import MAY_CHANGE_ON_RESUME
 
     found = [f"model {key}" for key in differing_fields(model, config["model"])]
     found += [f"recipe {key}" for key in differing_fields(recipe, config["recipe"], MAY_CHANGE_ON_RESUME)]

@@ -1,8 +1,8 @@
 """`train(...)`: the whole training run, in commented sections; `resume_training(run_dir)` continues one.
 
     from mobile_moe.registry import make_config
-    from training import recipes
-    from training.train import train
+    from mobile_moe.training import recipes
+    from mobile_moe.training.train import train
 
     run_dir = train(make_config("mobile-vmoe", "6x64", patch_size=8, image_size=32, num_classes=10, num_experts=5),
                     recipes.tiny(), data_spec="digits", super_class_spec="random", out_dir="runs/digits-moe")
@@ -22,6 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from mobile_moe.training import augment, distributed, hard_moe, run
+from mobile_moe.training import init_from as upcycling
+from mobile_moe.training.data import Data, data_record, open_data
+from mobile_moe.training.engine import EpochContext, NonFiniteLoss, train_one_epoch
+from mobile_moe.training.evaluate import evaluate
+from mobile_moe.training.imported import refuse_resume, refuse_training_into
+from mobile_moe.training.recipes import MAY_CHANGE_ON_RESUME, TrainConfig, from_dict
+from mobile_moe.training.routing import TrainingForward
+from mobile_moe.training.super_spec import resolve_super_classes, super_record
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
@@ -30,15 +39,6 @@ from mobile_moe.checkpoint import checkpoint_dict, load_checkpoint, load_weights
 from mobile_moe.config import ViTConfig
 from mobile_moe.errors import UsageError
 from mobile_moe.registry import build_model, config_from_dict
-from training import augment, distributed, hard_moe, run
-from training import init_from as upcycling
-from training.data import Data, data_record, open_data
-from training.engine import EpochContext, NonFiniteLoss, train_one_epoch
-from training.evaluate import evaluate
-from training.imported import refuse_resume, refuse_training_into
-from training.recipes import MAY_CHANGE_ON_RESUME, TrainConfig, from_dict
-from training.routing import TrainingForward
-from training.super_spec import resolve_super_classes, super_record
 
 # --- pieces -------------------------------------------------------------------------------------------------------
 
