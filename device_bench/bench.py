@@ -1,4 +1,4 @@
-"""The benchmark as a typed library: BenchSettings in, the results.json object out (DESIGN.md, "Benchmark results").
+"""The benchmark as a typed library: BenchSettings in, the results.json object out (docs/formats.md, results.json).
 
     from mobile_moe.device_bench.bench import BenchSettings, benchmark
     from mobile_moe.device_bench.settings import Settings

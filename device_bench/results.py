@@ -1,4 +1,4 @@
-"""results.json: one record per (bundle, runtime, device), aggregated over rounds, in DESIGN.md's schema.
+"""results.json: one record per (bundle, runtime, device), aggregated over rounds, in docs/formats.md.
 
 A round is one runner process (its JSON). Each headline number is the median across rounds; `spread` says how far
 the rounds' warm p50 latencies lie apart, and flags it when that exceeds SPREAD_FLAG of the median, because on a
@@ -230,7 +230,7 @@ def run_record(
 
 
 def validate_results(results: dict) -> None:
-    """Raise ValueError naming the first way `results` departs from DESIGN.md's results.json schema."""
+    """Raise ValueError naming the first way `results` departs from docs/formats.md."""
     if not isinstance(results.get("runs"), list) or not results["runs"]:
         raise ValueError("results.json needs a non-empty list 'runs'")
     for index, run in enumerate(results["runs"]):

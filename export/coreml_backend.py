@@ -1,6 +1,6 @@
 """Core ML exporter: torch.export + a few rewrites -> coremltools 9 -> .mlpackage (ML program, iOS 17).
 
-The TorchScript trace path fails on this torch version for ViT attention, hence the ExportedProgram route (DESIGN.md).
+The TorchScript trace path fails on this torch version for ViT attention, hence the ExportedProgram route.
 Only aten.sort (Core ML's argsort promises no order among ties, the top-k rule does) and clamp_min/clamp_max (which
 coremltools converts only for a bound of the input's dtype) are rewritten (export/decompositions.py); everything else
 reaches coremltools as torch.export leaves it, as with run_decompositions({}).

@@ -1,4 +1,4 @@
-"""The bundle manifest (DESIGN.md): writing it, reading it back with validation, and resolving graph files safely.
+"""The bundle manifest (docs/formats.md): writing it, reading it back with validation, and resolving graph files safely.
 
 A bundle is trusted only as far as its manifest: every graph file is resolved inside the bundle directory (a path
 that leaves it is refused) and its sha256 is compared with the manifest before any runtime parses it.

@@ -41,6 +41,7 @@ only it has); loading the graph loads both. `bytes` is the program's size; expor
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable
 from typing import Annotated, Any, Literal
@@ -374,3 +375,15 @@ def validate_manifest(data: Any) -> Manifest:
         message = first["msg"].removeprefix("Value error, ")
         more = f" (and {error.error_count() - 1} more problems)" if error.error_count() > 1 else ""
         raise ValueError(f"{where}: {message}{more}") from None
+
+
+def json_schema() -> dict[str, Any]:
+    """The manifest's JSON Schema (docs/manifest.schema.json is this, written out): field types and ranges for a
+    phone app's own reader. The cross-field rules above are not expressible in it; docs/formats.md states them."""
+    schema = Manifest.model_json_schema()
+    schema["$id"] = f"https://mobile-moe/{FORMAT}/v{VERSION}.schema.json"
+    return schema
+
+
+if __name__ == "__main__":  # python -m mobile_moe.export.manifest_schema > docs/manifest.schema.json
+    print(json.dumps(json_schema(), indent=2))

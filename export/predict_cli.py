@@ -17,7 +17,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def classify(bundle, path: str, image) -> dict:
-    """The DESIGN.md predict record for one preprocessed image."""
+    """The predict record (docs/formats.md, "predict --json") for one preprocessed image."""
     prediction = bundle.predict(image)
     logits = prediction.logits.astype(np.float64)
     probs = np.exp(logits - logits.max())

@@ -1,4 +1,4 @@
-"""Model flags shared by every command that builds a model (info, train): the DESIGN.md spellings.
+"""Model flags shared by every command that builds a model (info, train): the documented spellings.
 
 Options without a flag of their own (capacity ratios, router noise, Soft MoE slots, ...) go through
 `--model-kwargs KEY=VALUE ...`, timm's spelling, type-checked against the model's config.

@@ -1,6 +1,6 @@
 """The one exception type that means "the user asked for something invalid".
 
-The CLI turns it into a single line on stderr and exit status 2 (DESIGN.md); anything else is a bug and keeps its
+The CLI turns it into a single line on stderr and exit status 2; anything else is a bug and keeps its
 traceback. It subclasses ValueError so library callers can catch it the usual way.
 """
 

@@ -1,4 +1,4 @@
-"""The super-class file (DESIGN.md): which of E super-classes each of C classes belongs to.
+"""The super-class file (docs/formats.md): which of E super-classes each of C classes belongs to.
 
     {"num_super_classes": E, "assignment": [C ints in 0..E-1, every index used], "class_names": [C], "names": [E],
      "method": "spectral" | "louvain" | "balanced" | "dataset" | "random", "source": str, "quality": {...} | null}

@@ -1,4 +1,4 @@
-"""Data specs (DESIGN.md) -> `Data`: three splits, class names, normalisation, and super-classes when known.
+"""Data specs (docs/formats.md) -> `Data`: three splits, class names, normalisation, and super-classes when known.
 
     digits                        scikit-learn's 1,797 real 8x8 digits, resized, 3 channels (offline; demo and tests)
     synthetic[:classes=C,super=S,per_class=N,noise=X,seed=K]   planted class -> super-class hierarchy (synthetic.py)

@@ -1,4 +1,4 @@
-"""`mobile-moe import`: a timm or torchvision ViT checkpoint -> a dense run directory (DESIGN.md's format).
+"""`mobile-moe import`: a timm or torchvision ViT checkpoint -> a dense run directory (docs/formats.md).
 
     RUN_DIR/config.json  {"model": our ViTConfig, "data": {"spec": null, "image_size", "mean", "std", "class_names",
                           "eval_resize"}, "super_classes": null, "recipe": null,

@@ -1,7 +1,7 @@
 """Training recipes: Python functions returning a `TrainConfig`, each docstring giving its launch command
 (big_vision's `get_config()` style). The CLI overrides single fields, type-checked (`--set key=value`).
 
-The model (size, E, k, L) is not part of a recipe: it comes from the model flags, as in DESIGN.md.
+The model (size, E, k, L) is not part of a recipe: it comes from the model flags.
 """
 
 from __future__ import annotations

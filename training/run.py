@@ -1,4 +1,4 @@
-"""Run directories (DESIGN.md): what training writes and every later stage reads.
+"""Run directories (docs/formats.md): what training writes and every later stage reads.
 
     RUN_DIR/config.json    {"model": ViTConfig.to_dict(), "data": {"spec", "image_size", "mean", "std",
                             "class_names", "eval_resize"}, "super_classes": null | {"spec", "names", "assignment"},
