@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mobile_moe.export.artifact import file_bytes, file_digest
+from mobile_moe.export.flatbuffer_files import check_graph_file
 from mobile_moe.export.manifest_schema import BACKENDS, FORMAT, VERSION, validate_manifest  # noqa: F401 (BACKENDS: the CLI's)
 
 from mobile_moe import jsonio
@@ -166,8 +167,8 @@ def resolve_graph_file(
 
 
 def verified_graph_files(bundle_dir: str | os.PathLike, graph: dict[str, Any]) -> list[Path]:
-    """The graph's files (graph_files: its program, then its weights file if any), each checked to exist and match
-    the manifest's size and sha256."""
+    """The graph's files (graph_files: its program, then its weights file if any), each checked to exist, match the
+    manifest's size and sha256, and (ExecuTorch's files) be safe to hand to ExecuTorch (export/flatbuffer_files.py)."""
     return [_verified(bundle_dir, graph, file) for file in graph_files(graph)]
 
 
@@ -179,13 +180,17 @@ def _verified(bundle_dir: str | os.PathLike, graph: dict[str, Any], file: dict[s
         if not (path.is_file() or path.is_dir()):
             raise UsageError(f"graph {graph['name']!r}: {path} is not a regular file; re-export the bundle")
         matches = file_bytes(path) == file["bytes"] and file_digest(path) == file["sha256"]
+        if not matches:
+            raise UsageError(
+                f"graph {graph['name']!r}: {path} does not match the sha256 in the manifest (tampered with or "
+                "truncated); re-export the bundle"
+            )
+        # A file re-sealed after tampering matches its sha256: its structure is checked before any runtime reads it.
+        check_graph_file(path)
     except OSError as error:
         raise UsageError(f"graph {graph['name']!r}: cannot read {file['file']!r}: {error.strerror}") from None
-    if not matches:
-        raise UsageError(
-            f"graph {graph['name']!r}: {path} does not match the sha256 in the manifest (tampered with or truncated); "
-            "re-export the bundle"
-        )
+    except ValueError as error:
+        raise UsageError(f"graph {graph['name']!r}: {file['file']} is damaged: {error}; re-export the bundle") from None
     return path
 
 

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from mobile_moe.export.flat_tensor import check_flat_tensor_file
 from mobile_moe.export.quiet import native_stderr_captured
 
 from mobile_moe.errors import UsageError
@@ -49,11 +48,6 @@ class ExecuTorchRunner:
 
         self.graph = graph
         data_path = str(weights) if weights is not None else None
-        if weights is not None:  # ExecuTorch does not verify a .ptd: a damaged one can crash it (flat_tensor.py)
-            try:
-                check_flat_tensor_file(weights)
-            except (OSError, ValueError) as error:
-                raise bundle_fault(graph, f"its weights file {weights.name} is damaged: {error}") from None
         try:
             with native_stderr_captured():
                 runtime = Runtime.get()

@@ -1,13 +1,21 @@
-"""export/flat_tensor.py: a .ptd is walked as flatbuffers' Verifier would before ExecuTorch, which does not verify
-it, reads it. Damage that would send ExecuTorch's reader out of bounds is refused with a ValueError naming it."""
+"""export/flatbuffer_files.py: a .ptd and a .pte are walked as flatbuffers' Verifier would before ExecuTorch reads them.
+Damage that would send ExecuTorch's reader out of bounds, or put bytes that are not UTF-8 into its log lines, is
+refused with a ValueError naming it."""
 
 from __future__ import annotations
 
 import struct
 
 import pytest
-from mobile_moe.export import flat_tensor
-from mobile_moe.export.flat_tensor import HEADER, check_flat_tensor, check_flat_tensor_file
+from mobile_moe.export import flatbuffer_files
+from mobile_moe.export.flatbuffer_files import FLAT_TENSOR_HEADER as HEADER
+from mobile_moe.export.flatbuffer_files import (
+    PROGRAM_HEADER,
+    check_flat_tensor,
+    check_flat_tensor_file,
+    check_graph_file,
+    check_program,
+)
 
 
 @pytest.fixture
@@ -19,14 +27,14 @@ def fields(data: bytes) -> dict:
     """Where things are: {"header": (fb offset, fb size, segment base, segment size), "segments": [field positions],
     "named": [field positions], "named_tables": [table positions]} (read with the checker's own walk)."""
     header = HEADER.unpack_from(data, 8)[2:]
-    buffer = flat_tensor._Buffer(data, header[0] + header[1])
-    root = flat_tensor._table(buffer, buffer.target(0, "root"), flat_tensor.FLAT_TENSOR, "root")
-    segments = flat_tensor._vector_of_tables(buffer, root[1])
-    named = flat_tensor._vector_of_tables(buffer, root[2])
+    buffer = flatbuffer_files._Buffer(data, header[0] + header[1])
+    root = flatbuffer_files._table(buffer, buffer.target(0, "root"), flatbuffer_files.FLAT_TENSOR, "root")
+    segments = flatbuffer_files._vector_of_tables(buffer, root[1])
+    named = flatbuffer_files._vector_of_tables(buffer, root[2])
     return {
         "header": header,
-        "segments": [flat_tensor._table(buffer, s, flat_tensor.DATA_SEGMENT, "s") for s in segments],
-        "named": [flat_tensor._table(buffer, n, flat_tensor.NAMED_DATA, "n") for n in named],
+        "segments": [flatbuffer_files._table(buffer, s, flatbuffer_files.DATA_SEGMENT, "s") for s in segments],
+        "named": [flatbuffer_files._table(buffer, n, flatbuffer_files.NAMED_DATA, "n") for n in named],
         "named_tables": named,
     }
 
@@ -95,3 +103,35 @@ def test_every_flipped_byte_of_the_header_and_flatbuffer_is_refused_or_harmless(
             except ValueError:
                 refused += 1
     assert refused > 400
+
+
+# --- .pte -------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["router.pte", "expert.pte"])
+def test_an_exported_program_passes_and_its_header_faults_are_refused(bundle, name):
+    program = (bundle / name).read_bytes()
+    check_graph_file(bundle / name)
+    _, _, program_size, segment_base, segment_size = PROGRAM_HEADER.unpack_from(program, 8)
+    cases = {
+        "the file identifier": (patched(program, 4, "<I", 0xFFFF3245), "no ET12 identifier"),
+        "the header magic": (patched(program, 8, "<I", 0), "extended header is damaged"),
+        "a program past the file": (patched(program, 16, "<Q", len(program) + 1), "does not fit the file"),
+        "segments before the program": (patched(program, 24, "<Q", program_size - 8), "not the end of the file"),
+        "segments short of the end": (patched(program, 32, "<Q", segment_size - 1), "not the end of the file"),
+        "a root offset past the program": (patched(program, 0, "<I", program_size), "outside the flatbuffer"),
+        "a truncated file": (program[: segment_base + segment_size // 2], "not the end of the file"),
+    }
+    for what, (damaged, message) in cases.items():
+        with pytest.raises(ValueError, match=message):
+            check_program(damaged)
+            pytest.fail(what)
+
+
+def test_a_backend_id_that_is_not_utf8_is_refused(bundle):
+    """ExecuTorch logs a backend it lacks by its id: bytes that are not UTF-8 there would abort the Python process."""
+    program = bytearray((bundle / "router.pte").read_bytes())
+    at = program.index(b"XnnpackBackend\0")
+    program[at] = 0xC3  # a UTF-8 lead byte without its continuation
+    with pytest.raises(ValueError, match="not UTF-8"):
+        check_program(bytes(program))

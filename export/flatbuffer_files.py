@@ -1,0 +1,264 @@
+"""ExecuTorch's files checked before ExecuTorch reads them: a program (.pte) and a named-data file (.ptd).
+
+ExecuTorch trusts more of these files than it verifies, and what it does not verify can crash the process:
+- a .ptd (FlatTensor) is not verified at all: a re-sealed flipped byte in its root offset made `predict` die by
+  SIGSEGV, on some runs only (it depends on what the garbage offsets point at);
+- a .pte's header is read before its flatbuffer is verified, and its log lines quote the file's bytes: a flipped file
+  identifier (bytes 4-7) is logged raw, the Python bindings' stderr redirect (pybind11's pythonbuf) cannot decode it
+  as UTF-8, and the process aborts (SIGABRT). Operator names, backend ids and named-data keys are logged the same way.
+
+So each file is walked the way flatbuffers' own Verifier would, for the tables ExecuTorch reads, within the bytes
+ExecuTorch loads for it; every string on the way must be UTF-8; and what ExecuTorch then trusts (segments inside the
+file, indices in range) is checked. The one entry point is `check_graph_file(path)`, which the bundle's file
+verification (export/manifest.py) calls after a file's sha256 matched: the Python runtime, bench and the push to a
+device all go through it.
+
+Layouts (all little-endian):
+  .pte  uoffset of the root Program at 0, "ET12" at 4, the extended header "eh00" at 8: its length (u32), program
+        size, segment base offset, segment data size (u64 each); the flatbuffer is bytes [0, program size); segments
+        follow from the segment base offset (executorch/schema/program.fbs, schema/extended_header.h).
+  .ptd  uoffset of the root FlatTensor at 0, "FT01" at 4, the extended header "FH01" at 8: its length, flatbuffer
+        offset and size, segment base offset and size (executorch/extension/flat_tensor/serialize/flat_tensor.fbs).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MAX_ENTRIES = 1 << 20  # bounds vector lengths: a flipped length cannot make us loop for ever
+
+
+@dataclass(frozen=True)
+class Table:
+    """A flatbuffer table's schema: field index -> (kind, detail), and the fields ExecuTorch reads without asking
+    whether they are there. Kinds: scalar (detail: size in bytes), string, table (detail: Table), scalars (a vector
+    of scalars; detail: element size), tables (a vector of tables; detail: Table). Fields not listed are skipped."""
+
+    fields: dict[int, tuple[str, object]]
+    required: tuple[int, ...] = field(default=())
+
+
+# --- the walk ---------------------------------------------------------------------------------------------------------
+
+
+class _Buffer:
+    """Bounds- and alignment-checked little-endian reads of the flatbuffer part of a file."""
+
+    def __init__(self, data: bytes, end: int):
+        self.data, self.end = data, end
+
+    def need(self, position: int, size: int, align: int, what: str) -> None:
+        if position < 0 or size < 0 or position + size > self.end:
+            raise ValueError(f"{what} at {position} (+{size}) lies outside the flatbuffer (0..{self.end})")
+        if position % align:
+            raise ValueError(f"{what} at {position} is not {align}-byte aligned")
+
+    def read(self, fmt: str, position: int, what: str) -> int:
+        size = struct.calcsize(fmt)
+        self.need(position, size, size, what)
+        return struct.unpack_from(fmt, self.data, position)[0]
+
+    def target(self, position: int, what: str) -> int:
+        """Where the uoffset at `position` points."""
+        return position + self.read("<I", position, what)
+
+
+def _table(buffer: _Buffer, position: int, schema: Table, what: str) -> dict[int, int]:
+    """Verify the table at `position` and its children; -> {field index: field position} of the fields present."""
+    vtable = position - buffer.read("<i", position, f"{what}'s vtable offset")
+    vtable_size = buffer.read("<H", vtable, f"{what}'s vtable")
+    object_size = buffer.read("<H", vtable + 2, f"{what}'s vtable")
+    if vtable_size < 4 or vtable_size % 2:
+        raise ValueError(f"{what}'s vtable has an impossible size {vtable_size}")
+    buffer.need(vtable, vtable_size, 2, f"{what}'s vtable")
+    buffer.need(position, object_size, 4, what)
+    fields = {}
+    for index, (kind, detail) in schema.fields.items():
+        slot = 4 + 2 * index
+        offset = buffer.read("<H", vtable + slot, f"{what}'s vtable") if slot < vtable_size else 0
+        if offset == 0:
+            continue
+        size = detail if kind == "scalar" else 4
+        if offset + size > object_size:
+            raise ValueError(f"{what}'s field {index} lies outside the table")
+        position_of_field = position + offset
+        buffer.need(position_of_field, size, size, f"{what}'s field {index}")
+        _child(buffer, position_of_field, kind, detail, f"{what}.{index}")
+        fields[index] = position_of_field
+    missing = [index for index in schema.required if index not in fields]
+    if missing:
+        raise ValueError(f"{what} lacks its field {missing[0]}, which ExecuTorch reads unconditionally")
+    return fields
+
+
+def _child(buffer: _Buffer, position: int, kind: str, detail, what: str) -> None:
+    if kind == "scalar":
+        return
+    target = buffer.target(position, what)
+    if kind == "table":
+        _table(buffer, target, detail, what)
+        return
+    length = buffer.read("<I", target, f"{what}'s length")
+    if length > MAX_ENTRIES:
+        raise ValueError(f"{what} claims {length} entries")
+    element = 1 if kind == "string" else 4 if kind == "tables" else detail
+    buffer.need(target + 4, length * element + (1 if kind == "string" else 0), min(element, 4), what)
+    if kind == "string":
+        if buffer.data[target + 4 + length] != 0:
+            raise ValueError(f"{what} is a string without its terminating zero")
+        try:  # ExecuTorch logs these strings; its Python bindings abort on bytes that are not UTF-8
+            buffer.data[target + 4 : target + 4 + length].decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{what} is a string that is not UTF-8") from None
+    if kind == "tables":
+        for i in range(length):
+            _table(buffer, buffer.target(target + 4 + 4 * i, f"{what}[{i}]"), detail, f"{what}[{i}]")
+
+
+def _vector_of_tables(buffer: _Buffer, position: int | None) -> list[int]:
+    """The table positions of an (already verified) vector-of-tables field; [] when absent."""
+    if position is None:
+        return []
+    target = buffer.target(position, "vector")
+    length = buffer.read("<I", target, "vector length")
+    return [buffer.target(target + 4 + 4 * i, "vector element") for i in range(length)]
+
+
+def _scalar(data: bytes, fmt: str, position: int | None) -> int:
+    return struct.unpack_from(fmt, data, position)[0] if position is not None else 0
+
+
+def _check_segments(buffer: _Buffer, segments: list[int], segment_data_size: int, schema: Table) -> None:
+    for i, segment in enumerate(segments):
+        fields = _table(buffer, segment, schema, f"segment {i}")
+        start, size = (_scalar(buffer.data, "<Q", fields.get(k)) for k in (0, 1))
+        if start + size > segment_data_size:
+            raise ValueError(f"segment {i} ({start} + {size}) lies outside the segment data ({segment_data_size})")
+
+
+def _read_head(path: str | Path, header: struct.Struct, flatbuffer_end) -> tuple[bytes, int]:
+    """(the file's bytes up to the end of its flatbuffer, the file's size), reading nothing after the flatbuffer."""
+    with open(path, "rb") as f:
+        head = f.read(8 + header.size)
+        size = f.seek(0, 2)
+        end = flatbuffer_end(header.unpack_from(head, 8)) if len(head) == 8 + header.size else 0
+        f.seek(0)
+        return f.read(max(len(head), min(end, size))), size
+
+
+# --- .ptd: FlatTensor -------------------------------------------------------------------------------------------------
+
+FLAT_TENSOR_IDENTIFIER = b"FT01"
+FLAT_TENSOR_HEADER_MAGIC = b"FH01"
+FLAT_TENSOR_HEADER = struct.Struct("<4sIQQQQ")  # magic, length, flatbuffer offset and size, segment base and size
+
+DATA_SEGMENT = Table({0: ("scalar", 8), 1: ("scalar", 8)})  # offset, size (both files' DataSegment)
+TENSOR_LAYOUT = Table({0: ("scalar", 1), 1: ("scalars", 4), 2: ("scalars", 1)})  # scalar_type, sizes, dim_order
+NAMED_DATA = Table({0: ("string", None), 1: ("scalar", 4), 2: ("table", TENSOR_LAYOUT)}, required=(0,))  # key: strcmp
+FLAT_TENSOR = Table({0: ("scalar", 4), 1: ("tables", DATA_SEGMENT), 2: ("tables", NAMED_DATA)})  # version, ...
+
+
+def check_flat_tensor_file(path: str | Path) -> None:
+    """check_flat_tensor on a file, reading only its header and flatbuffer (not the tensor data after them)."""
+    check_flat_tensor(*_read_head(path, FLAT_TENSOR_HEADER, lambda fields: fields[2] + fields[3]))
+
+
+def check_flat_tensor(data: bytes, file_size: int | None = None) -> None:
+    """ValueError naming the first way `data` (a whole FlatTensor file, or its first bytes up to the end of its
+    flatbuffer, with `file_size` the whole file's size) is not a FlatTensor file ExecuTorch can read safely."""
+    file_size = len(data) if file_size is None else file_size
+    if len(data) < 8 + FLAT_TENSOR_HEADER.size or data[4:8] != FLAT_TENSOR_IDENTIFIER:
+        raise ValueError(f"not a FlatTensor file (no {FLAT_TENSOR_IDENTIFIER.decode()} identifier)")
+    magic, length, fb_offset, fb_size, segment_base, segment_size = FLAT_TENSOR_HEADER.unpack_from(data, 8)
+    if magic != FLAT_TENSOR_HEADER_MAGIC or length < FLAT_TENSOR_HEADER.size:
+        raise ValueError(f"its extended header is damaged (magic {magic!r}, length {length})")
+    if segment_size and (segment_base < 8 + FLAT_TENSOR_HEADER.size or segment_base + segment_size > file_size):
+        raise ValueError(f"its segment data ({segment_base} + {segment_size}) lies outside the file ({file_size})")
+    # ExecuTorch loads bytes [0, flatbuffer offset + size) and parses the flatbuffer in them: every table lies there.
+    end = fb_offset + fb_size
+    limit = segment_base if segment_size else file_size
+    if end > limit or end > len(data):
+        raise ValueError(f"its flatbuffer ({fb_offset} + {fb_size}) runs past {min(limit, len(data))}")
+    buffer = _Buffer(data, end)
+    root = _table(buffer, buffer.target(0, "the root offset"), FLAT_TENSOR, "FlatTensor")
+    segments = _vector_of_tables(buffer, root.get(1))
+    _check_segments(buffer, segments, segment_size, DATA_SEGMENT)
+    for i, named in enumerate(_vector_of_tables(buffer, root.get(2))):
+        index = _scalar(data, "<I", _table(buffer, named, NAMED_DATA, f"named data {i}").get(1))
+        if index >= len(segments):
+            raise ValueError(f"named data {i} refers to segment {index}, of {len(segments)}")
+
+
+# --- .pte: Program ----------------------------------------------------------------------------------------------------
+
+PROGRAM_IDENTIFIER = b"ET12"  # the only one ExecuTorch 1.5 loads (runtime/executor/program.cpp)
+PROGRAM_HEADER_MAGIC = b"eh00"
+PROGRAM_HEADER = struct.Struct("<4sIQQQ")  # magic, length, program size, segment base offset, segment data size
+
+# The tables whose strings ExecuTorch logs (an operator it lacks, a backend it lacks, a key a data map lacks, a method
+# name), and the segments it trusts. Values (EValues, a union) are left to ExecuTorch's own verification.
+OPERATOR = Table({0: ("string", None), 1: ("string", None)})  # name, overload
+COMPILE_SPEC = Table({0: ("string", None), 1: ("scalars", 1)})  # key, value
+DELEGATE_DATA = Table({0: ("scalar", 1), 1: ("scalar", 4)})  # location (inline / segment), index
+BACKEND_DELEGATE = Table({0: ("string", None), 1: ("table", DELEGATE_DATA), 2: ("tables", COMPILE_SPEC)})
+CONTAINER_METADATA = Table({0: ("string", None), 1: ("string", None)})
+EXECUTION_PLAN = Table(
+    {0: ("string", None), 1: ("table", CONTAINER_METADATA), 6: ("tables", OPERATOR), 7: ("tables", BACKEND_DELEGATE)}
+)
+SUBSEGMENT_OFFSETS = Table({0: ("scalar", 4), 1: ("scalars", 8)})  # segment_index, offsets
+PROGRAM_NAMED_DATA = Table({0: ("string", None), 1: ("scalar", 4)})  # key, segment_index
+PROGRAM = Table(
+    {
+        0: ("scalar", 4),  # version
+        1: ("tables", EXECUTION_PLAN),
+        4: ("tables", DATA_SEGMENT),
+        5: ("table", SUBSEGMENT_OFFSETS),  # constant_segment
+        6: ("tables", SUBSEGMENT_OFFSETS),  # mutable_data_segments
+        7: ("tables", PROGRAM_NAMED_DATA),
+    }
+)
+
+
+def check_program_file(path: str | Path) -> None:
+    """check_program on a file, reading only its header and flatbuffer (not the segments after them)."""
+    check_program(*_read_head(path, PROGRAM_HEADER, lambda fields: fields[2]))
+
+
+def check_program(data: bytes, file_size: int | None = None) -> None:
+    """ValueError naming the first way `data` (a whole .pte, or its first bytes up to the end of its flatbuffer, with
+    `file_size` the whole file's size) is not a program ExecuTorch can read safely. Our exporter always writes the
+    extended header (its programs keep delegate data in segments), so a file without one is refused too."""
+    file_size = len(data) if file_size is None else file_size
+    if len(data) < 8 + PROGRAM_HEADER.size or data[4:8] != PROGRAM_IDENTIFIER:
+        raise ValueError(f"not an ExecuTorch program (no {PROGRAM_IDENTIFIER.decode()} identifier)")
+    magic, length, program_size, segment_base, segment_size = PROGRAM_HEADER.unpack_from(data, 8)
+    if magic != PROGRAM_HEADER_MAGIC or length < PROGRAM_HEADER.size:
+        raise ValueError(f"its extended header is damaged (magic {magic!r}, length {length})")
+    if not 8 + 8 + PROGRAM_HEADER.size <= program_size <= min(len(data), file_size):
+        raise ValueError(f"its program size {program_size} does not fit the file ({file_size})")
+    # The exporter places the segments after the flatbuffer and ends the file with them: anything else is damage.
+    if segment_size and (segment_base < program_size or segment_base + segment_size != file_size):
+        raise ValueError(f"its segment data ({segment_base} + {segment_size}) is not the end of the file ({file_size})")
+    buffer = _Buffer(data, program_size)
+    root = _table(buffer, buffer.target(0, "the root offset"), PROGRAM, "Program")
+    segments = _vector_of_tables(buffer, root.get(4))
+    _check_segments(buffer, segments, segment_size, DATA_SEGMENT)
+    # ExecuTorch checks the constant segment's index itself (program.cpp, Program::load); these it looks up later.
+    mutable = [(t, SUBSEGMENT_OFFSETS, 0) for t in _vector_of_tables(buffer, root.get(6))]
+    named = [(t, PROGRAM_NAMED_DATA, 1) for t in _vector_of_tables(buffer, root.get(7))]
+    for i, (table, schema, index_field) in enumerate(mutable + named):
+        index = _scalar(data, "<I", _table(buffer, table, schema, f"segment reference {i}").get(index_field))
+        if index >= len(segments):
+            raise ValueError(f"segment reference {i} names segment {index}, of {len(segments)}")
+
+GRAPH_FILE_CHECKS = {".pte": check_program_file, ".ptd": check_flat_tensor_file}
+
+
+def check_graph_file(path: str | Path) -> None:
+    """ValueError naming the first fault of an ExecuTorch file (by its suffix) that would be unsafe to hand to
+    ExecuTorch; other files (ONNX, Core ML) are their runtimes' to check."""
+    check = GRAPH_FILE_CHECKS.get(Path(path).suffix)
+    if check is not None:
+        check(path)
