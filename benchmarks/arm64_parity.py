@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+
 from mobile_moe.device_bench import arm64
 from mobile_moe.device_bench.bundles import read_manifest
 from mobile_moe.device_bench.native import run_native

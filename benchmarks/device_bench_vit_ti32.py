@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 import torch
+
 from mobile_moe.device_bench.bench import BenchSettings, benchmark
 from mobile_moe.device_bench.settings import Settings
-
 from mobile_moe.registry import create_model
 
 VARIANTS = {  # bundle name -> (model, export options)

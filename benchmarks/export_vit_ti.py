@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 import torch
+
 from mobile_moe.export.bundle import export_bundle
 from mobile_moe.export.manifest import load_bytes
-
 from mobile_moe.registry import create_model
 
 # split: router + one graph per expert path (k=1 default); per-block: shared attention in its own graphs, experts

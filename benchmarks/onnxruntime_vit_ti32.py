@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from mobile_moe.device_bench.bench import bench_bundles
 from mobile_moe.export.manifest import read_manifest
-
 from mobile_moe.registry import create_model
 
 MODELS = {"dense": "vit", "moe": "mobile-vmoe"}
@@ -28,6 +28,7 @@ MODELS = {"dense": "vit", "moe": "mobile-vmoe"}
 
 def export_bundles(root: Path) -> dict[str, Path]:
     import torch
+
     from mobile_moe.export.bundle import export_bundle
 
     paths = {}

@@ -19,7 +19,6 @@ from mobile_moe.device_bench.native import as_round_report
 from mobile_moe.device_bench.remote import RunnerFiles, run_remote
 from mobile_moe.device_bench.round_report import RoundReport
 from mobile_moe.device_bench.settings import Settings
-
 from mobile_moe.errors import UsageError
 
 DEVICE_ROOT = "/data/local/tmp"

@@ -29,7 +29,6 @@ from mobile_moe.device_bench.native_build import NATIVE_DIR, cache_root
 from mobile_moe.device_bench.remote import RunnerFiles, run_remote
 from mobile_moe.device_bench.round_report import RoundReport
 from mobile_moe.device_bench.settings import Settings
-
 from mobile_moe.errors import UsageError
 
 DEVICE = "arm64-emulated"

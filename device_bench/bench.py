@@ -26,15 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from mobile_moe import jsonio
+from mobile_moe.atomic import check_writable, write_text_atomic
 from mobile_moe.device_bench import results as results_module
 from mobile_moe.device_bench.bundles import read_manifest
 from mobile_moe.device_bench.native import check_runner
 from mobile_moe.device_bench.round_report import RoundReport
 from mobile_moe.device_bench.settings import Settings
 from mobile_moe.device_bench.workload import make_workload, random_seed, write_raw
-
-from mobile_moe import jsonio
-from mobile_moe.atomic import check_writable, write_text_atomic
 from mobile_moe.errors import UsageError
 
 RUNTIMES = ("executorch", "onnxruntime", "native", "coreml")

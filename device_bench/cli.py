@@ -12,10 +12,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from mobile_moe import jsonio
 from mobile_moe.device_bench.bench import RUNTIMES, BenchSettings, benchmark
 from mobile_moe.device_bench.settings import Settings
-
-from mobile_moe import jsonio
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

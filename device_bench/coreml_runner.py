@@ -12,7 +12,6 @@ from pathlib import Path
 from mobile_moe.device_bench.python_worker import PythonWorker
 from mobile_moe.device_bench.round_report import RoundReport
 from mobile_moe.device_bench.settings import Settings
-
 from mobile_moe.errors import UsageError
 
 

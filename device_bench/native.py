@@ -17,7 +17,6 @@ from pathlib import Path
 
 from mobile_moe.device_bench.round_report import RoundReport
 from mobile_moe.device_bench.settings import Settings
-
 from mobile_moe.errors import UsageError
 
 RUNNER_PREFIX = "mobile_moe_runner"

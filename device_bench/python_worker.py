@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from mobile_moe.device_bench.process_memory import memory_now
 from mobile_moe.device_bench.round_report import RoundReport, Switch
 from mobile_moe.device_bench.settings import Settings
-
 from mobile_moe.errors import UsageError
 
 
@@ -51,6 +51,7 @@ def timed_predict(bundle, image) -> tuple[object, float, bool]:
 def measure(bundle_dir: str | Path, runtime: str, images_file: str | Path, settings: Settings) -> RoundReport:
     """One round on `bundle_dir` in this process: cold load, routing pass, timed warm runs, expert switches."""
     import torch
+
     from mobile_moe.export.manifest import read_manifest
     from mobile_moe.export.runtime import load_bundle
 

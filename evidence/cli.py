@@ -15,12 +15,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from mobile_moe.errors import UsageError
 from mobile_moe.evidence.figures import FIGURES
 from mobile_moe.evidence.scales import SCALES
 from mobile_moe.evidence.sweep import LAUNCHERS
 from mobile_moe.training.recipes import DEVICES
-
-from mobile_moe.errors import UsageError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -74,6 +73,7 @@ def _check_batches(recipes: dict[str, dict], train_images: int, args: argparse.N
 
 
 def run(args: argparse.Namespace) -> int:
+    from mobile_moe.atomic import check_writable
     from mobile_moe.evidence import report
     from mobile_moe.evidence.figures import cell_recipes, figure
     from mobile_moe.evidence.results import collect
@@ -81,8 +81,6 @@ def run(args: argparse.Namespace) -> int:
     from mobile_moe.evidence.sweep import SlurmOptions, stderr_log, sweep
     from mobile_moe.training.data import open_data
     from mobile_moe.training.distributed import resolve_device
-
-    from mobile_moe.atomic import check_writable
 
     _check(args)
     out = Path(args.out)

@@ -9,10 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mobile_moe.atomic import atomic_path, write_text_atomic
 from mobile_moe.evidence.figures import ROUTING_OF_ROW, Figure
 from mobile_moe.evidence.results import CellResult
-
-from mobile_moe.atomic import atomic_path, write_text_atomic
 
 
 @dataclass

@@ -12,11 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mobile_moe.atomic import write_text_atomic
 from mobile_moe.evidence.figures import Cell, Figure
 from mobile_moe.evidence.sweep import run_dir
 from mobile_moe.training.run import epochs_done
-
-from mobile_moe.atomic import write_text_atomic
 
 SCORED = ("top1", "router_accuracy", "experts_per_image_mean")  # what evaluate() reports that the tables use
 

@@ -22,10 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mobile_moe.errors import UsageError
 from mobile_moe.evidence.figures import DERIVED, Cell, Figure
 from mobile_moe.training.run import epochs_done
-
-from mobile_moe.errors import UsageError
 
 LAUNCHERS = ("local", "submitit")
 
@@ -108,11 +107,10 @@ def _other_super_classes(theirs: dict[str, Any] | None, spec: str | None) -> boo
 
 def train_job(job: Job, verbose: bool = False) -> str:
     """Train, resume or skip one run; -> "trained", "resumed" or "done". What submitit runs on a cluster node."""
+    from mobile_moe.registry import config_from_dict
     from mobile_moe.training.recipes import from_dict
     from mobile_moe.training.run import holds_results
     from mobile_moe.training.train import resume_training, train
-
-    from mobile_moe.registry import config_from_dict
 
     _join_submitit_ranks()
     recipe = from_dict(job.recipe)

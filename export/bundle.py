@@ -17,6 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor, nn
+
+from mobile_moe.atomic import atomic_path, check_writable
+from mobile_moe.costs import costs
+from mobile_moe.errors import UsageError
 from mobile_moe.export.graphs import Split, split_model
 from mobile_moe.export.manifest import (
     BACKENDS,
@@ -38,11 +43,6 @@ from mobile_moe.export.parity import PROB_TOLERANCE, measure_parity, parity_pass
 from mobile_moe.export.runners import TorchRunner
 from mobile_moe.export.runtime import Bundle
 from mobile_moe.export.traces import graph_inputs
-from torch import Tensor, nn
-
-from mobile_moe.atomic import atomic_path, check_writable
-from mobile_moe.costs import costs
-from mobile_moe.errors import UsageError
 
 # backend -> (module, exporter function); imported only when used, so one backend's import cost is paid alone.
 EXPORTERS = {

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from mobile_moe import jsonio
 from mobile_moe.export.graphs import LAYOUTS
 from mobile_moe.export.manifest import BACKENDS
-
-from mobile_moe import jsonio
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

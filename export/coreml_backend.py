@@ -19,9 +19,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import Tensor, nn
+
 from mobile_moe.export.artifact import Artifact
 from mobile_moe.export.decompositions import coreml_decompositions
-from torch import Tensor, nn
 
 SUFFIX = ".mlpackage"
 TQDM_LINE = re.compile(r"\[\d+:\d+.*/s\]|%\|")  # "... [00:00, 330.04 passes/s]" or "98%|█████"

@@ -11,9 +11,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
+from torch import Tensor, nn
+
 from mobile_moe.export.artifact import Artifact
 from mobile_moe.export.decompositions import xnnpack_decompositions
-from torch import Tensor, nn
 
 SUFFIX = ".pte"
 

@@ -25,9 +25,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from torch import Tensor, nn
+
 from mobile_moe.export.artifact import Artifact
 from mobile_moe.export.executorch_backend import lower, quantizer
-from torch import Tensor, nn
 
 WEIGHTS_TAG = "weights"
 ALIGNMENT = 16  # XNNPACK's constant alignment (xnnpack_graph_serialize.CONSTANT_TENSOR_ALIGNMENT)

@@ -11,12 +11,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from mobile_moe import jsonio
+from mobile_moe.errors import UsageError
 from mobile_moe.export.artifact import file_bytes, file_digest
 from mobile_moe.export.flatbuffer_files import check_graph_file
 from mobile_moe.export.manifest_schema import BACKENDS, FORMAT, VERSION, validate_manifest  # noqa: F401 (BACKENDS: the CLI's)
-
-from mobile_moe import jsonio
-from mobile_moe.errors import UsageError
 
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 64 << 20  # a real manifest is kilobytes; refuse to parse anything absurd

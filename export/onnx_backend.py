@@ -18,9 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from torch import Tensor, nn
+
 from mobile_moe.export.artifact import Artifact
 from mobile_moe.export.decompositions import sort_decompositions
-from torch import Tensor, nn
 
 SUFFIX = ".onnx"
 OPSET = 18

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from mobile_moe.export.quiet import native_stderr_captured
 
 from mobile_moe.errors import UsageError
+from mobile_moe.export.quiet import native_stderr_captured
 
 
 def bundle_fault(graph: dict[str, Any], what: str) -> UsageError:

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
-from mobile_moe.export.manifest import read_manifest, verified_graph_files
-from mobile_moe.export.runners import RUNNERS
 
 from mobile_moe.errors import UsageError
+from mobile_moe.export.manifest import read_manifest, verified_graph_files
+from mobile_moe.export.runners import RUNNERS
 
 Runner = Callable[[list[np.ndarray]], dict[str, np.ndarray]]
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections import defaultdict
 
 import torch
-from mobile_moe.export.graphs import Split
 from torch import Tensor
+
+from mobile_moe.export.graphs import Split
 
 Inputs = tuple[Tensor, ...]
 

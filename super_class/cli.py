@@ -11,14 +11,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from mobile_moe.super_class.clustering import METHODS
-from mobile_moe.super_class.graph import AFFINITIES
-from mobile_moe.super_class.superclasses import load
-
 from mobile_moe.atomic import atomic_path, check_writable
 from mobile_moe.class_names import read_class_names
 from mobile_moe.errors import UsageError
 from mobile_moe.jsonio import dumps
+from mobile_moe.super_class.clustering import METHODS
+from mobile_moe.super_class.graph import AFFINITIES
+from mobile_moe.super_class.superclasses import load
 
 MAX_SEED = 2**32 - 1  # scikit-learn's random_state range (spectral, balanced)
 

@@ -11,12 +11,12 @@ import threading
 
 import networkx as nx
 import numpy as np
-from mobile_moe.super_class.graph import AFFINITIES, clustering_affinity, default_neighbours
 from scipy.optimize import linear_sum_assignment
 from sklearn.cluster import KMeans, SpectralClustering
 from sklearn.manifold import spectral_embedding
 
 from mobile_moe.errors import UsageError
+from mobile_moe.super_class.graph import AFFINITIES, clustering_affinity, default_neighbours
 
 METHODS = ("spectral", "louvain", "balanced")
 LOUVAIN_TIME_LIMIT_S = 30.0  # per call; healthy calls take well under a second at 1000 classes

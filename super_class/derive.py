@@ -11,12 +11,12 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
+
+from mobile_moe.errors import UsageError
 from mobile_moe.super_class.clustering import cluster
 from mobile_moe.super_class.confusion import check_confusion, classes_without_images, confusion_from_predictions
 from mobile_moe.super_class.quality import quality
 from mobile_moe.super_class.superclasses import SuperClasses, default_names
-
-from mobile_moe.errors import UsageError
 
 
 @dataclass

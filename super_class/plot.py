@@ -13,11 +13,11 @@ matplotlib.use("Agg")  # files only; no display on servers and phones' build hos
 import matplotlib.pyplot as plt  # noqa: E402
 import networkx as nx  # noqa: E402
 import numpy as np  # noqa: E402
-from mobile_moe.super_class.graph import class_affinity, knn_sparsify  # noqa: E402
-from mobile_moe.super_class.superclasses import SuperClasses  # noqa: E402
 
 from mobile_moe.atomic import atomic_path  # noqa: E402
 from mobile_moe.errors import UsageError  # noqa: E402
+from mobile_moe.super_class.graph import class_affinity, knn_sparsify  # noqa: E402
+from mobile_moe.super_class.superclasses import SuperClasses  # noqa: E402
 
 FORMATS = (".png", ".pdf", ".svg")
 

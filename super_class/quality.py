@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
 from mobile_moe.super_class.graph import class_affinity
 
 

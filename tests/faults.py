@@ -285,6 +285,7 @@ def whole_bundle(tmp_path_factory) -> Path:
     out = tmp_path_factory.getbasetemp() / "whole-vmoe"
     if not (out / "manifest.json").is_file():
         from conftest import tiny_model
+
         from mobile_moe.export.bundle import export_bundle
 
         export_bundle(tiny_model("vmoe").eval(), out, "executorch")

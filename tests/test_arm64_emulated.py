@@ -14,16 +14,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import tiny_model
+
+from mobile_moe.cli import main
 from mobile_moe.device_bench import arm64
 from mobile_moe.device_bench.bench import BenchSettings, choose_runner, parse_device
 from mobile_moe.device_bench.bundles import read_manifest
 from mobile_moe.device_bench.native import run_native
 from mobile_moe.device_bench.settings import Settings
 from mobile_moe.device_bench.workload import random_workload, write_raw
-from mobile_moe.export.manifest import graph_files
-
-from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
+from mobile_moe.export.manifest import graph_files
 
 needs_arm64 = pytest.mark.skipif(bool(arm64.missing()), reason=f"no emulated ARM64 device: {arm64.missing()}")
 VARIANTS = {  # bundle -> export options

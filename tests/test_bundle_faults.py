@@ -25,11 +25,11 @@ from faults import (
     reseal,
     whole_bundle,
 )
-from mobile_moe.export.runtime import load_bundle
 from PIL import Image
 
 from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
+from mobile_moe.export.runtime import load_bundle
 
 pytestmark = pytest.mark.export
 REPO = Path(__file__).resolve().parent.parent
@@ -154,10 +154,10 @@ def test_a_damaged_weights_file_is_refused_before_executorch_reads_it(bundle, tm
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
     from conftest import tiny_model
-    from mobile_moe.training.data import data_record, open_data
-    from mobile_moe.training.run import write_config
 
     from mobile_moe.checkpoint import checkpoint_dict, save_checkpoint
+    from mobile_moe.training.data import data_record, open_data
+    from mobile_moe.training.run import write_config
 
     run = tmp_path_factory.mktemp("run")
     model = tiny_model("mobile-vmoe", num_classes=10, num_experts=2)

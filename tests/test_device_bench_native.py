@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import needs_build
+
+from mobile_moe.cli import main
 from mobile_moe.device_bench import routing_stats
 from mobile_moe.device_bench.bundles import read_manifest
 from mobile_moe.device_bench.native import run_native
@@ -24,10 +26,8 @@ from mobile_moe.device_bench.native_build import NATIVE_DIR, build_runner
 from mobile_moe.device_bench.results import validate_results
 from mobile_moe.device_bench.settings import Settings
 from mobile_moe.device_bench.workload import random_workload, write_raw
-from mobile_moe.export.manifest import graph_files, load_bytes
-
-from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
+from mobile_moe.export.manifest import graph_files, load_bytes
 
 pytestmark = pytest.mark.export
 

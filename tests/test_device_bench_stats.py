@@ -6,12 +6,12 @@ from __future__ import annotations
 import copy
 
 import pytest
+
 from mobile_moe.device_bench import routing_stats
 from mobile_moe.device_bench.bench import BenchSettings, choose_runner
 from mobile_moe.device_bench.report import write_report
 from mobile_moe.device_bench.results import RoundReportError, run_record, validate_results, validate_round
 from mobile_moe.device_bench.settings import Settings
-
 from mobile_moe.errors import UsageError
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import tiny_model
+
 from mobile_moe.device_bench import python_worker
 from mobile_moe.device_bench.results import validate_round
 from mobile_moe.device_bench.settings import Settings
@@ -120,7 +121,6 @@ def test_benchmark_refuses_a_runner_report_without_a_field_by_name(bundle, tmp_p
 
 def test_benchmark_refuses_bad_input_before_measuring(bundle, tmp_path):
     from mobile_moe.device_bench.bench import BenchSettings, benchmark
-
     from mobile_moe.errors import UsageError
 
     settings = BenchSettings(Settings(iterations=1), runtime="onnxruntime", rounds=1)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import tiny_model
+
 from mobile_moe.export.bundle import export_bundle
 from mobile_moe.export.executorch_backend import PORTABLE_BY_DESIGN
 from mobile_moe.export.manifest import read_manifest
@@ -224,9 +225,8 @@ def test_manifest_keeps_its_fields_and_adds_what_an_image_touches(moe, bundle_di
 def test_bundle_written_before_the_new_fields_still_loads(moe, bundle_dir, tmp_path):
     import shutil
 
-    from mobile_moe.device_bench.results import params_active
-
     from mobile_moe.costs import costs
+    from mobile_moe.device_bench.results import params_active
 
     old = shutil.copytree(bundle_dir, tmp_path / "old")
     manifest = json.loads((old / "manifest.json").read_text())
@@ -258,10 +258,10 @@ def test_onnx_top_k_with_ties_matches_eager_and_sortless_graphs_keep_their_bytes
     """The top-k rule (a stable sort) exports to ONNX through the rewrite and keeps the tie order; a graph without a
     sort exports to exactly the bytes torch.onnx.export writes for the module itself."""
     import onnxruntime as ort
+
     from mobile_moe.export.artifact import file_digest
     from mobile_moe.export.graphs import split_model
     from mobile_moe.export.onnx_backend import OPSET, export_onnx
-
     from mobile_moe.routers import top_k
 
     class TopK(torch.nn.Module):

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 from conftest import tiny_model
-from mobile_moe.export.bundle import export_bundle
-from mobile_moe.export.manifest import MANIFEST
-from mobile_moe.export.runtime import load_bundle
 from PIL import Image
 
 from mobile_moe.checkpoint import checkpoint_dict, save_checkpoint
 from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
+from mobile_moe.export.bundle import export_bundle
+from mobile_moe.export.manifest import MANIFEST
+from mobile_moe.export.runtime import load_bundle
 
 pytestmark = pytest.mark.export
 

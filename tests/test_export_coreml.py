@@ -8,10 +8,10 @@ import sys
 import pytest
 import torch
 from conftest import tiny_model
-from mobile_moe.export.bundle import export_bundle
-from mobile_moe.export.runtime import load_bundle
 
 from mobile_moe.errors import UsageError
+from mobile_moe.export.bundle import export_bundle
+from mobile_moe.export.runtime import load_bundle
 
 pytestmark = pytest.mark.export
 

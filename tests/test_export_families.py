@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import tiny_model
+
 from mobile_moe.export.bundle import export_bundle
 from mobile_moe.export.graphs import split_model
 from mobile_moe.export.manifest import bundle_bytes, load_bytes, read_manifest, verified_graph_files
@@ -112,9 +113,9 @@ def test_a_tampered_weights_file_is_refused_when_its_expert_loads(tmp_path):
     import shutil
 
     from faults import flip_byte
-    from mobile_moe.export.runtime import load_bundle
 
     from mobile_moe.errors import UsageError
+    from mobile_moe.export.runtime import load_bundle
 
     model = trained_looking(tiny_model("mobile-vmoe", pool="mean"))
     export_bundle(model, tmp_path / "bundle", "executorch")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import struct
 
 import pytest
+
 from mobile_moe.export import flatbuffer_files
 from mobile_moe.export.flatbuffer_files import FLAT_TENSOR_HEADER as HEADER
 from mobile_moe.export.flatbuffer_files import (

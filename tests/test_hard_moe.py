@@ -9,14 +9,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import one_torch_thread, tiny_model
-from mobile_moe.training import hard_moe as stage
-from mobile_moe.training.init_from import check_init_from, load_dense
-from mobile_moe.training.run import load_run, read_config, read_metrics
 
 from mobile_moe.checkpoint import load_checkpoint
 from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
 from mobile_moe.registry import make_config
+from mobile_moe.training import hard_moe as stage
+from mobile_moe.training.init_from import check_init_from, load_dense
+from mobile_moe.training.run import load_run, read_config, read_metrics
 from mobile_moe.upcycle import upcycle
 
 # --- the model ------------------------------------------------------------------------------------------------------

@@ -13,13 +13,13 @@ import timm
 import torch
 import torchvision
 from conftest import write_imagefolder
-from mobile_moe.training.run import load_run, read_config
 from PIL import Image
 from safetensors.torch import save_file
 
 from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
 from mobile_moe.importers import Source, convert_model
+from mobile_moe.training.run import load_run, read_config
 
 # (source, constructor kwargs): the two models of the issue at their published size, and small ones at 32 px.
 FULL_SIZE = [("timm:deit_tiny_patch16_224", {}), ("torchvision:vit_b_32", {})]
@@ -288,7 +288,6 @@ def test_odd_checkpoints_and_outs_are_one_line_and_leave_users_files(tmp_path, c
     assert not (tmp_path / "run").exists() and list((tmp_path / "target").iterdir()) == []
 
     import mobile_moe.training.imported as imported
-
     from mobile_moe import importers
 
     out = tmp_path / "raced"

@@ -33,9 +33,9 @@ from faults import (
     whole_bundle,
     write_manifest_text,
 )
+
 from mobile_moe.device_bench.native import run_native
 from mobile_moe.device_bench.settings import Settings
-
 from mobile_moe.errors import UsageError
 
 pytestmark = [pytest.mark.export, needs_build]

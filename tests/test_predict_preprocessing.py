@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import torch
 from conftest import write_imagefolder
-from mobile_moe.export.images import load_image
-from mobile_moe.export.manifest import MANIFEST
-from mobile_moe.export.runtime import load_bundle
 from PIL import Image
 
 from mobile_moe.cli import main
+from mobile_moe.export.images import load_image
+from mobile_moe.export.manifest import MANIFEST
+from mobile_moe.export.runtime import load_bundle
 
 pytestmark = pytest.mark.export
 
@@ -91,8 +91,9 @@ def test_predict_gives_the_logits_evaluation_gives(run_dir, bundle, capsys):
 
 
 def test_a_manifest_without_the_record_still_predicts_by_stretching(run_dir, bundle, tmp_path):
-    from mobile_moe.training.run import load_run
     from torchvision.transforms import v2
+
+    from mobile_moe.training.run import load_run
 
     manifest = json.loads((bundle / MANIFEST).read_text())
     del manifest["input"]["resize"]  # as export wrote it before the record

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 from conftest import needs_build
-from mobile_moe.evidence.figures import DERIVED, FIGURES, cell_recipes, figure
-from mobile_moe.evidence.scales import SCALES, Backbone, scale
-from mobile_moe.evidence.sweep import Job, SlurmOptions, run_submitit
 
 from mobile_moe.cli import main
 from mobile_moe.costs import costs
 from mobile_moe.errors import UsageError
+from mobile_moe.evidence.figures import DERIVED, FIGURES, cell_recipes, figure
+from mobile_moe.evidence.scales import SCALES, Backbone, scale
+from mobile_moe.evidence.sweep import Job, SlurmOptions, run_submitit
 
 
 @pytest.mark.parametrize("scale_name", sorted(SCALES))

@@ -7,12 +7,12 @@ import json
 import numpy as np
 import pytest
 from conftest import tiny_model
-from mobile_moe.super_class.confusion import save_confusion
-from mobile_moe.super_class.planted import planted_confusion
-from mobile_moe.super_class.superclasses import load
 
 from mobile_moe.checkpoint import checkpoint_dict, save_checkpoint
 from mobile_moe.cli import main
+from mobile_moe.super_class.confusion import save_confusion
+from mobile_moe.super_class.planted import planted_confusion
+from mobile_moe.super_class.superclasses import load
 
 
 @pytest.fixture(scope="module")

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from sklearn.metrics import adjusted_rand_score
+
+from mobile_moe.errors import UsageError
 from mobile_moe.super_class.clustering import METHODS, balanced_sizes, canonical, cluster, exactly
 from mobile_moe.super_class.graph import clustering_affinity
 from mobile_moe.super_class.planted import planted_confusion
 from mobile_moe.super_class.quality import quality
-from sklearn.metrics import adjusted_rand_score
-
-from mobile_moe.errors import UsageError
 
 
 def assert_partition(assignment: np.ndarray, num_classes: int, num_super_classes: int) -> None:
@@ -159,8 +159,9 @@ def test_unknown_method_and_affinity(clear):
 
 def test_louvain_retries_when_networkx_gets_stuck(clear, monkeypatch):
     """networkx's Louvain can loop forever for some seeds (networkx #8739); the guard retries with the next seed."""
-    import mobile_moe.super_class.clustering as clustering
     import networkx as nx
+
+    import mobile_moe.super_class.clustering as clustering
 
     real = nx.community.louvain_communities
     seeds = []

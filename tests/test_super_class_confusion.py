@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 from conftest import tiny_model
+
+from mobile_moe.errors import UsageError
 from mobile_moe.super_class.confusion import check_confusion, confusion_from_predictions, load_confusion, save_confusion
 from mobile_moe.super_class.derive import derive_super_classes
 from mobile_moe.super_class.graph import class_affinity, confusion_graph
 from mobile_moe.super_class.planted import planted_confusion
 from mobile_moe.super_class.superclasses import load
-
-from mobile_moe.errors import UsageError
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,12 @@ import signal
 
 import numpy as np
 import pytest
-from mobile_moe.super_class.planted import planted_confusion
-from mobile_moe.super_class.quality import quality, within_share
-from mobile_moe.super_class.superclasses import SuperClasses, load
 
 from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
+from mobile_moe.super_class.planted import planted_confusion
+from mobile_moe.super_class.quality import quality, within_share
+from mobile_moe.super_class.superclasses import SuperClasses, load
 
 GOOD = {
     "num_super_classes": 3,
@@ -145,10 +145,9 @@ def test_bad_super_class_file_is_one_line(tmp_path, capsys, case):
 
 @pytest.mark.parametrize("case", ["assignment null", "unused index", "NaN", "nested 50000 deep", "class_names short"])
 def test_training_refuses_bad_super_class_file(tmp_path, case):
+    from mobile_moe.registry import make_config
     from mobile_moe.training.data import open_data
     from mobile_moe.training.super_spec import resolve_super_classes
-
-    from mobile_moe.registry import make_config
 
     path = _write(tmp_path / "sc.json", BAD_FILES[case][0])
     config = make_config("mobile-vmoe", "4x64", patch_size=8, image_size=32, num_classes=10, num_experts=3)

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 from conftest import write_imagefolder
+
+from mobile_moe.errors import UsageError
 from mobile_moe.training import augment
 from mobile_moe.training.data import open_data
 from mobile_moe.training.recipes import deit
-
-from mobile_moe.errors import UsageError
 
 
 def test_digits_splits_are_fixed_disjoint_stratified_and_normalised():

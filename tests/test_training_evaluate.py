@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 from conftest import tiny_model
+
+from mobile_moe.cli import main
+from mobile_moe.registry import make_config
 from mobile_moe.training import recipes
 from mobile_moe.training.data import open_data
 from mobile_moe.training.evaluate import collect_predictions, confusion_counts, evaluate
 from mobile_moe.training.train import train
-
-from mobile_moe.cli import main
-from mobile_moe.registry import make_config
 
 SYNTHETIC = "synthetic:classes=7,super=4,per_class=20,noise=0.05"
 

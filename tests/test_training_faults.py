@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import one_torch_thread
-from mobile_moe.training import run as runs
-from mobile_moe.training import train as train_module
-from mobile_moe.training.run import load_run, read_metrics
 
 from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
+from mobile_moe.training import run as runs
+from mobile_moe.training import train as train_module
+from mobile_moe.training.run import load_run, read_metrics
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -405,8 +405,9 @@ def test_a_broken_image_in_an_imagefolder_names_the_file(tmp_path, capsys, damag
 def test_a_broken_image_met_in_a_dataloader_worker_is_still_one_line():
     """torch re-raises a worker's exception as type(error)("Caught ... Original Traceback ..."); fast stand-in for
     the slow workers=2 case above, through torch's own wrapper."""
-    from mobile_moe.training.files import UnreadableImage
     from torch._utils import ExceptionWrapper
+
+    from mobile_moe.training.files import UnreadableImage
 
     try:
         raise UnreadableImage("cannot read image /data/x.png: not an image PIL can decode; replace or remove it")

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
+
 from mobile_moe.training.data import Data
 from mobile_moe.training.recipes import TrainConfig
-from torch import Tensor
 
 
 def train_transform(cfg: TrainConfig, data: Data):

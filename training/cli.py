@@ -17,6 +17,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from mobile_moe.cli_args import MODEL_FLAGS, add_model_arguments, config_from_args, model_kwargs
+from mobile_moe.errors import UsageError
 from mobile_moe.training.recipes import (
     DEVICES,
     MAY_CHANGE_ON_RESUME,
@@ -26,9 +28,6 @@ from mobile_moe.training.recipes import (
     finite_float,
     recipe,
 )
-
-from mobile_moe.cli_args import MODEL_FLAGS, add_model_arguments, config_from_args, model_kwargs
-from mobile_moe.errors import UsageError
 
 DEFAULT_RECIPE = "deit"
 
@@ -204,10 +203,9 @@ def resume_changes(args: argparse.Namespace, config: dict[str, Any]) -> dict[str
 
 
 def run(args: argparse.Namespace) -> None:
+    from mobile_moe.atomic import check_writable
     from mobile_moe.training import run as runs
     from mobile_moe.training.train import resume_training, train
-
-    from mobile_moe.atomic import check_writable
 
     out = Path(args.out)
     check_writable(out, directory=True)

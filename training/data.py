@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from mobile_moe.super_class.superclasses import SuperClasses, from_labels
-from mobile_moe.training import files, synthetic
 from torch.utils.data import Dataset
 
 from mobile_moe import preprocess
 from mobile_moe.errors import UsageError
+from mobile_moe.super_class.superclasses import SuperClasses, from_labels
+from mobile_moe.training import files, synthetic
 
 SPLITS = ("train", "val", "test")
 SPEC_HELP = "digits, synthetic[:classes=C,super=S,...], cifar10:ROOT, cifar100:ROOT or imagefolder:ROOT"

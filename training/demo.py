@@ -12,12 +12,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mobile_moe.errors import UsageError
+from mobile_moe.registry import make_config
 from mobile_moe.training import recipes
 from mobile_moe.training.run import load_run, read_metrics
 from mobile_moe.training.train import train
-
-from mobile_moe.errors import UsageError
-from mobile_moe.registry import make_config
 
 # The demo model: 4 blocks of width 64 (2 heads), 32 px digits in 8 px patches (16 tokens), mean pooling (learns a
 # tiny dataset several epochs sooner than a class token). The MoE: E=5 experts, k=1, the last L=2 blocks.

@@ -7,12 +7,13 @@ import time
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor, nn
+
 from mobile_moe.training import augment, losses
 from mobile_moe.training.distributed import Placement, mean_over_ranks
 from mobile_moe.training.evaluate import autocast, expert_use
 from mobile_moe.training.progress import Progress
 from mobile_moe.training.recipes import TrainConfig
-from torch import Tensor, nn
 
 
 class NonFiniteLoss(Exception):

@@ -21,11 +21,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> None:
     import numpy as np
+
+    from mobile_moe.atomic import atomic_path, check_writable
     from mobile_moe.training.distributed import resolve_device
     from mobile_moe.training.evaluate import collect_predictions, confusion_counts, evaluate
     from mobile_moe.training.run import load_run
-
-    from mobile_moe.atomic import atomic_path, check_writable
 
     if args.batch_size < 1:
         raise UsageError(f"--batch-size {args.batch_size}: must be at least 1")

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
-from mobile_moe.super_class.superclasses import SuperClasses, from_labels
 from torch.utils.data import Dataset, Subset
 
 from mobile_moe.errors import UsageError
+from mobile_moe.super_class.superclasses import SuperClasses, from_labels
 
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
 CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}

@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from mobile_moe.training import init_from
 from torch.utils.data import DataLoader, Dataset
 
 from mobile_moe.errors import UsageError
+from mobile_moe.training import init_from
 
 
 @torch.no_grad()

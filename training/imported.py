@@ -26,11 +26,10 @@ from mobile_moe.errors import UsageError
 def import_run(model: str, weights: str | os.PathLike, out: str | os.PathLike, class_names: str | None = None) -> dict:
     """Import `weights` of `model` ("timm:NAME" | "torchvision:NAME") into a new run directory `out`, written whole
     or not at all; -> the run's source record."""
-    from mobile_moe.training import run
-
     from mobile_moe.atomic import atomic_path, check_writable
     from mobile_moe.checkpoint import save_checkpoint
     from mobile_moe.importers import import_vit, parse_source, read_state_dict
+    from mobile_moe.training import run
 
     source = parse_source(model)
     out = Path(out)

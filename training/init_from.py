@@ -16,12 +16,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mobile_moe.training import run
-
 from mobile_moe.checkpoint import load_checkpoint
 from mobile_moe.config import ViTConfig, parse_size
 from mobile_moe.errors import UsageError
 from mobile_moe.registry import MODELS
+from mobile_moe.training import run
 from mobile_moe.upcycle import check_dense_fits, check_upcyclable, dense_defaults, upcycle
 
 HELP = "a dense vit run (ours, or `mobile-moe import`ed) of the same size: the MoE starts from its weights"

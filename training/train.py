@@ -22,6 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler
+
+from mobile_moe.atomic import check_writable
+from mobile_moe.checkpoint import checkpoint_dict, load_checkpoint, load_weights
+from mobile_moe.config import ViTConfig
+from mobile_moe.errors import UsageError
+from mobile_moe.registry import build_model, config_from_dict
 from mobile_moe.training import augment, distributed, hard_moe, run
 from mobile_moe.training import init_from as upcycling
 from mobile_moe.training.data import Data, data_record, open_data
@@ -31,14 +39,6 @@ from mobile_moe.training.imported import refuse_resume, refuse_training_into
 from mobile_moe.training.recipes import MAY_CHANGE_ON_RESUME, TrainConfig, from_dict
 from mobile_moe.training.routing import TrainingForward
 from mobile_moe.training.super_spec import resolve_super_classes, super_record
-from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler
-
-from mobile_moe.atomic import check_writable
-from mobile_moe.checkpoint import checkpoint_dict, load_checkpoint, load_weights
-from mobile_moe.config import ViTConfig
-from mobile_moe.errors import UsageError
-from mobile_moe.registry import build_model, config_from_dict
 
 # --- pieces -------------------------------------------------------------------------------------------------------
 
