@@ -310,6 +310,9 @@ def reseal(bundle: Path) -> None:
     (bundle / "manifest.json").write_text(json.dumps(manifest))
 
 
+HEADER_BYTES = range(64)  # every file's identifier, extended header and first flatbuffer tables: each byte is swept
+
+
 def flip_offsets(size: int, count: int, seed: int) -> list[int]:
     """Header offsets that crashed the runner before (0, 48, 52, 60), then `count` seeded random offsets."""
     rng = random.Random(seed)

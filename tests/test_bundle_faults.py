@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from faults import (
+    HEADER_BYTES,
     MANIFEST_MUTATIONS,
     WHOLE_MANIFEST_MUTATIONS,
     copy_bundle,
@@ -29,6 +30,7 @@ from PIL import Image
 
 from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
+from mobile_moe.export.manifest import read_manifest, verified_graph_files
 from mobile_moe.export.runtime import load_bundle
 
 pytestmark = pytest.mark.export
@@ -105,20 +107,36 @@ FLIP_WORKER = """
 import contextlib, io, json, sys
 from mobile_moe.cli import main
 for bundle in sys.argv[2:]:
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
         status = main(["predict", bundle, sys.argv[1], "--json"])
-    print(json.dumps({"bundle": bundle, "status": status, "stderr": err.getvalue()}), flush=True)
+    print(json.dumps({"bundle": bundle, "status": status, "stderr": err.getvalue(), "stdout": out.getvalue()}))
+    sys.stdout.flush()
 """
 
 
-@pytest.mark.parametrize("graph", ["router.pte", "expert.pte", "expert_1.ptd"])
-def test_resealed_byte_flips_never_crash_predict(graph, bundle, png, tmp_path):
-    """A flip the checksum cannot see (re-sealed): ExecuTorch's program verification refuses what it can, the shape
-    checks the rest; a flip inside weights runs (the program is valid). Never a signal, never a traceback."""
+def chosen_expert_weights(bundle: Path, png: Path, capsys) -> str:
+    """The .ptd of the expert `png` is routed to: predict loads only that one."""
+    capsys.readouterr()
+    assert main(["predict", str(bundle), str(png), "--json"]) == 0
+    return f"expert_{json.loads(capsys.readouterr().out)[0]['experts'][0]}.ptd"
+
+
+@pytest.mark.parametrize("graph", ["router.pte", "expert.pte", "the chosen expert's .ptd"])
+def test_resealed_byte_flips_never_crash_predict(graph, bundle, png, tmp_path, capsys):
+    """A flip the checksum cannot see (re-sealed), at every byte of the header and at seeded random places: the file
+    checks (export/flatbuffer_files.py), ExecuTorch's program verification and the shape checks refuse it with one
+    line and exit 2, or the byte did not matter and the answer is the untouched bundle's. Never a signal (a flipped
+    identifier byte used to abort the process: ExecuTorch logged it raw, and pybind11 could not decode it)."""
+    if graph.startswith("the chosen"):
+        graph = chosen_expert_weights(bundle, png, capsys)
+    capsys.readouterr()
+    assert main(["predict", str(bundle), str(png), "--json"]) == 0
+    answer = capsys.readouterr().out
     size = (bundle / graph).stat().st_size
     copies = []
-    for offset in flip_offsets(size, count=8, seed=1):
+    offsets = sorted({*HEADER_BYTES, *flip_offsets(size, count=8, seed=1)})
+    for offset in offsets:
         broken = copy_bundle(bundle, tmp_path / f"flip-{offset}")
         flip_byte(broken / graph, offset)
         reseal(broken)
@@ -133,19 +151,43 @@ def test_resealed_byte_flips_never_crash_predict(graph, bundle, png, tmp_path):
     for row in rows:
         assert row["status"] in (0, 2), row
         assert row["stderr"].count("\n") == (1 if row["status"] == 2 else 0), row
-    assert any(row["status"] == 2 for row in rows)  # the header flips at least are refused
+    for offset, row in zip(offsets, rows, strict=True):
+        # A header byte that passes did not matter: the answer is the untouched bundle's. (Elsewhere a flip may have
+        # changed a weight, and with it the answer.)
+        assert row["status"] == 2 or offset not in HEADER_BYTES or row["stdout"] == answer, (offset, row)
+    assert sum(row["status"] == 2 for row in rows) > len(HEADER_BYTES) // 2  # most header bytes matter
 
 
-def test_a_damaged_weights_file_is_refused_before_executorch_reads_it(bundle, tmp_path):
-    """ExecuTorch does not verify a .ptd; a re-sealed flipped root offset made predict die by SIGSEGV on some runs
-    (what the garbage offset pointed at decided). The runtime refuses it, every time (export/flat_tensor.py)."""
-    from mobile_moe.export.runners import ExecuTorchRunner
+@pytest.mark.slow
+@pytest.mark.parametrize("graph", ["router.pte", "expert.pte", "expert_0.ptd"])
+def test_resealed_header_flips_are_refused_by_bench_before_anything_runs(graph, bundle, tmp_path, capsys):
+    """bench checks every graph file before it starts a runner: each header byte flipped and re-sealed is one line
+    and exit 2, or (a byte that does not matter) the bundle benchmarks."""
+    for offset in HEADER_BYTES:
+        broken = copy_bundle(bundle, tmp_path / f"flip-{offset}")
+        flip_byte(broken / graph, offset)
+        reseal(broken)
+        argv = ["bench", str(broken), "--runtime", "executorch", "--iterations", "1", "--warmup", "0"]
+        capsys.readouterr()
+        status = main([*argv, "--rounds", "1", "--out", str(tmp_path / f"bench-{offset}")])
+        err = capsys.readouterr().err
+        assert (status, err.count("\n")) in ((0, 0), (2, 1)), (offset, status, err)
 
-    (tmp_path / "expert_1.ptd").write_bytes((bundle / "expert_1.ptd").read_bytes())
-    flip_byte(tmp_path / "expert_1.ptd", 0)
-    graph = next(g for g in json.loads((bundle / "manifest.json").read_text())["graphs"] if g.get("expert") == 1)
-    with pytest.raises(UsageError, match=r"its weights file expert_1.ptd is damaged: FlatTensor.s vtable offset"):
-        ExecuTorchRunner(bundle / graph["file"], graph, weights=tmp_path / "expert_1.ptd")
+
+def test_damaged_executorch_files_are_refused_before_executorch_reads_them(bundle, tmp_path):
+    """ExecuTorch does not verify a .ptd (a re-sealed flipped root offset made predict die by SIGSEGV on some runs)
+    and logs a .pte's identifier raw (a flipped one aborted predict): the bundle's file verification refuses both,
+    after their sha256 matched, every time."""
+    broken = copy_bundle(bundle, tmp_path / "broken")
+    flip_byte(broken / "expert_1.ptd", 0)
+    flip_byte(broken / "router.pte", 4)
+    reseal(broken)
+    with pytest.raises(UsageError, match=r"router.pte is damaged: not an ExecuTorch program \(no ET12 identifier\)"):
+        load_bundle(broken)  # the router loads at open
+    manifest = read_manifest(broken)
+    expert_1 = next(graph for graph in manifest["graphs"] if graph.get("expert") == 1)
+    with pytest.raises(UsageError, match=r"expert_1.ptd is damaged: FlatTensor.s vtable offset"):
+        verified_graph_files(broken, expert_1)
 
 
 # --- export: the target directory -------------------------------------------------------------------------------------

@@ -63,7 +63,8 @@ def test_what_executorch_would_read_out_of_bounds_is_refused(ptd):
     cases = {
         "a smaller flatbuffer": (patched(ptd, 24, "<Q", fb_size - 200), "outside the flatbuffer"),
         "a flatbuffer into the segments": (patched(ptd, 24, "<Q", segment_base), "runs past"),
-        "segment data past the file": (patched(ptd, 40, "<Q", segment_size + 1), "lies outside the file"),
+        "segment data past the file": (patched(ptd, 40, "<Q", segment_size + 1), "not the end of the file"),
+        "segment data moved by a byte": (patched(ptd, 32, "<Q", segment_base - 1), "not the end of the file"),
         "a root offset flipped": (patched(ptd, 0, "<I", 0xB7), "aligned"),
         "a segment past the segment data": (
             patched(ptd, sized_segment[1], "<Q", segment_size + 1),

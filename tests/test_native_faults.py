@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from conftest import needs_build
 from faults import (
+    HEADER_BYTES,
     MANIFEST_MUTATIONS,
     WHOLE_MANIFEST_MUTATIONS,
     copy_bundle,
@@ -159,6 +160,28 @@ def test_runner_survives_flipped_graph_byte(fault_runner, bundle, tmp_path, name
         assert isinstance(json.loads(result.stdout), dict)
     else:
         assert_refused(result, (1, 2))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", FLIP_FILES)
+def test_runner_refuses_every_resealed_header_flip_or_answers_as_before(fault_runner, bundle, tmp_path, name):
+    """Every byte of the first 64 (identifier, extended header, first tables) flipped, and the manifest re-sealed:
+    one line and exit 2, or the byte did not matter and the answer is the untouched bundle's (a segment base moved by
+    a byte used to run, and give NaN logits)."""
+    def answers(result: subprocess.CompletedProcess) -> list[tuple]:
+        return [(image["experts"], image["gates"], image["logits"]) for image in json.loads(result.stdout)["images"]]
+
+    untouched = run_runner(fault_runner, bundle)
+    assert untouched.returncode == 0, untouched.stderr.decode(errors="replace")[-2000:]
+    for offset in HEADER_BYTES:
+        broken = copy_bundle(bundle, tmp_path / f"flip-{offset}")
+        flip_byte(broken / name, offset)
+        reseal(broken)
+        result = run_runner(fault_runner, broken)
+        if result.returncode == 0:
+            assert answers(result) == answers(untouched), offset
+        else:
+            assert_refused(result, (2,))
 
 
 WHOLE_FLIP_COUNT = 4
