@@ -11,9 +11,10 @@ from conftest import tiny_model
 
 from mobile_moe.cli import main
 from mobile_moe.registry import make_config
+from mobile_moe.super_class.confusion import confusion_from_predictions
 from mobile_moe.training import recipes
 from mobile_moe.training.data import open_data
-from mobile_moe.training.evaluate import collect_predictions, confusion_counts, evaluate
+from mobile_moe.training.evaluate import collect_predictions, evaluate
 from mobile_moe.training.train import train
 
 SYNTHETIC = "synthetic:classes=7,super=4,per_class=20,noise=0.05"
@@ -69,7 +70,7 @@ def test_collect_predictions_are_softmax_probabilities_in_dataset_order(val_set)
     np.testing.assert_array_equal(labels, expected_labels.numpy())
     np.testing.assert_allclose(probs, output.logits.softmax(-1).double().numpy(), atol=1e-6)
     np.testing.assert_allclose(probs.sum(1), 1.0)
-    counts = confusion_counts(probs, labels)
+    counts = confusion_from_predictions(probs, labels, hard=True)
     assert counts.sum() == len(labels) and np.trace(counts) == (probs.argmax(1) == labels).sum()
 
 
@@ -87,6 +88,7 @@ def test_evaluate_command_json_and_confusion(tmp_path, capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["split"] == "val" and 0 <= result["top1"] <= 1 and len(result["expert_load"]) == 4
     counts = np.load(confusion)
+    assert counts.dtype == np.int64  # docs/formats.md: a (C, C) int64 count matrix
     assert counts.shape == (7, 7) and np.trace(counts) / counts.sum() == pytest.approx(result["top1"])
     assert main(["evaluate", str(run_dir)]) == 0 and "top-1" in capsys.readouterr().out  # the run's own data, test
     assert main(["evaluate", str(run_dir), "--data", "digits"]) == 2

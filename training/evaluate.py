@@ -45,12 +45,6 @@ def collect_predictions(
     return torch.cat(probs).numpy(), torch.cat(labels).numpy().astype(np.int64)
 
 
-def confusion_counts(probs: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """(C, C) int64: row = true class, column = predicted (arg-max) class."""
-    C = probs.shape[1]
-    return np.bincount(labels * C + probs.argmax(1), minlength=C * C).reshape(C, C)
-
-
 @dataclass
 class EvalCounts:
     """Sums over images; add-able across batches and all-reducible across processes."""

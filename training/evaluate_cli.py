@@ -23,8 +23,9 @@ def run(args: argparse.Namespace) -> None:
     import numpy as np
 
     from mobile_moe.atomic import atomic_path, check_writable
+    from mobile_moe.super_class.confusion import confusion_from_predictions
     from mobile_moe.training.distributed import resolve_device
-    from mobile_moe.training.evaluate import collect_predictions, confusion_counts, evaluate
+    from mobile_moe.training.evaluate import collect_predictions, evaluate
     from mobile_moe.training.run import load_run
 
     if args.batch_size < 1:
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> None:
         probs, labels = collect_predictions(model, dataset, args.batch_size, device)
         with atomic_path(args.confusion) as tmp:
             with open(tmp, "wb") as f:  # np.save on a path would append ".npy" to the temporary name
-                np.save(f, confusion_counts(probs, labels))
+                np.save(f, confusion_from_predictions(probs, labels, hard=True).astype(np.int64))
         result["confusion"] = str(args.confusion)
     if args.json:
         print(json.dumps(result))
