@@ -4,7 +4,10 @@ PYTHON ?= python3
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-all lint clean arm64
+# The suite runs on both cores (pytest-xdist); `make test` deselects what is slow, `make test-slow` runs just that.
+PYTEST := $(BIN)/pytest -q -n 2
+
+.PHONY: demo test test-slow test-all lint clean arm64
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,10 +20,13 @@ demo: $(STAMP)
 	$(BIN)/mobile-moe demo
 
 test: $(STAMP)
-	$(BIN)/pytest -q
+	$(PYTEST)
+
+test-slow: $(STAMP)
+	$(PYTEST) -m 'slow and not gpu'
 
 test-all: $(STAMP)
-	$(BIN)/pytest -q -m 'not gpu'
+	$(PYTEST) -m 'not gpu'
 
 # The emulated ARM64 device (device_bench/arm64.py): Debian's aarch64 cross compiler and qemu-user, executorch's
 # aarch64 wheel (downloaded from the package registry, unpacked into the cache), then its tests, which build the runner
@@ -32,7 +38,7 @@ arm64: $(STAMP)
 	$(SUDO) apt-get update -qq
 	$(SUDO) apt-get install -y -qq --no-install-recommends $(ARM64_PACKAGES)
 	$(BIN)/python -c "from mobile_moe.device_bench.arm64 import fetch_wheel; print('executorch aarch64 wheel:', fetch_wheel())"
-	$(BIN)/pytest -q -m slow tests/test_arm64_emulated.py
+	$(PYTEST) -m slow tests/test_arm64_emulated.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

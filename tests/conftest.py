@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 
 from mobile_moe.registry import create_model, list_models
 
@@ -40,6 +43,26 @@ def model_name(request) -> str:
 @pytest.fixture
 def images() -> torch.Tensor:
     return torch.randn(6, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+
+
+def pytest_configure(config):
+    """Parallel workers (pytest-xdist) share the cores: each takes its share of torch threads, not all of them."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """`build(path)` once per test session, whatever the number of parallel workers: the first to get here builds
+    into the session's shared temporary directory while the others wait for it, then all use the result."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # xdist: one basetemp per worker
+    out, done = shared / name, shared / f"{name}.done"
+    with FileLock(shared / f"{name}.lock"):
+        if not done.exists():
+            build(out)
+            done.touch()
+    return out
 
 
 @contextlib.contextmanager
@@ -104,6 +127,4 @@ def bundle(tmp_path_factory) -> Path:
     from mobile_moe.export.bundle import export_bundle
 
     model = tiny_model("mobile-vmoe", pool="mean").eval()
-    out = tmp_path_factory.mktemp("bundles") / "tiny-moe"
-    export_bundle(model, out, "executorch")
-    return out
+    return built_once(tmp_path_factory, "tiny-moe", lambda out: export_bundle(model, out, "executorch"))

@@ -280,16 +280,14 @@ def mutate_manifest(bundle: Path, name: str, table: dict[str, Mutation] = MANIFE
 
 def whole_bundle(tmp_path_factory) -> Path:
     """A tiny V-MoE (per-token routing, k = 2 of 4 experts, 2 MoE blocks) exported whole as ExecuTorch: once per
-    session, in the session's base temporary directory, so every module that asks shares it (the export takes tens
+    session (conftest.built_once), so every module and worker that asks shares it (the export takes tens
     of seconds). Tests that change it work on a copy."""
-    out = tmp_path_factory.getbasetemp() / "whole-vmoe"
-    if not (out / "manifest.json").is_file():
-        from conftest import tiny_model
+    from conftest import built_once, tiny_model
 
-        from mobile_moe.export.bundle import export_bundle
+    from mobile_moe.export.bundle import export_bundle
 
-        export_bundle(tiny_model("vmoe").eval(), out, "executorch")
-    return out
+    model = tiny_model("vmoe").eval()
+    return built_once(tmp_path_factory, "whole-vmoe", lambda out: export_bundle(model, out, "executorch"))
 
 
 def flip_byte(path: Path, offset: int) -> None:

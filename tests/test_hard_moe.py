@@ -127,7 +127,9 @@ def test_an_upcycled_hard_moe_computes_its_gater(images):
         model = tiny_model("hard-moe", shared_head=shared_head).eval()
         upcycle(model, gater.state_dict(), "gater")
         model.router.set_clusters(torch.zeros(32), torch.eye(8, 32), torch.randn(4, 8))
-        torch.testing.assert_close(model(images).logits, gater(images).logits, rtol=0, atol=0)
+        # The same function, but each expert runs on the images routed to it: a smaller batch may take another
+        # matmul kernel (host-dependent) and round differently in float32's last bits.
+        torch.testing.assert_close(model(images).logits, gater(images).logits, rtol=1e-5, atol=1e-6)
     with pytest.raises(UsageError, match="missing"):
         upcycle(model, {k: v for k, v in gater.state_dict().items() if not k.startswith("head.")}, "gater")
 
