@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from mobile_moe.devices import DEVICES, resolve_device
 from mobile_moe.errors import UsageError
 from mobile_moe.evidence.figures import FIGURES
 from mobile_moe.evidence.scales import SCALES
 from mobile_moe.evidence.sweep import LAUNCHERS
-from mobile_moe.training.recipes import DEVICES
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -80,7 +80,6 @@ def run(args: argparse.Namespace) -> int:
     from mobile_moe.evidence.scales import scale as scale_named
     from mobile_moe.evidence.sweep import SlurmOptions, stderr_log, sweep
     from mobile_moe.training.data import open_data
-    from mobile_moe.training.distributed import resolve_device
 
     _check(args)
     out = Path(args.out)

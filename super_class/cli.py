@@ -13,6 +13,7 @@ from pathlib import Path
 
 from mobile_moe.atomic import atomic_path, check_writable
 from mobile_moe.class_names import read_class_names
+from mobile_moe.devices import DEVICES
 from mobile_moe.errors import UsageError
 from mobile_moe.jsonio import dumps
 from mobile_moe.super_class.clustering import METHODS
@@ -40,7 +41,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     derive.add_argument("--hard", action="store_true", help="argmax counts instead of summed softmax (--run)")
     derive.add_argument("--seed", type=int, default=0)
     derive.add_argument("--class-names", metavar="FILE", help="one name per line, or a JSON list (default: the run's)")
-    derive.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="for --run")
+    derive.add_argument("--device", default="auto", choices=DEVICES, help="for --run")
     derive.add_argument("--batch-size", type=int, default=256, help="for --run")
     derive.add_argument("--out", required=True, metavar="FILE.json")
     derive.add_argument("--plot", metavar="FILE.png", help="confusion graph + reordered confusion heat map")

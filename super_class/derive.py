@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mobile_moe.devices import resolve_device
 from mobile_moe.errors import UsageError
 from mobile_moe.super_class.clustering import cluster
 from mobile_moe.super_class.confusion import check_confusion, classes_without_images, confusion_from_predictions
@@ -58,16 +59,6 @@ def derive_super_classes(
     )
 
 
-def resolve_device(device: str) -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda: no CUDA device here; use --device cpu")
-    return device
-
-
 def confusion_from_run(
     run_dir: str | os.PathLike,
     data_spec: str | None = None,
@@ -83,13 +74,13 @@ def confusion_from_run(
     from mobile_moe.training.evaluate import collect_predictions
     from mobile_moe.training.run import load_run
 
+    device = resolve_device(device)  # a typo is refused before the run is read
     run = load_run(run_dir, checkpoint="best")
     data = run.open_data(data_spec)  # the run's own data by default; refuses data with other classes
     spec = data.spec
     dataset = data.split(split)
     if len(dataset) == 0:
         raise UsageError(f"--data {spec} --split {split} has no images; choose another split")
-    device = resolve_device(device)
     probs, labels = collect_predictions(run.model.to(device), dataset, batch_size=batch_size, device=device)
     matrix = confusion_from_predictions(probs, labels, hard=hard, num_classes=len(data.class_names))
     kind = "hard" if hard else "soft"

@@ -10,7 +10,9 @@ from conftest import tiny_model
 
 from mobile_moe.checkpoint import checkpoint_dict, save_checkpoint
 from mobile_moe.cli import main
+from mobile_moe.errors import UsageError
 from mobile_moe.super_class.confusion import save_confusion
+from mobile_moe.super_class.derive import confusion_from_run
 from mobile_moe.super_class.planted import planted_confusion
 from mobile_moe.super_class.superclasses import load
 
@@ -86,6 +88,12 @@ def test_derive_from_run_soft_and_hard(run_dir, tmp_path):
     assert soft_classes.class_names == [str(d) for d in range(10)]
     assert soft_classes.source.endswith("split:val soft") and hard_classes.source.endswith("split:val hard")
     assert hard_classes.quality["size_max"] - hard_classes.quality["size_min"] <= 1
+
+
+def test_derive_from_run_refuses_a_typod_device(run_dir):
+    with pytest.raises(UsageError) as refused:
+        confusion_from_run(run_dir, "digits", device="cuda0")
+    assert str(refused.value) == "device 'cuda0': choose auto, cpu or cuda"  # one line, as every --device says it
 
 
 def test_demo_helper(run_dir, tmp_path):

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from mobile_moe.cli_args import MODEL_FLAGS, add_model_arguments, config_from_args, model_kwargs
+from mobile_moe.devices import DEVICES
 from mobile_moe.errors import UsageError
 from mobile_moe.training.recipes import (
-    DEVICES,
     MAY_CHANGE_ON_RESUME,
     RECIPES,
     ROUTE_BY,

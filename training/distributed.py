@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset, Subset
 
-from mobile_moe.errors import UsageError
+from mobile_moe.devices import resolve_device
 
 
 @dataclass(frozen=True)
@@ -29,18 +29,6 @@ class Placement:
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
-
-
-def resolve_device(choice: str, local_rank: int = 0) -> torch.device:
-    if choice == "auto":
-        choice = "cuda" if torch.cuda.is_available() else "cpu"
-    if choice == "cuda":
-        if not torch.cuda.is_available():
-            raise UsageError("--device cuda: no CUDA device is visible to torch; use --device cpu (or auto)")
-        return torch.device("cuda", local_rank)
-    if choice == "cpu":
-        return torch.device("cpu")
-    raise UsageError(f"device {choice!r}: choose auto, cpu or cuda")
 
 
 def setup(device_choice: str) -> Placement:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from mobile_moe.devices import DEVICES, resolve_device
 from mobile_moe.errors import UsageError
 
 
@@ -14,7 +15,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split", choices=["train", "val", "test"], default="test", help="(default test)")
     parser.add_argument("--checkpoint", choices=["best", "last"], default="best", help="best.pt or checkpoint.pt")
     parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="cpu")
+    parser.add_argument("--device", choices=DEVICES, default="cpu")
     parser.add_argument("--confusion", metavar="FILE.npy", help="also save the (C, C) confusion counts (row = truth)")
     parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
 
@@ -24,7 +25,6 @@ def run(args: argparse.Namespace) -> None:
 
     from mobile_moe.atomic import atomic_path, check_writable
     from mobile_moe.super_class.confusion import confusion_from_predictions
-    from mobile_moe.training.distributed import resolve_device
     from mobile_moe.training.evaluate import collect_predictions, evaluate
     from mobile_moe.training.run import load_run
 

@@ -11,13 +11,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from mobile_moe.devices import DEVICES
 from mobile_moe.errors import UsageError
 
 ROUTE_BY = ("router", "label")
 # What a resumed run may change: how it runs, and how long (epochs: not fewer than already done). Anything else
 # would make it a different run.
 MAY_CHANGE_ON_RESUME = ("epochs", "device", "workers", "compile", "eval_batch_size")
-DEVICES = ("auto", "cpu", "cuda")
 
 
 @dataclass

@@ -1,0 +1,28 @@
+"""The one reading of `--device auto|cpu|cuda`, for every command that runs a model (train, evaluate, superclass
+derive, reproduce): a typo or CUDA that is not there is one line, never a silent fallback."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mobile_moe.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def resolve_device(choice: str, local_rank: int = 0) -> torch.device:
+    """auto -> cuda if torch sees one, else cpu; cuda -> cuda:`local_rank` (a DDP process's own GPU)."""
+    import torch  # here, not at the top: the CLIs import DEVICES for their flags, and `--help` stays torch-free
+
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda: no CUDA device is visible to torch; use --device cpu (or auto)")
+        return torch.device("cuda", local_rank)
+    if choice == "cpu":
+        return torch.device("cpu")
+    raise UsageError(f"device {choice!r}: choose {', '.join(DEVICES[:-1])} or {DEVICES[-1]}")
