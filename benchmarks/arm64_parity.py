@@ -17,15 +17,15 @@ from pathlib import Path
 import numpy as np
 
 from mobile_moe.device_bench import arm64
-from mobile_moe.device_bench.bundles import read_manifest
 from mobile_moe.device_bench.native import run_native
 from mobile_moe.device_bench.native_build import build_runner
 from mobile_moe.device_bench.settings import Settings
 from mobile_moe.device_bench.workload import make_workload, write_raw
+from mobile_moe.export.manifest import read_manifest
 
 
 def compare(bundle: Path, data: str, images: int, settings: Settings, scratch: Path) -> str:
-    manifest = read_manifest(bundle)
+    manifest = read_manifest(bundle, verify_files=True)
     inputs = write_raw(make_workload(data, manifest, images), scratch / f"{bundle.name}.f32")
     host = run_native(build_runner(), bundle, inputs, settings)
     arm = arm64.run_emulated(None, bundle, inputs, settings)

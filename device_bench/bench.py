@@ -29,12 +29,12 @@ from typing import Protocol
 from mobile_moe import jsonio
 from mobile_moe.atomic import check_writable, write_text_atomic
 from mobile_moe.device_bench import results as results_module
-from mobile_moe.device_bench.bundles import read_manifest
 from mobile_moe.device_bench.native import check_runner
 from mobile_moe.device_bench.round_report import RoundReport
 from mobile_moe.device_bench.settings import Settings
 from mobile_moe.device_bench.workload import make_workload, random_seed, write_raw
 from mobile_moe.errors import UsageError
+from mobile_moe.export.manifest import read_manifest
 
 RUNTIMES = ("executorch", "onnxruntime", "native", "coreml")
 DEFAULT_RUNTIME = {"executorch": "native", "onnx": "onnxruntime", "coreml": "coreml"}  # by bundle backend
@@ -176,7 +176,7 @@ def benchmark(
     if not names:
         raise UsageError("no bundle to benchmark: pass at least one bundle directory")
     check_writable(out, directory=True)  # before measuring, not after
-    manifests = {name: read_manifest(name) for name in names}  # all checked before any is run
+    manifests = {name: read_manifest(name, verify_files=True) for name in names}  # all checked before any is run
     runtimes = {name: choose_runtime(settings.runtime, manifests[name], name) for name in names}
     runners = {runtime: choose_runner(runtime, settings.device, settings.runner) for runtime in set(runtimes.values())}
     workloads = {name: make_workload(settings.data, manifests[name], settings.images) for name in names}

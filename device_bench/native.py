@@ -18,6 +18,7 @@ from pathlib import Path
 from mobile_moe.device_bench.round_report import RoundReport
 from mobile_moe.device_bench.settings import Settings
 from mobile_moe.errors import UsageError
+from mobile_moe.export.manifest import read_manifest
 
 RUNNER_PREFIX = "mobile_moe_runner"
 
@@ -97,11 +98,9 @@ def check_runner(runner: str | Path) -> Path:
 
 
 def run_native(runner: str | Path, bundle: str | Path, images: str | Path | None, settings: Settings) -> dict:
-    from mobile_moe.export.manifest import read_manifest, verify_graph_files
-
     check_runner(runner)
     # The runner checks these too (a bundle may be run by hand on a phone); checking here first gives Python's message.
-    verify_graph_files(bundle, read_manifest(bundle))
+    read_manifest(bundle, verify_files=True)
     command = runner_command(runner, bundle, images, settings)
     try:
         result = subprocess.run(command, capture_output=True)

@@ -18,6 +18,7 @@ from typing import Protocol
 
 from mobile_moe.device_bench.native import parse_runner_output, runner_command
 from mobile_moe.device_bench.settings import Settings
+from mobile_moe.export.manifest import read_manifest
 
 RUNNER = "mobile_moe_runner"
 
@@ -71,9 +72,7 @@ def run_remote(
 ) -> dict:
     """Run `runner` against `bundle` on the device `open_device()` opens; -> its JSON (bundle paths in it are device
     paths). The bundle is checked (the schema, every graph's sha256) before any device is asked for."""
-    from mobile_moe.device_bench.bundles import read_manifest
-
-    read_manifest(bundle)
+    read_manifest(bundle, verify_files=True)
     with open_device() as device:
         return _run_on(device, runner, bundle, images, settings)
 

@@ -14,11 +14,10 @@ import typing
 from pathlib import Path
 
 from mobile_moe.device_bench import routing_stats
-from mobile_moe.device_bench.bundles import bundle_kind
 from mobile_moe.device_bench.round_report import RoundReport
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest import bundle_bytes, load_bytes
-from mobile_moe.export.manifest_schema import resident_and_per_expert
+from mobile_moe.export.manifest_schema import bundle_kind, resident_and_per_expert
 
 SPREAD_FLAG = 0.10  # (max - min) / median of the rounds' p50 above this: the rounds disagree, numbers are noisy
 REQUIRED_FIELDS = (

@@ -36,7 +36,6 @@ from mobile_moe.export.manifest import (
     planned_entry,
     read_manifest,
     validate_manifest,
-    verify_graph_files,
     write_manifest,
 )
 from mobile_moe.export.parity import PROB_TOLERANCE, measure_parity, parity_passed
@@ -357,4 +356,4 @@ def _check_schema(manifest: dict[str, Any]) -> None:
 def _verify(bundle_dir: Path) -> None:
     """Re-read the manifest (through the schema) and check every graph file against it before the bundle is moved
     into place."""
-    verify_graph_files(bundle_dir, read_manifest(bundle_dir))
+    read_manifest(bundle_dir, verify_files=True)

@@ -91,12 +91,13 @@ def _parse(path: Path) -> Any:
         raise UsageError(f"cannot read {path}: {reason}; re-export the bundle") from None
 
 
-def read_manifest(bundle_dir: str | os.PathLike) -> dict[str, Any]:
+def read_manifest(bundle_dir: str | os.PathLike, *, verify_files: bool = False) -> dict[str, Any]:
     """The validated manifest of the bundle at `bundle_dir` (UsageError saying what is wrong otherwise).
 
     Validation is the schema's (export/manifest_schema.py): types, ranges and the rules tying fields together; then
-    every graph file is resolved inside the bundle (a path that leaves it is refused). Graph files' sha256 is checked
-    by `verified_graph_files` when a graph is loaded, or by `verify_graph_files` before a bundle is handed on.
+    every graph file is resolved inside the bundle (a path that leaves it is refused). Graph files (sha256 and
+    structure) are checked by `verified_graph_files` when a graph is loaded (the lazy Python runtime), or here with
+    `verify_files=True`: before a bundle is handed to what we do not drive graph by graph (bench, a runner, a phone).
     """
     bundle_dir = Path(bundle_dir)
     path = bundle_dir / MANIFEST
@@ -119,6 +120,8 @@ def read_manifest(bundle_dir: str | os.PathLike) -> dict[str, Any]:
             # copied in part), is refused now rather than when an image first picks that expert.
             if not resolve_graph_file(bundle_dir, graph, file).exists():
                 raise UsageError(f"graph {graph['name']!r}: {file['file']} is missing; re-export the bundle")
+    if verify_files:
+        verify_graph_files(bundle_dir, manifest)
     return manifest
 
 

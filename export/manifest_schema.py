@@ -65,6 +65,14 @@ LAYOUTS_OF_ROUTING = {
 }
 ROUTINGS = tuple(LAYOUTS_OF_ROUTING)
 RESIZE_ORIGINS = ("run", "data-spec", "assumed")
+# What a runner does with each layout (the native runner's Bundle::kind): a router and experts, or one graph.
+KIND_OF_LAYOUT = {
+    "expert-paths": "split",
+    "per-block": "split",
+    "dense": "dense",
+    "monolithic": "monolithic",
+    "whole": "whole",
+}
 
 # Bounds that keep every consumer's arithmetic in range (the native runner allocates from these numbers).
 MAX_EXPERTS = 4096
@@ -199,6 +207,12 @@ class Manifest(_Strict):
         a single-graph layout) plus the top_k experts whose graphs hold the most."""
         resident, per_expert = resident_and_per_expert((g.role, g.expert, g.params) for g in self.graphs)
         return resident + sum(sorted(per_expert.values(), reverse=True)[: self.top_k])
+
+
+def bundle_kind(manifest: dict[str, Any]) -> str:
+    """ "split" (router + experts), "dense", "monolithic" (a per-image MoE in one graph) or "whole" (a per-token MoE,
+    which exports only as one graph), from a validated manifest's layout."""
+    return KIND_OF_LAYOUT[manifest["composition"]["layout"]]
 
 
 def resident_and_per_expert(graphs: Iterable[tuple[str, int | None, int]]) -> tuple[int, dict[int, int]]:

@@ -20,28 +20,27 @@ from conftest import needs_build
 
 from mobile_moe.cli import main
 from mobile_moe.device_bench import routing_stats
-from mobile_moe.device_bench.bundles import read_manifest
 from mobile_moe.device_bench.native import run_native
 from mobile_moe.device_bench.native_build import NATIVE_DIR, build_runner
 from mobile_moe.device_bench.results import validate_results
 from mobile_moe.device_bench.settings import Settings
 from mobile_moe.device_bench.workload import random_workload, write_raw
 from mobile_moe.errors import UsageError
-from mobile_moe.export.manifest import graph_files, load_bytes
+from mobile_moe.export.manifest import graph_files, load_bytes, read_manifest
 
 pytestmark = pytest.mark.export
 
 
 @pytest.fixture(scope="session")
 def workload_file(bundle, tmp_path_factory) -> Path:
-    workload = random_workload(read_manifest(bundle)["input"]["shape"], count=8, seed=3)
+    workload = random_workload(read_manifest(bundle, verify_files=True)["input"]["shape"], count=8, seed=3)
     return write_raw(workload, tmp_path_factory.mktemp("inputs") / "images.f32")
 
 
 def python_predictions(bundle: Path, images_file: Path):
     from mobile_moe.export.runtime import load_bundle
 
-    shape = read_manifest(bundle)["input"]["shape"]
+    shape = read_manifest(bundle, verify_files=True)["input"]["shape"]
     images = np.fromfile(images_file, dtype=np.float32).reshape(-1, *shape[1:])
     runtime = load_bundle(bundle)
     return [runtime.predict(image) for image in images]
@@ -60,7 +59,7 @@ def test_native_runner_reproduces_python_runtime(runner, bundle, workload_file):
 
 @needs_build
 def test_native_runner_loads_only_chosen_experts(runner, bundle, workload_file):
-    manifest = read_manifest(bundle)
+    manifest = read_manifest(bundle, verify_files=True)
     report = run_native(
         runner, bundle, workload_file, Settings(iterations=2, warmup=0, cache_experts=1, switch_repeats=0)
     )
@@ -107,7 +106,7 @@ def test_runner_refuses_bad_bundles(runner, bundle, workload_file, tmp_path):
     with pytest.raises(UsageError, match="expert_1.ptd"):
         run_native(runner, broken, workload_file, settings)
     with pytest.raises(UsageError, match="expert_1.ptd"):
-        read_manifest(broken)
+        read_manifest(broken, verify_files=True)
 
 
 @needs_build
