@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from mobile_moe.errors import UsageError
+from mobile_moe.image_files import read_image
 
 
 def preprocess(manifest_input: dict[str, Any]):
@@ -21,19 +21,6 @@ def preprocess(manifest_input: dict[str, Any]):
 
 
 def load_image(path: str | os.PathLike, manifest_input: dict[str, Any]) -> torch.Tensor:
-    """(C, S, S) float32 for the PNG/JPEG at `path`; UsageError if it cannot be read as an image."""
-    from PIL import Image, UnidentifiedImageError
-
-    channels = manifest_input["shape"][1]
-    if not os.path.exists(path):
-        raise UsageError(f"image {path} does not exist")
-    if not os.path.isfile(path):  # a directory, a FIFO (opening it would wait forever) or a device
-        raise UsageError(f"image {path} is not a regular file; pass PNG or JPEG files")
-    try:
-        with Image.open(path) as image:
-            image = image.convert("RGB" if channels == 3 else "L")
-    except Image.DecompressionBombError as error:
-        raise UsageError(f"{path} is too large to decode safely ({error}); resize it first") from None
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as error:  # PIL raises SyntaxError on bad PNGs
-        raise UsageError(f"cannot read {path} as an image (PNG or JPEG expected): {error}") from None
+    """(C, S, S) float32 for the PNG/JPEG at `path`; UnreadableImage (a UsageError) if it cannot be read as one."""
+    image = read_image(path, "RGB" if manifest_input["shape"][1] == 3 else "L")
     return preprocess(manifest_input)(image).contiguous()

@@ -407,7 +407,7 @@ def test_a_broken_image_met_in_a_dataloader_worker_is_still_one_line():
     the slow workers=2 case above, through torch's own wrapper."""
     from torch._utils import ExceptionWrapper
 
-    from mobile_moe.training.files import UnreadableImage
+    from mobile_moe.image_files import UnreadableImage
 
     try:
         raise UnreadableImage("cannot read image /data/x.png: not an image PIL can decode; replace or remove it")

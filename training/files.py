@@ -13,6 +13,7 @@ from pathlib import Path
 from torch.utils.data import Dataset, Subset
 
 from mobile_moe.errors import UsageError
+from mobile_moe.image_files import read_image
 from mobile_moe.super_class.superclasses import SuperClasses, from_labels
 
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
@@ -65,40 +66,6 @@ def _cifar100_coarse(folder: Path, class_names: list[str]) -> SuperClasses:
     return from_labels(assignment, class_names, list(names), "cifar100:coarse")
 
 
-class UnreadableImage(UsageError):
-    """An image file of a dataset that cannot be decoded. Raised in a DataLoader worker, torch re-raises it in the
-    main process as UnreadableImage("Caught UnreadableImage in DataLoader worker ... <traceback>"): the constructor
-    keeps only our own message, so the CLI still prints one line."""
-
-    def __init__(self, message: str):
-        marker = f"{type(self).__name__}: "
-        ours = [line.split(marker, 1)[1] for line in message.splitlines() if marker in line]
-        super().__init__(ours[-1] if ours and message.startswith("Caught ") else message)
-
-
-def load_image(path: str):
-    """torchvision's pil_loader, with an unreadable file a UsageError that names it (ImageFolder decodes lazily,
-    so a broken file surfaces mid-epoch). PIL's decompression-bomb limit stays on: such a file is reported, not
-    decoded."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with open(path, "rb") as f:
-            image = Image.open(f)
-            return image.convert("RGB")
-    except Image.DecompressionBombError as error:
-        raise UnreadableImage(
-            f"image {path} is too large to decode safely ({error}); shrink it or remove it from the dataset"
-        ) from None
-    except UnidentifiedImageError:
-        raise UnreadableImage(f"cannot read image {path}: not an image PIL can decode; replace or remove it") from None
-    except (OSError, SyntaxError, ValueError) as error:  # PIL's errors for truncated or damaged files
-        reason = " ".join(str(error).split())[:200]
-        raise UnreadableImage(
-            f"cannot read image {path}: {reason or error.__class__.__name__}; replace or remove the file"
-        ) from None
-
-
 def open_imagefolder(root: str) -> tuple[Dataset | None, Dataset, list[str]]:
     """ROOT/train/<class>/*.jpg and ROOT/val/<class>/*.jpg (ImageNet layout) -> (train, val, class names). ROOT/val
     alone (ImageNet's validation set) opens too, with train None: enough to evaluate a model or derive its
@@ -112,7 +79,7 @@ def open_imagefolder(root: str) -> tuple[Dataset | None, Dataset, list[str]]:
     folders = {}
     for split in ("train", "val") if (path / "train").exists() else ("val",):
         try:
-            folders[split] = ImageFolder(str(path / split), loader=load_image)
+            folders[split] = ImageFolder(str(path / split), loader=read_image)
         except (FileNotFoundError, NotADirectoryError, RuntimeError) as error:
             raise UsageError(f"imagefolder:{root}: {error}; {layout}") from None
     if "train" in folders and folders["train"].classes != folders["val"].classes:

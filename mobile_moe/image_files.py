@@ -1,0 +1,46 @@
+"""Image files -> PIL images: ONE decoder, for training's imagefolder datasets (training/files.py) and predict
+(export/images.py), so a missing, special, damaged or oversized file reads the same in both: one line naming it.
+
+PIL's decompression-bomb limit stays on: such a file is reported, not decoded.
+"""
+
+from __future__ import annotations
+
+import os
+
+from PIL import Image, UnidentifiedImageError
+
+from mobile_moe.errors import UsageError
+
+
+class UnreadableImage(UsageError):
+    """An image file that cannot be decoded. Raised in a DataLoader worker, torch re-raises it in the main process
+    as UnreadableImage("Caught UnreadableImage in DataLoader worker ... <traceback>"): the constructor keeps only our
+    own message, so the CLI still prints one line."""
+
+    def __init__(self, message: str):
+        marker = f"{type(self).__name__}: "
+        ours = [line.split(marker, 1)[1] for line in message.splitlines() if marker in line]
+        super().__init__(ours[-1] if ours and message.startswith("Caught ") else message)
+
+
+def read_image(path: str | os.PathLike, mode: str = "RGB") -> Image.Image:
+    """The image at `path`, converted to `mode` ("RGB", or "L" for one channel); UnreadableImage if it cannot be.
+    The default mode makes it torchvision's pil_loader, as ImageFolder's `loader` (it decodes lazily, so a broken
+    file surfaces mid-epoch)."""
+    if not os.path.exists(path):
+        raise UnreadableImage(f"image {path} does not exist")
+    if not os.path.isfile(path):  # a directory, a FIFO (opening it would wait forever) or a device
+        raise UnreadableImage(f"image {path} is not a regular file (PNG or JPEG expected)")
+    try:
+        with Image.open(path) as image:
+            return image.convert(mode)
+    except Image.DecompressionBombError as error:
+        raise UnreadableImage(f"image {path} is too large to decode safely ({error}); shrink it first") from None
+    except UnidentifiedImageError:
+        raise UnreadableImage(
+            f"cannot read image {path}: not an image PIL can decode (PNG or JPEG expected)"
+        ) from None
+    except (OSError, SyntaxError, ValueError) as error:  # PIL's errors for truncated or damaged files
+        reason = " ".join(str(error).split())[:200]
+        raise UnreadableImage(f"cannot read image {path}: {reason or type(error).__name__}") from None
