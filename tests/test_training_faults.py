@@ -21,6 +21,8 @@ from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
 from mobile_moe.training import run as runs
 from mobile_moe.training import train as train_module
+from mobile_moe.training.cli import RESUME_HELP, flag_of
+from mobile_moe.training.recipes import MAY_CHANGE_ON_RESUME
 from mobile_moe.training.run import load_run, read_metrics
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -256,6 +258,14 @@ def test_resume_accepts_the_same_command_and_the_flags_that_may_change(tmp_path,
     status, err = cli(capsys, train_argv(out, 1, "--resume"))
     assert status == 2 and "already trained 2 epochs; give --epochs 2 or more" in err
     assert load_run(out).config["recipe"]["epochs"] == 2 and len(read_metrics(out)) == 2
+
+
+def test_resume_help_and_refusal_name_every_field_that_may_change(tmp_path, capsys, one_epoch):
+    flags = [flag_of(field) for field in MAY_CHANGE_ON_RESUME]
+    assert flags == ["--epochs", "--device", "--workers", "--compile", "--set eval_batch_size"]
+    status, err = cli(capsys, train_argv(copy_run(one_epoch, tmp_path / "run"), 2, "--resume", "--seed", "1"))
+    assert status == 2 and "(only --epochs, --device, --workers, --compile and --set eval_batch_size may change)" in err
+    assert all(flag in RESUME_HELP for flag in [*flags, "--quiet"])
 
 
 def test_a_failed_start_is_started_afresh_by_resume_or_by_the_same_command(tmp_path, capsys):

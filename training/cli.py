@@ -42,10 +42,24 @@ TRAIN_FLAGS = {
     "workers": "workers",
     "seed": "seed",
 }
+
+
+def flag_of(field: str) -> str:
+    """The flag that sets a TrainConfig field: its own (--epochs, --compile), else --set FIELD."""
+    own = {name: f"--{dest.replace('_', '-')}" for dest, name in TRAIN_FLAGS.items()} | {"compile": "--compile"}
+    return own.get(field, f"--set {field}")
+
+
+def listed(items: list[str]) -> str:
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)
+
+
+# The flags a resume may change, in words: MAY_CHANGE_ON_RESUME (recipes.py) is the one list.
+RESUME_MAY_CHANGE = [flag_of(field) + (" (to extend)" if field == "epochs" else "") for field in MAY_CHANGE_ON_RESUME]
 RESUME_HELP = (
     "continue --out from its checkpoint.pt, or start it if it has none yet; the command that started the run may be "
-    "repeated with --resume appended: every flag given must equal the run's own, except --epochs (to extend), "
-    "--device, --workers, --compile, --quiet and --set eval_batch_size"
+    "repeated with --resume appended: every flag given must equal the run's own, except "
+    f"{listed([*RESUME_MAY_CHANGE, '--quiet'])}"
 )
 
 
@@ -195,7 +209,7 @@ def resume_changes(args: argparse.Namespace, config: dict[str, Any]) -> dict[str
     if found:
         raise UsageError(
             f"{'; '.join(found)}; --resume continues the run as it was started: give the run's values or leave those "
-            f"flags out (only --epochs, --device, --workers, --compile and --set eval_batch_size may change), "
+            f"flags out (only {listed([flag_of(field) for field in MAY_CHANGE_ON_RESUME])} may change), "
             "or start a new --out"
         )
     changed = [name for name in MAY_CHANGE_ON_RESUME if getattr(given, name) != getattr(run_cfg, name)]
