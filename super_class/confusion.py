@@ -147,19 +147,3 @@ def _is_number(text: str) -> bool:
     except ValueError:
         return False
 
-
-def save_confusion(path: str | os.PathLike, matrix: np.ndarray, class_names: list[str] | None = None) -> None:
-    """Write a matrix that `load_confusion` reads back (.npy, or .csv with an optional header of class names)."""
-    from mobile_moe.atomic import atomic_path
-
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        if path.suffix.lower() == ".npy":
-            with open(tmp, "wb") as handle:
-                np.save(handle, np.asarray(matrix, dtype=np.float64))
-        elif path.suffix.lower() == ".csv":
-            header = ",".join(class_names) + "\n" if class_names else ""
-            body = "\n".join(",".join(repr(float(x)) for x in row) for row in matrix)
-            tmp.write_text(header + body + "\n")
-        else:
-            raise UsageError(f"{path}: save a confusion matrix as .npy or .csv")

@@ -11,7 +11,6 @@ confusion profiles) is the one densification that helps, when errors are spread 
 
 from __future__ import annotations
 
-import networkx as nx
 import numpy as np
 
 
@@ -25,16 +24,6 @@ def class_affinity(confusion: np.ndarray) -> np.ndarray:
     rates = np.divide(confusion, row_sums, out=np.zeros_like(confusion), where=row_sums > 0)
     np.fill_diagonal(rates, 0.0)
     return 0.5 * (rates + rates.T)
-
-
-def confusion_graph(confusion: np.ndarray, class_names: list[str]) -> nx.Graph:
-    """networkx graph: node c has `name`; edge (i, j) has `weight` = affinity[i, j] where it is > 0."""
-    affinity = class_affinity(confusion)
-    graph = nx.Graph()
-    graph.add_nodes_from((c, {"name": name}) for c, name in enumerate(class_names))
-    rows, cols = np.nonzero(np.triu(affinity, k=1))
-    graph.add_weighted_edges_from(zip(rows.tolist(), cols.tolist(), affinity[rows, cols].tolist(), strict=True))
-    return graph
 
 
 def default_neighbours(num_classes: int) -> int:

@@ -11,7 +11,6 @@ from conftest import tiny_model
 from mobile_moe.checkpoint import checkpoint_dict, save_checkpoint
 from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
-from mobile_moe.super_class.confusion import save_confusion
 from mobile_moe.super_class.derive import confusion_from_run
 from mobile_moe.super_class.planted import planted_confusion
 from mobile_moe.super_class.superclasses import load
@@ -20,7 +19,7 @@ from mobile_moe.super_class.superclasses import load
 @pytest.fixture(scope="module")
 def confusion_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("confusion") / "confusion.npy"
-    save_confusion(path, planted_confusion(60, 4, noise=0.1, seed=0).confusion)
+    np.save(path, planted_confusion(60, 4, noise=0.1, seed=0).confusion)
     return path
 
 
@@ -175,7 +174,7 @@ def test_class_without_images_warns_and_names_it(tmp_path, capsys):
     matrix = planted_confusion(30, 3, noise=0.05, seed=1).confusion
     matrix[4] = 0.0
     path = tmp_path / "confusion.csv"
-    save_confusion(path, matrix, [f"kind{i}" for i in range(30)])
+    np.savetxt(path, matrix, delimiter=",", header=",".join(f"kind{i}" for i in range(30)), comments="")
     out = tmp_path / "sc.json"
     assert main(["superclass", "derive", "--confusion", str(path), "-E", "3", "--out", str(out)]) == 0
     assert "no validation images for class 4 (kind4)" in capsys.readouterr().err

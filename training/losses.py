@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -63,16 +62,7 @@ def training_loss(
     return LossTerms(total, classification.detach(), router.detach(), balance.detach(), aux.detach())
 
 
-def router_correct(routing: Routing, super_labels: Tensor) -> Tensor:
-    """Per image: does the router's top choice equal the true super-class? (B,) bool. Read from probs, not from
-    `experts`, so that it scores the router even when training routes by label."""
-    return routing.probs.argmax(dim=-1) == super_labels
-
-
 def hard_labels(targets: Tensor) -> Tensor:
     """(B, C) probability targets -> (B,) the dominant class (the label itself when unmixed)."""
     return targets.argmax(dim=-1)
 
-
-def is_finite(value: Tensor) -> bool:
-    return bool(torch.isfinite(value).all())
