@@ -7,7 +7,7 @@ best.pt is copied in by the model's own map (mobile_moe/upcycle.py: every expert
 routers fresh). The data is opened with the dense run's preprocessing (mean, std, eval resize), so the upcycled model
 sees its images as the dense model did (an imported run's are its library's); its classes must be the dense run's.
 config.json records the dense run ("init_from") and what was copied ("upcycled"); a resume reads both and copies
-nothing (checkpoint.pt holds the weights). A Hard MoE requires --init-from (its gater, training/hard_moe.py).
+nothing (checkpoint.pt holds the weights). A Hard MoE requires --init-from (its gater, training/cluster_fit.py).
 """
 
 from __future__ import annotations

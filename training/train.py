@@ -30,7 +30,7 @@ from mobile_moe.checkpoint import checkpoint_dict, load_checkpoint, load_weights
 from mobile_moe.config import ViTConfig
 from mobile_moe.errors import UsageError
 from mobile_moe.registry import build_model, config_from_dict
-from mobile_moe.training import augment, distributed, hard_moe, run
+from mobile_moe.training import augment, cluster_fit, distributed, run
 from mobile_moe.training import init_from as upcycling
 from mobile_moe.training.data import Data, data_record, open_data
 from mobile_moe.training.engine import EpochContext, NonFiniteLoss, train_one_epoch
@@ -305,7 +305,7 @@ def _train(
         # k-means); a resume keeps the run's own (checkpoint.pt, config.json).
         init_entries, resumed = {}, run.read_config(out_dir) if state is not None else None
         if model_config.routing == "cluster":
-            init_entries = hard_moe.stage_one(model, init_from, data, cfg, placement.device, resumed)
+            init_entries = cluster_fit.stage_one(model, init_from, data, cfg, placement.device, resumed)
         elif init_from is not None:
             init_entries = upcycling.start(model, init_from, data, resumed)
         optimizer = torch.optim.AdamW(parameter_groups(model, cfg.weight_decay), lr=cfg.lr)
