@@ -18,7 +18,7 @@ from pathlib import Path
 from mobile_moe.registry import make_config
 from mobile_moe.training import recipes
 from mobile_moe.training.demo import DEMO_MODEL, DEMO_MOE
-from mobile_moe.training.run import holds_results, read_metrics
+from mobile_moe.training.run_dir import holds_results, read_metrics
 from mobile_moe.training.train import resume_training, train
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from mobile_moe.atomic import write_text_atomic
 from mobile_moe.evidence.figures import Cell, Figure
 from mobile_moe.evidence.sweep import run_dir
-from mobile_moe.training.run import epochs_done
+from mobile_moe.training.run_dir import epochs_done
 
 SCORED = ("top1", "router_accuracy", "experts_per_image_mean")  # what evaluate() reports that the tables use
 
@@ -56,7 +56,7 @@ def evaluate_run(out: Path, cell: Cell, seed: int, done: int, device: str) -> di
     """The run's best.pt on the data's test split (val where the data has no test images); cached. `done`: the
     epochs the run has (recorded with the scores)."""
     from mobile_moe.training.evaluate import evaluate
-    from mobile_moe.training.run import load_run
+    from mobile_moe.training.run_dir import load_run
 
     path = run_dir(out, cell, seed)
     stamp = checkpoint_stamp(path)

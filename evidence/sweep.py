@@ -24,7 +24,7 @@ from typing import Any
 
 from mobile_moe.errors import UsageError
 from mobile_moe.evidence.figures import DERIVED, Cell, Figure
-from mobile_moe.training.run import epochs_done
+from mobile_moe.training.run_dir import epochs_done
 
 LAUNCHERS = ("local", "submitit")
 
@@ -73,12 +73,12 @@ def check_same_run(job: Job) -> None:
     """A run directory already there must be this cell's run, trained no longer than asked: a sweep into a DIR that
     holds another scale's, data's or recipe's runs would mix them into one table, and a run of 20 epochs is not the
     answer to --epochs 5."""
-    from mobile_moe.training import run
+    from mobile_moe.training.run_dir import differences, is_run_dir, read_config
 
-    if not run.is_run_dir(job.run_dir):
+    if not is_run_dir(job.run_dir):
         return
-    config = run.read_config(job.run_dir)
-    differ = run.differences(config, job.model, job.recipe, job.data)
+    config = read_config(job.run_dir)
+    differ = differences(config, job.model, job.recipe, job.data)
     differ += ["super-classes"] if _other_super_classes(config.get("super_classes"), job.super_classes) else []
     if differ:
         raise UsageError(
@@ -109,7 +109,7 @@ def train_job(job: Job, verbose: bool = False) -> str:
     """Train, resume or skip one run; -> "trained", "resumed" or "done". What submitit runs on a cluster node."""
     from mobile_moe.registry import config_from_dict
     from mobile_moe.training.recipes import from_dict
-    from mobile_moe.training.run import holds_results
+    from mobile_moe.training.run_dir import holds_results
     from mobile_moe.training.train import resume_training, train
 
     _join_submitit_ranks()

@@ -65,7 +65,7 @@ def source_from_run(
 ) -> ExportSource:
     """The run's model and images from its own data, or from `data_spec` (an imported run has none) with the run's
     preprocessing and classes. `calibration`: training images for int8 calibration (0: none, no train split needed)."""
-    from mobile_moe.training.run import load_run
+    from mobile_moe.training.run_dir import load_run
 
     run = load_run(run_dir, checkpoint=checkpoint)
     data_config = run.config["data"]

@@ -72,7 +72,7 @@ def confusion_from_run(
     `data_spec` defaults to the run's own data; images are normalised with the statistics the run recorded.
     """
     from mobile_moe.training.evaluate import collect_predictions
-    from mobile_moe.training.run import load_run
+    from mobile_moe.training.run_dir import load_run
 
     device = resolve_device(device)  # a typo is refused before the run is read
     run = load_run(run_dir, checkpoint="best")

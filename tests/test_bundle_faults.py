@@ -199,7 +199,7 @@ def run_dir(tmp_path_factory) -> Path:
 
     from mobile_moe.checkpoint import checkpoint_dict, save_checkpoint
     from mobile_moe.training.data import data_record, open_data
-    from mobile_moe.training.run import write_config
+    from mobile_moe.training.run_dir import write_config
 
     run = tmp_path_factory.mktemp("run")
     model = tiny_model("mobile-vmoe", num_classes=10, num_experts=2)

@@ -16,7 +16,7 @@ from mobile_moe.errors import UsageError
 from mobile_moe.registry import make_config
 from mobile_moe.training import cluster_fit as stage
 from mobile_moe.training.init_from import check_init_from, load_dense
-from mobile_moe.training.run import load_run, read_config, read_metrics
+from mobile_moe.training.run_dir import load_run, read_config, read_metrics
 from mobile_moe.upcycle import upcycle
 
 # --- the model ------------------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
 from mobile_moe.importers import Source, convert_model
-from mobile_moe.training.run import load_run, read_config
+from mobile_moe.training.run_dir import load_run, read_config
 
 # (source, constructor kwargs): the two models of the issue at their published size, and small ones at 32 px.
 FULL_SIZE = [("timm:deit_tiny_patch16_224", {}), ("torchvision:vit_b_32", {})]

@@ -54,7 +54,7 @@ def bundle(run_dir, tmp_path_factory) -> Path:
 
 def val_item(run_dir: Path, index: int) -> tuple[str, torch.Tensor, torch.Tensor]:
     """(file, the val split's image tensor, the trained model's eager logits on it): what `evaluate` computes."""
-    from mobile_moe.training.run import load_run
+    from mobile_moe.training.run_dir import load_run
 
     run = load_run(run_dir)
     data = run.open_data()
@@ -112,7 +112,7 @@ def test_predict_gives_the_logits_evaluation_gives(run_dir, bundle, capsys):
 def test_a_manifest_without_the_record_still_predicts_by_stretching(run_dir, bundle, tmp_path):
     from torchvision.transforms import v2
 
-    from mobile_moe.training.run import load_run
+    from mobile_moe.training.run_dir import load_run
 
     manifest = json.loads((bundle / MANIFEST).read_text())
     del manifest["input"]["resize"]  # as export wrote it before the record

@@ -27,7 +27,7 @@ def confusion_file(tmp_path_factory):
 def run_dir(tmp_path_factory):
     """A run directory as training writes it, with an untrained tiny dense model on `digits` (10 classes)."""
     from mobile_moe.training.data import data_record, open_data
-    from mobile_moe.training.run import write_config
+    from mobile_moe.training.run_dir import write_config
 
     run_dir = tmp_path_factory.mktemp("run")
     model = tiny_model("vit", num_classes=10)

@@ -9,7 +9,7 @@ import sys
 import torch
 
 from mobile_moe.cli import main
-from mobile_moe.training.run import load_run
+from mobile_moe.training.run_dir import load_run
 
 ARGS = ["train", "--model", "mobile-vmoe", "--size", "3x64", "--patch", "4", "--image-size", "16", "--experts", "3",
         "--moe-layers", "1", "--data", "synthetic:classes=6,super=3,per_class=30", "--super-classes", "truth",

@@ -19,11 +19,10 @@ from conftest import one_torch_thread
 
 from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
-from mobile_moe.training import run as runs
 from mobile_moe.training import train as train_module
 from mobile_moe.training.cli import RESUME_HELP, flag_of
 from mobile_moe.training.recipes import MAY_CHANGE_ON_RESUME
-from mobile_moe.training.run import load_run, read_metrics
+from mobile_moe.training.run_dir import METRICS, load_run, read_metrics, save_checkpoint, write_metrics
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -101,7 +100,7 @@ def fake_scores(monkeypatch):
 def kill_after_write(monkeypatch, n: int) -> list[str]:
     """Raise Killed right after the n-th write of checkpoint.pt, best.pt or metrics.jsonl; -> names written."""
     written: list[str] = []
-    real_save, real_metrics = runs.save_checkpoint, runs.write_metrics
+    real_save, real_metrics = save_checkpoint, write_metrics
 
     def count(name: str) -> None:
         written.append(name)
@@ -112,12 +111,12 @@ def kill_after_write(monkeypatch, n: int) -> list[str]:
         real_save(checkpoint, path)
         count(Path(path).name)
 
-    def write_metrics(run_dir, metrics):
+    def counted_write_metrics(run_dir, metrics):
         real_metrics(run_dir, metrics)
-        count(runs.METRICS)
+        count(METRICS)
 
-    monkeypatch.setattr(runs, "save_checkpoint", save)
-    monkeypatch.setattr(runs, "write_metrics", write_metrics)
+    monkeypatch.setattr("mobile_moe.training.run_dir.save_checkpoint", save)
+    monkeypatch.setattr("mobile_moe.training.run_dir.write_metrics", counted_write_metrics)
     return written
 
 
@@ -147,7 +146,7 @@ def test_resume_restores_a_stale_best_and_lost_rows_of_a_finished_run(tmp_path, 
     best_of_epoch_1 = tmp_path / "one"
     assert main(train_argv(best_of_epoch_1, 1)) == 0
     (damaged / "best.pt").write_bytes((best_of_epoch_1 / "best.pt").read_bytes())
-    runs.write_metrics(damaged, read_metrics(damaged)[:1])
+    write_metrics(damaged, read_metrics(damaged)[:1])
     assert main(train_argv(damaged, 2, "--resume")) == 0  # nothing left to train: only the repair
     assert_same_run(damaged, whole)
 
@@ -317,7 +316,7 @@ def test_evaluate_refuses_an_unwritable_confusion_file_before_any_work(capsys, m
     def no_work(*args, **kwargs):
         raise AssertionError("loaded the run before checking --confusion")
 
-    monkeypatch.setattr(runs, "load_run", no_work)
+    monkeypatch.setattr("mobile_moe.training.run_dir.load_run", no_work)
     status, err = cli(capsys, ["evaluate", "some-run", "--confusion", "/proc/x/confusion.npy"])
     assert status == 2 and "cannot write /proc/x/confusion.npy" in err
 

@@ -13,7 +13,7 @@ from mobile_moe.registry import make_config
 from mobile_moe.super_class.superclasses import random_super_classes
 from mobile_moe.training import engine, recipes
 from mobile_moe.training import train as train_module
-from mobile_moe.training.run import load_run, read_metrics
+from mobile_moe.training.run_dir import load_run, read_metrics
 from mobile_moe.training.train import resume_training, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -14,7 +14,7 @@ from conftest import TINY, TINY_OPTIONS, one_torch_thread, tiny_model
 from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
 from mobile_moe.registry import MODELS, create_model, make_config
-from mobile_moe.training.run import load_run, read_config
+from mobile_moe.training.run_dir import load_run, read_config
 from mobile_moe.upcycle import check_dense_fits, upcycle
 
 UPCYCLED = sorted(name for name, cfg in MODELS.items() if cfg.upcycle_refusal is None)

@@ -218,15 +218,15 @@ def resume_changes(args: argparse.Namespace, config: dict[str, Any]) -> dict[str
 
 def run(args: argparse.Namespace) -> None:
     from mobile_moe.atomic import check_writable
-    from mobile_moe.training import run as runs
+    from mobile_moe.training.run_dir import LAST, is_run_dir, read_config
     from mobile_moe.training.train import resume_training, train
 
     out = Path(args.out)
     check_writable(out, directory=True)
     verbose = not args.quiet
-    if args.resume and ((out / runs.LAST).is_file() or (args.model is None and runs.is_run_dir(out))):
+    if args.resume and ((out / LAST).is_file() or (args.model is None and is_run_dir(out))):
         # continue from checkpoint.pt; or, without model flags, restart a failed start from its own config.json
-        resume_training(out, verbose=verbose, **resume_changes(args, runs.read_config(out)))
+        resume_training(out, verbose=verbose, **resume_changes(args, read_config(out)))
         return
     if args.model is None or args.data is None:
         if args.resume:

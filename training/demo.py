@@ -15,7 +15,7 @@ from typing import Any
 from mobile_moe.errors import UsageError
 from mobile_moe.registry import make_config
 from mobile_moe.training import recipes
-from mobile_moe.training.run import load_run, read_metrics
+from mobile_moe.training.run_dir import load_run, read_metrics
 from mobile_moe.training.train import train
 
 # The demo model: 4 blocks of width 64 (2 heads), 32 px digits in 8 px patches (16 tokens), mean pooling (learns a

@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> None:
     from mobile_moe.atomic import atomic_path, check_writable
     from mobile_moe.super_class.confusion import confusion_from_predictions
     from mobile_moe.training.evaluate import collect_predictions, evaluate
-    from mobile_moe.training.run import load_run
+    from mobile_moe.training.run_dir import load_run
 
     if args.batch_size < 1:
         raise UsageError(f"--batch-size {args.batch_size}: must be at least 1")

@@ -29,7 +29,7 @@ def import_run(model: str, weights: str | os.PathLike, out: str | os.PathLike, c
     from mobile_moe.atomic import atomic_path, check_writable
     from mobile_moe.checkpoint import save_checkpoint
     from mobile_moe.importers import import_vit, parse_source, read_state_dict
-    from mobile_moe.training import run
+    from mobile_moe.training.run_dir import BEST, write_config
 
     source = parse_source(model)
     out = Path(out)
@@ -61,9 +61,9 @@ def import_run(model: str, weights: str | os.PathLike, out: str | os.PathLike, c
         "source": record,
     }
     with atomic_path(out, directory=True) as tmp:
-        run.write_config(tmp, config)
+        write_config(tmp, config)
         checkpoint = {"model": imported.state_dict, "config": config["model"], "source": record}
-        save_checkpoint(checkpoint, tmp / run.BEST)
+        save_checkpoint(checkpoint, tmp / BEST)
         _release_empty(out)
     return record
 
@@ -112,7 +112,7 @@ def class_names_from(source: str, num_classes: int) -> list[str]:
 
 def refuse_resume(config: dict[str, Any], run_dir: str | os.PathLike) -> None:
     """An imported run holds no training state: it is a starting point, never resumed (that would retrain it)."""
-    from mobile_moe.training.run import is_imported
+    from mobile_moe.training.run_dir import is_imported
 
     if is_imported(config):
         raise _not_resumable(config["source"].get("model"), run_dir)

@@ -20,7 +20,8 @@ from mobile_moe.checkpoint import load_checkpoint
 from mobile_moe.config import ViTConfig, parse_size
 from mobile_moe.errors import UsageError
 from mobile_moe.registry import MODELS
-from mobile_moe.training import run
+from mobile_moe.training.run_dir import BEST, CONFIG, check_classes, differing_fields, is_imported, read_config
+from mobile_moe.training.run_dir import preprocessing as recorded_preprocessing
 from mobile_moe.upcycle import check_dense_fits, check_upcyclable, dense_defaults, upcycle
 
 HELP = "a dense vit run (ours, or `mobile-moe import`ed) of the same size: the MoE starts from its weights"
@@ -34,9 +35,9 @@ def check_init_from(model_config: ViTConfig, init_from: str | os.PathLike | None
     if init_from is None:
         return
     where = f"--init-from {init_from}"
-    config = run.read_config(init_from)
+    config = read_config(init_from)
     if data is not None:
-        run.check_classes(config["data"].get("class_names", []), data, f"the dense run {init_from}")
+        check_classes(config["data"].get("class_names", []), data, f"the dense run {init_from}")
     check_dense_fits(model_config, config["model"], where)
 
 
@@ -49,33 +50,33 @@ def model_defaults(model: str, init_from: str | os.PathLike, size: str | None) -
     its preset sets, so `--size deit-ti` still means patch 16 unless --patch says otherwise)."""
     check_upcyclable(MODELS[model])  # before the run is read: a WideNet is refused whatever the run
     preset = set(parse_size(size)) if size else set()
-    return dense_defaults(run.read_config(init_from)["model"], preset)
+    return dense_defaults(read_config(init_from)["model"], preset)
 
 
 def preprocessing(init_from: str | os.PathLike) -> dict[str, Any]:
     """open_data's overrides that feed images as the dense run was fed: its mean, std and eval resize policy."""
-    return run.preprocessing(run.read_config(init_from)["data"], Path(init_from) / run.CONFIG)
+    return recorded_preprocessing(read_config(init_from)["data"], Path(init_from) / CONFIG)
 
 
 def load_dense(model, init_from: str | os.PathLike) -> dict[str, Any]:
     """The dense run's best.pt into `model` (upcycled); -> the config.json record of what was copied."""
-    path = Path(init_from) / run.BEST
+    path = Path(init_from) / BEST
     if not path.is_file():
-        raise UsageError(f"--init-from {init_from} has no {run.BEST} yet; let the dense run finish an epoch")
+        raise UsageError(f"--init-from {init_from} has no {BEST} yet; let the dense run finish an epoch")
     state = load_checkpoint(path, map_location="cpu")
-    config = run.read_config(init_from)
+    config = read_config(init_from)
     # The fit was checked against config.json; the weights are best.pt's: they must be the same model (an edited
     # norm_eps or head count would load without a shape error and upcycle another function).
-    differ = run.differing_fields(config["model"], state["config"]) if isinstance(state["config"], dict) else ["all"]
+    differ = differing_fields(config["model"], state["config"]) if isinstance(state["config"], dict) else ["all"]
     if differ:
         raise UsageError(
-            f"--init-from {init_from}: {run.CONFIG} and {run.BEST} describe different models ({', '.join(differ[:3])}"
-            f" differ); restore the run's {run.CONFIG} (the checkpoint holds the truth)"
+            f"--init-from {init_from}: {CONFIG} and {BEST} describe different models ({', '.join(differ[:3])}"
+            f" differ); restore the run's {CONFIG} (the checkpoint holds the truth)"
         )
     fresh = upcycle(model, state["model"], path)
     return {
         "dense_epoch": int(state["epoch"]) if "epoch" in state else None,
-        "dense_source": config["source"].get("model") if run.is_imported(config) else None,
+        "dense_source": config["source"].get("model") if is_imported(config) else None,
         "fresh": sorted({key.rsplit(".", 1)[0] for key in fresh}),  # modules that kept their own initialisation
     }
 

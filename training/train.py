@@ -30,7 +30,7 @@ from mobile_moe.checkpoint import checkpoint_dict, load_checkpoint, load_weights
 from mobile_moe.config import ViTConfig
 from mobile_moe.errors import UsageError
 from mobile_moe.registry import build_model, config_from_dict
-from mobile_moe.training import augment, cluster_fit, distributed, run
+from mobile_moe.training import augment, cluster_fit, distributed
 from mobile_moe.training import init_from as upcycling
 from mobile_moe.training.data import Data, data_record, open_data
 from mobile_moe.training.engine import EpochContext, NonFiniteLoss, train_one_epoch
@@ -38,6 +38,20 @@ from mobile_moe.training.evaluate import evaluate
 from mobile_moe.training.imported import refuse_resume, refuse_training_into
 from mobile_moe.training.recipes import MAY_CHANGE_ON_RESUME, TrainConfig, from_dict
 from mobile_moe.training.routing import TrainingForward
+from mobile_moe.training.run_dir import (
+    CONFIG,
+    LAST,
+    commit_epoch,
+    differing_fields,
+    holds_results,
+    is_failed_start,
+    preprocessing,
+    read_config,
+    read_metrics,
+    reconcile,
+    remove_stale_temporaries,
+    write_config,
+)
 from mobile_moe.training.super_spec import resolve_super_classes, super_record
 
 # --- pieces -------------------------------------------------------------------------------------------------------
@@ -181,11 +195,11 @@ def train(
     upcycling.check_init_from(model_config, init_from)
     out_dir = Path(out_dir)
     check_writable(out_dir, directory=True)
-    if run.holds_results(out_dir):
+    if holds_results(out_dir):
         refuse_training_into(out_dir)  # an imported run: say so, not "continue it with --resume"
         raise UsageError(f"{out_dir} already holds a run; continue it with --resume or choose another --out")
-    if (out_dir / run.CONFIG).exists() and not run.is_failed_start(out_dir):
-        raise UsageError(f"{out_dir} holds a {run.CONFIG} that is not a mobile-moe run's; choose another --out")
+    if (out_dir / CONFIG).exists() and not is_failed_start(out_dir):
+        raise UsageError(f"{out_dir} holds a {CONFIG} that is not a mobile-moe run's; choose another --out")
     # A directory with only our config.json is a start that failed before its first epoch: nothing to lose.
     return _train(
         model_config, train_config, data_spec, super_class_spec, out_dir, verbose, False, fit_num_classes, init_from
@@ -200,7 +214,7 @@ def resume_training(run_dir: str | os.PathLike, verbose: bool = True, **changes:
     if refused:
         raise UsageError(f"--resume keeps the run's settings; cannot change {', '.join(refused)} (start a new --out)")
     check_writable(run_dir, directory=True)
-    config = run.read_config(run_dir)
+    config = read_config(run_dir)
     refuse_resume(config, run_dir)
     cfg = from_dict(config["recipe"]).replace(**{k: v for k, v in changes.items() if v is not None})
     spec = config["super_classes"]["spec"] if config.get("super_classes") else None
@@ -213,8 +227,8 @@ def resume_training(run_dir: str | os.PathLike, verbose: bool = True, **changes:
 def training_preprocessing(out_dir: Path, resume: bool, init_from: str | os.PathLike | None) -> dict[str, Any]:
     """How a run feeds its images (open_data's mean, std and eval resize overrides): a resumed run as its own record
     says, a run started from a dense run as that run did, any other run as its data spec does (no overrides)."""
-    if resume and (out_dir / run.CONFIG).is_file():
-        return run.preprocessing(run.read_config(out_dir)["data"], out_dir / run.CONFIG)
+    if resume and (out_dir / CONFIG).is_file():
+        return preprocessing(read_config(out_dir)["data"], out_dir / CONFIG)
     return upcycling.preprocessing(init_from) if init_from is not None else {}
 
 
@@ -236,15 +250,15 @@ def check_resumable(state: dict[str, Any], run_config: dict[str, Any], cfg: Trai
         if key == "data" and "eval_resize" not in mine:
             skip = ("eval_resize",)  # a checkpoint from before that record; its resume's config.json has it
         mismatches += [
-            f"{key} {name}={theirs.get(name)!r} in {run.CONFIG} but {mine.get(name)!r} in {run.LAST}"
-            for name in run.differing_fields(theirs, mine, skip)
+            f"{key} {name}={theirs.get(name)!r} in {CONFIG} but {mine.get(name)!r} in {LAST}"
+            for name in differing_fields(theirs, mine, skip)
         ]
     if "super_classes" in state and (state["super_classes"] or None) != run_config.get("super_classes"):
-        mismatches.append(f"super_classes differ between {run.CONFIG} and {run.LAST}")
+        mismatches.append(f"super_classes differ between {CONFIG} and {LAST}")
     if mismatches:
         raise UsageError(
-            f"{path.parent}: {run.CONFIG} no longer matches {run.LAST} ({'; '.join(mismatches[:3])}); restore the "
-            f"run's {run.CONFIG} (the checkpoint holds the truth) or start a new --out"
+            f"{path.parent}: {CONFIG} no longer matches {LAST} ({'; '.join(mismatches[:3])}); restore the "
+            f"run's {CONFIG} (the checkpoint holds the truth) or start a new --out"
         )
     done = int(state["epoch"])
     if cfg.epochs < done:
@@ -281,11 +295,11 @@ def _train(
     placement = distributed.setup(cfg.device)
     say = (lambda text: print(text, flush=True)) if verbose and placement.is_main else (lambda text: None)
     try:
-        # --- the run being resumed: checkpoint.pt is its commit point (run.commit_epoch) ---
-        last = out_dir / run.LAST
+        # --- the run being resumed: checkpoint.pt is its commit point (commit_epoch) ---
+        last = out_dir / LAST
         state = load_checkpoint(last, map_location=placement.device) if resume and last.is_file() else None
         if state is not None:
-            check_resumable(state, run.read_config(out_dir), cfg, last)
+            check_resumable(state, read_config(out_dir), cfg, last)
 
         # --- data and super-classes ---
         data = open_data(data_spec, model_config.image_size, **training_preprocessing(out_dir, resume, init_from))
@@ -303,7 +317,7 @@ def _train(
         model = build_model(model_config).to(placement.device)
         # From a dense run (--init-from) on a fresh start: its weights (upcycled) and, for a Hard MoE, stage 1 (PCA +
         # k-means); a resume keeps the run's own (checkpoint.pt, config.json).
-        init_entries, resumed = {}, run.read_config(out_dir) if state is not None else None
+        init_entries, resumed = {}, read_config(out_dir) if state is not None else None
         if model_config.routing == "cluster":
             init_entries = cluster_fit.stage_one(model, init_from, data, cfg, placement.device, resumed)
         elif init_from is not None:
@@ -338,16 +352,16 @@ def _train(
             metrics = (
                 list(history)
                 if history is not None
-                else [row for row in run.read_metrics(out_dir) if row["epoch"] <= start_epoch]
+                else [row for row in read_metrics(out_dir) if row["epoch"] <= start_epoch]
             )
             say(f"resuming {out_dir} after epoch {start_epoch} (best val top-1 {100 * best_top1:.2f}%)")
         if placement.is_main:
             out_dir.mkdir(parents=True, exist_ok=True)
-            run.remove_stale_temporaries(out_dir)
+            remove_stale_temporaries(out_dir)
             if state is not None:
-                for repaired in run.reconcile(out_dir, state):
-                    say(f"restored {repaired} from {run.LAST}")
-            run.write_config(out_dir, run_config)
+                for repaired in reconcile(out_dir, state):
+                    say(f"restored {repaired} from {LAST}")
+            write_config(out_dir, run_config)
         ctx = EpochContext(
             cfg,
             placement,
@@ -372,7 +386,7 @@ def _train(
             try:
                 stats = train_one_epoch(step_module, model, loader, optimizer, scheduler, ctx, epoch)
             except NonFiniteLoss as error:
-                kept = f"kept {out_dir / run.LAST} from epoch {epoch}" if epoch else "no checkpoint was written yet"
+                kept = f"kept {out_dir / LAST} from epoch {epoch}" if epoch else "no checkpoint was written yet"
                 raise UsageError(
                     f"training stopped: non-finite {error}; {kept}; "
                     "lower the learning rate (--lr) or clip gradients (--set grad_clip=1)"
@@ -410,7 +424,7 @@ def _train(
                     history=list(metrics),
                     rng=rng_states(),
                 )
-                run.commit_epoch(out_dir, checkpoint)
+                commit_epoch(out_dir, checkpoint)
             say(epoch_line(row))
         say(f"best val top-1 {100 * best_top1:.2f}%; run in {out_dir}")
         return out_dir
