@@ -220,8 +220,8 @@ def derive_super_classes(out: Path, fig: Figure, num_experts: int, device: str, 
     """The source cell's seed-0 run's val confusion -> `num_experts` super-classes (spectral clustering), once: runs
     record the file they trained with and a resume re-reads it, so it never changes under them (not even when more
     --epochs extend the source run)."""
-    from mobile_moe.super_class.derive import confusion_from_run
     from mobile_moe.super_class.derive import derive_super_classes as derive
+    from mobile_moe.training.evaluate import confusion_from_run
 
     path = super_class_file(out, fig, num_experts)
     if path.exists():

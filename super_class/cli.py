@@ -91,13 +91,16 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 
 def derive_command(args: argparse.Namespace) -> int:
-    from mobile_moe.super_class.confusion import load_confusion
-    from mobile_moe.super_class.derive import Confusion, confusion_from_run, derive_super_classes
+    from mobile_moe.super_class.confusion import Confusion, load_confusion
+    from mobile_moe.super_class.derive import derive_super_classes
     from mobile_moe.super_class.table import format_table
 
     check_arguments(args)
     class_names = read_class_names(args.class_names) if args.class_names is not None else None
     if args.run_dir is not None:
+        # This command composes the two packages: reading a run is training's (super_class never imports it).
+        from mobile_moe.training.evaluate import confusion_from_run
+
         confusion = confusion_from_run(args.run_dir, args.data, args.split, args.hard, args.device, args.batch_size)
     else:
         matrix, names = load_confusion(args.confusion)

@@ -8,11 +8,19 @@ model finds similar when the argmax is right, so it carries far more signal per 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from mobile_moe.errors import UsageError
+
+
+@dataclass
+class Confusion:
+    matrix: np.ndarray  # (C, C), rows = true class
+    class_names: list[str]
+    source: str  # where it came from, recorded in the super-class file
 
 
 def confusion_from_predictions(probs, labels, hard: bool = False, num_classes: int | None = None) -> np.ndarray:

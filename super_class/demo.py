@@ -6,7 +6,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from mobile_moe.super_class.derive import confusion_from_run, derive_super_classes
+from mobile_moe.super_class.derive import derive_super_classes
 from mobile_moe.super_class.superclasses import SuperClasses
 from mobile_moe.super_class.table import format_table
 
@@ -25,6 +25,9 @@ def derive_for_demo(
 
     Prints the Table-1-style listing through `echo`; returns the SuperClasses (train with `--super-classes out`).
     """
+    # The demo step composes the two packages: reading a run is training's (super_class never imports it).
+    from mobile_moe.training.evaluate import confusion_from_run
+
     confusion = confusion_from_run(run_dir, data_spec, split="val", device="cpu")
     super_classes = derive_super_classes(
         confusion.matrix, num_super_classes, method, seed, confusion.class_names, confusion.source

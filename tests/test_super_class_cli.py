@@ -11,9 +11,9 @@ from conftest import tiny_model
 from mobile_moe.checkpoint import checkpoint_dict, save_checkpoint
 from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
-from mobile_moe.super_class.derive import confusion_from_run
 from mobile_moe.super_class.planted import planted_confusion
 from mobile_moe.super_class.superclasses import load
+from mobile_moe.training.evaluate import confusion_from_run
 
 
 @pytest.fixture(scope="module")

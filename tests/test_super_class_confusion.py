@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -148,3 +151,16 @@ def test_confusion_graph():
     assert graph[1][2] == pytest.approx(0.5 * 0.5)
     assert graph[0][2] == pytest.approx(0.5 * 0.1)
     assert np.allclose(class_affinity(confusion), class_affinity(confusion).T)
+
+
+def test_super_class_never_imports_training_at_module_level():
+    """super_class is the lower package: importing every one of its modules loads nothing of training's."""
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "import mobile_moe.super_class as package\n"
+        "for module in pkgutil.iter_modules(package.__path__):\n"
+        "    importlib.import_module(f'mobile_moe.super_class.{module.name}')\n"
+        "print(sorted(name for name in sys.modules if name.startswith('mobile_moe.training')))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert result.stdout.strip() == "[]"

@@ -1,5 +1,5 @@
 """Evaluation: top-1 / top-5, router accuracy against super-classes, per-expert load and accuracy; and the raw
-softmax predictions super_class/ builds confusion matrices from.
+softmax predictions super_class/ builds confusion matrices from (`confusion_from_run`: a run's, on a split).
 
 Counts are summed per process and all-reduced, so under DDP each process evaluates its own shard of the split.
 Routing is the model's own (inference behaviour), whatever training used. Legend: N images, C classes, E experts.
@@ -8,6 +8,7 @@ Routing is the model's own (inference behaviour), whatever training used. Legend
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
+
+from mobile_moe.devices import resolve_device
+from mobile_moe.errors import UsageError
+from mobile_moe.super_class.confusion import Confusion, confusion_from_predictions
+from mobile_moe.training.run_dir import load_run
 
 
 def autocast(device: torch.device | str, enabled: bool = True):
@@ -43,6 +49,30 @@ def collect_predictions(
         labels.append(batch_labels.cpu())
     model.train(was_training)
     return torch.cat(probs).numpy(), torch.cat(labels).numpy().astype(np.int64)
+
+
+def confusion_from_run(
+    run_dir: str | os.PathLike,
+    data_spec: str | None = None,
+    split: str = "val",
+    hard: bool = False,
+    device: str = "auto",
+    batch_size: int = 256,
+) -> Confusion:
+    """The confusion matrix of a trained run's best checkpoint on a data split (soft unless `hard`), for
+    super_class.derive_super_classes. `data_spec` defaults to the run's own data; images are normalised with the
+    statistics the run recorded."""
+    device = resolve_device(device)  # a typo is refused before the run is read
+    run = load_run(run_dir, checkpoint="best")
+    data = run.open_data(data_spec)  # the run's own data by default; refuses data with other classes
+    spec = data.spec
+    dataset = data.split(split)
+    if len(dataset) == 0:
+        raise UsageError(f"--data {spec} --split {split} has no images; choose another split")
+    probs, labels = collect_predictions(run.model.to(device), dataset, batch_size=batch_size, device=device)
+    matrix = confusion_from_predictions(probs, labels, hard=hard, num_classes=len(data.class_names))
+    kind = "hard" if hard else "soft"
+    return Confusion(matrix, list(data.class_names), f"run:{run_dir} data:{spec} split:{split} {kind}")
 
 
 @dataclass
