@@ -6,15 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mobile_moe.device_bench.bench import bench_bundles
 from mobile_moe.evidence.results import CellResult
 from mobile_moe.evidence.sweep import run_dir
+from mobile_moe.export.bundle import export_bundle
+from mobile_moe.export.source import source_from_run
 
 
 def export_cell(out: Path, result: CellResult, log) -> Path:
     """The cell's seed-0 run as an ExecuTorch bundle, exported again only when best.pt is newer than the bundle."""
-    from mobile_moe.export.bundle import export_bundle
-    from mobile_moe.export.source import source_from_run
-
     bundle, run = out / "bundles" / result.cell.name, run_dir(out, result.cell, 0)
     manifest = bundle / "manifest.json"
     if manifest.is_file() and manifest.stat().st_mtime_ns >= (run / "best.pt").stat().st_mtime_ns:
@@ -28,8 +28,6 @@ def export_cell(out: Path, result: CellResult, log) -> Path:
 def bench_cells(out: Path, results: list[CellResult], data: str, iterations: int, log) -> None:
     """Fill each measured cell's `bench` with p50 latency, peak memory and graph bytes loaded per image (native runner,
     one thread, images from the data's test split)."""
-    from mobile_moe.device_bench.bench import bench_bundles
-
     measured = [r for r in results if any(s["seed"] == 0 for s in r.seeds)]
     bundles = {str(export_cell(out, result, log)): result for result in measured}
     if not bundles:

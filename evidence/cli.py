@@ -15,11 +15,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from mobile_moe.atomic import check_writable
 from mobile_moe.devices import DEVICES, resolve_device
 from mobile_moe.errors import UsageError
-from mobile_moe.evidence.figures import FIGURES
+from mobile_moe.evidence import report
+from mobile_moe.evidence.figures import FIGURES, cell_recipes, figure
+from mobile_moe.evidence.results import collect
 from mobile_moe.evidence.scales import SCALES
-from mobile_moe.evidence.sweep import LAUNCHERS
+from mobile_moe.evidence.scales import scale as scale_named
+from mobile_moe.evidence.sweep import LAUNCHERS, SlurmOptions, stderr_log, sweep
+from mobile_moe.training.data import open_data
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -73,14 +78,6 @@ def _check_batches(recipes: dict[str, dict], train_images: int, args: argparse.N
 
 
 def run(args: argparse.Namespace) -> int:
-    from mobile_moe.atomic import check_writable
-    from mobile_moe.evidence import report
-    from mobile_moe.evidence.figures import cell_recipes, figure
-    from mobile_moe.evidence.results import collect
-    from mobile_moe.evidence.scales import scale as scale_named
-    from mobile_moe.evidence.sweep import SlurmOptions, stderr_log, sweep
-    from mobile_moe.training.data import open_data
-
     _check(args)
     out = Path(args.out)
     check_writable(out, directory=True)
@@ -96,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     epochs = {name: cfg["epochs"] for name, cfg in recipes.items()}
     results = collect(fig, out, args.seeds, epochs, outcomes, evaluate_on)
     if args.bench:
-        from mobile_moe.evidence.bench import bench_cells
+        from mobile_moe.evidence.bench import bench_cells  # export and device_bench: only with --bench
 
         bench_cells(out, results, args.data, args.iterations, stderr_log)
     splits = {s["split"] for r in results for s in r.seeds}

@@ -20,6 +20,7 @@ from mobile_moe.errors import UsageError
 from mobile_moe.evidence import paper
 from mobile_moe.evidence.scales import PAPER_DEPTHS, PAPER_WIDTHS, Backbone, Scale
 from mobile_moe.registry import make_config
+from mobile_moe.training.recipes import recipe
 
 FIGURES = ("fig1", "fig3a", "fig3b", "fig3c", "fig3d", "fig3e")
 DERIVED = "derived"  # super-classes clustered from the figure's source dense model (Sec. 2.2)
@@ -199,8 +200,6 @@ ROUTING_OF_ROW = {
 def cell_recipes(fig: Figure, scale: Scale, epochs: int | None, device: str) -> dict[str, dict[str, Any]]:
     """Each runnable cell's TrainConfig as a dict (without the seed): its recipe at the scale's epochs (or `epochs`)
     and batch size, with the cell's own changes (e.g. no router loss for end-to-end routing)."""
-    from mobile_moe.training.recipes import recipe
-
     recipes = {}
     for cell in fig.cells:
         if cell.skip is None:

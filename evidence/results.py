@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from mobile_moe.atomic import write_text_atomic
+from mobile_moe.costs import costs
 from mobile_moe.evidence.figures import Cell, Figure
 from mobile_moe.evidence.sweep import run_dir
-from mobile_moe.training.run_dir import epochs_done
+from mobile_moe.training.evaluate import evaluate
+from mobile_moe.training.run_dir import epochs_done, load_run
 
 SCORED = ("top1", "router_accuracy", "experts_per_image_mean")  # what evaluate() reports that the tables use
 
@@ -55,9 +57,6 @@ def _cached(path: Path, stamp: list[int]) -> dict[str, Any] | None:
 def evaluate_run(out: Path, cell: Cell, seed: int, done: int, device: str) -> dict[str, Any]:
     """The run's best.pt on the data's test split (val where the data has no test images); cached. `done`: the
     epochs the run has (recorded with the scores)."""
-    from mobile_moe.training.evaluate import evaluate
-    from mobile_moe.training.run_dir import load_run
-
     path = run_dir(out, cell, seed)
     stamp = checkpoint_stamp(path)
     cache = out / "scores" / cell.name / f"seed-{seed}.json"
@@ -80,8 +79,6 @@ def collect(
     fig: Figure, out: Path, seeds: int, epochs: dict[str, int], outcomes: dict, device: str
 ) -> list[CellResult]:
     """One CellResult per cell; `epochs[cell]` is what a finished run has, `outcomes` what this sweep reported."""
-    from mobile_moe.costs import costs
-
     results = []
     for cell in fig.cells:
         result = CellResult(cell)

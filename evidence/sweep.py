@@ -24,7 +24,13 @@ from typing import Any
 
 from mobile_moe.errors import UsageError
 from mobile_moe.evidence.figures import DERIVED, Cell, Figure
-from mobile_moe.training.run_dir import epochs_done
+from mobile_moe.registry import config_from_dict
+from mobile_moe.super_class.superclasses import load
+from mobile_moe.training.engine import NonFiniteLoss
+from mobile_moe.training.evaluate import confusion_from_run
+from mobile_moe.training.recipes import from_dict
+from mobile_moe.training.run_dir import differences, epochs_done, holds_results, is_run_dir, read_config
+from mobile_moe.training.train import resume_training, train
 
 LAUNCHERS = ("local", "submitit")
 
@@ -73,8 +79,6 @@ def check_same_run(job: Job) -> None:
     """A run directory already there must be this cell's run, trained no longer than asked: a sweep into a DIR that
     holds another scale's, data's or recipe's runs would mix them into one table, and a run of 20 epochs is not the
     answer to --epochs 5."""
-    from mobile_moe.training.run_dir import differences, is_run_dir, read_config
-
     if not is_run_dir(job.run_dir):
         return
     config = read_config(job.run_dir)
@@ -96,8 +100,6 @@ def check_same_run(job: Job) -> None:
 def _other_super_classes(theirs: dict[str, Any] | None, spec: str | None) -> bool:
     """Whether a run trained with `theirs` (its config's record) is not one trained with `spec`. A derived file is
     compared by its assignment, so a sweep DIR that was moved or copied still holds its own runs."""
-    from mobile_moe.super_class.superclasses import load
-
     if theirs is None or spec is None:
         return (theirs is None) != (spec is None)
     if Path(spec).is_file():
@@ -107,11 +109,6 @@ def _other_super_classes(theirs: dict[str, Any] | None, spec: str | None) -> boo
 
 def train_job(job: Job, verbose: bool = False) -> str:
     """Train, resume or skip one run; -> "trained", "resumed" or "done". What submitit runs on a cluster node."""
-    from mobile_moe.registry import config_from_dict
-    from mobile_moe.training.recipes import from_dict
-    from mobile_moe.training.run_dir import holds_results
-    from mobile_moe.training.train import resume_training, train
-
     _join_submitit_ranks()
     recipe = from_dict(job.recipe)
     done = epochs_done(job.run_dir)
@@ -146,8 +143,6 @@ def _join_submitit_ranks() -> None:
 
 def run_local(jobs: list[Job], log: Callable[[str], None]) -> dict[tuple[str, int], str]:
     """Train the jobs one after another; -> (cell, seed) -> outcome ("trained", ..., or "failed: why")."""
-    from mobile_moe.training.engine import NonFiniteLoss
-
     outcomes = {}
     for index, job in enumerate(jobs, 1):
         log(f"[{index}/{len(jobs)}] {job.cell} seed {job.seed}: training into {job.run_dir}")
@@ -220,8 +215,8 @@ def derive_super_classes(out: Path, fig: Figure, num_experts: int, device: str, 
     """The source cell's seed-0 run's val confusion -> `num_experts` super-classes (spectral clustering), once: runs
     record the file they trained with and a resume re-reads it, so it never changes under them (not even when more
     --epochs extend the source run)."""
+    # scikit-learn, scipy and networkx (a second's start-up) load only when a sweep clusters
     from mobile_moe.super_class.derive import derive_super_classes as derive
-    from mobile_moe.training.evaluate import confusion_from_run
 
     path = super_class_file(out, fig, num_experts)
     if path.exists():

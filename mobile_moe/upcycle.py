@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from mobile_moe.checkpoint import load_weights
 from mobile_moe.config import ViTConfig
 from mobile_moe.errors import UsageError
+from mobile_moe.registry import config_from_dict
 
 # The fields the dense run and the MoE must share: the dense weights must fit every place they are copied to.
 SHARED_FIELDS = ("depth", "width", "num_heads", "mlp_ratio", "patch_size", "image_size", "in_chans", "num_classes",
@@ -40,8 +41,6 @@ def check_dense_fits(moe_config: ViTConfig, dense_config: dict[str, Any], where:
     """One UsageError line unless `dense_config` (a run's config.json "model") is a plain dense vit of the MoE's
     size. `where` names the run (e.g. "--init-from runs/vit")."""
     check_upcyclable(moe_config)
-    from mobile_moe.registry import config_from_dict
-
     if dense_config.get("name") != "vit":
         raise UsageError(f"{where} is a {dense_config.get('name')} run; --init-from takes a dense vit run")
     # Through the registry: the dense config is validated, and fields a run from before them lacks take defaults.

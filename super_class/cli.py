@@ -17,8 +17,11 @@ from mobile_moe.devices import DEVICES
 from mobile_moe.errors import UsageError
 from mobile_moe.jsonio import dumps
 from mobile_moe.super_class.clustering import METHODS
+from mobile_moe.super_class.confusion import Confusion, load_confusion
+from mobile_moe.super_class.derive import derive_super_classes
 from mobile_moe.super_class.graph import AFFINITIES
 from mobile_moe.super_class.superclasses import load
+from mobile_moe.super_class.table import format_table
 
 MAX_SEED = 2**32 - 1  # scikit-learn's random_state range (spectral, balanced)
 
@@ -56,8 +59,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def show_command(args: argparse.Namespace) -> int:
-    from mobile_moe.super_class.table import format_table
-
     if args.examples < 0:
         raise UsageError(f"--examples {args.examples}: give how many class names to show per super-class, 0 or more")
     print(format_table(load(args.file), examples=args.examples, seed=args.seed))
@@ -80,7 +81,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise UsageError(f"--out {args.out} is a directory; give a file name such as super_classes.json")
     check_writable(args.out)
     if args.plot is not None:
-        from mobile_moe.super_class.plot import check_plot_path
+        from mobile_moe.super_class.plot import check_plot_path  # matplotlib: only with --plot
 
         if not args.plot:
             raise UsageError("--plot is empty; give a .png, .pdf or .svg file name, or leave --plot out")
@@ -91,10 +92,6 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 
 def derive_command(args: argparse.Namespace) -> int:
-    from mobile_moe.super_class.confusion import Confusion, load_confusion
-    from mobile_moe.super_class.derive import derive_super_classes
-    from mobile_moe.super_class.table import format_table
-
     check_arguments(args)
     class_names = read_class_names(args.class_names) if args.class_names is not None else None
     if args.run_dir is not None:
@@ -134,6 +131,6 @@ def write_outputs(out: str, plot: str | None, matrix, super_classes) -> None:
     with atomic_path(out) as tmp:
         tmp.write_text(dumps(super_classes.to_dict(), indent=2) + "\n")
         if plot is not None:
-            from mobile_moe.super_class.plot import plot_super_classes
+            from mobile_moe.super_class.plot import plot_super_classes  # matplotlib: only with --plot
 
             plot_super_classes(plot, matrix, super_classes)

@@ -34,7 +34,7 @@ def derive_for_demo(
     )
     super_classes.save(out)
     if plot is not None:
-        from mobile_moe.super_class.plot import plot_super_classes
+        from mobile_moe.super_class.plot import plot_super_classes  # matplotlib: only with a plot
 
         plot_super_classes(plot, confusion.matrix, super_classes)
     echo(format_table(super_classes, seed=seed))

@@ -8,6 +8,7 @@ from conftest import TINY, TINY_MOE, tiny_model
 from torch.utils.flop_counter import FlopCounterMode
 
 from mobile_moe.costs import buffer_capacity, costs
+from mobile_moe.errors import UsageError
 from mobile_moe.registry import MODELS, make_config
 
 
@@ -186,7 +187,5 @@ def test_hand_count_tiny_hard_moe(pca_dims, shared_head):
     ],
 )
 def test_wide_mlp_options_are_checked(name, fields, message):
-    from mobile_moe.errors import UsageError
-
     with pytest.raises(UsageError, match=message):
         make_config(name, "12x192", **fields)

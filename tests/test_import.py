@@ -18,7 +18,8 @@ from safetensors.torch import save_file
 
 from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
-from mobile_moe.importers import Source, convert_model
+from mobile_moe.importers import Source, convert_model, import_vit
+from mobile_moe.training.imported import import_run
 from mobile_moe.training.run_dir import load_run, read_config
 
 # (source, constructor kwargs): the two models of the issue at their published size, and small ones at 32 px.
@@ -287,18 +288,15 @@ def test_odd_checkpoints_and_outs_are_one_line_and_leave_users_files(tmp_path, c
     assert "symbolic link" in error_of(capsys, deit, "--weights", tmp_path / "w.pth", *link_out)
     assert not (tmp_path / "run").exists() and list((tmp_path / "target").iterdir()) == []
 
-    import mobile_moe.training.imported as imported
-    from mobile_moe import importers
-
     out = tmp_path / "raced"
     out.mkdir()
-    real = importers.import_vit
+    real = import_vit
 
     def import_while_a_user_writes(*args):
         (out / "mine.txt").write_text("keep")
         return real(*args)
 
-    monkeypatch.setattr(importers, "import_vit", import_while_a_user_writes)
+    monkeypatch.setattr("mobile_moe.training.imported.import_vit", import_while_a_user_writes)
     with pytest.raises(UsageError, match="no longer empty"):
-        imported.import_run(deit, tmp_path / "w.pth", out, str(tmp_path / "names.txt"))
+        import_run(deit, tmp_path / "w.pth", out, str(tmp_path / "names.txt"))
     assert [p.name for p in out.iterdir()] == ["mine.txt"]

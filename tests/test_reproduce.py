@@ -15,7 +15,7 @@ from mobile_moe.costs import costs
 from mobile_moe.errors import UsageError
 from mobile_moe.evidence.figures import DERIVED, FIGURES, cell_recipes, figure
 from mobile_moe.evidence.scales import SCALES, Backbone, scale
-from mobile_moe.evidence.sweep import Job, SlurmOptions, run_submitit
+from mobile_moe.evidence.sweep import Job, SlurmOptions, run_submitit, slurm_parameters, train_job
 
 
 @pytest.mark.parametrize("scale_name", sorted(SCALES))
@@ -134,8 +134,6 @@ def test_a_run_short_of_its_epochs_resumes_where_it_stopped(fig3b_dir, tmp_path)
     """What a killed sweep's unfinished run, or more --epochs, gets: resumed from its checkpoint, not retrained."""
     import shutil
 
-    from mobile_moe.evidence.sweep import train_job
-
     run = tmp_path / "seed-0"
     shutil.copytree(fig3b_dir / "runs" / "deit-ti-dense" / "seed-0", run)
     first = (run / "metrics.jsonl").read_text()
@@ -163,8 +161,6 @@ def test_fewer_epochs_than_a_run_has_are_refused(fig3b_dir, capsys, tmp_path):
     """A 2-epoch run is not the answer to --epochs 1: refused, not reported under the wrong caption."""
     import shutil
 
-    from mobile_moe.evidence.sweep import train_job
-
     out = tmp_path / "figs"
     shutil.copytree(fig3b_dir, out)
     run = out / "runs" / "deit-ti-dense" / "seed-0"
@@ -189,8 +185,6 @@ def test_a_damaged_run_is_a_failed_row_and_the_sweep_goes_on(fig3b_dir, capsys, 
 
 
 def test_slurm_jobs_ask_for_gpus_only_when_given():
-    from mobile_moe.evidence.sweep import slurm_parameters
-
     assert "gpus_per_node" not in slurm_parameters(SlurmOptions())
     params = slurm_parameters(SlurmOptions(gpus_per_cell=8, partition="gpu"))
     assert (params["gpus_per_node"], params["tasks_per_node"], params["slurm_partition"]) == (8, 8, "gpu")

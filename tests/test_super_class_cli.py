@@ -11,9 +11,12 @@ from conftest import tiny_model
 from mobile_moe.checkpoint import checkpoint_dict, save_checkpoint
 from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
+from mobile_moe.super_class.demo import derive_for_demo
 from mobile_moe.super_class.planted import planted_confusion
 from mobile_moe.super_class.superclasses import load
+from mobile_moe.training.data import data_record, open_data
 from mobile_moe.training.evaluate import confusion_from_run
+from mobile_moe.training.run_dir import write_config
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +29,6 @@ def confusion_file(tmp_path_factory):
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """A run directory as training writes it, with an untrained tiny dense model on `digits` (10 classes)."""
-    from mobile_moe.training.data import data_record, open_data
-    from mobile_moe.training.run_dir import write_config
-
     run_dir = tmp_path_factory.mktemp("run")
     model = tiny_model("vit", num_classes=10)
     config = {"model": model.config.to_dict(), "data": data_record(open_data("digits", 32)), "recipe": {}}
@@ -96,8 +96,6 @@ def test_derive_from_run_refuses_a_typod_device(run_dir):
 
 
 def test_demo_helper(run_dir, tmp_path):
-    from mobile_moe.super_class.demo import derive_for_demo
-
     lines = []
     result = derive_for_demo(run_dir, 3, tmp_path / "sc.json", echo=lines.append)
     assert load(tmp_path / "sc.json") == result

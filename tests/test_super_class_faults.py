@@ -13,9 +13,13 @@ import pytest
 
 from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
+from mobile_moe.registry import make_config
 from mobile_moe.super_class.planted import planted_confusion
 from mobile_moe.super_class.quality import quality, within_share
 from mobile_moe.super_class.superclasses import SuperClasses, load
+from mobile_moe.training.data import open_data
+from mobile_moe.training.demo import train_digits
+from mobile_moe.training.super_spec import resolve_super_classes
 
 GOOD = {
     "num_super_classes": 3,
@@ -145,10 +149,6 @@ def test_bad_super_class_file_is_one_line(tmp_path, capsys, case):
 
 @pytest.mark.parametrize("case", ["assignment null", "unused index", "NaN", "nested 50000 deep", "class_names short"])
 def test_training_refuses_bad_super_class_file(tmp_path, case):
-    from mobile_moe.registry import make_config
-    from mobile_moe.training.data import open_data
-    from mobile_moe.training.super_spec import resolve_super_classes
-
     path = _write(tmp_path / "sc.json", BAD_FILES[case][0])
     config = make_config("mobile-vmoe", "4x64", patch_size=8, image_size=32, num_classes=10, num_experts=3)
     with pytest.raises(UsageError) as caught:
@@ -318,7 +318,5 @@ def test_show_prints_undefined_quality_as_na(tmp_path, capsys):
 
 
 def test_demo_epochs_zero_is_refused_not_the_default():
-    from mobile_moe.training.demo import train_digits
-
     with pytest.raises(UsageError, match="at least 1"):
         train_digits("dense", "unused", epochs=0)

@@ -19,8 +19,9 @@ from conftest import one_torch_thread
 
 from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
+from mobile_moe.image_files import UnreadableImage
 from mobile_moe.training import train as train_module
-from mobile_moe.training.cli import RESUME_HELP, flag_of
+from mobile_moe.training.cli import RESUME_HELP, flag_of, model_differences
 from mobile_moe.training.recipes import MAY_CHANGE_ON_RESUME
 from mobile_moe.training.run_dir import METRICS, load_run, read_metrics, save_checkpoint, write_metrics
 
@@ -416,8 +417,6 @@ def test_a_broken_image_met_in_a_dataloader_worker_is_still_one_line():
     the slow workers=2 case above, through torch's own wrapper."""
     from torch._utils import ExceptionWrapper
 
-    from mobile_moe.image_files import UnreadableImage
-
     try:
         raise UnreadableImage("cannot read image /data/x.png: not an image PIL can decode; replace or remove it")
     except UnreadableImage:
@@ -438,8 +437,6 @@ def test_a_config_json_that_is_not_a_runs_is_never_overwritten(tmp_path, capsys)
 
 def test_a_preset_size_with_an_explicit_patch_resumes_as_started():
     import argparse
-
-    from mobile_moe.training.cli import model_differences
 
     given = argparse.Namespace(model="vit", size="deit-ti", patch_size=8, image_size=None, num_classes=None,
                                pool=None, num_experts=None, top_k=None, moe_layers=None)  # fmt: skip

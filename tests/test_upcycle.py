@@ -13,6 +13,7 @@ from conftest import TINY, TINY_OPTIONS, one_torch_thread, tiny_model
 
 from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
+from mobile_moe.importers import Source, convert_model
 from mobile_moe.registry import MODELS, create_model, make_config
 from mobile_moe.training.run_dir import load_run, read_config
 from mobile_moe.upcycle import check_dense_fits, upcycle
@@ -85,8 +86,6 @@ def test_without_renormalised_gates_the_upcycled_model_scales_its_experts(images
 )
 def test_an_upcycled_import_computes_the_source_models_logits(source, kwargs, experts):
     from test_import import source_model
-
-    from mobile_moe.importers import Source, convert_model
 
     theirs = source_model(source, **kwargs)
     library, _, name = source.partition(":")

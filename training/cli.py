@@ -17,7 +17,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from mobile_moe.atomic import check_writable
 from mobile_moe.cli_args import MODEL_FLAGS, add_model_arguments, config_from_args, model_kwargs
+from mobile_moe.config import parse_size
 from mobile_moe.devices import DEVICES
 from mobile_moe.errors import UsageError
 from mobile_moe.training.recipes import (
@@ -26,6 +28,7 @@ from mobile_moe.training.recipes import (
     ROUTE_BY,
     TrainConfig,
     finite_float,
+    from_dict,
     recipe,
 )
 
@@ -133,8 +136,6 @@ def with_lr(cfg: TrainConfig, lr: float | None) -> TrainConfig:
 
 
 def model_differences(args: argparse.Namespace, model: dict[str, Any]) -> list[str]:
-    from mobile_moe.config import parse_size
-
     found = []
     if args.model is not None and args.model != model["name"]:
         found.append(f"--model {args.model} differs from the run's {model['name']}")
@@ -181,6 +182,7 @@ def recipe_differences(args: argparse.Namespace, run_cfg: TrainConfig, given: Tr
 
 
 def init_from_differences(args: argparse.Namespace, config: dict[str, Any]) -> list[str]:
+    # torch loads only when the command runs, so `--help` stays fast
     from mobile_moe.training.init_from import same_run_dir
 
     theirs = config.get("init_from")
@@ -191,8 +193,8 @@ def init_from_differences(args: argparse.Namespace, config: dict[str, Any]) -> l
 
 def resume_changes(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, object]:
     """Refuse given flags that differ from the run's (config.json) values; -> the changes a resume may make."""
+    # torch loads only when the command runs, so `--help` stays fast
     from mobile_moe.training.imported import refuse_resume
-    from mobile_moe.training.recipes import from_dict
 
     refuse_resume(config, args.out)
     run_cfg = from_dict(config["recipe"])
@@ -217,7 +219,7 @@ def resume_changes(args: argparse.Namespace, config: dict[str, Any]) -> dict[str
 
 
 def run(args: argparse.Namespace) -> None:
-    from mobile_moe.atomic import check_writable
+    # torch: these load only when the command runs, so `mobile-moe train --help` stays fast
     from mobile_moe.training.run_dir import LAST, is_run_dir, read_config
     from mobile_moe.training.train import resume_training, train
 
@@ -250,6 +252,7 @@ def init_defaults(args: argparse.Namespace) -> dict[str, object]:
     """With --init-from, the model's fields default to the dense run's, so only E, k and L need giving."""
     if args.init_from is None or args.model is None:
         return {}
+    # torch loads only when the command runs, so `--help` stays fast
     from mobile_moe.training.init_from import model_defaults
 
     return model_defaults(args.model, args.init_from, args.size)

@@ -15,6 +15,7 @@ from typing import Any
 from mobile_moe.errors import UsageError
 from mobile_moe.registry import make_config
 from mobile_moe.training import recipes
+from mobile_moe.training.evaluate import evaluate
 from mobile_moe.training.run_dir import load_run, read_metrics
 from mobile_moe.training.train import train
 
@@ -39,8 +40,6 @@ def train_digits(
     Returns run_dir, test_top1, test_top5, router_accuracy (None for dense), expert_load, images_per_s (mean over
     epochs) and wall_s.
     """
-    from mobile_moe.training.evaluate import evaluate
-
     name, extra = MODELS[kind]
     fields = dict(DEMO_MODEL)
     config = make_config(name, fields.pop("size"), **fields, **extra)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from mobile_moe.atomic import atomic_path, check_writable
 from mobile_moe.devices import DEVICES, resolve_device
 from mobile_moe.errors import UsageError
 
@@ -21,9 +22,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    # numpy and torch load only when the command runs, so `mobile-moe evaluate --help` stays fast
     import numpy as np
 
-    from mobile_moe.atomic import atomic_path, check_writable
     from mobile_moe.super_class.confusion import confusion_from_predictions
     from mobile_moe.training.evaluate import collect_predictions, evaluate
     from mobile_moe.training.run_dir import load_run

@@ -26,6 +26,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    # torch loads only when the command runs, so `--help` stays fast
     from mobile_moe.training.imported import import_run
 
     record = import_run(args.model, args.weights, args.out, args.class_names)

@@ -19,18 +19,17 @@ import os
 from pathlib import Path
 from typing import Any
 
+from mobile_moe.atomic import atomic_path, check_writable
+from mobile_moe.checkpoint import save_checkpoint
 from mobile_moe.class_names import read_class_names
 from mobile_moe.errors import UsageError
+from mobile_moe.importers import import_vit, parse_source, read_state_dict
+from mobile_moe.training.run_dir import BEST, is_imported, write_config
 
 
 def import_run(model: str, weights: str | os.PathLike, out: str | os.PathLike, class_names: str | None = None) -> dict:
     """Import `weights` of `model` ("timm:NAME" | "torchvision:NAME") into a new run directory `out`, written whole
     or not at all; -> the run's source record."""
-    from mobile_moe.atomic import atomic_path, check_writable
-    from mobile_moe.checkpoint import save_checkpoint
-    from mobile_moe.importers import import_vit, parse_source, read_state_dict
-    from mobile_moe.training.run_dir import BEST, write_config
-
     source = parse_source(model)
     out = Path(out)
     if out.is_symlink():
@@ -112,8 +111,6 @@ def class_names_from(source: str, num_classes: int) -> list[str]:
 
 def refuse_resume(config: dict[str, Any], run_dir: str | os.PathLike) -> None:
     """An imported run holds no training state: it is a starting point, never resumed (that would retrain it)."""
-    from mobile_moe.training.run_dir import is_imported
-
     if is_imported(config):
         raise _not_resumable(config["source"].get("model"), run_dir)
 

@@ -29,6 +29,9 @@ from mobile_moe import atomic
 from mobile_moe.atomic import write_text_atomic
 from mobile_moe.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from mobile_moe.errors import UsageError
+from mobile_moe.preprocess import check_resize
+from mobile_moe.training.data import open_data
+from mobile_moe.training.recipes import MAY_CHANGE_ON_RESUME
 
 CONFIG = "config.json"
 LAST = "checkpoint.pt"
@@ -60,8 +63,6 @@ class Run:
     def open_data(self, spec: str | None = None):
         """The run's data (or `spec`, which must have the run's classes) at the run's image size, fed as the run
         records (`preprocessing`; runs from before the resize record: the data spec's own policy)."""
-        from mobile_moe.training.data import open_data
-
         record = self.config["data"]
         spec = spec or record["spec"]
         if spec is None:
@@ -75,8 +76,6 @@ class Run:
 def preprocessing(record: dict[str, Any], where: str | os.PathLike) -> dict[str, Any]:
     """open_data's overrides that feed images as a run's data record says: its mean, std and eval resize policy
     (checked here, so a bad record names the file `where` it came from)."""
-    from mobile_moe.preprocess import check_resize
-
     resize = record.get("eval_resize")
     if resize is not None:
         resize = check_resize(resize, record["image_size"], f"{where} data.eval_resize")
@@ -256,8 +255,6 @@ def differing_fields(a: dict[str, Any], b: dict[str, Any], skip: tuple[str, ...]
 def differences(config: dict[str, Any], model: dict[str, Any], recipe: dict[str, Any], data: str) -> list[str]:
     """What makes the run `config` (config.json) another run than one of `model`, `recipe` (dicts) and `data` (a
     spec): every field but those a resume may change."""
-    from mobile_moe.training.recipes import MAY_CHANGE_ON_RESUME
-
     found = [f"model {key}" for key in differing_fields(model, config["model"])]
     found += [f"recipe {key}" for key in differing_fields(recipe, config["recipe"], MAY_CHANGE_ON_RESUME)]
     if config["data"].get("spec") != data:
