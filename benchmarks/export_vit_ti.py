@@ -21,7 +21,6 @@ from pathlib import Path
 import torch
 
 from mobile_moe.export.bundle import export_bundle
-from mobile_moe.export.manifest import load_bytes
 from mobile_moe.registry import create_model
 
 # split: router + one graph per expert path (k=1 default); per-block: shared attention in its own graphs, experts
@@ -46,17 +45,17 @@ def export_one(model, backend: str, variant: str, out: Path, images: torch.Tenso
         log=lambda message: print("   ", message, flush=True),
     )
     seconds = time.perf_counter() - start
-    graphs = {g["name"]: load_bytes(g) for g in manifest["graphs"]}
-    undelegated = sorted({op for g in manifest["graphs"] for op in g["backend_details"].get("undelegated_ops", [])})
-    parity = manifest["parity"]
+    graphs = {g.name: g.load_bytes for g in manifest.graphs}
+    undelegated = sorted({op for g in manifest.graphs for op in g.backend_details.get("undelegated_ops", [])})
+    parity = manifest.parity
     return {
         "backend": backend,
         "variant": variant,
-        "precision": manifest["precision"],
+        "precision": manifest.precision,
         "export_seconds": round(seconds, 1),
-        "graph_seconds": {g["name"]: g["export_seconds"] for g in manifest["graphs"]},
+        "graph_seconds": {g.name: g.export_seconds for g in manifest.graphs},
         "graph_bytes": graphs,
-        "sizes": manifest["sizes"],
+        "sizes": manifest.sizes,
         "parity": {
             k: parity[k]
             for k in ("max_abs_logit_error", "max_abs_prob_error", "expert_agreement", "checked_on")

@@ -55,11 +55,10 @@ def direct_runs(paths: dict[str, Path], images: np.ndarray, iterations: int, thr
     """ms per image for each model: blocks of 20 images per model, alternating models block by block, so drift hits
     both alike while each model runs with its own weights hot in cache, as it does in the bench's own process."""
     dense_manifest, moe_manifest = read_manifest(paths["dense"]), read_manifest(paths["moe"])
-    dense = session(paths["dense"] / dense_manifest["graphs"][0]["file"], threads)
-    graphs = {graph["name"]: graph for graph in moe_manifest["graphs"]}
-    composition = moe_manifest["composition"]
-    router = session(paths["moe"] / graphs[composition["router"]]["file"], threads)
-    experts = [session(paths["moe"] / graphs[name]["file"], threads) for name in composition["experts"]]
+    dense = session(paths["dense"] / dense_manifest.graphs[0].file, threads)
+    composition = moe_manifest.composition
+    router = session(paths["moe"] / moe_manifest.graph(composition.router).file, threads)
+    experts = [session(paths["moe"] / moe_manifest.graph(name).file, threads) for name in composition.experts]
     image_input = dense.get_inputs()[0].name
     token_input, gate_input = (node.name for node in experts[0].get_inputs())
 

@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mobile_moe.export.manifest import bundle_bytes
+from mobile_moe.export.manifest import read_manifest
 
 BACKBONE = ["--size", "4x64", "--patch", "8", "--image-size", "32", "--pool", "mean"]
 MOE_LAYERS = 2
@@ -79,8 +79,7 @@ def main() -> None:
         scores = json.loads(mobile_moe("evaluate", str(run), "--split", "test", "--json"))
         bundle = out / "bundles" / name
         mobile_moe("export", str(run), "--format", "executorch", "--out", str(bundle))
-        manifest = json.loads((bundle / "manifest.json").read_text())
-        rows[name] = {"info": info, "scores": scores, "bundle_bytes": bundle_bytes(manifest["graphs"])}
+        rows[name] = {"info": info, "scores": scores, "bundle_bytes": read_manifest(bundle).bundle_bytes()}
     bench_argv = [*(str(out / "bundles" / name) for name in runs), "--runtime", "native", "--threads", "1"]
     bench_argv += ["--iterations", str(args.iterations), "--data", "digits", "--out", str(out / "bench"), "--json"]
     results = json.loads(mobile_moe("bench", *bench_argv))

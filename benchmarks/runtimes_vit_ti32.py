@@ -30,7 +30,6 @@ from mobile_moe.costs import costs
 from mobile_moe.device_bench.bench import BenchSettings, benchmark
 from mobile_moe.device_bench.settings import Settings
 from mobile_moe.export.bundle import export_bundle
-from mobile_moe.export.manifest import bundle_bytes
 from mobile_moe.registry import create_model, make_config
 
 MODELS = {"dense": "vit", "moe": "mobile-vmoe"}
@@ -42,7 +41,7 @@ def export_timed(name: str, backend: str, quantize: str, out: Path) -> tuple[flo
     start = time.perf_counter()
     manifest = export_bundle(model, out, backend, quantize=quantize)
     seconds = time.perf_counter() - start
-    print(f"exported {name} {backend} {quantize}: {seconds:.0f} s, {bundle_bytes(manifest['graphs']) / 1e6:.1f} MB")
+    print(f"exported {name} {backend} {quantize}: {seconds:.0f} s, {manifest.bundle_bytes() / 1e6:.1f} MB")
     return seconds, manifest
 
 
@@ -68,7 +67,7 @@ def export_goals(root: Path) -> tuple[list[Goal], dict[str, float]]:
         goals.append((f"export time MoE/dense, {quantize}", export_ratio, "<= 1.5"))
     for name in MODELS:
         params = costs(make_config(MODELS[name], "12x192", num_classes=1000)).params_total
-        disk_ratio = bundle_bytes(manifests[f"{name}-none"]["graphs"]) / (4 * params)
+        disk_ratio = manifests[f"{name}-none"].bundle_bytes() / (4 * params)
         goals.append((f"bundle bytes / fp32 parameter bytes, {name}", disk_ratio, "<= 1.05"))
     return goals, seconds
 

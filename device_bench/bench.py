@@ -35,6 +35,7 @@ from mobile_moe.device_bench.settings import Settings
 from mobile_moe.device_bench.workload import make_workload, random_seed, write_raw
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest import read_manifest
+from mobile_moe.export.manifest_schema import Manifest
 
 RUNTIMES = ("executorch", "onnxruntime", "native", "coreml")
 DEFAULT_RUNTIME = {"executorch": "native", "onnx": "onnxruntime", "coreml": "coreml"}  # by bundle backend
@@ -93,9 +94,9 @@ def choose_runner(runtime: str, device: str = "host", runner: str | Path | None 
 
         return NativeRunner(Path(runner) if runner is not None else None)
     if runtime == "coreml":
-        from mobile_moe.device_bench.coreml_runner import CoreMLRunner
+        from mobile_moe.device_bench.coreml_worker import CoreMLWorker
 
-        return CoreMLRunner()  # refuses off macOS
+        return CoreMLWorker()  # refuses off macOS
     from mobile_moe.device_bench.python_worker import PythonWorker
 
     return PythonWorker(runtime)
@@ -135,10 +136,10 @@ class BenchSettings:
         return {**dataclasses.asdict(self.round), "data": self.data, "images": self.images, "pause_s": self.pause_s}
 
 
-def choose_runtime(requested: str | None, manifest: dict, bundle: str) -> str:
-    runtime = requested or DEFAULT_RUNTIME.get(manifest["backend"])
-    if runtime is None or BACKEND_OF_RUNTIME[runtime] != manifest["backend"]:
-        backend = manifest["backend"]
+def choose_runtime(requested: str | None, manifest: Manifest, bundle: str) -> str:
+    backend = manifest.backend
+    runtime = requested or DEFAULT_RUNTIME.get(backend)
+    if runtime is None or BACKEND_OF_RUNTIME[runtime] != backend:
         article = "an" if backend[0] in "aeiou" else "a"
         raise UsageError(f"{bundle} is {article} {backend} bundle; --runtime {requested} cannot run it")
     return runtime

@@ -55,7 +55,7 @@ def measure(bundle_dir: str | Path, runtime: str, images_file: str | Path, setti
     from mobile_moe.export.manifest import read_manifest
     from mobile_moe.export.runtime import load_bundle
 
-    shape = read_manifest(bundle_dir)["input"]["shape"]  # the schema's checks; nothing is loaded before the timing
+    shape = read_manifest(bundle_dir).input.shape  # the schema's checks; nothing is loaded before the timing
     images = torch.from_numpy(np.fromfile(images_file, dtype=np.float32).reshape(-1, *shape[1:]))  # (N, C, S, S)
     torch.set_num_threads(settings.threads)
     cache = settings.cache_experts

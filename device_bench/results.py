@@ -11,13 +11,13 @@ import functools
 import statistics
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 
 from mobile_moe.device_bench import routing_stats
 from mobile_moe.device_bench.round_report import RoundReport
 from mobile_moe.errors import UsageError
-from mobile_moe.export.manifest import bundle_bytes, load_bytes
-from mobile_moe.export.manifest_schema import bundle_kind, resident_and_per_expert
+from mobile_moe.export.manifest_schema import GraphEntry, Manifest
 
 SPREAD_FLAG = 0.10  # (max - min) / median of the rounds' p50 above this: the rounds disagree, numbers are noisy
 REQUIRED_FIELDS = (
@@ -31,46 +31,44 @@ def _median(values: list) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _costs(manifest: dict):
+def _costs(manifest: Manifest):
     """Parameter and FLOP counts from the manifest's model config (mobile_moe.costs), or None if it cannot say."""
     try:
         from mobile_moe.costs import costs
         from mobile_moe.registry import config_from_dict
 
-        return costs(config_from_dict(dict(manifest["model"])))
+        return costs(config_from_dict(manifest.model.model_dump(exclude_unset=True)))  # the config as written
     except Exception:  # an unknown model family: report the counts as unknown rather than guess
         return None
 
 
-def _loaded_per_image(manifest: dict, sequence: list[list[int]], field: str) -> float:
-    """Mean over images of `field` ("bytes" or "params") summed over the graphs each image needs loaded: every graph
+def _loaded_per_image(manifest: Manifest, sequence: list[list[int]], size: Callable[[GraphEntry], int]) -> float:
+    """Mean over images of `size(graph)` (bytes, parameters) summed over the graphs each image needs loaded: every graph
     that is not an expert's (router, shared block halves, head, or the one dense / monolithic / whole graph) plus the
     graphs of the experts it chose. A whole per-token bundle has no expert graphs: each image loads the whole graph,
     every expert included, whichever experts its tokens used."""
-    size = load_bytes if field == "bytes" else lambda graph: int(graph[field])
-    graphs = ((graph["role"], graph.get("expert"), size(graph)) for graph in manifest["graphs"])
-    fixed, per_expert = resident_and_per_expert(graphs)
+    fixed, per_expert = manifest.resident_and_per_expert(size)
     if not per_expert or not sequence:
         return float(fixed)
     return statistics.mean(fixed + sum(per_expert[e] for e in experts) for experts in sequence)
 
 
-def bytes_per_image(manifest: dict, sequence: list[list[int]]) -> float:
+def bytes_per_image(manifest: Manifest, sequence: list[list[int]]) -> float:
     """Graph bytes one image needs loaded: the router (or the single graph) plus its chosen experts, averaged."""
-    return _loaded_per_image(manifest, sequence, "bytes")
+    return _loaded_per_image(manifest, sequence, lambda graph: graph.load_bytes)
 
 
-def params_per_image(manifest: dict, sequence: list[list[int]]) -> float:
+def params_per_image(manifest: Manifest, sequence: list[list[int]]) -> float:
     """Parameters (weights) of the graphs one image needs loaded, averaged: set beside params_active, what it
     computes with, this says what a phone holds for it (a whole per-token bundle: every expert, always)."""
-    return _loaded_per_image(manifest, sequence, "params")
+    return _loaded_per_image(manifest, sequence, lambda graph: graph.params)
 
 
-def params_active(manifest: dict, counts) -> int | None:
+def params_active(manifest: Manifest, counts) -> int | None:
     """What one image computes with, worst case: the manifest's params_active_max (export recorded it from
     mobile_moe.costs), else mobile_moe.costs on the manifest's model config (bundles written before the field)."""
-    if isinstance(manifest.get("params_active_max"), int):
-        return manifest["params_active_max"]
+    if manifest.params_active_max is not None:
+        return manifest.params_active_max
     return counts.params_active if counts else None
 
 
@@ -160,14 +158,14 @@ def summarize_round(raw: dict) -> dict:
 
 
 def run_record(
-    bundle: str | Path, manifest: dict, runtime: str, device: str, rounds: list[dict], workload_source: str
+    bundle: str | Path, manifest: Manifest, runtime: str, device: str, rounds: list[dict], workload_source: str
 ) -> dict:
     """The results.json record for one (bundle, runtime, device) from its rounds' raw runner JSON."""
     first = rounds[0]
     summaries = [summarize_round(raw) for raw in rounds]
     sequence = [row.get("experts", []) for row in first["images"]]
-    num_experts = int(manifest.get("num_experts") or 0)
-    split = bundle_kind(manifest) == "split"
+    num_experts = manifest.num_experts
+    split = manifest.kind == "split"
     counts = _costs(manifest)
     p50s = [s["latency_ms"]["p50"] for s in summaries]
     switch_ms = _median([s["switch_ms"] for s in summaries])
@@ -179,9 +177,9 @@ def run_record(
     return {
         "bundle": str(bundle),
         "bundle_name": Path(bundle).name,
-        "model": manifest["model"].get("name"),
-        "kind": bundle_kind(manifest),
-        "backend": manifest.get("backend"),
+        "model": manifest.model.name,
+        "kind": manifest.kind,
+        "backend": manifest.backend,
         "runtime": runtime,
         "device": device,
         "threads": first.get("threads"),
@@ -207,14 +205,14 @@ def run_record(
         "peak_rss_bytes": _median([s["peak_rss_bytes"] for s in summaries]),
         "pss_bytes": _median([s["pss_bytes"] for s in summaries]),
         "bytes_loaded_per_image": bytes_image,
-        "bundle_bytes": bundle_bytes(manifest["graphs"]),
+        "bundle_bytes": manifest.bundle_bytes(),
         "params_active": active,
         "params_loaded_per_image": params_image,
         "params_loaded_vs_active": params_image / active if active else None,
         "params_total": counts.params_total if counts else None,
         "flops": counts.flops if counts else None,
         "bytes_loaded_vs_active_params": bytes_image / active_bytes if active_bytes else None,
-        "accuracy": manifest.get("validation_top1"),  # the schema's: 0..1 or absent
+        "accuracy": manifest.validation_top1,  # the schema's: 0..1 or absent
         "expert_change_rate": routing_stats.expert_change_rate(sequence) if split else None,
         "cache_hit_rate": routing_stats.cache_hit_rates(sequence, num_experts) if split else {},
         "expert_histogram": routing_stats.expert_histogram(sequence, num_experts) if split else [],

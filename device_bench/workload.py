@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from mobile_moe.errors import UsageError
+from mobile_moe.export.manifest_schema import Manifest
 
 
 @dataclass
@@ -27,14 +28,13 @@ def random_workload(shape: list[int], count: int, seed: int = 0) -> Workload:
     return Workload(images, f"random:{seed}")
 
 
-def data_workload(spec: str, manifest: dict, count: int) -> Workload:
+def data_workload(spec: str, manifest: Manifest, count: int) -> Workload:
     """The first `count` images of the spec's val split, preprocessed with the bundle's recorded normalisation."""
     try:
         from mobile_moe.training.data import open_data
     except ImportError as error:  # training/ is another package of this toolkit; say what is missing
         raise UsageError(f"--data needs the training package ({error}); use --data random instead") from error
-    shape = manifest["input"]["shape"]
-    data = open_data(spec, int(shape[-1]), mean=manifest["input"].get("mean"), std=manifest["input"].get("std"))
+    data = open_data(spec, manifest.input.shape[-1], mean=manifest.input.mean, std=manifest.input.std)
     split = data.split("val")
     count = min(count, len(split))
     images = np.stack([split[i][0].numpy() for i in range(count)]).astype(np.float32)
@@ -52,13 +52,13 @@ def random_seed(spec: str) -> int | None:
     return int(seed)
 
 
-def make_workload(spec: str, manifest: dict, count: int) -> Workload:
+def make_workload(spec: str, manifest: Manifest, count: int) -> Workload:
     """`random` / `random:SEED`, or any data spec training.data understands."""
     if count < 1:
         raise UsageError(f"--images {count}: must be at least 1")
     seed = random_seed(spec)
     if seed is not None:
-        return random_workload(manifest["input"]["shape"], count, seed)
+        return random_workload(manifest.input.shape, count, seed)
     return data_workload(spec, manifest, count)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,18 +29,17 @@ from mobile_moe.export.manifest import (
     FORMAT,
     MANIFEST,
     VERSION,
-    bundle_bytes,
     entries_not_in_bundle,
     graph_entry,
     is_bundle,
-    load_bytes,
     planned_entry,
     read_manifest,
     validate_manifest,
     write_manifest,
 )
+from mobile_moe.export.manifest_schema import Manifest
 from mobile_moe.export.parity import PROB_TOLERANCE, measure_parity, parity_passed
-from mobile_moe.export.runners import TorchRunner
+from mobile_moe.export.runners import TorchRunner, coreml_runs_here
 from mobile_moe.export.runtime import Bundle
 from mobile_moe.export.traces import graph_inputs
 
@@ -99,22 +99,6 @@ def _random_images(model: nn.Module, count: int = 8) -> Tensor:
     return torch.randn(count, cfg.in_chans, cfg.image_size, cfg.image_size, generator=generator)
 
 
-def _sizes(graphs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Bytes a phone holds: everything (a shared program once), the router (+ shared parts), and the router plus one
-    image's experts (each expert's program and weights: what loading it reads)."""
-    total = bundle_bytes(graphs)
-    resident = sum(load_bytes(g) for g in graphs if g["role"] in ("router", "block_shared", "head"))
-    per_expert: dict[int, int] = {}
-    for g in graphs:
-        if g["expert"] is not None:
-            per_expert[g["expert"]] = per_expert.get(g["expert"], 0) + load_bytes(g)
-    sizes = {"total_bytes": total, "resident_bytes": resident or total}
-    if per_expert:
-        sizes["max_expert_bytes"] = max(per_expert.values())
-        sizes["resident_plus_one_expert_bytes"] = resident + max(per_expert.values())
-    return sizes
-
-
 def _check_parity(bundle: Bundle, model: nn.Module, images: Tensor, strict: bool, note: str) -> dict[str, Any]:
     result = measure_parity(bundle, model, images)
     result.update({"checked_on": note, "prob_tolerance": PROB_TOLERANCE if strict else None})
@@ -164,13 +148,9 @@ def export_bundle(
     validation_top1: float | None = None,
     resize: dict[str, Any] | None = None,
     log: Callable[[str], None] = lambda message: None,
-) -> dict[str, Any]:
-    """Export `model` as a bundle at `out_dir`; returns the manifest. See the module docstring."""
-    export_graph, suffix = exporter(backend)
-    if quantize not in QUANTIZE:
-        raise UsageError(f"--quantize {quantize!r}: choose one of {', '.join(QUANTIZE)}")
-    if fp32 and backend != "coreml":
-        raise UsageError("--fp32 applies to Core ML only (ExecuTorch and ONNX bundles are fp32 unless quantized)")
+) -> Manifest:
+    """Export `model` as a bundle at `out_dir`; returns its manifest. See the module docstring."""
+    lowering = Lowering(backend=backend, quantize=quantize, fp32=fp32, coreml_compression=coreml_compression)
     out_dir = Path(out_dir)
     check_target(out_dir)
     model = model.eval()
@@ -183,77 +163,106 @@ def export_bundle(
     calibration = {}
     if quantize == "int8" and backend == "executorch":
         calibration = graph_inputs(split, model, sample_images if calibration_images is None else calibration_images)
-
-    planned = [planned_entry(spec, f"{spec.name}{suffix}") for spec in split.graphs]
-    precision = _precision(backend, quantize, fp32, coreml_compression)
-    manifest = _manifest(cfg, split, backend, planned, class_names, super_class_names, mean, std, precision, source)
-    manifest["input"]["resize"] = dict(resize if resize is not None else ASSUMED_RESIZE)
-    if validation_top1 is not None:
-        manifest["validation_top1"] = validation_top1
-    _check_schema(manifest)  # before any graph is exported
+    described = {
+        "class_names": class_names,
+        "super_class_names": list(super_class_names) if super_class_names else None,
+        "input": _input(cfg, mean=mean, std=std, resize=resize),
+        "source": source,
+        **({"validation_top1": validation_top1} if validation_top1 is not None else {}),
+    }
+    manifest = _planned_manifest(cfg, split, lowering, described)  # checked before any graph is exported
 
     with atomic_path(out_dir, directory=True) as tmp:
-        entries = _export_graphs(
-            split, export_graph, suffix, tmp, backend, quantize, fp32, coreml_compression, calibration, log
-        )
-        manifest.update(graphs=entries, sizes=_sizes(entries))
+        entries = _export_graphs(split, lowering, tmp, calibration=calibration, log=log)
+        manifest = manifest.updated(graphs=entries)
+        manifest = manifest.updated(sizes=manifest.phone_sizes())
         write_manifest(tmp, manifest)
         bundle, note = _runnable(tmp, backend, split)
         strict = quantize == "none" and (backend != "coreml" or note.startswith("split"))
-        manifest["parity"] = _check_parity(bundle, model, sample_images, strict, note)
-        log(f"parity ({note}): max |prob error| {manifest['parity']['max_abs_prob_error']:.2e}")
+        manifest = manifest.updated(parity=_check_parity(bundle, model, sample_images, strict, note))
+        log(f"parity ({note}): max |prob error| {manifest.parity['max_abs_prob_error']:.2e}")
         if quantize == "int8":
-            manifest["quantization"] = _quantization_report(manifest, split, bundle, model, val_data, backend)
+            report = _quantization_report(manifest, split, bundle, model, val_data, backend)
+            manifest = manifest.updated(quantization=report)
         write_manifest(tmp, manifest)
-        _verify(tmp)
+        read_manifest(tmp, verify_files=True)  # what was written reads back, every file matching it
     return manifest
 
 
-def _manifest(
-    cfg, split: Split, backend, entries, class_names, super_class_names, mean, std, precision, source
-) -> dict:
-    """The manifest of a bundle of `split`'s graphs (entries: written or planned); parity is added once measured."""
+@dataclass(frozen=True)
+class Lowering:
+    """How every graph of a bundle is lowered: the backend and its precision options."""
+
+    backend: str
+    quantize: str = "none"
+    fp32: bool = False
+    coreml_compression: str = "linear8"
+
+    def __post_init__(self):
+        exporter(self.backend)  # an unknown backend is refused here
+        if self.quantize not in QUANTIZE:
+            raise UsageError(f"--quantize {self.quantize!r}: choose one of {', '.join(QUANTIZE)}")
+        if self.fp32 and self.backend != "coreml":
+            raise UsageError("--fp32 applies to Core ML only (ExecuTorch and ONNX bundles are fp32 unless quantized)")
+
+    @property
+    def precision(self) -> str:
+        if self.quantize == "int8":
+            return {"executorch": "int8 (XNNPACKQuantizer, pt2e)", "onnx": "int8 (dynamic)"}.get(
+                self.backend, self.coreml_compression
+            )
+        return "fp16" if self.backend == "coreml" and not self.fp32 else "fp32"
+
+
+def _input(cfg, *, mean: Sequence[float] | None, std: Sequence[float] | None, resize: dict | None) -> dict[str, Any]:
+    """The manifest's `input`: the image tensor, its normalisation, and how an image file is resized to it."""
     return {
+        "shape": [1, cfg.in_chans, cfg.image_size, cfg.image_size],
+        "dtype": "float32",
+        "mean": list(mean) if mean is not None else [0.0] * cfg.in_chans,
+        "std": list(std) if std is not None else [1.0] * cfg.in_chans,
+        "resize": dict(resize if resize is not None else ASSUMED_RESIZE),
+    }
+
+
+def _planned_manifest(cfg, split: Split, lowering: Lowering, described: dict[str, Any]) -> Manifest:
+    """The manifest of `split`'s graphs before any is written (planned entries: no sizes or sha256 yet), which must
+    pass its own schema; if not (e.g. the cost accounting claims more active parameters than the graphs hold), that
+    is export's bug, said as such. Graphs, sizes and parity are filled in as they are made."""
+    suffix = exporter(lowering.backend)[1]
+    planned = [planned_entry(spec, f"{spec.name}{suffix}") for spec in split.graphs]
+    fields = {
         "format": FORMAT,
         "version": VERSION,
-        "backend": backend,
+        "backend": lowering.backend,
         "model": cfg.to_dict(),
         "num_experts": getattr(cfg, "num_experts", 1) if split.layout != "dense" else 0,
         "top_k": getattr(cfg, "top_k", 0) if split.layout != "dense" else 0,
         "routing": cfg.routing,
         "params_active_max": costs(cfg).params_active,
-        "input": {
-            "shape": [1, cfg.in_chans, cfg.image_size, cfg.image_size],
-            "dtype": "float32",
-            "mean": list(mean) if mean is not None else [0.0] * cfg.in_chans,
-            "std": list(std) if std is not None else [1.0] * cfg.in_chans,
-        },
-        "class_names": class_names,
-        "super_class_names": list(super_class_names) if super_class_names else None,
         "composition": split.composition,
-        "graphs": entries,
-        "sizes": _sizes(entries),
-        "precision": precision,
-        "source": source,
+        "graphs": planned,
+        "precision": lowering.precision,
+        **described,
     }
+    try:
+        return validate_manifest(fields)
+    except ValueError as error:
+        raise UsageError(f"export would write a manifest that breaks its schema ({error}); nothing written") from None
 
 
-def _precision(backend: str, quantize: str, fp32: bool, coreml_compression: str) -> str:
-    if quantize == "int8":
-        return {"executorch": "int8 (XNNPACKQuantizer, pt2e)", "onnx": "int8 (dynamic)", "coreml": coreml_compression}[
-            backend
-        ]
-    return "fp16" if backend == "coreml" and not fp32 else "fp32"
-
-
-def _export_graphs(split, export_graph, suffix, tmp, backend, quantize, fp32, coreml_compression, calibration, log):
-    """Export every graph of `split` into `tmp`; a family of graphs shares one program where the backend can."""
+def _export_graphs(
+    split: Split, lowering: Lowering, tmp: Path, *, calibration: dict, log: Callable[[str], None]
+) -> list[dict[str, Any]]:
+    """Export every graph of `split` into `tmp`; a family of graphs shares one program where the backend can.
+    -> the manifest's `graphs` entries, in the split's order."""
+    export_graph, suffix = exporter(lowering.backend)
     specs = {spec.name: spec for spec in split.graphs}
     artifacts: dict[str, tuple[Any, float]] = {}  # graph name -> (Artifact, seconds)
-    if backend == "executorch":
+    if lowering.backend == "executorch":
         for program, names in split.families.items():
             members = [specs[name] for name in names]
-            artifacts.update(_export_family(program, members, tmp, quantize, calibration, log))
+            artifacts.update(_export_family(program, members, tmp, lowering.quantize, calibration, log))
     for spec in split.graphs:
         if spec.name in artifacts:
             continue
@@ -264,26 +273,25 @@ def _export_graphs(split, export_graph, suffix, tmp, backend, quantize, fp32, co
             tmp / f"{spec.name}{suffix}",
             input_names=[t.name for t in spec.inputs],
             output_names=[t.name for t in spec.outputs],
-            quantize=quantize,
+            quantize=lowering.quantize,
             calibration=calibration.get(spec.name, ()),
-            fp32=fp32,
-            coreml_compression=coreml_compression,
+            fp32=lowering.fp32,
+            coreml_compression=lowering.coreml_compression,
             descriptions=DESCRIPTIONS,
             summary=f"mobile-moe {split.layout} graph {spec.name} ({spec.role})",
         )
         artifacts[spec.name] = (artifact, time.perf_counter() - start)
-    entries = []
-    for spec in split.graphs:
-        artifact, seconds = artifacts[spec.name]
-        entry = graph_entry(spec, artifact, tmp)
-        entry["export_seconds"] = round(seconds, 3)
-        entries.append(entry)
-        leftover = artifact.details.get("undelegated_ops")
-        log(
-            f"  {spec.name}: {load_bytes(entry) / 1e6:.2f} MB in {seconds:.1f} s"
-            + (f", not delegated: {leftover}" if leftover else "")
-        )
-    return entries
+    return [_logged_entry(spec, *artifacts[spec.name], tmp, log) for spec in split.graphs]
+
+
+def _logged_entry(spec, artifact, seconds: float, tmp: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    entry = graph_entry(spec, artifact, tmp)
+    entry["export_seconds"] = round(seconds, 3)
+    loaded = sum(file["bytes"] for file in (entry, entry.get("weights")) if file)
+    leftover = artifact.details.get("undelegated_ops")
+    note = f", not delegated: {leftover}" if leftover else ""
+    log(f"  {spec.name}: {loaded / 1e6:.2f} MB in {seconds:.1f} s{note}")
+    return entry
 
 
 def _export_family(program: str, members: list, tmp: Path, quantize: str, calibration: dict, log) -> dict:
@@ -317,20 +325,18 @@ def _export_family(program: str, members: list, tmp: Path, quantize: str, calibr
 def _runnable(bundle_dir: Path, backend: str, split: Split) -> tuple[Bundle, str]:
     """A runtime over the new bundle, and what it runs: the backend itself, or (Core ML off macOS) the split modules
     in PyTorch, which still checks the split and the runtime's composition against the whole model."""
-    import sys
-
-    if backend == "coreml" and sys.platform != "darwin":
+    if backend == "coreml" and not coreml_runs_here():
         modules = {spec.name: spec.module for spec in split.graphs}
-        bundle = Bundle(bundle_dir, open_graph=lambda graph: TorchRunner(modules[graph["name"]], graph))
+        bundle = Bundle(bundle_dir, open_graph=lambda graph: TorchRunner(modules[graph.name], graph))
         return bundle, "split modules in PyTorch (Core ML prediction needs macOS)"
     return Bundle(bundle_dir), f"{backend} runtime"
 
 
-def _quantization_report(manifest, split, bundle, model, val_data, backend) -> dict[str, Any]:
+def _quantization_report(manifest: Manifest, split, bundle, model, val_data, backend) -> dict[str, Any]:
     fp32_bytes = sum(spec.params for spec in split.graphs) * 4
     report: dict[str, Any] = {
-        "method": manifest["precision"],
-        "bytes": manifest["sizes"]["total_bytes"],
+        "method": manifest.precision,
+        "bytes": manifest.sizes["total_bytes"],
         "fp32_weight_bytes": fp32_bytes,
         "note": "fp32_weight_bytes = 4 bytes per parameter of each graph (shared weights counted per graph)",
     }
@@ -342,18 +348,3 @@ def _quantization_report(manifest, split, bundle, model, val_data, backend) -> d
         images, labels = val_data
         report["validation"] = _validation_top1(bundle, model, images[:MAX_VAL_IMAGES], labels[:MAX_VAL_IMAGES])
     return report
-
-
-def _check_schema(manifest: dict[str, Any]) -> None:
-    """The manifest export is about to write must pass its own schema; if not (e.g. the cost accounting claims more
-    active parameters than the graphs hold), that is export's bug, said as such."""
-    try:
-        validate_manifest(manifest)
-    except ValueError as error:
-        raise UsageError(f"export would write a manifest that breaks its schema ({error}); nothing written") from None
-
-
-def _verify(bundle_dir: Path) -> None:
-    """Re-read the manifest (through the schema) and check every graph file against it before the bundle is moved
-    into place."""
-    read_manifest(bundle_dir, verify_files=True)

@@ -68,18 +68,18 @@ def run(args: argparse.Namespace) -> int:
         **source.export_kwargs(),
     )
     if args.json:
-        print(jsonio.dumps(manifest))
+        print(jsonio.dumps(manifest.to_json()))
         return 0
-    sizes = manifest["sizes"]
-    print(f"wrote {args.out}: {len(manifest['graphs'])} graphs, {sizes['total_bytes'] / 1e6:.2f} MB in all")
+    sizes = manifest.sizes
+    print(f"wrote {args.out}: {len(manifest.graphs)} graphs, {sizes['total_bytes'] / 1e6:.2f} MB in all")
     if "resident_plus_one_expert_bytes" in sizes:
         print(f"  router (+ shared) + one expert: {sizes['resident_plus_one_expert_bytes'] / 1e6:.2f} MB")
-    parity = manifest["parity"]
+    parity = manifest.parity
     print(
         f"  parity ({parity['checked_on']}, {parity['images']} images): max |prob error| "
         f"{parity['max_abs_prob_error']:.2e}, expert agreement {parity.get('expert_agreement', 1.0):.2f}"
     )
-    validation = manifest.get("quantization", {}).get("validation", {})
+    validation = (manifest.quantization or {}).get("validation", {})
     if validation.get("measured", True) and validation:
         print(
             f"  int8 on {validation['images']} val images: top-1 {validation['quantized_top1']:.3f} "

@@ -6,24 +6,25 @@ rows = export_demo({"mobile-vmoe": moe_run_dir, "vit": dense_run_dir}, out_dir /
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from mobile_moe.export.bundle import export_bundle
+from mobile_moe.export.manifest_schema import Manifest
+from mobile_moe.export.runners import coreml_runs_here
 from mobile_moe.export.runtime import load_bundle
 from mobile_moe.export.source import source_from_run
 
 FORMATS = ("executorch", "onnx", "coreml")
 
 
-def _bundle_line(name: str, manifest: dict[str, Any]) -> str:
-    sizes, parity = manifest["sizes"], manifest["parity"]
+def _bundle_line(name: str, manifest: Manifest) -> str:
+    sizes, parity = manifest.sizes, manifest.parity
     held = sizes.get("resident_plus_one_expert_bytes")
     held_text = f", router + 1 expert {held / 1e6:.2f} MB" if held else ""
     return (
-        f"  {name:<28} {len(manifest['graphs']):>2} graphs, {sizes['total_bytes'] / 1e6:6.2f} MB{held_text}; "
+        f"  {name:<28} {len(manifest.graphs):>2} graphs, {sizes['total_bytes'] / 1e6:6.2f} MB{held_text}; "
         f"parity max |dp| {parity['max_abs_prob_error']:.1e} ({parity['checked_on']})"
     )
 
@@ -53,14 +54,14 @@ def export_demo(
             manifest = export_bundle(source.model, out_dir / name, fmt, **options, **source.export_kwargs())
             log(_bundle_line(name, manifest))
             rows.append({"name": name, "path": out_dir / name, "manifest": manifest, "prediction": None})
-            if fmt == "coreml" and sys.platform != "darwin":
+            if fmt == "coreml" and not coreml_runs_here():
                 continue
             bundle = load_bundle(out_dir / name)
             prediction = bundle.predict(source.val_data[0][0])
             index = int(prediction.logits.argmax())
             rows[-1]["prediction"] = {
-                "class": manifest["class_names"][index],
-                "label": manifest["class_names"][int(source.val_data[1][0])],
+                "class": manifest.class_names[index],
+                "label": manifest.class_names[int(source.val_data[1][0])],
                 "experts": prediction.experts,
                 "loaded_graphs": bundle.loaded_graphs,
             }

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from mobile_moe.errors import UsageError
+from mobile_moe.export.manifest_schema import TensorSpec
 from mobile_moe.moe import ExpertMLPs
 from mobile_moe.vit import Block
 
@@ -46,14 +47,9 @@ PER_IMAGE = ("image", "cluster")
 PER_TOKEN = ("token", "expert", "soft")
 
 
-@dataclass
-class TensorSpec:
-    name: str
-    shape: tuple[int, ...]
-    dtype: str = "float32"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+def tensor_spec(name: str, *shape: int) -> TensorSpec:
+    """A float32 graph input or output as the manifest records it."""
+    return TensorSpec(name=name, shape=[int(size) for size in shape], dtype="float32")
 
 
 @dataclass
@@ -186,15 +182,15 @@ def split_model(model: nn.Module, *, monolithic: bool = False, layout: str | Non
     """The graphs to export for `model` (in eval mode); see the module docstring for the layouts."""
     routing = routing_of(model)
     cfg = model.config
-    images = TensorSpec("images", (1, cfg.in_chans, cfg.image_size, cfg.image_size))
-    logits = TensorSpec("logits", (1, cfg.num_classes))
+    images = tensor_spec("images", 1, cfg.in_chans, cfg.image_size, cfg.image_size)
+    logits = tensor_spec("logits", 1, cfg.num_classes)
     if routing == "none":
         if monolithic or layout:
             raise UsageError("--monolithic and --layout apply to per-image MoEs; a dense ViT is always one graph")
         return Split("dense", [GraphSpec("dense", "dense", DenseGraph(model), [images], [logits])], {"layout": "dense"})
     if routing in PER_TOKEN:
         return _whole_split(model, images, logits, monolithic, layout)
-    probs = TensorSpec("router_probs", (1, cfg.num_experts))
+    probs = tensor_spec("router_probs", 1, cfg.num_experts)
     if monolithic:
         if layout:
             raise UsageError("--layout does not apply with --monolithic (one graph holds every expert)")
@@ -203,7 +199,7 @@ def split_model(model: nn.Module, *, monolithic: bool = False, layout: str | Non
     layout = layout or default_layout(model)
     _check_layout(model, layout)
     _require_parts(model, ("router_stage", "expert_path"), "the split lifts the router stage and each expert's path")
-    tokens = TensorSpec("tokens", (1, cfg.num_tokens, cfg.width))
+    tokens = tensor_spec("tokens", 1, cfg.num_tokens, cfg.width)
     router = GraphSpec("router", "router", RouterGraph(model), [images], [tokens, probs])
     if layout == "expert-paths":
         return _expert_paths_split(model, router, tokens, logits)
@@ -218,7 +214,7 @@ def _whole_split(model: nn.Module, images: TensorSpec, logits: TensorSpec, monol
             f"{flag} does not apply to {cfg.name} (routing {cfg.routing!r}): each token picks its experts, so any "
             "image may need any expert and the model always exports whole, every expert in one graph; leave it out"
         )
-    expert_tokens = TensorSpec("expert_tokens", (1, cfg.expert_sets, cfg.num_experts))
+    expert_tokens = tensor_spec("expert_tokens", 1, cfg.expert_sets, cfg.num_experts)
     graph = GraphSpec("whole", "whole", WholeGraph(model), [images], [logits, expert_tokens])
     composition = {
         "layout": "whole",
@@ -249,7 +245,7 @@ def _check_layout(model: nn.Module, layout: str) -> None:
 
 
 def _expert_paths_split(model: nn.Module, router: GraphSpec, tokens: TensorSpec, logits: TensorSpec) -> Split:
-    gate = TensorSpec("gate", (1, 1))
+    gate = tensor_spec("gate", 1, 1)
     experts = [
         GraphSpec(f"expert_{e}", "expert", model.expert_path(e), [tokens, gate], [logits], e)
         for e in range(model.config.num_experts)
@@ -264,9 +260,9 @@ def _expert_paths_split(model: nn.Module, router: GraphSpec, tokens: TensorSpec,
 
 
 def _per_block_split(model: nn.Module, router: GraphSpec, tokens: TensorSpec, logits: TensorSpec) -> Split:
-    residual = TensorSpec("residual", tokens.shape)
-    normed = TensorSpec("normed", tokens.shape)
-    delta = TensorSpec("delta", tokens.shape)
+    residual = tensor_spec("residual", *tokens.shape)
+    normed = tensor_spec("normed", *tokens.shape)
+    delta = tensor_spec("delta", *tokens.shape)
     graphs, blocks = [router], []
     for i, block in enumerate(model.moe_blocks):
         shared = GraphSpec(

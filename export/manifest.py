@@ -1,4 +1,5 @@
-"""The bundle manifest (docs/formats.md): writing it, reading it back with validation, and resolving graph files safely.
+"""The bundle manifest on disk (docs/formats.md): writing it, reading it back as the typed `Manifest` of
+export/manifest_schema.py (the one model every consumer reads), and resolving graph files safely.
 
 A bundle is trusted only as far as its manifest: every graph file is resolved inside the bundle directory (a path
 that leaves it is refused) and its sha256 is compared with the manifest before any runtime parses it.
@@ -15,7 +16,15 @@ from mobile_moe import jsonio
 from mobile_moe.errors import UsageError
 from mobile_moe.export.artifact import file_bytes, file_digest
 from mobile_moe.export.flatbuffer_files import check_graph_file
-from mobile_moe.export.manifest_schema import BACKENDS, FORMAT, VERSION, validate_manifest  # noqa: F401 (BACKENDS: the CLI's)
+from mobile_moe.export.manifest_schema import (  # noqa: F401 (BACKENDS: the CLI's)
+    BACKENDS,
+    FORMAT,
+    VERSION,
+    GraphEntry,
+    GraphFile,
+    Manifest,
+    validate_manifest,
+)
 
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 64 << 20  # a real manifest is kilobytes; refuse to parse anything absurd
@@ -32,8 +41,8 @@ def planned_entry(spec, file: str) -> dict[str, Any]:
         "sha256": "0" * 64,
         "bytes": 0,
         "params": spec.params,
-        "inputs": [tensor.to_dict() for tensor in spec.inputs],
-        "outputs": [tensor.to_dict() for tensor in spec.outputs],
+        "inputs": [tensor.model_dump() for tensor in spec.inputs],
+        "outputs": [tensor.model_dump() for tensor in spec.outputs],
         "backend_details": {},
     }
     if spec.block is not None:
@@ -54,29 +63,8 @@ def graph_entry(spec, artifact, bundle_dir: Path) -> dict[str, Any]:
     return entry
 
 
-def graph_files(graph: dict[str, Any]) -> list[dict[str, Any]]:
-    """The files loading `graph` reads, each {file, sha256, bytes}: its program, and its weights file if it has one."""
-    files = [{key: graph[key] for key in ("file", "sha256", "bytes")}]
-    return files + ([graph["weights"]] if graph.get("weights") else [])
-
-
-def load_bytes(graph: dict[str, Any]) -> int:
-    """Bytes read to load `graph`: its program plus its own weights file."""
-    return int(graph["bytes"]) + int((graph.get("weights") or {}).get("bytes", 0))
-
-
-def bundle_bytes(graphs: list[dict[str, Any]]) -> int:
-    """Bytes on disk of the bundle's graph files, a program that graphs share counted once."""
-    sizes = {}
-    for graph in graphs:
-        sizes[graph["file"]] = int(graph["bytes"])
-        if graph.get("weights"):
-            sizes[graph["weights"]["file"]] = int(graph["weights"]["bytes"])
-    return sum(sizes.values())
-
-
-def write_manifest(bundle_dir: Path, manifest: dict[str, Any]) -> None:
-    (bundle_dir / MANIFEST).write_text(jsonio.dumps(manifest, indent=2) + "\n")  # a NaN parity error: null
+def write_manifest(bundle_dir: Path, manifest: Manifest) -> None:
+    (bundle_dir / MANIFEST).write_text(jsonio.dumps(manifest.to_json(), indent=2) + "\n")  # a NaN parity error: null
 
 
 def _parse(path: Path) -> Any:
@@ -91,7 +79,7 @@ def _parse(path: Path) -> Any:
         raise UsageError(f"cannot read {path}: {reason}; re-export the bundle") from None
 
 
-def read_manifest(bundle_dir: str | os.PathLike, *, verify_files: bool = False) -> dict[str, Any]:
+def read_manifest(bundle_dir: str | os.PathLike, *, verify_files: bool = False) -> Manifest:
     """The validated manifest of the bundle at `bundle_dir` (UsageError saying what is wrong otherwise).
 
     Validation is the schema's (export/manifest_schema.py): types, ranges and the rules tying fields together; then
@@ -111,15 +99,15 @@ def read_manifest(bundle_dir: str | os.PathLike, *, verify_files: bool = False) 
     if manifest.get("version") != VERSION:
         raise UsageError(f"{path}: bundle version {manifest.get('version')!r} is not supported (expected {VERSION})")
     try:
-        validate_manifest(manifest)
+        manifest = validate_manifest(manifest)
     except ValueError as error:
         raise UsageError(f"{path}: {error}; re-export the bundle") from None
-    for graph in manifest["graphs"]:
-        for file in graph_files(graph):
+    for graph in manifest.graphs:
+        for file in graph.files():
             # At open, before anything is loaded: a path leaving the bundle, or a file that is not there (a bundle
             # copied in part), is refused now rather than when an image first picks that expert.
             if not resolve_graph_file(bundle_dir, graph, file).exists():
-                raise UsageError(f"graph {graph['name']!r}: {file['file']} is missing; re-export the bundle")
+                raise UsageError(f"graph {graph.name!r}: {file.file} is missing; re-export the bundle")
     if verify_files:
         verify_graph_files(bundle_dir, manifest)
     return manifest
@@ -153,51 +141,49 @@ def entries_not_in_bundle(path: str | os.PathLike) -> list[str]:
     return sorted(entry.name for entry in path.iterdir() if entry.name not in ours)
 
 
-def resolve_graph_file(
-    bundle_dir: str | os.PathLike, graph: dict[str, Any], file: dict[str, Any] | None = None
-) -> Path:
-    """The graph's file (or `file`, one of graph_files(graph)) inside the bundle; a path that leaves the bundle
+def resolve_graph_file(bundle_dir: str | os.PathLike, graph: GraphEntry, file: GraphFile | None = None) -> Path:
+    """The graph's program (or `file`, one of graph.files()) inside the bundle; a path that leaves the bundle
     (.., absolute, symlink out) is refused."""
     root = Path(bundle_dir).resolve()
-    relative = (file or graph)["file"]
-    if not isinstance(relative, str) or not relative or Path(relative).is_absolute():
-        raise UsageError(f"graph {graph['name']!r}: file {relative!r} must be a path relative to the bundle")
+    relative = (file or graph).file
+    if not relative or Path(relative).is_absolute():
+        raise UsageError(f"graph {graph.name!r}: file {relative!r} must be a path relative to the bundle")
     path = (root / relative).resolve()
     if not path.is_relative_to(root) or path == root:
-        raise UsageError(f"graph {graph['name']!r}: file {relative!r} lies outside the bundle {root}; refusing it")
+        raise UsageError(f"graph {graph.name!r}: file {relative!r} lies outside the bundle {root}; refusing it")
     return path
 
 
-def verified_graph_files(bundle_dir: str | os.PathLike, graph: dict[str, Any]) -> list[Path]:
-    """The graph's files (graph_files: its program, then its weights file if any), each checked to exist, match the
+def verified_graph_files(bundle_dir: str | os.PathLike, graph: GraphEntry) -> list[Path]:
+    """The graph's files (graph.files(): its program, then its weights file if any), each checked to exist, match the
     manifest's size and sha256, and (ExecuTorch's files) be safe to hand to ExecuTorch (export/flatbuffer_files.py)."""
-    return [_verified(bundle_dir, graph, file) for file in graph_files(graph)]
+    return [_verified(bundle_dir, graph, file) for file in graph.files()]
 
 
-def _verified(bundle_dir: str | os.PathLike, graph: dict[str, Any], file: dict[str, Any]) -> Path:
+def _verified(bundle_dir: str | os.PathLike, graph: GraphEntry, file: GraphFile) -> Path:
     path = resolve_graph_file(bundle_dir, graph, file)
     try:  # exists() and reading raise for names too long, unreadable files and the like
         if not path.exists():
-            raise UsageError(f"graph {graph['name']!r}: {path} is missing; re-export the bundle")
+            raise UsageError(f"graph {graph.name!r}: {path} is missing; re-export the bundle")
         if not (path.is_file() or path.is_dir()):
-            raise UsageError(f"graph {graph['name']!r}: {path} is not a regular file; re-export the bundle")
-        matches = file_bytes(path) == file["bytes"] and file_digest(path) == file["sha256"]
+            raise UsageError(f"graph {graph.name!r}: {path} is not a regular file; re-export the bundle")
+        matches = file_bytes(path) == file.bytes and file_digest(path) == file.sha256
         if not matches:
             raise UsageError(
-                f"graph {graph['name']!r}: {path} does not match the sha256 in the manifest (tampered with or "
+                f"graph {graph.name!r}: {path} does not match the sha256 in the manifest (tampered with or "
                 "truncated); re-export the bundle"
             )
         # A file re-sealed after tampering matches its sha256: its structure is checked before any runtime reads it.
         check_graph_file(path)
     except OSError as error:
-        raise UsageError(f"graph {graph['name']!r}: cannot read {file['file']!r}: {error.strerror}") from None
+        raise UsageError(f"graph {graph.name!r}: cannot read {file.file!r}: {error.strerror}") from None
     except ValueError as error:
-        raise UsageError(f"graph {graph['name']!r}: {file['file']} is damaged: {error}; re-export the bundle") from None
+        raise UsageError(f"graph {graph.name!r}: {file.file} is damaged: {error}; re-export the bundle") from None
     return path
 
 
-def verify_graph_files(bundle_dir: str | os.PathLike, manifest: dict[str, Any]) -> None:
+def verify_graph_files(bundle_dir: str | os.PathLike, manifest: Manifest) -> None:
     """Check every graph file of the bundle against the manifest: before a bundle is handed to a runtime we do not
     drive graph by graph (the native runner, a phone)."""
-    for graph in manifest["graphs"]:
+    for graph in manifest.graphs:
         verified_graph_files(bundle_dir, graph)

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -138,8 +138,9 @@ class ModelSummary(_Strict):
     renormalize_gates: bool = False
 
 
-class WeightsFile(_Strict):
-    """An ExecuTorch named-data file (.ptd) holding the weights a graph keeps outside its program (`file`)."""
+class GraphFile(_Strict):
+    """A file a graph loads, relative to the bundle, with its size and sha256: a graph's program, or the ExecuTorch
+    named-data file (.ptd) holding the weights it keeps outside its program (GraphEntry.weights)."""
 
     file: Annotated[str, Field(min_length=1, max_length=4096)]
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
@@ -157,13 +158,31 @@ class GraphEntry(_Strict):
     params: Count
     inputs: Annotated[list[TensorSpec], Field(min_length=1, max_length=16)]
     outputs: Annotated[list[TensorSpec], Field(min_length=1, max_length=16)]
-    weights: WeightsFile | None = None  # ExecuTorch: this graph's own weights, when graphs share one program
+    weights: GraphFile | None = None  # ExecuTorch: this graph's own weights, when graphs share one program
 
     def output(self, name: str) -> TensorSpec | None:
         return next((spec for spec in self.outputs if spec.name == name), None)
 
+    def files(self) -> list[GraphFile]:
+        """The files loading this graph reads: its program, then its weights file if it has one."""
+        program = GraphFile(file=self.file, sha256=self.sha256, bytes=self.bytes)
+        return [program] if self.weights is None else [program, self.weights]
 
-class Block(_Strict):
+    @property
+    def load_bytes(self) -> int:
+        """Bytes read to load this graph: its program plus its own weights file."""
+        return sum(file.bytes for file in self.files())
+
+    @property
+    def loads_per_expert(self) -> bool:
+        """Whether this graph loads only for the images that pick its expert (one expert path, or its MLP in one
+        block); every other graph (router, shared block halves, head, a single-graph layout's one) loads for all."""
+        return self.role in ("expert", "block_expert") and self.expert is not None
+
+
+class BlockGraphs(_Strict):
+    """A per-block layout's MoE block: its shared graph and one graph per expert."""
+
     shared: Name
     experts: list[Name]
 
@@ -172,7 +191,7 @@ class Composition(_Strict):
     layout: Literal[LAYOUTS]  # type: ignore[valid-type]
     router: Name | None = None
     experts: list[Name] | None = None  # expert-paths: expert e's graph
-    blocks: list[Block] | None = None  # per-block
+    blocks: list[BlockGraphs] | None = None  # per-block
     head: Name | None = None  # per-block
 
 
@@ -183,14 +202,20 @@ class Manifest(_Strict):
     model: ModelSummary
     num_experts: Annotated[int, Field(ge=0, le=MAX_EXPERTS)]
     top_k: Annotated[int, Field(ge=0, le=MAX_EXPERTS)]
+    routing: Literal[ROUTINGS] | None = None  # type: ignore[valid-type]
+    params_active_max: Count | None = None
     input: InputSpec
     class_names: list[Annotated[str, Field(max_length=1024)]]
     super_class_names: list[Annotated[str, Field(max_length=1024)]] | None = None
     composition: Composition
     graphs: Annotated[list[GraphEntry], Field(min_length=1, max_length=1 << 16)]
-    routing: Literal[ROUTINGS] | None = None  # type: ignore[valid-type]
-    params_active_max: Count | None = None
+    # What export measured and chose, for people and reports (no consumer's arithmetic depends on them):
+    sizes: dict[str, Count] | None = None  # Manifest.phone_sizes(): total, resident, + one expert
+    precision: str | None = None  # fp32, fp16, or the int8 / compression method
+    source: str | None = None  # the run directory exported
     validation_top1: Annotated[float, Field(ge=0, le=1)] | None = None
+    parity: dict[str, Any] | None = None  # bundle vs eager model on sample images, at export
+    quantization: dict[str, Any] | None = None  # int8: bytes and the validation top-1 change
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> Manifest:
@@ -202,33 +227,56 @@ class Manifest(_Strict):
         _check_params_active(self)
         return self
 
+    @property
+    def kind(self) -> str:
+        """ "split" (router + experts), "dense", "monolithic" (a per-image MoE in one graph) or "whole" (a per-token
+        MoE, which exports only as one graph): what a runner does with the layout (the native runner's too)."""
+        return KIND_OF_LAYOUT[self.composition.layout]
+
+    def graph(self, name: str) -> GraphEntry:
+        return next(graph for graph in self.graphs if graph.name == name)
+
+    def resident_and_per_expert(self, size: Callable[[GraphEntry], int]) -> tuple[int, dict[int, int]]:
+        """(what every image loads, {expert: what choosing it adds}), each the sum of `size(graph)` (bytes loaded,
+        parameters) over its graphs (GraphEntry.loads_per_expert). The one reading of that rule: the params bound
+        below, export's sizes, and bench's bytes and parameters per image."""
+        resident, per_expert = 0, {}
+        for graph in self.graphs:
+            if graph.loads_per_expert:
+                per_expert[graph.expert] = per_expert.get(graph.expert, 0) + size(graph)
+            else:
+                resident += size(graph)
+        return resident, per_expert
+
     def params_loaded_max(self) -> int:
         """Parameters held by the graphs one image needs at most: the router and shared graphs (or the one graph of
         a single-graph layout) plus the top_k experts whose graphs hold the most."""
-        resident, per_expert = resident_and_per_expert((g.role, g.expert, g.params) for g in self.graphs)
+        resident, per_expert = self.resident_and_per_expert(lambda graph: graph.params)
         return resident + sum(sorted(per_expert.values(), reverse=True)[: self.top_k])
 
+    def bundle_bytes(self) -> int:
+        """Bytes on disk of the bundle's graph files, a program that graphs share counted once."""
+        return sum({file.file: file.bytes for graph in self.graphs for file in graph.files()}.values())
 
-def bundle_kind(manifest: dict[str, Any]) -> str:
-    """ "split" (router + experts), "dense", "monolithic" (a per-image MoE in one graph) or "whole" (a per-token MoE,
-    which exports only as one graph), from a validated manifest's layout."""
-    return KIND_OF_LAYOUT[manifest["composition"]["layout"]]
+    def phone_sizes(self) -> dict[str, int]:
+        """Bytes a phone holds (the manifest's `sizes`): everything (a shared program once), what every image loads
+        (router and shared parts), and that plus the largest expert (its program and weights: what loading it
+        reads)."""
+        total = self.bundle_bytes()
+        resident, per_expert = self.resident_and_per_expert(lambda graph: graph.load_bytes)
+        sizes = {"total_bytes": total, "resident_bytes": resident if per_expert else total}
+        if per_expert:
+            sizes["max_expert_bytes"] = max(per_expert.values())
+            sizes["resident_plus_one_expert_bytes"] = resident + max(per_expert.values())
+        return sizes
 
+    def updated(self, **fields: Any) -> Manifest:
+        """This manifest with `fields` set, validated again (the writer fills graphs, sizes and parity in turn)."""
+        return validate_manifest({**self.to_json(), **fields})
 
-def resident_and_per_expert(graphs: Iterable[tuple[str, int | None, int]]) -> tuple[int, dict[int, int]]:
-    """(role, expert, size) per graph -> (what every image loads, {expert: what choosing it adds}).
-
-    An expert's graphs (role expert or block_expert: one path, or its MLP in each block) load only for the images
-    that pick it; every other graph (router, shared block halves, head, or the one graph of a single-graph layout)
-    for every image. The one reading of that rule: the schema's params bound and bench's bytes and params per image.
-    """
-    resident, per_expert = 0, {}
-    for role, expert, size in graphs:
-        if role in ("expert", "block_expert") and expert is not None:
-            per_expert[expert] = per_expert.get(expert, 0) + size
-        else:
-            resident += size
-    return resident, per_expert
+    def to_json(self) -> dict[str, Any]:
+        """The manifest as written: the fields it was given (none added as null), extras included."""
+        return self.model_dump(mode="json", exclude_unset=True)
 
 
 # --- cross-field rules ------------------------------------------------------------------------------------------------

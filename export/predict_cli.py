@@ -26,7 +26,7 @@ def classify(bundle, path: str, image) -> dict:
     return {
         "image": path,
         "class_index": index,
-        "class": bundle.manifest["class_names"][index],
+        "class": bundle.manifest.class_names[index],
         "probability": float(probs[index]),
         "experts": prediction.experts,
         "gates": prediction.gates,
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
 
     bundle = load_bundle(args.bundle, max_cached_experts=args.cache_experts)
     # Read every image first: a bad file fails the command before any output.
-    images = [load_image(path, bundle.manifest["input"]) for path in args.images]
+    images = [load_image(path, bundle.manifest.input) for path in args.images]
     results = [classify(bundle, path, image) for path, image in zip(args.images, images, strict=True)]
     if args.json:
         print(jsonio.dumps(results))  # a NaN probability (a broken model) is written as null, never as NaN

@@ -12,37 +12,42 @@ never as a traceback.
 
 from __future__ import annotations
 
-import sys
+import platform
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from mobile_moe.errors import UsageError
+from mobile_moe.export.manifest_schema import GraphEntry
 from mobile_moe.export.quiet import native_stderr_captured
 
 
-def bundle_fault(graph: dict[str, Any], what: str) -> UsageError:
+def coreml_runs_here() -> bool:
+    """Whether Core ML can run a model on this machine: only Apple's systems have the framework."""
+    return platform.system() == "Darwin"
+
+
+def bundle_fault(graph: GraphEntry, what: str) -> UsageError:
     """The one-line error for a graph file that its backend rejects or that disagrees with the manifest."""
     what = (str(what).strip().splitlines() or ["no detail"])[0][:200]
-    return UsageError(f"graph {graph['name']!r} ({graph['file']}): {what}; the bundle is corrupt: re-export it")
+    return UsageError(f"graph {graph.name!r} ({graph.file}): {what}; the bundle is corrupt: re-export it")
 
 
-def check_shapes(graph: dict[str, Any], kind: str, shapes: list[tuple[int, ...]]) -> None:
+def check_shapes(graph: GraphEntry, kind: str, shapes: list[tuple[int, ...]]) -> None:
     """`shapes` (the program's or its results') must be the manifest's `kind` ("inputs" / "outputs") specs."""
-    expected = [tuple(spec["shape"]) for spec in graph[kind]]
+    expected = [tuple(spec.shape) for spec in getattr(graph, kind)]
     # A symbolic dimension ("batch", None: ONNX Runtime reports those) is not a fixed size: it never matches.
     if [tuple(d if isinstance(d, int) else str(d) for d in shape) for shape in shapes] != expected:
         raise bundle_fault(graph, f"its {kind} have shapes {shapes}, the manifest says {expected}")
 
 
-def named_outputs(graph: dict[str, Any], outputs: list[np.ndarray]) -> dict[str, np.ndarray]:
+def named_outputs(graph: GraphEntry, outputs: list[np.ndarray]) -> dict[str, np.ndarray]:
     check_shapes(graph, "outputs", [tuple(out.shape) for out in outputs])
-    return {spec["name"]: out for spec, out in zip(graph["outputs"], outputs, strict=True)}
+    return {spec.name: out for spec, out in zip(graph.outputs, outputs, strict=True)}
 
 
 class ExecuTorchRunner:
-    def __init__(self, path: Path, graph: dict[str, Any], threads: int | None = None, weights: Path | None = None):
+    def __init__(self, path: Path, graph: GraphEntry, threads: int | None = None, weights: Path | None = None):
         """`weights`: the .ptd holding the weights this graph keeps outside its program (shared by a family)."""
         from executorch.runtime import Runtime, Verification
 
@@ -83,7 +88,7 @@ def _onnxruntime_errors() -> tuple[type[BaseException], ...]:
 
 
 class OnnxRunner:
-    def __init__(self, path: Path, graph: dict[str, Any], threads: int | None = None):
+    def __init__(self, path: Path, graph: GraphEntry, threads: int | None = None):
         import onnxruntime as ort
 
         options = ort.SessionOptions()
@@ -91,8 +96,8 @@ class OnnxRunner:
             options.intra_op_num_threads = threads
         options.log_severity_level = 3
         self.graph = graph
-        self.input_names = [spec["name"] for spec in graph["inputs"]]
-        self.output_names = [spec["name"] for spec in graph["outputs"]]
+        self.input_names = [spec.name for spec in graph.inputs]
+        self.output_names = [spec.name for spec in graph.outputs]
         try:
             self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         except _onnxruntime_errors() as error:
@@ -111,8 +116,8 @@ class OnnxRunner:
 
 
 class CoreMLRunner:
-    def __init__(self, path: Path, graph: dict[str, Any], threads: int | None = None):
-        if sys.platform != "darwin":
+    def __init__(self, path: Path, graph: GraphEntry, threads: int | None = None):
+        if not coreml_runs_here():
             raise UsageError(
                 "Core ML bundles run only on macOS (Core ML is an Apple framework); here, export with "
                 "--format executorch or onnx, or run this bundle on a Mac"
@@ -120,8 +125,8 @@ class CoreMLRunner:
         import coremltools as ct
 
         self.graph = graph
-        self.input_names = [spec["name"] for spec in graph["inputs"]]
-        self.output_names = [spec["name"] for spec in graph["outputs"]]
+        self.input_names = [spec.name for spec in graph.inputs]
+        self.output_names = [spec.name for spec in graph.outputs]
         try:  # coremltools reports a bad package with several exception types; untested here (macOS only)
             self.model = ct.models.MLModel(str(path))
         except (RuntimeError, ValueError, OSError, KeyError) as error:
@@ -139,9 +144,9 @@ class CoreMLRunner:
 class TorchRunner:
     """A split module run in PyTorch (no file): for checking a split where its backend cannot run."""
 
-    def __init__(self, module, graph: dict[str, Any]):
+    def __init__(self, module, graph: GraphEntry):
         self.module = module.eval()
-        self.output_names = [spec["name"] for spec in graph["outputs"]]
+        self.output_names = [spec.name for spec in graph.outputs]
 
     def __call__(self, inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
         import torch

@@ -28,6 +28,7 @@ import numpy as np
 
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest import read_manifest, verified_graph_files
+from mobile_moe.export.manifest_schema import GraphEntry
 from mobile_moe.export.runners import RUNNERS
 
 Runner = Callable[[list[np.ndarray]], dict[str, np.ndarray]]
@@ -50,19 +51,19 @@ class Bundle:
         path: str | os.PathLike,
         max_cached_experts: int | None = None,
         threads: int | None = None,
-        open_graph: Callable[[dict[str, Any]], Runner] | None = None,
+        open_graph: Callable[[GraphEntry], Runner] | None = None,
     ):
         if max_cached_experts is not None and max_cached_experts < 1:
             raise UsageError(f"--cache-experts {max_cached_experts}: keep at least 1 expert loaded (or leave it out)")
         self.path = Path(path)
         self.manifest = read_manifest(self.path)
-        self.backend = self.manifest["backend"]
+        self.backend = self.manifest.backend
         self.max_cached_experts = max_cached_experts
         self.threads = threads
         self._open_graph = open_graph or self._open_file
-        self._graphs = {graph["name"]: graph for graph in self.manifest["graphs"]}
-        self.composition = self.manifest.get("composition") or {"layout": "expert-paths"}
-        self.layout = self.composition["layout"]
+        self._graphs = {graph.name: graph for graph in self.manifest.graphs}
+        self.composition = self.manifest.composition
+        self.layout = self.composition.layout
         self._resident: dict[str, Runner] = {}  # graphs loaded at open: router, shared block parts, head, whole model
         self._experts: OrderedDict[int, dict[str, Runner]] = OrderedDict()  # expert -> its graphs, LRU order
         for name in self._resident_graph_names():
@@ -70,22 +71,22 @@ class Bundle:
 
     # --- loading ------------------------------------------------------------------------------------------------------
 
-    def _open_file(self, graph: dict[str, Any]) -> Runner:
+    def _open_file(self, graph: GraphEntry) -> Runner:
         path, *weights = verified_graph_files(self.path, graph)
         return RUNNERS[self.backend](path, graph, self.threads, *weights)
 
     def _resident_graph_names(self) -> list[str]:
         if self.layout in ("dense", "monolithic", "whole"):
-            return [self.manifest["graphs"][0]["name"]]
-        names = [self.composition["router"]]
+            return [self.manifest.graphs[0].name]
+        names = [self.composition.router]
         if self.layout == "per-block":
-            names += [block["shared"] for block in self.composition["blocks"]] + [self.composition["head"]]
+            names += [block.shared for block in self.composition.blocks] + [self.composition.head]
         return names
 
     def _expert_graph_names(self, expert: int) -> list[str]:
         if self.layout == "per-block":
-            return [block["experts"][expert] for block in self.composition["blocks"]]
-        return [self.composition["experts"][expert]]
+            return [block.experts[expert] for block in self.composition.blocks]
+        return [self.composition.experts[expert]]
 
     def _expert(self, expert: int) -> tuple[dict[str, Runner], float]:
         """Expert `expert`'s graphs (loading them if needed, evicting the LRU expert) and the load time in ms."""
@@ -111,8 +112,7 @@ class Bundle:
     # --- prediction ---------------------------------------------------------------------------------------------------
 
     def _image_batch(self, image: Any) -> np.ndarray:
-        spec = self.manifest["input"]
-        shape = tuple(spec["shape"])  # (1, C, S, S)
+        shape = tuple(self.manifest.input.shape)  # (1, C, S, S)
         array = image.detach().cpu().numpy() if hasattr(image, "detach") else image
         if not isinstance(array, np.ndarray):
             raise UsageError(f"image must be a numpy array or torch tensor, got {type(image).__name__}")
@@ -127,10 +127,10 @@ class Bundle:
     def choose_experts(self, router_probs: np.ndarray) -> tuple[list[int], list[float]]:
         """Top-k of the router's probabilities, as the model's router does (renormalised only if it does)."""
         probs = router_probs.reshape(-1)
-        k = self.manifest["top_k"]
+        k = self.manifest.top_k
         experts = [int(e) for e in np.argsort(-probs, kind="stable")[:k]]
         gates = probs[experts].astype(np.float32)
-        if self.manifest["model"].get("renormalize_gates"):
+        if self.manifest.model.renormalize_gates:
             gates = gates / gates.sum()
         return experts, [float(g) for g in gates]
 
@@ -150,7 +150,7 @@ class Bundle:
         start = time.perf_counter()
         if self.layout in ("dense", "monolithic", "whole"):
             return self._predict_single(batch, start)
-        routed = self._resident[self.composition["router"]]([batch])
+        routed = self._resident[self.composition.router]([batch])
         experts, gates = self.choose_experts(routed["router_probs"])
         router_ms = _milliseconds(start)
         load_ms = 0.0
@@ -189,13 +189,13 @@ class Bundle:
     def _run_blocks(self, tokens: np.ndarray, experts: list[dict[str, Runner]], gates: list[float]) -> np.ndarray:
         """tokens = residual + sum_j gate_j * delta_j in every MoE block, then the head (the manifest's `combine`)."""
         x = tokens  # (1, T, D)
-        for block in self.composition["blocks"]:
-            shared = self._resident[block["shared"]]([x])
+        for block in self.composition.blocks:
+            shared = self._resident[block.shared]([x])
             x = shared["residual"].copy()
             for runners, gate in zip(experts, gates, strict=True):
-                name = next(name for name in runners if name in block["experts"])
+                name = next(name for name in runners if name in block.experts)
                 x += np.float32(gate) * runners[name]([shared["normed"]])["delta"]
-        return self._resident[self.composition["head"]]([x])["logits"]
+        return self._resident[self.composition.head]([x])["logits"]
 
 
 def load_bundle(path: str | os.PathLike, max_cached_experts: int | None = None, threads: int | None = None) -> Bundle:

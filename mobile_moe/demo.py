@@ -80,7 +80,7 @@ def _accuracy_lines(dense: dict[str, Any], moe: dict[str, Any]) -> list[str]:
 def _bundle_lines(rows: list[dict[str, Any]]) -> list[str]:
     lines = ["| bundle | graphs | MB | router + 1 expert MB | parity max abs prob error |", "|---|---|---|---|---|"]
     for row in rows:
-        sizes, parity = row["manifest"]["sizes"], row["manifest"]["parity"]
+        sizes, parity = row["manifest"].sizes, row["manifest"].parity
         held = sizes.get("resident_plus_one_expert_bytes")
         lines.append(
             f"| {row['name']} | {len(row['manifest']['graphs'])} | {sizes['total_bytes'] / 1e6:.2f} "
@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> None:
     rows = export_demo({"moe": moe["run_dir"], "dense": dense["run_dir"]}, out / "bundles")
 
     _step(5, "benchmark the ExecuTorch bundles on this host")
-    executorch = [row["path"] for row in rows if row["manifest"]["backend"] == "executorch"]
+    executorch = [row["path"] for row in rows if row["manifest"].backend == "executorch"]
     bench_bundles(executorch, out / "bench", data="digits", iterations=30, warmup=5, rounds=2)
 
     report = write_report(out, cost, accuracy, format_table(super_classes), _bundle_lines(rows), out / "bench")

@@ -22,7 +22,8 @@ from mobile_moe.device_bench.native import run_native
 from mobile_moe.device_bench.settings import Settings
 from mobile_moe.device_bench.workload import random_workload, write_raw
 from mobile_moe.errors import UsageError
-from mobile_moe.export.manifest import graph_files, read_manifest
+from mobile_moe.export.manifest import read_manifest
+from mobile_moe.export.manifest_schema import Manifest
 
 needs_arm64 = pytest.mark.skipif(bool(arm64.missing()), reason=f"no emulated ARM64 device: {arm64.missing()}")
 VARIANTS = {  # bundle -> export options
@@ -83,14 +84,14 @@ def arm64_bundle(request, tmp_path_factory) -> Path:
     return out
 
 
-def expected_files(manifest: dict, chosen: set[int]) -> set[str]:
+def expected_files(manifest: Manifest, chosen: set[int]) -> set[str]:
     """What a run may open: every graph that is not an expert's (router, shared block halves), and the chosen
     experts' (program and weights)."""
     return {
-        file["file"]
-        for graph in manifest["graphs"]
-        if graph.get("expert") is None or graph["expert"] in chosen
-        for file in graph_files(graph)
+        file.file
+        for graph in manifest.graphs
+        if graph.expert is None or graph.expert in chosen
+        for file in graph.files()
     }
 
 
@@ -98,7 +99,7 @@ def expected_files(manifest: dict, chosen: set[int]) -> set[str]:
 @needs_arm64
 def test_the_arm64_runner_reproduces_the_host_runner(runner, arm64_runner, arm64_bundle, tmp_path):
     manifest = read_manifest(arm64_bundle, verify_files=True)
-    images = write_raw(random_workload(manifest["input"]["shape"], count=6, seed=3), tmp_path / "images.f32")
+    images = write_raw(random_workload(manifest.input.shape, count=6, seed=3), tmp_path / "images.f32")
     settings = Settings(iterations=2, warmup=1, cache_experts=1, switch_repeats=0)
     host = run_native(runner, arm64_bundle, images, settings)
     arm = arm64.run_emulated(arm64_runner, arm64_bundle, images, settings)

@@ -185,7 +185,7 @@ def test_damaged_executorch_files_are_refused_before_executorch_reads_them(bundl
     with pytest.raises(UsageError, match=r"router.pte is damaged: not an ExecuTorch program \(no ET12 identifier\)"):
         load_bundle(broken)  # the router loads at open
     manifest = read_manifest(broken)
-    expert_1 = next(graph for graph in manifest["graphs"] if graph.get("expert") == 1)
+    expert_1 = next(graph for graph in manifest.graphs if graph.expert == 1)
     with pytest.raises(UsageError, match=r"expert_1.ptd is damaged: FlatTensor.s vtable offset"):
         verified_graph_files(broken, expert_1)
 
@@ -365,9 +365,11 @@ def test_paths_the_file_system_refuses_are_one_line(tmp_path, capsys):
 
 
 def test_a_symbolic_dimension_never_matches_the_manifest():
+    from mobile_moe.export.manifest_schema import GraphEntry, TensorSpec
     from mobile_moe.export.runners import check_shapes
 
-    graph = {"name": "dense", "file": "dense.onnx", "inputs": [{"shape": [1, 3, 32, 32]}]}
+    image = TensorSpec(name="images", shape=[1, 3, 32, 32], dtype="float32")
+    graph = GraphEntry.model_construct(name="dense", file="dense.onnx", inputs=[image])
     with pytest.raises(UsageError, match="the bundle is corrupt"):
         check_shapes(graph, "inputs", [("batch", 3, 32, 32)])
 

@@ -26,21 +26,22 @@ from mobile_moe.device_bench.results import validate_results
 from mobile_moe.device_bench.settings import Settings
 from mobile_moe.device_bench.workload import random_workload, write_raw
 from mobile_moe.errors import UsageError
-from mobile_moe.export.manifest import graph_files, load_bytes, read_manifest
+from mobile_moe.export.manifest import read_manifest
+from mobile_moe.export.manifest_schema import GraphEntry, Manifest
 
 pytestmark = pytest.mark.export
 
 
 @pytest.fixture(scope="session")
 def workload_file(bundle, tmp_path_factory) -> Path:
-    workload = random_workload(read_manifest(bundle, verify_files=True)["input"]["shape"], count=8, seed=3)
+    workload = random_workload(read_manifest(bundle, verify_files=True).input.shape, count=8, seed=3)
     return write_raw(workload, tmp_path_factory.mktemp("inputs") / "images.f32")
 
 
 def python_predictions(bundle: Path, images_file: Path):
     from mobile_moe.export.runtime import load_bundle
 
-    shape = read_manifest(bundle, verify_files=True)["input"]["shape"]
+    shape = read_manifest(bundle, verify_files=True).input.shape
     images = np.fromfile(images_file, dtype=np.float32).reshape(-1, *shape[1:])
     runtime = load_bundle(bundle)
     return [runtime.predict(image) for image in images]
@@ -67,9 +68,9 @@ def test_native_runner_loads_only_chosen_experts(runner, bundle, workload_file):
     chosen = {e for experts in sequence for e in experts}
     assert len(chosen) >= 2, "precondition: the workload should route to several experts"
     # An expert's files: the program the experts share and its own weights file.
-    files_of = {g["expert"]: {f["file"] for f in graph_files(g)} for g in manifest["graphs"] if g["role"] == "expert"}
+    files_of = {g.expert: {f.file for f in g.files()} for g in manifest.graphs if g.role == "expert"}
     assert all(len(files) == 2 for files in files_of.values())
-    router_file = next(g["file"] for g in manifest["graphs"] if g["role"] == "router")
+    router_file = next(g.file for g in manifest.graphs if g.role == "router")
     # The OS's list of files the process held open agrees with the runner's own account of what it loaded.
     assert set(report["files_opened"]) == {router_file}.union(*(files_of[e] for e in chosen))
     assert report["graphs_loaded_after_routing"] == [f"expert_{sequence[-1][0]}"]  # LRU of one: the last expert
@@ -81,7 +82,7 @@ def test_native_runner_loads_only_chosen_experts(runner, bundle, workload_file):
     hits = [row["cache_hit"] for row in report["images"]]
     assert sum(hits) / len(hits) == pytest.approx(routing_stats.lru_hit_rate(sequence, 1))
     misses = [row["experts"][0] for row in report["images"] if not row["cache_hit"]]
-    sizes = {g["expert"]: load_bytes(g) for g in manifest["graphs"] if g["role"] == "expert"}
+    sizes = {g.expert: g.load_bytes for g in manifest.graphs if g.role == "expert"}
     assert report["routing_pass_graph_bytes_loaded"] == sum(sizes[e] for e in misses)
 
 
@@ -237,8 +238,10 @@ def test_bench_cli_bad_input(bundle, tmp_path, capsys):
     assert "--runner" in capsys.readouterr().err
 
 
-def _graph(name: str, role: str, expert, size: int, params: int) -> dict:
-    return {"name": name, "role": role, "expert": expert, "bytes": size, "params": params}
+def _graph(name: str, role: str, expert, size: int, params: int) -> GraphEntry:
+    return GraphEntry.model_construct(
+        name=name, role=role, expert=expert, file=f"{name}.pte", sha256="0" * 64, bytes=size, params=params
+    )
 
 
 def test_bytes_and_params_loaded_per_image_are_honest_for_split_and_whole():
@@ -247,18 +250,19 @@ def test_bytes_and_params_loaded_per_image_are_honest_for_split_and_whole():
     from mobile_moe.device_bench.report import comparisons
     from mobile_moe.device_bench.results import bytes_per_image, params_active, params_per_image
 
-    split = {
-        "graphs": [_graph("router", "router", None, 100, 10), _graph("expert_0", "expert", 0, 50, 5),
-                   _graph("expert_1", "expert", 1, 70, 7)],
-        "params_active_max": 17,
-    }  # fmt: skip
-    whole = {"graphs": [_graph("whole", "whole", None, 300, 30)], "params_active_max": 20}
+    split = Manifest.model_construct(
+        graphs=[_graph("router", "router", None, 100, 10), _graph("expert_0", "expert", 0, 50, 5),
+                _graph("expert_1", "expert", 1, 70, 7)],
+        params_active_max=17,
+    )  # fmt: skip
+    whole = Manifest.model_construct(graphs=[_graph("whole", "whole", None, 300, 30)], params_active_max=20)
     assert bytes_per_image(split, [[0], [1], [1]]) == pytest.approx((150 + 170 + 170) / 3)
     assert params_per_image(split, [[0], [1]]) == pytest.approx(16)
     assert bytes_per_image(whole, [[0, 1, 2], [1]]) == 300 and params_per_image(whole, [[3]]) == 30
-    assert params_active(whole, None) == 20 and params_active({"graphs": []}, None) is None
+    unknown = Manifest.model_construct(graphs=[], params_active_max=None)
+    assert params_active(whole, None) == 20 and params_active(unknown, None) is None
 
-    def run(name: str, kind: str, manifest: dict, sequence: list[list[int]]) -> dict:
+    def run(name: str, kind: str, manifest: Manifest, sequence: list[list[int]]) -> dict:
         return {
             "bundle_name": name, "kind": kind, "runtime": "native", "device": "host", "peak_rss_bytes": 1 << 20,
             "latency_ms": {"p50": 1.0}, "bytes_loaded_per_image": bytes_per_image(manifest, sequence),

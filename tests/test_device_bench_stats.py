@@ -13,6 +13,7 @@ from mobile_moe.device_bench.report import write_report
 from mobile_moe.device_bench.results import RoundReportError, run_record, validate_results, validate_round
 from mobile_moe.device_bench.settings import Settings
 from mobile_moe.errors import UsageError
+from mobile_moe.export.manifest_schema import Composition, GraphEntry, Manifest, ModelSummary
 
 
 def test_expert_change_rate_and_lru_hit_rate_by_hand():
@@ -37,26 +38,29 @@ def test_settings_refuse_zero_iterations():
         Settings(cache_experts=0)
 
 
-def fake_manifest(kind: str) -> dict:
+def fake_manifest(kind: str) -> Manifest:
+    """The parts of a manifest a results record reads (unvalidated: no graph files, no input spec)."""
     model = {"name": "mobile-vmoe" if kind != "dense" else "vit", "image_size": 32, "patch_size": 8, "num_classes": 7,
              "depth": 3, "width": 32, "num_heads": 2}  # fmt: skip
+
+    def graph(name: str, role: str, expert: int | None, size: int, params: int) -> GraphEntry:
+        return GraphEntry.model_construct(
+            name=name, role=role, expert=expert, file=f"{name}.pte", sha256="0" * 64, bytes=size, params=params
+        )
+
     if kind == "dense":
-        graphs = [{"name": "dense", "role": "dense", "expert": None, "file": "dense.pte", "bytes": 1000, "params": 250}]
-        return {"backend": "executorch", "model": model, "num_experts": 0, "graphs": graphs, "validation_top1": 0.5}
+        return Manifest.model_construct(
+            backend="executorch", model=ModelSummary.model_construct(**model), num_experts=0,
+            composition=Composition.model_construct(layout="dense"), graphs=[graph("dense", "dense", None, 1000, 250)],
+            validation_top1=0.5, params_active_max=None,
+        )  # fmt: skip
     model.update(num_experts=2, top_k=1, moe_layers=2)
-    graphs = [{"name": "router", "role": "router", "expert": None, "file": "router.pte", "bytes": 600, "params": 150}]
-    graphs += [
-        {"name": f"expert_{e}", "role": "expert", "expert": e, "file": f"e{e}.pte", "bytes": 500, "params": 125}
-        for e in (0, 1)
-    ]
-    return {
-        "backend": "executorch",
-        "model": model,
-        "num_experts": 2,
-        "top_k": 1,
-        "graphs": graphs,
-        "validation_top1": 0.6,
-    }
+    graphs = [graph("router", "router", None, 600, 150), *(graph(f"expert_{e}", "expert", e, 500, 125) for e in (0, 1))]
+    return Manifest.model_construct(
+        backend="executorch", model=ModelSummary.model_construct(**model), num_experts=2, top_k=1,
+        composition=Composition.model_construct(layout="expert-paths"), graphs=graphs, validation_top1=0.6,
+        params_active_max=None,
+    )  # fmt: skip
 
 
 def fake_summary(p50: float) -> dict:

@@ -32,7 +32,7 @@ def split_bundle(request, bundle, onnx_bundle) -> tuple[Path, str]:
 
 def measure(bundle: Path, runtime: str, tmp_path: Path, **changes) -> dict:
     """One round in this process, on eight random images."""
-    images = write_raw(random_workload(read_manifest(bundle)["input"]["shape"], count=8, seed=3), tmp_path / "x.f32")
+    images = write_raw(random_workload(read_manifest(bundle).input.shape, count=8, seed=3), tmp_path / "x.f32")
     settings = Settings(**{"iterations": 6, "warmup": 1, "threads": 1, "switch_repeats": 2, **changes})
     return python_worker.measure(bundle, runtime, images, settings)
 

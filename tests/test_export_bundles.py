@@ -55,7 +55,7 @@ def test_bundle_reproduces_eager_logits_and_experts(moe, bundle_dir):
 
 
 def test_manifest_describes_graphs(bundle_dir):
-    manifest = read_manifest(bundle_dir)
+    manifest = read_manifest(bundle_dir).to_json()
     assert manifest["format"] == "mobile-moe-bundle" and manifest["version"] == 1
     assert (manifest["num_experts"], manifest["top_k"]) == (2, 1)
     assumed = {"policy": "stretch", "origin": "assumed"}  # exported without a run: no eval resize policy known
@@ -99,7 +99,7 @@ def test_experts_load_lazily_and_lru_evicts(moe, bundle_dir):
 
 def test_k2_composition_equals_eager(tmp_path):
     model = tiny_model("mobile-vmoe", num_experts=3, top_k=2).eval()
-    manifest = export_bundle(model, tmp_path / "k2", "onnx")
+    manifest = export_bundle(model, tmp_path / "k2", "onnx").to_json()
     composition = manifest["composition"]
     assert composition["layout"] == "per-block" and len(composition["blocks"]) == 2
     assert composition["blocks"][1]["experts"] == ["block1_expert0", "block1_expert1", "block1_expert2"]
@@ -118,7 +118,7 @@ def test_k2_composition_equals_eager(tmp_path):
 def test_shared_attention_layout_for_k1(tmp_path):
     """k = 1 with the per-block layout: attention lives once, expert graphs hold only MLPs."""
     model = tiny_model("mobile-vmoe", num_experts=2).eval()
-    manifest = export_bundle(model, tmp_path / "b", "onnx", layout="per-block")
+    manifest = export_bundle(model, tmp_path / "b", "onnx", layout="per-block").to_json()
     roles = sorted({graph["role"] for graph in manifest["graphs"]})
     assert roles == ["block_expert", "block_shared", "head", "router"]
     assert manifest["parity"]["passed"]
@@ -129,7 +129,7 @@ def test_monolithic_and_dense_exports_run(tmp_path, backend):
     images = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(7))
     for name, options in [("mobile-vmoe", {"monolithic": True}), ("vit", {})]:
         model = tiny_model(name).eval()
-        manifest = export_bundle(model, tmp_path / name, backend, **options)
+        manifest = export_bundle(model, tmp_path / name, backend, **options).to_json()
         assert [graph["role"] for graph in manifest["graphs"]] == ["monolithic" if options else "dense"]
         bundle = load_bundle(tmp_path / name)
         with torch.no_grad():
@@ -146,7 +146,7 @@ def _check_int8_bundle(model, tmp_path, backend):
     labels = torch.arange(32) % 7
     manifest = export_bundle(
         model, tmp_path / "q", backend, quantize="int8", calibration_images=images, val_data=(images, labels)
-    )
+    ).to_json()
     quantization = manifest["quantization"]
     assert quantization["validation"]["images"] == 32
     assert abs(quantization["validation"]["top1_change"]) <= 0.25
@@ -181,7 +181,7 @@ def test_int8_executorch_moe_bundle_runs_close_to_fp32(tmp_path):
 @pytest.mark.parametrize("top_k", [1, 2])
 def test_executorch_per_block_layout_equals_eager(tmp_path, top_k):
     model = tiny_model("mobile-vmoe", num_experts=3, top_k=top_k).eval()
-    manifest = export_bundle(model, tmp_path / "b", "executorch", layout="per-block")
+    manifest = export_bundle(model, tmp_path / "b", "executorch", layout="per-block").to_json()
     assert all(set(graph["backend_details"]["undelegated_ops"]) <= PORTABLE_BY_DESIGN for graph in manifest["graphs"])
     bundle = load_bundle(tmp_path / "b")
     images = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(5))
@@ -209,7 +209,7 @@ NEW_KEYS = {"routing", "params_active_max"}  # what an image touches; optional i
 def test_manifest_keeps_its_fields_and_adds_what_an_image_touches(moe, bundle_dir):
     from mobile_moe.costs import costs
 
-    manifest = read_manifest(bundle_dir)
+    manifest = read_manifest(bundle_dir).to_json()
     assert set(manifest) == MANIFEST_KEYS | NEW_KEYS
     # an ExecuTorch expert also names its own weights file (the experts share one program)
     own_weights = {"weights"} if manifest["backend"] == "executorch" else set()
@@ -233,7 +233,7 @@ def test_bundle_written_before_the_new_fields_still_loads(moe, bundle_dir, tmp_p
     for key in NEW_KEYS:
         del manifest[key]
     (old / "manifest.json").write_text(json.dumps(manifest))
-    assert read_manifest(old)["version"] == 1
+    assert read_manifest(old).to_json()["version"] == 1
     images, experts = images_for_experts(moe)
     assert load_bundle(old).predict(images[0]).experts == [experts[0]]
     assert params_active(read_manifest(old), costs(moe.config)) == costs(moe.config).params_active

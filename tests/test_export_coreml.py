@@ -20,7 +20,7 @@ pytestmark = pytest.mark.export
 def coreml_bundle(tmp_path_factory):
     model = tiny_model("mobile-vmoe", num_experts=2).eval()
     out = tmp_path_factory.mktemp("coreml") / "bundle"
-    manifest = export_bundle(model, out, "coreml", class_names=[f"c{i}" for i in range(7)])
+    manifest = export_bundle(model, out, "coreml", class_names=[f"c{i}" for i in range(7)]).to_json()
     return out, manifest, model
 
 
@@ -66,9 +66,9 @@ def test_prediction(coreml_bundle):
 
 def test_int8_and_fp32_packages(tmp_path):
     model = tiny_model("vit").eval()
-    fp32 = export_bundle(model, tmp_path / "fp32", "coreml", fp32=True)
-    linear = export_bundle(model, tmp_path / "int8", "coreml", quantize="int8")
-    palette = export_bundle(model, tmp_path / "pal", "coreml", quantize="int8", coreml_compression="palette4")
+    fp32 = export_bundle(model, tmp_path / "fp32", "coreml", fp32=True).to_json()
+    linear = export_bundle(model, tmp_path / "int8", "coreml", quantize="int8").to_json()
+    palette = export_bundle(model, tmp_path / "pal", "coreml", quantize="int8", coreml_compression="palette4").to_json()
     assert fp32["precision"] == "fp32" and linear["precision"] == "linear8" and palette["precision"] == "palette4"
     assert palette["sizes"]["total_bytes"] < linear["sizes"]["total_bytes"] < fp32["sizes"]["total_bytes"]
     assert linear["quantization"]["validation"]["measured"] is False

@@ -9,7 +9,7 @@ from conftest import tiny_model
 
 from mobile_moe.export.bundle import export_bundle
 from mobile_moe.export.graphs import split_model
-from mobile_moe.export.manifest import bundle_bytes, load_bytes, read_manifest, verified_graph_files
+from mobile_moe.export.manifest import read_manifest, verified_graph_files
 from mobile_moe.export.runners import ExecuTorchRunner
 
 pytestmark = pytest.mark.export
@@ -47,17 +47,17 @@ def exported(request, tmp_path_factory):
 
 def test_experts_share_one_program_and_the_disk_holds_it_once(exported):
     _, model, _, out, manifest, options = exported
-    experts = [graph for graph in manifest["graphs"] if graph["role"] in ("expert", "block_expert")]
-    families: dict[str, list[dict]] = {}
+    experts = [graph for graph in manifest.graphs if graph.role in ("expert", "block_expert")]
+    families: dict[str, list] = {}
     for graph in experts:
-        families.setdefault(graph["file"], []).append(graph)
+        families.setdefault(graph.file, []).append(graph)
     # one program per family (expert-paths: one; per-block: one per MoE block), each expert its own weights file
     assert len(families) == len(split_model(model, layout=options.get("layout")).families)
     assert all(len(members) == model.config.num_experts for members in families.values())
-    assert len({graph["weights"]["file"] for graph in experts}) == len(experts)
+    assert len({graph.weights.file for graph in experts}) == len(experts)
     on_disk = sum(path.stat().st_size for path in out.iterdir() if path.name != "manifest.json")
-    assert on_disk == bundle_bytes(manifest["graphs"]) == manifest["sizes"]["total_bytes"]
-    assert on_disk < sum(load_bytes(graph) for graph in manifest["graphs"])  # the program is not copied per expert
+    assert on_disk == manifest.bundle_bytes() == manifest.sizes["total_bytes"]
+    assert on_disk < sum(graph.load_bytes for graph in manifest.graphs)  # the program is not copied per expert
 
 
 def test_each_expert_runs_from_its_weights_file_as_its_eager_module(exported):
@@ -65,18 +65,18 @@ def test_each_expert_runs_from_its_weights_file_as_its_eager_module(exported):
     over the family): each is nearer its own eager module than any other expert of its family."""
     name, model, _, out, manifest, options = exported
     specs = {spec.name: spec for spec in split_model(model, layout=options.get("layout")).graphs}
-    experts = [graph for graph in manifest["graphs"] if "weights" in graph]
+    experts = [graph for graph in manifest.graphs if graph.weights is not None]
     for graph in experts:
-        inputs = specs[graph["name"]].example_inputs()
+        inputs = specs[graph.name].example_inputs()
         program, weights = verified_graph_files(out, graph)
         got = ExecuTorchRunner(program, graph, weights=weights)([x.numpy() for x in inputs])
-        got = np.concatenate([got[spec["name"]].ravel() for spec in graph["outputs"]])
-        family = [other for other in experts if other["file"] == graph["file"]]
-        errors = {other["name"]: float(np.abs(got - eager(specs[other["name"]], inputs)).max()) for other in family}
+        got = np.concatenate([got[spec.name].ravel() for spec in graph.outputs])
+        family = [other for other in experts if other.file == graph.file]
+        errors = {other.name: float(np.abs(got - eager(specs[other.name], inputs)).max()) for other in family}
         if name.endswith("int8"):
-            assert min(errors, key=errors.get) == graph["name"], errors
+            assert min(errors, key=errors.get) == graph.name, errors
         else:
-            assert errors[graph["name"]] <= 1e-4 * max(1.0, float(np.abs(got).max())), errors
+            assert errors[graph.name] <= 1e-4 * max(1.0, float(np.abs(got).max())), errors
 
 
 def eager(spec, inputs) -> np.ndarray:
@@ -103,10 +103,10 @@ def test_a_family_that_cannot_share_exports_each_expert_alone(monkeypatch, tmp_p
     model = trained_looking(tiny_model("mobile-vmoe", pool="mean"))
     out = tmp_path / "bundle"
     manifest = export_bundle(model, out, "executorch")
-    assert all("weights" not in graph for graph in manifest["graphs"])
+    assert all(graph.weights is None for graph in manifest.graphs)
     files = sorted(path.name for path in out.iterdir())
-    assert files == sorted(["manifest.json", *(graph["file"] for graph in manifest["graphs"])])
-    assert read_manifest(out)["parity"]["passed"]
+    assert files == sorted(["manifest.json", *(graph.file for graph in manifest.graphs)])
+    assert read_manifest(out).parity["passed"]
 
 
 def test_a_tampered_weights_file_is_refused_when_its_expert_loads(tmp_path):

@@ -19,6 +19,7 @@ from PIL import Image
 from mobile_moe.cli import main
 from mobile_moe.export.images import load_image
 from mobile_moe.export.manifest import MANIFEST
+from mobile_moe.export.manifest_schema import InputSpec
 from mobile_moe.export.runtime import load_bundle
 from mobile_moe.image_files import UnreadableImage, read_image
 
@@ -69,25 +70,26 @@ def val_item(run_dir: Path, index: int) -> tuple[str, torch.Tensor, torch.Tensor
 def predicted_logits(bundle: Path, path: str) -> tuple[torch.Tensor, np.ndarray]:
     """(the tensor predict feeds the bundle, the logits it gets) for an image file: predict's own two steps."""
     opened = load_bundle(bundle)
-    image = load_image(path, opened.manifest["input"])
+    image = load_image(path, opened.manifest.input)
     return image, opened.predict(image).logits.reshape(-1)
 
 
 def test_predict_and_an_imagefolder_read_image_files_alike(tmp_path):
     """One decoder: predict's load_image and the imagefolder loader refuse a file with the same one line."""
-    rgb = {"shape": [1, 3, SIZE, SIZE], "mean": [0.5] * 3, "std": [0.5] * 3}
+    rgb = {"shape": [1, 3, SIZE, SIZE], "dtype": "float32", "mean": [0.5] * 3, "std": [0.5] * 3}
     broken, missing = tmp_path / "broken.png", tmp_path / "missing.png"
     broken.write_bytes(b"\x89PNG\r\n\x1a\n but not an image")
     for path, message in [(broken, "not an image PIL can decode"), (missing, "does not exist"),
                           (tmp_path, "not a regular file")]:  # fmt: skip
         with pytest.raises(UnreadableImage, match=message) as by_predict:
-            load_image(path, rgb)
+            load_image(path, InputSpec(**rgb))
         with pytest.raises(UnreadableImage) as by_dataset:
             read_image(str(path))
         assert str(by_predict.value) == str(by_dataset.value) and str(path) in str(by_dataset.value)
     Image.new("RGB", (5, 4), (10, 20, 30)).save(tmp_path / "ok.png")
     assert read_image(tmp_path / "ok.png").mode == "RGB" and read_image(tmp_path / "ok.png", "L").mode == "L"
-    gray = load_image(tmp_path / "ok.png", {**rgb, "shape": [1, 1, SIZE, SIZE], "mean": [0.5], "std": [0.5]})
+    gray_spec = InputSpec(**{**rgb, "shape": [1, 1, SIZE, SIZE], "mean": [0.5], "std": [0.5]})
+    gray = load_image(tmp_path / "ok.png", gray_spec)
     assert gray.shape == (1, SIZE, SIZE)
 
 

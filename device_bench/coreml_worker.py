@@ -13,10 +13,11 @@ from mobile_moe.device_bench.python_worker import PythonWorker
 from mobile_moe.device_bench.round_report import RoundReport
 from mobile_moe.device_bench.settings import Settings
 from mobile_moe.errors import UsageError
+from mobile_moe.export.runners import coreml_runs_here
 
 
 def require_macos() -> None:
-    if platform.system() != "Darwin":
+    if not coreml_runs_here():
         raise UsageError(
             f"--runtime coreml runs Core ML models, which only macOS/iOS can execute (this is {platform.system()}); "
             "benchmark a Core ML bundle on a Mac, or use --runtime executorch|onnxruntime|native here"
@@ -24,7 +25,7 @@ def require_macos() -> None:
 
 
 @dataclass(frozen=True)
-class CoreMLRunner:
+class CoreMLWorker:
     """The Python worker with runtime coreml; refused at construction anywhere but macOS."""
 
     def __post_init__(self) -> None:
