@@ -17,14 +17,14 @@ from pathlib import Path
 import numpy as np
 
 from mobile_moe.device_bench import arm64
-from mobile_moe.device_bench.native import run_native
 from mobile_moe.device_bench.native_build import build_runner
-from mobile_moe.device_bench.settings import Settings
+from mobile_moe.device_bench.native_runner import run_native
+from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.device_bench.workload import make_workload, write_raw
 from mobile_moe.export.manifest import read_manifest
 
 
-def compare(bundle: Path, data: str, images: int, settings: Settings, scratch: Path) -> str:
+def compare(bundle: Path, data: str, images: int, settings: RoundSettings, scratch: Path) -> str:
     manifest = read_manifest(bundle, verify_files=True)
     inputs = write_raw(make_workload(data, manifest, images), scratch / f"{bundle.name}.f32")
     host = run_native(build_runner(), bundle, inputs, settings)
@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=20)
     args = parser.parse_args()
     arm64.require()
-    settings = Settings(iterations=args.iterations, warmup=3, switch_repeats=0)
+    settings = RoundSettings(iterations=args.iterations, warmup=3, switch_repeats=0)
     print(f"ARM64 ({arm64.CPU} under qemu-user) vs host runner, {args.images} images of {args.data}, 1 thread")
     print("| bundle | max abs logit diff | same class | same experts | files opened | MB loaded host / arm64 "
           "| host p50 ms | arm64 p50 ms (emulated) | emulated / host |")  # fmt: skip

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from mobile_moe.device_bench.bench import BenchSettings, benchmark
-from mobile_moe.device_bench.settings import Settings
+from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.registry import create_model
 
 VARIANTS = {  # bundle name -> (model, export options)
@@ -50,7 +50,7 @@ def export_bundles(root: Path) -> list[Path]:
 
 
 def bench(paths: list[Path], out: Path, rounds: int, iterations: int) -> dict:
-    round_settings = Settings(iterations=iterations, warmup=10, threads=1)
+    round_settings = RoundSettings(iterations=iterations, warmup=10, threads=1)
     settings = BenchSettings(round_settings, runtime="native", rounds=rounds, pause_s=1.0, images=32)
     return benchmark(paths, settings, out, log=lambda message: None)
 

@@ -28,7 +28,7 @@ from onnxruntime_vit_ti32 import direct_runs
 
 from mobile_moe.costs import costs
 from mobile_moe.device_bench.bench import BenchSettings, benchmark
-from mobile_moe.device_bench.settings import Settings
+from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.export.bundle import export_bundle
 from mobile_moe.registry import create_model, make_config
 
@@ -47,7 +47,7 @@ def export_timed(name: str, backend: str, quantize: str, out: Path) -> tuple[flo
 
 def bench(paths: dict[str, Path], out: Path, runtime: str, cache_experts: int | None, args) -> dict[str, dict]:
     """{bundle name: its run} from ONE bench run over every bundle in `paths`."""
-    round_settings = Settings(args.iterations, 10, threads=1, cache_experts=cache_experts)
+    round_settings = RoundSettings(args.iterations, 10, threads=1, cache_experts=cache_experts)
     settings = BenchSettings(round_settings, runtime=runtime, rounds=args.rounds, pause_s=1.0, images=32)
     results = benchmark(list(paths.values()), settings, out, log=lambda message: None)
     return {Path(run["bundle"]).name: run for run in results["runs"]}

@@ -15,10 +15,10 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from mobile_moe.device_bench.native import as_round_report
+from mobile_moe.device_bench.native_runner import as_round_report
 from mobile_moe.device_bench.remote import RunnerFiles, run_remote
 from mobile_moe.device_bench.round_report import RoundReport
-from mobile_moe.device_bench.settings import Settings
+from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
 
 DEVICE_ROOT = "/data/local/tmp"
@@ -106,7 +106,7 @@ class AdbDevice:
 
 
 def run_on_android(
-    serial: str | None, runner: str | Path, bundle: str | Path, images: str | Path | None, settings: Settings
+    serial: str | None, runner: str | Path, bundle: str | Path, images: str | Path | None, settings: RoundSettings
 ) -> dict:
     """Run the runner on the phone against the bundle; returns its JSON (bundle paths in it are device paths)."""
     runner = Path(runner)
@@ -128,5 +128,5 @@ class AndroidRunner:
     def name(self) -> str:
         return f"native runner on Android device {self.serial or '(the one attached)'}"
 
-    def run_round(self, bundle: Path, images: Path, settings: Settings) -> RoundReport:
+    def run_round(self, bundle: Path, images: Path, settings: RoundSettings) -> RoundReport:
         return as_round_report(run_on_android(self.serial, self.binary, bundle, images, settings))

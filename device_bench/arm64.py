@@ -24,11 +24,11 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from mobile_moe.device_bench.native import as_round_report
 from mobile_moe.device_bench.native_build import NATIVE_DIR, cache_root
+from mobile_moe.device_bench.native_runner import as_round_report
 from mobile_moe.device_bench.remote import RunnerFiles, run_remote
 from mobile_moe.device_bench.round_report import RoundReport
-from mobile_moe.device_bench.settings import Settings
+from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
 
 DEVICE = "arm64-emulated"
@@ -160,7 +160,7 @@ class EmulatedArm64Device:
         shutil.rmtree(self.on_device(remote), ignore_errors=True)
 
 
-def run_emulated(runner: Path | None, bundle: Path, images: Path | None, settings: Settings) -> dict:
+def run_emulated(runner: Path | None, bundle: Path, images: Path | None, settings: RoundSettings) -> dict:
     """The cross-built runner (`runner`, or the cached build) on a fresh emulated device; -> its JSON."""
     from mobile_moe.device_bench.native_build import build_runner
 
@@ -178,5 +178,5 @@ class EmulatedArm64Runner:
     def name(self) -> str:
         return f"native runner on the {EmulatedArm64Device.name}"
 
-    def run_round(self, bundle: Path, images: Path, settings: Settings) -> RoundReport:
+    def run_round(self, bundle: Path, images: Path, settings: RoundSettings) -> RoundReport:
         return as_round_report(run_emulated(self.binary, bundle, images, settings))

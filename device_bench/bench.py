@@ -1,9 +1,9 @@
 """The benchmark as a typed library: BenchSettings in, the results.json object out (docs/formats.md, results.json).
 
     from mobile_moe.device_bench.bench import BenchSettings, benchmark
-    from mobile_moe.device_bench.settings import Settings
+    from mobile_moe.device_bench.round_settings import RoundSettings
 
-    settings = BenchSettings(Settings(iterations=50, threads=1), runtime="native", rounds=3, data="digits")
+    settings = BenchSettings(RoundSettings(iterations=50, threads=1), runtime="native", rounds=3, data="digits")
     results = benchmark(["bundles/moe", "bundles/dense"], settings, out="bench/")
 
 Each (bundle, round) is one fresh runner process, so cold loads are cold and each process's memory high-water mark
@@ -29,9 +29,9 @@ from typing import Protocol
 from mobile_moe import jsonio
 from mobile_moe.atomic import check_writable, write_text_atomic
 from mobile_moe.device_bench import results as results_module
-from mobile_moe.device_bench.native import check_runner
+from mobile_moe.device_bench.native_runner import check_runner
 from mobile_moe.device_bench.round_report import RoundReport
-from mobile_moe.device_bench.settings import Settings
+from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.device_bench.workload import make_workload, random_seed, write_raw
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest import read_manifest
@@ -51,7 +51,7 @@ class RoundRunner(Protocol):
         """Which runner this is, for error messages ("native runner", "onnxruntime worker", ...)."""
         ...
 
-    def run_round(self, bundle: Path, images: Path, settings: Settings) -> RoundReport: ...
+    def run_round(self, bundle: Path, images: Path, settings: RoundSettings) -> RoundReport: ...
 
 
 DEVICES = ("host", "android[:SERIAL]", "arm64-emulated")
@@ -90,7 +90,7 @@ def choose_runner(runtime: str, device: str = "host", runner: str | Path | None 
         require()  # the toolchain, qemu and the wheel, before any round
         return EmulatedArm64Runner(Path(runner) if runner is not None else None)
     if runtime == "native":
-        from mobile_moe.device_bench.native import NativeRunner
+        from mobile_moe.device_bench.native_runner import NativeRunner
 
         return NativeRunner(Path(runner) if runner is not None else None)
     if runtime == "coreml":
@@ -106,7 +106,7 @@ def choose_runner(runtime: str, device: str = "host", runner: str | Path | None 
 class BenchSettings:
     """A whole bench's settings; `round` holds what each runner process is told (iterations, threads, ...)."""
 
-    round: Settings = field(default_factory=Settings)
+    round: RoundSettings = field(default_factory=RoundSettings)
     runtime: str | None = None  # one of RUNTIMES; None: each bundle's default (native for ExecuTorch, ...)
     device: str = "host"  # "host", "android[:SERIAL]" (the native runner over adb) or "arm64-emulated" (qemu-user)
     runner: str | Path | None = None  # native runner binary for the device; None: build one (required on android)
@@ -220,6 +220,6 @@ def bench_bundles(
 ) -> dict:
     """For `mobile-moe demo` and notebooks: benchmark bundles on this host with short defaults (a half-second pause
     between rounds); writes results.json, report.md and plots to `out` and returns the results.json object."""
-    round_settings = Settings(iterations=iterations, warmup=warmup, threads=threads)
+    round_settings = RoundSettings(iterations=iterations, warmup=warmup, threads=threads)
     settings = BenchSettings(round_settings, runtime=runtime, rounds=rounds, pause_s=0.5, data=data, images=images)
     return benchmark(bundles, settings, out, log)

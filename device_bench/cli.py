@@ -14,7 +14,7 @@ from pathlib import Path
 
 from mobile_moe import jsonio
 from mobile_moe.device_bench.bench import RUNTIMES, BenchSettings, benchmark
-from mobile_moe.device_bench.settings import Settings
+from mobile_moe.device_bench.round_settings import RoundSettings
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -29,15 +29,39 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "under qemu-user: real parity, routing and files, emulated latency; `make arm64` sets it up)",
     )
     parser.add_argument("--runner", help="native runner binary for the device (required for android: an arm64 build)")
-    parser.add_argument("--iterations", type=int, default=50, help="timed warm runs per round (default 50)")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed runs before them (default 5)")
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads for inference (default 1)")
-    parser.add_argument("--cache-experts", type=int, help="expert graphs kept loaded (default: all)")
-    parser.add_argument("--rounds", type=int, default=3, help="repeat each measurement this many times (default 3)")
-    parser.add_argument("--pause", type=float, default=2.0, help="seconds between rounds (default 2)")
-    parser.add_argument("--data", default="random", help="images: random[:SEED] or a data spec such as digits")
-    parser.add_argument("--images", type=int, default=32, help="images in the routing workload (default 32)")
-    parser.add_argument("--switch-repeats", type=int, default=2, help="times each expert switch is timed")
+    # Defaults are the settings' own (RoundSettings, BenchSettings): written once, there.
+    each, whole = RoundSettings(), BenchSettings()
+    parser.add_argument(
+        "--iterations", type=int, default=each.iterations, help=f"timed warm runs per round (default {each.iterations})"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=each.warmup, help=f"untimed runs before them (default {each.warmup})"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=each.threads, help=f"CPU threads for inference (default {each.threads})"
+    )
+    parser.add_argument(
+        "--cache-experts", type=int, default=each.cache_experts, help="expert graphs kept loaded (default: all)"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=whole.rounds,
+        help=f"repeat each measurement this many times (default {whole.rounds})",
+    )
+    parser.add_argument(
+        "--pause", type=float, default=whole.pause_s, help=f"seconds between rounds (default {whole.pause_s:g})"
+    )
+    parser.add_argument("--data", default=whole.data, help="images: random[:SEED] or a data spec such as digits")
+    parser.add_argument(
+        "--images", type=int, default=whole.images, help=f"images in the routing workload (default {whole.images})"
+    )
+    parser.add_argument(
+        "--switch-repeats",
+        type=int,
+        default=each.switch_repeats,
+        help=f"times each expert switch is timed (default {each.switch_repeats})",
+    )
     parser.add_argument("--weight-cache", action="store_true", help="native: enable XNNPACK's packed-weight cache")
     parser.add_argument("--out", default="bench-out", help="output directory (default bench-out)")
     parser.add_argument("--json", action="store_true", help="print results.json on stdout instead of a summary")
@@ -45,8 +69,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def settings_from_args(args: argparse.Namespace) -> BenchSettings:
     """The flags as BenchSettings, which refuse bad values with the flag's name in one line."""
-    round_settings = Settings(args.iterations, args.warmup, args.threads, args.cache_experts, args.switch_repeats,
-                              args.weight_cache)  # fmt: skip
+    round_settings = RoundSettings(
+        iterations=args.iterations, warmup=args.warmup, threads=args.threads, cache_experts=args.cache_experts,
+        switch_repeats=args.switch_repeats, weight_cache=args.weight_cache,
+    )  # fmt: skip
     return BenchSettings(round_settings, runtime=args.runtime, device=args.device, runner=args.runner,
                          rounds=args.rounds, pause_s=args.pause, data=args.data, images=args.images)  # fmt: skip
 

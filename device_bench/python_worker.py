@@ -21,7 +21,7 @@ import numpy as np
 
 from mobile_moe.device_bench.process_memory import memory_now
 from mobile_moe.device_bench.round_report import RoundReport, Switch
-from mobile_moe.device_bench.settings import Settings
+from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
 
 
@@ -48,7 +48,7 @@ def timed_predict(bundle, image) -> tuple[object, float, bool]:
     return prediction, wall_ms, hit
 
 
-def measure(bundle_dir: str | Path, runtime: str, images_file: str | Path, settings: Settings) -> RoundReport:
+def measure(bundle_dir: str | Path, runtime: str, images_file: str | Path, settings: RoundSettings) -> RoundReport:
     """One round on `bundle_dir` in this process: cold load, routing pass, timed warm runs, expert switches."""
     import torch
 
@@ -117,7 +117,9 @@ def _median_or_none(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def measure_switch(bundle_dir, settings: Settings, images, rows: list[dict], load_bundle, router_ms: float) -> Switch:
+def measure_switch(
+    bundle_dir, settings: RoundSettings, images, rows: list[dict], load_bundle, router_ms: float
+) -> Switch:
     """With one cached expert, alternate images routed to different experts, --switch-repeats times over: every
     predict then switches (unloads one expert, loads and first-runs another); the same image once more right after
     is that expert's warm run."""
@@ -151,7 +153,7 @@ def measure_switch(bundle_dir, settings: Settings, images, rows: list[dict], loa
     }
 
 
-def worker_command(bundle: str | Path, runtime: str, images: str | Path, settings: Settings) -> list[str]:
+def worker_command(bundle: str | Path, runtime: str, images: str | Path, settings: RoundSettings) -> list[str]:
     command = [sys.executable, "-m", "mobile_moe.device_bench.python_worker"]
     command += ["--bundle", str(bundle), "--runtime", runtime]
     command += ["--input", str(images), "--iterations", str(settings.iterations), "--warmup", str(settings.warmup)]
@@ -164,7 +166,7 @@ def worker_command(bundle: str | Path, runtime: str, images: str | Path, setting
 @dataclass(frozen=True)
 class PythonWorker:
     """export's Python runtime (ExecuTorch bindings, ONNX Runtime, Core ML on macOS) in a fresh interpreter per round.
-    Settings.weight_cache is the native runner's: these runtimes have no such switch."""
+    RoundSettings.weight_cache is the native runner's: these runtimes have no such switch."""
 
     runtime: str
 
@@ -172,7 +174,7 @@ class PythonWorker:
     def name(self) -> str:
         return f"{self.runtime} worker"
 
-    def run_round(self, bundle: Path, images: Path, settings: Settings) -> RoundReport:
+    def run_round(self, bundle: Path, images: Path, settings: RoundSettings) -> RoundReport:
         command = worker_command(bundle, self.runtime, images, settings)
         result = subprocess.run(command, capture_output=True)
         stderr = result.stderr.decode(errors="replace").strip().splitlines()
@@ -195,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--switch-repeats", type=int, default=2)
     args = parser.parse_args(argv)
     try:
-        settings = Settings(args.iterations, args.warmup, args.threads, args.cache_experts, args.switch_repeats)
+        settings = RoundSettings(args.iterations, args.warmup, args.threads, args.cache_experts, args.switch_repeats)
         print(json.dumps(measure(args.bundle, args.runtime, args.input, settings)))
     except UsageError as error:  # a bad bundle: one line, status 2, which the bench CLI passes on
         print(" ".join(str(error).split()), file=sys.stderr)

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from mobile_moe.device_bench.native import parse_runner_output, runner_command
-from mobile_moe.device_bench.settings import Settings
+from mobile_moe.device_bench.native_runner import parse_runner_output, runner_command
+from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.export.manifest import read_manifest
 
 RUNNER = "mobile_moe_runner"
@@ -68,7 +68,7 @@ def run_remote(
     runner: RunnerFiles,
     bundle: Path,
     images: Path | None,
-    settings: Settings,
+    settings: RoundSettings,
 ) -> dict:
     """Run `runner` against `bundle` on the device `open_device()` opens; -> its JSON (bundle paths in it are device
     paths). The bundle is checked (the schema, every graph's sha256) before any device is asked for."""
@@ -77,7 +77,9 @@ def run_remote(
         return _run_on(device, runner, bundle, images, settings)
 
 
-def _run_on(device: RemoteDevice, runner: RunnerFiles, bundle: Path, images: Path | None, settings: Settings) -> dict:
+def _run_on(
+    device: RemoteDevice, runner: RunnerFiles, bundle: Path, images: Path | None, settings: RoundSettings
+) -> dict:
     workdir = f"{device.root}/mobile-moe-{uuid.uuid4().hex[:8]}"
     remote_bundle, remote_runner = f"{workdir}/bundle", f"{workdir}/{RUNNER}"
     remote_images = f"{workdir}/images.f32" if images is not None else None

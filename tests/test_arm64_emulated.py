@@ -18,8 +18,8 @@ from conftest import tiny_model
 from mobile_moe.cli import main
 from mobile_moe.device_bench import arm64
 from mobile_moe.device_bench.bench import BenchSettings, choose_runner, parse_device
-from mobile_moe.device_bench.native import run_native
-from mobile_moe.device_bench.settings import Settings
+from mobile_moe.device_bench.native_runner import run_native
+from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.device_bench.workload import random_workload, write_raw
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest import read_manifest
@@ -100,7 +100,7 @@ def expected_files(manifest: Manifest, chosen: set[int]) -> set[str]:
 def test_the_arm64_runner_reproduces_the_host_runner(runner, arm64_runner, arm64_bundle, tmp_path):
     manifest = read_manifest(arm64_bundle, verify_files=True)
     images = write_raw(random_workload(manifest.input.shape, count=6, seed=3), tmp_path / "images.f32")
-    settings = Settings(iterations=2, warmup=1, cache_experts=1, switch_repeats=0)
+    settings = RoundSettings(iterations=2, warmup=1, cache_experts=1, switch_repeats=0)
     host = run_native(runner, arm64_bundle, images, settings)
     arm = arm64.run_emulated(arm64_runner, arm64_bundle, images, settings)
     assert "/data/local/tmp/mobile-moe-" in arm["bundle"]  # it ran from the device's copy

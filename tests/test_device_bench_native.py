@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -20,10 +21,10 @@ from conftest import needs_build
 
 from mobile_moe.cli import main
 from mobile_moe.device_bench import routing_stats
-from mobile_moe.device_bench.native import run_native
 from mobile_moe.device_bench.native_build import NATIVE_DIR, build_runner
+from mobile_moe.device_bench.native_runner import run_native
 from mobile_moe.device_bench.results import validate_results
-from mobile_moe.device_bench.settings import Settings
+from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.device_bench.workload import random_workload, write_raw
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest import read_manifest
@@ -49,7 +50,7 @@ def python_predictions(bundle: Path, images_file: Path):
 
 @needs_build
 def test_native_runner_reproduces_python_runtime(runner, bundle, workload_file):
-    report = run_native(runner, bundle, workload_file, Settings(iterations=3, warmup=1, cache_experts=1))
+    report = run_native(runner, bundle, workload_file, RoundSettings(iterations=3, warmup=1, cache_experts=1))
     expected = python_predictions(bundle, workload_file)
     assert [row["experts"] for row in report["images"]] == [p.experts for p in expected]
     native_logits = np.array([row["logits"] for row in report["images"]])
@@ -62,7 +63,7 @@ def test_native_runner_reproduces_python_runtime(runner, bundle, workload_file):
 def test_native_runner_loads_only_chosen_experts(runner, bundle, workload_file):
     manifest = read_manifest(bundle, verify_files=True)
     report = run_native(
-        runner, bundle, workload_file, Settings(iterations=2, warmup=0, cache_experts=1, switch_repeats=0)
+        runner, bundle, workload_file, RoundSettings(iterations=2, warmup=0, cache_experts=1, switch_repeats=0)
     )
     sequence = [row["experts"] for row in report["images"]]
     chosen = {e for experts in sequence for e in experts}
@@ -88,7 +89,7 @@ def test_native_runner_loads_only_chosen_experts(runner, bundle, workload_file):
 
 @needs_build
 def test_native_runner_percentiles_and_memory(runner, bundle, workload_file):
-    report = run_native(runner, bundle, workload_file, Settings(iterations=20, warmup=2))
+    report = run_native(runner, bundle, workload_file, RoundSettings(iterations=20, warmup=2))
     latency = report["latency_ms"]
     assert latency["min"] <= latency["p50"] <= latency["p90"] <= latency["p99"] <= latency["max"]
     assert len(latency["samples"]) == 20
@@ -98,7 +99,7 @@ def test_native_runner_percentiles_and_memory(runner, bundle, workload_file):
 
 @needs_build
 def test_runner_refuses_bad_bundles(runner, bundle, workload_file, tmp_path):
-    settings = Settings(iterations=1, warmup=0)
+    settings = RoundSettings(iterations=1, warmup=0)
     with pytest.raises(UsageError, match="no manifest"):
         run_native(runner, tmp_path, workload_file, settings)
     broken = tmp_path / "broken"
@@ -170,7 +171,7 @@ def fake_adb(tmp_path, monkeypatch) -> Path:
 def test_android_flow_with_stand_in_adb(runner, bundle, workload_file, fake_adb):
     from mobile_moe.device_bench.android import run_on_android
 
-    settings = Settings(iterations=3, warmup=1, cache_experts=2)
+    settings = RoundSettings(iterations=3, warmup=1, cache_experts=2)
     on_phone = run_on_android("FAKE0001", runner, bundle, workload_file, settings)
     on_host = run_native(runner, bundle, workload_file, settings)
     assert on_phone["bundle"].startswith(str(fake_adb / "data/local/tmp/mobile-moe-"))  # it ran from the phone's copy
@@ -185,7 +186,7 @@ def test_android_flow_with_stand_in_adb(runner, bundle, workload_file, fake_adb)
 def test_android_flow_errors(runner, bundle, workload_file, fake_adb, monkeypatch, tmp_path):
     from mobile_moe.device_bench.android import run_on_android
 
-    settings = Settings(iterations=1, warmup=0)
+    settings = RoundSettings(iterations=1, warmup=0)
     with pytest.raises(UsageError, match="not attached"):
         run_on_android("OTHER", runner, bundle, workload_file, settings)
     monkeypatch.setenv("FAKE_ADB_DEVICES", "")
@@ -278,4 +279,19 @@ def test_bytes_and_params_loaded_per_image_are_honest_for_split_and_whole():
 def test_runner_refuses_the_weight_cache_for_experts_sharing_a_program(runner, bundle, workload_file):
     """XNNPACK's cache keys packed weights by named-data key, which experts sharing one program share."""
     with pytest.raises(UsageError, match="--weight-cache cannot serve this bundle"):
-        run_native(runner, bundle, workload_file, Settings(iterations=1, warmup=0, weight_cache=True))
+        run_native(runner, bundle, workload_file, RoundSettings(iterations=1, warmup=0, weight_cache=True))
+
+
+@needs_build
+def test_the_runners_own_defaults_are_the_round_settings(runner, bundle):
+    """A bundle is run by hand on a phone with the runner's own defaults: they are bench's (RoundSettings)."""
+    result = subprocess.run([str(runner), "--bundle", str(bundle), "--random", "1"], capture_output=True, check=True)
+    report, defaults = json.loads(result.stdout), RoundSettings()
+    assert (report["iterations"], report["warmup"], report["threads"]) == (
+        defaults.iterations,
+        defaults.warmup,
+        defaults.threads,
+    )
+    assert report["weight_cache"] is defaults.weight_cache and defaults.cache_experts is None
+    assert report["cache_experts"] == report["num_experts"]  # all of them
+    assert len(report["switch"]["ms"]) == report["num_experts"] * defaults.switch_repeats

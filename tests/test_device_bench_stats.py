@@ -11,7 +11,7 @@ from mobile_moe.device_bench import routing_stats
 from mobile_moe.device_bench.bench import BenchSettings, choose_runner
 from mobile_moe.device_bench.report import write_report
 from mobile_moe.device_bench.results import RoundReportError, run_record, validate_results, validate_round
-from mobile_moe.device_bench.settings import Settings
+from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest_schema import Composition, GraphEntry, Manifest, ModelSummary
 
@@ -33,9 +33,9 @@ def test_lru_evicts_least_recently_used():
 
 def test_settings_refuse_zero_iterations():
     with pytest.raises(UsageError, match="iterations"):
-        Settings(iterations=0)
+        RoundSettings(iterations=0)
     with pytest.raises(UsageError, match="cache-experts"):
-        Settings(cache_experts=0)
+        RoundSettings(cache_experts=0)
 
 
 def fake_manifest(kind: str) -> Manifest:
@@ -144,12 +144,12 @@ def test_a_round_report_missing_or_mistyped_field_is_refused_by_name(change, fra
 )
 def test_bench_settings_refuse_bad_values_in_one_line(changes, fragment):
     with pytest.raises(UsageError) as refused:
-        BenchSettings(Settings(iterations=2), **changes)
+        BenchSettings(RoundSettings(iterations=2), **changes)
     assert fragment in str(refused.value) and "\n" not in str(refused.value)
 
 
 def test_bench_settings_defaults_and_json():
-    settings = BenchSettings(Settings(iterations=7, weight_cache=True), data="random:3", pause_s=0)
+    settings = BenchSettings(RoundSettings(iterations=7, weight_cache=True), data="random:3", pause_s=0)
     assert settings.runtime is None and settings.device == "host" and settings.rounds == 3
     assert settings.as_json() == {"iterations": 7, "warmup": 5, "threads": 1, "cache_experts": None,
                                   "switch_repeats": 2, "weight_cache": True, "data": "random:3", "images": 32,
@@ -158,7 +158,7 @@ def test_bench_settings_defaults_and_json():
 
 def test_one_function_picks_the_runner_for_runtime_and_device(tmp_path):
     from mobile_moe.device_bench.android import AndroidRunner
-    from mobile_moe.device_bench.native import NativeRunner
+    from mobile_moe.device_bench.native_runner import NativeRunner
     from mobile_moe.device_bench.python_worker import PythonWorker
 
     assert choose_runner("native") == NativeRunner(None)

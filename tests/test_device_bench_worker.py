@@ -11,7 +11,7 @@ from conftest import tiny_model
 
 from mobile_moe.device_bench import python_worker
 from mobile_moe.device_bench.results import validate_round
-from mobile_moe.device_bench.settings import Settings
+from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.device_bench.workload import random_workload, write_raw
 from mobile_moe.export.manifest import read_manifest
 
@@ -33,7 +33,7 @@ def split_bundle(request, bundle, onnx_bundle) -> tuple[Path, str]:
 def measure(bundle: Path, runtime: str, tmp_path: Path, **changes) -> dict:
     """One round in this process, on eight random images."""
     images = write_raw(random_workload(read_manifest(bundle).input.shape, count=8, seed=3), tmp_path / "x.f32")
-    settings = Settings(**{"iterations": 6, "warmup": 1, "threads": 1, "switch_repeats": 2, **changes})
+    settings = RoundSettings(**{"iterations": 6, "warmup": 1, "threads": 1, "switch_repeats": 2, **changes})
     return python_worker.measure(bundle, runtime, images, settings)
 
 
@@ -83,7 +83,7 @@ def test_benchmark_with_bench_settings_writes_results_that_validate(bundle, tmp_
     from mobile_moe.device_bench.bench import BenchSettings, benchmark
     from mobile_moe.device_bench.results import validate_results
 
-    settings = BenchSettings(Settings(iterations=3, warmup=0, switch_repeats=1), runtime="executorch", rounds=2,
+    settings = BenchSettings(RoundSettings(iterations=3, warmup=0, switch_repeats=1), runtime="executorch", rounds=2,
                              pause_s=0, images=4)  # fmt: skip
     lines: list[str] = []
     results = benchmark([bundle], settings, tmp_path / "bench", log=lines.append)
@@ -113,7 +113,7 @@ def test_benchmark_refuses_a_runner_report_without_a_field_by_name(bundle, tmp_p
     from mobile_moe.device_bench.results import RoundReportError
 
     monkeypatch.setattr(bench, "choose_runner", lambda runtime, device, runner: IncompleteRunner())
-    settings = bench.BenchSettings(Settings(iterations=1, warmup=0, switch_repeats=0), rounds=1, images=2)
+    settings = bench.BenchSettings(RoundSettings(iterations=1, warmup=0, switch_repeats=0), rounds=1, images=2)
     with pytest.raises(RoundReportError, match="incomplete runner returned a round report without memory_after_warm"):
         bench.benchmark([bundle], settings, tmp_path / "bench", log=lambda message: None)
     assert not (tmp_path / "bench" / "results.json").exists()
@@ -123,7 +123,7 @@ def test_benchmark_refuses_bad_input_before_measuring(bundle, tmp_path):
     from mobile_moe.device_bench.bench import BenchSettings, benchmark
     from mobile_moe.errors import UsageError
 
-    settings = BenchSettings(Settings(iterations=1), runtime="onnxruntime", rounds=1)
+    settings = BenchSettings(RoundSettings(iterations=1), runtime="onnxruntime", rounds=1)
     with pytest.raises(UsageError, match="is an executorch bundle; --runtime onnxruntime cannot run it"):
         benchmark([bundle], settings, tmp_path / "bench")
     with pytest.raises(UsageError, match="no bundle to benchmark"):

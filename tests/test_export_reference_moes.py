@@ -232,12 +232,14 @@ def test_predict_json_reports_the_experts_a_whole_bundle_used(bundles, models, t
 @needs_build
 @pytest.mark.parametrize("name", DEFAULT_EXECUTORCH)
 def test_native_runner_matches_python_runtime(name, runner, bundles, tmp_path):
-    from mobile_moe.device_bench.native import run_native
-    from mobile_moe.device_bench.settings import Settings
+    from mobile_moe.device_bench.native_runner import run_native
+    from mobile_moe.device_bench.round_settings import RoundSettings
 
     images = sample_images().numpy()
     images.tofile(tmp_path / "images.f32")
-    report = run_native(runner, bundles(name, "executorch"), tmp_path / "images.f32", Settings(iterations=2, warmup=0))
+    report = run_native(
+        runner, bundles(name, "executorch"), tmp_path / "images.f32", RoundSettings(iterations=2, warmup=0)
+    )
     python = load_bundle(bundles(name, "executorch"))
     expected = [python.predict(image) for image in images]
     assert report["layout"] == LAYOUT_OF_ROUTING[MODELS[name].routing]

@@ -7,8 +7,8 @@ program (exit 2: ExecuTorch's program verification, the method signature check) 
 the flip only changed weights, runs and prints its JSON. Both tables also run against an AddressSanitizer build, so
 an out-of-bounds read in the runner fails the test even when it happens not to crash.
 
-Then the Python side (device_bench.native): sha256 checked before the runner starts, a bad --runner refused before
-anything runs, a crash or undecodable output turned into one UsageError line.
+Then the Python side (device_bench.native_runner): sha256 checked before the runner starts, a bad --runner refused
+before anything runs, a crash or undecodable output turned into one UsageError line.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from faults import (
     write_manifest_text,
 )
 
-from mobile_moe.device_bench.native import run_native
-from mobile_moe.device_bench.settings import Settings
+from mobile_moe.device_bench.native_runner import run_native
+from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
 
 pytestmark = [pytest.mark.export, needs_build]
@@ -233,7 +233,7 @@ def _script(tmp_path: Path, name: str, body: str) -> Path:
     return path
 
 
-SETTINGS = Settings(iterations=1, warmup=0, switch_repeats=0)
+SETTINGS = RoundSettings(iterations=1, warmup=0, switch_repeats=0)
 
 
 def test_run_native_refuses_bad_runner_paths(bundle, tmp_path):

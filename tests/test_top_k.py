@@ -61,11 +61,11 @@ def test_eager_python_runtime_and_native_runner_agree_on_ties(k, tmp_path, reque
     assert [runtime.predict(image.numpy()).experts for image in images] == eager
     if needs_build.args[0]:  # skipif condition: no cmake / compiler here
         pytest.skip(needs_build.kwargs["reason"])
-    from mobile_moe.device_bench.native import run_native
-    from mobile_moe.device_bench.settings import Settings
+    from mobile_moe.device_bench.native_runner import run_native
+    from mobile_moe.device_bench.round_settings import RoundSettings
     from mobile_moe.device_bench.workload import Workload, write_raw
 
     runner = request.getfixturevalue("runner")
     images_file = write_raw(Workload(images.numpy(), "tied"), tmp_path / "images.f32")
-    report = run_native(runner, tmp_path / "tied", images_file, Settings(iterations=1, warmup=0))
+    report = run_native(runner, tmp_path / "tied", images_file, RoundSettings(iterations=1, warmup=0))
     assert [row["experts"] for row in report["images"]] == eager

@@ -65,6 +65,8 @@ namespace {
 // ---------------------------------------------------------------------------------------------------------------
 // Command line
 
+// The measurement defaults are bench's (mobile_moe.device_bench.round_settings.RoundSettings), kept equal here for a
+// bundle run by hand on a phone; tests/test_device_bench_native.py holds them equal.
 struct Options {
   std::string bundle;
   std::string input_path;  // raw float32, N x C x S x S; empty -> random images

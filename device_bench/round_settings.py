@@ -8,7 +8,7 @@ from mobile_moe.errors import UsageError
 
 
 @dataclass(frozen=True)
-class Settings:
+class RoundSettings:
     iterations: int = 50  # timed end-to-end runs after warm-up
     warmup: int = 5
     threads: int = 1

@@ -16,14 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mobile_moe.device_bench.round_report import RoundReport
-from mobile_moe.device_bench.settings import Settings
+from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest import read_manifest
 
 RUNNER_PREFIX = "mobile_moe_runner"
 
 
-def runner_command(runner: str | Path, bundle: str | Path, images: str | Path | None, settings: Settings) -> list[str]:
+def runner_command(
+    runner: str | Path, bundle: str | Path, images: str | Path | None, settings: RoundSettings
+) -> list[str]:
     command = [str(runner), "--bundle", str(bundle), *settings.runner_flags()]
     if images is not None:
         command += ["--input", str(images)]
@@ -97,7 +99,7 @@ def check_runner(runner: str | Path) -> Path:
     return path
 
 
-def run_native(runner: str | Path, bundle: str | Path, images: str | Path | None, settings: Settings) -> dict:
+def run_native(runner: str | Path, bundle: str | Path, images: str | Path | None, settings: RoundSettings) -> dict:
     check_runner(runner)
     # The runner checks these too (a bundle may be run by hand on a phone); checking here first gives Python's message.
     read_manifest(bundle, verify_files=True)
@@ -131,7 +133,7 @@ class NativeRunner:
     def name(self) -> str:
         return f"native runner {self.binary}" if self.binary is not None else "native runner"
 
-    def run_round(self, bundle: Path, images: Path, settings: Settings) -> RoundReport:
+    def run_round(self, bundle: Path, images: Path, settings: RoundSettings) -> RoundReport:
         from mobile_moe.device_bench.native_build import build_runner
 
         return as_round_report(run_native(self.binary or build_runner(), bundle, images, settings))
