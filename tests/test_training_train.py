@@ -70,7 +70,7 @@ def interrupt_at(monkeypatch, stop_epoch: int) -> None:
     real = train_module.train_one_epoch
 
     def maybe_interrupt(*args, **kwargs):
-        if args[-1] == stop_epoch:
+        if kwargs["epoch"] == stop_epoch:
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 

@@ -68,77 +68,99 @@ class RoutingSums:
         }
 
 
-def train_one_epoch(
-    step_module: nn.Module,
-    model: nn.Module,
-    loader,
-    optimizer: torch.optim.Optimizer,
-    scheduler,
-    ctx: EpochContext,
-    epoch: int,
-) -> dict[str, float]:
-    """Train over `loader` once; -> mean train loss terms, train top-1 (vs the dominant target) and images/s.
+@dataclass
+class Optimisation:
+    """What a training step runs and updates: `step_module` runs the forward (the TrainingForward, possibly DDP- and
+    compile-wrapped); `model` is the bare model, for gradient clipping."""
 
-    `step_module` is what runs the forward (the TrainingForward, possibly DDP- and compile-wrapped); `model` is the
-    bare model, used for gradient clipping.
-    """
-    cfg, device = ctx.cfg, ctx.placement.device
-    step_module.train()
-    sums = dict.fromkeys(("loss", "class_loss", "router_loss", "balance_loss", "aux_loss", "correct"), 0.0)
-    routed = RoutingSums(model.config.expert_sets if model.config.is_moe else 0)
-    images_seen, steps = 0, len(loader)
+    step_module: nn.Module
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+
+
+LOSS_TERMS = ("loss", "class_loss", "router_loss", "balance_loss", "aux_loss")
+
+
+class EpochSums:
+    """Running sums over an epoch's steps: loss terms, correct images (vs the dominant target) and images seen."""
+
+    def __init__(self):
+        self.terms = dict.fromkeys(LOSS_TERMS, 0.0)
+        self.correct, self.images = 0.0, 0
+
+    def add(self, loss_value: float, terms: losses.LossTerms, correct: float, images: int) -> None:
+        self.terms["loss"] += loss_value
+        self.terms["class_loss"] += terms.classification.item()
+        self.terms["router_loss"] += terms.router.item()
+        self.terms["balance_loss"] += terms.balance.item()
+        self.terms["aux_loss"] += terms.aux.item()
+        self.correct += correct
+        self.images += images
+
+    def row(self, steps: int) -> dict[str, float]:
+        return {f"train_{name}": total / steps for name, total in self.terms.items()}
+
+
+def batch_targets(images: Tensor, labels: Tensor, ctx: EpochContext) -> tuple[Tensor, Tensor, Tensor | None]:
+    """A loader batch on the device, mixed (MixUp/CutMix) -> (images, targets (B, C), super_targets (B, E) | None)."""
+    device = ctx.placement.device
+    images = images.to(device, non_blocking=True)
+    labels = labels.to(device, non_blocking=True)
+    images, targets = augment.class_targets(images, labels, ctx.num_classes, ctx.mixer)  # targets (B, C)
+    super_targets = augment.super_targets(targets, ctx.assignment) if ctx.assignment is not None else None
+    return images, targets, super_targets
+
+
+def forward_loss(step_module: nn.Module, images: Tensor, targets: Tensor, super_targets: Tensor | None, cfg):
+    """-> (the model's output, its loss terms), under autocast."""
+    with autocast(images.device, cfg.amp):
+        super_labels = super_targets.argmax(-1) if super_targets is not None else None
+        output = step_module(images, super_labels)
+        terms = losses.training_loss(
+            output, targets, super_targets, cfg.router_loss_weight, cfg.balance_loss_weight, cfg.label_smoothing
+        )
+    return output, terms
+
+
+def update(opt: Optimisation, total: Tensor, grad_clip: float) -> None:
+    """Backward, clip, optimizer and schedule step."""
+    opt.optimizer.zero_grad(set_to_none=True)
+    total.backward()
+    if grad_clip > 0:
+        nn.utils.clip_grad_norm_(opt.model.parameters(), grad_clip)
+    opt.optimizer.step()
+    opt.scheduler.step()
+
+
+def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int) -> dict[str, float]:
+    """Train over `loader` once; -> mean train loss terms, train top-1 (vs the dominant target) and images/s."""
+    cfg, world_size, steps = ctx.cfg, ctx.placement.world_size, len(loader)
+    opt.step_module.train()
+    sums = EpochSums()
+    routed = RoutingSums(opt.model.config.expert_sets if opt.model.config.is_moe else 0)
     progress = Progress(steps, f"epoch {epoch + 1}/{cfg.epochs}", enabled=ctx.placement.is_main and ctx.show_progress)
     start = time.perf_counter()
     for step, (images, labels) in enumerate(loader):
-        images = images.to(device, non_blocking=True)
-        labels = labels.to(device, non_blocking=True)
-        images, targets = augment.class_targets(images, labels, ctx.num_classes, ctx.mixer)  # targets (B, C)
-        super_targets = augment.super_targets(targets, ctx.assignment) if ctx.assignment is not None else None
-
-        with autocast(device, cfg.amp):
-            super_labels = super_targets.argmax(-1) if super_targets is not None else None
-            output = step_module(images, super_labels)
-            terms = losses.training_loss(
-                output, targets, super_targets, cfg.router_loss_weight, cfg.balance_loss_weight, cfg.label_smoothing
-            )
+        images, targets, super_targets = batch_targets(images, labels, ctx)
+        output, terms = forward_loss(opt.step_module, images, targets, super_targets, cfg)
         # One host sync per step, as in DeiT: a NaN must stop training before it reaches the weights.
         loss_value = mean_over_ranks(terms.total.detach()).item()
         if not math.isfinite(loss_value):
             progress.close()
             raise NonFiniteLoss(loss_value, epoch, step, epoch * steps + step)
-
-        optimizer.zero_grad(set_to_none=True)
-        terms.total.backward()
-        if cfg.grad_clip > 0:
-            nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        scheduler.step()
-
+        update(opt, terms.total, cfg.grad_clip)
         correct = (output.logits.argmax(-1) == losses.hard_labels(targets)).float().sum().item()
-        sums["loss"] += loss_value
-        sums["class_loss"] += terms.classification.item()
-        sums["router_loss"] += terms.router.item()
-        sums["balance_loss"] += terms.balance.item()
-        sums["aux_loss"] += terms.aux.item()
+        sums.add(loss_value, terms, correct, len(labels))
         routed.add(output)
-        sums["correct"] += correct
-        images_seen += len(labels)
-        elapsed = time.perf_counter() - start
-        progress.update(
-            loss=sums["loss"] / (step + 1),
-            acc=sums["correct"] / images_seen,
-            img_s=images_seen * ctx.placement.world_size / elapsed,
-        )
+        img_s = sums.images * world_size / (time.perf_counter() - start)
+        progress.update(loss=sums.terms["loss"] / (step + 1), acc=sums.correct / sums.images, img_s=img_s)
     progress.close()
     elapsed = time.perf_counter() - start
     return {
-        "train_loss": sums["loss"] / steps,
-        "train_class_loss": sums["class_loss"] / steps,
-        "train_router_loss": sums["router_loss"] / steps,
-        "train_balance_loss": sums["balance_loss"] / steps,
-        "train_aux_loss": sums["aux_loss"] / steps,
+        **sums.row(steps),
         **routed.summary(),
-        "train_top1": sums["correct"] / images_seen,  # this process's share; against the dominant (mixed) class
-        "images_per_s": images_seen * ctx.placement.world_size / elapsed,
+        "train_top1": sums.correct / sums.images,  # this process's share; against the dominant (mixed) class
+        "images_per_s": sums.images * world_size / elapsed,
         "epoch_time_s": elapsed,
     }

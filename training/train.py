@@ -18,22 +18,25 @@ import dataclasses
 import math
 import os
 import time
+from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from mobile_moe.atomic import check_writable
 from mobile_moe.checkpoint import checkpoint_dict, load_checkpoint, load_weights
 from mobile_moe.config import ViTConfig
 from mobile_moe.errors import UsageError
 from mobile_moe.registry import build_model, config_from_dict
+from mobile_moe.super_class.superclasses import SuperClasses
 from mobile_moe.training import augment, cluster_fit, distributed
 from mobile_moe.training import init_from as upcycling
 from mobile_moe.training.data import Data, data_record, open_data
-from mobile_moe.training.engine import EpochContext, NonFiniteLoss, train_one_epoch
+from mobile_moe.training.engine import EpochContext, NonFiniteLoss, Optimisation, train_one_epoch
 from mobile_moe.training.evaluate import evaluate
 from mobile_moe.training.imported import refuse_resume, refuse_training_into
 from mobile_moe.training.recipes import MAY_CHANGE_ON_RESUME, TrainConfig, from_dict
@@ -201,9 +204,17 @@ def train(
     if (out_dir / CONFIG).exists() and not is_failed_start(out_dir):
         raise UsageError(f"{out_dir} holds a {CONFIG} that is not a mobile-moe run's; choose another --out")
     # A directory with only our config.json is a start that failed before its first epoch: nothing to lose.
-    return _train(
-        model_config, train_config, data_spec, super_class_spec, out_dir, verbose, False, fit_num_classes, init_from
+    request = TrainRequest(
+        model_config,
+        train_config,
+        data_spec,
+        super_class_spec,
+        out_dir,
+        verbose=verbose,
+        fit_num_classes=fit_num_classes,
+        init_from=init_from,
     )
+    return _train(request)
 
 
 def resume_training(run_dir: str | os.PathLike, verbose: bool = True, **changes: Any) -> Path:
@@ -219,9 +230,11 @@ def resume_training(run_dir: str | os.PathLike, verbose: bool = True, **changes:
     cfg = from_dict(config["recipe"]).replace(**{k: v for k, v in changes.items() if v is not None})
     spec = config["super_classes"]["spec"] if config.get("super_classes") else None
     model_config = config_from_dict(config["model"])
-    return _train(
-        model_config, cfg, config["data"]["spec"], spec, Path(run_dir), verbose, True, init_from=config.get("init_from")
+    data_spec, init_from = config["data"]["spec"], config.get("init_from")
+    request = TrainRequest(
+        model_config, cfg, data_spec, spec, Path(run_dir), verbose=verbose, resume=True, init_from=init_from
     )
+    return _train(request)
 
 
 def training_preprocessing(out_dir: Path, resume: bool, init_from: str | os.PathLike | None) -> dict[str, Any]:
@@ -281,152 +294,242 @@ def load_training_state(state: dict[str, Any], path: Path, model, optimizer, sch
         ) from None
 
 
-def _train(
-    model_config: ViTConfig,
-    cfg: TrainConfig,
-    data_spec: str,
-    super_class_spec: str | None,
-    out_dir: Path,
-    verbose: bool,
-    resume: bool,
-    fit_num_classes: bool = False,
-    init_from: str | os.PathLike | None = None,
-) -> Path:
-    placement = distributed.setup(cfg.device)
-    say = (lambda text: print(text, flush=True)) if verbose and placement.is_main else (lambda text: None)
+@dataclass(frozen=True)
+class TrainRequest:
+    """One training run to carry out: what to train, on what, into which directory, and how to start it."""
+
+    model_config: ViTConfig
+    cfg: TrainConfig
+    data_spec: str
+    super_class_spec: str | None
+    out_dir: Path
+    _: KW_ONLY  # the flags: by name only
+    verbose: bool = True
+    resume: bool = False  # continue from checkpoint.pt (if the run has one) instead of starting afresh
+    fit_num_classes: bool = False  # set the model's num_classes from the data's
+    init_from: str | os.PathLike | None = None
+
+
+@dataclass
+class RunData:
+    """The data side of a run: the model config (num_classes fitted), data, super-classes, splits and loader."""
+
+    model_config: ViTConfig
+    data: Data
+    super_classes: SuperClasses | None
+    train_set: Dataset
+    val_set: Dataset  # this process's shard
+    loader: DataLoader
+    sampler: DistributedSampler
+
+
+@dataclass
+class RunProgress:
+    """Where a run stands: the epochs done, its best validation top-1 so far and every epoch's metrics row."""
+
+    start_epoch: int = 0
+    best_top1: float = -1.0
+    best_epoch: int = 0
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+
+    def record(self, row: dict[str, Any]) -> None:
+        self.metrics.append(row)
+        if row["val_top1"] > self.best_top1:
+            self.best_top1, self.best_epoch = row["val_top1"], row["epoch"]
+
+
+@dataclass
+class Session:
+    """Everything the epochs of one run share, once it is set up."""
+
+    request: TrainRequest
+    placement: distributed.Placement
+    run: RunData
+    opt: Optimisation
+    ctx: EpochContext
+    run_config: dict[str, Any]  # what config.json says
+    say: Callable[[str], None]
+
+
+def _train(request: TrainRequest) -> Path:
+    placement = distributed.setup(request.cfg.device)
+    printing = request.verbose and placement.is_main
+    say = (lambda text: print(text, flush=True)) if printing else (lambda text: None)
     try:
-        # --- the run being resumed: checkpoint.pt is its commit point (commit_epoch) ---
-        last = out_dir / LAST
-        state = load_checkpoint(last, map_location=placement.device) if resume and last.is_file() else None
-        if state is not None:
-            check_resumable(state, read_config(out_dir), cfg, last)
-
-        # --- data and super-classes ---
-        data = open_data(data_spec, model_config.image_size, **training_preprocessing(out_dir, resume, init_from))
-        if fit_num_classes:
-            model_config = dataclasses.replace(model_config, num_classes=data.num_classes)
-        check_model_fits_data(model_config, data)
-        super_classes = resolve_super_classes(super_class_spec, data, model_config)
-        check_super_classes(model_config, super_classes, cfg)
-        train_set = data.split("train", augment.train_transform(cfg, data))
-        val_set = distributed.shard(data.split("val"), placement)
-        loader, sampler = make_loader(train_set, cfg, placement)
-
-        # --- model, optimizer, schedule ---
-        torch.manual_seed(cfg.seed)  # the same initial weights on every process
-        model = build_model(model_config).to(placement.device)
-        # From a dense run (--init-from) on a fresh start: its weights (upcycled) and, for a Hard MoE, stage 1 (PCA +
-        # k-means); a resume keeps the run's own (checkpoint.pt, config.json).
-        init_entries, resumed = {}, read_config(out_dir) if state is not None else None
-        if model_config.routing == "cluster":
-            init_entries = cluster_fit.stage_one(model, init_from, data, cfg, placement.device, resumed)
-        elif init_from is not None:
-            init_entries = upcycling.start(model, init_from, data, resumed)
-        optimizer = torch.optim.AdamW(parameter_groups(model, cfg.weight_decay), lr=cfg.lr)
-        scheduler = cosine_schedule(optimizer, cfg, len(loader))
-        step_module: nn.Module = TrainingForward(model, cfg.route_by)
-        if placement.distributed:
-            device_ids = [placement.device.index] if placement.device.type == "cuda" else None
-            # An MoE batch may leave some experts unchosen: their parameters get no gradient on that process.
-            sparse = model_config.is_moe
-            step_module = nn.parallel.DistributedDataParallel(
-                step_module, device_ids=device_ids, find_unused_parameters=sparse
-            )
-        if cfg.compile:
-            step_module = torch.compile(step_module)
-
-        # --- the run directory: a new config.json, or the state of the run being resumed ---
-        start_epoch, best_top1, best_epoch, metrics = 0, -1.0, 0, []
+        state = _resume_state(request, placement)
+        run = _open_run_data(request, placement)
+        opt, init_entries = _build_optimisation(request, run, placement, state)
         run_config = {
-            "model": model_config.to_dict(),
-            "data": data_record(data),
-            "super_classes": super_record(super_class_spec, super_classes),
-            "recipe": cfg.to_dict(),
+            "model": run.model_config.to_dict(),
+            "data": data_record(run.data),
+            "super_classes": super_record(request.super_class_spec, run.super_classes),
+            "recipe": request.cfg.to_dict(),
             **init_entries,
         }
-        if state is not None:
-            load_training_state(state, last, model, optimizer, scheduler)
-            start_epoch, best_top1 = int(state["epoch"]), float(state["best_top1"])
-            best_epoch = int(state.get("best_epoch", 0))
-            history = state.get("history")
-            metrics = (
-                list(history)
-                if history is not None
-                else [row for row in read_metrics(out_dir) if row["epoch"] <= start_epoch]
-            )
-            say(f"resuming {out_dir} after epoch {start_epoch} (best val top-1 {100 * best_top1:.2f}%)")
-        if placement.is_main:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            remove_stale_temporaries(out_dir)
-            if state is not None:
-                for repaired in reconcile(out_dir, state):
-                    say(f"restored {repaired} from {LAST}")
-            write_config(out_dir, run_config)
-        ctx = EpochContext(
-            cfg,
-            placement,
-            data.num_classes,
-            augment.assignment_matrix(super_classes.assignment, super_classes.num_super_classes, placement.device)
-            if super_classes is not None
-            else None,
-            augment.batch_mixer(cfg, data.num_classes),
-            show_progress=verbose,
-        )
-        say(
-            f"training {model_config.name} on {data_spec} ({len(train_set)} images, {data.num_classes} classes) "
-            f"on {placement.device} x{placement.world_size}, {cfg.epochs} epochs, batch {cfg.batch_size}, "
-            f"lr {cfg.lr:.2e} -> {out_dir}"
-        )
-
-        # --- epochs ---
-        for epoch in range(start_epoch, cfg.epochs):
-            sampler.set_epoch(epoch)
-            seed_epoch(cfg.seed, epoch, placement.rank)
-            lr = optimizer.param_groups[0]["lr"]
-            try:
-                stats = train_one_epoch(step_module, model, loader, optimizer, scheduler, ctx, epoch)
-            except NonFiniteLoss as error:
-                kept = f"kept {out_dir / LAST} from epoch {epoch}" if epoch else "no checkpoint was written yet"
-                raise UsageError(
-                    f"training stopped: non-finite {error}; {kept}; "
-                    "lower the learning rate (--lr) or clip gradients (--set grad_clip=1)"
-                ) from None
-            assignment = super_classes.assignment if super_classes is not None else None
-            scores = evaluate(model, val_set, assignment, cfg.eval_batch_size, placement.device, cfg.amp)
-            row = {
-                "epoch": epoch + 1,
-                "step": (epoch + 1) * len(loader),
-                **stats,
-                "val_top1": scores["top1"],
-                "val_top5": scores["top5"],
-                "router_accuracy": scores["router_accuracy"],
-                "expert_load": scores.get("expert_load"),
-                "val_experts_per_image": scores.get("experts_per_image_mean"),
-                "val_dropped": scores.get("dropped"),
-                "lr": lr,
-                "time": time.time(),
-            }
-            metrics.append(row)
-            if scores["top1"] > best_top1:
-                best_top1, best_epoch = scores["top1"], epoch + 1
-            if placement.is_main:
-                checkpoint = checkpoint_dict(
-                    model,
-                    optimizer=optimizer.state_dict(),
-                    scheduler=scheduler.state_dict(),
-                    epoch=epoch + 1,
-                    best_top1=best_top1,
-                    best_epoch=best_epoch,
-                    recipe=cfg.to_dict(),
-                    data=run_config["data"],
-                    super_classes=run_config.get("super_classes"),
-                    metrics=row,
-                    history=list(metrics),
-                    rng=rng_states(),
-                )
-                commit_epoch(out_dir, checkpoint)
-            say(epoch_line(row))
-        say(f"best val top-1 {100 * best_top1:.2f}%; run in {out_dir}")
-        return out_dir
+        progress = _restore_progress(state, request.out_dir, opt, say)
+        _prepare_run_dir(request.out_dir, run_config, state, placement, say)
+        session = Session(request, placement, run, opt, _epoch_context(request, run, placement), run_config, say)
+        _train_epochs(session, progress)
+        say(f"best val top-1 {100 * progress.best_top1:.2f}%; run in {request.out_dir}")
+        return request.out_dir
     finally:
         distributed.cleanup()
+
+
+def _resume_state(request: TrainRequest, placement: distributed.Placement) -> dict[str, Any] | None:
+    """The run being resumed: checkpoint.pt is its commit point (commit_epoch); None for a fresh start."""
+    last = request.out_dir / LAST
+    if not (request.resume and last.is_file()):
+        return None
+    state = load_checkpoint(last, map_location=placement.device)
+    check_resumable(state, read_config(request.out_dir), request.cfg, last)
+    return state
+
+
+def _open_run_data(request: TrainRequest, placement: distributed.Placement) -> RunData:
+    """Data and super-classes, checked against the model and recipe; the training loader and the val shard."""
+    cfg, model_config = request.cfg, request.model_config
+    overrides = training_preprocessing(request.out_dir, request.resume, request.init_from)
+    data = open_data(request.data_spec, model_config.image_size, **overrides)
+    if request.fit_num_classes:
+        model_config = dataclasses.replace(model_config, num_classes=data.num_classes)
+    check_model_fits_data(model_config, data)
+    super_classes = resolve_super_classes(request.super_class_spec, data, model_config)
+    check_super_classes(model_config, super_classes, cfg)
+    train_set = data.split("train", augment.train_transform(cfg, data))
+    val_set = distributed.shard(data.split("val"), placement)
+    loader, sampler = make_loader(train_set, cfg, placement)
+    return RunData(model_config, data, super_classes, train_set, val_set, loader, sampler)
+
+
+def _build_optimisation(
+    request: TrainRequest, run: RunData, placement: distributed.Placement, state: dict[str, Any] | None
+) -> tuple[Optimisation, dict[str, Any]]:
+    """Model, optimizer, schedule and the module a step runs; -> (them, config.json entries of --init-from)."""
+    cfg, model_config = request.cfg, run.model_config
+    torch.manual_seed(cfg.seed)  # the same initial weights on every process
+    model = build_model(model_config).to(placement.device)
+    # From a dense run (--init-from) on a fresh start: its weights (upcycled) and, for a Hard MoE, stage 1 (PCA +
+    # k-means); a resume keeps the run's own (checkpoint.pt, config.json).
+    init_entries, resumed = {}, read_config(request.out_dir) if state is not None else None
+    if model_config.routing == "cluster":
+        init_entries = cluster_fit.stage_one(model, request.init_from, run.data, cfg, placement.device, resumed)
+    elif request.init_from is not None:
+        init_entries = upcycling.start(model, request.init_from, run.data, resumed)
+    optimizer = torch.optim.AdamW(parameter_groups(model, cfg.weight_decay), lr=cfg.lr)
+    scheduler = cosine_schedule(optimizer, cfg, len(run.loader))
+    step_module: nn.Module = TrainingForward(model, cfg.route_by)
+    if placement.distributed:
+        device_ids = [placement.device.index] if placement.device.type == "cuda" else None
+        # An MoE batch may leave some experts unchosen: their parameters get no gradient on that process.
+        step_module = nn.parallel.DistributedDataParallel(
+            step_module, device_ids=device_ids, find_unused_parameters=model_config.is_moe
+        )
+    if cfg.compile:
+        step_module = torch.compile(step_module)
+    return Optimisation(step_module, model, optimizer, scheduler), init_entries
+
+
+def _restore_progress(state: dict[str, Any] | None, out_dir: Path, opt: Optimisation, say) -> RunProgress:
+    """A fresh run's progress, or the resumed run's: weights, optimizer and schedule loaded, best and metrics."""
+    if state is None:
+        return RunProgress()
+    load_training_state(state, out_dir / LAST, opt.model, opt.optimizer, opt.scheduler)
+    start_epoch, best_top1 = int(state["epoch"]), float(state["best_top1"])
+    history = state.get("history")
+    metrics = (
+        list(history) if history is not None else [row for row in read_metrics(out_dir) if row["epoch"] <= start_epoch]
+    )
+    say(f"resuming {out_dir} after epoch {start_epoch} (best val top-1 {100 * best_top1:.2f}%)")
+    return RunProgress(start_epoch, best_top1, int(state.get("best_epoch", 0)), metrics)
+
+
+def _prepare_run_dir(out_dir: Path, run_config, state, placement: distributed.Placement, say) -> None:
+    """The run directory (rank 0): a new config.json, or the run being resumed with best.pt and metrics.jsonl
+    restored from its checkpoint.pt if a kill left them behind."""
+    if not placement.is_main:
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(out_dir)
+    if state is not None:
+        for repaired in reconcile(out_dir, state):
+            say(f"restored {repaired} from {LAST}")
+    write_config(out_dir, run_config)
+
+
+def _epoch_context(request: TrainRequest, run: RunData, placement: distributed.Placement) -> EpochContext:
+    cfg, super_classes, device = request.cfg, run.super_classes, placement.device
+    assignment = (
+        augment.assignment_matrix(super_classes.assignment, super_classes.num_super_classes, device)
+        if super_classes is not None
+        else None
+    )
+    mixer = augment.batch_mixer(cfg, run.data.num_classes)
+    return EpochContext(cfg, placement, run.data.num_classes, assignment, mixer, show_progress=request.verbose)
+
+
+def _train_epochs(session: Session, progress: RunProgress) -> None:
+    request, run = session.request, session.run
+    cfg = request.cfg
+    session.say(
+        f"training {run.model_config.name} on {request.data_spec} ({len(run.train_set)} images, "
+        f"{run.data.num_classes} classes) on {session.placement.device} x{session.placement.world_size}, "
+        f"{cfg.epochs} epochs, batch {cfg.batch_size}, lr {cfg.lr:.2e} -> {request.out_dir}"
+    )
+    for epoch in range(progress.start_epoch, cfg.epochs):
+        row = _epoch(session, epoch)
+        progress.record(row)
+        if session.placement.is_main:
+            commit_epoch(request.out_dir, _checkpoint(session, progress, row))
+        session.say(epoch_line(row))
+
+
+def _epoch(session: Session, epoch: int) -> dict[str, Any]:
+    """Train epoch `epoch` (0-based) and evaluate it; -> its metrics row."""
+    cfg, run, placement = session.request.cfg, session.run, session.placement
+    run.sampler.set_epoch(epoch)
+    seed_epoch(cfg.seed, epoch, placement.rank)
+    lr = session.opt.optimizer.param_groups[0]["lr"]
+    try:
+        stats = train_one_epoch(session.opt, run.loader, session.ctx, epoch=epoch)
+    except NonFiniteLoss as error:
+        last = session.request.out_dir / LAST
+        kept = f"kept {last} from epoch {epoch}" if epoch else "no checkpoint was written yet"
+        raise UsageError(
+            f"training stopped: non-finite {error}; {kept}; "
+            "lower the learning rate (--lr) or clip gradients (--set grad_clip=1)"
+        ) from None
+    assignment = run.super_classes.assignment if run.super_classes is not None else None
+    scores = evaluate(session.opt.model, run.val_set, assignment, cfg.eval_batch_size, placement.device, cfg.amp)
+    return {
+        "epoch": epoch + 1,
+        "step": (epoch + 1) * len(run.loader),
+        **stats,
+        "val_top1": scores["top1"],
+        "val_top5": scores["top5"],
+        "router_accuracy": scores["router_accuracy"],
+        "expert_load": scores.get("expert_load"),
+        "val_experts_per_image": scores.get("experts_per_image_mean"),
+        "val_dropped": scores.get("dropped"),
+        "lr": lr,
+        "time": time.time(),
+    }
+
+
+def _checkpoint(session: Session, progress: RunProgress, row: dict[str, Any]) -> dict[str, Any]:
+    """checkpoint.pt after the epoch of `row`: the whole training state, the run's records and every row so far."""
+    opt = session.opt
+    return checkpoint_dict(
+        opt.model,
+        optimizer=opt.optimizer.state_dict(),
+        scheduler=opt.scheduler.state_dict(),
+        epoch=row["epoch"],
+        best_top1=progress.best_top1,
+        best_epoch=progress.best_epoch,
+        recipe=session.request.cfg.to_dict(),
+        data=session.run_config["data"],
+        super_classes=session.run_config.get("super_classes"),
+        metrics=row,
+        history=list(progress.metrics),
+        rng=rng_states(),
+    )
