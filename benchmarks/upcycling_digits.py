@@ -28,7 +28,8 @@ def model_config(name: str, **extra):
 
 
 def derive_super_classes(dense_dir: Path, out: Path) -> Path:
-    from mobile_moe.super_class.derive import confusion_from_run, derive_super_classes
+    from mobile_moe.super_class.derive import derive_super_classes
+    from mobile_moe.training.evaluate import confusion_from_run
 
     confusion = confusion_from_run(dense_dir, device="cpu")
     derived = derive_super_classes(confusion.matrix, DEMO_MOE["num_experts"], class_names=confusion.class_names)

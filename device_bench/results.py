@@ -7,12 +7,11 @@ shared or thermally throttled machine one run can mislead.
 
 from __future__ import annotations
 
-import functools
 import statistics
-import types
-import typing
 from collections.abc import Callable
 from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mobile_moe.device_bench import routing_stats
 from mobile_moe.device_bench.round_report import RoundReport
@@ -20,10 +19,6 @@ from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest_schema import GraphEntry, Manifest
 
 SPREAD_FLAG = 0.10  # (max - min) / median of the rounds' p50 above this: the rounds disagree, numbers are noisy
-REQUIRED_FIELDS = (
-    "bundle", "model", "runtime", "device", "threads", "latency_ms", "load_ms", "switch_ms", "peak_rss_bytes",
-    "bytes_loaded_per_image", "params_active", "expert_change_rate", "cache_hit_rate",
-)  # fmt: skip
 
 
 def _median(values: list) -> float | None:
@@ -82,57 +77,36 @@ class RoundReportError(UsageError):
     UsageError (one line, status 2) because the usual cause is a --runner binary built from other sources."""
 
 
-@functools.cache
-def _fields(report_type: type) -> dict:
-    return typing.get_type_hints(report_type)
+def _where(location: tuple) -> str:
+    """pydantic's error location as the report's own path: images[1].cache_hit."""
+    return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in location).lstrip(".")
 
 
-def _kind_name(kind) -> str:
-    return getattr(kind, "__name__", None) or str(kind)
+def _round_report_error(error: ValidationError, runner: str) -> RoundReportError:
+    first = error.errors(include_url=False)[0]
+    where, value = _where(first["loc"]), first.get("input")
+    if first["type"] == "missing":
+        return RoundReportError(
+            f"{runner} returned a round report without {where}: every runner must give it (null when it cannot "
+            "measure it)"
+        )
+    if first["type"] in ("model_type", "model_attributes_type", "dict_type") and isinstance(value, list | str):
+        return RoundReportError(f"{runner}: round report {where or 'itself'} is not an object")
+    expected = first["type"].removesuffix("_type").removesuffix("_parsing").replace("model", "object")
+    found = type(value).__name__
+    return RoundReportError(f"{runner}: round report field {where} is {found}; RoundReport wants {expected}")
 
 
-def _check_field(value, kind, runner: str, where: str) -> None:
-    """Raise RoundReportError unless `value` fits `kind`: a TypedDict, X | None, list[X], dict[str, X] or a plain
-    type (an int passes for a float: JSON writes 3.0 as 3; a bool passes for neither)."""
-    if typing.is_typeddict(kind):
-        if not isinstance(value, dict):
-            raise RoundReportError(f"{runner}: round report {where.rstrip('.') or 'itself'} is not an object")
-        for key in _fields(kind):
-            if key in kind.__required_keys__ and key not in value:
-                raise RoundReportError(
-                    f"{runner} returned a round report without {where}{key}: every runner must give it "
-                    "(null when it cannot measure it)"
-                )
-        for key, field_kind in _fields(kind).items():
-            if key in value:
-                _check_field(value[key], field_kind, runner, f"{where}{key}.")
-        return
-    where = where.rstrip(".")
-    origin, arguments = typing.get_origin(kind), typing.get_args(kind)
-    if origin in (types.UnionType, typing.Union):
-        if value is None and type(None) in arguments:
-            return
-        (kind,) = [argument for argument in arguments if argument is not type(None)]
-        origin, arguments = typing.get_origin(kind), typing.get_args(kind)
-    if origin is list and isinstance(value, list):
-        for index, item in enumerate(value):
-            _check_field(item, arguments[0], runner, f"{where}[{index}].")
-        return
-    if origin is dict and isinstance(value, dict):
-        for key, item in value.items():
-            _check_field(item, arguments[1], runner, f"{where}.{key}.")
-        return
-    plain = {float: (int, float)}.get(kind, kind) if origin is None else None
-    if plain is not None and isinstance(value, plain) and (kind is bool or not isinstance(value, bool)):
-        return
-    found, expected = type(value).__name__, _kind_name(origin or kind)
-    raise RoundReportError(f"{runner}: round report field {where} is {found}; RoundReport wants {expected}")
-
-
-def validate_round(report: object, runner: str) -> RoundReport:
-    """`report` as a RoundReport (device_bench/round_report.py), or RoundReportError naming the runner and the first
-    field it lacks or holds the wrong kind of value in. Every round goes through here before results reads it."""
-    _check_field(report, RoundReport, runner, "")
+def validate_round(report: object, runner: str) -> dict:
+    """`report`, checked against RoundReport (device_bench/round_report.py), or RoundReportError naming the runner and
+    the first field it lacks or holds the wrong kind of value in. Every round goes through here before results reads
+    it."""
+    if not isinstance(report, dict):
+        raise RoundReportError(f"{runner}: round report itself is not an object")
+    try:
+        RoundReport.model_validate(report)
+    except ValidationError as error:
+        raise _round_report_error(error, runner) from None
     if not report["load_ms"]:
         raise RoundReportError(f"{runner}: round report field load_ms is empty; it must time the graph loaded first")
     return report
@@ -225,20 +199,61 @@ def run_record(
     }
 
 
+class _Latency(BaseModel):
+    p50: float
+    p90: float
+    p99: float
+    mean: float
+
+    @model_validator(mode="after")
+    def _ordered(self) -> _Latency:
+        if not self.p50 <= self.p90 <= self.p99:
+            raise ValueError(f"latency percentiles out of order: {self.model_dump()}")
+        return self
+
+
+class _Loads(BaseModel):
+    router: float | None
+    expert: float | None
+
+
+class RunRecord(BaseModel):
+    """The fields of a results.json run that every reader relies on (docs/formats.md); the rest pass through."""
+
+    model_config = ConfigDict(extra="allow")
+
+    bundle: str
+    model: str | None
+    runtime: str
+    device: str
+    threads: int | None
+    latency_ms: _Latency
+    load_ms: _Loads
+    switch_ms: float | None
+    peak_rss_bytes: float | None
+    bytes_loaded_per_image: float
+    params_active: int | None
+    expert_change_rate: float | None
+    cache_hit_rate: dict[str, float]  # cache size -> hit rate
+
+
+class ResultsFile(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    runs: list[RunRecord] = Field(min_length=1)
+
+
 def validate_results(results: dict) -> None:
-    """Raise ValueError naming the first way `results` departs from docs/formats.md."""
-    if not isinstance(results.get("runs"), list) or not results["runs"]:
-        raise ValueError("results.json needs a non-empty list 'runs'")
-    for index, run in enumerate(results["runs"]):
-        missing = [field for field in REQUIRED_FIELDS if field not in run]
-        if missing:
-            raise ValueError(f"run {index} lacks {', '.join(missing)}")
-        latency = run["latency_ms"]
-        if not all(isinstance(latency.get(k), int | float) for k in ("p50", "p90", "p99", "mean")):
-            raise ValueError(f"run {index}: latency_ms needs numbers p50, p90, p99, mean")
-        if not latency["p50"] <= latency["p90"] <= latency["p99"]:
-            raise ValueError(f"run {index}: latency percentiles out of order: {latency}")
-        if not {"router", "expert"} <= set(run["load_ms"]):
-            raise ValueError(f"run {index}: load_ms needs 'router' and 'expert'")
-        if not isinstance(run["cache_hit_rate"], dict):
-            raise ValueError(f"run {index}: cache_hit_rate must map cache size -> hit rate")
+    """Raise ValueError naming the first way `results` departs from docs/formats.md (results.json)."""
+    try:
+        ResultsFile.model_validate(results)
+    except ValidationError as error:
+        first = error.errors(include_url=False)[0]
+        location = first["loc"]
+        if location[:1] != ("runs",) or len(location) < 2:
+            raise ValueError(f"results.json needs a non-empty list 'runs' ({first['msg']})") from None
+        where = f"run {location[1]}"
+        if first["type"] == "missing":
+            raise ValueError(f"{where} lacks {_where(location[2:])}") from None
+        message = first["msg"].removeprefix("Value error, ")
+        raise ValueError(f"{where}: {_where(location[2:]) or 'the record'}: {message}") from None

@@ -1,18 +1,25 @@
 """What one round (one runner process on one bundle) must report, whichever runner ran it.
 
 Every runner (the native C++ runner on the host or over adb, the Python worker around export's runtime, Core ML)
-returns a RoundReport; device_bench/results.py `validate_round` checks one against these types before anything
-reads it, so a runner that leaves a field out is refused by name instead of failing deep inside the aggregate.
+returns a RoundReport as JSON; device_bench/results.py `validate_round` checks it against these models before
+anything reads it, so a runner that leaves a field out is refused by name instead of failing deep inside the
+aggregate.
 A runner that cannot measure a value gives null (None) for it; it never leaves the key out. Runners may add keys
 of their own (the native runner's files_opened, loads, graph_bytes, ...): they pass through to raw_first_round.
 """
 
-# No `from __future__ import annotations` here: on Python 3.11 TypedDict cannot see NotRequired in a string
-# annotation, and results.validate_round reads __required_keys__.
-from typing import NotRequired, TypedDict
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
 
 
-class Summary(TypedDict):
+class _Report(BaseModel):
+    # strict: "3" is no number and true no integer (an int passes for a float: JSON writes 3.0 as 3); a runner's own
+    # extra keys pass through.
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class Summary(_Report):
     """Timed samples in ms and their percentiles (linear interpolation, numpy's default, on every runner)."""
 
     p50: float
@@ -24,7 +31,7 @@ class Summary(TypedDict):
     samples: list[float]
 
 
-class Memory(TypedDict):
+class Memory(_Report):
     """The runner process's memory at one moment, as the OS reports it; None where the OS does not say (macOS)."""
 
     rss_bytes: int | None
@@ -32,7 +39,7 @@ class Memory(TypedDict):
     pss_bytes: int | None
 
 
-class ImageRow(TypedDict):
+class ImageRow(_Report):
     """One image of the routing pass (every image once, in order, cache cold at the start)."""
 
     experts: list[int]  # chosen experts; empty for a dense bundle
@@ -45,7 +52,7 @@ class ImageRow(TypedDict):
     cache_hit: bool
 
 
-class Switch(TypedDict):
+class Switch(_Report):
     """An expert not loaded, loaded and run once: what routing to another expert costs. Medians are None when nothing
     was timed (a dense or one-graph bundle, --switch-repeats 0, or a routing sequence with one expert)."""
 
@@ -54,10 +61,10 @@ class Switch(TypedDict):
     load_median_ms: float | None
     first_run_median_ms: float | None
     warm_expert_run_median_ms: float | None  # the same expert's next run, for comparison
-    note: NotRequired[str]  # why nothing was timed
+    note: str | None = None  # why nothing was timed
 
 
-class RoundReport(TypedDict):
+class RoundReport(_Report):
     runner: str
     bundle: str  # as the runner saw it (a device path on a phone)
     threads: int

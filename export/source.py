@@ -1,7 +1,7 @@
 """What an export needs from a training run: the model, its metadata, and images from the run's own data.
 
 Parity runs on validation images, int8 calibration on training images, the int8 accuracy check on the validation
-split: all through training's seam (`mobile_moe.training.run.load_run`, `Run.open_data`), never by re-reading its
+split: all through training's seam (`mobile_moe.training.run_dir.load_run`, `Run.open_data`), never by re-reading its
 files here.
 The eval resize policy the bundle's manifest records is the one those validation images went through: the run's
 recorded one, or for a run from before that record the one its data spec gets (`open_data`'s, the same rule its
