@@ -28,7 +28,7 @@ MOE_LAYERS = 2
 
 def mobile_moe(*argv: str) -> str:
     """Run one `mobile-moe` command; its stdout. A failure stops the comparison with the command's own error line."""
-    result = subprocess.run([sys.executable, "-m", "mobile_moe.cli", *argv], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "mobile_moe", *argv], capture_output=True, text=True)
     if result.returncode:
         sys.exit(f"mobile-moe {' '.join(argv)} failed ({result.returncode}): {result.stderr.strip()[-2000:]}")
     return result.stdout

@@ -24,7 +24,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from mobile_moe.device_bench.native_build import NATIVE_DIR, cache_root
+from mobile_moe.device_bench.native_build import NATIVE_DIR, CrossBuild, build_runner, cache_root
 from mobile_moe.device_bench.native_runner import as_round_report
 from mobile_moe.device_bench.remote import RunnerFiles, run_remote
 from mobile_moe.device_bench.round_report import RoundReport
@@ -103,10 +103,17 @@ def runtime_libraries() -> tuple[Path, ...]:
     return tuple(sorted((wheel_dir() / "executorch" / "lib").glob("*.so")))
 
 
-def cmake_settings() -> tuple[Path, list[str]]:
-    """(CMAKE_PREFIX_PATH, extra cmake arguments) of the cross build; refuses when the toolchain or wheel is absent."""
+def cross_build() -> CrossBuild:
+    """The runner's linux-arm64 build: executorch's aarch64 wheel, Debian's cross compiler through the toolchain file;
+    refused when the toolchain or wheel is absent."""
     require()
-    return wheel_dir() / "executorch", [f"-DCMAKE_TOOLCHAIN_FILE={TOOLCHAIN_FILE}", "-DCMAKE_SKIP_RPATH=ON"]
+    cmake_args = (f"-DCMAKE_TOOLCHAIN_FILE={TOOLCHAIN_FILE}", "-DCMAKE_SKIP_RPATH=ON")
+    return CrossBuild("linux-arm64", wheel_dir() / "executorch", cmake_args, shutil.which(COMPILER) or COMPILER)
+
+
+def build_arm64_runner() -> Path:
+    """The runner built for linux-arm64 (cached like the host's)."""
+    return build_runner(cross=cross_build())
 
 
 class EmulatedArm64Device:
@@ -162,9 +169,7 @@ class EmulatedArm64Device:
 
 def run_emulated(runner: Path | None, bundle: Path, images: Path | None, settings: RoundSettings) -> dict:
     """The cross-built runner (`runner`, or the cached build) on a fresh emulated device; -> its JSON."""
-    from mobile_moe.device_bench.native_build import build_runner
-
-    binary = runner if runner is not None else build_runner(target="linux-arm64")
+    binary = runner if runner is not None else build_arm64_runner()
     return run_remote(EmulatedArm64Device, RunnerFiles(binary, runtime_libraries()), bundle, images, settings)
 
 

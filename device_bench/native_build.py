@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 from mobile_moe.errors import UsageError
@@ -97,32 +98,39 @@ def sanitizer_env(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-TARGETS = ("host", "linux-arm64")
+@dataclass(frozen=True)
+class CrossBuild:
+    """A build for another machine (device_bench/arm64.py makes the linux-arm64 one): its name (the cache directory's
+    suffix), the executorch package to build against, the extra cmake arguments (its toolchain file) and its
+    compiler (part of the cache key)."""
+
+    target: str
+    prefix: Path
+    cmake_args: tuple[str, ...]
+    compiler: str
 
 
 def build_runner(
-    source_dir: Path = NATIVE_DIR, build_root: Path | None = None, sanitize: str | None = None, target: str = "host"
+    source_dir: Path = NATIVE_DIR,
+    build_root: Path | None = None,
+    sanitize: str | None = None,
+    cross: CrossBuild | None = None,
 ) -> Path:
     """Path to a built runner, configuring and compiling it first when this source has not been built yet.
-    sanitize="address" (or "undefined") builds a sanitizer runner into a separate cache directory. target
-    "linux-arm64" cross-compiles it against executorch's aarch64 wheel (device_bench/arm64.py) into its own."""
+    sanitize="address" (or "undefined") builds a sanitizer runner into a separate cache directory; `cross` builds
+    for another machine into its own."""
     if sanitize is not None and sanitize not in SANITIZERS:
         raise UsageError(f"sanitize={sanitize!r}: choose one of {', '.join(SANITIZERS)}")
-    if target not in TARGETS:
-        raise UsageError(f"target={target!r}: choose one of {', '.join(TARGETS)}")
-    if target == "host":
+    if cross is None:
         missing = missing_tools()
         if missing:
             raise UsageError(f"cannot build the native runner: {' and '.join(missing)} not found; install them")
         prefix, extra, compiler = executorch_package_dir(), [], host_compiler()
     else:
-        from mobile_moe.device_bench import arm64
-
         if sanitize is not None:
-            raise UsageError("sanitizer builds are for the host; build linux-arm64 without sanitize")
-        prefix, extra = arm64.cmake_settings()
-        compiler = shutil.which(arm64.COMPILER) or arm64.COMPILER
-    suffix = f"-{SANITIZERS[sanitize]}" if sanitize else "" if target == "host" else f"-{target}"
+            raise UsageError(f"sanitizer builds are for the host; build {cross.target} without sanitize")
+        prefix, extra, compiler = cross.prefix, list(cross.cmake_args), cross.compiler
+    suffix = f"-{SANITIZERS[sanitize]}" if sanitize else "" if cross is None else f"-{cross.target}"
     build_dir = (build_root or cache_root()) / f"native-{source_hash(source_dir, compiler)}{suffix}"
     runner = build_dir / RUNNER_NAME
     if runner.exists():

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from conftest import tiny_model
 
-from mobile_moe.cli import main
+from mobile_moe.app.cli import main
 from mobile_moe.device_bench import arm64
 from mobile_moe.device_bench.bench import BenchSettings, choose_runner, parse_device
 from mobile_moe.device_bench.native_runner import run_native
@@ -70,9 +70,7 @@ def test_the_emulated_device_touches_nothing_outside_its_own_directory(monkeypat
 
 @pytest.fixture(scope="module")
 def arm64_runner() -> Path:
-    from mobile_moe.device_bench.native_build import build_runner
-
-    return build_runner(target="linux-arm64")
+    return arm64.build_arm64_runner()
 
 
 @pytest.fixture(scope="module", params=sorted(VARIANTS))

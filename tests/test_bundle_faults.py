@@ -28,7 +28,7 @@ from faults import (
 )
 from PIL import Image
 
-from mobile_moe.cli import main
+from mobile_moe.app.cli import main
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest import read_manifest, verified_graph_files
 from mobile_moe.export.runtime import load_bundle
@@ -105,7 +105,7 @@ def test_flipped_byte_without_reseal_is_caught_by_sha256(bundle, png, tmp_path, 
 
 FLIP_WORKER = """
 import contextlib, io, json, sys
-from mobile_moe.cli import main
+from mobile_moe.app.cli import main
 for bundle in sys.argv[2:]:
     err, out = io.StringIO(), io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
@@ -239,7 +239,7 @@ def test_export_refuses_unwritable_out_before_work(run_dir, out, capsys, monkeyp
 
 
 def _export_command(run_dir: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "mobile_moe.cli", "export", str(run_dir), "--format", "onnx", "--out", str(out)]
+    return [sys.executable, "-m", "mobile_moe", "export", str(run_dir), "--format", "onnx", "--out", str(out)]
 
 
 def _wait_for_temporary(out: Path, process: subprocess.Popen, timeout: float = 120) -> None:
@@ -325,7 +325,7 @@ def test_predict_on_a_fifo_does_not_hang(bundle, tmp_path, capsys):
 
 def test_predict_prints_nothing_else_on_success(bundle, png):
     """No pytree warning, no cpuinfo lines from ExecuTorch's native code: stderr stays empty."""
-    command = [sys.executable, "-m", "mobile_moe.cli", "predict", str(bundle), str(png), "--json"]
+    command = [sys.executable, "-m", "mobile_moe", "predict", str(bundle), str(png), "--json"]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stderr == ""
     assert json.loads(result.stdout)[0]["experts"]

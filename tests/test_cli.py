@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mobile_moe.cli import main
+from mobile_moe.app.cli import main
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -113,18 +113,18 @@ def test_width_not_divisible_by_heads():
 
 def test_help_and_info_do_not_import_torch():
     code = (
-        "import sys; from mobile_moe.cli import main; main(['info', '--model', 'vit', '--json']);"
+        "import sys; from mobile_moe.app.cli import main; main(['info', '--model', 'vit', '--json']);"
         "assert 'torch' not in sys.modules, 'info imported torch'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
-    result = subprocess.run([sys.executable, "-m", "mobile_moe.cli", "--help"], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "mobile_moe", "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "info" in result.stdout and "demo" in result.stdout
 
 
 def _main_running(monkeypatch, run) -> None:
     import argparse
 
-    from mobile_moe import cli
+    from mobile_moe.app import cli
 
     parser = argparse.ArgumentParser()
     parser.set_defaults(run=run)
@@ -133,7 +133,7 @@ def _main_running(monkeypatch, run) -> None:
 
 def test_a_library_failing_while_sigterm_unwinds_it_still_ends_as_terminated(monkeypatch, capsys):
     """torch.export's tracer can assert on its own clean-up when SIGTERM lands mid-trace: still a clean stop."""
-    from mobile_moe.cli import Terminated, main
+    from mobile_moe.app.cli import Terminated, main
 
     def run(args):
         try:
@@ -147,7 +147,7 @@ def test_a_library_failing_while_sigterm_unwinds_it_still_ends_as_terminated(mon
 
 
 def test_an_error_with_no_interrupt_behind_it_is_not_hidden(monkeypatch):
-    from mobile_moe.cli import main
+    from mobile_moe.app.cli import main
 
     def run(args):
         raise AssertionError("a real bug")
@@ -180,8 +180,8 @@ def test_the_wheel_holds_one_namespace_and_the_native_runner_sources(tmp_path):
 def test_nothing_is_importable_under_the_old_top_level_names(tmp_path):
     probe = (
         "import importlib.util as u, mobile_moe.export, mobile_moe.training, mobile_moe.super_class, "
-        "mobile_moe.device_bench, mobile_moe.evidence; "
-        "print([n for n in ('export', 'training', 'super_class', 'device_bench', 'evidence') if u.find_spec(n)])"
+        "mobile_moe.device_bench, mobile_moe.evidence, mobile_moe.app; "
+        "print([n for n in ('export', 'training', 'super_class', 'device_bench', 'evidence', 'app') if u.find_spec(n)])"
     )
     # Outside the repository, whose root would otherwise be on sys.path as the working directory.
     result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True)

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from conftest import needs_build
 
-from mobile_moe.cli import main
+from mobile_moe.app.cli import main
 from mobile_moe.device_bench import routing_stats
 from mobile_moe.device_bench.native_build import NATIVE_DIR, build_runner
 from mobile_moe.device_bench.native_runner import run_native

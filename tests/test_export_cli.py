@@ -11,8 +11,8 @@ import torch
 from conftest import tiny_model
 from PIL import Image
 
+from mobile_moe.app.cli import main
 from mobile_moe.checkpoint import checkpoint_dict, save_checkpoint
-from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
 from mobile_moe.export.bundle import export_bundle
 from mobile_moe.export.manifest import MANIFEST

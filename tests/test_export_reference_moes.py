@@ -20,7 +20,7 @@ import torch
 from conftest import needs_build, tiny_model
 from PIL import Image
 
-from mobile_moe.cli import main
+from mobile_moe.app.cli import main
 from mobile_moe.costs import costs
 from mobile_moe.errors import UsageError
 from mobile_moe.export.bundle import export_bundle

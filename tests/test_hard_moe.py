@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from conftest import one_torch_thread, tiny_model
 
+from mobile_moe.app.cli import main
 from mobile_moe.checkpoint import load_checkpoint
-from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
 from mobile_moe.registry import make_config
 from mobile_moe.training import cluster_fit as stage

@@ -16,7 +16,7 @@ from conftest import write_imagefolder
 from PIL import Image
 from safetensors.torch import save_file
 
-from mobile_moe.cli import main
+from mobile_moe.app.cli import main
 from mobile_moe.errors import UsageError
 from mobile_moe.importers import Source, convert_model, import_vit
 from mobile_moe.training.imported import import_run

@@ -16,7 +16,7 @@ import torch
 from conftest import write_imagefolder
 from PIL import Image
 
-from mobile_moe.cli import main
+from mobile_moe.app.cli import main
 from mobile_moe.export.images import load_image
 from mobile_moe.export.manifest import MANIFEST
 from mobile_moe.export.manifest_schema import InputSpec

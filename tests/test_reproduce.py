@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import needs_build
 
-from mobile_moe.cli import main
+from mobile_moe.app.cli import main
 from mobile_moe.costs import costs
 from mobile_moe.errors import UsageError
 from mobile_moe.evidence.figures import DERIVED, FIGURES, cell_recipes, figure

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from conftest import tiny_model
 
+from mobile_moe.app.cli import main
 from mobile_moe.checkpoint import checkpoint_dict, save_checkpoint
-from mobile_moe.cli import main
 from mobile_moe.errors import UsageError
 from mobile_moe.super_class.demo import derive_for_demo
 from mobile_moe.super_class.planted import planted_confusion

@@ -11,7 +11,7 @@ import signal
 import numpy as np
 import pytest
 
-from mobile_moe.cli import main
+from mobile_moe.app.cli import main
 from mobile_moe.errors import UsageError
 from mobile_moe.registry import make_config
 from mobile_moe.super_class.planted import planted_confusion

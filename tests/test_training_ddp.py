@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from mobile_moe.cli import main
+from mobile_moe.app.cli import main
 from mobile_moe.training.run_dir import load_run
 
 ARGS = ["train", "--model", "mobile-vmoe", "--size", "3x64", "--patch", "4", "--image-size", "16", "--experts", "3",
@@ -20,7 +20,7 @@ ARGS = ["train", "--model", "mobile-vmoe", "--size", "3x64", "--patch", "4", "--
 def test_two_gloo_processes_equal_one_process(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               "-m", "mobile_moe.cli", *ARGS, "--out", str(tmp_path / "ddp")]  # fmt: skip
+               "-m", "mobile_moe", *ARGS, "--out", str(tmp_path / "ddp")]  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert main([*ARGS, "--out", str(tmp_path / "single")]) == 0

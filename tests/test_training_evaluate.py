@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from mobile_moe.cli import main
+from mobile_moe.app.cli import main
 from mobile_moe.registry import make_config
 from mobile_moe.super_class.confusion import confusion_from_predictions
 from mobile_moe.training import recipes

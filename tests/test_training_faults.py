@@ -17,7 +17,7 @@ import pytest
 import torch
 from conftest import one_torch_thread
 
-from mobile_moe.cli import main
+from mobile_moe.app.cli import main
 from mobile_moe.errors import UsageError
 from mobile_moe.image_files import UnreadableImage
 from mobile_moe.training import train as train_module
@@ -159,7 +159,7 @@ def kill_at_random(out: Path, rng: random.Random, *extra: str) -> int:
     """Start the CLI, wait for the k-th new checkpoint.pt (k seeded), SIGKILL it after a seeded delay (between the
     epoch's writes or in the next epoch); -> exit status (-9 when killed, 0 when it finished first)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    argv = [sys.executable, "-m", "mobile_moe.cli", *train_argv(out, 4, *extra)]
+    argv = [sys.executable, "-m", "mobile_moe", *train_argv(out, 4, *extra)]
     child = subprocess.Popen(argv, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
     last, changes, wanted = out / "checkpoint.pt", 0, rng.randint(1, 2)
 

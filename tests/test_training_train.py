@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from mobile_moe.cli import main
+from mobile_moe.app.cli import main
 from mobile_moe.errors import UsageError
 from mobile_moe.registry import make_config
 from mobile_moe.super_class.superclasses import random_super_classes

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import TINY, TINY_OPTIONS, one_torch_thread, tiny_model
 
-from mobile_moe.cli import main
+from mobile_moe.app.cli import main
 from mobile_moe.errors import UsageError
 from mobile_moe.importers import Source, convert_model
 from mobile_moe.registry import MODELS, create_model, make_config

@@ -4,7 +4,7 @@
         --super-classes random --recipe tiny --out runs/digits-moe
     mobile-moe train --model mobile-vmoe --init-from runs/digits-vit --experts 5 --data digits --out runs/upcycled
     mobile-moe train --model hard-moe --init-from runs/digits-vit --experts 4 --data digits --out runs/digits-hard
-    torchrun --nproc_per_node 4 -m mobile_moe.cli train ...   # DDP: same flags, global --batch-size
+    torchrun --nproc_per_node 4 -m mobile_moe train ...   # DDP: same flags, global --batch-size
 
 `--resume` may be appended to the command that started a run (what a job scheduler does): every flag given must
 equal the run's own value, except those in RESUME_HELP.

@@ -1,6 +1,6 @@
 """Devices and DDP, through torchrun's environment variables only (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*).
 
-`torchrun --nproc_per_node N -m mobile_moe.cli train ...` runs N copies of the same entry point: gloo on CPU, nccl on
+`torchrun --nproc_per_node N -m mobile_moe train ...` runs N copies of the same entry point: gloo on CPU, nccl on
 CUDA. Without those variables training is a single process. Only rank 0 writes metrics and checkpoints.
 """
 

@@ -139,7 +139,7 @@ def deit() -> TrainConfig:
     AdamW, lr 5e-4 x batch/512, weight decay 0.05, cosine schedule with 5 warm-up epochs, label smoothing 0.1,
     RandAugment(2, 9), MixUp 0.8 / CutMix 1.0, random erasing 0.25, 300 epochs.
 
-        torchrun --nproc_per_node 8 -m mobile_moe.cli train --recipe deit --model mobile-vmoe --size 12x192 \\
+        torchrun --nproc_per_node 8 -m mobile_moe train --recipe deit --model mobile-vmoe --size 12x192 \\
             --patch 32 --data imagefolder:/data/imagenet --super-classes super_classes.json --out runs/moe-12x192
     """
     return TrainConfig()
@@ -151,7 +151,7 @@ def vit() -> TrainConfig:
     AdamW, lr 1e-3 x batch/1024 (wd 0.1), gradient clipping at 1, 10 warm-up epochs, inception crop and flip only:
     no RandAugment, MixUp, CutMix, random erasing or label smoothing (small ViTs need capacity, not regularisation).
 
-        torchrun --nproc_per_node 8 -m mobile_moe.cli train --recipe vit --model mobile-vmoe --size 12x64 \\
+        torchrun --nproc_per_node 8 -m mobile_moe train --recipe vit --model mobile-vmoe --size 12x64 \\
             --patch 32 --data imagefolder:/data/imagenet --super-classes super_classes.json --out runs/moe-12x64
     """
     return TrainConfig(

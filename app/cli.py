@@ -26,7 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "predict": ("mobile_moe.export.predict_cli", "classify image files with an exported bundle"),
     "bench": ("mobile_moe.device_bench.cli", "measure latency and memory of bundles on the host or a phone"),
     "reproduce": ("mobile_moe.evidence.cli", "regenerate one of the paper's figures on your data: table, CSV and plot"),
-    "demo": ("mobile_moe.demo", "the main job, end to end, on built-in data"),
+    "demo": ("mobile_moe.app.demo", "the main job, end to end, on built-in data"),
 }
 
 
