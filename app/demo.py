@@ -83,7 +83,7 @@ def _bundle_lines(rows: list[dict[str, Any]]) -> list[str]:
         sizes, parity = row["manifest"].sizes, row["manifest"].parity
         held = sizes.get("resident_plus_one_expert_bytes")
         lines.append(
-            f"| {row['name']} | {len(row['manifest']['graphs'])} | {sizes['total_bytes'] / 1e6:.2f} "
+            f"| {row['name']} | {len(row['manifest'].graphs)} | {sizes['total_bytes'] / 1e6:.2f} "
             f"| {'-' if held is None else f'{held / 1e6:.2f}'} | {parity['max_abs_prob_error']:.1e} |"
         )
     return lines

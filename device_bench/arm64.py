@@ -24,6 +24,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from mobile_moe.atomic import atomic_path
 from mobile_moe.device_bench.native_build import NATIVE_DIR, CrossBuild, build_runner, cache_root
 from mobile_moe.device_bench.native_runner import as_round_report
 from mobile_moe.device_bench.remote import RunnerFiles, run_remote
@@ -80,8 +81,6 @@ def require() -> None:
 def fetch_wheel() -> Path:
     """Download executorch's aarch64 wheel of this executorch version (pip download: no install) and unpack it into
     wheel_dir(), whole or not at all; -> wheel_dir(). Does nothing when it is there already."""
-    from mobile_moe.atomic import atomic_path
-
     target = wheel_dir()
     if target.is_dir():
         return target

@@ -28,8 +28,12 @@ from typing import Protocol
 
 from mobile_moe import jsonio
 from mobile_moe.atomic import check_writable, write_text_atomic
+from mobile_moe.device_bench import arm64
 from mobile_moe.device_bench import results as results_module
-from mobile_moe.device_bench.native_runner import check_runner
+from mobile_moe.device_bench.android import AndroidRunner
+from mobile_moe.device_bench.coreml_worker import CoreMLWorker
+from mobile_moe.device_bench.native_runner import NativeRunner, check_runner
+from mobile_moe.device_bench.python_worker import PythonWorker
 from mobile_moe.device_bench.round_report import RoundReport
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.device_bench.workload import make_workload, random_seed, write_raw
@@ -81,24 +85,14 @@ def choose_runner(runtime: str, device: str = "host", runner: str | Path | None 
     if place == "android":
         if runner is None:
             raise UsageError("--device android needs --runner PATH: an Android arm64 build (native/build_android.sh)")
-        from mobile_moe.device_bench.android import AndroidRunner
-
         return AndroidRunner(serial, Path(runner))
     if place == "arm64-emulated":
-        from mobile_moe.device_bench.arm64 import EmulatedArm64Runner, require
-
-        require()  # the toolchain, qemu and the wheel, before any round
-        return EmulatedArm64Runner(Path(runner) if runner is not None else None)
+        arm64.require()  # the toolchain, qemu and the wheel, before any round
+        return arm64.EmulatedArm64Runner(Path(runner) if runner is not None else None)
     if runtime == "native":
-        from mobile_moe.device_bench.native_runner import NativeRunner
-
         return NativeRunner(Path(runner) if runner is not None else None)
     if runtime == "coreml":
-        from mobile_moe.device_bench.coreml_worker import CoreMLWorker
-
         return CoreMLWorker()  # refuses off macOS
-    from mobile_moe.device_bench.python_worker import PythonWorker
-
     return PythonWorker(runtime)
 
 
@@ -159,7 +153,7 @@ def measure_round(
 
 
 def write_results(results: dict, out: Path) -> None:
-    from mobile_moe.device_bench.report import write_report
+    from mobile_moe.device_bench.report import write_report  # matplotlib: only once there is something to plot
 
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "results.json", jsonio.dumps(results, indent=1))

@@ -15,6 +15,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from mobile_moe.device_bench.native_build import build_runner
 from mobile_moe.device_bench.round_report import RoundReport
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
@@ -134,6 +135,4 @@ class NativeRunner:
         return f"native runner {self.binary}" if self.binary is not None else "native runner"
 
     def run_round(self, bundle: Path, images: Path, settings: RoundSettings) -> RoundReport:
-        from mobile_moe.device_bench.native_build import build_runner
-
         return as_round_report(run_native(self.binary or build_runner(), bundle, images, settings))

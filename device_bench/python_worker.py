@@ -18,11 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from mobile_moe.device_bench.process_memory import memory_now
 from mobile_moe.device_bench.round_report import RoundReport, Switch
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
+from mobile_moe.export.manifest import read_manifest
+from mobile_moe.export.runtime import load_bundle
 
 
 def summary(samples: list[float]) -> dict:
@@ -50,11 +53,6 @@ def timed_predict(bundle, image) -> tuple[object, float, bool]:
 
 def measure(bundle_dir: str | Path, runtime: str, images_file: str | Path, settings: RoundSettings) -> RoundReport:
     """One round on `bundle_dir` in this process: cold load, routing pass, timed warm runs, expert switches."""
-    import torch
-
-    from mobile_moe.export.manifest import read_manifest
-    from mobile_moe.export.runtime import load_bundle
-
     shape = read_manifest(bundle_dir).input.shape  # the schema's checks; nothing is loaded before the timing
     images = torch.from_numpy(np.fromfile(images_file, dtype=np.float32).reshape(-1, *shape[1:]))  # (N, C, S, S)
     torch.set_num_threads(settings.threads)

@@ -13,10 +13,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from mobile_moe.costs import costs
 from mobile_moe.device_bench import routing_stats
 from mobile_moe.device_bench.round_report import RoundReport
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest_schema import GraphEntry, Manifest
+from mobile_moe.registry import config_from_dict
 
 SPREAD_FLAG = 0.10  # (max - min) / median of the rounds' p50 above this: the rounds disagree, numbers are noisy
 
@@ -29,9 +31,6 @@ def _median(values: list) -> float | None:
 def _costs(manifest: Manifest):
     """Parameter and FLOP counts from the manifest's model config (mobile_moe.costs), or None if it cannot say."""
     try:
-        from mobile_moe.costs import costs
-        from mobile_moe.registry import config_from_dict
-
         return costs(config_from_dict(manifest.model.model_dump(exclude_unset=True)))  # the config as written
     except Exception:  # an unknown model family: report the counts as unknown rather than guess
         return None

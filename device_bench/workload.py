@@ -13,6 +13,7 @@ import numpy as np
 
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest_schema import Manifest
+from mobile_moe.training.data import open_data
 
 
 @dataclass
@@ -30,10 +31,6 @@ def random_workload(shape: list[int], count: int, seed: int = 0) -> Workload:
 
 def data_workload(spec: str, manifest: Manifest, count: int) -> Workload:
     """The first `count` images of the spec's val split, preprocessed with the bundle's recorded normalisation."""
-    try:
-        from mobile_moe.training.data import open_data
-    except ImportError as error:  # training/ is another package of this toolkit; say what is missing
-        raise UsageError(f"--data needs the training package ({error}); use --data random instead") from error
     data = open_data(spec, manifest.input.shape[-1], mean=manifest.input.mean, std=manifest.input.std)
     split = data.split("val")
     count = min(count, len(split))

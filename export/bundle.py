@@ -298,6 +298,7 @@ def _export_family(program: str, members: list, tmp: Path, quantize: str, calibr
     """{member name: (Artifact, seconds)} for a family lowered once (export/executorch_family.py), each member's
     seconds its share of the family's; {} if the family cannot share a program (its members are then exported one
     by one, as any graph)."""
+    # executorch's Python package takes seconds to import: only an ExecuTorch export pays for it
     from mobile_moe.export.executorch_family import NotShareable, export_executorch_family
 
     program_path = tmp / f"{program}.pte"

@@ -10,6 +10,7 @@ from mobile_moe.export.manifest import BACKENDS
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    # Imports inside this module's functions keep `mobile-moe export --help` free of torch and the backends.
     from mobile_moe.export.coreml_backend import COMPRESSIONS
 
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a training run directory (mobile-moe train --out)")

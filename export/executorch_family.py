@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from mobile_moe.export.artifact import Artifact
 from mobile_moe.export.executorch_backend import lower, quantizer
+from mobile_moe.export.quiet import native_stderr_captured
 
 WEIGHTS_TAG = "weights"
 ALIGNMENT = 16  # XNNPACK's constant alignment (xnnpack_graph_serialize.CONSTANT_TENSOR_ALIGNMENT)
@@ -238,8 +239,9 @@ def _check_member(program_path: Path, weights_path: Path, reference: nn.Module, 
     """The member's program + weights must compute what its eager (or reference quantized) module computes."""
     from executorch.runtime import Runtime
 
-    method = Runtime.get().load_program(str(program_path), data_path=str(weights_path)).load_method("forward")
-    got = method.execute([x.contiguous() for x in inputs])
+    with native_stderr_captured():  # ExecuTorch's own lines (its cpuinfo probe at the first XNNPACK load)
+        method = Runtime.get().load_program(str(program_path), data_path=str(weights_path)).load_method("forward")
+        got = method.execute([x.contiguous() for x in inputs])
     want = reference(*inputs)
     want = want if isinstance(want, (tuple, list)) else (want,)
     for g, w in zip(got, want, strict=True):

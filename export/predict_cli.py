@@ -34,6 +34,7 @@ def classify(bundle, path: str, image) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    # torch and the runtimes only once the command runs: `mobile-moe predict --help` stays instant
     from mobile_moe.export.images import load_image
     from mobile_moe.export.runtime import load_bundle
 

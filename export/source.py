@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from mobile_moe.training.run_dir import load_run
+
 
 @dataclass
 class ExportSource:
@@ -65,8 +67,6 @@ def source_from_run(
 ) -> ExportSource:
     """The run's model and images from its own data, or from `data_spec` (an imported run has none) with the run's
     preprocessing and classes. `calibration`: training images for int8 calibration (0: none, no train split needed)."""
-    from mobile_moe.training.run_dir import load_run
-
     run = load_run(run_dir, checkpoint=checkpoint)
     data_config = run.config["data"]
     data = run.open_data(data_spec)  # refuses data with other classes than the run's
