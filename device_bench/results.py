@@ -137,16 +137,7 @@ def run_record(
     first = rounds[0]
     summaries = [summarize_round(raw) for raw in rounds]
     sequence = [row.get("experts", []) for row in first["images"]]
-    num_experts = manifest.num_experts
     split = manifest.kind == "split"
-    counts = _costs(manifest)
-    p50s = [s["latency_ms"]["p50"] for s in summaries]
-    switch_ms = _median([s["switch_ms"] for s in summaries])
-    latency = {key: _median([s["latency_ms"][key] for s in summaries]) for key in ("p50", "p90", "p99", "mean")}
-    bytes_image = bytes_per_image(manifest, sequence)
-    active = params_active(manifest, counts)
-    active_bytes = active * 4 if active else None  # fp32 weights
-    params_image = params_per_image(manifest, sequence)
     return {
         "bundle": str(bundle),
         "bundle_name": Path(bundle).name,
@@ -159,10 +150,29 @@ def run_record(
         "rounds": len(rounds),
         "images": len(sequence),
         "workload": workload_source,
+        **_timings(rounds, summaries, split=split),
+        "peak_rss_bytes": _median([s["peak_rss_bytes"] for s in summaries]),
+        "pss_bytes": _median([s["pss_bytes"] for s in summaries]),
+        **_sizes(manifest, sequence),
+        "accuracy": manifest.validation_top1,  # the schema's: 0..1 or absent
+        "expert_change_rate": routing_stats.expert_change_rate(sequence) if split else None,
+        "cache_hit_rate": routing_stats.cache_hit_rates(sequence, manifest.num_experts) if split else {},
+        "expert_histogram": routing_stats.expert_histogram(sequence, manifest.num_experts) if split else [],
+        "spread": _spread([s["latency_ms"]["p50"] for s in summaries]),
+        "per_round": summaries,
+    }
+
+
+def _timings(rounds: list[dict], summaries: list[dict], *, split: bool) -> dict:
+    """Latency, stage, load and switch times: each the median over the rounds (a switch only for split bundles)."""
+    latency = {key: _median([s["latency_ms"][key] for s in summaries]) for key in ("p50", "p90", "p99", "mean")}
+    switch_ms = _median([s["switch_ms"] for s in summaries])
+    stages = rounds[0].get("stages_ms", {})
+    return {
         "latency_ms": latency,
         "stages_ms": {
             name: _median([r["stages_ms"][name]["p50"] for r in rounds if name in r.get("stages_ms", {})])
-            for name in first.get("stages_ms", {})
+            for name in stages
         },
         "load_ms": {
             "router": _median([s["load_ms_router"] for s in summaries]),
@@ -175,8 +185,17 @@ def run_record(
             "warm_expert_run_ms": _median([s["switch_warm_expert_run_ms"] for s in summaries]),
             "vs_warm_p50": switch_ms / latency["p50"] if split and switch_ms and latency["p50"] else None,
         },
-        "peak_rss_bytes": _median([s["peak_rss_bytes"] for s in summaries]),
-        "pss_bytes": _median([s["pss_bytes"] for s in summaries]),
+    }
+
+
+def _sizes(manifest: Manifest, sequence: list[list[int]]) -> dict:
+    """What an image loads and computes with: bytes and parameters, against the model's counts."""
+    counts = _costs(manifest)
+    bytes_image = bytes_per_image(manifest, sequence)
+    active = params_active(manifest, counts)
+    active_bytes = active * 4 if active else None  # fp32 weights
+    params_image = params_per_image(manifest, sequence)
+    return {
         "bytes_loaded_per_image": bytes_image,
         "bundle_bytes": manifest.bundle_bytes(),
         "params_active": active,
@@ -185,17 +204,13 @@ def run_record(
         "params_total": counts.params_total if counts else None,
         "flops": counts.flops if counts else None,
         "bytes_loaded_vs_active_params": bytes_image / active_bytes if active_bytes else None,
-        "accuracy": manifest.validation_top1,  # the schema's: 0..1 or absent
-        "expert_change_rate": routing_stats.expert_change_rate(sequence) if split else None,
-        "cache_hit_rate": routing_stats.cache_hit_rates(sequence, num_experts) if split else {},
-        "expert_histogram": routing_stats.expert_histogram(sequence, num_experts) if split else [],
-        "spread": {
-            "latency_p50_ms": p50s,
-            "relative": (max(p50s) - min(p50s)) / statistics.median(p50s) if len(p50s) > 1 else 0.0,
-            "wide": len(p50s) > 1 and (max(p50s) - min(p50s)) / statistics.median(p50s) > SPREAD_FLAG,
-        },
-        "per_round": summaries,
     }
+
+
+def _spread(p50s: list[float]) -> dict:
+    """How far the rounds' warm p50 latencies lie apart, flagged beyond SPREAD_FLAG of their median."""
+    relative = (max(p50s) - min(p50s)) / statistics.median(p50s) if len(p50s) > 1 else 0.0
+    return {"latency_p50_ms": p50s, "relative": relative, "wide": len(p50s) > 1 and relative > SPREAD_FLAG}
 
 
 class _Latency(BaseModel):
