@@ -104,15 +104,22 @@ def test_k2_composition_equals_eager(tmp_path):
     assert composition["layout"] == "per-block" and len(composition["blocks"]) == 2
     assert composition["blocks"][1]["experts"] == ["block1_expert0", "block1_expert1", "block1_expert2"]
     bundle = load_bundle(tmp_path / "k2", max_cached_experts=2)
-    images = torch.randn(6, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    for experts in predictions_match_eager(bundle, model, count=6):
+        loaded = [name for name in bundle.loaded_graphs if "_expert" in name]
+        assert sorted(loaded) == sorted(f"block{b}_expert{e}" for b in range(2) for e in experts)
+
+
+def predictions_match_eager(bundle, model, count: int):
+    """Predict `count` seeded images one by one, each checked against the eager model's logits and experts; yields
+    the experts after each image's prediction (so a caller can check what is loaded then)."""
+    images = torch.randn(count, 3, 32, 32, generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         reference = model(images)
     for image, logits, experts in zip(images, reference.logits, reference.routing.experts, strict=True):
         prediction = bundle.predict(image)
         np.testing.assert_allclose(prediction.logits, logits.numpy(), atol=1e-5, rtol=1e-4)
         assert prediction.experts == experts.tolist()
-        loaded = [name for name in bundle.loaded_graphs if "_expert" in name]
-        assert sorted(loaded) == sorted(f"block{b}_expert{e}" for b in range(2) for e in experts.tolist())
+        yield experts.tolist()
 
 
 def test_shared_attention_layout_for_k1(tmp_path):
@@ -183,14 +190,7 @@ def test_executorch_per_block_layout_equals_eager(tmp_path, top_k):
     model = tiny_model("mobile-vmoe", num_experts=3, top_k=top_k).eval()
     manifest = export_bundle(model, tmp_path / "b", "executorch", layout="per-block").to_json()
     assert all(set(graph["backend_details"]["undelegated_ops"]) <= PORTABLE_BY_DESIGN for graph in manifest["graphs"])
-    bundle = load_bundle(tmp_path / "b")
-    images = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(5))
-    with torch.no_grad():
-        reference = model(images)
-    for image, logits, experts in zip(images, reference.logits, reference.routing.experts, strict=True):
-        prediction = bundle.predict(image)
-        np.testing.assert_allclose(prediction.logits, logits.numpy(), atol=1e-5, rtol=1e-4)
-        assert prediction.experts == experts.tolist()
+    assert len(list(predictions_match_eager(load_bundle(tmp_path / "b"), model, count=4))) == 4
 
 
 # --- what the reference-model work changed, and what it must not have -----------------------------------------------
