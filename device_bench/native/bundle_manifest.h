@@ -285,9 +285,62 @@ inline void check_resize(const json::Value& input, int64_t image_size) {
             std::to_string(crop_side) + " must be the input size " + std::to_string(image_size));
 }
 
-// Everything the schema checks but the routing and parameter rules (types, ranges, layout rules), then the runner's
-// own needs.
-inline void validate_layout(const json::Value& manifest, Bundle& bundle) {
+// What the layout checks share: the manifest's parts, the graphs by name, and the shapes every layout compares
+// against (export/manifest_schema.py: _named, _check_experts_and_k, _check_router).
+struct LayoutCheck {
+  const json::Value& model;
+  const json::Value& composition;
+  std::map<std::string, Graph> graphs;
+  Bundle& bundle;
+  int64_t num_classes;
+
+  std::vector<int32_t> logits_shape() const { return {1, static_cast<int32_t>(num_classes)}; }
+  std::vector<int32_t> probs_shape() const { return {1, static_cast<int32_t>(bundle.num_experts)}; }
+
+  const Graph& named(const json::Value* value, const std::string& role, const std::string& what) const {
+    std::string where = "composition." + what;
+    if (value == nullptr) invalid(where, "names no graph");
+    std::string name = as_str(*value, where, 1, 256);
+    auto found = graphs.find(name);
+    if (found == graphs.end()) invalid(where, "names graph \"" + name + "\", which is not in graphs");
+    if (found->second.role != role)
+      invalid(where, "graph \"" + name + "\" has role " + found->second.role + ", expected " + role);
+    return found->second;
+  }
+
+  void check_experts_and_k(int k_min, int k_max) const {
+    if (bundle.num_experts < 1) invalid("num_experts", "an MoE bundle needs at least 1 expert");
+    if (const json::Value* model_experts = optional_at(model, "model", "num_experts"))
+      if (!model_experts->is_number() || !model_experts->integral || model_experts->whole != bundle.num_experts)
+        invalid("num_experts", std::to_string(bundle.num_experts) + " differs from the model's " + shown(*model_experts));
+    if (bundle.top_k < k_min || bundle.top_k > k_max)
+      invalid("top_k", std::to_string(bundle.top_k) + " must be between " + std::to_string(k_min) + " and " +
+                           std::to_string(k_max) + " for the " + bundle.layout + " layout");
+  }
+
+  // The router: images -> router_probs (1, E) and tokens (1, T, D); -> the tokens' shape.
+  std::vector<int32_t> check_router() const {
+    bundle.router = named(optional_at(composition, "composition", "router"), "router", "router");
+    const Graph& router = bundle.router;
+    if (router.inputs.size() != 1) invalid("graph " + router.name, "needs exactly one input (images)");
+    expect_shape(router, &router.inputs[0], bundle.image_shape, "input");
+    expect_shape(router, output_spec(router, "router_probs"), probs_shape(), "router_probs");
+    const Spec* tokens = output_spec(router, "tokens");
+    if (tokens == nullptr || tokens->shape.size() != 3 || tokens->shape[0] != 1)
+      invalid("graph " + router.name, "needs a tokens output of shape (1, T, D)");
+    return tokens->shape;
+  }
+
+  void check_listed_expert(const Graph& expert, int e) const {
+    if (expert.expert != e)
+      invalid("graph " + expert.name, "is listed as expert " + std::to_string(e) + " but says expert " +
+                                          std::to_string(expert.expert));
+  }
+};
+
+// format, version, backend (ExecuTorch only), and the model's summary; -> the model's number of classes.
+inline int64_t check_header_and_model(const json::Value& manifest, Bundle& bundle, int64_t* image_size,
+                                      int64_t* in_chans) {
   if (!manifest.is_object()) invalid("manifest", "must be a JSON object, not " + json::describe(manifest));
   const json::Value& format = object_at(manifest, "", "format");
   if (!format.is_string() || format.string != "mobile-moe-bundle") invalid("format", "must be \"mobile-moe-bundle\"");
@@ -299,17 +352,20 @@ inline void validate_layout(const json::Value& manifest, Bundle& bundle) {
 
   const json::Value& model = object_at(manifest, "", "model");
   as_str(object_at(model, "model", "name"), "model.name", 1, 256);
-  int64_t image_size = as_int(object_at(model, "model", "image_size"), "model.image_size", 1, kMaxDim);
-  int64_t in_chans = as_int(object_at(model, "model", "in_chans"), "model.in_chans", 1, 4);
+  *image_size = as_int(object_at(model, "model", "image_size"), "model.image_size", 1, kMaxDim);
+  *in_chans = as_int(object_at(model, "model", "in_chans"), "model.in_chans", 1, 4);
   int64_t num_classes = as_int(object_at(model, "model", "num_classes"), "model.num_classes", 1, kMaxClasses);
   if (const json::Value* renormalize = optional_at(model, "model", "renormalize_gates"))
     bundle.renormalize_gates = as_bool(*renormalize, "model.renormalize_gates");
   else if (model.has("renormalize_gates"))
     invalid("model.renormalize_gates", "must be true or false, not null");
-
   bundle.num_experts = static_cast<int>(as_int(object_at(manifest, "", "num_experts"), "num_experts", 0, kMaxExperts));
   bundle.top_k = static_cast<int>(as_int(object_at(manifest, "", "top_k"), "top_k", 0, kMaxExperts));
+  return num_classes;
+}
 
+// input: (1, C, S, S) float32 as the model's, one mean and std per channel, the resize policy.
+inline void check_input(const json::Value& manifest, Bundle& bundle, int64_t image_size, int64_t in_chans) {
   const json::Value& input = object_at(manifest, "", "input");
   int64_t image_numel = 0;
   bundle.image_shape = shape_of(object_at(input, "input", "shape"), "input.shape", 4, 4, &image_numel);
@@ -330,7 +386,9 @@ inline void validate_layout(const json::Value& manifest, Bundle& bundle) {
   if (shape != model_shape)
     invalid("input.shape", shape_text(shape) + " differs from the model's " + shape_text(model_shape));
   check_resize(input, shape[2]);
+}
 
+inline void check_class_names(const json::Value& manifest, int64_t num_classes) {
   const auto& class_names = as_array(object_at(manifest, "", "class_names"), "class_names", 0, kMaxClasses);
   for (size_t i = 0; i < class_names.size(); ++i) as_str(class_names[i], child("class_names", i), 0, 1024);
   if (static_cast<int64_t>(class_names.size()) != num_classes)
@@ -340,8 +398,10 @@ inline void validate_layout(const json::Value& manifest, Bundle& bundle) {
     const auto& items = as_array(*names, "super_class_names", 0, kMaxClasses);
     for (size_t i = 0; i < items.size(); ++i) as_str(items[i], child("super_class_names", i), 0, 1024);
   }
+}
 
-  // Graphs: unique names, each entry well-formed and its file inside the bundle.
+// Graphs: unique names, each entry well-formed and its file inside the bundle.
+inline std::map<std::string, Graph> read_graphs(const json::Value& manifest, Bundle& bundle) {
   std::map<std::string, Graph> graphs;
   const auto& entries = as_array(object_at(manifest, "", "graphs"), "graphs", 1, kMaxGraphs);
   for (size_t i = 0; i < entries.size(); ++i) {
@@ -350,100 +410,65 @@ inline void validate_layout(const json::Value& manifest, Bundle& bundle) {
     graphs[graph.name] = graph;
     bundle.all.push_back(graph);
   }
+  return graphs;
+}
 
-  // The composition and the layout's rules (export/manifest_schema.py: _check_single, _check_expert_paths, ...).
-  const json::Value& composition = object_at(manifest, "", "composition");
-  bundle.layout = one_of(object_at(composition, "composition", "layout"), "composition.layout", kLayouts);
-  auto name_at = [&](const json::Value& value, const std::string& where) -> std::string {
-    return as_str(value, where, 1, 256);
-  };
-  auto named = [&](const json::Value* value, const std::string& role, const std::string& what) -> const Graph& {
-    std::string where = "composition." + what;
-    if (value == nullptr) invalid(where, "names no graph");
-    std::string name = name_at(*value, where);
-    auto found = graphs.find(name);
-    if (found == graphs.end()) invalid(where, "names graph \"" + name + "\", which is not in graphs");
-    if (found->second.role != role)
-      invalid(where, "graph \"" + name + "\" has role " + found->second.role + ", expected " + role);
-    return found->second;
-  };
-  const std::vector<int32_t> logits_shape{1, static_cast<int32_t>(num_classes)};
-  auto check_experts_and_k = [&](int k_min, int k_max) {
-    if (bundle.num_experts < 1) invalid("num_experts", "an MoE bundle needs at least 1 expert");
-    if (const json::Value* model_experts = optional_at(model, "model", "num_experts"))
-      if (!model_experts->is_number() || !model_experts->integral || model_experts->whole != bundle.num_experts)
-        invalid("num_experts", std::to_string(bundle.num_experts) + " differs from the model's " + shown(*model_experts));
-    if (bundle.top_k < k_min || bundle.top_k > k_max)
-      invalid("top_k", std::to_string(bundle.top_k) + " must be between " + std::to_string(k_min) + " and " +
-                           std::to_string(k_max) + " for the " + bundle.layout + " layout");
-  };
-  const std::vector<int32_t> probs_shape{1, static_cast<int32_t>(bundle.num_experts)};
-  auto check_router = [&]() -> std::vector<int32_t> {
-    bundle.router = named(optional_at(composition, "composition", "router"), "router", "router");
-    const Graph& router = bundle.router;
-    if (router.inputs.size() != 1) invalid("graph " + router.name, "needs exactly one input (images)");
-    expect_shape(router, &router.inputs[0], shape, "input");
-    expect_shape(router, output_spec(router, "router_probs"), probs_shape, "router_probs");
-    const Spec* tokens = output_spec(router, "tokens");
-    if (tokens == nullptr || tokens->shape.size() != 3 || tokens->shape[0] != 1)
-      invalid("graph " + router.name, "needs a tokens output of shape (1, T, D)");
-    return tokens->shape;
-  };
-
-  if (bundle.layout == "dense" || bundle.layout == "monolithic" || bundle.layout == "whole") {
-    if (graphs.size() != 1 || entries.size() != 1 || bundle.all[0].role != bundle.layout)
-      invalid("graphs", "a " + bundle.layout + " bundle holds exactly one graph with role " + bundle.layout);
-    bundle.single = bundle.all[0];
-    bundle.kind = bundle.layout;
-    if (bundle.single.inputs.size() != 1) invalid("graph " + bundle.single.name, "needs exactly one input (images)");
-    expect_shape(bundle.single, &bundle.single.inputs[0], shape, "input");
-    expect_shape(bundle.single, output_spec(bundle.single, "logits"), logits_shape, "logits");
-    if (bundle.layout == "dense") {
-      if (bundle.num_experts != 0 || bundle.top_k != 0) invalid("num_experts", "a dense bundle has num_experts 0 and top_k 0");
-    } else if (bundle.layout == "monolithic") {
-      check_experts_and_k(1, bundle.num_experts);
-      expect_shape(bundle.single, output_spec(bundle.single, "router_probs"), probs_shape, "router_probs");
-    } else {  // whole: top_k is per token (0 where the model has none); the runner picks nothing
-      check_experts_and_k(0, bundle.num_experts);
-      const Spec* tokens = output_spec(bundle.single, "expert_tokens");  // (1, G, E): G expert sets
-      int32_t sets = tokens != nullptr && tokens->shape.size() == 3 ? tokens->shape[1] : 1;
-      expect_shape(bundle.single, tokens, {1, sets, static_cast<int32_t>(bundle.num_experts)}, "expert_tokens");
-    }
-    return;
+// dense, monolithic, whole: one graph, images -> logits (+ router_probs, or expert_tokens).
+inline void check_single_graph(const LayoutCheck& check) {
+  Bundle& bundle = check.bundle;
+  if (check.graphs.size() != 1 || bundle.all.size() != 1 || bundle.all[0].role != bundle.layout)
+    invalid("graphs", "a " + bundle.layout + " bundle holds exactly one graph with role " + bundle.layout);
+  bundle.single = bundle.all[0];
+  bundle.kind = bundle.layout;
+  const Graph& single = bundle.single;
+  if (single.inputs.size() != 1) invalid("graph " + single.name, "needs exactly one input (images)");
+  expect_shape(single, &single.inputs[0], bundle.image_shape, "input");
+  expect_shape(single, output_spec(single, "logits"), check.logits_shape(), "logits");
+  if (bundle.layout == "dense") {
+    if (bundle.num_experts != 0 || bundle.top_k != 0) invalid("num_experts", "a dense bundle has num_experts 0 and top_k 0");
+  } else if (bundle.layout == "monolithic") {
+    check.check_experts_and_k(1, bundle.num_experts);
+    expect_shape(single, output_spec(single, "router_probs"), check.probs_shape(), "router_probs");
+  } else {  // whole: top_k is per token (0 where the model has none); the runner picks nothing
+    check.check_experts_and_k(0, bundle.num_experts);
+    const Spec* tokens = output_spec(single, "expert_tokens");  // (1, G, E): G expert sets
+    int32_t sets = tokens != nullptr && tokens->shape.size() == 3 ? tokens->shape[1] : 1;
+    expect_shape(single, tokens, {1, sets, static_cast<int32_t>(bundle.num_experts)}, "expert_tokens");
   }
+}
 
-  bundle.kind = "split";
-  bundle.experts.assign(bundle.num_experts, {});
-  if (bundle.layout == "expert-paths") {
-    check_experts_and_k(1, 1);
-    std::vector<int32_t> tokens = check_router();
-    const json::Value* names = optional_at(composition, "composition", "experts");
-    const auto& listed = names == nullptr ? std::vector<json::Value>{} : as_array(*names, "composition.experts", 0, kMaxExperts);
-    if (static_cast<int64_t>(listed.size()) != bundle.num_experts)
-      invalid("composition.experts", "names " + std::to_string(listed.size()) + " graphs for " +
-                                         std::to_string(bundle.num_experts) + " experts");
-    for (int e = 0; e < bundle.num_experts; ++e) {
-      const Graph& expert = named(&listed[e], "expert", "experts." + std::to_string(e));
-      if (expert.expert != e)
-        invalid("graph " + expert.name, "is listed as expert " + std::to_string(e) + " but says expert " +
-                                            std::to_string(expert.expert));
-      expect_inputs(expert, {tokens, {1, 1}});
-      expect_shape(expert, output_spec(expert, "logits"), logits_shape, "logits");
-      bundle.experts[e] = {expert};
-    }
-    return;
+// expert-paths (k = 1): router; expert e = one graph (tokens, gate) -> logits.
+inline void check_expert_paths(const LayoutCheck& check) {
+  Bundle& bundle = check.bundle;
+  check.check_experts_and_k(1, 1);
+  std::vector<int32_t> tokens = check.check_router();
+  const json::Value* names = optional_at(check.composition, "composition", "experts");
+  const auto& listed = names == nullptr ? std::vector<json::Value>{} : as_array(*names, "composition.experts", 0, kMaxExperts);
+  if (static_cast<int64_t>(listed.size()) != bundle.num_experts)
+    invalid("composition.experts", "names " + std::to_string(listed.size()) + " graphs for " +
+                                       std::to_string(bundle.num_experts) + " experts");
+  for (int e = 0; e < bundle.num_experts; ++e) {
+    const Graph& expert = check.named(&listed[e], "expert", "experts." + std::to_string(e));
+    check.check_listed_expert(expert, e);
+    expect_inputs(expert, {tokens, {1, 1}});
+    expect_shape(expert, output_spec(expert, "logits"), check.logits_shape(), "logits");
+    bundle.experts[e] = {expert};
   }
+}
 
-  // per-block
-  check_experts_and_k(1, bundle.num_experts);
-  std::vector<int32_t> tokens = check_router();
-  const json::Value* blocks = optional_at(composition, "composition", "blocks");
+// per-block (any k): router, per MoE block a shared graph and one MLP graph per expert, then the head.
+inline void check_per_block(const LayoutCheck& check) {
+  Bundle& bundle = check.bundle;
+  check.check_experts_and_k(1, bundle.num_experts);
+  std::vector<int32_t> tokens = check.check_router();
+  const json::Value* blocks = optional_at(check.composition, "composition", "blocks");
   if (blocks == nullptr || as_array(*blocks, "composition.blocks", 0, 4097).empty())
     invalid("composition.blocks", "a per-block bundle needs composition.blocks");
   for (size_t b = 0; b < blocks->array.size(); ++b) {
     const json::Value& block = blocks->array[b];
     std::string where = child("composition.blocks", b);
-    const Graph& shared = named(&object_at(block, where, "shared"), "block_shared", "blocks." + std::to_string(b) + ".shared");
+    const Graph& shared =
+        check.named(&object_at(block, where, "shared"), "block_shared", "blocks." + std::to_string(b) + ".shared");
     expect_inputs(shared, {tokens});
     if (shared.outputs.size() != 2 || shared.outputs[0].shape != tokens || shared.outputs[1].shape != tokens)
       invalid("graph " + shared.name, "outputs must be (residual, normed), both of shape " + shape_text(tokens));
@@ -454,19 +479,35 @@ inline void validate_layout(const json::Value& manifest, Bundle& bundle) {
                                            std::to_string(bundle.num_experts));
     for (int e = 0; e < bundle.num_experts; ++e) {
       const Graph& expert =
-          named(&listed[e], "block_expert", "blocks." + std::to_string(b) + ".experts." + std::to_string(e));
-      if (expert.expert != e)
-        invalid("graph " + expert.name, "is listed as expert " + std::to_string(e) + " but says expert " +
-                                            std::to_string(expert.expert));
+          check.named(&listed[e], "block_expert", "blocks." + std::to_string(b) + ".experts." + std::to_string(e));
+      check.check_listed_expert(expert, e);
       expect_inputs(expert, {tokens});
       if (expert.outputs.size() != 1 || expert.outputs[0].shape != tokens)
         invalid("graph " + expert.name, "needs one output of shape " + shape_text(tokens));
       bundle.experts[e].push_back(expert);
     }
   }
-  bundle.head = named(optional_at(composition, "composition", "head"), "head", "head");
+  bundle.head = check.named(optional_at(check.composition, "composition", "head"), "head", "head");
   expect_inputs(bundle.head, {tokens});
-  expect_shape(bundle.head, output_spec(bundle.head, "logits"), logits_shape, "logits");
+  expect_shape(bundle.head, output_spec(bundle.head, "logits"), check.logits_shape(), "logits");
+}
+
+// Everything the schema checks but the routing and parameter rules (types, ranges, layout rules), then the runner's
+// own needs: the parts in the schema's order, then the layout's own rules.
+inline void validate_layout(const json::Value& manifest, Bundle& bundle) {
+  int64_t image_size = 0, in_chans = 0;
+  int64_t num_classes = check_header_and_model(manifest, bundle, &image_size, &in_chans);
+  check_input(manifest, bundle, image_size, in_chans);
+  check_class_names(manifest, num_classes);
+  std::map<std::string, Graph> graphs = read_graphs(manifest, bundle);
+  const json::Value& composition = object_at(manifest, "", "composition");
+  bundle.layout = one_of(object_at(composition, "composition", "layout"), "composition.layout", kLayouts);
+  LayoutCheck check{object_at(manifest, "", "model"), composition, std::move(graphs), bundle, num_classes};
+  if (bundle.layout == "dense" || bundle.layout == "monolithic" || bundle.layout == "whole") return check_single_graph(check);
+  bundle.kind = "split";
+  bundle.experts.assign(bundle.num_experts, {});
+  if (bundle.layout == "expert-paths") return check_expert_paths(check);
+  check_per_block(check);
 }
 
 // Parameters held by the graphs one image needs at most (the schema's Manifest.params_loaded_max): every graph that is
