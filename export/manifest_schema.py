@@ -1,7 +1,8 @@
 """The bundle manifest's schema, written once: field types and ranges, and the rules that tie fields together.
 
-Every consumer validates through `validate_manifest` (export.manifest.read_manifest calls it): predict, the Python
-runtime, bench, the push to a phone, and the export itself before it moves a bundle into place. The native runner
+`Manifest` is the one Python model of a bundle's manifest: export builds it, `validate_manifest` (which
+export.manifest.read_manifest calls) returns it, and every consumer reads its attributes and methods: predict, the
+Python runtime, bench, the push to a phone, and the export itself before it moves a bundle into place. The native runner
 cannot import this and range-checks the same values itself (device_bench/native/bundle_manifest.h); the
 fault-injection tests drive one table of manifest mutations through both.
 
@@ -36,7 +37,7 @@ How an image file becomes the input tensor (optional, same reason):
 Each graph's `params` counts the weights it carries: parameters and buffers (Hard MoE's centroids).
 Graphs sharing one program (ExecuTorch, export/executorch_family.py): several graphs name the same `file` (the
 program, with the weights they share) and each its own `weights` ({file, sha256, bytes}: a .ptd holding the weights
-only it has); loading the graph loads both. `bytes` is the program's size; export.manifest.load_bytes adds the two.
+only it has); loading the graph loads both. `bytes` is the program's size; GraphEntry.load_bytes adds the two.
 """
 
 from __future__ import annotations
