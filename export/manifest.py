@@ -184,6 +184,11 @@ def _verified(bundle_dir: str | os.PathLike, graph: GraphEntry, file: GraphFile)
 
 def verify_graph_files(bundle_dir: str | os.PathLike, manifest: Manifest) -> None:
     """Check every graph file of the bundle against the manifest: before a bundle is handed to a runtime we do not
-    drive graph by graph (the native runner, a phone)."""
+    drive graph by graph (the native runner, a phone). A program that several graphs share (an expert family's) is
+    read and hashed once, not once per expert; every distinct claim (file, size, sha256) is checked."""
+    checked: set[GraphFile] = set()
     for graph in manifest.graphs:
-        verified_graph_files(bundle_dir, graph)
+        for file in graph.files():
+            if file not in checked:
+                _verified(bundle_dir, graph, file)
+                checked.add(file)
