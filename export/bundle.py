@@ -37,7 +37,7 @@ from mobile_moe.export.manifest import (
     validate_manifest,
     write_manifest,
 )
-from mobile_moe.export.manifest_schema import Manifest
+from mobile_moe.export.manifest_schema import GraphEntry, Manifest
 from mobile_moe.export.parity import PROB_TOLERANCE, measure_parity, parity_passed
 from mobile_moe.export.runners import TorchRunner, coreml_runs_here
 from mobile_moe.export.runtime import Bundle
@@ -287,7 +287,7 @@ def _export_graphs(
 def _logged_entry(spec, artifact, seconds: float, tmp: Path, log: Callable[[str], None]) -> dict[str, Any]:
     entry = graph_entry(spec, artifact, tmp)
     entry["export_seconds"] = round(seconds, 3)
-    loaded = sum(file["bytes"] for file in (entry, entry.get("weights")) if file)
+    loaded = GraphEntry.model_validate(entry).load_bytes  # the one reading of what loading a graph reads
     leftover = artifact.details.get("undelegated_ops")
     note = f", not delegated: {leftover}" if leftover else ""
     log(f"  {spec.name}: {loaded / 1e6:.2f} MB in {seconds:.1f} s{note}")
