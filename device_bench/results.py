@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from mobile_moe.costs import costs
 from mobile_moe.device_bench import routing_stats
-from mobile_moe.device_bench.round_report import RoundReport
+from mobile_moe.device_bench.round_report import RoundReport, RoundReportSchema
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest_schema import GraphEntry, Manifest
 from mobile_moe.registry import config_from_dict
@@ -96,14 +96,14 @@ def _round_report_error(error: ValidationError, runner: str) -> RoundReportError
     return RoundReportError(f"{runner}: round report field {where} is {found}; RoundReport wants {expected}")
 
 
-def validate_round(report: object, runner: str) -> dict:
-    """`report`, checked against RoundReport (device_bench/round_report.py), or RoundReportError naming the runner and
-    the first field it lacks or holds the wrong kind of value in. Every round goes through here before results reads
-    it."""
+def validate_round(report: object, runner: str) -> RoundReport:
+    """`report`, checked against RoundReportSchema (device_bench/round_report.py), or RoundReportError naming the
+    runner and the first field it lacks or holds the wrong kind of value in. Every round goes through here before
+    results reads it."""
     if not isinstance(report, dict):
         raise RoundReportError(f"{runner}: round report itself is not an object")
     try:
-        RoundReport.model_validate(report)
+        RoundReportSchema.model_validate(report)
     except ValidationError as error:
         raise _round_report_error(error, runner) from None
     if not report["load_ms"]:

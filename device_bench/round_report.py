@@ -1,14 +1,16 @@
 """What one round (one runner process on one bundle) must report, whichever runner ran it.
 
 Every runner (the native C++ runner on the host or over adb, the Python worker around export's runtime, Core ML)
-returns a RoundReport as JSON; device_bench/results.py `validate_round` checks it against these models before
-anything reads it, so a runner that leaves a field out is refused by name instead of failing deep inside the
-aggregate.
+returns a RoundReport: the parsed JSON object, a dict. device_bench/results.py `validate_round` checks it against
+RoundReportSchema before anything reads it, so a runner that leaves a field out is refused by name instead of
+failing deep inside the aggregate.
 A runner that cannot measure a value gives null (None) for it; it never leaves the key out. Runners may add keys
 of their own (the native runner's files_opened, loads, graph_bytes, ...): they pass through to raw_first_round.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -52,7 +54,7 @@ class ImageRow(_Report):
     cache_hit: bool
 
 
-class Switch(_Report):
+class SwitchSchema(_Report):
     """An expert not loaded, loaded and run once: what routing to another expert costs. Medians are None when nothing
     was timed (a dense or one-graph bundle, --switch-repeats 0, or a routing sequence with one expert)."""
 
@@ -64,7 +66,7 @@ class Switch(_Report):
     note: str | None = None  # why nothing was timed
 
 
-class RoundReport(_Report):
+class RoundReportSchema(_Report):
     runner: str
     bundle: str  # as the runner saw it (a device path on a phone)
     threads: int
@@ -74,8 +76,13 @@ class RoundReport(_Report):
     graphs_loaded_after_routing: list[str]
     latency_ms: Summary  # warm end to end per image
     stages_ms: dict[str, Summary]  # "router" and "expert" for split bundles, the bundle kind for one graph
-    switch: Switch
+    switch: SwitchSchema
     memory_at_start: Memory
     memory_after_first_load: Memory
     memory_after_warm: Memory  # after the routing pass and the timed runs: what serving holds
     memory_at_end: Memory  # after the switch phase, which loads every expert in turn
+
+
+# What runners pass around: the parsed JSON objects, which the schemas above describe and validate_round checks.
+RoundReport = dict[str, Any]
+Switch = dict[str, Any]
