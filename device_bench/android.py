@@ -15,7 +15,6 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from mobile_moe.device_bench.native_runner import as_round_report
 from mobile_moe.device_bench.remote import RunnerFiles, run_remote
 from mobile_moe.device_bench.round_report import RoundReport
 from mobile_moe.device_bench.round_settings import RoundSettings
@@ -129,4 +128,4 @@ class AndroidRunner:
         return f"native runner on Android device {self.serial or '(the one attached)'}"
 
     def run_round(self, bundle: Path, images: Path, settings: RoundSettings) -> RoundReport:
-        return as_round_report(run_on_android(self.serial, self.binary, bundle, images, settings))
+        return run_on_android(self.serial, self.binary, bundle, images, settings)

@@ -26,7 +26,6 @@ from pathlib import Path
 
 from mobile_moe.atomic import atomic_path
 from mobile_moe.device_bench.native_build import NATIVE_DIR, CrossBuild, build_runner, cache_root
-from mobile_moe.device_bench.native_runner import as_round_report
 from mobile_moe.device_bench.remote import RunnerFiles, run_remote
 from mobile_moe.device_bench.round_report import RoundReport
 from mobile_moe.device_bench.round_settings import RoundSettings
@@ -183,4 +182,4 @@ class EmulatedArm64Runner:
         return f"native runner on the {EmulatedArm64Device.name}"
 
     def run_round(self, bundle: Path, images: Path, settings: RoundSettings) -> RoundReport:
-        return as_round_report(run_emulated(self.binary, bundle, images, settings))
+        return run_emulated(self.binary, bundle, images, settings)

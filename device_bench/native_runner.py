@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,11 +26,20 @@ RUNNER_PREFIX = "mobile_moe_runner"
 
 
 def runner_command(
-    runner: str | Path, bundle: str | Path, images: str | Path | None, settings: RoundSettings
+    runner: str | Path,
+    bundle: str | Path,
+    images: str | Path | None,
+    settings: RoundSettings,
+    weight_cache_dir: str | Path | None = None,
 ) -> list[str]:
+    """The runner's argv; `weight_cache_dir` (an existing, empty directory) is required when settings.weight_cache."""
     command = [str(runner), "--bundle", str(bundle), *settings.runner_flags()]
     if images is not None:
         command += ["--input", str(images)]
+    if settings.weight_cache:
+        if weight_cache_dir is None:
+            raise ValueError("settings.weight_cache needs a weight_cache_dir")
+        command += ["--weight-cache", str(weight_cache_dir)]
     return command
 
 
@@ -104,24 +114,13 @@ def run_native(runner: str | Path, bundle: str | Path, images: str | Path | None
     check_runner(runner)
     # The runner checks these too (a bundle may be run by hand on a phone); checking here first gives Python's message.
     read_manifest(bundle, verify_files=True)
-    command = runner_command(runner, bundle, images, settings)
-    try:
-        result = subprocess.run(command, capture_output=True)
-    except OSError as error:  # e.g. an Android arm64 build run on this machine: Exec format error
-        raise UsageError(f"--runner {runner}: cannot run it on this machine ({error.strerror or error})") from None
+    with tempfile.TemporaryDirectory(prefix="mobile-moe-weight-cache-") as weight_cache_dir:
+        command = runner_command(runner, bundle, images, settings, weight_cache_dir)
+        try:
+            result = subprocess.run(command, capture_output=True)
+        except OSError as error:  # e.g. an Android arm64 build run on this machine: Exec format error
+            raise UsageError(f"--runner {runner}: cannot run it on this machine ({error.strerror or error})") from None
     return parse_runner_output(result.returncode, result.stdout, result.stderr, "native runner", bundle)
-
-
-def as_round_report(raw: dict) -> RoundReport:
-    """The runner's JSON in RoundReport's terms: it writes -1 for a switch median it has no samples for (C++ has no
-    null double), which RoundReport says as null. results.validate_round checks the rest."""
-    switch = raw.get("switch")
-    if isinstance(switch, dict):
-        raw["switch"] = {
-            key: None if key.endswith("median_ms") and isinstance(value, int | float) and value < 0 else value
-            for key, value in switch.items()
-        }
-    return raw  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -135,4 +134,4 @@ class NativeRunner:
         return f"native runner {self.binary}" if self.binary is not None else "native runner"
 
     def run_round(self, bundle: Path, images: Path, settings: RoundSettings) -> RoundReport:
-        return as_round_report(run_native(self.binary or build_runner(), bundle, images, settings))
+        return run_native(self.binary or build_runner(), bundle, images, settings)

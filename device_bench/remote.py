@@ -94,7 +94,10 @@ def _run_on(
         if remote_images is not None:
             device.push(images, remote_images)
         env = {"LD_LIBRARY_PATH": f"{workdir}/lib"} if runner.libraries else {}
-        command = runner_command(remote_runner, remote_bundle, remote_images, settings)
+        weight_cache_dir = f"{workdir}/weight-cache" if settings.weight_cache else None
+        if weight_cache_dir is not None:
+            device.make_dir(weight_cache_dir)
+        command = runner_command(remote_runner, remote_bundle, remote_images, settings, weight_cache_dir)
         # Output to files on the device, then pulled: adb shell mangles long stdout lines on some devices.
         status = device.execute(command, env, f"{workdir}/result.json", f"{workdir}/stderr.txt")
         with tempfile.TemporaryDirectory() as local:

@@ -66,11 +66,6 @@ def params_active(manifest: Manifest, counts) -> int | None:
     return counts.params_active if counts else None
 
 
-def _measured(value: float | None) -> float | None:
-    """A runner's median, or None when nothing was measured (the native runner writes -1 for "no samples")."""
-    return value if value is not None and value >= 0 else None
-
-
 class RoundReportError(UsageError):
     """A runner's round report lacks a field RoundReport requires, or holds the wrong kind of value in one. A
     UsageError (one line, status 2) because the usual cause is a --runner binary built from other sources."""
@@ -117,14 +112,18 @@ def summarize_round(raw: dict) -> dict:
     # Serving memory: after the routing pass and the timed runs, before the switch phase loads every expert in turn.
     memory = raw.get("memory_after_warm") or raw.get("memory_at_end") or {}
     switch = raw.get("switch") or {}
+    cold = switch.get("cold") or {}
     return {
         "latency_ms": {key: latency[key] for key in ("p50", "p90", "p99", "mean")},
         "load_ms_router": next(iter(raw["load_ms"].values())),
         "expert_load_ms": _median(list((raw.get("expert_load_ms") or {}).values())),
-        "switch_ms": _measured(switch.get("median_ms")),
-        "switch_load_ms": _measured(switch.get("load_median_ms")),
-        "switch_first_run_ms": _measured(switch.get("first_run_median_ms")),
-        "switch_warm_expert_run_ms": _measured(switch.get("warm_expert_run_median_ms")),
+        "switch_ms": switch.get("median_ms"),
+        "switch_load_ms": switch.get("load_median_ms"),
+        "switch_first_run_ms": switch.get("first_run_median_ms"),
+        "switch_warm_expert_run_ms": switch.get("warm_expert_run_median_ms"),
+        "switch_parts_ms": switch.get("parts_median_ms"),
+        "switch_cold_ms": cold.get("median_ms"),
+        "switch_cold_parts_ms": cold.get("parts_median_ms"),
         "peak_rss_bytes": memory.get("peak_rss_bytes"),
         "pss_bytes": memory.get("pss_bytes"),
     }
@@ -179,13 +178,43 @@ def _timings(rounds: list[dict], summaries: list[dict], *, split: bool) -> dict:
             "expert": _median([s["expert_load_ms"] for s in summaries]) if split else None,
         },
         "switch_ms": switch_ms if split else None,
-        "switch": {
-            "load_ms": _median([s["switch_load_ms"] for s in summaries]),
-            "first_run_ms": _median([s["switch_first_run_ms"] for s in summaries]),
-            "warm_expert_run_ms": _median([s["switch_warm_expert_run_ms"] for s in summaries]),
-            "vs_warm_p50": switch_ms / latency["p50"] if split and switch_ms and latency["p50"] else None,
-        },
+        "switch": _switch(rounds, summaries, switch_ms if split else None, latency["p50"]),
     }
+
+
+def _switch(rounds: list[dict], summaries: list[dict], switch_ms: float | None, p50: float) -> dict:
+    """The switch's parts; `added_ms`: what a switch costs over a hit (switch - the same expert's warm run), the
+    number that prefetching or a warm packed-weight cache must bring down; `cold_*`: from an empty cache."""
+    warm_run = _median([s["switch_warm_expert_run_ms"] for s in summaries])
+    cold_ms = _median([s["switch_cold_ms"] for s in summaries])
+    switch = rounds[0].get("switch") or {}
+
+    def added(ms: float | None) -> float | None:
+        return ms - warm_run if ms is not None and warm_run is not None else None
+
+    def ratio(ms: float | None) -> float | None:
+        return ms / p50 if ms is not None and p50 else None
+
+    return {
+        "cache": switch.get("cache"),
+        "weights": switch.get("weights"),
+        "load_ms": _median([s["switch_load_ms"] for s in summaries]),
+        "first_run_ms": _median([s["switch_first_run_ms"] for s in summaries]),
+        "warm_expert_run_ms": warm_run,
+        "vs_warm_p50": ratio(switch_ms),
+        "added_ms": added(switch_ms),
+        "added_vs_warm_p50": ratio(added(switch_ms)),
+        "parts_ms": _median_parts([s["switch_parts_ms"] for s in summaries]),
+        "cold_ms": cold_ms,
+        "cold_added_vs_warm_p50": ratio(added(cold_ms)),
+        "cold_parts_ms": _median_parts([s["switch_cold_parts_ms"] for s in summaries]),
+    }
+
+
+def _median_parts(parts: list[dict | None]) -> dict | None:
+    """Each part's median over the rounds; None when no round took its switches apart."""
+    measured = [p for p in parts if p]
+    return {key: _median([p[key] for p in measured]) for key in measured[0]} if measured else None
 
 
 def _sizes(manifest: Manifest, sequence: list[list[int]]) -> dict:

@@ -54,15 +54,40 @@ class ImageRow(_Report):
     cache_hit: bool
 
 
-class SwitchSchema(_Report):
-    """An expert not loaded, loaded and run once: what routing to another expert costs. Medians are None when nothing
-    was timed (a dense or one-graph bundle, --switch-repeats 0, or a routing sequence with one expert)."""
+class SwitchParts(_Report):
+    """Where a switch's milliseconds go (medians; the native runner's loads, graph_loader.h): parsing the program
+    (0 once the family's program is parsed), opening the expert's weights file, checking its packed-weight cache
+    file, initialising the method (XNNPACK packs, or maps packed, weights), hashing a cache file the load wrote,
+    the first run, and what none of these cover."""
+
+    program: float | None
+    data_map: float | None
+    cache_check: float | None
+    method_init: float | None
+    cache_record: float | None
+    first_run: float | None
+    other: float | None
+
+
+class SwitchSet(_Report):
+    """Switches measured one way: an expert not loaded, loaded and run once (ms), then run again (warm). Medians are
+    None when nothing was timed (a dense or one-graph bundle, --switch-repeats 0)."""
 
     ms: list[float]
     median_ms: float | None
     load_median_ms: float | None
     first_run_median_ms: float | None
     warm_expert_run_median_ms: float | None  # the same expert's next run, for comparison
+    weights: str | None = None  # "mapped" (from a warm packed-weight cache) or "packed"; None: not measured
+    parts_median_ms: SwitchParts | None = None  # None where a runner cannot take a load apart
+
+
+class SwitchSchema(SwitchSet):
+    """What routing to another expert costs while serving (from the packed-weight cache when there is one), and
+    from an empty cache (`cold`; None without a cache)."""
+
+    cache: str | None = None  # "warm" (the graph's own packed-weight cache file), "off"; None: the runner has none
+    cold: SwitchSet | None = None
     note: str | None = None  # why nothing was timed
 
 

@@ -14,7 +14,9 @@ class RoundSettings:
     threads: int = 1
     cache_experts: int | None = None  # expert graphs kept loaded; None: all of them
     switch_repeats: int = 2  # times each expert's switch (unload, load, first run) is measured
-    weight_cache: bool = False  # XNNPACK's shared packed-weight cache (native runner)
+    # Native runner: XNNPACK's packed weights cached on disk, one file per graph, in a directory made for the run
+    # (so every run starts from an empty cache: its first load of each graph packs, later loads map).
+    weight_cache: bool = False
 
     def __post_init__(self) -> None:
         if self.iterations < 1:
@@ -34,6 +36,4 @@ class RoundSettings:
         flags += ["--switch-repeats", str(self.switch_repeats)]
         if self.cache_experts is not None:
             flags += ["--cache-experts", str(self.cache_experts)]
-        if self.weight_cache:
-            flags.append("--weight-cache")
         return flags

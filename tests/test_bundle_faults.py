@@ -348,15 +348,6 @@ def test_bench_refuses_bad_flags_before_measuring(flags, match, bundle, tmp_path
     assert not (tmp_path / "bench").exists()
 
 
-def test_runner_without_samples_reports_no_switch_time():
-    from mobile_moe.device_bench.results import summarize_round
-
-    raw = {"latency_ms": {"p50": 1, "p90": 1, "p99": 1, "mean": 1}, "load_ms": {"router": 1.0},
-           "switch": {"ms": [], "median_ms": -1.0, "load_median_ms": -1.0}}  # fmt: skip
-    summary = summarize_round(raw)
-    assert summary["switch_ms"] is None and summary["switch_load_ms"] is None
-
-
 def test_paths_the_file_system_refuses_are_one_line(tmp_path, capsys):
     from mobile_moe.atomic import check_writable
 

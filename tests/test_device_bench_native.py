@@ -22,7 +22,7 @@ from conftest import needs_build
 from mobile_moe.app.cli import main
 from mobile_moe.device_bench import routing_stats
 from mobile_moe.device_bench.native_build import NATIVE_DIR, build_runner
-from mobile_moe.device_bench.native_runner import run_native
+from mobile_moe.device_bench.native_runner import parse_runner_output, run_native, runner_command
 from mobile_moe.device_bench.results import validate_results
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.device_bench.workload import random_workload, write_raw
@@ -275,11 +275,105 @@ def test_bytes_and_params_loaded_per_image_are_honest_for_split_and_whole():
     assert line.startswith("- split mvmoe vs whole vmoe (native)") and "every expert" in line
 
 
+def run_with_weight_cache(runner, bundle, images, cache_dir: Path, **settings) -> dict:
+    """One runner process with --weight-cache DIR (run_native gives every run a fresh directory)."""
+    command = runner_command(runner, bundle, images, RoundSettings(weight_cache=True, **settings), cache_dir)
+    result = subprocess.run(command, capture_output=True)
+    return parse_runner_output(result.returncode, result.stdout, result.stderr, "native runner", bundle)
+
+
+def first_loads(report: dict) -> dict[str, dict]:
+    """Each graph's first load event in a runner report."""
+    firsts: dict[str, dict] = {}
+    for event in report["loads"]:
+        firsts.setdefault(event["graph"], event)
+    return firsts
+
+
+def logits_of(report: dict) -> list[list[float]]:
+    return [row["logits"] for row in report["images"]]
+
+
+SWITCHING = {"iterations": 2, "warmup": 0, "cache_experts": 1, "switch_repeats": 1}
+
+
 @needs_build
-def test_runner_refuses_the_weight_cache_for_experts_sharing_a_program(runner, bundle, workload_file):
-    """XNNPACK's cache keys packed weights by named-data key, which experts sharing one program share."""
-    with pytest.raises(UsageError, match="--weight-cache cannot serve this bundle"):
-        run_native(runner, bundle, workload_file, RoundSettings(iterations=1, warmup=0, weight_cache=True))
+def test_a_second_load_of_an_expert_maps_its_packed_weights(runner, bundle, workload_file, tmp_path):
+    """Experts sharing one program each get their own packed-weight cache file: the first load packs, every later
+    load (in this process or the next) maps, and the answers are bit for bit those of a run without a cache."""
+    plain = run_native(runner, bundle, workload_file, RoundSettings(**SWITCHING))
+    cached = run_with_weight_cache(runner, bundle, workload_file, tmp_path, **SWITCHING)
+    assert logits_of(cached) == logits_of(plain)
+    assert {(e["cache"], e["weights"]) for e in first_loads(cached).values()} == {("cold", "packed")}
+    warm = [event for event in cached["loads"] if event["cache"] == "warm"]
+    assert warm and all(event["weights"] == "mapped" for event in warm)
+    assert (cached["switch"]["cache"], cached["switch"]["weights"], cached["switch"]["cold"]["weights"]) == (
+        "warm",
+        "mapped",
+        "packed",
+    )
+    assert plain["switch"]["cache"] == "off" and plain["switch"]["cold"] is None
+    # The next process finds every graph's file: nothing is packed again, the router included.
+    again = run_with_weight_cache(runner, bundle, workload_file, tmp_path, **SWITCHING)
+    assert logits_of(again) == logits_of(plain)
+    assert {(e["cache"], e["weights"]) for e in first_loads(again).values()} == {("warm", "mapped")}
+    assert len(list(tmp_path.glob("*.xnnpack"))) == 1 + read_manifest(bundle).num_experts  # no scratch file left
+
+
+def damage_cache_files(cache_dir: Path) -> None:
+    """A different damage to each graph's cache file: flipped bytes in the packed data, the index and the footer,
+    a truncated file, a file without its check file, and another graph's file and check file copied over."""
+    files = sorted(cache_dir.glob("*.xnnpack"))
+    assert len(files) >= 5, "precondition: the router and four experts have cache files"
+    foreign = files[0].read_bytes(), files[0].with_suffix(".xnnpack.check").read_text()
+    for path, at in zip(files[:3], (0.5, -40, -5), strict=True):
+        data = bytearray(path.read_bytes())
+        data[int(len(data) * at) if at > 0 else len(data) + int(at)] ^= 0xFF
+        path.write_bytes(bytes(data))
+    files[3].write_bytes(files[3].read_bytes()[: files[3].stat().st_size // 2])
+    files[4].write_bytes(foreign[0])
+    files[4].with_suffix(".xnnpack.check").write_text(foreign[1])
+    if len(files) > 5:
+        files[5].with_suffix(".xnnpack.check").unlink()
+
+
+@needs_build
+def test_a_damaged_packed_weight_cache_is_rebuilt_and_the_answer_stays_right(runner, bundle, workload_file, tmp_path):
+    """XNNPACK maps a cache file's packed bytes without checking them: the runner's check file catches every damage
+    before the backend sees it, the load packs afresh, and the logits still equal the cache-free run's (which
+    equal eager PyTorch's: test_native_runner_reproduces_python_runtime)."""
+    plain = run_native(runner, bundle, workload_file, RoundSettings(**SWITCHING))
+    run_with_weight_cache(runner, bundle, workload_file, tmp_path, **SWITCHING)
+    damage_cache_files(tmp_path)
+    rebuilt = run_with_weight_cache(runner, bundle, workload_file, tmp_path, **SWITCHING)
+    assert logits_of(rebuilt) == logits_of(plain)
+    assert {(e["cache"], e["weights"]) for e in first_loads(rebuilt).values()} == {("cold", "packed")}
+    healed = run_with_weight_cache(runner, bundle, workload_file, tmp_path, **SWITCHING)
+    assert {(e["cache"], e["weights"]) for e in first_loads(healed).values()} == {("warm", "mapped")}
+
+
+@needs_build
+def test_runner_without_switch_samples_reports_null_medians(runner, bundle, workload_file):
+    """Nothing timed is null in the JSON (never a made-up number), and the aggregate says so."""
+    from mobile_moe.device_bench.results import summarize_round
+
+    report = run_native(runner, bundle, workload_file, RoundSettings(iterations=1, warmup=0, switch_repeats=0))
+    switch = report["switch"]
+    assert switch["ms"] == [] and switch["median_ms"] is None and switch["weights"] is None
+    assert set(switch["parts_median_ms"].values()) == {None}
+    summary = summarize_round(report)
+    assert summary["switch_ms"] is None and summary["switch_load_ms"] is None
+
+
+@needs_build
+@pytest.mark.parametrize("make, match", [(lambda p: p / "missing", "not a directory"),
+                                         (lambda p: p / "file", "not a directory"),
+                                         (lambda p: p / ("d" * 250), "too long")])  # fmt: skip
+def test_runner_refuses_a_weight_cache_it_cannot_use(runner, bundle, tmp_path, make, match):
+    (tmp_path / "file").write_text("")
+    (tmp_path / ("d" * 250)).mkdir()
+    with pytest.raises(UsageError, match=match):
+        run_with_weight_cache(runner, bundle, None, make(tmp_path), iterations=1, warmup=0)
 
 
 @needs_build

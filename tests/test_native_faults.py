@@ -226,6 +226,25 @@ def test_sha256_matches_hashlib(runner, bundle, tmp_path):
     assert digests[9] == "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0"  # a million "a"
 
 
+def test_xxh64_matches_the_reference(runner, tmp_path):
+    """The XXH64 that checks packed-weight cache files (packed_cache.h) against the reference implementation's
+    digests (the xxhash package, seed 0): below and above the 32-byte stripe, and every tail length."""
+    cases = {
+        b"": "ef46db3751d8e999",
+        b"a": "d24ec4f1a98c6e5b",
+        b"abc": "44bc2cf5ad770999",
+        b"0123456789abc": "ba453e84431e55e5",  # 8 + 4 + 1 tail bytes
+        bytes(range(47)): "0d9883a03e7bfbb8",  # one stripe, then 8 + 4 + 3
+        bytes(range(256)) * 3 + b"xyz": "e921a1b45bd779f8",
+    }
+    files = []
+    for index, data in enumerate(cases):
+        files.append(tmp_path / f"case_{index}")
+        files[-1].write_bytes(data)
+    result = subprocess.run([str(runner), "--xxh64", *map(str, files)], capture_output=True, text=True, check=True)
+    assert [line.split("  ", 1)[0] for line in result.stdout.splitlines()] == list(cases.values())
+
+
 def _script(tmp_path: Path, name: str, body: str) -> Path:
     path = tmp_path / name
     path.write_text("#!/bin/sh\n" + body + "\n")

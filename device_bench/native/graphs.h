@@ -1,19 +1,14 @@
-// The ExecuTorch side of the native runner (runner.cpp): load a graph (program verified, signature checked against the
-// manifest, forward method initialised), run it, keep an LRU of expert graphs, and the pipeline that takes one image
-// through router -> top-k experts -> logits for every layout (or through the one graph of a dense, monolithic or
-// whole bundle). Header-only, like json_reader.h.
+// The ExecuTorch side of the native runner (runner.cpp), over graph_loader.h's loads: run a graph, keep an LRU of
+// expert graphs, and the pipeline that takes one image through router -> top-k experts -> logits for every layout
+// (or through the one graph of a dense, monolithic or whole bundle). Header-only, like json_reader.h.
 #pragma once
 
-#include <executorch/extension/module/module.h>
 #include <executorch/extension/tensor/tensor.h>
 #include <executorch/runtime/core/error.h>
-#include <executorch/runtime/executor/program.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
-#include <fstream>
 #include <cmath>
 #include <csignal>
 #include <cstdint>
@@ -29,142 +24,19 @@
 
 #include "bundle_manifest.h"
 #include "errors.h"
+#include "graph_loader.h"
 #include "runtime_log.h"
 
 namespace mobile_moe::runner {
 
-using executorch::extension::Module;
 using executorch::runtime::EValue;
-
-using Clock = std::chrono::steady_clock;
-inline double ms_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// Graphs: load, run, and an LRU of expert graphs
-
-struct LoadEvent {
-  std::string graph;
-  int64_t bytes;
-  double ms;          // total
-  double program_ms;  // open the file, parse and verify the program (mmap: pages come in lazily)
-  double method_ms;   // initialise the forward method: delegate init, i.e. XNNPACK builds its runtime and packs weights
-};
-
-// The program's forward signature must be the graph's specs from the manifest: as many inputs and outputs, each a
-// float32 tensor of the listed shape. Checked before the method is initialised, so nothing runs on a mismatch.
-inline void check_signature(Module& module, const Graph& graph) {
-  using executorch::runtime::Tag;
-  auto meta = module.method_meta("forward");
-  if (!meta.ok())
-    throw UsageError("graph " + graph.name + ": " + graph.program.file + " has no forward method " +
-                     runtime_error_text(meta.error()));
-  auto compare = [&](const char* what, size_t count, const std::vector<Spec>& specs, auto tag_of, auto info_of) {
-    if (count != specs.size())
-      throw UsageError("graph " + graph.name + ": " + graph.program.file + " takes " + std::to_string(count) + " " + what +
-                       " but the manifest lists " + std::to_string(specs.size()));
-    for (size_t i = 0; i < count; ++i) {
-      std::string which = std::string(what) + " " + std::to_string(i) + " (" + specs[i].name + ")";
-      auto tag = tag_of(i);
-      if (!tag.ok() || *tag != Tag::Tensor)
-        throw UsageError("graph " + graph.name + ": " + which + " of " + graph.program.file + " is not a tensor");
-      auto info = info_of(i);
-      if (!info.ok())
-        throw UsageError("graph " + graph.name + ": " + which + " of " + graph.program.file + " has no tensor metadata");
-      if (info->scalar_type() != executorch::aten::ScalarType::Float)
-        throw UsageError("graph " + graph.name + ": " + which + " of " + graph.program.file + " is not float32");
-      auto sizes = info->sizes();
-      std::vector<int32_t> actual(sizes.begin(), sizes.end());
-      if (actual != specs[i].shape)
-        throw UsageError("graph " + graph.name + ": " + which + " of " + graph.program.file + " has shape " +
-                         shape_text(actual) + " but the manifest says " + shape_text(specs[i].shape));
-    }
-  };
-  compare(
-      "inputs", meta->num_inputs(), graph.inputs, [&](size_t i) { return meta->input_tag(i); },
-      [&](size_t i) { return meta->input_tensor_meta(i); });
-  compare(
-      "outputs", meta->num_outputs(), graph.outputs, [&](size_t i) { return meta->output_tag(i); },
-      [&](size_t i) { return meta->output_tensor_meta(i); });
-}
-
-// Where an ExecuTorch file says its segment data lies: {base, size} from the extended header of a program ("eh00" at
-// byte 8: length, program size, segment base, segment size) or a data file ("FH01": length, flatbuffer offset and
-// size, segment base, segment size); all little-endian. {0, 0} for a file without one.
-inline std::pair<uint64_t, uint64_t> segment_data(const unsigned char* head) {
-  auto u64 = [&](int at) {
-    uint64_t value = 0;
-    for (int i = 7; i >= 0; --i) value = (value << 8) | head[at + i];
-    return value;
-  };
-  if (std::equal(head + 8, head + 12, "eh00")) return {u64(24), u64(32)};
-  if (std::equal(head + 8, head + 12, "FH01")) return {u64(32), u64(40)};
-  return {0, 0};
-}
-
-// Our exporter ends every ExecuTorch file with its segment data. ExecuTorch checks only that the data fits in the
-// file (runtime/executor/program.cpp, Program::load; extension/flat_tensor/flat_tensor_data_map.cpp): a segment base
-// moved by a re-sealed flipped byte fed the weights shifted bytes and gave NaN logits with no error. Refused here,
-// as export/flatbuffer_files.py refuses it in Python.
-inline void check_segment_data_ends_file(const Graph& graph, const File& file) {
-  std::ifstream in(file.path, std::ios::binary);
-  unsigned char head[48] = {};
-  in.read(reinterpret_cast<char*>(head), sizeof head);
-  if (in.gcount() != sizeof head) return;  // too short for a header: ExecuTorch refuses it
-  in.seekg(0, std::ios::end);
-  const auto size = static_cast<uint64_t>(in.tellg());
-  const auto [base, length] = segment_data(head);
-  if (length != 0 && (base > size || size - base != length))
-    throw UsageError("graph " + graph.name + ": " + file.file + " is damaged: its segment data (" + std::to_string(base) +
-                     " + " + std::to_string(length) + ") is not the end of the file (" + std::to_string(size) +
-                     "); re-export the bundle");
-}
-
-class Loader {
- public:
-  explicit Loader(const std::string& mode)
-      : mode_(mode == "file" ? Module::LoadMode::File : Module::LoadMode::Mmap) {}
-
-  // Open the program (fully verified: a corrupt flatbuffer is refused, not walked), check its signature against the
-  // manifest, and initialise its forward method: the delegate (XNNPACK) packs its weights here.
-  std::unique_ptr<Module> load(const Graph& graph) {
-    set_phase("loading " + graph.program.file);
-    check_segment_data_ends_file(graph, graph.program);
-    if (graph.shares_program()) check_segment_data_ends_file(graph, graph.weights);
-    auto start = Clock::now();
-    auto module = graph.shares_program() ? std::make_unique<Module>(graph.program.path, graph.weights.path, mode_)
-                                         : std::make_unique<Module>(graph.program.path, mode_);
-    auto status = module->load(executorch::runtime::Program::Verification::InternalConsistency);
-    if (status != executorch::runtime::Error::Ok)
-      throw UsageError("graph " + graph.name + ": " + graph.program.file + " is not a valid ExecuTorch program " +
-                       runtime_error_text(status) + "; re-export the bundle");
-    check_signature(*module, graph);
-    double program_ms = ms_since(start);
-    auto method_start = Clock::now();
-    status = module->load_forward();
-    if (status != executorch::runtime::Error::Ok)
-      throw UsageError("graph " + graph.name + ": initialising " + graph.program.file + " failed " + runtime_error_text(status) +
-                       "; re-export the bundle with this ExecuTorch version");
-    events.push_back({graph.name, graph.load_bytes(), ms_since(start), program_ms, ms_since(method_start)});
-    bytes_loaded += graph.load_bytes();
-    set_phase("running");
-    return module;
-  }
-
-  std::vector<LoadEvent> events;
-  int64_t bytes_loaded = 0;
-
- private:
-  Module::LoadMode mode_;
-};
 
 // ExecuTorch verifies a program's flatbuffer (InternalConsistency) but not a .ptd data file's: a corrupt one can crash
 // the runtime while it loads. So every graph that loads a weights file is first loaded once (by a Loader, as the
-// measurement will) in a forked child; a child killed by a signal means a corrupt file, and a child that could not
+// measurement will, without a packed-weight cache) in a forked child; a child killed by a signal means a corrupt file, and a child that could not
 // load it a bundle that cannot run: either is refused in one line before anything is measured. Run before this
 // process loads anything, so the child inherits no thread pool.
-inline void probe_weights_files(const Bundle& bundle, const std::string& load_mode) {
+inline void probe_weights_files(const Bundle& bundle, LoadMode load_mode) {
   for (const auto& graph : bundle.all) {
     if (!graph.shares_program()) continue;
     set_phase("checking that " + graph.weights.file + " loads");
@@ -174,7 +46,7 @@ inline void probe_weights_files(const Bundle& bundle, const std::string& load_mo
       // Die of the signal without the runner's one-line crash report: the parent reports.
       for (int fatal : {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL}) signal(fatal, SIG_DFL);
       try {
-        Loader(load_mode).load(graph);
+        Loader(load_mode, nullptr).load(graph);
       } catch (...) {
         _exit(3);
       }
@@ -193,31 +65,33 @@ inline void probe_weights_files(const Bundle& bundle, const std::string& load_mo
   }
 }
 
-// Run forward on float32 inputs (each buffer exactly its spec's size); copy the float32 outputs out (the module's
+// Run forward on float32 inputs (each buffer exactly its spec's size); copy the float32 outputs out (the method's
 // output buffers are reused on the next run), each checked against its spec's size.
-inline std::vector<std::vector<float>> run(Module& module, const Graph& graph,
+inline std::vector<std::vector<float>> run(LoadedGraph& loaded, const Graph& graph,
                                            std::vector<std::pair<float*, size_t>> inputs) {
   if (inputs.size() != graph.inputs.size())
     throw std::logic_error("graph " + graph.name + " fed " + std::to_string(inputs.size()) + " inputs");
-  std::vector<executorch::extension::TensorPtr> tensors;
-  std::vector<EValue> values;
+  auto& method = loaded.method();
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (static_cast<int64_t>(inputs[i].second) != graph.inputs[i].numel)
       throw std::runtime_error("graph " + graph.name + ": input " + std::to_string(i) + " has " +
                                std::to_string(inputs[i].second) + " values, not " +
                                std::to_string(graph.inputs[i].numel));
-    tensors.push_back(executorch::extension::from_blob(inputs[i].first, graph.inputs[i].shape));
-    values.emplace_back(*tensors.back());
+    auto tensor = executorch::extension::from_blob(inputs[i].first, graph.inputs[i].shape);
+    auto status = method.set_input(EValue(*tensor), i);  // copied into the method's planned input buffer
+    if (status != executorch::runtime::Error::Ok)
+      throw std::runtime_error("feeding " + graph.program.file + " input " + std::to_string(i) + " failed " +
+                               runtime_error_text(status));
   }
-  auto result = module.forward(values);
-  if (!result.ok())
-    throw std::runtime_error("running " + graph.program.file + " failed " + runtime_error_text(result.error()));
-  if (result->size() != graph.outputs.size())
-    throw std::runtime_error(graph.program.file + " returned " + std::to_string(result->size()) + " outputs, not " +
-                             std::to_string(graph.outputs.size()));
+  auto status = method.execute();
+  if (status != executorch::runtime::Error::Ok)
+    throw std::runtime_error("running " + graph.program.file + " failed " + runtime_error_text(status));
+  if (method.outputs_size() != graph.outputs.size())
+    throw std::runtime_error(graph.program.file + " returned " + std::to_string(method.outputs_size()) +
+                             " outputs, not " + std::to_string(graph.outputs.size()));
   std::vector<std::vector<float>> outputs;
-  for (size_t i = 0; i < result->size(); ++i) {
-    const EValue& value = (*result)[i];
+  for (size_t i = 0; i < method.outputs_size(); ++i) {
+    const EValue& value = method.get_output(i);
     if (!value.isTensor()) throw std::runtime_error(graph.program.file + ": output " + std::to_string(i) + " is not a tensor");
     const auto& tensor = value.toTensor();
     if (tensor.scalar_type() != executorch::aten::ScalarType::Float ||
@@ -231,34 +105,41 @@ inline std::vector<std::vector<float>> run(Module& module, const Graph& graph,
   return outputs;
 }
 
+// An expert's loaded graphs: one, or one per MoE block.
+using ExpertGraphs = std::vector<std::unique_ptr<LoadedGraph>>;
+
 class ExpertCache {
  public:
   ExpertCache(const Bundle& bundle, Loader& loader, int capacity)
       : bundle_(bundle), loader_(loader), capacity_(capacity) {}
 
-  // The expert's modules (one, or one per block), loading them (and evicting the least recently used expert beyond
-  // capacity) when absent.
-  std::vector<std::unique_ptr<Module>>& get(int expert, bool* hit, double* load_ms) {
-    auto found = modules_.find(expert);
-    *hit = found != modules_.end();
+  // The expert's graphs, loading them (and evicting the least recently used expert beyond capacity) when absent.
+  // `scratch`: load it from an empty packed-weight cache (Loader::load), to measure a cold switch.
+  ExpertGraphs& get(int expert, bool* hit, double* load_ms, bool scratch = false) {
+    auto found = graphs_.find(expert);
+    *hit = found != graphs_.end();
     *load_ms = 0.0;
     if (*hit) {
       order_.remove(expert);
       order_.push_front(expert);
       return found->second;
     }
-    while (static_cast<int>(modules_.size()) >= capacity_) unload(order_.back());
+    while (static_cast<int>(graphs_.size()) >= capacity_) unload(order_.back());
     auto start = Clock::now();
-    auto& modules = modules_[expert];
-    for (const auto& graph : bundle_.experts[expert]) modules.push_back(loader_.load(graph));
+    auto& graphs = graphs_[expert];
+    for (const auto& graph : bundle_.experts[expert]) graphs.push_back(loader_.load(graph, scratch));
+    if (scratch) scratch_.insert(expert);
     *load_ms = ms_since(start);
     order_.push_front(expert);
-    ever_loaded_.insert(expert);
-    return modules;
+    return graphs;
   }
 
   void unload(int expert) {
-    modules_.erase(expert);
+    auto found = graphs_.find(expert);
+    if (found == graphs_.end()) return;
+    bool scratch = scratch_.erase(expert) > 0;
+    for (auto& graph : found->second) loader_.unload(std::move(graph), scratch);
+    graphs_.erase(found);
     order_.remove(expert);
   }
 
@@ -268,15 +149,14 @@ class ExpertCache {
       for (const auto& graph : bundle_.experts[expert]) names.push_back(graph.name);
     return names;
   }
-  const std::set<int>& ever_loaded() const { return ever_loaded_; }
 
  private:
   const Bundle& bundle_;
   Loader& loader_;
   int capacity_;
-  std::map<int, std::vector<std::unique_ptr<Module>>> modules_;
-  std::list<int> order_;  // most recently used first
-  std::set<int> ever_loaded_;
+  std::map<int, ExpertGraphs> graphs_;
+  std::list<int> order_;     // most recently used first
+  std::set<int> scratch_;    // experts loaded from a scratch cache file
 };
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -376,7 +256,7 @@ class Pipeline {
     out.router_ms = ms_since(start);
 
     auto expert_start = Clock::now();
-    std::vector<std::vector<std::unique_ptr<Module>>*> chosen;
+    std::vector<ExpertGraphs*> chosen;
     for (int expert : out.experts) {
       bool hit = false;
       double load_ms = 0;
@@ -398,10 +278,10 @@ class Pipeline {
   }
 
   // One chosen expert's computation on given tokens: what an expert switch has to wait for after loading.
-  std::vector<float> run_expert(int expert, std::vector<std::unique_ptr<Module>>& modules, std::vector<float> tokens) {
-    std::vector<std::vector<std::unique_ptr<Module>>*> chosen{&modules};
+  std::vector<float> run_expert(int expert, ExpertGraphs& graphs, std::vector<float> tokens) {
+    std::vector<ExpertGraphs*> chosen{&graphs};
     return bundle_.layout == "per-block" ? run_blocks(tokens, {expert}, chosen, {1.0f})
-                                         : run_path(*modules[0], expert, tokens, 1.0f);
+                                         : run_path(*graphs[0], expert, tokens, 1.0f);
   }
 
   ExpertCache& cache() { return cache_; }
@@ -409,20 +289,20 @@ class Pipeline {
  private:
   const Bundle& bundle_;
   Loader& loader_;
-  std::unique_ptr<Module> first_;  // the router, or the one dense / monolithic / whole graph
-  std::vector<std::unique_ptr<Module>> shared_;  // per-block: each MoE block's attention half
-  std::unique_ptr<Module> head_;                  // per-block: final norm + classifier
+  std::unique_ptr<LoadedGraph> first_;  // the router, or the one dense / monolithic / whole graph
+  std::vector<std::unique_ptr<LoadedGraph>> shared_;  // per-block: each MoE block's attention half
+  std::unique_ptr<LoadedGraph> head_;                  // per-block: final norm + classifier
   ExpertCache cache_;
 
-  std::vector<float> run_path(Module& module, int expert, std::vector<float>& tokens, float gate) {
+  std::vector<float> run_path(LoadedGraph& loaded, int expert, std::vector<float>& tokens, float gate) {
     const Graph& graph = bundle_.experts.at(expert).at(0);
-    auto outputs = run(module, graph, {{tokens.data(), tokens.size()}, {&gate, 1}});
+    auto outputs = run(loaded, graph, {{tokens.data(), tokens.size()}, {&gate, 1}});
     return named_output(outputs, graph, "logits");
   }
 
   // x = tokens; per block: residual, normed = shared(x); x = residual + sum_j gate_j * expert_j(normed); head(x).
   std::vector<float> run_blocks(std::vector<float> x, const std::vector<int>& experts,
-                                std::vector<std::vector<std::unique_ptr<Module>>*>& chosen,
+                                std::vector<ExpertGraphs*>& chosen,
                                 const std::vector<float>& gates) {
     for (size_t block = 0; block < shared_.size(); ++block) {
       auto halves = run(*shared_[block], bundle_.shared[block], {{x.data(), x.size()}});

@@ -77,15 +77,15 @@ struct Options {
   int cache_experts = -1;  // -1: all experts
   int switch_repeats = 2;  // times each expert's switch is measured
   unsigned seed = 0;
-  bool weight_cache = false;   // XNNPACK's packed-weight cache shared across delegate instances
+  std::string weight_cache;  // a directory for XNNPACK's packed weights, one file per graph (packed_cache.h); empty: off
   std::string load_mode = "mmap";
 };
 
 // One line: every error the runner prints is one line on stderr.
 const char* kUsage =
     "usage: mobile_moe_runner --bundle DIR [--input FILE.f32 | --random N] [--iterations N] [--warmup N] "
-    "[--threads T] [--cache-experts C] [--switch-repeats R] [--seed S] [--weight-cache] [--load-mode mmap|file]; "
-    "or mobile_moe_runner --sha256 FILE...";
+    "[--threads T] [--cache-experts C] [--switch-repeats R] [--seed S] [--weight-cache DIR] [--load-mode mmap|file]; "
+    "or mobile_moe_runner --sha256|--xxh64 FILE...";
 
 // An integer flag value in [low, high]: the whole text must be the number ("5x", "", 1e3 and overflow are refused).
 int to_int(const std::string& flag, const std::string& text, long low, long high) {
@@ -118,7 +118,7 @@ Options parse_options(int argc, char** argv) {
     else if (flag == "--cache-experts") options.cache_experts = to_int(flag, next(), 1, 1 << 20);
     else if (flag == "--switch-repeats") options.switch_repeats = to_int(flag, next(), 0, kMaxFlag);
     else if (flag == "--seed") options.seed = static_cast<unsigned>(to_int(flag, next(), 0, INT_MAX));
-    else if (flag == "--weight-cache") options.weight_cache = true;
+    else if (flag == "--weight-cache") options.weight_cache = next();
     else if (flag == "--load-mode") options.load_mode = next();
     else if (flag == "--help" || flag == "-h") throw UsageError(kUsage);
     else throw UsageError("unknown flag " + flag + " (" + kUsage + ")");
@@ -167,7 +167,12 @@ double percentile(std::vector<double> values, double q) {
   return values[below] + (position - static_cast<double>(below)) * (values[above] - values[below]);
 }
 
-double median(const std::vector<double>& values) { return values.empty() ? -1.0 : percentile(values, 50); }
+// A median, or null when nothing was timed (a dense bundle, --switch-repeats 0).
+void write_median(json::Writer& out, const char* key, const std::vector<double>& values) {
+  out.key(key);
+  if (values.empty()) out.null();
+  else out.value(percentile(values, 50));
+}
 
 void write_summary(json::Writer& out, const std::vector<double>& samples) {
   out.begin_object();
@@ -200,14 +205,6 @@ void set_threads(int threads) {
   if (pool != nullptr) pool->_unsafe_reset_threadpool(static_cast<uint32_t>(threads));
 }
 
-void enable_weight_cache() {
-  executorch::runtime::BackendOptions<1> options;
-  options.set_option("weight_cache_enabled", true);
-  auto status = executorch::runtime::set_option("XnnpackBackend", options.view());
-  if (status != executorch::runtime::Error::Ok)
-    throw std::runtime_error("this ExecuTorch build does not accept XNNPACK's weight_cache_enabled option");
-}
-
 // ---------------------------------------------------------------------------------------------------------------
 // measure(): the settings, then the four phases, each writing its part of the report in order
 
@@ -233,17 +230,6 @@ int expert_cache_size(const Options& options, const Bundle& bundle, int num_expe
   return cache_experts;
 }
 
-void configure_weight_cache(const Options& options, const Bundle& bundle) {
-  if (!options.weight_cache) return;
-  // XNNPACK's cache keys packed weights by their named-data key, and experts sharing one program share keys: the
-  // cache would hand one expert another's weights.
-  for (const auto& graph : bundle.all)
-    if (graph.shares_program())
-      throw UsageError("--weight-cache cannot serve this bundle: its experts share one program (graph " + graph.name +
-                       " loads " + graph.weights.file + "), and the cache keys weights by name");
-  enable_weight_cache();
-}
-
 void write_run_settings(json::Writer& out, const Options& options, const Bundle& bundle, int num_experts,
                         int cache_experts, size_t num_images) {
   auto* pool = executorch::extension::threadpool::get_threadpool();
@@ -253,7 +239,7 @@ void write_run_settings(json::Writer& out, const Options& options, const Bundle&
   out.key("layout").value(bundle.layout);
   out.key("threads").value(pool != nullptr ? static_cast<int64_t>(pool->get_thread_count()) : int64_t{1});
   out.key("load_mode").value(options.load_mode);
-  out.key("weight_cache").value(options.weight_cache);
+  out.key("weight_cache").value(!options.weight_cache.empty());
   out.key("num_experts").value(num_experts);
   out.key("top_k").value(bundle.top_k);
   out.key("cache_experts").value(cache_experts);
@@ -338,50 +324,125 @@ void timed_runs(json::Writer& out, const Options& options, const Bundle& bundle,
   write_memory(out, stats::memory_now());
 }
 
-struct SwitchTimes {
-  std::vector<double> total_ms, load_ms, first_run_ms, warm_run_ms;
+// One measured switch: an expert not loaded, loaded and run once, then run again (warm), with the load's parts.
+struct SwitchSample {
+  double total_ms, load_ms, first_run_ms, warm_run_ms;
+  double program_ms = 0, data_map_ms = 0, cache_check_ms = 0, method_ms = 0, cache_record_ms = 0;
+  std::string weights;  // "mapped" when every graph of the expert mapped its packed weights, else "packed"
 };
 
+// Switches from the graph's own packed-weight cache file (warm after its first load; no cache without
+// --weight-cache), and, with a cache directory, from an empty one (cold: a scratch file each time).
+struct SwitchTimes {
+  std::vector<SwitchSample> serving, cold;
+};
+
+SwitchSample time_switch(Pipeline& pipeline, const Loader& loader, int expert, std::vector<float>& tokens,
+                         bool scratch) {
+  pipeline.cache().unload(expert);
+  size_t first_event = loader.events.size();
+  auto start = Clock::now();
+  bool hit = false;
+  double load_ms = 0;
+  auto& graphs = pipeline.cache().get(expert, &hit, &load_ms, scratch);
+  auto run_start = Clock::now();
+  pipeline.run_expert(expert, graphs, tokens);
+  SwitchSample sample{0, load_ms, ms_since(run_start), 0};
+  sample.total_ms = ms_since(start);
+  auto warm_start = Clock::now();
+  pipeline.run_expert(expert, graphs, tokens);
+  sample.warm_run_ms = ms_since(warm_start);
+  sample.weights = "mapped";
+  for (size_t i = first_event; i < loader.events.size(); ++i) {
+    const LoadEvent& event = loader.events[i];
+    sample.program_ms += event.program_ms;
+    sample.data_map_ms += event.data_map_ms;
+    sample.cache_check_ms += event.cache_check_ms;
+    sample.method_ms += event.method_ms;
+    sample.cache_record_ms += event.cache_record_ms;
+    if (event.weights != "mapped") sample.weights = "packed";
+  }
+  if (scratch) pipeline.cache().unload(expert);  // the scratch file goes; the next switch loads from the real one
+  return sample;
+}
+
 // 4. Switch cost: for each expert, unload it, then time load + first run (what a phone pays when routing changes);
-// then one more (warm) run. An expert first loaded here has its cold load recorded in cold_expert_load_ms.
-SwitchTimes measure_switches(const Options& options, const Bundle& bundle, Pipeline& pipeline,
+// then one more (warm) run. With a cache directory each expert is switched to from an empty cache first (cold), then
+// from its own cache file. An expert first loaded here has its cold load recorded in cold_expert_load_ms.
+SwitchTimes measure_switches(const Options& options, const Bundle& bundle, Pipeline& pipeline, const Loader& loader,
                              std::vector<std::vector<float>>& images, int num_experts, OpenFiles& files,
                              std::map<int, double>& cold_expert_load_ms) {
   SwitchTimes times;
   if (bundle.kind != "split") return times;
   std::vector<float> tokens = pipeline.route(images[0]);  // real tokens, so the expert sees real input
+  // Experts the images never chose are loaded once first (their cold load), so every timed switch from the cache
+  // meets a file the expert's first load wrote, as serving does.
+  for (int e = 0; e < num_experts && options.switch_repeats > 0; ++e) {
+    if (cold_expert_load_ms.count(e)) continue;
+    pipeline.cache().unload(e);
+    bool hit = false;
+    pipeline.cache().get(e, &hit, &cold_expert_load_ms[e]);
+  }
   for (int repeat = 0; repeat < options.switch_repeats; ++repeat) {
     for (int e = 0; e < num_experts; ++e) {
-      pipeline.cache().unload(e);
-      auto start = Clock::now();
-      bool hit = false;
-      double load_ms = 0;
-      auto& modules = pipeline.cache().get(e, &hit, &load_ms);
-      if (!cold_expert_load_ms.count(e)) cold_expert_load_ms[e] = load_ms;
-      auto run_start = Clock::now();
-      pipeline.run_expert(e, modules, tokens);
-      times.first_run_ms.push_back(ms_since(run_start));
-      times.total_ms.push_back(ms_since(start));
-      times.load_ms.push_back(load_ms);
-      auto warm_start = Clock::now();
-      pipeline.run_expert(e, modules, tokens);
-      times.warm_run_ms.push_back(ms_since(warm_start));
+      if (!options.weight_cache.empty()) times.cold.push_back(time_switch(pipeline, loader, e, tokens, true));
+      times.serving.push_back(time_switch(pipeline, loader, e, tokens, false));
       files.note();
     }
   }
   return times;
 }
 
-void write_switches(json::Writer& out, const std::map<int, double>& cold_expert_load_ms, const SwitchTimes& times) {
+// The medians of a set of switches, and of each part of their loads; "other" is what the parts do not cover (the
+// expert cache's bookkeeping), so every millisecond of a switch is in one part.
+void write_switch_set(json::Writer& out, const std::vector<SwitchSample>& samples) {
+  auto medians = [&](const char* key, auto field) {
+    std::vector<double> values;
+    for (const auto& sample : samples) values.push_back(field(sample));
+    write_median(out, key, values);
+  };
+  std::vector<double> totals;
+  for (const auto& sample : samples) totals.push_back(sample.total_ms);
+  out.key("ms").array(totals);
+  write_median(out, "median_ms", totals);
+  medians("load_median_ms", [](const SwitchSample& s) { return s.load_ms; });
+  medians("first_run_median_ms", [](const SwitchSample& s) { return s.first_run_ms; });
+  medians("warm_expert_run_median_ms", [](const SwitchSample& s) { return s.warm_run_ms; });
+  bool mapped = !samples.empty() && std::all_of(samples.begin(), samples.end(),
+                                                [](const SwitchSample& s) { return s.weights == "mapped"; });
+  out.key("weights");
+  if (samples.empty()) out.null();
+  else out.value(mapped ? "mapped" : "packed");
+  out.key("parts_median_ms").begin_object();
+  medians("program", [](const SwitchSample& s) { return s.program_ms; });
+  medians("data_map", [](const SwitchSample& s) { return s.data_map_ms; });
+  medians("cache_check", [](const SwitchSample& s) { return s.cache_check_ms; });
+  medians("method_init", [](const SwitchSample& s) { return s.method_ms; });
+  medians("cache_record", [](const SwitchSample& s) { return s.cache_record_ms; });
+  medians("first_run", [](const SwitchSample& s) { return s.first_run_ms; });
+  medians("other", [](const SwitchSample& s) {
+    return s.total_ms - s.first_run_ms - s.program_ms - s.data_map_ms - s.cache_check_ms - s.method_ms -
+           s.cache_record_ms;
+  });
+  out.end_object();
+}
+
+void write_switches(json::Writer& out, const Options& options, const std::map<int, double>& cold_expert_load_ms,
+                    const SwitchTimes& times) {
   out.key("expert_load_ms").begin_object();
   for (const auto& [e, ms] : cold_expert_load_ms) out.key(std::to_string(e)).value(ms);
   out.end_object();
   out.key("switch").begin_object();
-  out.key("ms").array(times.total_ms);
-  out.key("median_ms").value(median(times.total_ms));
-  out.key("load_median_ms").value(median(times.load_ms));
-  out.key("first_run_median_ms").value(median(times.first_run_ms));
-  out.key("warm_expert_run_median_ms").value(median(times.warm_run_ms));
+  out.key("cache").value(options.weight_cache.empty() ? "off" : "warm");
+  write_switch_set(out, times.serving);
+  out.key("cold");
+  if (options.weight_cache.empty()) {
+    out.null();
+  } else {
+    out.begin_object();
+    write_switch_set(out, times.cold);
+    out.end_object();
+  }
   out.end_object();
 }
 
@@ -402,7 +463,12 @@ void write_graph_loads(json::Writer& out, const Bundle& bundle, const Loader& lo
     out.key("bytes").value(event.bytes);
     out.key("ms").value(event.ms);
     out.key("program_ms").value(event.program_ms);
+    out.key("data_map_ms").value(event.data_map_ms);
+    out.key("cache_check_ms").value(event.cache_check_ms);
     out.key("method_ms").value(event.method_ms);
+    out.key("cache_record_ms").value(event.cache_record_ms);
+    out.key("cache").value(event.cache);
+    out.key("weights").value(event.weights);
     out.end_object();
   }
   out.end_array();
@@ -411,12 +477,13 @@ void write_graph_loads(json::Writer& out, const Bundle& bundle, const Loader& lo
 std::string measure(const Options& options) {
   set_phase("reading the bundle " + options.bundle);
   Bundle bundle = read_bundle(options.bundle);
-  probe_weights_files(bundle, options.load_mode);  // before any thread pool exists: the probe forks
+  const LoadMode load_mode = options.load_mode == "file" ? LoadMode::File : LoadMode::Mmap;
+  probe_weights_files(bundle, load_mode);  // before any thread pool exists: the probe forks
+  PackedCache packed_cache = options.weight_cache.empty() ? PackedCache() : PackedCache(options.weight_cache);
   auto images = read_images(options, bundle);
   int num_experts = bundle.kind == "split" || bundle.kind == "whole" ? bundle.num_experts : 0;
   int cache_experts = expert_cache_size(options, bundle, num_experts);
   set_threads(options.threads);
-  configure_weight_cache(options, bundle);
 
   json::Writer out;
   out.begin_object();
@@ -424,7 +491,7 @@ std::string measure(const Options& options) {
   out.key("memory_at_start");
   write_memory(out, stats::memory_now());
 
-  Loader loader(options.load_mode);
+  Loader loader(load_mode, &packed_cache);
   Pipeline pipeline(bundle, loader, cache_experts);
   OpenFiles files{bundle.dir, {}};
   load_first_graph(out, bundle, pipeline);
@@ -432,8 +499,9 @@ std::string measure(const Options& options) {
   timed_runs(out, options, bundle, pipeline, images, files);
   // What the routing pass and the timed runs had open: by design only the router and the experts the images chose.
   out.key("files_opened").array(files.list());
-  SwitchTimes switches = measure_switches(options, bundle, pipeline, images, num_experts, files, cold_expert_load_ms);
-  write_switches(out, cold_expert_load_ms, switches);
+  SwitchTimes switches =
+      measure_switches(options, bundle, pipeline, loader, images, num_experts, files, cold_expert_load_ms);
+  write_switches(out, options, cold_expert_load_ms, switches);
   write_graph_loads(out, bundle, loader);
   out.key("files_opened_incl_switch").array(files.list());
   out.key("memory_at_end");
@@ -449,13 +517,17 @@ std::string one_line(std::string text) {
   return text;
 }
 
-// --sha256 FILE...: print "DIGEST  FILE" per file (sha256sum's format), so the tests can compare with hashlib.
+// --sha256 / --xxh64 FILE...: print "DIGEST  FILE" per file (sha256sum's format), so the tests can compare the
+// runner's own hashes (sha256.h; packed_cache.h's XXH64) with the reference implementations.
 int print_digests(int argc, char** argv) {
-  if (argc < 3) throw UsageError("--sha256 needs at least one file");
+  const std::string algorithm = argv[1];
+  if (argc < 3) throw UsageError(algorithm + " needs at least one file");
   for (int i = 2; i < argc; ++i) {
     std::string digest;
     uint64_t size = 0;
-    if (!mobile_moe::sha256::file_digest(argv[i], &digest, &size)) throw UsageError(std::string("cannot read ") + argv[i]);
+    bool read = algorithm == "--sha256" ? mobile_moe::sha256::file_digest(argv[i], &digest, &size)
+                                        : !(digest = file_xxh64(argv[i], &size)).empty();
+    if (!read) throw UsageError(std::string("cannot read ") + argv[i]);
     std::printf("%s  %s\n", digest.c_str(), argv[i]);
   }
   return 0;
@@ -508,7 +580,8 @@ int main(int argc, char** argv) {
   // ExecuTorch logs through its platform layer; route it to capture_log (stderr stays the runner's one line).
   executorch::runtime::register_pal(executorch::runtime::PalImpl::create(capture_log, __FILE__));
   try {
-    if (argc >= 2 && std::string(argv[1]) == "--sha256") return print_digests(argc, argv);
+    if (argc >= 2 && (std::string(argv[1]) == "--sha256" || std::string(argv[1]) == "--xxh64"))
+      return print_digests(argc, argv);
     Options options = parse_options(argc, argv);
     std::string report = measure(options);
     std::fwrite(report.data(), 1, report.size(), stdout);

@@ -1,0 +1,244 @@
+// XNNPACK's packed weights kept on disk, one cache file per graph, so a second load of an expert maps its weights
+// already packed instead of packing them again. Part of the native runner (runner.cpp); header-only.
+//
+// ExecuTorch's XNNPACK backend writes and reads the file itself when a load passes it the per-load backend options
+// weight_cache_enabled and packed_cache_path (backends/xnnpack/runtime/XNNPACKBackend.cpp, init(): "Only honor a path
+// coming through runtime_spec"; the file format is XNNWeightsCache.cpp's save_packed_index / load_packed_cache). It
+// keys packed weights by named-data key and bias key and XNNPACK's micro-kernel seed, so:
+//   - each graph gets its own file, named by the graph's program and weights sha256s and the runtime's identity:
+//     experts sharing one program share every key, and a file from another bundle or runtime is never opened;
+//   - the backend checks the index's bounds but not the packed bytes (load_packed_cache maps them as they are), so a
+//     flipped byte in a cache file would be a wrong answer. Here every file we let the backend read carries a
+//     check file beside it (its size and XXH64); a file without one, or that does not match, is removed and rebuilt
+//     by the load: a miss, never a crash or a wrong answer. A file checked once in this process is trusted while its
+//     inode, size and mtime stay the same (the backend rewrites nothing on a hit).
+// The cache directory is the app's (outside the bundle, so the bundle's sha256s stay valid); the runner only ever
+// removes files it names: <key>.xnnpack, <key>.xnnpack.check, and the scratch files of a cold-switch measurement.
+#pragma once
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <string>
+#include <tuple>
+
+#include "bundle_manifest.h"
+#include "errors.h"
+#include "sha256.h"
+
+#ifndef MOBILE_MOE_RUNTIME_ID
+#define MOBILE_MOE_RUNTIME_ID "executorch-unknown"
+#endif
+
+namespace mobile_moe::runner {
+
+// What a cache file's name depends on besides the graph: the ExecuTorch build (CMakeLists.txt passes its version)
+// and the machine, and this file's own format (bump kPackedCacheFormat when the check file changes).
+constexpr int kPackedCacheFormat = 1;
+inline std::string runtime_identity() {
+#if defined(__aarch64__)
+  const char* arch = "aarch64";
+#elif defined(__x86_64__)
+  const char* arch = "x86_64";
+#else
+  const char* arch = "other";
+#endif
+  return std::string(MOBILE_MOE_RUNTIME_ID) + "/" + arch + "/packed-cache-" + std::to_string(kPackedCacheFormat);
+}
+
+// XXH64 (github.com/Cyan4973/xxHash, xxhash.h's reference algorithm), seed 0: fast enough to check a packed expert on
+// every first use (GB/s, where sha256.h is ~0.2 GB/s); it guards against damage, not against an attacker.
+inline uint64_t xxh64(const unsigned char* data, size_t length) {
+  constexpr uint64_t P1 = 11400714785074694791ULL, P2 = 14029467366897019727ULL, P3 = 1609587929392839161ULL;
+  constexpr uint64_t P4 = 9650029242287828579ULL, P5 = 2870177450012600261ULL;
+  auto rotl = [](uint64_t x, int r) { return (x << r) | (x >> (64 - r)); };
+  auto read64 = [](const unsigned char* p) { uint64_t v; std::memcpy(&v, p, 8); return v; };  // little-endian hosts
+  auto read32 = [](const unsigned char* p) { uint32_t v; std::memcpy(&v, p, 4); return static_cast<uint64_t>(v); };
+  auto round = [&](uint64_t acc, uint64_t lane) { return rotl(acc + lane * P2, 31) * P1; };
+  auto merge = [&](uint64_t acc, uint64_t v) { return (acc ^ round(0, v)) * P1 + P4; };
+  const unsigned char* p = data;
+  const unsigned char* end = data + length;
+  uint64_t h;
+  if (length >= 32) {
+    uint64_t v1 = P1 + P2, v2 = P2, v3 = 0, v4 = 0 - P1;
+    for (; p + 32 <= end; p += 32) {
+      v1 = round(v1, read64(p));
+      v2 = round(v2, read64(p + 8));
+      v3 = round(v3, read64(p + 16));
+      v4 = round(v4, read64(p + 24));
+    }
+    h = rotl(v1, 1) + rotl(v2, 7) + rotl(v3, 12) + rotl(v4, 18);
+    h = merge(merge(merge(merge(h, v1), v2), v3), v4);
+  } else {
+    h = P5;
+  }
+  h += static_cast<uint64_t>(length);
+  for (; p + 8 <= end; p += 8) h = rotl(h ^ round(0, read64(p)), 27) * P1 + P4;
+  if (p + 4 <= end) {
+    h = rotl(h ^ (read32(p) * P1), 23) * P2 + P3;
+    p += 4;
+  }
+  for (; p < end; ++p) h = rotl(h ^ (*p * P5), 11) * P1;
+  h ^= h >> 33;
+  h *= P2;
+  h ^= h >> 29;
+  h *= P3;
+  h ^= h >> 32;
+  return h;
+}
+
+// XXH64 of a whole file as 16 hex digits; empty when it cannot be read.
+inline std::string file_xxh64(const std::string& path, uint64_t* size) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  struct stat info {};
+  std::string digest;
+  if (fstat(fd, &info) == 0) {
+    *size = static_cast<uint64_t>(info.st_size);
+    void* map = *size == 0 ? nullptr : mmap(nullptr, *size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map != MAP_FAILED) {
+      char hex[17];
+      std::snprintf(hex, sizeof hex, "%016llx",
+                    static_cast<unsigned long long>(xxh64(static_cast<const unsigned char*>(map), *size)));
+      digest = hex;
+      if (map != nullptr) munmap(map, *size);
+    }
+  }
+  close(fd);
+  return digest;
+}
+
+// How a load met its graph's cache file.
+enum class PackedCacheState { Off, Cold, Warm };
+inline const char* state_name(PackedCacheState state) {
+  return state == PackedCacheState::Off ? "off" : state == PackedCacheState::Cold ? "cold" : "warm";
+}
+
+struct PackedCacheEntry {
+  std::string path;  // empty: no cache for this load (weights packed on the heap, as without a cache)
+  std::string key;   // what the file holds: the graph's files and the runtime, hashed (also its name)
+  PackedCacheState state = PackedCacheState::Off;
+};
+
+class PackedCache {
+ public:
+  PackedCache() = default;  // off
+  explicit PackedCache(std::string dir) : dir_(std::move(dir)) {
+    struct stat info {};
+    if (stat(dir_.c_str(), &info) != 0 || !S_ISDIR(info.st_mode))
+      throw UsageError("--weight-cache " + dir_ + ": not a directory; create it (an app passes its cache directory)");
+    if (access(dir_.c_str(), W_OK) != 0)
+      throw UsageError("--weight-cache " + dir_ + ": not writable; pass a directory this process may write");
+    // XNNPACK takes the path as a backend option string, which holds at most 255 characters (runtime/backend/
+    // options.h kMaxOptionValueLength): a longer one would be cut silently and name another file.
+    if (file_for("0").size() > 255)
+      throw UsageError("--weight-cache: the directory's path is too long for XNNPACK's cache path option (" +
+                       std::to_string(file_for("0").size()) + " of at most 255 characters with the file name); " +
+                       "pass a shorter one");
+  }
+
+  bool enabled() const { return !dir_.empty(); }
+  const std::string& dir() const { return dir_; }
+
+  // The graph's cache file (its name: the program's and weights' sha256s and the runtime), checked; a file that
+  // fails the check is removed, so the load rebuilds it.
+  PackedCacheEntry prepare(const Graph& graph) {
+    if (!enabled()) return {};
+    std::string graph_key = key(graph);
+    PackedCacheEntry entry{file_for(graph_key), graph_key, PackedCacheState::Cold};
+    entry.state = trusted(entry) ? PackedCacheState::Warm : PackedCacheState::Cold;
+    if (entry.state == PackedCacheState::Cold) remove(entry.path);
+    return entry;
+  }
+
+  // A scratch cache file for measuring a load from an empty cache without touching the graph's own file; removed by
+  // discard() once the graph is unloaded.
+  PackedCacheEntry scratch(const Graph& graph) {
+    std::string graph_key = key(graph);
+    PackedCacheEntry entry{file_for(graph_key + ".scratch-" + std::to_string(getpid())), graph_key,
+                           PackedCacheState::Cold};
+    remove(entry.path);
+    return entry;
+  }
+  void discard(const PackedCacheEntry& entry) { remove(entry.path); }
+
+  // After the load: "mapped" when the file was warm and the backend added nothing to it; else "packed", and the
+  // file the backend wrote gets its check file.
+  const char* record(const PackedCacheEntry& entry) {
+    if (entry.state == PackedCacheState::Off) return "packed";
+    auto seen = checked_.find(entry.path);
+    if (entry.state == PackedCacheState::Warm && seen != checked_.end() && seen->second == identity(entry.path))
+      return "mapped";
+    uint64_t size = 0;
+    std::string digest = file_xxh64(entry.path, &size);
+    if (digest.empty()) return "packed";  // the backend could not create the file (it packed on the heap)
+    std::string check = entry.path + ".check";
+    std::string staged = check + ".tmp-" + std::to_string(getpid());
+    {
+      std::ofstream out(staged, std::ios::trunc);
+      out << "mobile-moe packed cache " << kPackedCacheFormat << " " << entry.key << " " << size << " " << digest
+          << "\n";
+      if (!out) {
+        std::remove(staged.c_str());
+        return "packed";
+      }
+    }
+    if (std::rename(staged.c_str(), check.c_str()) != 0) std::remove(staged.c_str());
+    else checked_[entry.path] = identity(entry.path);
+    return "packed";
+  }
+
+ private:
+  using Identity = std::tuple<dev_t, ino_t, off_t, int64_t, int64_t>;
+  std::string dir_;
+  std::map<std::string, Identity> checked_;  // files whose check passed (or that we wrote), as they were then
+
+  static Identity identity(const std::string& path) {
+    struct stat info {};
+    if (stat(path.c_str(), &info) != 0) return {};
+    return {info.st_dev, info.st_ino, info.st_size, static_cast<int64_t>(info.st_mtim.tv_sec),
+            static_cast<int64_t>(info.st_mtim.tv_nsec)};
+  }
+
+  static std::string key(const Graph& graph) {
+    std::string text = runtime_identity() + "\n" + graph.program.sha256 + "\n" + graph.weights.sha256;
+    return sha256::hex_digest(text.data(), text.size()).substr(0, 32);
+  }
+  std::string file_for(const std::string& key) const { return dir_ + "/" + key + ".xnnpack"; }
+
+  static void remove(const std::string& path) {
+    std::remove(path.c_str());
+    std::remove((path + ".check").c_str());
+  }
+
+  // The file exists, and matches its check file (this key, size and XXH64: a file copied from another graph's name
+  // with its check file is foreign), or is the one this process checked and it has not changed since.
+  bool trusted(const PackedCacheEntry& entry) {
+    const std::string& path = entry.path;
+    Identity now = identity(path);
+    if (now == Identity{}) return false;
+    auto seen = checked_.find(path);
+    if (seen != checked_.end() && seen->second == now) return true;
+    checked_.erase(path);
+    std::ifstream in(path + ".check");
+    std::string word1, word2, word3, key, digest;
+    int format = 0;
+    uint64_t size = 0;
+    if (!(in >> word1 >> word2 >> word3 >> format >> key >> size >> digest) || format != kPackedCacheFormat ||
+        key != entry.key)
+      return false;
+    uint64_t actual_size = 0;
+    if (file_xxh64(path, &actual_size) != digest || actual_size != size) return false;
+    checked_[path] = now;
+    return true;
+  }
+};
+
+}  // namespace mobile_moe::runner
