@@ -44,6 +44,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--cache-experts", type=int, default=each.cache_experts, help="expert graphs kept loaded (default: all)"
     )
     parser.add_argument(
+        "--cache-margin",
+        type=float,
+        default=each.cache_margin,
+        help="cache-aware routing: take a loaded expert whose gate is within this margin of the top one (default 0)",
+    )
+    parser.add_argument(
         "--rounds",
         type=int,
         default=whole.rounds,
@@ -71,7 +77,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
     """The flags as BenchSettings, which refuse bad values with the flag's name in one line."""
     round_settings = RoundSettings(
         iterations=args.iterations, warmup=args.warmup, threads=args.threads, cache_experts=args.cache_experts,
-        switch_repeats=args.switch_repeats, weight_cache=args.weight_cache,
+        cache_margin=args.cache_margin, switch_repeats=args.switch_repeats, weight_cache=args.weight_cache,
     )  # fmt: skip
     return BenchSettings(round_settings, runtime=args.runtime, device=args.device, runner=args.runner,
                          rounds=args.rounds, pause_s=args.pause, data=args.data, images=args.images)  # fmt: skip

@@ -61,7 +61,10 @@ def measure(bundle_dir: str | Path, runtime: str, images_file: str | Path, setti
     report["memory_at_start"] = memory_now()
 
     start = time.perf_counter()
-    bundle = load_bundle(bundle_dir, max_cached_experts=cache, threads=settings.threads)  # every session: --threads
+    # every session: --threads
+    bundle = load_bundle(
+        bundle_dir, max_cached_experts=cache, threads=settings.threads, cache_margin=settings.cache_margin
+    )
     report["load_ms"] = {"router": (time.perf_counter() - start) * 1e3}
     report["memory_after_first_load"] = memory_now()
 
@@ -154,11 +157,7 @@ def measure_switch(
 def worker_command(bundle: str | Path, runtime: str, images: str | Path, settings: RoundSettings) -> list[str]:
     command = [sys.executable, "-m", "mobile_moe.device_bench.python_worker"]
     command += ["--bundle", str(bundle), "--runtime", runtime]
-    command += ["--input", str(images), "--iterations", str(settings.iterations), "--warmup", str(settings.warmup)]
-    command += ["--threads", str(settings.threads), "--switch-repeats", str(settings.switch_repeats)]
-    if settings.cache_experts is not None:
-        command += ["--cache-experts", str(settings.cache_experts)]
-    return command
+    return [*command, "--input", str(images), *settings.runner_flags()]  # the native runner's flags, parsed below
 
 
 @dataclass(frozen=True)
@@ -192,10 +191,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--cache-experts", type=int, default=None)
+    parser.add_argument("--cache-margin", type=float, default=0.0)
     parser.add_argument("--switch-repeats", type=int, default=2)
     args = parser.parse_args(argv)
     try:
-        settings = RoundSettings(args.iterations, args.warmup, args.threads, args.cache_experts, args.switch_repeats)
+        settings = RoundSettings(
+            iterations=args.iterations, warmup=args.warmup, threads=args.threads, cache_experts=args.cache_experts,
+            cache_margin=args.cache_margin, switch_repeats=args.switch_repeats,
+        )  # fmt: skip
         print(json.dumps(measure(args.bundle, args.runtime, args.input, settings)))
     except UsageError as error:  # a bad bundle: one line, status 2, which the bench CLI passes on
         print(" ".join(str(error).split()), file=sys.stderr)

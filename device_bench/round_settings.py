@@ -13,6 +13,7 @@ class RoundSettings:
     warmup: int = 5
     threads: int = 1
     cache_experts: int | None = None  # expert graphs kept loaded; None: all of them
+    cache_margin: float = 0.0  # cache-aware routing (export.runtime.cache_aware_top_k); 0: plain top-k
     switch_repeats: int = 2  # times each expert's switch (unload, load, first run) is measured
     # Native runner: XNNPACK's packed weights cached on disk, one file per graph, in a directory made for the run
     # (so every run starts from an empty cache: its first load of each graph packs, later loads map).
@@ -27,6 +28,8 @@ class RoundSettings:
             raise UsageError(f"--threads {self.threads}: must be at least 1")
         if self.cache_experts is not None and self.cache_experts < 1:
             raise UsageError(f"--cache-experts {self.cache_experts}: must be at least 1")
+        if not 0.0 <= self.cache_margin <= 1.0:
+            raise UsageError(f"--cache-margin {self.cache_margin}: a gate margin between 0 and 1")
         if self.switch_repeats < 0:
             raise UsageError(f"--switch-repeats {self.switch_repeats}: must be 0 (no switch timing) or more")
 
@@ -36,4 +39,6 @@ class RoundSettings:
         flags += ["--switch-repeats", str(self.switch_repeats)]
         if self.cache_experts is not None:
             flags += ["--cache-experts", str(self.cache_experts)]
+        if self.cache_margin:
+            flags += ["--cache-margin", repr(self.cache_margin)]
         return flags

@@ -255,6 +255,7 @@ def check_program(data: bytes, file_size: int | None = None) -> None:
         if index >= len(segments):
             raise ValueError(f"segment reference {i} names segment {index}, of {len(segments)}")
 
+
 GRAPH_FILE_CHECKS = {".pte": check_program_file, ".ptd": check_flat_tensor_file}
 
 

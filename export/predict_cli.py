@@ -13,6 +13,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("bundle", metavar="BUNDLE_DIR", help="a directory written by `mobile-moe export`")
     parser.add_argument("images", metavar="IMAGE", nargs="+", help="PNG or JPEG files")
     parser.add_argument("--cache-experts", type=int, default=None, help="experts kept loaded (default: no limit)")
+    parser.add_argument(
+        "--cache-margin",
+        type=float,
+        default=0.0,
+        help="cache-aware routing: take a loaded expert whose gate is within this margin of the top one (default 0)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON list, one object per image")
 
 
@@ -38,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from mobile_moe.export.images import load_image
     from mobile_moe.export.runtime import load_bundle
 
-    bundle = load_bundle(args.bundle, max_cached_experts=args.cache_experts)
+    bundle = load_bundle(args.bundle, max_cached_experts=args.cache_experts, cache_margin=args.cache_margin)
     # Read every image first: a bad file fails the command before any output.
     images = [load_image(path, bundle.manifest.input) for path in args.images]
     results = [classify(bundle, path, image) for path, image in zip(args.images, images, strict=True)]

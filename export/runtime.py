@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -45,6 +45,26 @@ def _milliseconds(start: float) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
+def cache_aware_top_k(probs: np.ndarray, k: int, resident: Collection[int], margin: float) -> list[int]:
+    """The top-k experts of `probs` (ties: the lower index first), except that a chosen expert not resident is
+    replaced by the most probable resident expert not chosen whose probability is within `margin` of its own
+    (cache-conditional routing, arXiv 2412.00099): a switch avoided for a gate given up. margin 0 is plain top-k.
+    Compared in float32, as the native runner compares (device_bench/native/graphs.h pick_experts)."""
+    probs = np.asarray(probs, dtype=np.float32).reshape(-1)
+    order = [int(e) for e in np.argsort(-probs, kind="stable")]
+    chosen = order[:k]
+    if margin <= 0:
+        return chosen
+    for slot, expert in enumerate(chosen):
+        if expert in resident:
+            continue
+        floor = probs[expert] - np.float32(margin)
+        swap = next((e for e in order if e in resident and e not in chosen and probs[e] >= floor), None)
+        if swap is not None:
+            chosen[slot] = swap
+    return chosen
+
+
 class Bundle:
     def __init__(
         self,
@@ -52,9 +72,13 @@ class Bundle:
         max_cached_experts: int | None = None,
         threads: int | None = None,
         open_graph: Callable[[GraphEntry], Runner] | None = None,
+        cache_margin: float = 0.0,
     ):
         if max_cached_experts is not None and max_cached_experts < 1:
             raise UsageError(f"--cache-experts {max_cached_experts}: keep at least 1 expert loaded (or leave it out)")
+        if not 0.0 <= cache_margin <= 1.0:
+            raise UsageError(f"--cache-margin {cache_margin}: a gate margin between 0 and 1")
+        self.cache_margin = cache_margin
         self.path = Path(path)
         self.manifest = read_manifest(self.path)
         self.backend = self.manifest.backend
@@ -125,10 +149,10 @@ class Bundle:
         return np.ascontiguousarray(array)
 
     def choose_experts(self, router_probs: np.ndarray) -> tuple[list[int], list[float]]:
-        """Top-k of the router's probabilities, as the model's router does (renormalised only if it does)."""
+        """Top-k of the router's probabilities, as the model's router does (renormalised only if it does); with a
+        cache margin, a loaded expert within the margin of a chosen one that is not loaded takes its place."""
         probs = router_probs.reshape(-1)
-        k = self.manifest.top_k
-        experts = [int(e) for e in np.argsort(-probs, kind="stable")[:k]]
+        experts = cache_aware_top_k(probs, self.manifest.top_k, set(self._experts), self.cache_margin)
         gates = probs[experts].astype(np.float32)
         if self.manifest.model.renormalize_gates:
             gates = gates / gates.sum()
@@ -198,5 +222,12 @@ class Bundle:
         return self._resident[self.composition.head]([x])["logits"]
 
 
-def load_bundle(path: str | os.PathLike, max_cached_experts: int | None = None, threads: int | None = None) -> Bundle:
-    return Bundle(path, max_cached_experts, threads)
+def load_bundle(
+    path: str | os.PathLike,
+    max_cached_experts: int | None = None,
+    threads: int | None = None,
+    cache_margin: float = 0.0,
+) -> Bundle:
+    """A bundle ready to predict: `max_cached_experts` experts kept loaded (None: all), `cache_margin` a gate margin
+    for cache-aware routing (cache_aware_top_k; 0: plain top-k)."""
+    return Bundle(path, max_cached_experts, threads, cache_margin=cache_margin)

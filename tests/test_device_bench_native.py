@@ -387,5 +387,6 @@ def test_the_runners_own_defaults_are_the_round_settings(runner, bundle):
         defaults.threads,
     )
     assert report["weight_cache"] is defaults.weight_cache and defaults.cache_experts is None
+    assert report["cache_margin"] == defaults.cache_margin
     assert report["cache_experts"] == report["num_experts"]  # all of them
     assert len(report["switch"]["ms"]) == report["num_experts"] * defaults.switch_repeats

@@ -168,6 +168,7 @@ def test_runner_refuses_every_resealed_header_flip_or_answers_as_before(fault_ru
     """Every byte of the first 64 (identifier, extended header, first tables) flipped, and the manifest re-sealed:
     one line and exit 2, or the byte did not matter and the answer is the untouched bundle's (a segment base moved by
     a byte used to run, and give NaN logits)."""
+
     def answers(result: subprocess.CompletedProcess) -> list[tuple]:
         return [(image["experts"], image["gates"], image["logits"]) for image in json.loads(result.stdout)["images"]]
 

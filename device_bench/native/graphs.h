@@ -143,6 +143,8 @@ class ExpertCache {
     order_.remove(expert);
   }
 
+  std::set<int> resident() const { return std::set<int>(order_.begin(), order_.end()); }
+
   std::vector<std::string> loaded_names() const {
     std::vector<std::string> names;
     for (int expert : order_)
@@ -170,10 +172,14 @@ struct Inference {
   bool hit = true;
 };
 
-// Top-k of the router probabilities (ties -> lower index), gates optionally renormalised as the model does.
-// The caller has checked probs holds num_experts values and 1 <= k <= num_experts; a corrupt graph can still emit
-// NaN, which would break the sort's ordering, so non-finite probabilities are an error.
-inline void pick_experts(const std::vector<float>& probs, int k, bool renormalize, Inference& out) {
+// Top-k of the router probabilities (ties -> lower index), gates optionally renormalised as the model does. With a
+// cache margin, a chosen expert not resident gives its place to the most probable resident expert not chosen whose
+// probability is within the margin of its own (cache-conditional routing, arXiv 2412.00099; the same rule as
+// export/runtime.py cache_aware_top_k, in float32). The caller has checked probs holds num_experts values and
+// 1 <= k <= num_experts; a corrupt graph can still emit NaN, which would break the sort's ordering, so non-finite
+// probabilities are an error.
+inline void pick_experts(const std::vector<float>& probs, int k, bool renormalize, const std::set<int>& resident,
+                         float margin, Inference& out) {
   if (k < 1 || static_cast<size_t>(k) > probs.size())
     throw std::logic_error("top_k " + std::to_string(k) + " with " + std::to_string(probs.size()) + " experts");
   for (float p : probs)
@@ -181,11 +187,23 @@ inline void pick_experts(const std::vector<float>& probs, int k, bool renormaliz
   std::vector<int> order(probs.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return probs[a] > probs[b]; });
+  std::vector<int> chosen(order.begin(), order.begin() + k);
+  for (int slot = 0; margin > 0 && slot < k; ++slot) {
+    if (resident.count(chosen[slot])) continue;
+    const float floor = probs[chosen[slot]] - margin;
+    for (int expert : order) {
+      if (resident.count(expert) && std::find(chosen.begin(), chosen.end(), expert) == chosen.end() &&
+          probs[expert] >= floor) {
+        chosen[slot] = expert;
+        break;
+      }
+    }
+  }
   float total = 0;
-  for (int i = 0; i < k; ++i) {
-    out.experts.push_back(order[i]);
-    out.gates.push_back(probs[order[i]]);
-    total += probs[order[i]];
+  for (int expert : chosen) {
+    out.experts.push_back(expert);
+    out.gates.push_back(probs[expert]);
+    total += probs[expert];
   }
   if (renormalize && total > 0)
     for (auto& gate : out.gates) gate /= total;
@@ -225,8 +243,8 @@ inline std::vector<float>& named_output(std::vector<std::vector<float>>& outputs
 
 class Pipeline {
  public:
-  Pipeline(const Bundle& bundle, Loader& loader, int cache_experts)
-      : bundle_(bundle), loader_(loader), cache_(bundle, loader, cache_experts) {}
+  Pipeline(const Bundle& bundle, Loader& loader, int cache_experts, float cache_margin)
+      : bundle_(bundle), loader_(loader), cache_(bundle, loader, cache_experts), cache_margin_(cache_margin) {}
 
   // Everything loaded at open: the router (+ per-block shared parts and head), or the single graph.
   double load_resident() {
@@ -245,14 +263,16 @@ class Pipeline {
     if (bundle_.kind != "split") {
       out.logits = named_output(outputs, first, "logits");
       if (bundle_.kind == "monolithic")
-        pick_experts(named_output(outputs, first, "router_probs"), bundle_.top_k, bundle_.renormalize_gates, out);
+        pick_experts(named_output(outputs, first, "router_probs"), bundle_.top_k, bundle_.renormalize_gates, {}, 0.0f,
+                     out);
       if (bundle_.kind == "whole")
         used_experts(named_output(outputs, first, "expert_tokens"), bundle_.num_experts, out);
       out.total_ms = out.router_ms = ms_since(start);
       return out;
     }
     std::vector<float>& tokens = named_output(outputs, first, "tokens");
-    pick_experts(named_output(outputs, first, "router_probs"), bundle_.top_k, bundle_.renormalize_gates, out);
+    pick_experts(named_output(outputs, first, "router_probs"), bundle_.top_k, bundle_.renormalize_gates,
+                 cache_.resident(), cache_margin_, out);
     out.router_ms = ms_since(start);
 
     auto expert_start = Clock::now();
@@ -293,6 +313,7 @@ class Pipeline {
   std::vector<std::unique_ptr<LoadedGraph>> shared_;  // per-block: each MoE block's attention half
   std::unique_ptr<LoadedGraph> head_;                  // per-block: final norm + classifier
   ExpertCache cache_;
+  float cache_margin_;  // cache-aware routing (pick_experts); 0: plain top-k
 
   std::vector<float> run_path(LoadedGraph& loaded, int expert, std::vector<float>& tokens, float gate) {
     const Graph& graph = bundle_.experts.at(expert).at(0);

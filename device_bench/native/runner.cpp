@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cmath>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
@@ -75,6 +76,7 @@ struct Options {
   int warmup = 5;
   int threads = 1;
   int cache_experts = -1;  // -1: all experts
+  float cache_margin = 0;  // cache-aware routing: a resident expert within this gate margin of the top one is taken
   int switch_repeats = 2;  // times each expert's switch is measured
   unsigned seed = 0;
   std::string weight_cache;  // a directory for XNNPACK's packed weights, one file per graph (packed_cache.h); empty: off
@@ -84,7 +86,8 @@ struct Options {
 // One line: every error the runner prints is one line on stderr.
 const char* kUsage =
     "usage: mobile_moe_runner --bundle DIR [--input FILE.f32 | --random N] [--iterations N] [--warmup N] "
-    "[--threads T] [--cache-experts C] [--switch-repeats R] [--seed S] [--weight-cache DIR] [--load-mode mmap|file]; "
+    "[--threads T] [--cache-experts C] [--cache-margin D] [--switch-repeats R] [--seed S] [--weight-cache DIR] "
+    "[--load-mode mmap|file]; "
     "or mobile_moe_runner --sha256|--xxh64 FILE...";
 
 // An integer flag value in [low, high]: the whole text must be the number ("5x", "", 1e3 and overflow are refused).
@@ -101,6 +104,18 @@ int to_int(const std::string& flag, const std::string& text, long low, long high
 
 constexpr long kMaxFlag = 1000000;
 
+// A number flag value in [low, high]: the whole text must be the number ("0.1x", "", "nan" are refused).
+float to_float(const std::string& flag, const std::string& text, double low, double high) {
+  char* end = nullptr;
+  errno = 0;
+  double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || end == text.c_str() || *end != '\0' || errno == ERANGE || !std::isfinite(value))
+    throw UsageError(flag + " needs a number, got '" + text + "'");
+  if (value < low || value > high)
+    throw UsageError(flag + " " + text + " is out of range (" + std::to_string(low) + ".." + std::to_string(high) + ")");
+  return static_cast<float>(value);
+}
+
 Options parse_options(int argc, char** argv) {
   Options options;
   for (int i = 1; i < argc; ++i) {
@@ -116,6 +131,7 @@ Options parse_options(int argc, char** argv) {
     else if (flag == "--warmup") options.warmup = to_int(flag, next(), 0, kMaxFlag);
     else if (flag == "--threads") options.threads = to_int(flag, next(), 1, 1024);
     else if (flag == "--cache-experts") options.cache_experts = to_int(flag, next(), 1, 1 << 20);
+    else if (flag == "--cache-margin") options.cache_margin = to_float(flag, next(), 0.0, 1.0);
     else if (flag == "--switch-repeats") options.switch_repeats = to_int(flag, next(), 0, kMaxFlag);
     else if (flag == "--seed") options.seed = static_cast<unsigned>(to_int(flag, next(), 0, INT_MAX));
     else if (flag == "--weight-cache") options.weight_cache = next();
@@ -243,6 +259,7 @@ void write_run_settings(json::Writer& out, const Options& options, const Bundle&
   out.key("num_experts").value(num_experts);
   out.key("top_k").value(bundle.top_k);
   out.key("cache_experts").value(cache_experts);
+  out.key("cache_margin").value(static_cast<double>(options.cache_margin));
   out.key("num_images").value(num_images);
   out.key("iterations").value(options.iterations);
   out.key("warmup").value(options.warmup);
@@ -492,7 +509,7 @@ std::string measure(const Options& options) {
   write_memory(out, stats::memory_now());
 
   Loader loader(load_mode, &packed_cache);
-  Pipeline pipeline(bundle, loader, cache_experts);
+  Pipeline pipeline(bundle, loader, cache_experts, options.cache_margin);
   OpenFiles files{bundle.dir, {}};
   load_first_graph(out, bundle, pipeline);
   std::map<int, double> cold_expert_load_ms = routing_pass(out, bundle, pipeline, loader, images, files);
