@@ -55,7 +55,7 @@ def tensor_spec(name: str, *shape: int) -> TensorSpec:
 @dataclass
 class GraphSpec:
     name: str
-    role: str  # router | expert | block_shared | block_expert | head | monolithic | whole | dense
+    role: str  # router | trunk_tail | expert | block_shared | block_expert | head | monolithic | whole | dense
     module: nn.Module
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
@@ -97,6 +97,30 @@ class RouterGraph(nn.Module):
     def forward(self, images: Tensor) -> tuple[Tensor, Tensor]:
         tokens, routing = self.router_stage(images)
         return tokens, routing.probs
+
+
+class EarlyRouterGraph(nn.Module):
+    """Early routing (router_block): images -> tokens after dense block J (1, T, D), router_probs (1, E). The
+    trunk's remaining dense blocks are the TrunkTailGraph, which a runner runs while it loads the chosen expert."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.router_stage = model.router_stage
+
+    def forward(self, images: Tensor) -> tuple[Tensor, Tensor]:
+        tokens, routing = self.router_stage.route(images)
+        return tokens, routing.probs
+
+
+class TrunkTailGraph(nn.Module):
+    """tokens after dense block J (1, T, D) -> tokens after the last dense block (1, T, D)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.router_stage = model.router_stage
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.router_stage.tail(tokens)
 
 
 class BlockShared(nn.Module):
@@ -200,10 +224,33 @@ def split_model(model: nn.Module, *, monolithic: bool = False, layout: str | Non
     _check_layout(model, layout)
     _require_parts(model, ("router_stage", "expert_path"), "the split lifts the router stage and each expert's path")
     tokens = tensor_spec("tokens", 1, cfg.num_tokens, cfg.width)
+    if getattr(cfg, "routes_early", False):
+        return _early_routing_split(model, layout, images, tokens, probs, logits)
     router = GraphSpec("router", "router", RouterGraph(model), [images], [tokens, probs])
     if layout == "expert-paths":
         return _expert_paths_split(model, router, tokens, logits)
     return _per_block_split(model, router, tokens, logits)
+
+
+def _early_routing_split(
+    model: nn.Module, layout: str, images: TensorSpec, tokens: TensorSpec, probs: TensorSpec, logits: TensorSpec
+) -> Split:
+    """expert-paths with the trunk cut at the router: router (images -> tokens after block J, router_probs), a
+    trunk-tail graph (the dense blocks after J), then the chosen expert, as without early routing."""
+    if layout != "expert-paths":
+        raise UsageError(
+            f"router_block={model.config.router_block} (early routing) exports as --layout expert-paths only; the "
+            "per-block layout keeps the router's tokens as the first MoE block's input"
+        )
+    router = GraphSpec("router", "router", EarlyRouterGraph(model), [images], [tokens, probs])
+    tail = GraphSpec("trunk_tail", "trunk_tail", TrunkTailGraph(model), [tokens], [tokens])
+    split = _expert_paths_split(model, router, tokens, logits)
+    split.graphs.insert(1, tail)
+    split.composition["trunk_tail"] = tail.name
+    split.composition["combine"] = (
+        "tokens = trunk_tail(router.tokens), run while expert e loads; logits = expert_<e>(tokens, gate)"
+    )
+    return split
 
 
 def _whole_split(model: nn.Module, images: TensorSpec, logits: TensorSpec, monolithic: bool, layout: str | None):

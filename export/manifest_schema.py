@@ -10,6 +10,8 @@ Layouts and the graphs they need (export/graphs.py writes them):
   dense         one graph, role "dense": images -> logits.                                num_experts = top_k = 0
   monolithic    one graph, role "monolithic": images -> logits, router_probs (1, E).       1 <= top_k <= E
   expert-paths  "router": images -> tokens, router_probs; "expert" e: tokens, gate -> logits.   top_k = 1
+                Early routing (a Mobile V-MoE's router_block) adds composition.trunk_tail, a "trunk_tail" graph:
+                tokens -> tokens (the dense blocks after the router), run between the router and the expert.
   per-block     "router"; per MoE block "block_shared": tokens -> residual, normed, and one "block_expert" per
                 expert: normed -> delta; "head": tokens -> logits.                          1 <= top_k <= E
   whole         one graph, role "whole": images -> logits, expert_tokens (1, G, E): a per-token MoE, every expert
@@ -55,7 +57,7 @@ FORMAT = "mobile-moe-bundle"
 VERSION = 1
 BACKENDS = ("executorch", "onnx", "coreml")
 LAYOUTS = ("dense", "monolithic", "expert-paths", "per-block", "whole")
-ROLES = ("router", "expert", "block_shared", "block_expert", "head", "monolithic", "dense", "whole")
+ROLES = ("router", "trunk_tail", "expert", "block_shared", "block_expert", "head", "monolithic", "dense", "whole")
 LAYOUTS_OF_ROUTING = {
     "none": ("dense",),
     "image": ("expert-paths", "per-block", "monolithic"),
@@ -192,6 +194,7 @@ class Composition(_Strict):
     layout: Literal[LAYOUTS]  # type: ignore[valid-type]
     router: Name | None = None
     experts: list[Name] | None = None  # expert-paths: expert e's graph
+    trunk_tail: Name | None = None  # expert-paths with early routing: the dense blocks after the router
     blocks: list[BlockGraphs] | None = None  # per-block
     head: Name | None = None  # per-block
 
@@ -223,6 +226,8 @@ class Manifest(_Strict):
         _check_input_and_classes(self)
         _check_weights(self)
         graphs = _graphs_by_name(self.graphs)
+        if self.composition.trunk_tail is not None and self.composition.layout != "expert-paths":
+            raise ValueError(f"composition.trunk_tail: only an expert-paths bundle has one, not {self.composition.layout}")
         CHECKS[self.composition.layout](self, graphs)
         _check_routing(self)
         _check_params_active(self)
@@ -368,6 +373,10 @@ def _check_router(m: Manifest, graphs: dict[str, GraphEntry]) -> GraphEntry:
 def _check_expert_paths(m: Manifest, graphs: dict[str, GraphEntry]) -> None:
     _check_experts_and_k(m, 1)
     tokens = _check_router(m, graphs).output("tokens").shape
+    if m.composition.trunk_tail is not None:
+        tail = _named(graphs, m.composition.trunk_tail, "trunk_tail", "trunk_tail")
+        _expect(tail, [spec.shape for spec in tail.inputs], [tokens], "input")
+        _expect(tail, [spec.shape for spec in tail.outputs], [tokens], "output")
     names = m.composition.experts or []
     if len(names) != m.num_experts:
         raise ValueError(f"composition.experts names {len(names)} graphs for {m.num_experts} experts")

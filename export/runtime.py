@@ -103,6 +103,8 @@ class Bundle:
         if self.layout in ("dense", "monolithic", "whole"):
             return [self.manifest.graphs[0].name]
         names = [self.composition.router]
+        if self.composition.trunk_tail is not None:
+            names.append(self.composition.trunk_tail)
         if self.layout == "per-block":
             names += [block.shared for block in self.composition.blocks] + [self.composition.head]
         return names
@@ -176,6 +178,9 @@ class Bundle:
             return self._predict_single(batch, start)
         routed = self._resident[self.composition.router]([batch])
         experts, gates = self.choose_experts(routed["router_probs"])
+        tokens = routed["tokens"]
+        if self.composition.trunk_tail is not None:  # early routing: the trunk's last dense blocks
+            tokens = self._resident[self.composition.trunk_tail]([tokens])["tokens"]
         router_ms = _milliseconds(start)
         load_ms = 0.0
         loaded = []
@@ -185,10 +190,10 @@ class Bundle:
             load_ms += ms
         compute = time.perf_counter()
         if self.layout == "per-block":
-            logits = self._run_blocks(routed["tokens"], loaded, gates)
+            logits = self._run_blocks(tokens, loaded, gates)
         else:
             gate = np.asarray([[gates[0]]], dtype=np.float32)  # (1, 1)
-            logits = next(iter(loaded[0].values()))([routed["tokens"], gate])["logits"]
+            logits = next(iter(loaded[0].values()))([tokens, gate])["logits"]
         timings = {
             "router": router_ms,
             "load": load_ms,

@@ -184,6 +184,10 @@ class MobileVMoEConfig(MoEConfig):
 
     top_k: int = 1  # k experts per image
     renormalize_gates: bool = False  # divide the top-k weights by their sum (the paper does not)
+    # Early routing: the router reads the tokens after dense block J (1-based) instead of the first MoE block's input
+    # (None, the paper's placement). The trunk still runs every dense block; a runner can load the chosen expert
+    # while the blocks after J run (export splits them into a trunk-tail graph).
+    router_block: int | None = None
 
     name = "mobile-vmoe"
     model_class = "mobile_moe.mobile_vmoe:MobileVMoE"
@@ -191,6 +195,25 @@ class MobileVMoEConfig(MoEConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._require_top_k()
+        _require(
+            self.router_block is None
+            or (isinstance(self.router_block, int) and 1 <= self.router_block <= self.dense_layers),
+            f"router_block={self.router_block}: the router reads the tokens after dense block J, 1 <= J <= "
+            f"{self.dense_layers} (the dense blocks before the MoE blocks), or leave it out (after the last one)",
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Without router_block when it is left out: a default model's config.json and bundle manifest stay what
+        they were before early routing existed (reading them back gives the default)."""
+        fields = super().to_dict()
+        if self.router_block is None:
+            del fields["router_block"]
+        return fields
+
+    @property
+    def routes_early(self) -> bool:
+        """The router reads the tokens before the last dense block: there is a trunk tail to run after routing."""
+        return self.router_block is not None and self.router_block < self.dense_layers
 
 
 @dataclass

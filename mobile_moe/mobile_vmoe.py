@@ -1,6 +1,7 @@
 """Mobile V-MoE (Daxberger et al. 2023): a ViT whose last L blocks are MoE blocks sharing ONE per-image router.
 
     images -> [RouterStage: embedding, depth-L dense blocks, router] -> tokens, routing
+              (the router reads the tokens after dense block router_block; the last one by default)
            -> [L MoE blocks, each using the same chosen experts] -> head -> logits
 
 The router stage and each expert's path are modules of their own (router_stage(), expert_path(e)) that share the
@@ -21,19 +22,36 @@ from mobile_moe.vit import Block, ClassifierHead, TokenEmbedding, dense_block, i
 
 
 class RouterStage(nn.Module):
-    """images (B, C, H, W) -> (tokens (B, T, D) after the dense blocks, Routing)."""
+    """images (B, C, H, W) -> (tokens (B, T, D) after the dense blocks, Routing).
 
-    def __init__(self, embedding: TokenEmbedding, blocks: nn.ModuleList, router: nn.Module):
+    The router reads the tokens after the first `router_block` dense blocks (all of them by default, the paper's
+    placement): route() is the trunk up to there and the routing, tail() the dense blocks after it. With early
+    routing the decision is known while the tail still runs, so a runner can load the expert meanwhile.
+    """
+
+    def __init__(
+        self, embedding: TokenEmbedding, blocks: nn.ModuleList, router: nn.Module, router_block: int | None = None
+    ):
         super().__init__()
         self.embedding = embedding
         self.blocks = blocks
         self.router = router
+        self.router_block = len(blocks) if router_block is None else router_block
 
-    def forward(self, images: Tensor, route_to: Tensor | None = None) -> tuple[Tensor, Routing]:
+    def route(self, images: Tensor, route_to: Tensor | None = None) -> tuple[Tensor, Routing]:
         x = self.embedding(images)  # (B, T, D)
-        for block in self.blocks:
+        for block in self.blocks[: self.router_block]:
             x = block(x)
         return x, self.router(x, route_to)
+
+    def tail(self, tokens: Tensor) -> Tensor:
+        for block in self.blocks[self.router_block :]:
+            tokens = block(tokens)
+        return tokens
+
+    def forward(self, images: Tensor, route_to: Tensor | None = None) -> tuple[Tensor, Routing]:
+        tokens, routing = self.route(images, route_to)
+        return self.tail(tokens), routing
 
 
 class ExpertPath(nn.Module):
@@ -66,7 +84,7 @@ class MobileVMoE(nn.Module):
         self.config = cfg
         router = PerImageRouter(cfg.width, cfg.num_experts, cfg.top_k, cfg.pool, cfg.renormalize_gates)
         dense_blocks = nn.ModuleList(dense_block(cfg) for _ in range(cfg.dense_layers))
-        self.router_stage = RouterStage(TokenEmbedding(cfg), dense_blocks, router)
+        self.router_stage = RouterStage(TokenEmbedding(cfg), dense_blocks, router, cfg.router_block)
         self.moe_blocks = nn.ModuleList(moe_block(cfg, cfg.num_experts) for _ in range(cfg.moe_layers))
         self.head = ClassifierHead(cfg)
         self.apply(init_weights)

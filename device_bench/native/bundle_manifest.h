@@ -41,8 +41,8 @@ constexpr int64_t kMaxElements = int64_t{1} << 28;
 constexpr int64_t kMaxClasses = int64_t{1} << 20;
 constexpr int64_t kMaxCount = int64_t{1} << 62;
 constexpr int64_t kMaxGraphs = int64_t{1} << 16;
-const char* const kRoles[] = {"router", "expert",     "block_shared", "block_expert",
-                               "head",   "monolithic", "dense",        "whole"};
+const char* const kRoles[] = {"router", "trunk_tail", "expert", "block_shared", "block_expert",
+                               "head",   "monolithic", "dense",  "whole"};
 const char* const kLayouts[] = {"dense", "monolithic", "expert-paths", "per-block", "whole"};
 const char* const kBackends[] = {"executorch", "onnx", "coreml"};
 const char* const kRoutings[] = {"none", "image", "cluster", "token", "expert", "soft"};
@@ -92,7 +92,8 @@ struct Graph {
 };
 
 // The manifest's composition, resolved to files. Layouts (export/graphs.py):
-//   expert-paths (k = 1): router; expert e = one graph (tokens, gate) -> logits
+//   expert-paths (k = 1): router; expert e = one graph (tokens, gate) -> logits; with early routing a trunk tail
+//                         (tokens -> tokens) runs between them, while the chosen expert loads
 //   per-block (any k):    router, per MoE block a shared graph (tokens -> residual, normed), head (tokens -> logits)
 //                         loaded at open; expert e = one MLP graph per block (normed -> delta), x = residual + g * delta
 //   dense / monolithic:   one graph, images -> logits (+ router_probs)
@@ -107,6 +108,7 @@ struct Bundle {
   std::vector<int32_t> image_shape;  // (1, C, S, S)
   Graph single;                      // dense / monolithic
   Graph router;
+  Graph trunk_tail;                          // expert-paths with early routing; empty name otherwise
   std::vector<Graph> shared;                 // per-block: one per MoE block
   Graph head;                                // per-block
   std::vector<std::vector<Graph>> experts;   // expert -> its graphs (one, or one per block)
@@ -442,6 +444,13 @@ inline void check_expert_paths(const LayoutCheck& check) {
   Bundle& bundle = check.bundle;
   check.check_experts_and_k(1, 1);
   std::vector<int32_t> tokens = check.check_router();
+  if (const json::Value* tail = optional_at(check.composition, "composition", "trunk_tail");
+      tail != nullptr && !tail->is_null()) {
+    bundle.trunk_tail = check.named(tail, "trunk_tail", "trunk_tail");
+    expect_inputs(bundle.trunk_tail, {tokens});
+    if (bundle.trunk_tail.outputs.size() != 1 || bundle.trunk_tail.outputs[0].shape != tokens)
+      invalid("graph " + bundle.trunk_tail.name, "needs one output of shape " + shape_text(tokens));
+  }
   const json::Value* names = optional_at(check.composition, "composition", "experts");
   const auto& listed = names == nullptr ? std::vector<json::Value>{} : as_array(*names, "composition.experts", 0, kMaxExperts);
   if (static_cast<int64_t>(listed.size()) != bundle.num_experts)
@@ -503,6 +512,9 @@ inline void validate_layout(const json::Value& manifest, Bundle& bundle) {
   const json::Value& composition = object_at(manifest, "", "composition");
   bundle.layout = one_of(object_at(composition, "composition", "layout"), "composition.layout", kLayouts);
   LayoutCheck check{object_at(manifest, "", "model"), composition, std::move(graphs), bundle, num_classes};
+  if (const json::Value* tail = optional_at(composition, "composition", "trunk_tail");
+      tail != nullptr && !tail->is_null() && bundle.layout != "expert-paths")
+    invalid("composition.trunk_tail", "only an expert-paths bundle has one, not " + bundle.layout);
   if (bundle.layout == "dense" || bundle.layout == "monolithic" || bundle.layout == "whole") return check_single_graph(check);
   bundle.kind = "split";
   bundle.experts.assign(bundle.num_experts, {});

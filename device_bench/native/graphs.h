@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
+#include <thread>
 #include <csignal>
 #include <cstdint>
 #include <list>
@@ -134,6 +136,46 @@ class ExpertCache {
     return graphs;
   }
 
+  // Prefetch: while the caller runs something else, `load_on_thread` unloads the experts that must make room and
+  // loads `expert` on a second thread; `finish` waits for it and caches the expert. -> ms the caller waited.
+  struct Prefetch {
+    int expert = -1;
+    std::thread thread;
+    ExpertGraphs graphs;
+    double load_ms = 0;
+    std::exception_ptr error;
+  };
+  void load_on_thread(int expert, Prefetch& prefetch) {
+    std::vector<ExpertGraphs> leaving;
+    while (static_cast<int>(graphs_.size()) >= capacity_) {
+      int oldest = order_.back();
+      scratch_.erase(oldest);  // serving never loads from a scratch cache file
+      leaving.push_back(std::move(graphs_[oldest]));
+      graphs_.erase(oldest);
+      order_.remove(oldest);
+    }
+    prefetch.expert = expert;
+    prefetch.thread = std::thread([this, expert, &prefetch, leaving = std::move(leaving)]() mutable {
+      try {
+        leaving.clear();  // their methods, delegates and mapped weights are released here, off the caller's path
+        auto start = Clock::now();
+        for (const auto& graph : bundle_.experts[expert]) prefetch.graphs.push_back(loader_.load(graph));
+        prefetch.load_ms = ms_since(start);
+      } catch (...) {
+        prefetch.error = std::current_exception();
+      }
+    });
+  }
+  double finish(Prefetch& prefetch) {
+    auto start = Clock::now();
+    prefetch.thread.join();
+    double waited = ms_since(start);
+    if (prefetch.error) std::rethrow_exception(prefetch.error);
+    graphs_[prefetch.expert] = std::move(prefetch.graphs);
+    order_.push_front(prefetch.expert);
+    return waited;
+  }
+
   void unload(int expert) {
     auto found = graphs_.find(expert);
     if (found == graphs_.end()) return;
@@ -169,6 +211,8 @@ struct Inference {
   std::vector<int> experts;
   std::vector<float> gates;
   double router_ms = 0, expert_ms = 0, load_ms = 0, total_ms = 0;
+  double tail_ms = 0;       // early routing: the trunk's last dense blocks, run while the expert loads
+  double load_wait_ms = 0;  // early routing: how long the image waited for the loading thread after the tail
   bool hit = true;
 };
 
@@ -252,6 +296,7 @@ class Pipeline {
     first_ = loader_.load(bundle_.first());
     for (const auto& graph : bundle_.shared) shared_.push_back(loader_.load(graph));
     if (bundle_.layout == "per-block") head_ = loader_.load(bundle_.head);
+    if (!bundle_.trunk_tail.name.empty()) tail_ = loader_.load(bundle_.trunk_tail);
     return ms_since(start);
   }
 
@@ -270,10 +315,11 @@ class Pipeline {
       out.total_ms = out.router_ms = ms_since(start);
       return out;
     }
-    std::vector<float>& tokens = named_output(outputs, first, "tokens");
+    std::vector<float> tokens = std::move(named_output(outputs, first, "tokens"));
     pick_experts(named_output(outputs, first, "router_probs"), bundle_.top_k, bundle_.renormalize_gates,
                  cache_.resident(), cache_margin_, out);
     out.router_ms = ms_since(start);
+    if (tail_) tokens = run_tail_prefetching(std::move(tokens), out);
 
     auto expert_start = Clock::now();
     std::vector<ExpertGraphs*> chosen;
@@ -286,15 +332,16 @@ class Pipeline {
     }
     out.logits = bundle_.layout == "per-block" ? run_blocks(tokens, out.experts, chosen, out.gates)
                                                : run_path(*chosen[0]->at(0), out.experts[0], tokens, out.gates[0]);
-    out.expert_ms = ms_since(expert_start) - out.load_ms;
+    out.expert_ms = ms_since(expert_start) - (tail_ ? 0.0 : out.load_ms);
     out.total_ms = ms_since(start);
     return out;
   }
 
-  // The router's tokens for one image.
+  // The tokens an expert takes for one image (after the trunk tail, with early routing).
   std::vector<float> route(std::vector<float>& image) {
     auto outputs = run(*first_, bundle_.router, {{image.data(), image.size()}});
-    return named_output(outputs, bundle_.router, "tokens");
+    std::vector<float> tokens = std::move(named_output(outputs, bundle_.router, "tokens"));
+    return tail_ ? run_tail(tokens) : tokens;
   }
 
   // One chosen expert's computation on given tokens: what an expert switch has to wait for after loading.
@@ -312,8 +359,38 @@ class Pipeline {
   std::unique_ptr<LoadedGraph> first_;  // the router, or the one dense / monolithic / whole graph
   std::vector<std::unique_ptr<LoadedGraph>> shared_;  // per-block: each MoE block's attention half
   std::unique_ptr<LoadedGraph> head_;                  // per-block: final norm + classifier
+  std::unique_ptr<LoadedGraph> tail_;                  // early routing: the dense blocks after the router
   ExpertCache cache_;
   float cache_margin_;  // cache-aware routing (pick_experts); 0: plain top-k
+
+  // Early routing (expert-paths, k = 1): the chosen expert, when not loaded, loads on a second thread while this
+  // one runs the trunk tail; the image waits only for what the tail did not cover (load_wait_ms).
+  std::vector<float> run_tail_prefetching(std::vector<float> tokens, Inference& out) {
+    auto tail_start = Clock::now();
+    const int expert = out.experts.at(0);
+    bool miss = !cache_.resident().count(expert);
+    ExpertCache::Prefetch prefetch;
+    if (miss) cache_.load_on_thread(expert, prefetch);
+    std::vector<float> tail_tokens;
+    try {
+      tail_tokens = run_tail(tokens);
+    } catch (...) {
+      if (miss) prefetch.thread.join();
+      throw;
+    }
+    out.tail_ms = ms_since(tail_start);
+    if (miss) {
+      out.load_wait_ms = cache_.finish(prefetch);
+      out.load_ms = prefetch.load_ms;
+      out.hit = false;
+    }
+    return tail_tokens;
+  }
+
+  std::vector<float> run_tail(std::vector<float>& tokens) {
+    auto outputs = run(*tail_, bundle_.trunk_tail, {{tokens.data(), tokens.size()}});
+    return std::move(named_output(outputs, bundle_.trunk_tail, "tokens"));
+  }
 
   std::vector<float> run_path(LoadedGraph& loaded, int expert, std::vector<float>& tokens, float gate) {
     const Graph& graph = bundle_.experts.at(expert).at(0);

@@ -283,6 +283,8 @@ void write_image_row(json::Writer& out, const Inference& result) {
   out.key("router_ms").value(result.router_ms);
   out.key("expert_ms").value(result.expert_ms);
   out.key("load_ms").value(result.load_ms);
+  out.key("tail_ms").value(result.tail_ms);
+  out.key("load_wait_ms").value(result.load_wait_ms);
   out.key("total_ms").value(result.total_ms);
   out.key("cache_hit").value(result.hit);
   out.end_object();
@@ -317,12 +319,13 @@ std::map<int, double> routing_pass(json::Writer& out, const Bundle& bundle, Pipe
 void timed_runs(json::Writer& out, const Options& options, const Bundle& bundle, Pipeline& pipeline,
                 std::vector<std::vector<float>>& images, OpenFiles& files) {
   for (int i = 0; i < options.warmup; ++i) pipeline.infer(images[i % images.size()]);
-  std::vector<double> total, router, expert, loads;
+  std::vector<double> total, router, expert, tail, loads;
   for (int i = 0; i < options.iterations; ++i) {
     Inference result = pipeline.infer(images[i % images.size()]);
     total.push_back(result.total_ms);
     router.push_back(result.router_ms);
     expert.push_back(result.expert_ms);
+    tail.push_back(result.tail_ms);
     if (!result.hit) loads.push_back(result.load_ms);
   }
   files.note();
@@ -331,6 +334,10 @@ void timed_runs(json::Writer& out, const Options& options, const Bundle& bundle,
   out.key("stages_ms").begin_object();
   out.key(first_graph_key(bundle));
   write_summary(out, router);
+  if (!bundle.trunk_tail.name.empty()) {
+    out.key("trunk_tail");
+    write_summary(out, tail);
+  }
   if (bundle.kind == "split") {
     out.key("expert");
     write_summary(out, expert);
