@@ -226,8 +226,9 @@ class Manifest(_Strict):
         _check_input_and_classes(self)
         _check_weights(self)
         graphs = _graphs_by_name(self.graphs)
-        if self.composition.trunk_tail is not None and self.composition.layout != "expert-paths":
-            raise ValueError(f"composition.trunk_tail: only an expert-paths bundle has one, not {self.composition.layout}")
+        layout = self.composition.layout
+        if self.composition.trunk_tail is not None and layout != "expert-paths":
+            raise ValueError(f"composition.trunk_tail: only an expert-paths bundle has one, not {layout}")
         CHECKS[self.composition.layout](self, graphs)
         _check_routing(self)
         _check_params_active(self)
