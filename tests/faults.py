@@ -161,6 +161,10 @@ MANIFEST_MUTATIONS: dict[str, Mutation] = {
     "layout_unknown": _set("composition.layout", "sideways"),
     "composition_missing": _delete("composition"),
     "composition_names_absent_graph": _set("composition.experts.0", "expert_99"),
+    # early routing's trunk tail: a graph of its own role, tokens -> tokens
+    "trunk_tail_names_absent_graph": _set("composition.trunk_tail", "tail_99"),
+    "trunk_tail_names_the_router": _set("composition.trunk_tail", "router"),
+    "trunk_tail_not_a_string": _set("composition.trunk_tail", 3),
     "graphs_not_a_list": _set("graphs", {"router": "router.pte"}),
     "graphs_empty": _set("graphs", []),
     "graph_duplicated": _duplicate_graph,
@@ -252,6 +256,7 @@ WHOLE_MANIFEST_MUTATIONS: dict[str, Mutation] = {
     "role_monolithic": _set("graphs.0.role", "monolithic"),
     "layout_monolithic": _set("composition.layout", "monolithic"),
     "layout_expert_paths": _set("composition.layout", "expert-paths"),
+    "trunk_tail_in_whole": _set("composition.trunk_tail", "whole"),  # only expert-paths has a trunk tail
     "second_graph": _second_whole_graph,
     "num_experts_0": _set("num_experts", 0),
     "num_experts_differs": _set("num_experts", 3),
