@@ -51,12 +51,14 @@ namespace et = executorch::runtime;
 // One load, in parts: program_ms (open, parse and verify the program; 0 when the family's program was already
 // parsed), data_map_ms (open the .ptd and read its header), cache_check_ms (check the packed-weight cache file),
 // method_ms (initialise the method: XNNPACK builds its runtime and packs, or maps packed, weights), cache_record_ms
-// (hash a cache file the load wrote). weights: "packed", "mapped" (from a warm cache file) or "in-program".
+// (hash a cache file the load wrote), bring_in_ms (prefetching only: bring_in_mapped). weights: "packed" or
+// "mapped" (from a warm cache file).
 struct LoadEvent {
   std::string graph;
   int64_t bytes;
   double ms;
   double program_ms, data_map_ms, cache_check_ms, method_ms, cache_record_ms;
+  double bring_in_ms;  // prefetching: reading the mapped packed weights in on the loading thread
   std::string weights;
   std::string cache;  // "off", "cold", "warm"
 };
@@ -185,11 +187,12 @@ class Loader {
   // Load a graph: its program (parsed once per file and kept for the family; fully verified, so a corrupt flatbuffer
   // is refused, not walked) with its signature checked against the manifest, then its forward method with its own
   // weights and packed-weight cache. `scratch`: measure a load from an empty cache, leaving the graph's own cache file
-  // alone (the file is removed when the graph is unloaded, by unload()).
-  std::unique_ptr<LoadedGraph> load(const Graph& graph, bool scratch = false) {
+  // alone (the file is removed when the graph is unloaded, by unload()). `warm_weights`: a prefetching thread's load,
+  // which also brings mapped packed weights in (bring_in_mapped), off the path of the image that needs them.
+  std::unique_ptr<LoadedGraph> load(const Graph& graph, bool scratch = false, bool warm_weights = false) {
     set_phase("loading " + graph.program.file);
     auto start = Clock::now();
-    LoadEvent event{graph.name, graph.load_bytes(), 0, 0, 0, 0, 0, 0, "in-program", "off"};
+    LoadEvent event{graph.name, graph.load_bytes(), 0, 0, 0, 0, 0, 0, 0, "packed", "off"};
     auto loaded = std::make_unique<LoadedGraph>();
     loaded->program_ = program_for(graph);
     event.program_ms = ms_since(start);
@@ -207,9 +210,12 @@ class Loader {
     auto record_start = Clock::now();
     if (packed_cache_ != nullptr && packed_cache_->enabled())
       event.weights = packed_cache_->record(loaded->cache_entry_);
-    else if (graph.shares_program())
-      event.weights = "packed";
     event.cache_record_ms = ms_since(record_start);
+    if (warm_weights && event.weights == std::string("mapped")) {
+      auto bring_in_start = Clock::now();
+      bring_in_mapped(loaded->cache_entry_.path);
+      event.bring_in_ms = ms_since(bring_in_start);
+    }
     event.cache = state_name(loaded->cache_entry_.state);
     event.ms = ms_since(start);
     events.push_back(event);

@@ -10,7 +10,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <atomic>
 #include <exception>
+#include <future>
 #include <thread>
 #include <csignal>
 #include <cstdint>
@@ -114,6 +116,9 @@ class ExpertCache {
  public:
   ExpertCache(const Bundle& bundle, Loader& loader, int capacity)
       : bundle_(bundle), loader_(loader), capacity_(capacity) {}
+  ~ExpertCache() {
+    if (worker_.joinable()) worker_.join();
+  }
 
   // The expert's graphs, loading them (and evicting the least recently used expert beyond capacity) when absent.
   // `scratch`: load it from an empty packed-weight cache (Loader::load), to measure a cold switch.
@@ -128,24 +133,28 @@ class ExpertCache {
     }
     while (static_cast<int>(graphs_.size()) >= capacity_) unload(order_.back());
     auto start = Clock::now();
-    auto& graphs = graphs_[expert];
+    ExpertGraphs graphs;
     for (const auto& graph : bundle_.experts[expert]) graphs.push_back(loader_.load(graph, scratch));
     if (scratch) scratch_.insert(expert);
+    note_loaded();
     *load_ms = ms_since(start);
-    order_.push_front(expert);
-    return graphs;
+    return insert(expert, std::move(graphs));
   }
 
-  // Prefetch: while the caller runs something else, `load_on_thread` unloads the experts that must make room and
-  // loads `expert` on a second thread; `finish` waits for it and caches the expert. -> ms the caller waited.
+  // Prefetch (early routing): while the caller runs the trunk tail, a second thread loads `expert` and brings its
+  // mapped packed weights in (Loader::load's warm_weights); finish() waits for that and caches the expert. The
+  // experts evicted to make room are released on that thread after the load, while the caller runs the expert: so
+  // for a moment two experts are resident (max_resident() reports it).
   struct Prefetch {
     int expert = -1;
-    std::thread thread;
     ExpertGraphs graphs;
     double load_ms = 0;
     std::exception_ptr error;
+    std::promise<void> loaded;
+    std::future<void> done;  // loaded's
   };
   void load_on_thread(int expert, Prefetch& prefetch) {
+    if (worker_.joinable()) worker_.join();  // the previous prefetch's releases
     std::vector<ExpertGraphs> leaving;
     while (static_cast<int>(graphs_.size()) >= capacity_) {
       int oldest = order_.back();
@@ -155,24 +164,29 @@ class ExpertCache {
       order_.remove(oldest);
     }
     prefetch.expert = expert;
-    prefetch.thread = std::thread([this, expert, &prefetch, leaving = std::move(leaving)]() mutable {
+    prefetch.done = prefetch.loaded.get_future();
+    worker_ = std::thread([this, expert, &prefetch, leaving = std::move(leaving)]() mutable {
       try {
-        leaving.clear();  // their methods, delegates and mapped weights are released here, off the caller's path
         auto start = Clock::now();
-        for (const auto& graph : bundle_.experts[expert]) prefetch.graphs.push_back(loader_.load(graph));
+        for (const auto& graph : bundle_.experts[expert])
+          prefetch.graphs.push_back(loader_.load(graph, false, /*warm_weights=*/true));
+        note_loaded();
         prefetch.load_ms = ms_since(start);
       } catch (...) {
         prefetch.error = std::current_exception();
       }
+      prefetch.loaded.set_value();  // the caller goes on; `prefetch` is not touched after this
+      released(leaving.size());
+      leaving.clear();
     });
   }
+  // -> ms the caller waited for the load after its own work.
   double finish(Prefetch& prefetch) {
     auto start = Clock::now();
-    prefetch.thread.join();
+    prefetch.done.wait();
     double waited = ms_since(start);
     if (prefetch.error) std::rethrow_exception(prefetch.error);
-    graphs_[prefetch.expert] = std::move(prefetch.graphs);
-    order_.push_front(prefetch.expert);
+    insert(prefetch.expert, std::move(prefetch.graphs));
     return waited;
   }
 
@@ -183,9 +197,11 @@ class ExpertCache {
     for (auto& graph : found->second) loader_.unload(std::move(graph), scratch);
     graphs_.erase(found);
     order_.remove(expert);
+    released(1);
   }
 
   std::set<int> resident() const { return std::set<int>(order_.begin(), order_.end()); }
+  int max_resident() const { return max_resident_; }
 
   std::vector<std::string> loaded_names() const {
     std::vector<std::string> names;
@@ -201,6 +217,21 @@ class ExpertCache {
   std::map<int, ExpertGraphs> graphs_;
   std::list<int> order_;     // most recently used first
   std::set<int> scratch_;    // experts loaded from a scratch cache file
+  std::thread worker_;       // the last prefetch (joined before the next one)
+  std::atomic<int> live_{0}, max_resident_{0};  // experts whose graphs exist, and the most at any moment
+
+  ExpertGraphs& insert(int expert, ExpertGraphs graphs) {
+    auto& slot = graphs_[expert] = std::move(graphs);
+    order_.push_front(expert);
+    return slot;
+  }
+  void note_loaded() {
+    int now = ++live_;
+    int seen = max_resident_.load();
+    while (now > seen && !max_resident_.compare_exchange_weak(seen, now)) {
+    }
+  }
+  void released(size_t experts) { live_ -= static_cast<int>(experts); }
 };
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -375,7 +406,7 @@ class Pipeline {
     try {
       tail_tokens = run_tail(tokens);
     } catch (...) {
-      if (miss) prefetch.thread.join();
+      if (miss) prefetch.done.wait();  // the thread writes into `prefetch` until then
       throw;
     }
     out.tail_ms = ms_since(tail_start);

@@ -260,6 +260,7 @@ void write_run_settings(json::Writer& out, const Options& options, const Bundle&
   out.key("top_k").value(bundle.top_k);
   out.key("cache_experts").value(cache_experts);
   out.key("cache_margin").value(static_cast<double>(options.cache_margin));
+  out.key("prefetch").value(!bundle.trunk_tail.name.empty());
   out.key("num_images").value(num_images);
   out.key("iterations").value(options.iterations);
   out.key("warmup").value(options.warmup);
@@ -344,6 +345,9 @@ void timed_runs(json::Writer& out, const Options& options, const Bundle& bundle,
   }
   out.end_object();
   out.key("timed_expert_loads").value(loads.size());
+  // The most experts whose graphs existed at one moment so far (a prefetch overlaps the next expert's load with the
+  // release of the one it replaces).
+  out.key("max_experts_resident").value(pipeline.cache().max_resident());
   out.key("memory_after_warm");
   write_memory(out, stats::memory_now());
 }
@@ -491,6 +495,7 @@ void write_graph_loads(json::Writer& out, const Bundle& bundle, const Loader& lo
     out.key("cache_check_ms").value(event.cache_check_ms);
     out.key("method_ms").value(event.method_ms);
     out.key("cache_record_ms").value(event.cache_record_ms);
+    out.key("bring_in_ms").value(event.bring_in_ms);
     out.key("cache").value(event.cache);
     out.key("weights").value(event.weights);
     out.end_object();
