@@ -10,7 +10,8 @@ printed), made by routing random images and ordering them. Every bundle runs wit
 (--weight-cache) filled by an untimed first run, as an app's second launch finds it; the runs are interleaved,
 --rounds times, and each ratio is the median over the rounds with its spread ((max - min) / median).
 
-Printed (goals from the issue; "switch added" is a switch's load + first run minus the same expert's warm run): warm-cache switch added over a hit / warm p50 (<= 0.10) with the cold switch beside
+Printed, with the issue's goals ("switch added": a switch's load + first run minus the same expert's warm run):
+warm-cache switch added over a hit / warm p50 (<= 0.10), with the cold switch and the switch without a cache beside
 it; one-expert-cache p50 MoE/dense (<= 1.03), with prefetch (<= 1.01); peak RSS one-expert / dense (<= 1.03) and
 with prefetch (max experts resident, reported); all-experts p50 MoE/dense (<= 1.03). Weights and images are random:
 latency, memory and size do not depend on their values. Nothing else may run on the host meanwhile.
