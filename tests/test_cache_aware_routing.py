@@ -7,14 +7,13 @@ native runner (graphs.h pick_experts); the same images, hence the same gates, go
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from conftest import needs_build
 from PIL import Image
 
+from mobile_moe.app.cli import main
 from mobile_moe.device_bench.native_runner import run_native
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
@@ -74,7 +73,7 @@ def _python_sequence(bundle, images, margin: float) -> list[list[int]]:
 
 
 @needs_build
-def test_predict_the_python_runtime_and_the_native_runner_route_alike(runner, bundle, tmp_path):
+def test_predict_the_python_runtime_and_the_native_runner_route_alike(runner, bundle, tmp_path, capsys):
     """One expert cached; margin 0 routes as plain top-k, a margin taken from the images' own gates changes some of
     the routing (not all), and the three implementations choose the same experts for every image."""
     paths = _png_images(bundle, tmp_path)
@@ -89,9 +88,8 @@ def test_predict_the_python_runtime_and_the_native_runner_route_alike(runner, bu
         python = _python_sequence(bundle, images, d)
         native = run_native(runner, bundle, raw, RoundSettings(iterations=1, warmup=0, cache_experts=1,
                                                                 cache_margin=d, switch_repeats=0))  # fmt: skip
-        command = [sys.executable, "-m", "mobile_moe", "predict", str(bundle), *paths, "--json"]
-        command += ["--cache-experts", "1", "--cache-margin", repr(d)]
-        predicted = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+        assert main(["predict", str(bundle), *paths, "--json", "--cache-experts", "1", "--cache-margin", repr(d)]) == 0
+        predicted = json.loads(capsys.readouterr().out)
         assert [row["experts"] for row in native["images"]] == python == [row["experts"] for row in predicted]
         assert native["cache_margin"] == pytest.approx(d)
     unlimited = load_bundle(bundle)  # every expert stays loaded: plain top-k

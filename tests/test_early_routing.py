@@ -14,6 +14,7 @@ from mobile_moe.device_bench.native_runner import run_native
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
 from mobile_moe.export.bundle import export_bundle
+from mobile_moe.export.manifest import read_manifest
 from mobile_moe.export.runtime import load_bundle
 from mobile_moe.registry import create_model
 
@@ -65,15 +66,16 @@ def _graph_digests(bundle) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in bundle.iterdir() if p.suffix != ".json"}
 
 
-def test_a_default_model_exports_the_bundle_it_always_did(tmp_path):
-    """No trunk tail, and the same graph files as the paper's placement named explicitly."""
-    default = export_bundle(tiny_model("mobile-vmoe").eval(), tmp_path / "default", "executorch")
+def test_a_default_model_exports_the_bundle_it_always_did(bundle, tmp_path):
+    """No trunk tail, and the same graph files as the paper's placement named explicitly (`bundle`: conftest's tiny
+    Mobile V-MoE, the same model without router_block)."""
+    default = read_manifest(bundle)
     dense_layers = tiny_model("mobile-vmoe").config.dense_layers
-    explicit = tiny_model("mobile-vmoe", router_block=dense_layers).eval()
+    explicit = tiny_model("mobile-vmoe", pool="mean", router_block=dense_layers).eval()
     export_bundle(explicit, tmp_path / "explicit", "executorch")
-    assert default.composition.trunk_tail is None
+    assert default.composition.trunk_tail is None and "router_block" not in default.model.model_dump()
     assert {graph.role for graph in default.graphs} == {"router", "expert"}
-    assert _graph_digests(tmp_path / "default") == _graph_digests(tmp_path / "explicit")
+    assert _graph_digests(bundle) == _graph_digests(tmp_path / "explicit")
 
 
 @pytest.fixture(scope="module")
