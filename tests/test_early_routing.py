@@ -66,6 +66,7 @@ def _graph_digests(bundle) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in bundle.iterdir() if p.suffix != ".json"}
 
 
+@pytest.mark.slow  # an export (10 s); the default model's parity is also held by every export test
 def test_a_default_model_exports_the_bundle_it_always_did(bundle, tmp_path):
     """No trunk tail, and the same graph files as the paper's placement named explicitly (`bundle`: conftest's tiny
     Mobile V-MoE, the same model without router_block)."""
