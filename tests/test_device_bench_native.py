@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import needs_build
+import torch
+from conftest import needs_build, tiny_model
 
 from mobile_moe.app.cli import main
 from mobile_moe.device_bench import routing_stats
@@ -340,13 +341,18 @@ def damage_cache_files(cache_dir: Path) -> None:
 @needs_build
 def test_a_damaged_packed_weight_cache_is_rebuilt_and_the_answer_stays_right(runner, bundle, workload_file, tmp_path):
     """XNNPACK maps a cache file's packed bytes without checking them: the runner's check file catches every damage
-    before the backend sees it, the load packs afresh, and the logits still equal the cache-free run's (which
-    equal eager PyTorch's: test_native_runner_reproduces_python_runtime)."""
+    before the backend sees it, the load packs afresh, and the logits still equal the cache-free run's and eager
+    PyTorch's."""
     plain = run_native(runner, bundle, workload_file, RoundSettings(**SWITCHING))
     run_with_weight_cache(runner, bundle, workload_file, tmp_path, **SWITCHING)
     damage_cache_files(tmp_path)
     rebuilt = run_with_weight_cache(runner, bundle, workload_file, tmp_path, **SWITCHING)
     assert logits_of(rebuilt) == logits_of(plain)
+    shape = read_manifest(bundle).input.shape
+    images = torch.from_numpy(np.fromfile(workload_file, dtype=np.float32).reshape(-1, *shape[1:]))
+    with torch.no_grad():
+        eager = tiny_model("mobile-vmoe", pool="mean").eval()(images).logits.numpy()  # the bundle's model
+    np.testing.assert_allclose(logits_of(rebuilt), eager, atol=1e-4)
     assert {(e["cache"], e["weights"]) for e in first_loads(rebuilt).values()} == {("cold", "packed")}
     healed = run_with_weight_cache(runner, bundle, workload_file, tmp_path, **SWITCHING)
     assert {(e["cache"], e["weights"]) for e in first_loads(healed).values()} == {("warm", "mapped")}
