@@ -9,13 +9,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <atomic>
-#include <exception>
-#include <future>
-#include <thread>
+#include <cmath>
 #include <csignal>
 #include <cstdint>
+#include <exception>
+#include <future>
 #include <list>
 #include <map>
 #include <memory>
@@ -23,6 +22,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 

@@ -345,8 +345,8 @@ void timed_runs(json::Writer& out, const Options& options, const Bundle& bundle,
   }
   out.end_object();
   out.key("timed_expert_loads").value(loads.size());
-  // The most experts whose graphs existed at one moment so far (a prefetch overlaps the next expert's load with the
-  // release of the one it replaces).
+  // The most experts whose graphs existed at one moment so far: with one expert cached, 1 (a prefetch releases the
+  // evicted expert before it loads the next).
   out.key("max_experts_resident").value(pipeline.cache().max_resident());
   out.key("memory_after_warm");
   write_memory(out, stats::memory_now());
