@@ -1,6 +1,7 @@
 """Data specs (docs/formats.md) -> `Data`: three splits, class names, normalisation, and super-classes when known.
 
     digits                        scikit-learn's 1,797 real 8x8 digits, resized, 3 channels (offline; demo and tests)
+    digits-pairs[:train=N,val=M,test=K,seed=S]   two real digits side by side, 100 classes (digits_pairs.py)
     synthetic[:classes=C,super=S,per_class=N,noise=X,seed=K]   planted class -> super-class hierarchy (synthetic.py)
     cifar10:ROOT, cifar100:ROOT   local CIFAR files; CIFAR-100 brings its 20 coarse labels as super-classes
     imagefolder:ROOT              ROOT/train and ROOT/val; val is halved into val (held out) and test
@@ -25,10 +26,13 @@ from torch.utils.data import Dataset
 from mobile_moe import preprocess
 from mobile_moe.errors import UsageError
 from mobile_moe.super_class.superclasses import SuperClasses, from_labels
-from mobile_moe.training import files, synthetic
+from mobile_moe.training import digits_pairs, files, synthetic
 
 SPLITS = ("train", "val", "test")
-SPEC_HELP = "digits, synthetic[:classes=C,super=S,...], cifar10:ROOT, cifar100:ROOT or imagefolder:ROOT"
+SPEC_HELP = (
+    "digits, digits-pairs[:train=N,...], synthetic[:classes=C,super=S,...], cifar10:ROOT, cifar100:ROOT or "
+    "imagefolder:ROOT"
+)
 SPLIT_SEED = 0  # the train/val/test splits never change with the training seed
 
 
@@ -147,6 +151,23 @@ def in_memory(spec, image_size, images: np.ndarray, labels: np.ndarray, class_na
     return Data(spec, image_size, list(class_names), mean, std, splits, preprocess.stretch(), super_classes)
 
 
+def open_digits_pairs(spec: str, argument: str, image_size: int) -> Data:
+    """Pairs drawn within each split of the source digits (split as `digits` splits them), balanced over 100 classes;
+    the tens digit as coarse super-classes."""
+    from sklearn.datasets import load_digits
+
+    options = digits_pairs.parse_digits_pairs(argument)
+    digits = load_digits()
+    parts = stratified_split(digits.target, (0.7, 0.15, 0.15))
+    source = {name: (digits.images[idx], digits.target[idx]) for name, idx in zip(SPLITS, parts, strict=True)}
+    pairs = digits_pairs.generate(options, image_size, source)
+    splits = {name: ImageTensors(torch.from_numpy(images), labels) for name, (images, labels) in pairs.items()}
+    mean, std = channel_stats(splits["train"].images)
+    names = digits_pairs.class_names()
+    coarse = from_labels(digits_pairs.coarse_assignment(), names, digits_pairs.coarse_names(), f"{spec}:coarse")
+    return Data(spec, image_size, names, mean, std, splits, preprocess.stretch(), coarse)
+
+
 def open_digits(spec: str, image_size: int) -> Data:
     from sklearn.datasets import load_digits
 
@@ -191,6 +212,8 @@ def open_data(spec: str, image_size: int, mean=None, std=None, eval_resize=None)
     name, _, argument = spec.partition(":")
     if name == "digits" and not argument:
         data = open_digits(spec, image_size)
+    elif name == "digits-pairs":
+        data = open_digits_pairs(spec, argument, image_size)
     elif name == "synthetic":
         data = open_synthetic(spec, argument, image_size)
     elif name in ("cifar10", "cifar100") and argument:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mobile_moe.errors import UsageError
+from mobile_moe.training.spec_options import parse_options
 
 
 @dataclass(frozen=True)
@@ -38,18 +39,7 @@ class SyntheticSpec:
 
 def parse_synthetic(argument: str) -> SyntheticSpec:
     """ "classes=12,super=4" -> SyntheticSpec; every key type-checked against the dataclass field."""
-    fields: dict[str, int | float] = {}
-    for item in filter(None, argument.split(",")):
-        key, _, value = item.partition("=")
-        if key not in SyntheticSpec.__dataclass_fields__:
-            known = ", ".join(SyntheticSpec.__dataclass_fields__)
-            raise UsageError(f"synthetic: unknown option {key!r}; known: {known} (e.g. synthetic:classes=12,super=4)")
-        kind = float if key == "noise" else int
-        try:
-            fields[key] = kind(value)
-        except ValueError:
-            raise UsageError(f"synthetic: {key}={value!r} is not a valid {kind.__name__}") from None
-    return SyntheticSpec(**fields)
+    return parse_options(SyntheticSpec, argument, "synthetic", "synthetic:classes=12,super=4")
 
 
 def generate(spec: SyntheticSpec, image_size: int) -> tuple[np.ndarray, np.ndarray]:
