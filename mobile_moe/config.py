@@ -310,6 +310,9 @@ class VMoEConfig(TokenMoEConfig):
     noise_std: float | None = None  # std of the noise added to the router logits while training; None: 1 / E
     batch_prioritized: bool = True  # tokens with the highest top gate fill the buffers first (BPR)
     aux_loss_weight: float = 0.01  # weight of (importance loss + load loss) / 2, summed over MoE blocks
+    # The router is g(x) = TOP_k(softmax(W x + noise)) (the paper; google-research/vmoe's dense layer has no bias).
+    # True only for runs written before the bias was removed (registry.config_from_dict reads them so).
+    router_bias: bool = False
 
     name = "vmoe"
     model_class = "mobile_moe.token_moe:TokenMoEViT"
@@ -331,6 +334,7 @@ class ExpertsChoiceConfig(TokenMoEConfig):
 
     capacity_ratio: float = 2.0
     eval_capacity_ratio: float = 2.0
+    router_bias: bool = False  # as V-MoE's: no bias (vmoe's routers); True only for runs written before
 
     name = "experts-choice"
     model_class = "mobile_moe.token_moe:TokenMoEViT"

@@ -182,7 +182,8 @@ def moe_layer_costs(cfg: TokenMoEConfig | WideNetConfig) -> MoELayerCosts:
     if isinstance(cfg, SoftMoEConfig):
         router, router_flops, reached = D * slots + 1, 2 * T * D * slots, E
     else:
-        router, router_flops = _linear_params(D, E), 2 * T * D * E
+        router = _linear_params(D, E) if getattr(cfg, "router_bias", True) else D * E
+        router_flops = 2 * T * D * E
         # Token choice: T * k (token, choice) assignments, each can reach another expert. Experts choice: every
         # expert takes cap >= 1 tokens.
         reached = E if isinstance(cfg, ExpertsChoiceConfig) else min(E, T * cfg.top_k)

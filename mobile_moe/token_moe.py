@@ -77,7 +77,8 @@ class TokenChoiceRouter(nn.Module):
     """Each token picks its top-k experts; each expert's buffer takes `cap` tokens of an image (V-MoE's
     NoisyTopExpertsPerItemRouter; WideNet's router with noise_std 0, no BPR and the Switch loss).
 
-        logits = W x  (no LayerNorm: the block's norm2 already normalised x)  (+ N(0, noise_std^2) while training)
+        logits = W x  (no bias, as vmoe's dense layer; WideNet's keeps one. No LayerNorm: the block's norm2 already
+                       normalised x)  (+ N(0, noise_std^2) while training)
         gates = softmax(logits); each token's top-k gates, not renormalised (as in V-MoE)
 
     Buffer slots go in priority order, all first choices before any second choice: by the top gate, highest first
@@ -108,6 +109,7 @@ class TokenChoiceRouter(nn.Module):
         batch_prioritized: bool = False,
         balance_loss: str = "importance-load",
         aux_loss_weight: float = 0.0,
+        bias: bool = True,
     ):
         super().__init__()
         if balance_loss not in ("importance-load", "switch"):
@@ -116,7 +118,7 @@ class TokenChoiceRouter(nn.Module):
         self.capacity_ratio, self.eval_capacity_ratio = capacity_ratio, eval_capacity_ratio
         self.noise_std, self.batch_prioritized = noise_std, batch_prioritized
         self.balance_loss, self.aux_loss_weight = balance_loss, aux_loss_weight
-        self.proj = nn.Linear(width, num_experts)
+        self.proj = nn.Linear(width, num_experts, bias=bias)
 
     def capacity(self, tokens: int) -> int:
         ratio = self.capacity_ratio if self.training else self.eval_capacity_ratio
@@ -185,11 +187,13 @@ class ExpertsChoiceRouter(nn.Module):
     expert took (they pass through on the residual). No auxiliary loss: the balance is built in.
     """
 
-    def __init__(self, width: int, num_experts: int, capacity_ratio: float, eval_capacity_ratio: float):
+    def __init__(
+        self, width: int, num_experts: int, capacity_ratio: float, eval_capacity_ratio: float, bias: bool = False
+    ):
         super().__init__()
         self.num_experts = num_experts
         self.capacity_ratio, self.eval_capacity_ratio = capacity_ratio, eval_capacity_ratio
-        self.proj = nn.Linear(width, num_experts)
+        self.proj = nn.Linear(width, num_experts, bias=bias)
 
     def capacity(self, tokens: int) -> int:
         ratio = self.capacity_ratio if self.training else self.eval_capacity_ratio
@@ -292,6 +296,7 @@ def token_choice_router(
         batch_prioritized=batch_prioritized,
         balance_loss=balance_loss,
         aux_loss_weight=cfg.aux_loss_weight,
+        bias=getattr(cfg, "router_bias", True),  # WideNet's keeps its bias
     )
 
 
@@ -300,7 +305,9 @@ def make_router(cfg: TokenMoEConfig) -> nn.Module:
     if isinstance(cfg, VMoEConfig):
         return token_choice_router(cfg, "importance-load", cfg.batch_prioritized)
     if isinstance(cfg, ExpertsChoiceConfig):
-        return ExpertsChoiceRouter(cfg.width, cfg.num_experts, cfg.capacity_ratio, cfg.eval_capacity_ratio)
+        return ExpertsChoiceRouter(
+            cfg.width, cfg.num_experts, cfg.capacity_ratio, cfg.eval_capacity_ratio, cfg.router_bias
+        )
     if isinstance(cfg, SoftMoEConfig):
         return SoftRouter(cfg.width, cfg.num_experts, cfg.slots_per_expert)
     raise TypeError(f"no per-token router for {type(cfg).__name__}")

@@ -127,7 +127,7 @@ def test_hand_count_tiny_vmoe():
     vmoe = costs(make_config("vmoe", **TINY, num_experts=4, top_k=2, moe_layers=2))
     T, D, F, E, cap = 17, 32, 128, 4, 17
     mlp_params = D * F + F + F * D + D
-    router_params = D * E + E
+    router_params = D * E  # no bias (vmoe's router is a dense layer without one)
     assert vmoe.params_total == dense.params_total + 2 * (router_params + (E - 1) * mlp_params)
     assert vmoe.params_active == vmoe.params_total  # 17 tokens x 2 choices can reach all 4 experts
     router, dispatch, combine, experts = 2 * T * D * E, 2 * T * E * cap * D, 2 * T * E * cap * D, E * cap * 4 * D * F

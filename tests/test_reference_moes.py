@@ -234,10 +234,11 @@ def test_output_contract(name, images):
 
 
 @pytest.mark.parametrize("name", REFERENCE_MOES)
-def test_gradients_reach_the_routers_and_every_parameter(name, images):
+def test_gradients_reach_the_routers_and_every_parameter(name):
     model = tiny_model(name, **({"capacity_ratio": 4.0} if name != "soft-moe" else {}))
+    images = torch.randn(24, 3, 32, 32, generator=torch.Generator().manual_seed(0))  # enough tokens for every expert
     out = model(images)
-    (F.cross_entropy(out.logits, torch.arange(6) % 7) + out.stats.aux_loss).backward()
+    (F.cross_entropy(out.logits, torch.arange(24) % 7) + out.stats.aux_loss).backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
     assert missing == []
     assert any("router" in n for n, _ in model.named_parameters())
@@ -262,3 +263,21 @@ def test_torch_export_at_batch_one(name):
     with torch.no_grad():
         for got, want in zip(program.module()(other), _Exportable(model)(other), strict=True):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["vmoe", "experts-choice"])
+def test_routers_have_no_bias_and_runs_from_before_still_load(name):
+    """g(x) = TOP_k(softmax(W x)) as in the paper and vmoe; a run's config.json from before the change has no
+    `router_bias`, and reads back as the biased router its checkpoint holds."""
+    from mobile_moe.registry import model_from_config_dict
+
+    model = tiny_model(name)
+    assert not [n for n, _ in model.named_parameters() if "router" in n and n.endswith("bias")]
+    before = model.config.to_dict()
+    del before["router_bias"]
+    biased = model_from_config_dict({**before, "router_bias": True})
+    old_checkpoint = biased.state_dict()
+    assert [n for n in old_checkpoint if "router" in n and n.endswith("bias")]
+    restored = model_from_config_dict(before)
+    assert restored.config.router_bias
+    restored.load_state_dict(old_checkpoint)  # strict: every key, the router bias included
