@@ -129,20 +129,25 @@ class TokenChoiceRouter(nn.Module):
         logits = self.proj(x)  # (B, T, E)
         noisy = self.training and self.noise_std > 0
         noisy_logits = logits + self.noise_std * torch.randn_like(logits) if noisy else logits
-        gates, experts = top_k(noisy_logits.softmax(-1), self.top_k)  # (B, T, k) each
         capacity = self.capacity(x.shape[1])
-        slots = self.buffer_slots(experts, gates[..., 0])  # (B, T, k)
-        expert_mask = one_hot(experts, self.num_experts, x.dtype)  # (B, T, k, E)
-        slot_mask = one_hot(slots, capacity, x.dtype)  # (B, T, k, cap), zero past the capacity: dropped
-        dispatch = (expert_mask.unsqueeze(-1) * slot_mask.unsqueeze(-2)).sum(2)  # (B, T, E, cap)
-        expert_gates = (expert_mask * gates.unsqueeze(-1)).sum(2)  # (B, T, E), zero off the top k
-        combine = dispatch * expert_gates.unsqueeze(-1)  # (B, T, E, cap)
+        dispatch, combine, experts, slots = self.dispatch_by_gates(noisy_logits.softmax(-1), capacity)
         stats = MoEStats(
-            aux_loss=self.aux_loss_weight * self.balance(logits, noisy_logits, experts, expert_mask),
+            aux_loss=self.aux_loss_weight * self.balance(logits, noisy_logits, experts),
             expert_tokens=dispatch.detach().sum((1, 3)).unsqueeze(1),  # (B, 1, E)
             dropped=1.0 - (slots < capacity).to(x.dtype).mean(),
         )
         return Route(dispatch, combine, stats)
+
+    def dispatch_by_gates(self, probs: Tensor, capacity: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """probs (B, T, E) -> dispatch, combine (B, T, E, cap), the chosen experts (B, T, k) and their buffer slots
+        (B, T, k; >= cap: dropped). vmoe's get_top_experts_per_item_dispatcher for one group per image."""
+        gates, experts = top_k(probs, self.top_k)  # (B, T, k) each
+        slots = self.buffer_slots(experts, gates[..., 0])  # (B, T, k)
+        expert_mask = one_hot(experts, self.num_experts, probs.dtype)  # (B, T, k, E)
+        slot_mask = one_hot(slots, capacity, probs.dtype)  # (B, T, k, cap), zero past the capacity: dropped
+        dispatch = (expert_mask.unsqueeze(-1) * slot_mask.unsqueeze(-2)).sum(2)  # (B, T, E, cap)
+        expert_gates = (expert_mask * gates.unsqueeze(-1)).sum(2)  # (B, T, E), zero off the top k
+        return dispatch, dispatch * expert_gates.unsqueeze(-1), experts, slots
 
     def buffer_slots(self, experts: Tensor, top_gate: Tensor) -> Tensor:
         """(B, T, k) experts, (B, T) top gate -> (B, T, k): the slot each (token, choice) takes in its expert's buffer
@@ -159,22 +164,38 @@ class TokenChoiceRouter(nn.Module):
         slots = slots.reshape(B, k, T).transpose(1, 2)  # (B, T, k) in priority order
         return torch.zeros_like(slots).scatter(1, order, slots)  # (B, T, k) back in token order
 
-    def balance(self, logits: Tensor, noisy_logits: Tensor, experts: Tensor, expert_mask: Tensor) -> Tensor:
-        """The unweighted auxiliary loss () (see the class docstring)."""
-        T = logits.shape[1]
-        assigned = expert_mask.sum(2)  # (B, T, E): 1 where e is among the token's top k
+    def balance(self, logits: Tensor, noisy_logits: Tensor, experts: Tensor) -> Tensor:
+        """The unweighted auxiliary loss (see the class docstring), averaged over images."""
+        assigned = one_hot(experts, self.num_experts, logits.dtype).sum(2)  # (B, T, E): 1 if among the top k
         if self.balance_loss == "switch":
-            share = assigned.sum(1) / T  # (B, E): WideNet's m (Eq. 4), summing to k over the experts
-            mean_gate = noisy_logits.softmax(-1).mean(1)  # (B, E)
-            return (self.num_experts * (share * mean_gate).sum(-1)).mean()
-        importance = cv_squared(logits.softmax(-1).sum(1))  # (B,)
+            return switch_loss(noisy_logits.softmax(-1), assigned).mean()
+        importance = importance_loss(logits.softmax(-1))  # (B,)
         if self.training and self.noise_std > 0:
-            threshold = noisy_logits.gather(-1, experts[..., -1:])  # (B, T, 1): the k-th largest noisy logit
-            p_chosen = 0.5 * torch.erfc((threshold - logits) / (self.noise_std * math.sqrt(2.0)))  # (B, T, E)
-            load = cv_squared(p_chosen.sum(1))  # (B,)
+            load = load_loss(logits, noisy_logits, experts, self.noise_std)
         else:
             load = cv_squared(assigned.sum(1))  # (B,): the noise-free limit, hard top-k counts
         return ((importance + load) / 2).mean()
+
+
+def importance_loss(probs: Tensor) -> Tensor:
+    """(B, T, E) clean softmax gates -> (B,): CV^2 over experts of their summed gates (V-MoE's importance loss)."""
+    return cv_squared(probs.sum(1))
+
+
+def load_loss(logits: Tensor, noisy_logits: Tensor, experts: Tensor, noise_std: float) -> Tensor:
+    """(B,): CV^2 over experts of the summed probability that each stays among a token's top k when only its own
+    noise is drawn again: P(logit_e + noise >= the k-th largest noisy logit) (V-MoE's load loss). experts (B, T, k):
+    the noisy top k, the last the k-th."""
+    threshold = noisy_logits.gather(-1, experts[..., -1:])  # (B, T, 1): the k-th largest noisy logit
+    p_chosen = 0.5 * torch.erfc((threshold - logits) / (noise_std * math.sqrt(2.0)))  # (B, T, E)
+    return cv_squared(p_chosen.sum(1))
+
+
+def switch_loss(probs: Tensor, assigned: Tensor) -> Tensor:
+    """(B,): E * sum_e m_e P_e (Switch / WideNet Eq. 3-5; vmoe's GShard loss for k = 1): m_e the share of tokens
+    having e among their top k (assigned (B, T, E) 0/1), P_e the mean gate of e (probs (B, T, E))."""
+    share = assigned.sum(1) / assigned.shape[1]  # (B, E): summing to k over the experts
+    return probs.shape[-1] * (share * probs.mean(1)).sum(-1)
 
 
 class ExpertsChoiceRouter(nn.Module):
@@ -201,11 +222,7 @@ class ExpertsChoiceRouter(nn.Module):
 
     def forward(self, x: Tensor) -> Route:
         """x (B, T, D) -> Route with dispatch, combine of shape (B, T, E, cap)."""
-        T = x.shape[1]
-        scores = self.proj(x).softmax(-1)  # (B, T, E)
-        gates, tokens = top_k(scores.transpose(1, 2), self.capacity(T))  # (B, E, cap) each
-        dispatch = one_hot(tokens, T, x.dtype).permute(0, 3, 1, 2)  # (B, E, cap, T) -> (B, T, E, cap)
-        combine = dispatch * gates.unsqueeze(1)  # (B, T, E, cap)
+        dispatch, combine = self.dispatch_by_scores(self.proj(x).softmax(-1), self.capacity(x.shape[1]))
         taken = dispatch.detach().sum((2, 3)) > 0  # (B, T)
         stats = MoEStats(
             aux_loss=x.new_zeros(()),
@@ -213,6 +230,14 @@ class ExpertsChoiceRouter(nn.Module):
             dropped=1.0 - taken.to(x.dtype).mean(),
         )
         return Route(dispatch, combine, stats)
+
+    @staticmethod
+    def dispatch_by_scores(scores: Tensor, capacity: int) -> tuple[Tensor, Tensor]:
+        """scores (B, T, E) -> dispatch, combine (B, T, E, cap): each expert's top-cap tokens, highest first
+        (vmoe's get_top_items_per_expert_dispatcher, one group per image)."""
+        gates, tokens = top_k(scores.transpose(1, 2), capacity)  # (B, E, cap) each
+        dispatch = one_hot(tokens, scores.shape[1], scores.dtype).permute(0, 3, 1, 2)  # (B, T, E, cap)
+        return dispatch, dispatch * gates.unsqueeze(1)
 
 
 class SoftRouter(nn.Module):
