@@ -86,3 +86,17 @@ def test_switch_loss_is_vmoes_gshard_loss_for_k1():
     top k; with k = 1 that is vmoe's top-1 share, the same number."""
     assigned = one_hot_of(LOSS_GATES.argmax(-1, keepdim=True), 3, LOSS_GATES.dtype).sum(1)  # (T, E)
     assert switch_loss(LOSS_GATES[None], assigned[None]).item() == pytest.approx(1.0875, abs=1e-6)
+
+
+def test_soft_router_parameters_and_weights():
+    """vmoe/projects/soft_moe/router_test.py SoftRouterTest.test_forward: x ones (1, 8, 16), 5 experts of 2 slots ->
+    parameters mu (16, 5, 2) (our phi) and a scalar scale. vmoe's test then checks only the dispatcher's type; here:
+    dispatch weights sum to 1 over the tokens of each slot, combine weights to 1 over the slots of each token.
+    (SoftRouterTest.test_metrics checks similarity metrics we do not compute.)"""
+    from mobile_moe.token_moe import SoftRouter
+
+    router = SoftRouter(16, 5, 2)
+    assert tuple(router.phi.shape) == (16, 5, 2) and router.scale.shape == ()
+    route = router(torch.ones(1, 8, 16))
+    torch.testing.assert_close(route.dispatch.sum(1), torch.ones(1, 5, 2))
+    torch.testing.assert_close(route.combine.sum((2, 3)), torch.ones(1, 8))
