@@ -55,12 +55,12 @@ namespace et = executorch::runtime;
 // "mapped" (from a warm cache file).
 struct LoadEvent {
   std::string graph;
-  int64_t bytes;
-  double ms;
-  double program_ms, data_map_ms, cache_check_ms, method_ms, cache_record_ms;
-  double bring_in_ms;  // prefetching: reading the mapped packed weights in on the loading thread
-  std::string weights;
-  std::string cache;  // "off", "cold", "warm"
+  int64_t bytes = 0;
+  double ms = 0;
+  double program_ms = 0, data_map_ms = 0, cache_check_ms = 0, method_ms = 0, cache_record_ms = 0;
+  double bring_in_ms = 0;  // prefetching: reading the mapped packed weights in on the loading thread
+  std::string weights = "packed";
+  std::string cache = "off";
 };
 
 // Where an ExecuTorch file says its segment data lies: {base, size} from the extended header of a program ("eh00" at
@@ -182,7 +182,7 @@ class LoadedGraph {
 
 class Loader {
  public:
-  Loader(LoadMode mode, PackedCache* packed_cache) : mode_(mode), packed_cache_(packed_cache) {}
+  Loader(LoadMode mode, PackedCache& packed_cache) : mode_(mode), packed_cache_(packed_cache) {}
 
   // Load a graph: its program (parsed once per file and kept for the family; fully verified, so a corrupt flatbuffer
   // is refused, not walked) with its signature checked against the manifest, then its forward method with its own
@@ -192,7 +192,7 @@ class Loader {
   std::unique_ptr<LoadedGraph> load(const Graph& graph, bool scratch = false, bool warm_weights = false) {
     set_phase("loading " + graph.program.file);
     auto start = Clock::now();
-    LoadEvent event{graph.name, graph.load_bytes(), 0, 0, 0, 0, 0, 0, 0, "packed", "off"};
+    LoadEvent event{graph.name, graph.load_bytes()};
     auto loaded = std::make_unique<LoadedGraph>();
     loaded->program_ = program_for(graph);
     event.program_ms = ms_since(start);
@@ -208,10 +208,9 @@ class Loader {
     init_method(graph, *loaded);
     event.method_ms = ms_since(method_start);
     auto record_start = Clock::now();
-    if (packed_cache_ != nullptr && packed_cache_->enabled())
-      event.weights = packed_cache_->record(loaded->cache_entry_);
+    event.weights = packed_cache_.record(loaded->cache_entry_);
     event.cache_record_ms = ms_since(record_start);
-    if (warm_weights && event.weights == std::string("mapped")) {
+    if (warm_weights && event.weights == "mapped") {
       auto bring_in_start = Clock::now();
       bring_in_mapped(loaded->cache_entry_.path);
       event.bring_in_ms = ms_since(bring_in_start);
@@ -228,7 +227,7 @@ class Loader {
   void unload(std::unique_ptr<LoadedGraph> graph, bool scratch) {
     PackedCacheEntry entry = graph->cache_entry_;
     graph.reset();
-    if (scratch && packed_cache_ != nullptr) packed_cache_->discard(entry);
+    if (scratch) packed_cache_.discard(entry);
   }
 
   std::vector<LoadEvent> events;
@@ -236,7 +235,7 @@ class Loader {
 
  private:
   LoadMode mode_;
-  PackedCache* packed_cache_;
+  PackedCache& packed_cache_;  // off (no directory): every load packs on the heap
   std::map<std::string, std::shared_ptr<ProgramFile>> family_programs_;  // programs that experts share, by path
 
   std::shared_ptr<ProgramFile> program_for(const Graph& graph) {
@@ -271,8 +270,8 @@ class Loader {
 
   // XNNPACK's per-load options: this graph's own packed-weight cache file (or none).
   void set_cache_options(const Graph& graph, LoadedGraph& loaded, bool scratch) {
-    if (packed_cache_ == nullptr || !packed_cache_->enabled()) return;
-    loaded.cache_entry_ = scratch ? packed_cache_->scratch(graph) : packed_cache_->prepare(graph);
+    if (!packed_cache_.enabled()) return;
+    loaded.cache_entry_ = scratch ? packed_cache_.scratch(graph) : packed_cache_.prepare(graph);
     loaded.xnnpack_options_.set_option("weight_cache_enabled", true);
     loaded.xnnpack_options_.set_option("packed_cache_path", loaded.cache_entry_.path.c_str());
     auto status = loaded.backend_options_.set_options("XnnpackBackend", loaded.xnnpack_options_.view());
@@ -286,11 +285,13 @@ class Loader {
     if (!meta.ok()) throw UsageError("graph " + graph.name + ": no forward method " + runtime_error_text(meta.error()));
     for (size_t i = 0; i < meta->num_memory_planned_buffers(); ++i) {
       auto size = meta->memory_planned_buffer_size(i);
-      if (!size.ok()) throw UsageError("graph " + graph.name + ": unreadable memory plan " + runtime_error_text(size.error()));
+      if (!size.ok())
+        throw UsageError("graph " + graph.name + ": unreadable memory plan " + runtime_error_text(size.error()));
       loaded.planned_buffers_.emplace_back(static_cast<size_t>(*size));
     }
     for (auto& buffer : loaded.planned_buffers_) loaded.planned_spans_.emplace_back(buffer.data(), buffer.size());
-    loaded.planned_memory_.emplace(et::Span<et::Span<uint8_t>>(loaded.planned_spans_.data(), loaded.planned_spans_.size()));
+    loaded.planned_memory_.emplace(
+        et::Span<et::Span<uint8_t>>(loaded.planned_spans_.data(), loaded.planned_spans_.size()));
     loaded.memory_manager_.emplace(&loaded.method_allocator_, &*loaded.planned_memory_, &loaded.temp_allocator_);
     const et::NamedDataMap* weights = loaded.weights_ ? &*loaded.weights_ : nullptr;
     const et::LoadBackendOptionsMap* options = loaded.backend_options_.size() > 0 ? &loaded.backend_options_ : nullptr;

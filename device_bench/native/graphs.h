@@ -9,12 +9,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <csignal>
 #include <cstdint>
 #include <exception>
-#include <future>
 #include <list>
 #include <map>
 #include <memory>
@@ -50,7 +48,8 @@ inline void probe_weights_files(const Bundle& bundle, LoadMode load_mode) {
       // Die of the signal without the runner's one-line crash report: the parent reports.
       for (int fatal : {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL}) signal(fatal, SIG_DFL);
       try {
-        Loader(load_mode, nullptr).load(graph);
+        PackedCache off;
+        Loader(load_mode, off).load(graph);
       } catch (...) {
         _exit(3);
       }
@@ -116,9 +115,6 @@ class ExpertCache {
  public:
   ExpertCache(const Bundle& bundle, Loader& loader, int capacity)
       : bundle_(bundle), loader_(loader), capacity_(capacity) {}
-  ~ExpertCache() {
-    if (worker_.joinable()) worker_.join();
-  }
 
   // The expert's graphs, loading them (and evicting the least recently used expert beyond capacity) when absent.
   // `scratch`: load it from an empty packed-weight cache (Loader::load), to measure a cold switch.
@@ -143,19 +139,17 @@ class ExpertCache {
 
   // Prefetch (early routing): while the caller runs the trunk tail, a second thread releases the experts evicted to
   // make room, then loads `expert` and brings its mapped packed weights in (Loader::load's warm_weights), so the first
-  // run reads them from the cache, not through page faults; finish() waits for that and caches the expert. Releasing
+  // run reads them from the cache, not through page faults; finish() joins the thread and caches the expert. Releasing
   // first keeps one expert in memory at a time (max_resident()); releasing after the load, while the caller runs the
-  // expert, measured no faster on ViT-Ti/32 and held two.
+  // expert, measured no faster on ViT-Ti/32 and held two. The thread writes into `prefetch` until it is joined.
   struct Prefetch {
     int expert = -1;
+    std::thread thread;
     ExpertGraphs graphs;
     double load_ms = 0;
     std::exception_ptr error;
-    std::promise<void> loaded;
-    std::future<void> done;  // loaded's
   };
   void load_on_thread(int expert, Prefetch& prefetch) {
-    if (worker_.joinable()) worker_.join();  // the previous prefetch's releases
     std::vector<ExpertGraphs> leaving;
     while (static_cast<int>(graphs_.size()) >= capacity_) {
       int oldest = order_.back();
@@ -165,8 +159,7 @@ class ExpertCache {
       order_.remove(oldest);
     }
     prefetch.expert = expert;
-    prefetch.done = prefetch.loaded.get_future();
-    worker_ = std::thread([this, expert, &prefetch, leaving = std::move(leaving)]() mutable {
+    prefetch.thread = std::thread([this, expert, &prefetch, leaving = std::move(leaving)]() mutable {
       try {
         released(leaving.size());
         leaving.clear();  // first: one expert in memory at a time (measured: no slower than releasing it after)
@@ -178,13 +171,12 @@ class ExpertCache {
       } catch (...) {
         prefetch.error = std::current_exception();
       }
-      prefetch.loaded.set_value();  // the caller goes on; `prefetch` is not touched after this
     });
   }
   // -> ms the caller waited for the load after its own work.
   double finish(Prefetch& prefetch) {
     auto start = Clock::now();
-    prefetch.done.wait();
+    prefetch.thread.join();
     double waited = ms_since(start);
     if (prefetch.error) std::rethrow_exception(prefetch.error);
     insert(prefetch.expert, std::move(prefetch.graphs));
@@ -218,20 +210,16 @@ class ExpertCache {
   std::map<int, ExpertGraphs> graphs_;
   std::list<int> order_;     // most recently used first
   std::set<int> scratch_;    // experts loaded from a scratch cache file
-  std::thread worker_;       // the last prefetch (joined before the next one)
-  std::atomic<int> live_{0}, max_resident_{0};  // experts whose graphs exist, and the most at any moment
+  // Experts whose graphs exist, and the most at any moment. A prefetching thread updates them before it is joined,
+  // while the caller runs only the trunk tail.
+  int live_ = 0, max_resident_ = 0;
 
   ExpertGraphs& insert(int expert, ExpertGraphs graphs) {
     auto& slot = graphs_[expert] = std::move(graphs);
     order_.push_front(expert);
     return slot;
   }
-  void note_loaded() {
-    int now = ++live_;
-    int seen = max_resident_.load();
-    while (now > seen && !max_resident_.compare_exchange_weak(seen, now)) {
-    }
-  }
+  void note_loaded() { max_resident_ = std::max(max_resident_, ++live_); }
   void released(size_t experts) { live_ -= static_cast<int>(experts); }
 };
 
@@ -407,7 +395,7 @@ class Pipeline {
     try {
       tail_tokens = run_tail(tokens);
     } catch (...) {
-      if (miss) prefetch.done.wait();  // the thread writes into `prefetch` until then
+      if (miss) prefetch.thread.join();  // the thread writes into `prefetch` until then
       throw;
     }
     out.tail_ms = ms_since(tail_start);

@@ -118,11 +118,10 @@ inline std::string file_xxh64(const std::string& path, uint64_t* size) {
 // Bring a mapped cache file's pages in, on the thread that calls this: every page of every mapping of `path` in this
 // process (found in /proc/self/maps: the backend maps the file itself, XNNWeightsCache.cpp load_packed_cache) is
 // read, one word per 64-byte line, so the page tables are filled and the packed weights sit in the shared cache
-// before the first run reads them. What a prefetching thread does while the trunk tail runs. -> bytes read.
-inline uint64_t bring_in_mapped(const std::string& path) {
+// before the first run reads them. What a prefetching thread does while the trunk tail runs.
+inline void bring_in_mapped(const std::string& path) {
   std::ifstream maps("/proc/self/maps");
   std::string line;
-  uint64_t bytes = 0;
   volatile uint64_t sink = 0;
   while (std::getline(maps, line)) {
     if (line.size() < path.size() || line.compare(line.size() - path.size(), path.size(), path) != 0) continue;
@@ -131,9 +130,7 @@ inline uint64_t bring_in_mapped(const std::string& path) {
     uint64_t sum = 0;
     for (auto at = begin; at < end; at += 64) sum += *reinterpret_cast<const volatile uint64_t*>(at);
     sink = sink + sum;
-    bytes += end - begin;
   }
-  return bytes;
 }
 
 // How a load met its graph's cache file.
@@ -166,7 +163,6 @@ class PackedCache {
   }
 
   bool enabled() const { return !dir_.empty(); }
-  const std::string& dir() const { return dir_; }
 
   // The graph's cache file (its name: the program's and weights' sha256s and the runtime), checked; a file that
   // fails the check is removed, so the load rebuilds it.

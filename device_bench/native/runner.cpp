@@ -520,7 +520,7 @@ std::string measure(const Options& options) {
   out.key("memory_at_start");
   write_memory(out, stats::memory_now());
 
-  Loader loader(load_mode, &packed_cache);
+  Loader loader(load_mode, packed_cache);
   Pipeline pipeline(bundle, loader, cache_experts, options.cache_margin);
   OpenFiles files{bundle.dir, {}};
   load_first_graph(out, bundle, pipeline);
