@@ -88,27 +88,18 @@ class Split:
 
 class RouterGraph(nn.Module):
     """images (1, 3, S, S) -> tokens (1, T, D), router_probs (1, E). Top-k is the runtime's job (no data-dependent
-    outputs in the graph, and the runtime can read every expert's probability)."""
+    outputs in the graph, and the runtime can read every expert's probability). With early routing (`up_to_router`,
+    router_block) the tokens are those after dense block J the router read; the TrunkTailGraph runs the rest, which a
+    runner does while it loads the chosen expert."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, up_to_router: bool = False):
         super().__init__()
         self.router_stage = model.router_stage
+        self.up_to_router = up_to_router
 
     def forward(self, images: Tensor) -> tuple[Tensor, Tensor]:
-        tokens, routing = self.router_stage(images)
-        return tokens, routing.probs
-
-
-class EarlyRouterGraph(nn.Module):
-    """Early routing (router_block): images -> tokens after dense block J (1, T, D), router_probs (1, E). The
-    trunk's remaining dense blocks are the TrunkTailGraph, which a runner runs while it loads the chosen expert."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.router_stage = model.router_stage
-
-    def forward(self, images: Tensor) -> tuple[Tensor, Tensor]:
-        tokens, routing = self.router_stage.route(images)
+        route = self.router_stage.route if self.up_to_router else self.router_stage
+        tokens, routing = route(images)
         return tokens, routing.probs
 
 
@@ -242,7 +233,7 @@ def _early_routing_split(
             f"router_block={model.config.router_block} (early routing) exports as --layout expert-paths only; the "
             "per-block layout keeps the router's tokens as the first MoE block's input"
         )
-    router = GraphSpec("router", "router", EarlyRouterGraph(model), [images], [tokens, probs])
+    router = GraphSpec("router", "router", RouterGraph(model, up_to_router=True), [images], [tokens, probs])
     tail = GraphSpec("trunk_tail", "trunk_tail", TrunkTailGraph(model), [tokens], [tokens])
     split = _expert_paths_split(model, router, tokens, logits)
     split.graphs.insert(1, tail)
