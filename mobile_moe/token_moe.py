@@ -50,6 +50,18 @@ def cv_squared(values: Tensor) -> Tensor:
     return (values.std(-1, correction=0) / values.mean(-1)) ** 2
 
 
+class TokenChoices(NamedTuple):
+    """What token-choice routing decided for one group (an image): dispatch and combine (B, T, E, cap), each token's
+    chosen experts (B, T, k, the k-th last), `assigned` (B, T, E: 1 where e is among the token's top k, before the
+    capacity cut) and each choice's buffer slot (B, T, k; >= cap: dropped)."""
+
+    dispatch: Tensor
+    combine: Tensor
+    experts: Tensor
+    assigned: Tensor
+    slots: Tensor
+
+
 class Route(NamedTuple):
     """What a router hands its MoE layer."""
 
@@ -130,24 +142,23 @@ class TokenChoiceRouter(nn.Module):
         noisy = self.training and self.noise_std > 0
         noisy_logits = logits + self.noise_std * torch.randn_like(logits) if noisy else logits
         capacity = self.capacity(x.shape[1])
-        dispatch, combine, experts, slots = self.dispatch_by_gates(noisy_logits.softmax(-1), capacity)
+        chosen = self.dispatch_by_gates(noisy_logits.softmax(-1), capacity)
         stats = MoEStats(
-            aux_loss=self.aux_loss_weight * self.balance(logits, noisy_logits, experts),
-            expert_tokens=dispatch.detach().sum((1, 3)).unsqueeze(1),  # (B, 1, E)
-            dropped=1.0 - (slots < capacity).to(x.dtype).mean(),
+            aux_loss=self.aux_loss_weight * self.balance(logits, noisy_logits, chosen.experts, chosen.assigned),
+            expert_tokens=chosen.dispatch.detach().sum((1, 3)).unsqueeze(1),  # (B, 1, E)
+            dropped=1.0 - (chosen.slots < capacity).to(x.dtype).mean(),
         )
-        return Route(dispatch, combine, stats)
+        return Route(chosen.dispatch, chosen.combine, stats)
 
-    def dispatch_by_gates(self, probs: Tensor, capacity: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """probs (B, T, E) -> dispatch, combine (B, T, E, cap), the chosen experts (B, T, k) and their buffer slots
-        (B, T, k; >= cap: dropped). vmoe's get_top_experts_per_item_dispatcher for one group per image."""
+    def dispatch_by_gates(self, probs: Tensor, capacity: int) -> TokenChoices:
+        """probs (B, T, E) -> TokenChoices. vmoe's get_top_experts_per_item_dispatcher for one group per image."""
         gates, experts = top_k(probs, self.top_k)  # (B, T, k) each
         slots = self.buffer_slots(experts, gates[..., 0])  # (B, T, k)
         expert_mask = one_hot(experts, self.num_experts, probs.dtype)  # (B, T, k, E)
         slot_mask = one_hot(slots, capacity, probs.dtype)  # (B, T, k, cap), zero past the capacity: dropped
         dispatch = (expert_mask.unsqueeze(-1) * slot_mask.unsqueeze(-2)).sum(2)  # (B, T, E, cap)
         expert_gates = (expert_mask * gates.unsqueeze(-1)).sum(2)  # (B, T, E), zero off the top k
-        return dispatch, dispatch * expert_gates.unsqueeze(-1), experts, slots
+        return TokenChoices(dispatch, dispatch * expert_gates.unsqueeze(-1), experts, expert_mask.sum(2), slots)
 
     def buffer_slots(self, experts: Tensor, top_gate: Tensor) -> Tensor:
         """(B, T, k) experts, (B, T) top gate -> (B, T, k): the slot each (token, choice) takes in its expert's buffer
@@ -164,9 +175,8 @@ class TokenChoiceRouter(nn.Module):
         slots = slots.reshape(B, k, T).transpose(1, 2)  # (B, T, k) in priority order
         return torch.zeros_like(slots).scatter(1, order, slots)  # (B, T, k) back in token order
 
-    def balance(self, logits: Tensor, noisy_logits: Tensor, experts: Tensor) -> Tensor:
+    def balance(self, logits: Tensor, noisy_logits: Tensor, experts: Tensor, assigned: Tensor) -> Tensor:
         """The unweighted auxiliary loss (see the class docstring), averaged over images."""
-        assigned = one_hot(experts, self.num_experts, logits.dtype).sum(2)  # (B, T, E): 1 if among the top k
         if self.balance_loss == "switch":
             return switch_loss(noisy_logits.softmax(-1), assigned).mean()
         importance = importance_loss(logits.softmax(-1))  # (B,)

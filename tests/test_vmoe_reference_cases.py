@@ -40,7 +40,7 @@ def test_top_experts_per_item(batch_prioritized, expected):
     capacity 2; all first choices fill the buffers before any second choice, BPR by the top gate."""
     router = TokenChoiceRouter(4, 3, top_k=2, capacity_ratio=1.0, eval_capacity_ratio=1.0,
                                batch_prioritized=batch_prioritized)  # fmt: skip
-    _, combine, _, _ = router.dispatch_by_gates(GATES[None], capacity=2)
+    combine = router.dispatch_by_gates(GATES[None], capacity=2).combine
     torch.testing.assert_close(combine[0], torch.tensor(expected), rtol=0, atol=1e-7)
 
 
