@@ -147,6 +147,11 @@ def in_memory(spec, image_size, images: np.ndarray, labels: np.ndarray, class_na
     images = torch.from_numpy(images)
     parts = stratified_split(labels, (0.7, 0.15, 0.15))
     splits = {name: ImageTensors(images[idx], labels[idx]) for name, idx in zip(SPLITS, parts, strict=True)}
+    return _with_train_stats(spec, image_size, splits, class_names, super_classes)
+
+
+def _with_train_stats(spec, image_size, splits: dict[str, ImageTensors], class_names, super_classes) -> Data:
+    """In-memory splits as Data, normalised by the training split's statistics, stretched for evaluation."""
     mean, std = channel_stats(splits["train"].images)
     return Data(spec, image_size, list(class_names), mean, std, splits, preprocess.stretch(), super_classes)
 
@@ -160,21 +165,28 @@ def open_digits_pairs(spec: str, argument: str, image_size: int) -> Data:
     digits = load_digits()
     parts = stratified_split(digits.target, (0.7, 0.15, 0.15))
     source = {name: (digits.images[idx], digits.target[idx]) for name, idx in zip(SPLITS, parts, strict=True)}
-    pairs = digits_pairs.generate(options, image_size, source)
-    splits = {name: ImageTensors(torch.from_numpy(images), labels) for name, (images, labels) in pairs.items()}
-    mean, std = channel_stats(splits["train"].images)
+    splits = {
+        name: ImageTensors(grey_images(canvases, image_size), labels)
+        for name, (canvases, labels) in digits_pairs.generate(options, source).items()
+    }
     names = digits_pairs.class_names()
     coarse = from_labels(digits_pairs.coarse_assignment(), names, digits_pairs.coarse_names(), f"{spec}:coarse")
-    return Data(spec, image_size, names, mean, std, splits, preprocess.stretch(), coarse)
+    return _with_train_stats(spec, image_size, splits, names, coarse)
+
+
+def grey_images(pixels: np.ndarray, image_size: int) -> torch.Tensor:
+    """Grey images (N, h, w) in scikit-learn digits' 0..16 -> uint8 (N, 3, S, S): scaled to 0..255, resized
+    (bilinear), the grey copied to 3 channels."""
+    grey = torch.from_numpy(np.asarray(pixels)).float().mul(255 / 16)[:, None]  # (N, 1, h, w) in [0, 255]
+    grey = torch.nn.functional.interpolate(grey, size=(image_size, image_size), mode="bilinear")  # (N, 1, S, S)
+    return grey.round().clamp(0, 255).to(torch.uint8).expand(-1, 3, -1, -1).contiguous()
 
 
 def open_digits(spec: str, image_size: int) -> Data:
     from sklearn.datasets import load_digits
 
     digits = load_digits()
-    pixels = torch.from_numpy(digits.images).float().mul(255 / 16)[:, None]  # (N, 1, 8, 8) in [0, 255]
-    pixels = torch.nn.functional.interpolate(pixels, size=(image_size, image_size), mode="bilinear")  # (N, 1, S, S)
-    images = pixels.round().clamp(0, 255).to(torch.uint8).expand(-1, 3, -1, -1).contiguous()  # (N, 3, S, S)
+    images = grey_images(digits.images, image_size)
     return in_memory(spec, image_size, images.numpy(), digits.target, [str(d) for d in range(10)])
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from mobile_moe.errors import UsageError
 from mobile_moe.training.spec_options import parse_options
@@ -85,16 +84,14 @@ def draw_pairs(digit_labels: np.ndarray, count: int, rng: np.random.Generator) -
 
 
 def generate(
-    spec: DigitsPairsSpec, image_size: int, source: dict[str, tuple[np.ndarray, np.ndarray]]
+    spec: DigitsPairsSpec, source: dict[str, tuple[np.ndarray, np.ndarray]]
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """source: {split: (its 8x8 digits (n, 8, 8) in 0..16, their labels)}, already split (training/data.py) ->
-    {split: (images uint8 (N, 3, S, S), labels int64 (N,))}: each split's pairs made of its own digits only."""
+    {split: (pair canvases (N, CANVAS, CANVAS) in 0..16, labels int64 (N,))}: each split's pairs made of its own
+    digits only. data.py resizes them as it resizes `digits`."""
     rng = np.random.default_rng(spec.seed)
     splits = {}
     for name, (digits, digit_labels) in source.items():
         left, right, labels = draw_pairs(digit_labels, spec.sizes()[name], rng)
-        canvas = torch.from_numpy(pair_images(digits, left, right)).mul(255 / 16)[:, None]  # (N, 1, 16, 16)
-        pixels = torch.nn.functional.interpolate(canvas, size=(image_size, image_size), mode="bilinear")
-        images = pixels.round().clamp(0, 255).to(torch.uint8).expand(-1, 3, -1, -1).contiguous()
-        splits[name] = (images.numpy(), labels)
+        splits[name] = (pair_images(digits, left, right), labels)
     return splits
