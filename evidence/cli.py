@@ -29,7 +29,7 @@ from mobile_moe.training.data import open_data
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("figure", choices=FIGURES, help="the paper's figure to regenerate")
-    parser.add_argument("--data", required=True, help="digits | synthetic[:k=v,...] | cifar10:ROOT | cifar100:ROOT | "
+    parser.add_argument("--data", required=True, help="digits | digits-pairs[:k=v,...] | synthetic[:k=v,...] | cifar10:ROOT | cifar100:ROOT | "
                         "imagefolder:ROOT")  # fmt: skip
     parser.add_argument("--out", required=True, help="directory for FIGURE.md/.csv/.png and the runs behind them")
     parser.add_argument("--scale", choices=sorted(SCALES), default="paper",
@@ -85,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     # Before the sweep: --device cuda without CUDA is one line, not a failed row for every cell.
     evaluate_on = str(resolve_device(args.device))
     data = open_data(args.data, scale.image_size)
-    fig = figure(args.figure, scale, data.num_classes)
+    groups = data.super_classes.num_super_classes if data.super_classes is not None else None
+    fig = figure(args.figure, scale, data.num_classes, groups)
     recipes = cell_recipes(fig, scale, args.epochs, args.device)
     _check_batches(recipes, len(data.split("train")), args)
     options = SlurmOptions(args.gpus_per_cell, args.partition, args.timeout_min, args.cpus_per_cell)

@@ -25,6 +25,7 @@ from mobile_moe.training.recipes import recipe
 FIGURES = ("fig1", "fig3a", "fig3b", "fig3c", "fig3d", "fig3e")
 DERIVED = "derived"  # super-classes clustered from the figure's source dense model (Sec. 2.2)
 RANDOM_SUPER_CLASSES = "random:0"  # Fig. 3e's baseline: the same number of super-classes, classes assigned at random
+COARSE = "coarse"  # the data's own super-classes (not in the paper): Fig. 3e's extra row where the data has them
 ABLATION = {"num_experts": 10, "top_k": 1, "moe_layers": 2}  # the paper's defaults for Fig. 3b-e
 
 
@@ -162,9 +163,11 @@ def fig3d(scale: Scale, num_classes: int) -> Figure:
     return Figure("fig3d", "Number of experts k per image", "pairs", cells, DENSE)
 
 
-def fig3e(scale: Scale, num_classes: int) -> Figure:
+def fig3e(scale: Scale, num_classes: int, data_super_classes: int | None = None) -> Figure:
     """Routing strategies at k=2: super-class per-image routing (ours) vs random super-classes, end-to-end learned
-    per-image routing (no router loss; Switch balancing instead) and learned per-token routing (V-MoE)."""
+    per-image routing (no router loss; Switch balancing instead) and learned per-token routing (V-MoE). Data that
+    brings its own super-classes (`data_super_classes` groups: digits-pairs' tens digit, CIFAR-100's coarse labels)
+    adds a row routed by them, with E = that number: a human grouping beside the derived one."""
     numbers = {name: {"top1": top1, "delta": round(top1 - paper.FIG3E["dense"], 2)} for name, top1 in
                paper.FIG3E.items()}  # fmt: skip
     dense = _matched_dense(scale, num_classes, 2, {"top1": paper.FIG3E["dense"]}, row="dense")
@@ -181,6 +184,9 @@ def fig3e(scale: Scale, num_classes: int) -> Figure:
              paper_numbers=numbers["e2e-token"], **k2),
         _dense(scale, num_classes, "super-class source (k=1 dense)"),
     ]  # fmt: skip
+    if data_super_classes is not None:
+        cells.insert(3, _moe(scale, num_classes, "coarse", name=f"deit-ti-coarse-E{data_super_classes}-k2-L2",
+                             super_classes=COARSE, num_experts=data_super_classes, **k2))  # fmt: skip
     return Figure("fig3e", "Routing strategies (k=2)", "rows", cells, DENSE)
 
 
@@ -191,6 +197,7 @@ ROUTING_OF_ROW = {
     "dense": ("N/A (dense, k=2 FLOPs)", "-"),
     "super-class": ("super-class", "image"),
     "random": ("random super-class", "image"),
+    "coarse": ("the data's coarse labels (not in the paper)", "image"),
     "e2e-image": ("end-to-end", "image"),
     "e2e-token": ("end-to-end", "token"),
     "super-class source (k=1 dense)": ("N/A (dense, k=1: super-class source)", "-"),
@@ -210,7 +217,11 @@ def cell_recipes(fig: Figure, scale: Scale, epochs: int | None, device: str) -> 
     return recipes
 
 
-def figure(name: str, scale: Scale, num_classes: int) -> Figure:
+def figure(name: str, scale: Scale, num_classes: int, data_super_classes: int | None = None) -> Figure:
+    """`name`'s cells for data of `num_classes` classes; `data_super_classes`: how many super-classes the data brings
+    (None: none), for Fig. 3e's coarse row."""
     if name not in BUILDERS:
         raise UsageError(f"unknown figure {name!r}: choose one of {', '.join(FIGURES)}")
+    if name == "fig3e":
+        return fig3e(scale, num_classes, data_super_classes)
     return BUILDERS[name](scale, num_classes)

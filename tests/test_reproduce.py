@@ -77,6 +77,17 @@ def test_figures_share_the_runs_of_the_same_model():
     assert fig3d.cell("deit-ti-moe-E10-k2-L2").config == fig3e.cell("deit-ti-moe-E10-k2-L2").config
 
 
+@pytest.mark.parametrize("groups", [10, 20])
+def test_fig3e_routes_a_row_by_the_datas_own_super_classes(groups):
+    """digits-pairs' tens digit (10) or CIFAR-100's coarse labels (20): one more k=2 row, E = the data's groups,
+    against the same FLOPs-matched dense model; data without super-classes has no such row."""
+    plain, with_coarse = figure("fig3e", scale("tiny"), 100), figure("fig3e", scale("tiny"), 100, groups)
+    coarse = with_coarse.cell(f"deit-ti-coarse-E{groups}-k2-L2")
+    assert (coarse.row, coarse.super_classes, coarse.num_experts) == ("coarse", "coarse", groups)
+    assert coarse.config.top_k == 2 and coarse.baseline == "deit-ti-dense-k2"
+    assert [c.name for c in with_coarse.cells if c is not coarse] == [c.name for c in plain.cells]
+
+
 # --- the sweep, end to end on digits ----------------------------------------------------------------------------
 
 
