@@ -25,12 +25,12 @@ from mobile_moe.evidence.scales import SCALES
 from mobile_moe.evidence.scales import scale as scale_named
 from mobile_moe.evidence.sweep import LAUNCHERS, SlurmOptions, stderr_log, sweep
 from mobile_moe.training.data import open_data
+from mobile_moe.training.spec_options import DATA_SPECS
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("figure", choices=FIGURES, help="the paper's figure to regenerate")
-    parser.add_argument("--data", required=True, help="digits | digits-pairs[:k=v,...] | synthetic[:k=v,...] | cifar10:ROOT | cifar100:ROOT | "
-                        "imagefolder:ROOT")  # fmt: skip
+    parser.add_argument("--data", required=True, help=DATA_SPECS)
     parser.add_argument("--out", required=True, help="directory for FIGURE.md/.csv/.png and the runs behind them")
     parser.add_argument("--scale", choices=sorted(SCALES), default="paper",
                         help="paper: 224 px, 300 epochs (a GPU cluster); small: 32 px, 100 epochs (a workstation "

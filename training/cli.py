@@ -31,6 +31,7 @@ from mobile_moe.training.recipes import (
     from_dict,
     recipe,
 )
+from mobile_moe.training.spec_options import DATA_SPECS
 
 DEFAULT_RECIPE = "deit"
 
@@ -69,7 +70,7 @@ RESUME_HELP = (
 def configure(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser, required=False)
     data = parser.add_argument_group("data")
-    data.add_argument("--data", help="digits | synthetic[:k=v,...] | cifar10:ROOT | cifar100:ROOT | imagefolder:ROOT")
+    data.add_argument("--data", help=DATA_SPECS)
     data.add_argument(
         "--super-classes", help="FILE.json | coarse | truth | random[:SEED] (Mobile V-MoE with a router loss)"
     )

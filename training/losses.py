@@ -65,4 +65,3 @@ def training_loss(
 def hard_labels(targets: Tensor) -> Tensor:
     """(B, C) probability targets -> (B,) the dominant class (the label itself when unmixed)."""
     return targets.argmax(dim=-1)
-

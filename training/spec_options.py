@@ -10,6 +10,9 @@ from mobile_moe.errors import UsageError
 
 Spec = TypeVar("Spec")
 
+# The data specs data.py opens, for a --data flag's help (here: the CLI imports this without torch)
+DATA_SPECS = "digits | digits-pairs[:k=v,...] | synthetic[:k=v,...] | cifar10:ROOT | cifar100:ROOT | imagefolder:ROOT"
+
 
 def parse_options(spec_class: type[Spec], argument: str, dataset: str, example: str) -> Spec:
     """ "classes=12,super=4" -> spec_class(classes=12, super=4); a bad key or value is one line naming the dataset."""
