@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from mobile_moe.errors import UsageError
 
@@ -54,6 +54,9 @@ class ViTConfig:
     routing = "none"  # how the model picks experts (see MoEConfig); "none" for a dense model
     # Why a dense vit run cannot initialise this model (mobile_moe/upcycle.py); None: it can (--init-from).
     upcycle_refusal = "--model vit is dense (nothing to upcycle)"
+    # Fields added after runs were written: left out of to_dict at their default, so a default model's config.json
+    # and bundle manifest stay byte for byte what they were (reading them back gives the default).
+    omitted_at_default: ClassVar[tuple[str, ...]] = ()
 
     @property
     def is_moe(self) -> bool:
@@ -114,7 +117,12 @@ class ViTConfig:
         return self.mlp_hidden * (self.wide_mlp_factor if wide else 1)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, **dataclasses.asdict(self)}
+        fields = {"name": self.name, **dataclasses.asdict(self)}
+        defaults = {field.name: field.default for field in dataclasses.fields(self)}
+        for name in self.omitted_at_default:
+            if fields[name] == defaults[name]:
+                del fields[name]
+        return fields
 
 
 @dataclass
@@ -191,6 +199,7 @@ class MobileVMoEConfig(MoEConfig):
 
     name = "mobile-vmoe"
     model_class = "mobile_moe.mobile_vmoe:MobileVMoE"
+    omitted_at_default = ("router_block",)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -201,14 +210,6 @@ class MobileVMoEConfig(MoEConfig):
             f"router_block={self.router_block}: the router reads the tokens after dense block J, 1 <= J <= "
             f"{self.dense_layers} (the dense blocks before the MoE blocks), or leave it out (after the last one)",
         )
-
-    def to_dict(self) -> dict[str, Any]:
-        """Without router_block when it is left out: a default model's config.json and bundle manifest stay what
-        they were before early routing existed (reading them back gives the default)."""
-        fields = super().to_dict()
-        if self.router_block is None:
-            del fields["router_block"]
-        return fields
 
     @property
     def routes_early(self) -> bool:
@@ -299,6 +300,15 @@ def _require_capacity(cfg: TokenMoEConfig) -> None:
         _require(finite, f"{field}={value!r}: must be a positive number")
 
 
+def _require_routing_group(cfg: VMoEConfig | ExpertsChoiceConfig) -> None:
+    """routing_group_images: while training, the tokens of this many consecutive images of a batch compete for one
+    set of expert buffers (capacity counted over the group, BPR ranking the group's tokens), as google-research/vmoe
+    routes groups of images; the batch each process trains on must be a multiple of it. Evaluation and exported
+    graphs always route each image alone, so an image's output never depends on the batch it came in. 1: per image."""
+    group = cfg.routing_group_images
+    _require(isinstance(group, int) and group >= 1, f"routing_group_images={group!r}: must be an integer >= 1")
+
+
 @dataclass
 class VMoEConfig(TokenMoEConfig):
     """V-MoE (Riquelme et al. 2021): each MoE block has its own router sending every token to its top-k experts,
@@ -313,14 +323,17 @@ class VMoEConfig(TokenMoEConfig):
     # The router is g(x) = TOP_k(softmax(W x + noise)) (the paper; google-research/vmoe's dense layer has no bias).
     # True only for runs written before the bias was removed (registry.config_from_dict reads them so).
     router_bias: bool = False
+    routing_group_images: int = 1  # see _require_routing_group
 
     name = "vmoe"
     model_class = "mobile_moe.token_moe:TokenMoEViT"
     routing = "token"
+    omitted_at_default = ("routing_group_images",)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _require_token_choice(self)
+        _require_routing_group(self)
 
     @property
     def router_noise_std(self) -> float:
@@ -335,14 +348,17 @@ class ExpertsChoiceConfig(TokenMoEConfig):
     capacity_ratio: float = 2.0
     eval_capacity_ratio: float = 2.0
     router_bias: bool = False  # as V-MoE's: no bias (vmoe's routers); True only for runs written before
+    routing_group_images: int = 1  # see _require_routing_group
 
     name = "experts-choice"
     model_class = "mobile_moe.token_moe:TokenMoEViT"
     routing = "expert"
+    omitted_at_default = ("routing_group_images",)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _require_capacity(self)
+        _require_routing_group(self)
 
 
 @dataclass

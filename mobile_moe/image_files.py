@@ -38,9 +38,7 @@ def read_image(path: str | os.PathLike, mode: str = "RGB") -> Image.Image:
     except Image.DecompressionBombError as error:
         raise UnreadableImage(f"image {path} is too large to decode safely ({error}); shrink it first") from None
     except UnidentifiedImageError:
-        raise UnreadableImage(
-            f"cannot read image {path}: not an image PIL can decode (PNG or JPEG expected)"
-        ) from None
+        raise UnreadableImage(f"cannot read image {path}: not an image PIL can decode (PNG or JPEG expected)") from None
     except (OSError, SyntaxError, ValueError) as error:  # PIL's errors for truncated or damaged files
         reason = " ".join(str(error).split())[:200]
         raise UnreadableImage(f"cannot read image {path}: {reason or type(error).__name__}") from None

@@ -71,7 +71,6 @@ def config_from_dict(data: dict[str, Any]) -> ViTConfig:
     return make_config(name, **data)
 
 
-
 def build_model(cfg: ViTConfig):
     """The model a config describes (weights freshly initialised)."""
     module, _, cls = cfg.model_class.partition(":")

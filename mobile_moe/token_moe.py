@@ -5,8 +5,9 @@
 Each MoE layer is a router and E expert MLPs (moe.ExpertMLPs). Every router returns the same two tensors, GShard-style:
 `dispatch` (which token fills which buffer slot) and `combine` (with what weight the slot's output returns to the
 token), so one MoELayer runs all three. Routing groups are images: each image's T tokens compete for buffers of
-`cap` slots per expert. Shapes never depend on the data (no .item(), no data-dependent branching), so the whole model
-exports as one graph with torch.export.
+`cap` slots per expert (V-MoE and Experts Choice may train with groups of several images: MoELayer). Shapes never
+depend on the data (no .item(), no data-dependent branching), so the whole model exports as one graph with
+torch.export.
 
 Legend: B images, T tokens per image, D width, E experts, k choices per token, cap buffer slots per expert and image
 (Soft MoE: p slots per expert), S = E * cap slots in all, G expert sets (config.expert_sets: one per MoE block here).
@@ -292,14 +293,31 @@ class MoELayer(nn.Module):
         y[b, t] = sum_{e, c} combine[b, t, e, c] expert_e(buffers)[b, c]  "btec,becd->btd"
 
     Empty slots hold zeros; the expert still runs on them (static shapes) but their combine weight is 0.
+
+    While training with `group_images` G > 1, b is a routing group rather than an image: the tokens of G consecutive
+    images, (B, T, D) -> (B / G, G * T, D), as google-research/vmoe reshapes its batch into groups. In eval mode every
+    image is its own group whatever G is, so the exported graph and evaluation route each image alone.
     """
 
-    def __init__(self, router: nn.Module, experts: ExpertMLPs):
+    def __init__(self, router: nn.Module, experts: ExpertMLPs, group_images: int = 1):
         super().__init__()
         self.router = router
         self.experts = experts
+        self.group_images = group_images
 
     def forward(self, x: Tensor) -> tuple[Tensor, MoEStats]:
+        group = self.group_images if self.training else 1
+        if group == 1:
+            return self.route_groups(x)
+        images, tokens, width = x.shape
+        if images % group:
+            raise ValueError(f"a batch of {images} images does not split into routing groups of {group} images")
+        y, stats = self.route_groups(x.reshape(images // group, group * tokens, width))
+        per_image = stats.expert_tokens.repeat_interleave(group, 0) / group  # (B, 1, E): a group's counts, shared
+        return y.reshape(images, tokens, width), stats._replace(expert_tokens=per_image)
+
+    def route_groups(self, x: Tensor) -> tuple[Tensor, MoEStats]:
+        """x (groups, tokens per group, D): each group's tokens compete for its own expert buffers."""
         route = self.router(x)
         buffers = torch.einsum("btec,btd->becd", route.dispatch, x)  # (B, E, cap, D)
         outputs = torch.stack([expert(buffers[:, e]) for e, expert in enumerate(self.experts.experts)], 1)
@@ -353,8 +371,9 @@ def token_moe_block(cfg: TokenMoEConfig) -> TokenMoEBlock:
         layer_norm(cfg),
         Attention(cfg.width, cfg.num_heads),
         layer_norm(cfg),
-        MoELayer(make_router(cfg), ExpertMLPs(cfg.num_experts, cfg.width, cfg.mlp_hidden)),
-    )
+        MoELayer(make_router(cfg), ExpertMLPs(cfg.num_experts, cfg.width, cfg.mlp_hidden),
+                 getattr(cfg, "routing_group_images", 1)),  # Soft MoE: always one image per group
+    )  # fmt: skip
 
 
 # --- the model ---------------------------------------------------------------------------------------------------

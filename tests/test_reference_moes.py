@@ -281,3 +281,39 @@ def test_routers_have_no_bias_and_runs_from_before_still_load(name):
     restored = model_from_config_dict(before)
     assert restored.config.router_bias
     restored.load_state_dict(old_checkpoint)  # strict: every key, the router bias included
+
+
+# --- routing groups (routing_group_images) ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["vmoe", "experts-choice"])
+def test_routing_groups_train_together_and_evaluate_alone(name, images):
+    """While training, 3 images of 6 share each MoE layer's buffers (capacity counted over 3 * T tokens); in eval
+    mode each image is routed alone, so a batch's outputs are each image's own and the same as per-image routing."""
+    grouped, alone = tiny_model(name, routing_group_images=3), tiny_model(name)
+    alone.load_state_dict(grouped.state_dict())
+    layer = _first_moe_layer(grouped)
+    seen = []
+    layer.router.register_forward_hook(lambda module, args, route: seen.append(args[0].shape))
+    grouped.train()(images)
+    tokens = grouped.config.num_tokens
+    assert seen[0] == (2, 3 * tokens, grouped.config.width)
+    grouped.eval(), alone.eval()
+    with torch.no_grad():
+        batch = grouped(images).logits
+        one_by_one = torch.cat([grouped(image[None]).logits for image in images])
+        torch.testing.assert_close(batch, one_by_one, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(batch, alone(images).logits, rtol=0, atol=0)
+    assert seen[-1][0] == 1  # the last eval call routed one image
+
+
+def test_routing_groups_must_divide_the_batch(images):
+    model = tiny_model("vmoe", routing_group_images=4).train()
+    with pytest.raises(ValueError, match="routing groups of 4"):
+        model(images)  # 6 images
+
+
+def test_routing_group_is_left_out_of_config_json_at_its_default():
+    """A default model's config.json (and bundle manifest) is byte for byte what it was before the option."""
+    assert "routing_group_images" not in tiny_model("vmoe").config.to_dict()
+    assert tiny_model("vmoe", routing_group_images=8).config.to_dict()["routing_group_images"] == 8

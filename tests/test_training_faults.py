@@ -443,3 +443,12 @@ def test_a_preset_size_with_an_explicit_patch_resumes_as_started():
     run_model = {"name": "vit", "depth": 12, "width": 192, "num_heads": 3, "patch_size": 8}
     assert model_differences(given, run_model) == []
     assert model_differences(argparse.Namespace(**{**vars(given), "patch_size": None}), run_model)  # 16 vs 8
+
+
+def test_a_batch_that_does_not_split_into_routing_groups_is_refused_before_any_work(tmp_path, capsys):
+    argv = ["train", "--model", "vmoe", "--size", "2x64", "--patch", "4", "--image-size", "16", "--experts", "4",
+            "--model-kwargs", "routing_group_images=3", *RECIPE, "--batch-size", "16", "--epochs", "1",
+            "--out", str(tmp_path / "run")]  # fmt: skip
+    status, err = cli(capsys, argv)
+    assert status == 2 and "do not split into routing groups of routing_group_images=3" in err
+    assert not (tmp_path / "run").exists()

@@ -1,9 +1,10 @@
 """google-research/vmoe's own test cases, their inputs and expected numbers, run against our routers and losses.
 
 Each case cites the vmoe file and test it comes from. A regression against the reference shows as a failing test
-here. Where our convention differs from vmoe's, the case says so: our groups are one image (vmoe routes groups of
-items), and capacity is not padded to a multiple of 4 (vmoe's get_top_experts_per_item_dispatcher pads it when it
-derives it from a capacity factor; these cases give the capacity directly, as vmoe's do).
+here. Where our convention differs from vmoe's, the case says so: our routing groups are one image unless a model
+trains with routing_group_images (vmoe routes groups of items), and capacity is not padded to a multiple of 4 (vmoe's
+get_top_experts_per_item_dispatcher pads it when it derives it from a capacity factor; these cases give the capacity
+directly, as vmoe's do).
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mobile_moe.moe import ExpertMLPs
 from mobile_moe.token_moe import (
     ExpertsChoiceRouter,
+    MoELayer,
     TokenChoiceRouter,
     importance_loss,
     load_loss,
@@ -100,3 +103,42 @@ def test_soft_router_parameters_and_weights():
     route = router(torch.ones(1, 8, 16))
     torch.testing.assert_close(route.dispatch.sum(1), torch.ones(1, 5, 2))
     torch.testing.assert_close(route.combine.sum((2, 3)), torch.ones(1, 8))
+
+
+@pytest.mark.parametrize(
+    "batch_prioritized, expected",
+    [
+        (True, [[[0.0, 0.5], [0.0, 0.0], [0.0, 0.0]],
+                [[0.0, 0.0], [0.0, 0.0], [0.0, 0.4]],
+                [[0.0, 0.0], [0.0, 0.2], [0.7, 0.0]],
+                [[0.8, 0.0], [0.2, 0.0], [0.0, 0.0]]]),
+        (False, [[[0.5, 0.0], [0.4, 0.0], [0.0, 0.0]],
+                 [[0.0, 0.0], [0.0, 0.0], [0.4, 0.0]],
+                 [[0.0, 0.0], [0.0, 0.2], [0.0, 0.7]],
+                 [[0.0, 0.8], [0.0, 0.0], [0.0, 0.0]]]),
+    ],
+)  # fmt: skip
+def test_a_routing_group_of_two_images_is_one_vmoe_group(batch_prioritized, expected):
+    """vmoe/nn/routing_test.py's four items (LOSS_GATES) as two images of two tokens, routed as one group of
+    S = 4 items the way vmoe/moe.py _get_top_experts_per_item_einsum_dispatcher routes a group (k = 2, capacity 2).
+
+    BPR by hand: first choices in top-gate order, item 3 (.8) -> e0 slot 0, item 2 (.7) -> e2 slot 0, item 0 (.5)
+    -> e0 slot 1, item 1 (.4) -> e2 slot 1; then second choices in the same order: 3 -> e1 slot 0, 2 -> e1 slot 1,
+    0 -> e1 and 1 -> e0 (tie .3/.3: the lower index) find both buffers full. Token order gives the other rows.
+    The buffers hold the two images' tokens together: in eval mode each image is routed alone, into buffers of
+    capacity ceil(.75 * 2 * 2 / 3) = 1 of its own."""
+    router = TokenChoiceRouter(
+        3, 3, top_k=2, capacity_ratio=0.75, eval_capacity_ratio=0.75, batch_prioritized=batch_prioritized
+    )  # capacity ceil(.75 * 2 * 4 / 3) = 2 per group
+    layer = MoELayer(router, ExpertMLPs(3, 3, 4), group_images=2)  # fmt: skip
+    # The router's logits are the log of vmoe's gates, so its softmax gates are those gates exactly (log 0 -> 0).
+    router.proj.register_forward_hook(lambda module, args, out: LOSS_GATES.log().reshape(out.shape))
+    routes = []
+    router.register_forward_hook(lambda module, args, route: routes.append(route))
+    layer.train()(torch.randn(2, 2, 3))
+    layer.eval()(torch.randn(2, 2, 3))
+    grouped, per_image = routes
+    assert grouped.combine.shape == (1, 4, 3, 2)  # one group of both images' tokens
+    torch.testing.assert_close(grouped.combine[0], torch.tensor(expected), rtol=0, atol=1e-7)
+    alone = router.dispatch_by_gates(LOSS_GATES.reshape(2, 2, 3), capacity=1).combine
+    torch.testing.assert_close(per_image.combine, alone, rtol=0, atol=1e-7)  # softmax(log g) is g to 1e-8

@@ -139,6 +139,17 @@ def _check_per_token_losses(model_config: ViTConfig, super_classes, cfg: TrainCo
         raise UsageError(f"--balance-loss applies to mobile-vmoe's router; {name}: {hint}; drop --balance-loss")
 
 
+def check_routing_groups(model_config: ViTConfig, images_per_step: int) -> None:
+    """Each process's batch must split into whole routing groups (token_moe.MoELayer); the loader drops the last
+    partial batch, so every step's batch is `images_per_step`."""
+    group = getattr(model_config, "routing_group_images", 1)
+    if images_per_step % group:
+        raise UsageError(
+            f"each process trains on batches of {images_per_step} images, which do not split into routing groups of "
+            f"routing_group_images={group}; use a --batch-size whose share per process is a multiple of {group}"
+        )
+
+
 def make_loader(dataset, cfg: TrainConfig, placement: distributed.Placement) -> tuple[DataLoader, DistributedSampler]:
     """Each process gets batch_size / world_size images per step; the sampler shuffles from (seed, epoch), so the
     union of the processes' batches is the same global batch a single process would draw."""
@@ -399,6 +410,7 @@ def _open_run_data(request: TrainRequest, placement: distributed.Placement) -> R
     train_set = data.split("train", augment.train_transform(cfg, data))
     val_set = distributed.shard(data.split("val"), placement)
     loader, sampler = make_loader(train_set, cfg, placement)
+    check_routing_groups(model_config, loader.batch_size)
     return RunData(model_config, data, super_classes, train_set, val_set, loader, sampler)
 
 
