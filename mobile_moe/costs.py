@@ -16,7 +16,6 @@ parameters because an exported router graph carries them like weights.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import NamedTuple
@@ -45,7 +44,8 @@ def buffer_capacity(ratio: float, top_k: int, tokens: int, experts: int) -> int:
     Computed on the ratio's decimal value as written, so that C = 1.05 with k T / E = 20 gives 21 slots, not the 22
     that 21.000000000000004 would round up to. The model and the cost accounting both call this one function.
     """
-    slots = math.ceil(Fraction(str(ratio)) * top_k * tokens / experts)
+    num, den = Fraction(str(ratio)).as_integer_ratio()
+    slots = -(-num * top_k * tokens // (den * experts))  # integer ceil: torch.compile traces it without a break
     return max(1, min(tokens, slots))
 
 

@@ -194,15 +194,11 @@ class HardMoE(nn.Module):
     def _grouped(self, expert_fn, x: Tensor, routing: Routing) -> Tensor:
         """x (B, ...) -> (B, ...'): images grouped by expert (one stable sort), each expert runs once on its group.
 
-        moe.expert_groups does the grouping (the training/eager path). An expert with no images in the batch does not
-        run, so it gets no gradient (an empty cluster: never).
+        moe.expert_groups does the grouping (the training path, eager or compiled). An expert with no images in the
+        batch runs on an empty batch (no branch on the data), so its parameters get a zero gradient.
         """
         groups = expert_groups(routing.experts[:, 0], self.config.num_experts)  # per expert, its images
-        pieces = [
-            expert_fn(e, x[group], routing.gates[group])  # (n_e, ...')
-            for e, group in enumerate(groups)
-            if group.numel()
-        ]
+        pieces = [expert_fn(e, x[group], routing.gates[group]) for e, group in enumerate(groups)]  # (n_e, ...')
         return torch.cat(pieces)[torch.argsort(torch.cat(groups))]  # (B, ...') back in image order
 
     def _dense(self, expert_fn, x: Tensor, routing: Routing) -> Tensor:

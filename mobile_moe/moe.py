@@ -17,12 +17,24 @@ from mobile_moe.vit import Attention, Block, Mlp, layer_norm
 def expert_groups(chosen: Tensor, num_experts: int) -> tuple[Tensor, ...]:
     """(N,) the expert of each routed item -> for each expert e, the indices of its items, (n_e,) in item order.
 
-    One stable sort; the group sizes are read on the host once per call, so this is the training/eager dispatch
-    (exported graphs never branch on data). torch.cat of the groups is the sort order itself.
+    One stable sort; torch.cat of the groups is the sort order itself. The group sizes are counted into a tensor of
+    static shape (E,) and read on the host once per call. Under torch.compile with dynamo's capture_scalar_outputs
+    (compile_model sets it) they become unbacked symbolic sizes: a new size pattern neither breaks the graph nor
+    recompiles it. Exported graphs never get here: they hold one expert each.
     """
     order = torch.argsort(chosen, stable=True)  # (N,): items grouped by expert
-    sizes = torch.bincount(chosen, minlength=num_experts).tolist()  # [n_e] for e in 0..E-1
-    return order.split(sizes)
+    experts = torch.arange(num_experts, device=chosen.device)
+    sizes = (chosen.unsqueeze(-1) == experts).sum(0)  # (E,) n_e; bincount's output shape depends on the data
+    return order.split(sizes.tolist())
+
+
+def compile_model(module: nn.Module, **options) -> nn.Module:
+    """torch.compile(module, **options) for any model of the registry (or a module wrapping one), so that the
+    grouped dispatch compiles to one graph: the group sizes it reads on the host are traced as unbacked symbolic ints
+    (torch._dynamo.config.capture_scalar_outputs, a process-wide setting that leaves other code's graphs as they were
+    unless they read tensors on the host too, which then trace instead of breaking)."""
+    torch._dynamo.config.capture_scalar_outputs = True
+    return torch.compile(module, **options)
 
 
 class ExpertMLPs(nn.Module):
@@ -51,17 +63,16 @@ class ExpertMLPs(nn.Module):
         """O(k) MLP runs per item, not O(E).
 
         x: (B, T, D); experts, gates: (B, k). Items are grouped by expert (one stable sort), each expert runs once on
-        its group (gather -> MLP -> scatter-add). The group sizes are read on the host once per call: this is the
-        training/eager path; exported graphs hold one expert each and never branch on data.
+        its group (gather -> MLP -> scatter-add). The group sizes are read on the host once per call (expert_groups):
+        this is the training path, eager or compiled; exported graphs hold one expert each and never branch on data.
         """
         B, k = experts.shape
         flat_experts = experts.reshape(-1)  # (B*k,)
         flat_items = torch.arange(B, device=x.device).repeat_interleave(k)  # (B*k,): item of each (item, choice)
         flat_gates = gates.reshape(-1)  # (B*k,)
         out = torch.zeros_like(x)  # (B, T, D)
+        # An expert with no items runs on an empty batch (no branch on the data, so compiled graphs need no guard).
         for expert, group in zip(self.experts, expert_groups(flat_experts, len(self.experts)), strict=True):
-            if group.numel() == 0:
-                continue
             items = flat_items[group]  # (n_e,)
             y = expert(x[items]) * flat_gates[group].view(-1, 1, 1).to(x.dtype)  # (n_e, T, D)
             out.index_add_(0, items, y)

@@ -78,7 +78,7 @@ def test_grouped_dispatch_runs_each_expert_once_on_its_group(images):
     with torch.no_grad():
         routing = model(images).routing
     counts = torch.bincount(routing.experts[:, 0], minlength=5)
-    assert seen == {e: int(n) for e, n in enumerate(counts) if n > 0}
+    assert seen == {e: int(n) for e, n in enumerate(counts)}  # an unchosen expert runs once, on no images
 
 
 def test_renormalized_gates_sum_to_one(images):

@@ -32,6 +32,7 @@ from mobile_moe.checkpoint import checkpoint_dict, load_checkpoint, load_weights
 from mobile_moe.config import ViTConfig
 from mobile_moe.errors import UsageError
 from mobile_moe.registry import build_model, config_from_dict
+from mobile_moe.moe import compile_model
 from mobile_moe.super_class.superclasses import SuperClasses
 from mobile_moe.training import augment, cluster_fit, distributed
 from mobile_moe.training import init_from as upcycling
@@ -438,7 +439,7 @@ def _build_optimisation(
             step_module, device_ids=device_ids, find_unused_parameters=model_config.is_moe
         )
     if cfg.compile:
-        step_module = torch.compile(step_module)
+        step_module = compile_model(step_module)
     return Optimisation(step_module, model, optimizer, scheduler), init_entries
 
 
