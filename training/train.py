@@ -31,8 +31,8 @@ from mobile_moe.atomic import check_writable
 from mobile_moe.checkpoint import checkpoint_dict, load_checkpoint, load_weights
 from mobile_moe.config import ViTConfig
 from mobile_moe.errors import UsageError
-from mobile_moe.registry import build_model, config_from_dict
 from mobile_moe.moe import compile_model
+from mobile_moe.registry import build_model, config_from_dict
 from mobile_moe.super_class.superclasses import SuperClasses
 from mobile_moe.training import augment, cluster_fit, distributed
 from mobile_moe.training import init_from as upcycling
