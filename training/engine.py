@@ -34,38 +34,7 @@ class EpochContext:
     assignment: Tensor | None  # (C, E) class -> super-class one-hot, on the device; None without super-classes
     mixer: object | None  # MixUp/CutMix batch transform
     show_progress: bool = True
-
-
-class RoutingSums:
-    """How training batches were routed, for the epoch's metrics row: the share of images using each expert, the
-    expert MLPs run per image (see evaluate) and (capacity routers) the share of token assignments dropped, under
-    training's capacity and noise. This process's share of the batches, like train_top1."""
-
-    def __init__(self, expert_sets: int):
-        self.expert_sets = expert_sets
-        self.images, self.dropped, self.used = 0, 0.0, None  # used: (E,) images that used each expert
-        self.runs = 0.0  # expert MLP runs, over all expert sets
-
-    def add(self, output) -> None:
-        use = expert_use(output, self.expert_sets)
-        if use is None:
-            return
-        used, runs = use  # (B, E), (B,)
-        if output.stats is not None:
-            self.dropped += output.stats.dropped.item() * len(used)
-        used = used.float().sum(0)  # (E,)
-        self.used = used if self.used is None else self.used + used
-        self.runs += runs.sum().item()
-        self.images += len(runs)
-
-    def summary(self) -> dict[str, object]:
-        if not self.images:
-            return {}
-        return {
-            "train_expert_load": (self.used / self.images).tolist(),
-            "train_experts_per_image": self.runs / self.images,
-            "train_dropped": self.dropped / self.images,
-        }
+    log_every: int = 10  # steps between reads of the running sums on the host (and progress updates)
 
 
 @dataclass
@@ -83,23 +52,74 @@ LOSS_TERMS = ("loss", "class_loss", "router_loss", "balance_loss", "aux_loss")
 
 
 class EpochSums:
-    """Running sums over an epoch's steps: loss terms, correct images (vs the dominant target) and images seen."""
+    """An epoch's running sums, kept on the device and read on the host once per log interval (the anchors' pattern:
+    nanoGPT, torchvision's references): loss terms, correct images (vs the dominant target) and, for an MoE, how
+    training batches were routed (the share of images using each expert, the expert MLPs run per image (see
+    evaluate.expert_use) and, for capacity routers, the share of token assignments dropped). This process's share of
+    the batches, like train_top1; the total loss is the mean over processes. float64: sums of many float32 steps.
 
-    def __init__(self):
-        self.terms = dict.fromkeys(LOSS_TERMS, 0.0)
-        self.correct, self.images = 0.0, 0
+    Each step's total loss is kept until the read, so a NaN or inf is caught at the read and reported at its step.
+    """
 
-    def add(self, loss_value: float, terms: losses.LossTerms, correct: float, images: int) -> None:
-        self.terms["loss"] += loss_value
-        self.terms["class_loss"] += terms.classification.item()
-        self.terms["router_loss"] += terms.router.item()
-        self.terms["balance_loss"] += terms.balance.item()
-        self.terms["aux_loss"] += terms.aux.item()
-        self.correct += correct
-        self.images += images
+    def __init__(self, device: torch.device, expert_sets: int, epoch: int, steps: int):
+        self.epoch, self.steps, self.expert_sets = epoch, steps, expert_sets
+        self.terms = torch.zeros(len(LOSS_TERMS) - 1, dtype=torch.float64, device=device)  # all but "loss"
+        self.routing = torch.zeros(3, dtype=torch.float64, device=device)  # correct, dropped x images, expert runs
+        self.used: Tensor | None = None  # (E,) images that used each expert
+        self.unread: list[Tensor] = []  # the total loss of each step since the last read
+        self.images, self.steps_read = 0, 0
+        self.host = dict.fromkeys((*LOSS_TERMS, "correct", "dropped", "runs"), 0.0)  # the sums as last read
+        self.host_used: list[float] = []
 
-    def row(self, steps: int) -> dict[str, float]:
-        return {f"train_{name}": total / steps for name, total in self.terms.items()}
+    def add(self, terms: losses.LossTerms, output, targets: Tensor) -> None:
+        """One step: nothing is read on the host."""
+        self.unread.append(terms.total.detach())
+        parts = (terms.classification, terms.router, terms.balance, terms.aux)
+        self.terms += torch.stack([part.detach().to(torch.float64) for part in parts])
+        correct = (output.logits.detach().argmax(-1) == losses.hard_labels(targets)).sum()
+        dropped, runs = output.logits.new_zeros(()), output.logits.new_zeros(())
+        use = expert_use(output, self.expert_sets)
+        if use is not None:
+            used, image_runs = use  # (B, E), (B,)
+            dropped = output.stats.dropped.detach() * len(used) if output.stats is not None else dropped
+            runs = image_runs.sum()
+            used = used.sum(0).to(torch.float64)
+            self.used = used if self.used is None else self.used + used
+        self.routing += torch.stack([correct, dropped, runs]).to(torch.float64)
+        self.images += len(targets)
+
+    def read(self) -> None:
+        """The one host sync of a log interval: every sum in one transfer. Raises NonFiniteLoss at the first step
+        whose loss was not finite (the epoch is not committed, so the last checkpoint is the last good one)."""
+        losses_now = mean_over_ranks(torch.stack(self.unread).to(torch.float64))  # (steps since the last read,)
+        used = self.used if self.used is not None else self.terms.new_zeros(0)
+        values = torch.cat([losses_now, self.terms, self.routing, used]).tolist()
+        unread, terms = len(self.unread), len(self.terms)
+        step_losses, values = values[:unread], values[unread:]
+        for offset, value in enumerate(step_losses):
+            if not math.isfinite(value):
+                step = self.steps_read + offset
+                raise NonFiniteLoss(value, self.epoch, step, self.epoch * self.steps + step)
+        self.host["loss"] += sum(step_losses)
+        self.host |= dict(zip(LOSS_TERMS[1:], values[:terms], strict=True))
+        self.host["correct"], self.host["dropped"], self.host["runs"] = values[terms : terms + 3]
+        self.host_used = values[terms + 3 :]
+        self.steps_read += unread
+        self.unread = []
+
+    def progress(self, img_s: float) -> dict[str, float]:
+        return {"loss": self.host["loss"] / self.steps_read, "acc": self.host["correct"] / self.images, "img_s": img_s}
+
+    def row(self) -> dict[str, object]:
+        """The epoch's metrics (after the last read): mean loss terms, top-1 and, for an MoE, the routing."""
+        row = {f"train_{name}": self.host[name] / self.steps for name in LOSS_TERMS}
+        if self.host_used:
+            row |= {
+                "train_expert_load": [used / self.images for used in self.host_used],
+                "train_experts_per_image": self.host["runs"] / self.images,
+                "train_dropped": self.host["dropped"] / self.images,
+            }
+        return row | {"train_top1": self.host["correct"] / self.images}
 
 
 def batch_targets(images: Tensor, labels: Tensor, ctx: EpochContext) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -134,33 +154,27 @@ def update(opt: Optimisation, total: Tensor, grad_clip: float) -> None:
 
 
 def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int) -> dict[str, float]:
-    """Train over `loader` once; -> mean train loss terms, train top-1 (vs the dominant target) and images/s."""
+    """Train over `loader` once; -> mean train loss terms, train top-1 (vs the dominant target) and images/s.
+
+    The host reads the device once per `ctx.log_every` steps and at the end (EpochSums.read), so a GPU is never
+    stalled between steps; a non-finite loss stops training at that read."""
     cfg, world_size, steps = ctx.cfg, ctx.placement.world_size, len(loader)
     opt.step_module.train()
-    sums = EpochSums()
-    routed = RoutingSums(opt.model.config.expert_sets if opt.model.config.is_moe else 0)
+    config = opt.model.config
+    sums = EpochSums(ctx.placement.device, config.expert_sets if config.is_moe else 0, epoch, steps)
     progress = Progress(steps, f"epoch {epoch + 1}/{cfg.epochs}", enabled=ctx.placement.is_main and ctx.show_progress)
     start = time.perf_counter()
-    for step, (images, labels) in enumerate(loader):
-        images, targets, super_targets = batch_targets(images, labels, ctx)
-        output, terms = forward_loss(opt.step_module, images, targets, super_targets, cfg)
-        # One host sync per step, as in DeiT: a NaN must stop training before it reaches the weights.
-        loss_value = mean_over_ranks(terms.total.detach()).item()
-        if not math.isfinite(loss_value):
-            progress.close()
-            raise NonFiniteLoss(loss_value, epoch, step, epoch * steps + step)
-        update(opt, terms.total, cfg.grad_clip)
-        correct = (output.logits.argmax(-1) == losses.hard_labels(targets)).float().sum().item()
-        sums.add(loss_value, terms, correct, len(labels))
-        routed.add(output)
-        img_s = sums.images * world_size / (time.perf_counter() - start)
-        progress.update(loss=sums.terms["loss"] / (step + 1), acc=sums.correct / sums.images, img_s=img_s)
-    progress.close()
+    try:
+        for step, (images, labels) in enumerate(loader):
+            images, targets, super_targets = batch_targets(images, labels, ctx)
+            output, terms = forward_loss(opt.step_module, images, targets, super_targets, cfg)
+            update(opt, terms.total, cfg.grad_clip)
+            sums.add(terms, output, targets)
+            if (step + 1) % ctx.log_every == 0 or step + 1 == steps:
+                sums.read()
+                img_s = sums.images * world_size / (time.perf_counter() - start)
+                progress.update(steps=step + 1 - progress.done, **sums.progress(img_s))
+    finally:
+        progress.close()
     elapsed = time.perf_counter() - start
-    return {
-        **sums.row(steps),
-        **routed.summary(),
-        "train_top1": sums.correct / sums.images,  # this process's share; against the dominant (mixed) class
-        "images_per_s": sums.images * world_size / elapsed,
-        "epoch_time_s": elapsed,
-    }
+    return {**sums.row(), "images_per_s": sums.images * world_size / elapsed, "epoch_time_s": elapsed}

@@ -18,14 +18,15 @@ class Progress:
         self.bar = tqdm(total=total, desc=description, leave=False) if enabled and sys.stderr.isatty() else None
         self.every = max(1, total // PLAIN_LINES_PER_EPOCH)
 
-    def update(self, **stats: float) -> None:
-        self.done += 1
+    def update(self, steps: int = 1, **stats: float) -> None:
+        """`steps` more steps done (a log interval's), with the stats as of now."""
+        before, self.done = self.done, self.done + steps
         if not self.enabled:
             return
         if self.bar is not None:
             self.bar.set_postfix({k: f"{v:.4g}" for k, v in stats.items()}, refresh=False)
-            self.bar.update(1)
-        elif self.done % self.every == 0 or self.done == self.total:
+            self.bar.update(steps)
+        elif self.done // self.every > before // self.every or self.done == self.total:
             text = " ".join(f"{k} {v:.4g}" for k, v in stats.items())
             print(f"{self.description} {self.done}/{self.total} {text}", file=sys.stderr, flush=True)
 
