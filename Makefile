@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # The suite runs on both cores (pytest-xdist); `make test` deselects what is slow, `make test-slow` runs just that.
 PYTEST := $(BIN)/pytest -q -n 2
 
-.PHONY: demo test test-slow test-all lint clean arm64
+.PHONY: demo test test-slow test-all lint clean arm64 gpu-check gpu-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,18 @@ arm64: $(STAMP)
 	$(SUDO) apt-get install -y -qq --no-install-recommends $(ARM64_PACKAGES)
 	$(BIN)/python -c "from mobile_moe.device_bench.arm64 import fetch_wheel; print('executorch aarch64 wheel:', fetch_wheel())"
 	$(PYTEST) -m slow tests/test_arm64_emulated.py
+
+# The whole GPU path in one command and one table (benchmarks/gpu_check.py): gpu tests, an epoch of every model in
+# bf16, --compile, DDP over nccl, a reproduce cell with --bench, the training-step benchmark; under 10 minutes on one
+# GPU. GPU=0 runs the CPU-checkable parts here. OFFLINE=1 (a GPU machine without network whose python3 has the pinned
+# torch): a venv over the system's packages and this project installed without fetching anything.
+GPU ?= 1
+gpu-check: $(if $(OFFLINE),gpu-venv,$(STAMP))
+	$(BIN)/python benchmarks/gpu_check.py $(if $(filter 0,$(GPU)),--cpu)
+
+gpu-venv:
+	[ -x $(BIN)/python ] || $(PYTHON) -m venv --system-site-packages $(VENV)
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,92 +1,186 @@
-"""Training-step time of Mobile V-MoE over the dense ViT of the same backbone, measured in one run.
+"""Training-step time of every registry model against the dense ViT of the same backbone, eager and torch.compile'd,
+measured in one run.
 
-    python benchmarks/train_step.py                     # the paper's ViT-Ti/32, E=10, k=1, L=2, batch 64, 224 px
-    python benchmarks/train_step.py --size 4x64 --patch 8 --image-size 32 --num-classes 10 --experts 5 --pool mean \
-        --batch-size 32                                 # the demo's digits models
+    python benchmarks/train_step.py                     # CPU, ViT-Ti/32 @224, batch 64, E=10, L=2: every model, eager
+    python benchmarks/train_step.py --compile           # eager and compiled (compile_model, inductor)
+    python benchmarks/train_step.py --compile --models vit mobile-vmoe --steps 20
+    python benchmarks/train_step.py --device cuda --size deit-ti --patch 16 --batch-size 256 --compile  # a GPU, bf16
 
-Both models see the same batch; each step is forward + router loss + backward + AdamW update. Steps alternate between
-the models (dense, MoE, dense, ...) so drift in machine load hits both alike; the ratio compares medians. The goal for
-ViT-Ti/32 on CPU is <= 1.10x: grouped dispatch costs k expert runs per image, not E.
+A step is training's own (training/engine.py: forward_loss under bf16 autocast on CUDA, then update: backward, grad
+clip, AdamW, schedule) with the deit recipe's router loss against planted super-classes (label mod E), so Mobile
+V-MoE's router spreads the images as training does. Within a mode the models take turns step by step (vit, mobile-vmoe,
+..., vit, ...), so drift in machine load hits them alike; ratios compare medians. Goals on CPU: compiled Mobile V-MoE
+/ compiled dense <= 1.10x, and every compiled model faster than its eager self. "timed compiles" > 0 means a graph
+was compiled during the timed steps (a recompile): compiled training should have none.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import statistics
+import sys
 import time
 
 import torch
-import torch.nn.functional as F
+from torch._dynamo.utils import counters as dynamo_counters  # private, but where dynamo counts the graphs it compiles
 
-from mobile_moe.registry import create_model
+from mobile_moe.moe import compile_model
+from mobile_moe.registry import create_model, list_models
+from mobile_moe.training import engine, recipes
+from mobile_moe.training.routing import TrainingForward
 
-
-def train_step(model, optimizer, images, labels, super_labels) -> None:
-    out = model(images)
-    loss = F.cross_entropy(out.logits, labels)
-    if out.routing is not None:
-        loss = loss + 0.3 * F.cross_entropy(out.routing.logits, super_labels)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    optimizer.step()
+MODES = ("eager", "compiled")
+DENSE = "vit"
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None, **defaults) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=list_models(),
+        choices=list_models(),
+        metavar="MODEL",
+        help=f"registry models (default: all; {DENSE} is always measured, as the baseline)",
+    )
     parser.add_argument("--size", default="12x192")
     parser.add_argument("--patch", type=int, default=32)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--num-classes", type=int, default=1000)
-    parser.add_argument("--pool", default="cls")
-    parser.add_argument("--experts", type=int, default=10)
+    parser.add_argument("--experts", type=int, default=10, help="E of every MoE (L = 2 MoE layers, WideNet: all)")
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per model and mode")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per model (compilation happens here)")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
-    parser.add_argument("--device", default="cpu")
-    args = parser.parse_args()
+    parser.add_argument("--compile", action="store_true", help="also measure every model compiled")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of markdown")
+    parser.set_defaults(**defaults)
+    return parser.parse_args(argv)
+
+
+def build(name: str, args: argparse.Namespace, device: torch.device, compiled: bool) -> engine.Optimisation:
+    """The model at the benchmark's size, its AdamW and schedule, its training forward (compiled or not)."""
+    torch.manual_seed(0)
+    fields = {"patch_size": args.patch, "image_size": args.image_size, "num_classes": args.num_classes}
+    if name != DENSE:
+        fields["num_experts"] = args.experts
+        fields |= {} if name == "widenet" else {"moe_layers": 2}
+    model = create_model(name, args.size, **fields).to(device).train()
+    optimizer = torch.optim.AdamW((p for p in model.parameters() if p.requires_grad), lr=1e-4)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    forward = TrainingForward(model)
+    return engine.Optimisation(compile_model(forward) if compiled else forward, model, optimizer, schedule)
+
+
+def spread_clusters(opt: engine.Optimisation, images: torch.Tensor) -> None:
+    """A Hard MoE's k-means router, seeded with E images' own features (as k-means++ would), so the batch spreads
+    over its experts as a fitted one does; other models are left as they are."""
+    model = opt.model
+    if model.config.routing != "cluster":
+        return
+    with torch.no_grad():
+        router = model.router
+        seeds = router.project(model.image_features(images[: model.config.num_experts]))
+        router.set_clusters(router.pca_mean, router.pca_components, seeds)
+
+
+def time_models(runs: dict[str, engine.Optimisation], batch, args, device) -> dict[str, dict]:
+    """Round-robin steps -> {name: {"seconds": [...], "timed_compiles": n}}."""
+    cfg = recipes.deit().replace(epochs=1, amp=device.type == "cuda")
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    images, targets, super_targets = batch
+    stats = {name: {"seconds": [], "timed_compiles": 0} for name in runs}
+    for step in range(args.warmup + args.steps):
+        for name, opt in runs.items():
+            supers = super_targets if opt.model.config.routing == "image" else None
+            graphs = dynamo_counters["stats"]["unique_graphs"]
+            sync()
+            start = time.perf_counter()
+            output, terms = engine.forward_loss(opt.step_module, images, targets, supers, cfg)
+            engine.update(opt, terms.total, cfg.grad_clip)
+            sync()
+            if step >= args.warmup:
+                stats[name]["seconds"].append(time.perf_counter() - start)
+                stats[name]["timed_compiles"] += dynamo_counters["stats"]["unique_graphs"] - graphs
+    return stats
+
+
+def summary(stats: dict, batch_size: int) -> dict:
+    ordered = sorted(stats["seconds"])
+    median = statistics.median(ordered)
+    return {
+        "median_ms": median * 1e3,
+        "p90_ms": ordered[math.ceil(0.9 * len(ordered)) - 1] * 1e3,  # nearest rank
+        "images_per_s": batch_size / median,
+        "timed_compiles": stats["timed_compiles"],
+    }
+
+
+def measure(args: argparse.Namespace, device: torch.device) -> dict[str, dict[str, dict]]:
+    """{mode: {model: summary}}; each mode builds its models afresh from the same seed."""
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(args.batch_size, 3, args.image_size, args.image_size, generator=generator).to(device)
+    labels = torch.randint(0, args.num_classes, (args.batch_size,), generator=generator).to(device)
+    targets = torch.nn.functional.one_hot(labels, args.num_classes).float()
+    super_targets = torch.nn.functional.one_hot(labels % args.experts, args.experts).float()  # planted
+    names = [DENSE, *(name for name in args.models if name != DENSE)]
+    results = {}
+    for mode in MODES if args.compile else MODES[:1]:
+        runs = {name: build(name, args, device, compiled=mode == "compiled") for name in names}
+        for opt in runs.values():
+            spread_clusters(opt, images)
+        stats = time_models(runs, (images, targets, super_targets), args, device)
+        results[mode] = {name: summary(stats[name], args.batch_size) for name in names}
+        del runs
+    return results
+
+
+def ratios(results: dict[str, dict[str, dict]]) -> dict[str, dict[str, float]]:
+    """Per model: step time over the dense model's in each mode, and compiled over eager."""
+    table = {}
+    for name in results["eager"]:
+        row = {f"{mode} / dense {mode}": by[name]["median_ms"] / by[DENSE]["median_ms"] for mode, by in results.items()}
+        if "compiled" in results:
+            row["compiled / eager"] = results["compiled"][name]["median_ms"] / results["eager"][name]["median_ms"]
+        table[name] = row
+    return table
+
+
+def print_markdown(report: dict) -> None:
+    print(f"{report['device']}, torch {report['torch']}, {report['setup']}\n")
+    modes = list(report["variants"])
+    header = ["model"] + [f"{mode} ms (p90)" for mode in modes] + list(next(iter(report["ratios"].values())))
+    header += ["timed compiles"] if "compiled" in modes else []
+    print("| " + " | ".join(header) + " |\n|---|" + "---:|" * (len(header) - 1))
+    for name, row in report["ratios"].items():
+        times = [f"{report['variants'][m][name]['median_ms']:.1f} ({report['variants'][m][name]['p90_ms']:.1f})"
+                 for m in modes]  # fmt: skip
+        cells = [name, *times, *(f"{value:.3f}x" for value in row.values())]
+        cells += [str(report["variants"]["compiled"][name]["timed_compiles"])] if "compiled" in modes else []
+        print("| " + " | ".join(cells) + " |")
+    print("\nGoals (CPU): compiled mobile-vmoe / dense compiled <= 1.10x; compiled / eager < 1 for every model.")
+
+
+def main(argv: list[str] | None = None, **defaults) -> dict:
+    args = parse_args(argv, **defaults)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("--device cuda: no CUDA device here", file=sys.stderr)
+        sys.exit(2)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-
-    torch.manual_seed(0)
-    shape = {
-        "patch_size": args.patch,
-        "image_size": args.image_size,
-        "num_classes": args.num_classes,
-        "pool": args.pool,
-    }
-    models = {
-        "vit": create_model("vit", args.size, **shape).to(device).train(),
-        "mobile-vmoe": create_model("mobile-vmoe", args.size, num_experts=args.experts, **shape).to(device).train(),
-    }
-    optimizers = {name: torch.optim.AdamW(model.parameters(), lr=1e-4) for name, model in models.items()}
-    images = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=device)
-    labels = torch.randint(0, args.num_classes, (args.batch_size,), device=device)
-    super_labels = labels % args.experts  # planted super-classes so the router spreads images over experts
-    times: dict[str, list[float]] = {name: [] for name in models}
-    for step in range(args.warmup + args.steps):
-        for name, model in models.items():
-            sync()
-            start = time.perf_counter()
-            train_step(model, optimizers[name], images, labels, super_labels)
-            sync()
-            if step >= args.warmup:
-                times[name].append(time.perf_counter() - start)
-
-    dense, moe = (statistics.median(times[name]) for name in models)
-    experts_used = len(models["mobile-vmoe"](images).routing.experts.unique())
-    print(
-        f"{args.size}/{args.patch} @{args.image_size}, batch {args.batch_size}, {device}, "
-        f"{torch.get_num_threads()} threads, {args.steps} steps (median)"
-    )
-    print(f"  dense ViT        {dense * 1e3:8.1f} ms/step  {args.batch_size / dense:7.0f} img/s")
-    print(
-        f"  Mobile V-MoE     {moe * 1e3:8.1f} ms/step  {args.batch_size / moe:7.0f} img/s"
-        f"  (E={args.experts}, k=1, L=2; {experts_used} experts in use)"
-    )
-    print(f"  ratio MoE/dense  {moe / dense:8.3f}x   (goal for ViT-Ti/32 on CPU: <= 1.10x)")
+    results = measure(args, device)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    precision = "bf16 autocast" if device.type == "cuda" else "fp32"
+    setup = (f"{args.size}/{args.patch} @{args.image_size}, {args.num_classes} classes, E={args.experts}, batch "
+             f"{args.batch_size}, {precision}, {args.warmup} warm-up + {args.steps} timed steps per model")  # fmt: skip
+    report = {"device": where, "torch": torch.__version__, "setup": setup, "variants": results,
+              "ratios": ratios(results)}  # fmt: skip
+    print(json.dumps(report, indent=2)) if args.json else print_markdown(report)
+    return report
 
 
 if __name__ == "__main__":

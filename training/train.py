@@ -434,9 +434,10 @@ def _build_optimisation(
     step_module: nn.Module = TrainingForward(model, cfg.route_by)
     if placement.distributed:
         device_ids = [placement.device.index] if placement.device.type == "cuda" else None
-        # An MoE batch may leave some experts unchosen: their parameters get no gradient on that process.
+        # Every expert runs every step, an unchosen one on an empty batch (moe.py), so each trainable parameter gets a
+        # gradient and DDP need not search the graph for unused ones; routing by label may leave the router out.
         step_module = nn.parallel.DistributedDataParallel(
-            step_module, device_ids=device_ids, find_unused_parameters=model_config.is_moe
+            step_module, device_ids=device_ids, find_unused_parameters=cfg.route_by == "label"
         )
     if cfg.compile:
         step_module = compile_model(step_module)

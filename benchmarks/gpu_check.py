@@ -1,0 +1,140 @@
+"""The whole GPU path in one command, one table: `make gpu-check` (on a machine without CUDA: `make gpu-check GPU=0`,
+which runs every step that can run on the CPU and says which cannot).
+
+    python benchmarks/gpu_check.py [--cpu] [--out DIR] [--budget-s 540]
+
+Steps, each a fresh process (its exit status, time and last line go in the table):
+  gpu tests       pytest -m gpu (tests/test_gpu.py: compiled CUDA training, CUDA checkpoints on a CPU, ...)
+  train MODEL     one epoch of every registry model on digits, bf16 autocast on CUDA (hard-moe from the vit run)
+  train compile   mobile-vmoe with --compile
+  ddp N           torchrun, nccl (gloo with --cpu), world size 1, and 2 where two GPUs exist
+  reproduce       fig3b's cells on digits, 1 epoch, on the device, with --bench (exports, native runner)
+  train step      benchmarks/gpu_train_step.py (--cpu: train_step.py at a small size): eager and compiled images/s
+The run stops starting steps once --budget-s is spent (the table says which were not reached).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from mobile_moe.registry import list_models
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = ["--size", "4x64", "--patch", "8", "--image-size", "32", "--pool", "mean"]
+
+
+def steps(device: str, out: Path, gpus: int) -> list[tuple[str, list[str]]]:
+    """(name, argv) for every step, in order."""
+    cli = [sys.executable, "-m", "mobile_moe"]
+    train = [*cli, "train", *SMALL, "--data", "digits", "--recipe", "tiny", "--epochs", "1", "--device", device,
+             "--quiet"]  # fmt: skip
+    moe = ["--experts", "5", "--super-classes", "random"]
+    found = [("gpu tests", [sys.executable, "-m", "pytest", "-q", "-m", "gpu", str(REPO / "tests" / "test_gpu.py")])]
+    extra = {"vit": [], "mobile-vmoe": moe, "hard-moe": ["--experts", "5", "--init-from", str(out / "train-vit")]}
+    for name in ["vit", *(name for name in list_models() if name != "vit")]:  # hard-moe starts from vit's run
+        found.append((f"train {name}", [*train, "--model", name, *extra.get(name, ["--experts", "5"]),
+                                        "--out", str(out / f"train-{name}")]))  # fmt: skip
+    found.append(("train compile", [*train, "--model", "mobile-vmoe", *moe, "--compile", "--out", str(out / "c")]))
+    for world in [1, 2] if gpus >= 2 or device == "cpu" else [1]:
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world)]
+        found.append((f"ddp {world}", [*torchrun, *train[1:], "--model", "mobile-vmoe", *moe, "--batch-size", "32",
+                                       "--out", str(out / f"ddp-{world}")]))  # fmt: skip
+    found.append(
+        (
+            "reproduce",
+            [
+                *cli,
+                "reproduce",
+                "fig3b",
+                "--data",
+                "digits",
+                "--scale",
+                "tiny",
+                "--epochs",
+                "1",
+                "--device",
+                device,
+                "--bench",
+                "--iterations",
+                "5",
+                "--out",
+                str(out / "fig3b"),
+            ],
+        )
+    )
+    bench = ["gpu_train_step.py", "--json"] if device == "cuda" else [
+        "train_step.py", "--json", "--compile", "--size", "3x64", "--patch", "8", "--image-size", "32",
+        "--num-classes", "10", "--experts", "4", "--batch-size", "16", "--steps", "3", "--warmup", "2",
+        "--models", "vit", "mobile-vmoe"]  # fmt: skip
+    found.append(("train step", [sys.executable, str(REPO / "benchmarks" / bench[0]), *bench[1:]]))
+    return found
+
+
+def run_step(argv: list[str], timeout: float) -> tuple[str, float, str, str]:
+    """-> (status, seconds, its standard output, the last line of its output)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "timeout", time.perf_counter() - start, "", f"stopped after {timeout:.0f} s"
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    status = "ok" if done.returncode == 0 else f"exit {done.returncode}"
+    return status, time.perf_counter() - start, done.stdout, lines[-1][:160] if lines else ""
+
+
+def train_step_summary(text: str) -> str:
+    """The benchmark's JSON -> 'model: eager / compiled img/s' pairs and the compiled MoE/dense ratio."""
+    report = json.loads(text[text.index("{") :])
+    parts = []
+    for name in report["variants"]["eager"]:
+        speeds = [f"{report['variants'][mode][name]['images_per_s']:.0f}" for mode in report["variants"]]
+        parts.append(f"{name} {'/'.join(speeds)}")
+    ratio = report["ratios"].get("mobile-vmoe", {}).get("compiled / dense compiled")
+    return "img/s eager/compiled: " + ", ".join(parts) + ("" if ratio is None else f"; MoE/dense compiled {ratio:.3f}x")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu", action="store_true", help="no GPU here: run the CPU-checkable parts on the CPU")
+    parser.add_argument("--out", type=Path, help="where the runs go (default: a temporary directory, removed)")
+    parser.add_argument("--budget-s", type=float, default=540.0, help="stop starting steps after this many seconds")
+    args = parser.parse_args()
+    if not args.cpu and not torch.cuda.is_available():
+        print("gpu-check: no CUDA device here; `make gpu-check GPU=0` runs the CPU-checkable parts", file=sys.stderr)
+        return 2
+    device, gpus = ("cpu", 0) if args.cpu else ("cuda", torch.cuda.device_count())
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
+        out = args.out or Path(scratch)
+        rows, start, failed = [], time.perf_counter(), False
+        for name, argv in steps(device, out, gpus):
+            left = args.budget_s - (time.perf_counter() - start)
+            if left <= 0:
+                rows.append((name, "not reached", 0.0, "the budget was spent"))
+                continue
+            status, seconds, stdout, last = run_step(argv, left)
+            if name == "gpu tests" and "skipped" in last and "passed" not in last:
+                status = "skipped"  # every gpu test needs CUDA
+            if name == "train step" and status == "ok":
+                last = train_step_summary(stdout)
+            failed |= status not in ("ok", "skipped")
+            rows.append((name, status, seconds, last))
+    where = torch.cuda.get_device_name(0) if device == "cuda" else "cpu (GPU=0: the CPU-checkable parts)"
+    print(f"gpu-check on {where}, torch {torch.__version__}, {gpus} GPU(s)\n")
+    print("| step | status | seconds | last line |\n|---|---|---:|---|")
+    for name, status, seconds, last in rows:
+        print(f"| {name} | {status} | {seconds:.1f} | {last.replace('|', '/')} |")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""What only a CUDA device can check (`make gpu-check` runs these first; `make test` deselects them)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import tiny_model
+from test_compile import _loss, _spread_the_routing
+from torch._dynamo.utils import counters
+
+from mobile_moe.app.cli import main
+from mobile_moe.moe import compile_model
+from mobile_moe.training.evaluate import autocast
+from mobile_moe.training.routing import TrainingForward
+from mobile_moe.training.run_dir import load_run
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+CUDA = torch.device("cuda")
+
+
+@pytest.mark.parametrize("name", ["vit", "mobile-vmoe", "vmoe", "hard-moe"])
+def test_inductor_compiled_cuda_training_is_one_graph_equal_to_eager(name):
+    torch._dynamo.reset()
+    counters.clear()
+    model = tiny_model(name).train()
+    _spread_the_routing(model)
+    model = model.to(CUDA)
+    eager = copy.deepcopy(model)
+    compiled = compile_model(TrainingForward(model))
+    for seed in range(3):
+        images = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(seed)).to(CUDA)
+        torch.manual_seed(seed)
+        got = compiled(images)
+        _loss(got).backward()
+        torch.manual_seed(seed)
+        want = eager(images)
+        torch.testing.assert_close(got.logits, want.logits, atol=1e-4, rtol=1e-4)
+    assert dict(counters["graph_break"]) == {} and counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.parametrize("name", ["vit", "mobile-vmoe"])
+def test_a_bf16_autocast_step_is_finite_and_keeps_float32_weights(name):
+    model = tiny_model(name).to(CUDA).train()
+    with autocast(CUDA):
+        output = model(torch.randn(8, 3, 32, 32, device=CUDA))
+    assert output.logits.dtype == torch.bfloat16
+    _loss(output).float().backward()
+    assert all(
+        p.dtype == torch.float32 and torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None
+    )
+
+
+def test_a_run_trained_on_cuda_resumes_and_evaluates_on_a_cpu(tmp_path):
+    """Checkpoints hold CPU tensors whatever trained them (map_location on load), and the run goes on on a CPU."""
+    argv = ["train", "--model", "mobile-vmoe", "--size", "3x64", "--patch", "8", "--image-size", "32",
+            "--experts", "3", "--data", "synthetic:classes=6,super=3,per_class=30", "--super-classes", "truth",
+            "--recipe", "tiny", "--batch-size", "16", "--quiet", "--out", str(tmp_path / "run")]  # fmt: skip
+    assert main([*argv, "--epochs", "1", "--device", "cuda"]) == 0
+    assert main([*argv, "--epochs", "2", "--device", "cpu"]) == 0
+    run = load_run(tmp_path / "run", "last")
+    assert run.checkpoint["epoch"] == 2
+    assert all(value.device.type == "cpu" for value in run.model.state_dict().values())
