@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,7 @@ import torch
 from mobile_moe.registry import list_models
 
 REPO = Path(__file__).resolve().parents[1]
+NOISE = re.compile(r"^([WIE]\d{4} |\*+$)")  # glog-style warnings, torchrun's banner: not a step's last word
 SMALL = ["--size", "4x64", "--patch", "8", "--image-size", "32", "--pool", "mean"]
 
 
@@ -87,9 +89,20 @@ def run_step(argv: list[str], timeout: float) -> tuple[str, float, str, str]:
         done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return "timeout", time.perf_counter() - start, "", f"stopped after {timeout:.0f} s"
-    lines = (done.stdout + done.stderr).strip().splitlines()
+    lines = [line for line in (done.stdout + done.stderr).strip().splitlines() if not NOISE.match(line)]
     status = "ok" if done.returncode == 0 else f"exit {done.returncode}"
     return status, time.perf_counter() - start, done.stdout, lines[-1][:160] if lines else ""
+
+
+def run_summary(argv: list[str]) -> str | None:
+    """A training step's result from its run directory: the last epoch's val top-1 and images/s."""
+    if "--out" not in argv:
+        return None
+    metrics = Path(argv[argv.index("--out") + 1]) / "metrics.jsonl"
+    if not metrics.is_file():
+        return None
+    row = json.loads(metrics.read_text().splitlines()[-1])
+    return f"val top-1 {100 * row['val_top1']:.1f}%, {row['images_per_s']:.0f} img/s"
 
 
 def train_step_summary(text: str) -> str:
@@ -126,6 +139,8 @@ def main() -> int:
                 status = "skipped"  # every gpu test needs CUDA
             if name == "train step" and status == "ok":
                 last = train_step_summary(stdout)
+            elif status == "ok":
+                last = run_summary(argv) or last
             failed |= status not in ("ok", "skipped")
             rows.append((name, status, seconds, last))
     where = torch.cuda.get_device_name(0) if device == "cuda" else "cpu (GPU=0: the CPU-checkable parts)"

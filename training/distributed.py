@@ -58,7 +58,7 @@ def shard(dataset: Dataset, placement: Placement) -> Dataset:
 
 
 def mean_over_ranks(value: torch.Tensor) -> torch.Tensor:
-    """All-reduce mean of a scalar (identity when not distributed)."""
+    """All-reduce mean of a tensor, element-wise (identity when not distributed)."""
     if dist.is_available() and dist.is_initialized():
         value = value.detach().clone()
         dist.all_reduce(value)
