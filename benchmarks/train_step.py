@@ -127,6 +127,10 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict[str, dict[st
     targets = torch.nn.functional.one_hot(labels, args.num_classes).float()
     super_targets = torch.nn.functional.one_hot(labels % args.experts, args.experts).float()  # planted
     names = [DENSE, *(name for name in args.models if name != DENSE)]
+    # The models share code (TrainingForward.forward, the blocks' forwards): dynamo keeps a graph per model under each
+    # shared code object, more than its default limit of 8 per code object once every model is measured in one run.
+    torch._dynamo.config.recompile_limit = 8 * len(names)
+    torch._dynamo.config.accumulated_recompile_limit = 64 * len(names)
     results = {}
     for mode in MODES if args.compile else MODES[:1]:
         runs = {name: build(name, args, device, compiled=mode == "compiled") for name in names}
