@@ -1,7 +1,7 @@
 """The whole GPU path in one command, one table: `make gpu-check` (on a machine without CUDA: `make gpu-check GPU=0`,
 which runs every step that can run on the CPU and says which cannot).
 
-    python benchmarks/gpu_check.py [--cpu] [--out DIR] [--budget-s 540]
+    python benchmarks/gpu_check.py [--cpu] [--out DIR] [--budget-s SECONDS]
 
 Steps, each a fresh process (its exit status, time and last line go in the table):
   gpu tests       pytest -m gpu (tests/test_gpu.py: compiled CUDA training, CUDA checkpoints on a CPU, ...)
@@ -120,8 +120,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu", action="store_true", help="no GPU here: run the CPU-checkable parts on the CPU")
     parser.add_argument("--out", type=Path, help="where the runs go (default: a temporary directory, removed)")
-    parser.add_argument("--budget-s", type=float, default=540.0, help="stop starting steps after this many seconds")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        help="stop starting steps after this many seconds (default: 540 on a GPU, 1800 with --cpu)",
+    )
     args = parser.parse_args()
+    args.budget_s = args.budget_s or (1800.0 if args.cpu else 540.0)
     if not args.cpu and not torch.cuda.is_available():
         print("gpu-check: no CUDA device here; `make gpu-check GPU=0` runs the CPU-checkable parts", file=sys.stderr)
         return 2
