@@ -41,32 +41,39 @@ def _spread_the_routing(model) -> None:
                 tensor.copy_(10 * torch.randn(tensor.shape, generator=torch.Generator().manual_seed(0)))
 
 
-@pytest.mark.parametrize("name", list_models())
-def test_compiled_training_forward_is_one_graph_that_never_recompiles(name):
+def compiled_against_eager(name: str, device: torch.device, backend: str, tolerance: float) -> set[tuple[int, ...]]:
+    """Train steps of `name`'s tiny model compiled and of its copy eager, on the same batches and router noise: equal
+    logits each step and equal gradients at the end, ONE graph compiled, no graph break; -> the routing patterns."""
     torch._dynamo.reset()
     counters.clear()
     model = tiny_model(name).train()
     _spread_the_routing(model)
+    model = model.to(device)
     eager = copy.deepcopy(model)
-    compiled = compile_model(TrainingForward(model), backend="aot_eager")
+    compiled = compile_model(TrainingForward(model), backend=backend)
     patterns = set()
     for seed in range(4):  # each batch routes differently: new expert group sizes, some of them 0 or 1
-        images = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+        images = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(seed)).to(device)
         torch.manual_seed(seed)  # the routers' training noise, drawn alike in both
         got = compiled(images)
         _loss(got).backward()
         torch.manual_seed(seed)
         want = eager(images)
         _loss(want).backward()
-        torch.testing.assert_close(got.logits, want.logits, atol=1e-5, rtol=1e-5)
-        if seed == 0:
-            warm = counters["stats"]["unique_graphs"]
+        torch.testing.assert_close(got.logits, want.logits, atol=tolerance, rtol=tolerance)
+        assert counters["stats"]["unique_graphs"] == 1  # compiled at the first step, never again
         if got.routing is not None:
             patterns.add(tuple(torch.bincount(got.routing.experts.flatten(), minlength=4).tolist()))
     for (key, param), (_, reference) in zip(model.named_parameters(), eager.named_parameters(), strict=True):
         if reference.grad is not None:
-            torch.testing.assert_close(param.grad, reference.grad, atol=1e-5, rtol=1e-4, msg=key)
+            torch.testing.assert_close(param.grad, reference.grad, atol=tolerance, rtol=10 * tolerance, msg=key)
     assert dict(counters["graph_break"]) == {}
-    assert warm == 1 and counters["stats"]["unique_graphs"] == 1  # no recompile after the first step
-    if model.config.is_moe and model.config.per_image:
+    return patterns
+
+
+@pytest.mark.parametrize("name", list_models())
+def test_compiled_training_forward_is_one_graph_that_never_recompiles(name):
+    patterns = compiled_against_eager(name, torch.device("cpu"), "aot_eager", tolerance=1e-5)
+    config = tiny_model(name).config
+    if config.is_moe and config.per_image:
         assert len(patterns) > 1  # the routing did change between steps

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 from conftest import tiny_model
-from test_compile import _loss, _spread_the_routing
-from torch._dynamo.utils import counters
+from test_compile import _loss, compiled_against_eager
 
 from mobile_moe.app.cli import main
-from mobile_moe.moe import compile_model
 from mobile_moe.training.evaluate import autocast
-from mobile_moe.training.routing import TrainingForward
 from mobile_moe.training.run_dir import load_run
 
 pytestmark = [
@@ -25,22 +20,7 @@ CUDA = torch.device("cuda")
 
 @pytest.mark.parametrize("name", ["vit", "mobile-vmoe", "vmoe", "hard-moe"])
 def test_inductor_compiled_cuda_training_is_one_graph_equal_to_eager(name):
-    torch._dynamo.reset()
-    counters.clear()
-    model = tiny_model(name).train()
-    _spread_the_routing(model)
-    model = model.to(CUDA)
-    eager = copy.deepcopy(model)
-    compiled = compile_model(TrainingForward(model))
-    for seed in range(3):
-        images = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(seed)).to(CUDA)
-        torch.manual_seed(seed)
-        got = compiled(images)
-        _loss(got).backward()
-        torch.manual_seed(seed)
-        want = eager(images)
-        torch.testing.assert_close(got.logits, want.logits, atol=1e-4, rtol=1e-4)
-    assert dict(counters["graph_break"]) == {} and counters["stats"]["unique_graphs"] == 1
+    compiled_against_eager(name, CUDA, "inductor", tolerance=1e-4)
 
 
 @pytest.mark.parametrize("name", ["vit", "mobile-vmoe"])
