@@ -18,7 +18,7 @@ from mobile_moe.training.routing import TrainingForward
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _loss(output) -> torch.Tensor:
+def loss_of(output) -> torch.Tensor:
     """Every output the training loss reads: logits, router logits, auxiliary loss."""
     loss = output.logits.square().mean()
     if output.routing is not None:
@@ -28,7 +28,7 @@ def _loss(output) -> torch.Tensor:
     return loss
 
 
-def _spread_the_routing(model) -> None:
+def spread_the_routing(model) -> None:
     """An untrained router sends every image to one expert: make the images of the test batches spread out."""
     with torch.no_grad():
         if model.config.routing == "cluster":  # k-means centroids: the features of four of the images
@@ -47,7 +47,7 @@ def compiled_against_eager(name: str, device: torch.device, backend: str, tolera
     torch._dynamo.reset()
     counters.clear()
     model = tiny_model(name).train()
-    _spread_the_routing(model)
+    spread_the_routing(model)
     model = model.to(device)
     eager = copy.deepcopy(model)
     compiled = compile_model(TrainingForward(model), backend=backend)
@@ -56,10 +56,10 @@ def compiled_against_eager(name: str, device: torch.device, backend: str, tolera
         images = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(seed)).to(device)
         torch.manual_seed(seed)  # the routers' training noise, drawn alike in both
         got = compiled(images)
-        _loss(got).backward()
+        loss_of(got).backward()
         torch.manual_seed(seed)
         want = eager(images)
-        _loss(want).backward()
+        loss_of(want).backward()
         torch.testing.assert_close(got.logits, want.logits, atol=tolerance, rtol=tolerance)
         assert counters["stats"]["unique_graphs"] == 1  # compiled at the first step, never again
         if got.routing is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import tiny_model
-from test_compile import _loss, compiled_against_eager
+from test_compile import compiled_against_eager, loss_of
 
 from mobile_moe.app.cli import main
 from mobile_moe.training.evaluate import autocast
@@ -29,7 +29,7 @@ def test_a_bf16_autocast_step_is_finite_and_keeps_float32_weights(name):
     with autocast(CUDA):
         output = model(torch.randn(8, 3, 32, 32, device=CUDA))
     assert output.logits.dtype == torch.bfloat16
-    _loss(output).float().backward()
+    loss_of(output).float().backward()
     assert all(
         p.dtype == torch.float32 and torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None
     )
