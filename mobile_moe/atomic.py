@@ -128,6 +128,13 @@ def _replace_directory(tmp: Path, target: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def _umask() -> int:
+    """The process's umask (reading it means setting it: set it straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike, directory: bool = False) -> Iterator[Path]:
     """Yield a temporary path (file, or an empty directory if `directory`) that replaces `target` on success.
@@ -147,6 +154,9 @@ def atomic_path(target: str | os.PathLike, directory: bool = False) -> Iterator[
             fd, name = tempfile.mkstemp(prefix=prefix, dir=target.parent)
             os.close(fd)
             tmp = Path(name)
+        # mkstemp/mkdtemp make 0600/0700, a mode that would survive the rename: give the target what open() or
+        # mkdir() would have, the user's umask applied.
+        tmp.chmod((0o777 if directory else 0o666) & ~_umask())
     except OSError as error:
         raise _cannot_write(target, error) from None
     try:
