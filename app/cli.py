@@ -12,6 +12,7 @@ import importlib.util
 import os
 import signal
 import sys
+from importlib.metadata import version
 
 from mobile_moe.errors import UsageError
 
@@ -50,6 +51,7 @@ def _available_commands() -> dict[str, tuple[str, str]]:
 def build_parser(chosen: str | None) -> ArgumentParser:
     """The parser; only the chosen command's module is imported to add its arguments."""
     parser = ArgumentParser(prog="mobile-moe", description="Mobile V-MoE toolkit: train, split, export, benchmark.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('mobile-moe')}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in _available_commands().items():
         sub = commands.add_parser(name, help=help_text, description=help_text)

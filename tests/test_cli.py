@@ -121,6 +121,14 @@ def test_help_and_info_do_not_import_torch():
     assert result.returncode == 0 and "info" in result.stdout and "demo" in result.stdout
 
 
+def test_version_is_the_installed_packages(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["--version"])
+    assert stopped.value.code == 0 and capsys.readouterr().out == f"mobile-moe {version('mobile-moe')}\n"
+
+
 def _main_running(monkeypatch, run) -> None:
     import argparse
 
