@@ -1,6 +1,6 @@
 """`mobile-moe reproduce FIGURE`: regenerate one of the paper's figures on any data, as a table, a CSV and a plot.
 
-    mobile-moe reproduce fig3e --data digits --scale tiny --seeds 3 --out figs          # this laptop, ~15 min
+    mobile-moe reproduce fig3e --data digits-pairs --scale tiny --seeds 3 --out figs    # 2 idle cores, ~35 min
     mobile-moe reproduce fig3a --data cifar100:/data/cifar --scale small --out figs     # a workstation GPU
     mobile-moe reproduce fig1 --data imagefolder:/data/imagenet --scale paper --launcher submitit \
         --gpus-per-cell 8 --partition gpu --out figs                                   # a Slurm cluster
