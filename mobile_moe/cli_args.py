@@ -31,7 +31,8 @@ MODEL_FLAGS = {
 def add_model_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
     group = parser.add_argument_group("model")
     group.add_argument("--model", required=required, choices=sorted(MODELS), help="registered model name")
-    group.add_argument("--size", help=f"DEPTHxWIDTH from the paper's grid (e.g. 12x192) or {' / '.join(PRESETS)}")
+    group.add_argument("--size", help=f"DEPTHxWIDTH (e.g. 12x192: the paper's grid and heads; another width gets "
+                       f"heads of 64, 32, 16 or 8 channels) or {' / '.join(PRESETS)}")  # fmt: skip
     group.add_argument("--patch", type=int, dest="patch_size", help="patch size (default 32)")
     group.add_argument("--image-size", type=int, help="input resolution (default 224)")
     group.add_argument("--num-classes", type=int, help="classes (default 1000)")

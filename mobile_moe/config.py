@@ -415,8 +415,12 @@ class WideNetConfig(MoEConfig):
         return _router_noise_std(self)
 
 
+HEAD_DIMS = (64, 32, 16, 8)  # off the paper's grid: the widest of these head sizes that divides the width
+
+
 def parse_size(size: str) -> dict[str, int]:
-    """`deit-ti` / `deit-s`, or `DxW` from the paper's grid (heads follow the width) -> config fields."""
+    """`deit-ti` / `deit-s`, or `DxW` -> config fields. On the paper's grid (W in 384, 192, 96, 64) the heads are the
+    paper's; any other width gets W / d heads, d the widest of 64, 32, 16, 8 that divides it (48 -> 3 heads of 16)."""
     if size in PRESETS:
         return dict(PRESETS[size])
     match = re.fullmatch(r"(\d+)x(\d+)", size)
@@ -425,8 +429,12 @@ def parse_size(size: str) -> dict[str, int]:
         f"size {size!r}: use DEPTHxWIDTH (e.g. 12x192) or a preset ({', '.join(PRESETS)})",
     )
     depth, width = int(match.group(1)), int(match.group(2))
+    if width in HEADS_FOR_WIDTH:
+        return {"depth": depth, "width": width, "num_heads": HEADS_FOR_WIDTH[width]}
+    head_dim = next((d for d in HEAD_DIMS if width % d == 0), None)
     _require(
-        width in HEADS_FOR_WIDTH,
-        f"size {size!r}: width {width} is not in the paper's grid; use one of {', '.join(map(str, HEADS_FOR_WIDTH))}",
+        head_dim is not None and width > 0,
+        f"size {size!r}: width {width} splits into no heads of {', '.join(map(str, HEAD_DIMS))}; use a multiple of 8 "
+        f"(the paper's grid: {', '.join(map(str, HEADS_FOR_WIDTH))})",
     )
-    return {"depth": depth, "width": width, "num_heads": HEADS_FOR_WIDTH[width]}
+    return {"depth": depth, "width": width, "num_heads": width // head_dim}

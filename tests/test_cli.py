@@ -39,7 +39,7 @@ def test_info_table(capsys):
     [
         (["info", "--model", "nope"], "invalid choice: 'nope'"),
         (["info", "--model", "vit", "--size", "deit-xl"], "size 'deit-xl'"),
-        (["info", "--model", "vit", "--size", "12x100"], "width 100 is not in the paper's grid"),
+        (["info", "--model", "vit", "--size", "12x100"], "width 100 splits into no heads of 64, 32, 16, 8"),
         (["info", "--model", "vit", "--image-size", "100"], "image_size=100 is not divisible by patch_size=32"),
         (["info", "--model", "mobile-vmoe", "--top-k", "11"], "top_k=11: must be between 1 and num_experts=10"),
         (["info", "--model", "mobile-vmoe", "--moe-layers", "12"], "moe_layers=12: must be between 1 and 11"),
@@ -101,6 +101,16 @@ def test_vmoe_info_is_the_papers_per_token_model(capsys):
     mobile = json.loads(run_cli(capsys, "info", "--model", "mobile-vmoe", "--size", "deit-ti", "--top-k", "2",
                                 "--json")[1])  # fmt: skip
     assert round(mobile["params_active"] / 1e6, 2) == 6.31  # "vs 6.31M for ours"
+
+
+@pytest.mark.parametrize("size, heads", [("6x192", 3), ("6x64", 2), ("6x48", 3), ("4x128", 2), ("2x24", 3)])
+def test_any_width_that_splits_into_heads_is_a_size(size, heads):
+    """The paper's grid keeps its heads; another width gets heads of the widest of 64, 32, 16, 8 channels that
+    divides it (reproduce --scale tiny trains widths 48, 24, 16)."""
+    from mobile_moe.config import parse_size
+
+    depth, width = map(int, size.split("x"))
+    assert parse_size(size) == {"depth": depth, "width": width, "num_heads": heads}
 
 
 def test_width_not_divisible_by_heads():
