@@ -27,12 +27,9 @@ from mobile_moe import preprocess
 from mobile_moe.errors import UsageError
 from mobile_moe.super_class.superclasses import SuperClasses, from_labels
 from mobile_moe.training import digits_pairs, files, synthetic
+from mobile_moe.training.spec_options import DATA_SPECS
 
 SPLITS = ("train", "val", "test")
-SPEC_HELP = (
-    "digits, digits-pairs[:train=N,...], synthetic[:classes=C,super=S,...], cifar10:ROOT, cifar100:ROOT or "
-    "imagefolder:ROOT"
-)
 SPLIT_SEED = 0  # the train/val/test splits never change with the training seed
 
 
@@ -233,7 +230,7 @@ def open_data(spec: str, image_size: int, mean=None, std=None, eval_resize=None)
     elif name == "imagefolder" and argument:
         data = open_imagefolder(spec, argument, image_size)
     else:
-        raise UsageError(f"data spec {spec!r}: use {SPEC_HELP}")
+        raise UsageError(f"data spec {spec!r}: use {DATA_SPECS}")
     if mean is not None:
         data.mean = tuple(float(v) for v in mean)
     if std is not None:

@@ -10,7 +10,7 @@ from mobile_moe.errors import UsageError
 
 Spec = TypeVar("Spec")
 
-# The data specs data.py opens, for a --data flag's help (here: the CLI imports this without torch)
+# The data specs data.py opens: every --data flag's help and data.py's refusal (here: the CLI imports it without torch)
 DATA_SPECS = "digits | digits-pairs[:k=v,...] | synthetic[:k=v,...] | cifar10:ROOT | cifar100:ROOT | imagefolder:ROOT"
 
 
