@@ -143,9 +143,10 @@ class TokenChoiceRouter(nn.Module):
         noisy = self.training and self.noise_std > 0
         noisy_logits = logits + self.noise_std * torch.randn_like(logits) if noisy else logits
         capacity = self.capacity(x.shape[1])
-        chosen = self.dispatch_by_gates(noisy_logits.softmax(-1), capacity)
+        gates = noisy_logits.softmax(-1)  # (B, T, E): the noisy gates, routed on and (Switch loss) balanced
+        chosen = self.dispatch_by_gates(gates, capacity)
         stats = MoEStats(
-            aux_loss=self.aux_loss_weight * self.balance(logits, noisy_logits, chosen.experts, chosen.assigned),
+            aux_loss=self.aux_loss_weight * self.balance(logits, noisy_logits, gates, chosen),
             expert_tokens=chosen.dispatch.detach().sum((1, 3)).unsqueeze(1),  # (B, 1, E)
             dropped=1.0 - (chosen.slots < capacity).to(x.dtype).mean(),
         )
@@ -176,15 +177,17 @@ class TokenChoiceRouter(nn.Module):
         slots = slots.reshape(B, k, T).transpose(1, 2)  # (B, T, k) in priority order
         return torch.zeros_like(slots).scatter(1, order, slots)  # (B, T, k) back in token order
 
-    def balance(self, logits: Tensor, noisy_logits: Tensor, experts: Tensor, assigned: Tensor) -> Tensor:
-        """The unweighted auxiliary loss (see the class docstring), averaged over images."""
+    def balance(self, logits: Tensor, noisy_logits: Tensor, gates: Tensor, chosen: TokenChoices) -> Tensor:
+        """The unweighted auxiliary loss (see the class docstring), averaged over images; gates: noisy_logits'
+        softmax, as routed on."""
         if self.balance_loss == "switch":
-            return switch_loss(noisy_logits.softmax(-1), assigned).mean()
-        importance = importance_loss(logits.softmax(-1))  # (B,)
-        if self.training and self.noise_std > 0:
-            load = load_loss(logits, noisy_logits, experts, self.noise_std)
+            return switch_loss(gates, chosen.assigned).mean()
+        noisy = self.training and self.noise_std > 0
+        importance = importance_loss(logits.softmax(-1) if noisy else gates)  # (B,): clean gates
+        if noisy:
+            load = load_loss(logits, noisy_logits, chosen.experts, self.noise_std)
         else:
-            load = cv_squared(assigned.sum(1))  # (B,): the noise-free limit, hard top-k counts
+            load = cv_squared(chosen.assigned.sum(1))  # (B,): the noise-free limit, hard top-k counts
         return ((importance + load) / 2).mean()
 
 
