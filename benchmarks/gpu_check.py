@@ -50,29 +50,9 @@ def steps(device: str, out: Path, gpus: int) -> list[tuple[str, list[str]]]:
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world)]
         found.append((f"ddp {world}", [*torchrun, *train[1:], "--model", "mobile-vmoe", *moe, "--batch-size", "32",
                                        "--out", str(out / f"ddp-{world}")]))  # fmt: skip
-    found.append(
-        (
-            "reproduce",
-            [
-                *cli,
-                "reproduce",
-                "fig3b",
-                "--data",
-                "digits",
-                "--scale",
-                "tiny",
-                "--epochs",
-                "1",
-                "--device",
-                device,
-                "--bench",
-                "--iterations",
-                "5",
-                "--out",
-                str(out / "fig3b"),
-            ],
-        )
-    )
+    reproduce = [*cli, "reproduce", "fig3b", "--data", "digits", "--scale", "tiny", "--epochs", "1", "--device",
+                 device, "--bench", "--iterations", "5", "--out", str(out / "fig3b")]  # fmt: skip
+    found.append(("reproduce", reproduce))
     bench = ["gpu_train_step.py", "--json"] if device == "cuda" else [
         "train_step.py", "--json", "--compile", "--size", "3x64", "--patch", "8", "--image-size", "32",
         "--num-classes", "10", "--experts", "4", "--batch-size", "16", "--steps", "3", "--warmup", "2",
