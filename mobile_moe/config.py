@@ -52,8 +52,9 @@ class ViTConfig:
     name = "vit"  # registry name; a class attribute, not a field
     model_class = "mobile_moe.vit:VisionTransformer"  # "module:Class", imported only when a model is built
     routing = "none"  # how the model picks experts (see MoEConfig); "none" for a dense model
-    # Why a dense vit run cannot initialise this model (mobile_moe/upcycle.py); None: it can (--init-from).
-    upcycle_refusal = "--model vit is dense (nothing to upcycle)"
+    # Why a dense vit run cannot initialise this model (mobile_moe/upcycle.py); None: it can (--init-from; a vit is
+    # fine-tuned, an MoE upcycled).
+    upcycle_refusal = None
     # Fields added after runs were written: left out of to_dict at their default, so a default model's config.json
     # and bundle manifest stay byte for byte what they were (reading them back gives the default).
     omitted_at_default: ClassVar[tuple[str, ...]] = ()
@@ -142,7 +143,6 @@ class MoEConfig(ViTConfig):
     moe_layers: int = 2  # L: MoE blocks
 
     routing = "image"
-    upcycle_refusal = None
     min_dense_layers = 1  # dense blocks a model needs before its MoE blocks: a per-image router reads their tokens
 
     def __post_init__(self) -> None:

@@ -1,4 +1,5 @@
-"""Sparse upcycling (Komatsuzaki et al. 2022): an MoE starts from a trained dense ViT of the same size.
+"""Sparse upcycling (Komatsuzaki et al. 2022): an MoE starts from a trained dense ViT of the same size; and
+fine-tuning, its dense case: a vit starts from one (every entry keeps its name).
 
 The embedding, the dense blocks, the MoE blocks' attention and norms and the head are copied; EVERY expert's MLP is
 a copy of the dense MLP of its block; a router starts fresh (keeps its own initialisation). Each MoE model says where
@@ -10,6 +11,10 @@ do not renormalise, so they start near the dense function, not at it; Soft MoE m
 experts, so its upcycled experts start from the dense MLP's weights but compute another function.
 
 WideNet is not upcycled: its blocks share ONE attention and ONE MoE layer, where a dense ViT has one per block.
+
+Transfer to other classes: a dense run trained on other classes (an imported ImageNet-1k model, say) gives everything
+but its classifier. The classifier (`head.fc`, in every head that copies it) then starts fresh for the data's classes;
+the head's LayerNorm is a feature of the trunk and is copied.
 """
 
 from __future__ import annotations
@@ -26,15 +31,16 @@ from mobile_moe.errors import UsageError
 from mobile_moe.registry import config_from_dict
 
 # The fields the dense run and the MoE must share: the dense weights must fit every place they are copied to.
-SHARED_FIELDS = ("depth", "width", "num_heads", "mlp_ratio", "patch_size", "image_size", "in_chans", "num_classes",
-                 "pool", "norm_eps")  # fmt: skip
+# The number of classes need not be shared: a dense run of other classes gives all but its classifier (`new_classes`).
+SHARED_FIELDS = ("depth", "width", "num_heads", "mlp_ratio", "patch_size", "image_size", "in_chans", "pool", "norm_eps")
+CLASSIFIER = "head.fc."  # the dense entries that hold the classes: a transfer to other classes leaves them out
 EXPERT_MLP = re.compile(r"mlp\.(?:experts\.)+\d+\.(?P<param>.+)")  # an expert's MLP entry, relative to its MoE block
 
 
 def check_upcyclable(model: ViTConfig | type[ViTConfig]) -> None:
     """One UsageError line if a dense run cannot initialise this kind of model (its config's upcycle_refusal)."""
     if model.upcycle_refusal is not None:
-        raise UsageError(f"--init-from upcycles a dense vit run into an MoE: {model.upcycle_refusal}")
+        raise UsageError(f"--init-from starts a model from a dense vit run: {model.upcycle_refusal}")
 
 
 def check_dense_fits(moe_config: ViTConfig, dense_config: dict[str, Any], where: str) -> None:
@@ -48,10 +54,11 @@ def check_dense_fits(moe_config: ViTConfig, dense_config: dict[str, Any], where:
         theirs = config_from_dict(dense_config).to_dict()
     except UsageError as error:
         raise UsageError(f"{where}: its model config is not valid ({error})") from None
-    if theirs["wide_mlp_layers"]:
-        raise UsageError(f"{where} widens its last MLPs (a FLOPs-matched baseline); upcycling copies a plain vit's "
-                         "MLPs: start from a vit without wide_mlp_layers")  # fmt: skip
     mine = moe_config.to_dict()
+    if theirs["wide_mlp_layers"] or mine.get("wide_mlp_layers"):
+        whose = where if theirs["wide_mlp_layers"] else f"--model {moe_config.name} with wide_mlp_layers"
+        raise UsageError(f"{whose} widens its last MLPs (a FLOPs-matched baseline); --init-from copies a plain vit's "
+                         "MLPs: start from a vit without wide_mlp_layers")  # fmt: skip
     differ = [f"{k} {mine[k]} vs the dense run's {theirs[k]}" for k in SHARED_FIELDS if mine[k] != theirs[k]]
     if differ:
         raise UsageError(
@@ -66,14 +73,17 @@ def dense_defaults(dense_config: dict[str, Any], preset: set[str]) -> dict[str, 
     return {key: dense_config[key] for key in SHARED_FIELDS if key in dense_config and key not in preset}
 
 
-def upcycle(model: nn.Module, dense_state: dict[str, Tensor], source: str | os.PathLike) -> list[str]:
+def upcycle(
+    model: nn.Module, dense_state: dict[str, Tensor], source: str | os.PathLike, *, new_classes: bool = False
+) -> list[str]:
     """Copy a dense vit's state dict into `model` by its `dense_key` map; -> the entries that kept their own (fresh)
-    values. A dense state that lacks a needed entry, or whose shapes do not fit, is one UsageError naming `source`."""
+    values. `new_classes`: the dense run classifies other classes, so its classifier is left out and `model`'s stays
+    fresh. A dense state that lacks a needed entry, or whose shapes do not fit, is one UsageError naming `source`."""
     own = model.state_dict()
     mapped, fresh = {}, []
     for key, value in own.items():
         dense = model.dense_key(key)
-        if dense is None:
+        if dense is None or (new_classes and dense.startswith(CLASSIFIER)):
             mapped[key] = value
             fresh.append(key)
         elif dense in dense_state:
@@ -81,6 +91,7 @@ def upcycle(model: nn.Module, dense_state: dict[str, Tensor], source: str | os.P
         else:
             raise UsageError(f"{source}: a dense vit's {dense} is missing (needed for {key}); is it a vit checkpoint?")
     unused = sorted(set(dense_state) - {model.dense_key(key) for key in own})
+    unused = [key for key in unused if not (new_classes and key.startswith(CLASSIFIER))]
     if unused:
         raise UsageError(f"{source}: {unused[0]} ({len(unused)} such) has no place in {model.config.name}; is it a "
                          "plain vit checkpoint of the same size?")  # fmt: skip

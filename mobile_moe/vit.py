@@ -156,6 +156,10 @@ class VisionTransformer(nn.Module):
         tokens, routing = self.forward_features(images)
         return ModelOutput(self.forward_head(tokens), routing)
 
+    def dense_key(self, key: str) -> str:
+        """Fine-tuning from a dense run (mobile_moe/upcycle.py): every entry starts from the entry of its own name."""
+        return key
+
 
 def init_weights(module: nn.Module) -> None:
     """timm's ViT init: truncated-normal linears with zero bias; LayerNorm stays at (1, 0)."""

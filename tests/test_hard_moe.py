@@ -275,12 +275,9 @@ def test_init_from_errors_are_one_line(gater, tmp_path, capsys):
     out = str(tmp_path / "x")
     base = ["--data", SYNTHETIC, *RECIPE, "--out", out]
     assert "--init-from RUN_DIR" in error(["train", "--model", "hard-moe", *MODEL, *base])
-    assert "--model vit is dense" in error(["train", "--model", "vit", *MODEL, "--init-from", str(gater), *base])
     assert "does not fit" in error(["train", "--model", "hard-moe", "--init-from", str(gater), "--size", "4x64", *base])
     assert "does not fit" in error(["train", "--model", "hard-moe", "--init-from", str(gater), "--pool", "cls", *base])
     assert "not a run directory" in error(["train", "--model", "hard-moe", "--init-from", str(tmp_path), *base])
-    other = ["--data", "synthetic:classes=6,super=2,per_class=30", *RECIPE, "--out", out]
-    assert "that are not the" in error(["train", "--model", "hard-moe", "--init-from", str(gater), *other])
     assert not (tmp_path / "x" / "checkpoint.pt").exists()
 
 
@@ -295,4 +292,4 @@ def test_a_hard_moe_gater_must_be_a_vit_run(gater, tmp_path):
     with pytest.raises(UsageError, match="no best.pt"):
         config["model"] = read_config(gater)["model"]
         (tmp_path / "moe" / "config.json").write_text(json.dumps(config))
-        load_dense(tiny_model("hard-moe"), tmp_path / "moe")
+        load_dense(tiny_model("hard-moe"), tmp_path / "moe", new_classes=False)

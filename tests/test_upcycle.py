@@ -1,6 +1,7 @@
-"""Sparse upcycling (`train --init-from`): every expert MLP starts as the dense MLP of its block, routers fresh; with
+"""`train --init-from`: sparse upcycling (every expert MLP starts as the dense MLP of its block, routers fresh; with
 gates that sum to 1 the upcycled model computes the dense model's function at step 0, from our own dense runs and from
-imported timm / torchvision models."""
+imported timm / torchvision models), a vit's fine-tune, and the transfer to data of other classes (a new classifier,
+everything else copied)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from mobile_moe.registry import MODELS, create_model, make_config
 from mobile_moe.training.run_dir import load_run, read_config
 from mobile_moe.upcycle import check_dense_fits, upcycle
 
-UPCYCLED = sorted(name for name, cfg in MODELS.items() if cfg.upcycle_refusal is None)
+UPCYCLED = sorted(name for name, cfg in MODELS.items() if cfg.upcycle_refusal is None and cfg.routing != "none")
 DIGITS_MODEL = ["--size", "3x64", "--patch", "8", "--image-size", "32"]
 RECIPE = ["--recipe", "tiny", "--epochs", "1", "--batch-size", "64", "--quiet"]
 
@@ -113,9 +114,11 @@ def test_a_dense_run_that_does_not_fit_is_refused_in_one_line():
     ):
         with pytest.raises(UsageError, match=message):
             check_dense_fits(moe, {**dense, **change}, "--init-from d")
-    for name in ("widenet", "vit"):
-        with pytest.raises(UsageError, match="--init-from upcycles"):
-            check_dense_fits(make_config(name, **TINY, **TINY_OPTIONS[name]), dense, "--init-from d")
+    with pytest.raises(UsageError, match="--init-from starts a model from a dense vit run: widenet's blocks share"):
+        check_dense_fits(make_config("widenet", **TINY, **TINY_OPTIONS["widenet"]), dense, "--init-from d")
+    check_dense_fits(make_config("vit", **TINY), {**dense, "num_classes": 1000}, "--init-from d")  # other classes
+    with pytest.raises(UsageError, match="--model vit with wide_mlp_layers widens"):
+        check_dense_fits(make_config("vit", **TINY, wide_mlp_layers=1, wide_mlp_factor=2), dense, "--init-from d")
     with pytest.raises(UsageError, match="blocks.0.mlp.fc1.weight is missing"):
         model = tiny_model("mobile-vmoe")
         upcycle(model, {k: v for k, v in tiny_model("vit").state_dict().items() if "mlp" not in k}, "d")
@@ -152,10 +155,48 @@ def test_train_init_from_upcycles_a_dense_run_and_a_resume_keeps_it(dense_run, t
         assert main([*argv[:4], str(edited), *argv[5:-1], str(tmp_path / f"from-{field}")]) == 2
         err = capsys.readouterr().err
         assert ("describe different models" if field != "mean" else "data.mean and data.std") in err, err
-    other = ["--data", "synthetic:classes=6,super=2,per_class=20", "--super-classes", "truth", "--experts", "2"]
-    assert main(["train", "--model", "mobile-vmoe", "--init-from", str(dense_run), *other, *RECIPE, "--out",
-                 str(tmp_path / "x")]) == 2  # fmt: skip
-    assert "that are not the 10 of the dense run" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("name", ["vit", "mobile-vmoe", "hard-moe"])
+def test_data_of_other_classes_gets_a_new_classifier_said_once_and_recorded(name, dense_run, tmp_path, capsys):
+    """The transfer path: a dense run of 10 digit classes starts a model on 6 synthetic classes; every weight but the
+    classifier (head.fc, in each expert's head for a Hard MoE) is the dense run's, and a resume says nothing again."""
+    out = tmp_path / name
+    options = {"vit": [], "mobile-vmoe": ["--super-classes", "truth", "--experts", "2"], "hard-moe": ["--experts", "2"]}
+    argv = ["train", "--model", name, "--init-from", str(dense_run), "--data", "synthetic:classes=6,super=2,per_class=20",
+            *options[name], *RECIPE, "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if "new classifier" in line]
+    assert said == [
+        f"--init-from {dense_run.resolve()}: a new classifier for the data's 6 classes (the dense run's 10 classes "
+        "are not the data's); every other weight copied"
+    ]
+    record = read_config(out)["upcycled" if name != "hard-moe" else "hard_moe"]
+    assert record["new_head"] is True and record["dense_classes"] == 10
+    model = load_run(out, "last").model
+    assert model.config.num_classes == 6
+    if name == "vit":  # one epoch moved every weight; the state shows the new classifier's shape, and the rest fit
+        dense = load_run(dense_run).model.state_dict()
+        assert record["fresh"] == ["head.fc"]
+        assert {k: v.shape for k, v in model.state_dict().items() if not k.startswith("head.fc")} == {
+            k: v.shape for k, v in dense.items() if not k.startswith("head.fc")
+        }
+    assert main([*argv, "--epochs", "2", "--resume"]) == 0
+    assert "new classifier" not in capsys.readouterr().out
+
+
+def test_a_vit_fine_tune_copies_every_weight_and_a_transfer_all_but_the_classifier():
+    dense = tiny_model("vit")
+    torch.manual_seed(3)
+    same = create_model("vit", **TINY)
+    assert upcycle(same, dense.state_dict(), "dense") == []
+    assert all(torch.equal(v, dense.state_dict()[k]) for k, v in same.state_dict().items())
+    other = create_model("vit", **{**TINY, "num_classes": 3})
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+    assert upcycle(other, dense.state_dict(), "dense", new_classes=True) == ["head.fc.weight", "head.fc.bias"]
+    for key, value in other.state_dict().items():
+        assert torch.equal(value, before[key] if key.startswith("head.fc.") else dense.state_dict()[key]), key
 
 
 @pytest.mark.usefixtures("one_thread")

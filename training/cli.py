@@ -67,6 +67,11 @@ RESUME_HELP = (
 )
 
 
+def recipe_defaults(field: str) -> str:
+    """A recipe field's default per recipe, for a flag's help: "deit 300, vit 300, tiny 15"."""
+    return ", ".join(f"{name} {getattr(make(), field)}" for name, make in RECIPES.items())
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser, required=False)
     data = parser.add_argument_group("data")
@@ -78,13 +83,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     data.add_argument(
         "--init-from",
         metavar="RUN_DIR",
-        help="a trained or imported dense vit run the MoE starts from (sparse upcycling: every expert MLP from the "
-        "dense MLP of its block, routers fresh; a hard-moe's gater); model flags default to that run's",
+        help="a trained or imported dense vit run the model starts from: a vit is fine-tuned, an MoE upcycled (every "
+        "expert MLP from the dense MLP of its block, routers fresh), a hard-moe's gater; data of other classes gets a "
+        "new classifier; model flags default to that run's",
     )
     train = parser.add_argument_group("training")
     train.add_argument("--recipe", choices=sorted(RECIPES), help=f"base recipe (default {DEFAULT_RECIPE})")
-    train.add_argument("--epochs", type=int)
-    train.add_argument("--batch-size", type=int, help="global batch size (split over DDP processes)")
+    train.add_argument("--epochs", type=int, help=f"epochs to train (default: the recipe's; {recipe_defaults('epochs')})")
+    train.add_argument(
+        "--batch-size",
+        type=int,
+        help=f"global batch size, split over DDP processes (default: the recipe's; {recipe_defaults('batch_size')})",
+    )
     train.add_argument(
         "--lr", type=finite_float, help="peak learning rate at this --batch-size (default: the recipe's)"
     )
@@ -93,10 +103,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     train.add_argument(
         "--balance-loss", type=finite_float, help="weight of the load-balancing loss (end-to-end routing)"
     )
-    train.add_argument("--device", choices=DEVICES)
+    train.add_argument(
+        "--device", choices=DEVICES, help="where to train (default auto: cuda when a GPU is visible, else cpu)"
+    )
     train.add_argument("--compile", action="store_true", help="torch.compile the model")
-    train.add_argument("--workers", type=int, help="DataLoader workers per process")
-    train.add_argument("--seed", type=int)
+    train.add_argument(
+        "--workers", type=int, help=f"DataLoader workers per process (default: the recipe's; {recipe_defaults('workers')})"
+    )
+    train.add_argument("--seed", type=int, help="seed of the initial weights, data order and augmentation (default 0)")
     train.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="any recipe field, type-checked (repeatable)"
     )

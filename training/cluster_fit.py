@@ -57,14 +57,17 @@ def fit_clusters(features: np.ndarray, num_experts: int, pca_dims: int, seed: in
     return {"pca": pca, "kmeans": kmeans, "projected": projected}
 
 
-def prepare_hard_moe(model, gater_dir, train_dataset: Dataset, device, batch_size: int, seed: int) -> dict[str, Any]:
-    """Stage 1 on a freshly built HardMoE (on `device`): gater weights, then PCA + k-means on the gater's pooled
-    features of `train_dataset` (un-augmented training split), stored in the router. -> the record for config.json.
+def prepare_hard_moe(
+    model, gater_dir, train_dataset: Dataset, device, batch_size: int, seed: int, *, new_classes: bool = False
+) -> dict[str, Any]:
+    """Stage 1 on a freshly built HardMoE (on `device`): gater weights (its classifier left out when the data has
+    `new_classes`), then PCA + k-means on the gater's pooled features of `train_dataset` (un-augmented training
+    split), stored in the router. -> the record for config.json.
 
     Deterministic given `seed`: under DDP every process fits the same clusters (and DDP broadcasts rank 0's buffers).
     """
     cfg = model.config
-    record = init_from.load_dense(model, gater_dir)
+    record = init_from.load_dense(model, gater_dir, new_classes=new_classes)
     features = trunk_features(model, train_dataset, device, batch_size)  # (N, D)
     fitted = fit_clusters(features, cfg.num_experts, cfg.pca_dims, seed)
     pca, kmeans = fitted["pca"], fitted["kmeans"]
@@ -86,6 +89,8 @@ def prepare_hard_moe(model, gater_dir, train_dataset: Dataset, device, batch_siz
         "cluster_sizes": sizes,
         "empty_clusters": [e for e, size in enumerate(sizes) if size == 0],
         "seed": seed,
+        "new_head": record["new_head"],
+        "dense_classes": record["dense_classes"],
     }
 
 
@@ -94,7 +99,10 @@ def stage_one(model, gater_dir, data, train_config, device, resumed: dict[str, A
     config.json (`resumed`), whose clusters checkpoint.pt already holds."""
     if resumed is not None:
         return {"init_from": resumed.get("init_from"), "hard_moe": resumed.get("hard_moe")}
-    init_from.check_init_from(model.config, gater_dir, data)  # again, now with the data's classes
+    init_from.check_init_from(model.config, gater_dir)  # again: the run may have changed while the data was opened
     train_set = data.split("train")  # the evaluation transform: features of the images, not of augmentations
-    record = prepare_hard_moe(model, gater_dir, train_set, device, train_config.eval_batch_size, train_config.seed)
+    record = prepare_hard_moe(
+        model, gater_dir, train_set, device, train_config.eval_batch_size, train_config.seed,
+        new_classes=init_from.new_head(gater_dir, data),
+    )  # fmt: skip
     return {"init_from": str(Path(gater_dir).resolve()), "hard_moe": record}

@@ -1,13 +1,17 @@
-"""`train --init-from RUN_DIR`: an MoE starts from a dense vit run, ours or imported (sparse upcycling).
+"""`train --init-from RUN_DIR`: a model starts from a dense vit run, ours or imported: an MoE by sparse upcycling, a
+vit by fine-tuning.
 
     mobile-moe train --model mobile-vmoe --init-from runs/vit --experts 5 --data digits --out runs/upcycled
+    mobile-moe train --model vit --init-from runs/deit --data imagefolder:data --out runs/deit-ft   # transfer
 
 The model's fields default to the dense run's (only E, k, L need giving); before the first epoch of a fresh run its
 best.pt is copied in by the model's own map (mobile_moe/upcycle.py: every expert MLP from the dense MLP of its block,
-routers fresh). The data is opened with the dense run's preprocessing (mean, std, eval resize), so the upcycled model
-sees its images as the dense model did (an imported run's are its library's); its classes must be the dense run's.
-config.json records the dense run ("init_from") and what was copied ("upcycled"); a resume reads both and copies
-nothing (checkpoint.pt holds the weights). A Hard MoE requires --init-from (its gater, training/cluster_fit.py).
+routers fresh). The data is opened with the dense run's preprocessing (mean, std, eval resize), so the model sees its
+images as the dense model did (an imported run's are its library's). Data of other classes than the dense run's (an
+ImageNet-1k import fine-tuned on your folder) gets a new classifier for its classes, said in one line; everything else
+is copied. config.json records the dense run ("init_from") and what was copied ("upcycled", with "new_head"); a resume
+reads both and copies nothing (checkpoint.pt holds the weights). A Hard MoE requires --init-from (its gater,
+training/cluster_fit.py).
 """
 
 from __future__ import annotations
@@ -20,25 +24,43 @@ from mobile_moe.checkpoint import load_checkpoint
 from mobile_moe.config import ViTConfig, parse_size
 from mobile_moe.errors import UsageError
 from mobile_moe.registry import MODELS
-from mobile_moe.training.run_dir import BEST, CONFIG, check_classes, differing_fields, is_imported, read_config
+from mobile_moe.training.run_dir import BEST, CONFIG, differing_fields, is_imported, read_config
 from mobile_moe.training.run_dir import preprocessing as recorded_preprocessing
 from mobile_moe.upcycle import check_dense_fits, check_upcyclable, dense_defaults, upcycle
 
-HELP = "a dense vit run (ours, or `mobile-moe import`ed) of the same size: the MoE starts from its weights"
+HELP = (
+    "a dense vit run (ours, or `mobile-moe import`ed) of the same size: the model starts from its weights (data of "
+    "other classes gets a new classifier)"
+)
 
 
-def check_init_from(model_config: ViTConfig, init_from: str | os.PathLike | None, data=None) -> None:
-    """--init-from must fit the model (and `data`, when given: the dense run's classes); a Hard MoE requires it.
-    Checked before any data is opened too, so a wrong run costs nothing."""
+def check_init_from(model_config: ViTConfig, init_from: str | os.PathLike | None) -> None:
+    """--init-from must fit the model; a Hard MoE requires it. Checked before any data is opened, so a wrong run costs
+    nothing."""
     if model_config.routing == "cluster" and init_from is None:
         raise UsageError(f"{model_config.name} trains from a dense gater: give --init-from RUN_DIR, {HELP}")
-    if init_from is None:
-        return
-    where = f"--init-from {init_from}"
-    config = read_config(init_from)
-    if data is not None:
-        check_classes(config["data"].get("class_names", []), data, f"the dense run {init_from}")
-    check_dense_fits(model_config, config["model"], where)
+    if init_from is not None:
+        check_dense_fits(model_config, read_config(init_from)["model"], f"--init-from {init_from}")
+
+
+def dense_classes(init_from: str | os.PathLike) -> list[str]:
+    return list(read_config(init_from)["data"].get("class_names") or [])
+
+
+def new_head(init_from: str | os.PathLike, data) -> bool:
+    """True when `data` classifies other classes than the dense run (its classifier cannot be copied)."""
+    return dense_classes(init_from) != list(data.class_names)
+
+
+def announcement(entries: dict[str, Any], data) -> str | None:
+    """The one line a fresh start from a dense run of other classes prints."""
+    record = entries.get("upcycled") or entries.get("hard_moe") or {}
+    if not record.get("new_head"):
+        return None
+    return (
+        f"--init-from {entries['init_from']}: a new classifier for the data's {data.num_classes} classes (the dense "
+        f"run's {record['dense_classes']} classes are not the data's); every other weight copied"
+    )
 
 
 def same_run_dir(a: str | os.PathLike | None, b: str | os.PathLike | None) -> bool:
@@ -58,8 +80,9 @@ def preprocessing(init_from: str | os.PathLike) -> dict[str, Any]:
     return recorded_preprocessing(read_config(init_from)["data"], Path(init_from) / CONFIG)
 
 
-def load_dense(model, init_from: str | os.PathLike) -> dict[str, Any]:
-    """The dense run's best.pt into `model` (upcycled); -> the config.json record of what was copied."""
+def load_dense(model, init_from: str | os.PathLike, *, new_classes: bool) -> dict[str, Any]:
+    """The dense run's best.pt into `model` (upcycled; its classifier left fresh when `new_classes`); -> the
+    config.json record of what was copied."""
     path = Path(init_from) / BEST
     if not path.is_file():
         raise UsageError(f"--init-from {init_from} has no {BEST} yet; let the dense run finish an epoch")
@@ -73,11 +96,13 @@ def load_dense(model, init_from: str | os.PathLike) -> dict[str, Any]:
             f"--init-from {init_from}: {CONFIG} and {BEST} describe different models ({', '.join(differ[:3])}"
             f" differ); restore the run's {CONFIG} (the checkpoint holds the truth)"
         )
-    fresh = upcycle(model, state["model"], path)
+    fresh = upcycle(model, state["model"], path, new_classes=new_classes)
     return {
         "dense_epoch": int(state["epoch"]) if "epoch" in state else None,
         "dense_source": config["source"].get("model") if is_imported(config) else None,
         "fresh": sorted({key.rsplit(".", 1)[0] for key in fresh}),  # modules that kept their own initialisation
+        "new_head": new_classes,
+        "dense_classes": len(dense_classes(init_from)),
     }
 
 
@@ -86,5 +111,6 @@ def start(model, init_from: str | os.PathLike, data, resumed: dict[str, Any] | N
     run's own config.json (`resumed`), whose weights checkpoint.pt already holds."""
     if resumed is not None:
         return {"init_from": resumed.get("init_from"), "upcycled": resumed.get("upcycled")}
-    check_init_from(model.config, init_from, data)  # again, now with the data's classes
-    return {"init_from": str(Path(init_from).resolve()), "upcycled": load_dense(model, init_from)}
+    check_init_from(model.config, init_from)  # again: the run may have changed while the data was opened
+    record = load_dense(model, init_from, new_classes=new_head(init_from, data))
+    return {"init_from": str(Path(init_from).resolve()), "upcycled": record}

@@ -79,6 +79,17 @@ class TrainConfig:
         """Peak learning rate: base_lr x batch_size / base_batch (the DeiT scaling rule)."""
         return self.base_lr * self.batch_size / self.base_batch
 
+    def short_run_warning(self) -> str | None:
+        """What to say when the run ends inside its linear warm-up: the learning rate never reaches its peak, and the
+        cosine decay never starts (a short fine-tune on the deit recipe, say)."""
+        if self.epochs > self.warmup_epochs:
+            return None
+        return (
+            f"warning: the run's {self.epochs} epochs end inside the recipe's {self.warmup_epochs:g} warm-up epochs, "
+            f"so the learning rate never reaches its peak; give --epochs more than {self.warmup_epochs:g} or "
+            f"--set warmup_epochs={max(self.epochs / 5, 0.1):g}"
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

@@ -87,7 +87,9 @@ def check_classes(class_names: list[str], data, whose: str) -> None:
     if list(data.class_names) != list(class_names):
         raise UsageError(
             f"--data {data.spec} has {data.num_classes} classes ({', '.join(data.class_names[:3])}, ...) that are not "
-            f"the {len(class_names)} of {whose} ({', '.join(class_names[:3])}, ...); use data with the run's classes"
+            f"the {len(class_names)} of {whose} ({', '.join(class_names[:3])}, ...); use data with the run's classes, "
+            f"or fine-tune it on yours first (mobile-moe train --model vit --init-from RUN_DIR --data {data.spec} "
+            "--out NEW_RUN)"
         )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
@@ -172,7 +173,8 @@ def make_loader(dataset, cfg: TrainConfig, placement: distributed.Placement) -> 
         dataset,
         batch_size=per_rank,
         sampler=sampler,
-        num_workers=cfg.workers,
+        # No more workers than cores this process may use (torch warns, and more would only contend for them).
+        num_workers=min(cfg.workers, len(os.sched_getaffinity(0))),
         drop_last=True,
         pin_memory=placement.device.type == "cuda",
     )
@@ -205,7 +207,8 @@ def train(
     model_config: e.g. make_config("mobile-vmoe", "6x64", ...); its num_classes must be the data's, unless
     `fit_num_classes` (the CLI without --num-classes) sets it from the data. super_class_spec: FILE.json, coarse,
     truth, random[:SEED] or None (super_spec.py). Prints one line per epoch unless not `verbose`. init_from: a
-    dense vit run an MoE starts from (upcycled; a hard-moe requires one as its gater; training/init_from.py).
+    dense vit run the model starts from (a vit fine-tuned, an MoE upcycled, a hard-moe's gater; data of other
+    classes gets a new classifier; training/init_from.py).
     """
     upcycling.check_init_from(model_config, init_from)
     out_dir = Path(out_dir)
@@ -378,6 +381,7 @@ def _train(request: TrainRequest) -> Path:
             "recipe": request.cfg.to_dict(),
             **init_entries,
         }
+        _announce_start(state is None and placement.is_main, init_entries, run, request.cfg)
         progress = _restore_progress(state, request.out_dir, opt, say)
         _prepare_run_dir(request.out_dir, run_config, state, placement, say)
         session = Session(request, placement, run, opt, _epoch_context(request, run, placement), run_config, say)
@@ -386,6 +390,17 @@ def _train(request: TrainRequest) -> Path:
         return request.out_dir
     finally:
         distributed.cleanup()
+
+
+def _announce_start(fresh: bool, init_entries: dict[str, Any], run: RunData, cfg: TrainConfig) -> None:
+    """What a fresh run says once, even under --quiet: a new classifier for data of other classes than its --init-from
+    run's, and a run too short to leave its warm-up."""
+    if not fresh:
+        return
+    if line := upcycling.announcement(init_entries, run.data):
+        print(line, flush=True)
+    if warning := cfg.short_run_warning():
+        print(warning, file=sys.stderr, flush=True)
 
 
 def _resume_state(request: TrainRequest, placement: distributed.Placement) -> dict[str, Any] | None:
