@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -255,14 +256,17 @@ def _export_graphs(
     split: Split, lowering: Lowering, tmp: Path, *, calibration: dict, log: Callable[[str], None]
 ) -> list[dict[str, Any]]:
     """Export every graph of `split` into `tmp`; a family of graphs shares one program where the backend can.
-    -> the manifest's `graphs` entries, in the split's order."""
+    -> the manifest's `graphs` entries, in the split's order. Logs a line per program: one for a shared family."""
     export_graph, suffix = exporter(lowering.backend)
     specs = {spec.name: spec for spec in split.graphs}
     artifacts: dict[str, tuple[Any, float]] = {}  # graph name -> (Artifact, seconds)
+    shared: dict[str, list[str]] = {}  # program -> the graphs that share it
     if lowering.backend == "executorch":
         for program, names in split.families.items():
-            members = [specs[name] for name in names]
-            artifacts.update(_export_family(program, members, tmp, lowering.quantize, calibration, log))
+            family = _export_family(program, [specs[name] for name in names], tmp, lowering.quantize, calibration, log)
+            artifacts.update(family)
+            if family:
+                shared[program] = list(names)
     for spec in split.graphs:
         if spec.name in artifacts:
             continue
@@ -281,20 +285,38 @@ def _export_graphs(
             summary=f"mobile-moe {split.layout} graph {spec.name} ({spec.role})",
         )
         artifacts[spec.name] = (artifact, time.perf_counter() - start)
-    return [_logged_entry(spec, *artifacts[spec.name], tmp, log) for spec in split.graphs]
+    entries = {spec.name: _timed_entry(spec, *artifacts[spec.name], tmp) for spec in split.graphs}
+    in_family = {name for names in shared.values() for name in names}
+    for spec in split.graphs:
+        if spec.name not in in_family:
+            log(_export_line(spec.name, [entries[spec.name]], artifacts[spec.name][0]))
+    for program, names in shared.items():
+        log(_export_line(program, [entries[name] for name in names], artifacts[names[0]][0]))
+    return [entries[spec.name] for spec in split.graphs]
 
 
-def _logged_entry(spec, artifact, seconds: float, tmp: Path, log: Callable[[str], None]) -> dict[str, Any]:
+def _timed_entry(spec, artifact, seconds: float, tmp: Path) -> dict[str, Any]:
     entry = graph_entry(spec, artifact, tmp)
     entry["export_seconds"] = round(seconds, 3)
-    loaded = GraphEntry.model_validate(entry).load_bytes  # the one reading of what loading a graph reads
-    leftover = artifact.details.get("undelegated_ops")
-    note = f", not delegated: {leftover}" if leftover else ""
-    log(f"  {spec.name}: {loaded / 1e6:.2f} MB in {seconds:.1f} s{note}")
     return entry
 
 
-def _export_family(program: str, members: list, tmp: Path, quantize: str, calibration: dict, log) -> dict:
+def _export_line(name: str, entries: list[dict[str, Any]], artifact) -> str:
+    """`  router: 18.62 MB in 12.4 s, not delegated: 21 x aten.native_layer_norm.default`; for a family sharing one
+    program, what loading ONE of its graphs reads and the family's time."""
+    loaded = GraphEntry.model_validate(entries[0]).load_bytes  # the one reading of what loading a graph reads
+    seconds = sum(entry["export_seconds"] for entry in entries)
+    family = f"one program for {len(entries)} graphs, each with its own weights file: " if len(entries) > 1 else ""
+    per_graph = " per graph" if len(entries) > 1 else ""
+    leftover = Counter(artifact.details.get("undelegated_ops") or ())
+    note = ", ".join(f"{count} x {op}" for op, count in sorted(leftover.items()))
+    line = f"  {name}: {family}{loaded / 1e6:.2f} MB{per_graph} in {seconds:.1f} s"
+    return line + (f", not delegated: {note}" if note else "")
+
+
+def _export_family(
+    program: str, members: list, tmp: Path, quantize: str, calibration: dict, log: Callable[[str], None]
+) -> dict:
     """{member name: (Artifact, seconds)} for a family lowered once (export/executorch_family.py), each member's
     seconds its share of the family's; {} if the family cannot share a program (its members are then exported one
     by one, as any graph)."""
@@ -319,7 +341,6 @@ def _export_family(program: str, members: list, tmp: Path, quantize: str, calibr
         log(f"  {program}: one program per graph ({reason})")
         return {}
     seconds = (time.perf_counter() - start) / len(members)
-    log(f"  {program}: one program for {len(members)} graphs, each with its own weights file")
     return {spec.name: (artifact, seconds) for spec, artifact in zip(members, artifacts, strict=True)}
 
 

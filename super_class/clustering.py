@@ -43,6 +43,10 @@ def cluster(
         raise UsageError(f"--method {method}: unknown; choose one of {', '.join(METHODS)}")
     if affinity not in ("auto", *AFFINITIES):
         raise UsageError(f"--affinity {affinity}: unknown; choose one of auto, {', '.join(AFFINITIES)}")
+    if num_super_classes == num_classes:  # one class each, whatever the graph (an eigensolver would warn at k = N)
+        if details is not None:
+            details["affinity"] = "direct" if affinity == "auto" else affinity
+        return np.arange(num_classes)
     labels = None  # spectral with the auto affinity has clustered already
     if method == "spectral" and affinity == "auto":
         labels, affinity = spectral_auto(confusion, num_super_classes, seed)

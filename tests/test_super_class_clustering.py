@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from sklearn.metrics import adjusted_rand_score
@@ -178,3 +180,11 @@ def test_louvain_retries_when_networkx_gets_stuck(clear, monkeypatch):
     assert_partition(assignment, 120, 6)
     assert seeds[:2] == [0, 1]
     assert adjusted_rand_score(clear.groups, assignment) >= 0.9
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_as_many_super_classes_as_classes_is_one_class_each_without_a_third_party_warning(method):
+    confusion = np.random.default_rng(0).random((4, 4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # scipy's eigensolver warns "k >= N" when asked for N eigenvectors
+        assert cluster(confusion, 4, method=method).tolist() == [0, 1, 2, 3]

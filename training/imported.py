@@ -104,7 +104,9 @@ def class_names_from(source: str, num_classes: int) -> list[str]:
     if len(names) != num_classes or len(set(names)) != len(names) or not all(names):
         raise UsageError(
             f"--class-names {path}: {len(names)} names ({len(set(names))} distinct, non-empty) for a model with "
-            f"{num_classes} classes; give one distinct name per class, in the order of the model's outputs"
+            f"{num_classes} classes; give one distinct name per class, in the order of the model's outputs (for a "
+            "folder of other classes, import without --class-names, then `train --model vit --init-from RUN_DIR` "
+            "fine-tunes a new classifier for them)"
         )
     return names
 
