@@ -18,12 +18,13 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mobile_moe.errors import UsageError
 from mobile_moe.evidence.figures import DERIVED, Cell, Figure
+from mobile_moe.evidence.launch import LAUNCHERS, SlurmOptions
 from mobile_moe.registry import config_from_dict
 from mobile_moe.super_class.superclasses import load
 from mobile_moe.training.engine import NonFiniteLoss
@@ -31,8 +32,6 @@ from mobile_moe.training.evaluate import confusion_from_run
 from mobile_moe.training.recipes import from_dict
 from mobile_moe.training.run_dir import differences, epochs_done, holds_results, is_run_dir, read_config
 from mobile_moe.training.train import resume_training, train
-
-LAUNCHERS = ("local", "submitit")
 
 
 @dataclass(frozen=True)
@@ -46,15 +45,6 @@ class Job:
     recipe: dict[str, Any]  # TrainConfig.to_dict()
     data: str
     super_classes: str | None  # a spec train() accepts: FILE.json, random:SEED or None
-
-
-@dataclass
-class SlurmOptions:
-    gpus_per_cell: int = 0  # 0: CPU jobs; N: one node, N tasks (one DDP rank per GPU)
-    partition: str | None = None
-    timeout_min: int = 3 * 24 * 60
-    cpus_per_task: int = 8  # a training process and its DataLoader workers
-    extra: dict[str, Any] = field(default_factory=dict)  # any other AutoExecutor parameter, e.g. slurm_mem_gb
 
 
 def run_dir(out: Path, cell: Cell, seed: int) -> Path:

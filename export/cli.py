@@ -5,14 +5,10 @@ from __future__ import annotations
 import argparse
 
 from mobile_moe import jsonio
-from mobile_moe.export.graphs import LAYOUTS
-from mobile_moe.export.manifest import BACKENDS
+from mobile_moe.export.manifest_schema import BACKENDS, COREML_COMPRESSIONS, SPLIT_LAYOUTS
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    # Imports inside this module's functions keep `mobile-moe export --help` free of torch and the backends.
-    from mobile_moe.export.coreml_backend import COMPRESSIONS
-
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a training run directory (mobile-moe train --out)")
     parser.add_argument("--format", required=True, choices=BACKENDS, help="backend of the graphs")
     parser.add_argument("--out", required=True, metavar="BUNDLE_DIR", help="bundle directory to write")
@@ -24,7 +20,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--layout",
-        choices=LAYOUTS,
+        choices=SPLIT_LAYOUTS,
         help="per-image MoEs: expert-paths (k=1 default: one graph per expert path) or per-block (k>1 default, "
         "Mobile V-MoE: shared attention in its own graph, one graph per expert MLP per block)",
     )
@@ -32,7 +28,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--coreml-compression",
         default="linear8",
-        choices=COMPRESSIONS,
+        choices=COREML_COMPRESSIONS,
         help="Core ML weight compression used by --quantize int8: linear 8-bit (default) or N-bit palettisation",
     )
     parser.add_argument(
@@ -45,6 +41,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here, not above: they load torch and the backends, and `mobile-moe export --help` needs neither.
     import sys
     from pathlib import Path
 

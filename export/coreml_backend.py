@@ -26,7 +26,6 @@ from mobile_moe.export.decompositions import coreml_decompositions
 
 SUFFIX = ".mlpackage"
 TQDM_LINE = re.compile(r"\[\d+:\d+.*/s\]|%\|")  # "... [00:00, 330.04 passes/s]" or "98%|█████"
-COMPRESSIONS = ("linear8", "palette8", "palette6", "palette4")
 
 
 @contextlib.contextmanager

@@ -38,11 +38,10 @@ import torch
 from torch import Tensor, nn
 
 from mobile_moe.errors import UsageError
-from mobile_moe.export.manifest_schema import TensorSpec
+from mobile_moe.export.manifest_schema import SPLIT_LAYOUTS, TensorSpec
 from mobile_moe.moe import ExpertMLPs
 from mobile_moe.vit import Block
 
-LAYOUTS = ("expert-paths", "per-block")  # what --layout chooses between, for a per-image MoE
 PER_IMAGE = ("image", "cluster")
 PER_TOKEN = ("token", "expert", "soft")
 
@@ -264,8 +263,8 @@ def _whole_split(model: nn.Module, images: TensorSpec, logits: TensorSpec, monol
 def _check_layout(model: nn.Module, layout: str) -> None:
     """`layout` is one a per-image MoE of this kind and k can be split into; a clear reason otherwise."""
     cfg = model.config
-    if layout not in LAYOUTS:
-        raise UsageError(f"layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
+    if layout not in SPLIT_LAYOUTS:
+        raise UsageError(f"layout {layout!r}: choose one of {', '.join(SPLIT_LAYOUTS)}")
     if layout == "per-block" and cfg.routing == "cluster":
         raise UsageError(
             f"layout per-block does not apply to {cfg.name}: its experts are whole blocks (their own attention), so "

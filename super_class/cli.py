@@ -16,10 +16,9 @@ from mobile_moe.class_names import read_class_names
 from mobile_moe.devices import DEVICES
 from mobile_moe.errors import UsageError
 from mobile_moe.jsonio import dumps
-from mobile_moe.super_class.clustering import METHODS
 from mobile_moe.super_class.confusion import Confusion, load_confusion
-from mobile_moe.super_class.derive import derive_super_classes
 from mobile_moe.super_class.graph import AFFINITIES
+from mobile_moe.super_class.methods import METHOD_HELP, METHODS
 from mobile_moe.super_class.superclasses import load
 from mobile_moe.super_class.table import format_table
 
@@ -36,20 +35,33 @@ def configure(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--confusion", metavar="FILE", help=".npy or .csv (C, C) matrix, rows = true class")
     derive.add_argument("--data", metavar="SPEC", help="data spec for --run (default: the run's own data)")
     derive.add_argument("--split", default="val", choices=["val", "test", "train"], help="held-out split (--run)")
-    derive.add_argument("--num-super-classes", "-E", type=int, required=True, metavar="E")
-    derive.add_argument("--method", default="spectral", choices=METHODS)
+    derive.add_argument(
+        "--num-super-classes",
+        "-E",
+        type=int,
+        required=True,
+        metavar="E",
+        help="how many super-classes (the MoE's --experts E); from 2 to the number of classes",
+    )
+    derive.add_argument(
+        "--method",
+        default="spectral",
+        choices=METHODS,
+        help="; ".join(f"{name}: {text}" for name, text in METHOD_HELP.items()),
+    )
     derive.add_argument(
         "--affinity", default="auto", choices=("auto", *AFFINITIES), help="confusion graph to cluster (default auto)"
     )
     derive.add_argument("--hard", action="store_true", help="argmax counts instead of summed softmax (--run)")
-    derive.add_argument("--seed", type=int, default=0)
+    derive.add_argument("--seed", type=int, default=0, help="seed of the clustering's k-means steps (default 0)")
     derive.add_argument("--class-names", metavar="FILE", help="one name per line, or a JSON list (default: the run's)")
     derive.add_argument("--device", default="auto", choices=DEVICES, help="for --run")
     derive.add_argument("--batch-size", type=int, default=256, help="for --run")
     derive.add_argument("--out", required=True, metavar="FILE.json")
     derive.add_argument("--plot", metavar="FILE.png", help="confusion graph + reordered confusion heat map")
-    show = actions.add_parser("show", help="print a super-class file like the paper's Table 1")
-    show.add_argument("file", metavar="FILE.json")
+    show_help = "print a super-class file like the paper's Table 1: each super-class, its size and example classes"
+    show = actions.add_parser("show", help=show_help, description=show_help)
+    show.add_argument("file", metavar="FILE.json", help="a super-class file (superclass derive --out)")
     show.add_argument("--examples", type=int, default=3, help="class names shown per super-class")
     show.add_argument("--seed", type=int, default=0, help="seed of the random choice of example names")
 
@@ -106,6 +118,9 @@ def derive_command(args: argparse.Namespace) -> int:
         )
     if class_names is not None:
         confusion.class_names = class_names
+    # scikit-learn loads here, not above: `mobile-moe superclass --help` needs none of it
+    from mobile_moe.super_class.derive import derive_super_classes
+
     super_classes = derive_super_classes(
         confusion.matrix,
         args.num_super_classes,

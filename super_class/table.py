@@ -20,6 +20,9 @@ def example_classes(super_classes: SuperClasses, examples: int = 3, seed: int = 
     return chosen
 
 
+CHANCE_MARGIN = 1.1  # a within share up to 10% (relative) above chance is "at about chance"
+
+
 def format_table(super_classes: SuperClasses, examples: int = 3, seed: int = 0) -> str:
     """The listing, then one line of quality (if the file has it)."""
     rows = [("ID", "size", "classes", "super-class")]
@@ -40,10 +43,27 @@ def format_table(super_classes: SuperClasses, examples: int = 3, seed: int = 0) 
             f"sizes {measured.get('size_min', '?')}-{measured.get('size_max', '?')}, "
             f"balance {_share(measured.get('balance'), '.2f')}"
         )
+    caution = chance_caution(measured)
+    if caution:
+        lines.append(caution)
     missing = measured.get("classes_without_images") or []
     if missing:
         lines.append(f"classes without validation images (placed by their column): {_names(super_classes, missing)}")
     return "\n".join(lines)
+
+
+def chance_caution(measured: dict) -> str | None:
+    """A caution when the super-classes gather no more of the dense model's confusion than random ones of the same
+    sizes would: then they carry no grouping the router could learn from (too few errors, or errors spread evenly)."""
+    within, chance = measured.get("within_confusion_share"), measured.get("chance_share")
+    if within is None or chance is None or within > CHANCE_MARGIN * chance:
+        return None
+    where = "below" if within < chance else "at about"
+    return (
+        f"caution: {where} chance: these super-classes hold no more of the confusion than random ones of the same "
+        "sizes, so routing by them is routing by random super-classes; derive them from a better-trained dense model "
+        "or more validation images"
+    )
 
 
 def _names(super_classes: SuperClasses, classes: list[int], limit: int = 10) -> str:

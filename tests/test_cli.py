@@ -70,7 +70,6 @@ def test_bad_input_is_one_line_and_status_2(capsys, argv, fragment):
         (["--model", "soft-moe", "--router-loss", "0", "--balance-loss", "0.01"], "it needs no balancing loss"),
         (["--model", "widenet", "--balance-loss", "0.01"], "--model-kwargs aux_loss_weight=W"),
         (["--model", "widenet", "--init-from", "runs/dense"], "blocks share ONE attention and MoE layer"),
-        (["--model", "vit", "--init-from", "runs/dense"], "--model vit is dense"),
     ],
 )
 def test_train_refuses_flags_a_per_token_model_would_ignore(capsys, tmp_path, flags, fragment):

@@ -9,8 +9,9 @@ import pytest
 from sklearn.metrics import adjusted_rand_score
 
 from mobile_moe.errors import UsageError
-from mobile_moe.super_class.clustering import METHODS, balanced_sizes, canonical, cluster, exactly
+from mobile_moe.super_class.clustering import balanced_sizes, canonical, cluster, exactly
 from mobile_moe.super_class.graph import clustering_affinity
+from mobile_moe.super_class.methods import METHODS
 from mobile_moe.super_class.planted import planted_confusion
 from mobile_moe.super_class.quality import quality
 
