@@ -17,6 +17,7 @@ library behind argparse.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import platform
 import tempfile
@@ -152,10 +153,28 @@ def measure_round(
     return report
 
 
+def earlier_bench(out: Path) -> bool:
+    """True when `out` holds an earlier bench (a results.json of ours), which a new one replaces; False when it is new
+    or empty. A directory holding anything else is refused: a bench never writes over files it did not make."""
+    if not out.is_dir() or not any(out.iterdir()):
+        return False
+    try:
+        results_module.validate_results(json.loads((out / "results.json").read_text()))
+        return True
+    except (OSError, ValueError):  # no results.json, unreadable, not JSON, or not ours (json's errors are ValueErrors)
+        first = sorted(entry.name for entry in out.iterdir())[0]
+        raise UsageError(
+            f"--out {out} holds files that are not a mobile-moe bench's (e.g. {first}); choose a new or empty "
+            "directory, or the --out of an earlier bench to replace it"
+        ) from None
+
+
 def write_results(results: dict, out: Path) -> None:
-    from mobile_moe.device_bench.report import write_report  # matplotlib: only once there is something to plot
+    from mobile_moe.device_bench.report import PLOTS, write_report  # matplotlib: only once there is something to plot
 
     out.mkdir(parents=True, exist_ok=True)
+    for name in PLOTS:  # an earlier bench's plots (earlier_bench checked they are ours): none may outlive it
+        (out / name).unlink(missing_ok=True)
     write_text_atomic(out / "results.json", jsonio.dumps(results, indent=1))
     write_report(results, out)
 
@@ -171,6 +190,8 @@ def benchmark(
     if not names:
         raise UsageError("no bundle to benchmark: pass at least one bundle directory")
     check_writable(out, directory=True)  # before measuring, not after
+    if earlier_bench(Path(out)):
+        log(f"replacing the earlier bench in {out}")
     manifests = {name: read_manifest(name, verify_files=True) for name in names}  # all checked before any is run
     runtimes = {name: choose_runtime(settings.runtime, manifests[name], name) for name in names}
     runners = {runtime: choose_runner(runtime, settings.device, settings.runner) for runtime in set(runtimes.values())}

@@ -80,7 +80,7 @@ def comparisons(runs: list[dict]) -> list[str]:
     return lines
 
 
-def markdown(results: dict) -> str:
+def markdown(results: dict, plot_files: list[str] = ()) -> str:
     runs = results["runs"]
     lines = [
         "# Benchmark report",
@@ -126,6 +126,8 @@ def markdown(results: dict) -> str:
     if any(run["spread"]["wide"] for run in runs):
         lines += ["", "Runs marked WIDE disagree across rounds by more than 10% (p50): treat them as noisy."]
     lines += ["", "Phone numbers need a real phone (`--device android`); host numbers depend on what else runs."]
+    if plot_files:
+        lines += ["", "## Plots", "", *(f"![{PLOTS[name]}]({name})" for name in plot_files)]
     return "\n".join(lines) + "\n"
 
 
@@ -134,57 +136,98 @@ def _save(figure, path: Path) -> None:
         figure.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
 
 
+PLOTS = {  # file -> what it shows (report.md's caption)
+    "latency.png": "warm latency per image",
+    "memory.png": "peak memory and graph bytes loaded per image",
+    "accuracy_vs_flops.png": "accuracy against FLOPs per image",
+}
+
+
+def _where(results: dict) -> str:
+    """A plot title's second line: where the bundles ran and on which images."""
+    settings = results.get("settings") or {}
+    threads = {run["threads"] for run in results["runs"]}
+    thread_text = f"{'/'.join(map(str, sorted(threads)))} thread{'s' if threads != {1} else ''}"
+    return f"{results.get('host', 'host ?')}; {thread_text}; images: {settings.get('data', '?')}"
+
+
+def _bars(plt, results: dict, title: str):
+    figure, axis = plt.subplots(figsize=(max(6, 1.6 * len(results["runs"])), 4))
+    axis.set_title(f"{title}\n{_where(results)}", fontsize=9)
+    return figure, axis
+
+
+def _latency_plot(plt, results: dict):
+    runs = results["runs"]
+    figure, axis = _bars(plt, results, "Warm latency per image: p50, whisker to p90")
+    p50 = [run["latency_ms"]["p50"] for run in runs]
+    p90 = [run["latency_ms"]["p90"] - run["latency_ms"]["p50"] for run in runs]
+    axis.bar(range(len(runs)), p50, yerr=[[0] * len(runs), p90], capsize=4, color="tab:blue")
+    axis.set_xticks(range(len(runs)), [_label(run) for run in runs], rotation=30, ha="right", fontsize=7)
+    axis.set_ylabel("ms")
+    axis.set_ylim(bottom=0)
+    return figure
+
+
+def _memory_plot(plt, results: dict):
+    runs = results["runs"]
+    figure, axis = _bars(plt, results, "Memory: peak RSS of the runner, and graph bytes loaded per image")
+    positions = range(len(runs))
+    peak = [(run["peak_rss_bytes"] or 0) / 2**20 for run in runs]
+    per_image = [run["bytes_loaded_per_image"] / 2**20 for run in runs]
+    axis.bar([p - 0.2 for p in positions], peak, width=0.4, label="peak RSS")
+    axis.bar([p + 0.2 for p in positions], per_image, width=0.4, label="graph bytes loaded per image")
+    axis.set_xticks(list(positions), [_label(run) for run in runs], rotation=30, ha="right", fontsize=7)
+    axis.set_ylabel("MiB")
+    axis.set_ylim(bottom=0)
+    axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7, frameon=False)  # beside the bars, never on one
+    return figure
+
+
+def _accuracy_plot(plt, results: dict, scored: list[dict]):
+    """Both axes from zero: a dense model and its Mobile V-MoE differ in FLOPs by the router alone, which a zoomed
+    axis would blow up into a gap. Points are named in a legend with their values (labels beside points that nearly
+    coincide would overlap); bundles at the same point (a split and a monolithic export) share one entry."""
+    figure, axis = plt.subplots(figsize=(7, 4))
+    axis.set_title(f"Accuracy against inference FLOPs\n{_where(results)}", fontsize=9)
+    points: dict[tuple[float, float], list[dict]] = {}
+    for run in scored:
+        points.setdefault((run["flops"] / 1e6, run["accuracy"]), []).append(run)
+    for (mflops, accuracy), runs in points.items():
+        dense = all(run["kind"] == "dense" for run in runs)
+        names = ", ".join(run["bundle_name"] for run in runs)
+        label = f"{names}: {mflops:.4g} MFLOPs, {accuracy:.1%}"
+        axis.scatter(mflops, accuracy, marker="o" if dense else "s", label=label)
+    axis.set_xlim(0, 1.1 * max(mflops for mflops, _ in points))
+    axis.set_ylim(0, 1.02)
+    axis.set_xlabel("MFLOPs per image")
+    axis.set_ylabel("validation top-1 of the exported run")
+    axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7, frameon=False)
+    return figure
+
+
 def plots(results: dict, out_dir: Path) -> list[Path]:
-    """latency.png, memory.png and (with accuracies) accuracy_vs_flops.png; returns the paths written."""
+    """latency.png, memory.png and (with accuracies) accuracy_vs_flops.png, each titled with what it shows and where
+    it was measured; returns the paths written."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = results["runs"]
-    labels = [_label(run) for run in runs]
-    written = []
-
-    figure, axis = plt.subplots(figsize=(max(5, 1.2 * len(runs)), 3.5))
-    p50 = [run["latency_ms"]["p50"] for run in runs]
-    p90 = [run["latency_ms"]["p90"] - run["latency_ms"]["p50"] for run in runs]
-    axis.bar(labels, p50, yerr=[[0] * len(runs), p90], capsize=4, color="tab:blue")
-    axis.set_ylabel("warm latency p50 (ms), bar to p90")
-    axis.tick_params(axis="x", rotation=30, labelsize=7)
-    _save(figure, out_dir / "latency.png")
-    written.append(out_dir / "latency.png")
-    plt.close(figure)
-
-    figure, axis = plt.subplots(figsize=(max(5, 1.2 * len(runs)), 3.5))
-    peak = [(run["peak_rss_bytes"] or 0) / 2**20 for run in runs]
-    per_image = [run["bytes_loaded_per_image"] / 2**20 for run in runs]
-    positions = range(len(runs))
-    axis.bar([p - 0.2 for p in positions], peak, width=0.4, label="peak RSS")
-    axis.bar([p + 0.2 for p in positions], per_image, width=0.4, label="graph bytes per image")
-    axis.set_xticks(list(positions), labels, rotation=30, fontsize=7)
-    axis.set_ylabel("MiB")
-    axis.legend()
-    _save(figure, out_dir / "memory.png")
-    written.append(out_dir / "memory.png")
-    plt.close(figure)
-
-    scored = [run for run in runs if run.get("accuracy") is not None and run.get("flops")]
+    figures = {"latency.png": _latency_plot(plt, results), "memory.png": _memory_plot(plt, results)}
+    scored = [run for run in results["runs"] if run.get("accuracy") is not None and run.get("flops")]
     if scored:
-        figure, axis = plt.subplots(figsize=(5, 3.5))
-        for run in scored:
-            marker = "o" if run["kind"] == "dense" else "s"
-            axis.scatter(run["flops"] / 1e6, run["accuracy"], marker=marker)
-            axis.annotate(run["bundle_name"], (run["flops"] / 1e6, run["accuracy"]), fontsize=7)
-        axis.set_xlabel("MFLOPs per image")
-        axis.ticklabel_format(axis="x", useOffset=False)  # a dense model and its MoE differ by the router only
-        axis.set_ylabel("validation top-1 (the exported run's)")
-        _save(figure, out_dir / "accuracy_vs_flops.png")
-        written.append(out_dir / "accuracy_vs_flops.png")
+        figures["accuracy_vs_flops.png"] = _accuracy_plot(plt, results, scored)
+    written = []
+    for name, figure in figures.items():
+        _save(figure, out_dir / name)
         plt.close(figure)
+        written.append(out_dir / name)
     return written
 
 
 def write_report(results: dict, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out_dir / "report.md", markdown(results))
-    return [out_dir / "report.md", *plots(results, out_dir)]
+    drawn = plots(results, out_dir)
+    write_text_atomic(out_dir / "report.md", markdown(results, [path.name for path in drawn]))
+    return [out_dir / "report.md", *drawn]

@@ -220,12 +220,22 @@ def test_bench_cli_writes_results_and_report(runner, bundle, tmp_path, capsys):
 
 
 @needs_build
-def test_bench_cli_python_runtime(bundle, tmp_path):
+def test_bench_cli_python_runtime(bundle, tmp_path, capsys):
     out = tmp_path / "bench"
     argv = ["bench", str(bundle), "--runtime", "executorch", "--iterations", "3", "--warmup", "1", "--rounds", "1"]
     assert main([*argv, "--images", "4", "--out", str(out)]) == 0
     run = json.loads((out / "results.json").read_text())["runs"][0]
     assert run["runtime"] == "executorch" and run["latency_ms"]["p50"] > 0
+    # Run again into the same --out: the earlier bench is replaced, and said so; a folder of other files is refused.
+    (out / "accuracy_vs_flops.png").write_bytes(b"an earlier bench's plot that this one does not draw")
+    assert main([*argv, "--images", "4", "--out", str(out)]) == 0
+    assert f"replacing the earlier bench in {out}" in capsys.readouterr().out
+    assert not (out / "accuracy_vs_flops.png").exists()
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "mine.txt").write_text("not ours")
+    assert main([*argv, "--out", str(tmp_path / "notes")]) == 2
+    assert "holds files that are not a mobile-moe bench's (e.g. mine.txt)" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "notes").iterdir()) == ["mine.txt"]
 
 
 def test_bench_cli_bad_input(bundle, tmp_path, capsys):
