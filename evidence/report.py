@@ -129,9 +129,10 @@ def claims(fig: Figure, results: list[CellResult]) -> list[str]:
         return ["No MoE cell has both its number and its baseline's yet."]
     above = [r.cell.row for r in moes if delta(r, by_name) > 0]
     lines = [f"MoE above its dense baseline in {len(above)} of {len(moes)} rows ({', '.join(above) or 'none'})."]
-    clear = [r.cell.row for r in moes if _clear_of_noise(r, by_name[r.cell.baseline], by_name)]
+    clear = [r.cell.row for r in moes if _beyond_noise(r, by_name) > 0]
     if len(results[0].seeds) > 1 or any(len(r.seeds) > 1 for r in moes):
         lines.append(f"Above by more than the two seed stds combined: {len(clear)} ({', '.join(clear) or 'none'}).")
+    lines += _cautions(moes, by_name)
     if fig.name in ("fig1", "fig3a"):
         lines.append("Paper: the MoE beats the dense ViT at every one of the 12 sizes (+1.60 to +4.66).")
     elif fig.name in ("fig3b", "fig3c"):
@@ -148,6 +149,17 @@ def claims(fig: Figure, results: list[CellResult]) -> list[str]:
     return lines + _one_class_per_super_class(moes)
 
 
+def _cautions(moes: list[CellResult], by_name: dict[str, CellResult]) -> list[str]:
+    """When the numbers cannot carry a conclusion either way, say so before anyone reads the rows as evidence."""
+    if all(len(r.seeds) < 2 and len(by_name[r.cell.baseline].seeds) < 2 for r in moes):
+        return ["Caution: one seed per row, so no difference here can be told from the seed-to-seed noise (a few "
+                "points at this scale); run --seeds 3 or more before reading a row as for or against the paper."]
+    if all(_beyond_noise(r, by_name) == 0 for r in moes):
+        return ["Caution: every difference from dense is within the seed noise (the two stds combined): these "
+                "numbers neither confirm nor refute the paper's gains."]
+    return []
+
+
 def _one_class_per_super_class(moes: list[CellResult]) -> list[str]:
     """With as many super-classes as classes, every super-class is one class: the router loss is the classification
     loss, and random super-classes are the same task as derived ones (a permutation)."""
@@ -160,9 +172,14 @@ def _one_class_per_super_class(moes: list[CellResult]) -> list[str]:
             "super-class."]  # fmt: skip
 
 
-def _clear_of_noise(moe: CellResult, dense: CellResult, by_name) -> bool:
-    spread = (moe.std("top1") or 0) + (dense.std("top1") or 0)
-    return spread > 0 and delta(moe, by_name) > 100 * spread
+def _beyond_noise(moe: CellResult, by_name: dict[str, CellResult]) -> int:
+    """+1 (-1) when the MoE is above (below) its baseline by more than the two seed stds combined, else 0 (or with
+    one seed, where there is no std to measure the noise by)."""
+    spread = (moe.std("top1") or 0) + (by_name[moe.cell.baseline].std("top1") or 0)
+    difference = delta(moe, by_name)
+    if spread == 0 or abs(difference) <= 100 * spread:
+        return 0
+    return 1 if difference > 0 else -1
 
 
 def markdown(fig: Figure, results: list[CellResult], setting: Setting, bench: bool) -> str:
@@ -180,9 +197,11 @@ def markdown(fig: Figure, results: list[CellResult], setting: Setting, bench: bo
         "",
         *(f"- {line}" for line in claims(fig, results)),
     ]
+    lines += ["", f"![{fig.name}: {fig.title}]({fig.name}.png)"]
     if bench:
         lines += ["", "Latency: ExecuTorch bundle of each cell's seed-0 run on the native runner, 1 thread, this host; "
-                  "all bundles in one bench run (DIR/bench/report.md has the spread)."]  # fmt: skip
+                  "all bundles in one bench run (DIR/bench/report.md has the spread).", "",
+                  f"![{fig.name}: accuracy vs measured latency]({fig.name}-latency.png)"]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -247,59 +266,100 @@ def _bar_label(result: CellResult) -> str:
     return row if result.cell.role == "moe" or "dense" in row else f"{row} (dense)"
 
 
-def plot_figure(fig: Figure, results: list[CellResult], path: Path) -> None:
+def _caption(fig: Figure, setting: Setting) -> str:
+    return (f"{fig.name}: {fig.title}\nours: {setting.data}, scale {setting.scale}, {setting.epochs} epochs, "
+            f"{setting.seeds} seed(s); paper: ImageNet-1k, 300 epochs")  # fmt: skip
+
+
+def _spread(results: list[CellResult], key: str = "top1") -> list[float] | None:
+    """Error bars of the seed std, or None with one seed (a cap on one number would claim a spread never seen)."""
+    if all(len(r.seeds) < 2 for r in results):
+        return None
+    return [pct(r.std(key) or 0) for r in results]
+
+
+def _scatter_figure(axis, results: list[CellResult]) -> None:
+    """Fig. 1 / 3a: accuracy against FLOPs, dense and MoE, the paper's points beside ours (hollow)."""
+    for role, label, marker in (("dense", "Dense ViT", "s"), ("moe", "Mobile V-MoE", "o")):
+        points = sorted(_measured(results, role), key=lambda r: r.costs["flops"])
+        axis.errorbar([r.costs["flops"] / 1e6 for r in points], [pct(r.mean("top1")) for r in points],
+                      yerr=_spread(points), marker=marker, linestyle="", capsize=3, label=f"{label} (ours)")
+        for r in points:
+            axis.annotate(r.cell.row, (r.costs["flops"] / 1e6, pct(r.mean("top1"))), fontsize=7,
+                          xytext=(4, 4), textcoords="offset points")
+        paper = [r for r in points if r.cell.paper.get("top1") is not None and r.cell.paper.get("mflops")]
+        axis.scatter([r.cell.paper["mflops"] for r in paper], [r.cell.paper["top1"] for r in paper],
+                     marker=marker, facecolors="none", edgecolors="gray", label=f"{label} (paper, ImageNet)")
+    axis.set_xscale("log")
+    axis.set_xlabel("MFLOPs per image")
+    axis.set_ylim(0, 100)  # fmt: skip
+
+
+def _paper_marks(axis, bars: list[tuple[float, CellResult]], key: str, color: str, label: str) -> None:
+    """The paper's number for each bar that has one, as a short line across the bar."""
+    marks = [(x, r.cell.paper[key]) for x, r in bars if r.cell.paper.get(key) is not None]
+    if marks:
+        axis.scatter([x for x, _ in marks], [y for _, y in marks], marker="_", s=300, color=color, zorder=3,
+                     label=label)  # fmt: skip
+
+
+def _bar_figure(axis, results: list[CellResult]) -> None:
+    """Fig. 3b-e: top-1 per row from zero; router accuracy beside it where the figure reports one; the paper's
+    numbers as marks on the same scale."""
+    measured = _measured(results)
+    routers = [r for r in measured if r.mean("router_accuracy") is not None]
+    width = 0.4 if routers else 0.8
+    top1_at = [(i - width / 2 if routers else i, r) for i, r in enumerate(measured)]
+    axis.bar([x for x, _ in top1_at], [pct(r.mean("top1")) for r in measured], width=width, capsize=3,
+             color=["tab:blue" if r.cell.role == "moe" else "tab:gray" for r in measured],
+             yerr=_spread(measured), label="top-1 (ours; gray: dense)")  # fmt: skip
+    _paper_marks(axis, top1_at, "top1", "black", "top-1 (paper, ImageNet)")
+    if routers:
+        router_at = [(i + width / 2, r) for i, r in enumerate(measured) if r in routers]
+        axis.bar([x for x, _ in router_at], [pct(r.mean("router_accuracy")) for r in routers], width=width,
+                 color="tab:orange", yerr=_spread(routers, "router_accuracy"), capsize=3,
+                 label="router accuracy (ours)")  # fmt: skip
+        _paper_marks(axis, router_at, "router", "saddlebrown", "router accuracy (paper)")
+    axis.set_xticks(range(len(measured)), [_bar_label(r) for r in measured], rotation=30, ha="right", fontsize=8)
+    axis.set_ylim(0, 100)
+
+
+def plot_figure(fig: Figure, results: list[CellResult], setting: Setting, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(7, 4.5))
-    if fig.name in ("fig1", "fig3a"):
-        for role, label, marker in (("dense", "Dense ViT", "s"), ("moe", "Mobile V-MoE", "o")):
-            points = sorted(_measured(results, role), key=lambda r: r.costs["flops"])
-            axis.errorbar([r.costs["flops"] / 1e6 for r in points], [pct(r.mean("top1")) for r in points],
-                          yerr=[pct(r.std("top1") or 0) for r in points], marker=marker, linestyle="", capsize=3,
-                          label=label)  # fmt: skip
-            for r in points:
-                axis.annotate(r.cell.row, (r.costs["flops"] / 1e6, pct(r.mean("top1"))), fontsize=7)
-        axis.set_xscale("log")
-        axis.set_xlabel("MFLOPs per image")
-    else:
-        measured = _measured(results)
-        labels = [_bar_label(r) for r in measured]
-        colors = ["tab:blue" if r.cell.role == "moe" else "tab:gray" for r in measured]
-        axis.bar(range(len(measured)), [pct(r.mean("top1")) for r in measured], color=colors,
-                 yerr=[pct(r.std("top1") or 0) for r in measured], capsize=3)  # fmt: skip
-        axis.set_xticks(range(len(measured)), labels, rotation=30, ha="right", fontsize=8)
-        low = min((pct(r.mean("top1")) for r in measured), default=0)
-        axis.set_ylim(max(0, low - 10), None)
-    axis.set_ylabel("top-1 (%)")
-    axis.set_title(f"{fig.name}: {fig.title}")
-    if fig.name in ("fig1", "fig3a"):
-        axis.legend()
+    figure, axis = plt.subplots(figsize=(8, 4.5))
+    (_scatter_figure if fig.name in ("fig1", "fig3a") else _bar_figure)(axis, results)
+    axis.set_ylabel("accuracy (%)")
+    axis.set_title(_caption(fig, setting), fontsize=9)
+    axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7, frameon=False)
     _save(figure, path)
     plt.close(figure)
 
 
-def plot_latency(fig: Figure, results: list[CellResult], path: Path) -> None:
+def plot_latency(fig: Figure, results: list[CellResult], setting: Setting, path: Path) -> None:
     """Accuracy vs measured p50 latency: the comparison the paper does not make."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(7, 4.5))
+    figure, axis = plt.subplots(figsize=(8, 4.5))
     for role, label, marker in (("dense", "dense", "s"), ("moe", "MoE", "o")):
         points = [r for r in _measured(results, role) if r.bench]
         axis.errorbar([r.bench["p50_ms"] for r in points], [pct(r.mean("top1")) for r in points],
-                      yerr=[pct(r.std("top1") or 0) for r in points], marker=marker, linestyle="", capsize=3,
-                      label=label)  # fmt: skip
+                      yerr=_spread(points), marker=marker, linestyle="", capsize=3, label=label)  # fmt: skip
         for r in points:
-            axis.annotate(r.cell.row, (r.bench["p50_ms"], pct(r.mean("top1"))), fontsize=7)
-    axis.set_xlabel("p50 latency per image (ms, native runner, 1 thread)")
+            axis.annotate(r.cell.row, (r.bench["p50_ms"], pct(r.mean("top1"))), fontsize=7,
+                          xytext=(4, 4), textcoords="offset points")  # fmt: skip
+    axis.set_xlim(left=0)
+    axis.set_ylim(0, 100)
+    axis.set_xlabel("p50 latency per image (ms, native runner, 1 thread, this host)")
     axis.set_ylabel("top-1 (%)")
-    axis.set_title(f"{fig.name}: accuracy vs measured latency")
-    axis.legend()
+    axis.set_title(f"{fig.name}: accuracy vs measured latency\n{_caption(fig, setting).splitlines()[1]}", fontsize=9)
+    axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7, frameon=False)
     _save(figure, path)
     plt.close(figure)
 
@@ -309,8 +369,8 @@ def write_outputs(fig: Figure, results: list[CellResult], setting: Setting, epoc
     paths = [out / f"{fig.name}.md", out / f"{fig.name}.csv", out / f"{fig.name}.png"]
     write_text_atomic(paths[0], markdown(fig, results, setting, bench))
     write_text_atomic(paths[1], csv_text(csv_rows(fig, results, epochs)))
-    plot_figure(fig, results, paths[2])
+    plot_figure(fig, results, setting, paths[2])
     if bench:
         paths.append(out / f"{fig.name}-latency.png")
-        plot_latency(fig, results, paths[3])
+        plot_latency(fig, results, setting, paths[3])
     return paths
