@@ -18,6 +18,7 @@ from sklearn.manifold import spectral_embedding
 from mobile_moe.errors import UsageError
 from mobile_moe.super_class.graph import AFFINITIES, clustering_affinity, default_neighbours
 from mobile_moe.super_class.methods import METHODS
+
 LOUVAIN_TIME_LIMIT_S = 30.0  # per call; healthy calls take well under a second at 1000 classes
 
 

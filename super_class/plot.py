@@ -13,6 +13,7 @@ matplotlib.use("Agg")  # files only; no display on servers and phones' build hos
 import matplotlib.pyplot as plt  # noqa: E402
 import networkx as nx  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 
 from mobile_moe.atomic import atomic_path  # noqa: E402
 from mobile_moe.errors import UsageError  # noqa: E402
@@ -43,6 +44,24 @@ def draw_graph(axis, confusion: np.ndarray, super_classes: SuperClasses, seed: i
         nx.draw_networkx_labels(graph, positions, labels=labels, ax=axis, font_size=7)
     axis.set_title(f"confusion graph, coloured by super-class (E={super_classes.num_super_classes})")
     axis.axis("off")
+    legend_of_colours(axis, super_classes)
+
+
+LEGEND_ENTRIES = 20  # tab20's colours: past 20 super-classes they repeat, and a legend would not say which is which
+
+
+def legend_of_colours(axis, super_classes: SuperClasses) -> None:
+    """Which colour is which super-class: its ID, name and size (the first 20; colours repeat after that)."""
+    palette = plt.get_cmap("tab20")
+    shown = min(super_classes.num_super_classes, LEGEND_ENTRIES)
+    handles = [
+        Line2D([], [], marker="o", linestyle="", color=palette(s % 20),
+               label=f"{s}: {super_classes.names[s]} ({len(super_classes.members(s))})")
+        for s in range(shown)
+    ]  # fmt: skip
+    title = "super-class (classes)" + ("" if shown == super_classes.num_super_classes else f", first {shown}")
+    axis.legend(handles=handles, title=title, loc="upper left", bbox_to_anchor=(0, 0), ncol=min(shown, 4),
+                fontsize=7, title_fontsize=7, frameon=False)  # fmt: skip
 
 
 def draw_heatmap(axis, confusion: np.ndarray, super_classes: SuperClasses) -> None:

@@ -164,8 +164,8 @@ def test_data_of_other_classes_gets_a_new_classifier_said_once_and_recorded(name
     classifier (head.fc, in each expert's head for a Hard MoE) is the dense run's, and a resume says nothing again."""
     out = tmp_path / name
     options = {"vit": [], "mobile-vmoe": ["--super-classes", "truth", "--experts", "2"], "hard-moe": ["--experts", "2"]}
-    argv = ["train", "--model", name, "--init-from", str(dense_run), "--data", "synthetic:classes=6,super=2,per_class=20",
-            *options[name], *RECIPE, "--out", str(out)]  # fmt: skip
+    data = ["--data", "synthetic:classes=6,super=2,per_class=20"]
+    argv = ["train", "--model", name, "--init-from", str(dense_run), *data, *options[name], *RECIPE, "--out", str(out)]
     assert main(argv) == 0
     said = [line for line in capsys.readouterr().out.splitlines() if "new classifier" in line]
     assert said == [

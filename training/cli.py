@@ -89,7 +89,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     train = parser.add_argument_group("training")
     train.add_argument("--recipe", choices=sorted(RECIPES), help=f"base recipe (default {DEFAULT_RECIPE})")
-    train.add_argument("--epochs", type=int, help=f"epochs to train (default: the recipe's; {recipe_defaults('epochs')})")
+    train.add_argument(
+        "--epochs", type=int, help=f"epochs to train (default: the recipe's; {recipe_defaults('epochs')})"
+    )
     train.add_argument(
         "--batch-size",
         type=int,
@@ -108,7 +110,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     train.add_argument("--compile", action="store_true", help="torch.compile the model")
     train.add_argument(
-        "--workers", type=int, help=f"DataLoader workers per process (default: the recipe's; {recipe_defaults('workers')})"
+        "--workers",
+        type=int,
+        help=f"DataLoader workers per process (default: the recipe's; {recipe_defaults('workers')})",
     )
     train.add_argument("--seed", type=int, help="seed of the initial weights, data order and augmentation (default 0)")
     train.add_argument(
