@@ -7,6 +7,8 @@ import argparse
 import numpy as np
 
 from mobile_moe import jsonio
+from mobile_moe.errors import UsageError
+from mobile_moe.export.manifest_schema import SPLIT_LAYOUTS
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -45,6 +47,12 @@ def run(args: argparse.Namespace) -> int:
     from mobile_moe.export.runtime import load_bundle
 
     bundle = load_bundle(args.bundle, max_cached_experts=args.cache_experts, cache_margin=args.cache_margin)
+    if bundle.layout not in SPLIT_LAYOUTS and (args.cache_experts is not None or args.cache_margin):
+        flag = "--cache-experts" if args.cache_experts is not None else "--cache-margin"
+        raise UsageError(
+            f"{flag} chooses among expert graphs loaded one by one; {args.bundle} is a {bundle.layout} bundle (its "
+            "experts, if any, sit in one graph): leave it out, or export the MoE split (the default layout)"
+        )
     # Read every image first: a bad file fails the command before any output.
     images = [load_image(path, bundle.manifest.input) for path in args.images]
     results = [classify(bundle, path, image) for path, image in zip(args.images, images, strict=True)]

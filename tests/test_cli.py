@@ -130,6 +130,19 @@ def test_help_and_info_do_not_import_torch():
     assert result.returncode == 0 and "info" in result.stdout and "demo" in result.stdout
 
 
+@pytest.mark.parametrize("command", ["train", "import", "evaluate", "superclass derive", "export", "predict",
+                                     "reproduce", "demo"])  # fmt: skip
+def test_a_commands_help_imports_neither_torch_nor_scikit_learn(command):
+    """--help answers at once (torch alone takes over a second to import). bench's does not yet: its settings
+    check their values with the runners, which load torch."""
+    code = (
+        f"import sys; from mobile_moe.app.cli import main\ntry: main({command.split() + ['--help']!r})\n"
+        "except SystemExit: pass\nprint(sorted({'torch', 'sklearn'} & set(sys.modules)))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout
+
+
 def test_version_is_the_installed_packages(capsys):
     from importlib.metadata import version
 
@@ -203,3 +216,16 @@ def test_nothing_is_importable_under_the_old_top_level_names(tmp_path):
     # Outside the repository, whose root would otherwise be on sys.path as the working directory.
     result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_built_in_digits_at_the_default_image_size_are_noted_as_upsampled(capsys):
+    from mobile_moe.training.cli import note_upsampling
+
+    note_upsampling("digits", 224)
+    assert capsys.readouterr().err == (
+        "note: digits's images are 8 px, upsampled to the model's 224 px because --image-size was not given; the demo "
+        "trains digits at --image-size 32 --patch 8\n"
+    )
+    for spec, size in (("digits", 32), ("digits-pairs:seed=1", 64), ("imagefolder:data", 224)):
+        note_upsampling(spec, size)
+    assert capsys.readouterr().err == ""

@@ -148,6 +148,8 @@ def test_per_token_run_exports_whole_and_predicts(tmp_path, png, capsys):
     manifest = json.loads(capsys.readouterr().out)
     assert manifest["composition"]["layout"] == "whole" and manifest["routing"] == "token"
     assert [graph["name"] for graph in manifest["graphs"]] == ["whole"] and manifest["parity"]["passed"]
+    for flag in (["--cache-experts", "1"], ["--cache-margin", "0.1"]):  # nothing to cache in one whole graph
+        fails(["predict", str(out), str(png), *flag], capsys, f"{flag[0]} chooses among expert graphs loaded one")
     assert main(["predict", str(out), str(png), "--json"]) == 0
     (result,) = json.loads(capsys.readouterr().out)
     assert result["experts"] == sorted(set(result["experts"])) and sum(result["gates"]) == pytest.approx(1.0)
@@ -156,6 +158,11 @@ def test_per_token_run_exports_whole_and_predicts(tmp_path, png, capsys):
 def test_refuses_to_overwrite_a_directory_that_is_not_a_bundle(run_dir, capsys):
     fails(["export", str(run_dir), "--format", "onnx", "--out", str(run_dir)], capsys, "is not a mobile-moe bundle")
     assert (run_dir / "best.pt").is_file()
+
+
+def test_a_checkpoint_file_given_for_the_run_directory_names_the_directory(run_dir, tmp_path, capsys):
+    expected = f"{run_dir / 'best.pt'} is a file, not a run directory; pass the directory that holds it ({run_dir})"
+    fails(["export", str(run_dir / "best.pt"), "--format", "onnx", "--out", str(tmp_path / "b")], capsys, expected)
 
 
 def test_failed_parity_writes_nothing(monkeypatch, tmp_path):

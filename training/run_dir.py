@@ -110,6 +110,10 @@ def holds_results(path: str | os.PathLike) -> bool:
 def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
     run_dir = Path(run_dir)
     path = run_dir / CONFIG
+    if run_dir.is_file():
+        raise UsageError(
+            f"{run_dir} is a file, not a run directory; pass the directory that holds it ({run_dir.parent})"
+        )
     if not run_dir.is_dir():
         raise UsageError(f"run directory {run_dir} does not exist; train one with `mobile-moe train --out {run_dir}`")
     if not path.is_file():
