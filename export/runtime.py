@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from mobile_moe.errors import UsageError
+from mobile_moe.export.images import load_image
 from mobile_moe.export.manifest import read_manifest, verified_graph_files
 from mobile_moe.export.manifest_schema import GraphEntry
 from mobile_moe.export.runners import RUNNERS
@@ -170,6 +171,10 @@ class Bundle:
         experts = [int(e) for e in np.flatnonzero(counts > 0)]
         total = counts.sum()
         return experts, [float(counts[e] / total) for e in experts]
+
+    def predict_file(self, path: str | os.PathLike) -> Prediction:
+        """One PNG or JPEG file, preprocessed by the manifest's `input` (as evaluate fed the run its images)."""
+        return self.predict(load_image(path, self.manifest.input))
 
     def predict(self, image: Any) -> Prediction:
         batch = self._image_batch(image)

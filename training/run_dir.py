@@ -55,6 +55,11 @@ class Run:
         return list(self.config["data"]["class_names"])
 
     @property
+    def metrics(self) -> list[dict[str, Any]]:
+        """metrics.jsonl: one row per epoch finished (train loss, val top-1, router accuracy, ...)."""
+        return read_metrics(self.run_dir)
+
+    @property
     def super_assignment(self) -> list[int] | None:
         """assignment[c] = super-class of class c, as used in training; None when the run had no super-classes."""
         super_classes = self.config.get("super_classes")

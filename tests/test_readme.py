@@ -1,0 +1,160 @@
+"""The README runs as written. Every code block carries a marker saying how it is held to that:
+
+    <!-- readme-test: runs SCENARIO -->  executed, in order with the scenario's other blocks, in a fresh directory
+    <!-- readme-test: parses -->          each command parses (mobile-moe's own parser), names a make target of the
+                                          Makefile, or runs a script of benchmarks/ (the GPU, a phone, a cluster)
+    <!-- readme-test: synopsis -->        every --flag it shows is one its command takes
+
+so a flag renamed, a command changed or a block added without a marker fails here, not in a newcomer's shell.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import timm
+import torch
+from PIL import Image
+from safetensors.torch import save_file
+from sklearn.datasets import load_digits
+
+from mobile_moe.app.cli import build_parser
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+README = (REPOSITORY / "README.md").read_text()
+MARKED = re.compile(r"<!-- readme-test: (?P<kind>runs (?P<scenario>\w+)|parses|synopsis) -->\n```(?P<lang>\w*)\n"
+                    r"(?P<body>.*?)```", re.S)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Block:
+    kind: str  # runs, parses, synopsis
+    scenario: str | None
+    language: str
+    body: str
+
+
+def blocks() -> list[Block]:
+    return [
+        Block(m["kind"].split()[0], m["scenario"], m["lang"], m["body"]) for m in MARKED.finditer(README)
+    ]  # fmt: skip
+
+
+def commands(body: str) -> list[str]:
+    """The block's commands: continuation lines joined, comments and blank lines dropped."""
+    joined = re.sub(r"\\\n\s*", " ", body)
+    return [line for line in (shlex.join(shlex.split(raw, comments=True)) for raw in joined.splitlines()) if line]
+
+
+def test_every_code_block_says_how_it_is_tested():
+    fences = README.count("\n```") // 2 + README.startswith("```")
+    assert len(blocks()) == fences, "a README code block without a <!-- readme-test: ... --> marker"
+
+
+def test_every_command_shown_parses_or_names_what_exists():
+    targets = set(re.findall(r"^([\w-]+):", (REPOSITORY / "Makefile").read_text(), re.M))
+    for block in blocks():
+        if block.kind != "parses":
+            continue
+        for command in commands(block.body):
+            words = shlex.split(command)
+            if words[0] == "make":
+                assert words[1] in targets, command
+            elif words[0] == "mobile-moe":
+                chosen = next(word for word in words[1:] if not word.startswith("-"))
+                build_parser(chosen).parse_args(words[1:])  # a UsageError (one line) names what does not parse
+            elif words[0] == ".venv/bin/python":
+                assert (REPOSITORY / words[1]).is_file(), command
+            else:
+                pytest.fail(f"a command this test cannot check: {command}")
+
+
+def options_of(words: list[str]) -> set[str]:
+    """Every option string the command (and its action, for superclass derive|show) accepts: argparse keeps a
+    parser's sub-parsers in its one _SubParsersAction."""
+    command = build_parser(words[0])._subparsers._group_actions[0].choices[words[0]]
+    if command._subparsers is not None:
+        command = command._subparsers._group_actions[0].choices[words[1]]
+    return {option for action in command._actions for option in action.option_strings}
+
+
+def test_the_synopsis_shows_only_flags_its_commands_take():
+    (synopsis,) = [block for block in blocks() if block.kind == "synopsis"]
+    entries = re.split(r"\n(?=mobile-moe )", synopsis.body.strip())
+    assert len(entries) >= len(build_parser(None)._subparsers._group_actions[0].choices)
+    for entry in entries:
+        words = entry.split()[1:3]
+        shown = set(re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", entry.split("#")[0]))
+        assert shown <= options_of(words), f"{' '.join(words)}: {sorted(shown - options_of(words))} not taken"
+
+
+# --- the scenarios, run -----------------------------------------------------------------------------------------------
+
+
+def run_scenario(name: str, where: Path, rewrite=lambda command: command) -> str:
+    """Run the scenario's blocks in order in `where`, the environment's bin directory first on PATH (as `source
+    .venv/bin/activate` puts it); -> everything they printed."""
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
+    printed = []
+    for index, block in enumerate(b for b in blocks() if b.scenario == name):
+        if block.language == "sh":
+            argv = ["bash", "-euo", "pipefail", "-c", "\n".join(rewrite(c) for c in commands(block.body))]
+        else:
+            script = where / f"block-{index}.py"
+            script.write_text(block.body)
+            argv = [sys.executable, str(script)]
+        result = subprocess.run(argv, cwd=where, env=env, capture_output=True, text=True)
+        output = result.stdout + result.stderr
+        assert result.returncode == 0, f"block {index} of {name} failed:\n{output[-4000:]}"
+        printed.append(output)
+    return "\n".join(printed)
+
+
+@pytest.mark.slow
+def test_the_typical_session_and_the_python_api_run_as_written(tmp_path):
+    printed = run_scenario("session", tmp_path)
+    assert (tmp_path / "bench" / "results.json").is_file() and (tmp_path / "bench-py" / "results.json").is_file()
+    assert '"class": ' in printed and "p50 " in printed
+
+
+def write_digit_folder(root: Path, classes=(0, 1, 2, 3), train: int = 40, val: int = 20) -> None:
+    """ROOT/{train,val}/digit-<d>/*.png: scikit-learn's digits as 64 px RGB files, an image folder of 4 classes."""
+    digits = load_digits()
+    for digit in classes:
+        indices = np.flatnonzero(digits.target == digit)
+        for split, chosen in (("train", indices[:train]), ("val", indices[train : train + val])):
+            folder = root / split / f"digit-{digit}"
+            folder.mkdir(parents=True)
+            for i in chosen:
+                grey = Image.fromarray((digits.images[i] * 15).astype(np.uint8))
+                grey.resize((64, 64), Image.NEAREST).convert("RGB").save(folder / f"{i}.png")
+
+
+@pytest.mark.slow
+def test_a_1000_class_timm_deit_becomes_a_benchmarked_mobile_vmoe_on_a_4_class_folder(tmp_path):
+    """The transfer block as written, but for one epoch per training (the README's 30 take half an hour here)."""
+    torch.manual_seed(0)
+    deit = timm.create_model("deit_tiny_patch16_224", pretrained=False)  # random weights: nothing is downloaded
+    assert deit.num_classes == 1000
+    save_file(deit.state_dict(), tmp_path / "deit_tiny.safetensors")
+    write_digit_folder(tmp_path / "data")
+    printed = run_scenario("transfer", tmp_path, lambda command: command.replace("--epochs 30", "--epochs 1"))
+    assert "a new classifier for the data's 4 classes (the dense run's 1000 classes are not the data's)" in printed
+    fine_tuned = json.loads((tmp_path / "runs" / "deit-ft" / "config.json").read_text())
+    assert fine_tuned["upcycled"]["new_head"] and fine_tuned["upcycled"]["dense_classes"] == 1000
+    assert fine_tuned["data"]["class_names"] == [f"digit-{d}" for d in range(4)]
+    moe = json.loads((tmp_path / "runs" / "deit-moe" / "config.json").read_text())
+    assert moe["model"]["name"] == "mobile-vmoe" and moe["model"]["num_experts"] == 2
+    assert not moe["upcycled"]["new_head"]  # the fine-tuned run has the folder's classes: its classifier is copied
+    runs = json.loads((tmp_path / "bench-deit" / "results.json").read_text())["runs"]
+    assert [run["kind"] for run in runs] == ["split", "dense"] and all(run["latency_ms"]["p50"] > 0 for run in runs)
