@@ -100,7 +100,7 @@ def test_the_synopsis_shows_only_flags_its_commands_take():
 # --- the scenarios, run -----------------------------------------------------------------------------------------------
 
 
-def run_scenario(name: str, where: Path, rewrite=lambda command: command) -> str:
+def run_scenario(name: str, where: Path, rewrite=lambda script: script) -> str:
     """Run the scenario's blocks in order in `where`, the environment's bin directory first on PATH (as `source
     .venv/bin/activate` puts it); -> everything they printed."""
     bin_dir = str(Path(sys.executable).parent)
@@ -108,7 +108,7 @@ def run_scenario(name: str, where: Path, rewrite=lambda command: command) -> str
     printed = []
     for index, block in enumerate(b for b in blocks() if b.scenario == name):
         if block.language == "sh":
-            argv = ["bash", "-euo", "pipefail", "-c", "\n".join(rewrite(c) for c in commands(block.body))]
+            argv = ["bash", "-euo", "pipefail", "-c", rewrite(block.body)]
         else:
             script = where / f"block-{index}.py"
             script.write_text(block.body)
@@ -142,13 +142,13 @@ def write_digit_folder(root: Path, classes=(0, 1, 2, 3), train: int = 40, val: i
 
 @pytest.mark.slow
 def test_a_1000_class_timm_deit_becomes_a_benchmarked_mobile_vmoe_on_a_4_class_folder(tmp_path):
-    """The transfer block as written, but for one epoch per training (the README's 30 take half an hour here)."""
+    """The transfer block as written, but for one epoch per training (the README's 30 take about 15 minutes here)."""
     torch.manual_seed(0)
     deit = timm.create_model("deit_tiny_patch16_224", pretrained=False)  # random weights: nothing is downloaded
     assert deit.num_classes == 1000
     save_file(deit.state_dict(), tmp_path / "deit_tiny.safetensors")
     write_digit_folder(tmp_path / "data")
-    printed = run_scenario("transfer", tmp_path, lambda command: command.replace("--epochs 30", "--epochs 1"))
+    printed = run_scenario("transfer", tmp_path, lambda script: script.replace("--epochs 30", "--epochs 1"))
     assert "a new classifier for the data's 4 classes (the dense run's 1000 classes are not the data's)" in printed
     fine_tuned = json.loads((tmp_path / "runs" / "deit-ft" / "config.json").read_text())
     assert fine_tuned["upcycled"]["new_head"] and fine_tuned["upcycled"]["dense_classes"] == 1000
