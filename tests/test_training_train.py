@@ -172,8 +172,13 @@ def test_cli_trains_refuses_to_overwrite_and_resumes(tmp_path, capsys):
             "--recipe", "tiny", "--epochs", "1", "--batch-size", "32", "--out", str(out), "--quiet"]  # fmt: skip
     assert main(argv) == 0
     assert load_run(out).config["model"]["num_classes"] == 6  # taken from the data
+    assert capsys.readouterr().err.splitlines()[-1] == (  # the tiny recipe warms up for 1 epoch: all of this run
+        "warning: the run's 1 epoch(s) ended inside the recipe's 1 warm-up epoch(s), so the learning rate never "
+        "reached its peak; give --epochs more than 1 or --set warmup_epochs=0.2"
+    )
     assert main(argv) == 2 and "already holds a run" in capsys.readouterr().err
     assert main(["train", "--out", str(out), "--resume", "--epochs", "2", "--quiet"]) == 0
+    assert "warning" not in capsys.readouterr().err  # said once, by the run that started it
     assert [row["epoch"] for row in read_metrics(out)] == [1, 2]
     assert main(["train", "--out", str(out), "--resume", "--data", "digits"]) == 2
     assert "--data digits differs from the run's" in capsys.readouterr().err

@@ -85,9 +85,9 @@ class TrainConfig:
         if self.epochs > self.warmup_epochs:
             return None
         return (
-            f"warning: the run's {self.epochs} epochs end inside the recipe's {self.warmup_epochs:g} warm-up epochs, "
-            f"so the learning rate never reaches its peak; give --epochs more than {self.warmup_epochs:g} or "
-            f"--set warmup_epochs={max(self.epochs / 5, 0.1):g}"
+            f"warning: the run's {self.epochs} epoch(s) ended inside the recipe's {self.warmup_epochs:g} warm-up "
+            f"epoch(s), so the learning rate never reached its peak; give --epochs more than {self.warmup_epochs:g} "
+            f"or --set warmup_epochs={max(self.epochs / 5, 0.1):g}"
         )
 
     def to_dict(self) -> dict[str, Any]:

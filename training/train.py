@@ -381,26 +381,18 @@ def _train(request: TrainRequest) -> Path:
             "recipe": request.cfg.to_dict(),
             **init_entries,
         }
-        _announce_start(state is None and placement.is_main, init_entries, run, request.cfg)
+        if state is None and placement.is_main and (line := upcycling.announcement(init_entries, run.data)):
+            print(line, flush=True)  # even under --quiet: the run's model is not all the --init-from run's
         progress = _restore_progress(state, request.out_dir, opt, say)
         _prepare_run_dir(request.out_dir, run_config, state, placement, say)
         session = Session(request, placement, run, opt, _epoch_context(request, run, placement), run_config, say)
         _train_epochs(session, progress)
+        if state is None and placement.is_main and (warning := request.cfg.short_run_warning()):
+            print(warning, file=sys.stderr, flush=True)  # once it ran: a run that fails says one line, its error
         say(f"best val top-1 {100 * progress.best_top1:.2f}%; run in {request.out_dir}")
         return request.out_dir
     finally:
         distributed.cleanup()
-
-
-def _announce_start(fresh: bool, init_entries: dict[str, Any], run: RunData, cfg: TrainConfig) -> None:
-    """What a fresh run says once, even under --quiet: a new classifier for data of other classes than its --init-from
-    run's, and a run too short to leave its warm-up."""
-    if not fresh:
-        return
-    if line := upcycling.announcement(init_entries, run.data):
-        print(line, flush=True)
-    if warning := cfg.short_run_warning():
-        print(warning, file=sys.stderr, flush=True)
 
 
 def _resume_state(request: TrainRequest, placement: distributed.Placement) -> dict[str, Any] | None:
