@@ -152,6 +152,11 @@ def check_routing_groups(model_config: ViTConfig, images_per_step: int) -> None:
         )
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the OS has one, as on Linux; else all of them)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def make_loader(dataset, cfg: TrainConfig, placement: distributed.Placement) -> tuple[DataLoader, DistributedSampler]:
     """Each process gets batch_size / world_size images per step; the sampler shuffles from (seed, epoch), so the
     union of the processes' batches is the same global batch a single process would draw."""
@@ -174,7 +179,7 @@ def make_loader(dataset, cfg: TrainConfig, placement: distributed.Placement) -> 
         batch_size=per_rank,
         sampler=sampler,
         # No more workers than cores this process may use (torch warns, and more would only contend for them).
-        num_workers=min(cfg.workers, len(os.sched_getaffinity(0))),
+        num_workers=min(cfg.workers, usable_cores()),
         drop_last=True,
         pin_memory=placement.device.type == "cuda",
     )
