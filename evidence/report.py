@@ -266,9 +266,10 @@ def _bar_label(result: CellResult) -> str:
     return row if result.cell.role == "moe" or "dense" in row else f"{row} (dense)"
 
 
-def _caption(fig: Figure, setting: Setting) -> str:
-    return (f"{fig.name}: {fig.title}\nours: {setting.data}, scale {setting.scale}, {setting.epochs} epochs, "
-            f"{setting.seeds} seed(s); paper: ImageNet-1k, 300 epochs")  # fmt: skip
+def _trained_on(setting: Setting) -> str:
+    """A plot title's second line: what our numbers and the paper's were measured on."""
+    return (f"ours: {setting.data}, scale {setting.scale}, {setting.epochs} epochs, {setting.seeds} seed(s); "
+            "paper: ImageNet-1k, 300 epochs")  # fmt: skip
 
 
 def _spread(results: list[CellResult], key: str = "top1") -> list[float] | None:
@@ -292,7 +293,7 @@ def _scatter_figure(axis, results: list[CellResult]) -> None:
                      marker=marker, facecolors="none", edgecolors="gray", label=f"{label} (paper, ImageNet)")
     axis.set_xscale("log")
     axis.set_xlabel("MFLOPs per image")
-    axis.set_ylim(0, 100)  # fmt: skip
+    axis.set_ylim(0, 100)
 
 
 def _paper_marks(axis, bars: list[tuple[float, CellResult]], key: str, color: str, label: str) -> None:
@@ -333,7 +334,7 @@ def plot_figure(fig: Figure, results: list[CellResult], setting: Setting, path: 
     figure, axis = plt.subplots(figsize=(8, 4.5))
     (_scatter_figure if fig.name in ("fig1", "fig3a") else _bar_figure)(axis, results)
     axis.set_ylabel("accuracy (%)")
-    axis.set_title(_caption(fig, setting), fontsize=9)
+    axis.set_title(f"{fig.name}: {fig.title}\n{_trained_on(setting)}", fontsize=9)
     axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7, frameon=False)
     _save(figure, path)
     plt.close(figure)
@@ -358,7 +359,7 @@ def plot_latency(fig: Figure, results: list[CellResult], setting: Setting, path:
     axis.set_ylim(0, 100)
     axis.set_xlabel("p50 latency per image (ms, native runner, 1 thread, this host)")
     axis.set_ylabel("top-1 (%)")
-    axis.set_title(f"{fig.name}: accuracy vs measured latency\n{_caption(fig, setting).splitlines()[1]}", fontsize=9)
+    axis.set_title(f"{fig.name}: accuracy vs measured latency\n{_trained_on(setting)}", fontsize=9)
     axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7, frameon=False)
     _save(figure, path)
     plt.close(figure)

@@ -292,4 +292,4 @@ def test_a_hard_moe_gater_must_be_a_vit_run(gater, tmp_path):
     with pytest.raises(UsageError, match="no best.pt"):
         config["model"] = read_config(gater)["model"]
         (tmp_path / "moe" / "config.json").write_text(json.dumps(config))
-        load_dense(tiny_model("hard-moe"), tmp_path / "moe", new_classes=False)
+        load_dense(tiny_model("hard-moe"), tmp_path / "moe", class_names=config["data"]["class_names"])

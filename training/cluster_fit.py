@@ -58,16 +58,16 @@ def fit_clusters(features: np.ndarray, num_experts: int, pca_dims: int, seed: in
 
 
 def prepare_hard_moe(
-    model, gater_dir, train_dataset: Dataset, device, batch_size: int, seed: int, *, new_classes: bool = False
+    model, gater_dir, train_dataset: Dataset, device, batch_size: int, seed: int, *, class_names: list[str]
 ) -> dict[str, Any]:
-    """Stage 1 on a freshly built HardMoE (on `device`): gater weights (its classifier left out when the data has
-    `new_classes`), then PCA + k-means on the gater's pooled features of `train_dataset` (un-augmented training
-    split), stored in the router. -> the record for config.json.
+    """Stage 1 on a freshly built HardMoE (on `device`): gater weights (its classifier left out when it classifies
+    other classes than `class_names`, the data's), then PCA + k-means on the gater's pooled features of
+    `train_dataset` (un-augmented training split), stored in the router. -> the record for config.json.
 
     Deterministic given `seed`: under DDP every process fits the same clusters (and DDP broadcasts rank 0's buffers).
     """
     cfg = model.config
-    record = init_from.load_dense(model, gater_dir, new_classes=new_classes)
+    record = init_from.load_dense(model, gater_dir, class_names=class_names)
     features = trunk_features(model, train_dataset, device, batch_size)  # (N, D)
     fitted = fit_clusters(features, cfg.num_experts, cfg.pca_dims, seed)
     pca, kmeans = fitted["pca"], fitted["kmeans"]
@@ -103,6 +103,6 @@ def stage_one(model, gater_dir, data, train_config, device, resumed: dict[str, A
     train_set = data.split("train")  # the evaluation transform: features of the images, not of augmentations
     record = prepare_hard_moe(
         model, gater_dir, train_set, device, train_config.eval_batch_size, train_config.seed,
-        new_classes=init_from.new_head(gater_dir, data),
+        class_names=data.class_names,
     )  # fmt: skip
     return {"init_from": str(Path(gater_dir).resolve()), "hard_moe": record}

@@ -43,15 +43,6 @@ def check_init_from(model_config: ViTConfig, init_from: str | os.PathLike | None
         check_dense_fits(model_config, read_config(init_from)["model"], f"--init-from {init_from}")
 
 
-def dense_classes(init_from: str | os.PathLike) -> list[str]:
-    return list(read_config(init_from)["data"].get("class_names") or [])
-
-
-def new_head(init_from: str | os.PathLike, data) -> bool:
-    """True when `data` classifies other classes than the dense run (its classifier cannot be copied)."""
-    return dense_classes(init_from) != list(data.class_names)
-
-
 def announcement(entries: dict[str, Any], data) -> str | None:
     """The one line a fresh start from a dense run of other classes prints."""
     record = entries.get("upcycled") or entries.get("hard_moe") or {}
@@ -80,9 +71,9 @@ def preprocessing(init_from: str | os.PathLike) -> dict[str, Any]:
     return recorded_preprocessing(read_config(init_from)["data"], Path(init_from) / CONFIG)
 
 
-def load_dense(model, init_from: str | os.PathLike, *, new_classes: bool) -> dict[str, Any]:
-    """The dense run's best.pt into `model` (upcycled; its classifier left fresh when `new_classes`); -> the
-    config.json record of what was copied."""
+def load_dense(model, init_from: str | os.PathLike, *, class_names: list[str]) -> dict[str, Any]:
+    """The dense run's best.pt into `model` (upcycled; its classifier left fresh when the dense run classifies other
+    classes than `class_names`, the data's); -> the config.json record of what was copied."""
     path = Path(init_from) / BEST
     if not path.is_file():
         raise UsageError(f"--init-from {init_from} has no {BEST} yet; let the dense run finish an epoch")
@@ -96,13 +87,15 @@ def load_dense(model, init_from: str | os.PathLike, *, new_classes: bool) -> dic
             f"--init-from {init_from}: {CONFIG} and {BEST} describe different models ({', '.join(differ[:3])}"
             f" differ); restore the run's {CONFIG} (the checkpoint holds the truth)"
         )
+    dense_classes = list(config["data"].get("class_names") or [])
+    new_classes = dense_classes != list(class_names)
     fresh = upcycle(model, state["model"], path, new_classes=new_classes)
     return {
         "dense_epoch": int(state["epoch"]) if "epoch" in state else None,
         "dense_source": config["source"].get("model") if is_imported(config) else None,
         "fresh": sorted({key.rsplit(".", 1)[0] for key in fresh}),  # modules that kept their own initialisation
         "new_head": new_classes,
-        "dense_classes": len(dense_classes(init_from)),
+        "dense_classes": len(dense_classes),
     }
 
 
@@ -112,5 +105,5 @@ def start(model, init_from: str | os.PathLike, data, resumed: dict[str, Any] | N
     if resumed is not None:
         return {"init_from": resumed.get("init_from"), "upcycled": resumed.get("upcycled")}
     check_init_from(model.config, init_from)  # again: the run may have changed while the data was opened
-    record = load_dense(model, init_from, new_classes=new_head(init_from, data))
+    record = load_dense(model, init_from, class_names=data.class_names)
     return {"init_from": str(Path(init_from).resolve()), "upcycled": record}
