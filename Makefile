@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # The suite runs on both cores (pytest-xdist); `make test` deselects what is slow, `make test-slow` runs just that.
 PYTEST := $(BIN)/pytest -q -n 2
 
-.PHONY: demo test test-slow test-all lint clean arm64 gpu-check gpu-venv
+.PHONY: demo test test-slow test-all lint clean arm64 gpu-check gpu-venv gpu-wheels
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,16 +41,34 @@ arm64: $(STAMP)
 	$(PYTEST) -m slow tests/test_arm64_emulated.py
 
 # The whole GPU path in one command and one table (benchmarks/gpu_check.py): gpu tests, an epoch of every model in
-# bf16, --compile, DDP over nccl, a reproduce cell with --bench, the training-step benchmark; under 10 minutes on one
-# GPU. GPU=0 runs the CPU-checkable parts here. OFFLINE=1 (a GPU machine without network whose python3 has the pinned
-# torch): a venv over the system's packages and this project installed without fetching anything.
+# bf16, --compile, DDP over nccl, a reproduce cell, the training-step benchmark; under 10 minutes on one GPU. GPU=0
+# runs the CPU-checkable parts here. OFFLINE=1, for a GPU machine without network whose python3 holds its own torch
+# (often not our pin; pyproject says which it supports): a venv that sees that python's packages, plus the wheels of
+# `make gpu-wheels` (carried in .whl/), and this project installed without fetching anything.
 GPU ?= 1
 gpu-check: $(if $(OFFLINE),gpu-venv,$(STAMP))
 	$(BIN)/python benchmarks/gpu_check.py $(if $(filter 0,$(GPU)),--cpu)
 
+# `venv --system-site-packages` of a python that is itself a venv sees /usr's packages, not that venv's torch: a .pth
+# file naming $(PYTHON)'s own site-packages does (appended to sys.path, after the venv's own wheels). Without a pip of
+# its own, the venv uses that python's pip and setuptools too, not the older ones a new venv bundles.
 gpu-venv:
-	[ -x $(BIN)/python ] || $(PYTHON) -m venv --system-site-packages $(VENV)
-	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	[ -x $(BIN)/python ] || $(PYTHON) -m venv --without-pip $(VENV)
+	$(PYTHON) -c "import site; print(site.getsitepackages()[0])" > \
+		"$$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/gpu-machine-packages.pth"
+	[ ! -d $(WHEELS) ] || $(BIN)/python -m pip install --quiet --no-index --no-deps --ignore-installed $(WHEELS)/*.whl
+	$(BIN)/python -m pip install --quiet --no-index --no-deps --no-build-isolation -e .
+
+# Wheels, for GPU_PYTHON on x86-64 Linux, of this project's dependencies that a GPU machine's image lacks (the
+# scientific stack, timm and onnx are there; pydantic's family and submitit often are not), at constraints.txt's
+# versions, into $(WHEELS) (ignored by git): carry it to the GPU machine, then `make gpu-check OFFLINE=1`.
+GPU_PYTHON ?= 3.12
+WHEELS ?= .whl
+GPU_WHEELS ?= pydantic pydantic-core annotated-types typing-inspection submitit
+gpu-wheels: $(STAMP)
+	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: --python-version $(GPU_PYTHON) \
+		--implementation cp --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		-c constraints.txt -d $(WHEELS) $(GPU_WHEELS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

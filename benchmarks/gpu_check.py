@@ -9,7 +9,8 @@ Steps, each a fresh process (its exit status, time and last line go in the table
   train compile   mobile-vmoe with --compile
   ddp N           torchrun, nccl (gloo with --cpu), world size 1, and 2 where two GPUs exist
   reproduce       fig3b's cells on digits, 1 epoch, on the device, with --bench (exports, native runner)
-  train step      benchmarks/gpu_train_step.py (--cpu: train_step.py at a small size): eager and compiled images/s
+  train step      benchmarks/gpu_train_step.py for vit and mobile-vmoe with timm's anchor (--cpu: train_step.py at a
+                  small size): eager and compiled images/s; the whole benchmark (every model) is its own command
 The run stops starting steps once --budget-s is spent (the table says which were not reached).
 """
 
@@ -53,10 +54,10 @@ def steps(device: str, out: Path, gpus: int) -> list[tuple[str, list[str]]]:
     reproduce = [*cli, "reproduce", "fig3b", "--data", "digits", "--scale", "tiny", "--epochs", "1", "--device",
                  device, "--bench", "--iterations", "5", "--out", str(out / "fig3b")]  # fmt: skip
     found.append(("reproduce", reproduce))
-    bench = ["gpu_train_step.py", "--json"] if device == "cuda" else [
+    bench = ["gpu_train_step.py", "--json", "--models", "vit", "mobile-vmoe", "--anchor"] if device == "cuda" else [
         "train_step.py", "--json", "--compile", "--size", "3x64", "--patch", "8", "--image-size", "32",
         "--num-classes", "10", "--experts", "4", "--batch-size", "16", "--steps", "3", "--warmup", "2",
-        "--models", "vit", "mobile-vmoe"]  # fmt: skip
+        "--models", "vit", "mobile-vmoe", "--anchor"]  # fmt: skip
     found.append(("train step", [sys.executable, str(REPO / "benchmarks" / bench[0]), *bench[1:]]))
     return found
 
@@ -93,7 +94,12 @@ def train_step_summary(text: str) -> str:
         speeds = [f"{report['variants'][mode][name]['images_per_s']:.0f}" for mode in report["variants"]]
         parts.append(f"{name} {'/'.join(speeds)}")
     ratio = report["ratios"].get("mobile-vmoe", {}).get("compiled / dense compiled")
-    return "img/s eager/compiled: " + ", ".join(parts) + ("" if ratio is None else f"; MoE/dense compiled {ratio:.3f}x")
+    text = "img/s eager/compiled: " + ", ".join(parts) + ("" if ratio is None else f"; MoE/dense compiled {ratio:.3f}x")
+    anchor = report.get("anchor", {}).get("compiled")
+    if anchor:
+        (_, theirs), ours = next(iter(anchor.items())), anchor["vit"]
+        text += f"; vit/timm compiled {ours['median_ms'] / theirs['median_ms']:.3f}x"
+    return text
 
 
 def main() -> int:

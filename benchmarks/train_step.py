@@ -5,13 +5,21 @@ measured in one run.
     python benchmarks/train_step.py --compile           # eager and compiled (compile_model, inductor)
     python benchmarks/train_step.py --compile --models vit mobile-vmoe --steps 20
     python benchmarks/train_step.py --device cuda --size deit-ti --patch 16 --batch-size 256 --compile  # a GPU, bf16
+    python benchmarks/train_step.py --device cuda --compile --cuda-graphs --anchor   # + CUDA graphs, + timm's anchor
 
 A step is training's own (training/engine.py: forward_loss under bf16 autocast on CUDA, then update: backward, grad
 clip, AdamW, schedule) with the deit recipe's router loss against planted super-classes (label mod E), so Mobile
 V-MoE's router spreads the images as training does. Within a mode the models take turns step by step (vit, mobile-vmoe,
 ..., vit, ...), so drift in machine load hits them alike; ratios compare medians. Goals on CPU: compiled Mobile V-MoE
 / compiled dense <= 1.10x, and every compiled model faster than its eager self. "timed compiles" > 0 means a graph
-was compiled during the timed steps (a recompile): compiled training should have none.
+was compiled during the timed steps (a recompile): compiled training should have none; "first step s" is the first
+warm-up step, where compiling happens. "per FLOP" divides a model's step-time ratio to the dense model by its FLOPs
+ratio (mobile_moe.costs, per image): 1.0 means the model costs what its arithmetic says. The optimiser is training's
+(training/train.py adamw: fused on CUDA).
+
+--anchor adds timm's deit_tiny_patch16_224 (at the benchmark's size: its width, depth, heads, patch and image size)
+against our vit in a plain step (cross-entropy, backward, the same AdamW), in each mode: the dense model is as fast
+as the library everyone trains with. --cuda-graphs adds a mode compiled with mode="reduce-overhead" (CUDA graphs).
 """
 
 from __future__ import annotations
@@ -26,13 +34,17 @@ import time
 import torch
 from torch._dynamo.utils import counters as dynamo_counters  # private, but where dynamo counts the graphs it compiles
 
+from mobile_moe.costs import costs
 from mobile_moe.moe import compile_model
 from mobile_moe.registry import create_model, list_models
 from mobile_moe.training import engine, recipes
 from mobile_moe.training.routing import TrainingForward
+from mobile_moe.training.train import adamw
 
-MODES = ("eager", "compiled")
+# mode -> torch.compile's options (None: eager)
+MODES = {"eager": None, "compiled": {}, "cudagraphs": {"mode": "reduce-overhead"}}
 DENSE = "vit"
+ANCHOR = "deit_tiny_patch16_224"  # timm's, the dense model everyone trains
 
 
 def parse_args(argv: list[str] | None = None, **defaults) -> argparse.Namespace:
@@ -56,23 +68,32 @@ def parse_args(argv: list[str] | None = None, **defaults) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per model (compilation happens here)")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     parser.add_argument("--compile", action="store_true", help="also measure every model compiled")
+    parser.add_argument("--cuda-graphs", action="store_true", help='also compiled with mode="reduce-overhead" (CUDA)')
+    parser.add_argument("--anchor", action="store_true", help=f"also timm's {ANCHOR} against vit in a plain step")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of markdown")
     parser.set_defaults(**defaults)
     return parser.parse_args(argv)
 
 
-def build(name: str, args: argparse.Namespace, device: torch.device, compiled: bool) -> engine.Optimisation:
-    """The model at the benchmark's size, its AdamW and schedule, its training forward (compiled or not)."""
+def model_at_size(name: str, args: argparse.Namespace) -> torch.nn.Module:
     torch.manual_seed(0)
     fields = {"patch_size": args.patch, "image_size": args.image_size, "num_classes": args.num_classes}
     if name != DENSE:
         fields["num_experts"] = args.experts
         fields |= {} if name == "widenet" else {"moe_layers": 2}
-    model = create_model(name, args.size, **fields).to(device).train()
-    optimizer = torch.optim.AdamW((p for p in model.parameters() if p.requires_grad), lr=1e-4)
+    return create_model(name, args.size, **fields)
+
+
+def build(name: str, args: argparse.Namespace, device: torch.device, mode: str) -> engine.Optimisation:
+    """The model at the benchmark's size, training's AdamW, a flat schedule, its training forward (as `mode` runs
+    it)."""
+    model = model_at_size(name, args).to(device).train()
+    optimizer = adamw(model, lr=1e-4, weight_decay=0.05, device=device)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     forward = TrainingForward(model)
-    return engine.Optimisation(compile_model(forward) if compiled else forward, model, optimizer, schedule)
+    options = MODES[mode]
+    return engine.Optimisation(forward if options is None else compile_model(forward, **options), model, optimizer,
+                               schedule)  # fmt: skip
 
 
 def spread_clusters(opt: engine.Optimisation, images: torch.Tensor) -> None:
@@ -102,9 +123,68 @@ def time_models(runs: dict[str, engine.Optimisation], batch, args, device) -> di
             output, terms = engine.forward_loss(opt.step_module, images, targets, supers, cfg)
             engine.update(opt, terms.total, cfg.grad_clip)
             sync()
-            if step >= args.warmup:
-                stats[name]["seconds"].append(time.perf_counter() - start)
-                stats[name]["timed_compiles"] += dynamo_counters["stats"]["unique_graphs"] - graphs
+            record(stats[name], step, args.warmup, time.perf_counter() - start, graphs)
+    return stats
+
+
+def record(stats: dict, step: int, warmup: int, seconds: float, graphs_before: int) -> None:
+    """One step's time: the first warm-up step's apart (compiling happens there), the timed steps' in a list."""
+    if step == 0:
+        stats["first_step_s"] = seconds
+    if step >= warmup:
+        stats["seconds"].append(seconds)
+        stats["timed_compiles"] += dynamo_counters["stats"]["unique_graphs"] - graphs_before
+
+
+class Logits(torch.nn.Module):
+    """A model's logits, whether it returns them (timm) or a ModelOutput (ours)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        output = self.model(images)
+        return getattr(output, "logits", output)
+
+
+def anchor_models(args: argparse.Namespace) -> dict[str, torch.nn.Module]:
+    """timm's ANCHOR at the benchmark's size (its width, depth, heads, patch, image size, pooling) and our vit."""
+    import timm  # only for the anchor
+
+    ours = model_at_size(DENSE, args)
+    cfg = ours.config
+    torch.manual_seed(0)
+    theirs = timm.create_model(ANCHOR, num_classes=args.num_classes, img_size=args.image_size, patch_size=args.patch,
+                               embed_dim=cfg.width, depth=cfg.depth, num_heads=cfg.num_heads,
+                               global_pool="token" if cfg.pool == "cls" else "avg")  # fmt: skip
+    return {f"timm {ANCHOR}": theirs, DENSE: ours}
+
+
+def time_anchor(mode: str, args, device, batch) -> dict[str, dict]:
+    """A plain step (cross-entropy, backward, training's AdamW) of each anchor model, taking turns -> {name: stats}."""
+    images, targets, _ = batch
+    labels = targets.argmax(-1)
+    runs, stats = {}, {}
+    for name, model in anchor_models(args).items():
+        model = model.to(device).train()
+        options = MODES[mode]
+        forward = Logits(model) if options is None else compile_model(Logits(model), **options)
+        runs[name] = (forward, adamw(model, lr=1e-4, weight_decay=0.05, device=device))
+        stats[name] = {"seconds": [], "timed_compiles": 0}
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for step in range(args.warmup + args.steps):
+        for name, (forward, optimizer) in runs.items():
+            graphs = dynamo_counters["stats"]["unique_graphs"]
+            sync()
+            start = time.perf_counter()
+            with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
+                loss = torch.nn.functional.cross_entropy(forward(images).float(), labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            sync()
+            record(stats[name], step, args.warmup, time.perf_counter() - start, graphs)
     return stats
 
 
@@ -116,7 +196,12 @@ def summary(stats: dict, batch_size: int) -> dict:
         "p90_ms": ordered[math.ceil(0.9 * len(ordered)) - 1] * 1e3,  # nearest rank
         "images_per_s": batch_size / median,
         "timed_compiles": stats["timed_compiles"],
+        "first_step_s": stats["first_step_s"],
     }
+
+
+def modes(args: argparse.Namespace) -> list[str]:
+    return ["eager", *(["compiled"] if args.compile else []), *(["cudagraphs"] if args.cuda_graphs else [])]
 
 
 def measure(args: argparse.Namespace, device: torch.device) -> dict[str, dict[str, dict]]:
@@ -131,24 +216,31 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict[str, dict[st
     # shared code object, more than its default limit of 8 per code object once every model is measured in one run.
     torch._dynamo.config.recompile_limit = 8 * len(names)
     torch._dynamo.config.accumulated_recompile_limit = 64 * len(names)
-    results = {}
-    for mode in MODES if args.compile else MODES[:1]:
-        runs = {name: build(name, args, device, compiled=mode == "compiled") for name in names}
+    results, anchor = {}, {}
+    for mode in modes(args):
+        runs = {name: build(name, args, device, mode) for name in names}
         for opt in runs.values():
             spread_clusters(opt, images)
         stats = time_models(runs, (images, targets, super_targets), args, device)
         results[mode] = {name: summary(stats[name], args.batch_size) for name in names}
         del runs
-    return results
+        if args.anchor:
+            stats = time_anchor(mode, args, device, (images, targets, super_targets))
+            anchor[mode] = {name: summary(value, args.batch_size) for name, value in stats.items()}
+    return results, anchor
 
 
-def ratios(results: dict[str, dict[str, dict]]) -> dict[str, dict[str, float]]:
-    """Per model: step time over the dense model's in each mode, and compiled over eager."""
+def ratios(results: dict[str, dict[str, dict]], flops: dict[str, int]) -> dict[str, dict[str, float]]:
+    """Per model: step time over the dense model's in each mode, that ratio per FLOP (over the FLOPs ratio), and each
+    compiled mode over eager."""
     table = {}
     for name in results["eager"]:
-        row = {f"{mode} / dense {mode}": by[name]["median_ms"] / by[DENSE]["median_ms"] for mode, by in results.items()}
-        if "compiled" in results:
-            row["compiled / eager"] = results["compiled"][name]["median_ms"] / results["eager"][name]["median_ms"]
+        row = {}
+        for mode, by in results.items():
+            row[f"{mode} / dense {mode}"] = by[name]["median_ms"] / by[DENSE]["median_ms"]
+            row[f"{mode} per FLOP"] = row[f"{mode} / dense {mode}"] / (flops[name] / flops[DENSE])
+        for mode in results.keys() - {"eager"}:
+            row[f"{mode} / eager"] = results[mode][name]["median_ms"] / results["eager"][name]["median_ms"]
         table[name] = row
     return table
 
@@ -157,15 +249,24 @@ def print_markdown(report: dict) -> None:
     print(f"{report['device']}, torch {report['torch']}, {report['setup']}\n")
     modes = list(report["variants"])
     header = ["model"] + [f"{mode} ms (p90)" for mode in modes] + list(next(iter(report["ratios"].values())))
-    header += ["timed compiles"] if "compiled" in modes else []
+    compiled = [mode for mode in modes if mode != "eager"]
+    header += [f"{mode} first step s, timed compiles" for mode in compiled]
     print("| " + " | ".join(header) + " |\n|---|" + "---:|" * (len(header) - 1))
     for name, row in report["ratios"].items():
-        times = [f"{report['variants'][m][name]['median_ms']:.1f} ({report['variants'][m][name]['p90_ms']:.1f})"
-                 for m in modes]  # fmt: skip
+        runs = {mode: report["variants"][mode][name] for mode in modes}
+        times = [f"{run['median_ms']:.1f} ({run['p90_ms']:.1f})" for run in runs.values()]
         cells = [name, *times, *(f"{value:.3f}x" for value in row.values())]
-        cells += [str(report["variants"]["compiled"][name]["timed_compiles"])] if "compiled" in modes else []
+        cells += [f"{runs[mode]['first_step_s']:.1f}, {runs[mode]['timed_compiles']}" for mode in compiled]
         print("| " + " | ".join(cells) + " |")
-    print("\nGoals (CPU): compiled mobile-vmoe / dense compiled <= 1.10x; compiled / eager < 1 for every model.")
+    for mode, by in report.get("anchor", {}).items():
+        (timm_name, theirs), ours = next(iter(by.items())), by[DENSE]
+        print(f"\nanchor, {mode}, plain step: {timm_name} {theirs['median_ms']:.1f} ms (p90 {theirs['p90_ms']:.1f}), "
+              f"vit {ours['median_ms']:.1f} ms (p90 {ours['p90_ms']:.1f}): vit / timm "
+              f"{ours['median_ms'] / theirs['median_ms']:.3f}x")  # fmt: skip
+    print(
+        "\nGoals: mobile-vmoe / dense <= 1.20x eager and <= 1.10x compiled; every MoE per FLOP <= 1.15; vit / timm "
+        "<= 1.00x; compiled / eager < 1 for every model."
+    )
 
 
 def main(argv: list[str] | None = None, **defaults) -> dict:
@@ -176,13 +277,17 @@ def main(argv: list[str] | None = None, **defaults) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    results = measure(args, device)
+    if args.cuda_graphs and device.type != "cuda":
+        print("--cuda-graphs: CUDA graphs need --device cuda", file=sys.stderr)
+        sys.exit(2)
+    results, anchor = measure(args, device)
+    flops = {name: costs(model_at_size(name, args).config).flops for name in results["eager"]}
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     precision = "bf16 autocast" if device.type == "cuda" else "fp32"
     setup = (f"{args.size}/{args.patch} @{args.image_size}, {args.num_classes} classes, E={args.experts}, batch "
              f"{args.batch_size}, {precision}, {args.warmup} warm-up + {args.steps} timed steps per model")  # fmt: skip
     report = {"device": where, "torch": torch.__version__, "setup": setup, "variants": results,
-              "ratios": ratios(results)}  # fmt: skip
+              "ratios": ratios(results, flops), **({"anchor": anchor} if anchor else {})}  # fmt: skip
     print(json.dumps(report, indent=2)) if args.json else print_markdown(report)
     return report
 

@@ -306,8 +306,8 @@ def _per_block_split(model: nn.Module, router: GraphSpec, tokens: TensorSpec, lo
             f"block{i}_shared", "block_shared", BlockShared(block), [tokens], [residual, normed], None, i
         )
         experts = [
-            GraphSpec(f"block{i}_expert{e}", "block_expert", mlp, [normed], [delta], e, i)
-            for e, mlp in enumerate(block.mlp.experts)
+            GraphSpec(f"block{i}_expert{e}", "block_expert", block.mlp.expert(e), [normed], [delta], e, i)
+            for e in range(len(block.mlp))
         ]
         graphs += [shared, *experts]
         blocks.append({"shared": shared.name, "experts": [graph.name for graph in experts]})

@@ -29,7 +29,7 @@ def _per_block_inputs(model, tokens: Tensor, experts: list[int], gates: Tensor, 
         normed = block.norm2(residual)
         for expert in experts:
             record[f"block{i}_expert{expert}"].append((normed,))
-        x = residual + sum(g * block.mlp.experts[e](normed) for e, g in zip(experts, gates.tolist(), strict=True))
+        x = residual + sum(g * block.mlp.run_expert(e, normed) for e, g in zip(experts, gates.tolist(), strict=True))
     if not only_experts:
         record["head"].append((x,))
 

@@ -11,6 +11,7 @@ from torch import nn
 
 from mobile_moe.atomic import atomic_path
 from mobile_moe.errors import UsageError
+from mobile_moe.moe import restacked
 from mobile_moe.registry import model_from_config_dict
 
 NOT_OURS = (
@@ -82,7 +83,9 @@ def state_mismatches(expected: dict[str, Any], state_dict: dict[str, Any]) -> li
 
 
 def load_weights(model: nn.Module, state_dict: dict[str, Any], source: str | os.PathLike) -> None:
-    """model.load_state_dict, with a state dict that does not fit the model reported in one line (what and where)."""
+    """model.load_state_dict, with a state dict that does not fit the model reported in one line (what and where). A
+    state dict of the per-expert layout before ExpertMLPs stacked its experts loads as the stack (moe.restacked)."""
+    state_dict = restacked(state_dict)
     expected = model.state_dict()
     problems = state_mismatches(expected, state_dict)
     if problems:

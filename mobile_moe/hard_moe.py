@@ -197,7 +197,8 @@ class HardMoE(nn.Module):
         moe.expert_groups does the grouping (the training path, eager or compiled). An expert with no images in the
         batch runs on an empty batch (no branch on the data), so its parameters get a zero gradient.
         """
-        groups = expert_groups(routing.experts[:, 0], self.config.num_experts)  # per expert, its images
+        order, sizes = expert_groups(routing.experts[:, 0], self.config.num_experts)
+        groups = order.split(sizes.tolist())  # per expert, its images
         pieces = [expert_fn(e, x[group], routing.gates[group]) for e, group in enumerate(groups)]  # (n_e, ...')
         return torch.cat(pieces)[torch.argsort(torch.cat(groups))]  # (B, ...') back in image order
 

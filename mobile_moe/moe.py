@@ -1,82 +1,228 @@
-"""The MoE layer: E expert MLPs, grouped dispatch, and the MoE-ViT block (shared attention and norms).
+"""The MoE layer: E expert MLPs held as stacked weights, their dispatch, and the MoE-ViT block (shared attention and
+norms).
 
-Legend: B routed items (images, for a per-image router), T tokens, D width, E experts, k experts per item,
-n_e items routed to expert e (sum over e of n_e = B * k).
+Legend: B routed items (images, for a per-image router), T tokens, D width, F MLP hidden size, E experts, k experts
+per item, n_e items routed to expert e (sum over e of n_e = B * k).
 """
 
 from __future__ import annotations
 
+import re
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mobile_moe.config import ViTConfig
 from mobile_moe.outputs import Routing
 from mobile_moe.vit import Attention, Block, Mlp, layer_norm
 
+# The stacked entries of ExpertMLPs -> the dense Mlp entry each expert's slice is (upcycling, old checkpoints) and
+# whether it is a Linear weight: stored (E, in, out), the transpose of nn.Linear's (out, in), as torch._grouped_mm and
+# bmm take it. Biases are stored (E, out).
+STACKED = {
+    "fc1_weight": ("fc1.weight", True),
+    "fc1_bias": ("fc1.bias", False),
+    "fc2_weight": ("fc2.weight", True),
+    "fc2_bias": ("fc2.bias", False),
+}
+# A state-dict key of the layout before stacking: <ExpertMLPs prefix>experts.<e>.fc1.weight, ...
+PER_EXPERT = re.compile(r"(?P<prefix>(?:.*\.)?)experts\.(?P<expert>\d+)\.(?P<dense>fc[12]\.(?:weight|bias))")
+STACKED_OF = {dense: entry for entry, (dense, _) in STACKED.items()}
 
-def expert_groups(chosen: Tensor, num_experts: int) -> tuple[Tensor, ...]:
-    """(N,) the expert of each routed item -> for each expert e, the indices of its items, (n_e,) in item order.
 
-    One stable sort; torch.cat of the groups is the sort order itself. The group sizes are counted into a tensor of
-    static shape (E,) and read on the host once per call. Under torch.compile with dynamo's capture_scalar_outputs
-    (compile_model sets it) they become unbacked symbolic sizes: a new size pattern neither breaks the graph nor
-    recompiles it. Exported graphs never get here: they hold one expert each.
+def stacked(entry: str, per_expert: list[Tensor]) -> Tensor:
+    """ExpertMLPs' stacked `entry` (a key of STACKED) from each expert's dense Mlp tensor, in expert order."""
+    _, is_weight = STACKED[entry]
+    return torch.stack([tensor.T if is_weight else tensor for tensor in per_expert])
+
+
+def per_expert_key(key: str) -> tuple[str, int] | None:
+    """A state-dict key of the per-expert layout (before the stack) -> (the stacked key it is now part of, its
+    expert); None for any other key."""
+    match = PER_EXPERT.fullmatch(key) if isinstance(key, str) else None
+    return (match["prefix"] + STACKED_OF[match["dense"]], int(match["expert"])) if match else None
+
+
+def expert_groups(chosen: Tensor, num_experts: int) -> tuple[Tensor, Tensor]:
+    """(N,) the expert of each routed item -> (order (N,): the items sorted by expert, stably; sizes (E,): n_e).
+
+    The sizes are counted into a tensor of static shape (E,): bincount's output shape depends on the data.
     """
     order = torch.argsort(chosen, stable=True)  # (N,): items grouped by expert
     experts = torch.arange(num_experts, device=chosen.device)
-    sizes = (chosen.unsqueeze(-1) == experts).sum(0)  # (E,) n_e; bincount's output shape depends on the data
-    return order.split(sizes.tolist())
+    return order, (chosen.unsqueeze(-1) == experts).sum(0)
 
 
 def compile_model(module: nn.Module, **options) -> nn.Module:
     """torch.compile(module, **options) for any model of the registry (or a module wrapping one), so that the
-    grouped dispatch compiles to one graph: the group sizes it reads on the host are traced as unbacked symbolic ints
-    (torch._dynamo.config.capture_scalar_outputs, a process-wide setting that leaves other code's graphs as they were
-    unless they read tensors on the host too, which then trace instead of breaking)."""
+    per-expert loop (ExpertMLPs, off CUDA) compiles to one graph: the group sizes it reads on the host are traced as
+    unbacked symbolic ints (torch._dynamo.config.capture_scalar_outputs, a process-wide setting that leaves other
+    code's graphs as they were unless they read tensors on the host too, which then trace instead of breaking)."""
     torch._dynamo.config.capture_scalar_outputs = True
     return torch.compile(module, **options)
 
 
+def compute_dtype(x: Tensor) -> torch.dtype:
+    """The dtype a matmul on `x` runs in: autocast's where autocast is on for x's device, else x's own."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+
+
+def grouped_gemm_fits(x: Tensor, width: int, hidden: int) -> bool:
+    """Whether torch._grouped_mm runs this dispatch as one CUTLASS kernel: on a CUDA device of compute capability 9.0
+    or later (Hopper's TMA), bf16, rows whose bytes are multiples of 16 (GroupedMMUtils.h,
+    check_valid_strides_and_return_transposed). Elsewhere torch's own fallback loops over the groups after reading the
+    offsets on the host, which the per-expert loop does as well without a copy of the stacked weights."""
+    return (
+        x.is_cuda
+        and compute_dtype(x) == torch.bfloat16
+        and torch.cuda.get_device_capability(x.device) >= (9, 0)
+        and width % 8 == 0
+        and hidden % 8 == 0
+    )
+
+
 class ExpertMLPs(nn.Module):
-    """E independent MLPs. Each is its own module so an exported expert graph holds only its own weights."""
+    """E MLPs (D -> F -> D, GELU) held as stacked parameters: fc1_weight (E, D, F), fc1_bias (E, F), fc2_weight
+    (E, F, D), fc2_bias (E, D). Expert e is the dense Mlp whose Linear weights are fc1_weight[e].T and fc2_weight[e].T;
+    `expert(e)` hands it out as that Mlp, sharing the stack's memory, so an exported expert graph holds only its own
+    weights. A state dict of the layout before stacking (experts.<e>.fc1.weight, ...) loads into the stack."""
 
     def __init__(self, num_experts: int, width: int, hidden: int):
         super().__init__()
-        self.experts = nn.ModuleList(Mlp(width, hidden) for _ in range(num_experts))
+        self.width, self.hidden = width, hidden
+        # The random draws of E separate Mlps' construction, so that a seed builds the model it built before the
+        # experts were stacked (runs and tests that fix a seed keep their starting weights); init_linears follows.
+        experts = [Mlp(width, hidden) for _ in range(num_experts)]
+        self.fc1_weight = nn.Parameter(stacked("fc1_weight", [mlp.fc1.weight.detach() for mlp in experts]))
+        self.fc1_bias = nn.Parameter(stacked("fc1_bias", [mlp.fc1.bias.detach() for mlp in experts]))
+        self.fc2_weight = nn.Parameter(stacked("fc2_weight", [mlp.fc2.weight.detach() for mlp in experts]))
+        self.fc2_bias = nn.Parameter(stacked("fc2_bias", [mlp.fc2.bias.detach() for mlp in experts]))
+        self._register_load_state_dict_pre_hook(_stack_per_expert_entries)
+
+    def init_linears(self, init_linear) -> None:
+        """init_linear(weight (out, in), bias) on each expert's fc1 then fc2, expert after expert: the order, and so
+        the random draws, of the per-expert Mlps (vit.init_weights calls this)."""
+        with torch.no_grad():
+            for e in range(len(self)):
+                for layer in ("fc1", "fc2"):
+                    weight = getattr(self, f"{layer}_weight")
+                    dense = weight.new_empty(weight.shape[2], weight.shape[1])  # (out, in): the layout the draws fill
+                    init_linear(dense, getattr(self, f"{layer}_bias")[e])
+                    weight[e] = dense.T
 
     def __len__(self) -> int:
-        return len(self.experts)
+        return self.fc1_weight.shape[0]
+
+    def run_expert(self, expert: int, x: Tensor) -> Tensor:
+        """Expert `expert`'s MLP on x (..., D) -> (..., D): the very calls its dense view (`expert(e)`) makes."""
+        hidden = F.linear(x, self.fc1_weight[expert].T, self.fc1_bias[expert])
+        return F.linear(F.gelu(hidden), self.fc2_weight[expert].T, self.fc2_bias[expert])
+
+    def expert(self, expert: int) -> Mlp:
+        """Expert `expert` as a dense Mlp whose parameters are views of the stack: no copy, the same values and the same
+        arithmetic (run_expert), for export and inference. Gradients through it do not reach the stack."""
+        with torch.device("meta"):  # no memory and no draw from the random generator for the weights replaced below
+            mlp = Mlp(self.width, self.hidden)
+        for name, (dense, _) in STACKED.items():
+            layer, field = dense.split(".")
+            view = getattr(self, name)[expert].detach()
+            setattr(getattr(mlp, layer), field, nn.Parameter(view.T if view.ndim == 2 else view, requires_grad=False))
+        return mlp
 
     def forward(self, x: Tensor, experts: Tensor, gates: Tensor, dispatch: str = "grouped") -> Tensor:
-        """sum over the chosen experts i of g_i * MLP_i(x).
+        """sum over the chosen experts i of g_i * MLP_i(x); x: (B, T, D), experts and gates: (B, k).
 
-        dispatch "grouped" (training, eager): O(k) MLP runs per item; "dense": every expert on every item, weighted by
-        the sparse gates (dense_mixture), for a single exportable graph that never branches on data.
+        dispatch "grouped" (training, evaluation): O(k) MLP runs per item; "dense": every expert on every item, weighted
+        by the sparse gates (dense_mixture), for a single exportable graph that never branches on data.
         """
         if dispatch == "dense":
             return dense_mixture(self, x, experts, gates)
         if dispatch != "grouped":
             raise ValueError(f"dispatch {dispatch!r}: expected 'grouped' or 'dense'")
-        return self._grouped(x, experts, gates)
+        if grouped_gemm_fits(x, self.width, self.hidden):
+            return self.grouped_gemm(x, experts, gates)
+        return self.expert_loop(x, experts, gates)
 
-    def _grouped(self, x: Tensor, experts: Tensor, gates: Tensor) -> Tensor:
-        """O(k) MLP runs per item, not O(E).
+    def expert_loop(self, x: Tensor, experts: Tensor, gates: Tensor) -> Tensor:
+        """Items grouped by expert (one stable sort), each expert once on its group (gather -> MLP -> scatter-add).
 
-        x: (B, T, D); experts, gates: (B, k). Items are grouped by expert (one stable sort), each expert runs once on
-        its group (gather -> MLP -> scatter-add). The group sizes are read on the host once per call (expert_groups):
-        this is the training path, eager or compiled; exported graphs hold one expert each and never branch on data.
+        The group sizes are read on the host once per call; under compile_model they trace as unbacked symbolic sizes.
+        The fastest dispatch on a CPU (one BLAS call per expert and layer); an expert with no items runs on an empty
+        batch, so compiled graphs need no guard on the data.
         """
-        B, k = experts.shape
-        flat_experts = experts.reshape(-1)  # (B*k,)
-        flat_items = torch.arange(B, device=x.device).repeat_interleave(k)  # (B*k,): item of each (item, choice)
+        k = experts.shape[1]
+        order, sizes = expert_groups(experts.reshape(-1), len(self))
         flat_gates = gates.reshape(-1)  # (B*k,)
         out = torch.zeros_like(x)  # (B, T, D)
-        # An expert with no items runs on an empty batch (no branch on the data, so compiled graphs need no guard).
-        for expert, group in zip(self.experts, expert_groups(flat_experts, len(self.experts)), strict=True):
-            items = flat_items[group]  # (n_e,)
-            y = expert(x[items]) * flat_gates[group].view(-1, 1, 1).to(x.dtype)  # (n_e, T, D)
+        for expert, group in enumerate(order.split(sizes.tolist())):  # group: (n_e,) indices into the (item, choice)s
+            items = group // k  # (n_e,)
+            y = self.run_expert(expert, x[items]) * flat_gates[group].view(-1, 1, 1).to(x.dtype)  # (n_e, T, D)
             out.index_add_(0, items, y)
         return out
+
+    def grouped_gemm(self, x: Tensor, experts: Tensor, gates: Tensor) -> Tensor:
+        """The same mixture as expert_loop in a fixed number of kernels and no host read: one sort of the items by
+        expert, one gather, two torch._grouped_mm calls over the stacked weights with the group offsets computed on
+        the device, one scatter-add. Static shapes, so torch.compile traces it without unbacked sizes.
+
+        torch._grouped_mm (2D x 3D with offsets) multiplies rows offs[e-1]:offs[e] of its first operand by expert e's
+        matrix. Empty groups are allowed there and in its backward's 2D x 2D case, whose operands here are column-
+        and row-major (aten/src/ATen/native/cuda/GroupMMCommon.cuh, prepare_grouped_gemm_data: "delta >= 0" for
+        !a_row_major && b_row_major); no group needs padding to an alignment, since each row holds D or F elements.
+        """
+        B, T, D = x.shape
+        k = experts.shape[1]
+        dtype = compute_dtype(x)
+        order, sizes = expert_groups(experts.reshape(-1), len(self))
+        items, chosen = order // k, experts.reshape(-1)[order]  # (B*k,) each: the item and its expert, grouped
+        offsets = (sizes.cumsum(0) * T).to(torch.int32)  # (E,): the end row of each expert's tokens
+        tokens = x[items].reshape(-1, D).to(dtype)  # (B*k*T, D)
+        hidden = torch._grouped_mm(tokens, self.fc1_weight.to(dtype), offs=offsets).view(B * k, T, -1)
+        hidden = F.gelu(hidden + self.fc1_bias[chosen].to(dtype).unsqueeze(1))  # (B*k, T, F)
+        y = torch._grouped_mm(hidden.reshape(-1, self.hidden), self.fc2_weight.to(dtype), offs=offsets)
+        y = y.view(B * k, T, D) + self.fc2_bias[chosen].to(dtype).unsqueeze(1)  # (B*k, T, D)
+        y = y * gates.reshape(-1)[order].to(dtype).view(-1, 1, 1)
+        return torch.zeros_like(x).index_add_(0, items, y.to(x.dtype))
+
+    def buffers_forward(self, buffers: Tensor) -> Tensor:
+        """(E, M, D) -> (E, M, D): expert e on its M buffer rows, all experts as one batched matmul per layer (the
+        token-routed models' equal-sized buffers)."""
+        hidden = torch.baddbmm(self.fc1_bias.unsqueeze(1), buffers, self.fc1_weight)  # (E, M, F)
+        return torch.baddbmm(self.fc2_bias.unsqueeze(1), F.gelu(hidden), self.fc2_weight)
+
+
+def restacked(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A state dict with the per-expert entries of the layout before the stack (…experts.<e>.fc1.weight, ...) replaced
+    by the stacked ones, in the place of each stack's first entry; a state dict of today's layout comes back as it is.
+    A stack whose experts are not 0..E-1, or whose tensors do not stack, is left per-expert for the caller to refuse."""
+    groups: dict[str, dict[int, Tensor]] = {}
+    for key, value in state_dict.items():
+        found = per_expert_key(key)
+        if found is not None and isinstance(value, Tensor):
+            groups.setdefault(found[0], {})[found[1]] = value
+    stacks = {}
+    for key, per_expert in groups.items():
+        try:
+            if sorted(per_expert) == list(range(len(per_expert))):
+                stacks[key] = stacked(key.rpartition(".")[2], [per_expert[e] for e in range(len(per_expert))])
+        except RuntimeError:  # shapes that do not stack: a damaged file, reported by whoever loads it
+            pass
+    out = {}
+    for key, value in state_dict.items():
+        found = per_expert_key(key)
+        if found is None or found[0] not in stacks:
+            out[key] = value
+        elif found[0] not in out:
+            out[found[0]] = stacks[found[0]]
+    return out
+
+
+def _stack_per_expert_entries(state_dict, prefix, *_) -> None:
+    """load_state_dict pre-hook: an ExpertMLPs state of the per-expert layout loads into the stack (restacked)."""
+    own = {key: state_dict.pop(key) for key in [key for key in state_dict if key.startswith(prefix)]}
+    state_dict.update(restacked(own))
 
 
 def dense_mixture(experts: ExpertMLPs, x: Tensor, chosen: Tensor, gates: Tensor) -> Tensor:
@@ -87,7 +233,7 @@ def dense_mixture(experts: ExpertMLPs, x: Tensor, chosen: Tensor, gates: Tensor)
     """
     B, E = chosen.shape[0], len(experts)
     weights = gates.new_zeros(B, E).scatter(-1, chosen, gates)  # (B, E), zero off the top-k
-    outputs = torch.stack([expert(x) for expert in experts.experts], dim=1)  # (B, E, T, D)
+    outputs = torch.stack([experts.run_expert(e, x) for e in range(E)], dim=1)  # (B, E, T, D)
     return torch.einsum("be,betd->btd", weights.to(x.dtype), outputs)  # (B, T, D)
 
 
@@ -103,7 +249,7 @@ class MoEBlock(Block):
 
     def with_expert(self, expert: int) -> Block:
         """A dense view of this block whose MLP is expert `expert`: shares every parameter, copies none."""
-        return Block(self.norm1, self.attn, self.norm2, self.mlp.experts[expert])
+        return Block(self.norm1, self.attn, self.norm2, self.mlp.expert(expert))
 
 
 def moe_block(cfg: ViTConfig, num_experts: int) -> MoEBlock:

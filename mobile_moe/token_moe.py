@@ -290,10 +290,11 @@ class SoftRouter(nn.Module):
 
 
 class MoELayer(nn.Module):
-    """router -> dispatch -> each expert once on its (B, cap, D) buffer -> combine; x (B, T, D) -> (B, T, D), stats.
+    """router -> dispatch -> the experts on their (B, cap, D) buffers, as one batched matmul per MLP layer -> combine;
+    x (B, T, D) -> (B, T, D), stats.
 
-        buffers[b, e, c] = sum_t dispatch[b, t, e, c] x[b, t]          "btec,btd->becd"
-        y[b, t] = sum_{e, c} combine[b, t, e, c] expert_e(buffers)[b, c]  "btec,becd->btd"
+        buffers[e, b, c] = sum_t dispatch[b, t, e, c] x[b, t]          "btec,btd->ebcd"
+        y[b, t] = sum_{e, c} combine[b, t, e, c] expert_e(buffers)[e, b, c]  "btec,ebcd->btd"
 
     Empty slots hold zeros; the expert still runs on them (static shapes) but their combine weight is 0.
 
@@ -322,9 +323,10 @@ class MoELayer(nn.Module):
     def route_groups(self, x: Tensor) -> tuple[Tensor, MoEStats]:
         """x (groups, tokens per group, D): each group's tokens compete for its own expert buffers."""
         route = self.router(x)
-        buffers = torch.einsum("btec,btd->becd", route.dispatch, x)  # (B, E, cap, D)
-        outputs = torch.stack([expert(buffers[:, e]) for e, expert in enumerate(self.experts.experts)], 1)
-        return torch.einsum("btec,becd->btd", route.combine, outputs), route.stats  # (B, T, D)
+        buffers = torch.einsum("btec,btd->ebcd", route.dispatch, x)  # (E, B, cap, D)
+        E, B, capacity, D = buffers.shape
+        outputs = self.experts.buffers_forward(buffers.reshape(E, B * capacity, D)).view(E, B, capacity, D)
+        return torch.einsum("btec,ebcd->btd", route.combine, outputs), route.stats  # (B, T, D)
 
 
 class TokenMoEBlock(Block):
@@ -384,7 +386,7 @@ def token_moe_block(cfg: TokenMoEConfig) -> TokenMoEBlock:
 
 class TokenMoEViT(nn.Module):
     """The dense ViT with MoE layers at cfg.moe_block_indices; the same state-dict layout for embedding, dense blocks
-    and head (blocks.i.mlp.experts.experts.e holds expert e of MoE block i, upcycled from blocks.i.mlp)."""
+    and head (blocks.i.mlp.experts holds MoE block i's experts as one stack, each upcycled from blocks.i.mlp)."""
 
     def __init__(self, cfg: TokenMoEConfig):
         super().__init__()

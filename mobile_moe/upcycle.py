@@ -28,13 +28,14 @@ from torch import Tensor, nn
 from mobile_moe.checkpoint import load_weights
 from mobile_moe.config import ViTConfig
 from mobile_moe.errors import UsageError
+from mobile_moe.moe import STACKED, stacked
 from mobile_moe.registry import config_from_dict
 
 # The fields the dense run and the MoE must share: the dense weights must fit every place they are copied to.
 # The number of classes need not be shared: a dense run of other classes gives all but its classifier (`new_classes`).
 SHARED_FIELDS = ("depth", "width", "num_heads", "mlp_ratio", "patch_size", "image_size", "in_chans", "pool", "norm_eps")
 CLASSIFIER = "head.fc."  # the dense entries that hold the classes: a transfer to other classes leaves them out
-EXPERT_MLP = re.compile(r"mlp\.(?:experts\.)+\d+\.(?P<param>.+)")  # an expert's MLP entry, relative to its MoE block
+EXPERT_MLP = re.compile(r"mlp\.(?:experts\.)?(?P<entry>fc[12]_(?:weight|bias))")  # the experts' stack, in an MoE block
 
 
 def check_upcyclable(model: ViTConfig | type[ViTConfig]) -> None:
@@ -87,7 +88,7 @@ def upcycle(
             mapped[key] = value
             fresh.append(key)
         elif dense in dense_state:
-            mapped[key] = dense_state[dense]
+            mapped[key] = _as_entry(key, value, dense_state[dense])
         else:
             raise UsageError(f"{source}: a dense vit's {dense} is missing (needed for {key}); is it a vit checkpoint?")
     unused = sorted(set(dense_state) - {model.dense_key(key) for key in own})
@@ -99,9 +100,17 @@ def upcycle(
     return fresh
 
 
+def _as_entry(key: str, own: Tensor, dense: Tensor) -> Tensor:
+    """The dense tensor as the value of the model's entry `key`: an ExpertMLPs stack holds it once per expert."""
+    entry = key.rpartition(".")[2]
+    if entry in STACKED and isinstance(dense, Tensor) and dense.dim() == own.dim() - 1:
+        return stacked(entry, [dense] * own.shape[0])
+    return dense  # a tensor that does not fit is reported by load_weights
+
+
 def block_entry(rest: str, dense_block: int) -> str:
-    """An MoE block's entry (relative to the block) -> the dense block's: every expert's MLP entry
-    (mlp.experts.<e>.fc1.weight, or mlp.experts.experts.<e>... in a token-routed block) comes from mlp.fc1.weight;
+    """An MoE block's entry (relative to the block) -> the dense block's: the experts' stacked MLP entries
+    (mlp.fc1_weight, or mlp.experts.fc1_weight in a token-routed block) come from mlp.fc1.weight, once per expert;
     attention and norms keep their names."""
     match = EXPERT_MLP.fullmatch(rest)
-    return f"blocks.{dense_block}.mlp.{match['param']}" if match else f"blocks.{dense_block}.{rest}"
+    return f"blocks.{dense_block}.mlp.{STACKED[match['entry']][0]}" if match else f"blocks.{dense_block}.{rest}"

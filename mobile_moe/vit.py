@@ -162,8 +162,16 @@ class VisionTransformer(nn.Module):
 
 
 def init_weights(module: nn.Module) -> None:
-    """timm's ViT init: truncated-normal linears with zero bias; LayerNorm stays at (1, 0)."""
+    """timm's ViT init: truncated-normal linears with zero bias; LayerNorm stays at (1, 0). A module that holds its
+    linears stacked (moe.ExpertMLPs) has each of them initialised by `init_linear`, through its own init_linears."""
     if isinstance(module, nn.Linear):
-        nn.init.trunc_normal_(module.weight, std=0.02)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
+        init_linear(module.weight, module.bias)
+    elif hasattr(module, "init_linears"):
+        module.init_linears(init_linear)
+
+
+def init_linear(weight: Tensor, bias: Tensor | None) -> None:
+    """One linear layer's init (init_weights): weight (out, in) truncated normal, std 0.02; bias zero."""
+    nn.init.trunc_normal_(weight, std=0.02)
+    if bias is not None:
+        nn.init.zeros_(bias)

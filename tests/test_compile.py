@@ -41,34 +41,54 @@ def spread_the_routing(model) -> None:
                 tensor.copy_(10 * torch.randn(tensor.shape, generator=torch.Generator().manual_seed(0)))
 
 
-def compiled_against_eager(name: str, device: torch.device, backend: str, tolerance: float) -> set[tuple[int, ...]]:
+def compiled_against_eager(
+    name: str, device: torch.device, backend: str, tolerance: float | None, **overrides
+) -> set[tuple[int, ...]]:
     """Train steps of `name`'s tiny model compiled and of its copy eager, on the same batches and router noise: equal
-    logits each step and equal gradients at the end, ONE graph compiled, no graph break; -> the routing patterns."""
+    logits each step and equal gradients at the end, ONE graph compiled, no graph break; -> the routing patterns.
+
+    `tolerance` None: the compiled numbers must be as close to eager's as eager's are to a float64 run of the same
+    steps (twice that error: each side may carry its own), the bound that fp32 arithmetic itself sets, TF32 included.
+    """
     torch._dynamo.reset()
     counters.clear()
-    model = tiny_model(name).train()
+    model = tiny_model(name, **overrides).train()
     spread_the_routing(model)
     model = model.to(device)
     eager = copy.deepcopy(model)
+    exact = copy.deepcopy(model).double() if tolerance is None else None
     compiled = compile_model(TrainingForward(model), backend=backend)
     patterns = set()
     for seed in range(4):  # each batch routes differently: new expert group sizes, some of them 0 or 1
         images = torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(seed)).to(device)
-        torch.manual_seed(seed)  # the routers' training noise, drawn alike in both
-        got = compiled(images)
-        loss_of(got).backward()
-        torch.manual_seed(seed)
-        want = eager(images)
-        loss_of(want).backward()
-        torch.testing.assert_close(got.logits, want.logits, atol=tolerance, rtol=tolerance)
+        outputs = []
+        for run, batch in ((compiled, images), (eager, images), (exact, images.double())):
+            if run is not None:
+                torch.manual_seed(seed)  # the routers' training noise, drawn alike in each
+                outputs.append(run(batch))
+                loss_of(outputs[-1]).backward()
+        assert_near(*(output.logits for output in outputs), tolerance=tolerance, name="logits")
         assert counters["stats"]["unique_graphs"] == 1  # compiled at the first step, never again
-        if got.routing is not None:
-            patterns.add(tuple(torch.bincount(got.routing.experts.flatten(), minlength=4).tolist()))
-    for (key, param), (_, reference) in zip(model.named_parameters(), eager.named_parameters(), strict=True):
+        if outputs[0].routing is not None:
+            patterns.add(tuple(torch.bincount(outputs[0].routing.experts.flatten(), minlength=4).tolist()))
+    runs = [run.named_parameters() for run in (model, eager, exact) if run is not None]
+    for (key, param), (_, reference), *truth in zip(*runs, strict=True):
         if reference.grad is not None:
-            torch.testing.assert_close(param.grad, reference.grad, atol=tolerance, rtol=10 * tolerance, msg=key)
+            assert_near(param.grad, reference.grad, *(p.grad for _, p in truth), tolerance=tolerance, name=key)
     assert dict(counters["graph_break"]) == {}
     return patterns
+
+
+def assert_near(got: torch.Tensor, want: torch.Tensor, truth: torch.Tensor | None = None, *, tolerance, name) -> None:
+    """got == want within `tolerance` (relative, and absolute; gradients' rtol 10x), or, given the float64 `truth`,
+    within twice want's own distance from it."""
+    if truth is None:
+        rtol = tolerance if name == "logits" else 10 * tolerance
+        torch.testing.assert_close(got, want, atol=tolerance, rtol=rtol, msg=name)
+        return
+    own_error = (want.double() - truth).abs().max().item()
+    difference = (got.double() - want.double()).abs().max().item()
+    assert difference <= 2 * own_error + 1e-7, f"{name}: compiled - eager {difference:.3g}, eager's own {own_error:.3g}"
 
 
 @pytest.mark.parametrize("name", list_models())

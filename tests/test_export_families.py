@@ -11,6 +11,7 @@ from mobile_moe.export.bundle import export_bundle
 from mobile_moe.export.graphs import split_model
 from mobile_moe.export.manifest import read_manifest, verified_graph_files
 from mobile_moe.export.runners import ExecuTorchRunner
+from mobile_moe.moe import STACKED
 
 pytestmark = pytest.mark.export
 
@@ -27,7 +28,7 @@ def trained_looking(model: torch.nn.Module) -> torch.nn.Module:
     generator = torch.Generator().manual_seed(5)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
-            if ".experts." in name:
+            if name.rpartition(".")[2] in STACKED:  # an ExpertMLPs stack: each expert its own values
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
             elif name.endswith("bias"):
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)

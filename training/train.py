@@ -25,14 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from mobile_moe.atomic import check_writable
 from mobile_moe.checkpoint import checkpoint_dict, load_checkpoint, load_weights
 from mobile_moe.config import ViTConfig
 from mobile_moe.errors import UsageError
-from mobile_moe.moe import compile_model
+from mobile_moe.moe import STACKED, compile_model, per_expert_key, stacked
 from mobile_moe.registry import build_model, config_from_dict
 from mobile_moe.super_class.superclasses import SuperClasses
 from mobile_moe.training import augment, cluster_fit, distributed
@@ -62,15 +62,60 @@ from mobile_moe.training.super_spec import resolve_super_classes, super_record
 # --- pieces -------------------------------------------------------------------------------------------------------
 
 
+def decays(name: str, param: Tensor) -> bool:
+    """AdamW's weight decay applies to this parameter: not to biases (an ExpertMLPs stack's (E, F) ones too), norms,
+    position embedding and class token (DeiT)."""
+    return param.ndim >= 2 and not name.endswith(("bias", "pos_embed", "cls_token"))
+
+
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Trainable parameters only; no weight decay on biases, norms, position embedding and class token (DeiT)."""
+    """Trainable parameters only, in two groups: with weight decay (`decays`) and without."""
     decay, no_decay = [], []
     for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue  # frozen (a Hard MoE's gater trunk): the optimizer never sees it
-        skip = param.ndim < 2 or name.endswith(("pos_embed", "cls_token"))
-        (no_decay if skip else decay).append(param)
+        if param.requires_grad:  # not frozen (a Hard MoE's gater trunk): the optimizer never sees a frozen one
+            (decay if decays(name, param) else no_decay).append(param)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def adamw(model: nn.Module, *, lr: float, weight_decay: float, device: torch.device) -> torch.optim.AdamW:
+    """Training's optimiser: AdamW over parameter_groups, fused on CUDA (one kernel for every parameter's update, where
+    the default launches several per parameter group and tensor list), foreach elsewhere."""
+    kernel = {"fused": True} if device.type == "cuda" else {"foreach": True}
+    return torch.optim.AdamW(parameter_groups(model, weight_decay), lr=lr, **kernel)
+
+
+def optimizer_order(named: list[tuple[str, Tensor]]) -> list[str]:
+    """The names of these trainable parameters in the order their optimizer state is indexed (parameter_groups)."""
+    return [name for name, p in named if decays(name, p)] + [name for name, p in named if not decays(name, p)]
+
+
+def restacked_optimizer_state(saved: dict[str, Any], saved_model: dict[str, Tensor], model: nn.Module) -> dict:
+    """AdamW's state saved when each expert had its own parameters (saved_model in that per-expert layout) -> the
+    state for the stacked ExpertMLPs parameters of `model`. A state of today's layout comes back as it is."""
+    if not any(per_expert_key(key) for key in saved_model):
+        return saved
+    trainable = [(name, param) for name, param in model.named_parameters() if param.requires_grad]
+    now = {key: (per_expert_key(key) or (key, 0)) for key in saved_model}  # (the parameter it is part of, expert)
+    old = optimizer_order([(key, value) for key, value in saved_model.items() if now[key][0] in dict(trainable)])
+    moments = {key: saved["state"].get(index) for index, key in enumerate(old)}
+    state = {}
+    for index, name in enumerate(optimizer_order(trainable)):
+        parts = [moments[key] for key in sorted((key for key in old if now[key][0] == name), key=lambda k: now[k][1])]
+        if parts and all(parts):  # a parameter not yet stepped has no state
+            state[index] = stacked_moments(name.rpartition(".")[2], parts)
+    groups, start = [], 0
+    for group, params in zip(saved["param_groups"], parameter_groups(model, 0.0), strict=True):
+        groups.append({**group, "params": list(range(start, start + len(params["params"])))})
+        start += len(params["params"])
+    return {"state": state, "param_groups": groups}
+
+
+def stacked_moments(entry: str, parts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """One parameter's AdamW state from its experts' states: moments stacked as the weights are (moe.stacked), the
+    step shared. A parameter that is no stack keeps its one state."""
+    if entry not in STACKED:
+        return parts[0]
+    return {key: parts[0][key] if key == "step" else stacked(entry, [part[key] for part in parts]) for key in parts[0]}
 
 
 def cosine_schedule(optimizer: torch.optim.Optimizer, cfg: TrainConfig, steps_per_epoch: int):
@@ -304,10 +349,10 @@ def check_resumable(state: dict[str, Any], run_config: dict[str, Any], cfg: Trai
 def load_training_state(state: dict[str, Any], path: Path, model, optimizer, scheduler) -> None:
     load_weights(model, state["model"], path)
     try:
-        optimizer.load_state_dict(state["optimizer"])
+        optimizer.load_state_dict(restacked_optimizer_state(state["optimizer"], state["model"], model))
         # The schedule follows the current cfg.epochs: a resumed run given more epochs stretches its cosine.
         scheduler.load_state_dict(state["scheduler"])
-    except (KeyError, TypeError, ValueError, RuntimeError) as error:
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as error:
         raise UsageError(
             f"{path}: its optimizer or scheduler state does not fit the model ({error.__class__.__name__}); "
             "the file was damaged or edited: start a new --out"
@@ -441,7 +486,7 @@ def _build_optimisation(
         init_entries = cluster_fit.stage_one(model, request.init_from, run.data, cfg, placement.device, resumed)
     elif request.init_from is not None:
         init_entries = upcycling.start(model, request.init_from, run.data, resumed)
-    optimizer = torch.optim.AdamW(parameter_groups(model, cfg.weight_decay), lr=cfg.lr)
+    optimizer = adamw(model, lr=cfg.lr, weight_decay=cfg.weight_decay, device=placement.device)
     scheduler = cosine_schedule(optimizer, cfg, len(run.loader))
     step_module: nn.Module = TrainingForward(model, cfg.route_by)
     if placement.distributed:

@@ -1,0 +1,152 @@
+"""ExpertMLPs' stacked experts: every dispatch computes the same mixture, and checkpoints and runs of the per-expert
+layout from before the stack still load and resume exactly. (The grouped GEMM's CUDA kernel and its backward are checked
+against the loop in tests/test_gpu.py.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_model
+
+from mobile_moe import moe, token_moe
+from mobile_moe.checkpoint import checkpoint_dict, model_from_checkpoint
+from mobile_moe.moe import STACKED, ExpertMLPs, per_expert_key, restacked
+from mobile_moe.registry import make_config
+from mobile_moe.training import recipes
+from mobile_moe.training import train as train_module
+from mobile_moe.training.run_dir import load_run
+from mobile_moe.training.train import decays, optimizer_order, resume_training, train
+from mobile_moe.vit import Mlp
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def experts_and_tokens(num_experts: int = 4) -> tuple[ExpertMLPs, torch.Tensor]:
+    torch.manual_seed(0)
+    experts = ExpertMLPs(num_experts, 16, 24)
+    with torch.no_grad():  # biases start at zero: give them values, so that a bias applied to the wrong rows shows
+        experts.fc1_bias.normal_()
+        experts.fc2_bias.normal_()
+    return experts, torch.randn(7, 5, 16)
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_the_grouped_gemm_computes_the_loops_mixture_with_an_expert_left_empty(top_k):
+    experts, x = experts_and_tokens()
+    chosen = torch.tensor([[2, 0], [0, 2], [3, 0], [2, 3], [0, 2], [3, 2], [2, 0]])[:, :top_k]  # expert 1: no item
+    gates = torch.rand(7, top_k)
+    with torch.no_grad():  # torch._grouped_mm's CPU fallback has no backward on this torch; CUDA's is in test_gpu
+        loop = experts.expert_loop(x, chosen, gates)
+        gemm = experts.grouped_gemm(x, chosen, gates)
+        dense = experts(x, chosen, gates, dispatch="dense")
+    torch.testing.assert_close(gemm, loop)
+    torch.testing.assert_close(dense, loop)
+
+
+def test_the_batched_buffers_are_each_expert_on_its_own_rows():
+    experts, _ = experts_and_tokens()
+    buffers = torch.randn(4, 9, 16)
+    with torch.no_grad():
+        batched = experts.buffers_forward(buffers)
+        one_by_one = torch.stack([experts.expert(e)(buffers[e]) for e in range(4)])
+    torch.testing.assert_close(batched, one_by_one)
+
+
+def test_an_experts_dense_view_is_the_same_arithmetic_on_the_same_memory():
+    experts, x = experts_and_tokens()
+    view = experts.expert(3)
+    assert torch.equal(view(x), experts.run_expert(3, x))  # the very calls: equal to the last bit
+    with torch.no_grad():
+        experts.fc2_bias[3] += 1.0
+    assert torch.equal(view.fc2.bias, experts.fc2_bias[3])  # a view, not a copy
+
+
+class PerExpertMLPs(torch.nn.Module):
+    """ExpertMLPs as it was before the stack: E separate Mlp modules (experts.<e>.fc1.weight, ...)."""
+
+    def __init__(self, num_experts: int, width: int, hidden: int):
+        super().__init__()
+        self.experts = torch.nn.ModuleList(Mlp(width, hidden) for _ in range(num_experts))
+
+
+@pytest.mark.parametrize("name", ["mobile-vmoe", "vmoe"])
+def test_a_seed_builds_the_weights_it_built_before_the_stack(name, monkeypatch):
+    stacked = tiny_model(name).state_dict()
+    monkeypatch.setattr(moe, "ExpertMLPs", PerExpertMLPs)
+    monkeypatch.setattr(token_moe, "ExpertMLPs", PerExpertMLPs)
+    before = restacked(tiny_model(name).state_dict())
+    assert list(before) == list(stacked) and all(torch.equal(before[key], stacked[key]) for key in stacked)
+
+
+def per_expert_layout(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A state dict as the per-expert layout wrote it: ExpertMLPs' experts.<e>.fc1.weight (out, in), ... in module
+    order (each expert's four entries, expert after expert), at the place of the stack."""
+    out = {}
+    for key, value in state.items():
+        prefix, _, entry = key.rpartition(".")
+        if entry not in STACKED:
+            out[key] = value
+        elif entry == "fc1_weight":
+            for e in range(len(value)):
+                for name, (dense, is_weight) in STACKED.items():
+                    tensor = state[f"{prefix}.{name}"][e]
+                    out[f"{prefix}.experts.{e}.{dense}"] = tensor.T.contiguous() if is_weight else tensor.clone()
+    return out
+
+
+def per_expert_optimizer(saved: dict, state: dict[str, torch.Tensor], old_state: dict[str, torch.Tensor]) -> dict:
+    """AdamW's state as the per-expert layout indexed it: each expert's moments under its own parameter's index."""
+    new_index = {name: i for i, name in enumerate(optimizer_order(list(state.items())))}
+    moments = {}
+    for index, name in enumerate(optimizer_order(list(old_state.items()))):
+        stack, expert = per_expert_key(name) or (name, None)
+        entry = saved["state"][new_index[stack]]
+        if expert is None:
+            moments[index] = entry
+            continue
+        is_weight = STACKED[stack.rpartition(".")[2]][1]
+        pick = {key: value[expert] for key, value in entry.items() if key != "step"}
+        moments[index] = {"step": entry["step"], **{k: v.T.contiguous() if is_weight else v for k, v in pick.items()}}
+    decayed = sum(decays(name, p) for name, p in old_state.items())
+    bounds = ((0, decayed), (decayed, len(moments)))
+    groups = zip(saved["param_groups"], bounds, strict=True)
+    return {"state": moments, "param_groups": [{**group, "params": list(range(*bound))} for group, bound in groups]}
+
+
+def test_a_checkpoint_of_the_per_expert_layout_loads_into_the_stack(images):
+    model = tiny_model("vmoe").eval()  # per-token: blocks.<i>.mlp.experts.experts.<e>.fc1.weight before the stack
+    old = per_expert_layout(model.state_dict())
+    assert "blocks.2.mlp.experts.experts.3.fc2.bias" in old and not any(k.endswith(tuple(STACKED)) for k in old)
+    loaded = model_from_checkpoint({**checkpoint_dict(model), "model": old}, "old.pt").eval()
+    assert torch.equal(loaded(images).logits, model(images).logits)
+    direct = tiny_model("vmoe")
+    direct.load_state_dict(per_expert_layout(model.state_dict()))  # torch's own load_state_dict too (a pre-hook)
+    assert all(torch.equal(direct.state_dict()[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_run_of_the_per_expert_layout_resumes_exactly_as_the_stacked_run(tmp_path, monkeypatch):
+    cfg = make_config("mobile-vmoe", num_classes=6, depth=3, width=32, num_heads=2, image_size=16, patch_size=4,
+                      num_experts=3, moe_layers=2)  # fmt: skip
+    recipe = recipes.tiny().replace(epochs=2, batch_size=32, base_batch=32, base_lr=3e-3, warmup_epochs=0.1)
+    data = "synthetic:classes=6,super=3,per_class=30,noise=0.05"
+    whole = train(cfg, recipe, data, "truth", tmp_path / "whole", verbose=False)
+    real = train_module.train_one_epoch
+
+    def stop_before_epoch_two(*args, **kwargs):
+        if kwargs["epoch"] == 1:  # counted from 0
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "train_one_epoch", stop_before_epoch_two)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, recipe, data, "truth", tmp_path / "old", verbose=False)
+    monkeypatch.undo()
+    last = tmp_path / "old" / "checkpoint.pt"
+    checkpoint = torch.load(last, weights_only=True)
+    old_model = per_expert_layout(checkpoint["model"])
+    checkpoint["optimizer"] = per_expert_optimizer(checkpoint["optimizer"], checkpoint["model"], old_model)
+    torch.save({**checkpoint, "model": old_model}, last)  # the run as the per-expert layout left it after epoch 1
+    assert checkpoint["epoch"] == 1 and len(checkpoint["optimizer"]["state"]) == len(old_model)  # one per parameter
+    resume_training(tmp_path / "old", verbose=False)
+    expected, got = load_run(whole, "last").model.state_dict(), load_run(tmp_path / "old", "last").model.state_dict()
+    assert all(torch.equal(value, got[key]) for key, value in expected.items())
