@@ -83,6 +83,11 @@ def grouped_gemm_fits(x: Tensor, width: int, hidden: int) -> bool:
     )
 
 
+def expert_mlp(x: Tensor, fc1_weight: Tensor, fc1_bias: Tensor, fc2_weight: Tensor, fc2_bias: Tensor) -> Tensor:
+    """One expert's MLP from its slices of the stacks (weights (in, out)): the calls nn.Linear makes with (out, in)."""
+    return F.linear(F.gelu(F.linear(x, fc1_weight.T, fc1_bias)), fc2_weight.T, fc2_bias)
+
+
 class ExpertMLPs(nn.Module):
     """E MLPs (D -> F -> D, GELU) held as stacked parameters: fc1_weight (E, D, F), fc1_bias (E, F), fc2_weight
     (E, F, D), fc2_bias (E, D). Expert e is the dense Mlp whose Linear weights are fc1_weight[e].T and fc2_weight[e].T;
@@ -115,10 +120,14 @@ class ExpertMLPs(nn.Module):
     def __len__(self) -> int:
         return self.fc1_weight.shape[0]
 
+    def per_expert(self) -> list[tuple[Tensor, ...]]:
+        """Each expert's (fc1_weight, fc1_bias, fc2_weight, fc2_bias) slices. One unbind per stack: its backward
+        stacks the experts' gradients once, where E separate slices would each add a stack-sized zero tensor."""
+        return list(zip(*(getattr(self, entry).unbind(0) for entry in STACKED), strict=True))
+
     def run_expert(self, expert: int, x: Tensor) -> Tensor:
         """Expert `expert`'s MLP on x (..., D) -> (..., D): the very calls its dense view (`expert(e)`) makes."""
-        hidden = F.linear(x, self.fc1_weight[expert].T, self.fc1_bias[expert])
-        return F.linear(F.gelu(hidden), self.fc2_weight[expert].T, self.fc2_bias[expert])
+        return expert_mlp(x, *(getattr(self, entry)[expert] for entry in STACKED))
 
     def expert(self, expert: int) -> Mlp:
         """Expert `expert` as a dense Mlp whose parameters are views of the stack: no copy, the same values and the same
@@ -156,9 +165,10 @@ class ExpertMLPs(nn.Module):
         order, sizes = expert_groups(experts.reshape(-1), len(self))
         flat_gates = gates.reshape(-1)  # (B*k,)
         out = torch.zeros_like(x)  # (B, T, D)
-        for expert, group in enumerate(order.split(sizes.tolist())):  # group: (n_e,) indices into the (item, choice)s
+        groups = order.split(sizes.tolist())  # each (n_e,): indices into the (item, choice)s
+        for weights, group in zip(self.per_expert(), groups, strict=True):
             items = group // k  # (n_e,)
-            y = self.run_expert(expert, x[items]) * flat_gates[group].view(-1, 1, 1).to(x.dtype)  # (n_e, T, D)
+            y = expert_mlp(x[items], *weights) * flat_gates[group].view(-1, 1, 1).to(x.dtype)  # (n_e, T, D)
             out.index_add_(0, items, y)
         return out
 
@@ -233,7 +243,7 @@ def dense_mixture(experts: ExpertMLPs, x: Tensor, chosen: Tensor, gates: Tensor)
     """
     B, E = chosen.shape[0], len(experts)
     weights = gates.new_zeros(B, E).scatter(-1, chosen, gates)  # (B, E), zero off the top-k
-    outputs = torch.stack([experts.run_expert(e, x) for e in range(E)], dim=1)  # (B, E, T, D)
+    outputs = torch.stack([expert_mlp(x, *weights) for weights in experts.per_expert()], dim=1)  # (B, E, T, D)
     return torch.einsum("be,betd->btd", weights.to(x.dtype), outputs)  # (B, T, D)
 
 
