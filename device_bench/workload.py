@@ -6,6 +6,8 @@ mean/std) that every runner reads, so all runtimes and devices see exactly the s
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +40,24 @@ def data_workload(spec: str, manifest: Manifest, count: int) -> Workload:
     return Workload(images, f"{spec} (val, first {count})")
 
 
+# The share of the machine's memory the workload may take: it is held in memory, then written once to a raw file
+# that every runner reads alongside its own model and buffers.
+MAX_MEMORY_SHARE = 0.25
+
+
+def check_fits_memory(count: int, shape: list[int]) -> None:
+    """UsageError unless `count` float32 images of `shape` (1, C, S, S) fit in MAX_MEMORY_SHARE of this machine's
+    memory: a count typed with zeros too many is refused in one line, not passed to numpy."""
+    image_bytes = 4 * math.prod(shape[1:])
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    most = max(1, int(MAX_MEMORY_SHARE * memory) // image_bytes)
+    if count > most:
+        raise UsageError(
+            f"--images {count}: {count * image_bytes / 2**30:.1f} GiB of {'x'.join(map(str, shape[1:]))} images, more "
+            f"than a quarter of this machine's {memory / 2**30:.1f} GiB; give at most {most}"
+        )
+
+
 def random_seed(spec: str) -> int | None:
     """The seed of a `random` / `random:SEED` spec (0 when omitted); None for a data spec, which training.data checks
     when it opens it."""
@@ -53,6 +73,7 @@ def make_workload(spec: str, manifest: Manifest, count: int) -> Workload:
     """`random` / `random:SEED`, or any data spec training.data understands."""
     if count < 1:
         raise UsageError(f"--images {count}: must be at least 1")
+    check_fits_memory(count, manifest.input.shape)  # before numpy is asked for it
     seed = random_seed(spec)
     if seed is not None:
         return random_workload(manifest.input.shape, count, seed)

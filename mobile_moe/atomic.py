@@ -15,11 +15,13 @@ are never touched.
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from mobile_moe.errors import UsageError
@@ -27,8 +29,16 @@ from mobile_moe.errors import UsageError
 _PROCESS_STARTED = time.time() - 1.0  # (a second of slack for file-system timestamp granularity)
 
 
+# The longest target name whose temporaries spell it out: a temporary adds ".", ".tmp-<pid>-" and mkstemp's 8 random
+# characters, and most file systems stop at 255 bytes a name; a longer target's temporaries name it by a digest.
+_LONGEST_SPELLED_NAME = 200
+
+
 def _temp_prefix(target: Path) -> str:
-    return f".{target.name}.tmp-"
+    name = target.name
+    if len(os.fsencode(name)) > _LONGEST_SPELLED_NAME:
+        name = hashlib.sha256(os.fsencode(name)).hexdigest()[:32]
+    return f".{name}.tmp-"
 
 
 def _pid_alive(pid: int) -> bool:
@@ -78,9 +88,33 @@ def remove_stale_temporaries(target: str | os.PathLike) -> list[Path]:
     return removed
 
 
+# What the file system says when a write cannot finish, and what the user can do about it.
+_WRITE_FAILURES = {
+    errno.ENOSPC: "free some space or choose another file system",
+    errno.EDQUOT: "free some space or choose another file system",
+    errno.EROFS: "choose a writable path",
+    errno.EACCES: "choose a path you may write",
+    errno.EPERM: "choose a path you may write",
+    errno.ENAMETOOLONG: "choose a shorter name",
+}
+
+
 def _cannot_write(target: Path, error: OSError) -> UsageError:
     reason = error.strerror or str(error)
-    return UsageError(f"cannot write {target}: {reason}; choose a writable path")
+    advice = _WRITE_FAILURES.get(error.errno, "choose a writable path")
+    return UsageError(f"cannot write {target}: {reason}; {advice}")
+
+
+def check_not_an_input(target: str | os.PathLike, inputs: Iterable[str | os.PathLike], what: str) -> None:
+    """UsageError if `target` is one of the files the command reads (the same file by device and inode, whatever the
+    path says): writing it would destroy that input. `what` names the output in the message (e.g. "--confusion")."""
+    for source in inputs:
+        try:
+            same = os.path.samefile(target, source)
+        except (OSError, ValueError):  # either is missing or unreadable: not the same existing file
+            continue
+        if same:
+            raise UsageError(f"{what} {target} is {source}, which this command reads; write it to another file")
 
 
 def _check_kind(target: Path, directory: bool) -> None:
@@ -165,11 +199,13 @@ def atomic_path(target: str | os.PathLike, directory: bool = False) -> Iterator[
             _replace_directory(tmp, target)
         else:
             os.replace(tmp, target)
-    except BaseException:
+    except BaseException as error:
         if tmp.is_dir():
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             tmp.unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.errno in _WRITE_FAILURES:  # a full disk, a read-only file system, ...
+            raise _cannot_write(target, error) from None
         raise
 
 

@@ -1,11 +1,13 @@
 """A file of class names given on the command line (`--class-names`): one name per line, or a JSON list of strings
-(a .json file). One reader for every command that takes one (superclass derive, import)."""
+(a .json file). One reader for every command that takes one (superclass derive, import), and one rule for what a list
+of class names is (class_names_problem)."""
 
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from mobile_moe.errors import UsageError
 
@@ -18,7 +20,7 @@ def read_class_names(path: str | os.PathLike) -> list[str]:
     if not Path(path).is_file():
         raise UsageError(f"--class-names {path} is not a regular file; give a file with one class name per line")
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")  # a byte-order mark (Windows editors) is not a name's
     except (OSError, UnicodeDecodeError) as error:
         raise UsageError(f"cannot read --class-names {path}: {error}") from None
     if path.endswith(".json"):
@@ -30,5 +32,25 @@ def read_class_names(path: str | os.PathLike) -> list[str]:
             raise UsageError(f"--class-names {path}: not JSON: {error}") from None
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise UsageError(f"--class-names {path}: expected a JSON list of strings")
-        return names
-    return [line.strip() for line in text.splitlines() if line.strip()]
+    else:
+        names = [line for line in text.splitlines() if line.strip()]
+    names = [name.strip() for name in names]
+    problem = class_names_problem(names)
+    if problem is not None:
+        raise UsageError(f"--class-names {path}: {problem}")
+    return names
+
+
+def class_names_problem(names: Any) -> str | None:
+    """The first way `names` is not a list of class names, or None: the one rule for a run's data record, an import's
+    --class-names and every other list of class names read back. Non-empty; each a non-blank string; no name twice.
+    (A names file's names are stripped of surrounding spaces as they are read; a folder's names are its own.)"""
+    if not isinstance(names, list) or not names:
+        return "the class names must be a non-empty list"
+    for index, name in enumerate(names):
+        if not isinstance(name, str) or not name.strip():
+            return f"class name {index + 1} ({name!r}) is blank or not a string"
+    if len(set(names)) != len(names):
+        twice = next(name for name in names if names.count(name) > 1)
+        return f"class name {twice!r} appears more than once"
+    return None

@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from mobile_moe.atomic import atomic_path, check_writable
+from mobile_moe.atomic import atomic_path, check_not_an_input, check_writable
 from mobile_moe.class_names import read_class_names
 from mobile_moe.devices import DEVICES
 from mobile_moe.errors import UsageError
@@ -92,6 +92,8 @@ def check_arguments(args: argparse.Namespace) -> None:
     if Path(args.out).is_dir():
         raise UsageError(f"--out {args.out} is a directory; give a file name such as super_classes.json")
     check_writable(args.out)
+    inputs = read_inputs(args)
+    check_not_an_input(args.out, inputs, "--out")
     if args.plot is not None:
         from mobile_moe.super_class.plot import check_plot_path  # matplotlib: only with --plot
 
@@ -101,6 +103,16 @@ def check_arguments(args: argparse.Namespace) -> None:
         if Path(args.plot).resolve() == Path(args.out).resolve():
             raise UsageError(f"--plot {args.plot} is the --out file too; give them different names")
         check_writable(args.plot)
+        check_not_an_input(args.plot, inputs, "--plot")
+
+
+def read_inputs(args: argparse.Namespace) -> list[Path]:
+    """The files `superclass derive` reads: the run's files or the --confusion file, and --class-names."""
+    inputs = [Path(path) for path in (args.confusion, args.class_names) if path]
+    run_dir = Path(args.run_dir) if args.run_dir else None
+    if run_dir is not None and run_dir.is_dir():
+        inputs += run_dir.iterdir()
+    return inputs
 
 
 def derive_command(args: argparse.Namespace) -> int:

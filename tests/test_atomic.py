@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import os
 
 import pytest
 
-from mobile_moe.atomic import atomic_path, write_text_atomic
+from mobile_moe.atomic import atomic_path, check_not_an_input, write_text_atomic
+from mobile_moe.errors import UsageError
 
 
 @pytest.mark.parametrize("umask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700)])
@@ -20,3 +22,32 @@ def test_written_files_carry_the_umasks_mode(tmp_path, umask, file_mode, dir_mod
         os.umask(old)
     assert (tmp_path / "report.md").stat().st_mode & 0o777 == file_mode
     assert (tmp_path / "bundle").stat().st_mode & 0o777 == dir_mode
+
+
+def test_a_name_near_the_file_systems_limit_is_written_and_leaves_no_temporary(tmp_path):
+    target = tmp_path / ("r" * 240 + ".json")  # legal (244 bytes); its temporary would not be if it spelled it out
+    write_text_atomic(target, "{}")
+    assert target.read_text() == "{}" and os.listdir(tmp_path) == [target.name]
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EACCES, errno.ENAMETOOLONG])
+def test_a_write_the_file_system_refuses_is_one_line_and_leaves_the_target_as_it_was(tmp_path, code):
+    target = tmp_path / "results.json"
+    target.write_text("earlier")
+    with pytest.raises(UsageError) as refused, atomic_path(target) as tmp:
+        tmp.write_text("half")
+        raise OSError(code, os.strerror(code))  # what a full disk or a read-only mount raises mid-write
+    assert str(refused.value).startswith(f"cannot write {target}: {os.strerror(code)};")
+    assert "\n" not in str(refused.value)
+    assert target.read_text() == "earlier" and os.listdir(tmp_path) == ["results.json"]
+
+
+def test_an_output_that_is_an_input_by_any_path_is_refused(tmp_path):
+    source = tmp_path / "best.pt"
+    source.write_bytes(b"weights")
+    os.link(source, tmp_path / "hard.pt")
+    for alias in (source, tmp_path / "." / "best.pt", tmp_path / "hard.pt"):
+        with pytest.raises(UsageError, match="which this command reads"):
+            check_not_an_input(alias, [tmp_path / "config.json", source], "--out")
+    check_not_an_input(tmp_path / "new.npy", [source], "--out")  # a new file is no input
+    assert source.read_bytes() == b"weights"

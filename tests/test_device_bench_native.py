@@ -406,3 +406,12 @@ def test_the_runners_own_defaults_are_the_round_settings(runner, bundle):
     assert report["cache_margin"] == defaults.cache_margin
     assert report["cache_experts"] == report["num_experts"]  # all of them
     assert len(report["switch"]["ms"]) == report["num_experts"] * defaults.switch_repeats
+
+
+def test_an_images_count_beyond_the_machines_memory_is_one_line_before_any_work(bundle, tmp_path, capsys):
+    out = tmp_path / "bench"
+    argv = ["bench", str(bundle), "--runtime", "executorch", "--images", "100000000", "--out", str(out)]
+    assert main(argv) == 2  # 100 million 3x32x32 images: 1.1 TiB of float32, never asked of numpy
+    err = capsys.readouterr().err.strip()
+    assert "--images 100000000" in err and "give at most" in err and len(err.splitlines()) == 1
+    assert not out.exists()

@@ -17,6 +17,7 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from mobile_moe.app.cli import main
+from mobile_moe.class_names import read_class_names
 from mobile_moe.errors import UsageError
 from mobile_moe.importers import Source, convert_model, import_vit
 from mobile_moe.training.imported import import_run
@@ -272,6 +273,10 @@ def test_odd_checkpoints_and_outs_are_one_line_and_leave_users_files(tmp_path, c
         "key.pth": ({**state, 1: torch.zeros(1)}, "its name is not a string"),
         "nan.pth": ({**state, "head.bias": torch.full((4,), float("nan"))}, "not finite"),
         "sparse.pth": ({**state, "head.bias": state["head.bias"].to_sparse()}, "sparse_coo tensor"),
+        "float8.pth": ({**state, "head.weight": state["head.weight"].to(torch.float8_e4m3fn)}, "float8_e4m3fn tensor"),
+        "float64.pth": ({**state, "head.bias": state["head.bias"].double()}, "float64 tensor"),
+        "integers.pth": ({key: value.round().long() for key, value in state.items()}, "int64 tensor"),
+        "meta.pth": ({**state, "head.bias": torch.empty(4, device="meta")}, "meta device"),
     }
     for file, (checkpoint, message) in cases.items():
         torch.save(checkpoint, tmp_path / file)
@@ -281,6 +286,13 @@ def test_odd_checkpoints_and_outs_are_one_line_and_leave_users_files(tmp_path, c
     assert "hybrid ViT" in error_of(capsys, "timm:vit_tiny_r_s16_p8_224", "--weights", tmp_path / "hybrid.pth",
                                     "--out", tmp_path / "run", *names)  # fmt: skip
     assert "not a regular file" in error_of(capsys, deit, "--weights", tmp_path, "--out", tmp_path / "run", *names)
+    torch.save(state, tmp_path / "w.pth")
+    for file, text, message in (("blank.json", '["a", " ", "c", "d"]', "class name 2 ('') is blank"),
+                                ("twice.txt", "a\nb\na\nd", "class name 'a' appears more than once")):  # fmt: skip
+        (tmp_path / file).write_text(text)
+        assert message in error_of(capsys, deit, "--weights", tmp_path / "w.pth", "--out", tmp_path / "run",
+                                   "--class-names", tmp_path / file)  # fmt: skip
+    assert not (tmp_path / "run").exists()
     torch.save(state, tmp_path / "w.pth")
     (tmp_path / "target").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "target")
@@ -300,3 +312,10 @@ def test_odd_checkpoints_and_outs_are_one_line_and_leave_users_files(tmp_path, c
     with pytest.raises(UsageError, match="no longer empty"):
         import_run(deit, tmp_path / "w.pth", out, str(tmp_path / "names.txt"))
     assert [p.name for p in out.iterdir()] == ["mine.txt"]
+
+
+@pytest.mark.parametrize("text", ["\ufeffcat \n dog\n\n", '\ufeff[" cat", "dog "]'], ids=["lines", "json"])
+def test_a_names_file_from_a_windows_editor_gives_the_names_themselves(tmp_path, text):
+    path = tmp_path / ("names.json" if text.lstrip("\ufeff").startswith("[") else "names.txt")
+    path.write_bytes(text.encode("utf-8"))  # a byte-order mark, then names with spaces around them
+    assert read_class_names(path) == ["cat", "dog"]

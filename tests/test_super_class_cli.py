@@ -168,6 +168,15 @@ def test_run_with_mismatched_data_is_refused(run_dir, tmp_path, capsys):
     assert not out.exists()
 
 
+def test_an_out_over_a_file_the_command_reads_is_refused_before_any_work(run_dir, confusion_file, capsys):
+    weights, matrix = (run_dir / "best.pt").read_bytes(), confusion_file.read_bytes()
+    for source, target in ((run_dir, run_dir / "best.pt"), (confusion_file, confusion_file)):
+        flag = "--run" if source == run_dir else "--confusion"
+        assert main(["superclass", "derive", flag, str(source), "-E", "3", "--out", str(target)]) == 2
+        assert "which this command reads" in capsys.readouterr().err
+    assert (run_dir / "best.pt").read_bytes() == weights and confusion_file.read_bytes() == matrix
+
+
 def test_class_without_images_warns_and_names_it(tmp_path, capsys):
     matrix = planted_confusion(30, 3, noise=0.05, seed=1).confusion
     matrix[4] = 0.0

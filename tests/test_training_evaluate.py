@@ -96,3 +96,11 @@ def test_evaluate_command_json_and_confusion(tmp_path, capsys):
     assert main(["evaluate", str(run_dir), "--data", "digits"]) == 2
     assert "run's classes" in capsys.readouterr().err
     assert main(["evaluate", str(tmp_path)]) == 2
+    capsys.readouterr()
+    # The run's own weights as --confusion (here through a link, another path to the same file): refused, untouched.
+    weights = (run_dir / "best.pt").read_bytes()
+    (tmp_path / "link.pt").symlink_to(run_dir / "best.pt")
+    assert main(["evaluate", str(run_dir), "--data", SYNTHETIC, "--confusion", str(tmp_path / "link.pt")]) == 2
+    err = capsys.readouterr().err
+    assert "which this command reads" in err and len(err.strip().splitlines()) == 1
+    assert (run_dir / "best.pt").read_bytes() == weights

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from mobile_moe.atomic import atomic_path, check_writable
+from mobile_moe.atomic import atomic_path, check_not_an_input, check_writable
 from mobile_moe.devices import DEVICES, resolve_device
 from mobile_moe.errors import UsageError
 
@@ -31,9 +31,10 @@ def run(args: argparse.Namespace) -> None:
 
     if args.batch_size < 1:
         raise UsageError(f"--batch-size {args.batch_size}: must be at least 1")
-    if args.confusion:
-        check_writable(args.confusion)  # before the evaluation, not after it
     loaded = load_run(args.run_dir, args.checkpoint)
+    if args.confusion:  # before the evaluation, not after it; never over a file of the run it reads
+        check_writable(args.confusion)
+        check_not_an_input(args.confusion, loaded.run_dir.iterdir(), "--confusion")
     data = loaded.open_data(args.data)  # refuses data with other classes than the run's
     device = resolve_device(args.device)
     model = loaded.model.to(device)

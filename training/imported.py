@@ -21,7 +21,7 @@ from typing import Any
 
 from mobile_moe.atomic import atomic_path, check_writable
 from mobile_moe.checkpoint import save_checkpoint
-from mobile_moe.class_names import read_class_names
+from mobile_moe.class_names import class_names_problem, read_class_names
 from mobile_moe.errors import UsageError
 from mobile_moe.importers import import_vit, parse_source, read_state_dict
 from mobile_moe.training.run_dir import BEST, is_imported, write_config
@@ -101,9 +101,12 @@ def class_names_from(source: str, num_classes: int) -> list[str]:
         names = sorted(entry.name for entry in path.iterdir() if entry.is_dir())
     else:
         names = read_class_names(path)
-    if len(names) != num_classes or len(set(names)) != len(names) or not all(names):
+    problem = class_names_problem(names)  # a names file was checked as it was read; a folder's names are here
+    if problem is not None:
+        raise UsageError(f"--class-names {path}: {problem}")
+    if len(names) != num_classes:
         raise UsageError(
-            f"--class-names {path}: {len(names)} names ({len(set(names))} distinct, non-empty) for a model with "
+            f"--class-names {path}: {len(names)} names for a model with "
             f"{num_classes} classes; give one distinct name per class, in the order of the model's outputs (for a "
             "folder of other classes, import without --class-names, then `train --model vit --init-from RUN_DIR` "
             "fine-tunes a new classifier for them)"

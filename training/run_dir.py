@@ -28,6 +28,7 @@ from torch import nn
 from mobile_moe import atomic
 from mobile_moe.atomic import write_text_atomic
 from mobile_moe.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from mobile_moe.class_names import class_names_problem
 from mobile_moe.errors import UsageError
 from mobile_moe.preprocess import check_resize
 from mobile_moe.training.data import open_data
@@ -163,8 +164,9 @@ def data_record_problem(record: dict[str, Any]) -> str | None:
         return f"data.image_size {size!r} is not a positive integer"
     if not numbers(record.get("mean"), positive=False) or not numbers(record.get("std"), positive=True):
         return "data.mean and data.std must be 3 finite numbers each (std above 0)"
-    if not (isinstance(names, list) and names and all(isinstance(n, str) and n.strip() for n in names)):
-        return "data.class_names must be a non-empty list of names"
+    problem = class_names_problem(names)
+    if problem is not None:
+        return f"data.class_names: {problem}"
     return None
 
 

@@ -112,12 +112,20 @@ def read_state_dict(path: str | os.PathLike, source: Source) -> dict[str, Tensor
     return unwrapped
 
 
+WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what a trained ViT's weights are saved in
+
+
 def _not_a_weight(key: Any, value: Tensor) -> str | None:
-    """Why a state-dict entry is not one we take (None: it is): dense real tensors, float ones finite."""
+    """Why a state-dict entry is not one we take (None: it is): dense tensors of WEIGHT_DTYPES (or scalar counters),
+    with values, all finite."""
     if not isinstance(key, str):
         return "its name is not a string"
-    if value.layout != torch.strided or value.is_quantized or value.is_complex():
+    if value.layout != torch.strided or value.is_quantized:
         return f"a {value.dtype} {str(value.layout).removeprefix('torch.')} tensor"
+    if value.dtype not in WEIGHT_DTYPES and value.dim() > 0:  # a 0-d integer is a counter (BatchNorm's), no weight
+        return f"a {str(value.dtype).removeprefix('torch.')} tensor (weights are float32, float16 or bfloat16)"
+    if value.device.type == "meta":
+        return "a tensor on the meta device, which holds no values"
     if value.is_floating_point() and not torch.isfinite(value).all():
         return "holds values that are not finite"
     return None
