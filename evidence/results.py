@@ -6,14 +6,16 @@ DIR/scores/CELL/seed-S.json   the evaluation of that run's best.pt, with the epo
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mobile_moe.atomic import write_text_atomic
 from mobile_moe.costs import costs
+from mobile_moe.errors import UsageError
 from mobile_moe.evidence.figures import Cell, Figure
 from mobile_moe.evidence.sweep import run_dir
 from mobile_moe.training.evaluate import evaluate
@@ -40,18 +42,40 @@ class CellResult:
         return statistics.stdev(values) if len(values) > 1 else None
 
 
-def checkpoint_stamp(run: Path) -> list[int]:
+class ScoreRecord(BaseModel):
+    """DIR/scores/CELL/seed-S.json: written from this model and read back through it (strictly), so a record that
+    was edited, damaged or replaced is evaluated again, never reported."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seed: int = Field(ge=0)
+    checkpoint: tuple[int, int]  # checkpoint_stamp of the best.pt evaluated
+    epochs_done: int = Field(ge=0)
+    split: Literal["test", "val"]
+    images: int = Field(ge=1)
+    top1: float = Field(ge=0, le=1)
+    router_accuracy: float | None = Field(ge=0, le=1)
+    experts_per_image_mean: float | None = Field(ge=0)
+
+
+def checkpoint_stamp(run: Path) -> tuple[int, int]:
     """best.pt's size and modification time: a run trained again (or further) into the same directory has another."""
     stat = (run / "best.pt").stat()
-    return [stat.st_size, stat.st_mtime_ns]
+    return stat.st_size, stat.st_mtime_ns
 
 
-def _cached(path: Path, stamp: list[int]) -> dict[str, Any] | None:
+def _cached(path: Path, stamp: tuple[int, int]) -> dict[str, Any] | None:
+    """The score record at `path` if it is ours, valid and of this best.pt; None to evaluate again. What stands there
+    and is no regular file (a directory, a FIFO that would block the read) is refused: it is not ours to replace."""
+    if not path.exists():
+        return None
+    if not path.is_file():
+        raise UsageError(f"{path} is not a regular file, so not a score record of ours; move it away and run again")
     try:
-        record = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None  # absent or damaged: evaluate again
-    return record if isinstance(record, dict) and record.get("checkpoint") == stamp else None
+        record = ScoreRecord.model_validate_json(path.read_bytes(), strict=True)
+    except (OSError, ValidationError):
+        return None  # damaged or edited: evaluate again
+    return record.model_dump() if record.checkpoint == stamp else None
 
 
 def evaluate_run(out: Path, cell: Cell, seed: int, done: int, device: str) -> dict[str, Any]:
@@ -60,19 +84,18 @@ def evaluate_run(out: Path, cell: Cell, seed: int, done: int, device: str) -> di
     path = run_dir(out, cell, seed)
     stamp = checkpoint_stamp(path)
     cache = out / "scores" / cell.name / f"seed-{seed}.json"
-    record = _cached(cache, stamp)
-    if record is not None:
-        return record
+    cached = _cached(cache, stamp)
+    if cached is not None:
+        return cached
     run = load_run(path)
     data = run.open_data()
     split = "test" if len(data.split("test")) else "val"
     scores = evaluate(run.model.to(device), data.split(split), run.super_assignment, device=device)
-    record = {"seed": seed, "checkpoint": stamp, "epochs_done": done, "split": split,
-              "images": scores["images"]}  # fmt: skip
-    record.update({key: scores.get(key) for key in SCORED})
+    record = ScoreRecord(seed=seed, checkpoint=stamp, epochs_done=done, split=split, images=scores["images"],
+                         **{key: scores.get(key) for key in SCORED})  # fmt: skip
     cache.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(cache, json.dumps(record, indent=1) + "\n")
-    return record
+    write_text_atomic(cache, record.model_dump_json(indent=1) + "\n")
+    return record.model_dump()
 
 
 def collect(
@@ -91,6 +114,9 @@ def collect(
                   if str(outcomes.get((cell.name, seed), "")).startswith("failed")]  # fmt: skip
         done = {seed: epochs_done(run_dir(out, cell, seed)) for seed in range(seeds)}
         finished = [seed for seed in range(seeds) if done[seed] >= epochs[cell.name]]
+        lost = [seed for seed in finished if not (run_dir(out, cell, seed) / "best.pt").is_file()]
+        failed += [f"seed {seed}: finished, but {run_dir(out, cell, seed) / 'best.pt'} is gone" for seed in lost]
+        finished = [seed for seed in finished if seed not in lost]
         result.seeds = [evaluate_run(out, cell, seed, done[seed], device) for seed in finished]
         if failed:
             result.status = "; ".join(failed)

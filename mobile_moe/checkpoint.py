@@ -61,7 +61,23 @@ def load_checkpoint(
         raise UsageError(f"cannot read checkpoint {path}: {NOT_OURS}; {first_reason(error)}") from None
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("model"), dict) or "config" not in checkpoint:
         raise UsageError(f"{path} is not a mobile-moe checkpoint: expected a dict with 'model' and 'config'")
+    problem = next((f"{key} {checkpoint[key]!r}" for key, fits in METADATA.items()
+                    if key in checkpoint and not fits(checkpoint[key])), None)  # fmt: skip
+    if problem is not None:
+        raise UsageError(f"{path}: its {problem} is out of range; the file was damaged or edited: use another one")
     return checkpoint
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _share(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0.0 <= value <= 1.0  # NaN fails too
+
+
+# The training metadata a checkpoint may carry (training/train.py writes them): the one check of what is read back.
+METADATA = {"epoch": _count, "best_epoch": _count, "best_top1": _share}
 
 
 def state_mismatches(expected: dict[str, Any], state_dict: dict[str, Any]) -> list[str]:

@@ -195,6 +195,35 @@ def test_a_damaged_run_is_a_failed_row_and_the_sweep_goes_on(fig3b_dir, capsys, 
     assert rows["E=5"]["status"] == "ok" and rows["E=10"]["status"] == "ok"
 
 
+def test_score_records_edited_or_replaced_are_evaluated_again_or_refused(fig3b_dir, capsys, tmp_path):
+    """A score record is read back through the schema that wrote it: a top-1 that is a string or 7.5 is evaluated
+    again (never 750%); what is no regular file is refused in one line (a FIFO would block the read); a finished run
+    whose best.pt is gone is a failed row."""
+    import os
+    import shutil
+
+    out = tmp_path / "figs"
+    shutil.copytree(fig3b_dir, out)
+    scores = out / "scores"
+    for cell, top1 in (("deit-ti-dense", 7.5), ("deit-ti-moe-E5-k1-L2", "0.5")):
+        record = json.loads((scores / cell / "seed-0.json").read_text())
+        (scores / cell / "seed-0.json").write_text(json.dumps({**record, "top1": top1}))
+    assert reproduce(capsys, out)[0] == 0
+    assert (out / "fig3b.csv").read_text() == (fig3b_dir / "fig3b.csv").read_text()  # evaluated again, same numbers
+    record = scores / "deit-ti-moe-E7-k1-L2" / "seed-0.json"
+    record.unlink()
+    for make, remove in ((os.mkfifo, os.unlink), (os.mkdir, os.rmdir)):
+        make(record)
+        status, _, stderr = reproduce(capsys, out)
+        assert status == 2 and "not a regular file" in stderr and stderr.count("\n") == 1
+        assert record.exists()  # not ours: left where it is
+        remove(record)
+    (out / "runs" / "deit-ti-moe-E10-k1-L2" / "seed-0" / "best.pt").unlink()
+    assert reproduce(capsys, out)[0] == 0
+    rows = {row["row"]: row for row in csv.DictReader((out / "fig3b.csv").open())}
+    assert "best.pt is gone" in rows["E=10"]["status"] and rows["E=7"]["status"] == "ok"
+
+
 def test_slurm_jobs_ask_for_gpus_only_when_given():
     assert "gpus_per_node" not in slurm_parameters(SlurmOptions())
     params = slurm_parameters(SlurmOptions(gpus_per_cell=8, partition="gpu"))

@@ -23,7 +23,7 @@ from mobile_moe.image_files import UnreadableImage
 from mobile_moe.training import train as train_module
 from mobile_moe.training.cli import RESUME_HELP, flag_of, model_differences
 from mobile_moe.training.recipes import MAY_CHANGE_ON_RESUME
-from mobile_moe.training.run_dir import METRICS, load_run, read_metrics, save_checkpoint, write_metrics
+from mobile_moe.training.run_dir import METRICS, load_run, read_metrics, run_lock, save_checkpoint, write_metrics
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -341,6 +341,38 @@ def test_an_unreadable_checkpoint_is_one_line_without_torchs_unsafe_advice(tmp_p
     assert f"cannot read checkpoint {best}: not a mobile-moe checkpoint or corrupted" in err
     assert "weights_only=True and is never unpickled unsafely" in err
     assert "weights_only=False" not in err and "weights_only` set to `False" not in err and len(err) < 400, err
+
+
+@pytest.mark.parametrize(("key", "value"), [("epoch", None), ("epoch", -1), ("best_top1", 7.5), ("best_epoch", "1")])
+def test_training_metadata_out_of_range_is_one_line_for_every_reader(tmp_path, capsys, one_epoch, key, value):
+    out = copy_run(one_epoch, tmp_path / "run")
+    for name in ("best.pt", "checkpoint.pt"):
+        state = torch.load(out / name, weights_only=True)
+        torch.save({**state, key: value}, out / name)
+    argvs = (["evaluate", str(out)], train_argv(out, 2, "--resume"),
+             ["train", "--model", "vit", "--init-from", str(out), *RECIPE, "--epochs", "1", "--out",
+              str(tmp_path / "fine-tuned")])  # fmt: skip
+    for argv in argvs:
+        status, err = cli(capsys, argv)
+        assert status == 2 and f"its {key} {value!r} is out of range" in err and err.count("\n") == 1, err
+
+
+def test_a_run_being_written_is_refused_to_a_second_command_which_names_the_holder(tmp_path, capsys, one_epoch):
+    out = copy_run(one_epoch, tmp_path / "run")
+    before = {name: (out / name).read_bytes() for name in RUN_FILES}
+    with run_lock(out):  # as a train or resume in progress holds it
+        for argv in (train_argv(out, 2, "--resume"), train_argv(tmp_path / "run")):
+            status, err = cli(capsys, argv)
+            assert status == 2 and f"{out} is being written by another mobile-moe command (pid {os.getpid()}" in err
+        status, err = cli(capsys, train_argv(tmp_path / "new"))
+        assert status == 0  # another directory is not held
+    assert {name: (out / name).read_bytes() for name in RUN_FILES} == before
+    assert cli(capsys, train_argv(out, 2, "--resume"))[0] == 0  # released
+
+
+def test_a_refused_first_start_leaves_no_directory_behind(tmp_path, capsys):
+    status, _ = cli(capsys, ["train", *MODEL, "--data", "no-such-data", "--out", str(tmp_path / "run")])
+    assert status == 2 and not (tmp_path / "run").exists()
 
 
 def test_weights_that_do_not_fit_the_config_are_a_usage_error(tmp_path, capsys, one_epoch):

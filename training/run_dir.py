@@ -16,9 +16,12 @@ uninterrupted run writes.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,6 +171,48 @@ def data_record_problem(record: dict[str, Any]) -> str | None:
     if problem is not None:
         return f"data.class_names: {problem}"
     return None
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: str | os.PathLike) -> Iterator[None]:
+    """Hold `run_dir` while this process writes the run in it (train, resume; under torchrun the rank that writes,
+    rank 0): a second command into it meanwhile is refused in one line that names the holder. The lock is flock(2)
+    on the directory itself, so no lock file is left behind and the kernel releases it when the holder ends, a kill
+    included. A directory made here for the run and still empty when the run fails is removed again."""
+    if os.environ.get("RANK", "0") != "0":
+        yield
+        return
+    run_dir = Path(run_dir)
+    created = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    handle = os.open(run_dir, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(
+                f"{run_dir} is being written by {_lock_holder(handle)} right now; wait for it to finish or choose "
+                "another --out"
+            ) from None
+        yield
+    finally:
+        os.close(handle)  # releases the lock
+        if created:
+            with contextlib.suppress(OSError):
+                run_dir.rmdir()  # only if still empty: a refused or failed first start leaves nothing
+
+
+def _lock_holder(handle: int) -> str:
+    """'another mobile-moe command (pid N: its command line)' from /proc/locks where the OS has it (Linux)."""
+    inode = os.fstat(handle).st_ino
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/locks").read_text().splitlines():
+            fields = line.split()
+            if fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(inode):
+                pid = int(fields[4])
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                return f"another mobile-moe command (pid {pid}: {command.strip()[:160]})"
+    return "another mobile-moe command"
 
 
 def is_failed_start(path: str | os.PathLike) -> bool:

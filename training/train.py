@@ -55,6 +55,7 @@ from mobile_moe.training.run_dir import (
     read_metrics,
     reconcile,
     remove_stale_temporaries,
+    run_lock,
     write_config,
 )
 from mobile_moe.training.super_spec import resolve_super_classes, super_record
@@ -263,23 +264,21 @@ def train(
     upcycling.check_init_from(model_config, init_from)
     out_dir = Path(out_dir)
     check_writable(out_dir, directory=True)
+    with run_lock(out_dir):  # the checks and the training under one lock: no second command passes them meanwhile
+        check_new_run_dir(out_dir)
+        request = TrainRequest(model_config, train_config, data_spec, super_class_spec, out_dir, verbose=verbose,
+                               fit_num_classes=fit_num_classes, init_from=init_from)  # fmt: skip
+        return _train(request)
+
+
+def check_new_run_dir(out_dir: Path) -> None:
+    """A new run may go into `out_dir`: it holds no run, and no config.json but a failed start's."""
     if holds_results(out_dir):
         refuse_training_into(out_dir)  # an imported run: say so, not "continue it with --resume"
         raise UsageError(f"{out_dir} already holds a run; continue it with --resume or choose another --out")
     if (out_dir / CONFIG).exists() and not is_failed_start(out_dir):
         raise UsageError(f"{out_dir} holds a {CONFIG} that is not a mobile-moe run's; choose another --out")
     # A directory with only our config.json is a start that failed before its first epoch: nothing to lose.
-    request = TrainRequest(
-        model_config,
-        train_config,
-        data_spec,
-        super_class_spec,
-        out_dir,
-        verbose=verbose,
-        fit_num_classes=fit_num_classes,
-        init_from=init_from,
-    )
-    return _train(request)
 
 
 def resume_training(run_dir: str | os.PathLike, verbose: bool = True, **changes: Any) -> Path:
@@ -290,6 +289,13 @@ def resume_training(run_dir: str | os.PathLike, verbose: bool = True, **changes:
     if refused:
         raise UsageError(f"--resume keeps the run's settings; cannot change {', '.join(refused)} (start a new --out)")
     check_writable(run_dir, directory=True)
+    if not Path(run_dir).is_dir():
+        read_config(run_dir)  # its one line: no run there
+    with run_lock(run_dir):
+        return _resume(Path(run_dir), verbose, changes)
+
+
+def _resume(run_dir: Path, verbose: bool, changes: dict[str, Any]) -> Path:
     config = read_config(run_dir)
     refuse_resume(config, run_dir)
     cfg = from_dict(config["recipe"]).replace(**{k: v for k, v in changes.items() if v is not None})
@@ -297,7 +303,7 @@ def resume_training(run_dir: str | os.PathLike, verbose: bool = True, **changes:
     model_config = config_from_dict(config["model"])
     data_spec, init_from = config["data"]["spec"], config.get("init_from")
     request = TrainRequest(
-        model_config, cfg, data_spec, spec, Path(run_dir), verbose=verbose, resume=True, init_from=init_from
+        model_config, cfg, data_spec, spec, run_dir, verbose=verbose, resume=True, init_from=init_from
     )
     return _train(request)
 
