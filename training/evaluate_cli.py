@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from mobile_moe.atomic import atomic_path, check_not_an_input, check_writable
 from mobile_moe.devices import DEVICES, resolve_device
@@ -31,10 +32,11 @@ def run(args: argparse.Namespace) -> None:
 
     if args.batch_size < 1:
         raise UsageError(f"--batch-size {args.batch_size}: must be at least 1")
-    loaded = load_run(args.run_dir, args.checkpoint)
-    if args.confusion:  # before the evaluation, not after it; never over a file of the run it reads
+    if args.confusion:  # before any work, not after it; never over a file of the run it reads
         check_writable(args.confusion)
-        check_not_an_input(args.confusion, loaded.run_dir.iterdir(), "--confusion")
+        run_files = Path(args.run_dir).iterdir() if Path(args.run_dir).is_dir() else []
+        check_not_an_input(args.confusion, run_files, "--confusion")
+    loaded = load_run(args.run_dir, args.checkpoint)
     data = loaded.open_data(args.data)  # refuses data with other classes than the run's
     device = resolve_device(args.device)
     model = loaded.model.to(device)
