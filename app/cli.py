@@ -92,6 +92,9 @@ def _stopped(interrupt: KeyboardInterrupt) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    for stream in (sys.stdout, sys.stderr):  # a path whose bytes are not UTF-8 prints escaped, never a traceback
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     chosen = next((arg for arg in argv if not arg.startswith("-")), None)
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:

@@ -7,6 +7,7 @@ shared or thermally throttled machine one run can mislead.
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -139,7 +140,8 @@ def run_record(
     split = manifest.kind == "split"
     return {
         "bundle": str(bundle),
-        "bundle_name": Path(bundle).name,
+        # For tables and plots: a folder name whose bytes are not UTF-8 shows its odd bytes escaped (\xff).
+        "bundle_name": os.fsencode(Path(bundle).name).decode("utf-8", "backslashreplace"),
         "model": manifest.model.name,
         "kind": manifest.kind,
         "backend": manifest.backend,

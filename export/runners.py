@@ -12,7 +12,10 @@ never as a traceback.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import platform
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -46,18 +49,40 @@ def named_outputs(graph: GraphEntry, outputs: list[np.ndarray]) -> dict[str, np.
     return {spec.name: out for spec, out in zip(graph.outputs, outputs, strict=True)}
 
 
+@contextlib.contextmanager
+def native_path(path: str | os.PathLike | None) -> Iterator[str | None]:
+    """`path` as a str that a native library can open: pybind11 passes a str on as UTF-8, which a name whose bytes
+    are not UTF-8 (Python holds them as surrogate escapes) cannot be. Such a file is opened here and named by its
+    descriptor (/dev/fd/N, Linux and macOS) while the library opens it."""
+    if path is None or _is_utf8(os.fsencode(path)):
+        yield None if path is None else str(path)
+        return
+    handle = os.open(path, os.O_RDONLY)
+    try:
+        yield f"/dev/fd/{handle}"
+    finally:
+        os.close(handle)
+
+
+def _is_utf8(name: bytes) -> bool:
+    try:
+        name.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 class ExecuTorchRunner:
     def __init__(self, path: Path, graph: GraphEntry, threads: int | None = None, weights: Path | None = None):
         """`weights`: the .ptd holding the weights this graph keeps outside its program (shared by a family)."""
         from executorch.runtime import Runtime, Verification
 
         self.graph = graph
-        data_path = str(weights) if weights is not None else None
         try:
-            with native_stderr_captured():
+            with native_stderr_captured(), native_path(path) as program, native_path(weights) as data_path:
                 runtime = Runtime.get()
                 self.program = runtime.load_program(
-                    str(path), verification=Verification.InternalConsistency, data_path=data_path
+                    program, verification=Verification.InternalConsistency, data_path=data_path
                 )
                 self.method = self.program.load_method("forward")  # initialises XNNPACK (packs weights)
             meta = self.method.metadata
@@ -99,7 +124,8 @@ class OnnxRunner:
         self.input_names = [spec.name for spec in graph.inputs]
         self.output_names = [spec.name for spec in graph.outputs]
         try:
-            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            with native_path(path) as model:
+                self.session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
         except _onnxruntime_errors() as error:
             raise bundle_fault(graph, f"ONNX Runtime cannot load it ({error})") from None
         declared = {node.name: node.shape for node in self.session.get_inputs()}

@@ -210,5 +210,7 @@ def atomic_path(target: str | os.PathLike, directory: bool = False) -> Iterator[
 
 
 def write_text_atomic(target: str | os.PathLike, text: str) -> None:
+    """`text` as UTF-8 at `target`, atomically. A path the OS gave us in bytes that are not UTF-8 (decoded with
+    surrogate escapes) is written back as those bytes, not refused."""
     with atomic_path(target) as tmp:
-        tmp.write_text(text)
+        tmp.write_text(text, encoding="utf-8", errors="surrogateescape")

@@ -1,12 +1,13 @@
 """Image files -> PIL images: ONE decoder, for training's imagefolder datasets (training/files.py) and predict
 (export/images.py), so a missing, special, damaged or oversized file reads the same in both: one line naming it.
 
-PIL's decompression-bomb limit stays on: such a file is reported, not decoded.
+PIL's decompression-bomb limit stays on: such a file is reported, not decoded; PIL's warnings never reach stderr.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 
 from PIL import Image, UnidentifiedImageError
 
@@ -33,9 +34,14 @@ def read_image(path: str | os.PathLike, mode: str = "RGB") -> Image.Image:
     if not os.path.isfile(path):  # a directory, a FIFO (opening it would wait forever) or a device
         raise UnreadableImage(f"image {path} is not a regular file (PNG or JPEG expected)")
     try:
-        with Image.open(path) as image:
-            return image.convert(mode)
-    except Image.DecompressionBombError as error:
+        with warnings.catch_warnings():
+            # PIL warns between its pixel limit and twice it, and refuses beyond: both are the same one line here.
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                if image.mode == "P" and "transparency" in image.info:
+                    image = image.convert("RGBA")  # PIL's advice for palette transparency, which it warns about
+                return image.convert(mode)
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
         raise UnreadableImage(f"image {path} is too large to decode safely ({error}); shrink it first") from None
     except UnidentifiedImageError:
         raise UnreadableImage(f"cannot read image {path}: not an image PIL can decode (PNG or JPEG expected)") from None

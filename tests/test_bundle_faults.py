@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -373,3 +374,19 @@ def test_a_manifest_naming_a_file_in_a_subdirectory_does_not_make_the_directory_
     (tmp_path / "manifest.json").write_text(json.dumps({"graphs": [{"file": "data/x.pte"}, {"file": "r.pte"}]}))
     (tmp_path / "r.pte").write_bytes(b"")
     assert entries_not_in_bundle(tmp_path) == ["data"]
+
+
+def test_a_bundle_whose_name_is_not_utf8_predicts_and_benches(bundle, png, tmp_path):
+    """Linux names are bytes: a folder name that is not UTF-8 reaches us as surrogate escapes; the native runtimes
+    are handed a name they can open, tables and plots show it escaped, never a traceback."""
+    odd = Path(os.fsdecode(bytes(tmp_path) + b"/bundle-\xff"))
+    shutil.copytree(bundle, odd)
+    cli = [sys.executable, "-m", "mobile_moe"]
+    predict = subprocess.run([*cli, "predict", str(odd), str(png)], cwd=REPO, capture_output=True, timeout=120)
+    assert predict.returncode == 0 and predict.stderr == b"", predict.stderr
+    out = tmp_path / "bench"
+    argv = [*cli, "bench", str(odd), "--runtime", "executorch", "--warmup", "0", "--rounds", "1", "--images", "2",
+            "--pause", "0", "--out", str(out)]  # fmt: skip
+    bench = subprocess.run(argv, cwd=REPO, capture_output=True, timeout=300)
+    assert bench.returncode == 0, bench.stderr
+    assert "bundle-\\xff" in (out / "report.md").read_text()

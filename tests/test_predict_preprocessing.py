@@ -8,6 +8,7 @@ applies it; a manifest from before that record still predicts, by a stretch; a b
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -167,3 +168,18 @@ def test_a_bad_record_in_config_json_is_one_line(run_dir, tmp_path, capsys, reco
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "config.json data.eval_resize" in err and message in err, err
     assert not (tmp_path / "bundle").exists()
+
+
+def test_pils_warnings_never_reach_stderr_a_bomb_is_one_line_a_palette_is_read(tmp_path, monkeypatch):
+    palette = Image.new("P", (8, 8), 0)
+    palette.putpalette(list(range(256)) * 3)
+    palette.putpixel((1, 1), 1)
+    palette.save(tmp_path / "palette.png", transparency=bytes([0, 128] + [255] * 254))  # read back as bytes
+    assert isinstance(Image.open(tmp_path / "palette.png").info["transparency"], bytes)  # what PIL warns about
+    Image.new("RGB", (12, 12)).save(tmp_path / "big.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # 144 pixels: over the limit, under twice it (a warning)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning would fail the test
+        assert read_image(tmp_path / "palette.png").mode == "RGB"
+        with pytest.raises(UnreadableImage, match="too large to decode safely"):
+            read_image(tmp_path / "big.png")
