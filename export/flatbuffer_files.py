@@ -131,11 +131,19 @@ def _scalar(data: bytes, fmt: str, position: int | None) -> int:
 
 
 def _check_segments(buffer: _Buffer, segments: list[int], segment_data_size: int, schema: Table) -> None:
+    """Each segment inside the segment data, after the one before it: the serializer lays them out in order, and one
+    that overlaps another (an offset read as absent is 0) feeds a delegate bytes that are not its own, which XNNPACK
+    then logs as garbage (and the Python bindings abort on)."""
+    end_of_previous = 0
     for i, segment in enumerate(segments):
         fields = _table(buffer, segment, schema, f"segment {i}")
         start, size = (_scalar(buffer.data, "<Q", fields.get(k)) for k in (0, 1))
         if start + size > segment_data_size:
             raise ValueError(f"segment {i} ({start} + {size}) lies outside the segment data ({segment_data_size})")
+        if start < end_of_previous:
+            raise ValueError(f"segment {i} starts at {start}, inside the segment before it (which ends at "
+                             f"{end_of_previous})")  # fmt: skip
+        end_of_previous = start + size
 
 
 def _read_head(path: str | Path, header: struct.Struct, flatbuffer_end) -> tuple[bytes, int]:
@@ -206,11 +214,30 @@ COMPILE_SPEC = Table({0: ("string", None), 1: ("scalars", 1)})  # key, value
 DELEGATE_DATA = Table({0: ("scalar", 1), 1: ("scalar", 4)})  # location (inline / segment), index
 BACKEND_DELEGATE = Table({0: ("string", None), 1: ("table", DELEGATE_DATA), 2: ("tables", COMPILE_SPEC)})
 CONTAINER_METADATA = Table({0: ("string", None), 1: ("string", None)})
+ANY_TABLE = Table({})  # a table walked for its structure only (EValues and instructions are unions)
+INSTRUCTION = Table({0: ("scalar", 1), 1: ("table", ANY_TABLE)}, required=(0, 1))  # kind, arguments
+CHAIN = Table({0: ("scalars", 4), 1: ("scalars", 4), 2: ("tables", INSTRUCTION)}, required=(0, 1, 2))
+# Method::init and MethodMeta read every one of these without asking whether it is there: name (a method is looked
+# up by it), values, inputs, outputs, chains, operators, delegates, non_const_buffer_sizes.
 EXECUTION_PLAN = Table(
-    {0: ("string", None), 1: ("table", CONTAINER_METADATA), 6: ("tables", OPERATOR), 7: ("tables", BACKEND_DELEGATE)}
+    {
+        0: ("string", None),
+        1: ("table", CONTAINER_METADATA),
+        2: ("tables", ANY_TABLE),  # values
+        3: ("scalars", 4),  # inputs
+        4: ("scalars", 4),  # outputs
+        5: ("tables", CHAIN),
+        6: ("tables", OPERATOR),
+        7: ("tables", BACKEND_DELEGATE),
+        8: ("scalars", 8),  # non_const_buffer_sizes
+    },
+    required=(0, 2, 3, 4, 5, 6, 7, 8),
 )
 SUBSEGMENT_OFFSETS = Table({0: ("scalar", 4), 1: ("scalars", 8)})  # segment_index, offsets
 PROGRAM_NAMED_DATA = Table({0: ("string", None), 1: ("scalar", 4)})  # key, segment_index
+# named_data is required: XNNPACK's delegate asks the program's named-data map for its weights without asking whether
+# the map exists (a program without the field: SIGSEGV in predict and the native runner), and every program our
+# exporter writes carries it, a family's shared program too.
 PROGRAM = Table(
     {
         0: ("scalar", 4),  # version
@@ -219,7 +246,8 @@ PROGRAM = Table(
         5: ("table", SUBSEGMENT_OFFSETS),  # constant_segment
         6: ("tables", SUBSEGMENT_OFFSETS),  # mutable_data_segments
         7: ("tables", PROGRAM_NAMED_DATA),
-    }
+    },
+    required=(1, 7),
 )
 
 

@@ -5,6 +5,8 @@ refused with a ValueError naming it."""
 from __future__ import annotations
 
 import struct
+import subprocess
+import sys
 
 import pytest
 
@@ -137,3 +139,72 @@ def test_a_backend_id_that_is_not_utf8_is_refused(bundle):
     program[at] = 0xC3  # a UTF-8 lead byte without its continuation
     with pytest.raises(ValueError, match="not UTF-8"):
         check_program(bytes(program))
+
+
+def table_positions(buffer, position: int, schema) -> list[int]:
+    """Every table the check walks under the one at `position` (itself included), by position."""
+    found = [position]
+    present = flatbuffer_files._table(buffer, position, schema, "table")
+    for index, (kind, detail) in schema.fields.items():
+        if index in present and kind == "table":
+            found += table_positions(buffer, buffer.target(present[index], "child"), detail)
+        elif index in present and kind == "tables":
+            for child in flatbuffer_files._vector_of_tables(buffer, present[index]):
+                found += table_positions(buffer, child, detail)
+    return found
+
+
+def without_each_entry(program: bytes) -> list[bytes]:
+    """The program with one vtable entry zeroed (that field read as absent), for every entry of every table the
+    check walks; a vtable shared by several tables counts once."""
+    buffer = flatbuffer_files._Buffer(program, PROGRAM_HEADER.unpack_from(program, 8)[2])
+    root = buffer.target(0, "root")
+    vtables = {table - struct.unpack_from("<i", program, table)[0]
+               for table in table_positions(buffer, root, flatbuffer_files.PROGRAM)}  # fmt: skip
+    variants = []
+    for vtable in sorted(vtables):
+        for slot in range(4, struct.unpack_from("<H", program, vtable)[0], 2):
+            if struct.unpack_from("<H", program, vtable + slot)[0]:
+                variants.append(patched(program, vtable + slot, "<H", 0))
+    return variants
+
+
+LOAD_AND_RUN = """
+import sys
+from pathlib import Path
+import numpy as np
+from mobile_moe.errors import UsageError
+from mobile_moe.export.manifest import read_manifest
+from mobile_moe.export.runners import ExecuTorchRunner
+bundle, name, variants = Path(sys.argv[1]), sys.argv[2], sys.argv[3].split(",")
+graph = next(graph for graph in read_manifest(bundle).graphs if graph.name == name)
+weights = bundle / graph.weights.file if graph.weights is not None else None
+for path in variants:
+    print(path, flush=True)  # the last one printed is the one that crashed, if one does
+    try:  # as predict and bench's Python runtime load and run a graph
+        runner = ExecuTorchRunner(Path(path), graph, weights=weights)
+        runner([np.zeros([int(d) for d in spec.shape], np.float32) for spec in graph.inputs])
+    except UsageError:
+        pass  # refused by ExecuTorch itself, in one line: what matters is that nothing crashed
+"""
+
+
+@pytest.mark.parametrize(("name", "graph"), [("router.pte", "router"), ("expert.pte", "expert_1")])
+def test_no_table_entry_of_a_program_read_as_absent_crashes_executorch(bundle, tmp_path, name, graph):
+    """Every field of every table ExecuTorch reads, zeroed in its vtable one at a time: the check refuses the
+    variant, or ExecuTorch loads and runs it (or refuses it) without a signal. A zeroed named_data crashed both
+    runtimes before the check required it."""
+    variants = without_each_entry((bundle / name).read_bytes())
+    accepted = []
+    for i, program in enumerate(variants):
+        try:
+            check_program(program)
+        except ValueError:
+            continue
+        accepted.append(tmp_path / f"variant-{i}.pte")
+        accepted[-1].write_bytes(program)
+    assert len(variants) > 20 and accepted  # many entries; the check refuses some, and ExecuTorch must meet the rest
+    run = subprocess.run([sys.executable, "-c", LOAD_AND_RUN, str(bundle), graph, ",".join(map(str, accepted))],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    crashed = run.stdout.strip().splitlines()[-1:] if run.returncode else []
+    assert run.returncode == 0, f"signal {-run.returncode} on {crashed}: {run.stderr[-500:]}"
