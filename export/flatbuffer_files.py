@@ -8,8 +8,9 @@ ExecuTorch trusts more of these files than it verifies, and what it does not ver
   as UTF-8, and the process aborts (SIGABRT). Operator names, backend ids and named-data keys are logged the same way.
 
 So each file is walked the way flatbuffers' own Verifier would, for the tables ExecuTorch reads, within the bytes
-ExecuTorch loads for it; every string on the way must be UTF-8; and what ExecuTorch then trusts (segments inside the
-file, indices in range) is checked. The one entry point is `check_graph_file(path)`, which the bundle's file
+ExecuTorch loads for it; every string on the way must be UTF-8; every table entry ExecuTorch reads without asking
+whether it is there must be there; and what ExecuTorch then trusts (segments inside the file and in order, indices
+in range) is checked. The one entry point is `check_graph_file(path, external_data)`, which the bundle's file
 verification (export/manifest.py) calls after a file's sha256 matched: the Python runtime, bench and the push to a
 device all go through it.
 
@@ -235,9 +236,6 @@ EXECUTION_PLAN = Table(
 )
 SUBSEGMENT_OFFSETS = Table({0: ("scalar", 4), 1: ("scalars", 8)})  # segment_index, offsets
 PROGRAM_NAMED_DATA = Table({0: ("string", None), 1: ("scalar", 4)})  # key, segment_index
-# named_data is required: XNNPACK's delegate asks the program's named-data map for its weights without asking whether
-# the map exists (a program without the field: SIGSEGV in predict and the native runner), and every program our
-# exporter writes carries it, a family's shared program too.
 PROGRAM = Table(
     {
         0: ("scalar", 4),  # version
@@ -247,19 +245,20 @@ PROGRAM = Table(
         6: ("tables", SUBSEGMENT_OFFSETS),  # mutable_data_segments
         7: ("tables", PROGRAM_NAMED_DATA),
     },
-    required=(1, 7),
+    required=(1,),
 )
 
 
-def check_program_file(path: str | Path) -> None:
+def check_program_file(path: str | Path, external_data: bool = False) -> None:
     """check_program on a file, reading only its header and flatbuffer (not the segments after them)."""
-    check_program(*_read_head(path, PROGRAM_HEADER, lambda fields: fields[2]))
+    check_program(*_read_head(path, PROGRAM_HEADER, lambda fields: fields[2]), external_data=external_data)
 
 
-def check_program(data: bytes, file_size: int | None = None) -> None:
+def check_program(data: bytes, file_size: int | None = None, *, external_data: bool = False) -> None:
     """ValueError naming the first way `data` (a whole .pte, or its first bytes up to the end of its flatbuffer, with
     `file_size` the whole file's size) is not a program ExecuTorch can read safely. Our exporter always writes the
-    extended header (its programs keep delegate data in segments), so a file without one is refused too."""
+    extended header (its programs keep delegate data in segments), so a file without one is refused too.
+    `external_data`: a weights file (.ptd) is loaded with the program, so its delegates may find their data there."""
     file_size = len(data) if file_size is None else file_size
     if len(data) < 8 + PROGRAM_HEADER.size or data[4:8] != PROGRAM_IDENTIFIER:
         raise ValueError(f"not an ExecuTorch program (no {PROGRAM_IDENTIFIER.decode()} identifier)")
@@ -273,6 +272,10 @@ def check_program(data: bytes, file_size: int | None = None) -> None:
         raise ValueError(f"its segment data ({segment_base} + {segment_size}) is not the end of the file ({file_size})")
     buffer = _Buffer(data, program_size)
     root = _table(buffer, buffer.target(0, "the root offset"), PROGRAM, "Program")
+    if 7 not in root and not external_data:
+        # XNNPACK's delegate asks for its weights without asking whether a named-data map exists: a program whose
+        # named_data was zeroed crashed predict and the native runner (SIGSEGV). Ours carry it, or a weights file.
+        raise ValueError("it has no named data, and no weights file comes with it: its delegates' weights are nowhere")
     segments = _vector_of_tables(buffer, root.get(4))
     _check_segments(buffer, segments, segment_size, DATA_SEGMENT)
     # ExecuTorch checks the constant segment's index itself (program.cpp, Program::load); these it looks up later.
@@ -284,12 +287,12 @@ def check_program(data: bytes, file_size: int | None = None) -> None:
             raise ValueError(f"segment reference {i} names segment {index}, of {len(segments)}")
 
 
-GRAPH_FILE_CHECKS = {".pte": check_program_file, ".ptd": check_flat_tensor_file}
-
-
-def check_graph_file(path: str | Path) -> None:
+def check_graph_file(path: str | Path, external_data: bool = False) -> None:
     """ValueError naming the first fault of an ExecuTorch file (by its suffix) that would be unsafe to hand to
-    ExecuTorch; other files (ONNX, Core ML) are their runtimes' to check."""
-    check = GRAPH_FILE_CHECKS.get(Path(path).suffix)
-    if check is not None:
-        check(path)
+    ExecuTorch; other files (ONNX, Core ML) are their runtimes' to check. `external_data`: a program's graph loads a
+    weights file with it (the manifest's `weights`)."""
+    suffix = Path(path).suffix
+    if suffix == ".pte":
+        check_program_file(path, external_data)
+    elif suffix == ".ptd":
+        check_flat_tensor_file(path)

@@ -174,7 +174,7 @@ def _verified(bundle_dir: str | os.PathLike, graph: GraphEntry, file: GraphFile)
                 "truncated); re-export the bundle"
             )
         # A file re-sealed after tampering matches its sha256: its structure is checked before any runtime reads it.
-        check_graph_file(path)
+        check_graph_file(path, external_data=graph.weights is not None)
     except OSError as error:
         raise UsageError(f"graph {graph.name!r}: cannot read {file.file!r}: {error.strerror}") from None
     except ValueError as error:

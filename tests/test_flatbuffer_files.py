@@ -208,3 +208,14 @@ def test_no_table_entry_of_a_program_read_as_absent_crashes_executorch(bundle, t
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     crashed = run.stdout.strip().splitlines()[-1:] if run.returncode else []
     assert run.returncode == 0, f"signal {-run.returncode} on {crashed}: {run.stderr[-500:]}"
+
+
+def test_a_program_without_named_data_is_refused_unless_a_weights_file_comes_with_it(bundle):
+    """A router.pte whose named_data entry was zeroed (and re-sealed) crashed predict and the native runner."""
+    program = (bundle / "router.pte").read_bytes()
+    root = struct.unpack_from("<I", program, 0)[0]
+    vtable = root - struct.unpack_from("<i", program, root)[0]
+    damaged = patched(program, vtable + 4 + 2 * 7, "<H", 0)  # Program's field 7, named_data, read as absent
+    with pytest.raises(ValueError, match="no named data, and no weights file"):
+        check_program(damaged)
+    check_program(damaged, external_data=True)  # a family's program finds its weights in the .ptd loaded with it
