@@ -187,6 +187,7 @@ def export_bundle(
             manifest = manifest.updated(quantization=report)
         write_manifest(tmp, manifest)
         read_manifest(tmp, verify_files=True)  # what was written reads back, every file matching it
+        check_target(out_dir)  # again, just before the swap: a file someone put into --out meanwhile is theirs
     return manifest
 
 

@@ -376,6 +376,7 @@ def test_a_manifest_naming_a_file_in_a_subdirectory_does_not_make_the_directory_
     assert entries_not_in_bundle(tmp_path) == ["data"]
 
 
+@pytest.mark.slow  # runs ExecuTorch or whole commands many times: in CI's slow set
 def test_a_bundle_whose_name_is_not_utf8_predicts_and_benches(bundle, png, tmp_path):
     """Linux names are bytes: a folder name that is not UTF-8 reaches us as surrogate escapes; the native runtimes
     are handed a name they can open, tables and plots show it escaped, never a traceback."""

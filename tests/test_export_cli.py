@@ -212,3 +212,21 @@ def test_wrong_image_shape_dtype_and_unreadable_image(onnx_bundle, tmp_path, cap
     fails(["predict", str(onnx_bundle), str(broken)], capsys, "cannot read")
     fails(["predict", str(onnx_bundle), str(tmp_path / "missing.png")], capsys, "does not exist")
     fails(["predict", str(tmp_path), str(broken)], capsys, "is not a mobile-moe bundle")
+
+
+def test_a_file_put_into_out_while_the_export_runs_is_kept_and_the_export_refused(tmp_path, monkeypatch):
+    from mobile_moe.export import bundle as bundle_module
+
+    out = tmp_path / "bundle"
+    real = bundle_module._export_graphs
+
+    def export_while_a_user_writes(*args, **kwargs):
+        out.mkdir(exist_ok=True)
+        (out / "notes.txt").write_text("mine")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bundle_module, "_export_graphs", export_while_a_user_writes)
+    with pytest.raises(UsageError, match="not a mobile-moe bundle"):
+        export_bundle(tiny_model("vit").eval(), out, "onnx")
+    assert [path.name for path in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "mine"
+    assert [path.name for path in tmp_path.iterdir()] == ["bundle"]  # no temporary left beside it

@@ -189,6 +189,7 @@ for path in variants:
 """
 
 
+@pytest.mark.slow  # runs ExecuTorch or whole commands many times: in CI's slow set
 @pytest.mark.parametrize(("name", "graph"), [("router.pte", "router"), ("expert.pte", "expert_1")])
 def test_no_table_entry_of_a_program_read_as_absent_crashes_executorch(bundle, tmp_path, name, graph):
     """Every field of every table ExecuTorch reads, zeroed in its vtable one at a time: the check refuses the

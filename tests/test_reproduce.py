@@ -195,6 +195,7 @@ def test_a_damaged_run_is_a_failed_row_and_the_sweep_goes_on(fig3b_dir, capsys, 
     assert rows["E=5"]["status"] == "ok" and rows["E=10"]["status"] == "ok"
 
 
+@pytest.mark.slow  # runs ExecuTorch or whole commands many times: in CI's slow set
 def test_score_records_edited_or_replaced_are_evaluated_again_or_refused(fig3b_dir, capsys, tmp_path):
     """A score record is read back through the schema that wrote it: a top-1 that is a string or 7.5 is evaluated
     again (never 750%); what is no regular file is refused in one line (a FIFO would block the read); a finished run
