@@ -189,10 +189,10 @@ class ExpertMLPs(nn.Module):
         items, chosen = order // k, experts.reshape(-1)[order]  # (B*k,) each: the item and its expert, grouped
         offsets = (sizes.cumsum(0) * T).to(torch.int32)  # (E,): the end row of each expert's tokens
         tokens = x[items].reshape(-1, D).to(dtype)  # (B*k*T, D)
-        hidden = torch._grouped_mm(tokens, self.fc1_weight.to(dtype), offs=offsets).view(B * k, T, -1)
+        hidden = torch._grouped_mm(tokens, self.fc1_weight.to(dtype), offs=offsets).reshape(B * k, T, -1)
         hidden = F.gelu(hidden + self.fc1_bias[chosen].to(dtype).unsqueeze(1))  # (B*k, T, F)
         y = torch._grouped_mm(hidden.reshape(-1, self.hidden), self.fc2_weight.to(dtype), offs=offsets)
-        y = y.view(B * k, T, D) + self.fc2_bias[chosen].to(dtype).unsqueeze(1)  # (B*k, T, D)
+        y = y.reshape(B * k, T, D) + self.fc2_bias[chosen].to(dtype).unsqueeze(1)  # (B*k, T, D)
         y = y * gates.reshape(-1)[order].to(dtype).view(-1, 1, 1)
         return torch.zeros_like(x).index_add_(0, items, y.to(x.dtype))
 
