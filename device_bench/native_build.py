@@ -135,12 +135,18 @@ def build_runner(
     runner = build_dir / RUNNER_NAME
     if runner.exists():
         return runner
-    build_dir.mkdir(parents=True, exist_ok=True)
-    # One build at a time per directory (parallel test workers, two benches): the others wait, then find the runner.
-    with open(build_dir / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not runner.exists():
-            _configure_and_compile(source_dir, build_dir, prefix=prefix, sanitize=sanitize, cmake_extra=extra)
+    try:
+        build_dir.mkdir(parents=True, exist_ok=True)
+        # One build at a time per directory (parallel test workers, two benches): the others wait, then find it.
+        with open(build_dir / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not runner.exists():
+                _configure_and_compile(source_dir, build_dir, prefix=prefix, sanitize=sanitize, cmake_extra=extra)
+    except OSError as error:  # a read-only or full cache folder
+        raise UsageError(
+            f"cannot build the native runner in {build_dir}: {error.strerror or error}; set MOBILE_MOE_CACHE to a "
+            "writable folder"
+        ) from None
     return runner
 
 

@@ -415,3 +415,10 @@ def test_an_images_count_beyond_the_machines_memory_is_one_line_before_any_work(
     err = capsys.readouterr().err.strip()
     assert "--images 100000000" in err and "give at most" in err and len(err.splitlines()) == 1
     assert not out.exists()
+
+
+@needs_build  # without the tools the refusal names them instead
+def test_a_cache_folder_that_cannot_be_written_is_one_line():
+    with pytest.raises(UsageError, match="cannot build the native runner in /proc/mobile-moe-cache") as refused:
+        build_runner(build_root=Path("/proc/mobile-moe-cache"))  # not writable, even for root
+    assert "MOBILE_MOE_CACHE" in str(refused.value) and "\n" not in str(refused.value)
