@@ -7,6 +7,7 @@ per item, n_e items routed to expert e (sum over e of n_e = B * k).
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import torch
@@ -214,11 +215,10 @@ def restacked(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
             groups.setdefault(found[0], {})[found[1]] = value
     stacks = {}
     for key, per_expert in groups.items():
-        try:
+        # Shapes that do not stack (RuntimeError) are a damaged file: left per-expert, reported by whoever loads it.
+        with contextlib.suppress(RuntimeError):
             if sorted(per_expert) == list(range(len(per_expert))):
                 stacks[key] = stacked(key.rpartition(".")[2], [per_expert[e] for e in range(len(per_expert))])
-        except RuntimeError:  # shapes that do not stack: a damaged file, reported by whoever loads it
-            pass
     out = {}
     for key, value in state_dict.items():
         found = per_expert_key(key)

@@ -99,11 +99,11 @@ def class_names_from(source: str, num_classes: int) -> list[str]:
     path = Path(source).expanduser()
     if path.is_dir():
         names = sorted(entry.name for entry in path.iterdir() if entry.is_dir())
+        problem = class_names_problem(names)  # a names file is checked as it is read (read_class_names)
+        if problem is not None:
+            raise UsageError(f"--class-names {path}: {problem}")
     else:
         names = read_class_names(path)
-    problem = class_names_problem(names)  # a names file was checked as it was read; a folder's names are here
-    if problem is not None:
-        raise UsageError(f"--class-names {path}: {problem}")
     if len(names) != num_classes:
         raise UsageError(
             f"--class-names {path}: {len(names)} names for a model with "

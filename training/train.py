@@ -96,12 +96,15 @@ def restacked_optimizer_state(saved: dict[str, Any], saved_model: dict[str, Tens
     if not any(per_expert_key(key) for key in saved_model):
         return saved
     trainable = [(name, param) for name, param in model.named_parameters() if param.requires_grad]
+    names = {name for name, _ in trainable}
     now = {key: (per_expert_key(key) or (key, 0)) for key in saved_model}  # (the parameter it is part of, expert)
-    old = optimizer_order([(key, value) for key, value in saved_model.items() if now[key][0] in dict(trainable)])
-    moments = {key: saved["state"].get(index) for index, key in enumerate(old)}
+    old = optimizer_order([(key, value) for key, value in saved_model.items() if now[key][0] in names])
+    parts_of: dict[str, list[tuple[int, Any]]] = {}  # each parameter's saved states, with their experts
+    for index, key in enumerate(old):
+        parts_of.setdefault(now[key][0], []).append((now[key][1], saved["state"].get(index)))
     state = {}
     for index, name in enumerate(optimizer_order(trainable)):
-        parts = [moments[key] for key in sorted((key for key in old if now[key][0] == name), key=lambda k: now[k][1])]
+        parts = [part for _, part in sorted(parts_of.get(name, []), key=lambda pair: pair[0])]
         if parts and all(parts):  # a parameter not yet stepped has no state
             state[index] = stacked_moments(name.rpartition(".")[2], parts)
     groups, start = [], 0
