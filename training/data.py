@@ -3,6 +3,8 @@
     digits                        scikit-learn's 1,797 real 8x8 digits, resized, 3 channels (offline; demo and tests)
     digits-pairs[:train=N,val=M,test=K,seed=S]   two real digits side by side, 100 classes (digits_pairs.py)
     synthetic[:classes=C,super=S,per_class=N,noise=X,seed=K]   planted class -> super-class hierarchy (synthetic.py)
+    fashion-mnist[:ROOT][,train=N,val=M,test=K]   Fashion-MNIST's IDX files (idx_files.py); ROOT defaults to Debian's
+    idx:ROOT[,train=N,val=M,test=K]   any set of IDX files (MNIST, KMNIST, EMNIST)
     cifar10:ROOT, cifar100:ROOT   local CIFAR files; CIFAR-100 brings its 20 coarse labels as super-classes
     imagefolder:ROOT              ROOT/train and ROOT/val; val is halved into val (held out) and test
 
@@ -26,7 +28,7 @@ from torch.utils.data import Dataset
 from mobile_moe import preprocess
 from mobile_moe.errors import UsageError
 from mobile_moe.super_class.superclasses import SuperClasses, from_labels
-from mobile_moe.training import digits_pairs, files, synthetic
+from mobile_moe.training import digits_pairs, files, idx_files, synthetic
 from mobile_moe.training.spec_options import DATA_SPECS
 
 SPLITS = ("train", "val", "test")
@@ -195,6 +197,47 @@ def open_synthetic(spec: str, argument: str, image_size: int) -> Data:
     return in_memory(spec, image_size, images, labels, names, truth)
 
 
+def open_idx(spec: str, dataset: str, argument: str, image_size: int) -> Data:
+    """The official training file split 90/10 into train and val (stratified, as CIFAR's), its test file as test; each
+    cut to the spec's subset sizes. Images stay at their own size (grey copied to 3 channels) and are stretched to S
+    as they are read. Fashion-MNIST brings its coarse groups (tops, footwear, ...) as super-classes."""
+    default_root = idx_files.FASHION_MNIST_ROOT if dataset == "fashion-mnist" else None
+    root, subsets = idx_files.parse_idx_spec(dataset, argument, default_root)
+    paths = idx_files.find_files(root, dataset)
+    train_images, train_labels = idx_files.read_split(paths, "train")
+    test_images, test_labels = idx_files.read_split(paths, "test")
+    names, train_labels, test_labels = idx_files.class_labels(dataset, paths, train_labels, test_labels)
+    train_idx, val_idx = stratified_split(train_labels, (0.9, 0.1))
+    parts = {
+        "train": (train_images, train_labels, train_idx),
+        "val": (train_images, train_labels, val_idx),
+        "test": (test_images, test_labels, np.arange(len(test_labels))),
+    }
+    splits = {}
+    for name, (images, labels, indices) in parts.items():
+        indices = stratified_subset(indices, labels[indices], subsets.sizes()[name], f"{spec}: {name}", len(names))
+        grey = torch.from_numpy(images[indices])[:, None]  # (N, 1, H, W) uint8
+        splits[name] = ImageTensors(grey.expand(-1, 3, -1, -1).contiguous(), labels[indices])
+    coarse = None
+    if dataset == "fashion-mnist":
+        assignment, groups = idx_files.fashion_mnist_coarse()
+        coarse = from_labels(assignment, names, groups, f"{dataset}:coarse")
+    return _with_train_stats(spec, image_size, splits, names, coarse)
+
+
+def stratified_subset(indices: np.ndarray, labels: np.ndarray, size: int, what: str, num_classes: int) -> np.ndarray:
+    """`size` of `indices` (0 or more than there are: all), every class kept in proportion, deterministic."""
+    if size == 0 or size >= len(indices):
+        return indices
+    if size < num_classes:
+        raise UsageError(f"{what}={size}: fewer images than the {num_classes} classes; give at least {num_classes}")
+    from sklearn.model_selection import train_test_split
+
+    counts = np.bincount(labels)
+    stratify = labels if counts[counts > 0].min() >= 2 else None
+    return np.sort(train_test_split(indices, train_size=size, random_state=SPLIT_SEED, stratify=stratify)[0])
+
+
 def open_cifar(spec: str, name: str, root: str, image_size: int) -> Data:
     train, test, names, coarse = files.open_cifar(name, root)
     train_idx, val_idx = stratified_split(np.asarray(train.targets), (0.9, 0.1))
@@ -225,6 +268,8 @@ def open_data(spec: str, image_size: int, mean=None, std=None, eval_resize=None)
         data = open_digits_pairs(spec, argument, image_size)
     elif name == "synthetic":
         data = open_synthetic(spec, argument, image_size)
+    elif name in ("fashion-mnist", "idx"):
+        data = open_idx(spec, name, argument, image_size)
     elif name in ("cifar10", "cifar100") and argument:
         data = open_cifar(spec, name, argument, image_size)
     elif name == "imagefolder" and argument:

@@ -1,8 +1,8 @@
 """Super-class specs for training -> a validated `SuperClasses` (or None):
 
     FILE.json        a super-class file (super_class/ derives them from a dense model's confusions)
-    coarse | truth   the dataset's own: CIFAR-100's 20 coarse labels, digits-pairs' tens digit, synthetic's
-                     planted hierarchy
+    coarse | truth   the dataset's own: CIFAR-100's 20 coarse labels, digits-pairs' tens digit, Fashion-MNIST's
+                     five kinds (tops, footwear, trouser, dress, bag), synthetic's planted hierarchy
     random[:SEED]    the paper's random-class ablation: classes shuffled into E near-equal groups
 
 The classes must be the data's (same names, same order) and the number of super-classes must be the model's E.
@@ -19,7 +19,7 @@ from mobile_moe.super_class.superclasses import SuperClasses, load, random_super
 from mobile_moe.training.data import Data
 
 DATASET_SOURCES = ("coarse", "truth", "dataset")
-SPEC_HELP = "FILE.json, coarse (CIFAR-100, digits-pairs), truth (synthetic) or random[:SEED]"
+SPEC_HELP = "FILE.json, coarse (CIFAR-100, digits-pairs, fashion-mnist), truth (synthetic) or random[:SEED]"
 
 
 def parse_random(spec: str) -> int | None:
