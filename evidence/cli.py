@@ -34,6 +34,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "GPU); tiny: 32 px, small widths, 20 epochs (a laptop CPU, digits)")  # fmt: skip
     parser.add_argument("--seeds", type=int, default=1, help="training seeds per cell (mean and std in the table)")
     parser.add_argument("--epochs", type=int, help="train every cell this many epochs instead of the scale's")
+    parser.add_argument("--experts", type=int,
+                        help="fig3e: experts E of its routed MoEs (default the paper's 10); data of 10 classes or "
+                        "fewer needs fewer, or derived and random super-classes are alike")  # fmt: skip
     parser.add_argument("--device", choices=DEVICES, default="auto", help="where cells train and are evaluated")
     parser.add_argument("--bench", action="store_true",
                         help="also export each cell (ExecuTorch) and measure it on the native runner: p50 latency, "
@@ -55,7 +58,8 @@ def _check(args: argparse.Namespace) -> None:
     if os.environ.get("WORLD_SIZE", "1") not in ("", "1"):
         raise UsageError("reproduce launches its own training runs: start it without torchrun (for several GPUs per "
                          "run use --launcher submitit --gpus-per-cell G)")  # fmt: skip
-    least = {"seeds": 1, "epochs": 1, "iterations": 1, "gpus_per_cell": 0, "timeout_min": 1, "cpus_per_cell": 1}
+    least = {"seeds": 1, "epochs": 1, "experts": 2, "iterations": 1, "gpus_per_cell": 0, "timeout_min": 1,
+             "cpus_per_cell": 1}  # fmt: skip
     for name, floor in least.items():
         value = getattr(args, name)
         if value is not None and value < floor:
@@ -89,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     evaluate_on = str(resolve_device(args.device))
     data = open_data(args.data, scale.image_size)
     groups = data.super_classes.num_super_classes if data.super_classes is not None else None
-    fig = figure(args.figure, scale, data.num_classes, groups)
+    fig = figure(args.figure, scale, data.num_classes, groups, args.experts)
     recipes = cell_recipes(fig, scale, args.epochs, args.device)
     _check_batches(recipes, len(data.split("train")), args)
     options = SlurmOptions(args.gpus_per_cell, args.partition, args.timeout_min, args.cpus_per_cell)

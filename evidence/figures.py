@@ -163,25 +163,29 @@ def fig3d(scale: Scale, num_classes: int) -> Figure:
     return Figure("fig3d", "Number of experts k per image", "pairs", cells, DENSE)
 
 
-def fig3e(scale: Scale, num_classes: int, data_super_classes: int | None = None) -> Figure:
+def fig3e(scale: Scale, num_classes: int, data_super_classes: int | None = None, experts: int | None = None) -> Figure:
     """Routing strategies at k=2: super-class per-image routing (ours) vs random super-classes, end-to-end learned
-    per-image routing (no router loss; Switch balancing instead) and learned per-token routing (V-MoE). Data that
-    brings its own super-classes (`data_super_classes` groups: digits-pairs' tens digit, CIFAR-100's coarse labels)
-    adds a row routed by them, with E = that number: a human grouping beside the derived one."""
+    per-image routing (no router loss; Switch balancing instead) and learned per-token routing (V-MoE), all with
+    `experts` experts (the paper's 10 when None). Data that brings its own super-classes (`data_super_classes` groups:
+    digits-pairs' tens digit, Fashion-MNIST's kinds, CIFAR-100's coarse labels) adds a row routed by them, with E =
+    that number: a human grouping beside the derived one. At E >= the data's classes every class is its own
+    super-class, derived or random alike: such data needs a smaller `experts` for that comparison."""
     numbers = {name: {"top1": top1, "delta": round(top1 - paper.FIG3E["dense"], 2)} for name, top1 in
                paper.FIG3E.items()}  # fmt: skip
     dense = _matched_dense(scale, num_classes, 2, {"top1": paper.FIG3E["dense"]}, row="dense")
+    experts = experts or ABLATION["num_experts"]
     k2 = {"baseline": dense.name, "top_k": 2}
+    routed = {"num_experts": experts, **k2}
     cells = [
         dense,
-        _moe(scale, num_classes, "super-class", paper_numbers=numbers["super-class"], **k2),
-        _moe(scale, num_classes, "random", name="deit-ti-random-E10-k2-L2", super_classes=RANDOM_SUPER_CLASSES,
-             paper_numbers=numbers["random"], **k2),
-        _moe(scale, num_classes, "e2e-image", name="deit-ti-e2e-image-E10-k2-L2", super_classes=None,
+        _moe(scale, num_classes, "super-class", paper_numbers=numbers["super-class"], **routed),
+        _moe(scale, num_classes, "random", name=f"deit-ti-random-E{experts}-k2-L2", super_classes=RANDOM_SUPER_CLASSES,
+             paper_numbers=numbers["random"], **routed),
+        _moe(scale, num_classes, "e2e-image", name=f"deit-ti-e2e-image-E{experts}-k2-L2", super_classes=None,
              recipe_changes={"router_loss_weight": 0.0, "balance_loss_weight": 0.01},
-             paper_numbers=numbers["e2e-image"], **k2),
-        _moe(scale, num_classes, "e2e-token", name="deit-ti-e2e-token-E10-k2-L2", model="vmoe", super_classes=None,
-             paper_numbers=numbers["e2e-token"], **k2),
+             paper_numbers=numbers["e2e-image"], **routed),
+        _moe(scale, num_classes, "e2e-token", name=f"deit-ti-e2e-token-E{experts}-k2-L2", model="vmoe",
+             super_classes=None, paper_numbers=numbers["e2e-token"], **routed),
         _dense(scale, num_classes, "super-class source (k=1 dense)"),
     ]  # fmt: skip
     if data_super_classes is not None:
@@ -217,11 +221,14 @@ def cell_recipes(fig: Figure, scale: Scale, epochs: int | None, device: str) -> 
     return recipes
 
 
-def figure(name: str, scale: Scale, num_classes: int, data_super_classes: int | None = None) -> Figure:
+def figure(name: str, scale: Scale, num_classes: int, data_super_classes: int | None = None,
+           experts: int | None = None) -> Figure:  # fmt: skip
     """`name`'s cells for data of `num_classes` classes; `data_super_classes`: how many super-classes the data brings
-    (None: none), for Fig. 3e's coarse row."""
+    (None: none), for Fig. 3e's coarse row; `experts`: Fig. 3e's E (None: the paper's 10)."""
     if name not in BUILDERS:
         raise UsageError(f"unknown figure {name!r}: choose one of {', '.join(FIGURES)}")
+    if experts is not None and name != "fig3e":
+        raise UsageError(f"--experts is fig3e's (its routing strategies at E experts); {name} keeps the paper's E")
     if name == "fig3e":
-        return fig3e(scale, num_classes, data_super_classes)
+        return fig3e(scale, num_classes, data_super_classes, experts)
     return BUILDERS[name](scale, num_classes)

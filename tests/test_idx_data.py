@@ -75,7 +75,9 @@ def test_subsets_are_stratified_and_plain_files_read_as_gzipped_ones(tmp_path):
 
 def test_any_idx_set_is_named_by_its_label_values(tmp_path):
     """EMNIST's letters are labelled 1..26 and its files carry a prefix."""
-    root = write_set(tmp_path / "letters", {s: balanced(range(1, 5), n) for s, n in PER_CLASS.items()}, prefix="emnist-")
+    root = write_set(
+        tmp_path / "letters", {s: balanced(range(1, 5), n) for s, n in PER_CLASS.items()}, prefix="emnist-"
+    )
     data = open_data(f"idx:{root}", 28)
     assert data.class_names == ["1", "2", "3", "4"] and data.super_classes is None
     image, label = data.raw_splits["test"][0]

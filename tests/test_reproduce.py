@@ -88,6 +88,17 @@ def test_fig3e_routes_a_row_by_the_datas_own_super_classes(groups):
     assert [c.name for c in with_coarse.cells if c is not coarse] == [c.name for c in plain.cells]
 
 
+def test_fig3e_routes_at_fewer_experts_for_data_of_few_classes():
+    """Fashion-MNIST's 10 classes at the paper's E=10: every class its own super-class, derived or random alike; at
+    --experts 5 every routed row has 5 experts (and its own runs), the coarse row its 5 groups."""
+    fig = figure("fig3e", scale("tiny"), 10, 5, experts=5)
+    routed = [cell for cell in fig.cells if cell.role == "moe"]
+    assert {cell.num_experts for cell in routed} == {5} and all("-E5-" in cell.name for cell in routed)
+    assert fig.cell("deit-ti-random-E5-k2-L2").super_classes == "random:0"
+    with pytest.raises(UsageError, match="--experts is fig3e's"):
+        figure("fig3b", scale("tiny"), 10, experts=5)
+
+
 # --- the sweep, end to end on digits ----------------------------------------------------------------------------
 
 

@@ -164,7 +164,9 @@ def parse_idx_spec(dataset: str, argument: str, default_root: str | None) -> tup
     options = ",".join(item for item in items if "=" in item)
     example = f"{dataset}:{default_root or 'ROOT'},train=6000"
     if len(roots) > 1 or (not roots and default_root is None) or (roots and not roots[0]):
-        raise UsageError(f"--data {dataset}:{argument}: give one folder, then any of train=N,val=M,test=K (e.g. {example})")
+        raise UsageError(
+            f"--data {dataset}:{argument}: give one folder, then any of train=N,val=M,test=K (e.g. {example})"
+        )
     return (roots[0] if roots else default_root), parse_options(IdxSubsets, options, dataset, example)
 
 
