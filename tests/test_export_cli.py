@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
 
 import numpy as np
@@ -230,3 +232,23 @@ def test_a_file_put_into_out_while_the_export_runs_is_kept_and_the_export_refuse
         export_bundle(tiny_model("vit").eval(), out, "onnx")
     assert [path.name for path in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "mine"
     assert [path.name for path in tmp_path.iterdir()] == ["bundle"]  # no temporary left beside it
+
+
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+def test_a_full_disk_inside_the_onnx_exporters_own_writes_is_one_line_and_leaves_nothing(
+    tmp_path, monkeypatch, quantize
+):
+    """torch.onnx.export writes the file itself (ONNXProgram.save; the int8 path also onnx.save and the quantizer):
+    the disk filling up there reaches atomic_path as the OSError it is (torch does not wrap it), half a file on disk."""
+    from torch.onnx._internal.exporter._onnx_program import ONNXProgram
+
+    def save_onto_a_full_disk(self, destination, **kwargs):
+        with open(destination, "wb") as half:
+            half.write(b"\x08\x09half a model")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(ONNXProgram, "save", save_onto_a_full_disk)
+    out = tmp_path / "bundle"
+    with pytest.raises(UsageError, match=f"^cannot write .*: {os.strerror(errno.ENOSPC)};"):
+        export_bundle(tiny_model("vit").eval(), out, "onnx", quantize=quantize)
+    assert leftovers(tmp_path) == []
