@@ -32,10 +32,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse that reports bad arguments as a UsageError (one line, exit status 2) instead of usage + exit."""
+    """argparse that reports bad arguments as a UsageError (one line, exit status 2) instead of usage + exit, pointing
+    at the help of the command they were given to; and takes no abbreviations (`--epoch` is not `--epochs`: a typo
+    must not quietly set another flag)."""
+
+    def __init__(self, *args, help_prog: str | None = None, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self.help_prog = help_prog  # whose --help to point to; argparse reports a subcommand's unknown flags here
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{message} (see `{self.prog} --help`)")
+        raise UsageError(f"{message} (see `{self.help_prog or self.prog} --help`)")
 
 
 def _available_commands() -> dict[str, tuple[str, str]]:
@@ -50,10 +57,12 @@ def _available_commands() -> dict[str, tuple[str, str]]:
 
 def build_parser(chosen: str | None) -> ArgumentParser:
     """The parser; only the chosen command's module is imported to add its arguments."""
-    parser = ArgumentParser(prog="mobile-moe", description="Mobile V-MoE toolkit: train, split, export, benchmark.")
+    available = _available_commands()
+    parser = ArgumentParser(prog="mobile-moe", description="Mobile V-MoE toolkit: train, split, export, benchmark.",
+                            help_prog=f"mobile-moe {chosen}" if chosen in available else None)  # fmt: skip
     parser.add_argument("--version", action="version", version=f"%(prog)s {version('mobile-moe')}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, (module, help_text) in _available_commands().items():
+    for name, (module, help_text) in available.items():
         sub = commands.add_parser(name, help=help_text, description=help_text)
         if name == chosen:
             command = importlib.import_module(module)

@@ -39,7 +39,7 @@ from mobile_moe.export.manifest import (
     write_manifest,
 )
 from mobile_moe.export.manifest_schema import GraphEntry, Manifest
-from mobile_moe.export.parity import PROB_TOLERANCE, measure_parity, parity_passed
+from mobile_moe.export.parity import PROB_TOLERANCE, measure_parity, parity_passed, parity_summary
 from mobile_moe.export.runners import TorchRunner, coreml_runs_here
 from mobile_moe.export.runtime import Bundle
 from mobile_moe.export.traces import graph_inputs
@@ -106,9 +106,8 @@ def _check_parity(bundle: Bundle, model: nn.Module, images: Tensor, strict: bool
     result["passed"] = parity_passed(result) if strict else None
     if strict and not result["passed"]:
         raise UsageError(
-            f"parity check failed ({note}): max |prob error| {result['max_abs_prob_error']:.2e} "
-            f"(tolerance {PROB_TOLERANCE:.0e}), expert agreement {result.get('expert_agreement', 1.0):.2f}; "
-            "nothing written"
+            f"parity check failed ({note}): {parity_summary(result)} (max |prob error| tolerance "
+            f"{PROB_TOLERANCE:.0e}); nothing written"
         )
     return result
 

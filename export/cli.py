@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from mobile_moe.export.bundle import check_target, export_bundle
+    from mobile_moe.export.parity import parity_summary
     from mobile_moe.export.source import source_from_run
 
     check_target(Path(args.out))  # before loading the run: a bad --out fails in a second, not after the export
@@ -73,10 +74,7 @@ def run(args: argparse.Namespace) -> int:
     if "resident_plus_one_expert_bytes" in sizes:
         print(f"  router (+ shared) + one expert: {sizes['resident_plus_one_expert_bytes'] / 1e6:.2f} MB")
     parity = manifest.parity
-    print(
-        f"  parity ({parity['checked_on']}, {parity['images']} images): max |prob error| "
-        f"{parity['max_abs_prob_error']:.2e}, expert agreement {parity.get('expert_agreement', 1.0):.2f}"
-    )
+    print(f"  parity ({parity['checked_on']}, {parity['images']} images): {parity_summary(parity)}")
     validation = (manifest.quantization or {}).get("validation", {})
     if validation.get("measured", True) and validation:
         print(

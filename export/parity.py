@@ -43,6 +43,15 @@ def measure_parity(bundle, model, images: torch.Tensor) -> dict[str, Any]:
     return result
 
 
+def parity_summary(result: dict[str, Any]) -> str:
+    """ "max |prob error| 1.2e-07, expert agreement 1.00": the agreement only where the model routes (a dense model
+    has no experts to agree on)."""
+    summary = f"max |prob error| {result['max_abs_prob_error']:.2e}"
+    if "expert_agreement" in result:
+        summary += f", expert agreement {result['expert_agreement']:.2f}"
+    return summary
+
+
 def _chosen_agreement(predictions, routing) -> dict[str, float]:
     """Per-image MoEs: the same chosen experts, and their gates."""
     same = [sorted(p.experts) == sorted(e) for p, e in zip(predictions, routing.experts.tolist(), strict=True)]

@@ -229,3 +229,23 @@ def test_built_in_digits_at_the_default_image_size_are_noted_as_upsampled(capsys
     for spec, size in (("digits", 32), ("digits-pairs:seed=1", 64), ("imagefolder:data", 224)):
         note_upsampling(spec, size)
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        # a flag's prefix is a typo, not the flag: argparse's allow_abbrev would have trained 3 epochs
+        (
+            ["info", "--model", "vit", "--siz", "6x64"],
+            "unrecognized arguments: --siz 6x64 (see `mobile-moe info --help`)",
+        ),
+        (["info", "--model", "vit", "--bogus"], "(see `mobile-moe info --help`)"),
+        (["infoo"], "invalid choice: 'infoo'"),
+    ],
+)
+def test_a_bad_flag_points_to_its_commands_help(capsys, argv, expected):
+    from mobile_moe.app.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert expected in err and err.count("\n") == 1
