@@ -453,11 +453,42 @@ def validate_manifest(data: Any) -> Manifest:
         raise ValueError(f"{where}: {message}{more}") from None
 
 
+# What JSON Schema can say of the cross-field rules: per layout, the experts and top_k it allows (_check_single,
+# _check_experts_and_k) and the composition entries it needs (_check_expert_paths, _check_per_block).
+LAYOUT_RULES: dict[str, dict[str, Any]] = {
+    "dense": {"num_experts": {"const": 0}, "top_k": {"const": 0}},
+    "monolithic": {"num_experts": {"minimum": 1}, "top_k": {"minimum": 1}},
+    "whole": {"num_experts": {"minimum": 1}},
+    "expert-paths": {"num_experts": {"minimum": 1}, "top_k": {"const": 1}, "required": ["router", "experts"]},
+    "per-block": {"num_experts": {"minimum": 1}, "top_k": {"minimum": 1}, "required": ["router", "blocks", "head"]},
+}
+
+
+def _layout_rule(layout: str, rule: dict[str, Any]) -> dict[str, Any]:
+    composition: dict[str, Any] = {"properties": {"layout": {"const": layout}}, "required": ["layout"]}
+    then: dict[str, Any] = {"properties": {key: value for key, value in rule.items() if key != "required"}}
+    if "required" in rule:
+        then["properties"]["composition"] = {"required": rule["required"]}
+    return {"if": {"properties": {"composition": composition}, "required": ["composition"]}, "then": then}
+
+
+def _routing_rule(routing: str, layouts: tuple[str, ...]) -> dict[str, Any]:
+    return {
+        "if": {"properties": {"routing": {"const": routing}}, "required": ["routing"]},
+        "then": {"properties": {"composition": {"properties": {"layout": {"enum": list(layouts)}}}}},
+    }
+
+
 def json_schema() -> dict[str, Any]:
-    """The manifest's JSON Schema (docs/manifest.schema.json is this, written out): field types and ranges for a
-    phone app's own reader. The cross-field rules above are not expressible in it; docs/formats.md states them."""
-    schema = Manifest.model_json_schema()
+    """The manifest's JSON Schema, draft 2020-12 (docs/manifest.schema.json is this, written out), for a phone app's
+    own reader: field types and ranges, and per layout and routing the rules LAYOUT_RULES and LAYOUTS_OF_ROUTING
+    state. The other cross-field rules (shapes that must agree, names that must resolve, top_k <= num_experts) compare
+    values, which JSON Schema cannot; docs/formats.md lists them with the function that checks each."""
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", **Manifest.model_json_schema()}
     schema["$id"] = f"https://mobile-moe/{FORMAT}/v{VERSION}.schema.json"
+    schema["allOf"] = [_layout_rule(layout, rule) for layout, rule in LAYOUT_RULES.items()] + [
+        _routing_rule(routing, layouts) for routing, layouts in LAYOUTS_OF_ROUTING.items()
+    ]
     return schema
 
 

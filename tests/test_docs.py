@@ -8,6 +8,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from mobile_moe.export.manifest_schema import json_schema
 
 REPOSITORY = Path(__file__).resolve().parent.parent
@@ -31,3 +33,62 @@ def test_the_committed_json_schema_is_the_generated_one():
     committed = json.loads((REPOSITORY / "docs" / "manifest.schema.json").read_text())
     regenerate = "python -m mobile_moe.export.manifest_schema > docs/manifest.schema.json"
     assert committed == json_schema(), f"the schema changed: {regenerate}"
+
+
+def test_the_schema_has_a_rule_for_every_layout_and_routing():
+    from mobile_moe.export.manifest_schema import LAYOUT_RULES, LAYOUTS, LAYOUTS_OF_ROUTING
+
+    schema = json_schema()
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema" and set(LAYOUT_RULES) == set(LAYOUTS)
+    assert len(schema["allOf"]) == len(LAYOUTS) + len(LAYOUTS_OF_ROUTING)
+
+
+def _set(manifest: dict, path: str, value) -> dict:
+    changed = json.loads(json.dumps(manifest))
+    *parents, last = path.split(".")
+    node = changed
+    for part in parents:
+        node = node[part]
+    if value is DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    return changed
+
+
+DELETE = object()
+REFUSED_BY_BOTH = {  # what a phone app's JSON Schema validator refuses, as validate_manifest does
+    "an expert-paths bundle choosing 2 experts": ("top_k", 2),
+    "an expert-paths bundle without its experts": ("composition.experts", DELETE),
+    "per-token routing in an expert-paths layout": ("routing", "token"),
+    "no experts at all": ("num_experts", 0),
+}
+
+
+@pytest.mark.parametrize("change", list(REFUSED_BY_BOTH))
+def test_a_phone_apps_schema_validator_refuses_what_our_reader_refuses(bundle, change):
+    """The committed schema, read by the `jsonschema` library as a phone app's reader would: every real manifest
+    passes; each change is refused by it and by validate_manifest alike."""
+    import jsonschema
+
+    from mobile_moe.export.manifest_schema import validate_manifest
+
+    validator = jsonschema.Draft202012Validator(json.loads((REPOSITORY / "docs" / "manifest.schema.json").read_text()))
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["composition"]["layout"] == "expert-paths" and not list(validator.iter_errors(manifest))
+    changed = _set(manifest, *REFUSED_BY_BOTH[change])
+    assert list(validator.iter_errors(changed))
+    with pytest.raises(ValueError):
+        validate_manifest(changed)
+
+
+def test_a_dense_manifest_passes_and_a_dense_bundle_choosing_experts_is_refused(tmp_path):
+    import jsonschema
+    from conftest import tiny_model
+
+    from mobile_moe.export.bundle import export_bundle
+
+    validator = jsonschema.Draft202012Validator(json_schema())
+    manifest = export_bundle(tiny_model("vit").eval(), tmp_path / "dense", "onnx").to_json()
+    assert not list(validator.iter_errors(manifest))
+    assert list(validator.iter_errors(_set(manifest, "top_k", 1)))
