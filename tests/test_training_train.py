@@ -173,7 +173,7 @@ def test_cli_trains_refuses_to_overwrite_and_resumes(tmp_path, capsys):
     assert main(argv) == 0
     assert load_run(out).config["model"]["num_classes"] == 6  # taken from the data
     assert capsys.readouterr().err.splitlines()[-1] == (  # the tiny recipe warms up for 1 epoch: all of this run
-        "warning: the run's 1 epoch(s) ended inside the recipe's 1 warm-up epoch(s), so the learning rate never "
+        "warning: the run's 1 epoch(s) end inside the recipe's 1 warm-up epoch(s), so the learning rate never "
         "reached its peak; give --epochs more than 1 or --set warmup_epochs=0.2"
     )
     assert main(argv) == 2 and "already holds a run" in capsys.readouterr().err
@@ -192,3 +192,67 @@ def test_load_run_refuses_a_directory_that_is_not_a_run(tmp_path):
         load_run(tmp_path)
     with pytest.raises(UsageError, match="does not exist"):
         load_run(tmp_path / "nowhere")
+
+
+# --- runs that would teach nothing: refused before, warned during ---------------------------------------------------
+
+
+def test_one_class_data_is_refused_before_training(tmp_path, capsys):
+    from conftest import write_imagefolder
+
+    root = write_imagefolder(tmp_path / "folder", {"train": 4, "val": 4}, ("cat",), (16, 16))
+    argv = ["train", "--model", "vit", "--size", "2x32", "--patch", "8", "--image-size", "16", "--recipe", "tiny",
+            "--data", f"imagefolder:{root}", "--out", str(tmp_path / "run")]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "has one class ('cat')" in err and err.count("\n") == 1 and not (tmp_path / "run").exists()
+
+
+def test_the_warm_up_warning_comes_before_the_first_step(tmp_path, capsys, monkeypatch):
+    def first_epoch_fails(session, epoch):
+        raise UsageError("the first epoch failed")
+
+    monkeypatch.setattr(train_module, "_epoch", first_epoch_fails)
+    argv = ["train", "--model", "vit", "--size", "2x32", "--patch", "4", "--image-size", "16", "--data", SYNTHETIC,
+            "--recipe", "tiny", "--epochs", "1", "--out", str(tmp_path / "run"), "--quiet"]  # fmt: skip
+    assert main(argv) == 2
+    warning, error = capsys.readouterr().err.splitlines()
+    assert warning.startswith("warning: the run's 1 epoch(s) end inside") and "first epoch failed" in error
+
+
+@pytest.mark.parametrize(
+    "load, top_k, warned",
+    [
+        ([0.0, 1.0], 1, True),  # every image to expert 1
+        ([0.004, 0.996, 0.0], 1, True),
+        ([0.5, 0.5, 0.0, 0.0], 2, True),  # k=2 over 4 experts, two of them never chosen
+        ([0.2, 0.5, 0.3], 1, False),
+        ([1.0, 1.0, 1.0], 2, False),  # a per-token MoE: every image uses every expert
+        ([1.0], 1, False),  # one expert: nothing to collapse onto
+        (None, 1, False),  # a dense model
+    ],
+)
+def test_a_collapsed_router_is_recognised(load, top_k, warned):
+    from mobile_moe.training.routing import collapse_warning
+
+    assert (collapse_warning(load, top_k, epoch=3) is not None) == warned
+
+
+def test_a_router_sending_every_image_to_one_expert_is_warned_about_once(tmp_path, capsys, monkeypatch):
+    real = train_module.evaluate
+
+    def collapsed(*args, **kwargs):
+        scores = real(*args, **kwargs)
+        return {**scores, "expert_load": [0.0, 0.0, 1.0]}
+
+    monkeypatch.setattr(train_module, "evaluate", collapsed)
+    argv = ["train", "--model", "mobile-vmoe", "--size", "2x32", "--patch", "4", "--image-size", "16", "--data",
+            SYNTHETIC, "--super-classes", "truth", "--experts", "3", "--moe-layers", "1", "--recipe", "tiny",
+            "--epochs", "2", "--out", str(tmp_path / "run"), "--quiet"]  # fmt: skip
+    assert main(argv) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "the router sent" in line]
+    assert warnings == [
+        "warning: epoch 1: the router sent 100.0% of validation images to expert(s) 2 of 3 (expert_load in "
+        "metrics.jsonl); the others learn nothing: check the super-classes (`mobile-moe superclass show`), or add a "
+        "--balance-loss"
+    ]

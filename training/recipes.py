@@ -80,12 +80,12 @@ class TrainConfig:
         return self.base_lr * self.batch_size / self.base_batch
 
     def short_run_warning(self) -> str | None:
-        """What to say when the run ends inside its linear warm-up: the learning rate never reaches its peak, and the
-        cosine decay never starts (a short fine-tune on the deit recipe, say)."""
+        """What to say, before the first step, when the run will end inside its linear warm-up: the learning rate never
+        reaches its peak, and the cosine decay never starts (a short fine-tune on the deit recipe, say)."""
         if self.epochs > self.warmup_epochs:
             return None
         return (
-            f"warning: the run's {self.epochs} epoch(s) ended inside the recipe's {self.warmup_epochs:g} warm-up "
+            f"warning: the run's {self.epochs} epoch(s) end inside the recipe's {self.warmup_epochs:g} warm-up "
             f"epoch(s), so the learning rate never reached its peak; give --epochs more than {self.warmup_epochs:g} "
             f"or --set warmup_epochs={max(self.epochs / 5, 0.1):g}"
         )

@@ -29,3 +29,24 @@ class TrainingForward(nn.Module):
         if self.route_by == "router":
             return self.model(images)
         return self.model(images, route_to=super_labels)
+
+
+COLLAPSED_SHARE = 0.99  # the top_k busiest experts taking this share of the routing leave the others idle
+
+
+def collapse_warning(expert_load: list[float] | None, top_k: int, epoch: int) -> str | None:
+    """What to say when the router sends (nearly) every validation image to the same top_k experts of more: the other
+    experts see no images and learn nothing. `expert_load`: evaluate's share of images using each expert. A per-token
+    MoE's images each use most experts, so its loads never concentrate like this."""
+    if not expert_load or len(expert_load) <= max(top_k, 1):
+        return None
+    busiest = sorted(range(len(expert_load)), key=expert_load.__getitem__, reverse=True)[: max(top_k, 1)]
+    share = sum(expert_load[e] for e in busiest) / sum(expert_load) if sum(expert_load) else 0.0
+    if share < COLLAPSED_SHARE:
+        return None
+    experts = ", ".join(map(str, sorted(busiest)))
+    return (
+        f"warning: epoch {epoch}: the router sent {100 * share:.1f}% of validation images to expert(s) {experts} of "
+        f"{len(expert_load)} (expert_load in metrics.jsonl); the others learn nothing: check the super-classes "
+        "(`mobile-moe superclass show`), or add a --balance-loss"
+    )

@@ -42,7 +42,7 @@ from mobile_moe.training.engine import EpochContext, NonFiniteLoss, Optimisation
 from mobile_moe.training.evaluate import evaluate
 from mobile_moe.training.imported import refuse_resume, refuse_training_into
 from mobile_moe.training.recipes import MAY_CHANGE_ON_RESUME, TrainConfig, from_dict
-from mobile_moe.training.routing import TrainingForward
+from mobile_moe.training.routing import TrainingForward, collapse_warning
 from mobile_moe.training.run_dir import (
     CONFIG,
     LAST,
@@ -149,6 +149,11 @@ def rng_states() -> dict[str, Any]:
 
 
 def check_model_fits_data(model_config: ViTConfig, data: Data) -> None:
+    if data.num_classes < 2:
+        raise UsageError(
+            f"{data.spec} has one class ({data.class_names[0]!r}): a classifier needs at least two, or every image "
+            "is right by construction; add a folder per class"
+        )
     if model_config.num_classes != data.num_classes:
         raise UsageError(
             f"the model has {model_config.num_classes} classes but {data.spec} has {data.num_classes}; "
@@ -445,9 +450,9 @@ def _train(request: TrainRequest) -> Path:
         progress = _restore_progress(state, request.out_dir, opt, say)
         _prepare_run_dir(request.out_dir, run_config, state, placement, say)
         session = Session(request, placement, run, opt, _epoch_context(request, run, placement), run_config, say)
-        _train_epochs(session, progress)
         if state is None and placement.is_main and (warning := request.cfg.short_run_warning()):
-            print(warning, file=sys.stderr, flush=True)  # once it ran: a run that fails says one line, its error
+            print(warning, file=sys.stderr, flush=True)  # before the first step, once every check has passed
+        _train_epochs(session, progress)
         say(f"best val top-1 {100 * progress.best_top1:.2f}%; run in {request.out_dir}")
         return request.out_dir
     finally:
@@ -556,12 +561,23 @@ def _train_epochs(session: Session, progress: RunProgress) -> None:
         f"{run.data.num_classes} classes) on {session.placement.device} x{session.placement.world_size}, "
         f"{cfg.epochs} epochs, batch {cfg.batch_size}, lr {cfg.lr:.2e} -> {request.out_dir}"
     )
+    warned_collapse = False
     for epoch in range(progress.start_epoch, cfg.epochs):
         row = _epoch(session, epoch)
         progress.record(row)
         if session.placement.is_main:
             commit_epoch(request.out_dir, _checkpoint(session, progress, row))
-        session.say(epoch_line(row))
+            session.say(epoch_line(row))
+            warned_collapse = warned_collapse or _warned_collapse(run.model_config, row)
+
+
+def _warned_collapse(model_config: ViTConfig, row: dict[str, Any]) -> bool:
+    """Say (once a run, even under --quiet: its experts sit idle) when the epoch's router sent nearly every image to
+    the same experts; -> whether it was said."""
+    warning = collapse_warning(row.get("expert_load"), getattr(model_config, "top_k", 1), row["epoch"])
+    if warning is not None:
+        print(warning, file=sys.stderr, flush=True)
+    return warning is not None
 
 
 def _epoch(session: Session, epoch: int) -> dict[str, Any]:
