@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mobile_moe.atomic import atomic_path, write_text_atomic
+from mobile_moe.atomic import write_text_atomic
+from mobile_moe.plot_files import save_figure
 
 
 def _ms(value) -> str:
@@ -131,11 +132,6 @@ def markdown(results: dict, plot_files: list[str] = ()) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _save(figure, path: Path) -> None:
-    with atomic_path(path) as tmp:
-        figure.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
-
-
 PLOTS = {  # file -> what it shows (report.md's caption)
     "latency.png": "warm latency per image",
     "memory.png": "peak memory and graph bytes loaded per image",
@@ -162,7 +158,17 @@ def _latency_plot(plt, results: dict):
     figure, axis = _bars(plt, results, "Warm latency per image: p50, whisker to p90")
     p50 = [run["latency_ms"]["p50"] for run in runs]
     p90 = [run["latency_ms"]["p90"] - run["latency_ms"]["p50"] for run in runs]
-    axis.bar(range(len(runs)), p50, yerr=[[0] * len(runs), p90], capsize=4, color="tab:blue")
+    wide = [run["spread"]["wide"] for run in runs]
+    bars = axis.bar(range(len(runs)), p50, yerr=[[0] * len(runs), p90], capsize=4, color="tab:blue")
+    for bar, run, is_wide in zip(bars, runs, wide, strict=True):  # the report's WIDE flag, on the bar it concerns
+        if is_wide:
+            bar.set_hatch("//")
+            bar.set_facecolor("tab:orange")
+            top = (bar.get_x() + bar.get_width() / 2, bar.get_height())
+            axis.annotate(f"WIDE {run['spread']['relative']:.0%}", top, xytext=(0, 2), textcoords="offset points",
+                          ha="center", va="bottom", fontsize=7)  # fmt: skip
+    if any(wide):
+        axis.set_title(axis.get_title() + "\nhatched: rounds disagree by more than 10% (WIDE): noisy", fontsize=9)
     axis.set_xticks(range(len(runs)), [_label(run) for run in runs], rotation=30, ha="right", fontsize=7)
     axis.set_ylabel("ms")
     axis.set_ylim(bottom=0)
@@ -220,7 +226,7 @@ def plots(results: dict, out_dir: Path) -> list[Path]:
         figures["accuracy_vs_flops.png"] = _accuracy_plot(plt, results, scored)
     written = []
     for name, figure in figures.items():
-        _save(figure, out_dir / name)
+        save_figure(figure, out_dir / name)
         plt.close(figure)
         written.append(out_dir / name)
     return written

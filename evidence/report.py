@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mobile_moe.atomic import atomic_path, write_text_atomic
+from mobile_moe.atomic import write_text_atomic
 from mobile_moe.evidence.figures import ROUTING_OF_ROW, Figure
 from mobile_moe.evidence.results import CellResult
+from mobile_moe.plot_files import save_figure
 
 
 @dataclass
@@ -252,11 +253,6 @@ def csv_text(rows: list[dict[str, Any]]) -> str:
 # --- the plots --------------------------------------------------------------------------------------------------------
 
 
-def _save(figure, path: Path) -> None:
-    with atomic_path(path) as tmp:
-        figure.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
-
-
 def _measured(results: list[CellResult], role: str | None = None) -> list[CellResult]:
     return [r for r in results if r.mean("top1") is not None and (role is None or r.cell.role == role)]
 
@@ -336,7 +332,7 @@ def plot_figure(fig: Figure, results: list[CellResult], setting: Setting, path: 
     axis.set_ylabel("accuracy (%)")
     axis.set_title(f"{fig.name}: {fig.title}\n{_trained_on(setting)}", fontsize=9)
     axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7, frameon=False)
-    _save(figure, path)
+    save_figure(figure, path)
     plt.close(figure)
 
 
@@ -361,7 +357,7 @@ def plot_latency(fig: Figure, results: list[CellResult], setting: Setting, path:
     axis.set_ylabel("top-1 (%)")
     axis.set_title(f"{fig.name}: accuracy vs measured latency\n{_trained_on(setting)}", fontsize=9)
     axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7, frameon=False)
-    _save(figure, path)
+    save_figure(figure, path)
     plt.close(figure)
 
 

@@ -15,8 +15,8 @@ import networkx as nx  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
-from mobile_moe.atomic import atomic_path  # noqa: E402
 from mobile_moe.errors import UsageError  # noqa: E402
+from mobile_moe.plot_files import save_figure  # noqa: E402
 from mobile_moe.super_class.graph import class_affinity, knn_sparsify  # noqa: E402
 from mobile_moe.super_class.superclasses import SuperClasses  # noqa: E402
 
@@ -91,8 +91,6 @@ def plot_super_classes(path: str | os.PathLike, confusion: np.ndarray, super_cla
     try:
         draw_graph(left, confusion, super_classes)
         draw_heatmap(right, confusion, super_classes)
-        figure.tight_layout()
-        with atomic_path(path) as tmp:
-            figure.savefig(tmp, format=path.suffix.lower()[1:], dpi=120)
+        save_figure(figure, path)
     finally:
         plt.close(figure)

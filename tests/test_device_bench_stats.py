@@ -192,3 +192,20 @@ def test_report_files_and_side_by_side(tmp_path):
     text = (tmp_path / "report.md").read_text()
     assert "ratio 1.111" in text  # 10 / 9: MoE vs dense p50, side by side
     assert all(path.stat().st_size > 0 for path in written)
+
+
+def test_the_latency_plot_marks_the_runs_the_report_calls_wide():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from mobile_moe.device_bench.report import _latency_plot
+
+    steady = run_record("b/dense", fake_manifest("dense"), "native", "host", [fake_round(9.0, [])], "random:0")
+    noisy = dict(steady, bundle_name="noisy", spread={"relative": 0.25, "wide": True})
+    figure = _latency_plot(plt, {"runs": [steady, noisy], "host": "test"})
+    axis = figure.axes[0]
+    assert [bar.get_hatch() for bar in axis.patches] == [None, "//"]
+    assert [text.get_text() for text in axis.texts] == ["WIDE 25%"] and "WIDE" in axis.get_title()
+    plt.close(figure)
