@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mobile_moe.atomic import atomic_path
-from mobile_moe.device_bench.native_build import NATIVE_DIR, CrossBuild, build_runner, cache_root
+from mobile_moe.cache import cache_root
+from mobile_moe.device_bench.native_build import NATIVE_DIR, CrossBuild, build_runner
 from mobile_moe.device_bench.remote import RunnerFiles, run_remote
 from mobile_moe.device_bench.round_report import RoundReport
 from mobile_moe.device_bench.round_settings import RoundSettings

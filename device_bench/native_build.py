@@ -20,6 +20,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from mobile_moe.cache import cache_root
 from mobile_moe.errors import UsageError
 
 NATIVE_DIR = Path(__file__).resolve().parent / "native"
@@ -34,10 +35,6 @@ def executorch_package_dir() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise UsageError("the executorch package is not installed; install the pinned executorch==1.5.1")
     return Path(next(iter(spec.submodule_search_locations)))
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("MOBILE_MOE_CACHE", Path.home() / ".cache" / "mobile-moe"))
 
 
 def missing_tools() -> list[str]:

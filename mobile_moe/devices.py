@@ -3,6 +3,7 @@ derive, reproduce): a typo or CUDA that is not there is one line, never a silent
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from mobile_moe.errors import UsageError
@@ -26,3 +27,8 @@ def resolve_device(choice: str, local_rank: int = 0) -> torch.device:
     if choice == "cpu":
         return torch.device("cpu")
     raise UsageError(f"device {choice!r}: choose {', '.join(DEVICES[:-1])} or {DEVICES[-1]}")
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the OS has one, as on Linux; else all of them)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -27,8 +27,8 @@ class UnreadableImage(UsageError):
 
 def read_image(path: str | os.PathLike, mode: str = "RGB") -> Image.Image:
     """The image at `path`, converted to `mode` ("RGB", or "L" for one channel); UnreadableImage if it cannot be.
-    The default mode makes it torchvision's pil_loader, as ImageFolder's `loader` (it decodes lazily, so a broken
-    file surfaces mid-epoch)."""
+    The default mode makes it torchvision's pil_loader, as ImageFolder's `loader`; ImageFolder decodes lazily, so
+    training/image_check.py decodes every file of a folder with it before the work starts."""
     if not os.path.exists(path):
         raise UnreadableImage(f"image {path} does not exist")
     if not os.path.isfile(path):  # a directory, a FIFO (opening it would wait forever) or a device

@@ -128,3 +128,15 @@ def bundle(tmp_path_factory) -> Path:
 
     model = tiny_model("mobile-vmoe", pool="mean").eval()
     return built_once(tmp_path_factory, "tiny-moe", lambda out: export_bundle(model, out, "executorch"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def image_checks_in_the_sessions_temporary_folder(tmp_path_factory):
+    """Image folders' check verdicts (training/image_check.py) go under the session's temporary folder, not the
+    user's ~/.cache: the suite leaves nothing behind, and every session decodes its folders afresh."""
+    from mobile_moe.training import image_check
+
+    root = tmp_path_factory.getbasetemp()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(image_check, "cache_root", lambda: root)
+        yield

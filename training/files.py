@@ -15,6 +15,7 @@ from torch.utils.data import Dataset, Subset
 from mobile_moe.errors import UsageError
 from mobile_moe.image_files import read_image
 from mobile_moe.super_class.superclasses import SuperClasses, from_labels
+from mobile_moe.training.image_check import check_images
 
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
 CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
@@ -84,6 +85,7 @@ def open_imagefolder(root: str) -> tuple[Dataset | None, Dataset, list[str]]:
             raise UsageError(f"imagefolder:{root}: {error}; {layout}") from None
     if "train" in folders and folders["train"].classes != folders["val"].classes:
         raise UsageError(f"imagefolder:{root}: train and val have different class folders; {layout}")
+    check_images(path, [file for folder in folders.values() for file, _ in folder.samples], f"imagefolder:{root}")
     return folders.get("train"), folders["val"], list(folders["val"].classes)
 
 

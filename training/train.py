@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from mobile_moe.atomic import check_writable
 from mobile_moe.checkpoint import checkpoint_dict, load_checkpoint, load_weights
 from mobile_moe.config import ViTConfig
+from mobile_moe.devices import usable_cores
 from mobile_moe.errors import UsageError
 from mobile_moe.moe import STACKED, compile_model, per_expert_key, stacked
 from mobile_moe.registry import build_model, config_from_dict
@@ -204,11 +205,6 @@ def check_routing_groups(model_config: ViTConfig, images_per_step: int) -> None:
             f"each process trains on batches of {images_per_step} images, which do not split into routing groups of "
             f"routing_group_images={group}; use a --batch-size whose share per process is a multiple of {group}"
         )
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity where the OS has one, as on Linux; else all of them)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def make_loader(dataset, cfg: TrainConfig, placement: distributed.Placement) -> tuple[DataLoader, DistributedSampler]:
