@@ -90,16 +90,23 @@ def tiny_size(num_classes: int, num_super_classes: int) -> int:
     return max(2, num_classes // (10 * num_super_classes))
 
 
+SWITCH_FROM = 10  # classes per super-class on average from which a tiny super-class means a degenerate split
+
+
 def spectral_auto(confusion: np.ndarray, num_super_classes: int, seed: int) -> tuple[np.ndarray, str]:
     """Spectral clustering on the direct graph, or on the shared one if direct breaks off tiny super-classes.
 
     On sparse, noisy graphs the leading eigenvectors localise on a few weakly attached classes, and spectral
     clustering returns super-classes of 1-3 classes (seen on planted 1000-class structure at noise 0.6); the shared
-    affinity is dense and does not. The one with the larger smallest super-class wins; ties keep direct.
+    affinity is dense and does not. The one with the larger smallest super-class wins; ties keep direct. Below
+    SWITCH_FROM classes per super-class on average a super-class of one or two classes is an ordinary outcome (ten
+    digits into five groups), not a sign of it: direct stays (the shared graph's even sizes had cost the demo its
+    grouping, down to chance).
     """
     direct = spectral_clusters(clustering_affinity(confusion, "direct"), num_super_classes, seed)
     smallest = np.bincount(direct, minlength=num_super_classes).min()
-    if smallest >= tiny_size(confusion.shape[0], num_super_classes):
+    few_per_group = confusion.shape[0] < SWITCH_FROM * num_super_classes
+    if few_per_group or smallest >= tiny_size(confusion.shape[0], num_super_classes):
         return direct, "direct"
     shared = spectral_clusters(clustering_affinity(confusion, "shared"), num_super_classes, seed)
     if np.bincount(shared, minlength=num_super_classes).min() > smallest:

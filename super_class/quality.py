@@ -32,6 +32,20 @@ def random_share(sizes: np.ndarray) -> float | None:
     return float((sizes * (sizes - 1)).sum() / (num_classes * (num_classes - 1)))
 
 
+CHANCE_SAMPLES = 200  # random groupings drawn to measure how far chance alone moves the within share
+
+
+def chance_spread(matrix: np.ndarray, assignment: np.ndarray, seed: int = 0) -> float | None:
+    """The within share's standard deviation over random super-classes of the same sizes (the assignment shuffled,
+    CHANCE_SAMPLES times, seeded): how far a grouping can stray from `chance_share` by luck alone, so a derived
+    grouping's distance from chance can be read in units of it. None where the share is undefined."""
+    if within_share(matrix, assignment) is None:
+        return None
+    rng = np.random.default_rng(seed)
+    shares = [within_share(matrix, rng.permutation(assignment)) for _ in range(CHANCE_SAMPLES)]
+    return float(np.std(shares))
+
+
 def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 6)
 
@@ -41,7 +55,8 @@ def quality(confusion: np.ndarray, assignment, classes_without_images: list[int]
 
     within_confusion_share: off-diagonal confusion mass inside super-classes (raw matrix, so frequent classes count
     more); within_affinity_share: the same on the row-normalised graph (every class counts equally); chance_share:
-    what random super-classes of the same sizes would get; balance: smallest / largest size. A share that is
+    what random super-classes of the same sizes would get, and chance_share_std how much that varies from one random
+    grouping to another (on this matrix); balance: smallest / largest size. A share that is
     undefined (no off-diagonal confusion to share out) is None (null in the file), never NaN.
     """
     assignment = np.asarray(assignment)
@@ -50,6 +65,7 @@ def quality(confusion: np.ndarray, assignment, classes_without_images: list[int]
         "within_confusion_share": _rounded(within_share(confusion, assignment)),
         "within_affinity_share": _rounded(within_share(class_affinity(confusion), assignment)),
         "chance_share": _rounded(random_share(sizes)),
+        "chance_share_std": _rounded(chance_spread(confusion, assignment)),
         "sizes": sizes.tolist(),
         "size_min": int(sizes.min()),
         "size_max": int(sizes.max()),

@@ -43,6 +43,7 @@ class Quality(_Strict):
     within_confusion_share: Share | None = None
     within_affinity_share: Share | None = None
     chance_share: Share | None = None
+    chance_share_std: Share | None = None
     balance: Share | None = None
     sizes: Annotated[list[Index], Field(max_length=MAX_CLASSES)] | None = None
     size_min: Index | None = None

@@ -39,7 +39,7 @@ def format_table(super_classes: SuperClasses, examples: int = 3, seed: int = 0) 
     if "within_confusion_share" in measured:
         lines.append(
             f"confusion inside super-classes: {_share(measured.get('within_confusion_share'))} "
-            f"(chance {_share(measured.get('chance_share'))}); "
+            f"(chance {_share(measured.get('chance_share'))}{_plus_minus(measured.get('chance_share_std'))}); "
             f"sizes {measured.get('size_min', '?')}-{measured.get('size_max', '?')}, "
             f"balance {_share(measured.get('balance'), '.2f')}"
         )
@@ -52,11 +52,18 @@ def format_table(super_classes: SuperClasses, examples: int = 3, seed: int = 0) 
     return "\n".join(lines)
 
 
+def _plus_minus(spread: float | None) -> str:
+    return "" if spread is None else f" ± {spread:.1%}"
+
+
 def chance_caution(measured: dict) -> str | None:
     """A caution when the super-classes gather no more of the dense model's confusion than random ones of the same
-    sizes would: then they carry no grouping the router could learn from (too few errors, or errors spread evenly)."""
+    sizes would (within 10%, or within two of chance's standard deviations where the file has it): then they carry
+    no grouping the router could learn from (too few errors, or errors spread evenly)."""
     within, chance = measured.get("within_confusion_share"), measured.get("chance_share")
-    if within is None or chance is None or within > CHANCE_MARGIN * chance:
+    if within is None or chance is None:
+        return None
+    if within > max(CHANCE_MARGIN * chance, chance + 2 * (measured.get("chance_share_std") or 0.0)):
         return None
     where = "below" if within < chance else "at about"
     return (

@@ -189,3 +189,62 @@ def test_as_many_super_classes_as_classes_is_one_class_each_without_a_third_part
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # scipy's eigensolver warns "k >= N" when asked for N eigenvectors
         assert cluster(confusion, 4, method=method).tolist() == [0, 1, 2, 3]
+
+
+def ten_digits_confusion() -> np.ndarray:
+    """A 10-class dense model's validation confusion as the demo's: a few strong pairs and a triple, one class that
+    is confused with nobody, and thin noise everywhere (hard counts, 27 images per class)."""
+    matrix = np.full((10, 10), 0.2)
+    for group in ((0, 6), (1, 8), (3, 5, 9), (4, 2)):
+        for a in group:
+            for b in group:
+                matrix[a, b] += 3.0 if a != b else 0.0
+    np.fill_diagonal(matrix, 25.0)
+    return matrix
+
+
+@pytest.mark.parametrize("num_classes, tries_shared", [(10, False), (40, False), (100, True)])
+def test_a_one_class_super_class_switches_to_the_shared_graph_only_with_many_classes_per_group(
+    monkeypatch, num_classes, tries_shared
+):
+    """10 digits into 5: a super-class of one class is an ordinary outcome, not a degenerate spectral split (the
+    shared graph's even pairs had taken the demo's grouping down to chance); 100 classes into 5, it is one."""
+    from mobile_moe.super_class import clustering
+
+    graphs = []
+
+    def one_class_apart(graph, num_super_classes, seed):
+        graphs.append(graph)
+        labels = np.arange(graph.shape[0]) % (num_super_classes - 1) + 1
+        labels[0] = 0  # super-class 0 holds class 0 alone
+        return labels
+
+    monkeypatch.setattr(clustering, "spectral_clusters", one_class_apart)
+    confusion = np.eye(num_classes) * 20 + 0.5
+    labels, affinity = clustering.spectral_auto(confusion, 5, seed=0)
+    assert (len(graphs) == 2) == tries_shared and affinity == "direct" and np.bincount(labels).min() == 1
+
+
+def test_the_demos_kind_of_confusion_keeps_its_grouping_well_above_chance():
+    measured = quality(ten_digits_confusion(), cluster(ten_digits_confusion(), 5))
+    assert measured["within_confusion_share"] > measured["chance_share"] + 2 * measured["chance_share_std"]
+
+
+def test_chance_has_a_measured_spread_and_the_listing_states_it():
+    from mobile_moe.super_class.superclasses import SuperClasses
+    from mobile_moe.super_class.table import chance_caution, format_table
+
+    confusion = ten_digits_confusion()
+    rng = np.random.default_rng(1)
+    randoms = [quality(confusion, rng.permutation(np.repeat(np.arange(5), 2)))["within_confusion_share"]
+               for _ in range(400)]  # fmt: skip
+    measured = quality(confusion, np.repeat(np.arange(5), 2))
+    assert measured["chance_share"] == pytest.approx(np.mean(randoms), abs=0.02)
+    assert measured["chance_share_std"] == pytest.approx(np.std(randoms), rel=0.25)
+    derived = cluster(confusion, 5)
+    listing = format_table(SuperClasses(derived.tolist(), [str(c) for c in range(10)], [f"s{s}" for s in range(5)],
+                                        "spectral", "test", quality(confusion, derived)))  # fmt: skip
+    assert f"± {quality(confusion, derived)['chance_share_std']:.1%}" in listing and "caution" not in listing
+    near = {"within_confusion_share": 0.2, "chance_share": 0.15, "chance_share_std": 0.04}
+    assert chance_caution(near) is not None  # 0.2 is within two of chance's stds of 0.15
+    assert chance_caution({**near, "chance_share_std": 0.01}) is None
