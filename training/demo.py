@@ -37,8 +37,8 @@ def train_digits(
     split. `super_classes` (MoE only): a super-class file with 5 super-classes of the digits, or random[:SEED].
     `epochs`: None for the tiny recipe's (15); otherwise at least 1 (0 is refused, not read as "the default").
 
-    Returns run_dir, test_top1, test_top5, router_accuracy (None for dense), expert_load, images_per_s (mean over
-    epochs) and wall_s.
+    Returns run_dir, test_top1, test_top5, val_top1 (the best epoch's: best.pt's), router_accuracy (None for dense),
+    expert_load, images_per_s (mean over epochs) and wall_s.
     """
     name, extra = MODELS[kind]
     fields = dict(DEMO_MODEL)
@@ -57,6 +57,7 @@ def train_digits(
         "epochs": recipe.epochs,
         "test_top1": scores["top1"],
         "test_top5": scores["top5"],
+        "val_top1": max(row["val_top1"] for row in rows),  # best.pt's: what export records and bench plots
         "router_accuracy": scores["router_accuracy"],
         "expert_load": scores.get("expert_load"),
         "images_per_s": sum(r["images_per_s"] for r in rows) / len(rows),
