@@ -1,0 +1,76 @@
+"""The wheel holds the whole tree: every module of every package folder and every native source, and it imports from
+an installed copy outside the checkout (the package list in pyproject.toml is written by hand: a new folder that it
+misses would import here and be absent for a user)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+NOT_INSTALLED = ("tests/", "benchmarks/")  # the project's own checks and measurements
+
+
+def tracked() -> list[str]:
+    names = subprocess.run(["git", "ls-files"], cwd=REPOSITORY, capture_output=True, text=True, check=True)
+    return names.stdout.splitlines()
+
+
+def installed_path(name: str) -> str:
+    """Where a file of the tree lands in the wheel, by pyproject.toml's package map: export/bundle.py ->
+    mobile_moe/export/bundle.py; a file in a top-level folder the map does not name lands nowhere ("?/...")."""
+    package_dir = tomllib.loads((REPOSITORY / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    folders = {folder: package.replace(".", "/") for package, folder in package_dir.items()}
+    folders["mobile_moe"] = "mobile_moe"
+    folder, _, rest = name.partition("/")
+    return f"{folders[folder]}/{rest}" if folder in folders else f"?/{name}"
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
+                    str(REPOSITORY)], check=True, capture_output=True)  # fmt: skip
+    (built,) = out.glob("mobile_moe-*.whl")
+    return built
+
+
+@pytest.mark.slow
+def test_the_wheel_holds_every_module_and_native_source_of_the_tree(wheel):
+    inside = set(zipfile.ZipFile(wheel).namelist())
+    shipped = [name for name in tracked() if not name.startswith(NOT_INSTALLED)]
+    expected = {
+        installed_path(name) for name in shipped if name.endswith(".py") or name.startswith("device_bench/native/")
+    }
+    assert expected and sorted(expected - inside) == []
+    packages = {os.path.dirname(name) for name in expected if name.endswith(".py")}
+    assert all(f"{package}/__init__.py" in inside for package in packages)
+
+
+@pytest.mark.slow
+def test_the_installed_wheel_imports_and_runs_outside_the_checkout(wheel, tmp_path):
+    zipfile.ZipFile(wheel).extractall(tmp_path / "site")
+    modules = sorted(
+        ".".join(Path(name).with_suffix("").parts)
+        for name in zipfile.ZipFile(wheel).namelist()
+        if name.endswith(".py") and not name.endswith("__main__.py")
+    )
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    module = importlib.import_module(name.removesuffix('.__init__'))\n"
+        "    assert module.__file__.startswith(sys.argv[1]), module.__file__\n"
+        "from mobile_moe.app.cli import main\n"
+        "sys.exit(main(['info', '--model', 'mobile-vmoe', '--size', 'deit-ti', '--json']))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    result = subprocess.run([sys.executable, "-c", code, str(tmp_path / "site")], cwd=tmp_path, env=env,
+                            capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert '"params_active"' in result.stdout
