@@ -83,8 +83,8 @@ def _run(command: list[str], what: str) -> None:
         )
 
 
-SANITIZERS = {"address": "asan", "undefined": "ubsan"}
-ASAN_EXIT_CODE = 86  # what an AddressSanitizer report exits with under sanitizer_env()
+SANITIZERS = {"address": "asan", "undefined": "ubsan", "thread": "tsan"}
+ASAN_EXIT_CODE = 86  # what a sanitizer report (address, undefined, thread) exits with under sanitizer_env()
 
 
 def sanitizer_env(base: dict[str, str] | None = None) -> dict[str, str]:
@@ -92,6 +92,7 @@ def sanitizer_env(base: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
     env["ASAN_OPTIONS"] = f"detect_leaks=0:exitcode={ASAN_EXIT_CODE}:abort_on_error=0"
     env["UBSAN_OPTIONS"] = f"halt_on_error=1:print_stacktrace=1:exitcode={ASAN_EXIT_CODE}"
+    env["TSAN_OPTIONS"] = f"halt_on_error=1:exitcode={ASAN_EXIT_CODE}"
     return env
 
 
@@ -114,8 +115,8 @@ def build_runner(
     cross: CrossBuild | None = None,
 ) -> Path:
     """Path to a built runner, configuring and compiling it first when this source has not been built yet.
-    sanitize="address" (or "undefined") builds a sanitizer runner into a separate cache directory; `cross` builds
-    for another machine into its own."""
+    sanitize="address" (or "undefined", or "thread") builds a sanitizer runner into a separate cache directory;
+    `cross` builds for another machine into its own."""
     if sanitize is not None and sanitize not in SANITIZERS:
         raise UsageError(f"sanitize={sanitize!r}: choose one of {', '.join(SANITIZERS)}")
     if cross is None:

@@ -86,7 +86,10 @@ MAX_DIM = 1 << 16  # one tensor dimension
 MAX_ELEMENTS = 1 << 28  # one tensor (1 GiB of float32)
 MAX_CLASSES = 1 << 20
 
-Count = Annotated[int, Field(ge=0, le=1 << 62)]
+MAX_COUNT = 1 << 62  # bytes, parameters
+MAX_GRAPHS = 1 << 16
+
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 Dim = Annotated[int, Field(ge=1, le=MAX_DIM)]
 Name = Annotated[str, Field(min_length=1, max_length=256)]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
@@ -215,7 +218,7 @@ class Manifest(_Strict):
     class_names: list[Annotated[str, Field(max_length=1024)]]
     super_class_names: list[Annotated[str, Field(max_length=1024)]] | None = None
     composition: Composition
-    graphs: Annotated[list[GraphEntry], Field(min_length=1, max_length=1 << 16)]
+    graphs: Annotated[list[GraphEntry], Field(min_length=1, max_length=MAX_GRAPHS)]
     # What export measured and chose, for people and reports (no consumer's arithmetic depends on them):
     sizes: dict[str, Count] | None = None  # Manifest.phone_sizes(): total, resident, + one expert
     precision: str | None = None  # fp32, fp16, or the int8 / compression method
@@ -492,5 +495,71 @@ def json_schema() -> dict[str, Any]:
     return schema
 
 
-if __name__ == "__main__":  # python -m mobile_moe.export.manifest_schema > docs/manifest.schema.json
-    print(json.dumps(json_schema(), indent=2))
+# --- the same words and bounds for the native runner ------------------------------------------------------------------
+
+CPP_HEADER = "device_bench/native/manifest_schema.h"
+
+
+def _enum_name(word: str) -> str:
+    """ "expert-paths" -> ExpertPaths, "block_shared" -> BlockShared."""
+    return "".join(part.capitalize() for part in word.replace("-", "_").split("_"))
+
+
+def _cpp_words(enum: str, words: tuple[str, ...], what: str) -> list[str]:
+    return [
+        f"// {what}; k{enum}s[i] is the manifest's word for {enum}(i).",
+        f"enum class {enum} {{ {', '.join(_enum_name(word) for word in words)} }};",
+        f"inline constexpr const char* k{enum}s[] = {{{', '.join(json.dumps(word) for word in words)}}};",
+        f"inline const char* name({enum} value) {{ return k{enum}s[static_cast<int>(value)]; }}",
+        "",
+    ]
+
+
+def cpp_header() -> str:
+    """device_bench/native/manifest_schema.h: this module's words (layouts, kinds, roles, backends, routings), the
+    layouts of each routing and the kind of each layout, and its bounds, for the C++ runner, so that the format has
+    one owner in both languages (tests/test_docs.py checks the committed file against this)."""
+    kinds = tuple(dict.fromkeys(KIND_OF_LAYOUT.values()))
+    fits = [f"{{{', '.join('true' if layout in LAYOUTS_OF_ROUTING[r] else 'false' for layout in LAYOUTS)}}}"
+            for r in ROUTINGS]  # fmt: skip
+    kind_of = ", ".join(f"Kind::{_enum_name(KIND_OF_LAYOUT[layout])}" for layout in LAYOUTS)
+    lines = [
+        "// Generated from export/manifest_schema.py, the one manifest schema, by",
+        "//   python -m mobile_moe.export.manifest_schema --cpp-header > device_bench/native/manifest_schema.h",
+        "// Do not edit: change the schema and regenerate (tests/test_docs.py compares the two).",
+        "#pragma once",
+        "",
+        "#include <cstdint>",
+        "",
+        "namespace mobile_moe::runner {",
+        "",
+        f"constexpr int64_t kMaxExperts = {MAX_EXPERTS};",
+        f"constexpr int64_t kMaxDim = {MAX_DIM};",
+        f"constexpr int64_t kMaxElements = {MAX_ELEMENTS};",
+        f"constexpr int64_t kMaxClasses = {MAX_CLASSES};",
+        f"constexpr int64_t kMaxCount = {MAX_COUNT};",
+        f"constexpr int64_t kMaxGraphs = {MAX_GRAPHS};",
+        "",
+        *_cpp_words("Layout", LAYOUTS, "How a bundle's graphs compose (composition.layout)"),
+        *_cpp_words("Kind", kinds, "What a runner does with a layout (Manifest.kind)"),
+        *_cpp_words("Role", ROLES, "What a graph is (graphs[i].role)"),
+        *_cpp_words("Backend", BACKENDS, "The runtime a bundle is for (backend)"),
+        *_cpp_words("Routing", ROUTINGS, "How the model routes (routing)"),
+        "// kKindOfLayout[layout]: Manifest.kind.",
+        f"inline constexpr Kind kKindOfLayout[] = {{{kind_of}}};",
+        "// kLayoutFitsRouting[routing][layout]: whether a model routing that way exports as that layout.",
+        f"inline constexpr bool kLayoutFitsRouting[][{len(LAYOUTS)}] = {{{', '.join(fits)}}};",
+        "",
+        "}  // namespace mobile_moe::runner",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m mobile_moe.export.manifest_schema [--cpp-header] > docs/manifest.schema.json
+    import sys
+
+    if sys.argv[1:] == ["--cpp-header"]:
+        print(cpp_header(), end="")
+    else:
+        print(json.dumps(json_schema(), indent=2))

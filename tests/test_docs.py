@@ -92,3 +92,23 @@ def test_a_dense_manifest_passes_and_a_dense_bundle_choosing_experts_is_refused(
     manifest = export_bundle(tiny_model("vit").eval(), tmp_path / "dense", "onnx").to_json()
     assert not list(validator.iter_errors(manifest))
     assert list(validator.iter_errors(_set(manifest, "top_k", 1)))
+
+
+def test_the_native_runners_schema_header_is_the_generated_one():
+    from mobile_moe.export.manifest_schema import CPP_HEADER, cpp_header
+
+    regenerate = f"python -m mobile_moe.export.manifest_schema --cpp-header > {CPP_HEADER}"
+    assert (REPOSITORY / CPP_HEADER).read_text() == cpp_header(), f"the schema changed: {regenerate}"
+
+
+def test_no_manifest_word_is_spelled_in_cpp_outside_the_parser():
+    """Layouts, kinds and roles reach the runner as manifest_schema.h's enums; only the parser reads their words."""
+    from mobile_moe.export.manifest_schema import KIND_OF_LAYOUT, LAYOUTS, ROLES
+
+    words = "|".join(re.escape(word) for word in {*LAYOUTS, *KIND_OF_LAYOUT.values(), *ROLES})
+    compared = re.compile(rf'[=!]=\s*"({words})"|"({words})"\s*[=!]=')
+    native = REPOSITORY / "device_bench" / "native"
+    for path in [native / "runner.cpp", *native.glob("*.h")]:
+        if path.name not in ("bundle_manifest.h", "manifest_schema.h"):
+            found = [match.group(0) for match in compared.finditer(path.read_text())]
+            assert found == [], f"{path.name} compares manifest words ({found}): use manifest_schema.h's enums"

@@ -4,13 +4,14 @@ there (router, trunk tail, experts), and the native runner loads the chosen expe
 from __future__ import annotations
 
 import hashlib
+import subprocess
 
 import numpy as np
 import pytest
 import torch
 from conftest import needs_build, tiny_model
 
-from mobile_moe.device_bench.native_runner import run_native
+from mobile_moe.device_bench.native_runner import parse_runner_output, run_native, runner_command
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
 from mobile_moe.export.bundle import export_bundle
@@ -117,3 +118,27 @@ def test_the_native_runner_loads_the_expert_while_the_tail_runs(runner, early_bu
     assert set(report["files_opened"]) == {"router.pte", "trunk_tail.pte", "expert.pte"} | {
         f"expert_{e}.ptd" for e in chosen
     }
+
+
+@needs_build
+@pytest.mark.slow
+def test_the_prefetch_thread_runs_clean_under_thread_sanitizer(early_bundle, tmp_path):
+    """The second thread that loads the chosen expert while the tail runs, in a ThreadSanitizer build of the runner
+    (its own code instrumented): no data race reported, the same answers as the plain build's Python twin."""
+    from mobile_moe.device_bench.native_build import ASAN_EXIT_CODE, build_runner, sanitizer_env
+
+    try:
+        tsan = build_runner(sanitize="thread")
+    except UsageError as error:  # e.g. no libtsan for this compiler
+        pytest.skip(f"cannot build the ThreadSanitizer runner here: {error}")
+    _, _, path = early_bundle
+    raw = tmp_path / "images.f32"
+    images().numpy().astype(np.float32).tofile(raw)
+    settings = RoundSettings(iterations=3, warmup=0, cache_experts=1, switch_repeats=1)
+    command = runner_command(tsan, path, raw, settings, tmp_path / "weight-cache")
+    result = subprocess.run(command, capture_output=True, env=sanitizer_env(), timeout=300, check=False)
+    stderr = result.stderr.decode(errors="replace")
+    assert result.returncode != ASAN_EXIT_CODE and "ThreadSanitizer" not in stderr, stderr[-3000:]
+    report = parse_runner_output(result.returncode, result.stdout, result.stderr, "tsan runner", path)
+    expected = [p.experts for p in (load_bundle(path, max_cached_experts=1).predict(image) for image in images())]
+    assert [row["experts"] for row in report["images"]] == expected

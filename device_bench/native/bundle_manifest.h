@@ -29,30 +29,15 @@
 
 #include "errors.h"
 #include "json_reader.h"
+#include "manifest_schema.h"
 #include "manifest_values.h"
 #include "sha256.h"
 
 namespace mobile_moe::runner {
 
-// Bounds shared with export/manifest_schema.py.
-constexpr int64_t kMaxExperts = 4096;
-constexpr int64_t kMaxDim = int64_t{1} << 16;
-constexpr int64_t kMaxElements = int64_t{1} << 28;
-constexpr int64_t kMaxClasses = int64_t{1} << 20;
-constexpr int64_t kMaxCount = int64_t{1} << 62;
-constexpr int64_t kMaxGraphs = int64_t{1} << 16;
-const char* const kRoles[] = {"router", "trunk_tail", "expert", "block_shared", "block_expert",
-                               "head",   "monolithic", "dense",  "whole"};
-const char* const kLayouts[] = {"dense", "monolithic", "expert-paths", "per-block", "whole"};
-const char* const kBackends[] = {"executorch", "onnx", "coreml"};
-const char* const kRoutings[] = {"none", "image", "cluster", "token", "expert", "soft"};
-
-// The layouts each routing kind exports as (export/manifest_schema.py LAYOUTS_OF_ROUTING).
-inline bool layout_fits_routing(const std::string& routing, const std::string& layout) {
-  if (routing == "none") return layout == "dense";
-  if (routing == "image") return layout == "expert-paths" || layout == "per-block" || layout == "monolithic";
-  if (routing == "cluster") return layout == "expert-paths" || layout == "monolithic";
-  return layout == "whole";  // token, expert, soft: per-token MoEs
+// The layouts each routing kind exports as (export/manifest_schema.py LAYOUTS_OF_ROUTING, in manifest_schema.h).
+inline bool layout_fits_routing(Routing routing, Layout layout) {
+  return kLayoutFitsRouting[static_cast<int>(routing)][static_cast<int>(layout)];
 }
 
 // a + b for counts in [0, kMaxCount + 1], held at kMaxCount + 1 (more than any valid count) instead of overflowing:
@@ -101,8 +86,8 @@ struct Graph {
 //                         inside; G expert sets, one per MoE block that owns its experts)
 struct Bundle {
   std::string dir;     // real path
-  std::string kind;    // "split" (router + experts), "dense", "monolithic", "whole"
-  std::string layout;  // "expert-paths", "per-block", "dense", "monolithic", "whole"
+  Kind kind = Kind::Dense;  // Split (router + experts), Dense, Monolithic, Whole
+  Layout layout = Layout::Dense;
   int num_experts = 0, top_k = 1;
   bool renormalize_gates = false;
   std::vector<int32_t> image_shape;  // (1, C, S, S)
@@ -113,7 +98,7 @@ struct Bundle {
   Graph head;                                // per-block
   std::vector<std::vector<Graph>> experts;   // expert -> its graphs (one, or one per block)
   std::vector<Graph> all;                    // every graph the manifest lists (all are checksummed)
-  const Graph& first() const { return kind == "split" ? router : single; }
+  const Graph& first() const { return kind == Kind::Split ? router : single; }
   int64_t expert_bytes(int e) const {
     int64_t total = 0;
     for (const auto& graph : experts[e]) total += graph.load_bytes();
@@ -317,7 +302,7 @@ struct LayoutCheck {
         invalid("num_experts", std::to_string(bundle.num_experts) + " differs from the model's " + shown(*model_experts));
     if (bundle.top_k < k_min || bundle.top_k > k_max)
       invalid("top_k", std::to_string(bundle.top_k) + " must be between " + std::to_string(k_min) + " and " +
-                           std::to_string(k_max) + " for the " + bundle.layout + " layout");
+                           std::to_string(k_max) + " for the " + name(bundle.layout) + " layout");
   }
 
   // The router: images -> router_probs (1, E) and tokens (1, T, D); -> the tokens' shape.
@@ -418,17 +403,17 @@ inline std::map<std::string, Graph> read_graphs(const json::Value& manifest, Bun
 // dense, monolithic, whole: one graph, images -> logits (+ router_probs, or expert_tokens).
 inline void check_single_graph(const LayoutCheck& check) {
   Bundle& bundle = check.bundle;
-  if (check.graphs.size() != 1 || bundle.all.size() != 1 || bundle.all[0].role != bundle.layout)
-    invalid("graphs", "a " + bundle.layout + " bundle holds exactly one graph with role " + bundle.layout);
+  const std::string layout = name(bundle.layout);  // the single-graph layouts' one graph has the layout's role
+  if (check.graphs.size() != 1 || bundle.all.size() != 1 || bundle.all[0].role != layout)
+    invalid("graphs", "a " + layout + " bundle holds exactly one graph with role " + layout);
   bundle.single = bundle.all[0];
-  bundle.kind = bundle.layout;
   const Graph& single = bundle.single;
   if (single.inputs.size() != 1) invalid("graph " + single.name, "needs exactly one input (images)");
   expect_shape(single, &single.inputs[0], bundle.image_shape, "input");
   expect_shape(single, output_spec(single, "logits"), check.logits_shape(), "logits");
-  if (bundle.layout == "dense") {
+  if (bundle.layout == Layout::Dense) {
     if (bundle.num_experts != 0 || bundle.top_k != 0) invalid("num_experts", "a dense bundle has num_experts 0 and top_k 0");
-  } else if (bundle.layout == "monolithic") {
+  } else if (bundle.layout == Layout::Monolithic) {
     check.check_experts_and_k(1, bundle.num_experts);
     expect_shape(single, output_spec(single, "router_probs"), check.probs_shape(), "router_probs");
   } else {  // whole: top_k is per token (0 where the model has none); the runner picks nothing
@@ -510,15 +495,15 @@ inline void validate_layout(const json::Value& manifest, Bundle& bundle) {
   check_class_names(manifest, num_classes);
   std::map<std::string, Graph> graphs = read_graphs(manifest, bundle);
   const json::Value& composition = object_at(manifest, "", "composition");
-  bundle.layout = one_of(object_at(composition, "composition", "layout"), "composition.layout", kLayouts);
+  bundle.layout = one_of<Layout>(object_at(composition, "composition", "layout"), "composition.layout", kLayouts);
+  bundle.kind = kKindOfLayout[static_cast<int>(bundle.layout)];
   LayoutCheck check{object_at(manifest, "", "model"), composition, std::move(graphs), bundle, num_classes};
   if (const json::Value* tail = optional_at(composition, "composition", "trunk_tail");
-      tail != nullptr && !tail->is_null() && bundle.layout != "expert-paths")
-    invalid("composition.trunk_tail", "only an expert-paths bundle has one, not " + bundle.layout);
-  if (bundle.layout == "dense" || bundle.layout == "monolithic" || bundle.layout == "whole") return check_single_graph(check);
-  bundle.kind = "split";
+      tail != nullptr && !tail->is_null() && bundle.layout != Layout::ExpertPaths)
+    invalid("composition.trunk_tail", std::string("only an expert-paths bundle has one, not ") + name(bundle.layout));
+  if (bundle.kind != Kind::Split) return check_single_graph(check);
   bundle.experts.assign(bundle.num_experts, {});
-  if (bundle.layout == "expert-paths") return check_expert_paths(check);
+  if (bundle.layout == Layout::ExpertPaths) return check_expert_paths(check);
   check_per_block(check);
 }
 
@@ -544,9 +529,9 @@ inline int64_t params_loaded_max(const Bundle& bundle) {
 // model exports as this layout, and params_active_max cannot exceed what the graphs of one image hold.
 inline void check_routing_and_params(const json::Value& manifest, const Bundle& bundle) {
   if (const json::Value* routing = optional_at(manifest, "", "routing")) {
-    const std::string& kind = one_of(*routing, "routing", kRoutings);
+    Routing kind = one_of<Routing>(*routing, "routing", kRoutings);
     if (!layout_fits_routing(kind, bundle.layout))
-      invalid("routing", "a model routing by \"" + kind + "\" does not export as " + bundle.layout);
+      invalid("routing", std::string("a model routing by \"") + name(kind) + "\" does not export as " + name(bundle.layout));
   }
   if (const json::Value* active = optional_at(manifest, "", "params_active_max")) {
     int64_t claimed = as_int(*active, "params_active_max", 0, kMaxCount);

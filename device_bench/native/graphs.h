@@ -315,7 +315,7 @@ class Pipeline {
     auto start = Clock::now();
     first_ = loader_.load(bundle_.first());
     for (const auto& graph : bundle_.shared) shared_.push_back(loader_.load(graph));
-    if (bundle_.layout == "per-block") head_ = loader_.load(bundle_.head);
+    if (bundle_.layout == Layout::PerBlock) head_ = loader_.load(bundle_.head);
     if (!bundle_.trunk_tail.name.empty()) tail_ = loader_.load(bundle_.trunk_tail);
     return ms_since(start);
   }
@@ -325,12 +325,12 @@ class Pipeline {
     auto start = Clock::now();
     const Graph& first = bundle_.first();
     auto outputs = run(*first_, first, {{image.data(), image.size()}});
-    if (bundle_.kind != "split") {
+    if (bundle_.kind != Kind::Split) {
       out.logits = named_output(outputs, first, "logits");
-      if (bundle_.kind == "monolithic")
+      if (bundle_.kind == Kind::Monolithic)
         pick_experts(named_output(outputs, first, "router_probs"), bundle_.top_k, bundle_.renormalize_gates, {}, 0.0f,
                      out);
-      if (bundle_.kind == "whole")
+      if (bundle_.kind == Kind::Whole)
         used_experts(named_output(outputs, first, "expert_tokens"), bundle_.num_experts, out);
       out.total_ms = out.router_ms = ms_since(start);
       return out;
@@ -350,7 +350,7 @@ class Pipeline {
       out.hit = out.hit && hit;
       out.load_ms += load_ms;
     }
-    out.logits = bundle_.layout == "per-block" ? run_blocks(tokens, out.experts, chosen, out.gates)
+    out.logits = bundle_.layout == Layout::PerBlock ? run_blocks(tokens, out.experts, chosen, out.gates)
                                                : run_path(*chosen[0]->at(0), out.experts[0], tokens, out.gates[0]);
     out.expert_ms = ms_since(expert_start) - (tail_ ? 0.0 : out.load_ms);
     out.total_ms = ms_since(start);
@@ -367,7 +367,7 @@ class Pipeline {
   // One chosen expert's computation on given tokens: what an expert switch has to wait for after loading.
   std::vector<float> run_expert(int expert, ExpertGraphs& graphs, std::vector<float> tokens) {
     std::vector<ExpertGraphs*> chosen{&graphs};
-    return bundle_.layout == "per-block" ? run_blocks(tokens, {expert}, chosen, {1.0f})
+    return bundle_.layout == Layout::PerBlock ? run_blocks(tokens, {expert}, chosen, {1.0f})
                                          : run_path(*graphs[0], expert, tokens, 1.0f);
   }
 

@@ -105,4 +105,13 @@ const std::string& one_of(const json::Value& value, const std::string& where, co
   invalid(where, shown(value) + " is not one of " + listed);
 }
 
+// The same check, giving the enum those words name (manifest_schema.h: kLayouts[i] is the word for Layout(i)).
+template <typename Enum, size_t N>
+Enum one_of(const json::Value& value, const std::string& where, const char* const (&choices)[N]) {
+  const std::string& text = one_of(value, where, choices);
+  size_t index = 0;
+  while (text != choices[index]) ++index;  // one_of found it among the choices
+  return static_cast<Enum>(index);
+}
+
 }  // namespace mobile_moe::runner

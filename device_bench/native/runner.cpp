@@ -237,12 +237,12 @@ struct OpenFiles {
 };
 
 // What the graph loaded at start is called in load_ms and stages_ms: the router, or the single graph's kind.
-std::string first_graph_key(const Bundle& bundle) { return bundle.kind == "split" ? "router" : bundle.kind; }
+std::string first_graph_key(const Bundle& bundle) { return bundle.kind == Kind::Split ? "router" : name(bundle.kind); }
 
 // Expert graphs kept loaded: --cache-experts, or every expert when it is not given.
 int expert_cache_size(const Options& options, const Bundle& bundle, int num_experts) {
   int cache_experts = options.cache_experts < 0 ? std::max(num_experts, 1) : options.cache_experts;
-  if (bundle.kind == "split" && cache_experts < 1) throw UsageError("--cache-experts must be at least 1");
+  if (bundle.kind == Kind::Split && cache_experts < 1) throw UsageError("--cache-experts must be at least 1");
   return cache_experts;
 }
 
@@ -251,8 +251,8 @@ void write_run_settings(json::Writer& out, const Options& options, const Bundle&
   auto* pool = executorch::extension::threadpool::get_threadpool();
   out.key("runner").value("mobile-moe-native");
   out.key("bundle").value(bundle.dir);
-  out.key("kind").value(bundle.kind);
-  out.key("layout").value(bundle.layout);
+  out.key("kind").value(name(bundle.kind));
+  out.key("layout").value(name(bundle.layout));
   out.key("threads").value(pool != nullptr ? static_cast<int64_t>(pool->get_thread_count()) : int64_t{1});
   out.key("load_mode").value(options.load_mode);
   out.key("weight_cache").value(!options.weight_cache.empty());
@@ -339,7 +339,7 @@ void timed_runs(json::Writer& out, const Options& options, const Bundle& bundle,
     out.key("trunk_tail");
     write_summary(out, tail);
   }
-  if (bundle.kind == "split") {
+  if (bundle.kind == Kind::Split) {
     out.key("expert");
     write_summary(out, expert);
   }
@@ -354,7 +354,7 @@ void timed_runs(json::Writer& out, const Options& options, const Bundle& bundle,
 
 // One measured switch: an expert not loaded, loaded and run once, then run again (warm), with the load's parts.
 struct SwitchSample {
-  double total_ms, load_ms, first_run_ms, warm_run_ms;
+  double total_ms = 0, load_ms = 0, first_run_ms = 0, warm_run_ms = 0;
   double program_ms = 0, data_map_ms = 0, cache_check_ms = 0, method_ms = 0, cache_record_ms = 0;
   std::string weights;  // "mapped" when every graph of the expert mapped its packed weights, else "packed"
 };
@@ -375,7 +375,9 @@ SwitchSample time_switch(Pipeline& pipeline, const Loader& loader, int expert, s
   auto& graphs = pipeline.cache().get(expert, &hit, &load_ms, scratch);
   auto run_start = Clock::now();
   pipeline.run_expert(expert, graphs, tokens);
-  SwitchSample sample{0, load_ms, ms_since(run_start), 0};
+  SwitchSample sample;
+  sample.load_ms = load_ms;
+  sample.first_run_ms = ms_since(run_start);
   sample.total_ms = ms_since(start);
   auto warm_start = Clock::now();
   pipeline.run_expert(expert, graphs, tokens);
@@ -401,7 +403,7 @@ SwitchTimes measure_switches(const Options& options, const Bundle& bundle, Pipel
                              std::vector<std::vector<float>>& images, int num_experts, OpenFiles& files,
                              std::map<int, double>& cold_expert_load_ms) {
   SwitchTimes times;
-  if (bundle.kind != "split") return times;
+  if (bundle.kind != Kind::Split) return times;
   std::vector<float> tokens = pipeline.route(images[0]);  // real tokens, so the expert sees real input
   // Experts the images never chose are loaded once first (their cold load), so every timed switch from the cache
   // meets a file the expert's first load wrote, as serving does.
@@ -479,7 +481,7 @@ void write_graph_loads(json::Writer& out, const Bundle& bundle, const Loader& lo
   out.key("graph_bytes").begin_object();
   out.key(bundle.first().name).value(bundle.first().program.bytes);
   for (const auto& graph : bundle.shared) out.key(graph.name).value(graph.program.bytes);
-  if (bundle.layout == "per-block") out.key(bundle.head.name).value(bundle.head.program.bytes);
+  if (bundle.layout == Layout::PerBlock) out.key(bundle.head.name).value(bundle.head.program.bytes);
   for (const auto& graphs : bundle.experts)
     for (const auto& graph : graphs) out.key(graph.name).value(graph.program.bytes);
   out.end_object();
@@ -510,7 +512,7 @@ std::string measure(const Options& options) {
   probe_weights_files(bundle, load_mode);  // before any thread pool exists: the probe forks
   PackedCache packed_cache = options.weight_cache.empty() ? PackedCache() : PackedCache(options.weight_cache);
   auto images = read_images(options, bundle);
-  int num_experts = bundle.kind == "split" || bundle.kind == "whole" ? bundle.num_experts : 0;
+  int num_experts = bundle.kind == Kind::Split || bundle.kind == Kind::Whole ? bundle.num_experts : 0;
   int cache_experts = expert_cache_size(options, bundle, num_experts);
   set_threads(options.threads);
 
