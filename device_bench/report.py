@@ -51,6 +51,22 @@ def _split_vs_whole(split: dict, whole: dict) -> str:
     )
 
 
+def stream_lines(runs: list[dict]) -> list[str]:
+    """What the p50 hides: how often the run's stream changed expert, and what each change cost over a hit."""
+    lines = []
+    for run in runs:
+        rate, switch = run.get("expert_change_rate"), run.get("switch") or {}
+        if rate is None or switch.get("added_ms") is None:
+            continue
+        added, p50 = switch["added_ms"], run["latency_ms"]["p50"]
+        lines.append(
+            f"- {_label(run)}: the expert changed on {rate:.0%} of consecutive images; each change added "
+            f"{_ms(added)} ms over a hit ({added / p50:.2f}x the warm p50 of {_ms(p50)} ms), about "
+            f"{_ms(rate * added)} ms per image on average"
+        )
+    return lines
+
+
 def comparisons(runs: list[dict]) -> list[str]:
     """Sentences for the pairs the issue asks to see side by side: dense vs MoE, split vs monolithic, split (a
     per-image MoE) vs whole (a per-token MoE)."""
@@ -106,6 +122,9 @@ def markdown(results: dict, plot_files: list[str] = ()) -> str:
             f"| {_millions(run.get('params_loaded_per_image'))} | {_millions(run['params_active'])} "
             f"| {_rate(run['expert_change_rate'])} | {spread} |"
         )
+    stream = stream_lines(runs)
+    if stream:
+        lines += ["", "## The stream each split run served", "", *stream]
     pairs = comparisons(runs)
     if pairs:
         lines += ["", "## Side by side", "", *pairs]

@@ -9,7 +9,7 @@ import pytest
 
 from mobile_moe.device_bench import routing_stats
 from mobile_moe.device_bench.bench import BenchSettings, choose_runner
-from mobile_moe.device_bench.report import write_report
+from mobile_moe.device_bench.report import markdown, write_report
 from mobile_moe.device_bench.results import RoundReportError, run_record, validate_results, validate_round
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
@@ -192,6 +192,18 @@ def test_report_files_and_side_by_side(tmp_path):
     text = (tmp_path / "report.md").read_text()
     assert "ratio 1.111" in text  # 10 / 9: MoE vs dense p50, side by side
     assert all(path.stat().st_size > 0 for path in written)
+    assert "The stream" not in text  # no warm run of the switched expert measured: no cost over a hit to state
+
+
+def test_the_report_says_how_often_the_stream_switched_and_what_a_switch_added():
+    switching = fake_round(10.0, [0, 1, 1, 0])
+    switching["switch"]["warm_expert_run_median_ms"] = 2.0  # a switch (5 ms) adds 3 ms over a hit
+    moe = run_record("b/moe", fake_manifest("moe"), "native", "host", [switching], "random:0")
+    text = markdown({"runs": [moe], "host": "test", "rounds": 1})
+    assert (
+        "- moe (native, host): the expert changed on 67% of consecutive images; each change added 3.00 ms over a hit "
+        "(0.30x the warm p50 of 10.00 ms), about 2.00 ms per image on average"
+    ) in text
 
 
 def test_the_latency_plot_marks_the_runs_the_report_calls_wide():
