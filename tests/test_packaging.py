@@ -5,6 +5,7 @@ misses would import here and be absent for a user)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -34,9 +35,13 @@ def installed_path(name: str) -> str:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
+    """The wheel, built from a copy of the tracked tree (setuptools writes build/ beside the sources it builds)."""
+    source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("wheel")
+    for name in tracked():
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPOSITORY / name, source / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
-                    str(REPOSITORY)], check=True, capture_output=True)  # fmt: skip
+                    str(source)], check=True, capture_output=True)  # fmt: skip
     (built,) = out.glob("mobile_moe-*.whl")
     return built
 
