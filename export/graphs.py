@@ -37,13 +37,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from mobile_moe.config import PER_IMAGE_ROUTINGS, PER_TOKEN_ROUTINGS
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest_schema import SPLIT_LAYOUTS, TensorSpec
 from mobile_moe.moe import ExpertMLPs
 from mobile_moe.vit import Block
-
-PER_IMAGE = ("image", "cluster")
-PER_TOKEN = ("token", "expert", "soft")
 
 
 def tensor_spec(name: str, *shape: int) -> TensorSpec:
@@ -176,7 +174,7 @@ def routing_of(model: nn.Module) -> str:
             f"{type(model).__name__} is not a mobile-moe model (it has no config.routing): export a model built by "
             "mobile_moe.registry (a training run directory)"
         )
-    if routing not in ("none", *PER_IMAGE, *PER_TOKEN):
+    if routing not in ("none", *PER_IMAGE_ROUTINGS, *PER_TOKEN_ROUTINGS):
         raise UsageError(f"model {model.config.name!r} routes by {routing!r}, which export does not know how to split")
     return routing
 
@@ -202,7 +200,7 @@ def split_model(model: nn.Module, *, monolithic: bool = False, layout: str | Non
         if monolithic or layout:
             raise UsageError("--monolithic and --layout apply to per-image MoEs; a dense ViT is always one graph")
         return Split("dense", [GraphSpec("dense", "dense", DenseGraph(model), [images], [logits])], {"layout": "dense"})
-    if routing in PER_TOKEN:
+    if routing in PER_TOKEN_ROUTINGS:
         return _whole_split(model, images, logits, monolithic, layout)
     probs = tensor_spec("router_probs", 1, cfg.num_experts)
     if monolithic:

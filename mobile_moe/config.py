@@ -23,6 +23,10 @@ PRESETS: dict[str, dict[str, int]] = {
 }
 
 POOLS = ("cls", "mean")
+# How a model picks experts (a config's `routing`), by what one decision covers: the one owner of that split, for the
+# configs' per_image, export's layouts (export/graphs.py) and training's checks.
+PER_IMAGE_ROUTINGS = ("image", "cluster")  # one choice per image: the model splits into a router and expert graphs
+PER_TOKEN_ROUTINGS = ("token", "expert", "soft")  # per token (or slot): every expert may run for every image
 
 
 def _require(ok: bool, message: str) -> None:
@@ -166,7 +170,7 @@ class MoEConfig(ViTConfig):
     @property
     def per_image(self) -> bool:
         """One routing decision per image: the model splits into a router and per-expert graphs."""
-        return self.routing in ("image", "cluster")
+        return self.routing in PER_IMAGE_ROUTINGS
 
     @property
     def dense_layers(self) -> int:

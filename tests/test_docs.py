@@ -112,3 +112,15 @@ def test_no_manifest_word_is_spelled_in_cpp_outside_the_parser():
         if path.name not in ("bundle_manifest.h", "manifest_schema.h"):
             found = [match.group(0) for match in compared.finditer(path.read_text())]
             assert found == [], f"{path.name} compares manifest words ({found}): use manifest_schema.h's enums"
+
+
+def test_the_manifests_routings_are_the_configs():
+    """A model's `routing` is the manifest's: per image ones export split (or in one graph), per token ones whole."""
+    from mobile_moe.config import PER_IMAGE_ROUTINGS, PER_TOKEN_ROUTINGS
+    from mobile_moe.export.manifest_schema import LAYOUTS_OF_ROUTING, SPLIT_LAYOUTS
+    from mobile_moe.registry import MODELS
+
+    assert set(LAYOUTS_OF_ROUTING) == {"none", *PER_IMAGE_ROUTINGS, *PER_TOKEN_ROUTINGS}
+    assert {config.routing for config in MODELS.values()} <= set(LAYOUTS_OF_ROUTING)
+    assert all(set(LAYOUTS_OF_ROUTING[r]) & set(SPLIT_LAYOUTS) for r in PER_IMAGE_ROUTINGS)
+    assert all(LAYOUTS_OF_ROUTING[r] == ("whole",) for r in PER_TOKEN_ROUTINGS)
