@@ -575,7 +575,7 @@ int print_digests(int argc, char** argv) {
 // Last resort: a fatal signal (a crash inside the runtime that no check above caught) prints one line saying what the
 // runner was doing, then dies of the same signal, so the caller still sees a crash (never a disguised success).
 // Not installed under AddressSanitizer, whose own report is the point of that build.
-void on_fatal_signal(int signal) {
+[[maybe_unused]] void on_fatal_signal(int signal) {  // unused where MOBILE_MOE_ASAN leaves it out
   char line[512];
   int length = std::snprintf(line, sizeof(line), "mobile_moe_runner: crashed (signal %d) while %s\n", signal, g_phase);
   if (length > 0) {
