@@ -7,12 +7,12 @@ mean/std) that every runner reads, so all runtimes and devices see exactly the s
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from mobile_moe.devices import machine_memory, memory_limit
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest_schema import Manifest
 from mobile_moe.training.data import open_data
@@ -40,17 +40,13 @@ def data_workload(spec: str, manifest: Manifest, count: int) -> Workload:
     return Workload(images, f"{spec} (val, first {count})")
 
 
-# The share of the machine's memory the workload may take: it is held in memory, then written once to a raw file
-# that every runner reads alongside its own model and buffers.
-MAX_MEMORY_SHARE = 0.25
-
-
 def check_fits_memory(count: int, shape: list[int]) -> None:
-    """UsageError unless `count` float32 images of `shape` (1, C, S, S) fit in MAX_MEMORY_SHARE of this machine's
-    memory: a count typed with zeros too many is refused in one line, not passed to numpy."""
+    """UsageError unless `count` float32 images of `shape` (1, C, S, S) fit in the memory one argument may ask for
+    (mobile_moe.devices.memory_limit: the workload is held in memory, then written once to a raw file that every
+    runner reads beside its own model and buffers): a count typed with zeros too many is refused in one line."""
     image_bytes = 4 * math.prod(shape[1:])
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    most = max(1, int(MAX_MEMORY_SHARE * memory) // image_bytes)
+    memory = machine_memory()
+    most = max(1, memory_limit() // image_bytes)
     if count > most:
         raise UsageError(
             f"--images {count}: {count * image_bytes / 2**30:.1f} GiB of {'x'.join(map(str, shape[1:]))} images, more "

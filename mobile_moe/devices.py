@@ -32,3 +32,17 @@ def resolve_device(choice: str, local_rank: int = 0) -> torch.device:
 def usable_cores() -> int:
     """The cores this process may run on (its affinity where the OS has one, as on Linux; else all of them)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+MAX_MEMORY_SHARE = 0.25  # what one thing a command reads or makes may take of this machine's memory
+
+
+def machine_memory() -> int:
+    """This machine's physical memory in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def memory_limit() -> int:
+    """The bytes one input or argument may ask for (MAX_MEMORY_SHARE of the machine): the one bound of that rule, for
+    bench's --images and the IDX files' headers; asked for more, they refuse in one line before allocating."""
+    return int(MAX_MEMORY_SHARE * machine_memory())

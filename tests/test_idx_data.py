@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import struct
 from pathlib import Path
 
@@ -142,6 +143,14 @@ def test_a_folder_without_one_of_the_files_names_it(fashion_root):
     (fashion_root / "x-t10k-labels-idx1-ubyte").write_bytes(b"")
     with pytest.raises(UsageError, match="2 files"):
         open_data(f"idx:{fashion_root}", 16)
+
+
+def test_a_fifo_in_place_of_a_file_is_refused_not_read(fashion_root):
+    """Opening a FIFO for reading would wait for a writer forever."""
+    (fashion_root / "t10k-labels-idx1-ubyte.gz").unlink()
+    os.mkfifo(fashion_root / "t10k-labels-idx1-ubyte")
+    with pytest.raises(UsageError, match="not a regular file"):
+        open_data(f"fashion-mnist:{fashion_root}", 16)
 
 
 def test_a_mobile_vmoe_trains_on_it_with_the_coarse_super_classes(fashion_root, tmp_path):

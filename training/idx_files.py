@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import gzip
 import math
-import os
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from mobile_moe.devices import machine_memory, memory_limit
 from mobile_moe.errors import UsageError
 from mobile_moe.training.spec_options import parse_options
 
@@ -37,7 +37,6 @@ FILE_ENDINGS = {
 }
 UNSIGNED_BYTE = 0x08
 GZIP_MAGIC = b"\x1f\x8b"
-MAX_MEMORY_SHARE = 0.25  # what one file's values may take of this machine's memory
 CHUNK = 1 << 20
 
 # Fashion-MNIST's labels 0..9 (torchvision.datasets.FashionMNIST.classes, read there so the names are the usual ones)
@@ -77,6 +76,8 @@ def find_files(root: str, dataset: str) -> dict[tuple[str, str], Path]:
             what = "no file" if not matches else f"{len(matches)} files ({', '.join(matches)})"
             raise UsageError(f"{dataset}:{root}: {what} named *{ending}[.gz] in {folder}; it must hold one{get}")
         found[role] = folder / matches[0]
+        if not found[role].is_file():  # a FIFO would block the read forever; a directory has no bytes to read
+            raise UsageError(f"{found[role]}: not a regular file; it must be the set's {ending} file")
     return found
 
 
@@ -108,11 +109,10 @@ def _header(stream, path: Path, rank: int) -> tuple[int, ...]:
 
 def _values(stream, path: Path, count: int) -> np.ndarray:
     """Read exactly `count` bytes, in chunks so that a lying header costs only what the file really holds."""
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if count > MAX_MEMORY_SHARE * memory:
+    if count > memory_limit():
         raise UsageError(
             f"{path}: its header promises {count / 2**30:.1f} GiB of values, more than a quarter of this machine's "
-            f"{memory / 2**30:.1f} GiB; a damaged file, or a set too large for this machine"
+            f"{machine_memory() / 2**30:.1f} GiB; a damaged file, or a set too large for this machine"
         )
     data = bytearray()
     while len(data) < count and (chunk := stream.read(min(CHUNK, count - len(data)))):
@@ -135,8 +135,8 @@ def read_split(files: dict[tuple[str, str], Path], split: str) -> tuple[np.ndarr
             f"{files[(split, 'images')]} holds {len(images)} images but {files[(split, 'labels')]} {len(labels)} "
             "labels; the files are of different sets, or damaged"
         )
-    if len(images) == 0:
-        raise UsageError(f"{files[(split, 'images')]} holds no images; get the set's files again")
+    if len(images) == 0 or min(images.shape[1:]) == 0:
+        raise UsageError(f"{files[(split, 'images')]} holds no images, or images of no pixels ({images.shape})")
     return images, labels.astype(np.int64)
 
 
