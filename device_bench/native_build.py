@@ -87,6 +87,11 @@ SANITIZERS = {"address": "asan", "undefined": "ubsan", "thread": "tsan"}
 ASAN_EXIT_CODE = 86  # what a sanitizer report (address, undefined, thread) exits with under sanitizer_env()
 
 
+class SanitizerUnavailable(UsageError):
+    """A sanitizer build that failed for want of the compiler's sanitizer runtime (libasan, libubsan, libtsan): a
+    reason to skip the sanitizer's tests on this machine. Any other failed build is an error in our code."""
+
+
 def sanitizer_env(base: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for running a sanitizer build: leak checking off, a distinct exit status for a report."""
     env = dict(os.environ if base is None else base)
@@ -140,6 +145,11 @@ def build_runner(
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not runner.exists():
                 _configure_and_compile(source_dir, build_dir, prefix=prefix, sanitize=sanitize, cmake_extra=extra)
+    except UsageError as error:
+        runtime = SANITIZERS.get(sanitize or "", "")
+        if runtime and any(f"{mark}{runtime}" in str(error) for mark in ("lib", "-l")):
+            raise SanitizerUnavailable(f"this compiler has no {sanitize} sanitizer runtime ({error})") from None
+        raise
     except OSError as error:  # a read-only or full cache folder
         raise UsageError(
             f"cannot build the native runner in {build_dir}: {error.strerror or error}; set MOBILE_MOE_CACHE to a "

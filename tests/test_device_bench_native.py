@@ -121,6 +121,29 @@ def test_failed_build_shows_the_compiler_error(tmp_path):
         build_runner(source, build_root=tmp_path / "cache")
 
 
+@pytest.mark.parametrize(
+    "failure, unavailable",
+    [
+        ("building the native runner failed at link: /usr/bin/ld: cannot find -lasan", True),
+        ("building the native runner failed at link: cannot find libasan_preinit.o", True),
+        ("building the native runner failed at compile: runner.cpp:578:6: error: unused function [-Werror]", False),
+    ],
+)
+def test_only_a_missing_sanitizer_runtime_lets_its_tests_skip(tmp_path, monkeypatch, failure, unavailable):
+    """The AddressSanitizer tests skip where the compiler has no libasan; a warning made an error in our own code had
+    silently skipped all of them instead of failing."""
+    from mobile_moe.device_bench import native_build
+
+    def fails(*args, **kwargs):
+        raise UsageError(failure)
+
+    monkeypatch.setattr(native_build, "_configure_and_compile", fails)
+    monkeypatch.setattr(native_build, "missing_tools", lambda: [])
+    with pytest.raises(UsageError) as refused:
+        build_runner(build_root=tmp_path / "cache", sanitize="address")
+    assert isinstance(refused.value, native_build.SanitizerUnavailable) == unavailable
+
+
 FAKE_ADB = textwrap.dedent(
     '''
     """Stand-in adb: push/shell/pull against $FAKE_ADB_ROOT, the host-built runner standing in for the phone's."""
