@@ -15,10 +15,14 @@ def within_share(matrix: np.ndarray, assignment: np.ndarray) -> float | None:
     None where it is undefined: no off-diagonal mass at all (or a mass too large to sum in float64).
     """
     off_diagonal = matrix - np.diag(np.diag(matrix))
-    same = assignment[:, None] == assignment[None, :]
-    total = off_diagonal.sum()
+    return _share_of(off_diagonal, off_diagonal.sum(), assignment)
+
+
+def _share_of(off_diagonal: np.ndarray, total: float, assignment: np.ndarray) -> float | None:
+    """within_share from the off-diagonal matrix and its sum, which a caller scoring many assignments computes once."""
     if not (np.isfinite(total) and total > 0):
         return None
+    same = assignment[:, None] == assignment[None, :]
     share = float(off_diagonal[same].sum() / total)
     return min(max(share, 0.0), 1.0) if np.isfinite(share) else None
 
@@ -39,10 +43,12 @@ def chance_spread(matrix: np.ndarray, assignment: np.ndarray, seed: int = 0) -> 
     """The within share's standard deviation over random super-classes of the same sizes (the assignment shuffled,
     CHANCE_SAMPLES times, seeded): how far a grouping can stray from `chance_share` by luck alone, so a derived
     grouping's distance from chance can be read in units of it. None where the share is undefined."""
-    if within_share(matrix, assignment) is None:
+    off_diagonal = matrix - np.diag(np.diag(matrix))
+    total = off_diagonal.sum()
+    if _share_of(off_diagonal, total, assignment) is None:
         return None
     rng = np.random.default_rng(seed)
-    shares = [within_share(matrix, rng.permutation(assignment)) for _ in range(CHANCE_SAMPLES)]
+    shares = [_share_of(off_diagonal, total, rng.permutation(assignment)) for _ in range(CHANCE_SAMPLES)]
     return float(np.std(shares))
 
 

@@ -118,13 +118,18 @@ def _subset_targets(subset) -> list[int]:
     return [int(subset.dataset.targets[i]) for i in subset.indices]
 
 
+def _strata(labels: np.ndarray, parts: int) -> np.ndarray | None:
+    """The labels to stratify `parts` parts by, or None (a plain shuffle) when some class has fewer images than that."""
+    counts = np.bincount(labels)
+    return labels if counts[counts > 0].min() >= parts else None
+
+
 def stratified_split(labels: np.ndarray, fractions: tuple[float, ...], seed: int = SPLIT_SEED) -> list[np.ndarray]:
     """Indices for each part, sized by `fractions` (summing to 1), every class spread evenly, deterministic."""
     from sklearn.model_selection import train_test_split
 
     labels = np.asarray(labels)
-    counts = np.bincount(labels)
-    stratify = labels if counts[counts > 0].min() >= len(fractions) else None  # too few of a class: plain shuffle
+    stratify = _strata(labels, len(fractions))
     rest, parts = np.arange(len(labels)), []
     remaining = 1.0
     for fraction in fractions[:-1]:
@@ -233,9 +238,7 @@ def stratified_subset(indices: np.ndarray, labels: np.ndarray, size: int, what: 
         raise UsageError(f"{what}={size}: fewer images than the {num_classes} classes; give at least {num_classes}")
     from sklearn.model_selection import train_test_split
 
-    counts = np.bincount(labels)
-    stratify = labels if counts[counts > 0].min() >= 2 else None
-    return np.sort(train_test_split(indices, train_size=size, random_state=SPLIT_SEED, stratify=stratify)[0])
+    return np.sort(train_test_split(indices, train_size=size, random_state=SPLIT_SEED, stratify=_strata(labels, 2))[0])
 
 
 def open_cifar(spec: str, name: str, root: str, image_size: int) -> Data:
