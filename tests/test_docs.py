@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
+from faults import _delete, _set
 
 from mobile_moe.export.manifest_schema import json_schema
 
@@ -43,25 +45,16 @@ def test_the_schema_has_a_rule_for_every_layout_and_routing():
     assert len(schema["allOf"]) == len(LAYOUTS) + len(LAYOUTS_OF_ROUTING)
 
 
-def _set(manifest: dict, path: str, value) -> dict:
-    changed = json.loads(json.dumps(manifest))
-    *parents, last = path.split(".")
-    node = changed
-    for part in parents:
-        node = node[part]
-    if value is DELETE:
-        del node[last]
-    else:
-        node[last] = value
-    return changed
+def changed(manifest: dict, mutation) -> dict:
+    """A copy of `manifest` with one of tests/faults.py's mutations applied."""
+    return json.loads(mutation(copy.deepcopy(manifest)))
 
 
-DELETE = object()
 REFUSED_BY_BOTH = {  # what a phone app's JSON Schema validator refuses, as validate_manifest does
-    "an expert-paths bundle choosing 2 experts": ("top_k", 2),
-    "an expert-paths bundle without its experts": ("composition.experts", DELETE),
-    "per-token routing in an expert-paths layout": ("routing", "token"),
-    "no experts at all": ("num_experts", 0),
+    "an expert-paths bundle choosing 2 experts": _set("top_k", 2),
+    "an expert-paths bundle without its experts": _delete("composition.experts"),
+    "per-token routing in an expert-paths layout": _set("routing", "token"),
+    "no experts at all": _set("num_experts", 0),
 }
 
 
@@ -76,10 +69,10 @@ def test_a_phone_apps_schema_validator_refuses_what_our_reader_refuses(bundle, c
     validator = jsonschema.Draft202012Validator(json.loads((REPOSITORY / "docs" / "manifest.schema.json").read_text()))
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert manifest["composition"]["layout"] == "expert-paths" and not list(validator.iter_errors(manifest))
-    changed = _set(manifest, *REFUSED_BY_BOTH[change])
-    assert list(validator.iter_errors(changed))
+    refused = changed(manifest, REFUSED_BY_BOTH[change])
+    assert list(validator.iter_errors(refused))
     with pytest.raises(ValueError):
-        validate_manifest(changed)
+        validate_manifest(refused)
 
 
 def test_a_dense_manifest_passes_and_a_dense_bundle_choosing_experts_is_refused(tmp_path):
@@ -91,7 +84,7 @@ def test_a_dense_manifest_passes_and_a_dense_bundle_choosing_experts_is_refused(
     validator = jsonschema.Draft202012Validator(json_schema())
     manifest = export_bundle(tiny_model("vit").eval(), tmp_path / "dense", "onnx").to_json()
     assert not list(validator.iter_errors(manifest))
-    assert list(validator.iter_errors(_set(manifest, "top_k", 1)))
+    assert list(validator.iter_errors(changed(manifest, _set("top_k", 1))))
 
 
 def test_the_native_runners_schema_header_is_the_generated_one():
