@@ -2,6 +2,7 @@
 
     mobile-moe reproduce fig3e --data digits-pairs --scale tiny --seeds 3 --out figs    # 2 idle cores, ~35 min
     mobile-moe reproduce fig3a --data cifar100:/data/cifar --scale small --out figs     # a workstation GPU
+    mobile-moe reproduce fig1 --data fashion-mnist --scale tiny-gpu --seeds 3 --jobs 8 --out figs  # one GPU
     mobile-moe reproduce fig1 --data imagefolder:/data/imagenet --scale paper --launcher submitit \
         --gpus-per-cell 8 --partition gpu --out figs                                   # a Slurm cluster
 
@@ -31,7 +32,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="directory for FIGURE.md/.csv/.png and the runs behind them")
     parser.add_argument("--scale", choices=sorted(SCALES), default="paper",
                         help="paper: 224 px, 300 epochs (a GPU cluster); small: 32 px, 100 epochs (a workstation "
-                        "GPU); tiny: 32 px, small widths, 20 epochs (a laptop CPU, digits)")  # fmt: skip
+                        "GPU); tiny: 32 px, small widths, 20 epochs (a laptop CPU, digits); tiny-gpu: tiny's models "
+                        "in batches of 1024, 10 epochs (one GPU, Fashion-MNIST; with --jobs)")  # fmt: skip
     parser.add_argument("--seeds", type=int, default=1, help="training seeds per cell (mean and std in the table)")
     parser.add_argument("--epochs", type=int, help="train every cell this many epochs instead of the scale's")
     parser.add_argument("--experts", type=int,
@@ -46,6 +48,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     launch.add_argument("--launcher", choices=LAUNCHERS, default="local",
                         help="local: one run after another in this process; submitit: a job per run (Slurm where "
                         "srun exists, else submitit's local executor)")  # fmt: skip
+    launch.add_argument("--jobs", type=int, default=1,
+                        help="local: train this many runs at a time, side by side on the one device (small models "
+                        "leave most of a GPU idle)")  # fmt: skip
     launch.add_argument("--gpus-per-cell", type=int, default=0, help="submitit: GPUs (DDP ranks) per run")
     launch.add_argument("--partition", help="submitit: the Slurm partition")
     launch.add_argument("--timeout-min", type=int, default=3 * 24 * 60, help="submitit: a run's time limit")
@@ -58,13 +63,15 @@ def _check(args: argparse.Namespace) -> None:
     if os.environ.get("WORLD_SIZE", "1") not in ("", "1"):
         raise UsageError("reproduce launches its own training runs: start it without torchrun (for several GPUs per "
                          "run use --launcher submitit --gpus-per-cell G)")  # fmt: skip
-    least = {"seeds": 1, "epochs": 1, "experts": 2, "iterations": 1, "gpus_per_cell": 0, "timeout_min": 1,
+    least = {"seeds": 1, "epochs": 1, "experts": 2, "iterations": 1, "jobs": 1, "gpus_per_cell": 0, "timeout_min": 1,
              "cpus_per_cell": 1}  # fmt: skip
     for name, floor in least.items():
         value = getattr(args, name)
         if value is not None and value < floor:
             flag = "--" + name.replace("_", "-")
             raise UsageError(f"{flag} {value}: must be at least {floor}")
+    if args.launcher == "submitit" and args.jobs > 1:
+        raise UsageError("--jobs is the local launcher's; submitit's jobs run as the cluster schedules them")
     if args.launcher == "local" and (args.gpus_per_cell or args.partition):
         raise UsageError("--gpus-per-cell and --partition are for --launcher submitit; the local launcher trains each "
                          "run in this process, on one device")  # fmt: skip
@@ -97,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     recipes = cell_recipes(fig, scale, args.epochs, args.device)
     _check_batches(recipes, len(data.split("train")), args)
     options = SlurmOptions(args.gpus_per_cell, args.partition, args.timeout_min, args.cpus_per_cell)
-    outcomes = sweep(fig, out, args.data, recipes, args.seeds, args.launcher, options, stderr_log)
+    outcomes = sweep(fig, out, args.data, recipes, args.seeds, args.launcher, options, stderr_log, args.jobs)
     epochs = {name: cfg["epochs"] for name, cfg in recipes.items()}
     results = collect(fig, out, args.seeds, epochs, outcomes, evaluate_on)
     if args.bench:

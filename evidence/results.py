@@ -6,18 +6,21 @@ DIR/scores/CELL/seed-S.json   the evaluation of that run's best.pt, with the epo
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from torch.utils.data import Dataset
 
 from mobile_moe.atomic import write_text_atomic
 from mobile_moe.costs import costs
 from mobile_moe.errors import UsageError
 from mobile_moe.evidence.figures import Cell, Figure
 from mobile_moe.evidence.sweep import run_dir
+from mobile_moe.training.data import materialized
 from mobile_moe.training.evaluate import evaluate
 from mobile_moe.training.run_dir import epochs_done, load_run
 
@@ -78,9 +81,27 @@ def _cached(path: Path, stamp: tuple[int, int]) -> dict[str, Any] | None:
     return record.model_dump() if record.checkpoint == stamp else None
 
 
-def evaluate_run(out: Path, cell: Cell, seed: int, done: int, device: str) -> dict[str, Any]:
-    """The run's best.pt on the data's test split (val where the data has no test images); cached. `done`: the
-    epochs the run has (recorded with the scores)."""
+class EvaluationSplits:
+    """Each data record's evaluation split (test; val where the data has no test images), opened and computed once
+    for every run that shares it, as a sweep's runs do: opening Fashion-MNIST and stretching its 10,000 test images
+    costs seconds, as much as evaluating a small model on a GPU."""
+
+    def __init__(self) -> None:
+        self._splits: dict[str, tuple[str, Dataset]] = {}
+
+    def of(self, run) -> tuple[str, Dataset]:
+        """-> (split name, its items) for `run` (a training.run_dir.Run), fed as the run records."""
+        key = json.dumps(run.config["data"], sort_keys=True)
+        if key not in self._splits:
+            data = run.open_data()
+            split = "test" if len(data.split("test")) else "val"
+            self._splits[key] = split, materialized(data.split(split))
+        return self._splits[key]
+
+
+def evaluate_run(out: Path, cell: Cell, seed: int, done: int, device: str, splits: EvaluationSplits) -> dict[str, Any]:
+    """The run's best.pt on its data's evaluation split (EvaluationSplits); cached. `done`: the epochs the run has
+    (recorded with the scores)."""
     path = run_dir(out, cell, seed)
     stamp = checkpoint_stamp(path)
     cache = out / "scores" / cell.name / f"seed-{seed}.json"
@@ -88,9 +109,8 @@ def evaluate_run(out: Path, cell: Cell, seed: int, done: int, device: str) -> di
     if cached is not None:
         return cached
     run = load_run(path)
-    data = run.open_data()
-    split = "test" if len(data.split("test")) else "val"
-    scores = evaluate(run.model.to(device), data.split(split), run.super_assignment, device=device)
+    split, dataset = splits.of(run)
+    scores = evaluate(run.model.to(device), dataset, run.super_assignment, device=device)
     record = ScoreRecord(seed=seed, checkpoint=stamp, epochs_done=done, split=split, images=scores["images"],
                          **{key: scores.get(key) for key in SCORED})  # fmt: skip
     cache.parent.mkdir(parents=True, exist_ok=True)
@@ -102,7 +122,7 @@ def collect(
     fig: Figure, out: Path, seeds: int, epochs: dict[str, int], outcomes: dict, device: str
 ) -> list[CellResult]:
     """One CellResult per cell; `epochs[cell]` is what a finished run has, `outcomes` what this sweep reported."""
-    results = []
+    results, splits = [], EvaluationSplits()
     for cell in fig.cells:
         result = CellResult(cell)
         if cell.skip is not None:
@@ -117,7 +137,7 @@ def collect(
         lost = [seed for seed in finished if not (run_dir(out, cell, seed) / "best.pt").is_file()]
         failed += [f"seed {seed}: finished, but {run_dir(out, cell, seed) / 'best.pt'} is gone" for seed in lost]
         finished = [seed for seed in finished if seed not in lost]
-        result.seeds = [evaluate_run(out, cell, seed, done[seed], device) for seed in finished]
+        result.seeds = [evaluate_run(out, cell, seed, done[seed], device, splits) for seed in finished]
         if failed:
             result.status = "; ".join(failed)
         elif len(finished) < seeds:

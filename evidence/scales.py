@@ -42,6 +42,7 @@ class Scale:
     widths: tuple[int, ...]  # stand-ins for PAPER_WIDTHS
     grid_patch: int  # Fig. 3a's patch (the paper: 32)
     ablation: Backbone  # stands in for DeiT-Ti/16 in Fig. 3b-e
+    recipe: str | None = None  # every cell's recipe; None: the paper's, by width (recipe_for)
 
     def grid_backbone(self, paper_depth: int, paper_width: int) -> Backbone:
         """Our model in the place of the paper's `paper_depth` x `paper_width` of Fig. 3a."""
@@ -51,9 +52,9 @@ class Scale:
 
     def recipe_for(self, paper_width: int) -> str:
         """The paper trains widths 384 and 192 with DeiT's recipe and 96 and 64 with ViT's lighter one (they underfit
-        under DeiT's augmentation); the tiny scale trains digits-sized data with the tiny recipe throughout."""
-        if self.name == "tiny":
-            return "tiny"
+        under DeiT's augmentation); the tiny scales train digits-sized data with their own recipe throughout."""
+        if self.recipe is not None:
+            return self.recipe
         return "deit" if paper_width >= 192 else "vit"
 
 
@@ -65,7 +66,11 @@ SCALES: dict[str, Scale] = {
     "small": Scale("small", 32, "cls", 100, 256, PAPER_DEPTHS, PAPER_WIDTHS, 4, Backbone(12, 192, 3, 4)),
     # 32 px in 8 px patches (16 tokens), widths and depths in the paper's ratios (6 : 3 : 1.5 : 1 and 4 : 3 : 2): this
     # 2-core machine, on digits.
-    "tiny": Scale("tiny", 32, "mean", 20, None, (8, 6, 4), (96, 48, 24, 16), 8, Backbone(6, 64, 2, 8)),
+    "tiny": Scale("tiny", 32, "mean", 20, None, (8, 6, 4), (96, 48, 24, 16), 8, Backbone(6, 64, 2, 8), "tiny"),
+    # The tiny scale's models in batches of 1,024 (the tiny-gpu recipe): one GPU, on all 54,000 training images of
+    # Fashion-MNIST, several runs side by side (reproduce --jobs).
+    "tiny-gpu": Scale("tiny-gpu", 32, "mean", 10, None, (8, 6, 4), (96, 48, 24, 16), 8, Backbone(6, 64, 2, 8),
+                      "tiny-gpu"),
 }
 
 

@@ -8,7 +8,8 @@ then, once the source dense run has finished, the super-class files and the cell
 finished its epochs is never retrained; one that was killed resumes from its checkpoint (bit-exact on CPU), so a
 killed sweep started again with the same command continues where it stopped.
 
-Launchers: "local" trains the runs one after another in this process; "submitit" hands each run to Slurm through
+Launchers: "local" trains the runs one after another in this process, or --jobs N of them at a time in worker
+processes (small runs side by side on one GPU); "submitit" hands each run to Slurm through
 submitit (AutoExecutor: Slurm where `srun` exists, else submitit's local executor), each run possibly a multi-GPU job
 whose tasks become torchrun-style ranks.
 """
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mobile_moe.devices import usable_cores
 from mobile_moe.errors import UsageError
 from mobile_moe.evidence.figures import DERIVED, Cell, Figure
 from mobile_moe.evidence.launch import LAUNCHERS, SlurmOptions
@@ -131,17 +133,79 @@ def _join_submitit_ranks() -> None:
 # --- launchers ----------------------------------------------------------------------------------------------------
 
 
+def job_outcome(job: Job) -> str:
+    """train_job's outcome, or "failed: why" for a run that diverged or was refused: one such run is not the end of
+    the sweep."""
+    try:
+        return train_job(job)
+    except (NonFiniteLoss, UsageError) as error:
+        return f"failed: {error}"
+
+
 def run_local(jobs: list[Job], log: Callable[[str], None]) -> dict[tuple[str, int], str]:
     """Train the jobs one after another; -> (cell, seed) -> outcome ("trained", ..., or "failed: why")."""
     outcomes = {}
     for index, job in enumerate(jobs, 1):
         log(f"[{index}/{len(jobs)}] {job.cell} seed {job.seed}: training into {job.run_dir}")
-        try:
-            outcomes[(job.cell, job.seed)] = train_job(job)
-        except (NonFiniteLoss, UsageError) as error:  # one diverging or damaged run is not the end of the sweep
-            outcomes[(job.cell, job.seed)] = f"failed: {error}"
-            log(f"{job.cell} seed {job.seed}: failed: {error}")
+        outcomes[(job.cell, job.seed)] = job_outcome(job)
+        if outcomes[(job.cell, job.seed)].startswith("failed"):
+            log(f"{job.cell} seed {job.seed}: {outcomes[(job.cell, job.seed)]}")
     return outcomes
+
+
+def run_side_by_side(jobs: list[Job], processes: int, log: Callable[[str], None]) -> dict[tuple[str, int], str]:
+    """Train the jobs `processes` at a time, each run in a process of its own, sharing this machine's cores and its
+    one device: a small model's run leaves most of a GPU idle between its kernels, so several runs fill it.
+
+    Processes are spawned (a forked process cannot use CUDA), each with an equal share of the cores for its threads.
+    A run whose process dies (a signal, the OOM killer) is a failed row, as a diverged one is; an interrupted sweep
+    stops every run it started, and each resumes from its last epoch when the sweep is started again."""
+    import multiprocessing
+    from multiprocessing.connection import wait
+
+    context = multiprocessing.get_context("spawn")
+    reports = context.SimpleQueue()
+    threads = max(1, usable_cores() // processes)
+    waiting, running, reported, outcomes = list(jobs), {}, {}, {}
+    log(f"training {len(jobs)} runs, {processes} at a time ({threads} threads each)")
+    try:
+        while waiting or running:
+            while waiting and len(running) < processes:
+                job = waiting.pop(0)
+                running[(job.cell, job.seed)] = process = context.Process(
+                    target=_train_in_process, args=(job, threads, reports), name=f"{job.cell}-seed-{job.seed}"
+                )
+                process.start()
+            wait([process.sentinel for process in running.values()])
+            for key, outcome in _ended(running, reports, reported):
+                outcomes[key] = outcome
+                log(f"[{len(outcomes)}/{len(jobs)}] {key[0]} seed {key[1]}: {outcome}")
+    finally:
+        for process in running.values():  # only when interrupted: a finished sweep has none left
+            process.terminate()
+            process.join()
+    return outcomes
+
+
+def _train_in_process(job: Job, threads: int, reports) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    reports.put(((job.cell, job.seed), job_outcome(job)))
+
+
+def _ended(running: dict[tuple[str, int], Any], reports, reported: dict) -> list[tuple[tuple[str, int], str]]:
+    """Remove the processes that have ended from `running`; -> their (cell, seed) and outcome. `reported` keeps the
+    reports read so far (a process reports just before it exits), so an ended process without one died."""
+    while not reports.empty():
+        key, outcome = reports.get()
+        reported[key] = outcome
+    ended = []
+    for key in [key for key, process in running.items() if not process.is_alive()]:
+        process = running.pop(key)
+        process.join()
+        ended.append((key, reported.pop(key, f"failed: its process ended (exit code {process.exitcode}) first")))
+    return ended
 
 
 def run_submitit(jobs: list[Job], folder: Path, options: SlurmOptions, log: Callable[[str], None]):
@@ -190,9 +254,12 @@ def _job_outcome(handle) -> str:
         return f"failed: {text.splitlines()[-1] if text else type(error).__name__} (log: {handle.paths.stderr})"
 
 
-def launch(jobs: list[Job], launcher: str, out: Path, options: SlurmOptions, log) -> dict[tuple[str, int], str]:
+def launch(jobs: list[Job], launcher: str, out: Path, options: SlurmOptions, log,
+           side_by_side: int = 1) -> dict[tuple[str, int], str]:  # fmt: skip
     if not jobs:
         return {}
+    if launcher == "local" and side_by_side > 1:
+        return run_side_by_side(jobs, min(side_by_side, len(jobs)), log)
     if launcher == "local":
         return run_local(jobs, log)
     return run_submitit(jobs, out / "submitit", options, log)
@@ -227,8 +294,10 @@ def sweep(
     launcher: str = "local",
     options: SlurmOptions | None = None,
     log: Callable[[str], None] = print,
+    side_by_side: int = 1,
 ) -> dict[tuple[str, int], str]:
-    """Train every runnable (cell, seed) of `fig`; `recipes[cell.name]` is its TrainConfig dict without the seed.
+    """Train every runnable (cell, seed) of `fig`; `recipes[cell.name]` is its TrainConfig dict without the seed;
+    the local launcher trains `side_by_side` runs at a time.
 
     -> (cell, seed) -> outcome for the runs of this invocation ("done" for those finished before)."""
     if launcher not in LAUNCHERS:
@@ -242,7 +311,7 @@ def sweep(
     for job in jobs.values():
         check_same_run(job)
     first = [job for key, job in jobs.items() if fig.cell(key[0]).super_classes != DERIVED]
-    outcomes = launch(_pending(first), launcher, out, options, log)
+    outcomes = launch(_pending(first), launcher, out, options, log, side_by_side)
     second = [job for key, job in jobs.items() if fig.cell(key[0]).super_classes == DERIVED]
     if second:
         source = jobs[(fig.source, 0)]
@@ -253,7 +322,7 @@ def sweep(
             return outcomes
         for experts in sorted({fig.cell(job.cell).num_experts for job in second}):
             derive_super_classes(out, fig, experts, source.recipe["device"], log)
-        outcomes.update(launch(_pending(second), launcher, out, options, log))
+        outcomes.update(launch(_pending(second), launcher, out, options, log, side_by_side))
     return outcomes
 
 

@@ -11,11 +11,20 @@ import pytest
 from conftest import needs_build
 
 from mobile_moe.app.cli import main
+from mobile_moe.checkpoint import load_checkpoint
 from mobile_moe.costs import costs
 from mobile_moe.errors import UsageError
 from mobile_moe.evidence.figures import DERIVED, FIGURES, cell_recipes, figure
 from mobile_moe.evidence.scales import SCALES, Backbone, scale
-from mobile_moe.evidence.sweep import Job, SlurmOptions, run_submitit, slurm_parameters, train_job
+from mobile_moe.evidence.sweep import (
+    Job,
+    SlurmOptions,
+    run_local,
+    run_side_by_side,
+    run_submitit,
+    slurm_parameters,
+    train_job,
+)
 
 
 @pytest.mark.parametrize("scale_name", sorted(SCALES))
@@ -275,19 +284,48 @@ def test_reproduce_refuses_to_run_under_torchrun(monkeypatch, capsys, tmp_path):
 def test_submitit_runs_each_job_in_its_own_process(tmp_path):
     """submitit's local executor (what AutoExecutor picks without Slurm) trains two fig3e cells; the runs are the
     same run directories the local launcher writes."""
-    fig = figure("fig3e", scale("tiny"), num_classes=10)
-    recipes = cell_recipes(fig, scale("tiny"), 1, "cpu")
-    jobs = [
-        Job(name, 0, str(tmp_path / "runs" / name / "seed-0"), fig.cell(name).config.to_dict(),
-            {**recipes[name], "seed": 0}, "digits", spec)
-        for name, spec in (("deit-ti-e2e-token-E10-k2-L2", None), ("deit-ti-random-E10-k2-L2", "random:0"))
-    ]  # fmt: skip
+    jobs = _two_fig3e_jobs(tmp_path)
     outcomes = run_submitit(jobs, tmp_path / "submitit", SlurmOptions(), log=lambda message: None)
     assert outcomes == {(job.cell, 0): "trained" for job in jobs}
     for job in jobs:
         assert (Path(job.run_dir) / "best.pt").is_file()
     again = run_submitit(jobs[:1], tmp_path / "submitit", SlurmOptions(), log=lambda message: None)
     assert again == {(jobs[0].cell, 0): "done"}
+
+
+def _two_fig3e_jobs(root: Path) -> list[Job]:
+    fig = figure("fig3e", scale("tiny"), num_classes=10)
+    recipes = cell_recipes(fig, scale("tiny"), 1, "cpu")
+    return [
+        Job(name, 0, str(root / "runs" / name / "seed-0"), fig.cell(name).config.to_dict(),
+            {**recipes[name], "seed": 0}, "digits", spec)
+        for name, spec in (("deit-ti-e2e-token-E10-k2-L2", None), ("deit-ti-random-E10-k2-L2", "random:0"))
+    ]  # fmt: skip
+
+
+def test_side_by_side_runs_are_the_runs_one_after_another_gives(tmp_path):
+    """--jobs 2: two runs in two worker processes at once, each with half the cores' threads; with as many threads,
+    one after another in this process trains the same weights, bit for bit."""
+    import torch
+
+    from mobile_moe.devices import usable_cores
+
+    side_by_side = _two_fig3e_jobs(tmp_path / "side-by-side")
+    outcomes = run_side_by_side(side_by_side, 2, log=lambda message: None)
+    assert outcomes == {(job.cell, 0): "trained" for job in side_by_side}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, usable_cores() // 2))
+    try:
+        in_turn = _two_fig3e_jobs(tmp_path / "in-turn")
+        assert run_local(in_turn, log=lambda message: None) == outcomes
+    finally:
+        torch.set_num_threads(threads)
+    for ours, theirs in zip(side_by_side, in_turn, strict=True):
+        weights = [load_checkpoint(Path(job.run_dir) / "best.pt")["model"] for job in (ours, theirs)]
+        assert weights[0].keys() == weights[1].keys()
+        assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])
+    again = run_side_by_side(side_by_side, 2, log=lambda message: None)
+    assert again == {(job.cell, 0): "done" for job in side_by_side}
 
 
 def test_on_slurm_every_job_is_queued_before_any_is_awaited(monkeypatch, tmp_path):

@@ -37,6 +37,12 @@ def train_transform(cfg: TrainConfig, data: Data):
     return v2.Compose(steps)
 
 
+def draws_at_random(cfg: TrainConfig) -> bool:
+    """Whether train_transform's pipeline differs from epoch to epoch (crop, flip, RandAugment, erasing); when it
+    does not, a run computes its training images once (data.materialized). MixUp and CutMix mix batches later."""
+    return cfg.crop_scale < 1 or cfg.hflip or cfg.randaugment_ops > 0 or cfg.random_erasing > 0
+
+
 def batch_mixer(cfg: TrainConfig, num_classes: int):
     """MixUp and/or CutMix on (images, labels) -> (images, soft targets (B, C)); None when both are off."""
     from torchvision.transforms import v2

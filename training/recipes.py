@@ -208,7 +208,19 @@ def tiny() -> TrainConfig:
     )
 
 
-RECIPES = {"deit": deit, "vit": vit, "tiny": tiny}
+def tiny_gpu() -> TrainConfig:
+    """The tiny recipe's models on one GPU: batches of 1,024 at lr 5e-3 (not the tiny recipe's 2e-3 scaled linearly
+    to 6.4e-2), one warm-up epoch, 10 epochs. A small ViT's step costs a GPU almost nothing whatever its batch, so
+    large batches make it fast; with no augmentation, its images are computed once. On Fashion-MNIST's 54,000 training
+    images a 6x64/8 ViT reached 70% and 72% val top-1 after 2 epochs at lr 2e-3 and 6e-3 (2 CPU cores, 55 s each).
+
+        mobile-moe train --recipe tiny-gpu --model mobile-vmoe --size 6x64 --patch 8 --image-size 32 --pool mean \\
+            --experts 5 --data fashion-mnist --super-classes coarse --out runs/fmnist-moe --device cuda
+    """
+    return tiny().replace(epochs=10, batch_size=1024, base_lr=5e-3, base_batch=1024)
+
+
+RECIPES = {"deit": deit, "vit": vit, "tiny": tiny, "tiny-gpu": tiny_gpu}
 
 
 def recipe(name: str) -> TrainConfig:

@@ -38,7 +38,7 @@ from mobile_moe.registry import build_model, config_from_dict
 from mobile_moe.super_class.superclasses import SuperClasses
 from mobile_moe.training import augment, cluster_fit, distributed
 from mobile_moe.training import init_from as upcycling
-from mobile_moe.training.data import Data, data_record, open_data
+from mobile_moe.training.data import Data, data_record, materialized, open_data
 from mobile_moe.training.engine import EpochContext, NonFiniteLoss, Optimisation, train_one_epoch
 from mobile_moe.training.evaluate import evaluate
 from mobile_moe.training.imported import refuse_resume, refuse_training_into
@@ -476,7 +476,9 @@ def _open_run_data(request: TrainRequest, placement: distributed.Placement) -> R
     super_classes = resolve_super_classes(request.super_class_spec, data, model_config)
     check_super_classes(model_config, super_classes, cfg)
     train_set = data.split("train", augment.train_transform(cfg, data))
-    val_set = distributed.shard(data.split("val"), placement)
+    if not augment.draws_at_random(cfg):
+        train_set = materialized(train_set)
+    val_set = distributed.shard(materialized(data.split("val")), placement)
     loader, sampler = make_loader(train_set, cfg, placement)
     check_routing_groups(model_config, loader.batch_size)
     return RunData(model_config, data, super_classes, train_set, val_set, loader, sampler)
