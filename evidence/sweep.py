@@ -191,7 +191,10 @@ def _train_in_process(job: Job, threads: int, reports) -> None:
     import torch
 
     torch.set_num_threads(threads)
-    reports.put(((job.cell, job.seed), job_outcome(job)))
+    try:
+        reports.put(((job.cell, job.seed), job_outcome(job)))
+    except KeyboardInterrupt:  # Ctrl-C reaches every process of the sweep: its parent says "interrupted", once
+        sys.exit(130)
 
 
 def _ended(running: dict[tuple[str, int], Any], reports, reported: dict) -> list[tuple[tuple[str, int], str]]:
