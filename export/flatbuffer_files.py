@@ -24,6 +24,8 @@ Layouts (all little-endian):
 
 from __future__ import annotations
 
+import json
+import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,20 +133,46 @@ def _scalar(data: bytes, fmt: str, position: int | None) -> int:
     return struct.unpack_from(fmt, data, position)[0] if position is not None else 0
 
 
-def _check_segments(buffer: _Buffer, segments: list[int], segment_data_size: int, schema: Table) -> None:
-    """Each segment inside the segment data, after the one before it: the serializer lays them out in order, and one
-    that overlaps another (an offset read as absent is 0) feeds a delegate bytes that are not its own, which XNNPACK
-    then logs as garbage (and the Python bindings abort on)."""
-    end_of_previous = 0
+# The most padding the serializer puts between segments (its segment alignment is 128; a page at the most): a longer
+# gap is a segment size read short, after which a delegate reads its weights past the segment's end.
+MAX_SEGMENT_PADDING = 4096
+
+
+def _check_segments(buffer: _Buffer, segments: list[int], segment_data_size: int, schema: Table) -> list[int]:
+    """Each segment inside the segment data, after the one before it with at most the serializer's padding between:
+    the serializer lays them out in order, end to end, and one that overlaps another (an offset read as absent is 0)
+    feeds a delegate bytes that are not its own, which XNNPACK then logs as garbage (and the Python bindings abort
+    on). -> each segment's size."""
+    end_of_previous, sizes = 0, []
     for i, segment in enumerate(segments):
         fields = _table(buffer, segment, schema, f"segment {i}")
-        start, size = (_scalar(buffer.data, "<Q", fields.get(k)) for k in (0, 1))
+        start, size = (_scalar(buffer.data, "<Q", fields.get(k)) for k in (SEGMENT_OFFSET, SEGMENT_SIZE))
         if start + size > segment_data_size:
             raise ValueError(f"segment {i} ({start} + {size}) lies outside the segment data ({segment_data_size})")
         if start < end_of_previous:
             raise ValueError(f"segment {i} starts at {start}, inside the segment before it (which ends at "
                              f"{end_of_previous})")  # fmt: skip
+        if start - end_of_previous >= MAX_SEGMENT_PADDING:
+            raise ValueError(f"segment {i} starts {start - end_of_previous} bytes after the one before it ends")
         end_of_previous = start + size
+        sizes.append(size)
+    if segments and segment_data_size - end_of_previous >= MAX_SEGMENT_PADDING:
+        raise ValueError(f"the last segment ends {segment_data_size - end_of_previous} bytes before the segment data")
+    return sizes
+
+
+def _check_references(buffer: _Buffer, tables: list[int], schema: Table, index_field: int, sizes: list[int],
+                      what: str) -> None:  # fmt: skip
+    """The segment that each of `tables` names in its field `index_field` exists and is not empty: ExecuTorch's
+    loaders hand an empty segment over as a null pointer (extension/data_loader/mmap_data_loader.cpp, load), and
+    XNNPACK copies weights from it without asking its size (backends/xnnpack/runtime/XNNCompiler.cpp,
+    getConstantDataPtr): a named segment's size read as 0 crashed the native runner."""
+    for i, table in enumerate(tables):
+        index = _scalar(buffer.data, "<I", _table(buffer, table, schema, f"{what} {i}").get(index_field))
+        if index >= len(sizes):
+            raise ValueError(f"{what} {i} names segment {index}, of {len(sizes)}")
+        if sizes[index] == 0:
+            raise ValueError(f"{what} {i} names segment {index}, which is empty")
 
 
 def _read_head(path: str | Path, header: struct.Struct, flatbuffer_end) -> tuple[bytes, int]:
@@ -161,12 +189,16 @@ def _read_head(path: str | Path, header: struct.Struct, flatbuffer_end) -> tuple
 
 FLAT_TENSOR_IDENTIFIER = b"FT01"
 FLAT_TENSOR_HEADER_MAGIC = b"FH01"
-FLAT_TENSOR_HEADER = struct.Struct("<4sIQQQQ")  # magic, length, flatbuffer offset and size, segment base and size
+FLAT_TENSOR_HEADER = struct.Struct("<4sIQQQQ")  # at byte 8
+FLAT_TENSOR_HEADER_FIELDS = ("magic", "length", "flatbuffer_offset", "flatbuffer_size", "segment_base", "segment_size")
 
 DATA_SEGMENT = Table({0: ("scalar", 8), 1: ("scalar", 8)})  # offset, size (both files' DataSegment)
+SEGMENT_OFFSET, SEGMENT_SIZE = 0, 1
 TENSOR_LAYOUT = Table({0: ("scalar", 1), 1: ("scalars", 4), 2: ("scalars", 1)})  # scalar_type, sizes, dim_order
 NAMED_DATA = Table({0: ("string", None), 1: ("scalar", 4), 2: ("table", TENSOR_LAYOUT)}, required=(0,))  # key: strcmp
 FLAT_TENSOR = Table({0: ("scalar", 4), 1: ("tables", DATA_SEGMENT), 2: ("tables", NAMED_DATA)})  # version, ...
+# The fields the file-level checks read: FlatTensor's segments and named data, and a NamedData's segment index.
+FLAT_TENSOR_SEGMENTS, FLAT_TENSOR_NAMED_DATA, NAMED_DATA_SEGMENT = 1, 2, 1
 
 
 def check_flat_tensor_file(path: str | Path) -> None:
@@ -194,19 +226,18 @@ def check_flat_tensor(data: bytes, file_size: int | None = None) -> None:
         raise ValueError(f"its segment data ({segment_base} + {segment_size}) is not the end of the file ({file_size})")
     buffer = _Buffer(data, end)
     root = _table(buffer, buffer.target(0, "the root offset"), FLAT_TENSOR, "FlatTensor")
-    segments = _vector_of_tables(buffer, root.get(1))
-    _check_segments(buffer, segments, segment_size, DATA_SEGMENT)
-    for i, named in enumerate(_vector_of_tables(buffer, root.get(2))):
-        index = _scalar(data, "<I", _table(buffer, named, NAMED_DATA, f"named data {i}").get(1))
-        if index >= len(segments):
-            raise ValueError(f"named data {i} refers to segment {index}, of {len(segments)}")
+    sizes = _check_segments(buffer, _vector_of_tables(buffer, root.get(FLAT_TENSOR_SEGMENTS)), segment_size,
+                            DATA_SEGMENT)  # fmt: skip
+    named = _vector_of_tables(buffer, root.get(FLAT_TENSOR_NAMED_DATA))
+    _check_references(buffer, named, NAMED_DATA, NAMED_DATA_SEGMENT, sizes, "named data")
 
 
 # --- .pte: Program ----------------------------------------------------------------------------------------------------
 
 PROGRAM_IDENTIFIER = b"ET12"  # the only one ExecuTorch 1.5 loads (runtime/executor/program.cpp)
 PROGRAM_HEADER_MAGIC = b"eh00"
-PROGRAM_HEADER = struct.Struct("<4sIQQQ")  # magic, length, program size, segment base offset, segment data size
+PROGRAM_HEADER = struct.Struct("<4sIQQQ")  # at byte 8
+PROGRAM_HEADER_FIELDS = ("magic", "length", "program_size", "segment_base", "segment_size")
 
 # The tables whose strings ExecuTorch logs (an operator it lacks, a backend it lacks, a key a data map lacks, a method
 # name), and the segments it trusts. Values (EValues, a union) are left to ExecuTorch's own verification.
@@ -247,6 +278,10 @@ PROGRAM = Table(
     },
     required=(1,),
 )
+# The fields the file-level checks read: Program's segments, mutable data segments and named data, and the segment
+# index of a SubsegmentOffsets and of a program's NamedData.
+PROGRAM_SEGMENTS, PROGRAM_MUTABLE_DATA_SEGMENTS, PROGRAM_NAMED_DATA_FIELD = 4, 6, 7
+SUBSEGMENT_OFFSETS_SEGMENT, PROGRAM_NAMED_DATA_SEGMENT = 0, 1
 
 
 def check_program_file(path: str | Path, external_data: bool = False) -> None:
@@ -272,19 +307,16 @@ def check_program(data: bytes, file_size: int | None = None, *, external_data: b
         raise ValueError(f"its segment data ({segment_base} + {segment_size}) is not the end of the file ({file_size})")
     buffer = _Buffer(data, program_size)
     root = _table(buffer, buffer.target(0, "the root offset"), PROGRAM, "Program")
-    if 7 not in root and not external_data:
+    if PROGRAM_NAMED_DATA_FIELD not in root and not external_data:
         # XNNPACK's delegate asks for its weights without asking whether a named-data map exists: a program whose
         # named_data was zeroed crashed predict and the native runner (SIGSEGV). Ours carry it, or a weights file.
         raise ValueError("it has no named data, and no weights file comes with it: its delegates' weights are nowhere")
-    segments = _vector_of_tables(buffer, root.get(4))
-    _check_segments(buffer, segments, segment_size, DATA_SEGMENT)
+    sizes = _check_segments(buffer, _vector_of_tables(buffer, root.get(PROGRAM_SEGMENTS)), segment_size, DATA_SEGMENT)
     # ExecuTorch checks the constant segment's index itself (program.cpp, Program::load); these it looks up later.
-    mutable = [(t, SUBSEGMENT_OFFSETS, 0) for t in _vector_of_tables(buffer, root.get(6))]
-    named = [(t, PROGRAM_NAMED_DATA, 1) for t in _vector_of_tables(buffer, root.get(7))]
-    for i, (table, schema, index_field) in enumerate(mutable + named):
-        index = _scalar(data, "<I", _table(buffer, table, schema, f"segment reference {i}").get(index_field))
-        if index >= len(segments):
-            raise ValueError(f"segment reference {i} names segment {index}, of {len(segments)}")
+    mutable = _vector_of_tables(buffer, root.get(PROGRAM_MUTABLE_DATA_SEGMENTS))
+    _check_references(buffer, mutable, SUBSEGMENT_OFFSETS, SUBSEGMENT_OFFSETS_SEGMENT, sizes, "mutable data")
+    named = _vector_of_tables(buffer, root.get(PROGRAM_NAMED_DATA_FIELD))
+    _check_references(buffer, named, PROGRAM_NAMED_DATA, PROGRAM_NAMED_DATA_SEGMENT, sizes, "named data")
 
 
 def check_graph_file(path: str | Path, external_data: bool = False) -> None:
@@ -296,3 +328,106 @@ def check_graph_file(path: str | Path, external_data: bool = False) -> None:
         check_program_file(path, external_data)
     elif suffix == ".ptd":
         check_flat_tensor_file(path)
+
+
+# --- the native runner's copy: generated, never edited ----------------------------------------------------------------
+
+CPP_HEADER = "device_bench/native/flatbuffer_schema.h"
+_KINDS = ("scalar", "string", "table", "scalars", "tables")
+
+
+def _camel(name: str) -> str:
+    return "".join(part.capitalize() for part in name.lower().split("_"))
+
+
+def _header_offsets(file: str, header: struct.Struct, names: tuple[str, ...]) -> list[str]:
+    """`constexpr int64_t k{file}{Name}At = ...;` for where each field of an extended header (at byte 8) lies."""
+    items = re.findall(r"(\d*)([a-zA-Z])", header.format.lstrip("<"))
+    lines, at = [], 8
+    for (count, code), name in zip(items, names, strict=True):
+        lines.append(f"constexpr int64_t k{file}{_camel(name)}At = {at};")
+        at += struct.calcsize("<" + count + code)
+    return lines
+
+
+def cpp_header() -> str:
+    """device_bench/native/flatbuffer_schema.h: the tables this module walks (their fields, kinds and required
+    entries), the extended headers' layouts and identifiers, and the fields the file-level checks read, for the
+    runner's own walk (device_bench/native/flatbuffer_check.h): one owner of what a safe file is, in both languages
+    (tests/test_docs.py compares the committed file with this; tests/test_flatbuffer_files.py fuzzes both walks)."""
+    tables = {name: value for name, value in globals().items() if isinstance(value, Table)}
+    order = list(tables)
+    lines = [
+        "// Generated from export/flatbuffer_files.py, the one description of the ExecuTorch files we accept, by",
+        f"//   python -m mobile_moe.export.flatbuffer_files --cpp-header > {CPP_HEADER}",
+        "// Do not edit: change flatbuffer_files.py and regenerate (tests/test_docs.py compares the two).",
+        "#pragma once",
+        "",
+        "#include <cstdint>",
+        "",
+        "namespace mobile_moe::runner::flatbuffer_schema {",
+        "",
+        f"constexpr int64_t kMaxEntries = {MAX_ENTRIES};  // vector lengths",
+        f"constexpr uint64_t kMaxSegmentPadding = {MAX_SEGMENT_PADDING};  // between segments, and after the last",
+        "",
+        "// A table field's kind: a scalar of `size` bytes, a string, a table, a vector of scalars of `size` bytes",
+        "// or a vector of tables; `table` indexes kTables (-1: none).",
+        f"enum class Kind {{ {', '.join(_camel(kind) for kind in _KINDS)} }};",
+        "struct Field {",
+        "  int index;",
+        "  Kind kind;",
+        "  int size;",
+        "  int table;",
+        "};",
+        "struct Table {",
+        "  const char* name;",
+        "  const Field* fields;",
+        "  int num_fields;",
+        "  const int* required;  // the fields ExecuTorch reads without asking whether they are there",
+        "  int num_required;",
+        "};",
+        "",
+    ]
+    for name, table in tables.items():
+        fields = []
+        for index, (kind, detail) in table.fields.items():
+            child = order.index(next(n for n, t in tables.items() if t is detail)) if isinstance(detail, Table) else -1
+            size = detail if isinstance(detail, int) else 4 if kind in ("table", "tables", "string") else 0
+            fields.append(f"{{{index}, Kind::{_camel(kind)}, {size}, {child}}}")
+        required = ", ".join(map(str, table.required)) or "-1"
+        lines += [
+            f"inline constexpr Field k{_camel(name)}Fields[] = {{{', '.join(fields) or '{-1, Kind::Scalar, 0, -1}'}}};",
+            f"inline constexpr int k{_camel(name)}Required[] = {{{required}}};",
+        ]
+    entries = [f"  {{\"{_camel(name)}\", k{_camel(name)}Fields, {len(t.fields)}, k{_camel(name)}Required, "
+               f"{len(t.required)}}}," for name, t in tables.items()]  # fmt: skip
+    lines += ["", "inline constexpr Table kTables[] = {", *entries, "};"]
+    lines += [f"constexpr int k{_camel(name)} = {i};" for i, name in enumerate(order)]
+    lines += [
+        "",
+        "// The extended headers (at byte 8) and the file identifiers (at byte 4).",
+        f"inline constexpr char kProgramIdentifier[] = {json.dumps(PROGRAM_IDENTIFIER.decode())};",
+        f"inline constexpr char kProgramHeaderMagic[] = {json.dumps(PROGRAM_HEADER_MAGIC.decode())};",
+        f"constexpr int64_t kProgramHeaderSize = {PROGRAM_HEADER.size};",
+        *_header_offsets("Program", PROGRAM_HEADER, PROGRAM_HEADER_FIELDS),
+        f"inline constexpr char kFlatTensorIdentifier[] = {json.dumps(FLAT_TENSOR_IDENTIFIER.decode())};",
+        f"inline constexpr char kFlatTensorHeaderMagic[] = {json.dumps(FLAT_TENSOR_HEADER_MAGIC.decode())};",
+        f"constexpr int64_t kFlatTensorHeaderSize = {FLAT_TENSOR_HEADER.size};",
+        *_header_offsets("FlatTensor", FLAT_TENSOR_HEADER, FLAT_TENSOR_HEADER_FIELDS),
+        "",
+        "// The fields the file-level checks read.",
+    ]
+    for name in ("SEGMENT_OFFSET", "SEGMENT_SIZE", "FLAT_TENSOR_SEGMENTS", "FLAT_TENSOR_NAMED_DATA",
+                 "NAMED_DATA_SEGMENT", "PROGRAM_SEGMENTS", "PROGRAM_MUTABLE_DATA_SEGMENTS", "PROGRAM_NAMED_DATA_FIELD",
+                 "SUBSEGMENT_OFFSETS_SEGMENT", "PROGRAM_NAMED_DATA_SEGMENT"):  # fmt: skip
+        lines.append(f"constexpr int k{_camel(name)} = {globals()[name]};")
+    lines += ["", "}  // namespace mobile_moe::runner::flatbuffer_schema", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m mobile_moe.export.flatbuffer_files --cpp-header > device_bench/native/...
+    import sys
+
+    if sys.argv[1:] != ["--cpp-header"]:
+        sys.exit("usage: python -m mobile_moe.export.flatbuffer_files --cpp-header")
+    print(cpp_header(), end="")

@@ -11,9 +11,11 @@ import copy
 import json
 import random
 import shutil
+import struct
 from collections.abc import Callable
 from pathlib import Path
 
+from mobile_moe.export import flatbuffer_files as files
 from mobile_moe.export.artifact import file_bytes, file_digest
 
 Mutation = Callable[[dict], str]
@@ -320,3 +322,37 @@ def flip_offsets(size: int, count: int, seed: int) -> list[int]:
     """Header offsets that crashed the runner before (0, 48, 52, 60), then `count` seeded random offsets."""
     rng = random.Random(seed)
     return [0, 48, 52, 60, *sorted(rng.randrange(size) for _ in range(count))]
+
+
+def table_positions(buffer, position: int, schema) -> list[int]:
+    """Every table export/flatbuffer_files.py walks under the one at `position` (itself included), by position."""
+    found = [position]
+    present = files._table(buffer, position, schema, "table")
+    for index, (kind, detail) in schema.fields.items():
+        if index in present and kind == "table":
+            found += table_positions(buffer, buffer.target(present[index], "child"), detail)
+        elif index in present and kind == "tables":
+            for child in files._vector_of_tables(buffer, present[index]):
+                found += table_positions(buffer, child, detail)
+    return found
+
+
+def without_each_entry(data: bytes) -> list[bytes]:
+    """An ExecuTorch file (a program, or a weights file by its identifier) with one vtable entry zeroed (that field
+    read as absent), for every entry of every table the check walks; a vtable shared by several tables counts once."""
+    if data[4:8] == files.FLAT_TENSOR_IDENTIFIER:
+        offset, size = files.FLAT_TENSOR_HEADER.unpack_from(data, 8)[2:4]
+        end, schema = offset + size, files.FLAT_TENSOR
+    else:
+        end, schema = files.PROGRAM_HEADER.unpack_from(data, 8)[2], files.PROGRAM
+    buffer = files._Buffer(data, end)
+    root = buffer.target(0, "root")
+    vtables = {table - struct.unpack_from("<i", data, table)[0] for table in table_positions(buffer, root, schema)}
+    variants = []
+    for vtable in sorted(vtables):
+        for slot in range(4, struct.unpack_from("<H", data, vtable)[0], 2):
+            if struct.unpack_from("<H", data, vtable + slot)[0]:
+                damaged = bytearray(data)
+                struct.pack_into("<H", damaged, vtable + slot, 0)
+                variants.append(bytes(damaged))
+    return variants

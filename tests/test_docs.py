@@ -94,6 +94,13 @@ def test_the_native_runners_schema_header_is_the_generated_one():
     assert (REPOSITORY / CPP_HEADER).read_text() == cpp_header(), f"the schema changed: {regenerate}"
 
 
+def test_the_native_runners_flatbuffer_header_is_the_generated_one():
+    from mobile_moe.export.flatbuffer_files import CPP_HEADER, cpp_header
+
+    regenerate = f"python -m mobile_moe.export.flatbuffer_files --cpp-header > {CPP_HEADER}"
+    assert (REPOSITORY / CPP_HEADER).read_text() == cpp_header(), f"flatbuffer_files.py changed: {regenerate}"
+
+
 def test_no_manifest_word_is_spelled_in_cpp_outside_the_parser():
     """Layouts, kinds and roles reach the runner as manifest_schema.h's enums; only the parser reads their words."""
     from mobile_moe.export.manifest_schema import KIND_OF_LAYOUT, LAYOUTS, ROLES

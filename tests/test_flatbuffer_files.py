@@ -7,8 +7,10 @@ from __future__ import annotations
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from faults import without_each_entry
 
 from mobile_moe.export import flatbuffer_files
 from mobile_moe.export.flatbuffer_files import FLAT_TENSOR_HEADER as HEADER
@@ -74,7 +76,7 @@ def test_what_executorch_would_read_out_of_bounds_is_refused(ptd):
         ),
         "a segment index out of range": (
             patched(ptd, indexed_entry[1], "<I", len(found["segments"])),
-            "refers to segment",
+            "names segment",
         ),
     }
     for name, (damaged, message) in cases.items():
@@ -141,34 +143,6 @@ def test_a_backend_id_that_is_not_utf8_is_refused(bundle):
         check_program(bytes(program))
 
 
-def table_positions(buffer, position: int, schema) -> list[int]:
-    """Every table the check walks under the one at `position` (itself included), by position."""
-    found = [position]
-    present = flatbuffer_files._table(buffer, position, schema, "table")
-    for index, (kind, detail) in schema.fields.items():
-        if index in present and kind == "table":
-            found += table_positions(buffer, buffer.target(present[index], "child"), detail)
-        elif index in present and kind == "tables":
-            for child in flatbuffer_files._vector_of_tables(buffer, present[index]):
-                found += table_positions(buffer, child, detail)
-    return found
-
-
-def without_each_entry(program: bytes) -> list[bytes]:
-    """The program with one vtable entry zeroed (that field read as absent), for every entry of every table the
-    check walks; a vtable shared by several tables counts once."""
-    buffer = flatbuffer_files._Buffer(program, PROGRAM_HEADER.unpack_from(program, 8)[2])
-    root = buffer.target(0, "root")
-    vtables = {table - struct.unpack_from("<i", program, table)[0]
-               for table in table_positions(buffer, root, flatbuffer_files.PROGRAM)}  # fmt: skip
-    variants = []
-    for vtable in sorted(vtables):
-        for slot in range(4, struct.unpack_from("<H", program, vtable)[0], 2):
-            if struct.unpack_from("<H", program, vtable + slot)[0]:
-                variants.append(patched(program, vtable + slot, "<H", 0))
-    return variants
-
-
 LOAD_AND_RUN = """
 import sys
 from pathlib import Path
@@ -179,10 +153,11 @@ from mobile_moe.export.runners import ExecuTorchRunner
 bundle, name, variants = Path(sys.argv[1]), sys.argv[2], sys.argv[3].split(",")
 graph = next(graph for graph in read_manifest(bundle).graphs if graph.name == name)
 weights = bundle / graph.weights.file if graph.weights is not None else None
-for path in variants:
+for path in map(Path, variants):
     print(path, flush=True)  # the last one printed is the one that crashed, if one does
+    program, data = (bundle / graph.file, path) if path.suffix == ".ptd" else (path, weights)
     try:  # as predict and bench's Python runtime load and run a graph
-        runner = ExecuTorchRunner(Path(path), graph, weights=weights)
+        runner = ExecuTorchRunner(program, graph, weights=data)
         runner([np.zeros([int(d) for d in spec.shape], np.float32) for spec in graph.inputs])
     except UsageError:
         pass  # refused by ExecuTorch itself, in one line: what matters is that nothing crashed
@@ -190,21 +165,24 @@ for path in variants:
 
 
 @pytest.mark.slow  # runs ExecuTorch or whole commands many times: in CI's slow set
-@pytest.mark.parametrize(("name", "graph"), [("router.pte", "router"), ("expert.pte", "expert_1")])
-def test_no_table_entry_of_a_program_read_as_absent_crashes_executorch(bundle, tmp_path, name, graph):
-    """Every field of every table ExecuTorch reads, zeroed in its vtable one at a time: the check refuses the
-    variant, or ExecuTorch loads and runs it (or refuses it) without a signal. A zeroed named_data crashed both
-    runtimes before the check required it."""
+@pytest.mark.parametrize(
+    ("name", "graph"), [("router.pte", "router"), ("expert.pte", "expert_1"), ("expert_1.ptd", "expert_1")]
+)
+def test_no_table_entry_read_as_absent_crashes_executorch(bundle, tmp_path, name, graph):
+    """Every field of every table ExecuTorch reads, in a program or a weights file, zeroed in its vtable one at a
+    time: the check refuses the variant, or ExecuTorch loads and runs it (or refuses it) without a signal. A zeroed
+    named_data, and a named segment's size read as 0, crashed the runtimes before the check refused them."""
     variants = without_each_entry((bundle / name).read_bytes())
     accepted = []
-    for i, program in enumerate(variants):
+    for i, variant in enumerate(variants):
+        path = tmp_path / f"variant-{i}{Path(name).suffix}"
+        path.write_bytes(variant)
         try:
-            check_program(program)
+            check_graph_file(path, external_data=name == "expert.pte")
         except ValueError:
             continue
-        accepted.append(tmp_path / f"variant-{i}.pte")
-        accepted[-1].write_bytes(program)
-    assert len(variants) > 20 and accepted  # many entries; the check refuses some, and ExecuTorch must meet the rest
+        accepted.append(path)
+    assert len(variants) > 5 and accepted  # the check refuses some, and ExecuTorch must meet the rest
     run = subprocess.run([sys.executable, "-c", LOAD_AND_RUN, str(bundle), graph, ",".join(map(str, accepted))],
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     crashed = run.stdout.strip().splitlines()[-1:] if run.returncode else []
@@ -220,3 +198,66 @@ def test_a_program_without_named_data_is_refused_unless_a_weights_file_comes_wit
     with pytest.raises(ValueError, match="no named data, and no weights file"):
         check_program(damaged)
     check_program(damaged, external_data=True)  # a family's program finds its weights in the .ptd loaded with it
+
+
+# --- the native runner's walk (device_bench/native/flatbuffer_check.h) ------------------------------------------------
+
+
+def flipped(data: bytes, end: int) -> list[bytes]:
+    """`data` with each byte before `end` flipped, all its bits and its lowest one, a variant each."""
+    variants = []
+    for offset in range(end):
+        for mask in (0xFF, 0x01):
+            damaged = bytearray(data)
+            damaged[offset] ^= mask
+            variants.append(bytes(damaged))
+    return variants
+
+
+def not_utf8(program: bytes) -> list[bytes]:
+    """The program with its backend id's first bytes made each kind of byte sequence strict UTF-8 refuses."""
+    at = program.index(b"XnnpackBackend\0")
+    sequences = [b"\xc3", b"\xc0\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xff", b"\xe2\x82"]
+    return [program[:at] + sequence + program[at + len(sequence) :] for sequence in sequences]
+
+
+def verdicts_of_both(runner, tmp_path, variants: list[bytes], suffix: str, external_data: bool) -> tuple[list, list]:
+    """(Python's verdicts, the runner's) on each variant written as a file: True for accepted."""
+    paths = []
+    for i, variant in enumerate(variants):
+        paths.append(tmp_path / f"variant-{i}{suffix}")
+        paths[-1].write_bytes(variant)
+    ours = []
+    for path in paths:
+        try:
+            check_graph_file(path, external_data)
+            ours.append(True)
+        except ValueError:
+            ours.append(False)
+    flags = ["--check", *(["--external-data"] if external_data else []), *map(str, paths)]
+    run = subprocess.run([str(runner), *flags], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert [line.split("  ", 1)[1].split(":")[0] for line in lines] == list(map(str, paths))
+    return ours, [line.startswith("ok  ") for line in lines]
+
+
+def test_the_runners_walk_gives_a_weights_file_the_same_verdicts(runner, ptd, tmp_path):
+    """Every flip of a .ptd's header and flatbuffer: the runner refuses exactly what flatbuffer_files.py refuses
+    (ExecuTorch's own FlatTensorDataMap verifies nothing)."""
+    fb_offset, fb_size = HEADER.unpack_from(ptd, 8)[2:4]
+    ours, native = verdicts_of_both(runner, tmp_path, [ptd, *flipped(ptd, fb_offset + fb_size)], ".ptd", False)
+    assert ours == native
+    assert ours[0] and ours.count(False) > 400  # the exported file passes; many flips do not
+
+
+@pytest.mark.parametrize("name", ["router.pte", "expert.pte"])
+@pytest.mark.parametrize("external_data", [False, True])
+def test_the_runners_walk_gives_a_program_the_same_verdicts(runner, bundle, tmp_path, name, external_data):
+    """A program with each table entry read as absent, each flip of its first 512 bytes, and strings that are not
+    UTF-8: the runner refuses exactly what flatbuffer_files.py refuses, with and without a weights file beside it."""
+    program = (bundle / name).read_bytes()
+    variants = [program, *without_each_entry(program), *flipped(program, 512), *not_utf8(program)]
+    ours, native = verdicts_of_both(runner, tmp_path, variants, ".pte", external_data)
+    assert ours == native
+    assert ours[0] and ours.count(False) > 100

@@ -32,6 +32,7 @@ from faults import (
     mutate_manifest,
     reseal,
     whole_bundle,
+    without_each_entry,
     write_manifest_text,
 )
 
@@ -290,3 +291,22 @@ def test_run_native_checks_sha256_before_the_runner_starts(bundle, tmp_path):
     with pytest.raises(UsageError, match="sha256"):
         run_native(spy, broken, None, SETTINGS)
     assert not marker.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", FLIP_FILES)
+def test_no_table_entry_read_as_absent_crashes_the_runner(fault_runner, bundle, tmp_path, name):
+    """Every entry of every table the check walks zeroed in its vtable (that field read as absent), one at a time, the
+    manifest re-sealed: refused in one line (the runner's check, flatbuffer_check.h, or ExecuTorch's own), a clean
+    failure, or a run; never a signal. A zeroed named_data in router.pte crashed the runner before it had the check."""
+    variants = without_each_entry((bundle / name).read_bytes())
+    assert len(variants) > 5
+    for i, variant in enumerate(variants):
+        broken = copy_bundle(bundle, tmp_path / f"entry-{i}")
+        (broken / name).write_bytes(variant)
+        reseal(broken)
+        result = run_runner(fault_runner, broken)
+        if result.returncode == 0:
+            assert isinstance(json.loads(result.stdout), dict)
+        else:
+            assert_refused(result, (1, 2))

@@ -31,6 +31,7 @@
 #include "json_reader.h"
 #include "manifest_schema.h"
 #include "manifest_values.h"
+#include "flatbuffer_check.h"
 #include "sha256.h"
 
 namespace mobile_moe::runner {
@@ -551,8 +552,10 @@ inline void validate(const json::Value& manifest, Bundle& bundle) {
   check_routing_and_params(manifest, bundle);
 }
 
-// Every graph file the manifest lists must have the recorded size and sha256: checked before any graph is loaded.
-inline void verify_file(const std::string& graph, const File& file) {
+// Every graph file the manifest lists must have the recorded size and sha256, and be a file ExecuTorch can read
+// safely (flatbuffer_check.h: a damaged file whose manifest was re-sealed), as export/manifest.py checks them in
+// Python: before any graph is loaded. `external_data`: the graph loads a weights file with its program.
+inline void verify_file(const std::string& graph, const File& file, bool external_data) {
   std::string digest;
   uint64_t size = 0;
   if (!mobile_moe::sha256::file_digest(file.path, &digest, &size))
@@ -560,12 +563,17 @@ inline void verify_file(const std::string& graph, const File& file) {
   if (static_cast<int64_t>(size) != file.bytes || digest != file.sha256)
     throw UsageError("graph " + graph + ": " + file.file +
                      " does not match the sha256 in the manifest (tampered with or truncated); re-export the bundle");
+  try {
+    check_graph_file(file.path, external_data);
+  } catch (const FileFault& fault) {
+    throw UsageError("graph " + graph + ": " + file.file + " is damaged: " + fault.what() + "; re-export the bundle");
+  }
 }
 
 inline void verify_graph_files(const Bundle& bundle) {
   for (const auto& graph : bundle.all) {
-    verify_file(graph.name, graph.program);
-    if (graph.shares_program()) verify_file(graph.name, graph.weights);
+    verify_file(graph.name, graph.program, graph.shares_program());
+    if (graph.shares_program()) verify_file(graph.name, graph.weights, false);
   }
 }
 

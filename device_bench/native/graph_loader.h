@@ -26,7 +26,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -62,38 +61,6 @@ struct LoadEvent {
   std::string weights = "packed";
   std::string cache = "off";
 };
-
-// Where an ExecuTorch file says its segment data lies: {base, size} from the extended header of a program ("eh00" at
-// byte 8: length, program size, segment base, segment size) or a data file ("FH01": length, flatbuffer offset and
-// size, segment base, segment size); all little-endian. {0, 0} for a file without one.
-inline std::pair<uint64_t, uint64_t> segment_data(const unsigned char* head) {
-  auto u64 = [&](int at) {
-    uint64_t value = 0;
-    for (int i = 7; i >= 0; --i) value = (value << 8) | head[at + i];
-    return value;
-  };
-  if (std::equal(head + 8, head + 12, "eh00")) return {u64(24), u64(32)};
-  if (std::equal(head + 8, head + 12, "FH01")) return {u64(32), u64(40)};
-  return {0, 0};
-}
-
-// Our exporter ends every ExecuTorch file with its segment data. ExecuTorch checks only that the data fits in the
-// file (runtime/executor/program.cpp, Program::load; extension/flat_tensor/flat_tensor_data_map.cpp): a segment base
-// moved by a re-sealed flipped byte fed the weights shifted bytes and gave NaN logits with no error. Refused here,
-// as export/flatbuffer_files.py refuses it in Python.
-inline void check_segment_data_ends_file(const Graph& graph, const File& file) {
-  std::ifstream in(file.path, std::ios::binary);
-  unsigned char head[48] = {};
-  in.read(reinterpret_cast<char*>(head), sizeof head);
-  if (in.gcount() != sizeof head) return;  // too short for a header: ExecuTorch refuses it
-  in.seekg(0, std::ios::end);
-  const auto size = static_cast<uint64_t>(in.tellg());
-  const auto [base, length] = segment_data(head);
-  if (length != 0 && (base > size || size - base != length))
-    throw UsageError("graph " + graph.name + ": " + file.file + " is damaged: its segment data (" + std::to_string(base) +
-                     " + " + std::to_string(length) + ") is not the end of the file (" + std::to_string(size) +
-                     "); re-export the bundle");
-}
 
 // The program's forward signature must be the graph's specs from the manifest: as many inputs and outputs, each a
 // float32 tensor of the listed shape. Checked before the method is initialised, so nothing runs on a mismatch.
@@ -243,7 +210,6 @@ class Loader {
       auto found = family_programs_.find(graph.program.path);
       if (found != family_programs_.end()) return found->second;
     }
-    check_segment_data_ends_file(graph, graph.program);
     auto file = std::make_shared<ProgramFile>();
     file->loader = open_data_loader(graph, graph.program, mode_);
     auto program = et::Program::load(file->loader.get(), et::Program::Verification::InternalConsistency);
@@ -259,7 +225,6 @@ class Loader {
   }
 
   void open_weights(const Graph& graph, LoadedGraph& loaded) {
-    check_segment_data_ends_file(graph, graph.weights);
     loaded.weights_loader_ = open_data_loader(graph, graph.weights, mode_);
     auto map = executorch::extension::FlatTensorDataMap::load(loaded.weights_loader_.get());
     if (!map.ok())

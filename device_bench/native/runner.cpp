@@ -88,7 +88,7 @@ const char* kUsage =
     "usage: mobile_moe_runner --bundle DIR [--input FILE.f32 | --random N] [--iterations N] [--warmup N] "
     "[--threads T] [--cache-experts C] [--cache-margin D] [--switch-repeats R] [--seed S] [--weight-cache DIR] "
     "[--load-mode mmap|file]; "
-    "or mobile_moe_runner --sha256|--xxh64 FILE...";
+    "or mobile_moe_runner --sha256|--xxh64 FILE...; or mobile_moe_runner --check [--external-data] FILE...";
 
 // An integer flag value in [low, high]: the whole text must be the number ("5x", "", 1e3 and overflow are refused).
 int to_int(const std::string& flag, const std::string& text, long low, long high) {
@@ -564,6 +564,25 @@ int print_digests(int argc, char** argv) {
   return 0;
 }
 
+// --check [--external-data] FILE...: print "ok  FILE" or "refused  FILE: why" per file, the verdict of the check a
+// bundle's files get before any is loaded (flatbuffer_check.h), so the tests can give it every file they give
+// export/flatbuffer_files.py. --external-data: programs that load a weights file with them.
+int print_checks(int argc, char** argv) {
+  int first = 2;
+  const bool external_data = argc > 2 && std::string(argv[2]) == "--external-data";
+  if (external_data) ++first;
+  if (argc <= first) throw UsageError("--check needs at least one file");
+  for (int i = first; i < argc; ++i) {
+    try {
+      check_graph_file(argv[i], external_data);
+      std::printf("ok  %s\n", argv[i]);
+    } catch (const FileFault& fault) {
+      std::printf("refused  %s: %s\n", argv[i], one_line(fault.what()).c_str());
+    }
+  }
+  return 0;
+}
+
 #if defined(__SANITIZE_ADDRESS__)
 #define MOBILE_MOE_ASAN 1
 #elif defined(__has_feature)
@@ -613,6 +632,7 @@ int main(int argc, char** argv) {
   try {
     if (argc >= 2 && (std::string(argv[1]) == "--sha256" || std::string(argv[1]) == "--xxh64"))
       return print_digests(argc, argv);
+    if (argc >= 2 && std::string(argv[1]) == "--check") return print_checks(argc, argv);
     Options options = parse_options(argc, argv);
     std::string report = measure(options);
     std::fwrite(report.data(), 1, report.size(), stdout);
