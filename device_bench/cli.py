@@ -68,7 +68,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=each.switch_repeats,
         help=f"times each expert switch is timed (default {each.switch_repeats})",
     )
-    parser.add_argument("--weight-cache", action="store_true", help="native: enable XNNPACK's packed-weight cache")
+    parser.add_argument("--weight-cache", action=argparse.BooleanOptionalAction, default=each.weight_cache,
+                        help="native: keep XNNPACK's packed weights on disk in the user's cache folder, one "
+                        "checked file per graph, so later loads map them (default on; --no-weight-cache: packed "
+                        "on every load)")  # fmt: skip
     parser.add_argument("--out", default="bench-out", help="output directory (default bench-out)")
     parser.add_argument("--json", action="store_true", help="print results.json on stdout instead of a summary")
 

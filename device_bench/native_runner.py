@@ -12,10 +12,10 @@ import json
 import os
 import signal
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from mobile_moe.cache import packed_weights_dir
 from mobile_moe.device_bench.native_build import build_runner
 from mobile_moe.device_bench.round_report import RoundReport
 from mobile_moe.device_bench.round_settings import RoundSettings
@@ -32,7 +32,8 @@ def runner_command(
     settings: RoundSettings,
     weight_cache_dir: str | Path | None = None,
 ) -> list[str]:
-    """The runner's argv; `weight_cache_dir` (an existing, empty directory) is required when settings.weight_cache."""
+    """The runner's argv; `weight_cache_dir` (an existing directory, shared by runs) is required when
+    settings.weight_cache."""
     command = [str(runner), "--bundle", str(bundle), *settings.runner_flags()]
     if images is not None:
         command += ["--input", str(images)]
@@ -40,6 +41,8 @@ def runner_command(
         if weight_cache_dir is None:
             raise ValueError("settings.weight_cache needs a weight_cache_dir")
         command += ["--weight-cache", str(weight_cache_dir)]
+    else:
+        command += ["--no-weight-cache"]
     return command
 
 
@@ -114,12 +117,12 @@ def run_native(runner: str | Path, bundle: str | Path, images: str | Path | None
     check_runner(runner)
     # The runner checks these too (a bundle may be run by hand on a phone); checking here first gives Python's message.
     read_manifest(bundle, verify_files=True)
-    with tempfile.TemporaryDirectory(prefix="mobile-moe-weight-cache-") as weight_cache_dir:
-        command = runner_command(runner, bundle, images, settings, weight_cache_dir)
-        try:
-            result = subprocess.run(command, capture_output=True)
-        except OSError as error:  # e.g. an Android arm64 build run on this machine: Exec format error
-            raise UsageError(f"--runner {runner}: cannot run it on this machine ({error.strerror or error})") from None
+    weight_cache_dir = packed_weights_dir() if settings.weight_cache else None
+    command = runner_command(runner, bundle, images, settings, weight_cache_dir)
+    try:
+        result = subprocess.run(command, capture_output=True)
+    except OSError as error:  # e.g. an Android arm64 build run on this machine: Exec format error
+        raise UsageError(f"--runner {runner}: cannot run it on this machine ({error.strerror or error})") from None
     return parse_runner_output(result.returncode, result.stdout, result.stderr, "native runner", bundle)
 
 

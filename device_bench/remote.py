@@ -94,7 +94,8 @@ def _run_on(
         if remote_images is not None:
             device.push(images, remote_images)
         env = {"LD_LIBRARY_PATH": f"{workdir}/lib"} if runner.libraries else {}
-        weight_cache_dir = f"{workdir}/weight-cache" if settings.weight_cache else None
+        # The device's packed-weight cache outlives the run (as an app's cache folder does); the runner bounds it.
+        weight_cache_dir = f"{device.root}/mobile-moe-weight-cache" if settings.weight_cache else None
         if weight_cache_dir is not None:
             device.make_dir(weight_cache_dir)
         command = runner_command(remote_runner, remote_bundle, remote_images, settings, weight_cache_dir)

@@ -122,6 +122,11 @@ def markdown(results: dict, plot_files: list[str] = ()) -> str:
             f"| {_millions(run.get('params_loaded_per_image'))} | {_millions(run['params_active'])} "
             f"| {_rate(run['expert_change_rate'])} | {spread} |"
         )
+    caches = [f"- {_label(run)}: packed-weight cache {'on' if run['weight_cache'] else 'off'}"
+              + (f", {_mib(run['weight_cache_bytes'])} MiB held" if run["weight_cache"] else "")
+              for run in runs if run.get("weight_cache") is not None]  # fmt: skip
+    if caches:
+        lines += ["", "## Packed weights on disk (native runner)", "", *caches]
     stream = stream_lines(runs)
     if stream:
         lines += ["", "## The stream each split run served", "", *stream]

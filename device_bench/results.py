@@ -127,6 +127,7 @@ def summarize_round(raw: dict) -> dict:
         "switch_cold_parts_ms": cold.get("parts_median_ms"),
         "peak_rss_bytes": memory.get("peak_rss_bytes"),
         "pss_bytes": memory.get("pss_bytes"),
+        "weight_cache_bytes": raw.get("weight_cache_bytes"),
     }
 
 
@@ -159,6 +160,10 @@ def run_record(
         "expert_change_rate": routing_stats.expert_change_rate(sequence) if split else None,
         "cache_hit_rate": routing_stats.cache_hit_rates(sequence, manifest.num_experts) if split else {},
         "expert_histogram": routing_stats.expert_histogram(sequence, manifest.num_experts) if split else [],
+        # The native runner's packed-weight cache: on or off (None: a runtime without one), and what it held after
+        # the last round (the first round of a fresh cache packs; later rounds map).
+        "weight_cache": first.get("weight_cache"),
+        "weight_cache_bytes": summaries[-1]["weight_cache_bytes"],
         "spread": _spread([s["latency_ms"]["p50"] for s in summaries]),
         "per_round": summaries,
     }

@@ -15,9 +15,10 @@ class RoundSettings:
     cache_experts: int | None = None  # expert graphs kept loaded; None: all of them
     cache_margin: float = 0.0  # cache-aware routing (export.runtime.cache_aware_top_k); 0: plain top-k
     switch_repeats: int = 2  # times each expert's switch (unload, load, first run) is measured
-    # Native runner: XNNPACK's packed weights cached on disk, one file per graph, in a directory made for the run
-    # (so every run starts from an empty cache: its first load of each graph packs, later loads map).
-    weight_cache: bool = False
+    # Native runner: XNNPACK's packed weights cached on disk, one checked file per graph, in the user's cache folder
+    # (mobile_moe.cache.packed_weights_dir), so a graph packed by one run is mapped by the next, as on an app's second
+    # launch; False packs every load on the heap.
+    weight_cache: bool = True
 
     def __post_init__(self) -> None:
         if self.iterations < 1:

@@ -1,6 +1,7 @@
-"""Where the toolkit keeps what it can rebuild: ~/.cache/mobile-moe, or MOBILE_MOE_CACHE. The native runner's builds
-(device_bench/native_build.py), the ARM64 wheel (device_bench/arm64.py) and image folders' checks
-(training/image_check.py) live under it, each in its own folder."""
+"""Where the toolkit keeps what it can rebuild: MOBILE_MOE_CACHE, else $XDG_CACHE_HOME/mobile-moe, else
+~/.cache/mobile-moe. The native runner's builds (device_bench/native_build.py), the ARM64 wheel (device_bench/arm64.py),
+image folders' checks (training/image_check.py) and XNNPACK's packed weights (packed_weights_dir) live under it, each
+in its own folder."""
 
 from __future__ import annotations
 
@@ -9,4 +10,16 @@ from pathlib import Path
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("MOBILE_MOE_CACHE", Path.home() / ".cache" / "mobile-moe"))
+    if os.environ.get("MOBILE_MOE_CACHE"):
+        return Path(os.environ["MOBILE_MOE_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "mobile-moe"
+
+
+def packed_weights_dir() -> Path:
+    """The native runner's packed-weight cache (device_bench/native/packed_cache.h: one checked file per graph, kept
+    under a size limit), shared by every run of this user: MOBILE_MOE_WEIGHT_CACHE, else cache_root()/packed-weights.
+    Created on first use."""
+    path = Path(os.environ.get("MOBILE_MOE_WEIGHT_CACHE") or cache_root() / "packed-weights")
+    path.mkdir(parents=True, exist_ok=True)
+    return path

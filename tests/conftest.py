@@ -140,3 +140,12 @@ def image_checks_in_the_sessions_temporary_folder(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(image_check, "cache_root", lambda: root)
         yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def packed_weights_in_the_sessions_temporary_folder(tmp_path_factory):
+    """The native runner's packed-weight cache (on by default) goes under the session's temporary folder, for this
+    process and every command it starts: the suite leaves nothing in the user's cache, and starts from an empty one."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MOBILE_MOE_WEIGHT_CACHE", str(tmp_path_factory.getbasetemp() / "packed-weights"))
+        yield

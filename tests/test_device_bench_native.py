@@ -21,6 +21,7 @@ import torch
 from conftest import needs_build, tiny_model
 
 from mobile_moe.app.cli import main
+from mobile_moe.cache import packed_weights_dir
 from mobile_moe.device_bench import routing_stats
 from mobile_moe.device_bench.native_build import NATIVE_DIR, build_runner
 from mobile_moe.device_bench.native_runner import parse_runner_output, run_native, runner_command
@@ -203,7 +204,10 @@ def test_android_flow_with_stand_in_adb(runner, bundle, workload_file, fake_adb)
     np.testing.assert_allclose(
         [row["logits"] for row in on_phone["images"]], [row["logits"] for row in on_host["images"]], atol=1e-6
     )
-    assert list((fake_adb / "data/local/tmp").iterdir()) == []  # cleaned up
+    # The run's folder is gone; the phone's packed-weight cache stays for the next run, as an app's cache folder does.
+    assert [path.name for path in (fake_adb / "data/local/tmp").iterdir()] == ["mobile-moe-weight-cache"]
+    cached = sorted(path.suffix for path in (fake_adb / "data/local/tmp/mobile-moe-weight-cache").iterdir())
+    assert cached and set(cached) == {".xnnpack", ".check"}
 
 
 @needs_build
@@ -335,7 +339,7 @@ SWITCHING = {"iterations": 2, "warmup": 0, "cache_experts": 1, "switch_repeats":
 def test_a_second_load_of_an_expert_maps_its_packed_weights(runner, bundle, workload_file, tmp_path):
     """Experts sharing one program each get their own packed-weight cache file: the first load packs, every later
     load (in this process or the next) maps, and the answers are bit for bit those of a run without a cache."""
-    plain = run_native(runner, bundle, workload_file, RoundSettings(**SWITCHING))
+    plain = run_native(runner, bundle, workload_file, RoundSettings(**SWITCHING, weight_cache=False))
     cached = run_with_weight_cache(runner, bundle, workload_file, tmp_path, **SWITCHING)
     assert logits_of(cached) == logits_of(plain)
     assert {(e["cache"], e["weights"]) for e in first_loads(cached).values()} == {("cold", "packed")}
@@ -426,6 +430,7 @@ def test_the_runners_own_defaults_are_the_round_settings(runner, bundle):
         defaults.threads,
     )
     assert report["weight_cache"] is defaults.weight_cache and defaults.cache_experts is None
+    assert report["weight_cache_dir"] == str(packed_weights_dir())  # one folder, whoever starts the runner
     assert report["cache_margin"] == defaults.cache_margin
     assert report["cache_experts"] == report["num_experts"]  # all of them
     assert len(report["switch"]["ms"]) == report["num_experts"] * defaults.switch_repeats
@@ -445,3 +450,71 @@ def test_a_cache_folder_that_cannot_be_written_is_one_line():
     with pytest.raises(UsageError, match="cannot build the native runner in /proc/mobile-moe-cache") as refused:
         build_runner(build_root=Path("/proc/mobile-moe-cache"))  # not writable, even for root
     assert "MOBILE_MOE_CACHE" in str(refused.value) and "\n" not in str(refused.value)
+
+
+@needs_build
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"MOBILE_MOE_WEIGHT_CACHE": "weights"},
+        {"MOBILE_MOE_CACHE": "ours", "XDG_CACHE_HOME": "xdg"},
+        {"XDG_CACHE_HOME": "xdg"},
+        {"HOME": "home"},
+    ],
+)
+def test_the_runner_started_by_hand_finds_the_users_packed_weights_where_python_puts_them(
+    runner, bundle, tmp_path, monkeypatch, env
+):
+    """The per-user folder (packed_cache.h default_cache_dir) is mobile_moe.cache.packed_weights_dir's, created on first
+    use, whichever variables say where it is."""
+    for name in ("MOBILE_MOE_WEIGHT_CACHE", "MOBILE_MOE_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, str(tmp_path / value))
+    result = subprocess.run([str(runner), "--bundle", str(bundle), "--random", "1", "--iterations", "1"],
+                            capture_output=True, check=True)  # fmt: skip
+    report = json.loads(result.stdout)
+    assert report["weight_cache"] and report["weight_cache_dir"] == str(packed_weights_dir())
+    assert list(packed_weights_dir().glob("*.xnnpack")) and report["weight_cache_bytes"] > 0
+
+
+@needs_build
+def test_two_runners_filling_one_cache_at_once_both_answer_right_and_leave_it_whole(
+    runner, bundle, workload_file, tmp_path
+):
+    """Two processes' first uses of an empty cache folder at the same time: each publishes what it packed by rename,
+    neither reads a file the other is writing, both answers are the uncached one, and a third run maps every graph."""
+    plain = run_native(runner, bundle, workload_file, RoundSettings(**SWITCHING, weight_cache=False))
+    command = runner_command(runner, bundle, workload_file, RoundSettings(**SWITCHING), tmp_path)
+    both = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    for process in both:
+        stdout, stderr = process.communicate(timeout=120)
+        assert process.returncode == 0, stderr.decode(errors="replace")
+        assert logits_of(json.loads(stdout)) == logits_of(plain)
+    assert not list(tmp_path.glob("*.tmp-*"))  # every staged file was published
+    third = run_with_weight_cache(runner, bundle, workload_file, tmp_path, **SWITCHING)
+    assert {(e["cache"], e["weights"]) for e in first_loads(third).values()} == {("warm", "mapped")}
+    assert logits_of(third) == logits_of(plain)
+
+
+@needs_build
+def test_the_cache_folder_keeps_within_its_limit_by_dropping_the_least_recently_used(runner, bundle, tmp_path):
+    """Two older graphs' files (600 KiB each, last used long ago) and the bundle's own (about 0.7 MiB) under a 1 MiB
+    limit: the least recently used go, the files just written stay, the answer is the uncached one, and a killed
+    run's staged file goes too."""
+    old = [tmp_path / f"{digit * 32}.xnnpack" for digit in "ab"]
+    for path in old:
+        path.write_bytes(bytes(600 << 10))
+        (tmp_path / f"{path.name}.check").write_text("an older graph's check\n")
+        os.utime(tmp_path / f"{path.name}.check", (1000, 1000))
+    (tmp_path / f"{'0' * 32}.xnnpack.tmp-999999999").write_bytes(b"a killed run's leftover")
+    command = [str(runner), "--bundle", str(bundle), "--random", "2", "--iterations", "1", "--warmup", "0",
+               "--weight-cache", str(tmp_path), "--weight-cache-limit", "1"]  # fmt: skip
+    report = json.loads(subprocess.run(command, capture_output=True, check=True).stdout)
+    uncached = json.loads(subprocess.run([*command[:-4], "--no-weight-cache"], capture_output=True, check=True).stdout)
+    files = list(tmp_path.glob("*.xnnpack"))
+    assert not any(path.exists() for path in old) and files
+    assert sum(path.stat().st_size for path in files) == report["weight_cache_bytes"] <= 1 << 20
+    assert all((tmp_path / f"{path.name}.check").is_file() for path in files)
+    assert not list(tmp_path.glob("*.tmp-*"))
+    assert logits_of(report) == logits_of(uncached)

@@ -12,22 +12,32 @@
 //     check file beside it (its size and XXH64); a file without one, or that does not match, is removed and rebuilt
 //     by the load: a miss, never a crash or a wrong answer. A file checked once in this process is trusted while its
 //     inode, size and mtime stay the same (the backend rewrites nothing on a hit).
-// The cache directory is the app's (outside the bundle, so the bundle's sha256s stay valid); the runner only ever
-// removes files it names: <key>.xnnpack, <key>.xnnpack.check, and the scratch files of a cold-switch measurement.
+// The cache directory is the app's, or the user's (outside the bundle, so the bundle's sha256s stay valid), shared by
+// every run and every process: a load that packs has the backend write a staged file of its own, which is published
+// under the graph's name (with its check file) by rename, so a file that another process checks or maps is never
+// written in place. The directory is kept under a size limit by removing the least recently used graphs' files (a
+// use touches the check file). The runner only ever removes files it names: <key>.xnnpack, <key>.xnnpack.check, the
+// staged files of runners that are gone, and the scratch files of a cold-switch measurement.
 #pragma once
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "bundle_manifest.h"
 #include "errors.h"
@@ -133,6 +143,33 @@ inline void bring_in_mapped(const std::string& path) {
   }
 }
 
+// The folder a runner started without --weight-cache keeps packed weights in, by mobile_moe/cache.py's rule
+// (packed_weights_dir; tests/test_device_bench_native.py holds the two to one answer): MOBILE_MOE_WEIGHT_CACHE, else
+// $MOBILE_MOE_CACHE/packed-weights, else $XDG_CACHE_HOME/mobile-moe/packed-weights, else
+// $HOME/.cache/mobile-moe/packed-weights; created on first use. Empty when there is none (no home, or it cannot be
+// created, as on a phone's shell): the run packs on the heap, as with --no-weight-cache.
+inline std::string default_cache_dir() {
+  auto env = [](const char* name) -> std::string {
+    const char* value = std::getenv(name);
+    return value != nullptr ? value : "";
+  };
+  std::string dir = env("MOBILE_MOE_WEIGHT_CACHE");
+  if (dir.empty()) {
+    std::string root = env("MOBILE_MOE_CACHE");
+    if (root.empty() && !env("XDG_CACHE_HOME").empty()) root = env("XDG_CACHE_HOME") + "/mobile-moe";
+    if (root.empty() && !env("HOME").empty()) root = env("HOME") + "/.cache/mobile-moe";
+    if (root.empty()) return "";
+    dir = root + "/packed-weights";
+  }
+  for (size_t at = dir.find('/', 1); ; at = dir.find('/', at + 1)) {  // mkdir -p
+    const std::string part = dir.substr(0, at);
+    if (mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) return "";
+    if (at == std::string::npos) break;
+  }
+  struct stat info {};
+  return stat(dir.c_str(), &info) == 0 && S_ISDIR(info.st_mode) && access(dir.c_str(), W_OK) == 0 ? dir : "";
+}
+
 // How a load met its graph's cache file.
 enum class PackedCacheState { Off, Cold, Warm };
 inline const char* state_name(PackedCacheState state) {
@@ -140,15 +177,18 @@ inline const char* state_name(PackedCacheState state) {
 }
 
 struct PackedCacheEntry {
-  std::string path;  // empty: no cache for this load (weights packed on the heap, as without a cache)
+  std::string path;  // the file the backend reads or writes; empty: no cache (weights packed on the heap)
   std::string key;   // what the file holds: the graph's files and the runtime, hashed (also its name)
   PackedCacheState state = PackedCacheState::Off;
+  std::string published;  // cold: the graph's file, which `path` (staged) becomes once the backend has written it
 };
+
+constexpr uint64_t kDefaultPackedCacheLimit = uint64_t{1} << 30;  // bytes of packed weights a cache directory keeps
 
 class PackedCache {
  public:
   PackedCache() = default;  // off
-  explicit PackedCache(std::string dir) : dir_(std::move(dir)) {
+  explicit PackedCache(std::string dir, uint64_t limit = kDefaultPackedCacheLimit) : dir_(std::move(dir)), limit_(limit) {
     struct stat info {};
     if (stat(dir_.c_str(), &info) != 0 || !S_ISDIR(info.st_mode))
       throw UsageError("--weight-cache " + dir_ + ": not a directory; create it (an app passes its cache directory)");
@@ -164,14 +204,21 @@ class PackedCache {
 
   bool enabled() const { return !dir_.empty(); }
 
-  // The graph's cache file (its name: the program's and weights' sha256s and the runtime), checked; a file that
-  // fails the check is removed, so the load rebuilds it.
+  // The graph's cache file (its name: the program's and weights' sha256s and the runtime) when it passes its check
+  // (warm: the backend maps it); else a staged file of this process for the backend to write (cold), published
+  // under the graph's name by record(). A file that fails the check is never read; the publication replaces it.
   PackedCacheEntry prepare(const Graph& graph) {
     if (!enabled()) return {};
     std::string graph_key = key(graph);
-    PackedCacheEntry entry{file_for(graph_key), graph_key, PackedCacheState::Cold};
-    entry.state = trusted(entry) ? PackedCacheState::Warm : PackedCacheState::Cold;
-    if (entry.state == PackedCacheState::Cold) remove(entry.path);
+    PackedCacheEntry entry{file_for(graph_key), graph_key, PackedCacheState::Warm, ""};
+    if (trusted(entry)) {
+      touch(entry.path + ".check");  // recently used: the last to go when the directory is over its limit
+      return entry;
+    }
+    entry.published = entry.path;
+    entry.path = staged(entry.published);
+    entry.state = PackedCacheState::Cold;
+    remove(entry.path);
     return entry;
   }
 
@@ -180,14 +227,15 @@ class PackedCache {
   PackedCacheEntry scratch(const Graph& graph) {
     std::string graph_key = key(graph);
     PackedCacheEntry entry{file_for(graph_key + ".scratch-" + std::to_string(getpid())), graph_key,
-                           PackedCacheState::Cold};
+                           PackedCacheState::Cold, ""};
     remove(entry.path);
     return entry;
   }
   void discard(const PackedCacheEntry& entry) { remove(entry.path); }
 
-  // After the load: "mapped" when the file was warm and the backend added nothing to it; else "packed", and the
-  // file the backend wrote gets its check file.
+  // After the load: "mapped" when the file was warm and the backend added nothing to it; else "packed". A file the
+  // backend wrote gets its check file, and both are published under the graph's name (a scratch file stays where
+  // it is, for discard()); then the directory is brought under its limit.
   const char* record(const PackedCacheEntry& entry) {
     if (entry.state == PackedCacheState::Off) return "packed";
     auto seen = checked_.find(entry.path);
@@ -196,25 +244,40 @@ class PackedCache {
     uint64_t size = 0;
     std::string digest = file_xxh64(entry.path, &size);
     if (digest.empty()) return "packed";  // the backend could not create the file (it packed on the heap)
-    std::string check = entry.path + ".check";
-    std::string staged = check + ".tmp-" + std::to_string(getpid());
+    const std::string& target = entry.published.empty() ? entry.path : entry.published;
+    const std::string check = staged(target + ".check");
     {
-      std::ofstream out(staged, std::ios::trunc);
+      std::ofstream out(check, std::ios::trunc);
       out << "mobile-moe packed cache " << kPackedCacheFormat << " " << entry.key << " " << size << " " << digest
           << "\n";
       if (!out) {
-        std::remove(staged.c_str());
+        remove(check);
         return "packed";
       }
     }
-    if (std::rename(staged.c_str(), check.c_str()) != 0) std::remove(staged.c_str());
-    else checked_[entry.path] = identity(entry.path);
+    // The mapping the backend holds follows the renamed file; a reader between the two renames sees a file and a
+    // check that do not match, which is a miss, never a wrong answer.
+    const std::string target_check = target + ".check";
+    if (std::rename(entry.path.c_str(), target.c_str()) != 0 || std::rename(check.c_str(), target_check.c_str()) != 0) {
+      remove(check);
+      return "packed";
+    }
+    checked_[target] = identity(target);
+    if (!entry.published.empty()) keep_within_limit(target);
     return "packed";
+  }
+
+  // The bytes of packed weights the directory holds (published files).
+  uint64_t bytes_held() const {
+    uint64_t total = 0;
+    for (const auto& file : published_files()) total += file.size;
+    return total;
   }
 
  private:
   using Identity = std::tuple<dev_t, ino_t, off_t, int64_t, int64_t>;
   std::string dir_;
+  uint64_t limit_ = kDefaultPackedCacheLimit;
   std::map<std::string, Identity> checked_;  // files whose check passed (or that we wrote), as they were then
 
   static Identity identity(const std::string& path) {
@@ -233,6 +296,65 @@ class PackedCache {
   static void remove(const std::string& path) {
     std::remove(path.c_str());
     std::remove((path + ".check").c_str());
+  }
+
+  static std::string staged(const std::string& path) { return path + ".tmp-" + std::to_string(getpid()); }
+  static void touch(const std::string& path) { utimensat(AT_FDCWD, path.c_str(), nullptr, 0); }
+
+  struct CacheFile {
+    std::string path;
+    uint64_t size;
+    int64_t used;  // its check file's mtime (touched on every use)
+  };
+
+  // The published cache files (<32 hex>.xnnpack), with their sizes and last use.
+  std::vector<CacheFile> published_files() const {
+    std::vector<CacheFile> files;
+    DIR* dir = opendir(dir_.c_str());
+    if (dir == nullptr) return files;
+    while (const dirent* item = readdir(dir)) {
+      const std::string name = item->d_name;
+      if (name.size() != 32 + 8 || name.compare(32, 8, ".xnnpack") != 0) continue;
+      struct stat data {}, check {};
+      const std::string path = dir_ + "/" + name;
+      if (stat(path.c_str(), &data) != 0 || !S_ISREG(data.st_mode)) continue;
+      const int64_t used = stat((path + ".check").c_str(), &check) == 0 ? check.st_mtim.tv_sec : 0;
+      files.push_back({path, static_cast<uint64_t>(data.st_size), used});
+    }
+    closedir(dir);
+    return files;
+  }
+
+  // Remove the least recently used graphs' files (never `keep`, just published) until the directory holds at most
+  // limit_ bytes, and the staged files of runners that are no longer running (a killed run's leftovers).
+  void keep_within_limit(const std::string& keep) {
+    remove_orphaned_stages();
+    auto files = published_files();
+    uint64_t total = 0;
+    for (const auto& file : files) total += file.size;
+    std::sort(files.begin(), files.end(), [](const CacheFile& a, const CacheFile& b) { return a.used < b.used; });
+    for (const auto& file : files) {
+      if (total <= limit_) break;
+      if (file.path == keep) continue;
+      remove(file.path);  // a process that has it mapped keeps its pages: only the name goes
+      checked_.erase(file.path);
+      total -= file.size;
+    }
+  }
+
+  void remove_orphaned_stages() const {
+    DIR* dir = opendir(dir_.c_str());
+    if (dir == nullptr) return;
+    std::vector<std::string> orphans;
+    while (const dirent* item = readdir(dir)) {
+      const std::string name = item->d_name;
+      const size_t at = name.rfind(".tmp-");
+      if (name.size() < 32 || at == std::string::npos || name.find(".xnnpack") != 32) continue;
+      const long pid = std::strtol(name.c_str() + at + 5, nullptr, 10);
+      if (pid > 0 && kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) orphans.push_back(dir_ + "/" + name);
+    }
+    closedir(dir);
+    for (const auto& path : orphans) std::remove(path.c_str());
   }
 
   // The file exists, and matches its check file (this key, size and XXH64: a file copied from another graph's name

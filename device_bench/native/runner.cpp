@@ -80,13 +80,16 @@ struct Options {
   int switch_repeats = 2;  // times each expert's switch is measured
   unsigned seed = 0;
   std::string weight_cache;  // a directory for XNNPACK's packed weights, one file per graph (packed_cache.h); empty: off
+  bool weight_cache_given = false;  // --weight-cache DIR or --no-weight-cache; else the per-user default_cache_dir()
+  int weight_cache_limit_mib = static_cast<int>(kDefaultPackedCacheLimit >> 20);  // what the directory may hold
   std::string load_mode = "mmap";
 };
 
 // One line: every error the runner prints is one line on stderr.
 const char* kUsage =
     "usage: mobile_moe_runner --bundle DIR [--input FILE.f32 | --random N] [--iterations N] [--warmup N] "
-    "[--threads T] [--cache-experts C] [--cache-margin D] [--switch-repeats R] [--seed S] [--weight-cache DIR] "
+    "[--threads T] [--cache-experts C] [--cache-margin D] [--switch-repeats R] [--seed S] "
+    "[--weight-cache DIR | --no-weight-cache] [--weight-cache-limit MIB] "
     "[--load-mode mmap|file]; "
     "or mobile_moe_runner --sha256|--xxh64 FILE...; or mobile_moe_runner --check [--external-data] FILE...";
 
@@ -134,13 +137,16 @@ Options parse_options(int argc, char** argv) {
     else if (flag == "--cache-margin") options.cache_margin = to_float(flag, next(), 0.0, 1.0);
     else if (flag == "--switch-repeats") options.switch_repeats = to_int(flag, next(), 0, kMaxFlag);
     else if (flag == "--seed") options.seed = static_cast<unsigned>(to_int(flag, next(), 0, INT_MAX));
-    else if (flag == "--weight-cache") options.weight_cache = next();
+    else if (flag == "--weight-cache") options.weight_cache = next(), options.weight_cache_given = true;
+    else if (flag == "--no-weight-cache") options.weight_cache.clear(), options.weight_cache_given = true;
+    else if (flag == "--weight-cache-limit") options.weight_cache_limit_mib = to_int(flag, next(), 1, 1 << 24);
     else if (flag == "--load-mode") options.load_mode = next();
     else if (flag == "--help" || flag == "-h") throw UsageError(kUsage);
     else throw UsageError("unknown flag " + flag + " (" + kUsage + ")");
   }
   if (options.bundle.empty()) throw UsageError(std::string("--bundle is required (") + kUsage + ")");
   if (options.load_mode != "mmap" && options.load_mode != "file") throw UsageError("--load-mode is mmap or file");
+  if (!options.weight_cache_given) options.weight_cache = default_cache_dir();
   return options;
 }
 
@@ -256,6 +262,7 @@ void write_run_settings(json::Writer& out, const Options& options, const Bundle&
   out.key("threads").value(pool != nullptr ? static_cast<int64_t>(pool->get_thread_count()) : int64_t{1});
   out.key("load_mode").value(options.load_mode);
   out.key("weight_cache").value(!options.weight_cache.empty());
+  out.key("weight_cache_dir").value(options.weight_cache);
   out.key("num_experts").value(num_experts);
   out.key("top_k").value(bundle.top_k);
   out.key("cache_experts").value(cache_experts);
@@ -510,7 +517,9 @@ std::string measure(const Options& options) {
   Bundle bundle = read_bundle(options.bundle);
   const LoadMode load_mode = options.load_mode == "file" ? LoadMode::File : LoadMode::Mmap;
   probe_weights_files(bundle, load_mode);  // before any thread pool exists: the probe forks
-  PackedCache packed_cache = options.weight_cache.empty() ? PackedCache() : PackedCache(options.weight_cache);
+  PackedCache packed_cache = options.weight_cache.empty()
+                                 ? PackedCache()
+                                 : PackedCache(options.weight_cache, uint64_t(options.weight_cache_limit_mib) << 20);
   auto images = read_images(options, bundle);
   int num_experts = bundle.kind == Kind::Split || bundle.kind == Kind::Whole ? bundle.num_experts : 0;
   int cache_experts = expert_cache_size(options, bundle, num_experts);
@@ -535,6 +544,7 @@ std::string measure(const Options& options) {
   write_switches(out, options, cold_expert_load_ms, switches);
   write_graph_loads(out, bundle, loader);
   out.key("files_opened_incl_switch").array(files.list());
+  out.key("weight_cache_bytes").value(static_cast<int64_t>(packed_cache.bytes_held()));  // 0 without a cache
   out.key("memory_at_end");
   write_memory(out, stats::memory_now());
   out.end_object();
