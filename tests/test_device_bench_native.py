@@ -518,3 +518,22 @@ def test_the_cache_folder_keeps_within_its_limit_by_dropping_the_least_recently_
     assert all((tmp_path / f"{path.name}.check").is_file() for path in files)
     assert not list(tmp_path.glob("*.tmp-*"))
     assert logits_of(report) == logits_of(uncached)
+
+
+@needs_build
+@pytest.mark.parametrize("mode", ["none", "model", "global"])
+def test_every_workspace_sharing_mode_answers_as_the_backends_default(runner, bundle, workload_file, mode):
+    """XNNPACK's workspace sharing (one workspace per method, per program, or for every method) changes where
+    intermediate values live, never what they are."""
+    default = run_native(runner, bundle, workload_file, RoundSettings(**SWITCHING))
+    command = [*runner_command(runner, bundle, workload_file, RoundSettings(**SWITCHING), packed_weights_dir()),
+               "--workspace-sharing", mode]  # fmt: skip
+    report = json.loads(subprocess.run(command, capture_output=True, check=True).stdout)
+    assert report["workspace_sharing"] == ["none", "model", "global"].index(mode)
+    assert logits_of(report) == logits_of(default)
+
+
+@needs_build
+def test_an_unknown_workspace_sharing_mode_is_one_line(runner, bundle):
+    result = subprocess.run([str(runner), "--bundle", str(bundle), "--workspace-sharing", "all"], capture_output=True)
+    assert result.returncode == 2 and b"--workspace-sharing is none, model or global" in result.stderr

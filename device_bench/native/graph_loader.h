@@ -141,7 +141,7 @@ class LoadedGraph {
   std::optional<et::HierarchicalAllocator> planned_memory_;
   executorch::extension::MallocMemoryAllocator method_allocator_, temp_allocator_;
   std::optional<et::MemoryManager> memory_manager_;
-  et::BackendOptions<2> xnnpack_options_;
+  et::BackendOptions<3> xnnpack_options_;
   et::LoadBackendOptionsMap backend_options_;
   PackedCacheEntry cache_entry_;
   std::optional<et::Method> method_;
@@ -149,7 +149,11 @@ class LoadedGraph {
 
 class Loader {
  public:
-  Loader(LoadMode mode, PackedCache& packed_cache) : mode_(mode), packed_cache_(packed_cache) {}
+  // `workspace_sharing`: XNNPACK's workspace sharing mode for every load (WorkspaceSharingMode: 0 disabled, each
+  // method its own workspace; 1 per model; 2 global, one workspace for all), through the per-load option the backend
+  // resolves (backends/xnnpack/runtime/XnnpackBackendOptions.cpp, resolve_sharing_mode); -1: the backend's default.
+  Loader(LoadMode mode, PackedCache& packed_cache, int workspace_sharing = -1)
+      : mode_(mode), packed_cache_(packed_cache), workspace_sharing_(workspace_sharing) {}
 
   // Load a graph: its program (parsed once per file and kept for the family; fully verified, so a corrupt flatbuffer
   // is refused, not walked) with its signature checked against the manifest, then its forward method with its own
@@ -203,6 +207,7 @@ class Loader {
  private:
   LoadMode mode_;
   PackedCache& packed_cache_;  // off (no directory): every load packs on the heap
+  int workspace_sharing_;
   std::map<std::string, std::shared_ptr<ProgramFile>> family_programs_;  // programs that experts share, by path
 
   std::shared_ptr<ProgramFile> program_for(const Graph& graph) {
@@ -233,12 +238,15 @@ class Loader {
     loaded.weights_.emplace(std::move(*map));
   }
 
-  // XNNPACK's per-load options: this graph's own packed-weight cache file (or none).
+  // XNNPACK's per-load options: this graph's own packed-weight cache file (or none), and the workspace sharing mode.
   void set_cache_options(const Graph& graph, LoadedGraph& loaded, bool scratch) {
-    if (!packed_cache_.enabled()) return;
-    loaded.cache_entry_ = scratch ? packed_cache_.scratch(graph) : packed_cache_.prepare(graph);
-    loaded.xnnpack_options_.set_option("weight_cache_enabled", true);
-    loaded.xnnpack_options_.set_option("packed_cache_path", loaded.cache_entry_.path.c_str());
+    if (packed_cache_.enabled()) {
+      loaded.cache_entry_ = scratch ? packed_cache_.scratch(graph) : packed_cache_.prepare(graph);
+      loaded.xnnpack_options_.set_option("weight_cache_enabled", true);
+      loaded.xnnpack_options_.set_option("packed_cache_path", loaded.cache_entry_.path.c_str());
+    }
+    if (workspace_sharing_ >= 0) loaded.xnnpack_options_.set_option("workspace_sharing_mode", workspace_sharing_);
+    if (loaded.xnnpack_options_.view().size() == 0) return;
     auto status = loaded.backend_options_.set_options("XnnpackBackend", loaded.xnnpack_options_.view());
     if (status != et::Error::Ok)
       throw std::runtime_error("this ExecuTorch build refuses XNNPACK's per-load options " + runtime_error_text(status));

@@ -83,15 +83,25 @@ struct Options {
   bool weight_cache_given = false;  // --weight-cache DIR or --no-weight-cache; else the per-user default_cache_dir()
   int weight_cache_limit_mib = static_cast<int>(kDefaultPackedCacheLimit >> 20);  // what the directory may hold
   std::string load_mode = "mmap";
+  int workspace_sharing = -1;  // XNNPACK's workspace sharing mode for every load (graph_loader.h); -1: its default
 };
 
 // One line: every error the runner prints is one line on stderr.
 const char* kUsage =
     "usage: mobile_moe_runner --bundle DIR [--input FILE.f32 | --random N] [--iterations N] [--warmup N] "
     "[--threads T] [--cache-experts C] [--cache-margin D] [--switch-repeats R] [--seed S] "
-    "[--weight-cache DIR | --no-weight-cache] [--weight-cache-limit MIB] "
+    "[--weight-cache DIR | --no-weight-cache] [--weight-cache-limit MIB] [--workspace-sharing none|model|global] "
     "[--load-mode mmap|file]; "
     "or mobile_moe_runner --sha256|--xxh64 FILE...; or mobile_moe_runner --check [--external-data] FILE...";
+
+// --workspace-sharing: XNNPACK's WorkspaceSharingMode (backends/xnnpack/runtime/XNNWorkspaceManager.h: Disabled,
+// PerModel, Global), by the position of its word.
+int workspace_sharing_mode(const std::string& word) {
+  const char* words[] = {"none", "model", "global"};
+  for (int mode = 0; mode < 3; ++mode)
+    if (word == words[mode]) return mode;
+  throw UsageError("--workspace-sharing is none, model or global, not '" + word + "'");
+}
 
 // An integer flag value in [low, high]: the whole text must be the number ("5x", "", 1e3 and overflow are refused).
 int to_int(const std::string& flag, const std::string& text, long low, long high) {
@@ -141,6 +151,7 @@ Options parse_options(int argc, char** argv) {
     else if (flag == "--no-weight-cache") options.weight_cache.clear(), options.weight_cache_given = true;
     else if (flag == "--weight-cache-limit") options.weight_cache_limit_mib = to_int(flag, next(), 1, 1 << 24);
     else if (flag == "--load-mode") options.load_mode = next();
+    else if (flag == "--workspace-sharing") options.workspace_sharing = workspace_sharing_mode(next());
     else if (flag == "--help" || flag == "-h") throw UsageError(kUsage);
     else throw UsageError("unknown flag " + flag + " (" + kUsage + ")");
   }
@@ -261,6 +272,7 @@ void write_run_settings(json::Writer& out, const Options& options, const Bundle&
   out.key("layout").value(name(bundle.layout));
   out.key("threads").value(pool != nullptr ? static_cast<int64_t>(pool->get_thread_count()) : int64_t{1});
   out.key("load_mode").value(options.load_mode);
+  out.key("workspace_sharing").value(static_cast<int64_t>(options.workspace_sharing));
   out.key("weight_cache").value(!options.weight_cache.empty());
   out.key("weight_cache_dir").value(options.weight_cache);
   out.key("num_experts").value(num_experts);
@@ -531,7 +543,7 @@ std::string measure(const Options& options) {
   out.key("memory_at_start");
   write_memory(out, stats::memory_now());
 
-  Loader loader(load_mode, packed_cache);
+  Loader loader(load_mode, packed_cache, options.workspace_sharing);
   Pipeline pipeline(bundle, loader, cache_experts, options.cache_margin);
   OpenFiles files{bundle.dir, {}};
   load_first_graph(out, bundle, pipeline);
