@@ -32,14 +32,12 @@ def runner_command(
     settings: RoundSettings,
     weight_cache_dir: str | Path | None = None,
 ) -> list[str]:
-    """The runner's argv; `weight_cache_dir` (an existing directory, shared by runs) is required when
-    settings.weight_cache."""
+    """The runner's argv; `weight_cache_dir`: the existing directory, shared by runs, that settings.weight_cache
+    keeps packed weights in (None: there is none, and the run packs on the heap)."""
     command = [str(runner), "--bundle", str(bundle), *settings.runner_flags()]
     if images is not None:
         command += ["--input", str(images)]
-    if settings.weight_cache:
-        if weight_cache_dir is None:
-            raise ValueError("settings.weight_cache needs a weight_cache_dir")
+    if settings.weight_cache and weight_cache_dir is not None:
         command += ["--weight-cache", str(weight_cache_dir)]
     else:
         command += ["--no-weight-cache"]

@@ -16,10 +16,13 @@ def cache_root() -> Path:
     return Path(base) / "mobile-moe"
 
 
-def packed_weights_dir() -> Path:
+def packed_weights_dir() -> Path | None:
     """The native runner's packed-weight cache (device_bench/native/packed_cache.h: one checked file per graph, kept
     under a size limit), shared by every run of this user: MOBILE_MOE_WEIGHT_CACHE, else cache_root()/packed-weights.
-    Created on first use."""
+    Created on first use; None when it cannot be (a read-only home): runs then pack on the heap, as the runner does."""
     path = Path(os.environ.get("MOBILE_MOE_WEIGHT_CACHE") or cache_root() / "packed-weights")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return path if path.is_dir() and os.access(path, os.W_OK) else None

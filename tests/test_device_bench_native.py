@@ -537,3 +537,17 @@ def test_every_workspace_sharing_mode_answers_as_the_backends_default(runner, bu
 def test_an_unknown_workspace_sharing_mode_is_one_line(runner, bundle):
     result = subprocess.run([str(runner), "--bundle", str(bundle), "--workspace-sharing", "all"], capture_output=True)
     assert result.returncode == 2 and b"--workspace-sharing is none, model or global" in result.stderr
+
+
+@needs_build
+def test_a_cache_folder_that_cannot_be_made_means_no_cache_not_an_error(runner, bundle, tmp_path, monkeypatch):
+    """A cache location under a file (as a read-only home would be): bench and the runner by hand pack on the heap
+    and say so in their report, rather than failing."""
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("MOBILE_MOE_WEIGHT_CACHE", str(tmp_path / "a-file" / "packed-weights"))
+    assert packed_weights_dir() is None
+    report = run_native(runner, bundle, None, RoundSettings(iterations=1, warmup=0))
+    assert report["weight_cache"] is False and report["weight_cache_bytes"] == 0
+    by_hand = subprocess.run([str(runner), "--bundle", str(bundle), "--random", "1", "--iterations", "1"],
+                             capture_output=True, check=True)  # fmt: skip
+    assert json.loads(by_hand.stdout)["weight_cache"] is False
