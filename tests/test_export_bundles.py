@@ -131,7 +131,7 @@ def test_shared_attention_layout_for_k1(tmp_path):
     assert manifest["parity"]["passed"]
 
 
-@pytest.mark.parametrize("backend", ["executorch", "onnx"])
+@pytest.mark.parametrize("backend", [pytest.param("executorch", marks=pytest.mark.slow), "onnx"])  # slow: two exports
 def test_monolithic_and_dense_exports_run(tmp_path, backend):
     images = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(7))
     for name, options in [("mobile-vmoe", {"monolithic": True}), ("vit", {})]:
@@ -173,6 +173,7 @@ def test_int8_onnx_moe_bundle_runs_close_to_fp32(tmp_path):
     _check_int8_bundle(tiny_model("mobile-vmoe", num_experts=2).eval(), tmp_path, "onnx")
 
 
+@pytest.mark.slow  # two ExecuTorch exports: in CI's slow set, which keeps `make test` within 5 minutes
 def test_int8_executorch_bundle_runs_close_to_fp32(tmp_path):
     """One graph (dense ViT) keeps the default suite fast; the MoE bundle below runs the same flow per expert."""
     manifest = _check_int8_bundle(tiny_model("vit").eval(), tmp_path, "executorch")

@@ -93,6 +93,7 @@ def test_export_leaves_the_model_untouched(exported):
     assert all(torch.equal(before[name], after[name]) for name in before)
 
 
+@pytest.mark.slow  # exports every expert alone: in CI's slow set, which keeps `make test` within 5 minutes
 def test_a_family_that_cannot_share_exports_each_expert_alone(monkeypatch, tmp_path):
     import mobile_moe.export.executorch_family as family
 

@@ -41,7 +41,7 @@ LAYOUT_OF_ROUTING = {
     "soft": "whole",
 }
 WHOLE = [name for name in list_models() if LAYOUT_OF_ROUTING[MODELS[name].routing] == "whole"]
-DEFAULT_EXECUTORCH = ("vmoe", "hard-moe")
+DEFAULT_EXECUTORCH = ("vmoe",)  # the others in the slow set: each export takes tens of seconds
 DEFAULT_COREML = ("vmoe",)
 
 
@@ -249,6 +249,7 @@ def test_native_runner_matches_python_runtime(name, runner, bundles, tmp_path):
         assert row["gates"] == pytest.approx(prediction.gates, abs=1e-6)
 
 
+@pytest.mark.slow  # two bundles benchmarked on two runtimes: in CI's slow set, which keeps `make test` within 5 minutes
 @needs_build
 def test_bench_puts_split_and_whole_side_by_side(runner, bundles, tmp_path):
     """Bytes and parameters loaded per image, honestly: the split Hard MoE loads its router and one expert, the
@@ -272,6 +273,7 @@ def test_bench_puts_split_and_whole_side_by_side(runner, bundles, tmp_path):
     assert f"split {split.name} vs whole {whole.name}" in report
 
 
+@pytest.mark.slow  # an ExecuTorch export per block: in CI's slow set, which keeps `make test` within 5 minutes
 def test_widenet_shared_layers_are_delegated_once_per_block(models, tmp_path):
     """WideNet's one attention and MoE layer serve every block: export traces a view with one module object per
     block (sharing every Parameter), so XNNPACK takes each block's linears instead of leaving all of them on

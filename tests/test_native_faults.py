@@ -4,8 +4,9 @@ The runner is driven directly (a bundle can be run by hand on a phone, where no 
 mutation of tests/faults.py must exit 2; a flipped byte in a graph must exit 2 (the sha256 no longer matches), and
 with the manifest re-sealed (checksums rewritten) the runner must still never die of a signal: it refuses the
 program (exit 2: ExecuTorch's program verification, the method signature check) or fails cleanly (exit 1), or, when
-the flip only changed weights, runs and prints its JSON. Both tables also run against an AddressSanitizer build, so
-an out-of-bounds read in the runner fails the test even when it happens not to crash.
+the flip only changed weights, runs and prints its JSON. Both tables also run against an AddressSanitizer build (in
+the slow set: its build alone takes half a minute), so an out-of-bounds read in the runner fails the test even when it
+happens not to crash.
 
 Then the Python side (device_bench.native_runner): sha256 checked before the runner starts, a bad --runner refused
 before anything runs, a crash or undecodable output turned into one UsageError line.
@@ -68,7 +69,7 @@ RAW_MANIFESTS = {
 TIMEOUT_S = 60  # a hang fails the test; a normal refusal takes milliseconds
 
 
-@pytest.fixture(scope="session", params=["plain", "asan"])
+@pytest.fixture(scope="session", params=["plain", pytest.param("asan", marks=pytest.mark.slow)])  # asan: a build
 def fault_runner(request, runner) -> tuple[Path, dict[str, str]]:
     """The runner and the environment to run it in: the normal build, and an AddressSanitizer build."""
     if request.param == "plain":

@@ -281,6 +281,7 @@ def test_reproduce_refuses_to_run_under_torchrun(monkeypatch, capsys, tmp_path):
     assert "without torchrun" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # starts a process per run: in CI's slow set, which keeps `make test` within 5 minutes
 def test_submitit_runs_each_job_in_its_own_process(tmp_path):
     """submitit's local executor (what AutoExecutor picks without Slurm) trains two fig3e cells; the runs are the
     same run directories the local launcher writes."""
@@ -303,6 +304,7 @@ def _two_fig3e_jobs(root: Path) -> list[Job]:
     ]  # fmt: skip
 
 
+@pytest.mark.slow  # starts a process per run: in CI's slow set, which keeps `make test` within 5 minutes
 def test_side_by_side_runs_are_the_runs_one_after_another_gives(tmp_path):
     """--jobs 2: two runs in two worker processes at once, each with half the cores' threads; with as many threads,
     one after another in this process trains the same weights, bit for bit."""
