@@ -133,7 +133,7 @@ def _join_submitit_ranks() -> None:
 # --- launchers ----------------------------------------------------------------------------------------------------
 
 
-def job_outcome(job: Job) -> str:
+def train_or_fail(job: Job) -> str:
     """train_job's outcome, or "failed: why" for a run that diverged or was refused: one such run is not the end of
     the sweep."""
     try:
@@ -147,7 +147,7 @@ def run_local(jobs: list[Job], log: Callable[[str], None]) -> dict[tuple[str, in
     outcomes = {}
     for index, job in enumerate(jobs, 1):
         log(f"[{index}/{len(jobs)}] {job.cell} seed {job.seed}: training into {job.run_dir}")
-        outcomes[(job.cell, job.seed)] = job_outcome(job)
+        outcomes[(job.cell, job.seed)] = train_or_fail(job)
         if outcomes[(job.cell, job.seed)].startswith("failed"):
             log(f"{job.cell} seed {job.seed}: {outcomes[(job.cell, job.seed)]}")
     return outcomes
@@ -192,7 +192,7 @@ def _train_in_process(job: Job, threads: int, reports) -> None:
 
     torch.set_num_threads(threads)
     try:
-        reports.put(((job.cell, job.seed), job_outcome(job)))
+        reports.put(((job.cell, job.seed), train_or_fail(job)))
     except KeyboardInterrupt:  # Ctrl-C reaches every process of the sweep: its parent says "interrupted", once
         sys.exit(130)
 

@@ -135,6 +135,7 @@ def test_the_prefetch_thread_runs_clean_under_thread_sanitizer(early_bundle, tmp
     raw = tmp_path / "images.f32"
     images().numpy().astype(np.float32).tofile(raw)
     settings = RoundSettings(iterations=3, warmup=0, cache_experts=1, switch_repeats=1)
+    (tmp_path / "weight-cache").mkdir()
     command = runner_command(tsan, path, raw, settings, tmp_path / "weight-cache")
     result = subprocess.run(command, capture_output=True, env=sanitizer_env(), timeout=300, check=False)
     stderr = result.stderr.decode(errors="replace")
