@@ -228,8 +228,15 @@ Head read_head(const std::string& path, int64_t header_size, End flatbuffer_end)
   return head;
 }
 
-inline bool has_identifier(const std::vector<uint8_t>& data, int64_t header_size, const char* identifier) {
-  return data.size() >= static_cast<size_t>(8 + header_size) && std::memcmp(data.data() + 4, identifier, 4) == 0;
+// The file identifier (bytes 4-7) and the extended header's magic and length, where both files' headers keep them.
+static_assert(fs::kProgramMagicAt == fs::kFlatTensorMagicAt && fs::kProgramLengthAt == fs::kFlatTensorLengthAt);
+inline void check_identifier_and_header(const std::vector<uint8_t>& data, int64_t header_size, const char* identifier,
+                                        const char* magic, const std::string& what) {
+  if (data.size() < static_cast<size_t>(8 + header_size) || std::memcmp(data.data() + 4, identifier, 4) != 0)
+    throw FileFault("not " + what + " (no " + identifier + " identifier)");
+  if (std::memcmp(data.data() + fs::kProgramMagicAt, magic, 4) != 0 ||
+      Buffer(data, data.size()).load<uint32_t>(fs::kProgramLengthAt) < header_size)
+    throw FileFault("its extended header is damaged");
 }
 
 // flatbuffer_files.py's check_flat_tensor, on a .ptd file.
@@ -240,12 +247,10 @@ inline void check_flat_tensor_file(const std::string& path) {
     return offset > UINT64_MAX - size ? UINT64_MAX : offset + size;
   });
   const std::vector<uint8_t>& data = head.data;
-  if (!has_identifier(data, fs::kFlatTensorHeaderSize, fs::kFlatTensorIdentifier))
-    throw FileFault(std::string("not a FlatTensor file (no ") + fs::kFlatTensorIdentifier + " identifier)");
-  if (std::memcmp(data.data() + fs::kFlatTensorMagicAt, fs::kFlatTensorHeaderMagic, 4) != 0 ||
-      Buffer(data, data.size()).load<uint32_t>(fs::kFlatTensorLengthAt) < fs::kFlatTensorHeaderSize)
-    throw FileFault("its extended header is damaged");
-  const uint64_t offset = u64_at(data, fs::kFlatTensorFlatbufferOffsetAt), size = u64_at(data, fs::kFlatTensorFlatbufferSizeAt);
+  check_identifier_and_header(data, fs::kFlatTensorHeaderSize, fs::kFlatTensorIdentifier, fs::kFlatTensorHeaderMagic,
+                              "a FlatTensor file");
+  const uint64_t offset = u64_at(data, fs::kFlatTensorFlatbufferOffsetAt);
+  const uint64_t size = u64_at(data, fs::kFlatTensorFlatbufferSizeAt);
   const uint64_t segment_base = u64_at(data, fs::kFlatTensorSegmentBaseAt);
   const uint64_t segment_size = u64_at(data, fs::kFlatTensorSegmentSizeAt);
   const uint64_t limit = std::min<uint64_t>(segment_size ? segment_base : head.file_size, data.size());
@@ -265,11 +270,8 @@ inline void check_program_file(const std::string& path, bool external_data) {
   Head head = read_head(path, fs::kProgramHeaderSize,
                         [](const std::vector<uint8_t>& data) { return u64_at(data, fs::kProgramProgramSizeAt); });
   const std::vector<uint8_t>& data = head.data;
-  if (!has_identifier(data, fs::kProgramHeaderSize, fs::kProgramIdentifier))
-    throw FileFault(std::string("not an ExecuTorch program (no ") + fs::kProgramIdentifier + " identifier)");
-  if (std::memcmp(data.data() + fs::kProgramMagicAt, fs::kProgramHeaderMagic, 4) != 0 ||
-      Buffer(data, data.size()).load<uint32_t>(fs::kProgramLengthAt) < fs::kProgramHeaderSize)
-    throw FileFault("its extended header is damaged");
+  check_identifier_and_header(data, fs::kProgramHeaderSize, fs::kProgramIdentifier, fs::kProgramHeaderMagic,
+                              "an ExecuTorch program");
   const uint64_t program_size = u64_at(data, fs::kProgramProgramSizeAt);
   const uint64_t segment_base = u64_at(data, fs::kProgramSegmentBaseAt);
   const uint64_t segment_size = u64_at(data, fs::kProgramSegmentSizeAt);
