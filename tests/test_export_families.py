@@ -111,6 +111,7 @@ def test_a_family_that_cannot_share_exports_each_expert_alone(monkeypatch, tmp_p
     assert read_manifest(out).parity["passed"]
 
 
+@pytest.mark.slow  # an export of its own: in CI's slow set, which keeps `make test` within 5 minutes
 def test_a_tampered_weights_file_is_refused_when_its_expert_loads(tmp_path):
     import shutil
 

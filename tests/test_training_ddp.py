@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from mobile_moe.app.cli import main
@@ -17,6 +18,7 @@ ARGS = ["train", "--model", "mobile-vmoe", "--size", "3x64", "--patch", "4", "--
         "--set", "crop_scale=1"]  # no random augmentation: each process would draw its own  # fmt: skip
 
 
+@pytest.mark.slow  # two torchrun processes: in CI's slow set, which keeps `make test` within 5 minutes
 def test_two_gloo_processes_equal_one_process(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
