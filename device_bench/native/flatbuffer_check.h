@@ -128,7 +128,8 @@ inline Present table(const Buffer& buffer, int64_t position, int schema, const s
     if (offset == 0) continue;
     const int64_t size = field.kind == fs::Kind::Scalar ? field.size : 4;
     const std::string name = what + "." + std::to_string(field.index);
-    if (offset + size > object_size) throw FileFault(what + "'s field " + std::to_string(field.index) + " lies outside the table");
+    if (offset + size > object_size)
+      throw FileFault(what + "'s field " + std::to_string(field.index) + " lies outside the table");
     buffer.need(position + offset, size, size, what + "'s field " + std::to_string(field.index));
     child(buffer, position + offset, field, name);
     present[field.index] = position + offset;

@@ -188,7 +188,8 @@ constexpr uint64_t kDefaultPackedCacheLimit = uint64_t{1} << 30;  // bytes of pa
 class PackedCache {
  public:
   PackedCache() = default;  // off
-  explicit PackedCache(std::string dir, uint64_t limit = kDefaultPackedCacheLimit) : dir_(std::move(dir)), limit_(limit) {
+  explicit PackedCache(std::string dir, uint64_t limit = kDefaultPackedCacheLimit)
+      : dir_(std::move(dir)), limit_(limit) {
     struct stat info {};
     if (stat(dir_.c_str(), &info) != 0 || !S_ISDIR(info.st_mode))
       throw UsageError("--weight-cache " + dir_ + ": not a directory; create it (an app passes its cache directory)");
