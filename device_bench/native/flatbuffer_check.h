@@ -6,11 +6,11 @@
 // the same verdicts. check_graph_file() throws FileFault naming the first fault.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <map>
-#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
