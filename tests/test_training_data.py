@@ -109,3 +109,19 @@ def test_empty_image_folder_is_a_usage_error(tmp_path):
     (tmp_path / "val").mkdir()
     with pytest.raises(UsageError, match="put images in"):
         open_data(f"imagefolder:{tmp_path}", 16)
+
+
+def test_a_split_computed_once_holds_exactly_the_items_it_would_compute_each_epoch(monkeypatch):
+    """data.materialized: the tiny recipe draws nothing at random, so training computes its images once; the items
+    are the per-epoch ones bit for bit, and a split too large for its share of memory is left as it is."""
+    from mobile_moe.training import data as data_module
+    from mobile_moe.training.recipes import tiny
+
+    data = open_data("digits", 16)
+    assert not augment.draws_at_random(tiny()) and augment.draws_at_random(deit())
+    split = data.split("train", augment.train_transform(tiny(), data))
+    once = data_module.materialized(split)
+    assert isinstance(once, data_module.Materialized) and once.targets == split.targets and len(once) == len(split)
+    assert all(torch.equal(once[i][0], split[i][0]) and once[i][1] == split[i][1] for i in range(len(split)))
+    monkeypatch.setattr(data_module, "memory_limit", lambda: 1000)  # bytes: far below the split's
+    assert data_module.materialized(split) is split
