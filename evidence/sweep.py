@@ -172,10 +172,10 @@ def run_side_by_side(jobs: list[Job], processes: int, log: Callable[[str], None]
         while waiting or running:
             while waiting and len(running) < processes:
                 job = waiting.pop(0)
-                running[(job.cell, job.seed)] = process = context.Process(
-                    target=_train_in_process, args=(job, threads, reports), name=f"{job.cell}-seed-{job.seed}"
-                )
+                process = context.Process(target=_train_in_process, args=(job, threads, processes, reports),
+                                          name=f"{job.cell}-seed-{job.seed}")  # fmt: skip
                 process.start()
+                running[(job.cell, job.seed)] = process
             wait([process.sentinel for process in running.values()])
             for key, outcome in _ended(running, reports, reported):
                 outcomes[key] = outcome
@@ -187,10 +187,18 @@ def run_side_by_side(jobs: list[Job], processes: int, log: Callable[[str], None]
     return outcomes
 
 
-def _train_in_process(job: Job, threads: int, reports) -> None:
+def _train_in_process(job: Job, threads: int, processes: int, reports) -> None:
+    if sys.platform == "linux":  # a parent killed outright (SIGKILL) takes its runs with it: PR_SET_PDEATHSIG
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
     import torch
 
+    from mobile_moe.training import data
+
     torch.set_num_threads(threads)
+    data.share_memory_with(processes)
     try:
         reports.put(((job.cell, job.seed), train_or_fail(job)))
     except KeyboardInterrupt:  # Ctrl-C reaches every process of the sweep: its parent says "interrupted", once

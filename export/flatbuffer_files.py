@@ -31,6 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MAX_ENTRIES = 1 << 20  # bounds vector lengths: a flipped length cannot make us loop for ever
+# Bounds the tables one walk visits: vectors whose entries all point at one shared table (a few bytes each) would
+# otherwise cost a walk of entries to the power of the nesting depth. ExecuTorch's own verifier stops at 1M tables.
+MAX_TABLES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ class _Buffer:
 
     def __init__(self, data: bytes, end: int):
         self.data, self.end = data, end
+        self.tables = 0  # walked so far (MAX_TABLES)
 
     def need(self, position: int, size: int, align: int, what: str) -> None:
         if position < 0 or size < 0 or position + size > self.end:
@@ -70,6 +74,9 @@ class _Buffer:
 
 def _table(buffer: _Buffer, position: int, schema: Table, what: str) -> dict[int, int]:
     """Verify the table at `position` and its children; -> {field index: field position} of the fields present."""
+    buffer.tables += 1
+    if buffer.tables > MAX_TABLES:
+        raise ValueError(f"it holds more than {MAX_TABLES} tables")
     vtable = position - buffer.read("<i", position, f"{what}'s vtable offset")
     vtable_size = buffer.read("<H", vtable, f"{what}'s vtable")
     object_size = buffer.read("<H", vtable + 2, f"{what}'s vtable")
@@ -368,6 +375,7 @@ def cpp_header() -> str:
         "namespace mobile_moe::runner::flatbuffer_schema {",
         "",
         f"constexpr int64_t kMaxEntries = {MAX_ENTRIES};  // vector lengths",
+        f"constexpr int64_t kMaxTables = {MAX_TABLES};  // tables one walk visits",
         f"constexpr uint64_t kMaxSegmentPadding = {MAX_SEGMENT_PADDING};  // between segments, and after the last",
         "",
         "// A table field's kind: a scalar of `size` bytes, a string, a table, a vector of scalars of `size` bytes",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import stat
 import subprocess
 import sys
@@ -507,7 +508,9 @@ def test_the_cache_folder_keeps_within_its_limit_by_dropping_the_least_recently_
         path.write_bytes(bytes(600 << 10))
         (tmp_path / f"{path.name}.check").write_text("an older graph's check\n")
         os.utime(tmp_path / f"{path.name}.check", (1000, 1000))
-    (tmp_path / f"{'0' * 32}.xnnpack.tmp-999999999").write_bytes(b"a killed run's leftover")
+    host = socket.gethostname().split(".")[0]
+    (tmp_path / f"{'0' * 32}.xnnpack.tmp-999999999@{host}").write_bytes(b"a killed run's leftover")
+    (tmp_path / f"{'1' * 32}.xnnpack.tmp-999999999@another-host").write_bytes(b"a live run's, on another machine")
     command = [str(runner), "--bundle", str(bundle), "--random", "2", "--iterations", "1", "--warmup", "0",
                "--weight-cache", str(tmp_path), "--weight-cache-limit", "1"]  # fmt: skip
     report = json.loads(subprocess.run(command, capture_output=True, check=True).stdout)
@@ -516,7 +519,7 @@ def test_the_cache_folder_keeps_within_its_limit_by_dropping_the_least_recently_
     assert not any(path.exists() for path in old) and files
     assert sum(path.stat().st_size for path in files) == report["weight_cache_bytes"] <= 1 << 20
     assert all((tmp_path / f"{path.name}.check").is_file() for path in files)
-    assert not list(tmp_path.glob("*.tmp-*"))
+    assert [path.name for path in tmp_path.glob("*.tmp-*")] == [f"{'1' * 32}.xnnpack.tmp-999999999@another-host"]
     assert logits_of(report) == logits_of(uncached)
 
 

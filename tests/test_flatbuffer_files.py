@@ -265,3 +265,12 @@ def test_the_runners_walk_gives_a_program_the_same_verdicts(runner, bundle, tmp_
     ours, native = verdicts_of_both(runner, tmp_path, variants, ".pte", external_data)
     assert ours == native
     assert ours[0] and ours.count(False) > 100
+
+
+def test_a_walk_stops_at_its_table_budget(bundle, monkeypatch):
+    """Vectors whose entries all point at one shared table would make the walk exponential in the nesting depth: past
+    MAX_TABLES tables (1M, ExecuTorch's own verifier's bound) the file is refused instead of walked."""
+    check_graph_file(bundle / "router.pte")
+    monkeypatch.setattr(flatbuffer_files, "MAX_TABLES", 5)
+    with pytest.raises(ValueError, match="more than 5 tables"):
+        check_graph_file(bundle / "router.pte")

@@ -72,7 +72,10 @@ class Materialized(Dataset):
     an epoch of Fashion-MNIST, far more than a small model's step on a GPU)."""
 
     def __init__(self, dataset: Dataset, targets: list[int]):
-        self.images = torch.stack([dataset[index][0] for index in range(len(dataset))])
+        first = dataset[0][0]
+        self.images = torch.empty((len(dataset), *first.shape), dtype=first.dtype)  # filled in place: no second copy
+        for index in range(len(dataset)):
+            self.images[index] = dataset[index][0]
         self.targets = list(targets)
 
     def __len__(self) -> int:
@@ -82,16 +85,26 @@ class Materialized(Dataset):
         return self.images[index], self.targets[index]
 
 
-IN_MEMORY_SHARE = 0.25  # of memory_limit(): several runs side by side on one machine each hold their own splits
+IN_MEMORY_SHARE = 0.25  # of memory_limit(), for one split of one process
+_processes_sharing_memory = 1
+
+
+def share_memory_with(processes: int) -> None:
+    """This process is one of `processes` training side by side (reproduce --jobs): each split's share of memory is
+    divided among them."""
+    global _processes_sharing_memory
+    _processes_sharing_memory = max(1, processes)
 
 
 def materialized(dataset: Dataset) -> Dataset:
     """`dataset` (items (image tensor, label) from a transform that draws nothing at random) computed once, when its
-    images fit IN_MEMORY_SHARE of memory_limit(); else `dataset` itself, computing each item as it is read."""
+    images fit IN_MEMORY_SHARE of memory_limit() (divided among processes side by side); else `dataset` itself,
+    computing each item as it is read."""
     if len(dataset) == 0:
         return dataset
     image = dataset[0][0]
-    if len(dataset) * image.numel() * image.element_size() > IN_MEMORY_SHARE * memory_limit():
+    share = IN_MEMORY_SHARE / _processes_sharing_memory
+    if len(dataset) * image.numel() * image.element_size() > share * memory_limit():
         return dataset
     return Materialized(dataset, dataset.targets)
 

@@ -79,9 +79,15 @@ class Buffer {
 
   const std::vector<uint8_t>& data() const { return data_; }
 
+  void count_table() const {  // one more table walked (kMaxTables: flatbuffer_files.py's MAX_TABLES says why)
+    if (++tables_ > fs::kMaxTables)
+      throw FileFault("it holds more than " + std::to_string(fs::kMaxTables) + " tables");
+  }
+
  private:
   const std::vector<uint8_t>& data_;
   int64_t end_;
+  mutable int64_t tables_ = 0;
 };
 
 using Present = std::map<int, int64_t>;  // field index -> the field's position, for the fields present
@@ -113,6 +119,7 @@ inline void child(const Buffer& buffer, int64_t position, const fs::Field& field
 // Verify the table at `position` (of kTables[schema]) and its children; -> the fields present.
 inline Present table(const Buffer& buffer, int64_t position, int schema, const std::string& what) {
   const fs::Table& spec = fs::kTables[schema];
+  buffer.count_table();
   const int64_t vtable = position - buffer.read<int32_t>(position, what + "'s vtable offset");
   const int64_t vtable_size = buffer.read<uint16_t>(vtable, what + "'s vtable");
   const int64_t object_size = buffer.read<uint16_t>(vtable + 2, what + "'s vtable");

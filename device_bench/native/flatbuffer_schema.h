@@ -8,6 +8,7 @@
 namespace mobile_moe::runner::flatbuffer_schema {
 
 constexpr int64_t kMaxEntries = 1048576;  // vector lengths
+constexpr int64_t kMaxTables = 1048576;  // tables one walk visits
 constexpr uint64_t kMaxSegmentPadding = 4096;  // between segments, and after the last
 
 // A table field's kind: a scalar of `size` bytes, a string, a table, a vector of scalars of `size` bytes

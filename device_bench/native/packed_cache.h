@@ -49,8 +49,19 @@
 
 namespace mobile_moe::runner {
 
-// What a cache file's name depends on besides the graph: the ExecuTorch build (CMakeLists.txt passes its version)
-// and the machine, and this file's own format (bump kPackedCacheFormat when the check file changes).
+// The CPU's feature flags (/proc/cpuinfo's first "flags" or "Features" line): XNNPACK picks its micro-kernels, and
+// so the layout of packed weights, by them, and a cache folder in a shared home can serve machines of several kinds.
+inline std::string cpu_features() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line))
+    if (line.rfind("flags", 0) == 0 || line.rfind("Features", 0) == 0) return line;
+  return "";
+}
+
+// What a cache file's name depends on besides the graph: the ExecuTorch build (CMakeLists.txt passes its version),
+// the machine and its CPU's features, and this file's own format (bump kPackedCacheFormat when the check file
+// changes).
 constexpr int kPackedCacheFormat = 1;
 inline std::string runtime_identity() {
 #if defined(__aarch64__)
@@ -60,7 +71,17 @@ inline std::string runtime_identity() {
 #else
   const char* arch = "other";
 #endif
-  return std::string(MOBILE_MOE_RUNTIME_ID) + "/" + arch + "/packed-cache-" + std::to_string(kPackedCacheFormat);
+  return std::string(MOBILE_MOE_RUNTIME_ID) + "/" + arch + "/" + cpu_features() + "/packed-cache-" +
+         std::to_string(kPackedCacheFormat);
+}
+
+// This host's short name: staged files carry it with the pid, so runners on several machines sharing a cache folder
+// (a home on NFS) neither collide nor take each other's live files for a dead runner's.
+inline std::string host_name() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0) return "unknown";
+  std::string host = name;
+  return host.substr(0, host.find('.'));
 }
 
 // XXH64 (github.com/Cyan4973/xxHash, xxhash.h's reference algorithm), seed 0: fast enough to check a packed expert on
@@ -197,10 +218,12 @@ class PackedCache {
       throw UsageError("--weight-cache " + dir_ + ": not writable; pass a directory this process may write");
     // XNNPACK takes the path as a backend option string, which holds at most 255 characters (runtime/backend/
     // options.h kMaxOptionValueLength): a longer one would be cut silently and name another file.
-    if (file_for("0").size() > 255)
+    const std::string longest = staged(file_for(std::string(32, '0'))) + ".scratch";  // the longest path handed over
+    if (longest.size() > 255)
       throw UsageError("--weight-cache: the directory's path is too long for XNNPACK's cache path option (" +
-                       std::to_string(file_for("0").size()) + " of at most 255 characters with the file name); " +
+                       std::to_string(longest.size()) + " of at most 255 characters with the file name); " +
                        "pass a shorter one");
+    remove_orphaned_stages();
   }
 
   bool enabled() const { return !dir_.empty(); }
@@ -227,8 +250,7 @@ class PackedCache {
   // discard() once the graph is unloaded.
   PackedCacheEntry scratch(const Graph& graph) {
     std::string graph_key = key(graph);
-    PackedCacheEntry entry{file_for(graph_key + ".scratch-" + std::to_string(getpid())), graph_key,
-                           PackedCacheState::Cold, ""};
+    PackedCacheEntry entry{staged(file_for(graph_key)) + ".scratch", graph_key, PackedCacheState::Cold, ""};
     remove(entry.path);
     return entry;
   }
@@ -299,7 +321,10 @@ class PackedCache {
     std::remove((path + ".check").c_str());
   }
 
-  static std::string staged(const std::string& path) { return path + ".tmp-" + std::to_string(getpid()); }
+  // A file of this process: <name>.tmp-<pid>@<host> (remove_orphaned_stages reads them back).
+  static std::string staged(const std::string& path) {
+    return path + ".tmp-" + std::to_string(getpid()) + "@" + host_name();
+  }
   static void touch(const std::string& path) { utimensat(AT_FDCWD, path.c_str(), nullptr, 0); }
 
   struct CacheFile {
@@ -343,16 +368,27 @@ class PackedCache {
     }
   }
 
+  // Staged and scratch files (<key>.xnnpack...tmp-<pid>@<host>...) of runners that are gone: on this host, a pid
+  // that no longer runs; on another (a shared folder), one untouched for a day.
   void remove_orphaned_stages() const {
     DIR* dir = opendir(dir_.c_str());
     if (dir == nullptr) return;
     std::vector<std::string> orphans;
+    const std::string here = host_name();
+    const time_t day_ago = time(nullptr) - 24 * 3600;
     while (const dirent* item = readdir(dir)) {
       const std::string name = item->d_name;
-      const size_t at = name.rfind(".tmp-");
+      const size_t at = name.find(".tmp-");
       if (name.size() < 32 || at == std::string::npos || name.find(".xnnpack") != 32) continue;
-      const long pid = std::strtol(name.c_str() + at + 5, nullptr, 10);
-      if (pid > 0 && kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) orphans.push_back(dir_ + "/" + name);
+      char* end = nullptr;
+      const long pid = std::strtol(name.c_str() + at + 5, &end, 10);
+      if (pid <= 0 || *end != '@') continue;
+      const std::string host = std::string(end + 1).substr(0, std::string(end + 1).find('.'));
+      struct stat info {};
+      const std::string path = dir_ + "/" + name;
+      const bool gone = host == here ? kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH
+                                     : stat(path.c_str(), &info) == 0 && info.st_mtime < day_ago;
+      if (gone) orphans.push_back(path);
     }
     closedir(dir);
     for (const auto& path : orphans) std::remove(path.c_str());
