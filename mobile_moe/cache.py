@@ -12,8 +12,16 @@ from pathlib import Path
 def cache_root() -> Path:
     if os.environ.get("MOBILE_MOE_CACHE"):
         return Path(os.environ["MOBILE_MOE_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    base = os.environ.get("XDG_CACHE_HOME") or Path(home()) / ".cache"
     return Path(base) / "mobile-moe"
+
+
+def home() -> str:
+    """HOME, or the user's home directory from the password database where HOME is unset or empty (never a relative
+    path): the rule the native runner's default_cache_dir() follows too."""
+    import pwd
+
+    return os.environ.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
 
 
 def packed_weights_dir() -> Path | None:

@@ -554,3 +554,18 @@ def test_a_cache_folder_that_cannot_be_made_means_no_cache_not_an_error(runner, 
     by_hand = subprocess.run([str(runner), "--bundle", str(bundle), "--random", "1", "--iterations", "1"],
                              capture_output=True, check=True)  # fmt: skip
     assert json.loads(by_hand.stdout)["weight_cache"] is False
+
+
+def test_the_cache_root_is_never_relative(monkeypatch):
+    """HOME empty or unset: the home directory comes from the password database, as the runner takes it too."""
+    import pwd
+
+    from mobile_moe.cache import cache_root
+
+    for name in ("MOBILE_MOE_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    expected = pwd.getpwuid(os.getuid()).pw_dir
+    monkeypatch.setenv("HOME", "")
+    assert cache_root() == Path(expected) / ".cache" / "mobile-moe"
+    monkeypatch.delenv("HOME")
+    assert cache_root() == Path(expected) / ".cache" / "mobile-moe"

@@ -22,6 +22,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -167,8 +168,9 @@ inline void bring_in_mapped(const std::string& path) {
 // The folder a runner started without --weight-cache keeps packed weights in, by mobile_moe/cache.py's rule
 // (packed_weights_dir; tests/test_device_bench_native.py holds the two to one answer): MOBILE_MOE_WEIGHT_CACHE, else
 // $MOBILE_MOE_CACHE/packed-weights, else $XDG_CACHE_HOME/mobile-moe/packed-weights, else
-// $HOME/.cache/mobile-moe/packed-weights; created on first use. Empty when there is none (no home, or it cannot be
-// created, as on a phone's shell): the run packs on the heap, as with --no-weight-cache.
+// $HOME/.cache/mobile-moe/packed-weights (the password database's home where HOME is unset or empty); created on
+// first use. Empty when there is none (no home, or it cannot be created, as on a phone's shell): the run packs on
+// the heap, as with --no-weight-cache.
 inline std::string default_cache_dir() {
   auto env = [](const char* name) -> std::string {
     const char* value = std::getenv(name);
@@ -178,7 +180,12 @@ inline std::string default_cache_dir() {
   if (dir.empty()) {
     std::string root = env("MOBILE_MOE_CACHE");
     if (root.empty() && !env("XDG_CACHE_HOME").empty()) root = env("XDG_CACHE_HOME") + "/mobile-moe";
-    if (root.empty() && !env("HOME").empty()) root = env("HOME") + "/.cache/mobile-moe";
+    std::string home = env("HOME");
+    if (home.empty()) {  // mobile_moe/cache.py's home(): the password database's, where HOME is unset or empty
+      const passwd* user = getpwuid(getuid());
+      if (user != nullptr && user->pw_dir != nullptr) home = user->pw_dir;
+    }
+    if (root.empty() && !home.empty()) root = home + "/.cache/mobile-moe";
     if (root.empty()) return "";
     dir = root + "/packed-weights";
   }
