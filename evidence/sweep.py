@@ -147,9 +147,9 @@ def run_local(jobs: list[Job], log: Callable[[str], None]) -> dict[tuple[str, in
     outcomes = {}
     for index, job in enumerate(jobs, 1):
         log(f"[{index}/{len(jobs)}] {job.cell} seed {job.seed}: training into {job.run_dir}")
-        outcomes[(job.cell, job.seed)] = train_or_fail(job)
-        if outcomes[(job.cell, job.seed)].startswith("failed"):
-            log(f"{job.cell} seed {job.seed}: {outcomes[(job.cell, job.seed)]}")
+        outcome = outcomes[(job.cell, job.seed)] = train_or_fail(job)
+        if outcome.startswith("failed"):
+            log(f"{job.cell} seed {job.seed}: {outcome}")
     return outcomes
 
 

@@ -46,6 +46,16 @@ inline bool is_utf8(const uint8_t* begin, const uint8_t* end) {
   return true;
 }
 
+// The little-endian T at `at` of `data`, unchecked: where the caller knows the bytes are there.
+template <typename T>
+T little_endian(const std::vector<uint8_t>& data, int64_t at) {
+  uint64_t value = 0;
+  for (int i = static_cast<int>(sizeof(T)) - 1; i >= 0; --i) value = (value << 8) | data[at + i];
+  T out;
+  std::memcpy(&out, &value, sizeof(T));  // the low sizeof(T) bytes: this runs on little-endian machines only
+  return out;
+}
+
 // Bounds- and alignment-checked little-endian reads of a file's flatbuffer part, bytes [0, end).
 class Buffer {
  public:
@@ -61,16 +71,7 @@ class Buffer {
   template <typename T>
   T read(int64_t position, const std::string& what) const {
     need(position, sizeof(T), sizeof(T), what);
-    return load<T>(position);
-  }
-
-  template <typename T>
-  T load(int64_t position) const {  // little-endian, unchecked: only where need() has passed
-    uint64_t value = 0;
-    for (int i = static_cast<int>(sizeof(T)) - 1; i >= 0; --i) value = (value << 8) | data_[position + i];
-    T out;
-    std::memcpy(&out, &value, sizeof(T));  // the low sizeof(T) bytes: this runs on little-endian machines only
-    return out;
+    return little_endian<T>(data_, position);
   }
 
   int64_t target(int64_t position, const std::string& what) const {  // where the uoffset at `position` points
@@ -162,7 +163,7 @@ inline std::vector<int64_t> vector_of_tables(const Buffer& buffer, const Present
 template <typename T>
 T scalar(const Buffer& buffer, const Present& fields, int index) {  // 0 when absent
   auto found = fields.find(index);
-  return found == fields.end() ? T{0} : buffer.load<T>(found->second);
+  return found == fields.end() ? T{0} : little_endian<T>(buffer.data(), found->second);
 }
 
 // Each segment inside the segment data, after the one before it with at most kMaxSegmentPadding between
@@ -208,11 +209,6 @@ struct Head {
   uint64_t file_size = 0;
 };
 
-inline uint64_t u64_at(const std::vector<uint8_t>& data, int64_t at) {
-  uint64_t value = 0;
-  for (int i = 7; i >= 0; --i) value = (value << 8) | data[at + i];
-  return value;
-}
 
 // The file's first bytes up to the end of its flatbuffer, as `flatbuffer_end` (of the first bytes) says; nothing after.
 template <typename End>
@@ -243,24 +239,24 @@ inline void check_identifier_and_header(const std::vector<uint8_t>& data, int64_
   if (data.size() < static_cast<size_t>(8 + header_size) || std::memcmp(data.data() + 4, identifier, 4) != 0)
     throw FileFault("not " + what + " (no " + identifier + " identifier)");
   if (std::memcmp(data.data() + fs::kProgramMagicAt, magic, 4) != 0 ||
-      Buffer(data, data.size()).load<uint32_t>(fs::kProgramLengthAt) < header_size)
+      little_endian<uint32_t>(data, fs::kProgramLengthAt) < header_size)
     throw FileFault("its extended header is damaged");
 }
 
 // flatbuffer_files.py's check_flat_tensor, on a .ptd file.
 inline void check_flat_tensor_file(const std::string& path) {
   Head head = read_head(path, fs::kFlatTensorHeaderSize, [](const std::vector<uint8_t>& data) {
-    const uint64_t offset = u64_at(data, fs::kFlatTensorFlatbufferOffsetAt);
-    const uint64_t size = u64_at(data, fs::kFlatTensorFlatbufferSizeAt);
+    const uint64_t offset = little_endian<uint64_t>(data, fs::kFlatTensorFlatbufferOffsetAt);
+    const uint64_t size = little_endian<uint64_t>(data, fs::kFlatTensorFlatbufferSizeAt);
     return offset > UINT64_MAX - size ? UINT64_MAX : offset + size;
   });
   const std::vector<uint8_t>& data = head.data;
   check_identifier_and_header(data, fs::kFlatTensorHeaderSize, fs::kFlatTensorIdentifier, fs::kFlatTensorHeaderMagic,
                               "a FlatTensor file");
-  const uint64_t offset = u64_at(data, fs::kFlatTensorFlatbufferOffsetAt);
-  const uint64_t size = u64_at(data, fs::kFlatTensorFlatbufferSizeAt);
-  const uint64_t segment_base = u64_at(data, fs::kFlatTensorSegmentBaseAt);
-  const uint64_t segment_size = u64_at(data, fs::kFlatTensorSegmentSizeAt);
+  const uint64_t offset = little_endian<uint64_t>(data, fs::kFlatTensorFlatbufferOffsetAt);
+  const uint64_t size = little_endian<uint64_t>(data, fs::kFlatTensorFlatbufferSizeAt);
+  const uint64_t segment_base = little_endian<uint64_t>(data, fs::kFlatTensorSegmentBaseAt);
+  const uint64_t segment_size = little_endian<uint64_t>(data, fs::kFlatTensorSegmentSizeAt);
   const uint64_t limit = std::min<uint64_t>(segment_size ? segment_base : head.file_size, data.size());
   if (offset > limit || size > limit - offset)
     throw FileFault("its flatbuffer runs past " + std::to_string(limit));
@@ -275,14 +271,15 @@ inline void check_flat_tensor_file(const std::string& path) {
 
 // flatbuffer_files.py's check_program, on a .pte file; `external_data`: a weights file is loaded with it.
 inline void check_program_file(const std::string& path, bool external_data) {
-  Head head = read_head(path, fs::kProgramHeaderSize,
-                        [](const std::vector<uint8_t>& data) { return u64_at(data, fs::kProgramProgramSizeAt); });
+  Head head = read_head(path, fs::kProgramHeaderSize, [](const std::vector<uint8_t>& data) {
+    return little_endian<uint64_t>(data, fs::kProgramProgramSizeAt);
+  });
   const std::vector<uint8_t>& data = head.data;
   check_identifier_and_header(data, fs::kProgramHeaderSize, fs::kProgramIdentifier, fs::kProgramHeaderMagic,
                               "an ExecuTorch program");
-  const uint64_t program_size = u64_at(data, fs::kProgramProgramSizeAt);
-  const uint64_t segment_base = u64_at(data, fs::kProgramSegmentBaseAt);
-  const uint64_t segment_size = u64_at(data, fs::kProgramSegmentSizeAt);
+  const uint64_t program_size = little_endian<uint64_t>(data, fs::kProgramProgramSizeAt);
+  const uint64_t segment_base = little_endian<uint64_t>(data, fs::kProgramSegmentBaseAt);
+  const uint64_t segment_size = little_endian<uint64_t>(data, fs::kProgramSegmentSizeAt);
   if (program_size < static_cast<uint64_t>(16 + fs::kProgramHeaderSize) ||
       program_size > std::min<uint64_t>(data.size(), head.file_size))
     throw FileFault("its program size " + std::to_string(program_size) + " does not fit the file");
