@@ -1,10 +1,12 @@
 """Expert switches at the physical limit, for the paper's ViT-Ti/32 (12x192, patch 32, 224 px, 1000 classes; Mobile
-V-MoE E=10, k=1, L=2), native runner, 1 thread, in ONE run on this host:
+V-MoE E=10, k=1, L=2), native runner, 1 inference thread (and 2), in ONE run on this host:
 
     .venv/bin/python benchmarks/expert_switch_vit_ti32.py [--out DIR] [--router-block J] [--rounds R]
 
-Bundles: the dense ViT, the default Mobile V-MoE, and the same model with early routing (router_block=J: the router
-reads the tokens after dense block J, and the runner loads the chosen expert while the trunk's last blocks run).
+Bundles: the dense ViT, the default Mobile V-MoE, the same model with early routing (router_block=J: the router
+reads the tokens after dense block J, and the runner loads the chosen expert while the trunk's last blocks run), and
+the default model in the per-block layout (the runner loads the chosen expert's MLPs while the first MoE block's
+attention runs).
 Each MoE bundle gets a stream of images whose chosen expert changes from one image to the next (change rate >= 0.7,
 printed), made by routing random images and ordering them. Every bundle runs with a packed-weight cache directory
 (--weight-cache) filled by an untimed first run, as an app's second launch finds it; the runs are interleaved,
@@ -13,8 +15,9 @@ printed), made by routing random images and ordering them. Every bundle runs wit
 Printed, with issue 37's goals ("switch added": a switch's load + first run minus the same expert's warm run):
 warm-cache switch added over a hit / warm p50 (<= 0.03), also with every expert in one XNNPACK workspace
 (--workspace-sharing global), with the cold switch and the switch without a cache beside it; one-expert-cache p50
-MoE/dense (<= 1.02), with prefetch (<= 1.01); peak RSS one-expert / dense (<= 1.00) and with prefetch (max experts
-resident, reported); all-experts p50 MoE/dense (<= 1.01). Weights and images are random:
+MoE/dense (<= 1.02), with either prefetch, at 1 and 2 threads; peak RSS one-expert / dense (<= 1.00) and with
+prefetch (max experts resident, reported); all-experts p50 MoE/dense (<= 1.01); and, from the routing pass, how long
+a switching image waited for its load with and without prefetch. Weights and images are random:
 latency, memory and size do not depend on their values. Nothing else may run on the host meanwhile.
 """
 
@@ -37,10 +40,11 @@ from mobile_moe.export.runtime import load_bundle
 from mobile_moe.registry import create_model
 
 
-def export(out: Path, model: str, **kwargs) -> Path:
+def export(out: Path, model: str, layout: str | None = None, **kwargs) -> Path:
     if not (out / "manifest.json").exists():
-        torch.manual_seed(0)
-        export_bundle(create_model(model, "12x192", num_classes=1000, **kwargs).eval(), out, "executorch")
+        torch.manual_seed(0)  # every MoE bundle the same weights: the per-block one routes as the default one
+        model = create_model(model, "12x192", num_classes=1000, **kwargs).eval()
+        export_bundle(model, out, "executorch", layout=layout)
     return out
 
 
@@ -68,10 +72,10 @@ def switching_stream(bundle: Path, out: Path, count: int = 32, pool: int = 160) 
     return float(np.mean([a != b for a, b in zip(chosen, chosen[1:] + chosen[:1], strict=True)]))
 
 
-def run(runner: Path, bundle: Path, images: Path, cache_dir: Path | None, cache_experts: int | None, args,
-        extra: tuple[str, ...] = ()) -> dict:  # fmt: skip
+def run(runner: Path, bundle: Path, images: Path, cache_dir: Path | None, cache_experts: int | None, threads: int,
+        args, extra: tuple[str, ...] = ()) -> dict:  # fmt: skip
     """One runner process; `cache_dir` None: no packed-weight cache (every load packs); `extra`: more runner flags."""
-    settings = RoundSettings(iterations=args.iterations, warmup=10, threads=1, cache_experts=cache_experts,
+    settings = RoundSettings(iterations=args.iterations, warmup=10, threads=threads, cache_experts=cache_experts,
                              weight_cache=cache_dir is not None)  # fmt: skip
     if cache_dir is not None:
         cache_dir.mkdir(parents=True, exist_ok=True)
@@ -98,24 +102,36 @@ def main() -> None:
         "dense": export(root / "dense", "vit"),
         "moe": export(root / "moe", "mobile-vmoe"),
         "early": export(root / f"moe-j{args.router_block}", "mobile-vmoe", router_block=args.router_block),
+        "per-block": export(root / "moe-per-block", "mobile-vmoe", layout="per-block"),
     }
     streams = {name: root / f"{name}.f32" for name in ("moe", "early")}
     rates = {name: switching_stream(bundles[name], streams[name]) for name in streams}
-    streams["dense"] = streams["moe"]
+    streams["dense"] = streams["per-block"] = streams["moe"]
     global_workspace = ("--workspace-sharing", "global")  # every expert's method runs in one XNNPACK workspace
-    configs = {  # name: (bundle, experts cached, packed-weight cache, more runner flags)
-        "dense": ("dense", None, True, ()),
-        "moe-one": ("moe", 1, True, ()),
-        "moe-one-global": ("moe", 1, True, global_workspace),
-        "moe-one-packing": ("moe", 1, False, ()),
-        "moe-all": ("moe", None, True, ()),
-        "early-one": ("early", 1, True, ()),
+    in_line = ("--no-prefetch",)  # a missed expert loads on the image's thread, where prefetch would use a second one
+    configs = {  # name: (bundle, experts cached, packed-weight cache, inference threads, more runner flags)
+        "dense": ("dense", None, True, 1, ()),
+        "moe-one": ("moe", 1, True, 1, ()),
+        "moe-one-global": ("moe", 1, True, 1, global_workspace),
+        "moe-one-packing": ("moe", 1, False, 1, ()),
+        "moe-all": ("moe", None, True, 1, ()),
+        "early-one": ("early", 1, True, 1, ()),
+        "early-one-in-line": ("early", 1, True, 1, in_line),
+        "per-block-one": ("per-block", 1, True, 1, ()),
+        "per-block-one-in-line": ("per-block", 1, True, 1, in_line),
+        "per-block-all": ("per-block", None, True, 1, ()),
+        "dense-t2": ("dense", None, True, 2, ()),
+        "moe-one-t2": ("moe", 1, True, 2, ()),
+        "early-one-t2": ("early", 1, True, 2, ()),
+        "early-one-in-line-t2": ("early", 1, True, 2, in_line),
+        "per-block-one-t2": ("per-block", 1, True, 2, ()),
+        "per-block-one-in-line-t2": ("per-block", 1, True, 2, in_line),
     }
     runs: dict[str, list[dict]] = {name: [] for name in configs}
     for round_index in range(args.rounds + 1):  # round 0 fills the packed-weight caches and is not counted
-        for name, (bundle, cache, packed_cache, extra) in configs.items():
+        for name, (bundle, cache, packed_cache, threads, extra) in configs.items():
             cache_dir = root / "cache" / bundle if packed_cache else None
-            report = run(runner, bundles[bundle], streams[bundle], cache_dir, cache, args, extra)
+            report = run(runner, bundles[bundle], streams[bundle], cache_dir, cache, threads, args, extra)
             if round_index:
                 runs[name].append(report)
     print_table(runs, rates, args.router_block)
@@ -123,9 +139,9 @@ def main() -> None:
 
 
 def print_table(runs: dict[str, list[dict]], rates: dict[str, float], router_block: int) -> None:
-    def ratio(name: str, value) -> tuple[float, float]:
+    def ratio(name: str, value, baseline: str = "dense") -> tuple[float, float]:
         return median_and_spread(
-            [value(moe) / value(dense) for moe, dense in zip(runs[name], runs["dense"], strict=True)]
+            [value(moe) / value(dense) for moe, dense in zip(runs[name], runs[baseline], strict=True)]
         )
 
     p50 = lambda report: report["latency_ms"]["p50"]  # noqa: E731
@@ -137,6 +153,7 @@ def print_table(runs: dict[str, list[dict]], rates: dict[str, float], router_blo
     cold_added = [(r["switch"]["cold"]["median_ms"] - r["switch"]["warm_expert_run_median_ms"]) / p50(r)
                   for r in runs["moe-one"]]  # fmt: skip
     packing_added = added("moe-one-packing")
+    early = f"router_block={router_block}"
     rows = [
         (
             "stream expert change rate, default / early routing",
@@ -161,14 +178,22 @@ def print_table(runs: dict[str, list[dict]], rates: dict[str, float], router_blo
         ("p50 MoE/dense, one expert cached", ratio("moe-one", p50), "<= 1.02", ""),
         ("p50 MoE/dense, one expert cached, one global workspace", ratio("moe-one-global", p50), "<= 1.02", ""),
         ("p50 MoE/dense, one expert cached, no packed-weight cache", ratio("moe-one-packing", p50), "(report)", ""),
-        (
-            f"p50 MoE/dense, one expert cached, prefetch (router_block={router_block})",
-            ratio("early-one", p50),
-            "<= 1.01",
-            "",
-        ),  # fmt: skip
+        (f"p50 MoE/dense, one expert cached, {early}, prefetch", ratio("early-one", p50), "<= 1.02", ""),
+        (f"p50 MoE/dense, one expert cached, {early}, in line", ratio("early-one-in-line", p50), "(report)",
+         "--no-prefetch"),  # fmt: skip
+        ("p50 MoE/dense, one expert cached, per-block, prefetch", ratio("per-block-one", p50), "<= 1.02", ""),
+        ("p50 MoE/dense, one expert cached, per-block, in line", ratio("per-block-one-in-line", p50), "(report)",
+         "--no-prefetch"),  # fmt: skip
         ("p50 MoE/dense, all experts cached", ratio("moe-all", p50), "<= 1.01", ""),
+        ("p50 MoE/dense, all experts cached, per-block", ratio("per-block-all", p50), "<= 1.01", ""),
+    ]
+    for name, what in [("moe-one", "one expert cached"), ("early-one", f"{early}, prefetch"),
+                       ("early-one-in-line", f"{early}, in line"), ("per-block-one", "per-block, prefetch"),
+                       ("per-block-one-in-line", "per-block, in line")]:  # fmt: skip
+        rows.append((f"p50 MoE/dense, 2 threads, {what}", ratio(f"{name}-t2", p50, "dense-t2"), "(report)", ""))
+    rows += [
         ("peak RSS one expert / dense", ratio("moe-one", peak), "<= 1.00", ""),
+        ("peak RSS one expert, per-block / dense", ratio("per-block-one", peak), "<= 1.00", ""),
         ("peak RSS one expert, one global workspace / dense", ratio("moe-one-global", peak), "<= 1.00", ""),
         (
             "peak RSS one expert with prefetch / dense",
@@ -189,7 +214,14 @@ def print_table(runs: dict[str, list[dict]], rates: dict[str, float], router_blo
         first = statistics.median(r["switch"]["first_run_median_ms"] for r in runs[name])
         warm = statistics.median(r["switch"]["warm_expert_run_median_ms"] for r in runs[name])
         print(f"{name}: an expert's first run {first:.3f} ms, its warm run {warm:.3f} ms")
-    print(f"dense p50 {statistics.median(p50(r) for r in runs['dense']):.2f} ms")
+    print(f"dense p50 {statistics.median(p50(r) for r in runs['dense']):.2f} ms (1 thread), "
+          f"{statistics.median(p50(r) for r in runs['dense-t2']):.2f} ms (2 threads)")  # fmt: skip
+    for name in ("moe-one", "early-one", "early-one-in-line", "per-block-one", "per-block-one-in-line"):
+        waits = [row["load_wait_ms"] if r["prefetch"] else row["load_ms"]
+                 for r in runs[name] for row in r["images"] if not row["cache_hit"]]  # fmt: skip
+        loads = [row["load_ms"] for r in runs[name] for row in r["images"] if not row["cache_hit"]]
+        print(f"{name}, routing pass: median load {statistics.median(loads):.3f} ms, "
+              f"the image waited {statistics.median(waits):.3f} ms of it")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -12,11 +12,11 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mobile_moe.costs import costs
 from mobile_moe.device_bench import routing_stats
-from mobile_moe.device_bench.round_report import RoundReport, RoundReportSchema
+from mobile_moe.device_bench.round_report import Latency, RoundReport, RoundReportSchema
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest_schema import GraphEntry, Manifest
 from mobile_moe.registry import config_from_dict
@@ -249,19 +249,6 @@ def _spread(p50s: list[float]) -> dict:
     return {"latency_p50_ms": p50s, "relative": relative, "wide": len(p50s) > 1 and relative > SPREAD_FLAG}
 
 
-class _Latency(BaseModel):
-    p50: float
-    p90: float
-    p99: float
-    mean: float
-
-    @model_validator(mode="after")
-    def _ordered(self) -> _Latency:
-        if not self.p50 <= self.p90 <= self.p99:
-            raise ValueError(f"latency percentiles out of order: {self.model_dump()}")
-        return self
-
-
 class _Loads(BaseModel):
     router: float | None
     expert: float | None
@@ -277,7 +264,7 @@ class RunRecord(BaseModel):
     runtime: str
     device: str
     threads: int | None
-    latency_ms: _Latency
+    latency_ms: Latency
     load_ms: _Loads
     switch_ms: float | None
     peak_rss_bytes: float | None

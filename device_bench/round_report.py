@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 
 class _Report(BaseModel):
@@ -21,13 +21,25 @@ class _Report(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
 
 
-class Summary(_Report):
-    """Timed samples in ms and their percentiles (linear interpolation, numpy's default, on every runner)."""
+class Latency(_Report):
+    """Percentiles and mean of timed samples in ms (linear interpolation, numpy's default, on every runner): what a
+    round reports and what results.json keeps of the rounds (their medians)."""
 
     p50: float
     p90: float
     p99: float
     mean: float
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Latency:
+        if not self.p50 <= self.p90 <= self.p99:
+            raise ValueError(f"latency percentiles out of order: {self.model_dump()}")
+        return self
+
+
+class Summary(Latency):
+    """A round's timed samples themselves, with their percentiles."""
+
     min: float
     max: float
     samples: list[float]

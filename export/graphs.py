@@ -212,7 +212,7 @@ def split_model(model: nn.Module, *, monolithic: bool = False, layout: str | Non
     _check_layout(model, layout)
     _require_parts(model, ("router_stage", "expert_path"), "the split lifts the router stage and each expert's path")
     tokens = tensor_spec("tokens", 1, cfg.num_tokens, cfg.width)
-    if getattr(cfg, "routes_early", False):
+    if getattr(cfg, "early_routing", False):
         return _early_routing_split(model, layout, images, tokens, probs, logits)
     router = GraphSpec("router", "router", RouterGraph(model), [images], [tokens, probs])
     if layout == "expert-paths":

@@ -216,7 +216,7 @@ class MobileVMoEConfig(MoEConfig):
         )
 
     @property
-    def routes_early(self) -> bool:
+    def early_routing(self) -> bool:
         """The router reads the tokens before the last dense block: there is a trunk tail to run after routing."""
         return self.router_block is not None and self.router_block < self.dense_layers
 

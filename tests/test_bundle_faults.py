@@ -162,17 +162,30 @@ def test_resealed_byte_flips_never_crash_predict(graph, bundle, png, tmp_path, c
 @pytest.mark.slow
 @pytest.mark.parametrize("graph", ["router.pte", "expert.pte", "expert_0.ptd"])
 def test_resealed_header_flips_are_refused_by_bench_before_anything_runs(graph, bundle, tmp_path, capsys):
-    """bench checks every graph file before it starts a runner: each header byte flipped and re-sealed is one line
-    and exit 2, or (a byte that does not matter) the bundle benchmarks."""
+    """bench checks every graph file before it starts a runner: each header byte flipped and re-sealed that the file
+    check (export.manifest.verified_graph_files) refuses is bench's one line and exit 2; every other flip (a byte that
+    does not matter) benchmarks. The flips include both kinds."""
+    verdicts = set()
     for offset in HEADER_BYTES:
         broken = copy_bundle(bundle, tmp_path / f"flip-{offset}")
         flip_byte(broken / graph, offset)
         reseal(broken)
+        entry = next(g for g in read_manifest(broken).graphs if graph in {file.file for file in g.files()})
+        try:
+            verified_graph_files(broken, entry)
+            reason = None
+        except UsageError as error:
+            reason = str(error)
         argv = ["bench", str(broken), "--runtime", "executorch", "--iterations", "1", "--warmup", "0"]
         capsys.readouterr()
         status = main([*argv, "--rounds", "1", "--out", str(tmp_path / f"bench-{offset}")])
         err = capsys.readouterr().err
-        assert (status, err.count("\n")) in ((0, 0), (2, 1)), (offset, status, err)
+        if reason is None:
+            assert (status, err) == (0, ""), (offset, err)
+        else:
+            assert status == 2 and err.count("\n") == 1 and reason in err, (offset, reason, err)
+        verdicts.add(reason is None)
+    assert verdicts == {True, False}
 
 
 def test_damaged_executorch_files_are_refused_before_executorch_reads_them(bundle, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -29,9 +30,21 @@ def test_info_json_is_one_object_with_the_counts(capsys):
     assert info["config"]["patch_size"] == 16 and info["config"]["top_k"] == 2
 
 
-def test_info_table(capsys):
-    status, out, _ = run_cli(capsys, "info", "--model", "vit", "--size", "12x192")
-    assert status == 0 and "vit 12x192/32 @224" in out and "params active" in out
+@pytest.mark.parametrize("model", ["vit", "mobile-vmoe"])
+def test_info_table_says_what_the_json_says(model, capsys):
+    """The table's rows, whole: the model line, then each count's exact value as --json gives it."""
+    argv = ("info", "--model", model, "--size", "12x192")
+    status, out, _ = run_cli(capsys, *argv)
+    counts = json.loads(run_cli(capsys, *argv, "--json")[1])
+    assert status == 0
+    title, *rows = out.splitlines()
+    assert title == f"{model} 12x192/32 @224, 1000 classes"
+    exact = dict(re.fullmatch(r"  (\S.*?) {2,}[\d.]+ [kMG]?\s*\(([\d,]+)\b.*", row).groups() for row in rows)
+    assert exact == {
+        "params total": f"{counts['params_total']:,}",
+        "params active": f"{counts['params_active']:,}",
+        "FLOPs": f"{counts['flops']:,}",
+    }
 
 
 @pytest.mark.parametrize(

@@ -109,6 +109,7 @@ def test_a_complete_round_report_validates_nulls_and_extra_keys_included():
         (lambda r: r.pop("memory_after_warm"), "without memory_after_warm"),
         (lambda r: r["images"][1].pop("cache_hit"), "without images[1].cache_hit"),
         (lambda r: r["latency_ms"].update(p90="slow"), "field latency_ms.p90 is str; RoundReport wants float"),
+        (lambda r: r["stages_ms"]["router"].update(p99=1.0), "latency percentiles out of order"),  # results.json's rule
         (lambda r: r["stages_ms"]["router"].update(samples=None), "samples is NoneType; RoundReport wants list"),
         (lambda r: r.update(threads=True), "field threads is bool; RoundReport wants int"),
         (lambda r: r.update(load_ms={}), "load_ms is empty"),

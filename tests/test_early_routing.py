@@ -1,5 +1,6 @@
 """Early routing: a Mobile V-MoE's router reads the tokens after dense block J (`router_block`), export cuts the trunk
-there (router, trunk tail, experts), and the native runner loads the chosen expert while the tail runs."""
+there (router, trunk tail, experts), and the native runner loads the chosen expert while the tail runs (and, in the
+per-block layout, while the first MoE block's attention runs)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 from conftest import needs_build, tiny_model
 
-from mobile_moe.device_bench.native_runner import parse_runner_output, run_native, runner_command
+from mobile_moe.device_bench.native_runner import parse_runner_output, runner_command
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
 from mobile_moe.export.bundle import export_bundle
@@ -36,7 +37,7 @@ def test_the_papers_placement_is_the_default_bit_for_bit():
     with torch.no_grad():
         assert torch.equal(default(images()).logits, explicit(images()).logits)
     assert "router_block" not in default.config.to_dict()
-    assert not explicit.config.routes_early
+    assert not explicit.config.early_routing
 
 
 def test_the_router_reads_the_tokens_after_block_j():
@@ -99,39 +100,61 @@ def test_an_early_routing_bundle_computes_the_model(early_bundle):
     np.testing.assert_allclose(np.stack([p.logits for p in predictions]), eager.logits.numpy(), atol=1e-5)
 
 
-@needs_build
-def test_the_native_runner_loads_the_expert_while_the_tail_runs(runner, early_bundle, tmp_path):
-    """The runner's answers are the Python runtime's; every miss is loaded on the second thread (its load timed
-    there) while the tail ran, and only the router, the tail and the chosen experts were opened."""
-    _, manifest, path = early_bundle
+@pytest.fixture(scope="module", params=["early-routing", "per-block"])
+def prefetching_bundle(request, early_bundle, tmp_path_factory):
+    """The two bundles whose runner loads a missed expert on a second thread (k = 1): early routing's, while the trunk
+    tail runs; the per-block layout's, while the first MoE block's attention half runs."""
+    if request.param == "early-routing":
+        return request.param, early_bundle[2]
+    out = tmp_path_factory.mktemp("per-block") / "bundle"
+    export_bundle(tiny_model("mobile-vmoe", pool="mean").eval(), out, "executorch", layout="per-block")
+    return request.param, out
+
+
+def run_prefetching(runner, path, tmp_path, *flags: str) -> dict:
     raw = tmp_path / "images.f32"
     images().numpy().astype(np.float32).tofile(raw)
-    report = run_native(runner, path, raw, RoundSettings(iterations=3, warmup=0, cache_experts=1, switch_repeats=1))
+    settings = RoundSettings(iterations=3, warmup=0, cache_experts=1, switch_repeats=1)
+    result = subprocess.run([*runner_command(runner, path, raw, settings), *flags], capture_output=True, timeout=300)
+    return parse_runner_output(result.returncode, result.stdout, result.stderr, "native runner", path)
+
+
+@needs_build
+def test_the_native_runner_loads_the_expert_while_the_model_runs_on(runner, prefetching_bundle, tmp_path):
+    """The runner's answers are the Python runtime's; every miss is loaded on the second thread (its load timed
+    there) while the runner computed on, and only the graphs an image needs were opened. --no-prefetch loads in line,
+    with the same answers."""
+    layout, path = prefetching_bundle
+    report = run_prefetching(runner, path, tmp_path)
     runtime = load_bundle(path, max_cached_experts=1)
     expected = [runtime.predict(image) for image in images()]
     assert [row["experts"] for row in report["images"]] == [p.experts for p in expected]
     np.testing.assert_allclose([row["logits"] for row in report["images"]], [p.logits for p in expected], atol=1e-5)
     misses = [row for row in report["images"] if not row["cache_hit"]]
-    assert len(misses) >= 2 and all(row["load_ms"] > 0 and row["tail_ms"] > 0 for row in misses)
-    assert "trunk_tail" in report["stages_ms"]
+    assert report["prefetch"] and report["max_experts_resident"] == 1
+    assert len(misses) >= 2 and all(row["load_ms"] > 0 and row["load_wait_ms"] >= 0 for row in misses)
     chosen = {e for row in report["images"] for e in row["experts"]}
-    assert set(report["files_opened"]) == {"router.pte", "trunk_tail.pte", "expert.pte"} | {
-        f"expert_{e}.ptd" for e in chosen
-    }
+    needed = [graph for graph in read_manifest(path).graphs if not graph.loads_per_expert or graph.expert in chosen]
+    assert set(report["files_opened"]) == {file.file for graph in needed for file in graph.files()}
+    if layout == "early-routing":
+        assert all(row["tail_ms"] > 0 for row in misses) and "trunk_tail" in report["stages_ms"]
+    in_line = run_prefetching(runner, path, tmp_path, "--no-prefetch")
+    assert not in_line["prefetch"] and all(row["load_wait_ms"] == 0 for row in in_line["images"])
+    assert [row["logits"] for row in in_line["images"]] == [row["logits"] for row in report["images"]]
 
 
 @needs_build
 @pytest.mark.slow
-def test_the_prefetch_thread_runs_clean_under_thread_sanitizer(early_bundle, tmp_path):
-    """The second thread that loads the chosen expert while the tail runs, in a ThreadSanitizer build of the runner
-    (its own code instrumented): no data race reported, the same answers as the plain build's Python twin."""
+def test_the_prefetch_thread_runs_clean_under_thread_sanitizer(prefetching_bundle, tmp_path):
+    """The second thread that loads the chosen expert while the image runs on, in a ThreadSanitizer build of the
+    runner (its own code instrumented): no data race reported, the same answers as the plain build's Python twin."""
     from mobile_moe.device_bench.native_build import ASAN_EXIT_CODE, SanitizerUnavailable, build_runner, sanitizer_env
 
     try:
         tsan = build_runner(sanitize="thread")
     except SanitizerUnavailable as error:  # no libtsan for this compiler; a compile error in our code still fails
         pytest.skip(f"cannot build the ThreadSanitizer runner here: {error}")
-    _, _, path = early_bundle
+    _, path = prefetching_bundle
     raw = tmp_path / "images.f32"
     images().numpy().astype(np.float32).tofile(raw)
     settings = RoundSettings(iterations=3, warmup=0, cache_experts=1, switch_repeats=1)

@@ -84,6 +84,7 @@ struct Options {
   int weight_cache_limit_mib = static_cast<int>(kDefaultPackedCacheLimit >> 20);  // what the directory may hold
   std::string load_mode = "mmap";
   int workspace_sharing = -1;  // XNNPACK's workspace sharing mode for every load (graph_loader.h); -1: its default
+  bool prefetch = true;  // --no-prefetch: load a missed expert in line even where the bundle allows a second thread
 };
 
 // One line: every error the runner prints is one line on stderr.
@@ -91,7 +92,7 @@ const char* kUsage =
     "usage: mobile_moe_runner --bundle DIR [--input FILE.f32 | --random N] [--iterations N] [--warmup N] "
     "[--threads T] [--cache-experts C] [--cache-margin D] [--switch-repeats R] [--seed S] "
     "[--weight-cache DIR | --no-weight-cache] [--weight-cache-limit MIB] [--workspace-sharing none|model|global] "
-    "[--load-mode mmap|file]; "
+    "[--load-mode mmap|file] [--no-prefetch]; "
     "or mobile_moe_runner --sha256|--xxh64 FILE...; or mobile_moe_runner --check [--external-data] FILE...";
 
 // --workspace-sharing: XNNPACK's WorkspaceSharingMode (backends/xnnpack/runtime/XNNWorkspaceManager.h: Disabled,
@@ -152,6 +153,7 @@ Options parse_options(int argc, char** argv) {
     else if (flag == "--weight-cache-limit") options.weight_cache_limit_mib = to_int(flag, next(), 1, 1 << 24);
     else if (flag == "--load-mode") options.load_mode = next();
     else if (flag == "--workspace-sharing") options.workspace_sharing = workspace_sharing_mode(next());
+    else if (flag == "--no-prefetch") options.prefetch = false;
     else if (flag == "--help" || flag == "-h") throw UsageError(kUsage);
     else throw UsageError("unknown flag " + flag + " (" + kUsage + ")");
   }
@@ -279,7 +281,7 @@ void write_run_settings(json::Writer& out, const Options& options, const Bundle&
   out.key("top_k").value(bundle.top_k);
   out.key("cache_experts").value(cache_experts);
   out.key("cache_margin").value(static_cast<double>(options.cache_margin));
-  out.key("prefetch").value(!bundle.trunk_tail.name.empty());
+  out.key("prefetch").value(options.prefetch && prefetches(bundle));
   out.key("num_images").value(num_images);
   out.key("iterations").value(options.iterations);
   out.key("warmup").value(options.warmup);
@@ -544,7 +546,7 @@ std::string measure(const Options& options) {
   write_memory(out, stats::memory_now());
 
   Loader loader(load_mode, packed_cache, options.workspace_sharing);
-  Pipeline pipeline(bundle, loader, cache_experts, options.cache_margin);
+  Pipeline pipeline(bundle, loader, cache_experts, options.cache_margin, options.prefetch);
   OpenFiles files{bundle.dir, {}};
   load_first_graph(out, bundle, pipeline);
   std::map<int, double> cold_expert_load_ms = routing_pass(out, bundle, pipeline, loader, images, files);
