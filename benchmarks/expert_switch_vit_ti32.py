@@ -4,9 +4,8 @@ V-MoE E=10, k=1, L=2), native runner, 1 inference thread (and 2), in ONE run on 
     .venv/bin/python benchmarks/expert_switch_vit_ti32.py [--out DIR] [--router-block J] [--rounds R]
 
 Bundles: the dense ViT, the default Mobile V-MoE, the same model with early routing (router_block=J: the router
-reads the tokens after dense block J, and the runner loads the chosen expert while the trunk's last blocks run), and
-the default model in the per-block layout (the runner loads the chosen expert's MLPs while the first MoE block's
-attention runs).
+reads the tokens after dense block J, and the runner loads the chosen expert while the trunk's last blocks run, or in
+line with --no-prefetch), and the default model in the per-block layout (attention exported apart from the experts).
 Each MoE bundle gets a stream of images whose chosen expert changes from one image to the next (change rate >= 0.7,
 printed), made by routing random images and ordering them. Every bundle runs with a packed-weight cache directory
 (--weight-cache) filled by an untimed first run, as an app's second launch finds it; the runs are interleaved,
@@ -15,9 +14,9 @@ printed), made by routing random images and ordering them. Every bundle runs wit
 Printed, with issue 37's goals ("switch added": a switch's load + first run minus the same expert's warm run):
 warm-cache switch added over a hit / warm p50 (<= 0.03), also with every expert in one XNNPACK workspace
 (--workspace-sharing global), with the cold switch and the switch without a cache beside it; one-expert-cache p50
-MoE/dense (<= 1.02), with either prefetch, at 1 and 2 threads; peak RSS one-expert / dense (<= 1.00) and with
-prefetch (max experts resident, reported); all-experts p50 MoE/dense (<= 1.01); and, from the routing pass, how long
-a switching image waited for its load with and without prefetch. Weights and images are random:
+MoE/dense (<= 1.02), with and without prefetch, per-block, at 1 and 2 threads; peak RSS one-expert / dense
+(<= 1.00) and with prefetch (max experts resident, reported); all-experts p50 MoE/dense (<= 1.01); and, from the
+routing pass, how long a switching image waited for its load with and without prefetch. Weights and images are random:
 latency, memory and size do not depend on their values. Nothing else may run on the host meanwhile.
 """
 
@@ -118,14 +117,12 @@ def main() -> None:
         "early-one": ("early", 1, True, 1, ()),
         "early-one-in-line": ("early", 1, True, 1, in_line),
         "per-block-one": ("per-block", 1, True, 1, ()),
-        "per-block-one-in-line": ("per-block", 1, True, 1, in_line),
         "per-block-all": ("per-block", None, True, 1, ()),
         "dense-t2": ("dense", None, True, 2, ()),
         "moe-one-t2": ("moe", 1, True, 2, ()),
         "early-one-t2": ("early", 1, True, 2, ()),
         "early-one-in-line-t2": ("early", 1, True, 2, in_line),
         "per-block-one-t2": ("per-block", 1, True, 2, ()),
-        "per-block-one-in-line-t2": ("per-block", 1, True, 2, in_line),
     }
     runs: dict[str, list[dict]] = {name: [] for name in configs}
     for round_index in range(args.rounds + 1):  # round 0 fills the packed-weight caches and is not counted
@@ -181,15 +178,12 @@ def print_table(runs: dict[str, list[dict]], rates: dict[str, float], router_blo
         (f"p50 MoE/dense, one expert cached, {early}, prefetch", ratio("early-one", p50), "<= 1.02", ""),
         (f"p50 MoE/dense, one expert cached, {early}, in line", ratio("early-one-in-line", p50), "(report)",
          "--no-prefetch"),  # fmt: skip
-        ("p50 MoE/dense, one expert cached, per-block, prefetch", ratio("per-block-one", p50), "<= 1.02", ""),
-        ("p50 MoE/dense, one expert cached, per-block, in line", ratio("per-block-one-in-line", p50), "(report)",
-         "--no-prefetch"),  # fmt: skip
+        ("p50 MoE/dense, one expert cached, per-block layout", ratio("per-block-one", p50), "<= 1.02", ""),
         ("p50 MoE/dense, all experts cached", ratio("moe-all", p50), "<= 1.01", ""),
         ("p50 MoE/dense, all experts cached, per-block", ratio("per-block-all", p50), "<= 1.01", ""),
     ]
     for name, what in [("moe-one", "one expert cached"), ("early-one", f"{early}, prefetch"),
-                       ("early-one-in-line", f"{early}, in line"), ("per-block-one", "per-block, prefetch"),
-                       ("per-block-one-in-line", "per-block, in line")]:  # fmt: skip
+                       ("early-one-in-line", f"{early}, in line"), ("per-block-one", "per-block layout")]:  # fmt: skip
         rows.append((f"p50 MoE/dense, 2 threads, {what}", ratio(f"{name}-t2", p50, "dense-t2"), "(report)", ""))
     rows += [
         ("peak RSS one expert / dense", ratio("moe-one", peak), "<= 1.00", ""),
@@ -216,7 +210,7 @@ def print_table(runs: dict[str, list[dict]], rates: dict[str, float], router_blo
         print(f"{name}: an expert's first run {first:.3f} ms, its warm run {warm:.3f} ms")
     print(f"dense p50 {statistics.median(p50(r) for r in runs['dense']):.2f} ms (1 thread), "
           f"{statistics.median(p50(r) for r in runs['dense-t2']):.2f} ms (2 threads)")  # fmt: skip
-    for name in ("moe-one", "early-one", "early-one-in-line", "per-block-one", "per-block-one-in-line"):
+    for name in ("moe-one", "early-one", "early-one-in-line", "per-block-one"):
         waits = [row["load_wait_ms"] if r["prefetch"] else row["load_ms"]
                  for r in runs[name] for row in r["images"] if not row["cache_hit"]]  # fmt: skip
         loads = [row["load_ms"] for r in runs[name] for row in r["images"] if not row["cache_hit"]]

@@ -87,6 +87,8 @@ def _round_report_error(error: ValidationError, runner: str) -> RoundReportError
         )
     if first["type"] in ("model_type", "model_attributes_type", "dict_type") and isinstance(value, list | str):
         return RoundReportError(f"{runner}: round report {where or 'itself'} is not an object")
+    if first["type"] == "value_error":  # a rule across fields (Latency's order): its own words
+        return RoundReportError(f"{runner}: round report field {where}: {first['msg'].removeprefix('Value error, ')}")
     expected = first["type"].removesuffix("_type").removesuffix("_parsing").replace("model", "object")
     found = type(value).__name__
     return RoundReportError(f"{runner}: round report field {where} is {found}; RoundReport wants {expected}")

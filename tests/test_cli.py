@@ -38,7 +38,7 @@ def test_info_table_says_what_the_json_says(model, capsys):
     counts = json.loads(run_cli(capsys, *argv, "--json")[1])
     assert status == 0
     title, *rows = out.splitlines()
-    assert title == f"{model} 12x192/32 @224, 1000 classes"
+    assert title == f"{model} 12x192/32 @224, 1000 classes" + (", E=10 k=1 L=2 (per image)" if model != "vit" else "")
     exact = dict(re.fullmatch(r"  (\S.*?) {2,}[\d.]+ [kMG]?\s*\(([\d,]+)\b.*", row).groups() for row in rows)
     assert exact == {
         "params total": f"{counts['params_total']:,}",

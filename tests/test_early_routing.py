@@ -1,6 +1,5 @@
 """Early routing: a Mobile V-MoE's router reads the tokens after dense block J (`router_block`), export cuts the trunk
-there (router, trunk tail, experts), and the native runner loads the chosen expert while the tail runs (and, in the
-per-block layout, while the first MoE block's attention runs)."""
+there (router, trunk tail, experts), and the native runner loads the chosen expert while the tail runs."""
 
 from __future__ import annotations
 
@@ -100,17 +99,6 @@ def test_an_early_routing_bundle_computes_the_model(early_bundle):
     np.testing.assert_allclose(np.stack([p.logits for p in predictions]), eager.logits.numpy(), atol=1e-5)
 
 
-@pytest.fixture(scope="module", params=["early-routing", "per-block"])
-def prefetching_bundle(request, early_bundle, tmp_path_factory):
-    """The two bundles whose runner loads a missed expert on a second thread (k = 1): early routing's, while the trunk
-    tail runs; the per-block layout's, while the first MoE block's attention half runs."""
-    if request.param == "early-routing":
-        return request.param, early_bundle[2]
-    out = tmp_path_factory.mktemp("per-block") / "bundle"
-    export_bundle(tiny_model("mobile-vmoe", pool="mean").eval(), out, "executorch", layout="per-block")
-    return request.param, out
-
-
 def run_prefetching(runner, path, tmp_path, *flags: str) -> dict:
     raw = tmp_path / "images.f32"
     images().numpy().astype(np.float32).tofile(raw)
@@ -120,11 +108,11 @@ def run_prefetching(runner, path, tmp_path, *flags: str) -> dict:
 
 
 @needs_build
-def test_the_native_runner_loads_the_expert_while_the_model_runs_on(runner, prefetching_bundle, tmp_path):
+def test_the_native_runner_loads_the_expert_while_the_tail_runs(runner, early_bundle, tmp_path):
     """The runner's answers are the Python runtime's; every miss is loaded on the second thread (its load timed
-    there) while the runner computed on, and only the graphs an image needs were opened. --no-prefetch loads in line,
-    with the same answers."""
-    layout, path = prefetching_bundle
+    there) while the tail ran, and only the graphs an image needs were opened. --no-prefetch loads in line, with the
+    same answers."""
+    _, _, path = early_bundle
     report = run_prefetching(runner, path, tmp_path)
     runtime = load_bundle(path, max_cached_experts=1)
     expected = [runtime.predict(image) for image in images()]
@@ -136,8 +124,7 @@ def test_the_native_runner_loads_the_expert_while_the_model_runs_on(runner, pref
     chosen = {e for row in report["images"] for e in row["experts"]}
     needed = [graph for graph in read_manifest(path).graphs if not graph.loads_per_expert or graph.expert in chosen]
     assert set(report["files_opened"]) == {file.file for graph in needed for file in graph.files()}
-    if layout == "early-routing":
-        assert all(row["tail_ms"] > 0 for row in misses) and "trunk_tail" in report["stages_ms"]
+    assert all(row["tail_ms"] > 0 for row in misses) and "trunk_tail" in report["stages_ms"]
     in_line = run_prefetching(runner, path, tmp_path, "--no-prefetch")
     assert not in_line["prefetch"] and all(row["load_wait_ms"] == 0 for row in in_line["images"])
     assert [row["logits"] for row in in_line["images"]] == [row["logits"] for row in report["images"]]
@@ -145,16 +132,16 @@ def test_the_native_runner_loads_the_expert_while_the_model_runs_on(runner, pref
 
 @needs_build
 @pytest.mark.slow
-def test_the_prefetch_thread_runs_clean_under_thread_sanitizer(prefetching_bundle, tmp_path):
-    """The second thread that loads the chosen expert while the image runs on, in a ThreadSanitizer build of the
-    runner (its own code instrumented): no data race reported, the same answers as the plain build's Python twin."""
+def test_the_prefetch_thread_runs_clean_under_thread_sanitizer(early_bundle, tmp_path):
+    """The second thread that loads the chosen expert while the tail runs, in a ThreadSanitizer build of the runner
+    (its own code instrumented): no data race reported, the same answers as the plain build's Python twin."""
     from mobile_moe.device_bench.native_build import ASAN_EXIT_CODE, SanitizerUnavailable, build_runner, sanitizer_env
 
     try:
         tsan = build_runner(sanitize="thread")
     except SanitizerUnavailable as error:  # no libtsan for this compiler; a compile error in our code still fails
         pytest.skip(f"cannot build the ThreadSanitizer runner here: {error}")
-    _, path = prefetching_bundle
+    _, _, path = early_bundle
     raw = tmp_path / "images.f32"
     images().numpy().astype(np.float32).tofile(raw)
     settings = RoundSettings(iterations=3, warmup=0, cache_experts=1, switch_repeats=1)

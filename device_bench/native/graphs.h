@@ -10,14 +10,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <condition_variable>
 #include <csignal>
 #include <cstdint>
 #include <exception>
 #include <list>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <numeric>
 #include <set>
 #include <stdexcept>
@@ -139,43 +137,21 @@ class ExpertCache {
     return insert(expert, std::move(graphs));
   }
 
-  // Prefetch (prefetches()): while the caller runs what precedes the expert, a second thread releases the experts
-  // evicted to make room, then loads `expert`'s graphs in order and brings their mapped packed weights in
-  // (Loader::load's warm_weights), so a first run reads them from the cache, not through page faults. The caller may
-  // take each graph as soon as it is loaded (wait_for: per-block runs block 0's expert while block 1's loads);
-  // finish() joins the thread and caches the expert. Releasing first keeps one expert in memory at a time
-  // (max_resident()); releasing after the load, while the caller runs the expert, measured no faster on ViT-Ti/32 and
-  // held two.
+  // Prefetch (prefetches()): while the caller runs the trunk tail, a second thread releases the experts evicted to
+  // make room, then loads `expert` and brings its mapped packed weights in (Loader::load's warm_weights), so the first
+  // run reads them from the cache, not through page faults; finish() joins the thread and caches the expert. Releasing
+  // first keeps one expert in memory at a time (max_resident()); releasing after the load, while the caller runs the
+  // expert, measured no faster on ViT-Ti/32 and held two. The thread writes into `prefetch` until it is joined.
   struct Prefetch {
     int expert = -1;
     std::thread thread;
-    double load_ms = 0;    // the thread's, read after finish()
-    double waited_ms = 0;  // the caller's waits in wait_for() and finish()
+    ExpertGraphs graphs;
+    double load_ms = 0;
+    std::exception_ptr error;
 
     ~Prefetch() {
       if (thread.joinable()) thread.join();  // the caller failed before finish(): the thread still writes here
     }
-    // The expert's graph `index`, once the thread has loaded it.
-    LoadedGraph& wait_for(size_t index) {
-      auto start = Clock::now();
-      std::unique_lock<std::mutex> lock(mutex);
-      loaded.wait(lock, [&] { return graphs.size() > index || done; });
-      waited_ms += ms_since(start);
-      if (graphs.size() <= index) {
-        lock.unlock();
-        thread.join();
-        std::rethrow_exception(error);
-      }
-      return *graphs[index];
-    }
-
-   private:
-    friend class ExpertCache;
-    std::mutex mutex;  // guards what follows while the thread runs
-    std::condition_variable loaded;
-    ExpertGraphs graphs;  // reserved up front: appending never moves what the caller holds
-    bool done = false;
-    std::exception_ptr error;
   };
   void load_on_thread(int expert, Prefetch& prefetch) {
     std::vector<ExpertGraphs> leaving;
@@ -187,37 +163,28 @@ class ExpertCache {
       order_.remove(oldest);
     }
     prefetch.expert = expert;
-    prefetch.graphs.reserve(bundle_.experts[expert].size());
     prefetch.thread = std::thread([this, expert, &prefetch, leaving = std::move(leaving)]() mutable {
       try {
         released(leaving.size());
         leaving.clear();  // first: one expert in memory at a time (measured: no slower than releasing it after)
         auto start = Clock::now();
-        for (const auto& graph : bundle_.experts[expert]) {
-          auto loaded = loader_.load(graph, false, /*warm_weights=*/true);
-          std::lock_guard<std::mutex> lock(prefetch.mutex);
-          prefetch.graphs.push_back(std::move(loaded));
-          prefetch.loaded.notify_all();
-        }
+        for (const auto& graph : bundle_.experts[expert])
+          prefetch.graphs.push_back(loader_.load(graph, false, /*warm_weights=*/true));
         note_loaded();
         prefetch.load_ms = ms_since(start);
       } catch (...) {
-        std::lock_guard<std::mutex> lock(prefetch.mutex);
         prefetch.error = std::current_exception();
       }
-      std::lock_guard<std::mutex> lock(prefetch.mutex);
-      prefetch.done = true;
-      prefetch.loaded.notify_all();
     });
   }
-  // Joins the thread and caches the expert; -> ms the caller waited for the load, in all.
+  // -> ms the caller waited for the load after its own work.
   double finish(Prefetch& prefetch) {
     auto start = Clock::now();
     prefetch.thread.join();
-    prefetch.waited_ms += ms_since(start);
+    double waited = ms_since(start);
     if (prefetch.error) std::rethrow_exception(prefetch.error);
     insert(prefetch.expert, std::move(prefetch.graphs));
-    return prefetch.waited_ms;
+    return waited;
   }
 
   void unload(int expert) {
@@ -248,7 +215,7 @@ class ExpertCache {
   std::list<int> order_;     // most recently used first
   std::set<int> scratch_;    // experts loaded from a scratch cache file
   // Experts whose graphs exist, and the most at any moment. A prefetching thread updates them before it is joined,
-  // while the caller runs only graphs that are not experts'.
+  // while the caller runs only the trunk tail.
   int live_ = 0, max_resident_ = 0;
 
   ExpertGraphs& insert(int expert, ExpertGraphs graphs) {
@@ -343,11 +310,11 @@ inline std::vector<float>& named_output(std::vector<std::vector<float>>& outputs
 }
 
 // Whether a chosen expert that is not loaded loads on a second thread while the image computes what does not need it
-// yet (k = 1): early routing's trunk tail (expert-paths), or, per-block, each block's expert graph while the blocks
-// before it run (block 0's during its attention half, block 1's during block 0's expert and block 1's attention).
+// yet: early routing's trunk tail (expert-paths, k = 1). The per-block layout could load each block's expert graph
+// while the blocks before it run; measured on ViT-Ti/32 (benchmarks/expert_switch_vit_ti32.results.md) it was slower
+// than loading in line, at 1 thread and at 2, so it does not.
 inline bool prefetches(const Bundle& bundle) {
-  return bundle.kind == Kind::Split && bundle.top_k == 1 &&
-         (!bundle.trunk_tail.name.empty() || bundle.layout == Layout::PerBlock);
+  return bundle.kind == Kind::Split && bundle.top_k == 1 && !bundle.trunk_tail.name.empty();
 }
 
 class Pipeline {
@@ -359,8 +326,6 @@ class Pipeline {
         cache_(bundle, loader, cache_experts),
         cache_margin_(cache_margin),
         prefetch_(prefetch && prefetches(bundle)) {}
-
-  bool prefetching() const { return prefetch_; }
 
   // Everything loaded at open: the router (+ per-block shared parts and head), or the single graph.
   double load_resident() {
@@ -397,31 +362,18 @@ class Pipeline {
       out.tail_ms = ms_since(tail_start) - out.load_wait_ms;
     }
     auto expert_start = Clock::now();
-    double waited_ms = 0;  // of the time from expert_start, the image's wait for a load
-    if (prefetch_ && bundle_.layout == Layout::PerBlock && !cache_.resident().count(out.experts[0])) {
-      ExpertCache::Prefetch prefetch;  // block b's expert graph loads while the blocks before it run
-      cache_.load_on_thread(out.experts[0], prefetch);
-      out.logits = run_blocks(tokens, out.experts, out.gates,
-                              [&](size_t, size_t block) -> LoadedGraph& { return prefetch.wait_for(block); });
-      waited_ms = out.load_wait_ms = cache_.finish(prefetch);
-      out.load_ms = prefetch.load_ms;
-      out.hit = false;
-    } else {
-      std::vector<ExpertGraphs*> chosen;
-      for (int expert : out.experts) {
-        bool hit = false;
-        double load_ms = 0;
-        chosen.push_back(&cache_.get(expert, &hit, &load_ms));
-        out.hit = out.hit && hit;
-        out.load_ms += load_ms;
-        waited_ms += load_ms;
-      }
-      out.logits = bundle_.layout == Layout::PerBlock
-                       ? run_blocks(tokens, out.experts, out.gates,
-                                    [&](size_t j, size_t block) -> LoadedGraph& { return *chosen[j]->at(block); })
-                       : run_path(*chosen[0]->at(0), out.experts[0], tokens, out.gates[0]);
+    std::vector<ExpertGraphs*> chosen;
+    for (int expert : out.experts) {
+      bool hit = false;
+      double load_ms = 0;
+      chosen.push_back(&cache_.get(expert, &hit, &load_ms));  // a hit after a prefetch
+      out.hit = out.hit && hit;
+      out.load_ms += load_ms;
+      out.expert_ms -= load_ms;  // expert_ms is the experts' computation
     }
-    out.expert_ms = ms_since(expert_start) - waited_ms;
+    out.logits = bundle_.layout == Layout::PerBlock ? run_blocks(tokens, out.experts, chosen, out.gates)
+                                                    : run_path(*chosen[0]->at(0), out.experts[0], tokens, out.gates[0]);
+    out.expert_ms += ms_since(expert_start);
     out.total_ms = ms_since(start);
     return out;
   }
@@ -435,9 +387,9 @@ class Pipeline {
 
   // One chosen expert's computation on given tokens: what an expert switch has to wait for after loading.
   std::vector<float> run_expert(int expert, ExpertGraphs& graphs, std::vector<float> tokens) {
-    return bundle_.layout == Layout::PerBlock
-               ? run_blocks(tokens, {expert}, {1.0f}, [&](size_t, size_t block) -> LoadedGraph& { return *graphs[block]; })
-               : run_path(*graphs[0], expert, tokens, 1.0f);
+    std::vector<ExpertGraphs*> chosen{&graphs};
+    return bundle_.layout == Layout::PerBlock ? run_blocks(tokens, {expert}, chosen, {1.0f})
+                                              : run_path(*graphs[0], expert, tokens, 1.0f);
   }
 
   ExpertCache& cache() { return cache_; }
@@ -453,8 +405,8 @@ class Pipeline {
   float cache_margin_;  // cache-aware routing (pick_experts); 0: plain top-k
   bool prefetch_;
 
-  // Early routing: the chosen expert (k = 1), when not loaded, loads on a second thread while this one does `work`
-  // (the trunk tail); the image then waits only for what the work did not cover (load_wait_ms).
+  // The chosen expert (k = 1), when not loaded, loads on a second thread while this one does `work` (the trunk tail);
+  // the image then waits only for what the work did not cover (load_wait_ms).
   template <typename Work>
   auto while_prefetching(Inference& out, Work work) -> decltype(work()) {
     const int expert = out.experts.at(0);
@@ -479,23 +431,16 @@ class Pipeline {
     return named_output(outputs, graph, "logits");
   }
 
-  // One MoE block's shared half (per-block): tokens -> residual, normed.
-  std::vector<std::vector<float>> run_shared(size_t block, std::vector<float>& tokens) {
-    return run(*shared_[block], bundle_.shared[block], {{tokens.data(), tokens.size()}});
-  }
-
   // x = tokens; per block: residual, normed = shared(x); x = residual + sum_j gate_j * expert_j(normed); head(x).
-  // `expert_graph(j, block)`: the j-th chosen expert's loaded graph for that block, asked for when it is needed.
-  template <typename ExpertGraph>
-  std::vector<float> run_blocks(std::vector<float> x, const std::vector<int>& experts, const std::vector<float>& gates,
-                                ExpertGraph expert_graph) {
+  std::vector<float> run_blocks(std::vector<float> x, const std::vector<int>& experts,
+                                std::vector<ExpertGraphs*>& chosen, const std::vector<float>& gates) {
     for (size_t block = 0; block < shared_.size(); ++block) {
-      auto halves = run_shared(block, x);
+      auto halves = run(*shared_[block], bundle_.shared[block], {{x.data(), x.size()}});
       x = halves.at(0);  // residual
       std::vector<float>& normed = halves.at(1);
-      for (size_t j = 0; j < experts.size(); ++j) {
+      for (size_t j = 0; j < chosen.size(); ++j) {
         const Graph& graph = bundle_.experts.at(experts.at(j)).at(block);
-        auto delta = run(expert_graph(j, block), graph, {{normed.data(), normed.size()}}).at(0);
+        auto delta = run(*chosen[j]->at(block), graph, {{normed.data(), normed.size()}}).at(0);
         if (delta.size() != x.size()) throw std::runtime_error(graph.program.file + " returned a delta of the wrong size");
         for (size_t i = 0; i < x.size(); ++i) x[i] += gates.at(j) * delta[i];
       }
