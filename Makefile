@@ -28,9 +28,10 @@ test-slow: $(STAMP)
 test-all: $(STAMP)
 	$(PYTEST) -m 'not gpu'
 
-# The emulated ARM64 device (device_bench/arm64.py): Debian's aarch64 cross compiler and qemu-user, executorch's
-# aarch64 wheel (downloaded from the package registry, unpacked into the cache), then its tests, which build the runner
-# for linux-arm64 and check it against the host runner. Afterwards `mobile-moe bench BUNDLE --device arm64-emulated`.
+# The emulated ARM64 device (mobile_moe/device_bench/arm64.py): Debian's aarch64 cross compiler and qemu-user,
+# executorch's aarch64 wheel (downloaded from the package registry, unpacked into the cache), then its tests, which
+# build the runner for linux-arm64 and check it against the host runner. Afterwards `mobile-moe bench BUNDLE --device
+# arm64-emulated`.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 ARM64_PACKAGES := g++-aarch64-linux-gnu qemu-user-static
 
@@ -38,7 +39,7 @@ arm64: $(STAMP)
 	$(SUDO) apt-get update -qq
 	$(SUDO) apt-get install -y -qq --no-install-recommends $(ARM64_PACKAGES)
 	$(BIN)/python -c "from mobile_moe.device_bench.arm64 import fetch_wheel; print('executorch aarch64 wheel:', fetch_wheel())"
-	$(PYTEST) -m slow tests/test_arm64_emulated.py
+	$(PYTEST) -m slow tests/device_bench/test_arm64_emulated.py
 
 # The whole GPU path in one command and one table (benchmarks/gpu_check.py): gpu tests, an epoch of every model in
 # bf16, --compile, DDP over nccl, a reproduce cell, the training-step benchmark; under 10 minutes on one GPU. GPU=0

@@ -1,5 +1,5 @@
 """ARM64 against the host: the native runner cross-built for linux-arm64 and run under qemu-user (the emulated device,
-device_bench/arm64.py) against the host runner, on the same bundles and the same images.
+mobile_moe/device_bench/arm64.py) against the host runner, on the same bundles and the same images.
 
     .venv/bin/python benchmarks/arm64_parity.py BUNDLE... [--data digits] [--images 64] [--iterations 20]
 

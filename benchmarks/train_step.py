@@ -7,15 +7,15 @@ measured in one run.
     python benchmarks/train_step.py --device cuda --size deit-ti --patch 16 --batch-size 256 --compile  # a GPU, bf16
     python benchmarks/train_step.py --device cuda --compile --cuda-graphs --anchor   # + CUDA graphs, + timm's anchor
 
-A step is training's own (training/engine.py: forward_loss under bf16 autocast on CUDA, then update: backward, grad
-clip, AdamW, schedule) with the deit recipe's router loss against planted super-classes (label mod E), so Mobile
-V-MoE's router spreads the images as training does. Within a mode the models take turns step by step (vit, mobile-vmoe,
-..., vit, ...), so drift in machine load hits them alike; ratios compare medians. Goals on CPU: compiled Mobile V-MoE
-/ compiled dense <= 1.10x, and every compiled model faster than its eager self. "timed compiles" > 0 means a graph
-was compiled during the timed steps (a recompile): compiled training should have none; "first step s" is the first
-warm-up step, where compiling happens. "per FLOP" divides a model's step-time ratio to the dense model by its FLOPs
-ratio (mobile_moe.costs, per image): 1.0 means the model costs what its arithmetic says. The optimiser is training's
-(training/train.py adamw: fused on CUDA).
+A step is training's own (mobile_moe/training/engine.py: forward_loss under bf16 autocast on CUDA, then update:
+backward, grad clip, AdamW, schedule) with the deit recipe's router loss against planted super-classes (label mod E), so
+Mobile V-MoE's router spreads the images as training does. Within a mode the models take turns step by step (vit,
+mobile-vmoe, ..., vit, ...), so drift in machine load hits them alike; ratios compare medians. Goals on CPU: compiled
+Mobile V-MoE / compiled dense <= 1.10x, and every compiled model faster than its eager self. "timed compiles" > 0 means
+a graph was compiled during the timed steps (a recompile): compiled training should have none; "first step s" is the
+first warm-up step, where compiling happens. "per FLOP" divides a model's step-time ratio to the dense model by its
+FLOPs ratio (mobile_moe.costs, per image): 1.0 means the model costs what its arithmetic says. The optimiser is
+training's (mobile_moe/training/train.py adamw: fused on CUDA).
 
 --anchor adds timm's deit_tiny_patch16_224 (at the benchmark's size: its width, depth, heads, patch and image size)
 against our vit in a plain step (cross-entropy, backward, the same AdamW), in each mode: the dense model is as fast

@@ -1,7 +1,7 @@
 """Where the toolkit keeps what it can rebuild: MOBILE_MOE_CACHE, else $XDG_CACHE_HOME/mobile-moe, else
-~/.cache/mobile-moe. The native runner's builds (device_bench/native_build.py), the ARM64 wheel (device_bench/arm64.py),
-image folders' checks (training/image_check.py) and XNNPACK's packed weights (packed_weights_dir) live under it, each
-in its own folder."""
+~/.cache/mobile-moe. The native runner's builds (mobile_moe/device_bench/native_build.py), the ARM64 wheel
+(mobile_moe/device_bench/arm64.py), image folders' checks (mobile_moe/training/image_check.py) and XNNPACK's packed
+weights (packed_weights_dir) live under it, each in its own folder."""
 
 from __future__ import annotations
 
@@ -25,9 +25,10 @@ def home() -> str:
 
 
 def packed_weights_dir() -> Path | None:
-    """The native runner's packed-weight cache (device_bench/native/packed_cache.h: one checked file per graph, kept
-    under a size limit), shared by every run of this user: MOBILE_MOE_WEIGHT_CACHE, else cache_root()/packed-weights.
-    Created on first use; None when it cannot be (a read-only home): runs then pack on the heap, as the runner does."""
+    """The native runner's packed-weight cache (mobile_moe/device_bench/native/packed_cache.h: one checked file per
+    graph, kept under a size limit), shared by every run of this user: MOBILE_MOE_WEIGHT_CACHE, else
+    cache_root()/packed-weights. Created on first use; None when it cannot be (a read-only home): runs then pack on the
+    heap, as the runner does."""
     path = Path(os.environ.get("MOBILE_MOE_WEIGHT_CACHE") or cache_root() / "packed-weights")
     try:
         path.mkdir(parents=True, exist_ok=True)

@@ -76,7 +76,8 @@ def _share(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and 0.0 <= value <= 1.0  # NaN fails too
 
 
-# The training metadata a checkpoint may carry (training/train.py writes them): the one check of what is read back.
+# The training metadata a checkpoint may carry (mobile_moe/training/train.py writes them): the one check of what is read
+# back.
 METADATA = {"epoch": _count, "best_epoch": _count, "best_top1": _share}
 
 

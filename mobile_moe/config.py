@@ -24,7 +24,7 @@ PRESETS: dict[str, dict[str, int]] = {
 
 POOLS = ("cls", "mean")
 # How a model picks experts (a config's `routing`), by what one decision covers: the one owner of that split, for the
-# configs' per_image, export's layouts (export/graphs.py) and training's checks.
+# configs' per_image, export's layouts (mobile_moe/export/graphs.py) and training's checks.
 PER_IMAGE_ROUTINGS = ("image", "cluster")  # one choice per image: the model splits into a router and expert graphs
 PER_TOKEN_ROUTINGS = ("token", "expert", "soft")  # per token (or slot): every expert may run for every image
 

@@ -9,9 +9,9 @@ the split point (after its first depth-L blocks), so that the router costs no mo
 continue from the very tokens it computed: the adaptation that lets a Hard MoE split like a Mobile V-MoE.
 
 Unlike Mobile V-MoE nothing is learned end to end: the gater is a trained dense `vit` whose first depth-L blocks are
-copied and frozen, the centroids are fitted once on its pooled training features (training/cluster_fit.py), and every
-expert starts as a copy of the gater's last L blocks and head (upcycling), then trains on the images of its cluster
-only. An expert whose cluster is empty never gets a gradient and keeps the gater's weights. The router stage and
+copied and frozen, the centroids are fitted once on its pooled training features (mobile_moe/training/cluster_fit.py),
+and every expert starts as a copy of the gater's last L blocks and head (upcycling), then trains on the images of its
+cluster only. An expert whose cluster is empty never gets a gradient and keeps the gater's weights. The router stage and
 expert_path(e) are the same split as Mobile V-MoE's, so export treats routing "cluster" like its expert-paths layout.
 
 Legend: B images, T tokens, D width, P pca_dims (D when there is no PCA), E experts, K classes, n_e images of expert e.
@@ -223,7 +223,7 @@ class HardMoE(nn.Module):
     def dense_key(self, key: str) -> str | None:
         """Upcycling (mobile_moe/upcycle.py): the dense gater's entry `key` starts from: the first depth-L blocks for
         the frozen trunk, the last L blocks and the head for EVERY expert; None for the router's buffers, which
-        training/cluster_fit.py fits from the trunk's features afterwards."""
+        mobile_moe/training/cluster_fit.py fits from the trunk's features afterwards."""
         part, _, rest = key.partition(".")
         if part == "router_stage":
             return None if rest.startswith("router.") else rest  # embedding.*, blocks.<i>.*: the same names

@@ -5,8 +5,8 @@
            -> [L MoE blocks, each using the same chosen experts] -> head -> logits
 
 The router stage and each expert's path are modules of their own (router_stage(), expert_path(e)) that share the
-model's parameters, so export/ lifts them into separate graphs without copying code: a phone then holds the router and
-only the experts it picks. Legend: B images, T tokens, D width, E experts, k experts per image, K classes.
+model's parameters, so mobile_moe/export/ lifts them into separate graphs without copying code: a phone then holds the
+router and only the experts it picks. Legend: B images, T tokens, D width, E experts, k experts per image, K classes.
 """
 
 from __future__ import annotations

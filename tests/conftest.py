@@ -35,6 +35,20 @@ def tiny_model(name: str, **overrides) -> torch.nn.Module:
     return create_model(name, **fields)
 
 
+def source_model(source: str, **kwargs) -> torch.nn.Module:
+    """A timm or torchvision model ("timm:NAME", "torchvision:NAME") with seeded random weights, as `import` reads."""
+    import timm
+    import torchvision
+
+    library, _, name = source.partition(":")
+    torch.manual_seed(0)
+    if library == "timm":
+        return timm.create_model(name, pretrained=False, **kwargs).eval()
+    model = torchvision.models.get_model(name, weights=None, **kwargs).eval()
+    torch.nn.init.normal_(model.heads.head.weight, std=0.02)  # torchvision starts it at 0: every logit would be 0
+    return model
+
+
 @pytest.fixture(params=list_models())
 def model_name(request) -> str:
     return request.param
@@ -132,8 +146,8 @@ def bundle(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session", autouse=True)
 def image_checks_in_the_sessions_temporary_folder(tmp_path_factory):
-    """Image folders' check verdicts (training/image_check.py) go under the session's temporary folder, not the
-    user's ~/.cache: the suite leaves nothing behind, and every session decodes its folders afresh."""
+    """Image folders' check verdicts (mobile_moe/training/image_check.py) go under the session's temporary folder, not
+    the user's ~/.cache: the suite leaves nothing behind, and every session decodes its folders afresh."""
     from mobile_moe.training import image_check
 
     root = tmp_path_factory.getbasetemp()

@@ -325,7 +325,8 @@ def flip_offsets(size: int, count: int, seed: int) -> list[int]:
 
 
 def table_positions(buffer, position: int, schema) -> list[int]:
-    """Every table export/flatbuffer_files.py walks under the one at `position` (itself included), by position."""
+    """Every table mobile_moe/export/flatbuffer_files.py walks under the one at `position` (itself included), by
+    position."""
     found = [position]
     present = files._table(buffer, position, schema, "table")
     for index, (kind, detail) in schema.fields.items():

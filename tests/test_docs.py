@@ -107,7 +107,7 @@ def test_no_manifest_word_is_spelled_in_cpp_outside_the_parser():
 
     words = "|".join(re.escape(word) for word in {*LAYOUTS, *KIND_OF_LAYOUT.values(), *ROLES})
     compared = re.compile(rf'[=!]=\s*"({words})"|"({words})"\s*[=!]=')
-    native = REPOSITORY / "device_bench" / "native"
+    native = REPOSITORY / "mobile_moe" / "device_bench" / "native"
     for path in [native / "runner.cpp", *native.glob("*.h")]:
         if path.name not in ("bundle_manifest.h", "manifest_schema.h"):
             found = [match.group(0) for match in compared.finditer(path.read_text())]

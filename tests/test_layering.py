@@ -12,13 +12,10 @@ import networkx as nx
 REPOSITORY = Path(__file__).resolve().parent.parent
 # Lowest first: the models and costs, then the stages in the order data flows through them.
 LAYERS = ["mobile_moe", "super_class", "training", "export", "device_bench", "evidence", "app"]
-FOLDER_OF_PACKAGE = {"mobile_moe": "mobile_moe", **{name: name for name in LAYERS[1:]}}
 
 
 def module_name(path: Path) -> str:
-    parts = list(path.with_suffix("").parts)
-    if parts[0] != "mobile_moe":
-        parts.insert(0, "mobile_moe")
+    parts = path.with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -29,8 +26,9 @@ def layer(module: str) -> int:
 
 def is_entry_point(path: Path) -> bool:
     """A command's own module composes the stages it runs: `mobile-moe X` (cli.py, *_cli.py, `python -m mobile_moe`),
-    the demo's steps, and app/ (the dispatch and the demo, above every stage)."""
-    return path.name in ("cli.py", "demo.py", "__main__.py") or path.name.endswith("_cli.py") or path.parts[0] == "app"
+    the demo's steps, and mobile_moe/app/ (the dispatch and the demo, above every stage)."""
+    command = path.name in ("cli.py", "demo.py", "__main__.py") or path.name.endswith("_cli.py")
+    return command or path.parts[:2] == ("mobile_moe", "app")
 
 
 def our_imports(path: Path, known: set[str]) -> list[tuple[str, bool]]:
@@ -51,9 +49,8 @@ def our_imports(path: Path, known: set[str]) -> list[tuple[str, bool]]:
 
 
 def package_files() -> dict[str, Path]:
-    names = subprocess.run(["git", "ls-files", "*.py"], cwd=REPOSITORY, capture_output=True, text=True).stdout
-    folders = set(FOLDER_OF_PACKAGE.values())
-    return {module_name(Path(name)): REPOSITORY / name for name in names.split() if Path(name).parts[0] in folders}
+    names = subprocess.run(["git", "ls-files", "mobile_moe/*.py"], cwd=REPOSITORY, capture_output=True, text=True)
+    return {module_name(Path(name)): REPOSITORY / name for name in names.stdout.split()}
 
 
 def test_no_stage_imports_a_higher_one_outside_the_entry_points():
@@ -66,6 +63,22 @@ def test_no_stage_imports_a_higher_one_outside_the_entry_points():
         if layer(target) > layer(module)
     ]
     assert upward == []
+
+
+def test_a_command_imports_higher_stages_only_when_it_runs():
+    """A stage's command modules (cli.py, *_cli.py, demo.py) import the stages above their own inside functions, so
+    importing a lower stage, its commands included, never loads a higher one (super_class's commands never load
+    training's modules, `--help` starts at once). `python -m mobile_moe` is the dispatch itself."""
+    files = package_files()
+    eager = [
+        f"{module} imports {target} at module level"
+        for module, path in files.items()
+        if is_entry_point(path.relative_to(REPOSITORY)) and path.name != "__main__.py"
+        and layer(module) < LAYERS.index("app")
+        for target, at_module_level in our_imports(path, set(files))
+        if at_module_level and layer(target) > layer(module)
+    ]
+    assert eager == []
 
 
 def test_no_import_cycle_between_files():

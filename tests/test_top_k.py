@@ -26,7 +26,7 @@ def test_ties_go_to_the_lower_index_in_torch_and_numpy(scores, k, expected):
     values, indices = top_k(torch.tensor([scores], dtype=torch.float64), k)
     assert indices[0].tolist() == expected
     assert values[0].tolist() == [scores[i] for i in expected]
-    # the Python runtime's rule (export/runtime.py): numpy's stable argsort of -probs
+    # the Python runtime's rule (mobile_moe/export/runtime.py): numpy's stable argsort of -probs
     assert np.argsort(-np.asarray(scores, dtype=np.float32), kind="stable")[:k].tolist() == expected
 
 

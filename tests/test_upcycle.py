@@ -91,7 +91,7 @@ def test_without_renormalised_gates_the_upcycled_model_scales_its_experts(images
     ids=["deit-tiny", "vit-b-32"],
 )
 def test_an_upcycled_import_computes_the_source_models_logits(source, kwargs, experts):
-    from test_import import source_model
+    from conftest import source_model
 
     theirs = source_model(source, **kwargs)
     library, _, name = source.partition(":")
@@ -207,7 +207,7 @@ def test_a_vit_fine_tune_copies_every_weight_and_a_transfer_all_but_the_classifi
 @pytest.mark.usefixtures("one_thread")
 def test_a_run_upcycled_from_an_import_sees_images_as_the_source_library_does(tmp_path):
     """The imported model's preprocessing (timm's mean/std, bicubic crop) is the upcycled run's too."""
-    from test_import import source_model
+    from conftest import source_model
 
     theirs = source_model("timm:deit_tiny_patch16_224", img_size=32, num_classes=10)
     torch.save(theirs.state_dict(), tmp_path / "w.pth")

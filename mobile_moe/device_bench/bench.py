@@ -1,0 +1,240 @@
+"""The benchmark as a typed library: BenchSettings in, the results.json object out (docs/formats.md, results.json).
+
+    from mobile_moe.device_bench.bench import BenchSettings, benchmark
+    from mobile_moe.device_bench.round_settings import RoundSettings
+
+    settings = BenchSettings(RoundSettings(iterations=50, threads=1), runtime="native", rounds=3, data="digits")
+    results = benchmark(["bundles/moe", "bundles/dense"], settings, out="bench/")
+
+Each (bundle, round) is one fresh runner process, so cold loads are cold and each process's memory high-water mark
+is its own. Every runner (the native C++ runner on the host or over adb, the Python worker around export's runtime,
+Core ML) is a RoundRunner, picked by `choose_runner(runtime, device, runner)`; whatever it returns goes through
+results.validate_round before anything reads it. Rounds are separated by a pause (heat, background work), and
+results.json keeps the median across rounds with a flag when they disagree. `mobile-moe bench` (cli.py) is this
+library behind argparse.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from mobile_moe import jsonio
+from mobile_moe.atomic import check_writable, write_text_atomic
+from mobile_moe.device_bench import arm64
+from mobile_moe.device_bench import results as results_module
+from mobile_moe.device_bench.android import AndroidRunner
+from mobile_moe.device_bench.coreml_worker import CoreMLWorker
+from mobile_moe.device_bench.native_runner import NativeRunner, check_runner
+from mobile_moe.device_bench.python_worker import PythonWorker
+from mobile_moe.device_bench.round_report import RoundReport
+from mobile_moe.device_bench.round_settings import RoundSettings
+from mobile_moe.device_bench.workload import make_workload, random_seed, write_raw
+from mobile_moe.errors import UsageError
+from mobile_moe.export.manifest import read_manifest
+from mobile_moe.export.manifest_schema import Manifest
+
+RUNTIMES = ("executorch", "onnxruntime", "native", "coreml")
+DEFAULT_RUNTIME = {"executorch": "native", "onnx": "onnxruntime", "coreml": "coreml"}  # by bundle backend
+BACKEND_OF_RUNTIME = {"executorch": "executorch", "native": "executorch", "onnxruntime": "onnx", "coreml": "coreml"}
+MAX_PAUSE_S = 3600
+
+
+class RoundRunner(Protocol):
+    """Runs one round (one fresh process) on one bundle and returns what it measured."""
+
+    @property
+    def name(self) -> str:
+        """Which runner this is, for error messages ("native runner", "onnxruntime worker", ...)."""
+        ...
+
+    def run_round(self, bundle: Path, images: Path, settings: RoundSettings) -> RoundReport: ...
+
+
+DEVICES = ("host", "android[:SERIAL]", "arm64-emulated")
+REMOTE = ("android", "arm64-emulated")  # devices the native runner is pushed to (mobile_moe/device_bench/remote.py)
+
+
+def parse_device(device: str) -> tuple[str, str | None]:
+    """("host", None), ("android", SERIAL or None) or ("arm64-emulated", None)."""
+    name, _, serial = device.partition(":")
+    if name not in ("host", *REMOTE) or (name != "android" and serial):
+        raise UsageError(f"--device {device!r}: use {', '.join(DEVICES)}")
+    return name, serial or None
+
+
+def is_emulated(device: str) -> bool:
+    """Whether a device's timings and memory are an emulator's (not comparable to a phone's)."""
+    return parse_device(device)[0] == "arm64-emulated"
+
+
+def choose_runner(runtime: str, device: str = "host", runner: str | Path | None = None) -> RoundRunner:
+    """The one place that maps (runtime, device) to a runner. `runner`: a native runner binary for the device (an
+    Android arm64 build for a phone, a linux-arm64 one for arm64-emulated); None builds one for this host, or for
+    arm64-emulated, when the native runtime needs it."""
+    place, serial = parse_device(device)
+    if place in REMOTE and runtime != "native":
+        raise UsageError(f"--device {place} runs the native runner only: add --runtime native")
+    if place == "android":
+        if runner is None:
+            raise UsageError("--device android needs --runner PATH: an Android arm64 build (native/build_android.sh)")
+        return AndroidRunner(serial, Path(runner))
+    if place == "arm64-emulated":
+        arm64.require()  # the toolchain, qemu and the wheel, before any round
+        return arm64.EmulatedArm64Runner(Path(runner) if runner is not None else None)
+    if runtime == "native":
+        return NativeRunner(Path(runner) if runner is not None else None)
+    if runtime == "coreml":
+        return CoreMLWorker()  # refuses off macOS
+    return PythonWorker(runtime)
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """A whole bench's settings; `round` holds what each runner process is told (iterations, threads, ...)."""
+
+    round: RoundSettings = field(default_factory=RoundSettings)
+    runtime: str | None = None  # one of RUNTIMES; None: each bundle's default (native for ExecuTorch, ...)
+    device: str = "host"  # "host", "android[:SERIAL]" (the native runner over adb) or "arm64-emulated" (qemu-user)
+    runner: str | Path | None = None  # native runner binary for the device; None: build one (required on android)
+    rounds: int = 3  # fresh processes per bundle; results keep the median and flag disagreement
+    pause_s: float = 2.0  # between rounds, so heat and background work settle
+    data: str = "random"  # images: random[:SEED] or a data spec (digits, cifar10:ROOT, ...)
+    images: int = 32  # images in the routing workload
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1:
+            raise UsageError(f"--rounds {self.rounds}: must be at least 1")
+        if not 0 <= self.pause_s <= MAX_PAUSE_S:
+            raise UsageError(f"--pause {self.pause_s}: seconds between rounds, from 0 to {MAX_PAUSE_S}")
+        if self.images < 1:
+            raise UsageError(f"--images {self.images}: must be at least 1")
+        random_seed(self.data)  # a bad random:SEED now; a data spec is checked when it is opened
+        if self.runtime is not None and self.runtime not in RUNTIMES:
+            raise UsageError(f"--runtime {self.runtime!r}: choose one of {', '.join(RUNTIMES)}")
+        place, _ = parse_device(self.device)
+        if self.runner is not None:
+            check_runner(self.runner)
+        if self.runtime is not None or place in REMOTE:
+            choose_runner(self.runtime or "native", self.device, self.runner)  # its refusals, before anything runs
+
+    def as_json(self) -> dict:
+        """results.json's "settings": the per-round knobs and the workload."""
+        return {**dataclasses.asdict(self.round), "data": self.data, "images": self.images, "pause_s": self.pause_s}
+
+
+def choose_runtime(requested: str | None, manifest: Manifest, bundle: str) -> str:
+    backend = manifest.backend
+    runtime = requested or DEFAULT_RUNTIME.get(backend)
+    if runtime is None or BACKEND_OF_RUNTIME[runtime] != backend:
+        article = "an" if backend[0] in "aeiou" else "a"
+        raise UsageError(f"{bundle} is {article} {backend} bundle; --runtime {requested} cannot run it")
+    return runtime
+
+
+def host_description() -> str:
+    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+
+
+def measure_round(
+    bundle: str, runtime: str, runner: RoundRunner, settings: BenchSettings, images: Path, index: int, log
+) -> RoundReport:
+    """One round of one bundle: a fresh runner process, its report validated."""
+    report = results_module.validate_round(runner.run_round(Path(bundle), images, settings.round), runner.name)
+    log(f"{bundle} [{runtime}, {settings.device}] round {index + 1}: p50 {report['latency_ms']['p50']:.2f} ms")
+    return report
+
+
+def earlier_bench(out: Path) -> bool:
+    """True when `out` holds an earlier bench (a results.json of ours), which a new one replaces; False when it is new
+    or empty. A directory holding anything else is refused: a bench never writes over files it did not make."""
+    if not out.is_dir() or not any(out.iterdir()):
+        return False
+    try:
+        results_module.validate_results(json.loads((out / "results.json").read_text()))
+        return True
+    except (OSError, ValueError):  # no results.json, unreadable, not JSON, or not ours (json's errors are ValueErrors)
+        first = sorted(entry.name for entry in out.iterdir())[0]
+        raise UsageError(
+            f"--out {out} holds files that are not a mobile-moe bench's (e.g. {first}); choose a new or empty "
+            "directory, or the --out of an earlier bench to replace it"
+        ) from None
+
+
+def write_results(results: dict, out: Path) -> None:
+    from mobile_moe.device_bench.report import PLOTS, write_report  # matplotlib: only once there is something to plot
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name in PLOTS:  # an earlier bench's plots (earlier_bench checked they are ours): none may outlive it
+        (out / name).unlink(missing_ok=True)
+    write_text_atomic(out / "results.json", jsonio.dumps(results, indent=1))
+    write_report(results, out)
+
+
+def benchmark(
+    bundles: Sequence[str | Path], settings: BenchSettings, out: str | Path, log: Callable[[str], None] = print
+) -> dict:
+    """Measure every bundle; writes results.json, report.md and plots to `out` and returns the results.json object.
+    Every bundle and the output directory are checked before the first round runs."""
+    if isinstance(bundles, str | Path):  # a str is a Sequence too: of characters
+        raise TypeError("bundles: a list of bundle directories, not one path")
+    names = [str(bundle) for bundle in bundles]  # results.json names bundles as the caller did
+    if not names:
+        raise UsageError("no bundle to benchmark: pass at least one bundle directory")
+    check_writable(out, directory=True)  # before measuring, not after
+    if earlier_bench(Path(out)):
+        log(f"replacing the earlier bench in {out}")
+    manifests = {name: read_manifest(name, verify_files=True) for name in names}  # all checked before any is run
+    runtimes = {name: choose_runtime(settings.runtime, manifests[name], name) for name in names}
+    runners = {runtime: choose_runner(runtime, settings.device, settings.runner) for runtime in set(runtimes.values())}
+    workloads = {name: make_workload(settings.data, manifests[name], settings.images) for name in names}
+    rounds: dict[str, list[RoundReport]] = {name: [] for name in names}
+    with tempfile.TemporaryDirectory(prefix="mobile-moe-bench-") as scratch:
+        images = {name: write_raw(workloads[name], Path(scratch) / f"images-{i}.f32") for i, name in enumerate(names)}
+        # Rounds interleave the bundles (round 1 of each, then round 2 of each, ...): a host that drifts during the
+        # bench (heat, other work) then hits every bundle alike, and the ratios between bundles stay honest.
+        for index in range(settings.rounds):
+            if index:
+                time.sleep(settings.pause_s)
+            for name in names:
+                runner = runners[runtimes[name]]
+                rounds[name].append(measure_round(name, runtimes[name], runner, settings, images[name], index, log))
+    records = [
+        results_module.run_record(
+            name, manifests[name], runtimes[name], settings.device, rounds[name], workloads[name].source
+        )
+        | {"emulated": is_emulated(settings.device), "raw_first_round": rounds[name][0]}
+        for name in names
+    ]
+    results = {"runs": records, "host": host_description(), "rounds": settings.rounds, "settings": settings.as_json()}
+    results_module.validate_results(results)
+    write_results(results, Path(out))
+    return results
+
+
+def bench_bundles(
+    bundles: Sequence[str | Path],
+    out: str | Path,
+    *,
+    runtime: str | None = None,
+    iterations: int = 20,
+    warmup: int = 3,
+    threads: int = 1,
+    rounds: int = 1,
+    data: str = "random",
+    images: int = 16,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """For `mobile-moe demo` and notebooks: benchmark bundles on this host with short defaults (a half-second pause
+    between rounds); writes results.json, report.md and plots to `out` and returns the results.json object."""
+    round_settings = RoundSettings(iterations=iterations, warmup=warmup, threads=threads)
+    settings = BenchSettings(round_settings, runtime=runtime, rounds=rounds, pause_s=0.5, data=data, images=images)
+    return benchmark(bundles, settings, out, log)

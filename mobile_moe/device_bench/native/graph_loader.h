@@ -1,0 +1,279 @@
+// Load a graph the way the fast path needs (part of the native runner, runner.cpp; header-only):
+//   - a program file is parsed and verified ONCE and shared: every expert of a family
+// (mobile_moe/export/executorch_family.py)     loads its method from the one parsed program;
+//   - each graph's method gets its own weights (a FlatTensorDataMap of its .ptd), its own planned memory and its own
+//     XNNPACK options (its packed-weight cache file, packed_cache.h), through
+//     Program::load_method(name, memory_manager, tracer, named_data_map, backend_options)
+//     (include/executorch/runtime/executor/program.h:159-165). extension/module's Module cannot do this: its
+//     shared-program constructor never builds the data map (extension/module/module.cpp), so this is one level down,
+//     mirroring Module::load_method's planned memory (one buffer per memory_planned_buffer_size).
+// Every load is timed in its parts (program, data map, cache check, method init, cache record), so a switch's
+// milliseconds are all accounted for.
+#pragma once
+
+#include <executorch/extension/data_loader/file_data_loader.h>
+#include <executorch/extension/data_loader/mmap_data_loader.h>
+#include <executorch/extension/flat_tensor/flat_tensor_data_map.h>
+#include <executorch/extension/memory_allocator/malloc_memory_allocator.h>
+#include <executorch/runtime/backend/backend_options_map.h>
+#include <executorch/runtime/backend/options.h>
+#include <executorch/runtime/core/error.h>
+#include <executorch/runtime/core/hierarchical_allocator.h>
+#include <executorch/runtime/executor/memory_manager.h>
+#include <executorch/runtime/executor/method.h>
+#include <executorch/runtime/executor/program.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bundle_manifest.h"
+#include "errors.h"
+#include "packed_cache.h"
+#include "runtime_log.h"
+
+namespace mobile_moe::runner {
+
+using Clock = std::chrono::steady_clock;
+inline double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+namespace et = executorch::runtime;
+
+// One load, in parts: program_ms (open, parse and verify the program; 0 when the family's program was already
+// parsed), data_map_ms (open the .ptd and read its header), cache_check_ms (check the packed-weight cache file),
+// method_ms (initialise the method: XNNPACK builds its runtime and packs, or maps packed, weights), cache_record_ms
+// (hash a cache file the load wrote), bring_in_ms (prefetching only: bring_in_mapped). weights: "packed" or
+// "mapped" (from a warm cache file).
+struct LoadEvent {
+  std::string graph;
+  int64_t bytes = 0;
+  double ms = 0;
+  double program_ms = 0, data_map_ms = 0, cache_check_ms = 0, method_ms = 0, cache_record_ms = 0;
+  double bring_in_ms = 0;  // prefetching: reading the mapped packed weights in on the loading thread
+  std::string weights = "packed";
+  std::string cache = "off";
+};
+
+// The program's forward signature must be the graph's specs from the manifest: as many inputs and outputs, each a
+// float32 tensor of the listed shape. Checked before the method is initialised, so nothing runs on a mismatch.
+inline void check_signature(const et::Program& program, const Graph& graph) {
+  using et::Tag;
+  auto meta = program.method_meta("forward");
+  if (!meta.ok())
+    throw UsageError("graph " + graph.name + ": " + graph.program.file + " has no forward method " +
+                     runtime_error_text(meta.error()));
+  auto compare = [&](const char* what, size_t count, const std::vector<Spec>& specs, auto tag_of, auto info_of) {
+    if (count != specs.size())
+      throw UsageError("graph " + graph.name + ": " + graph.program.file + " takes " + std::to_string(count) + " " + what +
+                       " but the manifest lists " + std::to_string(specs.size()));
+    for (size_t i = 0; i < count; ++i) {
+      std::string which = std::string(what) + " " + std::to_string(i) + " (" + specs[i].name + ")";
+      auto tag = tag_of(i);
+      if (!tag.ok() || *tag != Tag::Tensor)
+        throw UsageError("graph " + graph.name + ": " + which + " of " + graph.program.file + " is not a tensor");
+      auto info = info_of(i);
+      if (!info.ok())
+        throw UsageError("graph " + graph.name + ": " + which + " of " + graph.program.file + " has no tensor metadata");
+      if (info->scalar_type() != executorch::aten::ScalarType::Float)
+        throw UsageError("graph " + graph.name + ": " + which + " of " + graph.program.file + " is not float32");
+      auto sizes = info->sizes();
+      std::vector<int32_t> actual(sizes.begin(), sizes.end());
+      if (actual != specs[i].shape)
+        throw UsageError("graph " + graph.name + ": " + which + " of " + graph.program.file + " has shape " +
+                         shape_text(actual) + " but the manifest says " + shape_text(specs[i].shape));
+    }
+  };
+  compare(
+      "inputs", meta->num_inputs(), graph.inputs, [&](size_t i) { return meta->input_tag(i); },
+      [&](size_t i) { return meta->input_tensor_meta(i); });
+  compare(
+      "outputs", meta->num_outputs(), graph.outputs, [&](size_t i) { return meta->output_tag(i); },
+      [&](size_t i) { return meta->output_tensor_meta(i); });
+}
+
+enum class LoadMode { Mmap, File };
+
+// A file opened for ExecuTorch: mmap (pages come in lazily, as Module's LoadMode::Mmap) or read into memory.
+inline std::unique_ptr<et::DataLoader> open_data_loader(const Graph& graph, const File& file, LoadMode mode) {
+  using executorch::extension::FileDataLoader;
+  using executorch::extension::MmapDataLoader;
+  if (mode == LoadMode::Mmap) {
+    auto loader = MmapDataLoader::from(file.path.c_str(), MmapDataLoader::MlockConfig::NoMlock);
+    if (loader.ok()) return std::make_unique<MmapDataLoader>(std::move(*loader));
+    throw UsageError("graph " + graph.name + ": cannot open " + file.file + " " + runtime_error_text(loader.error()));
+  }
+  auto loader = FileDataLoader::from(file.path.c_str());
+  if (loader.ok()) return std::make_unique<FileDataLoader>(std::move(*loader));
+  throw UsageError("graph " + graph.name + ": cannot open " + file.file + " " + runtime_error_text(loader.error()));
+}
+
+// A parsed, verified program and the loader it reads from (which must outlive it).
+struct ProgramFile {
+  std::unique_ptr<et::DataLoader> loader;
+  std::optional<et::Program> program;
+};
+
+// One loaded graph: its forward method and everything the method points into, which must outlive it. Members are
+// destroyed in reverse order, so the method goes first; the program is shared with the family's other graphs.
+class LoadedGraph {
+ public:
+  LoadedGraph() = default;
+  LoadedGraph(const LoadedGraph&) = delete;
+  LoadedGraph& operator=(const LoadedGraph&) = delete;
+
+  et::Method& method() { return *method_; }
+
+ private:
+  friend class Loader;
+  std::shared_ptr<ProgramFile> program_;
+  std::unique_ptr<et::DataLoader> weights_loader_;
+  std::optional<executorch::extension::FlatTensorDataMap> weights_;
+  std::vector<std::vector<uint8_t>> planned_buffers_;
+  std::vector<et::Span<uint8_t>> planned_spans_;
+  std::optional<et::HierarchicalAllocator> planned_memory_;
+  executorch::extension::MallocMemoryAllocator method_allocator_, temp_allocator_;
+  std::optional<et::MemoryManager> memory_manager_;
+  et::BackendOptions<3> xnnpack_options_;
+  et::LoadBackendOptionsMap backend_options_;
+  PackedCacheEntry cache_entry_;
+  std::optional<et::Method> method_;
+};
+
+class Loader {
+ public:
+  // `workspace_sharing`: XNNPACK's workspace sharing mode for every load (WorkspaceSharingMode: 0 disabled, each
+  // method its own workspace; 1 per model; 2 global, one workspace for all), through the per-load option the backend
+  // resolves (backends/xnnpack/runtime/XnnpackBackendOptions.cpp, resolve_sharing_mode); -1: the backend's default.
+  Loader(LoadMode mode, PackedCache& packed_cache, int workspace_sharing = -1)
+      : mode_(mode), packed_cache_(packed_cache), workspace_sharing_(workspace_sharing) {}
+
+  // Load a graph: its program (parsed once per file and kept for the family; fully verified, so a corrupt flatbuffer
+  // is refused, not walked) with its signature checked against the manifest, then its forward method with its own
+  // weights and packed-weight cache. `scratch`: measure a load from an empty cache, leaving the graph's own cache file
+  // alone (the file is removed when the graph is unloaded, by unload()). `warm_weights`: a prefetching thread's load,
+  // which also brings mapped packed weights in (bring_in_mapped), off the path of the image that needs them.
+  std::unique_ptr<LoadedGraph> load(const Graph& graph, bool scratch = false, bool warm_weights = false) {
+    set_phase("loading " + graph.program.file);
+    auto start = Clock::now();
+    LoadEvent event{graph.name, graph.load_bytes()};
+    auto loaded = std::make_unique<LoadedGraph>();
+    loaded->program_ = program_for(graph);
+    event.program_ms = ms_since(start);
+    if (graph.shares_program()) {
+      auto map_start = Clock::now();
+      open_weights(graph, *loaded);
+      event.data_map_ms = ms_since(map_start);
+    }
+    auto check_start = Clock::now();
+    set_cache_options(graph, *loaded, scratch);
+    event.cache_check_ms = ms_since(check_start);
+    auto method_start = Clock::now();
+    init_method(graph, *loaded);
+    event.method_ms = ms_since(method_start);
+    auto record_start = Clock::now();
+    event.weights = packed_cache_.record(loaded->cache_entry_);
+    event.cache_record_ms = ms_since(record_start);
+    if (warm_weights && event.weights == "mapped") {
+      auto bring_in_start = Clock::now();
+      bring_in_mapped(loaded->cache_entry_.path);
+      event.bring_in_ms = ms_since(bring_in_start);
+    }
+    event.cache = state_name(loaded->cache_entry_.state);
+    event.ms = ms_since(start);
+    events.push_back(event);
+    bytes_loaded += graph.load_bytes();
+    set_phase("running");
+    return loaded;
+  }
+
+  // Unload a graph; a scratch cache file it used goes with it (the backend has closed it by then).
+  void unload(std::unique_ptr<LoadedGraph> graph, bool scratch) {
+    PackedCacheEntry entry = graph->cache_entry_;
+    graph.reset();
+    if (scratch) packed_cache_.discard(entry);
+  }
+
+  std::vector<LoadEvent> events;
+  int64_t bytes_loaded = 0;
+
+ private:
+  LoadMode mode_;
+  PackedCache& packed_cache_;  // off (no directory): every load packs on the heap
+  int workspace_sharing_;
+  std::map<std::string, std::shared_ptr<ProgramFile>> family_programs_;  // programs that experts share, by path
+
+  std::shared_ptr<ProgramFile> program_for(const Graph& graph) {
+    if (graph.shares_program()) {
+      auto found = family_programs_.find(graph.program.path);
+      if (found != family_programs_.end()) return found->second;
+    }
+    auto file = std::make_shared<ProgramFile>();
+    file->loader = open_data_loader(graph, graph.program, mode_);
+    auto program = et::Program::load(file->loader.get(), et::Program::Verification::InternalConsistency);
+    if (!program.ok())
+      throw UsageError("graph " + graph.name + ": " + graph.program.file + " is not a valid ExecuTorch program " +
+                       runtime_error_text(program.error()) + "; re-export the bundle");
+    file->program.emplace(std::move(*program));
+    check_signature(*file->program, graph);
+    // Kept for the family's other experts: one parsed program per family, however many experts come and go. A
+    // program with its weights inside is not kept: its mapping would hold those weights' pages.
+    if (graph.shares_program()) family_programs_[graph.program.path] = file;
+    return file;
+  }
+
+  void open_weights(const Graph& graph, LoadedGraph& loaded) {
+    loaded.weights_loader_ = open_data_loader(graph, graph.weights, mode_);
+    auto map = executorch::extension::FlatTensorDataMap::load(loaded.weights_loader_.get());
+    if (!map.ok())
+      throw UsageError("graph " + graph.name + ": " + graph.weights.file + " is not a valid ExecuTorch data file " +
+                       runtime_error_text(map.error()) + "; re-export the bundle");
+    loaded.weights_.emplace(std::move(*map));
+  }
+
+  // XNNPACK's per-load options: this graph's own packed-weight cache file (or none), and the workspace sharing mode.
+  void set_cache_options(const Graph& graph, LoadedGraph& loaded, bool scratch) {
+    if (packed_cache_.enabled()) {
+      loaded.cache_entry_ = scratch ? packed_cache_.scratch(graph) : packed_cache_.prepare(graph);
+      loaded.xnnpack_options_.set_option("weight_cache_enabled", true);
+      loaded.xnnpack_options_.set_option("packed_cache_path", loaded.cache_entry_.path.c_str());
+    }
+    if (workspace_sharing_ >= 0) loaded.xnnpack_options_.set_option("workspace_sharing_mode", workspace_sharing_);
+    if (loaded.xnnpack_options_.view().size() == 0) return;
+    auto status = loaded.backend_options_.set_options("XnnpackBackend", loaded.xnnpack_options_.view());
+    if (status != et::Error::Ok)
+      throw std::runtime_error("this ExecuTorch build refuses XNNPACK's per-load options " + runtime_error_text(status));
+  }
+
+  void init_method(const Graph& graph, LoadedGraph& loaded) {
+    const et::Program& program = *loaded.program_->program;
+    auto meta = program.method_meta("forward");
+    if (!meta.ok()) throw UsageError("graph " + graph.name + ": no forward method " + runtime_error_text(meta.error()));
+    for (size_t i = 0; i < meta->num_memory_planned_buffers(); ++i) {
+      auto size = meta->memory_planned_buffer_size(i);
+      if (!size.ok())
+        throw UsageError("graph " + graph.name + ": unreadable memory plan " + runtime_error_text(size.error()));
+      loaded.planned_buffers_.emplace_back(static_cast<size_t>(*size));
+    }
+    for (auto& buffer : loaded.planned_buffers_) loaded.planned_spans_.emplace_back(buffer.data(), buffer.size());
+    loaded.planned_memory_.emplace(
+        et::Span<et::Span<uint8_t>>(loaded.planned_spans_.data(), loaded.planned_spans_.size()));
+    loaded.memory_manager_.emplace(&loaded.method_allocator_, &*loaded.planned_memory_, &loaded.temp_allocator_);
+    const et::NamedDataMap* weights = loaded.weights_ ? &*loaded.weights_ : nullptr;
+    const et::LoadBackendOptionsMap* options = loaded.backend_options_.size() > 0 ? &loaded.backend_options_ : nullptr;
+    auto method = program.load_method("forward", &*loaded.memory_manager_, nullptr, weights, options);
+    if (!method.ok())
+      throw UsageError("graph " + graph.name + ": initialising " + graph.program.file + " failed " +
+                       runtime_error_text(method.error()) + "; re-export the bundle with this ExecuTorch version");
+    loaded.method_.emplace(std::move(*method));
+  }
+};
+
+}  // namespace mobile_moe::runner

@@ -1,0 +1,454 @@
+// The ExecuTorch side of the native runner (runner.cpp), over graph_loader.h's loads: run a graph, keep an LRU of
+// expert graphs, and the pipeline that takes one image through router -> top-k experts -> logits for every layout
+// (or through the one graph of a dense, monolithic or whole bundle). Header-only, like json_reader.h.
+#pragma once
+
+#include <executorch/extension/tensor/tensor.h>
+#include <executorch/runtime/core/error.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <csignal>
+#include <cstdint>
+#include <exception>
+#include <list>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "bundle_manifest.h"
+#include "errors.h"
+#include "graph_loader.h"
+#include "runtime_log.h"
+
+namespace mobile_moe::runner {
+
+using executorch::runtime::EValue;
+
+// ExecuTorch verifies a program's flatbuffer (InternalConsistency) but not a .ptd data file's: a corrupt one can crash
+// the runtime while it loads. So every graph that loads a weights file is first loaded once (by a Loader, as the
+// measurement will, without a packed-weight cache) in a forked child; a child killed by a signal means a corrupt file, and a child that could not
+// load it a bundle that cannot run: either is refused in one line before anything is measured. Run before this
+// process loads anything, so the child inherits no thread pool.
+inline void probe_weights_files(const Bundle& bundle, LoadMode load_mode) {
+  for (const auto& graph : bundle.all) {
+    if (!graph.shares_program()) continue;
+    set_phase("checking that " + graph.weights.file + " loads");
+    pid_t child = fork();
+    if (child < 0) throw std::runtime_error("fork failed while checking " + graph.weights.file);
+    if (child == 0) {
+      // Die of the signal without the runner's one-line crash report: the parent reports.
+      for (int fatal : {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL}) signal(fatal, SIG_DFL);
+      try {
+        PackedCache off;
+        Loader(load_mode, off).load(graph);
+      } catch (...) {
+        _exit(3);
+      }
+      _exit(0);
+    }
+    int status = 0;
+    while (waitpid(child, &status, 0) < 0) {
+    }
+    if (WIFSIGNALED(status))
+      throw UsageError("graph " + graph.name + ": loading " + graph.program.file + " with " + graph.weights.file +
+                       " crashed the ExecuTorch runtime (signal " + std::to_string(WTERMSIG(status)) +
+                       "); the weights file is corrupt: re-export the bundle");
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+      throw UsageError("graph " + graph.name + ": ExecuTorch cannot load " + graph.program.file + " with " +
+                       graph.weights.file + "; the bundle is corrupt: re-export it");
+  }
+}
+
+// Run forward on float32 inputs (each buffer exactly its spec's size); copy the float32 outputs out (the method's
+// output buffers are reused on the next run), each checked against its spec's size.
+inline std::vector<std::vector<float>> run(LoadedGraph& loaded, const Graph& graph,
+                                           std::vector<std::pair<float*, size_t>> inputs) {
+  if (inputs.size() != graph.inputs.size())
+    throw std::logic_error("graph " + graph.name + " fed " + std::to_string(inputs.size()) + " inputs");
+  auto& method = loaded.method();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (static_cast<int64_t>(inputs[i].second) != graph.inputs[i].numel)
+      throw std::runtime_error("graph " + graph.name + ": input " + std::to_string(i) + " has " +
+                               std::to_string(inputs[i].second) + " values, not " +
+                               std::to_string(graph.inputs[i].numel));
+    auto tensor = executorch::extension::from_blob(inputs[i].first, graph.inputs[i].shape);
+    auto status = method.set_input(EValue(*tensor), i);  // copied into the method's planned input buffer
+    if (status != executorch::runtime::Error::Ok)
+      throw std::runtime_error("feeding " + graph.program.file + " input " + std::to_string(i) + " failed " +
+                               runtime_error_text(status));
+  }
+  auto status = method.execute();
+  if (status != executorch::runtime::Error::Ok)
+    throw std::runtime_error("running " + graph.program.file + " failed " + runtime_error_text(status));
+  if (method.outputs_size() != graph.outputs.size())
+    throw std::runtime_error(graph.program.file + " returned " + std::to_string(method.outputs_size()) +
+                             " outputs, not " + std::to_string(graph.outputs.size()));
+  std::vector<std::vector<float>> outputs;
+  for (size_t i = 0; i < method.outputs_size(); ++i) {
+    const EValue& value = method.get_output(i);
+    if (!value.isTensor()) throw std::runtime_error(graph.program.file + ": output " + std::to_string(i) + " is not a tensor");
+    const auto& tensor = value.toTensor();
+    if (tensor.scalar_type() != executorch::aten::ScalarType::Float ||
+        static_cast<int64_t>(tensor.numel()) != graph.outputs[i].numel)
+      throw std::runtime_error(graph.program.file + ": output " + std::to_string(i) + " (" + graph.outputs[i].name + ") has " +
+                               std::to_string(tensor.numel()) + " values, not the " +
+                               std::to_string(graph.outputs[i].numel) + " float32 values of its spec");
+    const float* data = tensor.const_data_ptr<float>();
+    outputs.emplace_back(data, data + tensor.numel());
+  }
+  return outputs;
+}
+
+// An expert's loaded graphs: one, or one per MoE block.
+using ExpertGraphs = std::vector<std::unique_ptr<LoadedGraph>>;
+
+class ExpertCache {
+ public:
+  ExpertCache(const Bundle& bundle, Loader& loader, int capacity)
+      : bundle_(bundle), loader_(loader), capacity_(capacity) {}
+
+  // The expert's graphs, loading them (and evicting the least recently used expert beyond capacity) when absent.
+  // `scratch`: load it from an empty packed-weight cache (Loader::load), to measure a cold switch.
+  ExpertGraphs& get(int expert, bool* hit, double* load_ms, bool scratch = false) {
+    auto found = graphs_.find(expert);
+    *hit = found != graphs_.end();
+    *load_ms = 0.0;
+    if (*hit) {
+      order_.remove(expert);
+      order_.push_front(expert);
+      return found->second;
+    }
+    while (static_cast<int>(graphs_.size()) >= capacity_) unload(order_.back());
+    auto start = Clock::now();
+    ExpertGraphs graphs;
+    for (const auto& graph : bundle_.experts[expert]) graphs.push_back(loader_.load(graph, scratch));
+    if (scratch) scratch_.insert(expert);
+    note_loaded();
+    *load_ms = ms_since(start);
+    return insert(expert, std::move(graphs));
+  }
+
+  // Prefetch (prefetches()): while the caller runs the trunk tail, a second thread releases the experts evicted to
+  // make room, then loads `expert` and brings its mapped packed weights in (Loader::load's warm_weights), so the first
+  // run reads them from the cache, not through page faults; finish() joins the thread and caches the expert. Releasing
+  // first keeps one expert in memory at a time (max_resident()); releasing after the load, while the caller runs the
+  // expert, measured no faster on ViT-Ti/32 and held two. The thread writes into `prefetch` until it is joined.
+  struct Prefetch {
+    int expert = -1;
+    std::thread thread;
+    ExpertGraphs graphs;
+    double load_ms = 0;
+    std::exception_ptr error;
+
+    ~Prefetch() {
+      if (thread.joinable()) thread.join();  // the caller failed before finish(): the thread still writes here
+    }
+  };
+  void load_on_thread(int expert, Prefetch& prefetch) {
+    std::vector<ExpertGraphs> leaving;
+    while (static_cast<int>(graphs_.size()) >= capacity_) {
+      int oldest = order_.back();
+      scratch_.erase(oldest);  // serving never loads from a scratch cache file
+      leaving.push_back(std::move(graphs_[oldest]));
+      graphs_.erase(oldest);
+      order_.remove(oldest);
+    }
+    prefetch.expert = expert;
+    prefetch.thread = std::thread([this, expert, &prefetch, leaving = std::move(leaving)]() mutable {
+      try {
+        released(leaving.size());
+        leaving.clear();  // first: one expert in memory at a time (measured: no slower than releasing it after)
+        auto start = Clock::now();
+        for (const auto& graph : bundle_.experts[expert])
+          prefetch.graphs.push_back(loader_.load(graph, false, /*warm_weights=*/true));
+        note_loaded();
+        prefetch.load_ms = ms_since(start);
+      } catch (...) {
+        prefetch.error = std::current_exception();
+      }
+    });
+  }
+  // -> ms the caller waited for the load after its own work.
+  double finish(Prefetch& prefetch) {
+    auto start = Clock::now();
+    prefetch.thread.join();
+    double waited = ms_since(start);
+    if (prefetch.error) std::rethrow_exception(prefetch.error);
+    insert(prefetch.expert, std::move(prefetch.graphs));
+    return waited;
+  }
+
+  void unload(int expert) {
+    auto found = graphs_.find(expert);
+    if (found == graphs_.end()) return;
+    bool scratch = scratch_.erase(expert) > 0;
+    for (auto& graph : found->second) loader_.unload(std::move(graph), scratch);
+    graphs_.erase(found);
+    order_.remove(expert);
+    released(1);
+  }
+
+  std::set<int> resident() const { return std::set<int>(order_.begin(), order_.end()); }
+  int max_resident() const { return max_resident_; }
+
+  std::vector<std::string> loaded_names() const {
+    std::vector<std::string> names;
+    for (int expert : order_)
+      for (const auto& graph : bundle_.experts[expert]) names.push_back(graph.name);
+    return names;
+  }
+
+ private:
+  const Bundle& bundle_;
+  Loader& loader_;
+  int capacity_;
+  std::map<int, ExpertGraphs> graphs_;
+  std::list<int> order_;     // most recently used first
+  std::set<int> scratch_;    // experts loaded from a scratch cache file
+  // Experts whose graphs exist, and the most at any moment. A prefetching thread updates them before it is joined,
+  // while the caller runs only the trunk tail.
+  int live_ = 0, max_resident_ = 0;
+
+  ExpertGraphs& insert(int expert, ExpertGraphs graphs) {
+    auto& slot = graphs_[expert] = std::move(graphs);
+    order_.push_front(expert);
+    return slot;
+  }
+  void note_loaded() { max_resident_ = std::max(max_resident_, ++live_); }
+  void released(size_t experts) { live_ -= static_cast<int>(experts); }
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// The pipeline: one image end to end
+
+struct Inference {
+  std::vector<float> logits;
+  std::vector<int> experts;
+  std::vector<float> gates;
+  double router_ms = 0, expert_ms = 0, load_ms = 0, total_ms = 0;
+  double tail_ms = 0;       // early routing: the trunk's last dense blocks, run while the expert loads
+  double load_wait_ms = 0;  // prefetches(): how long the image waited for the loading thread after its own work
+  bool hit = true;
+};
+
+// Top-k of the router probabilities (ties -> lower index), gates optionally renormalised as the model does. With a
+// cache margin, a chosen expert not resident gives its place to the most probable resident expert not chosen whose
+// probability is within the margin of its own (cache-conditional routing, arXiv 2412.00099; the same rule as
+// mobile_moe/export/runtime.py cache_aware_top_k, in float32). The caller has checked probs holds num_experts values
+// and 1 <= k <= num_experts; a corrupt graph can still emit NaN, which would break the sort's ordering, so non-finite
+// probabilities are an error.
+inline void pick_experts(const std::vector<float>& probs, int k, bool renormalize, const std::set<int>& resident,
+                         float margin, Inference& out) {
+  if (k < 1 || static_cast<size_t>(k) > probs.size())
+    throw std::logic_error("top_k " + std::to_string(k) + " with " + std::to_string(probs.size()) + " experts");
+  for (float p : probs)
+    if (!std::isfinite(p)) throw std::runtime_error("the router produced a non-finite probability (a corrupt graph?)");
+  std::vector<int> order(probs.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return probs[a] > probs[b]; });
+  std::vector<int> chosen(order.begin(), order.begin() + k);
+  for (int slot = 0; margin > 0 && slot < k; ++slot) {
+    if (resident.count(chosen[slot])) continue;
+    const float floor = probs[chosen[slot]] - margin;
+    for (int expert : order) {
+      if (resident.count(expert) && std::find(chosen.begin(), chosen.end(), expert) == chosen.end() &&
+          probs[expert] >= floor) {
+        chosen[slot] = expert;
+        break;
+      }
+    }
+  }
+  float total = 0;
+  for (int expert : chosen) {
+    out.experts.push_back(expert);
+    out.gates.push_back(probs[expert]);
+    total += probs[expert];
+  }
+  if (renormalize && total > 0)
+    for (auto& gate : out.gates) gate /= total;
+}
+
+// A whole bundle's experts: those that filled token slots for this image in any expert set (expert_tokens (1, G, E)
+// summed over the G sets > 0), ascending, each with its share of the image's slots as the gate
+// (mobile_moe/export/runtime.py Bundle.used_experts). A count that is negative or not finite can only come from a
+// corrupt graph.
+inline void used_experts(const std::vector<float>& expert_tokens, int num_experts, Inference& out) {
+  if (num_experts < 1 || expert_tokens.size() % static_cast<size_t>(num_experts) != 0)
+    throw std::logic_error("expert_tokens holds " + std::to_string(expert_tokens.size()) + " values for " +
+                           std::to_string(num_experts) + " experts");
+  std::vector<double> counts(static_cast<size_t>(num_experts), 0.0);
+  double total = 0;
+  for (size_t i = 0; i < expert_tokens.size(); ++i) {
+    float count = expert_tokens[i];
+    if (!std::isfinite(count) || count < 0)
+      throw std::runtime_error("the whole graph reported a negative or non-finite expert token count (a corrupt graph?)");
+    counts[i % counts.size()] += count;
+    total += count;
+  }
+  for (size_t e = 0; e < counts.size(); ++e) {
+    if (counts[e] <= 0) continue;
+    out.experts.push_back(static_cast<int>(e));
+    out.gates.push_back(static_cast<float>(counts[e] / total));
+  }
+}
+
+// An output looked up by name (validated to exist when the bundle was read).
+inline std::vector<float>& named_output(std::vector<std::vector<float>>& outputs, const Graph& graph,
+                                        const char* name) {
+  int index = graph.output(name);
+  if (index < 0 || static_cast<size_t>(index) >= outputs.size())
+    throw std::logic_error("graph " + graph.name + " has no output " + name);
+  return outputs[index];
+}
+
+// Whether a chosen expert that is not loaded loads on a second thread while the image computes what does not need it
+// yet: early routing's trunk tail (expert-paths, k = 1). The per-block layout could load each block's expert graph
+// while the blocks before it run; measured on ViT-Ti/32 (benchmarks/expert_switch_vit_ti32.results.md) it was slower
+// than loading in line, at 1 thread and at 2, so it does not.
+inline bool prefetches(const Bundle& bundle) {
+  return bundle.kind == Kind::Split && bundle.top_k == 1 && !bundle.trunk_tail.name.empty();
+}
+
+class Pipeline {
+ public:
+  // `prefetch`: load a missed expert on a second thread where the bundle allows it (prefetches()); false: in line.
+  Pipeline(const Bundle& bundle, Loader& loader, int cache_experts, float cache_margin, bool prefetch)
+      : bundle_(bundle),
+        loader_(loader),
+        cache_(bundle, loader, cache_experts),
+        cache_margin_(cache_margin),
+        prefetch_(prefetch && prefetches(bundle)) {}
+
+  // Everything loaded at open: the router (+ per-block shared parts and head), or the single graph.
+  double load_resident() {
+    auto start = Clock::now();
+    first_ = loader_.load(bundle_.first());
+    for (const auto& graph : bundle_.shared) shared_.push_back(loader_.load(graph));
+    if (bundle_.layout == Layout::PerBlock) head_ = loader_.load(bundle_.head);
+    if (!bundle_.trunk_tail.name.empty()) tail_ = loader_.load(bundle_.trunk_tail);
+    return ms_since(start);
+  }
+
+  Inference infer(std::vector<float>& image) {
+    Inference out;
+    auto start = Clock::now();
+    const Graph& first = bundle_.first();
+    auto outputs = run(*first_, first, {{image.data(), image.size()}});
+    if (bundle_.kind != Kind::Split) {
+      out.logits = named_output(outputs, first, "logits");
+      if (bundle_.kind == Kind::Monolithic)
+        pick_experts(named_output(outputs, first, "router_probs"), bundle_.top_k, bundle_.renormalize_gates, {}, 0.0f,
+                     out);
+      if (bundle_.kind == Kind::Whole)
+        used_experts(named_output(outputs, first, "expert_tokens"), bundle_.num_experts, out);
+      out.total_ms = out.router_ms = ms_since(start);
+      return out;
+    }
+    std::vector<float> tokens = std::move(named_output(outputs, first, "tokens"));
+    pick_experts(named_output(outputs, first, "router_probs"), bundle_.top_k, bundle_.renormalize_gates,
+                 cache_.resident(), cache_margin_, out);
+    out.router_ms = ms_since(start);
+    if (tail_) {
+      auto tail_start = Clock::now();
+      tokens = prefetch_ ? while_prefetching(out, [&] { return run_tail(tokens); }) : run_tail(tokens);
+      out.tail_ms = ms_since(tail_start) - out.load_wait_ms;
+    }
+    auto expert_start = Clock::now();
+    std::vector<ExpertGraphs*> chosen;
+    for (int expert : out.experts) {
+      bool hit = false;
+      double load_ms = 0;
+      chosen.push_back(&cache_.get(expert, &hit, &load_ms));  // a hit after a prefetch
+      out.hit = out.hit && hit;
+      out.load_ms += load_ms;
+      out.expert_ms -= load_ms;  // expert_ms is the experts' computation
+    }
+    out.logits = bundle_.layout == Layout::PerBlock ? run_blocks(tokens, out.experts, chosen, out.gates)
+                                                    : run_path(*chosen[0]->at(0), out.experts[0], tokens, out.gates[0]);
+    out.expert_ms += ms_since(expert_start);
+    out.total_ms = ms_since(start);
+    return out;
+  }
+
+  // The tokens an expert takes for one image (after the trunk tail, with early routing).
+  std::vector<float> route(std::vector<float>& image) {
+    auto outputs = run(*first_, bundle_.router, {{image.data(), image.size()}});
+    std::vector<float> tokens = std::move(named_output(outputs, bundle_.router, "tokens"));
+    return tail_ ? run_tail(tokens) : tokens;
+  }
+
+  // One chosen expert's computation on given tokens: what an expert switch has to wait for after loading.
+  std::vector<float> run_expert(int expert, ExpertGraphs& graphs, std::vector<float> tokens) {
+    std::vector<ExpertGraphs*> chosen{&graphs};
+    return bundle_.layout == Layout::PerBlock ? run_blocks(tokens, {expert}, chosen, {1.0f})
+                                              : run_path(*graphs[0], expert, tokens, 1.0f);
+  }
+
+  ExpertCache& cache() { return cache_; }
+
+ private:
+  const Bundle& bundle_;
+  Loader& loader_;
+  std::unique_ptr<LoadedGraph> first_;  // the router, or the one dense / monolithic / whole graph
+  std::vector<std::unique_ptr<LoadedGraph>> shared_;  // per-block: each MoE block's attention half
+  std::unique_ptr<LoadedGraph> head_;                  // per-block: final norm + classifier
+  std::unique_ptr<LoadedGraph> tail_;                  // early routing: the dense blocks after the router
+  ExpertCache cache_;
+  float cache_margin_;  // cache-aware routing (pick_experts); 0: plain top-k
+  bool prefetch_;
+
+  // The chosen expert (k = 1), when not loaded, loads on a second thread while this one does `work` (the trunk tail);
+  // the image then waits only for what the work did not cover (load_wait_ms).
+  template <typename Work>
+  auto while_prefetching(Inference& out, Work work) -> decltype(work()) {
+    const int expert = out.experts.at(0);
+    if (cache_.resident().count(expert)) return work();
+    ExpertCache::Prefetch prefetch;
+    cache_.load_on_thread(expert, prefetch);
+    auto result = work();
+    out.load_wait_ms = cache_.finish(prefetch);
+    out.load_ms = prefetch.load_ms;
+    out.hit = false;
+    return result;
+  }
+
+  std::vector<float> run_tail(std::vector<float>& tokens) {
+    auto outputs = run(*tail_, bundle_.trunk_tail, {{tokens.data(), tokens.size()}});
+    return std::move(named_output(outputs, bundle_.trunk_tail, "tokens"));
+  }
+
+  std::vector<float> run_path(LoadedGraph& loaded, int expert, std::vector<float>& tokens, float gate) {
+    const Graph& graph = bundle_.experts.at(expert).at(0);
+    auto outputs = run(loaded, graph, {{tokens.data(), tokens.size()}, {&gate, 1}});
+    return named_output(outputs, graph, "logits");
+  }
+
+  // x = tokens; per block: residual, normed = shared(x); x = residual + sum_j gate_j * expert_j(normed); head(x).
+  std::vector<float> run_blocks(std::vector<float> x, const std::vector<int>& experts,
+                                std::vector<ExpertGraphs*>& chosen, const std::vector<float>& gates) {
+    for (size_t block = 0; block < shared_.size(); ++block) {
+      auto halves = run(*shared_[block], bundle_.shared[block], {{x.data(), x.size()}});
+      x = halves.at(0);  // residual
+      std::vector<float>& normed = halves.at(1);
+      for (size_t j = 0; j < chosen.size(); ++j) {
+        const Graph& graph = bundle_.experts.at(experts.at(j)).at(block);
+        auto delta = run(*chosen[j]->at(block), graph, {{normed.data(), normed.size()}}).at(0);
+        if (delta.size() != x.size()) throw std::runtime_error(graph.program.file + " returned a delta of the wrong size");
+        for (size_t i = 0; i < x.size(); ++i) x[i] += gates.at(j) * delta[i];
+      }
+    }
+    auto outputs = run(*head_, bundle_.head, {{x.data(), x.size()}});
+    return named_output(outputs, bundle_.head, "logits");
+  }
+};
+
+}  // namespace mobile_moe::runner

@@ -1,0 +1,427 @@
+// XNNPACK's packed weights kept on disk, one cache file per graph, so a second load of an expert maps its weights
+// already packed instead of packing them again. Part of the native runner (runner.cpp); header-only.
+//
+// ExecuTorch's XNNPACK backend writes and reads the file itself when a load passes it the per-load backend options
+// weight_cache_enabled and packed_cache_path (backends/xnnpack/runtime/XNNPACKBackend.cpp, init(): "Only honor a path
+// coming through runtime_spec"; the file format is XNNWeightsCache.cpp's save_packed_index / load_packed_cache). It
+// keys packed weights by named-data key and bias key and XNNPACK's micro-kernel seed, so:
+//   - each graph gets its own file, named by the graph's program and weights sha256s and the runtime's identity:
+//     experts sharing one program share every key, and a file from another bundle or runtime is never opened;
+//   - the backend checks the index's bounds but not the packed bytes (load_packed_cache maps them as they are), so a
+//     flipped byte in a cache file would be a wrong answer. Here every file we let the backend read carries a
+//     check file beside it (its size and XXH64); a file without one, or that does not match, is removed and rebuilt
+//     by the load: a miss, never a crash or a wrong answer. A file checked once in this process is trusted while its
+//     inode, size and mtime stay the same (the backend rewrites nothing on a hit).
+// The cache directory is the app's, or the user's (outside the bundle, so the bundle's sha256s stay valid), shared by
+// every run and every process: a load that packs has the backend write a staged file of its own, which is published
+// under the graph's name (with its check file) by rename, so a file that another process checks or maps is never
+// written in place. The directory is kept under a size limit by removing the least recently used graphs' files (a
+// use touches the check file). The runner only ever removes files it names: <key>.xnnpack, <key>.xnnpack.check, the
+// staged files of runners that are gone, and the scratch files of a cold-switch measurement.
+#pragma once
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <pwd.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "bundle_manifest.h"
+#include "errors.h"
+#include "sha256.h"
+
+#ifndef MOBILE_MOE_RUNTIME_ID
+#define MOBILE_MOE_RUNTIME_ID "executorch-unknown"
+#endif
+
+namespace mobile_moe::runner {
+
+// The CPU's feature flags (/proc/cpuinfo's first "flags" or "Features" line): XNNPACK picks its micro-kernels, and
+// so the layout of packed weights, by them, and a cache folder in a shared home can serve machines of several kinds.
+inline std::string cpu_features() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line))
+    if (line.rfind("flags", 0) == 0 || line.rfind("Features", 0) == 0) return line;
+  return "";
+}
+
+// What a cache file's name depends on besides the graph: the ExecuTorch build (CMakeLists.txt passes its version),
+// the machine and its CPU's features, and this file's own format (bump kPackedCacheFormat when the check file
+// changes).
+constexpr int kPackedCacheFormat = 1;
+inline std::string runtime_identity() {
+#if defined(__aarch64__)
+  const char* arch = "aarch64";
+#elif defined(__x86_64__)
+  const char* arch = "x86_64";
+#else
+  const char* arch = "other";
+#endif
+  return std::string(MOBILE_MOE_RUNTIME_ID) + "/" + arch + "/" + cpu_features() + "/packed-cache-" +
+         std::to_string(kPackedCacheFormat);
+}
+
+// This host's short name: staged files carry it with the pid, so runners on several machines sharing a cache folder
+// (a home on NFS) neither collide nor take each other's live files for a dead runner's.
+inline std::string host_name() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0) return "unknown";
+  std::string host = name;
+  return host.substr(0, host.find('.'));
+}
+
+// XXH64 (github.com/Cyan4973/xxHash, xxhash.h's reference algorithm), seed 0: fast enough to check a packed expert on
+// every first use (GB/s, where sha256.h is ~0.2 GB/s); it guards against damage, not against an attacker.
+inline uint64_t xxh64(const unsigned char* data, size_t length) {
+  constexpr uint64_t P1 = 11400714785074694791ULL, P2 = 14029467366897019727ULL, P3 = 1609587929392839161ULL;
+  constexpr uint64_t P4 = 9650029242287828579ULL, P5 = 2870177450012600261ULL;
+  auto rotl = [](uint64_t x, int r) { return (x << r) | (x >> (64 - r)); };
+  auto read64 = [](const unsigned char* p) { uint64_t v; std::memcpy(&v, p, 8); return v; };  // little-endian hosts
+  auto read32 = [](const unsigned char* p) { uint32_t v; std::memcpy(&v, p, 4); return static_cast<uint64_t>(v); };
+  auto round = [&](uint64_t acc, uint64_t lane) { return rotl(acc + lane * P2, 31) * P1; };
+  auto merge = [&](uint64_t acc, uint64_t v) { return (acc ^ round(0, v)) * P1 + P4; };
+  const unsigned char* p = data;
+  const unsigned char* end = data + length;
+  uint64_t h;
+  if (length >= 32) {
+    uint64_t v1 = P1 + P2, v2 = P2, v3 = 0, v4 = 0 - P1;
+    for (; p + 32 <= end; p += 32) {
+      v1 = round(v1, read64(p));
+      v2 = round(v2, read64(p + 8));
+      v3 = round(v3, read64(p + 16));
+      v4 = round(v4, read64(p + 24));
+    }
+    h = rotl(v1, 1) + rotl(v2, 7) + rotl(v3, 12) + rotl(v4, 18);
+    h = merge(merge(merge(merge(h, v1), v2), v3), v4);
+  } else {
+    h = P5;
+  }
+  h += static_cast<uint64_t>(length);
+  for (; p + 8 <= end; p += 8) h = rotl(h ^ round(0, read64(p)), 27) * P1 + P4;
+  if (p + 4 <= end) {
+    h = rotl(h ^ (read32(p) * P1), 23) * P2 + P3;
+    p += 4;
+  }
+  for (; p < end; ++p) h = rotl(h ^ (*p * P5), 11) * P1;
+  h ^= h >> 33;
+  h *= P2;
+  h ^= h >> 29;
+  h *= P3;
+  h ^= h >> 32;
+  return h;
+}
+
+// XXH64 of a whole file as 16 hex digits; empty when it cannot be read.
+inline std::string file_xxh64(const std::string& path, uint64_t* size) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  struct stat info {};
+  std::string digest;
+  if (fstat(fd, &info) == 0) {
+    *size = static_cast<uint64_t>(info.st_size);
+    void* map = *size == 0 ? nullptr : mmap(nullptr, *size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map != MAP_FAILED) {
+      char hex[17];
+      std::snprintf(hex, sizeof hex, "%016llx",
+                    static_cast<unsigned long long>(xxh64(static_cast<const unsigned char*>(map), *size)));
+      digest = hex;
+      if (map != nullptr) munmap(map, *size);
+    }
+  }
+  close(fd);
+  return digest;
+}
+
+// Bring a mapped cache file's pages in, on the thread that calls this: every page of every mapping of `path` in this
+// process (found in /proc/self/maps: the backend maps the file itself, XNNWeightsCache.cpp load_packed_cache) is
+// read, one word per 64-byte line, so the page tables are filled and the packed weights sit in the shared cache
+// before the first run reads them. What a prefetching thread does while the trunk tail runs.
+inline void bring_in_mapped(const std::string& path) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  volatile uint64_t sink = 0;
+  while (std::getline(maps, line)) {
+    if (line.size() < path.size() || line.compare(line.size() - path.size(), path.size(), path) != 0) continue;
+    unsigned long long begin = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%llx-%llx", &begin, &end) != 2 || end <= begin) continue;
+    uint64_t sum = 0;
+    for (auto at = begin; at < end; at += 64) sum += *reinterpret_cast<const volatile uint64_t*>(at);
+    sink = sink + sum;
+  }
+}
+
+// The folder a runner started without --weight-cache keeps packed weights in, by mobile_moe/cache.py's rule
+// (packed_weights_dir; tests/device_bench/test_device_bench_native.py holds the two to one answer): MOBILE_MOE_WEIGHT_CACHE, else
+// $MOBILE_MOE_CACHE/packed-weights, else $XDG_CACHE_HOME/mobile-moe/packed-weights, else
+// $HOME/.cache/mobile-moe/packed-weights (the password database's home where HOME is unset or empty); created on
+// first use. Empty when there is none (no home, or it cannot be created, as on a phone's shell): the run packs on
+// the heap, as with --no-weight-cache.
+inline std::string default_cache_dir() {
+  auto env = [](const char* name) -> std::string {
+    const char* value = std::getenv(name);
+    return value != nullptr ? value : "";
+  };
+  std::string dir = env("MOBILE_MOE_WEIGHT_CACHE");
+  if (dir.empty()) {
+    std::string root = env("MOBILE_MOE_CACHE");
+    if (root.empty() && !env("XDG_CACHE_HOME").empty()) root = env("XDG_CACHE_HOME") + "/mobile-moe";
+    std::string home = env("HOME");
+    if (home.empty()) {  // mobile_moe/cache.py's home(): the password database's, where HOME is unset or empty
+      const passwd* user = getpwuid(getuid());
+      if (user != nullptr && user->pw_dir != nullptr) home = user->pw_dir;
+    }
+    if (root.empty() && !home.empty()) root = home + "/.cache/mobile-moe";
+    if (root.empty()) return "";
+    dir = root + "/packed-weights";
+  }
+  for (size_t at = dir.find('/', 1); ; at = dir.find('/', at + 1)) {  // mkdir -p
+    const std::string part = dir.substr(0, at);
+    if (mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) return "";
+    if (at == std::string::npos) break;
+  }
+  struct stat info {};
+  return stat(dir.c_str(), &info) == 0 && S_ISDIR(info.st_mode) && access(dir.c_str(), W_OK) == 0 ? dir : "";
+}
+
+// How a load met its graph's cache file.
+enum class PackedCacheState { Off, Cold, Warm };
+inline const char* state_name(PackedCacheState state) {
+  return state == PackedCacheState::Off ? "off" : state == PackedCacheState::Cold ? "cold" : "warm";
+}
+
+struct PackedCacheEntry {
+  std::string path;  // the file the backend reads or writes; empty: no cache (weights packed on the heap)
+  std::string key;   // what the file holds: the graph's files and the runtime, hashed (also its name)
+  PackedCacheState state = PackedCacheState::Off;
+  std::string published;  // cold: the graph's file, which `path` (staged) becomes once the backend has written it
+};
+
+constexpr uint64_t kDefaultPackedCacheLimit = uint64_t{1} << 30;  // bytes of packed weights a cache directory keeps
+
+class PackedCache {
+ public:
+  PackedCache() = default;  // off
+  explicit PackedCache(std::string dir, uint64_t limit = kDefaultPackedCacheLimit)
+      : dir_(std::move(dir)), limit_(limit) {
+    struct stat info {};
+    if (stat(dir_.c_str(), &info) != 0 || !S_ISDIR(info.st_mode))
+      throw UsageError("--weight-cache " + dir_ + ": not a directory; create it (an app passes its cache directory)");
+    if (access(dir_.c_str(), W_OK) != 0)
+      throw UsageError("--weight-cache " + dir_ + ": not writable; pass a directory this process may write");
+    // XNNPACK takes the path as a backend option string, which holds at most 255 characters (runtime/backend/
+    // options.h kMaxOptionValueLength): a longer one would be cut silently and name another file.
+    const std::string longest = staged(file_for(std::string(32, '0'))) + ".scratch";  // the longest path handed over
+    if (longest.size() > 255)
+      throw UsageError("--weight-cache: the directory's path is too long for XNNPACK's cache path option (" +
+                       std::to_string(longest.size()) + " of at most 255 characters with the file name); " +
+                       "pass a shorter one");
+    remove_orphaned_stages();
+  }
+
+  bool enabled() const { return !dir_.empty(); }
+
+  // The graph's cache file (its name: the program's and weights' sha256s and the runtime) when it passes its check
+  // (warm: the backend maps it); else a staged file of this process for the backend to write (cold), published
+  // under the graph's name by record(). A file that fails the check is never read; the publication replaces it.
+  PackedCacheEntry prepare(const Graph& graph) {
+    if (!enabled()) return {};
+    std::string graph_key = key(graph);
+    PackedCacheEntry entry{file_for(graph_key), graph_key, PackedCacheState::Warm, ""};
+    if (trusted(entry)) {
+      touch(entry.path + ".check");  // recently used: the last to go when the directory is over its limit
+      return entry;
+    }
+    entry.published = entry.path;
+    entry.path = staged(entry.published);
+    entry.state = PackedCacheState::Cold;
+    remove(entry.path);
+    return entry;
+  }
+
+  // A scratch cache file for measuring a load from an empty cache without touching the graph's own file; removed by
+  // discard() once the graph is unloaded.
+  PackedCacheEntry scratch(const Graph& graph) {
+    std::string graph_key = key(graph);
+    PackedCacheEntry entry{staged(file_for(graph_key)) + ".scratch", graph_key, PackedCacheState::Cold, ""};
+    remove(entry.path);
+    return entry;
+  }
+  void discard(const PackedCacheEntry& entry) { remove(entry.path); }
+
+  // After the load: "mapped" when the file was warm and the backend added nothing to it; else "packed". A file the
+  // backend wrote gets its check file, and both are published under the graph's name (a scratch file stays where
+  // it is, for discard()); then the directory is brought under its limit.
+  const char* record(const PackedCacheEntry& entry) {
+    if (entry.state == PackedCacheState::Off) return "packed";
+    auto seen = checked_.find(entry.path);
+    if (entry.state == PackedCacheState::Warm && seen != checked_.end() && seen->second == identity(entry.path))
+      return "mapped";
+    uint64_t size = 0;
+    std::string digest = file_xxh64(entry.path, &size);
+    if (digest.empty()) return "packed";  // the backend could not create the file (it packed on the heap)
+    const std::string& target = entry.published.empty() ? entry.path : entry.published;
+    const std::string check = staged(target + ".check");
+    {
+      std::ofstream out(check, std::ios::trunc);
+      out << "mobile-moe packed cache " << kPackedCacheFormat << " " << entry.key << " " << size << " " << digest
+          << "\n";
+      if (!out) {
+        remove(check);
+        return "packed";
+      }
+    }
+    // The mapping the backend holds follows the renamed file; a reader between the two renames sees a file and a
+    // check that do not match, which is a miss, never a wrong answer.
+    const std::string target_check = target + ".check";
+    if (std::rename(entry.path.c_str(), target.c_str()) != 0 || std::rename(check.c_str(), target_check.c_str()) != 0) {
+      remove(check);
+      return "packed";
+    }
+    checked_[target] = identity(target);
+    if (!entry.published.empty()) keep_within_limit(target);
+    return "packed";
+  }
+
+  // The bytes of packed weights the directory holds (published files).
+  uint64_t bytes_held() const {
+    uint64_t total = 0;
+    for (const auto& file : published_files()) total += file.size;
+    return total;
+  }
+
+ private:
+  using Identity = std::tuple<dev_t, ino_t, off_t, int64_t, int64_t>;
+  std::string dir_;
+  uint64_t limit_ = kDefaultPackedCacheLimit;
+  std::map<std::string, Identity> checked_;  // files whose check passed (or that we wrote), as they were then
+
+  static Identity identity(const std::string& path) {
+    struct stat info {};
+    if (stat(path.c_str(), &info) != 0) return {};
+    return {info.st_dev, info.st_ino, info.st_size, static_cast<int64_t>(info.st_mtim.tv_sec),
+            static_cast<int64_t>(info.st_mtim.tv_nsec)};
+  }
+
+  static std::string key(const Graph& graph) {
+    std::string text = runtime_identity() + "\n" + graph.program.sha256 + "\n" + graph.weights.sha256;
+    return sha256::hex_digest(text.data(), text.size()).substr(0, 32);
+  }
+  std::string file_for(const std::string& key) const { return dir_ + "/" + key + ".xnnpack"; }
+
+  static void remove(const std::string& path) {
+    std::remove(path.c_str());
+    std::remove((path + ".check").c_str());
+  }
+
+  // A file of this process: <name>.tmp-<pid>@<host> (remove_orphaned_stages reads them back).
+  static std::string staged(const std::string& path) {
+    return path + ".tmp-" + std::to_string(getpid()) + "@" + host_name();
+  }
+  static void touch(const std::string& path) { utimensat(AT_FDCWD, path.c_str(), nullptr, 0); }
+
+  struct CacheFile {
+    std::string path;
+    uint64_t size;
+    int64_t used;  // its check file's mtime (touched on every use)
+  };
+
+  // The published cache files (<32 hex>.xnnpack), with their sizes and last use.
+  std::vector<CacheFile> published_files() const {
+    std::vector<CacheFile> files;
+    DIR* dir = opendir(dir_.c_str());
+    if (dir == nullptr) return files;
+    while (const dirent* item = readdir(dir)) {
+      const std::string name = item->d_name;
+      if (name.size() != 32 + 8 || name.compare(32, 8, ".xnnpack") != 0) continue;
+      struct stat data {}, check {};
+      const std::string path = dir_ + "/" + name;
+      if (stat(path.c_str(), &data) != 0 || !S_ISREG(data.st_mode)) continue;
+      const int64_t used = stat((path + ".check").c_str(), &check) == 0 ? check.st_mtim.tv_sec : 0;
+      files.push_back({path, static_cast<uint64_t>(data.st_size), used});
+    }
+    closedir(dir);
+    return files;
+  }
+
+  // Remove the least recently used graphs' files (never `keep`, just published) until the directory holds at most
+  // limit_ bytes, and the staged files of runners that are no longer running (a killed run's leftovers).
+  void keep_within_limit(const std::string& keep) {
+    remove_orphaned_stages();
+    auto files = published_files();
+    uint64_t total = 0;
+    for (const auto& file : files) total += file.size;
+    std::sort(files.begin(), files.end(), [](const CacheFile& a, const CacheFile& b) { return a.used < b.used; });
+    for (const auto& file : files) {
+      if (total <= limit_) break;
+      if (file.path == keep) continue;
+      remove(file.path);  // a process that has it mapped keeps its pages: only the name goes
+      checked_.erase(file.path);
+      total -= file.size;
+    }
+  }
+
+  // Staged and scratch files (<key>.xnnpack...tmp-<pid>@<host>...) of runners that are gone: on this host, a pid
+  // that no longer runs; on another (a shared folder), one untouched for a day.
+  void remove_orphaned_stages() const {
+    DIR* dir = opendir(dir_.c_str());
+    if (dir == nullptr) return;
+    std::vector<std::string> orphans;
+    const std::string here = host_name();
+    const time_t day_ago = time(nullptr) - 24 * 3600;
+    while (const dirent* item = readdir(dir)) {
+      const std::string name = item->d_name;
+      const size_t at = name.find(".tmp-");
+      if (name.size() < 32 || at == std::string::npos || name.find(".xnnpack") != 32) continue;
+      char* end = nullptr;
+      const long pid = std::strtol(name.c_str() + at + 5, &end, 10);
+      if (pid <= 0 || *end != '@') continue;
+      const std::string host = std::string(end + 1).substr(0, std::string(end + 1).find('.'));
+      struct stat info {};
+      const std::string path = dir_ + "/" + name;
+      const bool gone = host == here ? kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH
+                                     : stat(path.c_str(), &info) == 0 && info.st_mtime < day_ago;
+      if (gone) orphans.push_back(path);
+    }
+    closedir(dir);
+    for (const auto& path : orphans) std::remove(path.c_str());
+  }
+
+  // The file exists, and matches its check file (this key, size and XXH64: a file copied from another graph's name
+  // with its check file is foreign), or is the one this process checked and it has not changed since.
+  bool trusted(const PackedCacheEntry& entry) {
+    const std::string& path = entry.path;
+    Identity now = identity(path);
+    if (now == Identity{}) return false;
+    auto seen = checked_.find(path);
+    if (seen != checked_.end() && seen->second == now) return true;
+    checked_.erase(path);
+    std::ifstream in(path + ".check");
+    std::string word1, word2, word3, key, digest;
+    int format = 0;
+    uint64_t size = 0;
+    if (!(in >> word1 >> word2 >> word3 >> format >> key >> size >> digest) || format != kPackedCacheFormat ||
+        key != entry.key)
+      return false;
+    uint64_t actual_size = 0;
+    if (file_xxh64(path, &actual_size) != digest || actual_size != size) return false;
+    checked_[path] = now;
+    return true;
+  }
+};
+
+}  // namespace mobile_moe::runner

@@ -1,0 +1,675 @@
+// mobile_moe_runner: run a mobile-moe bundle (manifest.json + ExecuTorch graphs) the way a phone app would, and
+// measure it. Prints ONE JSON object on stdout; errors go to stderr (exit 2: bad input, exit 1: runtime failure).
+//
+// Split bundles (k = 1): the router graph is loaded at start; per image the runner runs the router, picks the top-k
+// experts from router_probs, loads only those expert graphs (an LRU of --cache-experts graphs; the least recently
+// used is unloaded beyond it), runs them and returns the expert's logits. Dense, monolithic and whole bundles are one
+// graph; a whole bundle (a per-token MoE) reports the experts each image used, from its expert_tokens output.
+//
+// Phases, in order (all in one process, so the numbers share one thread pool and one allocator):
+//   1. cold load of the router (program open + method init, which is where XNNPACK packs weights)
+//   2. routing pass: every input image once, in order, through the cache -> logits, experts, hits, per-image loads
+//   3. warm-up, then --iterations timed end-to-end runs cycling over the images (cache as configured)
+//   4. switch cost: for each expert, unload it, then time load + first run; then one more (warm) run
+//
+// Files: this one (options, inputs, statistics, measure() and its phases, main()); bundle_manifest.h (read and
+// validate the bundle); graphs.h (load and run ExecuTorch graphs, the expert cache, the pipeline); runtime_log.h
+// (ExecuTorch's log, the current phase); errors.h; json_reader.h, json_writer.h, sha256.h, process_stats.h
+// (self-contained helpers).
+#include <executorch/runtime/backend/interface.h>
+#include <executorch/runtime/backend/options.h>
+#include <executorch/runtime/core/error.h>
+#include <executorch/runtime/platform/platform.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <new>
+#include <numeric>
+#include <random>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "bundle_manifest.h"
+#include "errors.h"
+#include "graphs.h"
+#include "json_writer.h"
+#include "process_stats.h"
+#include "runtime_log.h"
+#include "sha256.h"
+
+// The wheel ships libexecutorch_threadpool but not its header; these two declarations match the library's symbols
+// (executorch/extension/threadpool/threadpool.h) and are all the runner needs to pin the thread count.
+namespace executorch::extension::threadpool {
+class ThreadPool {
+ public:
+  size_t get_thread_count() const;
+  bool _unsafe_reset_threadpool(uint32_t num_threads);
+};
+ThreadPool* get_threadpool();
+}  // namespace executorch::extension::threadpool
+
+namespace mobile_moe::runner {
+namespace {
+
+// ---------------------------------------------------------------------------------------------------------------
+// Command line
+
+// The measurement defaults are bench's (mobile_moe.device_bench.round_settings.RoundSettings), kept equal here for a
+// bundle run by hand on a phone; tests/device_bench/test_device_bench_native.py holds them equal.
+struct Options {
+  std::string bundle;
+  std::string input_path;  // raw float32, N x C x S x S; empty -> random images
+  int random_images = 8;
+  int iterations = 50;
+  int warmup = 5;
+  int threads = 1;
+  int cache_experts = -1;  // -1: all experts
+  float cache_margin = 0;  // cache-aware routing: a resident expert within this gate margin of the top one is taken
+  int switch_repeats = 2;  // times each expert's switch is measured
+  unsigned seed = 0;
+  std::string weight_cache;  // a directory for XNNPACK's packed weights, one file per graph (packed_cache.h); empty: off
+  bool weight_cache_given = false;  // --weight-cache DIR or --no-weight-cache; else the per-user default_cache_dir()
+  int weight_cache_limit_mib = static_cast<int>(kDefaultPackedCacheLimit >> 20);  // what the directory may hold
+  std::string load_mode = "mmap";
+  int workspace_sharing = -1;  // XNNPACK's workspace sharing mode for every load (graph_loader.h); -1: its default
+  bool prefetch = true;  // --no-prefetch: load a missed expert in line even where the bundle allows a second thread
+};
+
+// One line: every error the runner prints is one line on stderr.
+const char* kUsage =
+    "usage: mobile_moe_runner --bundle DIR [--input FILE.f32 | --random N] [--iterations N] [--warmup N] "
+    "[--threads T] [--cache-experts C] [--cache-margin D] [--switch-repeats R] [--seed S] "
+    "[--weight-cache DIR | --no-weight-cache] [--weight-cache-limit MIB] [--workspace-sharing none|model|global] "
+    "[--load-mode mmap|file] [--no-prefetch]; "
+    "or mobile_moe_runner --sha256|--xxh64 FILE...; or mobile_moe_runner --check [--external-data] FILE...";
+
+// --workspace-sharing: XNNPACK's WorkspaceSharingMode (backends/xnnpack/runtime/XNNWorkspaceManager.h: Disabled,
+// PerModel, Global), by the position of its word.
+int workspace_sharing_mode(const std::string& word) {
+  const char* words[] = {"none", "model", "global"};
+  for (int mode = 0; mode < 3; ++mode)
+    if (word == words[mode]) return mode;
+  throw UsageError("--workspace-sharing is none, model or global, not '" + word + "'");
+}
+
+// An integer flag value in [low, high]: the whole text must be the number ("5x", "", 1e3 and overflow are refused).
+int to_int(const std::string& flag, const std::string& text, long low, long high) {
+  char* end = nullptr;
+  errno = 0;
+  long value = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || end == text.c_str() || *end != '\0' || errno == ERANGE)
+    throw UsageError(flag + " needs an integer, got '" + text + "'");
+  if (value < low || value > high)
+    throw UsageError(flag + " " + text + " is out of range (" + std::to_string(low) + ".." + std::to_string(high) + ")");
+  return static_cast<int>(value);
+}
+
+constexpr long kMaxFlag = 1000000;
+
+// A number flag value in [low, high]: the whole text must be the number ("0.1x", "", "nan" are refused).
+float to_float(const std::string& flag, const std::string& text, double low, double high) {
+  char* end = nullptr;
+  errno = 0;
+  double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || end == text.c_str() || *end != '\0' || errno == ERANGE || !std::isfinite(value))
+    throw UsageError(flag + " needs a number, got '" + text + "'");
+  if (value < low || value > high)
+    throw UsageError(flag + " " + text + " is out of range (" + std::to_string(low) + ".." + std::to_string(high) + ")");
+  return static_cast<float>(value);
+}
+
+Options parse_options(int argc, char** argv) {
+  Options options;
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw UsageError(flag + " needs a value");
+      return argv[++i];
+    };
+    if (flag == "--bundle") options.bundle = next();
+    else if (flag == "--input") options.input_path = next();
+    else if (flag == "--random") options.random_images = to_int(flag, next(), 1, 100000);
+    else if (flag == "--iterations") options.iterations = to_int(flag, next(), 1, kMaxFlag);
+    else if (flag == "--warmup") options.warmup = to_int(flag, next(), 0, kMaxFlag);
+    else if (flag == "--threads") options.threads = to_int(flag, next(), 1, 1024);
+    else if (flag == "--cache-experts") options.cache_experts = to_int(flag, next(), 1, 1 << 20);
+    else if (flag == "--cache-margin") options.cache_margin = to_float(flag, next(), 0.0, 1.0);
+    else if (flag == "--switch-repeats") options.switch_repeats = to_int(flag, next(), 0, kMaxFlag);
+    else if (flag == "--seed") options.seed = static_cast<unsigned>(to_int(flag, next(), 0, INT_MAX));
+    else if (flag == "--weight-cache") options.weight_cache = next(), options.weight_cache_given = true;
+    else if (flag == "--no-weight-cache") options.weight_cache.clear(), options.weight_cache_given = true;
+    else if (flag == "--weight-cache-limit") options.weight_cache_limit_mib = to_int(flag, next(), 1, 1 << 24);
+    else if (flag == "--load-mode") options.load_mode = next();
+    else if (flag == "--workspace-sharing") options.workspace_sharing = workspace_sharing_mode(next());
+    else if (flag == "--no-prefetch") options.prefetch = false;
+    else if (flag == "--help" || flag == "-h") throw UsageError(kUsage);
+    else throw UsageError("unknown flag " + flag + " (" + kUsage + ")");
+  }
+  if (options.bundle.empty()) throw UsageError(std::string("--bundle is required (") + kUsage + ")");
+  if (options.load_mode != "mmap" && options.load_mode != "file") throw UsageError("--load-mode is mmap or file");
+  if (!options.weight_cache_given) options.weight_cache = default_cache_dir();
+  return options;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Inputs, statistics, memory
+
+std::vector<std::vector<float>> read_images(const Options& options, const Bundle& bundle) {
+  size_t per_image = 1;
+  for (size_t i = 1; i < bundle.image_shape.size(); ++i) per_image *= static_cast<size_t>(bundle.image_shape[i]);
+  std::vector<std::vector<float>> images;
+  if (!options.input_path.empty()) {
+    std::string raw = read_file(options.input_path, "--input", uint64_t{1} << 32);
+    if (raw.empty() || raw.size() % (per_image * sizeof(float)) != 0)
+      throw UsageError(options.input_path + " holds " + std::to_string(raw.size()) +
+                       " bytes, not a whole number of float32 images of " + std::to_string(per_image) + " values");
+    for (size_t offset = 0; offset < raw.size(); offset += per_image * sizeof(float)) {
+      images.emplace_back(per_image);
+      std::memcpy(images.back().data(), raw.data() + offset, per_image * sizeof(float));
+    }
+    return images;
+  }
+  if (static_cast<double>(options.random_images) * static_cast<double>(per_image) * sizeof(float) > 4294967296.0)
+    throw UsageError("--random " + std::to_string(options.random_images) + " images of " + std::to_string(per_image) +
+                     " values need more than 4 GiB; ask for fewer");
+  std::mt19937 generator(options.seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int n = 0; n < options.random_images; ++n) {
+    images.emplace_back(per_image);
+    for (auto& value : images.back()) value = normal(generator);
+  }
+  return images;
+}
+
+// Percentiles with linear interpolation between order statistics (numpy's default), so both sides agree.
+double percentile(std::vector<double> values, double q) {
+  std::sort(values.begin(), values.end());
+  double position = q / 100.0 * static_cast<double>(values.size() - 1);
+  size_t below = static_cast<size_t>(position);
+  size_t above = std::min(below + 1, values.size() - 1);
+  return values[below] + (position - static_cast<double>(below)) * (values[above] - values[below]);
+}
+
+// A median, or null when nothing was timed (a dense bundle, --switch-repeats 0).
+void write_median(json::Writer& out, const char* key, const std::vector<double>& values) {
+  out.key(key);
+  if (values.empty()) out.null();
+  else out.value(percentile(values, 50));
+}
+
+void write_summary(json::Writer& out, const std::vector<double>& samples) {
+  out.begin_object();
+  out.key("p50").value(percentile(samples, 50));
+  out.key("p90").value(percentile(samples, 90));
+  out.key("p99").value(percentile(samples, 99));
+  out.key("mean").value(std::accumulate(samples.begin(), samples.end(), 0.0) / static_cast<double>(samples.size()));
+  out.key("min").value(*std::min_element(samples.begin(), samples.end()));
+  out.key("max").value(*std::max_element(samples.begin(), samples.end()));
+  out.key("samples").array(samples);
+  out.end_object();
+}
+
+void write_bytes_or_null(json::Writer& out, const char* key, int64_t bytes) {
+  out.key(key);
+  if (bytes < 0) out.null();
+  else out.value(bytes);
+}
+
+void write_memory(json::Writer& out, const stats::Memory& memory) {
+  out.begin_object();
+  write_bytes_or_null(out, "rss_bytes", memory.rss_bytes);
+  write_bytes_or_null(out, "peak_rss_bytes", memory.peak_rss_bytes);
+  write_bytes_or_null(out, "pss_bytes", memory.pss_bytes);
+  out.end_object();
+}
+
+void set_threads(int threads) {
+  auto* pool = executorch::extension::threadpool::get_threadpool();
+  if (pool != nullptr) pool->_unsafe_reset_threadpool(static_cast<uint32_t>(threads));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// measure(): the settings, then the four phases, each writing its part of the report in order
+
+// Files under the bundle the process has held open, sampled after every step: the report shows that only the router
+// and the chosen experts were ever opened.
+struct OpenFiles {
+  std::string bundle_dir;
+  std::set<std::string> seen;
+
+  void note() {
+    for (const auto& file : stats::open_files_under(bundle_dir)) seen.insert(file);
+  }
+  std::vector<std::string> list() const { return std::vector<std::string>(seen.begin(), seen.end()); }
+};
+
+// What the graph loaded at start is called in load_ms and stages_ms: the router, or the single graph's kind.
+std::string first_graph_key(const Bundle& bundle) { return bundle.kind == Kind::Split ? "router" : name(bundle.kind); }
+
+// Expert graphs kept loaded: --cache-experts, or every expert when it is not given.
+int expert_cache_size(const Options& options, const Bundle& bundle, int num_experts) {
+  int cache_experts = options.cache_experts < 0 ? std::max(num_experts, 1) : options.cache_experts;
+  if (bundle.kind == Kind::Split && cache_experts < 1) throw UsageError("--cache-experts must be at least 1");
+  return cache_experts;
+}
+
+void write_run_settings(json::Writer& out, const Options& options, const Bundle& bundle, int num_experts,
+                        int cache_experts, size_t num_images) {
+  auto* pool = executorch::extension::threadpool::get_threadpool();
+  out.key("runner").value("mobile-moe-native");
+  out.key("bundle").value(bundle.dir);
+  out.key("kind").value(name(bundle.kind));
+  out.key("layout").value(name(bundle.layout));
+  out.key("threads").value(pool != nullptr ? static_cast<int64_t>(pool->get_thread_count()) : int64_t{1});
+  out.key("load_mode").value(options.load_mode);
+  out.key("workspace_sharing").value(static_cast<int64_t>(options.workspace_sharing));
+  out.key("weight_cache").value(!options.weight_cache.empty());
+  out.key("weight_cache_dir").value(options.weight_cache);
+  out.key("num_experts").value(num_experts);
+  out.key("top_k").value(bundle.top_k);
+  out.key("cache_experts").value(cache_experts);
+  out.key("cache_margin").value(static_cast<double>(options.cache_margin));
+  out.key("prefetch").value(options.prefetch && prefetches(bundle));
+  out.key("num_images").value(num_images);
+  out.key("iterations").value(options.iterations);
+  out.key("warmup").value(options.warmup);
+}
+
+// 1. Cold load of the router (or the single graph): program open + method init, where XNNPACK packs weights.
+void load_first_graph(json::Writer& out, const Bundle& bundle, Pipeline& pipeline) {
+  double first_load_ms = pipeline.load_resident();
+  out.key("load_ms").begin_object();
+  out.key(first_graph_key(bundle)).value(first_load_ms);
+  out.end_object();
+  out.key("memory_after_first_load");
+  write_memory(out, stats::memory_now());
+}
+
+void write_image_row(json::Writer& out, const Inference& result) {
+  out.begin_object();
+  out.key("experts").array(result.experts);
+  out.key("gates").array(std::vector<double>(result.gates.begin(), result.gates.end()));
+  out.key("logits").array(std::vector<double>(result.logits.begin(), result.logits.end()));
+  out.key("router_ms").value(result.router_ms);
+  out.key("expert_ms").value(result.expert_ms);
+  out.key("load_ms").value(result.load_ms);
+  out.key("tail_ms").value(result.tail_ms);
+  out.key("load_wait_ms").value(result.load_wait_ms);
+  out.key("total_ms").value(result.total_ms);
+  out.key("cache_hit").value(result.hit);
+  out.end_object();
+}
+
+// 2. Routing pass: each image once, in order, through the expert cache. Returns each expert's cold load time (its
+// first load in this process).
+std::map<int, double> routing_pass(json::Writer& out, const Bundle& bundle, Pipeline& pipeline, const Loader& loader,
+                                   std::vector<std::vector<float>>& images, OpenFiles& files) {
+  files.note();
+  std::map<int, double> cold_expert_load_ms;
+  int64_t bytes_before_routing = loader.bytes_loaded;
+  out.key("images").begin_array();
+  for (auto& image : images) {
+    Inference result = pipeline.infer(image);
+    files.note();
+    if (!result.hit && !cold_expert_load_ms.count(result.experts[0]))
+      cold_expert_load_ms[result.experts[0]] = result.load_ms;
+    write_image_row(out, result);
+  }
+  out.end_array();
+  int64_t routing_bytes = loader.bytes_loaded - bytes_before_routing;
+  out.key("routing_pass_graph_bytes_loaded").value(routing_bytes);
+  out.key("graphs_loaded_after_routing").array(pipeline.cache().loaded_names());
+  out.key("files_open_after_routing").array(stats::open_files_under(bundle.dir));
+  out.key("memory_after_routing");
+  write_memory(out, stats::memory_now());
+  return cold_expert_load_ms;
+}
+
+// 3. Warm-up, then --iterations timed end-to-end runs cycling over the images (cache as configured).
+void timed_runs(json::Writer& out, const Options& options, const Bundle& bundle, Pipeline& pipeline,
+                std::vector<std::vector<float>>& images, OpenFiles& files) {
+  for (int i = 0; i < options.warmup; ++i) pipeline.infer(images[i % images.size()]);
+  std::vector<double> total, router, expert, tail, loads;
+  for (int i = 0; i < options.iterations; ++i) {
+    Inference result = pipeline.infer(images[i % images.size()]);
+    total.push_back(result.total_ms);
+    router.push_back(result.router_ms);
+    expert.push_back(result.expert_ms);
+    tail.push_back(result.tail_ms);
+    if (!result.hit) loads.push_back(result.load_ms);
+  }
+  files.note();
+  out.key("latency_ms");
+  write_summary(out, total);
+  out.key("stages_ms").begin_object();
+  out.key(first_graph_key(bundle));
+  write_summary(out, router);
+  if (!bundle.trunk_tail.name.empty()) {
+    out.key("trunk_tail");
+    write_summary(out, tail);
+  }
+  if (bundle.kind == Kind::Split) {
+    out.key("expert");
+    write_summary(out, expert);
+  }
+  out.end_object();
+  out.key("timed_expert_loads").value(loads.size());
+  // The most experts whose graphs existed at one moment so far: with one expert cached, 1 (a prefetch releases the
+  // evicted expert before it loads the next).
+  out.key("max_experts_resident").value(pipeline.cache().max_resident());
+  out.key("memory_after_warm");
+  write_memory(out, stats::memory_now());
+}
+
+// One measured switch: an expert not loaded, loaded and run once, then run again (warm), with the load's parts.
+struct SwitchSample {
+  double total_ms = 0, load_ms = 0, first_run_ms = 0, warm_run_ms = 0;
+  double program_ms = 0, data_map_ms = 0, cache_check_ms = 0, method_ms = 0, cache_record_ms = 0;
+  std::string weights;  // "mapped" when every graph of the expert mapped its packed weights, else "packed"
+};
+
+// Switches from the graph's own packed-weight cache file (warm after its first load; no cache without
+// --weight-cache), and, with a cache directory, from an empty one (cold: a scratch file each time).
+struct SwitchTimes {
+  std::vector<SwitchSample> serving, cold;
+};
+
+SwitchSample time_switch(Pipeline& pipeline, const Loader& loader, int expert, std::vector<float>& tokens,
+                         bool scratch) {
+  pipeline.cache().unload(expert);
+  size_t first_event = loader.events.size();
+  auto start = Clock::now();
+  bool hit = false;
+  double load_ms = 0;
+  auto& graphs = pipeline.cache().get(expert, &hit, &load_ms, scratch);
+  auto run_start = Clock::now();
+  pipeline.run_expert(expert, graphs, tokens);
+  SwitchSample sample;
+  sample.load_ms = load_ms;
+  sample.first_run_ms = ms_since(run_start);
+  sample.total_ms = ms_since(start);
+  auto warm_start = Clock::now();
+  pipeline.run_expert(expert, graphs, tokens);
+  sample.warm_run_ms = ms_since(warm_start);
+  sample.weights = "mapped";
+  for (size_t i = first_event; i < loader.events.size(); ++i) {
+    const LoadEvent& event = loader.events[i];
+    sample.program_ms += event.program_ms;
+    sample.data_map_ms += event.data_map_ms;
+    sample.cache_check_ms += event.cache_check_ms;
+    sample.method_ms += event.method_ms;
+    sample.cache_record_ms += event.cache_record_ms;
+    if (event.weights != "mapped") sample.weights = "packed";
+  }
+  if (scratch) pipeline.cache().unload(expert);  // the scratch file goes; the next switch loads from the real one
+  return sample;
+}
+
+// 4. Switch cost: for each expert, unload it, then time load + first run (what a phone pays when routing changes);
+// then one more (warm) run. With a cache directory each expert is switched to from an empty cache first (cold), then
+// from its own cache file. An expert first loaded here has its cold load recorded in cold_expert_load_ms.
+SwitchTimes measure_switches(const Options& options, const Bundle& bundle, Pipeline& pipeline, const Loader& loader,
+                             std::vector<std::vector<float>>& images, int num_experts, OpenFiles& files,
+                             std::map<int, double>& cold_expert_load_ms) {
+  SwitchTimes times;
+  if (bundle.kind != Kind::Split) return times;
+  std::vector<float> tokens = pipeline.route(images[0]);  // real tokens, so the expert sees real input
+  // Experts the images never chose are loaded once first (their cold load), so every timed switch from the cache
+  // meets a file the expert's first load wrote, as serving does.
+  for (int e = 0; e < num_experts && options.switch_repeats > 0; ++e) {
+    if (cold_expert_load_ms.count(e)) continue;
+    pipeline.cache().unload(e);
+    bool hit = false;
+    pipeline.cache().get(e, &hit, &cold_expert_load_ms[e]);
+  }
+  for (int repeat = 0; repeat < options.switch_repeats; ++repeat) {
+    for (int e = 0; e < num_experts; ++e) {
+      if (!options.weight_cache.empty()) times.cold.push_back(time_switch(pipeline, loader, e, tokens, true));
+      times.serving.push_back(time_switch(pipeline, loader, e, tokens, false));
+      files.note();
+    }
+  }
+  return times;
+}
+
+// The medians of a set of switches, and of each part of their loads; "other" is what the parts do not cover (the
+// expert cache's bookkeeping), so every millisecond of a switch is in one part.
+void write_switch_set(json::Writer& out, const std::vector<SwitchSample>& samples) {
+  auto medians = [&](const char* key, auto field) {
+    std::vector<double> values;
+    for (const auto& sample : samples) values.push_back(field(sample));
+    write_median(out, key, values);
+  };
+  std::vector<double> totals;
+  for (const auto& sample : samples) totals.push_back(sample.total_ms);
+  out.key("ms").array(totals);
+  write_median(out, "median_ms", totals);
+  medians("load_median_ms", [](const SwitchSample& s) { return s.load_ms; });
+  medians("first_run_median_ms", [](const SwitchSample& s) { return s.first_run_ms; });
+  medians("warm_expert_run_median_ms", [](const SwitchSample& s) { return s.warm_run_ms; });
+  bool mapped = !samples.empty() && std::all_of(samples.begin(), samples.end(),
+                                                [](const SwitchSample& s) { return s.weights == "mapped"; });
+  out.key("weights");
+  if (samples.empty()) out.null();
+  else out.value(mapped ? "mapped" : "packed");
+  out.key("parts_median_ms").begin_object();
+  medians("program", [](const SwitchSample& s) { return s.program_ms; });
+  medians("data_map", [](const SwitchSample& s) { return s.data_map_ms; });
+  medians("cache_check", [](const SwitchSample& s) { return s.cache_check_ms; });
+  medians("method_init", [](const SwitchSample& s) { return s.method_ms; });
+  medians("cache_record", [](const SwitchSample& s) { return s.cache_record_ms; });
+  medians("first_run", [](const SwitchSample& s) { return s.first_run_ms; });
+  medians("other", [](const SwitchSample& s) {
+    return s.total_ms - s.first_run_ms - s.program_ms - s.data_map_ms - s.cache_check_ms - s.method_ms -
+           s.cache_record_ms;
+  });
+  out.end_object();
+}
+
+void write_switches(json::Writer& out, const Options& options, const std::map<int, double>& cold_expert_load_ms,
+                    const SwitchTimes& times) {
+  out.key("expert_load_ms").begin_object();
+  for (const auto& [e, ms] : cold_expert_load_ms) out.key(std::to_string(e)).value(ms);
+  out.end_object();
+  out.key("switch").begin_object();
+  out.key("cache").value(options.weight_cache.empty() ? "off" : "warm");
+  write_switch_set(out, times.serving);
+  out.key("cold");
+  if (options.weight_cache.empty()) {
+    out.null();
+  } else {
+    out.begin_object();
+    write_switch_set(out, times.cold);
+    out.end_object();
+  }
+  out.end_object();
+}
+
+// Graph bytes each image needs: the router (or single graph) plus its chosen experts' files; then every load.
+void write_graph_loads(json::Writer& out, const Bundle& bundle, const Loader& loader) {
+  out.key("graph_bytes").begin_object();
+  out.key(bundle.first().name).value(bundle.first().program.bytes);
+  for (const auto& graph : bundle.shared) out.key(graph.name).value(graph.program.bytes);
+  if (bundle.layout == Layout::PerBlock) out.key(bundle.head.name).value(bundle.head.program.bytes);
+  for (const auto& graphs : bundle.experts)
+    for (const auto& graph : graphs) out.key(graph.name).value(graph.program.bytes);
+  out.end_object();
+  out.key("graph_bytes_loaded_total").value(loader.bytes_loaded);
+  out.key("loads").begin_array();
+  for (const auto& event : loader.events) {
+    out.begin_object();
+    out.key("graph").value(event.graph);
+    out.key("bytes").value(event.bytes);
+    out.key("ms").value(event.ms);
+    out.key("program_ms").value(event.program_ms);
+    out.key("data_map_ms").value(event.data_map_ms);
+    out.key("cache_check_ms").value(event.cache_check_ms);
+    out.key("method_ms").value(event.method_ms);
+    out.key("cache_record_ms").value(event.cache_record_ms);
+    out.key("bring_in_ms").value(event.bring_in_ms);
+    out.key("cache").value(event.cache);
+    out.key("weights").value(event.weights);
+    out.end_object();
+  }
+  out.end_array();
+}
+
+std::string measure(const Options& options) {
+  set_phase("reading the bundle " + options.bundle);
+  Bundle bundle = read_bundle(options.bundle);
+  const LoadMode load_mode = options.load_mode == "file" ? LoadMode::File : LoadMode::Mmap;
+  probe_weights_files(bundle, load_mode);  // before any thread pool exists: the probe forks
+  PackedCache packed_cache = options.weight_cache.empty()
+                                 ? PackedCache()
+                                 : PackedCache(options.weight_cache, uint64_t(options.weight_cache_limit_mib) << 20);
+  auto images = read_images(options, bundle);
+  int num_experts = bundle.kind == Kind::Split || bundle.kind == Kind::Whole ? bundle.num_experts : 0;
+  int cache_experts = expert_cache_size(options, bundle, num_experts);
+  set_threads(options.threads);
+
+  json::Writer out;
+  out.begin_object();
+  write_run_settings(out, options, bundle, num_experts, cache_experts, images.size());
+  out.key("memory_at_start");
+  write_memory(out, stats::memory_now());
+
+  Loader loader(load_mode, packed_cache, options.workspace_sharing);
+  Pipeline pipeline(bundle, loader, cache_experts, options.cache_margin, options.prefetch);
+  OpenFiles files{bundle.dir, {}};
+  load_first_graph(out, bundle, pipeline);
+  std::map<int, double> cold_expert_load_ms = routing_pass(out, bundle, pipeline, loader, images, files);
+  timed_runs(out, options, bundle, pipeline, images, files);
+  // What the routing pass and the timed runs had open: by design only the router and the experts the images chose.
+  out.key("files_opened").array(files.list());
+  SwitchTimes switches =
+      measure_switches(options, bundle, pipeline, loader, images, num_experts, files, cold_expert_load_ms);
+  write_switches(out, options, cold_expert_load_ms, switches);
+  write_graph_loads(out, bundle, loader);
+  out.key("files_opened_incl_switch").array(files.list());
+  out.key("weight_cache_bytes").value(static_cast<int64_t>(packed_cache.bytes_held()));  // 0 without a cache
+  out.key("memory_at_end");
+  write_memory(out, stats::memory_now());
+  out.end_object();
+  return out.str();
+}
+
+// One line: newlines and other control characters in a message (a file name, a runtime log) become spaces.
+std::string one_line(std::string text) {
+  for (char& c : text)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+  return text;
+}
+
+// --sha256 / --xxh64 FILE...: print "DIGEST  FILE" per file (sha256sum's format), so the tests can compare the
+// runner's own hashes (sha256.h; packed_cache.h's XXH64) with the reference implementations.
+int print_digests(int argc, char** argv) {
+  const std::string algorithm = argv[1];
+  if (argc < 3) throw UsageError(algorithm + " needs at least one file");
+  for (int i = 2; i < argc; ++i) {
+    std::string digest;
+    uint64_t size = 0;
+    bool read = algorithm == "--sha256" ? mobile_moe::sha256::file_digest(argv[i], &digest, &size)
+                                        : !(digest = file_xxh64(argv[i], &size)).empty();
+    if (!read) throw UsageError(std::string("cannot read ") + argv[i]);
+    std::printf("%s  %s\n", digest.c_str(), argv[i]);
+  }
+  return 0;
+}
+
+// --check [--external-data] FILE...: print "ok  FILE" or "refused  FILE: why" per file, the verdict of the check a
+// bundle's files get before any is loaded (flatbuffer_check.h), so the tests can give it every file they give
+// mobile_moe/export/flatbuffer_files.py. --external-data: programs that load a weights file with them.
+int print_checks(int argc, char** argv) {
+  int first = 2;
+  const bool external_data = argc > 2 && std::string(argv[2]) == "--external-data";
+  if (external_data) ++first;
+  if (argc <= first) throw UsageError("--check needs at least one file");
+  for (int i = first; i < argc; ++i) {
+    try {
+      check_graph_file(argv[i], external_data);
+      std::printf("ok  %s\n", argv[i]);
+    } catch (const FileFault& fault) {
+      std::printf("refused  %s: %s\n", argv[i], one_line(fault.what()).c_str());
+    }
+  }
+  return 0;
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+#define MOBILE_MOE_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MOBILE_MOE_ASAN 1
+#endif
+#endif
+
+// Last resort: a fatal signal (a crash inside the runtime that no check above caught) prints one line saying what the
+// runner was doing, then dies of the same signal, so the caller still sees a crash (never a disguised success).
+// Not installed under AddressSanitizer, whose own report is the point of that build.
+[[maybe_unused]] void on_fatal_signal(int signal) {  // unused where MOBILE_MOE_ASAN leaves it out
+  char line[512];
+  int length = std::snprintf(line, sizeof(line), "mobile_moe_runner: crashed (signal %d) while %s\n", signal, g_phase);
+  if (length > 0) {
+    ssize_t ignored = write(STDERR_FILENO, line, static_cast<size_t>(std::min<int>(length, sizeof(line) - 1)));
+    (void)ignored;
+  }
+  std::signal(signal, SIG_DFL);
+  std::raise(signal);
+}
+
+void install_fatal_signal_handlers() {
+#ifndef MOBILE_MOE_ASAN
+  static char alternate_stack[1 << 16];  // so a stack overflow can still print its line
+  stack_t stack{};
+  stack.ss_sp = alternate_stack;
+  stack.ss_size = sizeof(alternate_stack);
+  sigaltstack(&stack, nullptr);
+  struct sigaction action {};
+  action.sa_handler = on_fatal_signal;
+  action.sa_flags = SA_ONSTACK | SA_RESETHAND;
+  sigemptyset(&action.sa_mask);
+  for (int signal : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) sigaction(signal, &action, nullptr);
+#endif
+}
+
+}  // namespace
+}  // namespace mobile_moe::runner
+
+int main(int argc, char** argv) {
+  using namespace mobile_moe::runner;
+  g_debug = std::getenv("MOBILE_MOE_DEBUG") != nullptr && std::string(std::getenv("MOBILE_MOE_DEBUG")) == "1";
+  install_fatal_signal_handlers();
+  // ExecuTorch logs through its platform layer; route it to capture_log (stderr stays the runner's one line).
+  executorch::runtime::register_pal(executorch::runtime::PalImpl::create(capture_log, __FILE__));
+  try {
+    if (argc >= 2 && (std::string(argv[1]) == "--sha256" || std::string(argv[1]) == "--xxh64"))
+      return print_digests(argc, argv);
+    if (argc >= 2 && std::string(argv[1]) == "--check") return print_checks(argc, argv);
+    Options options = parse_options(argc, argv);
+    std::string report = measure(options);
+    std::fwrite(report.data(), 1, report.size(), stdout);
+    std::fputc('\n', stdout);
+    return 0;
+  } catch (const UsageError& error) {
+    std::fprintf(stderr, "mobile_moe_runner: %s\n", one_line(error.what()).c_str());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "mobile_moe_runner: error: out of memory while %s\n", g_phase);
+    return 1;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "mobile_moe_runner: error: %s\n", one_line(error.what()).c_str());
+    return 1;
+  }
+}

@@ -1,0 +1,174 @@
+"""Build the native runner on demand: CMake against the executorch wheel's package config, cached by source hash.
+
+The build directory is ~/.cache/mobile-moe/native-<hash> (MOBILE_MOE_CACHE overrides the root), where the hash covers
+the runner's sources, the executorch version and the compiler, so an edit or an upgrade rebuilds and nothing else
+does. A failed build raises UsageError carrying the key line of the CMake or compiler error.
+
+`build_runner(sanitize="address")` builds an AddressSanitizer runner into its own directory (native-<hash>-asan);
+run it with `sanitizer_env()` in its environment (no leak checking: the uninstrumented ExecuTorch libraries keep
+allocations alive at exit; a distinct exit status for an ASan report, so a report is never mistaken for exit 1).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from mobile_moe.cache import cache_root
+from mobile_moe.errors import UsageError
+
+NATIVE_DIR = Path(__file__).resolve().parent / "native"
+RUNNER_NAME = "mobile_moe_runner"
+
+
+def executorch_package_dir() -> Path:
+    """site-packages/executorch: CMAKE_PREFIX_PATH for find_package(executorch)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("executorch")
+    if spec is None or not spec.submodule_search_locations:
+        raise UsageError("the executorch package is not installed; install the pinned executorch==1.5.1")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def missing_tools() -> list[str]:
+    """Build tools not on PATH (cmake, a C++ compiler); empty when the runner can be built."""
+    missing = [] if shutil.which("cmake") else ["cmake"]
+    if not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
+        missing.append("a C++ compiler (c++, g++ or clang++)")
+    return missing
+
+
+def host_compiler() -> str:
+    return shutil.which("c++") or shutil.which("g++") or ""
+
+
+def source_hash(source_dir: Path = NATIVE_DIR, compiler: str | None = None) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(source_dir.iterdir()):
+        if path.suffix in (".cpp", ".h", ".txt", ".cmake"):
+            digest.update(path.name.encode() + path.read_bytes())
+    from executorch.version import __version__
+
+    digest.update(__version__.encode())
+    digest.update((host_compiler() if compiler is None else compiler).encode())
+    return digest.hexdigest()[:16]
+
+
+def key_error_line(log: str) -> str:
+    """The line a human needs from a CMake/compiler log: the first compiler error, else CMake's error message."""
+    lines = log.splitlines()
+    for line in lines:
+        if re.search(r"\berror\b:", line) and "ninja: build stopped" not in line:
+            return line.strip()
+    for index, line in enumerate(lines):
+        if line.startswith("CMake Error"):
+            following = [text.strip() for text in lines[index + 1 : index + 4] if text.strip()]
+            return " ".join([line.strip(), *following])
+    tail = [line.strip() for line in lines if line.strip()]
+    return tail[-1] if tail else "no output"
+
+
+def _run(command: list[str], what: str) -> None:
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise UsageError(
+            f"building the native runner failed at {what}: {key_error_line(result.stdout + result.stderr)}"
+        )
+
+
+SANITIZERS = {"address": "asan", "undefined": "ubsan", "thread": "tsan"}
+ASAN_EXIT_CODE = 86  # what a sanitizer report (address, undefined, thread) exits with under sanitizer_env()
+
+
+class SanitizerUnavailable(UsageError):
+    """A sanitizer build that failed for want of the compiler's sanitizer runtime (libasan, libubsan, libtsan): a
+    reason to skip the sanitizer's tests on this machine. Any other failed build is an error in our code."""
+
+
+def sanitizer_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for running a sanitizer build: leak checking off, a distinct exit status for a report."""
+    env = dict(os.environ if base is None else base)
+    env["ASAN_OPTIONS"] = f"detect_leaks=0:exitcode={ASAN_EXIT_CODE}:abort_on_error=0"
+    env["UBSAN_OPTIONS"] = f"halt_on_error=1:print_stacktrace=1:exitcode={ASAN_EXIT_CODE}"
+    env["TSAN_OPTIONS"] = f"halt_on_error=1:exitcode={ASAN_EXIT_CODE}"
+    return env
+
+
+@dataclass(frozen=True)
+class CrossBuild:
+    """A build for another machine (mobile_moe/device_bench/arm64.py makes the linux-arm64 one): its name (the cache
+    directory's suffix), the executorch package to build against, the extra cmake arguments (its toolchain file) and its
+    compiler (part of the cache key)."""
+
+    target: str
+    prefix: Path
+    cmake_args: tuple[str, ...]
+    compiler: str
+
+
+def build_runner(
+    source_dir: Path = NATIVE_DIR,
+    build_root: Path | None = None,
+    sanitize: str | None = None,
+    cross: CrossBuild | None = None,
+) -> Path:
+    """Path to a built runner, configuring and compiling it first when this source has not been built yet.
+    sanitize="address" (or "undefined", or "thread") builds a sanitizer runner into a separate cache directory;
+    `cross` builds for another machine into its own."""
+    if sanitize is not None and sanitize not in SANITIZERS:
+        raise UsageError(f"sanitize={sanitize!r}: choose one of {', '.join(SANITIZERS)}")
+    if cross is None:
+        missing = missing_tools()
+        if missing:
+            raise UsageError(f"cannot build the native runner: {' and '.join(missing)} not found; install them")
+        prefix, extra, compiler = executorch_package_dir(), [], host_compiler()
+    else:
+        if sanitize is not None:
+            raise UsageError(f"sanitizer builds are for the host; build {cross.target} without sanitize")
+        prefix, extra, compiler = cross.prefix, list(cross.cmake_args), cross.compiler
+    suffix = f"-{SANITIZERS[sanitize]}" if sanitize else "" if cross is None else f"-{cross.target}"
+    build_dir = (build_root or cache_root()) / f"native-{source_hash(source_dir, compiler)}{suffix}"
+    runner = build_dir / RUNNER_NAME
+    if runner.exists():
+        return runner
+    try:
+        build_dir.mkdir(parents=True, exist_ok=True)
+        # One build at a time per directory (parallel test workers, two benches): the others wait, then find it.
+        with open(build_dir / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not runner.exists():
+                _configure_and_compile(source_dir, build_dir, prefix=prefix, sanitize=sanitize, cmake_extra=extra)
+    except UsageError as error:
+        runtime = SANITIZERS.get(sanitize or "", "")
+        if runtime and any(f"{mark}{runtime}" in str(error) for mark in ("lib", "-l")):
+            raise SanitizerUnavailable(f"this compiler has no {sanitize} sanitizer runtime ({error})") from None
+        raise
+    except OSError as error:  # a read-only or full cache folder
+        raise UsageError(
+            f"cannot build the native runner in {build_dir}: {error.strerror or error}; set MOBILE_MOE_CACHE to a "
+            "writable folder"
+        ) from None
+    return runner
+
+
+def _configure_and_compile(
+    source_dir: Path, build_dir: Path, *, prefix: Path, sanitize: str | None, cmake_extra: list[str]
+) -> None:
+    runner = build_dir / RUNNER_NAME
+    work = build_dir / "cmake-build"
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    configure = ["cmake", "-S", str(source_dir), "-B", str(work), *generator, "-DCMAKE_BUILD_TYPE=Release"]
+    configure += [f"-DCMAKE_PREFIX_PATH={prefix}", f"-DMOBILE_MOE_SANITIZE={sanitize or ''}", *cmake_extra]
+    _run(configure, "cmake configure")
+    _run(["cmake", "--build", str(work), "--parallel", "2"], "compile")
+    # Copy, then rename into place: a concurrent or interrupted build never leaves a half-written runner behind.
+    staged = build_dir / f".{RUNNER_NAME}.{os.getpid()}"
+    shutil.copy2(work / RUNNER_NAME, staged)
+    os.replace(staged, runner)

@@ -1,0 +1,108 @@
+"""Core ML exporter: torch.export + a few rewrites -> coremltools 9 -> .mlpackage (ML program, iOS 17).
+
+The TorchScript trace path fails on this torch version for ViT attention, hence the ExportedProgram route.
+Only aten.sort (Core ML's argsort promises no order among ties, the top-k rule does) and clamp_min/clamp_max (which
+coremltools converts only for a bound of the input's dtype) are rewritten (mobile_moe/export/decompositions.py);
+everything else reaches coremltools as torch.export leaves it, as with run_decompositions({}).
+fp16 compute by default (what the Neural Engine runs), fp32 as an option. Compression works on the converted model:
+linear 8-bit weights, or k-means palettisation with 2**nbits entries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from mobile_moe.export.artifact import Artifact
+from mobile_moe.export.decompositions import coreml_decompositions
+
+SUFFIX = ".mlpackage"
+TQDM_LINE = re.compile(r"\[\d+:\d+.*/s\]|%\|")  # "... [00:00, 330.04 passes/s]" or "98%|█████"
+
+
+@contextlib.contextmanager
+def without_progress_bars() -> Iterator[None]:
+    """coremltools draws a tqdm bar per conversion pass on stderr; keep everything else it writes there."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            yield
+    finally:
+        for line in captured.getvalue().replace("\r", "\n").splitlines():
+            if line.strip() and not TQDM_LINE.search(line):
+                print(line, file=sys.stderr)
+
+
+def compress(mlmodel, compression: str):
+    """Weight compression with coremltools.optimize.coreml: "linear8" (int8 symmetric) or "paletteN" (N-bit LUT)."""
+    import coremltools.optimize.coreml as cto
+
+    if compression == "linear8":
+        op_config = cto.OpLinearQuantizerConfig(mode="linear_symmetric", dtype="int8")
+        return cto.linear_quantize_weights(mlmodel, cto.OptimizationConfig(global_config=op_config))
+    nbits = int(compression.removeprefix("palette"))
+    op_config = cto.OpPalettizerConfig(mode="kmeans", nbits=nbits)
+    return cto.palettize_weights(mlmodel, cto.OptimizationConfig(global_config=op_config))
+
+
+def export_coreml(
+    module: nn.Module,
+    example_inputs: tuple[Tensor, ...],
+    out_path: str | Path,
+    *,
+    input_names: Sequence[str],
+    output_names: Sequence[str],
+    quantize: str = "none",
+    fp32: bool = False,
+    coreml_compression: str = "linear8",
+    descriptions: Mapping[str, str] | None = None,
+    summary: str = "",
+    **_: object,
+) -> Artifact:
+    import coremltools as ct
+
+    with torch.no_grad():
+        program = torch.export.export(module.eval(), example_inputs).run_decompositions(coreml_decompositions())
+    with without_progress_bars():
+        mlmodel = _convert(ct, program, example_inputs, input_names, output_names, fp32)
+    if quantize == "int8":
+        with without_progress_bars():
+            mlmodel = compress(mlmodel, coreml_compression)
+    _describe(mlmodel, input_names, output_names, descriptions or {}, summary)
+    mlmodel.save(str(out_path))
+    precision = "fp32" if fp32 else "fp16"
+    weights = coreml_compression if quantize == "int8" else precision
+    return Artifact(Path(out_path), {"compute_precision": precision, "weights": weights, "target": "iOS17"})
+
+
+def _convert(ct, program, example_inputs, input_names, output_names, fp32: bool):
+    return ct.convert(
+        program,
+        inputs=[
+            ct.TensorType(name=name, shape=tuple(x.shape), dtype=np.float32)
+            for name, x in zip(input_names, example_inputs, strict=True)
+        ],
+        outputs=[ct.TensorType(name=name, dtype=np.float32) for name in output_names],
+        convert_to="mlprogram",
+        minimum_deployment_target=ct.target.iOS17,
+        compute_precision=ct.precision.FLOAT32 if fp32 else ct.precision.FLOAT16,
+        skip_model_load=True,  # loading compiles the model, which only macOS can do
+    )
+
+
+def _describe(mlmodel, input_names, output_names, descriptions: Mapping[str, str], summary: str) -> None:
+    for name in input_names:
+        if descriptions.get(name):
+            mlmodel.input_description[name] = descriptions[name]
+    for name in output_names:
+        if descriptions.get(name):
+            mlmodel.output_description[name] = descriptions[name]
+    mlmodel.short_description = summary

@@ -1,0 +1,196 @@
+"""The bundle manifest on disk (docs/formats.md): writing it, reading it back as the typed `Manifest` of
+mobile_moe/export/manifest_schema.py (the one model every consumer reads), and resolving graph files safely.
+
+A bundle is trusted only as far as its manifest: every graph file is resolved inside the bundle directory (a path
+that leaves it is refused) and its sha256 is compared with the manifest before any runtime parses it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from mobile_moe import jsonio
+from mobile_moe.errors import UsageError
+from mobile_moe.export.artifact import file_bytes, file_digest
+from mobile_moe.export.flatbuffer_files import check_graph_file
+from mobile_moe.export.manifest_schema import (  # noqa: F401 (BACKENDS: the CLI's)
+    BACKENDS,
+    FORMAT,
+    VERSION,
+    GraphEntry,
+    GraphFile,
+    Manifest,
+    validate_manifest,
+)
+
+MANIFEST = "manifest.json"
+MAX_MANIFEST_BYTES = 64 << 20  # a real manifest is kilobytes; refuse to parse anything absurd
+
+
+def planned_entry(spec, file: str) -> dict[str, Any]:
+    """The `graphs` entry GraphSpec `spec` will have as `file`, before it is written (no size or sha256 yet): enough
+    for the schema to check the whole manifest before any graph is exported."""
+    entry = {
+        "name": spec.name,
+        "role": spec.role,
+        "expert": spec.expert,
+        "file": file,
+        "sha256": "0" * 64,
+        "bytes": 0,
+        "params": spec.params,
+        "inputs": [tensor.model_dump() for tensor in spec.inputs],
+        "outputs": [tensor.model_dump() for tensor in spec.outputs],
+        "backend_details": {},
+    }
+    if spec.block is not None:
+        entry["block"] = spec.block
+    return entry
+
+
+def graph_entry(spec, artifact, bundle_dir: Path) -> dict[str, Any]:
+    """One `graphs` entry for GraphSpec `spec` exported as `artifact` (export.artifact.Artifact) inside `bundle_dir`."""
+    entry = planned_entry(spec, artifact.path.relative_to(bundle_dir).as_posix())
+    entry.update(sha256=file_digest(artifact.path), bytes=file_bytes(artifact.path), backend_details=artifact.details)
+    if artifact.weights is not None:
+        entry["weights"] = {
+            "file": artifact.weights.relative_to(bundle_dir).as_posix(),
+            "sha256": file_digest(artifact.weights),
+            "bytes": file_bytes(artifact.weights),
+        }
+    return entry
+
+
+def write_manifest(bundle_dir: Path, manifest: Manifest) -> None:
+    (bundle_dir / MANIFEST).write_text(jsonio.dumps(manifest.to_json(), indent=2) + "\n")  # a NaN parity error: null
+
+
+def _parse(path: Path) -> Any:
+    """manifest.json parsed as JSON, bounded; UsageError saying why it cannot be (the one place that reads it)."""
+    try:
+        if path.stat().st_size > MAX_MANIFEST_BYTES:
+            raise UsageError(f"{path} is over {MAX_MANIFEST_BYTES >> 20} MiB: not a manifest written by export")
+        return json.loads(path.read_bytes())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
+        # ValueError: bad JSON, or an integer of thousands of digits; RecursionError: absurdly deep nesting
+        reason = "nested too deeply" if isinstance(error, RecursionError) else error
+        raise UsageError(f"cannot read {path}: {reason}; re-export the bundle") from None
+
+
+def read_manifest(bundle_dir: str | os.PathLike, *, verify_files: bool = False) -> Manifest:
+    """The validated manifest of the bundle at `bundle_dir` (UsageError saying what is wrong otherwise).
+
+    Validation is the schema's (mobile_moe/export/manifest_schema.py): types, ranges and the rules tying fields
+    together; then every graph file is resolved inside the bundle (a path that leaves it is refused). Graph files
+    (sha256 and structure) are checked by `verified_graph_files` when a graph is loaded (the lazy Python runtime), or
+    here with `verify_files=True`: before a bundle is handed to what we do not drive graph by graph (bench, a runner, a
+    phone).
+    """
+    bundle_dir = Path(bundle_dir)
+    path = bundle_dir / MANIFEST
+    if not path.is_file():  # also refuses FIFOs and devices, which would block or never end
+        raise UsageError(
+            f"{bundle_dir} is not a mobile-moe bundle (no {MANIFEST}); pass a directory written by `mobile-moe export`"
+        )
+    manifest = _parse(path)
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise UsageError(f"{path} is not a {FORMAT} manifest")
+    if manifest.get("version") != VERSION:
+        raise UsageError(f"{path}: bundle version {manifest.get('version')!r} is not supported (expected {VERSION})")
+    try:
+        manifest = validate_manifest(manifest)
+    except ValueError as error:
+        raise UsageError(f"{path}: {error}; re-export the bundle") from None
+    for graph in manifest.graphs:
+        for file in graph.files():
+            # At open, before anything is loaded: a path leaving the bundle, or a file that is not there (a bundle
+            # copied in part), is refused now rather than when an image first picks that expert.
+            if not resolve_graph_file(bundle_dir, graph, file).exists():
+                raise UsageError(f"graph {graph.name!r}: {file.file} is missing; re-export the bundle")
+    if verify_files:
+        verify_graph_files(bundle_dir, manifest)
+    return manifest
+
+
+def is_bundle(path: str | os.PathLike) -> bool:
+    """Whether `path` is a directory whose manifest.json says it is a mobile-moe bundle (its format field)."""
+    manifest = Path(path) / MANIFEST
+    try:
+        data = _parse(manifest) if manifest.is_file() else None
+    except UsageError:
+        return False
+    return isinstance(data, dict) and data.get("format") == FORMAT
+
+
+def entries_not_in_bundle(path: str | os.PathLike) -> list[str]:
+    """Names directly inside the bundle directory `path` that its manifest does not account for (someone else's)."""
+    path = Path(path)
+    ours = {MANIFEST}
+    try:
+        manifest = _parse(path / MANIFEST)
+    except UsageError:
+        manifest = None
+    graphs = manifest.get("graphs") if isinstance(manifest, dict) else None
+    for graph in graphs if isinstance(graphs, list) else []:
+        weights = graph.get("weights") if isinstance(graph, dict) else None
+        for entry in (graph, weights if isinstance(weights, dict) else None):
+            file = entry.get("file") if isinstance(entry, dict) else None
+            if isinstance(file, str) and len(Path(file).parts) == 1:  # export writes top-level files and packages
+                ours.add(file)
+    return sorted(entry.name for entry in path.iterdir() if entry.name not in ours)
+
+
+def resolve_graph_file(bundle_dir: str | os.PathLike, graph: GraphEntry, file: GraphFile | None = None) -> Path:
+    """The graph's program (or `file`, one of graph.files()) inside the bundle; a path that leaves the bundle
+    (.., absolute, symlink out) is refused."""
+    root = Path(bundle_dir).resolve()
+    relative = (file or graph).file
+    if not relative or Path(relative).is_absolute():
+        raise UsageError(f"graph {graph.name!r}: file {relative!r} must be a path relative to the bundle")
+    path = (root / relative).resolve()
+    if not path.is_relative_to(root) or path == root:
+        raise UsageError(f"graph {graph.name!r}: file {relative!r} lies outside the bundle {root}; refusing it")
+    return path
+
+
+def verified_graph_files(bundle_dir: str | os.PathLike, graph: GraphEntry) -> list[Path]:
+    """The graph's files (graph.files(): its program, then its weights file if any), each checked to exist, match the
+    manifest's size and sha256, and (ExecuTorch's files) be safe to hand to ExecuTorch
+    (mobile_moe/export/flatbuffer_files.py)."""
+    return [_verified(bundle_dir, graph, file) for file in graph.files()]
+
+
+def _verified(bundle_dir: str | os.PathLike, graph: GraphEntry, file: GraphFile) -> Path:
+    path = resolve_graph_file(bundle_dir, graph, file)
+    try:  # exists() and reading raise for names too long, unreadable files and the like
+        if not path.exists():
+            raise UsageError(f"graph {graph.name!r}: {path} is missing; re-export the bundle")
+        if not (path.is_file() or path.is_dir()):
+            raise UsageError(f"graph {graph.name!r}: {path} is not a regular file; re-export the bundle")
+        matches = file_bytes(path) == file.bytes and file_digest(path) == file.sha256
+        if not matches:
+            raise UsageError(
+                f"graph {graph.name!r}: {path} does not match the sha256 in the manifest (tampered with or "
+                "truncated); re-export the bundle"
+            )
+        # A file re-sealed after tampering matches its sha256: its structure is checked before any runtime reads it.
+        check_graph_file(path, external_data=graph.weights is not None)
+    except OSError as error:
+        raise UsageError(f"graph {graph.name!r}: cannot read {file.file!r}: {error.strerror}") from None
+    except ValueError as error:
+        raise UsageError(f"graph {graph.name!r}: {file.file} is damaged: {error}; re-export the bundle") from None
+    return path
+
+
+def verify_graph_files(bundle_dir: str | os.PathLike, manifest: Manifest) -> None:
+    """Check every graph file of the bundle against the manifest: before a bundle is handed to a runtime we do not
+    drive graph by graph (the native runner, a phone). A program that several graphs share (an expert family's) is
+    read and hashed once, not once per expert; every distinct claim (file, size, sha256) is checked."""
+    checked: set[GraphFile] = set()
+    for graph in manifest.graphs:
+        for file in graph.files():
+            if file not in checked:
+                _verified(bundle_dir, graph, file)
+                checked.add(file)

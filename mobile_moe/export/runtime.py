@@ -1,0 +1,243 @@
+"""The Python bundle runtime: load the router at open, an expert only when an image first picks it, and keep at most
+`max_cached_experts` experts loaded (least recently used goes first).
+
+    bundle = load_bundle("bundle/", max_cached_experts=2)
+    prediction = bundle.predict(image)       # image: float32 (3, S, S) or (1, 3, S, S), already normalised
+    prediction.logits, prediction.experts, prediction.gates, prediction.timings
+    bundle.loaded_graphs                     # e.g. ["router", "expert_3"]
+
+Every graph's sha256 is checked before a backend parses it; the manifest's composition says how graphs combine.
+
+A whole bundle (a per-token MoE: vmoe, experts-choice, soft-moe, widenet) is one graph, loaded at open, that reports
+how many token slots each expert of each expert set (MoE block) filled for the image (`expert_tokens`, (1, G, E)).
+Its Prediction's `experts` are the experts the image used in any set (slots summed over the sets > 0), ascending, and
+`gates` each one's share of the image's token slots (they sum to 1): there is no single gate per image to report, and
+the share says how much of the image each expert saw.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from mobile_moe.errors import UsageError
+from mobile_moe.export.images import load_image
+from mobile_moe.export.manifest import read_manifest, verified_graph_files
+from mobile_moe.export.manifest_schema import GraphEntry
+from mobile_moe.export.runners import RUNNERS
+
+Runner = Callable[[list[np.ndarray]], dict[str, np.ndarray]]
+
+
+class Prediction(NamedTuple):
+    logits: np.ndarray  # (K,)
+    experts: list[int]  # chosen experts, highest gate first; used experts, ascending (whole); [] for a dense bundle
+    gates: list[float]  # their weights; for a whole bundle, each one's share of the image's token slots
+    timings: dict[str, float]  # milliseconds: router, load (experts loaded for this image), experts, total
+
+
+def _milliseconds(start: float) -> float:
+    return (time.perf_counter() - start) * 1e3
+
+
+def cache_aware_top_k(probs: np.ndarray, k: int, resident: Collection[int], margin: float) -> list[int]:
+    """The top-k experts of `probs` (ties: the lower index first), except that a chosen expert not resident is
+    replaced by the most probable resident expert not chosen whose probability is within `margin` of its own
+    (cache-conditional routing, arXiv 2412.00099): a switch avoided for a gate given up. margin 0 is plain top-k.
+    Compared in float32, as the native runner compares (mobile_moe/device_bench/native/graphs.h pick_experts)."""
+    probs = np.asarray(probs, dtype=np.float32).reshape(-1)
+    order = [int(e) for e in np.argsort(-probs, kind="stable")]
+    chosen = order[:k]
+    if margin <= 0:
+        return chosen
+    for slot, expert in enumerate(chosen):
+        if expert in resident:
+            continue
+        floor = probs[expert] - np.float32(margin)
+        swap = next((e for e in order if e in resident and e not in chosen and probs[e] >= floor), None)
+        if swap is not None:
+            chosen[slot] = swap
+    return chosen
+
+
+class Bundle:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        max_cached_experts: int | None = None,
+        threads: int | None = None,
+        open_graph: Callable[[GraphEntry], Runner] | None = None,
+        cache_margin: float = 0.0,
+    ):
+        if max_cached_experts is not None and max_cached_experts < 1:
+            raise UsageError(f"--cache-experts {max_cached_experts}: keep at least 1 expert loaded (or leave it out)")
+        if not 0.0 <= cache_margin <= 1.0:
+            raise UsageError(f"--cache-margin {cache_margin}: a gate margin between 0 and 1")
+        self.cache_margin = cache_margin
+        self.path = Path(path)
+        self.manifest = read_manifest(self.path)
+        self.backend = self.manifest.backend
+        self.max_cached_experts = max_cached_experts
+        self.threads = threads
+        self._open_graph = open_graph or self._open_file
+        self._graphs = {graph.name: graph for graph in self.manifest.graphs}
+        self.composition = self.manifest.composition
+        self.layout = self.composition.layout
+        self._resident: dict[str, Runner] = {}  # graphs loaded at open: router, shared block parts, head, whole model
+        self._experts: OrderedDict[int, dict[str, Runner]] = OrderedDict()  # expert -> its graphs, LRU order
+        for name in self._resident_graph_names():
+            self._resident[name] = self._open_graph(self._graphs[name])
+
+    # --- loading ------------------------------------------------------------------------------------------------------
+
+    def _open_file(self, graph: GraphEntry) -> Runner:
+        path, *weights = verified_graph_files(self.path, graph)
+        return RUNNERS[self.backend](path, graph, self.threads, *weights)
+
+    def _resident_graph_names(self) -> list[str]:
+        if self.layout in ("dense", "monolithic", "whole"):
+            return [self.manifest.graphs[0].name]
+        names = [self.composition.router]
+        if self.composition.trunk_tail is not None:
+            names.append(self.composition.trunk_tail)
+        if self.layout == "per-block":
+            names += [block.shared for block in self.composition.blocks] + [self.composition.head]
+        return names
+
+    def _expert_graph_names(self, expert: int) -> list[str]:
+        if self.layout == "per-block":
+            return [block.experts[expert] for block in self.composition.blocks]
+        return [self.composition.experts[expert]]
+
+    def _expert(self, expert: int) -> tuple[dict[str, Runner], float]:
+        """Expert `expert`'s graphs (loading them if needed, evicting the LRU expert) and the load time in ms."""
+        if expert in self._experts:
+            self._experts.move_to_end(expert)
+            return self._experts[expert], 0.0
+        start = time.perf_counter()
+        runners = {name: self._open_graph(self._graphs[name]) for name in self._expert_graph_names(expert)}
+        self._experts[expert] = runners
+        while self.max_cached_experts is not None and len(self._experts) > self.max_cached_experts:
+            self._experts.popitem(last=False)  # dropping the runner frees the program and its packed weights
+        return runners, _milliseconds(start)
+
+    @property
+    def loaded_graphs(self) -> list[str]:
+        return [*self._resident, *(name for runners in self._experts.values() for name in runners)]
+
+    @property
+    def loaded_experts(self) -> list[int]:
+        """Loaded experts, least recently used first."""
+        return list(self._experts)
+
+    # --- prediction ---------------------------------------------------------------------------------------------------
+
+    def _image_batch(self, image: Any) -> np.ndarray:
+        shape = tuple(self.manifest.input.shape)  # (1, C, S, S)
+        array = image.detach().cpu().numpy() if hasattr(image, "detach") else image
+        if not isinstance(array, np.ndarray):
+            raise UsageError(f"image must be a numpy array or torch tensor, got {type(image).__name__}")
+        if array.dtype != np.float32:
+            raise UsageError(f"image dtype {array.dtype}: the bundle takes float32 (normalised with its mean/std)")
+        if array.shape == shape[1:]:
+            array = array[None]
+        if array.shape != shape:
+            raise UsageError(f"image shape {tuple(array.shape)}: the bundle takes {shape[1:]} or {shape}")
+        return np.ascontiguousarray(array)
+
+    def choose_experts(self, router_probs: np.ndarray) -> tuple[list[int], list[float]]:
+        """Top-k of the router's probabilities, as the model's router does (renormalised only if it does); with a
+        cache margin, a loaded expert within the margin of a chosen one that is not loaded takes its place."""
+        probs = router_probs.reshape(-1)
+        experts = cache_aware_top_k(probs, self.manifest.top_k, set(self._experts), self.cache_margin)
+        gates = probs[experts].astype(np.float32)
+        if self.manifest.model.renormalize_gates:
+            gates = gates / gates.sum()
+        return experts, [float(g) for g in gates]
+
+    @staticmethod
+    def used_experts(expert_tokens: np.ndarray) -> tuple[list[int], list[float]]:
+        """The experts an image used (token slots summed over the expert sets > 0), ascending, and each one's share of
+        its token slots. expert_tokens: (1, G, E)."""
+        counts = expert_tokens.reshape(-1, expert_tokens.shape[-1]).astype(np.float64).sum(0)  # (E,)
+        if not np.isfinite(counts).all() or (counts < 0).any():
+            raise UsageError("the whole graph reported a negative or non-finite expert token count; re-export it")
+        experts = [int(e) for e in np.flatnonzero(counts > 0)]
+        total = counts.sum()
+        return experts, [float(counts[e] / total) for e in experts]
+
+    def predict_file(self, path: str | os.PathLike) -> Prediction:
+        """One PNG or JPEG file, preprocessed by the manifest's `input` (as evaluate fed the run its images)."""
+        return self.predict(load_image(path, self.manifest.input))
+
+    def predict(self, image: Any) -> Prediction:
+        batch = self._image_batch(image)
+        start = time.perf_counter()
+        if self.layout in ("dense", "monolithic", "whole"):
+            return self._predict_single(batch, start)
+        routed = self._resident[self.composition.router]([batch])
+        experts, gates = self.choose_experts(routed["router_probs"])
+        tokens = routed["tokens"]
+        if self.composition.trunk_tail is not None:  # early routing: the trunk's last dense blocks
+            tokens = self._resident[self.composition.trunk_tail]([tokens])["tokens"]
+        router_ms = _milliseconds(start)
+        load_ms = 0.0
+        loaded = []
+        for expert in experts:
+            runners, ms = self._expert(expert)
+            loaded.append(runners)
+            load_ms += ms
+        compute = time.perf_counter()
+        if self.layout == "per-block":
+            logits = self._run_blocks(tokens, loaded, gates)
+        else:
+            gate = np.asarray([[gates[0]]], dtype=np.float32)  # (1, 1)
+            logits = next(iter(loaded[0].values()))([tokens, gate])["logits"]
+        timings = {
+            "router": router_ms,
+            "load": load_ms,
+            "experts": _milliseconds(compute),
+            "total": _milliseconds(start),
+        }
+        return Prediction(logits[0], experts, gates, timings)
+
+    def _predict_single(self, batch: np.ndarray, start: float) -> Prediction:
+        """One graph: no experts (dense), top-k of its router_probs (monolithic), or the experts it used (whole)."""
+        out = next(iter(self._resident.values()))([batch])
+        experts, gates = [], []
+        if self.layout == "monolithic":
+            experts, gates = self.choose_experts(out["router_probs"])
+        elif self.layout == "whole":
+            experts, gates = self.used_experts(out["expert_tokens"])
+        total = _milliseconds(start)
+        return Prediction(
+            out["logits"][0], experts, gates, {"router": 0.0, "load": 0.0, "experts": 0.0, "total": total}
+        )
+
+    def _run_blocks(self, tokens: np.ndarray, experts: list[dict[str, Runner]], gates: list[float]) -> np.ndarray:
+        """tokens = residual + sum_j gate_j * delta_j in every MoE block, then the head (the manifest's `combine`)."""
+        x = tokens  # (1, T, D)
+        for block in self.composition.blocks:
+            shared = self._resident[block.shared]([x])
+            x = shared["residual"].copy()
+            for runners, gate in zip(experts, gates, strict=True):
+                name = next(name for name in runners if name in block.experts)
+                x += np.float32(gate) * runners[name]([shared["normed"]])["delta"]
+        return self._resident[self.composition.head]([x])["logits"]
+
+
+def load_bundle(
+    path: str | os.PathLike,
+    max_cached_experts: int | None = None,
+    threads: int | None = None,
+    cache_margin: float = 0.0,
+) -> Bundle:
+    """A bundle ready to predict: `max_cached_experts` experts kept loaded (None: all), `cache_margin` a gate margin
+    for cache-aware routing (cache_aware_top_k; 0: plain top-k)."""
+    return Bundle(path, max_cached_experts, threads, cache_margin=cache_margin)

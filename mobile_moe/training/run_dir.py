@@ -1,0 +1,335 @@
+"""Run directories (docs/formats.md): what training writes and every later stage reads.
+
+    RUN_DIR/config.json    {"model": ViTConfig.to_dict(), "data": {"spec", "image_size", "mean", "std",
+                            "class_names", "eval_resize"}, "super_classes": null | {"spec", "names", "assignment"},
+                            "recipe": TrainConfig as a dict}
+    RUN_DIR/checkpoint.pt  last epoch: {"model", "config", "optimizer", "scheduler", "epoch", "rng", "best_epoch",
+                            "best_top1", "metrics" (this epoch's row), "history" (every epoch's row so far), ...}
+    RUN_DIR/best.pt        the epoch with the best validation top-1 (same layout)
+    RUN_DIR/metrics.jsonl  one JSON object per finished epoch
+
+Everything is written atomically, so a directory either holds a complete file or the previous one. An epoch is
+committed by checkpoint.pt (`commit_epoch`); best.pt and metrics.jsonl follow it and are derived from it, so after a
+kill anywhere `reconcile` (run by a resume) restores them: the run directory then holds exactly what an
+uninterrupted run writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from mobile_moe import atomic
+from mobile_moe.atomic import write_text_atomic
+from mobile_moe.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from mobile_moe.class_names import class_names_problem
+from mobile_moe.errors import UsageError
+from mobile_moe.preprocess import check_resize
+from mobile_moe.training.data import open_data
+from mobile_moe.training.recipes import MAY_CHANGE_ON_RESUME
+
+CONFIG = "config.json"
+LAST = "checkpoint.pt"
+BEST = "best.pt"
+METRICS = "metrics.jsonl"
+CHECKPOINTS = {"best": BEST, "last": LAST}
+RESULTS = (LAST, BEST, METRICS)  # what only a run that finished an epoch holds
+
+
+@dataclass
+class Run:
+    """A trained run, ready to use: the model in eval mode on CPU and the run's config.json."""
+
+    run_dir: Path
+    config: dict[str, Any]
+    model: nn.Module
+    checkpoint: dict[str, Any]
+
+    @property
+    def class_names(self) -> list[str]:
+        return list(self.config["data"]["class_names"])
+
+    @property
+    def metrics(self) -> list[dict[str, Any]]:
+        """metrics.jsonl: one row per epoch finished (train loss, val top-1, router accuracy, ...)."""
+        return read_metrics(self.run_dir)
+
+    @property
+    def super_assignment(self) -> list[int] | None:
+        """assignment[c] = super-class of class c, as used in training; None when the run had no super-classes."""
+        super_classes = self.config.get("super_classes")
+        return list(super_classes["assignment"]) if super_classes else None
+
+    def open_data(self, spec: str | None = None):
+        """The run's data (or `spec`, which must have the run's classes) at the run's image size, fed as the run
+        records (`preprocessing`; runs from before the resize record: the data spec's own policy)."""
+        record = self.config["data"]
+        spec = spec or record["spec"]
+        if spec is None:
+            source = self.config["source"]["model"]
+            raise UsageError(f"{self.run_dir} was imported from {source} and has no data of its own; give --data SPEC")
+        data = open_data(spec, record["image_size"], **preprocessing(record, self.run_dir / CONFIG))
+        check_classes(self.class_names, data, f"the run in {self.run_dir}")
+        return data
+
+
+def preprocessing(record: dict[str, Any], where: str | os.PathLike) -> dict[str, Any]:
+    """open_data's overrides that feed images as a run's data record says: its mean, std and eval resize policy
+    (checked here, so a bad record names the file `where` it came from)."""
+    resize = record.get("eval_resize")
+    if resize is not None:
+        resize = check_resize(resize, record["image_size"], f"{where} data.eval_resize")
+    return {"mean": record["mean"], "std": record["std"], "eval_resize": resize}
+
+
+def check_classes(class_names: list[str], data, whose: str) -> None:
+    """`data` must classify exactly `class_names` (in order): a model's outputs mean those classes."""
+    if list(data.class_names) != list(class_names):
+        raise UsageError(
+            f"--data {data.spec} has {data.num_classes} classes ({', '.join(data.class_names[:3])}, ...) that are not "
+            f"the {len(class_names)} of {whose} ({', '.join(class_names[:3])}, ...); use data with the run's classes, "
+            f"or fine-tune it on yours first (mobile-moe train --model vit --init-from RUN_DIR --data {data.spec} "
+            "--out NEW_RUN)"
+        )
+
+
+def is_imported(config: dict[str, Any]) -> bool:
+    """A run `mobile-moe import` wrote (mobile_moe/training/imported.py): a source, no recipe, no data spec, no training
+    state."""
+    return isinstance(config.get("source"), dict)
+
+
+def is_run_dir(path: str | os.PathLike) -> bool:
+    return (Path(path) / CONFIG).is_file()
+
+
+def holds_results(path: str | os.PathLike) -> bool:
+    """True once a run has finished an epoch; a directory with only config.json is a failed start."""
+    return any((Path(path) / name).exists() for name in RESULTS)
+
+
+def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
+    run_dir = Path(run_dir)
+    path = run_dir / CONFIG
+    if run_dir.is_file():
+        raise UsageError(
+            f"{run_dir} is a file, not a run directory; pass the directory that holds it ({run_dir.parent})"
+        )
+    if not run_dir.is_dir():
+        raise UsageError(f"run directory {run_dir} does not exist; train one with `mobile-moe train --out {run_dir}`")
+    if not path.is_file():
+        raise UsageError(f"{run_dir} is not a run directory (no {CONFIG}); pass the --out directory of a training run")
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UsageError(f"cannot read {path}: {error}") from None
+    missing = [key for key in ("model", "data", "recipe") if not isinstance(config, dict) or key not in config]
+    if missing:
+        raise UsageError(f"{path} is not a run config: missing {', '.join(missing)}")
+    imported = is_imported(config)  # a source instead of a recipe and a data spec
+    wrong = [key for key in ("model", "data") if not isinstance(config[key], dict)]
+    wrong += [] if isinstance(config["recipe"], dict) or (imported and config["recipe"] is None) else ["recipe"]
+    wrong += [] if isinstance(config.get("super_classes"), dict | None) else ["super_classes"]
+    spec = config["data"].get("spec", "") if isinstance(config["data"], dict) else ""
+    wrong += [] if isinstance(spec, str) or (imported and spec is None) else ["data.spec"]
+    if wrong:
+        raise UsageError(f"{path} is not a run config: {', '.join(wrong)} has the wrong type; was it edited?")
+    problem = data_record_problem(config["data"]) or (
+        "source.model is not a name" if imported and not isinstance(config["source"].get("model"), str) else None
+    )
+    if problem:
+        raise UsageError(f"{path} is damaged: {problem}; was it edited? restore it or re-create the run")
+    return config
+
+
+def data_record_problem(record: dict[str, Any]) -> str | None:
+    """The first way a config.json "data" record (data.data_record) cannot feed a model, or None."""
+    import math
+
+    def numbers(value: Any, positive: bool) -> bool:
+        return (
+            isinstance(value, list)
+            and len(value) == 3
+            and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in value)
+            and (not positive or all(v > 0 for v in value))
+        )
+
+    size, names = record.get("image_size"), record.get("class_names")
+    if not (isinstance(size, int) and not isinstance(size, bool) and size >= 1):
+        return f"data.image_size {size!r} is not a positive integer"
+    if not numbers(record.get("mean"), positive=False) or not numbers(record.get("std"), positive=True):
+        return "data.mean and data.std must be 3 finite numbers each (std above 0)"
+    problem = class_names_problem(names)
+    if problem is not None:
+        return f"data.class_names: {problem}"
+    return None
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: str | os.PathLike) -> Iterator[None]:
+    """Hold `run_dir` while this process writes the run in it (train, resume; under torchrun the rank that writes,
+    rank 0): a second command into it meanwhile is refused in one line that names the holder. The lock is flock(2)
+    on the directory itself, so no lock file is left behind and the kernel releases it when the holder ends, a kill
+    included. A directory made here for the run and still empty when the run fails is removed again."""
+    if os.environ.get("RANK", "0") != "0":
+        yield
+        return
+    run_dir = Path(run_dir)
+    created = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    handle = os.open(run_dir, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(
+                f"{run_dir} is being written by {_lock_holder(handle)} right now; wait for it to finish or choose "
+                "another --out"
+            ) from None
+        yield
+    finally:
+        os.close(handle)  # releases the lock
+        if created:
+            with contextlib.suppress(OSError):
+                run_dir.rmdir()  # only if still empty: a refused or failed first start leaves nothing
+
+
+def _lock_holder(handle: int) -> str:
+    """'another mobile-moe command (pid N: its command line)' from /proc/locks where the OS has it (Linux)."""
+    inode = os.fstat(handle).st_ino
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/locks").read_text().splitlines():
+            fields = line.split()
+            if fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(inode):
+                pid = int(fields[4])
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                return f"another mobile-moe command (pid {pid}: {command.strip()[:160]})"
+    return "another mobile-moe command"
+
+
+def is_failed_start(path: str | os.PathLike) -> bool:
+    """A directory holding our config.json and no results: a start that failed before its first epoch, which may
+    be started afresh. A config.json that is not a run config is someone else's file, never overwritten."""
+    if holds_results(path) or not (Path(path) / CONFIG).exists():
+        return False
+    try:
+        read_config(path)
+    except UsageError:
+        return False
+    return True
+
+
+def write_config(run_dir: str | os.PathLike, config: dict[str, Any]) -> None:
+    write_text_atomic(Path(run_dir) / CONFIG, json.dumps(config, indent=2) + "\n")
+
+
+def load_run(run_dir: str | os.PathLike, checkpoint: str = "best") -> Run:
+    """Load a run: `checkpoint` is "best" (best.pt, falling back to checkpoint.pt) or "last" (checkpoint.pt)."""
+    if checkpoint not in CHECKPOINTS:
+        raise UsageError(f"checkpoint {checkpoint!r}: choose one of {', '.join(CHECKPOINTS)}")
+    run_dir = Path(run_dir)
+    config = read_config(run_dir)
+    path = run_dir / CHECKPOINTS[checkpoint]
+    if not path.is_file() and checkpoint == "best":
+        path = run_dir / LAST
+    if not path.is_file():
+        raise UsageError(f"{run_dir} has no checkpoint yet (no {BEST} or {LAST}); let training finish an epoch")
+    state = load_checkpoint(path, map_location="cpu")
+    model = model_from_checkpoint(state, path).eval()
+    return Run(run_dir, config, model, state)
+
+
+def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    path = Path(run_dir) / METRICS
+    if not path.is_file():
+        return []
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UsageError(f"cannot read {path}: {error}; it is rewritten from checkpoint.pt by --resume") from None
+
+
+def write_metrics(run_dir: str | os.PathLike, rows: list[dict[str, Any]]) -> None:
+    """Rewrite metrics.jsonl as a whole (atomically): a resumed run first drops epochs after its checkpoint."""
+    write_text_atomic(Path(run_dir) / METRICS, "".join(json.dumps(row) + "\n" for row in rows))
+
+
+# --- writing a run: the order of the writes, and repairing it after a kill ---------------------------------------
+
+
+def remove_stale_temporaries(run_dir: str | os.PathLike) -> None:
+    """Remove the temporaries of our run files left by killed processes (only ours, by name and dead pid)."""
+    for name in (CONFIG, *RESULTS):
+        atomic.remove_stale_temporaries(Path(run_dir) / name)
+
+
+def commit_epoch(run_dir: str | os.PathLike, checkpoint: dict[str, Any]) -> None:
+    """Write a finished epoch. checkpoint.pt is the commit point and goes first: best.pt (when this epoch is the best)
+    and metrics.jsonl are copies of what it holds, so a kill between the writes leaves only files that `reconcile`
+    rebuilds from it. (best.pt first would let a killed epoch's weights replace the best epoch's, which a resume could
+    not undo.)"""
+    run_dir = Path(run_dir)
+    save_checkpoint(checkpoint, run_dir / LAST)
+    if checkpoint["best_epoch"] == checkpoint["epoch"]:
+        save_checkpoint(checkpoint, run_dir / BEST)
+    write_metrics(run_dir, checkpoint["history"])
+
+
+def reconcile(run_dir: str | os.PathLike, checkpoint: dict[str, Any]) -> list[str]:
+    """After a kill: make best.pt and metrics.jsonl what `commit_epoch` of `checkpoint` (checkpoint.pt) writes;
+    -> what was repaired. Under commit_epoch's order best.pt can only lag when checkpoint.pt is itself the best epoch,
+    so best.pt is then a copy of checkpoint.pt."""
+    run_dir = Path(run_dir)
+    repaired = []
+    history, best_epoch = checkpoint.get("history"), checkpoint.get("best_epoch")
+    if history is not None:  # checkpoints from before "history" keep metrics.jsonl as it is
+        try:
+            current = read_metrics(run_dir)
+        except UsageError:
+            current = None
+        if current != history:
+            write_metrics(run_dir, history)
+            repaired.append(f"{METRICS} (rows of epochs 1-{checkpoint['epoch']})")
+    if best_epoch is not None and best_epoch == checkpoint["epoch"] and _epoch_of(run_dir / BEST) != best_epoch:
+        with atomic.atomic_path(run_dir / BEST) as tmp:
+            shutil.copyfile(run_dir / LAST, tmp)
+        repaired.append(f"{BEST} (epoch {best_epoch})")
+    return repaired
+
+
+def differing_fields(a: dict[str, Any], b: dict[str, Any], skip: tuple[str, ...] = ()) -> list[str]:
+    """The keys (sorted) whose values differ between two config dicts, a key missing on one side included."""
+    return [key for key in sorted(set(a) | set(b)) if key not in skip and a.get(key) != b.get(key)]
+
+
+def differences(config: dict[str, Any], model: dict[str, Any], recipe: dict[str, Any], data: str) -> list[str]:
+    """What makes the run `config` (config.json) another run than one of `model`, `recipe` (dicts) and `data` (a
+    spec): every field but those a resume may change."""
+    found = [f"model {key}" for key in differing_fields(model, config["model"])]
+    found += [f"recipe {key}" for key in differing_fields(recipe, config["recipe"], MAY_CHANGE_ON_RESUME)]
+    if config["data"].get("spec") != data:
+        found.append(f"data {config['data'].get('spec')}")
+    return found
+
+
+def epochs_done(run_dir: str | os.PathLike) -> int:
+    """Epochs the run has committed (checkpoint.pt's epoch); 0 before its first, or if checkpoint.pt is unreadable."""
+    return _epoch_of(Path(run_dir) / LAST) or 0
+
+
+def _epoch_of(path: Path) -> int | None:
+    if not path.is_file():
+        return None
+    try:
+        return int(load_checkpoint(path, mmap=True)["epoch"])  # the epoch only: leave the tensors on disk
+    except (UsageError, KeyError, TypeError, ValueError):
+        return None

@@ -1,0 +1,81 @@
+"""Super-class specs for training -> a validated `SuperClasses` (or None):
+
+    FILE.json        a super-class file (mobile_moe/super_class/ derives them from a dense model's confusions)
+    coarse | truth   the dataset's own: CIFAR-100's 20 coarse labels, digits-pairs' tens digit, Fashion-MNIST's
+                     five kinds (tops, footwear, trouser, dress, bag), synthetic's planted hierarchy
+    random[:SEED]    the paper's random-class ablation: classes shuffled into E near-equal groups
+
+The classes must be the data's (same names, same order) and the number of super-classes must be the model's E.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mobile_moe.config import ViTConfig
+from mobile_moe.errors import UsageError
+from mobile_moe.super_class.superclasses import SuperClasses, load, random_super_classes
+from mobile_moe.training.data import Data
+
+DATASET_SOURCES = ("coarse", "truth", "dataset")
+SPEC_HELP = "FILE.json, coarse (CIFAR-100, digits-pairs, fashion-mnist), truth (synthetic) or random[:SEED]"
+
+
+def parse_random(spec: str) -> int | None:
+    """ "random" -> 0, "random:7" -> 7, anything else -> None."""
+    name, _, seed = spec.partition(":")
+    if name != "random":
+        return None
+    try:
+        return int(seed) if seed else 0
+    except ValueError:
+        raise UsageError(f"super-classes {spec!r}: the seed must be an integer (random:SEED)") from None
+
+
+def resolve_super_classes(spec: str | None, data: Data, model_config: ViTConfig) -> SuperClasses | None:
+    num_experts = getattr(model_config, "num_experts", None)
+    if spec is None or spec == "none":
+        return None
+    if num_experts is None:
+        raise UsageError(f"--super-classes {spec}: the dense model {model_config.name!r} has no router; drop it")
+    seed = parse_random(spec)
+    if seed is not None:
+        super_classes = random_super_classes(data.class_names, num_experts, seed)
+    elif spec in DATASET_SOURCES:
+        if data.super_classes is None:
+            raise UsageError(f"--super-classes {spec}: {data.spec} provides no super-classes; use {SPEC_HELP}")
+        super_classes = data.super_classes
+    elif spec.endswith(".json") or Path(spec).exists():
+        super_classes = load(spec)
+    else:
+        raise UsageError(f"--super-classes {spec!r}: use {SPEC_HELP}")
+    check_matches(super_classes, spec, data, num_experts)
+    return super_classes
+
+
+def check_matches(super_classes: SuperClasses, spec: str, data: Data, num_experts: int) -> None:
+    if super_classes.num_classes != data.num_classes:
+        raise UsageError(
+            f"super-classes {spec}: {super_classes.num_classes} classes, but {data.spec} has {data.num_classes}; "
+            "derive them on the same data"
+        )
+    if list(super_classes.class_names) != list(data.class_names):
+        pairs = enumerate(zip(super_classes.class_names, data.class_names, strict=True))
+        diff = next(i for i, (a, b) in pairs if a != b)
+        raise UsageError(
+            f"super-classes {spec}: class {diff} is {super_classes.class_names[diff]!r} there but "
+            f"{data.class_names[diff]!r} in {data.spec}; derive them on the same data"
+        )
+    if super_classes.num_super_classes != num_experts:
+        raise UsageError(
+            f"super-classes {spec}: {super_classes.num_super_classes} super-classes for a model with E={num_experts} "
+            f"experts; use --experts {super_classes.num_super_classes} or derive {num_experts} super-classes"
+        )
+
+
+def super_record(spec: str, super_classes: SuperClasses | None) -> dict[str, Any] | None:
+    """config.json's "super_classes" entry."""
+    if super_classes is None:
+        return None
+    return {"spec": spec, "names": list(super_classes.names), "assignment": list(super_classes.assignment)}

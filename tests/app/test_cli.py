@@ -1,0 +1,230 @@
+"""The `mobile-moe` console script: info output, lazy command discovery, and one-line errors with exit status 2."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from mobile_moe.app.cli import main
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_info_json_is_one_object_with_the_counts(capsys):
+    status, out, _ = run_cli(capsys, "info", "--model", "mobile-vmoe", "--size", "deit-ti", "--top-k", "2", "--json")
+    assert status == 0
+    info = json.loads(out)  # exactly one JSON object, nothing else on stdout
+    assert info["params_total"] == 11_045_426 and info["params_active"] == 6_311_474
+    assert info["flops"] == 2_739_760_896
+    assert info["config"]["patch_size"] == 16 and info["config"]["top_k"] == 2
+
+
+@pytest.mark.parametrize("model", ["vit", "mobile-vmoe"])
+def test_info_table_says_what_the_json_says(model, capsys):
+    """The table's rows, whole: the model line, then each count's exact value as --json gives it."""
+    argv = ("info", "--model", model, "--size", "12x192")
+    status, out, _ = run_cli(capsys, *argv)
+    counts = json.loads(run_cli(capsys, *argv, "--json")[1])
+    assert status == 0
+    title, *rows = out.splitlines()
+    assert title == f"{model} 12x192/32 @224, 1000 classes" + (", E=10 k=1 L=2 (per image)" if model != "vit" else "")
+    exact = dict(re.fullmatch(r"  (\S.*?) {2,}[\d.]+ [kMG]?\s*\(([\d,]+)\b.*", row).groups() for row in rows)
+    assert exact == {
+        "params total": f"{counts['params_total']:,}",
+        "params active": f"{counts['params_active']:,}",
+        "FLOPs": f"{counts['flops']:,}",
+    }
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["info", "--model", "nope"], "invalid choice: 'nope'"),
+        (["info", "--model", "vit", "--size", "deit-xl"], "size 'deit-xl'"),
+        (["info", "--model", "vit", "--size", "12x100"], "width 100 splits into no heads of 64, 32, 16, 8"),
+        (["info", "--model", "vit", "--image-size", "100"], "image_size=100 is not divisible by patch_size=32"),
+        (["info", "--model", "mobile-vmoe", "--top-k", "11"], "top_k=11: must be between 1 and num_experts=10"),
+        (["info", "--model", "mobile-vmoe", "--moe-layers", "12"], "moe_layers=12: must be between 1 and 11"),
+        (["info", "--model", "mobile-vmoe", "--experts", "1"], "num_experts=1: must be at least 2"),
+        (["info", "--model", "vit", "--experts", "4"], "--experts: model vit has no such option"),
+        (["info", "--model", "soft-moe", "--top-k", "2"], "--top-k: model soft-moe has no such option"),
+        (["info", "--model", "vmoe", "--model-kwargs", "capacity_ratio=big"], "capacity_ratio=big: expected float"),
+        (["info", "--model", "vmoe", "--model-kwargs", "eval_capacity_ratio=Infinity"], "must be a finite number"),
+        (["info", "--model", "vmoe", "--model-kwargs", "top_k=2"], "top_k: not an option of vmoe (use --top-k)"),
+        (["info", "--model", "vmoe", "--model-kwargs", "moe_placement=first"], "moe_placement='first': choose one"),
+        (["info", "--model", "widenet", "--moe-layers", "2"], "every WideNet block shares the one MoE layer"),
+        (["info", "--model", "hard-moe", "--top-k", "2"], "sends each image to exactly one expert"),
+        (["info"], "required: --model"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+    ],
+)
+def test_bad_input_is_one_line_and_status_2(capsys, argv, fragment):
+    status, out, err = run_cli(capsys, *argv)
+    assert status == 2
+    assert out == ""
+    assert err.count("\n") == 1 and fragment in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        (["--model", "vmoe", "--super-classes", "random"], "--super-classes guides a per-image router"),
+        (["--model", "soft-moe", "--router-loss", "0", "--balance-loss", "0.01"], "it needs no balancing loss"),
+        (["--model", "widenet", "--balance-loss", "0.01"], "--model-kwargs aux_loss_weight=W"),
+        (["--model", "widenet", "--init-from", "runs/dense"], "blocks share ONE attention and MoE layer"),
+    ],
+)
+def test_train_refuses_flags_a_per_token_model_would_ignore(capsys, tmp_path, flags, fragment):
+    common = ["--size", "2x64", "--patch", "8", "--image-size", "32", "--experts", "2", "--data", "digits"]
+    status, out, err = run_cli(capsys, "train", *flags, *common, "--out", str(tmp_path / "run"))
+    assert status == 2 and err.count("\n") == 1 and fragment in err, err
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+def test_resume_compares_model_kwargs_even_without_model(capsys, tmp_path, one_thread):
+    run = str(tmp_path / "run")
+    flags = ["--size", "2x64", "--patch", "8", "--image-size", "32", "--experts", "2", "--data", "digits"]
+    flags += ["--recipe", "tiny", "--epochs", "1", "--batch-size", "64", "--device", "cpu", "--workers", "0"]
+    status, _, err = run_cli(capsys, "train", "--model", "vmoe", *flags, "--quiet", "--out", run)
+    assert status == 0, err
+    argv = ["train", "--out", run, "--resume", "--epochs", "2", "--model-kwargs", "capacity_ratio=2"]
+    status, _, err = run_cli(capsys, *argv)
+    assert status == 2 and "--model-kwargs capacity_ratio=2.0 differs from the run's 1.05" in err, err
+
+
+def test_vmoe_info_is_the_papers_per_token_model(capsys):
+    """Fig. 3e of Mobile V-MoEs: per-token routing on DeiT-Ti, E=10, k=2, L=2 may touch about 11.05M parameters."""
+    argv = ["info", "--model", "vmoe", "--size", "deit-ti", "--experts", "10", "--top-k", "2", "--moe-layers", "2"]
+    status, out, _ = run_cli(capsys, *argv, "--json")
+    info = json.loads(out)
+    assert status == 0 and info["routing"] == "token"
+    assert round(info["params_total"] / 1e6, 2) == 11.05 and info["params_active"] == info["params_total"]
+    mobile = json.loads(run_cli(capsys, "info", "--model", "mobile-vmoe", "--size", "deit-ti", "--top-k", "2",
+                                "--json")[1])  # fmt: skip
+    assert round(mobile["params_active"] / 1e6, 2) == 6.31  # "vs 6.31M for ours"
+
+
+@pytest.mark.parametrize("size, heads", [("6x192", 3), ("6x64", 2), ("6x48", 3), ("4x128", 2), ("2x24", 3)])
+def test_any_width_that_splits_into_heads_is_a_size(size, heads):
+    """The paper's grid keeps its heads; another width gets heads of the widest of 64, 32, 16, 8 channels that
+    divides it (reproduce --scale tiny trains widths 48, 24, 16)."""
+    from mobile_moe.config import parse_size
+
+    depth, width = map(int, size.split("x"))
+    assert parse_size(size) == {"depth": depth, "width": width, "num_heads": heads}
+
+
+def test_width_not_divisible_by_heads():
+    from mobile_moe.errors import UsageError
+    from mobile_moe.registry import make_config
+
+    with pytest.raises(UsageError, match="width=100 is not divisible by num_heads=3"):
+        make_config("vit", width=100, num_heads=3)
+
+
+def test_help_and_info_do_not_import_torch():
+    code = (
+        "import sys; from mobile_moe.app.cli import main; main(['info', '--model', 'vit', '--json']);"
+        "assert 'torch' not in sys.modules, 'info imported torch'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+    result = subprocess.run([sys.executable, "-m", "mobile_moe", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "info" in result.stdout and "demo" in result.stdout
+
+
+@pytest.mark.parametrize("command", ["train", "import", "evaluate", "superclass derive", "export", "predict",
+                                     "reproduce", "demo"])  # fmt: skip
+def test_a_commands_help_imports_neither_torch_nor_scikit_learn(command):
+    """--help answers at once (torch alone takes over a second to import). bench's does not yet: its settings
+    check their values with the runners, which load torch."""
+    code = (
+        f"import sys; from mobile_moe.app.cli import main\ntry: main({command.split() + ['--help']!r})\n"
+        "except SystemExit: pass\nprint(sorted({'torch', 'sklearn'} & set(sys.modules)))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout
+
+
+def test_version_is_the_installed_packages(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["--version"])
+    assert stopped.value.code == 0 and capsys.readouterr().out == f"mobile-moe {version('mobile-moe')}\n"
+
+
+def _main_running(monkeypatch, run) -> None:
+    import argparse
+
+    from mobile_moe.app import cli
+
+    parser = argparse.ArgumentParser()
+    parser.set_defaults(run=run)
+    monkeypatch.setattr(cli, "build_parser", lambda chosen: parser)
+
+
+def test_a_library_failing_while_sigterm_unwinds_it_still_ends_as_terminated(monkeypatch, capsys):
+    """torch.export's tracer can assert on its own clean-up when SIGTERM lands mid-trace: still a clean stop."""
+    from mobile_moe.app.cli import Terminated, main
+
+    def run(args):
+        try:
+            raise Terminated()
+        except Terminated:
+            raise AssertionError("Trying to pop empty mode stack") from None
+
+    _main_running(monkeypatch, run)
+    assert main([]) == 143
+    assert capsys.readouterr().err == "mobile-moe: terminated\n"
+
+
+def test_an_error_with_no_interrupt_behind_it_is_not_hidden(monkeypatch):
+    from mobile_moe.app.cli import main
+
+    def run(args):
+        raise AssertionError("a real bug")
+
+    _main_running(monkeypatch, run)
+    with pytest.raises(AssertionError, match="a real bug"):
+        main([])
+
+
+def test_built_in_digits_at_the_default_image_size_are_noted_as_upsampled(capsys):
+    from mobile_moe.training.cli import note_upsampling
+
+    note_upsampling("digits", 224)
+    assert capsys.readouterr().err == (
+        "note: digits's images are 8 px, upsampled to the model's 224 px because --image-size was not given; the demo "
+        "trains digits at --image-size 32 --patch 8\n"
+    )
+    for spec, size in (("digits", 32), ("digits-pairs:seed=1", 64), ("imagefolder:data", 224)):
+        note_upsampling(spec, size)
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        # a flag's prefix is a typo, not the flag: argparse's allow_abbrev would have trained 3 epochs
+        (
+            ["info", "--model", "vit", "--siz", "6x64"],
+            "unrecognized arguments: --siz 6x64 (see `mobile-moe info --help`)",
+        ),
+        (["info", "--model", "vit", "--bogus"], "(see `mobile-moe info --help`)"),
+        (["infoo"], "invalid choice: 'infoo'"),
+    ],
+)
+def test_a_bad_flag_points_to_its_commands_help(capsys, argv, expected):
+    from mobile_moe.app.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert expected in err and err.count("\n") == 1

@@ -1,0 +1,287 @@
+"""ExecuTorch and ONNX bundles against the eager model: logits, expert choices, lazy loading, LRU, composition."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_model
+
+from mobile_moe.export.bundle import export_bundle
+from mobile_moe.export.executorch_backend import PORTABLE_BY_DESIGN
+from mobile_moe.export.manifest import read_manifest
+from mobile_moe.export.runtime import load_bundle
+
+pytestmark = pytest.mark.export
+
+
+def images_for_experts(model, count: int = 24) -> tuple[torch.Tensor, list[int]]:
+    """Random images and the expert the eager model sends each one to (k = 1)."""
+    images = torch.randn(count, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        experts = model(images).routing.experts[:, 0].tolist()
+    return images, experts
+
+
+@pytest.fixture(scope="module")
+def moe():
+    return tiny_model("mobile-vmoe", num_experts=2).eval()
+
+
+@pytest.fixture(scope="module", params=["executorch", "onnx"])
+def bundle_dir(request, moe, tmp_path_factory):
+    out = tmp_path_factory.mktemp(request.param) / "bundle"
+    images, _ = images_for_experts(moe)
+    export_bundle(moe, out, request.param, sample_images=images[:6], mean=[0.5] * 3, std=[0.25] * 3)
+    return out
+
+
+def test_bundle_reproduces_eager_logits_and_experts(moe, bundle_dir):
+    images, experts = images_for_experts(moe)
+    assert len(set(experts)) == 2, "test images should reach both experts"
+    bundle = load_bundle(bundle_dir)
+    with torch.no_grad():
+        reference = moe(images)
+    for image, logits, expert, gate in zip(
+        images, reference.logits, experts, reference.routing.gates[:, 0], strict=True
+    ):
+        prediction = bundle.predict(image)
+        np.testing.assert_allclose(prediction.logits, logits.numpy(), atol=1e-5, rtol=1e-4)
+        assert prediction.experts == [expert]
+        assert prediction.gates == pytest.approx([float(gate)], abs=1e-6)
+        assert set(prediction.timings) == {"router", "load", "experts", "total"}
+
+
+def test_manifest_describes_graphs(bundle_dir):
+    manifest = read_manifest(bundle_dir).to_json()
+    assert manifest["format"] == "mobile-moe-bundle" and manifest["version"] == 1
+    assert (manifest["num_experts"], manifest["top_k"]) == (2, 1)
+    assumed = {"policy": "stretch", "origin": "assumed"}  # exported without a run: no eval resize policy known
+    assert manifest["input"] == {"shape": [1, 3, 32, 32], "dtype": "float32", "mean": [0.5] * 3, "std": [0.25] * 3,
+                                 "resize": assumed}  # fmt: skip
+    graphs = {graph["name"]: graph for graph in manifest["graphs"]}
+    assert set(graphs) == {"router", "expert_0", "expert_1"}
+    assert [o["name"] for o in graphs["router"]["outputs"]] == ["tokens", "router_probs"]
+    assert graphs["router"]["outputs"][0]["shape"] == [1, 17, 32]
+    assert [i["name"] for i in graphs["expert_1"]["inputs"]] == ["tokens", "gate"]
+    assert graphs["expert_1"]["role"] == "expert" and graphs["expert_1"]["expert"] == 1
+    for graph in graphs.values():
+        assert (bundle_dir / graph["file"]).stat().st_size == graph["bytes"]
+        if graph.get("weights"):
+            assert (bundle_dir / graph["weights"]["file"]).stat().st_size == graph["weights"]["bytes"]
+        assert len(graph["sha256"]) == 64 and graph["params"] > 0
+        # ExecuTorch: everything in XNNPACK but the LayerNorms we keep portable on purpose
+        assert set(graph["backend_details"].get("undelegated_ops", [])) <= PORTABLE_BY_DESIGN
+    parity = manifest["parity"]
+    assert parity["passed"] and parity["expert_agreement"] == 1.0 and parity["max_abs_prob_error"] <= 1e-4
+    assert manifest["sizes"]["resident_plus_one_expert_bytes"] < manifest["sizes"]["total_bytes"]
+
+
+def test_experts_load_lazily_and_lru_evicts(moe, bundle_dir):
+    images, experts = images_for_experts(moe)
+    first = experts.index(0)
+    second = experts.index(1)
+    bundle = load_bundle(bundle_dir, max_cached_experts=1)
+    assert bundle.loaded_graphs == ["router"]
+    prediction = bundle.predict(images[first])
+    assert bundle.loaded_graphs == ["router", "expert_0"] and prediction.timings["load"] > 0
+    assert bundle.predict(images[first]).timings["load"] == 0  # cached
+    bundle.predict(images[second])
+    assert bundle.loaded_graphs == ["router", "expert_1"]  # expert 0 evicted
+    unlimited = load_bundle(bundle_dir)
+    unlimited.predict(images[first])
+    unlimited.predict(images[second])
+    assert sorted(unlimited.loaded_graphs) == ["expert_0", "expert_1", "router"]
+    assert unlimited.loaded_experts == [0, 1]
+
+
+def test_k2_composition_equals_eager(tmp_path):
+    model = tiny_model("mobile-vmoe", num_experts=3, top_k=2).eval()
+    manifest = export_bundle(model, tmp_path / "k2", "onnx").to_json()
+    composition = manifest["composition"]
+    assert composition["layout"] == "per-block" and len(composition["blocks"]) == 2
+    assert composition["blocks"][1]["experts"] == ["block1_expert0", "block1_expert1", "block1_expert2"]
+    bundle = load_bundle(tmp_path / "k2", max_cached_experts=2)
+    for experts in predictions_match_eager(bundle, model, count=6):
+        loaded = [name for name in bundle.loaded_graphs if "_expert" in name]
+        assert sorted(loaded) == sorted(f"block{b}_expert{e}" for b in range(2) for e in experts)
+
+
+def predictions_match_eager(bundle, model, count: int):
+    """Predict `count` seeded images one by one, each checked against the eager model's logits and experts; yields
+    the experts after each image's prediction (so a caller can check what is loaded then)."""
+    images = torch.randn(count, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        reference = model(images)
+    for image, logits, experts in zip(images, reference.logits, reference.routing.experts, strict=True):
+        prediction = bundle.predict(image)
+        np.testing.assert_allclose(prediction.logits, logits.numpy(), atol=1e-5, rtol=1e-4)
+        assert prediction.experts == experts.tolist()
+        yield experts.tolist()
+
+
+def test_shared_attention_layout_for_k1(tmp_path):
+    """k = 1 with the per-block layout: attention lives once, expert graphs hold only MLPs."""
+    model = tiny_model("mobile-vmoe", num_experts=2).eval()
+    manifest = export_bundle(model, tmp_path / "b", "onnx", layout="per-block").to_json()
+    roles = sorted({graph["role"] for graph in manifest["graphs"]})
+    assert roles == ["block_expert", "block_shared", "head", "router"]
+    assert manifest["parity"]["passed"]
+
+
+@pytest.mark.parametrize("backend", [pytest.param("executorch", marks=pytest.mark.slow), "onnx"])  # slow: two exports
+def test_monolithic_and_dense_exports_run(tmp_path, backend):
+    images = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(7))
+    for name, options in [("mobile-vmoe", {"monolithic": True}), ("vit", {})]:
+        model = tiny_model(name).eval()
+        manifest = export_bundle(model, tmp_path / name, backend, **options).to_json()
+        assert [graph["role"] for graph in manifest["graphs"]] == ["monolithic" if options else "dense"]
+        bundle = load_bundle(tmp_path / name)
+        with torch.no_grad():
+            reference = model(images)
+        for i, image in enumerate(images):
+            prediction = bundle.predict(image)
+            np.testing.assert_allclose(prediction.logits, reference.logits[i].numpy(), atol=1e-5, rtol=1e-4)
+            expected = [] if name == "vit" else reference.routing.experts[i].tolist()
+            assert prediction.experts == expected
+
+
+def _check_int8_bundle(model, tmp_path, backend):
+    images = torch.randn(32, 3, 32, 32, generator=torch.Generator().manual_seed(9))
+    labels = torch.arange(32) % 7
+    manifest = export_bundle(
+        model, tmp_path / "q", backend, quantize="int8", calibration_images=images, val_data=(images, labels)
+    ).to_json()
+    quantization = manifest["quantization"]
+    assert quantization["validation"]["images"] == 32
+    assert abs(quantization["validation"]["top1_change"]) <= 0.25
+    assert quantization["bytes"] < quantization["fp32_weight_bytes"]
+    assert manifest["parity"]["passed"] is None  # measured, not held to the fp32 bound
+    assert manifest["parity"]["max_abs_prob_error"] < 0.05
+    bundle = load_bundle(tmp_path / "q")
+    with torch.no_grad():
+        reference = torch.softmax(model(images[:4]).logits, -1).numpy()
+    probs = np.stack([torch.softmax(torch.from_numpy(bundle.predict(x).logits), -1).numpy() for x in images[:4]])
+    assert np.abs(probs - reference).max() < 0.05
+    json.dumps(manifest)  # plain JSON all the way down
+    return manifest
+
+
+def test_int8_onnx_moe_bundle_runs_close_to_fp32(tmp_path):
+    _check_int8_bundle(tiny_model("mobile-vmoe", num_experts=2).eval(), tmp_path, "onnx")
+
+
+@pytest.mark.slow  # two ExecuTorch exports: in CI's slow set, which keeps `make test` within 5 minutes
+def test_int8_executorch_bundle_runs_close_to_fp32(tmp_path):
+    """One graph (dense ViT) keeps the default suite fast; the MoE bundle below runs the same flow per expert."""
+    manifest = _check_int8_bundle(tiny_model("vit").eval(), tmp_path, "executorch")
+    assert manifest["graphs"][0]["backend_details"]["delegates"] >= 1
+
+
+@pytest.mark.slow
+def test_int8_executorch_moe_bundle_runs_close_to_fp32(tmp_path):
+    _check_int8_bundle(tiny_model("mobile-vmoe", num_experts=2).eval(), tmp_path, "executorch")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_executorch_per_block_layout_equals_eager(tmp_path, top_k):
+    model = tiny_model("mobile-vmoe", num_experts=3, top_k=top_k).eval()
+    manifest = export_bundle(model, tmp_path / "b", "executorch", layout="per-block").to_json()
+    assert all(set(graph["backend_details"]["undelegated_ops"]) <= PORTABLE_BY_DESIGN for graph in manifest["graphs"])
+    assert len(list(predictions_match_eager(load_bundle(tmp_path / "b"), model, count=4))) == 4
+
+
+# --- what the reference-model work changed, and what it must not have -----------------------------------------------
+
+MANIFEST_KEYS = {
+    "format", "version", "backend", "model", "num_experts", "top_k", "input", "class_names", "super_class_names",
+    "composition", "graphs", "sizes", "precision", "source", "parity",
+}  # fmt: skip
+GRAPH_KEYS = {
+    "name", "role", "expert", "file", "sha256", "bytes", "params", "inputs", "outputs", "backend_details",
+    "export_seconds",
+}  # fmt: skip
+NEW_KEYS = {"routing", "params_active_max"}  # what an image touches; optional in the schema
+
+
+def test_manifest_keeps_its_fields_and_adds_what_an_image_touches(moe, bundle_dir):
+    from mobile_moe.costs import costs
+
+    manifest = read_manifest(bundle_dir).to_json()
+    assert set(manifest) == MANIFEST_KEYS | NEW_KEYS
+    # an ExecuTorch expert also names its own weights file (the experts share one program)
+    own_weights = {"weights"} if manifest["backend"] == "executorch" else set()
+    assert all(
+        set(graph) == GRAPH_KEYS | (own_weights if graph["role"] == "expert" else set()) for graph in manifest["graphs"]
+    )
+    assert manifest["routing"] == "image" and manifest["params_active_max"] == costs(moe.config).params_active
+    # k = 1: the router and one expert path hold exactly the parameters one image computes with
+    router, expert = (next(g for g in manifest["graphs"] if g["role"] == role) for role in ("router", "expert"))
+    assert router["params"] + expert["params"] == manifest["params_active_max"]
+
+
+def test_bundle_written_before_the_new_fields_still_loads(moe, bundle_dir, tmp_path):
+    import shutil
+
+    from mobile_moe.costs import costs
+    from mobile_moe.device_bench.results import params_active
+
+    old = shutil.copytree(bundle_dir, tmp_path / "old")
+    manifest = json.loads((old / "manifest.json").read_text())
+    for key in NEW_KEYS:
+        del manifest[key]
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    assert read_manifest(old).to_json()["version"] == 1
+    images, experts = images_for_experts(moe)
+    assert load_bundle(old).predict(images[0]).experts == [experts[0]]
+    assert params_active(read_manifest(old), costs(moe.config)) == costs(moe.config).params_active
+
+
+@pytest.mark.parametrize("descending", [False, True])
+def test_sort_rewrite_is_the_stable_sort(descending):
+    """Every backend gets aten.sort as ranks (mobile_moe/export/decompositions.py): the same values and indices as the
+    stable sort, ties in index order, along any dim."""
+    from mobile_moe.export.decompositions import sort_stable
+
+    generator = torch.Generator().manual_seed(0)
+    for shape, dim in [((7,), 0), ((3, 9), -1), ((2, 5, 4), 1), ((6, 3), 0)]:
+        x = torch.randint(0, 3, shape, generator=generator).float()  # mostly ties
+        x.view(-1)[0] = float("-inf")
+        expected = torch.sort(x, dim=dim, descending=descending, stable=True)
+        values, indices = sort_stable(x, dim=dim, descending=descending)
+        assert torch.equal(values, expected.values) and torch.equal(indices, expected.indices)
+
+
+def test_onnx_top_k_with_ties_matches_eager_and_sortless_graphs_keep_their_bytes(moe, tmp_path):
+    """The top-k rule (a stable sort) exports to ONNX through the rewrite and keeps the tie order; a graph without a
+    sort exports to exactly the bytes torch.onnx.export writes for the module itself."""
+    import onnxruntime as ort
+
+    from mobile_moe.export.artifact import file_digest
+    from mobile_moe.export.graphs import split_model
+    from mobile_moe.export.onnx_backend import OPSET, export_onnx
+    from mobile_moe.routers import top_k
+
+    class TopK(torch.nn.Module):
+        def forward(self, scores):
+            values, experts = top_k(scores, 3)
+            return values, experts.float()
+
+    scores = torch.tensor([[0.2, 0.5, 0.2, 0.5, 0.1, 0.5]])  # ties: experts 1, 3, 5
+    export_onnx(TopK(), (scores,), tmp_path / "topk.onnx", input_names=["scores"], output_names=["values", "experts"])
+    session = ort.InferenceSession(str(tmp_path / "topk.onnx"), providers=["CPUExecutionProvider"])
+    values, experts = session.run(None, {"scores": scores.numpy()})
+    assert experts.tolist() == [[1.0, 3.0, 5.0]] and values[0].tolist() == pytest.approx([0.5, 0.5, 0.5])
+
+    router = split_model(moe).graphs[0]
+    names = {"input_names": ["images"], "output_names": ["tokens", "router_probs"]}
+    export_onnx(router.module, router.example_inputs(), tmp_path / "ours.onnx", **names)
+    with torch.no_grad():
+        torch.onnx.export(
+            router.module, router.example_inputs(), str(tmp_path / "plain.onnx"), dynamo=True, opset_version=OPSET,
+            external_data=False, verbose=False, **names,
+        )  # fmt: skip
+    assert file_digest(tmp_path / "ours.onnx") == file_digest(tmp_path / "plain.onnx")

@@ -1,0 +1,487 @@
+"""Training under faults: killed at any moment and resumed, resumed with the same or other flags, bad numbers,
+damaged checkpoints and images, outputs that cannot be written. Each is one line on stderr and status 2, or a run
+directory that ends exactly as an uninterrupted run's."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import one_torch_thread
+
+from mobile_moe.app.cli import main
+from mobile_moe.errors import UsageError
+from mobile_moe.image_files import UnreadableImage
+from mobile_moe.training import train as train_module
+from mobile_moe.training.cli import RESUME_HELP, flag_of, model_differences
+from mobile_moe.training.recipes import MAY_CHANGE_ON_RESUME
+from mobile_moe.training.run_dir import METRICS, load_run, read_metrics, run_lock, save_checkpoint, write_metrics
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+REPO = Path(__file__).resolve().parents[2]
+SYNTHETIC = "synthetic:classes=6,super=3,per_class=30,noise=0.05"
+MODEL = ["--model", "vit", "--size", "1x64", "--patch", "4", "--image-size", "16"]
+RECIPE = ["--data", SYNTHETIC, "--recipe", "tiny", "--batch-size", "32", "--quiet"]
+VARYING = ("time", "images_per_s", "epoch_time_s")  # wall-clock: the only fields two runs may disagree on
+RUN_FILES = ["best.pt", "checkpoint.pt", "config.json", "metrics.jsonl"]
+
+
+def train_argv(out: Path, epochs: int = 3, *extra: str) -> list[str]:
+    return ["train", *MODEL, *RECIPE, "--epochs", str(epochs), "--out", str(out), *extra]
+
+
+def cli(capsys, argv: list[str]) -> tuple[int, str]:
+    status = main(argv)
+    err = capsys.readouterr().err
+    if status == 2:  # one line says what failed; a warning said before the run started may precede it
+        errors = [line for line in err.strip().splitlines() if not line.startswith("warning: ")]
+        assert len(errors) == 1 and "Traceback" not in err, err
+    return status, err
+
+
+def rows(run_dir: Path) -> list[dict]:
+    return [{k: v for k, v in row.items() if k not in VARYING} for row in read_metrics(run_dir)]
+
+
+def assert_same_run(got: Path, expected: Path) -> None:
+    """The run directory an uninterrupted run writes: the same files, rows, best epoch and weights."""
+    assert sorted(p.name for p in got.iterdir()) == RUN_FILES  # no temporaries left
+    assert rows(got) == rows(expected)
+    assert [row["epoch"] for row in read_metrics(got)] == list(range(1, len(read_metrics(expected)) + 1))
+    assert json.loads((got / "config.json").read_text()) == json.loads((expected / "config.json").read_text())
+    for which in ("best", "last"):
+        a, b = load_run(got, which), load_run(expected, which)
+        assert a.checkpoint["epoch"] == b.checkpoint["epoch"], which
+        assert a.checkpoint["best_epoch"] == b.checkpoint["best_epoch"], which
+        for key, value in b.model.state_dict().items():
+            assert torch.equal(a.model.state_dict()[key], value), (which, key)
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+# --- killed at every write, in process: deterministic kill points ----------------------------------------------------
+
+
+class Killed(BaseException):
+    """Stands in for SIGKILL between two writes (a kill in the middle of one is the stale temporary planted below)."""
+
+
+# A fake validation top-1 per epoch, so that the best epoch (2) is neither the first nor the last.
+FAKE_TOP1 = {0: 0.5, 1: 0.8, 2: 0.6, 3: 0.7}
+
+
+@pytest.fixture
+def fake_scores(monkeypatch):
+    epoch = {"now": 0}
+    real_seed, real_evaluate = train_module.seed_epoch, train_module.evaluate
+
+    def seed_epoch(seed, e, rank):
+        epoch["now"] = e
+        real_seed(seed, e, rank)
+
+    def evaluate(*args, **kwargs):
+        return {**real_evaluate(*args, **kwargs), "top1": FAKE_TOP1[epoch["now"]]}
+
+    monkeypatch.setattr(train_module, "seed_epoch", seed_epoch)
+    monkeypatch.setattr(train_module, "evaluate", evaluate)
+
+
+def kill_after_write(monkeypatch, n: int) -> list[str]:
+    """Raise Killed right after the n-th write of checkpoint.pt, best.pt or metrics.jsonl; -> names written."""
+    written: list[str] = []
+    real_save, real_metrics = save_checkpoint, write_metrics
+
+    def count(name: str) -> None:
+        written.append(name)
+        if len(written) == n:
+            raise Killed
+
+    def save(checkpoint, path):
+        real_save(checkpoint, path)
+        count(Path(path).name)
+
+    def counted_write_metrics(run_dir, metrics):
+        real_metrics(run_dir, metrics)
+        count(METRICS)
+
+    monkeypatch.setattr("mobile_moe.training.run_dir.save_checkpoint", save)
+    monkeypatch.setattr("mobile_moe.training.run_dir.write_metrics", counted_write_metrics)
+    return written
+
+
+def test_a_kill_after_any_write_resumes_to_the_uninterrupted_run(tmp_path, monkeypatch, capsys, fake_scores):
+    whole = tmp_path / "whole"
+    assert main(train_argv(whole)) == 0
+    assert load_run(whole).checkpoint["epoch"] == 2  # the best epoch, not the last
+    # epoch 1: checkpoint, best, metrics; epoch 2: checkpoint, best, metrics; epoch 3: checkpoint, metrics
+    writes = 8
+    for n in range(1, writes + 1):
+        out = tmp_path / f"killed-after-{n}"
+        with monkeypatch.context() as patch:
+            written = kill_after_write(patch, n)
+            with pytest.raises(Killed):
+                main(train_argv(out))
+        for name in RUN_FILES:  # what a kill in the middle of the next write leaves
+            (out / f".{name}.tmp-{dead_pid()}-x1y2").write_bytes(b"half")
+        assert main(train_argv(out, 3, "--resume")) == 0, (n, written, capsys.readouterr().err)
+        assert_same_run(out, whole)
+
+
+def test_resume_restores_a_stale_best_and_lost_rows_of_a_finished_run(tmp_path, fake_scores):
+    whole, damaged = tmp_path / "whole", tmp_path / "damaged"
+    assert main(train_argv(whole, 2)) == 0
+    assert main(train_argv(damaged, 2)) == 0
+    # as if killed after checkpoint.pt of epoch 2 (the best): best.pt still epoch 1, metrics.jsonl one row behind
+    best_of_epoch_1 = tmp_path / "one"
+    assert main(train_argv(best_of_epoch_1, 1)) == 0
+    (damaged / "best.pt").write_bytes((best_of_epoch_1 / "best.pt").read_bytes())
+    write_metrics(damaged, read_metrics(damaged)[:1])
+    assert main(train_argv(damaged, 2, "--resume")) == 0  # nothing left to train: only the repair
+    assert_same_run(damaged, whole)
+
+
+# --- killed for real (SIGKILL) at seeded random moments ------------------------------------------------------------
+
+
+def kill_at_random(out: Path, rng: random.Random, *extra: str) -> int:
+    """Start the CLI, wait for the k-th new checkpoint.pt (k seeded), SIGKILL it after a seeded delay (between the
+    epoch's writes or in the next epoch); -> exit status (-9 when killed, 0 when it finished first)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, "-m", "mobile_moe", *train_argv(out, 4, *extra)]
+    child = subprocess.Popen(argv, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    last, changes, wanted = out / "checkpoint.pt", 0, rng.randint(1, 2)
+
+    def stamp():
+        try:
+            info = last.stat()
+            return info.st_ino, info.st_mtime_ns
+        except FileNotFoundError:
+            return None
+
+    seen = stamp()
+    deadline = time.monotonic() + 120
+    while child.poll() is None and time.monotonic() < deadline:
+        now = stamp()
+        if now != seen:
+            seen, changes = now, changes + 1
+            if changes == wanted:
+                time.sleep(rng.choice([0.0, rng.uniform(0, 0.01), rng.uniform(0.01, 0.5)]))
+                child.send_signal(signal.SIGKILL)
+                break
+        time.sleep(0.001)
+    _, err = child.communicate(timeout=120)
+    assert child.returncode in (0, -signal.SIGKILL), err
+    return child.returncode
+
+
+def killed_and_resumed(tmp_path: Path, capsys, seed: int, kills: int) -> None:
+    rng = random.Random(seed)
+    whole, out = tmp_path / "whole", tmp_path / f"killed-{seed}"
+    assert main(train_argv(whole, 4)) == 0
+    statuses = [kill_at_random(out, rng, *(["--resume"] if attempt else [])) for attempt in range(kills)]
+    # the same command with --resume appended, as a job scheduler reruns it
+    assert cli(capsys, train_argv(out, 4, "--resume"))[0] == 0, statuses
+    assert_same_run(out, whole)
+
+
+def test_sigkill_at_a_random_moment_then_resume_equals_the_uninterrupted_run(tmp_path, capsys):
+    killed_and_resumed(tmp_path, capsys, seed=3, kills=2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(4))
+def test_sigkill_many_times_then_resume_equals_the_uninterrupted_run(tmp_path, capsys, seed):
+    killed_and_resumed(tmp_path, capsys, seed=seed, kills=4)
+
+
+# --- --resume: the run's own flags, and what may change ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def one_epoch(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("resume") / "run"
+    with one_torch_thread():
+        assert main(train_argv(out, 1)) == 0
+    return out
+
+
+def copy_run(source: Path, target: Path) -> Path:
+    target.mkdir()
+    for path in source.iterdir():
+        (target / path.name).write_bytes(path.read_bytes())
+    return target
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--size", "8x64"], "--size 8x64 differs from the run's 1x64"),
+        (["--patch", "8"], "--patch 8 differs from the run's 4"),
+        (["--num-classes", "7"], "--num-classes 7 differs from the run's 6"),
+        (["--lr", "1e-3"], "--lr 0.001 differs from the run's 0.002"),
+        (["--batch-size", "16"], "--batch-size 16 differs from the run's 32"),
+        (["--seed", "1"], "--seed 1 differs from the run's 0"),
+        (["--set", "mixup_alpha=0.5"], "--set mixup_alpha=0.5 differs from the run's 0.0"),
+        (["--recipe", "deit"], "--recipe deit differs from the run's recipe (base_lr 0.0005 vs the run's 0.002"),
+        (["--data", "digits"], "--data digits differs from the run's synthetic"),
+        (["--super-classes", "random"], "--super-classes random differs from the run's none"),
+        (["--experts", "3"], "--experts 3 differs from the run's vit, which has no such option"),
+    ],
+)
+def test_resume_refuses_a_flag_that_differs_from_the_run(tmp_path, capsys, one_epoch, extra, message):
+    out = copy_run(one_epoch, tmp_path / "run")
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    status, err = cli(capsys, train_argv(out, 2, "--resume", *extra))
+    assert status == 2 and message in err, err
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before
+
+
+def test_resume_accepts_the_same_command_and_the_flags_that_may_change(tmp_path, capsys, one_epoch):
+    out = copy_run(one_epoch, tmp_path / "run")
+    may_change = ["--device", "cpu", "--workers", "0", "--set", "eval_batch_size=64", "--lr", "2e-3"]
+    assert cli(capsys, train_argv(out, 2, "--resume", *may_change))[0] == 0
+    assert [row["epoch"] for row in read_metrics(out)] == [1, 2]
+    assert load_run(out).config["recipe"]["eval_batch_size"] == 64
+    assert cli(capsys, ["train", "--out", str(out), "--resume", "--quiet"])[0] == 0  # done: nothing to do
+    status, err = cli(capsys, train_argv(out, 1, "--resume"))
+    assert status == 2 and "already trained 2 epochs; give --epochs 2 or more" in err
+    assert load_run(out).config["recipe"]["epochs"] == 2 and len(read_metrics(out)) == 2
+
+
+def test_resume_help_and_refusal_name_every_field_that_may_change(tmp_path, capsys, one_epoch):
+    flags = [flag_of(field) for field in MAY_CHANGE_ON_RESUME]
+    assert flags == ["--epochs", "--device", "--workers", "--compile", "--set eval_batch_size"]
+    status, err = cli(capsys, train_argv(copy_run(one_epoch, tmp_path / "run"), 2, "--resume", "--seed", "1"))
+    assert status == 2 and "(only --epochs, --device, --workers, --compile and --set eval_batch_size may change)" in err
+    assert all(flag in RESUME_HELP for flag in [*flags, "--quiet"])
+
+
+def test_a_failed_start_is_started_afresh_by_resume_or_by_the_same_command(tmp_path, capsys):
+    for retry in (["--resume"], []):
+        out = tmp_path / f"failed{len(retry)}"
+        status, err = cli(capsys, train_argv(out, 1, "--lr", "1e6"))  # the loss goes NaN in epoch 1
+        assert status == 2 and "no checkpoint was written yet" in err
+        assert sorted(p.name for p in out.iterdir()) == ["config.json"]
+        (out / "notes.txt").write_text("mine")
+        assert cli(capsys, train_argv(out, 1, *retry))[0] == 0
+        assert sorted(p.name for p in out.iterdir()) == [*RUN_FILES, "notes.txt"]  # never deletes what it did not write
+        assert load_run(out).config["recipe"]["base_lr"] == 2e-3
+    status, err = cli(capsys, ["train", "--out", str(tmp_path / "nothing"), "--resume"])
+    assert status == 2 and "holds no run to resume" in err
+
+
+# --- bad input: one line, status 2, before any work -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--lr", "nan"], "argument --lr: 'nan' is not a finite number"),
+        (["--lr", "inf"], "argument --lr: 'inf' is not a finite number"),
+        (["--router-loss=-inf"], "argument --router-loss: '-inf' is not a finite number"),
+        (["--set", "base_lr=nan"], "base_lr='nan': expected a finite number"),
+        (["--set", "warmup_epochs=inf"], "warmup_epochs='inf': expected a finite number"),
+    ],
+)
+def test_non_finite_numbers_are_refused_where_they_are_typed(tmp_path, capsys, extra, message):
+    status, err = cli(capsys, train_argv(tmp_path / "run", 1, *extra))
+    assert status == 2 and message in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_out_that_is_a_file_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    def no_work(*args, **kwargs):
+        raise AssertionError("opened the data before checking --out")
+
+    monkeypatch.setattr(train_module, "open_data", no_work)
+    (tmp_path / "file").write_text("keep me")
+    for argv in (train_argv(tmp_path / "file", 1), ["train", "--out", str(tmp_path / "file"), "--resume"]):
+        status, err = cli(capsys, argv)
+        assert status == 2 and "exists and is not a directory" in err
+    assert (tmp_path / "file").read_text() == "keep me"
+
+
+def test_evaluate_refuses_an_unwritable_confusion_file_before_any_work(capsys, monkeypatch):
+    def no_work(*args, **kwargs):
+        raise AssertionError("loaded the run before checking --confusion")
+
+    monkeypatch.setattr("mobile_moe.training.run_dir.load_run", no_work)
+    status, err = cli(capsys, ["evaluate", "some-run", "--confusion", "/proc/x/confusion.npy"])
+    assert status == 2 and "cannot write /proc/x/confusion.npy" in err
+
+
+class Unsafe:
+    """A class that the weights-only unpickler refuses."""
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "unsafe-global"])
+def test_an_unreadable_checkpoint_is_one_line_without_torchs_unsafe_advice(tmp_path, capsys, one_epoch, damage):
+    out = copy_run(one_epoch, tmp_path / "run")
+    best = out / "best.pt"
+    if damage == "garbage":
+        best.write_bytes(b"not a checkpoint at all")
+    elif damage == "truncated":
+        best.write_bytes(best.read_bytes()[:1000])
+    else:
+        torch.save({"model": {}, "config": {}, "payload": Unsafe()}, best)
+    status, err = cli(capsys, ["evaluate", str(out)])
+    assert status == 2
+    assert f"cannot read checkpoint {best}: not a mobile-moe checkpoint or corrupted" in err
+    assert "weights_only=True and is never unpickled unsafely" in err
+    assert "weights_only=False" not in err and "weights_only` set to `False" not in err and len(err) < 400, err
+
+
+@pytest.mark.parametrize(("key", "value"), [("epoch", None), ("epoch", -1), ("best_top1", 7.5), ("best_epoch", "1")])
+def test_training_metadata_out_of_range_is_one_line_for_every_reader(tmp_path, capsys, one_epoch, key, value):
+    out = copy_run(one_epoch, tmp_path / "run")
+    for name in ("best.pt", "checkpoint.pt"):
+        state = torch.load(out / name, weights_only=True)
+        torch.save({**state, key: value}, out / name)
+    argvs = (["evaluate", str(out)], train_argv(out, 2, "--resume"),
+             ["train", "--model", "vit", "--init-from", str(out), *RECIPE, "--epochs", "1", "--out",
+              str(tmp_path / "fine-tuned")])  # fmt: skip
+    for argv in argvs:
+        status, err = cli(capsys, argv)
+        assert status == 2 and f"its {key} {value!r} is out of range" in err and err.count("\n") == 1, err
+
+
+def test_a_run_being_written_is_refused_to_a_second_command_which_names_the_holder(tmp_path, capsys, one_epoch):
+    out = copy_run(one_epoch, tmp_path / "run")
+    before = {name: (out / name).read_bytes() for name in RUN_FILES}
+    with run_lock(out):  # as a train or resume in progress holds it
+        for argv in (train_argv(out, 2, "--resume"), train_argv(tmp_path / "run")):
+            status, err = cli(capsys, argv)
+            assert status == 2 and f"{out} is being written by another mobile-moe command (pid {os.getpid()}" in err
+        status, err = cli(capsys, train_argv(tmp_path / "new"))
+        assert status == 0  # another directory is not held
+    assert {name: (out / name).read_bytes() for name in RUN_FILES} == before
+    assert cli(capsys, train_argv(out, 2, "--resume"))[0] == 0  # released
+
+
+def test_a_refused_first_start_leaves_no_directory_behind(tmp_path, capsys):
+    status, _ = cli(capsys, ["train", *MODEL, "--data", "no-such-data", "--out", str(tmp_path / "run")])
+    assert status == 2 and not (tmp_path / "run").exists()
+
+
+def test_weights_that_do_not_fit_the_config_are_a_usage_error(tmp_path, capsys, one_epoch):
+    out = copy_run(one_epoch, tmp_path / "run")
+    for name in ("best.pt", "checkpoint.pt"):
+        state = torch.load(out / name, weights_only=True)
+        state["model"] = {}
+        torch.save(state, out / name)
+    status, err = cli(capsys, ["evaluate", str(out)])
+    assert status == 2 and "best.pt: its weights do not fit its vit config" in err and "20 missing" in err
+    status, err = cli(capsys, train_argv(out, 2, "--resume"))
+    assert status == 2 and "checkpoint.pt: its weights do not fit" in err
+
+
+def test_resume_refuses_a_config_json_edited_away_from_the_checkpoint(tmp_path, capsys, one_epoch):
+    out = copy_run(one_epoch, tmp_path / "run")
+    config = json.loads((out / "config.json").read_text())
+    config["model"].update(width=96, num_heads=3)
+    (out / "config.json").write_text(json.dumps(config))
+    status, err = cli(capsys, ["train", "--out", str(out), "--resume", "--epochs", "2"])
+    assert status == 2 and "config.json no longer matches checkpoint.pt" in err and "width=96" in err
+    with pytest.raises(UsageError, match="no longer matches"):
+        train_module.resume_training(out, verbose=False)
+
+
+def image_folder(root: Path, damage: str) -> Path:
+    import io
+    import struct
+    import zlib
+
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for name in ("a", "b"):
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for i in range(4):
+                Image.new("RGB", (20, 20), (40 * i, 200 if name == "a" else 0, 90)).save(folder / f"{i}.png")
+    broken = root / "train" / "a" / "2.png"
+    if damage == "corrupt":
+        broken.write_bytes(b"\x89PNG\r\n\x1a\n but not an image")
+    else:  # a valid PNG header claiming 20000 x 20000 pixels: PIL refuses it as a decompression bomb
+        buffer = io.BytesIO()
+        Image.new("L", (4, 4)).save(buffer, "PNG")
+        data = bytearray(buffer.getvalue())
+        header = bytearray(data[16:29])
+        header[0:8] = struct.pack(">II", 20000, 20000)
+        data[16:29] = header
+        data[29:33] = struct.pack(">I", zlib.crc32(b"IHDR" + bytes(header)))
+        broken.write_bytes(bytes(data))
+    return broken
+
+
+@pytest.mark.parametrize(
+    "damage, workers, message",
+    [
+        ("corrupt", "0", "not an image PIL can decode"),
+        ("bomb", "0", "too large to decode safely"),
+        # Raised in a DataLoader worker process. Slow: torch then waits 5 s per worker to join them.
+        pytest.param("corrupt", "2", "not an image PIL can decode", marks=pytest.mark.slow),
+    ],
+)
+def test_a_broken_image_in_an_imagefolder_names_the_file(tmp_path, capsys, damage, workers, message):
+    broken = image_folder(tmp_path / "images", damage)
+    argv = ["train", *MODEL, "--data", f"imagefolder:{tmp_path / 'images'}", "--recipe", "tiny", "--batch-size",
+            "8", "--epochs", "1", "--workers", workers, "--quiet", "--out", str(tmp_path / "run")]  # fmt: skip
+    status, err = cli(capsys, argv)
+    assert status == 2 and str(broken) in err and message in err, err
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+def test_a_broken_image_met_in_a_dataloader_worker_is_still_one_line():
+    """torch re-raises a worker's exception as type(error)("Caught ... Original Traceback ..."); fast stand-in for
+    the slow workers=2 case above, through torch's own wrapper."""
+    from torch._utils import ExceptionWrapper
+
+    try:
+        raise UnreadableImage("cannot read image /data/x.png: not an image PIL can decode; replace or remove it")
+    except UnreadableImage:
+        wrapped = ExceptionWrapper(where="in DataLoader worker process 0")
+    with pytest.raises(UnreadableImage) as raised:
+        wrapped.reraise()
+    assert str(raised.value) == "cannot read image /data/x.png: not an image PIL can decode; replace or remove it"
+
+
+def test_a_config_json_that_is_not_a_runs_is_never_overwritten(tmp_path, capsys):
+    out = tmp_path / "project"
+    out.mkdir()
+    (out / "config.json").write_text('{"my": "project settings"}')
+    status, err = cli(capsys, train_argv(out, 1))
+    assert status == 2 and "not a mobile-moe run" in err
+    assert (out / "config.json").read_text() == '{"my": "project settings"}'
+
+
+def test_a_preset_size_with_an_explicit_patch_resumes_as_started():
+    import argparse
+
+    given = argparse.Namespace(model="vit", size="deit-ti", patch_size=8, image_size=None, num_classes=None,
+                               pool=None, num_experts=None, top_k=None, moe_layers=None)  # fmt: skip
+    run_model = {"name": "vit", "depth": 12, "width": 192, "num_heads": 3, "patch_size": 8}
+    assert model_differences(given, run_model) == []
+    assert model_differences(argparse.Namespace(**{**vars(given), "patch_size": None}), run_model)  # 16 vs 8
+
+
+def test_a_batch_that_does_not_split_into_routing_groups_is_refused_before_any_work(tmp_path, capsys):
+    argv = ["train", "--model", "vmoe", "--size", "2x64", "--patch", "4", "--image-size", "16", "--experts", "4",
+            "--model-kwargs", "routing_group_images=3", *RECIPE, "--batch-size", "16", "--epochs", "1",
+            "--out", str(tmp_path / "run")]  # fmt: skip
+    status, err = cli(capsys, argv)
+    assert status == 2 and "do not split into routing groups of routing_group_images=3" in err
+    assert not (tmp_path / "run").exists()

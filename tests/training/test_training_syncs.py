@@ -1,0 +1,87 @@
+"""The training loop reads the device on the host once per log interval, as nanoGPT and torchvision's references do.
+
+Every way a tensor reaches the host (item, tolist, bool, float, int, cpu, numpy) is counted by where it was called.
+Syncs inside the model are its own: a per-image MoE's grouped dispatch reads its group sizes (mobile_moe/moe.py)."""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_model
+from torch.utils.data import DataLoader, TensorDataset
+
+from mobile_moe.training import engine, recipes
+from mobile_moe.training.distributed import Placement
+from mobile_moe.training.routing import TrainingForward
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+READS = ("item", "tolist", "__bool__", "__float__", "__int__", "cpu", "numpy")
+OURS = Path(engine.__file__).resolve().parents[2]  # the checkout
+PACKAGES = ("mobile_moe",)  # where the model and the training loop live (not the tests, not .venv)
+
+
+@pytest.fixture
+def host_reads(monkeypatch) -> Counter:
+    """(file, function) -> host reads made from our code (not torch's, not the DataLoader's)."""
+    seen: Counter = Counter()
+    for name in READS:
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, **kwargs):
+            caller = sys._getframe(1)
+            path = Path(caller.f_code.co_filename).resolve()
+            if path.is_relative_to(OURS) and path.relative_to(OURS).parts[0] in PACKAGES:
+                seen[(path.relative_to(OURS).as_posix(), caller.f_code.co_name)] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return seen
+
+
+def epoch_of(name: str, steps: int, log_every: int) -> tuple[engine.Optimisation, DataLoader, engine.EpochContext]:
+    model = tiny_model(name)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    opt = engine.Optimisation(TrainingForward(model), model, optimizer, schedule)
+    generator = torch.Generator().manual_seed(0)
+    images, labels = torch.randn(4 * steps, 3, 32, 32, generator=generator), torch.arange(4 * steps) % 7
+    loader = DataLoader(TensorDataset(images, labels), batch_size=4)
+    cfg = recipes.tiny().replace(epochs=1)
+    ctx = engine.EpochContext(cfg, Placement(0, 1, torch.device("cpu")), 7, None, None, False, log_every)
+    return opt, loader, ctx
+
+
+@pytest.mark.parametrize("name", ["vit", "mobile-vmoe", "vmoe"])
+def test_one_host_read_per_log_interval(name, host_reads):
+    opt, loader, ctx = epoch_of(name, steps=23, log_every=10)
+    row = engine.train_one_epoch(opt, loader, ctx, epoch=0)
+    model_reads = {key: n for key, n in host_reads.items() if key[0] == "mobile_moe/moe.py"}
+    loop_reads = {key: n for key, n in host_reads.items() if key not in model_reads}
+    assert loop_reads == {("mobile_moe/training/engine.py", "read"): 3}  # after steps 10, 20 and 23
+    if name == "mobile-vmoe":  # the grouped dispatch, once per MoE block and step
+        assert model_reads == {("mobile_moe/moe.py", "expert_loop"): 23 * 2}
+    else:
+        assert model_reads == {}
+    assert math.isfinite(row["train_loss"]) and 0 <= row["train_top1"] <= 1
+
+
+def test_a_non_finite_loss_is_reported_at_its_step(monkeypatch):
+    opt, loader, ctx = epoch_of("vit", steps=23, log_every=10)
+    real = engine.losses.training_loss
+    calls = []
+
+    def nan_at_step_13(*args, **kwargs):
+        terms = real(*args, **kwargs)
+        calls.append(None)
+        return terms._replace(total=terms.total * float("nan")) if len(calls) == 13 else terms
+
+    monkeypatch.setattr(engine.losses, "training_loss", nan_at_step_13)
+    with pytest.raises(engine.NonFiniteLoss, match=r"at epoch 1, step 13 \(global step 13\)"):
+        engine.train_one_epoch(opt, loader, ctx, epoch=0)
+    assert len(calls) == 20  # caught at the read after step 20
