@@ -1,10 +1,10 @@
 """`mobile-moe demo`: the whole spine on built-in data (scikit-learn's digits), on CPU, in minutes.
 
-    1. train a dense ViT                              (mobile_moe/training/)
-    2. derive 5 super-classes from its confusions     (mobile_moe/super_class/)
-    3. train a Mobile V-MoE (E=5, k=1, L=2) with them (mobile_moe/training/)
-    4. export ExecuTorch, ONNX and Core ML bundles    (mobile_moe/export/)
-    5. benchmark the ExecuTorch bundles on the host   (mobile_moe/device_bench/, native runner)
+    1. train a dense ViT                              (mobile_moe.training)
+    2. derive 5 super-classes from its confusions     (mobile_moe.super_class)
+    3. train a Mobile V-MoE (E=5, k=1, L=2) with them (mobile_moe.training)
+    4. export ExecuTorch, ONNX and Core ML bundles    (mobile_moe.export)
+    5. benchmark the ExecuTorch bundles on the host   (mobile_moe.device_bench, native runner)
     6. write DIR/report.md with accuracies, super-classes, sizes, latencies and memory, beside the plots
 
 Each package does its own step; this module only strings them together and writes the summary.
