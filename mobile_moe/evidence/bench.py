@@ -10,13 +10,14 @@ from mobile_moe.device_bench.bench import bench_bundles
 from mobile_moe.evidence.results import CellResult
 from mobile_moe.evidence.sweep import run_dir
 from mobile_moe.export.bundle import export_bundle
+from mobile_moe.export.manifest import MANIFEST
 from mobile_moe.export.source import source_from_run
 
 
 def export_cell(out: Path, result: CellResult, log) -> Path:
     """The cell's seed-0 run as an ExecuTorch bundle, exported again only when best.pt is newer than the bundle."""
     bundle, run = out / "bundles" / result.cell.name, run_dir(out, result.cell, 0)
-    manifest = bundle / "manifest.json"
+    manifest = bundle / MANIFEST
     if manifest.is_file() and manifest.stat().st_mtime_ns >= (run / "best.pt").stat().st_mtime_ns:
         return bundle
     source = source_from_run(run)

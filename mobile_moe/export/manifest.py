@@ -19,15 +19,14 @@ from mobile_moe.export.flatbuffer_files import check_graph_file
 from mobile_moe.export.manifest_schema import (  # noqa: F401 (BACKENDS: the CLI's)
     BACKENDS,
     FORMAT,
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
     VERSION,
     GraphEntry,
     GraphFile,
     Manifest,
     validate_manifest,
 )
-
-MANIFEST = "manifest.json"
-MAX_MANIFEST_BYTES = 64 << 20  # a real manifest is kilobytes; refuse to parse anything absurd
 
 
 def planned_entry(spec, file: str) -> dict[str, Any]:

@@ -55,6 +55,8 @@ from mobile_moe.preprocess import ResizePolicy
 
 FORMAT = "mobile-moe-bundle"
 VERSION = 1
+MANIFEST = "manifest.json"  # the manifest's file name in a bundle
+MAX_MANIFEST_BYTES = 64 << 20  # a real manifest is kilobytes; refuse to parse anything absurd
 BACKENDS = ("executorch", "onnx", "coreml")
 LAYOUTS = ("dense", "monolithic", "expert-paths", "per-block", "whole")
 SPLIT_LAYOUTS = ("expert-paths", "per-block")  # what export --layout chooses between, for a per-image MoE
@@ -517,8 +519,9 @@ def _cpp_words(enum: str, words: tuple[str, ...], what: str) -> list[str]:
 
 def cpp_header() -> str:
     """mobile_moe/device_bench/native/manifest_schema.h: this module's words (layouts, kinds, roles, backends,
-    routings), the layouts of each routing and the kind of each layout, and its bounds, for the C++ runner, so that the
-    format has one owner in both languages (tests/test_docs.py checks the committed file against this)."""
+    routings), the layouts of each routing and the kind of each layout, the manifest's file name, and its bounds, for
+    the C++ runner, so that the format has one owner in both languages (tests/test_docs.py checks the committed file
+    against this)."""
     kinds = tuple(dict.fromkeys(KIND_OF_LAYOUT.values()))
     fits = [f"{{{', '.join('true' if layout in LAYOUTS_OF_ROUTING[r] else 'false' for layout in LAYOUTS)}}}"
             for r in ROUTINGS]  # fmt: skip
@@ -533,6 +536,8 @@ def cpp_header() -> str:
         "",
         "namespace mobile_moe::runner {",
         "",
+        f"inline constexpr const char* kManifestFile = {json.dumps(MANIFEST)};",
+        f"constexpr int64_t kMaxManifestBytes = {MAX_MANIFEST_BYTES};",
         f"constexpr int64_t kMaxExperts = {MAX_EXPERTS};",
         f"constexpr int64_t kMaxDim = {MAX_DIM};",
         f"constexpr int64_t kMaxElements = {MAX_ELEMENTS};",

@@ -582,11 +582,11 @@ inline Bundle read_bundle(const std::string& path) {
   Bundle bundle;
   bundle.dir = real_path(path);
   if (bundle.dir.empty()) throw UsageError("bundle directory " + path + " does not exist");
-  std::string manifest_path = bundle.dir + "/manifest.json";
+  std::string manifest_path = bundle.dir + "/" + kManifestFile;
   struct stat info {};
   if (stat(manifest_path.c_str(), &info) != 0)
-    throw UsageError(path + " has no manifest.json: export a bundle with `mobile-moe export`");
-  std::string origin = path + "/manifest.json";
+    throw UsageError(path + " has no " + kManifestFile + ": export a bundle with `mobile-moe export`");
+  std::string origin = path + "/" + kManifestFile;
   json::Value manifest;
   try {
     manifest = json::parse(read_file(manifest_path, "manifest", json::kMaxBytes));

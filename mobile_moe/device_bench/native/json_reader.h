@@ -16,10 +16,12 @@
 #include <string>
 #include <vector>
 
+#include "manifest_schema.h"
+
 namespace mobile_moe::json {
 
 constexpr int kMaxDepth = 64;
-constexpr size_t kMaxBytes = size_t{64} << 20;  // mobile_moe/export/manifest.py MAX_MANIFEST_BYTES
+constexpr size_t kMaxBytes = static_cast<size_t>(runner::kMaxManifestBytes);  // the schema's (manifest_schema.h)
 
 struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;

@@ -7,6 +7,8 @@
 
 namespace mobile_moe::runner {
 
+inline constexpr const char* kManifestFile = "manifest.json";
+constexpr int64_t kMaxManifestBytes = 67108864;
 constexpr int64_t kMaxExperts = 4096;
 constexpr int64_t kMaxDim = 65536;
 constexpr int64_t kMaxElements = 268435456;
