@@ -35,15 +35,16 @@ from mobile_moe.device_bench.native_build import build_runner
 from mobile_moe.device_bench.native_runner import parse_runner_output, runner_command
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.export.bundle import export_bundle
+from mobile_moe.export.manifest import MANIFEST
 from mobile_moe.export.runtime import load_bundle
 from mobile_moe.registry import create_model
 
 
 def export(out: Path, model: str, layout: str | None = None, **kwargs) -> Path:
-    if not (out / "manifest.json").exists():
+    if not (out / MANIFEST).exists():
         torch.manual_seed(0)  # every MoE bundle the same weights: the per-block one routes as the default one
-        model = create_model(model, "12x192", num_classes=1000, **kwargs).eval()
-        export_bundle(model, out, "executorch", layout=layout)
+        network = create_model(model, "12x192", num_classes=1000, **kwargs).eval()
+        export_bundle(network, out, "executorch", layout=layout)
     return out
 
 
