@@ -13,7 +13,7 @@ from mobile_moe.device_bench.python_worker import PythonWorker
 from mobile_moe.device_bench.round_report import RoundReport
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
-from mobile_moe.export.runners import coreml_runs_here
+from mobile_moe.export.loaded_graphs import coreml_runs_here
 
 
 def require_macos() -> None:

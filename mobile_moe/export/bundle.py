@@ -25,6 +25,7 @@ from mobile_moe.atomic import atomic_path, check_writable
 from mobile_moe.costs import costs
 from mobile_moe.errors import UsageError
 from mobile_moe.export.graphs import Split, split_model
+from mobile_moe.export.loaded_graphs import TorchGraph, coreml_runs_here
 from mobile_moe.export.manifest import (
     BACKENDS,
     FORMAT,
@@ -40,8 +41,7 @@ from mobile_moe.export.manifest import (
 )
 from mobile_moe.export.manifest_schema import GraphEntry, Manifest
 from mobile_moe.export.parity import PROB_TOLERANCE, measure_parity, parity_passed, parity_summary
-from mobile_moe.export.runners import TorchRunner, coreml_runs_here
-from mobile_moe.export.runtime import Bundle
+from mobile_moe.export.runtime import BundleRuntime
 from mobile_moe.export.traces import graph_inputs
 
 # backend -> (module, exporter function); imported only when used, so one backend's import cost is paid alone.
@@ -100,7 +100,7 @@ def _random_images(model: nn.Module, count: int = 8) -> Tensor:
     return torch.randn(count, cfg.in_chans, cfg.image_size, cfg.image_size, generator=generator)
 
 
-def _check_parity(bundle: Bundle, model: nn.Module, images: Tensor, strict: bool, note: str) -> dict[str, Any]:
+def _check_parity(bundle: BundleRuntime, model: nn.Module, images: Tensor, strict: bool, note: str) -> dict[str, Any]:
     result = measure_parity(bundle, model, images)
     result.update({"checked_on": note, "prob_tolerance": PROB_TOLERANCE if strict else None})
     result["passed"] = parity_passed(result) if strict else None
@@ -113,7 +113,7 @@ def _check_parity(bundle: Bundle, model: nn.Module, images: Tensor, strict: bool
 
 
 @torch.no_grad()
-def _validation_top1(bundle: Bundle, model: nn.Module, images: Tensor, labels: Tensor) -> dict[str, Any]:
+def _validation_top1(bundle: BundleRuntime, model: nn.Module, images: Tensor, labels: Tensor) -> dict[str, Any]:
     eager = model(images).logits.argmax(-1)
     exported = torch.tensor([int(bundle.predict(image.contiguous()).logits.argmax()) for image in images])
     fp32_top1 = float((eager == labels).float().mean())
@@ -344,14 +344,14 @@ def _export_family(
     return {spec.name: (artifact, seconds) for spec, artifact in zip(members, artifacts, strict=True)}
 
 
-def _runnable(bundle_dir: Path, backend: str, split: Split) -> tuple[Bundle, str]:
+def _runnable(bundle_dir: Path, backend: str, split: Split) -> tuple[BundleRuntime, str]:
     """A runtime over the new bundle, and what it runs: the backend itself, or (Core ML off macOS) the split modules
     in PyTorch, which still checks the split and the runtime's composition against the whole model."""
     if backend == "coreml" and not coreml_runs_here():
         modules = {spec.name: spec.module for spec in split.graphs}
-        bundle = Bundle(bundle_dir, open_graph=lambda graph: TorchRunner(modules[graph.name], graph))
+        bundle = BundleRuntime(bundle_dir, open_graph=lambda graph: TorchGraph(modules[graph.name], graph))
         return bundle, "split modules in PyTorch (Core ML prediction needs macOS)"
-    return Bundle(bundle_dir), f"{backend} runtime"
+    return BundleRuntime(bundle_dir), f"{backend} runtime"
 
 
 def _quantization_report(manifest: Manifest, split, bundle, model, val_data, backend) -> dict[str, Any]:

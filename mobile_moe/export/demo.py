@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from mobile_moe.export.bundle import export_bundle
+from mobile_moe.export.loaded_graphs import coreml_runs_here
 from mobile_moe.export.manifest_schema import Manifest
-from mobile_moe.export.runners import coreml_runs_here
 from mobile_moe.export.runtime import load_bundle
 from mobile_moe.export.source import source_from_run
 

@@ -24,7 +24,7 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
 
 @torch.no_grad()
 def measure_parity(bundle, model, images: torch.Tensor) -> dict[str, Any]:
-    """Max |logit| and |probability| errors and expert agreement of `bundle` (a runtime Bundle) vs `model` on images."""
+    """Max |logit| and |probability| errors and expert agreement of `bundle` (a BundleRuntime) vs `model` on images."""
     reference = model(images)
     eager_logits = reference.logits.numpy()
     predictions = [bundle.predict(image.contiguous()) for image in images]

@@ -28,11 +28,11 @@ import numpy as np
 
 from mobile_moe.errors import UsageError
 from mobile_moe.export.images import load_image
+from mobile_moe.export.loaded_graphs import GRAPH_OF_BACKEND
 from mobile_moe.export.manifest import read_manifest, verified_graph_files
 from mobile_moe.export.manifest_schema import GraphEntry
-from mobile_moe.export.runners import RUNNERS
 
-Runner = Callable[[list[np.ndarray]], dict[str, np.ndarray]]
+LoadedGraph = Callable[[list[np.ndarray]], dict[str, np.ndarray]]
 
 
 class Prediction(NamedTuple):
@@ -66,13 +66,13 @@ def cache_aware_top_k(probs: np.ndarray, k: int, resident: Collection[int], marg
     return chosen
 
 
-class Bundle:
+class BundleRuntime:
     def __init__(
         self,
         path: str | os.PathLike,
         max_cached_experts: int | None = None,
         threads: int | None = None,
-        open_graph: Callable[[GraphEntry], Runner] | None = None,
+        open_graph: Callable[[GraphEntry], LoadedGraph] | None = None,
         cache_margin: float = 0.0,
     ):
         if max_cached_experts is not None and max_cached_experts < 1:
@@ -89,16 +89,17 @@ class Bundle:
         self._graphs = {graph.name: graph for graph in self.manifest.graphs}
         self.composition = self.manifest.composition
         self.layout = self.composition.layout
-        self._resident: dict[str, Runner] = {}  # graphs loaded at open: router, shared block parts, head, whole model
-        self._experts: OrderedDict[int, dict[str, Runner]] = OrderedDict()  # expert -> its graphs, LRU order
+        # Graphs loaded at open: router, shared block parts, head, whole model.
+        self._resident: dict[str, LoadedGraph] = {}
+        self._experts: OrderedDict[int, dict[str, LoadedGraph]] = OrderedDict()  # expert -> its graphs, LRU order
         for name in self._resident_graph_names():
             self._resident[name] = self._open_graph(self._graphs[name])
 
     # --- loading ------------------------------------------------------------------------------------------------------
 
-    def _open_file(self, graph: GraphEntry) -> Runner:
+    def _open_file(self, graph: GraphEntry) -> LoadedGraph:
         path, *weights = verified_graph_files(self.path, graph)
-        return RUNNERS[self.backend](path, graph, self.threads, *weights)
+        return GRAPH_OF_BACKEND[self.backend](path, graph, self.threads, *weights)
 
     def _resident_graph_names(self) -> list[str]:
         if self.layout in ("dense", "monolithic", "whole"):
@@ -115,21 +116,21 @@ class Bundle:
             return [block.experts[expert] for block in self.composition.blocks]
         return [self.composition.experts[expert]]
 
-    def _expert(self, expert: int) -> tuple[dict[str, Runner], float]:
+    def _expert(self, expert: int) -> tuple[dict[str, LoadedGraph], float]:
         """Expert `expert`'s graphs (loading them if needed, evicting the LRU expert) and the load time in ms."""
         if expert in self._experts:
             self._experts.move_to_end(expert)
             return self._experts[expert], 0.0
         start = time.perf_counter()
-        runners = {name: self._open_graph(self._graphs[name]) for name in self._expert_graph_names(expert)}
-        self._experts[expert] = runners
+        graphs = {name: self._open_graph(self._graphs[name]) for name in self._expert_graph_names(expert)}
+        self._experts[expert] = graphs
         while self.max_cached_experts is not None and len(self._experts) > self.max_cached_experts:
-            self._experts.popitem(last=False)  # dropping the runner frees the program and its packed weights
-        return runners, _milliseconds(start)
+            self._experts.popitem(last=False)  # dropping the graph frees the program and its packed weights
+        return graphs, _milliseconds(start)
 
     @property
     def loaded_graphs(self) -> list[str]:
-        return [*self._resident, *(name for runners in self._experts.values() for name in runners)]
+        return [*self._resident, *(name for graphs in self._experts.values() for name in graphs)]
 
     @property
     def loaded_experts(self) -> list[int]:
@@ -190,8 +191,8 @@ class Bundle:
         load_ms = 0.0
         loaded = []
         for expert in experts:
-            runners, ms = self._expert(expert)
-            loaded.append(runners)
+            graphs, ms = self._expert(expert)
+            loaded.append(graphs)
             load_ms += ms
         compute = time.perf_counter()
         if self.layout == "per-block":
@@ -220,15 +221,15 @@ class Bundle:
             out["logits"][0], experts, gates, {"router": 0.0, "load": 0.0, "experts": 0.0, "total": total}
         )
 
-    def _run_blocks(self, tokens: np.ndarray, experts: list[dict[str, Runner]], gates: list[float]) -> np.ndarray:
+    def _run_blocks(self, tokens: np.ndarray, experts: list[dict[str, LoadedGraph]], gates: list[float]) -> np.ndarray:
         """tokens = residual + sum_j gate_j * delta_j in every MoE block, then the head (the manifest's `combine`)."""
         x = tokens  # (1, T, D)
         for block in self.composition.blocks:
             shared = self._resident[block.shared]([x])
             x = shared["residual"].copy()
-            for runners, gate in zip(experts, gates, strict=True):
-                name = next(name for name in runners if name in block.experts)
-                x += np.float32(gate) * runners[name]([shared["normed"]])["delta"]
+            for graphs, gate in zip(experts, gates, strict=True):
+                name = next(name for name in graphs if name in block.experts)
+                x += np.float32(gate) * graphs[name]([shared["normed"]])["delta"]
         return self._resident[self.composition.head]([x])["logits"]
 
 
@@ -237,7 +238,7 @@ def load_bundle(
     max_cached_experts: int | None = None,
     threads: int | None = None,
     cache_margin: float = 0.0,
-) -> Bundle:
+) -> BundleRuntime:
     """A bundle ready to predict: `max_cached_experts` experts kept loaded (None: all), `cache_margin` a gate margin
     for cache-aware routing (cache_aware_top_k; 0: plain top-k)."""
-    return Bundle(path, max_cached_experts, threads, cache_margin=cache_margin)
+    return BundleRuntime(path, max_cached_experts, threads, cache_margin=cache_margin)

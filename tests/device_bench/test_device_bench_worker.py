@@ -64,16 +64,16 @@ def test_switch_timing_follows_switch_repeats(bundle, tmp_path, repeats):
 
 def test_threads_reach_every_onnxruntime_session(onnx_bundle, tmp_path, monkeypatch):
     """Without it each session made its own thread pool: eleven graphs fought over the cores (issue 12)."""
-    from mobile_moe.export import runners
+    from mobile_moe.export import loaded_graphs
 
     threads_of_sessions = []
 
     def opened(path, graph, threads=None):
-        runner = runners.OnnxRunner(path, graph, threads)
+        runner = loaded_graphs.OnnxGraph(path, graph, threads)
         threads_of_sessions.append(runner.session.get_session_options().intra_op_num_threads)
         return runner
 
-    monkeypatch.setitem(runners.RUNNERS, "onnx", opened)
+    monkeypatch.setitem(loaded_graphs.GRAPH_OF_BACKEND, "onnx", opened)
     measure(onnx_bundle, "onnxruntime", tmp_path, threads=2)
     assert len(threads_of_sessions) >= 3  # the router and at least two experts, for the timing and the switch
     assert set(threads_of_sessions) == {2}

@@ -372,8 +372,8 @@ def test_paths_the_file_system_refuses_are_one_line(tmp_path, capsys):
 
 
 def test_a_symbolic_dimension_never_matches_the_manifest():
+    from mobile_moe.export.loaded_graphs import check_shapes
     from mobile_moe.export.manifest_schema import GraphEntry, TensorSpec
-    from mobile_moe.export.runners import check_shapes
 
     image = TensorSpec(name="images", shape=[1, 3, 32, 32], dtype="float32")
     graph = GraphEntry.model_construct(name="dense", file="dense.onnx", inputs=[image])

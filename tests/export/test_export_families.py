@@ -9,8 +9,8 @@ from conftest import tiny_model
 
 from mobile_moe.export.bundle import export_bundle
 from mobile_moe.export.graphs import split_model
+from mobile_moe.export.loaded_graphs import ExecuTorchGraph
 from mobile_moe.export.manifest import read_manifest, verified_graph_files
-from mobile_moe.export.runners import ExecuTorchRunner
 from mobile_moe.moe import STACKED
 
 pytestmark = pytest.mark.export
@@ -72,7 +72,7 @@ def test_each_expert_runs_from_its_weights_file_as_its_eager_module(exported):
     for graph in experts:
         inputs = specs[graph.name].example_inputs()
         program, weights = verified_graph_files(out, graph)
-        got = ExecuTorchRunner(program, graph, weights=weights)([x.numpy() for x in inputs])
+        got = ExecuTorchGraph(program, graph, weights=weights)([x.numpy() for x in inputs])
         got = np.concatenate([got[spec.name].ravel() for spec in graph.outputs])
         family = [other for other in experts if other.file == graph.file]
         errors = {other.name: float(np.abs(got - eager(specs[other.name], inputs)).max()) for other in family}

@@ -153,7 +153,7 @@ from pathlib import Path
 import numpy as np
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest import read_manifest
-from mobile_moe.export.runners import ExecuTorchRunner
+from mobile_moe.export.loaded_graphs import ExecuTorchGraph
 bundle, name, variants = Path(sys.argv[1]), sys.argv[2], sys.argv[3].split(",")
 graph = next(graph for graph in read_manifest(bundle).graphs if graph.name == name)
 weights = bundle / graph.weights.file if graph.weights is not None else None
@@ -161,7 +161,7 @@ for path in map(Path, variants):
     print(path, flush=True)  # the last one printed is the one that crashed, if one does
     program, data = (bundle / graph.file, path) if path.suffix == ".ptd" else (path, weights)
     try:  # as predict and bench's Python runtime load and run a graph
-        runner = ExecuTorchRunner(program, graph, weights=data)
+        runner = ExecuTorchGraph(program, graph, weights=data)
         runner([np.zeros([int(d) for d in spec.shape], np.float32) for spec in graph.inputs])
     except UsageError:
         pass  # refused by ExecuTorch itself, in one line: what matters is that nothing crashed

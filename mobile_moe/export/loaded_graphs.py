@@ -1,11 +1,12 @@
-"""One loaded graph per backend, behind one call: `runner(list of numpy inputs) -> {output name: numpy array}`.
+"""One loaded graph per backend, behind one call: `graph(list of numpy inputs) -> {output name: numpy array}`.
 
+(A loaded graph, as graph_loader.h's LoadedGraph is in the native runner; "runner" names what runs a benchmark round.)
 Inputs and outputs follow the manifest's order and names. ExecuTorch methods take positional tensors; ONNX Runtime
-feeds by name; Core ML (macOS only) by name too. The torch runner runs a split module in PyTorch: the bundle builder
-uses it to check the split and composition where the backend itself cannot run here (Core ML off macOS).
+feeds by name; Core ML (macOS only) by name too. TorchGraph runs a split module in PyTorch: the bundle builder uses it
+to check the split and composition where the backend itself cannot run here (Core ML off macOS).
 
-A graph file reaches a runner only after its sha256 matched the manifest, but a file can be re-sealed after
-tampering: so each runner also checks the program's own input and output shapes against the manifest when it loads
+A graph file is loaded only after its sha256 matched the manifest, but a file can be re-sealed after tampering: so
+each loaded graph also checks the program's own input and output shapes against the manifest when it loads
 it, and the shapes of what it returns, and reports any backend failure as the bundle's fault (UsageError, one line),
 never as a traceback.
 """
@@ -72,7 +73,7 @@ def _is_utf8(name: bytes) -> bool:
     return True
 
 
-class ExecuTorchRunner:
+class ExecuTorchGraph:
     def __init__(self, path: Path, graph: GraphEntry, threads: int | None = None, weights: Path | None = None):
         """`weights`: the .ptd holding the weights this graph keeps outside its program (shared by a family)."""
         from executorch.runtime import Runtime, Verification
@@ -112,7 +113,7 @@ def _onnxruntime_errors() -> tuple[type[BaseException], ...]:
     return (RuntimeError, ValueError, *statuses)
 
 
-class OnnxRunner:
+class OnnxGraph:
     def __init__(self, path: Path, graph: GraphEntry, threads: int | None = None):
         import onnxruntime as ort
 
@@ -141,7 +142,7 @@ class OnnxRunner:
         return named_outputs(self.graph, outputs)
 
 
-class CoreMLRunner:
+class CoreMLGraph:
     def __init__(self, path: Path, graph: GraphEntry, threads: int | None = None):
         if not coreml_runs_here():
             raise UsageError(
@@ -167,7 +168,7 @@ class CoreMLRunner:
         return named_outputs(self.graph, results)
 
 
-class TorchRunner:
+class TorchGraph:
     """A split module run in PyTorch (no file): for checking a split where its backend cannot run."""
 
     def __init__(self, module, graph: GraphEntry):
@@ -183,4 +184,4 @@ class TorchRunner:
         return {name: out.numpy() for name, out in zip(self.output_names, outputs, strict=True)}
 
 
-RUNNERS = {"executorch": ExecuTorchRunner, "onnx": OnnxRunner, "coreml": CoreMLRunner}
+GRAPH_OF_BACKEND = {"executorch": ExecuTorchGraph, "onnx": OnnxGraph, "coreml": CoreMLGraph}
