@@ -2,8 +2,8 @@
 // runner's side of mobile_moe/export/flatbuffer_files.py, which says why (ExecuTorch does not verify a .ptd at all, and
 // reads some table entries of a verified .pte without asking whether they are there: a zeroed named_data crashed the
 // runner). What is walked, and what must be there, is flatbuffer_schema.h, generated from that module; this is the same
-// walk step for step, and tests/export/test_flatbuffer_files.py gives both walks every damaged file of its fuzzing and expects
-// the same verdicts. check_graph_file() throws FileFault naming the first fault.
+// walk step for step, and tests/export/test_flatbuffer_files.py gives both walks every damaged file of its fuzzing
+// and expects the same verdicts. check_graph_file() throws FileFault naming the first fault.
 #pragma once
 
 #include <algorithm>
@@ -208,7 +208,6 @@ struct Head {
   std::vector<uint8_t> data;  // the file up to the end of its flatbuffer (at least its headers)
   uint64_t file_size = 0;
 };
-
 
 // The file's first bytes up to the end of its flatbuffer, as `flatbuffer_end` (of the first bytes) says; nothing after.
 template <typename End>

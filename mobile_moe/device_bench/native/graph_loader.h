@@ -1,6 +1,6 @@
 // Load a graph the way the fast path needs (part of the native runner, runner.cpp; header-only):
 //   - a program file is parsed and verified ONCE and shared: every expert of a family
-// (mobile_moe/export/executorch_family.py)     loads its method from the one parsed program;
+//     (mobile_moe/export/executorch_family.py) loads its method from the one parsed program;
 //   - each graph's method gets its own weights (a FlatTensorDataMap of its .ptd), its own planned memory and its own
 //     XNNPACK options (its packed-weight cache file, packed_cache.h), through
 //     Program::load_method(name, memory_manager, tracer, named_data_map, backend_options)

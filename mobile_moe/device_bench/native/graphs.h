@@ -279,8 +279,8 @@ inline void pick_experts(const std::vector<float>& probs, int k, bool renormaliz
 
 // A whole bundle's experts: those that filled token slots for this image in any expert set (expert_tokens (1, G, E)
 // summed over the G sets > 0), ascending, each with its share of the image's slots as the gate
-// (mobile_moe/export/runtime.py BundleRuntime.used_experts). A count that is negative or not finite can only come from a
-// corrupt graph.
+// (mobile_moe/export/runtime.py BundleRuntime.used_experts). A count that is negative or not finite can only come
+// from a corrupt graph.
 inline void used_experts(const std::vector<float>& expert_tokens, int num_experts, Inference& out) {
   if (num_experts < 1 || expert_tokens.size() % static_cast<size_t>(num_experts) != 0)
     throw std::logic_error("expert_tokens holds " + std::to_string(expert_tokens.size()) + " values for " +
