@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mobile_moe.device_bench.remote import RunnerFiles, run_remote
-from mobile_moe.device_bench.round_report import RoundReport
+from mobile_moe.device_bench.round_report import RoundJson
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
 
@@ -128,5 +128,5 @@ class AndroidRunner:
     def name(self) -> str:
         return f"native runner on Android device {self.serial or '(the one attached)'}"
 
-    def run_round(self, bundle: Path, images: Path, settings: RoundSettings) -> RoundReport:
+    def run_round(self, bundle: Path, images: Path, settings: RoundSettings) -> RoundJson:
         return run_on_android(self.serial, self.binary, bundle, images, settings)

@@ -28,7 +28,7 @@ from mobile_moe.atomic import atomic_path
 from mobile_moe.cache import cache_root
 from mobile_moe.device_bench.native_build import NATIVE_DIR, CrossBuild, build_runner
 from mobile_moe.device_bench.remote import RunnerFiles, run_remote
-from mobile_moe.device_bench.round_report import RoundReport
+from mobile_moe.device_bench.round_report import RoundJson
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
 
@@ -182,5 +182,5 @@ class EmulatedArm64Runner:
     def name(self) -> str:
         return f"native runner on the {EmulatedArm64Device.name}"
 
-    def run_round(self, bundle: Path, images: Path, settings: RoundSettings) -> RoundReport:
+    def run_round(self, bundle: Path, images: Path, settings: RoundSettings) -> RoundJson:
         return run_emulated(self.binary, bundle, images, settings)

@@ -35,7 +35,7 @@ from mobile_moe.device_bench.android import AndroidRunner
 from mobile_moe.device_bench.coreml_worker import CoreMLWorker
 from mobile_moe.device_bench.native_runner import NativeRunner, check_runner
 from mobile_moe.device_bench.python_worker import PythonWorker
-from mobile_moe.device_bench.round_report import RoundReport
+from mobile_moe.device_bench.round_report import RoundJson, RoundReport
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.device_bench.workload import make_workload, random_seed, write_raw
 from mobile_moe.errors import UsageError
@@ -56,7 +56,7 @@ class RoundRunner(Protocol):
         """Which runner this is, for error messages ("native runner", "onnxruntime worker", ...)."""
         ...
 
-    def run_round(self, bundle: Path, images: Path, settings: RoundSettings) -> RoundReport: ...
+    def run_round(self, bundle: Path, images: Path, settings: RoundSettings) -> RoundJson: ...
 
 
 DEVICES = ("host", "android[:SERIAL]", "arm64-emulated")
@@ -149,8 +149,13 @@ def measure_round(
 ) -> RoundReport:
     """One round of one bundle: a fresh runner process, its report validated."""
     report = results_module.validate_round(runner.run_round(Path(bundle), images, settings.round), runner.name)
-    log(f"{bundle} [{runtime}, {settings.device}] round {index + 1}: p50 {report['latency_ms']['p50']:.2f} ms")
+    log(f"{bundle} [{runtime}, {settings.device}] round {index + 1}: p50 {report.latency_ms.p50:.2f} ms")
     return report
+
+
+def as_given(report: RoundReport) -> dict:
+    """A validated round as the runner gave it (its own extra keys included, no defaults added), for results.json."""
+    return report.model_dump(mode="json", exclude_unset=True)
 
 
 def earlier_bench(out: Path) -> bool:
@@ -211,7 +216,7 @@ def benchmark(
         results_module.run_record(
             name, manifests[name], runtimes[name], settings.device, rounds[name], workloads[name].source
         )
-        | {"emulated": is_emulated(settings.device), "raw_first_round": rounds[name][0]}
+        | {"emulated": is_emulated(settings.device), "raw_first_round": as_given(rounds[name][0])}
         for name in names
     ]
     results = {"runs": records, "host": host_description(), "rounds": settings.rounds, "settings": settings.as_json()}

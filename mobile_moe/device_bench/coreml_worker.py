@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mobile_moe.device_bench.python_worker import PythonWorker
-from mobile_moe.device_bench.round_report import RoundReport
+from mobile_moe.device_bench.round_report import RoundJson
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
 from mobile_moe.export.loaded_graphs import coreml_runs_here
@@ -35,5 +35,5 @@ class CoreMLWorker:
     def name(self) -> str:
         return "coreml worker"
 
-    def run_round(self, bundle: Path, images: Path, settings: RoundSettings) -> RoundReport:
+    def run_round(self, bundle: Path, images: Path, settings: RoundSettings) -> RoundJson:
         return PythonWorker("coreml").run_round(bundle, images, settings)

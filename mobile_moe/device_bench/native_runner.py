@@ -17,7 +17,7 @@ from pathlib import Path
 
 from mobile_moe.cache import packed_weights_dir
 from mobile_moe.device_bench.native_build import build_runner
-from mobile_moe.device_bench.round_report import RoundReport
+from mobile_moe.device_bench.round_report import RoundJson
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest import read_manifest
@@ -134,5 +134,5 @@ class NativeRunner:
     def name(self) -> str:
         return f"native runner {self.binary}" if self.binary is not None else "native runner"
 
-    def run_round(self, bundle: Path, images: Path, settings: RoundSettings) -> RoundReport:
+    def run_round(self, bundle: Path, images: Path, settings: RoundSettings) -> RoundJson:
         return run_native(self.binary or build_runner(), bundle, images, settings)

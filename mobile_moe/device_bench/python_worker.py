@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from mobile_moe.device_bench.process_memory import memory_now
-from mobile_moe.device_bench.round_report import RoundReport, Switch
+from mobile_moe.device_bench.round_report import RoundJson
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest import read_manifest
@@ -51,7 +51,7 @@ def timed_predict(bundle, image) -> tuple[object, float, bool]:
     return prediction, wall_ms, hit
 
 
-def measure(bundle_dir: str | Path, runtime: str, images_file: str | Path, settings: RoundSettings) -> RoundReport:
+def measure(bundle_dir: str | Path, runtime: str, images_file: str | Path, settings: RoundSettings) -> RoundJson:
     """One round on `bundle_dir` in this process: cold load, routing pass, timed warm runs, expert switches."""
     shape = read_manifest(bundle_dir).input.shape  # the schema's checks; nothing is loaded before the timing
     images = torch.from_numpy(np.fromfile(images_file, dtype=np.float32).reshape(-1, *shape[1:]))  # (N, C, S, S)
@@ -106,10 +106,10 @@ def measure(bundle_dir: str | Path, runtime: str, images_file: str | Path, setti
     router_ms = statistics.median(router or [0.0])
     report["switch"] = measure_switch(bundle_dir, settings, images, rows, load_bundle, router_ms)
     report["memory_at_end"] = memory_now()
-    return report  # type: ignore[return-value]
+    return report
 
 
-def no_switch(note: str) -> Switch:
+def no_switch(note: str) -> dict:
     return {"ms": [], "median_ms": None, "load_median_ms": None, "first_run_median_ms": None,
             "warm_expert_run_median_ms": None, "note": note}  # fmt: skip
 
@@ -120,7 +120,7 @@ def _median_or_none(values: list[float]) -> float | None:
 
 def measure_switch(
     bundle_dir, settings: RoundSettings, images, rows: list[dict], load_bundle, router_ms: float
-) -> Switch:
+) -> dict:
     """With one cached expert, alternate images routed to different experts, --switch-repeats times over: every
     predict then switches (unloads one expert, loads and first-runs another); the same image once more right after
     is that expert's warm run."""
@@ -171,7 +171,7 @@ class PythonWorker:
     def name(self) -> str:
         return f"{self.runtime} worker"
 
-    def run_round(self, bundle: Path, images: Path, settings: RoundSettings) -> RoundReport:
+    def run_round(self, bundle: Path, images: Path, settings: RoundSettings) -> RoundJson:
         command = worker_command(bundle, self.runtime, images, settings)
         result = subprocess.run(command, capture_output=True)
         stderr = result.stderr.decode(errors="replace").strip().splitlines()

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mobile_moe.costs import costs
 from mobile_moe.device_bench import routing_stats
-from mobile_moe.device_bench.round_report import Latency, RoundReport, RoundReportSchema
+from mobile_moe.device_bench.round_report import Latency, RoundReport, SwitchParts
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest_schema import GraphEntry, Manifest
 from mobile_moe.registry import config_from_dict
@@ -95,51 +95,52 @@ def _round_report_error(error: ValidationError, runner: str) -> RoundReportError
 
 
 def validate_round(report: object, runner: str) -> RoundReport:
-    """`report`, checked against RoundReportSchema (mobile_moe/device_bench/round_report.py), or RoundReportError naming
-    the runner and the first field it lacks or holds the wrong kind of value in. Every round goes through here before
-    results reads it."""
+    """`report`, a runner's JSON object, as a RoundReport (mobile_moe/device_bench/round_report.py), or RoundReportError
+    naming the runner and the first field it lacks or holds the wrong kind of value in. Every round goes through here
+    before results reads it."""
     if not isinstance(report, dict):
         raise RoundReportError(f"{runner}: round report itself is not an object")
     try:
-        RoundReportSchema.model_validate(report)
+        validated = RoundReport.model_validate(report)
     except ValidationError as error:
         raise _round_report_error(error, runner) from None
-    if not report["load_ms"]:
+    if not validated.load_ms:
         raise RoundReportError(f"{runner}: round report field load_ms is empty; it must time the graph loaded first")
-    return report
+    return validated
 
 
-def summarize_round(raw: dict) -> dict:
+def _parts(parts: SwitchParts | None) -> dict | None:
+    return parts.model_dump() if parts is not None else None
+
+
+def summarize_round(round_: RoundReport) -> dict:
     """The few numbers of one round that the aggregate and the spread use."""
-    latency = raw["latency_ms"]
-    # Serving memory: after the routing pass and the timed runs, before the switch phase loads every expert in turn.
-    memory = raw.get("memory_after_warm") or raw.get("memory_at_end") or {}
-    switch = raw.get("switch") or {}
-    cold = switch.get("cold") or {}
+    latency, switch = round_.latency_ms, round_.switch
+    memory = round_.memory_after_warm  # serving memory: before the switch phase loads every expert in turn
     return {
-        "latency_ms": {key: latency[key] for key in ("p50", "p90", "p99", "mean")},
-        "load_ms_router": next(iter(raw["load_ms"].values())),
-        "expert_load_ms": _median(list((raw.get("expert_load_ms") or {}).values())),
-        "switch_ms": switch.get("median_ms"),
-        "switch_load_ms": switch.get("load_median_ms"),
-        "switch_first_run_ms": switch.get("first_run_median_ms"),
-        "switch_warm_expert_run_ms": switch.get("warm_expert_run_median_ms"),
-        "switch_parts_ms": switch.get("parts_median_ms"),
-        "switch_cold_ms": cold.get("median_ms"),
-        "switch_cold_parts_ms": cold.get("parts_median_ms"),
-        "peak_rss_bytes": memory.get("peak_rss_bytes"),
-        "pss_bytes": memory.get("pss_bytes"),
-        "weight_cache_bytes": raw.get("weight_cache_bytes"),
+        "latency_ms": {key: getattr(latency, key) for key in ("p50", "p90", "p99", "mean")},
+        "load_ms_router": next(iter(round_.load_ms.values())),
+        "expert_load_ms": _median(list(round_.expert_load_ms.values())),
+        "switch_ms": switch.median_ms,
+        "switch_load_ms": switch.load_median_ms,
+        "switch_first_run_ms": switch.first_run_median_ms,
+        "switch_warm_expert_run_ms": switch.warm_expert_run_median_ms,
+        "switch_parts_ms": _parts(switch.parts_median_ms),
+        "switch_cold_ms": switch.cold.median_ms if switch.cold else None,
+        "switch_cold_parts_ms": _parts(switch.cold.parts_median_ms) if switch.cold else None,
+        "peak_rss_bytes": memory.peak_rss_bytes,
+        "pss_bytes": memory.pss_bytes,
+        "weight_cache_bytes": round_.weight_cache_bytes,
     }
 
 
 def run_record(
-    bundle: str | Path, manifest: Manifest, runtime: str, device: str, rounds: list[dict], workload_source: str
+    bundle: str | Path, manifest: Manifest, runtime: str, device: str, rounds: list[RoundReport], workload_source: str
 ) -> dict:
-    """The results.json record for one (bundle, runtime, device) from its rounds' raw runner JSON."""
+    """The results.json record for one (bundle, runtime, device) from its rounds' validated reports."""
     first = rounds[0]
-    summaries = [summarize_round(raw) for raw in rounds]
-    sequence = [row.get("experts", []) for row in first["images"]]
+    summaries = [summarize_round(round_) for round_ in rounds]
+    sequence = [row.experts for row in first.images]
     split = manifest.kind == "split"
     return {
         "bundle": str(bundle),
@@ -150,7 +151,7 @@ def run_record(
         "backend": manifest.backend,
         "runtime": runtime,
         "device": device,
-        "threads": first.get("threads"),
+        "threads": first.threads,
         "rounds": len(rounds),
         "images": len(sequence),
         "workload": workload_source,
@@ -164,23 +165,22 @@ def run_record(
         "expert_histogram": routing_stats.expert_histogram(sequence, manifest.num_experts) if split else [],
         # The native runner's packed-weight cache: on or off (None: a runtime without one), and what it held after
         # the last round (the first round of a fresh cache packs; later rounds map).
-        "weight_cache": first.get("weight_cache"),
+        "weight_cache": first.weight_cache,
         "weight_cache_bytes": summaries[-1]["weight_cache_bytes"],
         "spread": _spread([s["latency_ms"]["p50"] for s in summaries]),
         "per_round": summaries,
     }
 
 
-def _timings(rounds: list[dict], summaries: list[dict], *, split: bool) -> dict:
+def _timings(rounds: list[RoundReport], summaries: list[dict], *, split: bool) -> dict:
     """Latency, stage, load and switch times: each the median over the rounds (a switch only for split bundles)."""
     latency = {key: _median([s["latency_ms"][key] for s in summaries]) for key in ("p50", "p90", "p99", "mean")}
     switch_ms = _median([s["switch_ms"] for s in summaries])
-    stages = rounds[0].get("stages_ms", {})
     return {
         "latency_ms": latency,
         "stages_ms": {
-            name: _median([r["stages_ms"][name]["p50"] for r in rounds if name in r.get("stages_ms", {})])
-            for name in stages
+            stage: _median([r.stages_ms[stage].p50 for r in rounds if stage in r.stages_ms])
+            for stage in rounds[0].stages_ms
         },
         "load_ms": {
             "router": _median([s["load_ms_router"] for s in summaries]),
@@ -191,12 +191,12 @@ def _timings(rounds: list[dict], summaries: list[dict], *, split: bool) -> dict:
     }
 
 
-def _switch(rounds: list[dict], summaries: list[dict], switch_ms: float | None, p50: float) -> dict:
+def _switch(rounds: list[RoundReport], summaries: list[dict], switch_ms: float | None, p50: float) -> dict:
     """The switch's parts; `added_ms`: what a switch costs over a hit (switch - the same expert's warm run), the
     number that prefetching or a warm packed-weight cache must bring down; `cold_*`: from an empty cache."""
     warm_run = _median([s["switch_warm_expert_run_ms"] for s in summaries])
     cold_ms = _median([s["switch_cold_ms"] for s in summaries])
-    switch = rounds[0].get("switch") or {}
+    switch = rounds[0].switch
 
     def added(ms: float | None) -> float | None:
         return ms - warm_run if ms is not None and warm_run is not None else None
@@ -205,8 +205,8 @@ def _switch(rounds: list[dict], summaries: list[dict], switch_ms: float | None, 
         return ms / p50 if ms is not None and p50 else None
 
     return {
-        "cache": switch.get("cache"),
-        "weights": switch.get("weights"),
+        "cache": switch.cache,
+        "weights": switch.weights,
         "load_ms": _median([s["switch_load_ms"] for s in summaries]),
         "first_run_ms": _median([s["switch_first_run_ms"] for s in summaries]),
         "warm_expert_run_ms": warm_run,

@@ -1,9 +1,9 @@
 """What one round (one runner process on one bundle) must report, whichever runner ran it.
 
 Every runner (the native C++ runner on the host or over adb, the Python worker around export's runtime, Core ML)
-returns a RoundReport: the parsed JSON object, a dict. mobile_moe/device_bench/results.py `validate_round` checks it
-against RoundReportSchema before anything reads it, so a runner that leaves a field out is refused by name instead of
-failing deep inside the aggregate.
+returns the JSON object it printed (RoundJson). mobile_moe/device_bench/results.py `validate_round` turns it into a
+RoundReport before anything reads it, so a runner that leaves a field out is refused by name instead of failing deep
+inside the aggregate, and what reads a round reads typed fields.
 A runner that cannot measure a value gives null (None) for it; it never leaves the key out. Runners may add keys
 of their own (the native runner's files_opened, loads, graph_bytes, ...): they pass through to raw_first_round.
 """
@@ -94,7 +94,7 @@ class SwitchSet(_Report):
     parts_median_ms: SwitchParts | None = None  # None where a runner cannot take a load apart
 
 
-class SwitchSchema(SwitchSet):
+class Switch(SwitchSet):
     """What routing to another expert costs while serving (from the packed-weight cache when there is one), and
     from an empty cache (`cold`; None without a cache)."""
 
@@ -103,7 +103,7 @@ class SwitchSchema(SwitchSet):
     note: str | None = None  # why nothing was timed
 
 
-class RoundReportSchema(_Report):
+class RoundReport(_Report):
     runner: str
     bundle: str  # as the runner saw it (a device path on a phone)
     threads: int
@@ -113,13 +113,16 @@ class RoundReportSchema(_Report):
     graphs_loaded_after_routing: list[str]
     latency_ms: Summary  # warm end to end per image
     stages_ms: dict[str, Summary]  # "router" and "expert" for split bundles, the bundle kind for one graph
-    switch: SwitchSchema
+    switch: Switch
     memory_at_start: Memory
     memory_after_first_load: Memory
     memory_after_warm: Memory  # after the routing pass and the timed runs: what serving holds
     memory_at_end: Memory  # after the switch phase, which loads every expert in turn
+    # The native runner's packed-weight cache: whether it kept packed weights on disk, and the bytes its folder held at
+    # the end of the round (0 when off); absent (None) on runners without one.
+    weight_cache: bool | None = None
+    weight_cache_bytes: int | None = None
 
 
-# What runners pass around: the parsed JSON objects, which the schemas above describe and validate_round checks.
-RoundReport = dict[str, Any]
-Switch = dict[str, Any]
+# What a runner returns: the JSON object it printed, which RoundReport describes and validate_round checks.
+RoundJson = dict[str, Any]

@@ -399,13 +399,13 @@ def test_a_damaged_packed_weight_cache_is_rebuilt_and_the_answer_stays_right(run
 @needs_build
 def test_runner_without_switch_samples_reports_null_medians(runner, bundle, workload_file):
     """Nothing timed is null in the JSON (never a made-up number), and the aggregate says so."""
-    from mobile_moe.device_bench.results import summarize_round
+    from mobile_moe.device_bench.results import summarize_round, validate_round
 
     report = run_native(runner, bundle, workload_file, RoundSettings(iterations=1, warmup=0, switch_repeats=0))
     switch = report["switch"]
     assert switch["ms"] == [] and switch["median_ms"] is None and switch["weights"] is None
     assert set(switch["parts_median_ms"].values()) == {None}
-    summary = summarize_round(report)
+    summary = summarize_round(validate_round(report, "native runner"))
     assert summary["switch_ms"] is None and summary["switch_load_ms"] is None
 
 

@@ -11,6 +11,7 @@ from mobile_moe.device_bench import routing_stats
 from mobile_moe.device_bench.bench import BenchSettings, choose_runner
 from mobile_moe.device_bench.report import markdown, write_report
 from mobile_moe.device_bench.results import RoundReportError, run_record, validate_results, validate_round
+from mobile_moe.device_bench.round_report import RoundReport
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest_schema import Composition, GraphEntry, Manifest, ModelSummary
@@ -69,7 +70,7 @@ def fake_summary(p50: float) -> dict:
 
 
 def fake_round(p50: float, experts: list[int]) -> dict:
-    """A complete RoundReport, as a runner would return it."""
+    """A complete round report, the JSON object a runner would return."""
     memory = {"rss_bytes": 10, "peak_rss_bytes": 20, "pss_bytes": 15}
     row = {"gates": [1.0], "logits": [0.1, 0.9], "router_ms": 1.0, "expert_ms": 1.0, "load_ms": 0, "total_ms": 2.0,
            "cache_hit": True}  # fmt: skip
@@ -97,9 +98,15 @@ def fake_round(p50: float, experts: list[int]) -> dict:
     }
 
 
+def fake_report(p50: float, experts: list[int]) -> RoundReport:
+    return validate_round(fake_round(p50, experts), "fake runner")
+
+
 def test_a_complete_round_report_validates_nulls_and_extra_keys_included():
     report = dict(fake_round(10.0, [0, 1]), files_opened=["router.pte"])  # a runner's own extras pass through
-    assert validate_round(report, "fake runner") is report
+    validated = validate_round(report, "fake runner")
+    assert validated.model_dump(exclude_unset=True) == report and validated.files_opened == ["router.pte"]
+    assert validated.images[1].experts == [1] and validated.memory_at_end.pss_bytes is None
 
 
 @pytest.mark.parametrize(
@@ -169,7 +176,7 @@ def test_one_function_picks_the_runner_for_runtime_and_device(tmp_path):
 
 
 def test_run_record_medians_spread_and_schema(tmp_path):
-    rounds = [fake_round(p50, [0, 1, 1, 0]) for p50 in (10.0, 11.0, 14.0)]
+    rounds = [fake_report(p50, [0, 1, 1, 0]) for p50 in (10.0, 11.0, 14.0)]
     record = run_record("b/moe", fake_manifest("moe"), "native", "host", rounds, "random:0")
     assert record["latency_ms"]["p50"] == 11.0  # median across rounds
     assert record["spread"]["relative"] == pytest.approx(4 / 11) and record["spread"]["wide"]
@@ -186,8 +193,8 @@ def test_run_record_medians_spread_and_schema(tmp_path):
 
 
 def test_report_files_and_side_by_side(tmp_path):
-    moe = run_record("b/moe", fake_manifest("moe"), "native", "host", [fake_round(10.0, [0, 1])], "random:0")
-    dense = run_record("b/dense", fake_manifest("dense"), "native", "host", [fake_round(9.0, [])], "random:0")
+    moe = run_record("b/moe", fake_manifest("moe"), "native", "host", [fake_report(10.0, [0, 1])], "random:0")
+    dense = run_record("b/dense", fake_manifest("dense"), "native", "host", [fake_report(9.0, [])], "random:0")
     written = write_report({"runs": [moe, dense], "host": "test", "rounds": 1}, tmp_path)
     assert {path.name for path in written} == {"report.md", "latency.png", "memory.png", "accuracy_vs_flops.png"}
     text = (tmp_path / "report.md").read_text()
@@ -199,7 +206,7 @@ def test_report_files_and_side_by_side(tmp_path):
 def test_the_report_says_how_often_the_stream_switched_and_what_a_switch_added():
     switching = fake_round(10.0, [0, 1, 1, 0])
     switching["switch"]["warm_expert_run_median_ms"] = 2.0  # a switch (5 ms) adds 3 ms over a hit
-    moe = run_record("b/moe", fake_manifest("moe"), "native", "host", [switching], "random:0")
+    moe = run_record("b/moe", fake_manifest("moe"), "native", "host", [validate_round(switching, "fake")], "random:0")
     text = markdown({"runs": [moe], "host": "test", "rounds": 1})
     assert (
         "- moe (native, host): the expert changed on 67% of consecutive images; each change added 3.00 ms over a hit "
@@ -215,7 +222,7 @@ def test_the_latency_plot_marks_the_runs_the_report_calls_wide():
 
     from mobile_moe.device_bench.report import _latency_plot
 
-    steady = run_record("b/dense", fake_manifest("dense"), "native", "host", [fake_round(9.0, [])], "random:0")
+    steady = run_record("b/dense", fake_manifest("dense"), "native", "host", [fake_report(9.0, [])], "random:0")
     noisy = dict(steady, bundle_name="noisy", spread={"relative": 0.25, "wide": True})
     figure = _latency_plot(plt, {"runs": [steady, noisy], "host": "test"})
     axis = figure.axes[0]
