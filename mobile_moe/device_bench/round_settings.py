@@ -13,7 +13,7 @@ class RoundSettings:
     warmup: int = 5
     threads: int = 1
     cache_experts: int | None = None  # expert graphs kept loaded; None: all of them
-    cache_margin: float = 0.0  # cache-aware routing (export.runtime.cache_aware_top_k); 0: plain top-k
+    cache_margin: float = 0.0  # cache-aware routing (mobile_moe.expert_choice.pick_experts); 0: plain top-k
     switch_repeats: int = 2  # times each expert's switch (unload, load, first run) is measured
     # Native runner: XNNPACK's packed weights cached on disk, one checked file per graph, in the user's cache folder
     # (mobile_moe.cache.packed_weights_dir), so a graph packed by one run is mapped by the next, as on an app's second

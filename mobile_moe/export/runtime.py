@@ -20,13 +20,14 @@ from __future__ import annotations
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from mobile_moe.errors import UsageError
+from mobile_moe.expert_choice import pick_experts, used_experts
 from mobile_moe.export.images import load_image
 from mobile_moe.export.loaded_graphs import GRAPH_OF_BACKEND
 from mobile_moe.export.manifest import read_manifest, verified_graph_files
@@ -44,26 +45,6 @@ class Prediction(NamedTuple):
 
 def _milliseconds(start: float) -> float:
     return (time.perf_counter() - start) * 1e3
-
-
-def cache_aware_top_k(probs: np.ndarray, k: int, resident: Collection[int], margin: float) -> list[int]:
-    """The top-k experts of `probs` (ties: the lower index first), except that a chosen expert not resident is
-    replaced by the most probable resident expert not chosen whose probability is within `margin` of its own
-    (cache-conditional routing, arXiv 2412.00099): a switch avoided for a gate given up. margin 0 is plain top-k.
-    Compared in float32, as the native runner compares (mobile_moe/device_bench/native/graphs.h pick_experts)."""
-    probs = np.asarray(probs, dtype=np.float32).reshape(-1)
-    order = [int(e) for e in np.argsort(-probs, kind="stable")]
-    chosen = order[:k]
-    if margin <= 0:
-        return chosen
-    for slot, expert in enumerate(chosen):
-        if expert in resident:
-            continue
-        floor = probs[expert] - np.float32(margin)
-        swap = next((e for e in order if e in resident and e not in chosen and probs[e] >= floor), None)
-        if swap is not None:
-            chosen[slot] = swap
-    return chosen
 
 
 class BundleRuntime:
@@ -153,25 +134,25 @@ class BundleRuntime:
         return np.ascontiguousarray(array)
 
     def choose_experts(self, router_probs: np.ndarray) -> tuple[list[int], list[float]]:
-        """Top-k of the router's probabilities, as the model's router does (renormalised only if it does); with a
-        cache margin, a loaded expert within the margin of a chosen one that is not loaded takes its place."""
-        probs = router_probs.reshape(-1)
-        experts = cache_aware_top_k(probs, self.manifest.top_k, set(self._experts), self.cache_margin)
-        gates = probs[experts].astype(np.float32)
-        if self.manifest.model.renormalize_gates:
-            gates = gates / gates.sum()
-        return experts, [float(g) for g in gates]
+        """expert_choice.pick_experts on the router's probabilities, with the model's k and renormalisation and the
+        experts loaded now as the resident ones."""
+        try:
+            return pick_experts(
+                router_probs,
+                k=self.manifest.top_k,
+                renormalize=bool(self.manifest.model.renormalize_gates),
+                resident=set(self._experts),
+                margin=self.cache_margin,
+            )
+        except ValueError as error:  # a corrupt graph's output
+            raise UsageError(f"{self.path}: {error}; re-export the bundle") from None
 
-    @staticmethod
-    def used_experts(expert_tokens: np.ndarray) -> tuple[list[int], list[float]]:
-        """The experts an image used (token slots summed over the expert sets > 0), ascending, and each one's share of
-        its token slots. expert_tokens: (1, G, E)."""
-        counts = expert_tokens.reshape(-1, expert_tokens.shape[-1]).astype(np.float64).sum(0)  # (E,)
-        if not np.isfinite(counts).all() or (counts < 0).any():
-            raise UsageError("the whole graph reported a negative or non-finite expert token count; re-export it")
-        experts = [int(e) for e in np.flatnonzero(counts > 0)]
-        total = counts.sum()
-        return experts, [float(counts[e] / total) for e in experts]
+    def used_experts(self, expert_tokens: np.ndarray) -> tuple[list[int], list[float]]:
+        """expert_choice.used_experts on a whole graph's expert_tokens."""
+        try:
+            return used_experts(expert_tokens)
+        except ValueError as error:  # a corrupt graph's output
+            raise UsageError(f"{self.path}: {error}; re-export the bundle") from None
 
     def predict_file(self, path: str | os.PathLike) -> Prediction:
         """One PNG or JPEG file, preprocessed by the manifest's `input` (as evaluate fed the run its images)."""
@@ -240,5 +221,5 @@ def load_bundle(
     cache_margin: float = 0.0,
 ) -> BundleRuntime:
     """A bundle ready to predict: `max_cached_experts` experts kept loaded (None: all), `cache_margin` a gate margin
-    for cache-aware routing (cache_aware_top_k; 0: plain top-k)."""
+    for cache-aware routing (expert_choice.pick_experts; 0: plain top-k)."""
     return BundleRuntime(path, max_cached_experts, threads, cache_margin=cache_margin)

@@ -1,7 +1,8 @@
 """Cache-aware routing (arXiv 2412.00099): a loaded expert within a gate margin of the top one is taken instead.
 
-The rule lives in mobile_moe/export/runtime.py (cache_aware_top_k, which predict and the Python bundle runtime use) and
-in the native runner (graphs.h pick_experts); the same images, hence the same gates, go through all three here.
+The rule is mobile_moe/expert_choice.py's pick_experts (its own cases, and its C++ translation's agreement, are in
+tests/device_bench/test_expert_choice.py); here the same images, hence the same gates, go through predict, the Python
+bundle runtime and the native runner.
 """
 
 from __future__ import annotations
@@ -19,33 +20,9 @@ from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
 from mobile_moe.export.images import load_image
 from mobile_moe.export.manifest import read_manifest
-from mobile_moe.export.runtime import cache_aware_top_k, load_bundle
+from mobile_moe.export.runtime import load_bundle
 
 pytestmark = pytest.mark.export
-
-
-@pytest.mark.parametrize(
-    "probs, k, resident, margin, expected",
-    [
-        ([0.1, 0.5, 0.4], 1, {2}, 0.0, [1]),  # margin 0: plain top-k, resident or not
-        ([0.1, 0.5, 0.4], 1, {2}, 0.1, [2]),  # within the margin (0.4 >= 0.5 - 0.1): the resident one
-        ([0.1, 0.5, 0.4], 1, {2}, 0.05, [1]),  # outside it
-        ([0.1, 0.5, 0.4], 1, {1}, 0.5, [1]),  # the top expert is resident: nothing to avoid
-        ([0.3, 0.3, 0.4], 1, {0, 1}, 0.2, [0]),  # two resident candidates tie: the lower index
-        ([0.4, 0.3, 0.2, 0.1], 2, {3}, 0.15, [0, 1]),  # k = 2: the resident 0.1 is too far from either slot
-        ([0.4, 0.3, 0.2, 0.1], 2, {2}, 0.15, [0, 2]),  # k = 2: 0.2 >= 0.3 - 0.15 takes the second slot
-        ([0.4, 0.3, 0.2, 0.1], 2, {2}, 0.25, [2, 1]),  # the first slot (0.4) takes it first; 1 is not resident
-        ([0.25, 0.25, 0.25, 0.25], 1, {3}, 0.0, [0]),  # ties, margin 0: the lower index, as before
-    ],
-)
-def test_cache_aware_top_k(probs, k, resident, margin, expected):
-    assert cache_aware_top_k(np.float32(probs), k, resident, margin) == expected
-
-
-def test_margin_zero_is_top_k_exactly():
-    probs = np.random.default_rng(0).dirichlet(np.ones(10), size=200).astype(np.float32)
-    for row in probs:
-        assert cache_aware_top_k(row, 2, {0, 5}, 0.0) == [int(e) for e in np.argsort(-row, kind="stable")[:2]]
 
 
 def test_a_margin_outside_zero_to_one_is_refused(bundle):

@@ -9,14 +9,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <csignal>
 #include <cstdint>
 #include <exception>
 #include <list>
 #include <map>
 #include <memory>
-#include <numeric>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -26,6 +24,7 @@
 
 #include "bundle_manifest.h"
 #include "errors.h"
+#include "expert_choice.h"
 #include "graph_loader.h"
 #include "runtime_log.h"
 
@@ -240,65 +239,9 @@ struct Inference {
   bool hit = true;
 };
 
-// Top-k of the router probabilities (ties -> lower index), gates optionally renormalised as the model does. With a
-// cache margin, a chosen expert not resident gives its place to the most probable resident expert not chosen whose
-// probability is within the margin of its own (cache-conditional routing, arXiv 2412.00099; the same rule as
-// mobile_moe/export/runtime.py cache_aware_top_k, in float32). The caller has checked probs holds num_experts values
-// and 1 <= k <= num_experts; a corrupt graph can still emit NaN, which would break the sort's ordering, so non-finite
-// probabilities are an error.
-inline void pick_experts(const std::vector<float>& probs, int k, bool renormalize, const std::set<int>& resident,
-                         float margin, Inference& out) {
-  if (k < 1 || static_cast<size_t>(k) > probs.size())
-    throw std::logic_error("top_k " + std::to_string(k) + " with " + std::to_string(probs.size()) + " experts");
-  for (float p : probs)
-    if (!std::isfinite(p)) throw std::runtime_error("the router produced a non-finite probability (a corrupt graph?)");
-  std::vector<int> order(probs.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return probs[a] > probs[b]; });
-  std::vector<int> chosen(order.begin(), order.begin() + k);
-  for (int slot = 0; margin > 0 && slot < k; ++slot) {
-    if (resident.count(chosen[slot])) continue;
-    const float floor = probs[chosen[slot]] - margin;
-    for (int expert : order) {
-      if (resident.count(expert) && std::find(chosen.begin(), chosen.end(), expert) == chosen.end() &&
-          probs[expert] >= floor) {
-        chosen[slot] = expert;
-        break;
-      }
-    }
-  }
-  float total = 0;
-  for (int expert : chosen) {
-    out.experts.push_back(expert);
-    out.gates.push_back(probs[expert]);
-    total += probs[expert];
-  }
-  if (renormalize && total > 0)
-    for (auto& gate : out.gates) gate /= total;
-}
-
-// A whole bundle's experts: those that filled token slots for this image in any expert set (expert_tokens (1, G, E)
-// summed over the G sets > 0), ascending, each with its share of the image's slots as the gate
-// (mobile_moe/export/runtime.py BundleRuntime.used_experts). A count that is negative or not finite can only come
-// from a corrupt graph.
-inline void used_experts(const std::vector<float>& expert_tokens, int num_experts, Inference& out) {
-  if (num_experts < 1 || expert_tokens.size() % static_cast<size_t>(num_experts) != 0)
-    throw std::logic_error("expert_tokens holds " + std::to_string(expert_tokens.size()) + " values for " +
-                           std::to_string(num_experts) + " experts");
-  std::vector<double> counts(static_cast<size_t>(num_experts), 0.0);
-  double total = 0;
-  for (size_t i = 0; i < expert_tokens.size(); ++i) {
-    float count = expert_tokens[i];
-    if (!std::isfinite(count) || count < 0)
-      throw std::runtime_error("the whole graph reported a negative or non-finite expert token count (a corrupt graph?)");
-    counts[i % counts.size()] += count;
-    total += count;
-  }
-  for (size_t e = 0; e < counts.size(); ++e) {
-    if (counts[e] <= 0) continue;
-    out.experts.push_back(static_cast<int>(e));
-    out.gates.push_back(static_cast<float>(counts[e] / total));
-  }
+inline void record_choice(ExpertChoice&& choice, Inference& out) {
+  out.experts = std::move(choice.experts);
+  out.gates = std::move(choice.gates);
 }
 
 // An output looked up by name (validated to exist when the bundle was read).
@@ -346,16 +289,18 @@ class Pipeline {
     if (bundle_.kind != Kind::Split) {
       out.logits = named_output(outputs, first, "logits");
       if (bundle_.kind == Kind::Monolithic)
-        pick_experts(named_output(outputs, first, "router_probs"), bundle_.top_k, bundle_.renormalize_gates, {}, 0.0f,
-                     out);
+        record_choice(
+            pick_experts(named_output(outputs, first, "router_probs"), bundle_.top_k, bundle_.renormalize_gates, {}, 0),
+            out);
       if (bundle_.kind == Kind::Whole)
-        used_experts(named_output(outputs, first, "expert_tokens"), bundle_.num_experts, out);
+        record_choice(used_experts(named_output(outputs, first, "expert_tokens"), bundle_.num_experts), out);
       out.total_ms = out.router_ms = ms_since(start);
       return out;
     }
     std::vector<float> tokens = std::move(named_output(outputs, first, "tokens"));
-    pick_experts(named_output(outputs, first, "router_probs"), bundle_.top_k, bundle_.renormalize_gates,
-                 cache_.resident(), cache_margin_, out);
+    record_choice(pick_experts(named_output(outputs, first, "router_probs"), bundle_.top_k, bundle_.renormalize_gates,
+                               cache_.resident(), cache_margin_),
+                  out);
     out.router_ms = ms_since(start);
     if (tail_) {
       auto tail_start = Clock::now();
