@@ -88,6 +88,7 @@ def test_native_runner_loads_only_chosen_experts(runner, bundle, workload_file):
     misses = [row["experts"][0] for row in report["images"] if not row["cache_hit"]]
     sizes = {g.expert: g.load_bytes for g in manifest.graphs if g.role == "expert"}
     assert report["routing_pass_graph_bytes_loaded"] == sum(sizes[e] for e in misses)
+    assert report["graph_bytes"] == {g.name: g.load_bytes for g in manifest.graphs}  # program and weights file alike
 
 
 @needs_build

@@ -500,11 +500,11 @@ void write_switches(json::Writer& out, const Options& options, const std::map<in
 // Graph bytes each image needs: the router (or single graph) plus its chosen experts' files; then every load.
 void write_graph_loads(json::Writer& out, const Bundle& bundle, const Loader& loader) {
   out.key("graph_bytes").begin_object();
-  out.key(bundle.first().name).value(bundle.first().program.bytes);
-  for (const auto& graph : bundle.shared) out.key(graph.name).value(graph.program.bytes);
-  if (bundle.layout == Layout::PerBlock) out.key(bundle.head.name).value(bundle.head.program.bytes);
+  out.key(bundle.first().name).value(bundle.first().load_bytes());
+  for (const auto& graph : bundle.shared) out.key(graph.name).value(graph.load_bytes());
+  if (bundle.layout == Layout::PerBlock) out.key(bundle.head.name).value(bundle.head.load_bytes());
   for (const auto& graphs : bundle.experts)
-    for (const auto& graph : graphs) out.key(graph.name).value(graph.program.bytes);
+    for (const auto& graph : graphs) out.key(graph.name).value(graph.load_bytes());
   out.end_object();
   out.key("graph_bytes_loaded_total").value(loader.bytes_loaded);
   out.key("loads").begin_array();
