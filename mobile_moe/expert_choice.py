@@ -26,6 +26,7 @@ def pick_experts(
     Gates are the chosen probabilities, renormalised when the model renormalises; all in float32. Non-finite
     probabilities, which only a corrupt graph gives, are a ValueError."""
     probs = np.asarray(probs, dtype=np.float32).reshape(-1)
+    margin = np.float32(margin)  # as the runner reads --cache-margin: a margin below float32's range is 0
     if not 1 <= k <= probs.size:
         raise ValueError(f"top_k {k} with {probs.size} experts")
     if not np.isfinite(probs).all():
@@ -35,7 +36,7 @@ def pick_experts(
     for slot, expert in enumerate(chosen if margin > 0 else []):
         if expert in resident:
             continue
-        floor = probs[expert] - np.float32(margin)
+        floor = probs[expert] - margin
         swap = next((e for e in order if e in resident and e not in chosen and probs[e] >= floor), None)
         if swap is not None:
             chosen[slot] = swap

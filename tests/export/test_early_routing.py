@@ -124,6 +124,7 @@ def test_the_native_runner_loads_the_expert_while_the_tail_runs(runner, early_bu
     chosen = {e for row in report["images"] for e in row["experts"]}
     needed = [graph for graph in read_manifest(path).graphs if not graph.loads_per_expert or graph.expert in chosen]
     assert set(report["files_opened"]) == {file.file for graph in needed for file in graph.files()}
+    assert report["graph_bytes"] == {graph.name: graph.load_bytes for graph in read_manifest(path).graphs}
     assert all(row["tail_ms"] > 0 for row in misses) and "trunk_tail" in report["stages_ms"]
     in_line = run_prefetching(runner, path, tmp_path, "--no-prefetch")
     assert not in_line["prefetch"] and all(row["load_wait_ms"] == 0 for row in in_line["images"])

@@ -501,6 +501,7 @@ void write_switches(json::Writer& out, const Options& options, const std::map<in
 void write_graph_loads(json::Writer& out, const Bundle& bundle, const Loader& loader) {
   out.key("graph_bytes").begin_object();
   out.key(bundle.first().name).value(bundle.first().load_bytes());
+  if (!bundle.trunk_tail.name.empty()) out.key(bundle.trunk_tail.name).value(bundle.trunk_tail.load_bytes());
   for (const auto& graph : bundle.shared) out.key(graph.name).value(graph.load_bytes());
   if (bundle.layout == Layout::PerBlock) out.key(bundle.head.name).value(bundle.head.load_bytes());
   for (const auto& graphs : bundle.experts)
