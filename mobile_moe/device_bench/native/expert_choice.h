@@ -20,11 +20,12 @@ struct ExpertChoice {
   std::vector<float> gates;
 };
 
-// expert_choice.py pick_experts: the k most probable experts (ties: the lower index); with a
-// cache margin, a chosen expert not resident gives its place to the most probable resident expert not chosen whose
-// probability is within the margin of its own (compared in float32). Gates are the chosen probabilities, renormalised
-// when the model renormalises. The caller has checked probs holds num_experts values and 1 <= k <= num_experts; a
-// corrupt graph can still emit NaN, which would break the sort's ordering, so non-finite probabilities are an error.
+// expert_choice.py pick_experts: the k most probable experts (ties: the lower index); with a cache margin, a chosen
+// expert not resident gives its place to the most probable resident expert not chosen whose probability is within
+// the margin of its own (cache-conditional routing, arXiv 2412.00099; compared in float32). Gates are the chosen
+// probabilities, renormalised when the model renormalises. The caller has checked probs holds num_experts values and
+// 1 <= k <= num_experts; a corrupt graph can still emit NaN, which would break the sort's ordering, so non-finite
+// probabilities are an error.
 inline ExpertChoice pick_experts(const std::vector<float>& probs, int k, bool renormalize,
                                  const std::set<int>& resident, float margin) {
   if (k < 1 || static_cast<std::size_t>(k) > probs.size())

@@ -239,6 +239,7 @@ struct Inference {
   bool hit = true;
 };
 
+// The experts an image took (expert_choice.h), and their gates, into its Inference.
 inline void record_choice(ExpertChoice&& choice, Inference& out) {
   out.experts = std::move(choice.experts);
   out.gates = std::move(choice.gates);
@@ -289,9 +290,9 @@ class Pipeline {
     if (bundle_.kind != Kind::Split) {
       out.logits = named_output(outputs, first, "logits");
       if (bundle_.kind == Kind::Monolithic)
-        record_choice(
-            pick_experts(named_output(outputs, first, "router_probs"), bundle_.top_k, bundle_.renormalize_gates, {}, 0),
-            out);
+        record_choice(pick_experts(named_output(outputs, first, "router_probs"), bundle_.top_k,
+                                   bundle_.renormalize_gates, /*resident=*/{}, /*margin=*/0.0f),
+                      out);
       if (bundle_.kind == Kind::Whole)
         record_choice(used_experts(named_output(outputs, first, "expert_tokens"), bundle_.num_experts), out);
       out.total_ms = out.router_ms = ms_since(start);
