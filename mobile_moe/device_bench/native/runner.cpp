@@ -497,15 +497,10 @@ void write_switches(json::Writer& out, const Options& options, const std::map<in
   out.end_object();
 }
 
-// Graph bytes each image needs: the router (or single graph) plus its chosen experts' files; then every load.
+// What loading each graph of the manifest reads (its program and its own weights file); then every load.
 void write_graph_loads(json::Writer& out, const Bundle& bundle, const Loader& loader) {
   out.key("graph_bytes").begin_object();
-  out.key(bundle.first().name).value(bundle.first().load_bytes());
-  if (!bundle.trunk_tail.name.empty()) out.key(bundle.trunk_tail.name).value(bundle.trunk_tail.load_bytes());
-  for (const auto& graph : bundle.shared) out.key(graph.name).value(graph.load_bytes());
-  if (bundle.layout == Layout::PerBlock) out.key(bundle.head.name).value(bundle.head.load_bytes());
-  for (const auto& graphs : bundle.experts)
-    for (const auto& graph : graphs) out.key(graph.name).value(graph.load_bytes());
+  for (const auto& graph : bundle.all) out.key(graph.name).value(graph.load_bytes());
   out.end_object();
   out.key("graph_bytes_loaded_total").value(loader.bytes_loaded);
   out.key("loads").begin_array();
