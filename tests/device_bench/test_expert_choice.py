@@ -4,7 +4,6 @@ on the margin's edge, go through both here and must agree bit for bit (experts, 
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from mobile_moe.device_bench.native_build import NATIVE_DIR
+from mobile_moe.device_bench.native_build import NATIVE_DIR, host_compiler
 from mobile_moe.expert_choice import pick_experts, used_experts
 from mobile_moe.routers import top_k
 
@@ -112,8 +111,8 @@ def _as_python_hex(answer: str) -> str:
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory) -> Path:
-    compiler = shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
+    compiler = host_compiler()  # the one the runner itself is built with
+    if not compiler:
         pytest.skip("no C++ compiler to build expert_choice.h with")
     binary = tmp_path_factory.mktemp("expert_choice") / "driver"
     command = [compiler, "-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", f"-I{NATIVE_DIR}", str(DRIVER)]
