@@ -358,6 +358,7 @@ def test_a_second_load_of_an_expert_maps_its_packed_weights(runner, bundle, work
     assert logits_of(again) == logits_of(plain)
     assert {(e["cache"], e["weights"]) for e in first_loads(again).values()} == {("warm", "mapped")}
     assert len(list(tmp_path.glob("*.xnnpack"))) == 1 + read_manifest(bundle).num_experts  # no scratch file left
+    assert not list(tmp_path.glob("*.tmp-*"))  # the backend's staged files went once their copies were published
 
 
 def damage_cache_files(cache_dir: Path) -> None:
