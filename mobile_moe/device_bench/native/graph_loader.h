@@ -13,6 +13,7 @@
 
 #include <executorch/extension/data_loader/buffer_data_loader.h>
 #include <executorch/extension/data_loader/file_data_loader.h>
+#include <executorch/extension/data_loader/mmap_data_loader.h>
 #include <executorch/extension/flat_tensor/flat_tensor_data_map.h>
 #include <executorch/extension/memory_allocator/malloc_memory_allocator.h>
 #include <executorch/runtime/backend/backend_options_map.h>
@@ -109,14 +110,15 @@ inline void check_signature(const et::Program& program, const Graph& graph) {
 enum class LoadMode { Mmap, File };
 
 // A file mapped whole, once, for as long as its graph (or its family's program) is loaded; each piece ExecuTorch asks
-// for is a view into that mapping, bounds-checked by ExecuTorch's BufferDataLoader. Why not ExecuTorch's
-// MmapDataLoader: it maps each piece on load() and unmaps it when freed (extension/data_loader/mmap_data_loader.cpp),
-// and an expert's method init asks for every unpacked weight of its program and .ptd (XNNWeightsCache.cpp
-// load_unpacked_data), so a switch made and dropped about 20 mappings although a packed-weight cache hit reads none
-// of those weights: method init took 0.19 ms here against 0.28 ms (benchmarks/expert_switch_vit_ti32.results.md).
-// A freed piece's whole pages are dropped from the mapping (MADV_DONTNEED), so the weights a cache miss reads to pack
-// leave memory as they did; what stays is the pages the kernel maps around a touched one (fault-around), about
-// 0.1 MB more resident on ViT-Ti/32.
+// for is a view into that mapping, bounds-checked by ExecuTorch's BufferDataLoader. For the files an expert switch
+// opens (open_data_loader): ExecuTorch's MmapDataLoader maps each piece on load() and unmaps it when freed
+// (extension/data_loader/mmap_data_loader.cpp), and an expert's method init asks for every unpacked weight of its
+// program and .ptd (XNNWeightsCache.cpp load_unpacked_data), so a switch made and dropped about 20 mappings of
+// weights that a packed-weight cache hit never reads: method init took 0.28 ms against 0.19 ms mapped whole
+// (benchmarks/expert_switch_vit_ti32.results.md). A freed piece's whole pages are dropped from the mapping
+// (MADV_DONTNEED), so the weights a cache miss reads to pack leave memory as they did. The mapping is advised
+// MADV_NOHUGEPAGE: a bundle file that the page cache holds in 2 MiB folios (as a file written in large writes is)
+// would otherwise be mapped 2 MiB at a time, all of it resident for one touched page.
 class WholeFileDataLoader final : public et::DataLoader {
  public:
   // nullptr when the file cannot be opened or mapped (errno says why).
@@ -129,6 +131,7 @@ class WholeFileDataLoader final : public et::DataLoader {
       errno = EINVAL;  // nothing to map, and no program or data file is empty
     else if (info.st_size > 0)
       map = mmap(nullptr, static_cast<size_t>(info.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map != MAP_FAILED) madvise(map, static_cast<size_t>(info.st_size), MADV_NOHUGEPAGE);
     if (map == MAP_FAILED) {
       const int error = errno;
       close(fd);
@@ -171,11 +174,21 @@ class WholeFileDataLoader final : public et::DataLoader {
 };
 
 // A file opened for ExecuTorch: mapped (pages come in lazily, as with Module's LoadMode::Mmap) or read into memory.
+// Mapped, an expert's files are mapped whole (WholeFileDataLoader: no mappings made per switch), and the graphs loaded
+// once (router, dense model, trunk tail, shared halves, head) piece by piece, as ExecuTorch's Module maps them: the
+// pages the kernel maps around a touched one (fault-around) then stay inside the piece, not the file (whole, dense.pte
+// kept 0.12 MB more resident).
 inline std::unique_ptr<et::DataLoader> open_data_loader(const Graph& graph, const File& file, LoadMode mode) {
   using executorch::extension::FileDataLoader;
-  if (mode == LoadMode::Mmap) {
+  using executorch::extension::MmapDataLoader;
+  if (mode == LoadMode::Mmap && graph.expert >= 0) {
     if (auto loader = WholeFileDataLoader::open(file.path)) return loader;
     throw UsageError("graph " + graph.name + ": cannot open " + file.file + " (" + std::strerror(errno) + ")");
+  }
+  if (mode == LoadMode::Mmap) {
+    auto loader = MmapDataLoader::from(file.path.c_str(), MmapDataLoader::MlockConfig::NoMlock);
+    if (loader.ok()) return std::make_unique<MmapDataLoader>(std::move(*loader));
+    throw UsageError("graph " + graph.name + ": cannot open " + file.file + " " + runtime_error_text(loader.error()));
   }
   auto loader = FileDataLoader::from(file.path.c_str());
   if (loader.ok()) return std::make_unique<FileDataLoader>(std::move(*loader));
