@@ -309,37 +309,36 @@ class PackedCache {
     auto seen = checked_.find(entry.path);
     if (entry.state == PackedCacheState::Warm && seen != checked_.end() && seen->second == identity(entry.path))
       return "mapped";
-    uint64_t size = 0;
-    std::string digest = file_xxh64(entry.path, &size);
-    if (digest.empty()) return "packed";  // the backend could not create the file (it packed on the heap)
     const bool publish = !entry.published.empty();
     const std::string& target = publish ? entry.published : entry.path;
-    // What is published is a copy in large writes (copy_in_large_writes says why); the backend keeps its mapping of
-    // the file it wrote, which goes once the copy is in place.
+    // What is published is a copy in large writes (copy_in_large_writes says why), and the check describes the copy's
+    // own bytes; the backend keeps its mapping of the file it wrote, whose name goes once the copy is in place.
     const std::string data = publish ? entry.path + ".copy" : entry.path;
-    if (publish && !copy_in_large_writes(entry.path, data)) return "packed";
     const std::string check = staged(target + ".check");
+    auto give_up = [&]() {  // nothing published: what this call wrote goes, the backend's own file stays
+      remove(check);
+      if (publish) std::remove(data.c_str());
+      return "packed";
+    };
+    uint64_t size = 0;
+    std::string digest;
+    // Either fails where the backend wrote no file (it packed on the heap), or the disk is full.
+    if (publish && !copy_in_large_writes(entry.path, data)) return give_up();
+    if ((digest = file_xxh64(data, &size)).empty()) return give_up();
     {
       std::ofstream out(check, std::ios::trunc);
       out << "mobile-moe packed cache " << kPackedCacheFormat << " " << entry.key << " " << size << " " << digest
           << "\n";
-      if (!out) {
-        remove(check);
-        if (publish) std::remove(data.c_str());
-        return "packed";
-      }
+      if (!out) return give_up();
     }
     // A reader between the two renames sees a file and a check that do not match, which is a miss, never a wrong
     // answer.
     const std::string target_check = target + ".check";
-    if (std::rename(data.c_str(), target.c_str()) != 0 || std::rename(check.c_str(), target_check.c_str()) != 0) {
-      remove(check);
-      if (publish) std::remove(data.c_str());
-      return "packed";
-    }
+    if (std::rename(data.c_str(), target.c_str()) != 0 || std::rename(check.c_str(), target_check.c_str()) != 0)
+      return give_up();
     if (publish) std::remove(entry.path.c_str());
     checked_[target] = identity(target);
-    if (!entry.published.empty()) keep_within_limit(target);
+    if (publish) keep_within_limit(target);
     return "packed";
   }
 
