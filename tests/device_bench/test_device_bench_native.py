@@ -504,7 +504,7 @@ def test_two_runners_filling_one_cache_at_once_both_answer_right_and_leave_it_wh
 def test_the_cache_folder_keeps_within_its_limit_by_dropping_the_least_recently_used(runner, bundle, tmp_path):
     """Two older graphs' files (600 KiB each, last used long ago) and the bundle's own (about 0.7 MiB) under a 1 MiB
     limit: the least recently used go, the files just written stay, the answer is the uncached one, and a killed
-    run's staged file goes too."""
+    run's staged file and its copy go too."""
     old = [tmp_path / f"{digit * 32}.xnnpack" for digit in "ab"]
     for path in old:
         path.write_bytes(bytes(600 << 10))
@@ -512,6 +512,7 @@ def test_the_cache_folder_keeps_within_its_limit_by_dropping_the_least_recently_
         os.utime(tmp_path / f"{path.name}.check", (1000, 1000))
     host = socket.gethostname().split(".")[0]
     (tmp_path / f"{'0' * 32}.xnnpack.tmp-999999999@{host}").write_bytes(b"a killed run's leftover")
+    (tmp_path / f"{'0' * 32}.xnnpack.tmp-999999999@{host}.copy").write_bytes(b"and the copy it was publishing")
     (tmp_path / f"{'1' * 32}.xnnpack.tmp-999999999@another-host").write_bytes(b"a live run's, on another machine")
     command = [str(runner), "--bundle", str(bundle), "--random", "2", "--iterations", "1", "--warmup", "0",
                "--weight-cache", str(tmp_path), "--weight-cache-limit", "1"]  # fmt: skip

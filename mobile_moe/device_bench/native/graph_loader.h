@@ -24,10 +24,7 @@
 #include <executorch/runtime/executor/method.h>
 #include <executorch/runtime/executor/program.h>
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -43,6 +40,7 @@
 
 #include "bundle_manifest.h"
 #include "errors.h"
+#include "mapped_file.h"
 #include "packed_cache.h"
 #include "runtime_log.h"
 
@@ -109,67 +107,50 @@ inline void check_signature(const et::Program& program, const Graph& graph) {
 
 enum class LoadMode { Mmap, File };
 
-// A file mapped whole, once, for as long as its graph (or its family's program) is loaded; each piece ExecuTorch asks
-// for is a view into that mapping, bounds-checked by ExecuTorch's BufferDataLoader. For the files an expert switch
-// opens (open_data_loader): ExecuTorch's MmapDataLoader maps each piece on load() and unmaps it when freed
-// (extension/data_loader/mmap_data_loader.cpp), and an expert's method init asks for every unpacked weight of its
-// program and .ptd (XNNWeightsCache.cpp load_unpacked_data), so a switch made and dropped about 20 mappings of
-// weights that a packed-weight cache hit never reads: method init took 0.28 ms against 0.19 ms mapped whole
-// (benchmarks/expert_switch_vit_ti32.results.md). A freed piece's whole pages are dropped from the mapping
-// (MADV_DONTNEED), so the weights a cache miss reads to pack leave memory as they did. The mapping is advised
-// MADV_NOHUGEPAGE: a bundle file that the page cache holds in 2 MiB folios (as a file written in large writes is)
-// would otherwise be mapped 2 MiB at a time, all of it resident for one touched page.
+// A file mapped whole, once (MappedFile), for as long as its graph (or its family's program) is loaded; each piece
+// ExecuTorch asks for is a view into that mapping, bounds-checked by ExecuTorch's BufferDataLoader, and holds the
+// mapping until it is freed. For the files an expert switch opens (open_data_loader): ExecuTorch's MmapDataLoader
+// maps each piece on load() and unmaps it when freed (extension/data_loader/mmap_data_loader.cpp), and an expert's
+// method init asks for every unpacked weight of its program and .ptd (XNNWeightsCache.cpp load_unpacked_data), so a
+// switch made and dropped about 20 mappings of weights that a packed-weight cache hit never reads (the method init
+// this saves: benchmarks/expert_switch_vit_ti32.results.md). A freed piece's whole pages are dropped
+// (MappedFile::drop_pages), so the weights a cache miss reads to pack leave memory as they did. The mapping is
+// advised MADV_NOHUGEPAGE: a bundle file that the page cache holds in 2 MiB folios (as a file written in large
+// writes is) would otherwise be mapped 2 MiB at a time, all of it resident for one touched page.
 class WholeFileDataLoader final : public et::DataLoader {
  public:
-  // nullptr when the file cannot be opened or mapped (errno says why).
+  // nullptr when the file cannot be opened or mapped, or is empty (errno says why).
   static std::unique_ptr<WholeFileDataLoader> open(const std::string& path) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return nullptr;
-    struct stat info {};
-    void* map = MAP_FAILED;
-    if (fstat(fd, &info) == 0 && info.st_size == 0)
-      errno = EINVAL;  // nothing to map, and no program or data file is empty
-    else if (info.st_size > 0)
-      map = mmap(nullptr, static_cast<size_t>(info.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
-    if (map != MAP_FAILED) madvise(map, static_cast<size_t>(info.st_size), MADV_NOHUGEPAGE);
-    if (map == MAP_FAILED) {
-      const int error = errno;
-      close(fd);
-      errno = error;
+    auto file = MappedFile::open(path, MADV_NOHUGEPAGE);
+    if (file == nullptr) return nullptr;
+    if (file->size() == 0) {
+      errno = EINVAL;  // no program or data file is empty
       return nullptr;
     }
-    return std::unique_ptr<WholeFileDataLoader>(new WholeFileDataLoader(fd, map, static_cast<size_t>(info.st_size)));
+    return std::unique_ptr<WholeFileDataLoader>(new WholeFileDataLoader(std::move(file)));
   }
-  ~WholeFileDataLoader() override {
-    munmap(map_, size_);
-    close(fd_);
-  }
-  WholeFileDataLoader(const WholeFileDataLoader&) = delete;
-  WholeFileDataLoader& operator=(const WholeFileDataLoader&) = delete;
 
   et::Result<et::FreeableBuffer> load(size_t offset, size_t size, const SegmentInfo& info) const override {
     auto piece = pieces_.load(offset, size, info);
     if (!piece.ok()) return piece.error();
-    return et::FreeableBuffer(piece->data(), size, drop_pages, nullptr);
+    return et::FreeableBuffer(piece->data(), size, free_piece, new std::shared_ptr<const MappedFile>(file_));
   }
-  et::Result<size_t> size() const override { return size_; }
+  et::Result<size_t> size() const override { return file_->size(); }
   et::Error load_into(size_t offset, size_t size, const SegmentInfo& info, void* buffer) const override {
     return pieces_.load_into(offset, size, info, buffer);
   }
 
  private:
-  WholeFileDataLoader(int fd, void* map, size_t size) : fd_(fd), map_(map), size_(size), pieces_(map, size) {}
+  explicit WholeFileDataLoader(std::shared_ptr<const MappedFile> file)
+      : file_(std::move(file)), pieces_(file_->data(), file_->size()) {}
 
-  static void drop_pages(void*, void* data, size_t size) {
-    static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-    const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + page - 1) / page * page;
-    const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + size) / page * page;
-    if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+  static void free_piece(void* holder, void* data, size_t size) {
+    auto* file = static_cast<std::shared_ptr<const MappedFile>*>(holder);
+    (*file)->drop_pages(data, size);
+    delete file;
   }
 
-  int fd_;  // kept open while the graph is loaded, as ExecuTorch's loaders do: /proc/self/fd lists the graphs held
-  void* map_;
-  size_t size_;
+  std::shared_ptr<const MappedFile> file_;
   executorch::extension::BufferDataLoader pieces_;
 };
 
@@ -183,7 +164,8 @@ inline std::unique_ptr<et::DataLoader> open_data_loader(const Graph& graph, cons
   using executorch::extension::MmapDataLoader;
   if (mode == LoadMode::Mmap && graph.expert >= 0) {
     if (auto loader = WholeFileDataLoader::open(file.path)) return loader;
-    throw UsageError("graph " + graph.name + ": cannot open " + file.file + " (" + std::strerror(errno) + ")");
+    const std::string why = std::strerror(errno);
+    throw UsageError("graph " + graph.name + ": cannot open " + file.file + " (" + why + ")");
   }
   if (mode == LoadMode::Mmap) {
     auto loader = MmapDataLoader::from(file.path.c_str(), MmapDataLoader::MlockConfig::NoMlock);

@@ -43,6 +43,7 @@
 
 #include "bundle_manifest.h"
 #include "errors.h"
+#include "mapped_file.h"
 #include "sha256.h"
 
 #ifndef MOBILE_MOE_RUNTIME_ID
@@ -131,55 +132,36 @@ inline uint64_t xxh64(const unsigned char* data, size_t length) {
 
 // XXH64 of a whole file as 16 hex digits; empty when it cannot be read.
 //
-// The file is read through a mapping marked MADV_HUGEPAGE: where its pages are not in the page cache yet (the first
-// use after a reboot), the kernel reads them in as 2 MiB folios (mm/filemap.c, do_sync_mmap_readahead, on a VM_HUGEPAGE
-// mapping), and the backend's own mapping of the file (XNNWeightsCache.cpp load_packed_cache) then maps 2 MiB at a
-// time. An expert's switch maps its packed weights on the first run and unmaps them at eviction, so this is its cost:
-// 4.37 MB mapped, touched and unmapped in 0.017 ms against 0.29 ms from 4 KiB pages on this project's host
-// (benchmarks/expert_switch_vit_ti32.results.md). Pages already cached stay as they are; a kernel without
-// transparent huge pages for files refuses or ignores the advice, and nothing else changes.
+// The file is read through a mapping advised MADV_HUGEPAGE: where its pages are not in the page cache (the first use
+// after a reboot), a kernel whose page cache takes large folios for the file's filesystem (this project's host: Linux
+// 6.18, ext4) reads them in as 2 MiB folios (mm/filemap.c, do_sync_mmap_readahead on a VM_HUGEPAGE mapping), and the
+// backend's own mapping of the file (XNNWeightsCache.cpp load_packed_cache) then maps 2 MiB at a time. A switch maps
+// its expert's packed weights on the first run and unmaps them at eviction, so this is its cost
+// (benchmarks/page_cache_folios.py). Pages already cached stay as they are, and elsewhere the advice changes nothing.
 inline std::string file_xxh64(const std::string& path, uint64_t* size) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return "";
-  struct stat info {};
-  std::string digest;
-  if (fstat(fd, &info) == 0) {
-    *size = static_cast<uint64_t>(info.st_size);
-    void* map = *size == 0 ? nullptr : mmap(nullptr, *size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (map != MAP_FAILED) {
-      if (map != nullptr) madvise(map, *size, MADV_HUGEPAGE);  // advice only: its refusal changes nothing read
-      char hex[17];
-      std::snprintf(hex, sizeof hex, "%016llx",
-                    static_cast<unsigned long long>(xxh64(static_cast<const unsigned char*>(map), *size)));
-      digest = hex;
-      if (map != nullptr) munmap(map, *size);
-    }
-  }
-  close(fd);
-  return digest;
+  auto file = MappedFile::open(path, MADV_HUGEPAGE);
+  if (file == nullptr) return "";
+  *size = file->size();
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(xxh64(file->data(), file->size())));
+  return hex;
 }
 
 // Copy `from` to a new file `to` (mode 0600, as the backend creates its files) in writes of up to 64 MiB; false, and
 // no `to`, when that fails. Why copy a file the backend has just written: it wrote it through a mapping, a 4 KiB page
 // at a time, so the page cache holds it in 4 KiB pages, which every later mapping of it maps and unmaps one by one;
-// large writes put it in the page cache as large folios (ext4 and the other filesystems with large folios), mapped
-// and unmapped many pages at a time (4.37 MB: 0.017 ms against 0.29 ms on this project's host).
+// written in large writes, it is held in large folios where the filesystem's page cache takes them (as
+// file_xxh64 says), mapped and unmapped many pages at a time (benchmarks/page_cache_folios.py).
 inline bool copy_in_large_writes(const std::string& from, const std::string& to) {
-  int in = open(from.c_str(), O_RDONLY | O_CLOEXEC);
-  if (in < 0) return false;
-  int out = open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  struct stat info {};
-  bool copied = out >= 0 && fstat(in, &info) == 0;
-  const size_t size = copied ? static_cast<size_t>(info.st_size) : 0;
-  void* map = size == 0 ? nullptr : mmap(nullptr, size, PROT_READ, MAP_PRIVATE, in, 0);
-  copied = copied && map != MAP_FAILED;
-  for (size_t done = 0; copied && done < size;) {
-    const ssize_t wrote = write(out, static_cast<const char*>(map) + done, std::min<size_t>(size - done, 64 << 20));
+  auto file = MappedFile::open(from);
+  if (file == nullptr) return false;
+  const int out = open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  bool copied = out >= 0;
+  for (size_t done = 0; copied && done < file->size();) {
+    const ssize_t wrote = write(out, file->data() + done, std::min<size_t>(file->size() - done, 64 << 20));
     copied = wrote > 0 || (wrote < 0 && errno == EINTR);
     if (wrote > 0) done += static_cast<size_t>(wrote);
   }
-  if (map != nullptr && map != MAP_FAILED) munmap(map, size);
-  close(in);
   if (out >= 0 && close(out) != 0) copied = false;
   if (!copied && out >= 0) std::remove(to.c_str());
   return copied;
@@ -311,20 +293,21 @@ class PackedCache {
       return "mapped";
     const bool publish = !entry.published.empty();
     const std::string& target = publish ? entry.published : entry.path;
-    // What is published is a copy in large writes (copy_in_large_writes says why), and the check describes the copy's
-    // own bytes; the backend keeps its mapping of the file it wrote, whose name goes once the copy is in place.
-    const std::string data = publish ? entry.path + ".copy" : entry.path;
+    // What is published is a copy in large writes (copy_in_large_writes says why), or, where the copy cannot be
+    // written (a full disk), the backend's file itself, as before; the check describes the published bytes. The
+    // backend keeps its mapping of the file it wrote when its name goes.
+    const std::string copy = entry.path + ".copy";
+    const std::string& to_publish = publish && copy_in_large_writes(entry.path, copy) ? copy : entry.path;
     const std::string check = staged(target + ".check");
-    auto give_up = [&]() {  // nothing published: what this call wrote goes, the backend's own file stays
+    auto give_up = [&]() {  // nothing published: what this process wrote for it goes (a scratch file stays)
       remove(check);
-      if (publish) std::remove(data.c_str());
+      if (publish) std::remove(entry.path.c_str());
+      if (to_publish == copy) std::remove(copy.c_str());
       return "packed";
     };
     uint64_t size = 0;
-    std::string digest;
-    // Either fails where the backend wrote no file (it packed on the heap), or the disk is full.
-    if (publish && !copy_in_large_writes(entry.path, data)) return give_up();
-    if ((digest = file_xxh64(data, &size)).empty()) return give_up();
+    const std::string digest = file_xxh64(to_publish, &size);
+    if (digest.empty()) return give_up();  // the backend wrote no file (it packed on the heap)
     {
       std::ofstream out(check, std::ios::trunc);
       out << "mobile-moe packed cache " << kPackedCacheFormat << " " << entry.key << " " << size << " " << digest
@@ -334,9 +317,9 @@ class PackedCache {
     // A reader between the two renames sees a file and a check that do not match, which is a miss, never a wrong
     // answer.
     const std::string target_check = target + ".check";
-    if (std::rename(data.c_str(), target.c_str()) != 0 || std::rename(check.c_str(), target_check.c_str()) != 0)
+    if (std::rename(to_publish.c_str(), target.c_str()) != 0 || std::rename(check.c_str(), target_check.c_str()) != 0)
       return give_up();
-    if (publish) std::remove(entry.path.c_str());
+    if (to_publish == copy) std::remove(entry.path.c_str());
     checked_[target] = identity(target);
     if (publish) keep_within_limit(target);
     return "packed";
