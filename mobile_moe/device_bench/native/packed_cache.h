@@ -13,12 +13,12 @@
 //     by the load: a miss, never a crash or a wrong answer. A file checked once in this process is trusted while its
 //     inode, size and mtime stay the same (the backend rewrites nothing on a hit).
 // The cache directory is the app's, or the user's (outside the bundle, so the bundle's sha256s stay valid), shared by
-// every run and every process: a load that packs has the backend write a staged file of its own, which is copied in
-// large writes (copy_in_large_writes says why) and published under the graph's name (with its check file) by rename,
-// so a file that another process checks or maps is never written in place. The directory is kept under a size limit
-// by removing the least recently used graphs' files (a use touches the check file). The runner only ever removes
-// files it names: <key>.xnnpack, <key>.xnnpack.check, its own staged files and their copies, the staged files of
-// runners that are gone, and the scratch files of a cold-switch measurement.
+// every run and every process: a load that packs has the backend write a staged file of its own, which is published
+// under the graph's name (with its check file) by rename, an expert's as a copy in large writes (copy_in_large_writes
+// says why), so a file that another process checks or maps is never written in place. The directory is kept under a
+// size limit by removing the least recently used graphs' files (a use touches the check file). The runner only ever
+// removes files it names: <key>.xnnpack, <key>.xnnpack.check, its own staged files and their copies, the staged files
+// of runners that are gone, and the scratch files of a cold-switch measurement.
 #pragma once
 
 #include <dirent.h>
@@ -151,7 +151,9 @@ inline std::string file_xxh64(const std::string& path, uint64_t* size) {
 // no `to`, when that fails. Why copy a file the backend has just written: it wrote it through a mapping, a 4 KiB page
 // at a time, so the page cache holds it in 4 KiB pages, which every later mapping of it maps and unmaps one by one;
 // written in large writes, it is held in large folios where the filesystem's page cache takes them (as
-// file_xxh64 says), mapped and unmapped many pages at a time (benchmarks/page_cache_folios.py).
+// file_xxh64 says), mapped and unmapped many pages at a time (benchmarks/page_cache_folios.py). The source is written
+// from its mapping as it faults in: an expert's 4.37 MB copy comes out mostly in large folios in 2 ms; filling the
+// source's page tables first gave every page a large folio but took 12 ms (results file).
 inline bool copy_in_large_writes(const std::string& from, const std::string& to) {
   auto file = MappedFile::open(from);
   if (file == nullptr) return false;
@@ -229,6 +231,9 @@ struct PackedCacheEntry {
   std::string key;   // what the file holds: the graph's files and the runtime, hashed (also its name)
   PackedCacheState state = PackedCacheState::Off;
   std::string published;  // cold: the graph's file, which `path` (staged) becomes once the backend has written it
+  // An expert's file, mapped and unmapped on every switch: published as a copy in large writes (copy_in_large_writes).
+  // A graph loaded once per process (router, dense model) is mapped once: its file is renamed as the backend wrote it.
+  bool switched = false;
 };
 
 constexpr uint64_t kDefaultPackedCacheLimit = uint64_t{1} << 30;  // bytes of packed weights a cache directory keeps
@@ -261,7 +266,7 @@ class PackedCache {
   PackedCacheEntry prepare(const Graph& graph) {
     if (!enabled()) return {};
     std::string graph_key = key(graph);
-    PackedCacheEntry entry{file_for(graph_key), graph_key, PackedCacheState::Warm, ""};
+    PackedCacheEntry entry{file_for(graph_key), graph_key, PackedCacheState::Warm, "", graph.expert >= 0};
     if (trusted(entry)) {
       touch(entry.path + ".check");  // recently used: the last to go when the directory is over its limit
       return entry;
@@ -284,8 +289,8 @@ class PackedCache {
   void discard(const PackedCacheEntry& entry) { remove(entry.path); }
 
   // After the load: "mapped" when the file was warm and the backend added nothing to it; else "packed". A file the
-  // backend wrote gets its check file, and a copy of it is published with the check under the graph's name (a
-  // scratch file stays where it is, for discard()); then the directory is brought under its limit.
+  // backend wrote gets its check file, and both are published under the graph's name (an expert's file as a copy;
+  // a scratch file stays where it is, for discard()); then the directory is brought under its limit.
   const char* record(const PackedCacheEntry& entry) {
     if (entry.state == PackedCacheState::Off) return "packed";
     auto seen = checked_.find(entry.path);
@@ -293,16 +298,17 @@ class PackedCache {
       return "mapped";
     const bool publish = !entry.published.empty();
     const std::string& target = publish ? entry.published : entry.path;
-    // What is published is a copy in large writes (copy_in_large_writes says why), or, where the copy cannot be
-    // written (a full disk), the backend's file itself, as before; the check describes the published bytes. The
-    // backend keeps its mapping of the file it wrote when its name goes.
+    // An expert's file is published as a copy in large writes (copy_in_large_writes says why), or, where the copy
+    // cannot be written (a full disk), as the backend's file itself, like any other graph's; the check describes the
+    // published bytes. The backend keeps its mapping of the file it wrote when its name goes.
     const std::string copy = entry.path + ".copy";
-    const std::string& to_publish = publish && copy_in_large_writes(entry.path, copy) ? copy : entry.path;
+    const bool copied = publish && entry.switched && copy_in_large_writes(entry.path, copy);
+    const std::string& to_publish = copied ? copy : entry.path;
     const std::string check = staged(target + ".check");
     auto give_up = [&]() {  // nothing published: what this process wrote for it goes (a scratch file stays)
       remove(check);
       if (publish) std::remove(entry.path.c_str());
-      if (to_publish == copy) std::remove(copy.c_str());
+      if (copied) std::remove(copy.c_str());
       return "packed";
     };
     uint64_t size = 0;
@@ -319,7 +325,7 @@ class PackedCache {
     const std::string target_check = target + ".check";
     if (std::rename(to_publish.c_str(), target.c_str()) != 0 || std::rename(check.c_str(), target_check.c_str()) != 0)
       return give_up();
-    if (to_publish == copy) std::remove(entry.path.c_str());
+    if (copied) std::remove(entry.path.c_str());
     checked_[target] = identity(target);
     if (publish) keep_within_limit(target);
     return "packed";
