@@ -6,7 +6,7 @@ run on this host:
 
 - written through a shared mapping, a page at a time: how ExecuTorch's XNNPACK weight cache writes its file
   (backends/xnnpack/runtime/XNNWeightsCache.cpp, reserve_space maps the file and XNNPACK packs into the mapping);
-- written with large writes: how the native runner publishes that file (packed_cache.h, copy_in_large_writes);
+- written with large writes: how the native runner publishes an expert's file (packed_cache.h, copy_in_large_writes);
 - written as the backend does, dropped from the page cache, then read back through a mapping advised MADV_HUGEPAGE:
   how the runner's check reads a file that is not in the page cache, as after a reboot (packed_cache.h, file_xxh64).
 
