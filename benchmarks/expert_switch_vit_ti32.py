@@ -43,7 +43,7 @@ from mobile_moe.export.runtime import load_bundle
 from mobile_moe.registry import create_model
 
 # Issue 37's digits stream changed expert on 45% of consecutive images: runs of 2, 2, 2 and 3 images change on 4 of 9.
-ISSUE_37_RUNS = (2, 2, 2, 3)
+ISSUE_37_RUN_LENGTHS = (2, 2, 2, 3)
 
 
 def export(out: Path, model: str, layout: str | None = None, **kwargs) -> Path:
@@ -54,11 +54,12 @@ def export(out: Path, model: str, layout: str | None = None, **kwargs) -> Path:
     return out
 
 
-def switching_stream(bundle: Path, out: Path, runs: tuple[int, ...] = (1,), count: int = 32, pool: int = 160) -> float:
-    """Write `count` random images to `out` in runs of images that choose one expert, the run lengths cycling through
-    `runs` ((1,): the expert changes from every image to the next where the pool allows), each run's expert another
-    than the last run's, spread over as many experts as the pool reaches; -> the stream's expert change rate
-    (cyclically, as the runner repeats the stream)."""
+def switching_stream(bundle: Path, out: Path, run_lengths: tuple[int, ...] = (1,), count: int = 36,
+                     pool: int = 160) -> float:  # fmt: skip
+    """Write `count` random images to `out` in runs of images that choose one expert, the run lengths cycling
+    through `run_lengths` ((1,): the expert changes from every image to the next where the pool allows), each run's
+    expert another than the last run's, spread over as many experts as the pool reaches; -> the stream's expert change
+    rate (cyclically, as the runner repeats the stream)."""
     images = np.random.default_rng(0).standard_normal((pool, 3, 224, 224), dtype=np.float32)
     runtime = load_bundle(bundle, max_cached_experts=1)
     experts = [runtime.predict(image).experts[0] for image in images]
@@ -67,7 +68,7 @@ def switching_stream(bundle: Path, out: Path, runs: tuple[int, ...] = (1,), coun
         groups.setdefault(expert, []).append(index)
     used = dict.fromkeys(groups, 0)
     order, last = [], None
-    for length in itertools.cycle(runs):
+    for length in itertools.cycle(run_lengths):
         options = [e for e in groups if len(groups[e]) >= length and e != last]
         if len(order) >= count or not options:
             break
@@ -114,8 +115,8 @@ def main() -> None:
     }
     bundles["moe-45"], bundles["dense-45"] = bundles["moe"], bundles["dense"]  # on a stream at issue 37's change rate
     streams = {name: root / f"{name}.f32" for name in ("moe", "early", "moe-45")}
-    runs = {"moe": (1,), "early": (1,), "moe-45": ISSUE_37_RUNS}
-    rates = {name: switching_stream(bundles[name], streams[name], runs[name], count=36) for name in streams}
+    run_lengths = {"moe": (1,), "early": (1,), "moe-45": ISSUE_37_RUN_LENGTHS}
+    rates = {name: switching_stream(bundles[name], streams[name], run_lengths[name]) for name in streams}
     streams["dense"] = streams["per-block"] = streams["moe"]
     streams["dense-45"] = streams["moe-45"]
     global_workspace = ("--workspace-sharing", "global")  # every expert's method runs in one XNNPACK workspace
