@@ -122,6 +122,8 @@ class RoundReport(_Report):
     # the end of the round (0 when off); absent (None) on runners without one.
     weight_cache: bool | None = None
     weight_cache_bytes: int | None = None
+    # The native runner's planned memory: the bytes of the arenas its graphs share (graph_loader.h PlannedArenas).
+    planned_memory_bytes: int | None = None
 
 
 # What a runner returns: the JSON object it printed, which RoundReport describes and validate_round checks.

@@ -68,6 +68,10 @@ def lower(module: nn.Module, example_inputs: tuple[Tensor, ...], tag: Callable[[
     if tag is not None:
         _tag_weights(program, tag)
     program = program.run_decompositions(xnnpack_decompositions())
+    mutated = sorted(program.graph_signature.buffers_to_mutate.values())  # listed once the graph is functional
+    if mutated:  # the native runner lets a bundle's graphs share planned memory (graph_loader.h PlannedArenas)
+        name = type(module).__name__
+        raise ValueError(f"{name} mutates buffers {mutated} when it runs: a bundle's graphs hold no state")
     edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
     leftover = undelegated_ops(edge.exported_program())
     delegates = sum(1 for n in edge.exported_program().graph_module.graph.nodes if "call_delegate" in str(n.target))

@@ -101,6 +101,31 @@ def test_native_runner_percentiles_and_memory(runner, bundle, workload_file):
     assert report["switch"]["median_ms"] > 0 and len(report["switch"]["ms"]) == 2 * 4
 
 
+def planned_buffer_sizes(program_file: Path) -> list[int]:
+    """The bytes each memory id of a program's forward method plans (ExecuTorch's own reading of the .pte)."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    program = deserialize_pte_binary(program_file.read_bytes()).program
+    return list(program.execution_plan[0].non_const_buffer_sizes)
+
+
+@needs_build
+def test_every_graph_runs_in_one_planned_arena(runner, bundle, workload_file):
+    """The router and every resident expert share one planned-memory arena per memory id, as large as the largest
+    graph's: with all experts resident the runner allocates no more than with one, and answers the same."""
+    manifest = read_manifest(bundle, verify_files=True)
+    plans = [planned_buffer_sizes(bundle / name) for name in sorted({g.file for g in manifest.graphs})]
+    largest = sum(max(sizes) for sizes in zip(*plans, strict=True))  # the router's, in this bundle
+    assert len(plans) == 2 and largest < sum(map(sum, plans))  # precondition: the expert's program plans memory too
+    one, every = (
+        run_native(runner, bundle, workload_file, RoundSettings(iterations=2, warmup=0, cache_experts=resident))
+        for resident in (1, manifest.num_experts)
+    )
+    assert one["planned_memory_bytes"] == every["planned_memory_bytes"] == largest
+    assert every["max_experts_resident"] > 1  # several experts held planned memory at once
+    assert logits_of(every) == logits_of(one)
+
+
 @needs_build
 def test_runner_refuses_bad_bundles(runner, bundle, workload_file, tmp_path):
     settings = RoundSettings(iterations=1, warmup=0)

@@ -285,3 +285,21 @@ def test_onnx_top_k_with_ties_matches_eager_and_sortless_graphs_keep_their_bytes
             external_data=False, verbose=False, **names,
         )  # fmt: skip
     assert file_digest(tmp_path / "ours.onnx") == file_digest(tmp_path / "plain.onnx")
+
+
+def test_a_graph_that_keeps_state_is_refused():
+    """A bundle's graphs hold nothing between runs (the native runner lets them share planned memory), so a module
+    that mutates a buffer when it runs is refused at export, naming the buffer."""
+    from mobile_moe.export.executorch_backend import lower
+
+    class Counter(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("calls", torch.zeros(1))
+
+        def forward(self, x):
+            self.calls.add_(1)
+            return x * 2
+
+    with pytest.raises(ValueError, match=r"Counter mutates buffers \['calls'\]"):
+        lower(Counter(), (torch.ones(3),))

@@ -1,12 +1,13 @@
 // Load a graph the way the fast path needs (part of the native runner, runner.cpp; header-only):
 //   - a program file is parsed and verified ONCE and shared: every expert of a family
 //     (mobile_moe/export/executorch_family.py) loads its method from the one parsed program;
-//   - each graph's method gets its own weights (a FlatTensorDataMap of its .ptd), its own planned memory and its own
-//     XNNPACK options (its packed-weight cache file, packed_cache.h), through
+//   - each graph's method gets its own weights (a FlatTensorDataMap of its .ptd) and its own XNNPACK options (its
+//     packed-weight cache file, packed_cache.h), through
 //     Program::load_method(name, memory_manager, tracer, named_data_map, backend_options)
 //     (include/executorch/runtime/executor/program.h:159-165). extension/module's Module cannot do this: its
-//     shared-program constructor never builds the data map (extension/module/module.cpp), so this is one level down,
-//     mirroring Module::load_method's planned memory (one buffer per memory_planned_buffer_size).
+//     shared-program constructor never builds the data map (extension/module/module.cpp), so this is one level down;
+//   - every graph's planned memory is a view of one arena per memory id (PlannedArenas), since a bundle's graphs run
+//     one after another and hold nothing between runs.
 // Every load is timed in its parts (program, data map, cache check, method init, cache record), so a switch's
 // milliseconds are all accounted for.
 #pragma once
@@ -177,6 +178,40 @@ inline std::unique_ptr<et::DataLoader> open_data_loader(const Graph& graph, cons
   throw UsageError("graph " + graph.name + ": cannot open " + file.file + " " + runtime_error_text(loader.error()));
 }
 
+// The planned memory of every graph one Loader loads: one arena per memory id, each as large as the largest buffer of
+// that id a graph has asked for, and every graph's buffer a view of it. Sharing is safe because a bundle's graphs
+// run one after another on one thread and hold nothing in planned memory between runs: the runner copies each
+// input in and each output out (graphs.h run()), and the exporter refuses a graph with state (a mutated buffer,
+// executorch_backend.py lower()), the one thing ExecuTorch writes into planned memory at method init
+// (runtime/executor/tensor_parser_exec_aten.cpp getTensorDataPtr, "Memory Planned, with initial state"), so a
+// prefetching thread's method init leaves alone the arena that the image's thread is running in. What it saves:
+// an expert switch allocates and zeroes no buffer, and the experts take no memory beyond the router's (ViT-Ti/32:
+// 115 KB per resident expert). A graph that needs more than an arena holds gets a new, larger arena; graphs loaded
+// earlier keep the old one alive, so a bundle whose first graph is its largest (the router, the dense model) has one.
+class PlannedArenas {
+ public:
+  using Arena = std::shared_ptr<std::vector<uint8_t>>;
+
+  // The arenas for a method whose planned buffers have `sizes` (one per memory id, in order).
+  std::vector<Arena> take(const std::vector<size_t>& sizes) {
+    if (arenas_.size() < sizes.size()) arenas_.resize(sizes.size());
+    std::vector<Arena> taken;
+    for (size_t id = 0; id < sizes.size(); ++id) {
+      if (arenas_[id] == nullptr || arenas_[id]->size() < sizes[id])
+        arenas_[id] = std::make_shared<std::vector<uint8_t>>(sizes[id]), bytes_made_ += sizes[id];
+      taken.push_back(arenas_[id]);
+    }
+    return taken;
+  }
+
+  // The bytes of every arena made so far.
+  size_t bytes_made() const { return bytes_made_; }
+
+ private:
+  std::vector<Arena> arenas_;
+  size_t bytes_made_ = 0;
+};
+
 // A parsed, verified program and the loader it reads from (which must outlive it).
 struct ProgramFile {
   std::unique_ptr<et::DataLoader> loader;
@@ -198,7 +233,7 @@ class LoadedGraph {
   std::shared_ptr<ProgramFile> program_;
   std::unique_ptr<et::DataLoader> weights_loader_;
   std::optional<executorch::extension::FlatTensorDataMap> weights_;
-  std::vector<std::vector<uint8_t>> planned_buffers_;
+  std::vector<PlannedArenas::Arena> planned_arenas_;  // held while the method may run in them
   std::vector<et::Span<uint8_t>> planned_spans_;
   std::optional<et::HierarchicalAllocator> planned_memory_;
   executorch::extension::MallocMemoryAllocator method_allocator_, temp_allocator_;
@@ -265,12 +300,14 @@ class Loader {
 
   std::vector<LoadEvent> events;
   int64_t bytes_loaded = 0;
+  size_t planned_bytes() const { return planned_arenas_.bytes_made(); }
 
  private:
   LoadMode mode_;
   PackedCache& packed_cache_;  // off (no directory): every load packs on the heap
   int workspace_sharing_;
   std::map<std::string, std::shared_ptr<ProgramFile>> family_programs_;  // programs that experts share, by path
+  PlannedArenas planned_arenas_;
 
   std::shared_ptr<ProgramFile> program_for(const Graph& graph) {
     if (graph.shares_program()) {
@@ -318,13 +355,16 @@ class Loader {
     const et::Program& program = *loaded.program_->program;
     auto meta = program.method_meta("forward");
     if (!meta.ok()) throw UsageError("graph " + graph.name + ": no forward method " + runtime_error_text(meta.error()));
+    std::vector<size_t> sizes;
     for (size_t i = 0; i < meta->num_memory_planned_buffers(); ++i) {
       auto size = meta->memory_planned_buffer_size(i);
       if (!size.ok())
         throw UsageError("graph " + graph.name + ": unreadable memory plan " + runtime_error_text(size.error()));
-      loaded.planned_buffers_.emplace_back(static_cast<size_t>(*size));
+      sizes.push_back(static_cast<size_t>(*size));
     }
-    for (auto& buffer : loaded.planned_buffers_) loaded.planned_spans_.emplace_back(buffer.data(), buffer.size());
+    loaded.planned_arenas_ = planned_arenas_.take(sizes);
+    for (size_t id = 0; id < sizes.size(); ++id)
+      loaded.planned_spans_.emplace_back(loaded.planned_arenas_[id]->data(), sizes[id]);
     loaded.planned_memory_.emplace(
         et::Span<et::Span<uint8_t>>(loaded.planned_spans_.data(), loaded.planned_spans_.size()));
     loaded.memory_manager_.emplace(&loaded.method_allocator_, &*loaded.planned_memory_, &loaded.temp_allocator_);

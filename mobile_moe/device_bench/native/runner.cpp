@@ -555,6 +555,7 @@ std::string measure(const Options& options) {
   write_graph_loads(out, bundle, loader);
   out.key("files_opened_incl_switch").array(files.list());
   out.key("weight_cache_bytes").value(static_cast<int64_t>(packed_cache.bytes_held()));  // 0 without a cache
+  out.key("planned_memory_bytes").value(static_cast<int64_t>(loader.planned_bytes()));
   out.key("memory_at_end");
   write_memory(out, stats::memory_now());
   out.end_object();
