@@ -44,6 +44,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--cache-experts", type=int, default=each.cache_experts, help="expert graphs kept loaded (default: all)"
     )
     parser.add_argument(
+        "--park-experts",
+        type=int,
+        default=each.park_experts,
+        help="native: evicted experts that keep their initialised methods with their weights dropped, so switching "
+        "back skips the load (default: all; 0: evicted experts unload)",
+    )
+    parser.add_argument(
         "--cache-margin",
         type=float,
         default=each.cache_margin,
@@ -80,7 +87,8 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
     """The flags as BenchSettings, which refuse bad values with the flag's name in one line."""
     round_settings = RoundSettings(
         iterations=args.iterations, warmup=args.warmup, threads=args.threads, cache_experts=args.cache_experts,
-        cache_margin=args.cache_margin, switch_repeats=args.switch_repeats, weight_cache=args.weight_cache,
+        park_experts=args.park_experts, cache_margin=args.cache_margin, switch_repeats=args.switch_repeats,
+        weight_cache=args.weight_cache,
     )  # fmt: skip
     return BenchSettings(round_settings, runtime=args.runtime, device=args.device, runner=args.runner,
                          rounds=args.rounds, pause_s=args.pause, data=args.data, images=args.images)  # fmt: skip

@@ -90,7 +90,9 @@ class SwitchSet(_Report):
     load_median_ms: float | None
     first_run_median_ms: float | None
     warm_expert_run_median_ms: float | None  # the same expert's next run, for comparison
-    weights: str | None = None  # "mapped" (from a warm packed-weight cache) or "packed"; None: not measured
+    # "parked" (switched back to a parked expert: nothing loaded), "mapped" (from a warm packed-weight cache) or
+    # "packed"; None: not measured
+    weights: str | None = None
     parts_median_ms: SwitchParts | None = None  # None where a runner cannot take a load apart
 
 
@@ -124,6 +126,11 @@ class RoundReport(_Report):
     weight_cache_bytes: int | None = None
     # The native runner's planned memory: the bytes of the arenas its graphs share (graph_loader.h PlannedArenas).
     planned_memory_bytes: int | None = None
+    # The native runner's parking (graphs.h ExpertCache): how many evicted experts may park (-1: all), those parked
+    # after the timed runs, and the bytes of their packed weights still mapped in then (0: all dropped).
+    park_experts: int | None = None
+    parked_experts: list[int] | None = None
+    parked_packed_bytes_resident: int | None = None
 
 
 # What a runner returns: the JSON object it printed, which RoundReport describes and validate_round checks.

@@ -14,6 +14,9 @@ class RoundSettings:
     threads: int = 1
     cache_experts: int | None = None  # expert graphs kept loaded; None: all of them
     cache_margin: float = 0.0  # cache-aware routing (mobile_moe.expert_choice.pick_experts); 0: plain top-k
+    # Native runner: experts evicted beyond cache_experts that keep their initialised methods, their weights' pages
+    # dropped, so a switch back skips the load (graphs.h ExpertCache); None: every one; 0: evicted experts unload.
+    park_experts: int | None = None
     switch_repeats: int = 2  # times each expert's switch (unload, load, first run) is measured
     # Native runner: XNNPACK's packed weights cached on disk, one checked file per graph, in the user's cache folder
     # (mobile_moe.cache.packed_weights_dir), so a graph packed by one run is mapped by the next, as on an app's second
@@ -29,6 +32,8 @@ class RoundSettings:
             raise UsageError(f"--threads {self.threads}: must be at least 1")
         if self.cache_experts is not None and self.cache_experts < 1:
             raise UsageError(f"--cache-experts {self.cache_experts}: must be at least 1")
+        if self.park_experts is not None and self.park_experts < 0:
+            raise UsageError(f"--park-experts {self.park_experts}: must be 0 (evicted experts unload) or more")
         if not 0.0 <= self.cache_margin <= 1.0:
             raise UsageError(f"--cache-margin {self.cache_margin}: a gate margin between 0 and 1")
         if self.switch_repeats < 0:
@@ -40,6 +45,8 @@ class RoundSettings:
         flags += ["--switch-repeats", str(self.switch_repeats)]
         if self.cache_experts is not None:
             flags += ["--cache-experts", str(self.cache_experts)]
+        if self.park_experts is not None:
+            flags += ["--park-experts", str(self.park_experts)]
         if self.cache_margin:
             flags += ["--cache-margin", repr(self.cache_margin)]
         return flags

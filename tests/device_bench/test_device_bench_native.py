@@ -63,13 +63,16 @@ def test_native_runner_reproduces_python_runtime(runner, bundle, workload_file):
 
 
 @needs_build
-def test_native_runner_loads_only_chosen_experts(runner, bundle, workload_file):
+@pytest.mark.parametrize("park_experts", [0, None], ids=["unload", "park"])
+def test_native_runner_loads_only_chosen_experts(runner, bundle, workload_file, park_experts):
+    """With one expert resident, an evicted expert unloads (--park-experts 0) or parks (the default): a parked
+    expert keeps its method and its files open, none of its packed weights' pages, and a switch back loads nothing."""
     manifest = read_manifest(bundle, verify_files=True)
-    report = run_native(
-        runner, bundle, workload_file, RoundSettings(iterations=2, warmup=0, cache_experts=1, switch_repeats=0)
-    )
+    settings = RoundSettings(iterations=2, warmup=0, cache_experts=1, switch_repeats=0, park_experts=park_experts)
+    report = run_native(runner, bundle, workload_file, settings)
     sequence = [row["experts"] for row in report["images"]]
     chosen = {e for experts in sequence for e in experts}
+    last = sequence[-1][0]
     assert len(chosen) >= 2, "precondition: the workload should route to several experts"
     # An expert's files: the program the experts share and its own weights file.
     files_of = {g.expert: {f.file for f in g.files()} for g in manifest.graphs if g.role == "expert"}
@@ -77,17 +80,19 @@ def test_native_runner_loads_only_chosen_experts(runner, bundle, workload_file):
     router_file = next(g.file for g in manifest.graphs if g.role == "router")
     # The OS's list of files the process held open agrees with the runner's own account of what it loaded.
     assert set(report["files_opened"]) == {router_file}.union(*(files_of[e] for e in chosen))
-    assert report["graphs_loaded_after_routing"] == [f"expert_{sequence[-1][0]}"]  # LRU of one: the last expert
-    assert report["files_open_after_routing"] and set(report["files_open_after_routing"]) == {
-        router_file,
-        *files_of[sequence[-1][0]],
-    }
-    # Its cache hits are those an LRU of one would have on this sequence, and every miss loaded one expert file.
+    assert report["graphs_loaded_after_routing"] == [f"expert_{last}"]  # LRU of one: the last expert
+    held = chosen if park_experts is None else {last}  # a parked expert's files stay open, its pages do not
+    assert set(report["files_open_after_routing"]) == {router_file}.union(*(files_of[e] for e in held))
+    assert report["parked_experts"] == sorted(held - {last})
+    assert report["parked_packed_bytes_resident"] == 0
+    # Its cache hits are those an LRU of one would have on this sequence; a miss loaded one expert's files, or, for a
+    # parked expert, nothing.
     hits = [row["cache_hit"] for row in report["images"]]
     assert sum(hits) / len(hits) == pytest.approx(routing_stats.lru_hit_rate(sequence, 1))
     misses = [row["experts"][0] for row in report["images"] if not row["cache_hit"]]
+    loaded = set(misses) if park_experts is None else misses  # parking: each expert's first miss loads it
     sizes = {g.expert: g.load_bytes for g in manifest.graphs if g.role == "expert"}
-    assert report["routing_pass_graph_bytes_loaded"] == sum(sizes[e] for e in misses)
+    assert report["routing_pass_graph_bytes_loaded"] == sum(sizes[e] for e in loaded)
     assert report["graph_bytes"] == {g.name: g.load_bytes for g in manifest.graphs}  # program and weights file alike
 
 
@@ -365,9 +370,10 @@ SWITCHING = {"iterations": 2, "warmup": 0, "cache_experts": 1, "switch_repeats":
 @needs_build
 def test_a_second_load_of_an_expert_maps_its_packed_weights(runner, bundle, workload_file, tmp_path):
     """Experts sharing one program each get their own packed-weight cache file: the first load packs, every later
-    load (in this process or the next) maps, and the answers are bit for bit those of a run without a cache."""
+    load (in this process or the next) maps, and the answers are bit for bit those of a run without a cache. Evicted
+    experts unload here (--park-experts 0), so every switch loads."""
     plain = run_native(runner, bundle, workload_file, RoundSettings(**SWITCHING, weight_cache=False))
-    cached = run_with_weight_cache(runner, bundle, workload_file, tmp_path, **SWITCHING)
+    cached = run_with_weight_cache(runner, bundle, workload_file, tmp_path, **SWITCHING, park_experts=0)
     assert logits_of(cached) == logits_of(plain)
     assert {(e["cache"], e["weights"]) for e in first_loads(cached).values()} == {("cold", "packed")}
     warm = [event for event in cached["loads"] if event["cache"] == "warm"]
@@ -379,11 +385,30 @@ def test_a_second_load_of_an_expert_maps_its_packed_weights(runner, bundle, work
     )
     assert plain["switch"]["cache"] == "off" and plain["switch"]["cold"] is None
     # The next process finds every graph's file: nothing is packed again, the router included.
-    again = run_with_weight_cache(runner, bundle, workload_file, tmp_path, **SWITCHING)
+    again = run_with_weight_cache(runner, bundle, workload_file, tmp_path, **SWITCHING, park_experts=0)
     assert logits_of(again) == logits_of(plain)
     assert {(e["cache"], e["weights"]) for e in first_loads(again).values()} == {("warm", "mapped")}
     assert len(list(tmp_path.glob("*.xnnpack"))) == 1 + read_manifest(bundle).num_experts  # no scratch file left
     assert not list(tmp_path.glob("*.tmp-*"))  # the backend's staged files went once their copies were published
+
+
+@needs_build
+def test_a_parked_expert_answers_as_a_loaded_one_and_holds_none_of_its_packed_weights(
+    runner, bundle, workload_file, tmp_path
+):
+    """By default an evicted expert parks: it keeps its method, its packed weights' pages leave the process, and a
+    switch back loads nothing yet answers bit for bit as a load does. Without the packed-weight cache the weights live
+    on the heap, so nothing parks."""
+    loading = run_with_weight_cache(runner, bundle, workload_file, tmp_path, **SWITCHING, park_experts=0)
+    parking = run_with_weight_cache(runner, bundle, workload_file, tmp_path, **SWITCHING)
+    assert logits_of(parking) == logits_of(loading)
+    assert parking["parked_experts"] and parking["parked_packed_bytes_resident"] == 0
+    assert parking["switch"]["weights"] == "parked"  # every timed switch back loaded nothing
+    assert loading["parked_experts"] == [] and loading["switch"]["weights"] == "mapped"
+    bounded = run_with_weight_cache(runner, bundle, workload_file, tmp_path, **SWITCHING, park_experts=1)
+    assert len(bounded["parked_experts"]) == 1 and logits_of(bounded) == logits_of(loading)
+    heap = run_native(runner, bundle, workload_file, RoundSettings(**SWITCHING, weight_cache=False))
+    assert heap["parked_experts"] == [] and heap["switch"]["weights"] == "packed"
 
 
 def damage_cache_files(cache_dir: Path) -> None:
@@ -461,6 +486,7 @@ def test_the_runners_own_defaults_are_the_round_settings(runner, bundle):
     assert report["weight_cache_dir"] == str(packed_weights_dir())  # one folder, whoever starts the runner
     assert report["cache_margin"] == defaults.cache_margin
     assert report["cache_experts"] == report["num_experts"]  # all of them
+    assert report["park_experts"] == -1 and defaults.park_experts is None  # every evicted expert parks
     assert len(report["switch"]["ms"]) == report["num_experts"] * defaults.switch_repeats
 
 

@@ -160,8 +160,8 @@ def test_bench_settings_defaults_and_json():
     settings = BenchSettings(RoundSettings(iterations=7, weight_cache=True), data="random:3", pause_s=0)
     assert settings.runtime is None and settings.device == "host" and settings.rounds == 3
     assert settings.as_json() == {"iterations": 7, "warmup": 5, "threads": 1, "cache_experts": None,
-                                  "cache_margin": 0.0, "switch_repeats": 2, "weight_cache": True, "data": "random:3",
-                                  "images": 32, "pause_s": 0}  # fmt: skip
+                                  "park_experts": None, "cache_margin": 0.0, "switch_repeats": 2, "weight_cache": True,
+                                  "data": "random:3", "images": 32, "pause_s": 0}  # fmt: skip
 
 
 def test_one_function_picks_the_runner_for_runtime_and_device(tmp_path):

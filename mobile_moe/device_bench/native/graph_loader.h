@@ -26,6 +26,7 @@
 #include <executorch/runtime/executor/program.h>
 
 #include <sys/mman.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -43,6 +44,7 @@
 #include "errors.h"
 #include "mapped_file.h"
 #include "packed_cache.h"
+#include "process_stats.h"
 #include "runtime_log.h"
 
 namespace mobile_moe::runner {
@@ -137,6 +139,7 @@ class WholeFileDataLoader final : public et::DataLoader {
     return et::FreeableBuffer(piece->data(), size, free_piece, new std::shared_ptr<const MappedFile>(file_));
   }
   et::Result<size_t> size() const override { return file_->size(); }
+  void drop_pages() const { file_->drop_pages(file_->data(), file_->size()); }  // the whole file's
   et::Error load_into(size_t offset, size_t size, const SegmentInfo& info, void* buffer) const override {
     return pieces_.load_into(offset, size, info, buffer);
   }
@@ -228,8 +231,23 @@ class LoadedGraph {
 
   et::Method& method() { return *method_; }
 
+  // Whether its weights can leave memory while its method stays initialised (park_weights()): the backend keeps
+  // them packed in a file it maps (the packed-weight cache), and the loader found those mappings.
+  bool parkable() const { return !packed_mappings_.empty(); }
+  // Drop its weights' pages from this process: the packed weights the backend maps and its mapped .ptd. Both are
+  // read-only file mappings (the backend maps the cache file PROT_READ, XNNWeightsCache.cpp load_packed_cache; a cold
+  // load's written regions are flushed by finalize_for_runtime's msync), so the next run faults the same bytes back
+  // in from the page cache, and nothing is lost.
+  void park_weights() const {
+    for (const auto& mapping : packed_mappings_)
+      madvise(reinterpret_cast<void*>(mapping.begin), mapping.size, MADV_DONTNEED);
+    if (auto* whole = dynamic_cast<const WholeFileDataLoader*>(weights_loader_.get())) whole->drop_pages();
+  }
+  const std::vector<stats::Mapping>& packed_mappings() const { return packed_mappings_; }
+
  private:
   friend class Loader;
+  std::vector<stats::Mapping> packed_mappings_;  // the backend's mappings of this graph's packed-weight cache file
   std::shared_ptr<ProgramFile> program_;
   std::unique_ptr<et::DataLoader> weights_loader_;
   std::optional<executorch::extension::FlatTensorDataMap> weights_;
@@ -249,8 +267,12 @@ class Loader {
   // `workspace_sharing`: XNNPACK's workspace sharing mode for every load (WorkspaceSharingMode: 0 disabled, each
   // method its own workspace; 1 per model; 2 global, one workspace for all), through the per-load option the backend
   // resolves (backends/xnnpack/runtime/XnnpackBackendOptions.cpp, resolve_sharing_mode); -1: the backend's default.
-  Loader(LoadMode mode, PackedCache& packed_cache, int workspace_sharing = -1)
-      : mode_(mode), packed_cache_(packed_cache), workspace_sharing_(workspace_sharing) {}
+  // `locate_packed_weights`: find where the backend maps each expert's packed weights (LoadedGraph::parkable()).
+  Loader(LoadMode mode, PackedCache& packed_cache, int workspace_sharing = -1, bool locate_packed_weights = false)
+      : mode_(mode),
+        packed_cache_(packed_cache),
+        workspace_sharing_(workspace_sharing),
+        locate_packed_weights_(locate_packed_weights) {}
 
   // Load a graph: its program (parsed once per file and kept for the family; fully verified, so a corrupt flatbuffer
   // is refused, not walked) with its signature checked against the manifest, then its forward method with its own
@@ -275,6 +297,7 @@ class Loader {
     auto method_start = Clock::now();
     init_method(graph, *loaded);
     event.method_ms = ms_since(method_start);
+    if (locate_packed_weights_ && graph.expert >= 0) locate_packed_weights(*loaded);
     auto record_start = Clock::now();
     event.weights = packed_cache_.record(loaded->cache_entry_);
     event.cache_record_ms = ms_since(record_start);
@@ -306,8 +329,19 @@ class Loader {
   LoadMode mode_;
   PackedCache& packed_cache_;  // off (no directory): every load packs on the heap
   int workspace_sharing_;
+  bool locate_packed_weights_;
   std::map<std::string, std::shared_ptr<ProgramFile>> family_programs_;  // programs that experts share, by path
   PlannedArenas planned_arenas_;
+
+  // The backend's mappings of the packed-weight cache file it just read or wrote: found by the file's device and
+  // inode, before a cold load's file is published under its own name (PackedCache::record). None when the cache is
+  // off or the backend packed onto its heap (it could not lock the file): those weights cannot leave memory.
+  void locate_packed_weights(LoadedGraph& loaded) {
+    struct stat info {};
+    const PackedCacheEntry& entry = loaded.cache_entry_;
+    if (entry.state == PackedCacheState::Off || stat(entry.path.c_str(), &info) != 0) return;
+    loaded.packed_mappings_ = stats::mappings_of_file(info.st_dev, info.st_ino);
+  }
 
   std::shared_ptr<ProgramFile> program_for(const Graph& graph) {
     if (graph.shares_program()) {

@@ -112,11 +112,18 @@ using ExpertGraphs = std::vector<std::unique_ptr<LoadedGraph>>;
 
 class ExpertCache {
  public:
-  ExpertCache(const Bundle& bundle, Loader& loader, int capacity)
-      : bundle_(bundle), loader_(loader), capacity_(capacity) {}
+  // `capacity`: experts resident at once. `park`: how many experts evicted beyond it are parked rather than unloaded
+  // (-1: every one): a parked expert keeps its initialised method but none of its weights' pages
+  // (LoadedGraph::park_weights), so switching back to it skips the load (method init was most of a switch: XNNPACK
+  // builds the expert's runtimes, backends/xnnpack/runtime/XNNCompiler.cpp compileModel) and pays only for faulting
+  // its packed weights back in. What a parked expert holds: its method's heap, about 30 KB on ViT-Ti/32
+  // (benchmarks/expert_switch_vit_ti32.results.md); its planned memory is the shared arena (PlannedArenas).
+  ExpertCache(const Bundle& bundle, Loader& loader, int capacity, int park)
+      : bundle_(bundle), loader_(loader), capacity_(capacity), park_(park) {}
 
-  // The expert's graphs, loading them (and evicting the least recently used expert beyond capacity) when absent.
-  // `scratch`: load it from an empty packed-weight cache (Loader::load), to measure a cold switch.
+  // The expert's graphs: resident (a hit), parked (made resident again), or loaded, after evicting the least recently
+  // used expert beyond capacity. `scratch`: load it from an empty packed-weight cache (Loader::load), to measure a cold
+  // switch, even when it is parked.
   ExpertGraphs& get(int expert, bool* hit, double* load_ms, bool scratch = false) {
     auto found = graphs_.find(expert);
     *hit = found != graphs_.end();
@@ -128,9 +135,11 @@ class ExpertCache {
     }
     while (static_cast<int>(graphs_.size()) >= capacity_) unload(order_.back());
     auto start = Clock::now();
-    ExpertGraphs graphs;
-    for (const auto& graph : bundle_.experts[expert]) graphs.push_back(loader_.load(graph, scratch));
-    if (scratch) scratch_.insert(expert);
+    ExpertGraphs graphs = scratch ? ExpertGraphs{} : unpark(expert);
+    if (graphs.empty()) {
+      for (const auto& graph : bundle_.experts[expert]) graphs.push_back(loader_.load(graph, scratch));
+      if (scratch) scratch_.insert(expert);
+    }
     note_loaded();
     *load_ms = ms_since(start);
     return insert(expert, std::move(graphs));
@@ -140,7 +149,8 @@ class ExpertCache {
   // make room, then loads `expert` and brings its mapped packed weights in (Loader::load's warm_weights), so the first
   // run reads them from the cache, not through page faults; finish() joins the thread and caches the expert. Releasing
   // first keeps one expert in memory at a time (max_resident()); releasing after the load, while the caller runs the
-  // expert, measured no faster on ViT-Ti/32 and held two. The thread writes into `prefetch` until it is joined.
+  // expert, measured no faster on ViT-Ti/32 and held two. Evicted experts that park do so on the caller's thread
+  // (dropping pages is quick). The thread writes into `prefetch` until it is joined.
   struct Prefetch {
     int expert = -1;
     std::thread thread;
@@ -156,15 +166,14 @@ class ExpertCache {
     std::vector<ExpertGraphs> leaving;
     while (static_cast<int>(graphs_.size()) >= capacity_) {
       int oldest = order_.back();
-      scratch_.erase(oldest);  // serving never loads from a scratch cache file
-      leaving.push_back(std::move(graphs_[oldest]));
-      graphs_.erase(oldest);
-      order_.remove(oldest);
+      bool scratch = false;
+      ExpertGraphs graphs = take(oldest, &scratch);
+      if (!scratch && parks(graphs)) park(oldest, std::move(graphs));
+      else leaving.push_back(std::move(graphs));  // serving never loads from a scratch cache file
     }
     prefetch.expert = expert;
     prefetch.thread = std::thread([this, expert, &prefetch, leaving = std::move(leaving)]() mutable {
       try {
-        released(leaving.size());
         leaving.clear();  // first: one expert in memory at a time (measured: no slower than releasing it after)
         auto start = Clock::now();
         for (const auto& graph : bundle_.experts[expert])
@@ -186,17 +195,17 @@ class ExpertCache {
     return waited;
   }
 
+  // Evict a resident expert: park it, or unload it (a scratch load, one that cannot park, or parking is full).
   void unload(int expert) {
-    auto found = graphs_.find(expert);
-    if (found == graphs_.end()) return;
-    bool scratch = scratch_.erase(expert) > 0;
-    for (auto& graph : found->second) loader_.unload(std::move(graph), scratch);
-    graphs_.erase(found);
-    order_.remove(expert);
-    released(1);
+    if (!graphs_.count(expert)) return;
+    bool scratch = false;
+    ExpertGraphs graphs = take(expert, &scratch);
+    if (!scratch && parks(graphs)) park(expert, std::move(graphs));
+    else release(std::move(graphs), scratch);
   }
 
   std::set<int> resident() const { return std::set<int>(order_.begin(), order_.end()); }
+  bool parked(int expert) const { return parked_.count(expert) > 0; }
   int max_resident() const { return max_resident_; }
 
   std::vector<std::string> loaded_names() const {
@@ -206,13 +215,30 @@ class ExpertCache {
     return names;
   }
 
+  // The parked experts, and the mappings of their packed weights (all dropped when they parked).
+  std::vector<int> parked_experts() const {
+    std::vector<int> experts;
+    for (const auto& [expert, graphs] : parked_) experts.push_back(expert);
+    return experts;
+  }
+  std::vector<stats::Mapping> parked_mappings() const {
+    std::vector<stats::Mapping> mappings;
+    for (const auto& [expert, graphs] : parked_)
+      for (const auto& graph : graphs)
+        mappings.insert(mappings.end(), graph->packed_mappings().begin(), graph->packed_mappings().end());
+    return mappings;
+  }
+
  private:
   const Bundle& bundle_;
   Loader& loader_;
   int capacity_;
+  int park_;
   std::map<int, ExpertGraphs> graphs_;
   std::list<int> order_;     // most recently used first
   std::set<int> scratch_;    // experts loaded from a scratch cache file
+  std::map<int, ExpertGraphs> parked_;
+  std::list<int> parked_order_;  // most recently parked first
   // Experts whose graphs exist, and the most at any moment. A prefetching thread updates them before it is joined,
   // while the caller runs only the trunk tail.
   int live_ = 0, max_resident_ = 0;
@@ -221,6 +247,37 @@ class ExpertCache {
     auto& slot = graphs_[expert] = std::move(graphs);
     order_.push_front(expert);
     return slot;
+  }
+  // A resident expert's graphs, out of the resident set; `scratch`: they came from a scratch cache file.
+  ExpertGraphs take(int expert, bool* scratch) {
+    *scratch = scratch_.erase(expert) > 0;
+    ExpertGraphs graphs = std::move(graphs_.at(expert));
+    graphs_.erase(expert);
+    order_.remove(expert);
+    released(1);
+    return graphs;
+  }
+  bool parks(const ExpertGraphs& graphs) const {
+    return park_ != 0 && std::all_of(graphs.begin(), graphs.end(), [](const auto& graph) { return graph->parkable(); });
+  }
+  void park(int expert, ExpertGraphs graphs) {
+    for (const auto& graph : graphs) graph->park_weights();
+    release(unpark(expert), false);  // an older parking of the same expert (a scratch load came between)
+    parked_[expert] = std::move(graphs);
+    parked_order_.push_front(expert);
+    while (park_ >= 0 && static_cast<int>(parked_.size()) > park_) release(unpark(parked_order_.back()), false);
+  }
+  // A parked expert's graphs, no longer parked; empty when it is not parked.
+  ExpertGraphs unpark(int expert) {
+    auto found = parked_.find(expert);
+    if (found == parked_.end()) return {};
+    ExpertGraphs graphs = std::move(found->second);
+    parked_.erase(found);
+    parked_order_.remove(expert);
+    return graphs;
+  }
+  void release(ExpertGraphs graphs, bool scratch) {
+    for (auto& graph : graphs) loader_.unload(std::move(graph), scratch);
   }
   void note_loaded() { max_resident_ = std::max(max_resident_, ++live_); }
   void released(size_t experts) { live_ -= static_cast<int>(experts); }
@@ -265,10 +322,11 @@ inline bool prefetches(const Bundle& bundle) {
 class Pipeline {
  public:
   // `prefetch`: load a missed expert on a second thread where the bundle allows it (prefetches()); false: in line.
-  Pipeline(const Bundle& bundle, Loader& loader, int cache_experts, float cache_margin, bool prefetch)
+  Pipeline(const Bundle& bundle, Loader& loader, int cache_experts, int park_experts, float cache_margin,
+           bool prefetch)
       : bundle_(bundle),
         loader_(loader),
-        cache_(bundle, loader, cache_experts),
+        cache_(bundle, loader, cache_experts, park_experts),
         cache_margin_(cache_margin),
         prefetch_(prefetch && prefetches(bundle)) {}
 
@@ -357,7 +415,7 @@ class Pipeline {
   template <typename Work>
   auto while_prefetching(Inference& out, Work work) -> decltype(work()) {
     const int expert = out.experts.at(0);
-    if (cache_.resident().count(expert)) return work();
+    if (cache_.resident().count(expert) || cache_.parked(expert)) return work();  // nothing to load
     ExpertCache::Prefetch prefetch;
     cache_.load_on_thread(expert, prefetch);
     auto result = work();

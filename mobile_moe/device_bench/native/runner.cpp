@@ -76,6 +76,7 @@ struct Options {
   int warmup = 5;
   int threads = 1;
   int cache_experts = -1;  // -1: all experts
+  int park_experts = -1;   // evicted experts that keep their methods, weights dropped (graphs.h ExpertCache); -1: all
   float cache_margin = 0;  // cache-aware routing: a resident expert within this gate margin of the top one is taken
   int switch_repeats = 2;  // times each expert's switch is measured
   unsigned seed = 0;
@@ -90,7 +91,7 @@ struct Options {
 // One line: every error the runner prints is one line on stderr.
 const char* kUsage =
     "usage: mobile_moe_runner --bundle DIR [--input FILE.f32 | --random N] [--iterations N] [--warmup N] "
-    "[--threads T] [--cache-experts C] [--cache-margin D] [--switch-repeats R] [--seed S] "
+    "[--threads T] [--cache-experts C] [--park-experts P] [--cache-margin D] [--switch-repeats R] [--seed S] "
     "[--weight-cache DIR | --no-weight-cache] [--weight-cache-limit MIB] [--workspace-sharing none|model|global] "
     "[--load-mode mmap|file] [--no-prefetch]; "
     "or mobile_moe_runner --sha256|--xxh64 FILE...; or mobile_moe_runner --check [--external-data] FILE...";
@@ -145,6 +146,7 @@ Options parse_options(int argc, char** argv) {
     else if (flag == "--warmup") options.warmup = to_int(flag, next(), 0, kMaxFlag);
     else if (flag == "--threads") options.threads = to_int(flag, next(), 1, 1024);
     else if (flag == "--cache-experts") options.cache_experts = to_int(flag, next(), 1, 1 << 20);
+    else if (flag == "--park-experts") options.park_experts = to_int(flag, next(), 0, 1 << 20);
     else if (flag == "--cache-margin") options.cache_margin = to_float(flag, next(), 0.0, 1.0);
     else if (flag == "--switch-repeats") options.switch_repeats = to_int(flag, next(), 0, kMaxFlag);
     else if (flag == "--seed") options.seed = static_cast<unsigned>(to_int(flag, next(), 0, INT_MAX));
@@ -280,6 +282,7 @@ void write_run_settings(json::Writer& out, const Options& options, const Bundle&
   out.key("num_experts").value(num_experts);
   out.key("top_k").value(bundle.top_k);
   out.key("cache_experts").value(cache_experts);
+  out.key("park_experts").value(options.park_experts);
   out.key("cache_margin").value(static_cast<double>(options.cache_margin));
   out.key("prefetch").value(options.prefetch && prefetches(bundle));
   out.key("num_images").value(num_images);
@@ -369,6 +372,9 @@ void timed_runs(json::Writer& out, const Options& options, const Bundle& bundle,
   // The most experts whose graphs existed at one moment so far: with one expert cached, 1 (a prefetch releases the
   // evicted expert before it loads the next).
   out.key("max_experts_resident").value(pipeline.cache().max_resident());
+  // Experts parked now, and how much of their packed weights this process still maps in (0: all dropped).
+  out.key("parked_experts").array(pipeline.cache().parked_experts());
+  out.key("parked_packed_bytes_resident").value(stats::resident_bytes(pipeline.cache().parked_mappings()));
   out.key("memory_after_warm");
   write_memory(out, stats::memory_now());
 }
@@ -377,7 +383,9 @@ void timed_runs(json::Writer& out, const Options& options, const Bundle& bundle,
 struct SwitchSample {
   double total_ms = 0, load_ms = 0, first_run_ms = 0, warm_run_ms = 0;
   double program_ms = 0, data_map_ms = 0, cache_check_ms = 0, method_ms = 0, cache_record_ms = 0;
-  std::string weights;  // "mapped" when every graph of the expert mapped its packed weights, else "packed"
+  // "parked" when the expert was parked (no load), "mapped" when every graph of it mapped its packed weights, else
+  // "packed"
+  std::string weights;
 };
 
 // Switches from the graph's own packed-weight cache file (warm after its first load; no cache without
@@ -403,7 +411,7 @@ SwitchSample time_switch(Pipeline& pipeline, const Loader& loader, int expert, s
   auto warm_start = Clock::now();
   pipeline.run_expert(expert, graphs, tokens);
   sample.warm_run_ms = ms_since(warm_start);
-  sample.weights = "mapped";
+  sample.weights = loader.events.size() == first_event ? "parked" : "mapped";
   for (size_t i = first_event; i < loader.events.size(); ++i) {
     const LoadEvent& event = loader.events[i];
     sample.program_ms += event.program_ms;
@@ -459,11 +467,11 @@ void write_switch_set(json::Writer& out, const std::vector<SwitchSample>& sample
   medians("load_median_ms", [](const SwitchSample& s) { return s.load_ms; });
   medians("first_run_median_ms", [](const SwitchSample& s) { return s.first_run_ms; });
   medians("warm_expert_run_median_ms", [](const SwitchSample& s) { return s.warm_run_ms; });
-  bool mapped = !samples.empty() && std::all_of(samples.begin(), samples.end(),
-                                                [](const SwitchSample& s) { return s.weights == "mapped"; });
-  out.key("weights");
+  auto every = [&](auto keep) { return std::all_of(samples.begin(), samples.end(), keep); };
+  out.key("weights");  // "packed" if any switch packed; "mapped" if every switch loaded from the cache or unparked
   if (samples.empty()) out.null();
-  else out.value(mapped ? "mapped" : "packed");
+  else if (every([](const SwitchSample& s) { return s.weights == "parked"; })) out.value("parked");
+  else out.value(every([](const SwitchSample& s) { return s.weights != "packed"; }) ? "mapped" : "packed");
   out.key("parts_median_ms").begin_object();
   medians("program", [](const SwitchSample& s) { return s.program_ms; });
   medians("data_map", [](const SwitchSample& s) { return s.data_map_ms; });
@@ -541,8 +549,9 @@ std::string measure(const Options& options) {
   out.key("memory_at_start");
   write_memory(out, stats::memory_now());
 
-  Loader loader(load_mode, packed_cache, options.workspace_sharing);
-  Pipeline pipeline(bundle, loader, cache_experts, options.cache_margin, options.prefetch);
+  const bool parking = options.park_experts != 0 && packed_cache.enabled();  // only cached packed weights can leave
+  Loader loader(load_mode, packed_cache, options.workspace_sharing, /*locate_packed_weights=*/parking);
+  Pipeline pipeline(bundle, loader, cache_experts, options.park_experts, options.cache_margin, options.prefetch);
   OpenFiles files{bundle.dir, {}};
   load_first_graph(out, bundle, pipeline);
   std::map<int, double> cold_expert_load_ms = routing_pass(out, bundle, pipeline, loader, images, files);
