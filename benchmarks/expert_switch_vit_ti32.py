@@ -14,8 +14,9 @@ finds it; the runs are interleaved, --rounds times, and each ratio is the median
 ((max - min) / median).
 
 Printed, with issue 37's goals ("switch added": a switch's load + first run minus the same expert's warm run):
-warm-cache switch added over a hit / warm p50 (<= 0.03), also with every expert in one XNNPACK workspace
-(--workspace-sharing global), with the cold switch and the switch without a cache beside it; one-expert-cache p50
+warm-cache switch added over a hit / warm p50 (<= 0.03: back to a parked expert, the default), also with evicted
+experts unloading (--park-experts 0) and with every expert in one XNNPACK workspace (--workspace-sharing global), with
+the cold switch and the switch without a cache beside it; one-expert-cache p50 (the default and unloading)
 MoE/dense (<= 1.02), with and without prefetch, per-block, at 1 and 2 threads, at issue 37's change rate; peak RSS
 one-expert / dense (<= 1.00) and with prefetch (max experts resident, reported); all-experts p50 MoE/dense (<= 1.01);
 and, from the routing pass, how long a switching image waited for its load with and without prefetch. Weights and images
@@ -121,9 +122,11 @@ def main() -> None:
     streams["dense-45"] = streams["moe-45"]
     global_workspace = ("--workspace-sharing", "global")  # every expert's method runs in one XNNPACK workspace
     in_line = ("--no-prefetch",)  # a missed expert loads on the image's thread, where prefetch would use a second one
+    unload = ("--park-experts", "0")  # an evicted expert unloads (the default parks it: graphs.h ExpertCache)
     configs = {  # name: (bundle, experts cached, packed-weight cache, inference threads, more runner flags)
         "dense": ("dense", None, True, 1, ()),
         "moe-one": ("moe", 1, True, 1, ()),
+        "moe-one-unload": ("moe", 1, True, 1, unload),
         "moe-one-global": ("moe", 1, True, 1, global_workspace),
         "moe-one-packing": ("moe", 1, False, 1, ()),
         "moe-all": ("moe", None, True, 1, ()),
@@ -133,6 +136,7 @@ def main() -> None:
         "per-block-all": ("per-block", None, True, 1, ()),
         "dense-45": ("dense-45", None, True, 1, ()),
         "moe-one-45": ("moe-45", 1, True, 1, ()),
+        "moe-one-45-unload": ("moe-45", 1, True, 1, unload),
         "dense-t2": ("dense", None, True, 2, ()),
         "moe-one-t2": ("moe", 1, True, 2, ()),
         "early-one-t2": ("early", 1, True, 2, ()),
@@ -173,7 +177,10 @@ def print_table(runs: dict[str, list[dict]], rates: dict[str, float], router_blo
             "(>= 0.7)",
             f"{rates['early']:.2f} / {rates['moe-45']:.2f}",
         ),
-        ("switch added over a hit / warm p50, warm packed cache", median_and_spread(warm_added), "<= 0.03", ""),
+        ("switch added over a hit / warm p50, warm packed cache", median_and_spread(warm_added), "<= 0.03",
+         "back to a parked expert"),  # fmt: skip
+        ("switch added over a hit / warm p50, warm packed cache, evicted experts unload",
+         median_and_spread(added("moe-one-unload")), "(report)", "--park-experts 0"),  # fmt: skip
         (
             "switch added over a hit / warm p50, warm packed cache, one global workspace",
             median_and_spread(added("moe-one-global")),
@@ -188,12 +195,16 @@ def print_table(runs: dict[str, list[dict]], rates: dict[str, float], router_blo
             "packs on every load",
         ),  # fmt: skip
         ("p50 MoE/dense, one expert cached", ratio("moe-one", p50), "<= 1.02", ""),
+        ("p50 MoE/dense, one expert cached, evicted experts unload", ratio("moe-one-unload", p50), "(report)",
+         "--park-experts 0"),  # fmt: skip
         (
             "p50 MoE/dense, one expert cached, a stream at issue 37's change rate",
             ratio("moe-one-45", p50, "dense-45"),
             "<= 1.02",
             f"change rate {rates['moe-45']:.2f}",
         ),  # fmt: skip
+        ("p50 MoE/dense, one expert cached, issue 37's change rate, evicted experts unload",
+         ratio("moe-one-45-unload", p50, "dense-45"), "(report)", "--park-experts 0"),  # fmt: skip
         ("p50 MoE/dense, one expert cached, one global workspace", ratio("moe-one-global", p50), "<= 1.02", ""),
         ("p50 MoE/dense, one expert cached, no packed-weight cache", ratio("moe-one-packing", p50), "(report)", ""),
         (f"p50 MoE/dense, one expert cached, {early}, prefetch", ratio("early-one", p50), "<= 1.02", ""),
@@ -210,6 +221,8 @@ def print_table(runs: dict[str, list[dict]], rates: dict[str, float], router_blo
         ("peak RSS one expert / dense", ratio("moe-one", peak), "<= 1.00", ""),
         ("peak RSS one expert / dense, at issue 37's change rate", ratio("moe-one-45", peak, "dense-45"), "<= 1.00",
          ""),  # fmt: skip
+        ("peak RSS one expert / dense, evicted experts unload", ratio("moe-one-unload", peak), "(report)",
+         "--park-experts 0"),  # fmt: skip
         ("peak RSS one expert, per-block / dense", ratio("per-block-one", peak), "<= 1.00", ""),
         ("peak RSS one expert, one global workspace / dense", ratio("moe-one-global", peak), "<= 1.00", ""),
         (
@@ -227,7 +240,10 @@ def print_table(runs: dict[str, list[dict]], rates: dict[str, float], router_blo
     shared = runs["moe-one-global"][0]["switch"]["parts_median_ms"]
     print("\nswitch parts, ms (first round; warm | cold | warm, one global workspace): " + ", ".join(
         f"{key} {parts[key]:.3f} | {cold[key]:.3f} | {shared[key]:.3f}" for key in parts))  # fmt: skip
-    for name in ("moe-one", "moe-one-global"):
+    unloading = runs["moe-one-unload"][0]["switch"]["parts_median_ms"]
+    print("switch parts, ms (first round; evicted experts unload): " + ", ".join(
+        f"{key} {unloading[key]:.3f}" for key in unloading))  # fmt: skip
+    for name in ("moe-one", "moe-one-unload", "moe-one-global"):
         first = statistics.median(r["switch"]["first_run_median_ms"] for r in runs[name])
         warm = statistics.median(r["switch"]["warm_expert_run_median_ms"] for r in runs[name])
         print(f"{name}: an expert's first run {first:.3f} ms, its warm run {warm:.3f} ms")
