@@ -169,24 +169,6 @@ inline bool copy_in_large_writes(const std::string& from, const std::string& to)
   return copied;
 }
 
-// Bring a mapped cache file's pages in, on the thread that calls this: every page of every mapping of `path` in this
-// process (found in /proc/self/maps: the backend maps the file itself, XNNWeightsCache.cpp load_packed_cache) is
-// read, one word per 64-byte line, so the page tables are filled and the packed weights sit in the shared cache
-// before the first run reads them. What a prefetching thread does while the trunk tail runs.
-inline void bring_in_mapped(const std::string& path) {
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  volatile uint64_t sink = 0;
-  while (std::getline(maps, line)) {
-    if (line.size() < path.size() || line.compare(line.size() - path.size(), path.size(), path) != 0) continue;
-    unsigned long long begin = 0, end = 0;
-    if (std::sscanf(line.c_str(), "%llx-%llx", &begin, &end) != 2 || end <= begin) continue;
-    uint64_t sum = 0;
-    for (auto at = begin; at < end; at += 64) sum += *reinterpret_cast<const volatile uint64_t*>(at);
-    sink = sink + sum;
-  }
-}
-
 // The folder a runner started without --weight-cache keeps packed weights in, by mobile_moe/cache.py's rule
 // (packed_weights_dir; tests/device_bench/test_device_bench_native.py holds the two to one answer):
 // MOBILE_MOE_WEIGHT_CACHE, else $MOBILE_MOE_CACHE/packed-weights, else $XDG_CACHE_HOME/mobile-moe/packed-weights, else
