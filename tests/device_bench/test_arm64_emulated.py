@@ -112,6 +112,9 @@ def test_the_arm64_runner_reproduces_the_host_runner(runner, arm64_runner, arm64
     chosen = {e for row in experts for e in row}
     assert len(chosen) >= 2, "precondition: the workload should route to several experts"
     assert set(arm["files_opened"]) == set(host["files_opened"]) == expected_files(manifest, chosen)
+    # Evicted experts park there as here, none of their packed weights left in memory.
+    assert arm["parked_experts"] == host["parked_experts"] and arm["parked_experts"]
+    assert arm["parked_packed_bytes_resident"] == host["parked_packed_bytes_resident"] == 0
 
 
 @pytest.mark.slow
