@@ -59,9 +59,8 @@ namespace et = executorch::runtime;
 // One load, in parts: program_ms (open, parse and verify the program; 0 when the family's program was already
 // parsed), data_map_ms (open the .ptd and read its header), cache_check_ms (check the packed-weight cache file),
 // method_ms (initialise the method: XNNPACK builds its runtime and packs, or maps packed, weights), cache_record_ms
-// (hash a cache file the load wrote), bring_in_ms (prefetching only: LoadedGraph::bring_in_packed_weights). weights:
-// "packed" or
-// "mapped" (from a warm cache file).
+// (hash a cache file the load wrote), bring_in_ms (prefetching only: LoadedGraph::bring_in_packed_weights).
+// weights: "packed" or "mapped" (from a warm cache file).
 struct LoadEvent {
   std::string graph;
   int64_t bytes = 0;
