@@ -41,6 +41,8 @@ def runner_command(
         command += ["--weight-cache", str(weight_cache_dir)]
     else:
         command += ["--no-weight-cache"]
+    if settings.park_experts is not None:
+        command += ["--park-experts", str(settings.park_experts)]
     return command
 
 

@@ -163,7 +163,7 @@ def worker_command(bundle: str | Path, runtime: str, images: str | Path, setting
 @dataclass(frozen=True)
 class PythonWorker:
     """export's Python runtime (ExecuTorch bindings, ONNX Runtime, Core ML on macOS) in a fresh interpreter per round.
-    RoundSettings.weight_cache is the native runner's: these runtimes have no such switch."""
+    RoundSettings.weight_cache and park_experts are the native runner's: these runtimes have no such switches."""
 
     runtime: str
 

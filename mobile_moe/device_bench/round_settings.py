@@ -40,13 +40,11 @@ class RoundSettings:
             raise UsageError(f"--switch-repeats {self.switch_repeats}: must be 0 (no switch timing) or more")
 
     def runner_flags(self) -> list[str]:
-        """The native runner's command-line flags for these settings."""
+        """The command-line flags every runner takes for these settings (the native runner's own: runner_command)."""
         flags = ["--iterations", str(self.iterations), "--warmup", str(self.warmup), "--threads", str(self.threads)]
         flags += ["--switch-repeats", str(self.switch_repeats)]
         if self.cache_experts is not None:
             flags += ["--cache-experts", str(self.cache_experts)]
-        if self.park_experts is not None:
-            flags += ["--park-experts", str(self.park_experts)]
         if self.cache_margin:
             flags += ["--cache-margin", repr(self.cache_margin)]
         return flags

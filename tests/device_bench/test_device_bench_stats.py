@@ -229,3 +229,16 @@ def test_the_latency_plot_marks_the_runs_the_report_calls_wide():
     assert [bar.get_hatch() for bar in axis.patches] == [None, "//"]
     assert [text.get_text() for text in axis.texts] == ["WIDE 25%"] and "WIDE" in axis.get_title()
     plt.close(figure)
+
+
+def test_the_native_runners_own_settings_reach_only_the_native_runner():
+    """--park-experts and the packed-weight cache are the native runner's flags: a Python runtime's worker, whose
+    parser does not know them, never gets them."""
+    from mobile_moe.device_bench.native_runner import runner_command
+    from mobile_moe.device_bench.python_worker import worker_command
+
+    settings = RoundSettings(park_experts=0, weight_cache=False)
+    worker = worker_command("bundle", "onnxruntime", "images.f32", settings)
+    assert not {"--park-experts", "--no-weight-cache"} & set(worker)
+    native = runner_command("runner", "bundle", "images.f32", settings)
+    assert native[-3:] == ["--no-weight-cache", "--park-experts", "0"]

@@ -100,9 +100,10 @@ def test_an_early_routing_bundle_computes_the_model(early_bundle):
 
 
 def run_prefetching(runner, path, tmp_path, *flags: str) -> dict:
+    """One runner process with one expert resident; evicted experts unload (--park-experts 0), so every miss loads."""
     raw = tmp_path / "images.f32"
     images().numpy().astype(np.float32).tofile(raw)
-    settings = RoundSettings(iterations=3, warmup=0, cache_experts=1, switch_repeats=1)
+    settings = RoundSettings(iterations=3, warmup=0, cache_experts=1, switch_repeats=1, park_experts=0)
     result = subprocess.run([*runner_command(runner, path, raw, settings), *flags], capture_output=True, timeout=300)
     return parse_runner_output(result.returncode, result.stdout, result.stderr, "native runner", path)
 

@@ -235,9 +235,11 @@ class LoadedGraph {
   // them packed in a file it maps (the packed-weight cache), and the loader found those mappings.
   bool parkable() const { return !packed_mappings_.empty(); }
   // Drop its weights' pages from this process: the packed weights the backend maps and its mapped .ptd. Both are
-  // read-only file mappings (the backend maps the cache file PROT_READ, XNNWeightsCache.cpp load_packed_cache; a cold
-  // load's written regions are flushed by finalize_for_runtime's msync), so the next run faults the same bytes back
-  // in from the page cache, and nothing is lost.
+  // read-only file mappings (Loader::locate_packed_weights keeps only those), so the next run faults the same bytes
+  // back in from the page cache, and nothing is lost. The addresses stay the backend's while the method lives: it unmaps a
+  // cache file's regions only when the last method using them is destroyed (XNNPACKBackend.cpp destroy ->
+  // XNNWeightsCache.cpp delete_packed_data -> full_unload) or when a new load of the same file starts it afresh,
+  // which the expert cache never does while this graph exists (a scratch load uses a file of its own).
   void park_weights() const {
     for (const auto& mapping : packed_mappings_)
       madvise(reinterpret_cast<void*>(mapping.begin), mapping.size, MADV_DONTNEED);
@@ -278,7 +280,7 @@ class Loader {
   // `workspace_sharing`: XNNPACK's workspace sharing mode for every load (WorkspaceSharingMode: 0 disabled, each
   // method its own workspace; 1 per model; 2 global, one workspace for all), through the per-load option the backend
   // resolves (backends/xnnpack/runtime/XnnpackBackendOptions.cpp, resolve_sharing_mode); -1: the backend's default.
-  // `locate_packed_weights`: find where the backend maps each expert's packed weights (LoadedGraph::parkable()).
+  // `locate_packed_weights`: find where the backend maps each expert's warm packed weights (LoadedGraph::parkable()).
   Loader(LoadMode mode, PackedCache& packed_cache, int workspace_sharing = -1, bool locate_packed_weights = false)
       : mode_(mode),
         packed_cache_(packed_cache),
@@ -308,7 +310,7 @@ class Loader {
     auto method_start = Clock::now();
     init_method(graph, *loaded);
     event.method_ms = ms_since(method_start);
-    if (((locate_packed_weights_ && !scratch) || warm_weights) && graph.expert >= 0) locate_packed_weights(*loaded);
+    if ((locate_packed_weights_ || warm_weights) && graph.expert >= 0) locate_packed_weights(*loaded);
     auto record_start = Clock::now();
     event.weights = packed_cache_.record(loaded->cache_entry_);
     event.cache_record_ms = ms_since(record_start);
@@ -344,14 +346,19 @@ class Loader {
   std::map<std::string, std::shared_ptr<ProgramFile>> family_programs_;  // programs that experts share, by path
   PlannedArenas planned_arenas_;
 
-  // The backend's mappings of the packed-weight cache file it just read or wrote: found by the file's device and
-  // inode, before a cold load's file is published under its own name (PackedCache::record). None when the cache is
-  // off or the backend packed onto its heap (it could not lock the file): those weights cannot leave memory.
+  // The backend's mappings of the warm packed-weight cache file it just mapped, found by the file's device and
+  // inode; kept only when every one is shared and read-only (XNNWeightsCache.cpp load_packed_cache), the mappings
+  // whose pages can be dropped and faulted back unchanged. None for a load that packed: its mappings are of a staged
+  // file that PackedCache::record replaces by a copy, written through (PROT_WRITE); that expert unloads when evicted,
+  // and its next load maps the copy. None either when the cache is off or the backend packed onto its heap (it could
+  // not lock the file).
   void locate_packed_weights(LoadedGraph& loaded) {
     struct stat info {};
     const PackedCacheEntry& entry = loaded.cache_entry_;
-    if (entry.state == PackedCacheState::Off || stat(entry.path.c_str(), &info) != 0) return;
-    loaded.packed_mappings_ = stats::mappings_of_file(info.st_dev, info.st_ino);
+    if (entry.state != PackedCacheState::Warm || stat(entry.path.c_str(), &info) != 0) return;
+    auto mappings = stats::mappings_of_file(info.st_dev, info.st_ino);
+    if (std::all_of(mappings.begin(), mappings.end(), [](const auto& m) { return m.shared && !m.writable; }))
+      loaded.packed_mappings_ = std::move(mappings);
   }
 
   std::shared_ptr<ProgramFile> program_for(const Graph& graph) {

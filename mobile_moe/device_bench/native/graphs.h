@@ -133,9 +133,9 @@ class ExpertCache {
       order_.push_front(expert);
       return found->second;
     }
-    while (static_cast<int>(graphs_.size()) >= capacity_) unload(order_.back());
     auto start = Clock::now();
-    ExpertGraphs graphs = scratch ? ExpertGraphs{} : unpark(expert);
+    ExpertGraphs graphs = scratch ? ExpertGraphs{} : unpark(expert);  // before evicting, which may trim the parked
+    while (static_cast<int>(graphs_.size()) >= capacity_) unload(order_.back());
     if (graphs.empty()) {
       for (const auto& graph : bundle_.experts[expert]) graphs.push_back(loader_.load(graph, scratch));
       if (scratch) scratch_.insert(expert);
@@ -165,11 +165,8 @@ class ExpertCache {
   void load_on_thread(int expert, Prefetch& prefetch) {
     std::vector<ExpertGraphs> leaving;
     while (static_cast<int>(graphs_.size()) >= capacity_) {
-      int oldest = order_.back();
-      bool scratch = false;
-      ExpertGraphs graphs = take(oldest, &scratch);
-      if (!scratch && parks(graphs)) park(oldest, std::move(graphs));
-      else leaving.push_back(std::move(graphs));  // serving never loads from a scratch cache file
+      bool scratch = false;  // serving never loads from a scratch cache file
+      leaving.push_back(evict(order_.back(), &scratch));
     }
     prefetch.expert = expert;
     prefetch.thread = std::thread([this, expert, &prefetch, leaving = std::move(leaving)]() mutable {
@@ -195,13 +192,12 @@ class ExpertCache {
     return waited;
   }
 
-  // Evict a resident expert: park it, or unload it (a scratch load, one that cannot park, or parking is full).
+  // Evict a resident expert: park it where it can park, else unload it.
   void unload(int expert) {
     if (!graphs_.count(expert)) return;
     bool scratch = false;
-    ExpertGraphs graphs = take(expert, &scratch);
-    if (!scratch && parks(graphs)) park(expert, std::move(graphs));
-    else release(std::move(graphs), scratch);
+    ExpertGraphs graphs = evict(expert, &scratch);
+    release(std::move(graphs), scratch);
   }
 
   std::set<int> resident() const { return std::set<int>(order_.begin(), order_.end()); }
@@ -239,8 +235,8 @@ class ExpertCache {
   std::set<int> scratch_;    // experts loaded from a scratch cache file
   std::map<int, ExpertGraphs> parked_;
   std::list<int> parked_order_;  // most recently parked first
-  // Experts whose graphs exist, and the most at any moment. A prefetching thread updates them before it is joined,
-  // while the caller runs only the trunk tail.
+  // Experts resident (loaded, not parked), and the most at any moment. A prefetching thread updates them before it
+  // is joined, while the caller runs only the trunk tail.
   int live_ = 0, max_resident_ = 0;
 
   ExpertGraphs& insert(int expert, ExpertGraphs graphs) {
@@ -248,24 +244,22 @@ class ExpertCache {
     order_.push_front(expert);
     return slot;
   }
-  // A resident expert's graphs, out of the resident set; `scratch`: they came from a scratch cache file.
-  ExpertGraphs take(int expert, bool* scratch) {
+  // A resident expert out of the resident set: parked when every graph of it can park (LoadedGraph::parkable: a
+  // scratch load's cannot) and parking is on, the least recently parked expert beyond `park_` unloaded; -> its graphs
+  // when it did not park (empty when it did), for the caller to release. `scratch`: they came from a scratch file.
+  ExpertGraphs evict(int expert, bool* scratch) {
     *scratch = scratch_.erase(expert) > 0;
     ExpertGraphs graphs = std::move(graphs_.at(expert));
     graphs_.erase(expert);
     order_.remove(expert);
     released(1);
-    return graphs;
-  }
-  bool parks(const ExpertGraphs& graphs) const {
-    return park_ != 0 && std::all_of(graphs.begin(), graphs.end(), [](const auto& graph) { return graph->parkable(); });
-  }
-  void park(int expert, ExpertGraphs graphs) {
+    bool parks = park_ != 0 && std::all_of(graphs.begin(), graphs.end(), [](const auto& graph) { return graph->parkable(); });
+    if (!parks) return graphs;
     for (const auto& graph : graphs) graph->park_weights();
-    release(unpark(expert), false);  // an older parking of the same expert (a scratch load came between)
     parked_[expert] = std::move(graphs);
     parked_order_.push_front(expert);
     while (park_ >= 0 && static_cast<int>(parked_.size()) > park_) release(unpark(parked_order_.back()), false);
+    return {};
   }
   // A parked expert's graphs, no longer parked; empty when it is not parked.
   ExpertGraphs unpark(int expert) {

@@ -68,10 +68,11 @@ inline std::vector<std::string> open_files_under(const std::string& directory) {
   return found;
 }
 
-// One mapping of this process: where it starts and how many bytes it spans.
+// One mapping of this process: where it starts, how many bytes it spans, and its permissions' write and share bits.
 struct Mapping {
   uintptr_t begin = 0;
   size_t size = 0;
+  bool writable = false, shared = false;
 };
 
 // This process's mappings of the file with this device and inode number, from /proc/self/maps (the one way to find a
@@ -87,7 +88,7 @@ inline std::vector<Mapping> mappings_of_file(dev_t device, ino_t inode) {
     if (std::sscanf(line.c_str(), "%lx-%lx %7s %lx %x:%x %lu", &begin, &end, perms, &offset, &major, &minor,
                     &number) == 7 &&
         number == inode && makedev(major, minor) == device)
-      found.push_back({begin, end - begin});
+      found.push_back({begin, end - begin, perms[1] == 'w', perms[3] == 's'});
   }
   return found;
 }

@@ -369,12 +369,12 @@ void timed_runs(json::Writer& out, const Options& options, const Bundle& bundle,
   }
   out.end_object();
   out.key("timed_expert_loads").value(loads.size());
-  // The most experts whose graphs existed at one moment so far: with one expert cached, 1 (a prefetch releases the
-  // evicted expert before it loads the next).
+  // The most experts resident (loaded, not parked) at one moment so far: with one expert cached, 1 (a prefetch
+  // releases the evicted expert before it loads the next).
   out.key("max_experts_resident").value(pipeline.cache().max_resident());
   // Experts parked now, and how much of their packed weights this process still maps in (0: all dropped).
   out.key("parked_experts").array(pipeline.cache().parked_experts());
-  out.key("parked_packed_bytes_resident").value(stats::resident_bytes(pipeline.cache().parked_mappings()));
+  write_bytes_or_null(out, "parked_packed_bytes_resident", stats::resident_bytes(pipeline.cache().parked_mappings()));
   out.key("memory_after_warm");
   write_memory(out, stats::memory_now());
 }
@@ -549,8 +549,8 @@ std::string measure(const Options& options) {
   out.key("memory_at_start");
   write_memory(out, stats::memory_now());
 
-  const bool parking = options.park_experts != 0 && packed_cache.enabled();  // only cached packed weights can leave
-  Loader loader(load_mode, packed_cache, options.workspace_sharing, /*locate_packed_weights=*/parking);
+  Loader loader(load_mode, packed_cache, options.workspace_sharing,
+                /*locate_packed_weights=*/options.park_experts != 0);
   Pipeline pipeline(bundle, loader, cache_experts, options.park_experts, options.cache_margin, options.prefetch);
   OpenFiles files{bundle.dir, {}};
   load_first_graph(out, bundle, pipeline);
