@@ -187,11 +187,29 @@ def test_int8_executorch_moe_bundle_runs_close_to_fp32(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("top_k", [1, 2])
-def test_executorch_per_block_layout_equals_eager(tmp_path, top_k):
+def test_executorch_per_block_layout_equals_eager(tmp_path, top_k, runner):
+    """The per-block layout equals eager PyTorch in the Python runtime, and the native runner gives its answers with
+    the fewest experts resident that an image's top_k allows (fewer is one line: an image's experts run together)."""
+    from mobile_moe.device_bench.native_runner import run_native
+    from mobile_moe.device_bench.round_settings import RoundSettings
+    from mobile_moe.device_bench.workload import random_workload, write_raw
+    from mobile_moe.errors import UsageError
+
     model = tiny_model("mobile-vmoe", num_experts=3, top_k=top_k).eval()
     manifest = export_bundle(model, tmp_path / "b", "executorch", layout="per-block").to_json()
     assert all(set(graph["backend_details"]["undelegated_ops"]) <= PORTABLE_BY_DESIGN for graph in manifest["graphs"])
     assert len(list(predictions_match_eager(load_bundle(tmp_path / "b"), model, count=4))) == 4
+    shape = read_manifest(tmp_path / "b").input.shape
+    images = random_workload(shape, count=4, seed=1)
+    settings = RoundSettings(iterations=1, warmup=0, cache_experts=top_k, switch_repeats=0)
+    report = run_native(runner, tmp_path / "b", write_raw(images, tmp_path / "images.f32"), settings)
+    runtime = load_bundle(tmp_path / "b", max_cached_experts=top_k)
+    expected = [runtime.predict(image) for image in images.images]
+    assert [row["experts"] for row in report["images"]] == [p.experts for p in expected]
+    np.testing.assert_allclose([row["logits"] for row in report["images"]], [p.logits for p in expected], atol=1e-4)
+    if top_k > 1:
+        with pytest.raises(UsageError, match=f"--cache-experts 1 is fewer than the bundle's top_k, {top_k}"):
+            run_native(runner, tmp_path / "b", tmp_path / "images.f32", RoundSettings(iterations=1, cache_experts=1))
 
 
 # --- what the reference-model work changed, and what it must not have -----------------------------------------------

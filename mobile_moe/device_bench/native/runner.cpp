@@ -264,6 +264,12 @@ std::string first_graph_key(const Bundle& bundle) { return bundle.kind == Kind::
 int expert_cache_size(const Options& options, const Bundle& bundle, int num_experts) {
   int cache_experts = options.cache_experts < 0 ? std::max(num_experts, 1) : options.cache_experts;
   if (bundle.kind == Kind::Split && cache_experts < 1) throw UsageError("--cache-experts must be at least 1");
+  // An image runs all its top_k experts together (graphs.h Pipeline::infer holds each one's graphs), so they must be
+  // resident together.
+  if (bundle.kind == Kind::Split && cache_experts < bundle.top_k)
+    throw UsageError("--cache-experts " + std::to_string(cache_experts) + " is fewer than the bundle's top_k, " +
+                     std::to_string(bundle.top_k) + ": an image's experts run together; cache at least " +
+                     std::to_string(bundle.top_k));
   return cache_experts;
 }
 
