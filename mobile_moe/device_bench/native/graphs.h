@@ -134,7 +134,8 @@ class ExpertCache {
       return found->second;
     }
     auto start = Clock::now();
-    ExpertGraphs graphs = scratch ? ExpertGraphs{} : unpark(expert);  // before evicting, which may trim the parked
+    // Unparked before the eviction, which may trim the parked set.
+    ExpertGraphs graphs = scratch ? ExpertGraphs{} : unpark(expert);
     while (static_cast<int>(graphs_.size()) >= capacity_) unload(order_.back());
     if (graphs.empty()) {
       for (const auto& graph : bundle_.experts[expert]) graphs.push_back(loader_.load(graph, scratch));
@@ -253,8 +254,8 @@ class ExpertCache {
     graphs_.erase(expert);
     order_.remove(expert);
     released(1);
-    bool parks = park_ != 0 && std::all_of(graphs.begin(), graphs.end(), [](const auto& graph) { return graph->parkable(); });
-    if (!parks) return graphs;
+    auto parkable = [](const auto& graph) { return graph->parkable(); };
+    if (park_ == 0 || !std::all_of(graphs.begin(), graphs.end(), parkable)) return graphs;
     for (const auto& graph : graphs) graph->park_weights();
     parked_[expert] = std::move(graphs);
     parked_order_.push_front(expert);
