@@ -117,7 +117,8 @@ def planned_buffer_sizes(program_file: Path) -> list[int]:
 @needs_build
 def test_every_graph_runs_in_one_planned_arena(runner, bundle, workload_file):
     """The router and every resident expert share one planned-memory arena per memory id, as large as the largest
-    graph's: with all experts resident the runner allocates no more than with one, and answers the same."""
+    graph's: with all experts resident the runner allocates no more than with one, and both answer as the Python
+    runtime does."""
     manifest = read_manifest(bundle, verify_files=True)
     plans = [planned_buffer_sizes(bundle / name) for name in sorted({g.file for g in manifest.graphs})]
     largest = sum(max(sizes) for sizes in zip(*plans, strict=True))  # the router's, in this bundle

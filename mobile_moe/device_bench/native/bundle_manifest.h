@@ -61,6 +61,9 @@ struct File {
 struct Graph {
   std::string name, role;
   int expert = -1;
+  // An expert's graph: loaded and evicted as routing changes (mapped whole, its packed weights copied in large
+  // writes, parked when evicted), where the other graphs are loaded once per process.
+  bool switched() const { return expert >= 0; }
   int64_t params = 0;  // weights the graph carries (parameters and buffers)
   File program;        // the ExecuTorch program (.pte)
   // ExecuTorch named data (.ptd) with the weights this graph keeps outside its program, when graphs share one

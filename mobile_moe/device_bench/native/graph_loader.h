@@ -139,7 +139,7 @@ class WholeFileDataLoader final : public et::DataLoader {
     return et::FreeableBuffer(piece->data(), size, free_piece, new std::shared_ptr<const MappedFile>(file_));
   }
   et::Result<size_t> size() const override { return file_->size(); }
-  void drop_pages() const { file_->drop_pages(file_->data(), file_->size()); }  // the whole file's
+  void drop_pages() const { file_->drop_pages(file_->data(), file_->size()); }  // every whole page of the file
   et::Error load_into(size_t offset, size_t size, const SegmentInfo& info, void* buffer) const override {
     return pieces_.load_into(offset, size, info, buffer);
   }
@@ -166,7 +166,7 @@ class WholeFileDataLoader final : public et::DataLoader {
 inline std::unique_ptr<et::DataLoader> open_data_loader(const Graph& graph, const File& file, LoadMode mode) {
   using executorch::extension::FileDataLoader;
   using executorch::extension::MmapDataLoader;
-  if (mode == LoadMode::Mmap && graph.expert >= 0) {
+  if (mode == LoadMode::Mmap && graph.switched()) {
     if (auto loader = WholeFileDataLoader::open(file.path)) return loader;
     const std::string why = std::strerror(errno);
     throw UsageError("graph " + graph.name + ": cannot open " + file.file + " (" + why + ")");
@@ -236,8 +236,8 @@ class LoadedGraph {
   bool parkable() const { return !packed_mappings_.empty(); }
   // Drop its weights' pages from this process: the packed weights the backend maps and its mapped .ptd. Both are
   // read-only file mappings (Loader::locate_packed_weights keeps only those), so the next run faults the same bytes
-  // back in from the page cache, and nothing is lost. The addresses stay the backend's while the method lives: it unmaps a
-  // cache file's regions only when the last method using them is destroyed (XNNPACKBackend.cpp destroy ->
+  // back in from the page cache, and nothing is lost. The addresses stay the backend's while the method lives: it
+  // unmaps a cache file's regions only when the last method using them is destroyed (XNNPACKBackend.cpp destroy ->
   // XNNWeightsCache.cpp delete_packed_data -> full_unload) or when a new load of the same file starts it afresh,
   // which the expert cache never does while this graph exists (a scratch load uses a file of its own).
   void park_weights() const {
@@ -310,7 +310,7 @@ class Loader {
     auto method_start = Clock::now();
     init_method(graph, *loaded);
     event.method_ms = ms_since(method_start);
-    if ((locate_packed_weights_ || warm_weights) && graph.expert >= 0) locate_packed_weights(*loaded);
+    if ((locate_packed_weights_ || warm_weights) && graph.switched()) locate_packed_weights(*loaded);
     auto record_start = Clock::now();
     event.weights = packed_cache_.record(loaded->cache_entry_);
     event.cache_record_ms = ms_since(record_start);

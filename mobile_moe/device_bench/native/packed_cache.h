@@ -248,7 +248,7 @@ class PackedCache {
   PackedCacheEntry prepare(const Graph& graph) {
     if (!enabled()) return {};
     std::string graph_key = key(graph);
-    PackedCacheEntry entry{file_for(graph_key), graph_key, PackedCacheState::Warm, "", graph.expert >= 0};
+    PackedCacheEntry entry{file_for(graph_key), graph_key, PackedCacheState::Warm, "", graph.switched()};
     if (trusted(entry)) {
       touch(entry.path + ".check");  // recently used: the last to go when the directory is over its limit
       return entry;
