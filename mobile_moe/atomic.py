@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from mobile_moe.errors import UsageError
+from mobile_moe.interrupts import raise_if_stopped
 
 _PROCESS_STARTED = time.time() - 1.0  # (a second of slack for file-system timestamp granularity)
 
@@ -195,6 +196,7 @@ def atomic_path(target: str | os.PathLike, directory: bool = False) -> Iterator[
         raise _cannot_write(target, error) from None
     try:
         yield tmp
+        raise_if_stopped()  # a stop that a library's __del__ swallowed still leaves the target as it was
         if directory:
             _replace_directory(tmp, target)
         else:

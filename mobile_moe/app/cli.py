@@ -10,11 +10,11 @@ import argparse
 import importlib
 import importlib.util
 import os
-import signal
 import sys
 from importlib.metadata import version
 
 from mobile_moe.errors import UsageError
+from mobile_moe.interrupts import Terminated, stop_signals
 
 # command -> (module, one-line help). Commands whose module does not exist yet are not offered.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -71,14 +71,6 @@ def build_parser(chosen: str | None) -> ArgumentParser:
     return parser
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the program is, so the clean-up of atomic writes runs as it does for Ctrl-C."""
-
-
-def _raise_terminated(signum, frame) -> None:
-    raise Terminated()
-
-
 def _interrupt_behind(error: BaseException) -> KeyboardInterrupt | None:
     """The Ctrl-C or SIGTERM an exception was raised while handling, if any: a library whose own clean-up fails as
     the interrupt unwinds it (torch.export's tracer asserts on its mode stack) must not turn a stop into a crash."""
@@ -105,10 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
     chosen = next((arg for arg in argv if not arg.startswith("-")), None)
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        args = build_parser(chosen).parse_args(argv)
-        return args.run(args) or 0
+        with stop_signals():
+            args = build_parser(chosen).parse_args(argv)
+            return args.run(args) or 0
     except UsageError as error:
         if os.environ.get("MOBILE_MOE_DEBUG") == "1":
             raise
@@ -122,8 +114,6 @@ def main(argv: list[str] | None = None) -> int:
         if interrupt is None or os.environ.get("MOBILE_MOE_DEBUG") == "1":
             raise
         return _stopped(interrupt)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from mobile_moe.export.manifest_schema import GraphEntry, Manifest
 from mobile_moe.export.parity import PROB_TOLERANCE, measure_parity, parity_passed, parity_summary
 from mobile_moe.export.runtime import BundleRuntime
 from mobile_moe.export.traces import graph_inputs
+from mobile_moe.interrupts import held
 
 # backend -> (module, exporter function); imported only when used, so one backend's import cost is paid alone.
 EXPORTERS = {
@@ -271,19 +272,20 @@ def _export_graphs(
         if spec.name in artifacts:
             continue
         start = time.perf_counter()
-        artifact = export_graph(
-            spec.module,
-            spec.example_inputs(),
-            tmp / f"{spec.name}{suffix}",
-            input_names=[t.name for t in spec.inputs],
-            output_names=[t.name for t in spec.outputs],
-            quantize=lowering.quantize,
-            calibration=calibration.get(spec.name, ()),
-            fp32=lowering.fp32,
-            coreml_compression=lowering.coreml_compression,
-            descriptions=DESCRIPTIONS,
-            summary=f"mobile-moe {split.layout} graph {spec.name} ({spec.role})",
-        )
+        with held():  # a stop waits for the graph's tracing to end: torch aborts if unwound mid-trace
+            artifact = export_graph(
+                spec.module,
+                spec.example_inputs(),
+                tmp / f"{spec.name}{suffix}",
+                input_names=[t.name for t in spec.inputs],
+                output_names=[t.name for t in spec.outputs],
+                quantize=lowering.quantize,
+                calibration=calibration.get(spec.name, ()),
+                fp32=lowering.fp32,
+                coreml_compression=lowering.coreml_compression,
+                descriptions=DESCRIPTIONS,
+                summary=f"mobile-moe {split.layout} graph {spec.name} ({spec.role})",
+            )
         artifacts[spec.name] = (artifact, time.perf_counter() - start)
     entries = {spec.name: _timed_entry(spec, *artifacts[spec.name], tmp) for spec in split.graphs}
     in_family = {name for names in shared.values() for name in names}
@@ -327,14 +329,15 @@ def _export_family(
     weight_paths = [tmp / f"{spec.name}.ptd" for spec in members]
     start = time.perf_counter()
     try:
-        artifacts = export_executorch_family(
-            [spec.module for spec in members],
-            members[0].example_inputs(),
-            program_path,
-            weight_paths,
-            quantize=quantize,
-            calibrations=[calibration.get(spec.name, ()) for spec in members],
-        )
+        with held():  # as for one graph (_export_graphs)
+            artifacts = export_executorch_family(
+                [spec.module for spec in members],
+                members[0].example_inputs(),
+                program_path,
+                weight_paths,
+                quantize=quantize,
+                calibrations=[calibration.get(spec.name, ()) for spec in members],
+            )
     except NotShareable as reason:
         for path in (program_path, *weight_paths):  # ours, written into the bundle's temporary directory
             path.unlink(missing_ok=True)

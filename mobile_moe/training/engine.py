@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from mobile_moe.interrupts import held
 from mobile_moe.training import augment, losses
 from mobile_moe.training.distributed import Placement, mean_over_ranks
 from mobile_moe.training.evaluate import autocast, expert_use
@@ -167,8 +168,9 @@ def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int)
     try:
         for step, (images, labels) in enumerate(loader):
             images, targets, super_targets = batch_targets(images, labels, ctx)
-            output, terms = forward_loss(opt.step_module, images, targets, super_targets, cfg)
-            update(opt, terms.total, cfg.grad_clip)
+            with held():  # a stop waits for the step's end: torch.compile traces its first steps, and aborts if unwound
+                output, terms = forward_loss(opt.step_module, images, targets, super_targets, cfg)
+                update(opt, terms.total, cfg.grad_clip)
             sums.add(terms, output, targets)
             if (step + 1) % ctx.log_every == 0 or step + 1 == steps:
                 sums.read()

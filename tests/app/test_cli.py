@@ -167,7 +167,8 @@ def _main_running(monkeypatch, run) -> None:
 
 def test_a_library_failing_while_sigterm_unwinds_it_still_ends_as_terminated(monkeypatch, capsys):
     """torch.export's tracer can assert on its own clean-up when SIGTERM lands mid-trace: still a clean stop."""
-    from mobile_moe.app.cli import Terminated, main
+    from mobile_moe.app.cli import main
+    from mobile_moe.interrupts import Terminated
 
     def run(args):
         try:

@@ -278,6 +278,25 @@ def test_sigterm_during_export_leaves_nothing(run_dir, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_sigterm_while_a_graph_is_traced_waits_for_its_end(run_dir, tmp_path, monkeypatch, capsys):
+    """torch aborts the process when a stop unwinds it mid-trace (c10 TorchDispatchModeTLS::set_mode): the stop is
+    held until the graph's exporter returns, then the bundle's temporary directory is removed."""
+    import mobile_moe.export.onnx_backend as onnx_backend
+
+    real, finished = onnx_backend.export_onnx, []
+
+    def stopped_mid_export(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        artifact = real(*args, **kwargs)
+        finished.append(artifact.path.name)
+        return artifact
+
+    monkeypatch.setattr(onnx_backend, "export_onnx", stopped_mid_export)
+    assert main(["export", str(run_dir), "--format", "onnx", "--out", str(tmp_path / "bundle")]) == 143
+    assert capsys.readouterr().err == "mobile-moe: terminated\n"
+    assert finished == ["router.onnx"] and list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.slow
 def test_sigkilled_export_leftovers_are_removed_by_the_next_export(run_dir, tmp_path):
     out = tmp_path / "bundle"
