@@ -21,6 +21,7 @@ import contextlib
 import signal
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 
 class Terminated(KeyboardInterrupt):
@@ -28,9 +29,22 @@ class Terminated(KeyboardInterrupt):
 
 
 _STOPS = {signal.SIGINT: KeyboardInterrupt, signal.SIGTERM: Terminated}
-# Python runs signal handlers in the main thread only; its state: installed, held (depth), stop (arrived, and kept
-# until raise_if_stopped raises it: the handler's own raise may be swallowed by a __del__).
-_state = threading.local()
+
+
+@dataclass
+class _StopState:
+    """Python runs signal handlers in the main thread only, so this is the main thread's state."""
+
+    installed: bool = False  # inside stop_signals()
+    held: int = 0  # depth of held() blocks
+    # The stop that arrived, kept until raise_if_stopped raises it: a __del__ may have swallowed the handler's raise.
+    stop: KeyboardInterrupt | None = None
+
+    def reset(self, *, installed: bool) -> None:
+        self.installed, self.held, self.stop = installed, 0, None
+
+
+_state = _StopState()
 
 
 def _on_stop(signum, frame) -> None:
@@ -44,19 +58,19 @@ def _on_stop(signum, frame) -> None:
 def stop_signals() -> Iterator[None]:
     """Ctrl-C raises KeyboardInterrupt and SIGTERM raises Terminated, both deferred by `held()`; restored on exit."""
     previous = {signum: signal.signal(signum, _on_stop) for signum in _STOPS}
-    _state.installed, _state.held, _state.stop = True, 0, None
+    _state.reset(installed=True)
     try:
         yield
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        _state.installed, _state.held, _state.stop = False, 0, None
+        _state.reset(installed=False)
 
 
 @contextlib.contextmanager
 def held() -> Iterator[None]:
     """A stop that arrives in this block (torch tracing: see the module's docstring) is raised at its end."""
-    if not getattr(_state, "installed", False) or threading.current_thread() is not threading.main_thread():
+    if not _state.installed or threading.current_thread() is not threading.main_thread():
         yield
         return
     _state.held += 1
@@ -71,7 +85,7 @@ def held() -> Iterator[None]:
 def raise_if_stopped() -> None:
     """Raise the stop that arrived and was not raised here yet, if any: a safe point (before publishing a file) for
     a stop that was held or that a `__del__` swallowed."""
-    stop = getattr(_state, "stop", None)
+    stop = _state.stop
     if stop is not None and threading.current_thread() is threading.main_thread():
         _state.stop = None  # raised once: a clean-up that writes as the stop unwinds it is not stopped again
         raise stop
