@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import pytest
 import torch
@@ -75,6 +77,22 @@ def interrupt_at(monkeypatch, stop_epoch: int) -> None:
         return real(*args, **kwargs)
 
     monkeypatch.setattr(train_module, "train_one_epoch", maybe_interrupt)
+
+
+def test_ctrl_c_during_a_step_stops_once_the_step_has_ended(tmp_path, monkeypatch, capsys, one_thread):
+    """A --compile'd step is traced by torch, which aborts if a stop unwinds it: the step finishes first."""
+    real_forward, real_update, updates = engine.forward_loss, engine.update, []
+
+    def forward_then_ctrl_c(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        return real_forward(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "forward_loss", forward_then_ctrl_c)
+    monkeypatch.setattr(engine, "update", lambda *args: updates.append(real_update(*args)))
+    argv = ["train", "--model", "vit", "--size", "2x32", "--patch", "4", "--image-size", "16", "--data", SYNTHETIC,
+            "--recipe", "tiny", "--epochs", "1", "--quiet", "--out", str(tmp_path / "run")]  # fmt: skip
+    assert main(argv) == 130
+    assert updates == [None] and capsys.readouterr().err.endswith("mobile-moe: interrupted\n")
 
 
 def test_resume_ends_with_exactly_the_weights_of_an_uninterrupted_run(tmp_path, monkeypatch):
