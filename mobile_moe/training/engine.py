@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -164,11 +165,15 @@ def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int)
     config = opt.model.config
     sums = EpochSums(ctx.placement.device, config.expert_sets if config.is_moe else 0, epoch, steps)
     progress = Progress(steps, f"epoch {epoch + 1}/{cfg.epochs}", enabled=ctx.placement.is_main and ctx.show_progress)
+    # torch.compile traces a step (the first ones, a recompile) under C++ guards that abort the process if a stop
+    # unwinds them: a compiled step ends before a stop is raised. An eager step stops at once: under DDP, a rank that
+    # held its step would wait in the step's all-reduce for a rank the stop reached between steps.
+    step_guard = held if cfg.compile else contextlib.nullcontext
     start = time.perf_counter()
     try:
         for step, (images, labels) in enumerate(loader):
             images, targets, super_targets = batch_targets(images, labels, ctx)
-            with held():  # a stop waits for the step's end: torch.compile traces its first steps, and aborts if unwound
+            with step_guard():
                 output, terms = forward_loss(opt.step_module, images, targets, super_targets, cfg)
                 update(opt, terms.total, cfg.grad_clip)
             sums.add(terms, output, targets)
