@@ -6,19 +6,24 @@ than a stop:
   dispatch-mode stack as they unwind: one of them throws, and the process aborts ("trying to set the current
   FakeTensorMode, but one already exists", c10/core/impl/TorchDispatchModeTLS.cpp `set_mode`), leaving its
   temporary files behind;
-- inside a `__del__` (torch's StorageWeakRef has one), where Python prints the exception and carries on: the stop is
-  lost and the command finishes as if never asked to stop.
+- inside a `__del__` or a weakref callback (torch's StorageWeakRef, WeakValueDictionary), where Python hands the
+  exception to sys.unraisablehook, which prints it, and carries on: the stop is lost.
 
-So under `stop_signals()` (the CLI's main) a stop that arrives inside `held()` waits for the block's end, and a
-stop is remembered, so that `raise_if_stopped()` (atomic writes call it before they publish) raises one that a
-`__del__` swallowed. A second stop while held raises at once: the user insisted. Outside `stop_signals()` (a library
-caller, a notebook) nothing changes.
+So under `stop_signals()` (the CLI's main):
+- a stop that arrives inside `held()` is pending until the outermost held block ends, and raised there (even if the
+  block raised something else: the stop wins, with that error as its context);
+- a stop that an unraisable hook received is pending again, raised at the next safe point: `raise_if_stopped()`, which
+  atomic writes call before they publish, a held block's start or end, or the end of `stop_signals()`;
+- the same signal twice while held raises at once: the user insisted. (torchrun forwards a terminal's Ctrl-C as
+  SIGTERM, so one Ctrl-C can bring both signals: that is not insisting.)
+Outside `stop_signals()` (a library caller, a notebook) nothing changes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,8 +42,7 @@ class _StopState:
 
     installed: bool = False  # inside stop_signals()
     held: int = 0  # depth of held() blocks
-    # The stop that arrived, kept until raise_if_stopped raises it: a __del__ may have swallowed the handler's raise.
-    stop: KeyboardInterrupt | None = None
+    stop: KeyboardInterrupt | None = None  # pending: held, or swallowed by a __del__; raised once
 
     def reset(self, *, installed: bool) -> None:
         self.installed, self.held, self.stop = installed, 0, None
@@ -48,44 +52,65 @@ _state = _StopState()
 
 
 def _on_stop(signum, frame) -> None:
-    insisted = _state.stop is not None and _state.held > 0
-    _state.stop = _STOPS[signum]()
+    stop = _STOPS[signum]()
+    insisted = type(_state.stop) is type(stop)
     if _state.held == 0 or insisted:
-        raise _state.stop
+        _state.stop = None
+        raise stop
+    _state.stop = stop
+
+
+def _catching_swallowed_stops(previous_hook):
+    def hook(unraisable) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):  # our stop, raised inside a __del__: pending again
+            _state.stop = unraisable.exc_value
+        else:
+            previous_hook(unraisable)
+
+    return hook
 
 
 @contextlib.contextmanager
 def stop_signals() -> Iterator[None]:
-    """Ctrl-C raises KeyboardInterrupt and SIGTERM raises Terminated, both deferred by `held()`; restored on exit."""
+    """Ctrl-C raises KeyboardInterrupt and SIGTERM raises Terminated, deferred by `held()`; restored on exit. A stop
+    still pending when the block ends normally is raised there. Nested, only the outermost one does anything."""
+    if _state.installed:
+        yield
+        return
     previous = {signum: signal.signal(signum, _on_stop) for signum in _STOPS}
+    previous_hook, sys.unraisablehook = sys.unraisablehook, _catching_swallowed_stops(sys.unraisablehook)
     _state.reset(installed=True)
     try:
         yield
+        raise_if_stopped()
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        sys.unraisablehook = previous_hook
         _state.reset(installed=False)
 
 
 @contextlib.contextmanager
 def held() -> Iterator[None]:
-    """A stop that arrives in this block (torch tracing: see the module's docstring) is raised at its end."""
+    """A stop that arrives in this block (torch tracing: see the module's docstring) is raised at the end of the
+    outermost held block; one already pending is raised before the block starts."""
     if not _state.installed or threading.current_thread() is not threading.main_thread():
         yield
         return
+    raise_if_stopped()
     _state.held += 1
     try:
         yield
     finally:
         _state.held -= 1
-    if _state.held == 0:
         raise_if_stopped()
 
 
 def raise_if_stopped() -> None:
-    """Raise the stop that arrived and was not raised here yet, if any: a safe point (before publishing a file) for
-    a stop that was held or that a `__del__` swallowed."""
+    """Raise the pending stop, if any and outside any held block: a safe point (before publishing a file) for a stop
+    that was held or that a `__del__` swallowed. It is raised once: a clean-up that writes as it unwinds is not
+    stopped again."""
     stop = _state.stop
-    if stop is not None and threading.current_thread() is threading.main_thread():
-        _state.stop = None  # raised once: a clean-up that writes as the stop unwinds it is not stopped again
+    if stop is not None and _state.held == 0 and threading.current_thread() is threading.main_thread():
+        _state.stop = None
         raise stop

@@ -1,9 +1,12 @@
-"""Ctrl-C and SIGTERM under the CLI (mobile_moe/interrupts.py): held until torch's tracing ends, never swallowed."""
+"""Ctrl-C and SIGTERM under the CLI (mobile_moe/interrupts.py): held until torch's tracing ends; one that a `__del__`
+swallowed is raised at the next safe point."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import sys
 
 import pytest
 
@@ -36,7 +39,7 @@ def test_nested_blocks_raise_at_the_outermost_end():
     assert ran == ["the outer block goes on"]
 
 
-def test_a_second_stop_while_held_raises_at_once():
+def test_the_same_signal_twice_while_held_raises_at_once():
     ran = []
     with stop_signals(), pytest.raises(KeyboardInterrupt), held():
         _signal_self(signal.SIGINT)
@@ -46,12 +49,29 @@ def test_a_second_stop_while_held_raises_at_once():
     assert ran == ["held"]
 
 
+def test_ctrl_c_then_sigterm_while_held_is_one_stop_held():
+    """torchrun forwards a terminal's Ctrl-C to its workers as SIGTERM: one Ctrl-C, two signals, still held."""
+    ran = []
+    with stop_signals(), pytest.raises(Terminated):
+        with held():
+            _signal_self(signal.SIGINT)
+            _signal_self(signal.SIGTERM)
+            ran.append("the rest of the block")
+    assert ran == ["the rest of the block"]
+
+
+def test_an_error_in_a_held_block_does_not_hide_the_stop():
+    with stop_signals(), pytest.raises(Terminated) as raised, held():
+        _signal_self(signal.SIGTERM)
+        raise ValueError("the block failed too")
+    assert isinstance(raised.value.__context__, ValueError)
+
+
 class _SignalsWhenCollected:
     def __del__(self):
-        _signal_self(signal.SIGTERM)  # the handler's Terminated is raised here, and Python only prints it
+        _signal_self(signal.SIGTERM)  # the handler's Terminated is raised here, where Python only reports it
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the swallowed stop, printed
 def test_a_stop_swallowed_by_a_del_still_stops_the_write(tmp_path):
     target = tmp_path / "out.txt"
     with stop_signals(), pytest.raises(Terminated):
@@ -61,12 +81,30 @@ def test_a_stop_swallowed_by_a_del_still_stops_the_write(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_stop_is_raised_once_so_the_clean_up_can_write(tmp_path):
-    with stop_signals():
-        with pytest.raises(Terminated), held():
-            _signal_self(signal.SIGTERM)
-        with atomic_path(tmp_path / "after.txt") as tmp:
-            tmp.write_text("written as the stop unwinds")
+def test_a_stop_swallowed_by_a_del_is_raised_before_a_held_block_runs():
+    ran = []
+    with stop_signals(), pytest.raises(Terminated):
+        _SignalsWhenCollected()
+        ran.append("not a safe point")
+        with held():
+            ran.append("not reached")
+    assert ran == ["not a safe point"]
+
+
+def test_a_stop_swallowed_by_a_del_is_raised_when_the_command_ends():
+    with pytest.raises(Terminated), stop_signals():
+        _SignalsWhenCollected()
+
+
+@pytest.mark.parametrize("raised_by", ["a held block's end", "the handler"])
+def test_a_stop_is_raised_once_so_the_clean_up_can_write(tmp_path, raised_by):
+    with stop_signals(), pytest.raises(Terminated):
+        try:
+            with held() if raised_by == "a held block's end" else contextlib.nullcontext():
+                _signal_self(signal.SIGTERM)
+        finally:
+            with atomic_path(tmp_path / "after.txt") as tmp:
+                tmp.write_text("written as the stop unwinds")
     assert (tmp_path / "after.txt").read_text() == "written as the stop unwinds"
 
 
@@ -79,7 +117,7 @@ def test_without_stop_signals_a_held_block_changes_nothing():
 
 
 def test_stop_signals_puts_the_handlers_back():
-    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), sys.unraisablehook
     with stop_signals():
-        assert signal.getsignal(signal.SIGINT) != before[0]
-    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+        assert signal.getsignal(signal.SIGINT) != before[0] and sys.unraisablehook != before[2]
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), sys.unraisablehook) == before

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from mobile_moe.interrupts import held
+from mobile_moe.interrupts import held, raise_if_stopped
 from mobile_moe.training import augment, losses
 from mobile_moe.training.distributed import Placement, mean_over_ranks
 from mobile_moe.training.evaluate import autocast, expert_use
@@ -166,12 +166,14 @@ def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int)
     sums = EpochSums(ctx.placement.device, config.expert_sets if config.is_moe else 0, epoch, steps)
     progress = Progress(steps, f"epoch {epoch + 1}/{cfg.epochs}", enabled=ctx.placement.is_main and ctx.show_progress)
     # torch.compile traces a step (the first ones, a recompile) under C++ guards that abort the process if a stop
-    # unwinds them: a compiled step ends before a stop is raised. An eager step stops at once: under DDP, a rank that
-    # held its step would wait in the step's all-reduce for a rank the stop reached between steps.
+    # unwinds them: a compiled step ends before a stop is raised. An eager step stops at once, since under DDP a rank
+    # that held its step would wait in the step's all-reduce for a rank the stop reached between steps (a compiled
+    # step can, until torchrun's grace period ends).
     step_guard = held if cfg.compile else contextlib.nullcontext
     start = time.perf_counter()
     try:
         for step, (images, labels) in enumerate(loader):
+            raise_if_stopped()  # a stop that a __del__ swallowed ends training here, between two steps
             images, targets, super_targets = batch_targets(images, labels, ctx)
             with step_guard():
                 output, terms = forward_loss(opt.step_module, images, targets, super_targets, cfg)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from faults import (
     HEADER_BYTES,
     MANIFEST_MUTATIONS,
@@ -279,19 +280,33 @@ def test_sigterm_during_export_leaves_nothing(run_dir, tmp_path):
 
 
 def test_sigterm_while_a_graph_is_traced_waits_for_its_end(run_dir, tmp_path, monkeypatch, capsys):
-    """torch aborts the process when a stop unwinds it mid-trace (c10 TorchDispatchModeTLS::set_mode): the stop is
-    held until the graph's exporter returns, then the bundle's temporary directory is removed."""
+    """torch aborts the process when a stop unwinds it mid-trace (c10 TorchDispatchModeTLS::set_mode): a SIGTERM
+    that arrives while torch.export runs the module is held until the graph's exporter returns, then the bundle's
+    temporary directory is removed."""
     import mobile_moe.export.onnx_backend as onnx_backend
 
-    real, finished = onnx_backend.export_onnx, []
+    real_export, real_exporter, finished = torch.export.export, onnx_backend.export_onnx, []
 
-    def stopped_mid_export(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGTERM)
-        artifact = real(*args, **kwargs)
+    def export_signalled_mid_trace(module, *args, **kwargs):
+        signalled = []
+
+        def signal_once(*_):
+            if not signalled:
+                signalled.append(os.kill(os.getpid(), signal.SIGTERM))  # the handler runs in the traced forward
+
+        hook = module.register_forward_pre_hook(signal_once)
+        try:
+            return real_export(module, *args, **kwargs)
+        finally:
+            hook.remove()
+
+    def exporter_recording_its_end(*args, **kwargs):
+        artifact = real_exporter(*args, **kwargs)
         finished.append(artifact.path.name)
         return artifact
 
-    monkeypatch.setattr(onnx_backend, "export_onnx", stopped_mid_export)
+    monkeypatch.setattr(torch.export, "export", export_signalled_mid_trace)
+    monkeypatch.setattr(onnx_backend, "export_onnx", exporter_recording_its_end)
     assert main(["export", str(run_dir), "--format", "onnx", "--out", str(tmp_path / "bundle")]) == 143
     assert capsys.readouterr().err == "mobile-moe: terminated\n"
     assert finished == ["router.onnx"] and list(tmp_path.iterdir()) == []

@@ -79,10 +79,10 @@ def interrupt_at(monkeypatch, stop_epoch: int) -> None:
     monkeypatch.setattr(train_module, "train_one_epoch", maybe_interrupt)
 
 
-@pytest.mark.parametrize("compiled", [True, False])
-def test_ctrl_c_in_a_compiled_step_waits_for_its_end(tmp_path, monkeypatch, capsys, one_thread, compiled):
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled: waits for the step's end", "eager: at once"])
+def test_ctrl_c_in_a_step(tmp_path, monkeypatch, capsys, one_thread, compiled):
     """A --compile'd step is traced by torch, which aborts if a stop unwinds it: the step finishes first. An eager
-    step stops at once."""
+    step stops at once (DDP's other ranks would wait for it in an all-reduce)."""
     real_forward, real_update, updates = engine.forward_loss, engine.update, []
     monkeypatch.setattr(train_module, "compile_model", lambda module: module)  # the guard, without minutes of tracing
 
