@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import tiny_model
+from conftest import one_torch_thread, tiny_model
 
 from mobile_moe.device_bench import python_worker
 from mobile_moe.device_bench.results import validate_round
@@ -34,7 +34,8 @@ def measure(bundle: Path, runtime: str, tmp_path: Path, **changes) -> dict:
     """One round in this process, on eight random images."""
     images = write_raw(random_workload(read_manifest(bundle).input.shape, count=8, seed=3), tmp_path / "x.f32")
     settings = RoundSettings(**{"iterations": 6, "warmup": 1, "threads": 1, "switch_repeats": 2, **changes})
-    return python_worker.measure(bundle, runtime, images, settings)
+    with one_torch_thread():  # the worker sets torch's threads for its process: this one's go back after
+        return python_worker.measure(bundle, runtime, images, settings)
 
 
 def test_report_times_the_router_and_the_expert_stage(split_bundle, tmp_path):
@@ -43,8 +44,8 @@ def test_report_times_the_router_and_the_expert_stage(split_bundle, tmp_path):
     validate_round(report, f"{runtime} worker")  # every field RoundReport requires, of the right kinds
     stages = report["stages_ms"]
     assert stages["router"]["p50"] > 0 and stages["expert"]["p50"] > 0  # the expert stage was always 0
-    assert stages["router"]["p50"] + stages["expert"]["p50"] <= report["latency_ms"]["p50"] * 1.5
-    assert all(row["router_ms"] > 0 for row in report["images"])
+    for row in report["images"]:  # the stages are parts of the image's wall time
+        assert 0 < row["router_ms"] and row["router_ms"] + row["expert_ms"] <= row["total_ms"]
 
 
 @pytest.mark.parametrize("repeats", [0, 1, 3])
