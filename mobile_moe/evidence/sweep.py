@@ -208,11 +208,14 @@ def _train_in_process(job: Job, threads: int, processes: int, reports) -> None:
 def _ended(running: dict[tuple[str, int], Any], reports, reported: dict) -> list[tuple[tuple[str, int], str]]:
     """Remove the processes that have ended from `running`; -> their (cell, seed) and outcome. `reported` keeps the
     reports read so far (a process reports just before it exits), so an ended process without one died."""
+    # Which processes ended, THEN their reports: a process that reports and exits between the two steps would
+    # otherwise be found ended with its report still unread. (A process's queue is flushed before it exits.)
+    ended_keys = [key for key, process in running.items() if not process.is_alive()]
     while not reports.empty():
         key, outcome = reports.get()
         reported[key] = outcome
     ended = []
-    for key in [key for key, process in running.items() if not process.is_alive()]:
+    for key in ended_keys:
         process = running.pop(key)
         process.join()
         ended.append((key, reported.pop(key, f"failed: its process ended (exit code {process.exitcode}) first")))
