@@ -205,11 +205,12 @@ def run_lock(run_dir: str | os.PathLike) -> Iterator[None]:
 
 def _lock_holder(handle: int) -> str:
     """'another mobile-moe command (pid N: its command line)' from /proc/locks where the OS has it (Linux)."""
-    inode = os.fstat(handle).st_ino
+    stat = os.fstat(handle)
+    file_id = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"  # as fs/locks.c prints it
     with contextlib.suppress(OSError, ValueError, IndexError):
         for line in Path("/proc/locks").read_text().splitlines():
             fields = line.split()
-            if fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(inode):
+            if fields[1] == "FLOCK" and fields[5] == file_id:  # the same inode on another file system is not ours
                 pid = int(fields[4])
                 command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                 return f"another mobile-moe command (pid {pid}: {command.strip()[:160]})"
