@@ -5,20 +5,22 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def _kb_field(path: str, key: str) -> int | None:
+def _kb_fields(path: str, *keys: str) -> dict[str, int | None]:
+    """`Key:   1234 kB` lines of ONE read of a /proc file, in bytes; None for a key (or a file) that is absent."""
     try:
-        for line in Path(path).read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
+        lines = Path(path).read_text().splitlines()
     except OSError:
-        return None
-    return None
+        lines = []
+    found = {line.split(":", 1)[0]: line.split()[1:2] for line in lines if ":" in line}
+    return {key: int(found[key][0]) * 1024 if found.get(key) else None for key in keys}
 
 
 def memory_now() -> dict:
-    """rss_bytes (VmRSS), peak_rss_bytes (VmHWM, the high-water mark) and pss_bytes (smaps_rollup Pss)."""
+    """rss_bytes (VmRSS), peak_rss_bytes (VmHWM, the high-water mark) and pss_bytes (smaps_rollup Pss). VmRSS and
+    VmHWM come from one read: RSS reclaimed between two reads could leave the second's VmHWM below the first's VmRSS."""
+    status = _kb_fields("/proc/self/status", "VmRSS", "VmHWM")
     return {
-        "rss_bytes": _kb_field("/proc/self/status", "VmRSS"),
-        "peak_rss_bytes": _kb_field("/proc/self/status", "VmHWM"),
-        "pss_bytes": _kb_field("/proc/self/smaps_rollup", "Pss"),
+        "rss_bytes": status["VmRSS"],
+        "peak_rss_bytes": status["VmHWM"],
+        "pss_bytes": _kb_fields("/proc/self/smaps_rollup", "Pss")["Pss"],
     }

@@ -20,11 +20,19 @@
 
 namespace mobile_moe::stats {
 
-// A "Key:   1234 kB" line from a /proc file, in bytes; -1 when the file or the key is absent.
-inline int64_t proc_kb_field(const char* path, const std::string& key) {
+// A /proc file's text; empty when it cannot be read.
+inline std::string read_proc(const char* path) {
   std::ifstream file(path);
+  std::ostringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+// A "Key:   1234 kB" line of a /proc file's text, in bytes; -1 when the key is absent.
+inline int64_t kb_field(const std::string& text, const std::string& key) {
+  std::istringstream lines(text);
   std::string line;
-  while (std::getline(file, line)) {
+  while (std::getline(lines, line)) {
     if (line.compare(0, key.size() + 1, key + ":") == 0) {
       std::istringstream fields(line.substr(key.size() + 1));
       int64_t kilobytes = -1;
@@ -42,10 +50,13 @@ struct Memory {
 };
 
 inline Memory memory_now() {
+  // VmRSS and VmHWM from ONE read: the kernel reports the high-water mark as at least the RSS it prints beside it,
+  // but RSS reclaimed between two reads could leave a second read's VmHWM below the first read's VmRSS.
+  const std::string status = read_proc("/proc/self/status");
   return Memory{
-      proc_kb_field("/proc/self/status", "VmRSS"),
-      proc_kb_field("/proc/self/status", "VmHWM"),
-      proc_kb_field("/proc/self/smaps_rollup", "Pss"),
+      kb_field(status, "VmRSS"),
+      kb_field(status, "VmHWM"),
+      kb_field(read_proc("/proc/self/smaps_rollup"), "Pss"),
   };
 }
 
