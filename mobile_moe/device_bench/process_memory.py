@@ -7,12 +7,16 @@ from pathlib import Path
 
 def _kb_fields(path: str, *keys: str) -> dict[str, int | None]:
     """`Key:   1234 kB` lines of ONE read of a /proc file, in bytes; None for a key (or a file) that is absent."""
+    found: dict[str, int | None] = dict.fromkeys(keys)
     try:
-        lines = Path(path).read_text().splitlines()
+        text = Path(path).read_text()
     except OSError:
-        lines = []
-    found = {line.split(":", 1)[0]: line.split()[1:2] for line in lines if ":" in line}
-    return {key: int(found[key][0]) * 1024 if found.get(key) else None for key in keys}
+        return found
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key in found:
+            found[key] = int(value.split()[0]) * 1024
+    return found
 
 
 def memory_now() -> dict:
