@@ -18,12 +18,12 @@ from pathlib import Path
 
 from sklearn.metrics import adjusted_rand_score
 
+from mobile_moe.data.datasets import open_data
 from mobile_moe.evidence.scales import SCALES
 from mobile_moe.registry import make_config
 from mobile_moe.super_class.derive import derive_super_classes
 from mobile_moe.super_class.table import format_table
 from mobile_moe.training import recipes
-from mobile_moe.training.data import open_data
 from mobile_moe.training.evaluate import confusion_from_run
 from mobile_moe.training.run_dir import holds_results, read_metrics
 from mobile_moe.training.train import train

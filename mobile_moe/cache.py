@@ -1,6 +1,6 @@
 """Where the toolkit keeps what it can rebuild: MOBILE_MOE_CACHE, else $XDG_CACHE_HOME/mobile-moe, else
 ~/.cache/mobile-moe. The native runner's builds (mobile_moe/device_bench/native_build.py), the ARM64 wheel
-(mobile_moe/device_bench/arm64.py), image folders' checks (mobile_moe/training/image_check.py) and XNNPACK's packed
+(mobile_moe/device_bench/arm64.py), image folders' checks (mobile_moe/data/image_check.py) and XNNPACK's packed
 weights (packed_weights_dir) live under it, each in its own folder."""
 
 from __future__ import annotations

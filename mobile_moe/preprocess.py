@@ -1,5 +1,5 @@
 """How an image becomes the (C, S, S) float tensor a model is evaluated on: the eval resize policy, then scaling to
-[0, 1] and the mean/std normalisation. ONE definition for training's evaluation pipeline (mobile_moe/training/data.py)
+[0, 1] and the mean/std normalisation. ONE definition for training's evaluation pipeline (mobile_moe/data/datasets.py)
 and export's predict (mobile_moe/export/images.py): a run's config.json records its policy (`data.eval_resize`) and a
 bundle's manifest carries it on (`input.resize`), so predict feeds a bundle an image file exactly as evaluation fed the
 model.

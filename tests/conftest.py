@@ -146,9 +146,9 @@ def bundle(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session", autouse=True)
 def image_checks_in_the_sessions_temporary_folder(tmp_path_factory):
-    """Image folders' check verdicts (mobile_moe/training/image_check.py) go under the session's temporary folder, not
+    """Image folders' check verdicts (mobile_moe/data/image_check.py) go under the session's temporary folder, not
     the user's ~/.cache: the suite leaves nothing behind, and every session decodes its folders afresh."""
-    from mobile_moe.training import image_check
+    from mobile_moe.data import image_check
 
     root = tmp_path_factory.getbasetemp()
     with pytest.MonkeyPatch.context() as patch:

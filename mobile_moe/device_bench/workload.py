@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
+from mobile_moe.data.datasets import open_data
 from mobile_moe.devices import machine_memory, memory_limit
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest_schema import Manifest
-from mobile_moe.training.data import open_data
 
 
 @dataclass
@@ -55,7 +55,7 @@ def check_fits_memory(count: int, shape: list[int]) -> None:
 
 
 def random_seed(spec: str) -> int | None:
-    """The seed of a `random` / `random:SEED` spec (0 when omitted); None for a data spec, which training.data checks
+    """The seed of a `random` / `random:SEED` spec (0 when omitted); None for a data spec, which mobile_moe.data checks
     when it opens it."""
     if spec != "random" and not spec.startswith("random:"):
         return None
@@ -66,7 +66,7 @@ def random_seed(spec: str) -> int | None:
 
 
 def make_workload(spec: str, manifest: Manifest, count: int) -> Workload:
-    """`random` / `random:SEED`, or any data spec training.data understands."""
+    """`random` / `random:SEED`, or any data spec mobile_moe.data understands."""
     if count < 1:
         raise UsageError(f"--images {count}: must be at least 1")
     check_fits_memory(count, manifest.input.shape)  # before numpy is asked for it

@@ -17,13 +17,13 @@ import argparse
 from pathlib import Path
 
 from mobile_moe.atomic import check_writable
+from mobile_moe.data.spec_options import DATA_SPECS
 from mobile_moe.devices import DEVICES, resolve_device
 from mobile_moe.errors import UsageError
 from mobile_moe.evidence.figures import FIGURES, cell_recipes, figure
 from mobile_moe.evidence.launch import LAUNCHERS, SlurmOptions
 from mobile_moe.evidence.scales import SCALES
 from mobile_moe.evidence.scales import scale as scale_named
-from mobile_moe.training.spec_options import DATA_SPECS
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -87,10 +87,10 @@ def _check_batches(recipes: dict[str, dict], train_images: int, args: argparse.N
 
 def run(args: argparse.Namespace) -> int:
     # Imported here, not above: they load torch, and `mobile-moe reproduce --help` needs none of it.
+    from mobile_moe.data.datasets import open_data
     from mobile_moe.evidence import report
     from mobile_moe.evidence.results import collect
     from mobile_moe.evidence.sweep import stderr_log, sweep
-    from mobile_moe.training.data import open_data
 
     _check(args)
     out = Path(args.out)

@@ -17,10 +17,10 @@ from torch.utils.data import Dataset
 
 from mobile_moe.atomic import write_text_atomic
 from mobile_moe.costs import costs
+from mobile_moe.data.datasets import materialized
 from mobile_moe.errors import UsageError
 from mobile_moe.evidence.figures import Cell, Figure
 from mobile_moe.evidence.sweep import run_dir
-from mobile_moe.training.data import materialized
 from mobile_moe.training.evaluate import evaluate
 from mobile_moe.training.run_dir import epochs_done, load_run
 

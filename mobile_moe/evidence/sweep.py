@@ -195,7 +195,7 @@ def _train_in_process(job: Job, threads: int, processes: int, reports) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
     import torch
 
-    from mobile_moe.training import data
+    from mobile_moe.data import datasets as data
 
     torch.set_num_threads(threads)
     data.share_memory_with(processes)

@@ -8,8 +8,8 @@ import os
 import torch
 
 from mobile_moe import preprocess as eval_pipeline
+from mobile_moe.data.image_files import read_image
 from mobile_moe.export.manifest_schema import InputSpec
-from mobile_moe.image_files import read_image
 
 
 def preprocess(manifest_input: InputSpec):

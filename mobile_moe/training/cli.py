@@ -21,6 +21,8 @@ from typing import Any
 from mobile_moe.atomic import check_writable
 from mobile_moe.cli_args import MODEL_FLAGS, add_model_arguments, config_from_args, model_kwargs
 from mobile_moe.config import parse_size
+from mobile_moe.data.augment import INPUT_PIPELINES
+from mobile_moe.data.spec_options import DATA_SPECS, SOURCE_SIZE
 from mobile_moe.devices import DEVICES
 from mobile_moe.errors import UsageError
 from mobile_moe.training.recipes import (
@@ -32,7 +34,6 @@ from mobile_moe.training.recipes import (
     from_dict,
     recipe,
 )
-from mobile_moe.training.spec_options import DATA_SPECS, SOURCE_SIZE
 
 DEFAULT_RECIPE = "deit"
 
@@ -45,6 +46,7 @@ TRAIN_FLAGS = {
     "balance_loss": "balance_loss_weight",
     "device": "device",
     "workers": "workers",
+    "input_pipeline": "input_pipeline",
     "seed": "seed",
 }
 
@@ -114,6 +116,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--workers",
         type=int,
         help=f"DataLoader workers per process (default: the recipe's; {recipe_defaults('workers')})",
+    )
+    train.add_argument(
+        "--input-pipeline",
+        choices=INPUT_PIPELINES,
+        help="where training images are augmented: workers (per image, torchvision) or device (per batch on the "
+        "training device, each image its own draws); default auto: device on CUDA when the recipe augments at random",
     )
     train.add_argument("--seed", type=int, help="seed of the initial weights, data order and augmentation (default 0)")
     train.add_argument(

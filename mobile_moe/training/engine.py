@@ -10,8 +10,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from mobile_moe.data import augment
+from mobile_moe.data.batch_augment import StepKey
+from mobile_moe.data.inputs import DeviceBatches, WorkerBatches
 from mobile_moe.interrupts import held, raise_if_stopped
-from mobile_moe.training import augment, losses
+from mobile_moe.training import losses
 from mobile_moe.training.distributed import Placement, mean_over_ranks
 from mobile_moe.training.evaluate import autocast, expert_use
 from mobile_moe.training.progress import Progress
@@ -32,9 +35,8 @@ class EpochContext:
 
     cfg: TrainConfig
     placement: Placement
-    num_classes: int
+    inputs: WorkerBatches | DeviceBatches  # a loader batch -> augmented images and class targets on the device
     assignment: Tensor | None  # (C, E) class -> super-class one-hot, on the device; None without super-classes
-    mixer: object | None  # MixUp/CutMix batch transform
     show_progress: bool = True
     log_every: int = 10  # steps between reads of the running sums on the host (and progress updates)
 
@@ -124,12 +126,10 @@ class EpochSums:
         return row | {"train_top1": self.host["correct"] / self.images}
 
 
-def batch_targets(images: Tensor, labels: Tensor, ctx: EpochContext) -> tuple[Tensor, Tensor, Tensor | None]:
-    """A loader batch on the device, mixed (MixUp/CutMix) -> (images, targets (B, C), super_targets (B, E) | None)."""
-    device = ctx.placement.device
-    images = images.to(device, non_blocking=True)
-    labels = labels.to(device, non_blocking=True)
-    images, targets = augment.class_targets(images, labels, ctx.num_classes, ctx.mixer)  # targets (B, C)
+def batch_targets(loader_batch, ctx: EpochContext, key: StepKey) -> tuple[Tensor, Tensor, Tensor | None]:
+    """A loader batch, on the device and mixed (MixUp/CutMix; augmented too by the device pipeline, drawn from `key`)
+    -> (images, targets (B, C), super_targets (B, E) | None)."""
+    images, targets = ctx.inputs.batch(loader_batch, key)  # targets (B, C)
     super_targets = augment.super_targets(targets, ctx.assignment) if ctx.assignment is not None else None
     return images, targets, super_targets
 
@@ -156,7 +156,8 @@ def update(opt: Optimisation, total: Tensor, grad_clip: float) -> None:
 
 
 def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int) -> dict[str, float]:
-    """Train over `loader` once; -> mean train loss terms, train top-1 (vs the dominant target) and images/s.
+    """Train over `loader` once; -> mean train loss terms, train top-1 (vs the dominant target), images/s and the share
+    of the epoch the host waited for the loader's next batch (`input_wait`).
 
     The host reads the device once per `ctx.log_every` steps and at the end (EpochSums.read), so a GPU is never
     stalled between steps; a non-finite loss stops training at that read."""
@@ -170,11 +171,16 @@ def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int)
     # that held its step would wait in the step's all-reduce for a rank the stop reached between steps (a compiled
     # step can, until torchrun's grace period ends).
     step_guard = held if cfg.compile else contextlib.nullcontext
-    start = time.perf_counter()
+    start, waited = time.perf_counter(), 0.0
+    batches = iter(loader)
     try:
-        for step, (images, labels) in enumerate(loader):
+        for step in range(steps):
+            asked = time.perf_counter()
+            loader_batch = next(batches)
+            waited += time.perf_counter() - asked  # the host blocked on input, not on the device
             raise_if_stopped()  # a stop that a __del__ swallowed ends training here, between two steps
-            images, targets, super_targets = batch_targets(images, labels, ctx)
+            key = StepKey(cfg.seed, epoch, ctx.placement.rank, step)
+            images, targets, super_targets = batch_targets(loader_batch, ctx, key)
             with step_guard():
                 output, terms = forward_loss(opt.step_module, images, targets, super_targets, cfg)
                 update(opt, terms.total, cfg.grad_clip)
@@ -186,4 +192,5 @@ def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int)
     finally:
         progress.close()
     elapsed = time.perf_counter() - start
-    return {**sums.row(), "images_per_s": sums.images * world_size / elapsed, "epoch_time_s": elapsed}
+    rates = {"images_per_s": sums.images * world_size / elapsed, "epoch_time_s": elapsed}
+    return {**sums.row(), **rates, "input_wait": waited / elapsed}

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from mobile_moe.data.augment import INPUT_PIPELINES, Augmentation
 from mobile_moe.devices import DEVICES
 from mobile_moe.errors import UsageError
 
@@ -47,6 +48,7 @@ class TrainConfig:
     # --- running ---
     seed: int = 0
     workers: int = 4  # DataLoader worker processes per training process
+    input_pipeline: str = "auto"  # workers | device (mobile_moe/data/inputs.py); a run records the one it resolved to
     eval_batch_size: int = 256
     device: str = "auto"  # auto | cpu | cuda
     amp: bool = True  # bf16 autocast on CUDA (ignored on CPU)
@@ -71,8 +73,15 @@ class TrainConfig:
             raise UsageError(f"crop_scale={self.crop_scale}: must be in (0, 1]")
         if self.route_by not in ROUTE_BY:
             raise UsageError(f"route_by={self.route_by!r}: choose one of {', '.join(ROUTE_BY)}")
+        if self.input_pipeline not in INPUT_PIPELINES:
+            raise UsageError(f"input_pipeline={self.input_pipeline!r}: choose one of {', '.join(INPUT_PIPELINES)}")
         if self.device not in DEVICES:
             raise UsageError(f"device={self.device!r}: choose one of {', '.join(DEVICES)}")
+
+    @property
+    def augmentation(self) -> Augmentation:
+        """The recipe's augmentation fields, as the data pipelines take them."""
+        return Augmentation(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Augmentation)})
 
     @property
     def lr(self) -> float:

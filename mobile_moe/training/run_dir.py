@@ -32,9 +32,9 @@ from mobile_moe import atomic
 from mobile_moe.atomic import write_text_atomic
 from mobile_moe.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from mobile_moe.class_names import class_names_problem
+from mobile_moe.data.datasets import open_data
 from mobile_moe.errors import UsageError
 from mobile_moe.preprocess import check_resize
-from mobile_moe.training.data import open_data
 from mobile_moe.training.recipes import MAY_CHANGE_ON_RESUME
 
 CONFIG = "config.json"

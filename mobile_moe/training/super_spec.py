@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from mobile_moe.config import ViTConfig
+from mobile_moe.data.datasets import Data
 from mobile_moe.errors import UsageError
 from mobile_moe.super_class.superclasses import SuperClasses, load, random_super_classes
-from mobile_moe.training.data import Data
 
 DATASET_SOURCES = ("coarse", "truth", "dataset")
 SPEC_HELP = "FILE.json, coarse (CIFAR-100, digits-pairs, fashion-mnist), truth (synthetic) or random[:SEED]"

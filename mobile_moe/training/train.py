@@ -31,14 +31,15 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from mobile_moe.atomic import check_writable
 from mobile_moe.checkpoint import checkpoint_dict, load_checkpoint, load_weights
 from mobile_moe.config import ViTConfig
+from mobile_moe.data import augment, inputs
+from mobile_moe.data.datasets import Data, data_record, materialized, open_data
 from mobile_moe.devices import usable_cores
 from mobile_moe.errors import UsageError
 from mobile_moe.moe import STACKED, compile_model, per_expert_key, stacked
 from mobile_moe.registry import build_model, config_from_dict
 from mobile_moe.super_class.superclasses import SuperClasses
-from mobile_moe.training import augment, cluster_fit, distributed
+from mobile_moe.training import cluster_fit, distributed
 from mobile_moe.training import init_from as upcycling
-from mobile_moe.training.data import Data, data_record, materialized, open_data
 from mobile_moe.training.engine import EpochContext, NonFiniteLoss, Optimisation, train_one_epoch
 from mobile_moe.training.evaluate import evaluate
 from mobile_moe.training.imported import refuse_resume, refuse_training_into
@@ -207,7 +208,9 @@ def check_routing_groups(model_config: ViTConfig, images_per_step: int) -> None:
         )
 
 
-def make_loader(dataset, cfg: TrainConfig, placement: distributed.Placement) -> tuple[DataLoader, DistributedSampler]:
+def make_loader(
+    dataset, cfg: TrainConfig, placement: distributed.Placement, collate_fn=None
+) -> tuple[DataLoader, DistributedSampler]:
     """Each process gets batch_size / world_size images per step; the sampler shuffles from (seed, epoch), so the
     union of the processes' batches is the same global batch a single process would draw."""
     if cfg.batch_size % placement.world_size:
@@ -232,6 +235,7 @@ def make_loader(dataset, cfg: TrainConfig, placement: distributed.Placement) -> 
         num_workers=min(cfg.workers, usable_cores()),
         drop_last=True,
         pin_memory=placement.device.type == "cuda",
+        collate_fn=collate_fn,
     )
     return loader, sampler
 
@@ -241,7 +245,10 @@ def epoch_line(row: dict[str, Any]) -> str:
     text += f"  top-5 {100 * row['val_top5']:.2f}%"
     if row.get("router_accuracy") is not None:
         text += f"  router {100 * row['router_accuracy']:.2f}%"
-    return text + f"  {row['images_per_s']:.0f} img/s  lr {row['lr']:.2e}"
+    text += f"  {row['images_per_s']:.0f} img/s"
+    if row.get("input_wait") is not None:
+        text += f" ({100 * row['input_wait']:.0f}% waiting for input)"
+    return text + f"  lr {row['lr']:.2e}"
 
 
 # --- entry points -------------------------------------------------------------------------------------------------
@@ -302,7 +309,8 @@ def resume_training(run_dir: str | os.PathLike, verbose: bool = True, **changes:
 def _resume(run_dir: Path, verbose: bool, changes: dict[str, Any]) -> Path:
     config = read_config(run_dir)
     refuse_resume(config, run_dir)
-    cfg = from_dict(config["recipe"]).replace(**{k: v for k, v in changes.items() if v is not None})
+    cfg = from_dict({"input_pipeline": "workers", **config["recipe"]})  # a run from before the choice: per image
+    cfg = cfg.replace(**{k: v for k, v in changes.items() if v is not None})
     spec = config["super_classes"]["spec"] if config.get("super_classes") else None
     model_config = config_from_dict(config["model"])
     data_spec, init_from = config["data"]["spec"], config.get("init_from")
@@ -337,6 +345,8 @@ def check_resumable(state: dict[str, Any], run_config: dict[str, Any], cfg: Trai
         skip = MAY_CHANGE_ON_RESUME if key == "recipe" else ()
         if key == "data" and "eval_resize" not in mine:
             skip = ("eval_resize",)  # a checkpoint from before that record; its resume's config.json has it
+        if key == "recipe" and "input_pipeline" not in mine:
+            skip = (*skip, "input_pipeline")  # likewise
         mismatches += [
             f"{key} {name}={theirs.get(name)!r} in {CONFIG} but {mine.get(name)!r} in {LAST}"
             for name in differing_fields(theirs, mine, skip)
@@ -428,6 +438,8 @@ class Session:
 
 def _train(request: TrainRequest) -> Path:
     placement = distributed.setup(request.cfg.device)
+    pipeline = inputs.resolve(request.cfg.input_pipeline, placement.device, request.cfg.augmentation)
+    request = dataclasses.replace(request, cfg=request.cfg.replace(input_pipeline=pipeline))  # recorded as resolved
     printing = request.verbose and placement.is_main
     say = (lambda text: print(text, flush=True)) if printing else (lambda text: None)
     try:
@@ -475,11 +487,9 @@ def _open_run_data(request: TrainRequest, placement: distributed.Placement) -> R
     check_model_fits_data(model_config, data)
     super_classes = resolve_super_classes(request.super_class_spec, data, model_config)
     check_super_classes(model_config, super_classes, cfg)
-    train_set = data.split("train", augment.train_transform(cfg, data))
-    if not augment.draws_at_random(cfg):
-        train_set = materialized(train_set)
+    train_set = inputs.training_split(data, cfg.augmentation, cfg.input_pipeline, placement.device)
     val_set = distributed.shard(materialized(data.split("val")), placement)
-    loader, sampler = make_loader(train_set, cfg, placement)
+    loader, sampler = make_loader(train_set, cfg, placement, inputs.collate(cfg.input_pipeline))
     check_routing_groups(model_config, loader.batch_size)
     return RunData(model_config, data, super_classes, train_set, val_set, loader, sampler)
 
@@ -547,8 +557,9 @@ def _epoch_context(request: TrainRequest, run: RunData, placement: distributed.P
         if super_classes is not None
         else None
     )
-    mixer = augment.batch_mixer(cfg, run.data.num_classes)
-    return EpochContext(cfg, placement, run.data.num_classes, assignment, mixer, show_progress=request.verbose)
+    mixer = augment.batch_mixer(cfg.augmentation, run.data.num_classes)
+    batches = inputs.batches(cfg.input_pipeline, cfg.augmentation, run.data, device, mixer)
+    return EpochContext(cfg, placement, batches, assignment, show_progress=request.verbose)
 
 
 def _train_epochs(session: Session, progress: RunProgress) -> None:

@@ -215,7 +215,7 @@ def run_dir(tmp_path_factory) -> Path:
     from conftest import tiny_model
 
     from mobile_moe.checkpoint import checkpoint_dict, save_checkpoint
-    from mobile_moe.training.data import data_record, open_data
+    from mobile_moe.data.datasets import data_record, open_data
     from mobile_moe.training.run_dir import write_config
 
     run = tmp_path_factory.mktemp("run")

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.export
 
 def make_run_dir(run, model):
     """A run directory as training writes it (config.json + best.pt) for `model`, untrained, on digits."""
-    from mobile_moe.training.data import data_record, open_data
+    from mobile_moe.data.datasets import data_record, open_data
     from mobile_moe.training.run_dir import write_config
 
     config = {

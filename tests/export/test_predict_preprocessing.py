@@ -18,11 +18,11 @@ from conftest import write_imagefolder
 from PIL import Image
 
 from mobile_moe.app.cli import main
+from mobile_moe.data.image_files import UnreadableImage, read_image
 from mobile_moe.export.images import load_image
 from mobile_moe.export.manifest import MANIFEST
 from mobile_moe.export.manifest_schema import InputSpec
 from mobile_moe.export.runtime import load_bundle
-from mobile_moe.image_files import UnreadableImage, read_image
 
 pytestmark = pytest.mark.export
 

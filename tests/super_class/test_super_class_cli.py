@@ -10,11 +10,11 @@ from conftest import tiny_model
 
 from mobile_moe.app.cli import main
 from mobile_moe.checkpoint import checkpoint_dict, save_checkpoint
+from mobile_moe.data.datasets import data_record, open_data
 from mobile_moe.errors import UsageError
 from mobile_moe.super_class.demo import derive_for_demo
 from mobile_moe.super_class.planted import planted_confusion
 from mobile_moe.super_class.superclasses import load
-from mobile_moe.training.data import data_record, open_data
 from mobile_moe.training.evaluate import confusion_from_run
 from mobile_moe.training.run_dir import write_config
 

@@ -18,8 +18,8 @@ import torch
 from conftest import one_torch_thread
 
 from mobile_moe.app.cli import main
+from mobile_moe.data.image_files import UnreadableImage
 from mobile_moe.errors import UsageError
-from mobile_moe.image_files import UnreadableImage
 from mobile_moe.training import train as train_module
 from mobile_moe.training.cli import RESUME_HELP, flag_of, model_differences
 from mobile_moe.training.recipes import MAY_CHANGE_ON_RESUME

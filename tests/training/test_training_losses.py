@@ -7,10 +7,11 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_model
 
+from mobile_moe.data import augment
 from mobile_moe.errors import UsageError
 from mobile_moe.outputs import Routing
 from mobile_moe.routers import PerImageRouter
-from mobile_moe.training import augment, losses
+from mobile_moe.training import losses
 from mobile_moe.training.recipes import TrainConfig
 from mobile_moe.training.routing import TrainingForward
 
@@ -120,7 +121,7 @@ def test_label_routing_needs_a_router():
 @pytest.mark.parametrize("mix", ["mixup", "cutmix"])
 def test_super_class_targets_are_mixed_like_the_class_targets(mix):
     cfg = TrainConfig(mixup_alpha=0.8 if mix == "mixup" else 0, cutmix_alpha=1.0 if mix == "cutmix" else 0)
-    mixer = augment.batch_mixer(cfg, num_classes=7)
+    mixer = augment.batch_mixer(cfg.augmentation, num_classes=7)
     labels = torch.tensor([0, 2, 4, 6, 1, 5])
     images = torch.rand(6, 3, 16, 16)
     torch.manual_seed(3)
@@ -136,6 +137,6 @@ def test_super_class_targets_are_mixed_like_the_class_targets(mix):
 
 
 def test_no_mixing_gives_one_hot_targets():
-    assert augment.batch_mixer(TrainConfig(mixup_alpha=0, cutmix_alpha=0), 7) is None
+    assert augment.batch_mixer(TrainConfig(mixup_alpha=0, cutmix_alpha=0).augmentation, 7) is None
     _, targets = augment.class_targets(torch.rand(2, 3, 8, 8), torch.tensor([1, 3]), 7)
     assert targets.argmax(-1).tolist() == [1, 3] and targets.sum().item() == 2

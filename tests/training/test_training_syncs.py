@@ -15,6 +15,7 @@ import torch
 from conftest import tiny_model
 from torch.utils.data import DataLoader, TensorDataset
 
+from mobile_moe.data.inputs import WorkerBatches
 from mobile_moe.training import engine, recipes
 from mobile_moe.training.distributed import Placement
 from mobile_moe.training.routing import TrainingForward
@@ -53,7 +54,8 @@ def epoch_of(name: str, steps: int, log_every: int) -> tuple[engine.Optimisation
     images, labels = torch.randn(4 * steps, 3, 32, 32, generator=generator), torch.arange(4 * steps) % 7
     loader = DataLoader(TensorDataset(images, labels), batch_size=4)
     cfg = recipes.tiny().replace(epochs=1)
-    ctx = engine.EpochContext(cfg, Placement(0, 1, torch.device("cpu")), 7, None, None, False, log_every)
+    batches = WorkerBatches(7, torch.device("cpu"), None)
+    ctx = engine.EpochContext(cfg, Placement(0, 1, torch.device("cpu")), batches, None, False, log_every)
     return opt, loader, ctx
 
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mobile_moe.data.spec_options import parse_options
 from mobile_moe.errors import UsageError
-from mobile_moe.training.spec_options import parse_options
 
 NUM_CLASSES = 100
 CANVAS = 16  # two 8x8 digits side by side, centred vertically
@@ -86,7 +86,7 @@ def draw_pairs(digit_labels: np.ndarray, count: int, rng: np.random.Generator) -
 def generate(
     spec: DigitsPairsSpec, source: dict[str, tuple[np.ndarray, np.ndarray]]
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """source: {split: (its 8x8 digits (n, 8, 8) in 0..16, their labels)}, already split (mobile_moe/training/data.py)
+    """source: {split: (its 8x8 digits (n, 8, 8) in 0..16, their labels)}, already split (mobile_moe/data/datasets.py)
     -> {split: (pair canvases (N, CANVAS, CANVAS) in 0..16, labels int64 (N,))}: each split's pairs made of its own
     digits only. data.py resizes them as it resizes `digits`."""
     rng = np.random.default_rng(spec.seed)

@@ -10,9 +10,9 @@ import pytest
 from conftest import write_imagefolder
 
 from mobile_moe.app.cli import main
+from mobile_moe.data import image_check
+from mobile_moe.data.datasets import open_data
 from mobile_moe.errors import UsageError
-from mobile_moe.training import image_check
-from mobile_moe.training.data import open_data
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Image files -> PIL images: ONE decoder, for training's imagefolder datasets (mobile_moe/training/files.py) and
+"""Image files -> PIL images: ONE decoder, for training's imagefolder datasets (mobile_moe/data/folders.py) and
 predict (mobile_moe/export/images.py), so a missing, special, damaged or oversized file reads the same in both: one line
 naming it.
 
@@ -29,7 +29,7 @@ class UnreadableImage(UsageError):
 def read_image(path: str | os.PathLike, mode: str = "RGB") -> Image.Image:
     """The image at `path`, converted to `mode` ("RGB", or "L" for one channel); UnreadableImage if it cannot be.
     The default mode makes it torchvision's pil_loader, as ImageFolder's `loader`; ImageFolder decodes lazily, so
-    mobile_moe/training/image_check.py decodes every file of a folder with it before the work starts."""
+    mobile_moe/data/image_check.py decodes every file of a folder with it before the work starts."""
     if not os.path.exists(path):
         raise UnreadableImage(f"image {path} does not exist")
     if not os.path.isfile(path):  # a directory, a FIFO (opening it would wait forever) or a device

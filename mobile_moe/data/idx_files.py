@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
+from mobile_moe.data.spec_options import parse_options
 from mobile_moe.devices import machine_memory, memory_limit
 from mobile_moe.errors import UsageError
-from mobile_moe.training.spec_options import parse_options
 
 FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_INSTALL = "apt-get install dataset-fashion-mnist"

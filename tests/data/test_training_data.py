@@ -7,9 +7,9 @@ import pytest
 import torch
 from conftest import write_imagefolder
 
+from mobile_moe.data import augment
+from mobile_moe.data.datasets import open_data
 from mobile_moe.errors import UsageError
-from mobile_moe.training import augment
-from mobile_moe.training.data import open_data
 from mobile_moe.training.recipes import deit
 
 
@@ -59,7 +59,7 @@ def test_synthetic_classes_of_one_super_class_look_alike():
 
 def test_training_transform_augments_and_normalises():
     data = open_data("digits", 16)
-    transform = augment.train_transform(deit(), data)
+    transform = augment.train_transform(deit().augmentation, data)
     raw, _ = data.raw_splits["train"][0]
     torch.manual_seed(0)
     first, second = transform(raw), transform(raw)
@@ -74,7 +74,7 @@ def test_imagefolder_reads_train_and_splits_val(tmp_path):
     assert [len(data.split(s)) for s in ("train", "val", "test")] == [8, 4, 4]
     assert sorted(data.targets("val")) == [0, 0, 1, 1]
     assert data.split("test")[0][0].shape == (3, 16, 16)
-    assert augment.train_transform(deit(), data)(data.raw_splits["train"][0][0]).shape == (3, 16, 16)
+    assert augment.train_transform(deit().augmentation, data)(data.raw_splits["train"][0][0]).shape == (3, 16, 16)
 
 
 @pytest.mark.parametrize(
@@ -114,12 +114,12 @@ def test_empty_image_folder_is_a_usage_error(tmp_path):
 def test_a_split_computed_once_holds_exactly_the_items_it_would_compute_each_epoch(monkeypatch):
     """data.materialized: the tiny recipe draws nothing at random, so training computes its images once; the items
     are the per-epoch ones bit for bit, and a split too large for its share of memory is left as it is."""
-    from mobile_moe.training import data as data_module
+    from mobile_moe.data import datasets as data_module
     from mobile_moe.training.recipes import tiny
 
     data = open_data("digits", 16)
-    assert not augment.draws_at_random(tiny()) and augment.draws_at_random(deit())
-    split = data.split("train", augment.train_transform(tiny(), data))
+    assert not augment.draws_at_random(tiny().augmentation) and augment.draws_at_random(deit().augmentation)
+    split = data.split("train", augment.train_transform(tiny().augmentation, data))
     once = data_module.materialized(split)
     assert isinstance(once, data_module.Materialized) and once.targets == split.targets and len(once) == len(split)
     assert all(torch.equal(once[i][0], split[i][0]) and once[i][1] == split[i][1] for i in range(len(split)))

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from mobile_moe.app.cli import main
+from mobile_moe.data.datasets import open_data
+from mobile_moe.data.idx_files import FILE_ENDINGS, fashion_mnist_class_names
 from mobile_moe.errors import UsageError
-from mobile_moe.training.data import open_data
-from mobile_moe.training.idx_files import FILE_ENDINGS, fashion_mnist_class_names
 from mobile_moe.training.run_dir import load_run
 
 PER_CLASS = {"train": 20, "test": 4}  # per class: 200 training images (180 train, 20 val) and 40 test images

@@ -2,7 +2,7 @@
 
 ImageFolder decodes lazily, so a truncated PNG would kill a run in whichever epoch first draws it, and a text file
 named photo.png in val/ would surface only when that split is read. `check_images` decodes each file with the one
-decoder (mobile_moe.image_files.read_image), on every usable core, with a progress bar on a terminal for large
+decoder (mobile_moe.data.image_files.read_image), on every usable core, with a progress bar on a terminal for large
 folders, and raises ONE UsageError naming the bad files (the first few, and how many in all).
 
 A file that decoded is remembered by (path, size, mtime) in MOBILE_MOE_CACHE/image-checks/<hash of the folder>.json,
@@ -22,9 +22,9 @@ from pathlib import Path
 
 from mobile_moe.atomic import write_text_atomic
 from mobile_moe.cache import cache_root
+from mobile_moe.data.image_files import UnreadableImage, read_image
 from mobile_moe.devices import usable_cores
 from mobile_moe.errors import UsageError
-from mobile_moe.image_files import UnreadableImage, read_image
 
 CACHE_VERSION = 1
 SHOWN = 3  # bad files named in the one line; the count says how many more

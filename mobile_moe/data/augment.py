@@ -7,15 +7,36 @@ one-hots with the same weights and the same partner images, as the paper's loss 
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-from torch import Tensor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from mobile_moe.training.data import Data
-from mobile_moe.training.recipes import TrainConfig
+if TYPE_CHECKING:  # torch loads when a pipeline is built: the recipes (and so the CLI's --help) import Augmentation
+    from torch import Tensor
+
+    from mobile_moe.data.datasets import Data
 
 
-def train_transform(cfg: TrainConfig, data: Data):
+# Where a training image is augmented (train --input-pipeline; mobile_moe/data/inputs.py): auto picks device on CUDA
+# when the recipe augments at random, else workers.
+INPUT_PIPELINES = ("auto", "workers", "device")
+
+
+@dataclass(frozen=True)
+class Augmentation:
+    """What a training image goes through (a recipe's augmentation fields: TrainConfig.augmentation), the same for the
+    per-image pipeline here and the batched one on the training device (batch_augment.py). Its defaults are the
+    recipes. (mobile_moe/training/recipes.py)."""
+
+    crop_scale: float  # RandomResizedCrop scale range (crop_scale, 1); 1 disables the crop
+    hflip: bool
+    randaugment_ops: int  # 0 disables RandAugment
+    randaugment_magnitude: int  # of RandAugment's 31 magnitude bins (torchvision's num_magnitude_bins)
+    mixup_alpha: float  # 0 disables MixUp
+    cutmix_alpha: float  # 0 disables CutMix; with both on, one of the two is picked per batch
+    random_erasing: float  # probability; 0 disables
+
+
+def train_transform(cfg: Augmentation, data: Data):
     """Raw image -> augmented, normalised float (3, S, S): crop, flip, RandAugment, normalise, random erasing.
 
     `crop_scale` 1 keeps the eval geometry (no RandomResizedCrop, whose aspect jitter distorts tiny images).
@@ -37,13 +58,13 @@ def train_transform(cfg: TrainConfig, data: Data):
     return v2.Compose(steps)
 
 
-def draws_at_random(cfg: TrainConfig) -> bool:
+def draws_at_random(cfg: Augmentation) -> bool:
     """Whether train_transform's pipeline differs from epoch to epoch (crop, flip, RandAugment, erasing); when it
     does not, a run computes its training images once (data.materialized). MixUp and CutMix mix batches later."""
     return cfg.crop_scale < 1 or cfg.hflip or cfg.randaugment_ops > 0 or cfg.random_erasing > 0
 
 
-def batch_mixer(cfg: TrainConfig, num_classes: int):
+def batch_mixer(cfg: Augmentation, num_classes: int):
     """MixUp and/or CutMix on (images, labels) -> (images, soft targets (B, C)); None when both are off."""
     from torchvision.transforms import v2
 
@@ -59,6 +80,8 @@ def batch_mixer(cfg: TrainConfig, num_classes: int):
 
 def class_targets(images: Tensor, labels: Tensor, num_classes: int, mixer=None) -> tuple[Tensor, Tensor]:
     """-> (images, targets (B, C) float): mixed by `mixer` if given, else one-hot labels."""
+    import torch.nn.functional as F
+
     if mixer is not None:
         return mixer(images, labels)
     return images, F.one_hot(labels, num_classes).float()
@@ -66,6 +89,9 @@ def class_targets(images: Tensor, labels: Tensor, num_classes: int, mixer=None) 
 
 def assignment_matrix(assignment: list[int], num_super_classes: int, device=None) -> Tensor:
     """(C, E) one-hot: row c has a 1 at super-class assignment[c]."""
+    import torch
+    import torch.nn.functional as F
+
     return F.one_hot(torch.as_tensor(assignment, device=device), num_super_classes).float()
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from torch.utils.data import Dataset, Subset
 
+from mobile_moe.data.image_check import check_images
+from mobile_moe.data.image_files import read_image
 from mobile_moe.errors import UsageError
-from mobile_moe.image_files import read_image
 from mobile_moe.super_class.superclasses import SuperClasses, from_labels
-from mobile_moe.training.image_check import check_images
 
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
 CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}

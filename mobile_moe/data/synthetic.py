@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mobile_moe.data.spec_options import parse_options
 from mobile_moe.errors import UsageError
-from mobile_moe.training.spec_options import parse_options
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ import torch
 from sklearn.datasets import load_digits
 
 from mobile_moe.app.cli import main
+from mobile_moe.data.datasets import SPLITS, open_data, stratified_split
 from mobile_moe.errors import UsageError
-from mobile_moe.training.data import SPLITS, open_data, stratified_split
 from mobile_moe.training.run_dir import load_run
 
 SMALL = "digits-pairs:train=300,val=200,test=200"

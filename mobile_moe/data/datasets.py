@@ -26,11 +26,11 @@ import torch
 from torch.utils.data import Dataset
 
 from mobile_moe import preprocess
+from mobile_moe.data import digits_pairs, folders, idx_files, synthetic
+from mobile_moe.data.spec_options import DATA_SPECS
 from mobile_moe.devices import memory_limit
 from mobile_moe.errors import UsageError
 from mobile_moe.super_class.superclasses import SuperClasses, from_labels
-from mobile_moe.training import digits_pairs, files, idx_files, synthetic
-from mobile_moe.training.spec_options import DATA_SPECS
 
 SPLITS = ("train", "val", "test")
 SPLIT_SEED = 0  # the train/val/test splits never change with the training seed
@@ -125,7 +125,7 @@ class Data:
         return len(self.class_names)
 
     def targets(self, name: str) -> list[int]:
-        raw = self._raw(name)
+        raw = self.raw_split(name)
         return list(raw.targets) if hasattr(raw, "targets") else _subset_targets(raw)
 
     @property
@@ -144,10 +144,10 @@ class Data:
     def split(self, name: str, transform: Callable | None = None) -> Dataset:
         """Items (image float (3, S, S), label int). Un-augmented unless a (training) `transform` is given; a given
         transform receives the raw image and must resize and normalise it itself (see augment.train_transform)."""
-        raw = self._raw(name)
+        raw = self.raw_split(name)
         return Transformed(raw, transform or self.eval_transform(), self.targets(name))
 
-    def _raw(self, name: str) -> Dataset:
+    def raw_split(self, name: str) -> Dataset:
         if name not in SPLITS:
             raise UsageError(f"split {name!r}: choose one of {', '.join(SPLITS)}")
         if name not in self.raw_splits:
@@ -286,20 +286,20 @@ def stratified_subset(indices: np.ndarray, labels: np.ndarray, size: int, what: 
 
 
 def open_cifar(spec: str, name: str, root: str, image_size: int) -> Data:
-    train, test, names, coarse = files.open_cifar(name, root)
+    train, test, names, coarse = folders.open_cifar(name, root)
     train_idx, val_idx = stratified_split(np.asarray(train.targets), (0.9, 0.1))
-    splits = {"train": files.subset(train, train_idx), "val": files.subset(train, val_idx), "test": test}
-    mean, std = files.CIFAR_STATS[name]
+    splits = {"train": folders.subset(train, train_idx), "val": folders.subset(train, val_idx), "test": test}
+    mean, std = folders.CIFAR_STATS[name]
     return Data(spec, image_size, names, mean, std, splits, preprocess.stretch(), coarse)
 
 
 def open_imagefolder(spec: str, root: str, image_size: int) -> Data:
-    train, val, names = files.open_imagefolder(root)
+    train, val, names = folders.open_imagefolder(root)
     val_idx, test_idx = stratified_split(np.asarray(val.targets), (0.5, 0.5))
-    splits = {"val": files.subset(val, val_idx), "test": files.subset(val, test_idx)}
+    splits = {"val": folders.subset(val, val_idx), "test": folders.subset(val, test_idx)}
     if train is not None:
         splits["train"] = train
-    mean, std = files.IMAGENET_STATS
+    mean, std = folders.IMAGENET_STATS
     return Data(spec, image_size, names, mean, std, splits, preprocess.resize_center_crop(image_size), None)
 
 

@@ -1,0 +1,93 @@
+"""How a training batch reaches the model (train --input-pipeline):
+
+    workers   each image decoded and augmented in the DataLoader's worker processes (augment.train_transform,
+              torchvision's per-image pipeline); the batch's MixUp/CutMix on the training device
+    device    workers only decode (or, for files a GPU decodes, read bytes: decode.py); the uint8 batch is padded into
+              one canvas and augmented on the training device, each image with its own draws (batch_augment.py)
+
+`auto` resolves to device on CUDA when the recipe augments at random, else to workers (on 2 CPU cores the per-image
+path was the faster one: benchmarks/input_pipeline.results.md). Either way a batch is (images (B, 3, S, S) normalised
+float on the device, class targets (B, C)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from mobile_moe import preprocess
+from mobile_moe.data import augment, batch_augment, decode
+from mobile_moe.data.augment import Augmentation
+from mobile_moe.data.datasets import Data, materialized
+
+
+def resolve(choice: str, device: torch.device, aug: Augmentation) -> str:
+    """`auto` -> the pipeline this device and recipe train fastest with; workers and device stay as they are."""
+    if choice != "auto":
+        return choice
+    return "device" if device.type == "cuda" and augment.draws_at_random(aug) else "workers"
+
+
+def training_split(data: Data, aug: Augmentation, pipeline: str, device: torch.device) -> Dataset:
+    """The training split as the pipeline's loader reads it: augmented float images (workers; computed once when
+    nothing is drawn at random), or raw images for the device (uint8, or a GPU-decodable JPEG's bytes on CUDA)."""
+    if pipeline == "device":
+        samples = decode.file_samples(data.raw_split("train")) if device.type == "cuda" else None
+        return decode.RawImages(samples, gpu=True) if samples else data.split("train", decode.uint8_image)
+    split = data.split("train", augment.train_transform(aug, data))
+    return split if augment.draws_at_random(aug) else materialized(split)
+
+
+def collate(pipeline: str):
+    """The loader's collate_fn: torch's default for augmented images, decode.collate for raw ones."""
+    return decode.collate if pipeline == "device" else None
+
+
+@dataclass
+class WorkerBatches:
+    """Batches augmented per image in the workers: moved to the device, mixed by torchvision's MixUp/CutMix."""
+
+    num_classes: int
+    device: torch.device
+    mixer: object | None
+
+    def batch(self, loader_batch, key: batch_augment.StepKey) -> tuple[Tensor, Tensor]:
+        images, labels = loader_batch
+        images = images.to(self.device, non_blocking=True)
+        labels = labels.to(self.device, non_blocking=True)
+        return augment.class_targets(images, labels, self.num_classes, self.mixer)
+
+
+class DeviceBatches:
+    """Raw batches decoded (where the workers left bytes) and augmented on the device, drawn from `key`."""
+
+    def __init__(self, aug: Augmentation, data: Data, device: torch.device):
+        self.aug, self.image_size, self.eval_resize, self.device = aug, data.image_size, data.eval_resize, device
+        self.augment = batch_augment.BatchAugment(
+            aug, image_size=data.image_size, mean=data.mean, std=data.std, num_classes=data.num_classes, device=device
+        )
+
+    def batch(self, loader_batch: decode.RawBatch, key: batch_augment.StepKey) -> tuple[Tensor, Tensor]:
+        canvas, sizes = decode.on_device(loader_batch, self.device)
+        host_sizes = loader_batch.sizes.numpy()
+        eval_crop = eval_crops(host_sizes, self.eval_resize, self.image_size)
+        draws = batch_augment.draw(self.aug, host_sizes, image_size=self.image_size, key=key, eval_crop=eval_crop)
+        return self.augment.apply(canvas, sizes, draws, loader_batch.labels)
+
+
+def eval_crops(sizes: np.ndarray, record: dict, image_size: int) -> np.ndarray:
+    """(B, 4) top, left, height, width in source pixels of the region the eval resize policy shows at S x S: the
+    whole image (stretch), or the centre square that resize-center-crop keeps."""
+    heights, widths = sizes[:, 0].astype(np.float64), sizes[:, 1].astype(np.float64)
+    if record["policy"] != preprocess.RESIZE_CENTER_CROP:
+        return np.stack([np.zeros_like(heights), np.zeros_like(widths), heights, widths], 1)
+    side = np.minimum(heights, widths) * record["crop_to"] / record["resize_to"]  # the crop, in source pixels
+    return np.stack([(heights - side) / 2, (widths - side) / 2, side, side], 1)
+
+
+def batches(pipeline: str, aug: Augmentation, data: Data, device: torch.device, mixer) -> WorkerBatches | DeviceBatches:
+    return DeviceBatches(aug, data, device) if pipeline == "device" else WorkerBatches(data.num_classes, device, mixer)
