@@ -98,10 +98,13 @@ def test_ctrl_c_in_a_step(tmp_path, monkeypatch, capsys, one_thread, compiled):
     assert updates == ([None] if compiled else []) and capsys.readouterr().err.endswith("mobile-moe: interrupted\n")
 
 
-def test_resume_ends_with_exactly_the_weights_of_an_uninterrupted_run(tmp_path, monkeypatch):
-    """With every random augmentation on (crop, flip, RandAugment, MixUp/CutMix, erasing) and label routing."""
+@pytest.mark.parametrize("pipeline", ["workers", "device"])
+def test_resume_ends_with_exactly_the_weights_of_an_uninterrupted_run(tmp_path, monkeypatch, pipeline):
+    """With every random augmentation on (crop, flip, RandAugment, MixUp/CutMix, erasing) and label routing, per image
+    in the loader or per batch on the device."""
     cfg = model_config("mobile-vmoe", 6)
-    recipe = quick(epochs=3, **{f: v for f, v in vars(recipes.deit()).items() if f in AUGMENTATION}, route_by="label")
+    deit = {f: v for f, v in vars(recipes.deit()).items() if f in AUGMENTATION}
+    recipe = quick(epochs=3, **deit, route_by="label", input_pipeline=pipeline)
     whole = train(cfg, recipe, SYNTHETIC, "truth", tmp_path / "whole", verbose=False)
     with monkeypatch.context() as patch:
         interrupt_at(patch, stop_epoch=2)
@@ -277,3 +280,23 @@ def test_a_router_sending_every_image_to_one_expert_is_warned_about_once(tmp_pat
         "metrics.jsonl); the others learn nothing: check the super-classes (`mobile-moe superclass show`), or add a "
         "--balance-loss"
     ]
+
+
+def test_the_device_pipeline_gives_the_same_batches_with_0_and_2_workers():
+    """Every draw comes from (seed, epoch, rank, step), so worker processes change nothing."""
+    from mobile_moe.data import inputs
+    from mobile_moe.data.batch_augment import StepKey
+    from mobile_moe.data.datasets import open_data
+    from mobile_moe.training.distributed import Placement
+
+    data, device = open_data(SYNTHETIC, 16), torch.device("cpu")
+    batches = []
+    for workers in (0, 2):
+        cfg = quick(**{f: v for f, v in vars(recipes.deit()).items() if f in AUGMENTATION}, workers=workers)
+        split = inputs.training_split(data, cfg.augmentation, "device", device)
+        loader, sampler = train_module.make_loader(split, cfg, Placement(0, 1, device), inputs.collate("device"))
+        sampler.set_epoch(1)
+        to_model = inputs.batches("device", cfg.augmentation, data, device, mixer=None)
+        batches.append([to_model.batch(raw, StepKey(0, 1, 0, step)) for step, raw in zip(range(2), loader)])
+    for (images, targets), (again, targets_again) in zip(*batches, strict=True):
+        assert torch.equal(images, again) and torch.equal(targets, targets_again)
