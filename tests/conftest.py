@@ -118,6 +118,26 @@ def write_imagefolder(root: Path, counts: dict[str, int], classes: tuple[str, ..
     return root
 
 
+# The file kinds an image folder may hold, and which of them a GPU decodes (mobile_moe/data/decode.py)
+FILE_KINDS = {"baseline": True, "progressive": False, "cmyk": False, "grayscale": False, "png": False}
+
+
+def write_image_kind(path: Path, kind: str, pixels) -> Path:
+    """`pixels` (h, w, 3) uint8 saved at `path` as one of FILE_KINDS (JPEGs at quality 90)."""
+    from PIL import Image
+
+    image = Image.fromarray(pixels)
+    if kind == "png":
+        image.save(path, format="PNG")
+    elif kind == "cmyk":
+        image.convert("CMYK").save(path, format="JPEG", quality=90)
+    elif kind == "grayscale":
+        image.convert("L").save(path, format="JPEG", quality=90)
+    else:
+        image.save(path, format="JPEG", quality=90, progressive=kind == "progressive")
+    return path
+
+
 needs_build = pytest.mark.skipif(
     bool(_missing_build_tools()), reason=f"cannot build the native runner: {_missing_build_tools()}"
 )

@@ -19,6 +19,7 @@ from mobile_moe.interrupts import Terminated, stop_signals
 # command -> (module, one-line help). Commands whose module does not exist yet are not offered.
 COMMANDS: dict[str, tuple[str, str]] = {
     "info": ("mobile_moe.info", "parameters (total, active) and FLOPs of a model"),
+    "pack": ("mobile_moe.data.pack_cli", "a pre-resized image store of a data spec, for --data packed:STORE"),
     "train": ("mobile_moe.training.cli", "train a dense ViT, a Mobile V-MoE or a reference MoE"),
     "import": ("mobile_moe.training.import_cli", "a dense run from a local timm or torchvision ViT checkpoint"),
     "evaluate": ("mobile_moe.training.evaluate_cli", "evaluate a trained run on a data split"),

@@ -7,6 +7,7 @@
     idx:ROOT[,train=N,val=M,test=K]   any set of IDX files (MNIST, KMNIST, EMNIST)
     cifar10:ROOT, cifar100:ROOT   local CIFAR files; CIFAR-100 brings its 20 coarse labels as super-classes
     imagefolder:ROOT              ROOT/train and ROOT/val; val is halved into val (held out) and test
+    packed:STORE                  a store of `mobile-moe pack SPEC --out STORE`: SPEC's splits, pre-resized (store.py)
 
 Splits: `train`, `val` (model selection and super-class derivation) and `test`, fixed and stratified. `split(name)`
 gives un-augmented, normalised float images (3, S, S) with int labels; training passes its own transform for train.
@@ -303,6 +304,25 @@ def open_imagefolder(spec: str, root: str, image_size: int) -> Data:
     return Data(spec, image_size, names, mean, std, splits, preprocess.resize_center_crop(image_size), None)
 
 
+def open_packed(spec: str, root: str, image_size: int) -> Data:
+    """A store written by `mobile-moe pack` (store.py): the source's splits, names, statistics and super-classes."""
+    from mobile_moe.data import store
+
+    record, splits = store.open_store(root, spec)
+    known = record.super_classes
+    coarse = None if known is None else from_labels(known["assignment"], record.class_names, known["names"],
+                                                    f"{spec}:coarse")  # fmt: skip
+    eval_resize = preprocess.check_resize(_at_size(record.eval_resize, image_size), image_size, f"{spec} eval_resize")
+    return Data(spec, image_size, record.class_names, tuple(record.mean), tuple(record.std), splits, eval_resize, coarse)
+
+
+def _at_size(record: dict, image_size: int) -> dict:
+    """A store's eval resize policy (recorded at the size it was packed at) for a model of `image_size`."""
+    if record.get("policy") != preprocess.RESIZE_CENTER_CROP:
+        return record
+    return preprocess.resize_center_crop(image_size, interpolation=record.get("interpolation"))
+
+
 def open_data(spec: str, image_size: int, mean=None, std=None, eval_resize=None) -> Data:
     """Open a data spec at `image_size`. `mean`/`std` override the dataset's own statistics and `eval_resize` its eval
     resize policy (a run's recorded ones)."""
@@ -321,6 +341,8 @@ def open_data(spec: str, image_size: int, mean=None, std=None, eval_resize=None)
         data = open_cifar(spec, name, argument, image_size)
     elif name == "imagefolder" and argument:
         data = open_imagefolder(spec, argument, image_size)
+    elif name == "packed" and argument:
+        data = open_packed(spec, argument, image_size)
     else:
         raise UsageError(f"data spec {spec!r}: use {DATA_SPECS}")
     if mean is not None:

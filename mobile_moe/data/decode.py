@@ -12,13 +12,14 @@ image ships; decode_jpeg is called with that warning silenced here, in one place
 
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset
+
+from mobile_moe.data.image_files import UnreadableImage, image_from_bytes
 
 # JPEG start-of-frame markers: 0xC0-0xCF except DHT (C4), JPG (C8) and DAC (CC); the GPU takes C0 and C1
 SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
@@ -75,43 +76,56 @@ def uint8_image(image) -> Tensor:
     return F.pil_to_tensor(image)
 
 
-def file_item(path: str | os.PathLike, gpu: bool) -> tuple[Tensor, bool]:
-    """(the image at `path`, whether it is still encoded): a GPU-decodable JPEG's bytes on CUDA, else its pixels."""
-    from mobile_moe.data.image_files import read_image
+class FolderFiles:
+    """An image folder's split (an ImageFolder, or a Subset of one) as encoded images: `encoded(i)`, `name(i)`."""
 
-    if gpu:
-        with open(path, "rb") as file:
-            data = file.read()
-        frame = jpeg_frame(data)
-        if frame is not None and frame.gpu_decodable:
-            return torch.frombuffer(bytearray(data), dtype=torch.uint8), True
-    return uint8_image(read_image(path)), False
-
-
-def file_samples(raw: Dataset) -> list[tuple[str, int]] | None:
-    """(path, label) of each item of a file-backed split (an ImageFolder, or a Subset of one); None for the others."""
-    indices = getattr(raw, "indices", None)
-    folder = raw.dataset if indices is not None else raw
-    samples = getattr(folder, "samples", None)
-    if samples is None:
-        return None
-    return [samples[int(i)] for i in indices] if indices is not None else list(samples)
-
-
-class RawImages(Dataset):
-    """A file-backed split's items (path, label) read for the device pipeline: items (tensor, label, encoded)."""
-
-    def __init__(self, samples: list[tuple[str, int]], gpu: bool):
-        self.samples, self.gpu = samples, gpu
+    def __init__(self, samples: list[tuple[str, int]]):
+        self.samples = samples
         self.targets = [label for _, label in samples]
 
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, index: int):
-        path, label = self.samples[index]
-        image, encoded = file_item(path, self.gpu)
-        return image, label, encoded
+    def name(self, position: int) -> str:
+        return f"image {self.samples[position][0]}"
+
+    def encoded(self, position: int) -> bytes:
+        path = self.samples[position][0]
+        try:
+            with open(path, "rb") as file:
+                return file.read()
+        except OSError as error:
+            raise UnreadableImage(f"cannot read image {path}: {error.strerror or error}") from None
+
+
+def encoded_split(raw: Dataset):
+    """`raw` as encoded images (FolderFiles, or a packed store's StoreSplit as it is); None for in-memory data."""
+    if hasattr(raw, "encoded"):
+        return raw
+    indices = getattr(raw, "indices", None)
+    folder = raw.dataset if indices is not None else raw
+    samples = getattr(folder, "samples", None)
+    if samples is None:
+        return None
+    return FolderFiles([samples[int(i)] for i in indices] if indices is not None else list(samples))
+
+
+class RawImages(Dataset):
+    """An encoded split read for the GPU: items (tensor, label, encoded): a GPU-decodable JPEG's bytes, or any other
+    image decoded here by the one decoder."""
+
+    def __init__(self, source):
+        self.source, self.targets = source, source.targets
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, position: int):
+        data, label = self.source.encoded(position), self.targets[position]
+        frame = jpeg_frame(data)
+        if frame is not None and frame.gpu_decodable:
+            return torch.frombuffer(bytearray(data), dtype=torch.uint8), label, True
+        return uint8_image(image_from_bytes(data, self.source.name(position))), label, False
 
 
 @dataclass

@@ -7,6 +7,7 @@ PIL's decompression-bomb limit stays on: such a file is reported, not decoded; P
 
 from __future__ import annotations
 
+import io
 import os
 import warnings
 
@@ -34,18 +35,28 @@ def read_image(path: str | os.PathLike, mode: str = "RGB") -> Image.Image:
         raise UnreadableImage(f"image {path} does not exist")
     if not os.path.isfile(path):  # a directory, a FIFO (opening it would wait forever) or a device
         raise UnreadableImage(f"image {path} is not a regular file (PNG or JPEG expected)")
+    return _decoded(path, f"image {path}", mode)
+
+
+def image_from_bytes(data: bytes, name: str, mode: str = "RGB") -> Image.Image:
+    """An encoded image held in memory (a packed store's: store.py), read as read_image reads a file; `name` says
+    which image it is in the one line of an UnreadableImage."""
+    return _decoded(io.BytesIO(data), name, mode)
+
+
+def _decoded(source, name: str, mode: str) -> Image.Image:
     try:
         with warnings.catch_warnings():
             # PIL warns between its pixel limit and twice it, and refuses beyond: both are the same one line here.
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as image:
+            with Image.open(source) as image:
                 if image.mode == "P" and "transparency" in image.info:
                     image = image.convert("RGBA")  # PIL's advice for palette transparency, which it warns about
                 return image.convert(mode)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
-        raise UnreadableImage(f"image {path} is too large to decode safely ({error}); shrink it first") from None
+        raise UnreadableImage(f"{name} is too large to decode safely ({error}); shrink it first") from None
     except UnidentifiedImageError:
-        raise UnreadableImage(f"cannot read image {path}: not an image PIL can decode (PNG or JPEG expected)") from None
+        raise UnreadableImage(f"cannot read {name}: not an image PIL can decode (PNG or JPEG expected)") from None
     except (OSError, SyntaxError, ValueError) as error:  # PIL's errors for truncated or damaged files
         reason = " ".join(str(error).split())[:200]
-        raise UnreadableImage(f"cannot read image {path}: {reason or type(error).__name__}") from None
+        raise UnreadableImage(f"cannot read {name}: {reason or type(error).__name__}") from None

@@ -13,7 +13,7 @@ Spec = TypeVar("Spec")
 # The data specs data.py opens: every --data flag's help and data.py's refusal (here: the CLI imports it without torch)
 DATA_SPECS = (
     "digits | digits-pairs[:k=v,...] | synthetic[:k=v,...] | fashion-mnist[:ROOT][,k=v,...] | idx:ROOT[,k=v,...] | "
-    "cifar10:ROOT | cifar100:ROOT | imagefolder:ROOT"
+    "cifar10:ROOT | cifar100:ROOT | imagefolder:ROOT | packed:STORE"
 )
 # The built-in real data's source images, in pixels (long side): a model far larger upsamples them to no purpose.
 SOURCE_SIZE = {"digits": 8, "digits-pairs": 16, "fashion-mnist": 28, "idx": 28}

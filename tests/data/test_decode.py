@@ -1,0 +1,71 @@
+"""Raw images for the device pipeline (mobile_moe/data/decode.py): which files the GPU takes, read from the JPEG frame
+header; every other kind decoded by the one decoder; a batch padded into one canvas; the GPU's decoder
+(torchvision.io.decode_jpeg, run here on the CPU) giving PIL's pixels within JPEG decoders' known differences."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import FILE_KINDS, write_image_kind
+from PIL import Image
+
+from mobile_moe.data import decode
+from mobile_moe.data.image_files import UnreadableImage, read_image
+
+
+def smooth_pixels(height: int, width: int, seed: int = 0) -> np.ndarray:
+    """A photo-like (h, w, 3) uint8 image: JPEG is made for smooth content, not for noise."""
+    coarse = np.random.default_rng(seed).integers(0, 256, (height // 8 + 1, width // 8 + 1, 3), dtype=np.uint8)
+    return np.asarray(Image.fromarray(coarse).resize((width, height), Image.Resampling.BICUBIC))
+
+
+@pytest.fixture
+def files(tmp_path):
+    return {kind: write_image_kind(tmp_path / f"{kind}.img", kind, smooth_pixels(30, 44)) for kind in FILE_KINDS}
+
+
+@pytest.mark.parametrize("kind", FILE_KINDS)
+def test_the_frame_header_says_which_files_a_gpu_decodes(files, kind):
+    frame = decode.jpeg_frame(files[kind].read_bytes())
+    if kind == "png":
+        assert frame is None
+    else:
+        assert (frame.height, frame.width) == (30, 44) and frame.gpu_decodable == FILE_KINDS[kind]
+
+
+@pytest.mark.parametrize("data", [b"", b"\xff\xd8", b"\xff\xd8\xff\xda\x00\x02", b"\xff\xd8\xff\xe0\x00\x01", b"\xff\xd8\x00"])
+def test_a_broken_header_is_no_frame(data):
+    assert decode.jpeg_frame(data) is None
+
+
+@pytest.mark.parametrize("kind", FILE_KINDS)
+def test_every_kind_reaches_the_canvas_with_pils_pixels(files, kind):
+    """Baseline JPEGs travel as bytes and are decoded by the GPU's decoder (on the CPU here); the rest in the worker
+    by PIL. Both give PIL's pixels: libjpeg-turbo's IDCT and upsampling in either, at most a level or two apart."""
+    folder = decode.FolderFiles([(str(path), label) for label, path in enumerate(files.values())])
+    raw = decode.RawImages(folder)
+    position = list(files).index(kind)
+    image, label, encoded = raw[position]
+    assert encoded == FILE_KINDS[kind] and label == position
+    batch = decode.collate([raw[position], raw[0]])
+    canvas, sizes = decode.on_device(batch, torch.device("cpu"))
+    assert sizes.tolist() == [[30, 44], [30, 44]] and canvas.dtype == torch.uint8
+    pil = torch.from_numpy(np.array(read_image(files[kind]))).permute(2, 0, 1)
+    difference = (canvas[0].int() - pil.int()).abs()
+    assert difference.max() <= (2 if encoded else 0)
+
+
+def test_a_batch_of_sizes_is_padded_at_the_top_left():
+    small, large = torch.full((3, 4, 6), 7, dtype=torch.uint8), torch.full((3, 9, 5), 9, dtype=torch.uint8)
+    batch = decode.collate([(small, 0), (large, 1)])
+    assert batch.canvas.shape == (2, 3, 9, 6) and batch.sizes.tolist() == [[4, 6], [9, 5]]
+    assert (batch.canvas[0, :, :4, :6] == 7).all() and batch.canvas[0, :, 4:].eq(0).all()
+    assert (batch.canvas[1, :, :, :5] == 9).all() and batch.canvas[1, :, :, 5:].eq(0).all()
+    assert batch.labels.tolist() == [0, 1] and batch.encoded == []
+
+
+def test_a_file_gone_since_the_check_is_one_line(files):
+    folder = decode.FolderFiles([(str(files["baseline"].with_name("gone.jpg")), 0)])
+    with pytest.raises(UnreadableImage, match=r"cannot read image .*gone\.jpg: No such file"):
+        decode.RawImages(folder)[0]

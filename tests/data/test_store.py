@@ -1,0 +1,104 @@
+"""The pre-resized image store (mobile_moe/data/store.py): `mobile-moe pack` round-trips every split's labels, class
+names, statistics and super-classes; images come back shrunk to --max-side; damage is one line, and a pack never
+replaces what is not a store."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import FILE_KINDS, write_image_kind
+from PIL import Image
+
+from mobile_moe.app.cli import main
+from mobile_moe.data import store
+from mobile_moe.data.datasets import open_data
+from mobile_moe.data.image_files import UnreadableImage
+
+SOURCE = "digits-pairs:train=200,val=100,test=100"  # real, smooth images (JPEG is made for them), super-classes
+
+
+@pytest.fixture
+def packed(tmp_path):
+    return store.pack(SOURCE, tmp_path / "store", max_side=16)
+
+
+def test_a_store_round_trips_splits_labels_names_and_super_classes(packed):
+    source, back = open_data(SOURCE, 16), open_data(f"packed:{packed}", 16)
+    assert back.class_names == source.class_names and (back.mean, back.std) == (source.mean, source.std)
+    assert back.super_classes.assignment == source.super_classes.assignment
+    assert back.eval_resize == source.eval_resize
+    for split in ("train", "val", "test"):
+        assert back.targets(split) == source.targets(split)
+        original, stored = source.raw_splits[split][0][0], back.raw_splits[split][0][0]
+        pixels = torch.from_numpy(np.array(stored)).permute(2, 0, 1)
+        assert pixels.shape == original.shape and (pixels.float() - original.float()).abs().mean() < 8  # JPEG 90
+
+
+def test_images_are_shrunk_to_max_side_with_their_aspect(tmp_path):
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for name in ("a", "b"):
+            (tmp_path / "folder" / split / name).mkdir(parents=True)
+            for index, kind in enumerate(FILE_KINDS):
+                pixels = rng.integers(0, 256, (30, 60, 3), dtype=np.uint8)
+                write_image_kind(tmp_path / "folder" / split / name / f"{index}.{kind}", kind, pixels)
+    out = store.pack(f"imagefolder:{tmp_path / 'folder'}", tmp_path / "store", max_side=20)
+    data = open_data(f"packed:{out}", 16)
+    image, label = data.raw_splits["train"][0]
+    assert image.size == (20, 10) and data.class_names == ["a", "b"] and label == 0
+    assert data.eval_resize == open_data(f"imagefolder:{tmp_path / 'folder'}", 16).eval_resize
+
+
+def test_the_cli_packs_and_refuses_a_directory_that_is_not_a_store(tmp_path, capsys):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    assert main(["pack", SOURCE, "--out", str(theirs)]) == 2
+    assert "is not a packed store" in capsys.readouterr().err and (theirs / "notes.txt").read_text() == "mine"
+    assert main(["pack", SOURCE, "--out", str(tmp_path / "store"), "--max-side", "8"]) == 0
+    assert main(["pack", SOURCE, "--out", str(tmp_path / "store"), "--max-side", "12"]) == 0  # a store: replaced
+    assert json.loads((tmp_path / "store" / "store.json").read_text())["max_side"] == 12
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["store", "theirs"]  # no temporaries left
+
+
+def damage_json(packed):
+    (packed / "store.json").write_text('{"format": "mobile-moe-store"')
+
+
+def damage_index(packed):
+    index = np.load(packed / "train.index.npy")
+    index[3, 2] = 100  # a label past the 100 classes
+    np.save(packed / "train.index.npy", index)
+
+
+def truncate_bin(packed):
+    with open(packed / "val.bin", "r+b") as file:
+        file.truncate(100)
+
+
+def pickled_index(packed):
+    np.save(packed / "test.index.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+
+
+@pytest.mark.parametrize("damage", [damage_json, damage_index, truncate_bin, pickled_index])
+def test_a_damaged_store_is_one_line(packed, damage):
+    damage(packed)
+    with pytest.raises(Exception) as raised:
+        open_data(f"packed:{packed}", 16)
+    message = str(raised.value)
+    assert type(raised.value).__name__ == "UsageError" and "\n" not in message and "mobile-moe pack" in message
+
+
+def test_a_damaged_image_inside_a_store_names_it(packed):
+    index = np.load(packed / "train.index.npy")
+    offset, length, _ = index[5]
+    with open(packed / "train.bin", "r+b") as file:
+        file.seek(int(offset))
+        file.write(b"\x00" * int(length))
+    data = open_data(f"packed:{packed}", 16)
+    with pytest.raises(UnreadableImage, match=rf"cannot read packed:{packed} train image 5: "):
+        data.raw_splits["train"][5]
+    assert isinstance(data.raw_splits["train"][4][0], Image.Image)
