@@ -313,7 +313,8 @@ def open_packed(spec: str, root: str, image_size: int) -> Data:
     coarse = None if known is None else from_labels(known["assignment"], record.class_names, known["names"],
                                                     f"{spec}:coarse")  # fmt: skip
     eval_resize = preprocess.check_resize(_at_size(record.eval_resize, image_size), image_size, f"{spec} eval_resize")
-    return Data(spec, image_size, record.class_names, tuple(record.mean), tuple(record.std), splits, eval_resize, coarse)
+    mean, std = tuple(record.mean), tuple(record.std)
+    return Data(spec, image_size, record.class_names, mean, std, splits, eval_resize, coarse)
 
 
 def _at_size(record: dict, image_size: int) -> dict:

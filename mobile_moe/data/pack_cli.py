@@ -7,7 +7,7 @@ import sys
 
 from mobile_moe.data.spec_options import DATA_SPECS
 
-EXAMPLE = "mobile-moe pack imagefolder:/data/imagenet --out /data/imagenet-256   # then --data packed:/data/imagenet-256"
+EXAMPLE = "mobile-moe pack imagefolder:/data/imagenet --out /data/in-256   # then: --data packed:/data/in-256"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -20,12 +20,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    from mobile_moe.atomic import check_writable
     from mobile_moe.data import store
+    from mobile_moe.data.datasets import open_data
     from mobile_moe.errors import UsageError
 
     if args.max_side < 1:
         raise UsageError(f"--max-side {args.max_side}: must be at least 1")
     if not 1 <= args.quality <= 100:
         raise UsageError(f"--quality {args.quality}: must be between 1 and 100")
-    out = store.pack(args.spec, args.out, max_side=args.max_side, quality=args.quality, progress=sys.stderr.isatty())
+    check_writable(args.out, directory=True)  # before the source is opened: a folder's check may take minutes
+    data = open_data(args.spec, args.max_side)
+    out = store.pack(data, args.out, max_side=args.max_side, quality=args.quality, progress=sys.stderr.isatty())
     print(f"packed {args.spec} into {out}; train or evaluate with --data packed:{out}")

@@ -80,17 +80,14 @@ def encoded(image, max_side: int, quality: int) -> bytes:
     return buffer.getvalue()
 
 
-def pack(spec: str, out: str | os.PathLike, *, max_side: int = DEFAULT_MAX_SIDE, quality: int = DEFAULT_QUALITY,
+def pack(data, out: str | os.PathLike, *, max_side: int = DEFAULT_MAX_SIDE, quality: int = DEFAULT_QUALITY,
          progress: bool = False) -> Path:  # fmt: skip
-    """Write every split of data spec `spec` into the store `out`; -> out."""
-    from mobile_moe.data.datasets import open_data
-
+    """Write every split of `data` (a Data of open_data(spec, max_side)) into the store `out`; -> out."""
     out = Path(out)
     check_writable(out, directory=True)
     if out.is_dir() and any(out.iterdir()) and not (out / META).is_file():
         raise UsageError(f"{out} exists and is not a packed store; choose another --out (nothing there is replaced)")
-    data = open_data(spec, max_side)
-    record = {"format": FORMAT, "version": VERSION, "source": spec, "max_side": max_side, "quality": quality,
+    record = {"format": FORMAT, "version": VERSION, "source": data.spec, "max_side": max_side, "quality": quality,
               "class_names": list(data.class_names), "mean": list(data.mean), "std": list(data.std),
               "eval_resize": dict(data.eval_resize), "super_classes": _super_record(data), "splits": {}}  # fmt: skip
     with atomic_path(out, directory=True) as tmp:
@@ -164,7 +161,8 @@ def open_store(root: str | os.PathLike, spec: str) -> tuple[StoreRecord, dict[st
     try:
         record = StoreRecord.model_validate_json((root / META).read_bytes())
     except OSError as error:
-        raise UsageError(f"{spec}: cannot read {root / META} ({error.strerror or error}); is it a packed store?") from None
+        reason = error.strerror or error
+        raise UsageError(f"{spec}: cannot read {root / META} ({reason}); is it a packed store?") from None
     except ValidationError as error:
         first = error.errors(include_url=False, include_input=False)[0]
         where = ".".join(str(part) for part in first["loc"])

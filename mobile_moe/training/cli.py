@@ -32,6 +32,7 @@ from mobile_moe.training.recipes import (
     TrainConfig,
     finite_float,
     from_dict,
+    matches_record,
     recipe,
 )
 
@@ -189,7 +190,7 @@ def recipe_differences(args: argparse.Namespace, run_cfg: TrainConfig, given: Tr
     found, from_recipe = [], []
     for name, theirs in run_cfg.to_dict().items():
         mine = getattr(given, name)
-        if name in MAY_CHANGE_ON_RESUME or mine == theirs:
+        if name in MAY_CHANGE_ON_RESUME or matches_record(name, mine, theirs):
             continue
         if args.lr is not None and name in ("base_lr", "base_batch"):
             continue  # --lr is compared as the peak learning rate below

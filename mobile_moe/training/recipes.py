@@ -136,6 +136,12 @@ def _coerce(name: str, value: Any, kind: type) -> Any:
     return value
 
 
+def matches_record(name: str, given: Any, recorded: Any) -> bool:
+    """Whether a recipe field as given for a run (a resume's flags, a sweep's cell) is the one the run recorded: equal,
+    or an `auto` input_pipeline, which a run records as what it resolved to (and runs from before the field lack)."""
+    return given == recorded or (name == "input_pipeline" and given == "auto")
+
+
 def from_dict(data: dict[str, Any]) -> TrainConfig:
     return TrainConfig().replace(**data)
 

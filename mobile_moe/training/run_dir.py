@@ -35,7 +35,7 @@ from mobile_moe.class_names import class_names_problem
 from mobile_moe.data.datasets import open_data
 from mobile_moe.errors import UsageError
 from mobile_moe.preprocess import check_resize
-from mobile_moe.training.recipes import MAY_CHANGE_ON_RESUME
+from mobile_moe.training.recipes import MAY_CHANGE_ON_RESUME, matches_record
 
 CONFIG = "config.json"
 LAST = "checkpoint.pt"
@@ -316,7 +316,12 @@ def differences(config: dict[str, Any], model: dict[str, Any], recipe: dict[str,
     """What makes the run `config` (config.json) another run than one of `model`, `recipe` (dicts) and `data` (a
     spec): every field but those a resume may change."""
     found = [f"model {key}" for key in differing_fields(model, config["model"])]
-    found += [f"recipe {key}" for key in differing_fields(recipe, config["recipe"], MAY_CHANGE_ON_RESUME)]
+    recorded = config["recipe"]
+    found += [
+        f"recipe {key}"
+        for key in differing_fields(recipe, recorded, MAY_CHANGE_ON_RESUME)
+        if not matches_record(key, recipe.get(key), recorded.get(key))
+    ]
     if config["data"].get("spec") != data:
         found.append(f"data {config['data'].get('spec')}")
     return found

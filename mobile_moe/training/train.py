@@ -224,6 +224,7 @@ def make_loader(
             f"--batch-size {cfg.batch_size} is larger than the {len(dataset)} training images; "
             f"use --batch-size {len(dataset)} or less"
         )
+    workers = min(cfg.workers, usable_cores())  # more than this process's cores would only contend for them
     sampler = DistributedSampler(
         dataset, num_replicas=placement.world_size, rank=placement.rank, shuffle=True, seed=cfg.seed, drop_last=True
     )
@@ -231,11 +232,13 @@ def make_loader(
         dataset,
         batch_size=per_rank,
         sampler=sampler,
-        # No more workers than cores this process may use (torch warns, and more would only contend for them).
-        num_workers=min(cfg.workers, usable_cores()),
+        num_workers=workers,
         drop_last=True,
         pin_memory=placement.device.type == "cuda",
         collate_fn=collate_fn,
+        # Workers that only decode draw nothing, so they may live across epochs (per-image augmentation is reseeded
+        # from (seed, epoch, rank) through fresh workers: those restart each epoch).
+        persistent_workers=workers > 0 and cfg.input_pipeline == "device",
     )
     return loader, sampler
 

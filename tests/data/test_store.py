@@ -22,7 +22,7 @@ SOURCE = "digits-pairs:train=200,val=100,test=100"  # real, smooth images (JPEG 
 
 @pytest.fixture
 def packed(tmp_path):
-    return store.pack(SOURCE, tmp_path / "store", max_side=16)
+    return store.pack(open_data(SOURCE, 16), tmp_path / "store", max_side=16)
 
 
 def test_a_store_round_trips_splits_labels_names_and_super_classes(packed):
@@ -45,7 +45,7 @@ def test_images_are_shrunk_to_max_side_with_their_aspect(tmp_path):
             for index, kind in enumerate(FILE_KINDS):
                 pixels = rng.integers(0, 256, (30, 60, 3), dtype=np.uint8)
                 write_image_kind(tmp_path / "folder" / split / name / f"{index}.{kind}", kind, pixels)
-    out = store.pack(f"imagefolder:{tmp_path / 'folder'}", tmp_path / "store", max_side=20)
+    out = store.pack(open_data(f"imagefolder:{tmp_path / 'folder'}", 20), tmp_path / "store", max_side=20)
     data = open_data(f"packed:{out}", 16)
     image, label = data.raw_splits["train"][0]
     assert image.size == (20, 10) and data.class_names == ["a", "b"] and label == 0

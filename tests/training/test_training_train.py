@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from itertools import islice
 
 import pytest
 import torch
@@ -297,6 +298,6 @@ def test_the_device_pipeline_gives_the_same_batches_with_0_and_2_workers():
         loader, sampler = train_module.make_loader(split, cfg, Placement(0, 1, device), inputs.collate("device"))
         sampler.set_epoch(1)
         to_model = inputs.batches("device", cfg.augmentation, data, device, mixer=None)
-        batches.append([to_model.batch(raw, StepKey(0, 1, 0, step)) for step, raw in zip(range(2), loader)])
+        batches.append([to_model.batch(raw, StepKey(0, 1, 0, step)) for step, raw in enumerate(islice(loader, 2))])
     for (images, targets), (again, targets_again) in zip(*batches, strict=True):
         assert torch.equal(images, again) and torch.equal(targets, targets_again)

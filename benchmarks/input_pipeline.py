@@ -1,0 +1,219 @@
+"""The deit recipe's input path, per image on the CPU (today) against per batch on the training device (train
+--input-pipeline device), from an image folder and from its packed store, measured in one run.
+
+    python benchmarks/input_pipeline.py                       # CPU figures: 640 ImageNet-sized images, 3 rounds
+    python benchmarks/input_pipeline.py --images 2000 --rounds 5 --out bench-input
+    python benchmarks/input_pipeline.py --gpu                 # + end-to-end training on a GPU (make gpu-check)
+
+It writes its own ImageNet-sized images (500 x 375, about 125 KB as JPEG, ImageNet's average), 10 classes, with
+progressive (8%), CMYK (4%) and grayscale (4%) JPEGs and PNGs (4%) among them, then packs them (`mobile-moe pack`,
+--max-side 256). Figures, each the median of --rounds with the spread (min-max):
+
+  host CPU s / image    process CPU time per training image of what the host does (workers=0, so it is all in this
+                        process): per-image = decode + the whole torchvision pipeline; device-fed = what the host does
+                        when a GPU augments: read bytes (GPU-decodable JPEGs) or decode (the rest), pad, draw
+  device images/s       the batched pipeline itself on this machine's device (here the CPU: decode in the loader,
+                        augment with batch_augment on the CPU), against the per-image path's images/s
+  GPU end to end        (--gpu) a 2-epoch training run per model (DeiT-Ti/16 224, bf16, compiled, batch 256, 8
+                        workers, --input-pipeline device): epoch 2's images/s over the step alone on tensors already on
+                        the device (benchmarks/train_step.py's measurement), from the folder and from the store
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+
+from mobile_moe.data import augment, decode, inputs, store
+from mobile_moe.data.batch_augment import StepKey, draw
+from mobile_moe.data.datasets import open_data
+from mobile_moe.devices import usable_cores
+from mobile_moe.training import recipes
+
+KINDS = {"baseline": 0.80, "progressive": 0.08, "cmyk": 0.04, "grayscale": 0.04, "png": 0.04}  # share of the images
+CLASSES = 10
+SIZE = (375, 500)  # ImageNet's average image, (height, width)
+
+
+def photo(rng: np.random.Generator) -> Image.Image:
+    """Photo-like content: smooth colour fields plus fine detail, about 125 KB as a quality-90 JPEG at 500 x 375."""
+    coarse = rng.integers(0, 256, (12, 16, 3), dtype=np.uint8)
+    smooth = np.asarray(Image.fromarray(coarse).resize(SIZE[::-1], Image.Resampling.BICUBIC), dtype=np.float32)
+    detail = rng.normal(0, 14, (*SIZE, 3))
+    return Image.fromarray(np.clip(smooth + detail, 0, 255).astype(np.uint8))
+
+
+def save(image: Image.Image, path: Path, kind: str) -> None:
+    if kind == "png":
+        image.save(path.with_suffix(".png"))
+    elif kind == "cmyk":
+        image.convert("CMYK").save(path, quality=90)
+    elif kind == "grayscale":
+        image.convert("L").save(path, quality=90)
+    else:
+        image.save(path, quality=90, progressive=kind == "progressive")
+
+
+def write_image(task: tuple[Path, int]) -> None:
+    """Image `index` of the folder: its content and kind drawn from its own index, so any process may write it."""
+    folder, index = task
+    rng = np.random.default_rng(index)
+    kind = list(KINDS)[rng.choice(len(KINDS), p=list(KINDS.values()))]
+    save(photo(rng), folder / f"c{index % CLASSES}" / f"{index}.jpg", kind)
+
+
+def write_folder(root: Path, count: int) -> Path:
+    """ROOT/{train,val}/<class>/<i>.jpg: `count` training images and a tenth as many for validation, written on
+    every core."""
+    from multiprocessing import Pool
+
+    tasks = []
+    for split, total, first in (("train", count, 0), ("val", max(count // 10, 2 * CLASSES), count)):
+        for name in range(CLASSES):
+            (root / split / f"c{name}").mkdir(parents=True, exist_ok=True)
+        tasks += [(root / split, index) for index in range(first, first + total)]
+    with Pool(usable_cores()) as pool:
+        pool.map(write_image, tasks, chunksize=16)
+    return root
+
+
+def cpu_seconds(batches, count: int, handle) -> tuple[float, float]:
+    """(process CPU s per image, wall images/s) of `handle`-ing `count` batches."""
+    cpu, wall = time.process_time(), time.perf_counter()
+    images = sum(handle(batch, step) for step, batch in enumerate(islice(batches, count)))
+    return (time.process_time() - cpu) / images, images / (time.perf_counter() - wall)
+
+
+def per_image(data, aug, batch_size: int, count: int):
+    """Today's path in the loader: decode + torchvision's per-image pipeline + MixUp/CutMix on the batch."""
+    split = inputs.training_split(data, aug, "workers", torch.device("cpu"))
+    mixer = augment.batch_mixer(aug, data.num_classes)
+    loader = DataLoader(split, batch_size=batch_size, shuffle=True, num_workers=0, drop_last=True)
+    to_model = inputs.WorkerBatches(data.num_classes, torch.device("cpu"), mixer)
+    return cpu_seconds(loader, count, lambda batch, step: len(to_model.batch(batch, StepKey(0, 0, 0, step))[0]))
+
+
+def device_fed_host(data, aug, batch_size: int, count: int):
+    """The host's share when a GPU decodes and augments: read bytes or decode the kinds a GPU cannot, pad, draw."""
+    raw = decode.RawImages(decode.encoded_split(data.raw_split("train")))
+    loader = DataLoader(raw, batch_size=batch_size, shuffle=True, num_workers=0, drop_last=True,
+                        collate_fn=decode.collate)  # fmt: skip
+
+    def host_part(batch: decode.RawBatch, step: int) -> int:
+        sizes = batch.sizes.numpy()
+        crops = inputs.eval_crops(sizes, data.eval_resize, data.image_size)
+        draw(aug, sizes, image_size=data.image_size, key=StepKey(0, 0, 0, step), eval_crop=crops)
+        return len(sizes)
+
+    return cpu_seconds(loader, count, host_part)
+
+
+def on_this_device(data, aug, batch_size: int, count: int):
+    """The whole device pipeline where no GPU is: decode in the loader, batch_augment on the CPU."""
+    device = torch.device("cpu")
+    split = inputs.training_split(data, aug, "device", device)
+    loader = DataLoader(split, batch_size=batch_size, shuffle=True, num_workers=0, drop_last=True,
+                        collate_fn=inputs.collate("device"))  # fmt: skip
+    to_model = inputs.DeviceBatches(aug, data, device)
+    return cpu_seconds(loader, count, lambda batch, step: len(to_model.batch(batch, StepKey(0, 0, 0, step))[0]))
+
+
+PATHS = {"per-image": per_image, "device-fed host": device_fed_host, "batched on the CPU": on_this_device}
+
+
+def cpu_figures(specs: dict[str, str], args) -> dict:
+    """{source: {path: {"cpu_ms": [...], "images_per_s": [...]}}}, the paths taking turns in every round."""
+    aug = recipes.deit().augmentation
+    found = {source: {path: {"cpu_ms": [], "images_per_s": []} for path in PATHS} for source in specs}
+    for _ in range(args.rounds):
+        for source, spec in specs.items():
+            data = open_data(spec, args.image_size)
+            for path, measure in PATHS.items():
+                seconds, rate = measure(data, aug, args.batch_size, args.batches)
+                found[source][path]["cpu_ms"].append(seconds * 1e3)
+                found[source][path]["images_per_s"].append(rate)
+    return found
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def print_cpu(found: dict, args) -> None:
+    print(f"\nCPU: {torch.get_num_threads()} torch threads, batch {args.batch_size}, {args.batches} batches per "
+          f"figure, {args.rounds} rounds; median (min-max)\n")  # fmt: skip
+    print("| source | path | host CPU ms / image | images/s | host CPU / per-image |\n|---|---|---:|---:|---:|")
+    for source, paths in found.items():
+        base = statistics.median(paths["per-image"]["cpu_ms"])
+        for path, figures in paths.items():
+            ratio = statistics.median(figures["cpu_ms"]) / base
+            print(f"| {source} | {path} | {spread(figures['cpu_ms'])} | {spread(figures['images_per_s'])} | "
+                  f"{ratio:.3f} |")  # fmt: skip
+
+
+def gpu_figures(specs: dict[str, str], out: Path, args) -> dict:
+    """Epoch 2's images/s of a real training run over the step alone, per model and source."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import train_step
+
+    from mobile_moe.registry import make_config
+    from mobile_moe.training.run_dir import read_metrics
+    from mobile_moe.training.train import train
+
+    step_args = train_step.parse_args(["--models", "vit", "mobile-vmoe", "--num-classes", str(CLASSES)],
+                                      device="cuda", size="deit-ti", patch=16, batch_size=256, steps=30, warmup=5,
+                                      compile=True)  # fmt: skip
+    alone = train_step.measure(step_args, torch.device("cuda"))[0]["compiled"]
+    found = {}
+    for model in ("vit", "mobile-vmoe"):
+        extra = {"num_experts": 10, "moe_layers": 2} if model == "mobile-vmoe" else {}
+        config = make_config(model, "deit-ti", patch_size=16, image_size=224, num_classes=CLASSES, **extra)
+        recipe = recipes.deit().replace(epochs=2, batch_size=256, workers=8, compile=True, device="cuda",
+                                        input_pipeline="device", warmup_epochs=0.5)  # fmt: skip
+        for source, spec in specs.items():
+            run = train(config, recipe, spec, "random" if extra else None, out / f"{model}-{source}", verbose=False)
+            row = read_metrics(run)[-1]
+            found[f"{model} {source}"] = {"epoch_images_per_s": row["images_per_s"], "input_wait": row["input_wait"],
+                                          "step_alone_images_per_s": alone[model]["images_per_s"]}  # fmt: skip
+    return found
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=640, help="training images written (default 640)")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batches", type=int, default=4, help="batches per CPU figure (default 4)")
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--gpu", action="store_true", help="also train end to end on the GPU (--images 12800 or more)")
+    parser.add_argument("--out", type=Path, help="keep the images, store and results.json here (default: a temp dir)")
+    args = parser.parse_args(argv)
+    if args.gpu and not torch.cuda.is_available():
+        parser.error("--gpu: no CUDA device here")
+    with tempfile.TemporaryDirectory() as scratch:
+        out = args.out or Path(scratch)
+        folder = write_folder(out / "folder", args.images)
+        packed = store.pack(open_data(f"imagefolder:{folder}", 256), out / "store", max_side=256)
+        specs = {"image folder": f"imagefolder:{folder}", "packed store": f"packed:{packed}"}
+        report = {"torch": torch.__version__, "cpu": cpu_figures(specs, args)}
+        print_cpu(report["cpu"], args)
+        if args.gpu:
+            report["gpu"] = {"device": torch.cuda.get_device_name(), **gpu_figures(specs, out, args)}
+            print(json.dumps(report["gpu"], indent=1))
+        (out / "results.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    main()
