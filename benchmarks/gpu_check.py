@@ -5,6 +5,8 @@ which runs every step that can run on the CPU and says which cannot).
 
 Steps, each a fresh process (its exit status, time and last line go in the table):
   gpu tests       pytest -m gpu (tests/test_gpu.py: compiled CUDA training, CUDA checkpoints on a CPU, ...)
+  input pipeline  benchmarks/input_pipeline.py --gpu: host CPU per image, per image vs batched on the device, and a
+                  real epoch's images/s over the step alone (DeiT-Ti/16, compiled, bf16, b256) from a folder and a store
   train MODEL     one epoch of every registry model on digits, bf16 autocast on CUDA (hard-moe from the vit run)
   train compile   mobile-vmoe with --compile
   ddp N           torchrun, nccl (gloo with --cpu), world size 1, and 2 where two GPUs exist
@@ -54,6 +56,9 @@ def steps(device: str, out: Path, gpus: int) -> list[tuple[str, list[str]]]:
     reproduce = [*cli, "reproduce", "fig3b", "--data", "digits", "--scale", "tiny", "--epochs", "1", "--device",
                  device, "--bench", "--iterations", "5", "--out", str(out / "fig3b")]  # fmt: skip
     found.append(("reproduce", reproduce))
+    feed = ["--gpu", "--images", "5120", "--rounds", "2"] if device == "cuda" else [
+        "--images", "64", "--batches", "1", "--batch-size", "16", "--rounds", "1"]  # fmt: skip
+    found.insert(1, ("input pipeline", [sys.executable, str(REPO / "benchmarks" / "input_pipeline.py"), *feed]))
     bench = ["gpu_train_step.py", "--json", "--models", "vit", "mobile-vmoe", "--anchor"] if device == "cuda" else [
         "train_step.py", "--json", "--compile", "--size", "3x64", "--patch", "8", "--image-size", "32",
         "--num-classes", "10", "--experts", "4", "--batch-size", "16", "--steps", "3", "--warmup", "2",

@@ -14,6 +14,8 @@ progressive (8%), CMYK (4%) and grayscale (4%) JPEGs and PNGs (4%) among them, t
                         when a GPU augments: read bytes (GPU-decodable JPEGs) or decode (the rest), pad, draw
   device images/s       the batched pipeline itself on this machine's device (here the CPU: decode in the loader,
                         augment with batch_augment on the CPU), against the per-image path's images/s
+  accuracy              (--accuracy SPEC) test top-1 of a small ViT trained with the deit recipe per seed: workers
+                        against device pipeline, and workers from SPEC packed at --accuracy-max-side
   GPU end to end        (--gpu) a 2-epoch training run per model (DeiT-Ti/16 224, bf16, compiled, batch 256, 8
                         workers, --input-pipeline device): epoch 2's images/s over the step alone on tensors already on
                         the device (benchmarks/train_step.py's measurement), from the folder and from the store
@@ -50,7 +52,7 @@ def photo(rng: np.random.Generator) -> Image.Image:
     """Photo-like content: smooth colour fields plus fine detail, about 125 KB as a quality-90 JPEG at 500 x 375."""
     coarse = rng.integers(0, 256, (12, 16, 3), dtype=np.uint8)
     smooth = np.asarray(Image.fromarray(coarse).resize(SIZE[::-1], Image.Resampling.BICUBIC), dtype=np.float32)
-    detail = rng.normal(0, 14, (*SIZE, 3))
+    detail = rng.normal(0, 16, (*SIZE, 3))
     return Image.fromarray(np.clip(smooth + detail, 0, 255).astype(np.uint8))
 
 
@@ -189,6 +191,50 @@ def gpu_figures(specs: dict[str, str], out: Path, args) -> dict:
     return found
 
 
+ACCURACY_MODEL = ["--model", "vit", "--size", "4x64", "--patch", "8", "--image-size", "32", "--pool", "mean"]
+
+
+def test_top1(run: Path) -> float:
+    import contextlib
+    import io
+
+    from mobile_moe.app.cli import main as cli
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert cli(["evaluate", str(run), "--json"]) == 0
+    return json.loads(printed.getvalue())["top1"]
+
+
+def accuracy(spec: str, out: Path, args) -> dict:
+    """{variant: [test top-1 per seed]}: the deit recipe (peak lr 2e-3 at batch 128, warm-up 1 epoch) per image, on the device, and per image
+    from the spec packed at --accuracy-max-side."""
+    from mobile_moe.app.cli import main as cli
+
+    side = args.accuracy_max_side
+    packed = store.pack(open_data(spec, side), out / "accuracy-store", max_side=side)
+    variants = {"workers": (spec, "workers"), "device": (spec, "device"),
+                f"workers, packed at {side} px": (f"packed:{packed}", "workers")}  # fmt: skip
+    found = {name: [] for name in variants}
+    for seed in range(args.seeds):
+        for name, (data, pipeline) in variants.items():
+            run = out / "accuracy" / f"{name.split(',')[0]}-{data.split(':')[0]}-{seed}"
+            argv = ["train", *ACCURACY_MODEL, "--data", data, "--recipe", "deit", "--epochs", str(args.epochs),
+                    "--batch-size", "128", "--seed", str(seed), "--input-pipeline", pipeline, "--workers", "0",
+                    "--lr", "2e-3", "--set", "warmup_epochs=1", "--device", "cpu", "--quiet", "--out", str(run)]  # fmt: skip
+            assert cli(argv) == 0
+            found[name].append(test_top1(run))
+    return found
+
+
+def print_accuracy(found: dict) -> None:
+    print("\n| variant | test top-1 per seed | mean | std |\n|---|---|---:|---:|")
+    for name, values in found.items():
+        per_seed = ", ".join(f"{100 * v:.2f}" for v in values)
+        std = statistics.stdev(values) if len(values) > 1 else 0.0
+        print(f"| {name} | {per_seed} | {100 * statistics.mean(values):.2f} | {100 * std:.2f} |")
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=640, help="training images written (default 640)")
@@ -196,6 +242,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batches", type=int, default=4, help="batches per CPU figure (default 4)")
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--accuracy", metavar="SPEC", help="also train per seed on SPEC (e.g. fashion-mnist:...)")
+    parser.add_argument("--accuracy-max-side", type=int, default=16, help="the store's --max-side for --accuracy")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=10, help="epochs per --accuracy run (default 10)")
     parser.add_argument("--gpu", action="store_true", help="also train end to end on the GPU (--images 12800 or more)")
     parser.add_argument("--out", type=Path, help="keep the images, store and results.json here (default: a temp dir)")
     args = parser.parse_args(argv)
@@ -208,9 +258,15 @@ def main(argv: list[str] | None = None) -> dict:
         specs = {"image folder": f"imagefolder:{folder}", "packed store": f"packed:{packed}"}
         report = {"torch": torch.__version__, "cpu": cpu_figures(specs, args)}
         print_cpu(report["cpu"], args)
+        if args.accuracy:
+            report["accuracy"] = accuracy(args.accuracy, out, args)
+            print_accuracy(report["accuracy"])
         if args.gpu:
             report["gpu"] = {"device": torch.cuda.get_device_name(), **gpu_figures(specs, out, args)}
             print(json.dumps(report["gpu"], indent=1))
+            ratios = [f"{name} {row['epoch_images_per_s'] / row['step_alone_images_per_s']:.2f}"
+                      for name, row in report["gpu"].items() if name != "device"]  # fmt: skip
+            print("epoch / step-alone images/s: " + ", ".join(ratios))
         (out / "results.json").write_text(json.dumps(report, indent=1) + "\n")
     return report
 
