@@ -207,8 +207,8 @@ def test_top1(run: Path) -> float:
 
 
 def accuracy(spec: str, out: Path, args) -> dict:
-    """{variant: [test top-1 per seed]}: the deit recipe (peak lr 2e-3 at batch 128, warm-up 1 epoch) per image, on the device, and per image
-    from the spec packed at --accuracy-max-side."""
+    """{variant: [test top-1 per seed]}: the deit recipe (peak lr 2e-3 at batch 128, warm-up 1 epoch) per image, on
+    the device, and per image from the spec packed at --accuracy-max-side."""
     from mobile_moe.app.cli import main as cli
 
     side = args.accuracy_max_side
@@ -221,7 +221,8 @@ def accuracy(spec: str, out: Path, args) -> dict:
             run = out / "accuracy" / f"{name.split(',')[0]}-{data.split(':')[0]}-{seed}"
             argv = ["train", *ACCURACY_MODEL, "--data", data, "--recipe", "deit", "--epochs", str(args.epochs),
                     "--batch-size", "128", "--seed", str(seed), "--input-pipeline", pipeline, "--workers", "0",
-                    "--lr", "2e-3", "--set", "warmup_epochs=1", "--device", "cpu", "--quiet", "--out", str(run)]  # fmt: skip
+                    "--lr", "2e-3", "--set", "warmup_epochs=1", "--device", "cpu", "--quiet",
+                    "--out", str(run)]  # fmt: skip
             assert cli(argv) == 0
             found[name].append(test_top1(run))
     return found

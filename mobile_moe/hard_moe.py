@@ -11,7 +11,8 @@ continue from the very tokens it computed: the adaptation that lets a Hard MoE s
 Unlike Mobile V-MoE nothing is learned end to end: the gater is a trained dense `vit` whose first depth-L blocks are
 copied and frozen, the centroids are fitted once on its pooled training features (mobile_moe/training/cluster_fit.py),
 and every expert starts as a copy of the gater's last L blocks and head (upcycling), then trains on the images of its
-cluster only. An expert whose cluster is empty never gets a gradient and keeps the gater's weights. The router stage and
+cluster only. An expert whose cluster is empty gets zero gradients (it runs on an empty batch), so AdamW leaves its
+weights where they are but for weight decay, which shrinks them by lr x weight_decay a step. The router stage and
 expert_path(e) are the same split as Mobile V-MoE's, so export treats routing "cluster" like its expert-paths layout.
 
 Legend: B images, T tokens, D width, P pca_dims (D when there is no PCA), E experts, K classes, n_e images of expert e.
@@ -28,7 +29,7 @@ from mobile_moe.config import HardMoEConfig
 from mobile_moe.mobile_vmoe import RouterStage
 from mobile_moe.moe import expert_groups
 from mobile_moe.outputs import ModelOutput, Routing
-from mobile_moe.routers import top_k
+from mobile_moe.routers import decided_in_fp32, top_k
 from mobile_moe.vit import ClassifierHead, TokenEmbedding, dense_block, init_weights, pool_tokens
 
 
@@ -80,13 +81,14 @@ class CentroidRouter(nn.Module):
         """(B, D) -> (B, E) squared euclidean distances to the centroids, as |z|^2 - 2 z.c + |c|^2 (scikit-learn's
         form): one matmul, which FLOP counters and mobile backends know, instead of a (B, E, P) difference.
 
-        Under bf16 autocast (CUDA with the recipe's amp) the trunk and these matmuls run in bf16, so an image near a
-        cluster border may route differently from the float32 fit; CPU and exported graphs compute in float32.
+        In float32 under autocast too (routers.decided_in_fp32): bf16 would move an image near a cluster border to
+        another cluster than the float32 fit and the exported router give it.
         """
-        z = self.project(features.float())  # (B, P)
-        c = self.centroids  # (E, P)
-        squared = z.square().sum(-1, keepdim=True) - 2 * z @ c.T + c.square().sum(-1)  # (B, E)
-        return squared.clamp_min(0)  # rounding can take a point on a centroid just below 0
+        with decided_in_fp32(features):
+            z = self.project(features.float())  # (B, P)
+            c = self.centroids  # (E, P)
+            squared = z.square().sum(-1, keepdim=True) - 2 * z @ c.T + c.square().sum(-1)  # (B, E)
+            return squared.clamp_min(0)  # rounding can take a point on a centroid just below 0
 
     def forward(self, tokens: Tensor, route_to: Tensor | None = None) -> Routing:
         """tokens (B, T, D) -> Routing: logits -distances (B, E); probs the one-hot of the nearest centroid (B, E);

@@ -8,6 +8,7 @@ per item, n_e items routed to expert e (sum over e of n_e = B * k).
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 
 import torch
@@ -70,18 +71,35 @@ def compute_dtype(x: Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
 
 
+@functools.cache
+def grouped_gemm_device(index: int) -> bool:
+    """Whether CUDA device `index` runs torch._grouped_mm natively and right: Hopper (compute capability 9.0) only,
+    asked once per device. On sm100 (B200) pytorch/pytorch issue 172439 (open) gives groups with no rows non-zero
+    weight gradients: every unchosen expert would be corrupted, and DDP would all-reduce it to every rank. On sm120
+    and ROCm torch falls back to copying the offsets to the host and looping, slower than expert_loop."""
+    return torch.version.hip is None and torch.cuda.get_device_capability(index) == (9, 0)
+
+
 def grouped_gemm_fits(x: Tensor, width: int, hidden: int) -> bool:
-    """Whether torch._grouped_mm runs this dispatch as one CUTLASS kernel: on a CUDA device of compute capability 9.0
-    or later (Hopper's TMA), bf16, rows whose bytes are multiples of 16 (GroupedMMUtils.h,
-    check_valid_strides_and_return_transposed). Elsewhere torch's own fallback loops over the groups after reading the
-    offsets on the host, which the per-expert loop does as well without a copy of the stacked weights."""
+    """Whether torch._grouped_mm runs this dispatch as one CUTLASS kernel: on a grouped_gemm_device, bf16, rows
+    whose bytes are multiples of 16 (GroupedMMUtils.h, check_valid_strides_and_return_transposed). Elsewhere the
+    per-expert loop."""
     return (
         x.is_cuda
         and compute_dtype(x) == torch.bfloat16
-        and torch.cuda.get_device_capability(x.device) >= (9, 0)
+        and grouped_gemm_device(x.device.index if x.device.index is not None else torch.cuda.current_device())
         and width % 8 == 0
         and hidden % 8 == 0
     )
+
+
+def expert_dispatch(device: torch.device, amp: bool) -> str:
+    """The dispatch ExpertMLPs runs training on `device` (bf16 autocast where `amp` on CUDA), in words for the run
+    log and the benchmarks."""
+    index = device.index if device.index is not None else 0
+    if device.type == "cuda" and amp and grouped_gemm_device(index):
+        return "grouped GEMM (torch._grouped_mm, sm90, bf16)"
+    return "per-expert loop (one matmul per expert and layer)"
 
 
 def expert_mlp(x: Tensor, fc1_weight: Tensor, fc1_bias: Tensor, fc2_weight: Tensor, fc2_bias: Tensor) -> Tensor:
@@ -194,8 +212,8 @@ class ExpertMLPs(nn.Module):
         hidden = F.gelu(hidden + self.fc1_bias[chosen].to(dtype).unsqueeze(1))  # (B*k, T, F)
         y = torch._grouped_mm(hidden.reshape(-1, self.hidden), self.fc2_weight.to(dtype), offs=offsets)
         y = y.reshape(B * k, T, D) + self.fc2_bias[chosen].to(dtype).unsqueeze(1)  # (B*k, T, D)
-        y = y * gates.reshape(-1)[order].to(dtype).view(-1, 1, 1)
-        return torch.zeros_like(x).index_add_(0, items, y.to(x.dtype))
+        y = y.to(x.dtype) * gates.reshape(-1)[order].to(x.dtype).view(-1, 1, 1)  # the gate in x's dtype, as the loop
+        return torch.zeros_like(x).index_add_(0, items, y)
 
     def buffers_forward(self, buffers: Tensor) -> Tensor:
         """(E, M, D) -> (E, M, D): expert e on its M buffer rows, all experts as one batched matmul per layer (the

@@ -135,3 +135,32 @@ def test_checkpoint_round_trip(model_name, images, tmp_path):
     assert rebuilt.config == model.config
     torch.testing.assert_close(rebuilt(images).logits, model(images).logits, rtol=0, atol=0)
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]  # no temporary file left behind
+
+
+ROUTED = ["mobile-vmoe", "hard-moe", "vmoe", "experts-choice", "widenet"]
+
+
+@pytest.mark.parametrize("name", ROUTED)
+def test_a_router_decides_in_fp32_under_bf16_autocast(name):
+    """bf16 training routes every image (token) as the float32 model and its exported router do: the router's
+    projection, softmax and top-k (Hard MoE's distances) leave autocast, so their outputs are bit for bit fp32's."""
+    from mobile_moe.hard_moe import CentroidRouter
+    from mobile_moe.routers import PerImageRouter
+    from mobile_moe.token_moe import ExpertsChoiceRouter, TokenChoiceRouter
+
+    model = tiny_model(name).eval()
+    router = next(m for m in model.modules() if isinstance(m, (PerImageRouter, CentroidRouter, TokenChoiceRouter,
+                                                               ExpertsChoiceRouter)))  # fmt: skip
+    generator = torch.Generator().manual_seed(0)
+    if isinstance(router, CentroidRouter):
+        pca = router.pca_dims
+        shape = router.centroids.shape
+        router.set_clusters(*((torch.zeros(model.config.width), torch.eye(pca, model.config.width)) if pca
+                              else (None, None)), torch.randn(shape, generator=generator))  # fmt: skip
+    tokens = torch.randn(64, 5, model.config.width, generator=generator)
+    fp32 = router(tokens)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16 = router(tokens)
+    for ours, theirs in zip(fp32, bf16, strict=True):
+        if isinstance(ours, torch.Tensor):
+            assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)

@@ -15,7 +15,7 @@ from mobile_moe.registry import make_config
 from mobile_moe.training import recipes
 from mobile_moe.training import train as train_module
 from mobile_moe.training.run_dir import load_run
-from mobile_moe.training.train import decays, optimizer_order, resume_training, train
+from mobile_moe.training.train import decays, optimizer_order, restacked_optimizer_state, resume_training, train
 from mobile_moe.vit import Mlp
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -150,3 +150,26 @@ def test_a_run_of_the_per_expert_layout_resumes_exactly_as_the_stacked_run(tmp_p
     resume_training(tmp_path / "old", verbose=False)
     expected, got = load_run(whole, "last").model.state_dict(), load_run(tmp_path / "old", "last").model.state_dict()
     assert all(torch.equal(value, got[key]) for key, value in expected.items())
+
+
+def test_an_expert_never_stepped_gets_zero_moments_and_its_stack_keeps_the_others():
+    """A per-expert checkpoint whose expert 1 never had an image (no AdamW state): the stack's state is the others'
+    moments with zeros in expert 1's slice, where it used to be dropped for the whole stack."""
+    model = tiny_model("mobile-vmoe")
+    old = per_expert_layout(model.state_dict())
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    old_params = [(k, v) for k, v in old.items() if (per_expert_key(k) or (k, 0))[0] in trainable]
+    moments = {
+        index: {"step": torch.tensor(3.0), "exp_avg": torch.full_like(value, index + 1.0),
+                "exp_avg_sq": torch.full_like(value, 2.0)}  # fmt: skip
+        for index, (name, value) in enumerate((n, dict(old_params)[n]) for n in optimizer_order(old_params))
+        if (per_expert_key(name) or (name, 0))[1] != 1  # expert 1 has no state
+    }
+    groups = [{"weight_decay": 0.05, "params": []}, {"weight_decay": 0.0, "params": []}]
+    state = restacked_optimizer_state({"state": moments, "param_groups": groups}, old, model)["state"]
+    order = optimizer_order([(n, p) for n, p in model.named_parameters() if p.requires_grad])
+    stack = next(name for name in order if name.endswith("fc1_weight"))
+    entry = state[order.index(stack)]
+    assert entry["exp_avg"].shape == dict(model.named_parameters())[stack].shape
+    assert entry["exp_avg"][1].eq(0).all() and entry["exp_avg_sq"][1].eq(0).all()
+    assert entry["exp_avg"][0].ne(0).all() and entry["exp_avg"][2].ne(0).all() and entry["step"] == 3.0

@@ -35,7 +35,7 @@ from mobile_moe.data import augment, inputs
 from mobile_moe.data.datasets import Data, data_record, materialized, open_data
 from mobile_moe.devices import usable_cores
 from mobile_moe.errors import UsageError
-from mobile_moe.moe import STACKED, compile_model, per_expert_key, stacked
+from mobile_moe.moe import STACKED, compile_model, expert_dispatch, per_expert_key, stacked
 from mobile_moe.registry import build_model, config_from_dict
 from mobile_moe.super_class.superclasses import SuperClasses
 from mobile_moe.training import cluster_fit, distributed
@@ -107,13 +107,21 @@ def restacked_optimizer_state(saved: dict[str, Any], saved_model: dict[str, Tens
     state = {}
     for index, name in enumerate(optimizer_order(trainable)):
         parts = [part for _, part in sorted(parts_of.get(name, []), key=lambda pair: pair[0])]
-        if parts and all(parts):  # a parameter not yet stepped has no state
-            state[index] = stacked_moments(name.rpartition(".")[2], parts)
+        if any(parts):  # a parameter not yet stepped has no state
+            state[index] = stacked_moments(name.rpartition(".")[2], with_zero_moments(parts))
     groups, start = [], 0
     for group, params in zip(saved["param_groups"], parameter_groups(model, 0.0), strict=True):
         groups.append({**group, "params": list(range(start, start + len(params["params"])))})
         start += len(params["params"])
     return {"state": state, "param_groups": groups}
+
+
+def with_zero_moments(parts: list[dict[str, Tensor] | None]) -> list[dict[str, Tensor]]:
+    """Each expert's AdamW state, an expert never stepped (no state: it never had an image) given zero moments, which is
+    what AdamW starts it from; the step is the stack's, shared."""
+    template = next(part for part in parts if part)
+    zeros = {key: value if key == "step" else torch.zeros_like(value) for key, value in template.items()}
+    return [part or zeros for part in parts]
 
 
 def stacked_moments(entry: str, parts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
@@ -568,10 +576,13 @@ def _epoch_context(request: TrainRequest, run: RunData, placement: distributed.P
 def _train_epochs(session: Session, progress: RunProgress) -> None:
     request, run = session.request, session.run
     cfg = request.cfg
+    per_image_experts = run.model_config.routing == "image"  # stacked ExpertMLPs: the dispatch the log names
     session.say(
         f"training {run.model_config.name} on {request.data_spec} ({len(run.train_set)} images, "
         f"{run.data.num_classes} classes) on {session.placement.device} x{session.placement.world_size}, "
-        f"{cfg.epochs} epochs, batch {cfg.batch_size}, lr {cfg.lr:.2e} -> {request.out_dir}"
+        f"{cfg.epochs} epochs, batch {cfg.batch_size}, lr {cfg.lr:.2e}, input {cfg.input_pipeline}"
+        + (f", experts: {expert_dispatch(session.placement.device, cfg.amp)}" if per_image_experts else "")
+        + f" -> {request.out_dir}"
     )
     warned_collapse = False
     for epoch in range(progress.start_epoch, cfg.epochs):
