@@ -92,6 +92,18 @@ def _stopped(interrupt: KeyboardInterrupt) -> int:
     return 130
 
 
+def check_working_directory() -> None:
+    """A working directory that was deleted (or that we may no longer read) is one line here: torch would otherwise
+    die loading itself ("Intel oneMKL FATAL ERROR: Cannot load libtorch_cpu.so"), a line that never says why."""
+    try:
+        os.getcwd()
+    except OSError as error:
+        raise UsageError(
+            f"the working directory cannot be used ({error.strerror or error}: deleted, or not readable); cd to an "
+            "existing directory and run the command again"
+        ) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     for stream in (sys.stdout, sys.stderr):  # a path whose bytes are not UTF-8 prints escaped, never a traceback
@@ -100,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = next((arg for arg in argv if not arg.startswith("-")), None)
     try:
         with stop_signals():
+            check_working_directory()
             args = build_parser(chosen).parse_args(argv)
             return args.run(args) or 0
     except UsageError as error:

@@ -330,6 +330,9 @@ def open_data(spec: str, image_size: int, mean=None, std=None, eval_resize=None)
     if not isinstance(image_size, int) or image_size < 1:
         raise UsageError(f"image size {image_size!r}: must be a positive integer")
     name, _, argument = spec.partition(":")
+    if name.startswith("fashion-mnist,"):  # the synopsis's fashion-mnist[:ROOT][,k=v,...] without ROOT
+        name, _, options = name.partition(",")
+        argument = options + (f":{argument}" if argument else "")
     if name == "digits" and not argument:
         data = open_digits(spec, image_size)
     elif name == "digits-pairs":

@@ -44,6 +44,17 @@ def image_from_bytes(data: bytes, name: str, mode: str = "RGB") -> Image.Image:
     return _decoded(io.BytesIO(data), name, mode)
 
 
+def eight_bit(image: Image.Image) -> Image.Image:
+    """A 16-bit grey image (PIL's "I;16" modes, or "I" from a 16-bit PNG) as its 8-bit equivalent, the high byte of
+    each pixel: PIL's own convert clips such values at 255, so a 16-bit PNG would read as nearly white."""
+    if not image.mode.startswith("I"):
+        return image
+    import numpy as np
+
+    pixels = np.clip(np.asarray(image).astype(np.int64), 0, 65535) >> 8
+    return Image.fromarray(pixels.astype(np.uint8), mode="L")
+
+
 def _decoded(source, name: str, mode: str) -> Image.Image:
     try:
         with warnings.catch_warnings():
@@ -52,7 +63,7 @@ def _decoded(source, name: str, mode: str) -> Image.Image:
             with Image.open(source) as image:
                 if image.mode == "P" and "transparency" in image.info:
                     image = image.convert("RGBA")  # PIL's advice for palette transparency, which it warns about
-                return image.convert(mode)
+                return eight_bit(image).convert(mode)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
         raise UnreadableImage(f"{name} is too large to decode safely ({error}); shrink it first") from None
     except UnidentifiedImageError:

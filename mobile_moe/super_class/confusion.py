@@ -7,6 +7,7 @@ model finds similar when the argmax is right, so it carries far more signal per 
 
 from __future__ import annotations
 
+import csv
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,14 +133,16 @@ def load_confusion(path: str | os.PathLike) -> tuple[np.ndarray, list[str] | Non
 
 
 def _read_csv(path: Path) -> tuple[np.ndarray, list[str] | None]:
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    """The csv module's reading (RFC 4180: quoted names may hold commas, quotes and spaces, kept as written); blank
+    lines skipped; a first row that is not all numbers is the header of class names."""
+    with open(path, newline="") as file:
+        lines = [row for row in csv.reader(file) if any(cell.strip() for cell in row)]
     if not lines:
         raise UsageError(f"confusion file {path} is empty")
     names = None
-    first = [cell.strip() for cell in lines[0].split(",")]
-    if not all(_is_number(cell) for cell in first):
-        names, lines = first, lines[1:]
-    rows = [[cell.strip() for cell in line.split(",")] for line in lines]
+    if not all(_is_number(cell) for cell in lines[0]):
+        names, lines = lines[0], lines[1:]
+    rows = [[cell.strip() for cell in line] for line in lines]
     if any(len(row) != len(rows[0]) for row in rows):
         raise UsageError(f"confusion file {path}: rows have different numbers of columns")
     bad = next((cell for row in rows for cell in row if not _is_number(cell)), None)

@@ -132,7 +132,7 @@ def test_width_not_divisible_by_heads():
 
 @pytest.mark.parametrize("argv", [["--help"], ["info", "--model", "vit", "--json"]] + [
     [*command.split(), "--help"] for command in
-    ["train", "import", "evaluate", "superclass derive", "export", "predict", "reproduce", "demo"]
+    ["train", "import", "evaluate", "superclass derive", "export", "predict", "reproduce", "demo", "pack"]
 ])  # fmt: skip
 def test_help_and_info_import_neither_torch_nor_scikit_learn(argv):
     """--help and info answer at once (torch alone takes over a second to import), and succeed. bench's help does not
@@ -145,6 +145,16 @@ def test_help_and_info_import_neither_torch_nor_scikit_learn(argv):
     result = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     assert result.stderr.strip().splitlines()[-1] in ("0 []", "None []"), result.stderr
     assert result.stdout.strip()
+
+
+def test_a_deleted_working_directory_is_one_line(tmp_path):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    code = "import os, sys; os.chdir(sys.argv[1]); os.rmdir(sys.argv[1]); from mobile_moe.app.cli import main; "
+    code += "sys.exit(main(['info', '--model', 'vit']))"
+    result = subprocess.run([sys.executable, "-c", code, str(gone)], capture_output=True, text=True)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "the working directory cannot be used" in result.stderr and "cd to an existing directory" in result.stderr
 
 
 def test_version_is_the_installed_packages(capsys):

@@ -72,3 +72,12 @@ def test_a_file_gone_since_the_check_is_one_line(files):
     folder = decode.FolderFiles([(str(files["baseline"].with_name("gone.jpg")), 0)])
     with pytest.raises(UnreadableImage, match=r"cannot read image .*gone\.jpg: No such file"):
         decode.RawImages(folder)[0]
+
+
+def test_a_16_bit_png_reads_as_its_8_bit_equivalent(tmp_path):
+    """PIL's convert clips 16-bit values at 255 (a 16-bit PNG read as white); the one decoder keeps the high byte."""
+    values = (np.arange(32 * 48).reshape(32, 48) * 40).astype(np.uint16)  # 0 .. 61,400
+    path = tmp_path / "deep.png"
+    Image.fromarray(values).save(path)  # PIL writes (and reads back) mode "I;16"
+    pixels = np.array(read_image(path))
+    assert pixels.shape == (32, 48, 3) and (pixels == (values >> 8)[..., None]).all()

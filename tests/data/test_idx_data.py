@@ -64,6 +64,16 @@ def test_fashion_mnist_has_its_names_a_stratified_val_split_and_the_coarse_group
     assert groups["tops"] == ["T-shirt/top", "Pullover", "Coat", "Shirt"]
 
 
+def test_the_default_root_takes_options_after_a_comma_as_the_synopsis_writes_them(fashion_root, monkeypatch):
+    """fashion-mnist[:ROOT][,train=N,...]: without ROOT, `fashion-mnist,train=50` (and the colon form) both work."""
+    from mobile_moe.data import idx_files
+
+    monkeypatch.setattr(idx_files, "FASHION_MNIST_ROOT", str(fashion_root))
+    comma, colon = open_data("fashion-mnist,train=50,test=20", 16), open_data("fashion-mnist:train=50,test=20", 16)
+    assert len(comma.targets("train")) == 50 and comma.targets("test") == colon.targets("test")
+    assert comma.spec == "fashion-mnist,train=50,test=20"
+
+
 def test_subsets_are_stratified_and_plain_files_read_as_gzipped_ones(tmp_path):
     labels = {split: balanced(range(10), n) for split, n in PER_CLASS.items()}
     gzipped = open_data(f"fashion-mnist:{write_set(tmp_path / 'gz', labels)},train=50,test=20", 16)

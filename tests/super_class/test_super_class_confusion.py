@@ -148,3 +148,18 @@ def test_confusion_graph():
     assert graph[1][2] == pytest.approx(0.5 * 0.5)
     assert graph[0][2] == pytest.approx(0.5 * 0.1)
     assert np.allclose(class_affinity(confusion), class_affinity(confusion).T)
+
+
+def test_csv_class_names_with_commas_quotes_and_spaces_round_trip(tmp_path):
+    """The header is read by the csv module, as the csv module (or a spreadsheet) writes it."""
+    import csv
+
+    names = ["T-shirt, top", 'the "coat"', " leading space", "plain"]
+    matrix = np.eye(4) * 5 + 1
+    path = tmp_path / "confusion.csv"
+    with open(path, "w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(names)
+        writer.writerows(matrix.tolist())
+    loaded, loaded_names = load_confusion(path)
+    assert loaded_names == names and np.array_equal(loaded, matrix)
