@@ -103,8 +103,10 @@ class MobileVMoE(nn.Module):
         every image weighted by the sparse gates (the single-graph export, see ExpertMLPs).
         """
         x, routing = self.router_stage(images, route_to)
+        # One grouping of the images by expert for all MoE blocks: the routing is the same in each.
+        groups = self.moe_blocks[0].mlp.groups(x, routing.experts) if dispatch == "grouped" else None
         for block in self.moe_blocks:
-            x = block(x, routing, dispatch)
+            x = block(x, routing, dispatch, groups)
         return x, routing
 
     def forward_head(self, tokens: Tensor) -> Tensor:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +55,16 @@ def expert_groups(chosen: Tensor, num_experts: int) -> tuple[Tensor, Tensor]:
     order = torch.argsort(chosen, stable=True)  # (N,): items grouped by expert
     experts = torch.arange(num_experts, device=chosen.device)
     return order, (chosen.unsqueeze(-1) == experts).sum(0)
+
+
+class ExpertGroups(NamedTuple):
+    """Routed items grouped by expert: `order` (N,) the (item, choice)s sorted by expert, stably; `sizes` (E,) n_e;
+    `host_sizes` the same sizes read on the host once, for the per-expert loop (None for the grouped GEMM, which
+    needs no host read). A per-image MoE groups once per forward and hands the groups to all its MoE blocks."""
+
+    order: Tensor
+    sizes: Tensor
+    host_sizes: list[int] | None
 
 
 def compile_model(module: nn.Module, **options) -> nn.Module:
@@ -159,39 +170,51 @@ class ExpertMLPs(nn.Module):
             setattr(getattr(mlp, layer), field, nn.Parameter(view.T if view.ndim == 2 else view, requires_grad=False))
         return mlp
 
-    def forward(self, x: Tensor, experts: Tensor, gates: Tensor, dispatch: str = "grouped") -> Tensor:
+    def groups(self, x: Tensor, experts: Tensor) -> ExpertGroups:
+        """The items of x (B, T, D) routed to `experts` (B, k), grouped for the dispatch this x takes: one sort, and
+        for the per-expert loop one host read of the group sizes."""
+        order, sizes = expert_groups(experts.reshape(-1), len(self))
+        return ExpertGroups(order, sizes, None if grouped_gemm_fits(x, self.width, self.hidden) else sizes.tolist())
+
+    def forward(
+        self, x: Tensor, experts: Tensor, gates: Tensor, dispatch: str = "grouped", groups: ExpertGroups | None = None
+    ) -> Tensor:
         """sum over the chosen experts i of g_i * MLP_i(x); x: (B, T, D), experts and gates: (B, k).
 
         dispatch "grouped" (training, evaluation): O(k) MLP runs per item; "dense": every expert on every item, weighted
-        by the sparse gates (dense_mixture), for a single exportable graph that never branches on data.
+        by the sparse gates (dense_mixture), for a single exportable graph that never branches on data. `groups`:
+        self.groups(x, experts) when the caller made them already (once for all the blocks of a per-image MoE).
         """
         if dispatch == "dense":
             return dense_mixture(self, x, experts, gates)
         if dispatch != "grouped":
             raise ValueError(f"dispatch {dispatch!r}: expected 'grouped' or 'dense'")
-        if grouped_gemm_fits(x, self.width, self.hidden):
-            return self.grouped_gemm(x, experts, gates)
-        return self.expert_loop(x, experts, gates)
+        groups = groups or self.groups(x, experts)
+        if groups.host_sizes is None:
+            return self.grouped_gemm(x, experts, gates, groups)
+        return self.expert_loop(x, experts, gates, groups)
 
-    def expert_loop(self, x: Tensor, experts: Tensor, gates: Tensor) -> Tensor:
+    def expert_loop(self, x: Tensor, experts: Tensor, gates: Tensor, groups: ExpertGroups | None = None) -> Tensor:
         """Items grouped by expert (one stable sort), each expert once on its group (gather -> MLP -> scatter-add).
 
-        The group sizes are read on the host once per call; under compile_model they trace as unbacked symbolic sizes.
-        The fastest dispatch on a CPU (one BLAS call per expert and layer); an expert with no items runs on an empty
-        batch, so compiled graphs need no guard on the data.
+        The group sizes are read on the host once per grouping; under compile_model they trace as unbacked symbolic
+        sizes. The fastest dispatch on a CPU (one BLAS call per expert and layer); an expert with no items runs on an
+        empty batch, so compiled graphs need no guard on the data.
         """
         k = experts.shape[1]
-        order, sizes = expert_groups(experts.reshape(-1), len(self))
+        if groups is None or groups.host_sizes is None:
+            order, sizes = expert_groups(experts.reshape(-1), len(self))
+            groups = ExpertGroups(order, sizes, sizes.tolist())
         flat_gates = gates.reshape(-1)  # (B*k,)
         out = torch.zeros_like(x)  # (B, T, D)
-        groups = order.split(sizes.tolist())  # each (n_e,): indices into the (item, choice)s
-        for weights, group in zip(self.per_expert(), groups, strict=True):
+        members = groups.order.split(groups.host_sizes)  # each (n_e,): indices into the (item, choice)s
+        for weights, group in zip(self.per_expert(), members, strict=True):
             items = group // k  # (n_e,)
             y = expert_mlp(x[items], *weights) * flat_gates[group].view(-1, 1, 1).to(x.dtype)  # (n_e, T, D)
             out.index_add_(0, items, y)
         return out
 
-    def grouped_gemm(self, x: Tensor, experts: Tensor, gates: Tensor) -> Tensor:
+    def grouped_gemm(self, x: Tensor, experts: Tensor, gates: Tensor, groups: ExpertGroups | None = None) -> Tensor:
         """The same mixture as expert_loop in a fixed number of kernels and no host read: one sort of the items by
         expert, one gather, two torch._grouped_mm calls over the stacked weights with the group offsets computed on
         the device, one scatter-add. Static shapes, so torch.compile traces it without unbacked sizes.
@@ -204,7 +227,7 @@ class ExpertMLPs(nn.Module):
         B, T, D = x.shape
         k = experts.shape[1]
         dtype = compute_dtype(x)
-        order, sizes = expert_groups(experts.reshape(-1), len(self))
+        order, sizes, _ = groups or ExpertGroups(*expert_groups(experts.reshape(-1), len(self)), None)
         items, chosen = order // k, experts.reshape(-1)[order]  # (B*k,) each: the item and its expert, grouped
         offsets = (sizes.cumsum(0) * T).to(torch.int32)  # (E,): the end row of each expert's tokens
         tokens = x[items].reshape(-1, D).to(dtype)  # (B*k*T, D)
@@ -270,10 +293,13 @@ class MoEBlock(Block):
 
     mlp: ExpertMLPs
 
-    def forward(self, x: Tensor, routing: Routing, dispatch: str = "grouped") -> Tensor:  # type: ignore[override]
-        """x: (B, T, D) -> (B, T, D), with routing.experts / routing.gates of shape (B, k); dispatch: see ExpertMLPs."""
+    def forward(  # type: ignore[override]
+        self, x: Tensor, routing: Routing, dispatch: str = "grouped", groups: ExpertGroups | None = None
+    ) -> Tensor:
+        """x: (B, T, D) -> (B, T, D), with routing.experts / routing.gates of shape (B, k); dispatch and groups: see
+        ExpertMLPs."""
         x = self.attend(x)
-        return x + self.mlp(self.norm2(x), routing.experts, routing.gates, dispatch)
+        return x + self.mlp(self.norm2(x), routing.experts, routing.gates, dispatch, groups)
 
     def with_expert(self, expert: int) -> Block:
         """A dense view of this block whose MLP is expert `expert`: shares every parameter, copies none."""
