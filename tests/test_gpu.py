@@ -8,7 +8,7 @@ from conftest import tiny_model
 from test_compile import compiled_against_eager, loss_of
 
 from mobile_moe.app.cli import main
-from mobile_moe.moe import ExpertMLPs, grouped_gemm_fits
+from mobile_moe.moe import ExpertMLPs, compile_model, grouped_gemm_device, grouped_gemm_fits
 from mobile_moe.training.evaluate import autocast
 from mobile_moe.training.run_dir import load_run
 
@@ -31,8 +31,8 @@ def test_inductor_compiled_cuda_training_is_one_graph_equal_to_eager(name):
 def test_the_grouped_gemm_equals_the_expert_loop_forward_and_backward_in_bf16(top_k):
     """torch._grouped_mm on the stacked experts (the CUDA dispatch) against the per-expert loop, under bf16 autocast:
     outputs and every gradient within bf16's rounding, an expert left without items included."""
-    if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("torch._grouped_mm's kernel needs compute capability 9.0 (Hopper) or later")
+    if not grouped_gemm_device(torch.cuda.current_device()):
+        pytest.skip("the grouped GEMM runs on sm90 only (moe.grouped_gemm_device)")
     torch.manual_seed(0)
     experts = ExpertMLPs(4, 64, 256).to(CUDA)
     x = torch.randn(32, 17, 64, device=CUDA, requires_grad=True)
@@ -53,6 +53,44 @@ def test_the_grouped_gemm_equals_the_expert_loop_forward_and_backward_in_bf16(to
     torch.testing.assert_close(gemm, loop, rtol=bf16, atol=bf16 * loop.abs().max().item())
     for got, want in zip(gemm_grads, loop_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=bf16, atol=bf16 * want.abs().max().item())
+
+
+def test_the_compiled_bf16_training_step_runs_the_grouped_gemm_in_one_graph_and_leaves_an_empty_expert_alone(
+    monkeypatch,
+):
+    """Training as it runs on an H100/H200: inductor-compiled, bf16 autocast, the grouped GEMM (which the compiled
+    graph traced, with no graph break), its loss and gradients within bf16 of eager's; an expert no image chose gets
+    gradients of exactly zero."""
+    from torch._dynamo.utils import counters
+
+    from mobile_moe.training.routing import TrainingForward
+
+    if not grouped_gemm_device(torch.cuda.current_device()):
+        pytest.skip("the grouped GEMM runs on sm90 only (moe.grouped_gemm_device)")
+    traced = []
+    real = ExpertMLPs.grouped_gemm
+    monkeypatch.setattr(ExpertMLPs, "grouped_gemm", lambda *args, **kwargs: traced.append(1) or real(*args, **kwargs))
+    images = torch.randn(16, 3, 32, 32, device=CUDA, generator=torch.Generator(CUDA).manual_seed(0))
+    experts = tiny_model("mobile-vmoe").config.num_experts
+    labels = torch.arange(16, device=CUDA) % (experts - 1)  # the last expert gets no image
+    results = []
+    for compiled in (False, True):
+        model = tiny_model("mobile-vmoe").to(CUDA).train()
+        step = TrainingForward(model, "label")
+        torch._dynamo.reset()
+        counters.clear()
+        with autocast(CUDA):
+            output = (compile_model(step) if compiled else step)(images, labels)
+        loss_of(output).float().backward()
+        results.append((output.logits.float(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+        if compiled:
+            assert traced and not counters["graph_break"], dict(counters["graph_break"])
+    (eager, eager_grads), (compiled, compiled_grads) = results
+    bf16 = 4 * 2.0**-8
+    torch.testing.assert_close(compiled, eager, rtol=bf16, atol=bf16 * eager.abs().max().item())
+    for name, grad in compiled_grads.items():
+        if name.endswith(("fc1_weight", "fc2_weight", "fc1_bias", "fc2_bias")):
+            assert grad[experts - 1].eq(0).all() and eager_grads[name][experts - 1].eq(0).all(), name
 
 
 @pytest.mark.parametrize("name", ["vit", "mobile-vmoe"])
