@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +40,7 @@ class EpochContext:
     assignment: Tensor | None  # (C, E) class -> super-class one-hot, on the device; None without super-classes
     show_progress: bool = True
     log_every: int = 10  # steps between reads of the running sums on the host (and progress updates)
+    estimate: Callable[[float], None] | None = None  # called once, at the first read, with seconds per step
 
 
 @dataclass
@@ -185,8 +187,13 @@ def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int)
                 output, terms = forward_loss(opt.step_module, images, targets, super_targets, cfg)
                 update(opt, terms.total, cfg.grad_clip)
             sums.add(terms, output, targets)
+            if step == 0:
+                first_step_done = time.perf_counter()  # the first step compiles, warms up: not in the estimate
             if (step + 1) % ctx.log_every == 0 or step + 1 == steps:
                 sums.read()
+                if ctx.estimate is not None and step > 0:
+                    ctx.estimate((time.perf_counter() - first_step_done) / step)
+                    ctx.estimate = None
                 img_s = sums.images * world_size / (time.perf_counter() - start)
                 progress.update(steps=step + 1 - progress.done, **sums.progress(img_s))
     finally:

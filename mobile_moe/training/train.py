@@ -468,7 +468,9 @@ def _train(request: TrainRequest) -> Path:
             print(line, flush=True)  # even under --quiet: the run's model is not all the --init-from run's
         progress = _restore_progress(state, request.out_dir, opt, say)
         _prepare_run_dir(request.out_dir, run_config, state, placement, say)
-        session = Session(request, placement, run, opt, _epoch_context(request, run, placement), run_config, say)
+        steps_left = (request.cfg.epochs - progress.start_epoch) * len(run.loader)
+        session = Session(request, placement, run, opt, _epoch_context(request, run, placement, steps_left),
+                          run_config, say)  # fmt: skip
         if state is None and placement.is_main and (warning := request.cfg.short_run_warning()):
             print(warning, file=sys.stderr, flush=True)  # before the first step, once every check has passed
         _train_epochs(session, progress)
@@ -561,7 +563,9 @@ def _prepare_run_dir(out_dir: Path, run_config, state, placement: distributed.Pl
     write_config(out_dir, run_config)
 
 
-def _epoch_context(request: TrainRequest, run: RunData, placement: distributed.Placement) -> EpochContext:
+def _epoch_context(
+    request: TrainRequest, run: RunData, placement: distributed.Placement, steps_left: int
+) -> EpochContext:
     cfg, super_classes, device = request.cfg, run.super_classes, placement.device
     assignment = (
         augment.assignment_matrix(super_classes.assignment, super_classes.num_super_classes, device)
@@ -570,7 +574,19 @@ def _epoch_context(request: TrainRequest, run: RunData, placement: distributed.P
     )
     mixer = augment.batch_mixer(cfg.augmentation, run.data.num_classes)
     batches = inputs.batches(cfg.input_pipeline, cfg.augmentation, run.data, device, mixer)
-    return EpochContext(cfg, placement, batches, assignment, show_progress=request.verbose)
+    context = EpochContext(cfg, placement, batches, assignment, show_progress=request.verbose)
+    if request.verbose and placement.is_main:
+        context.estimate = lambda seconds: print(run_estimate(seconds, steps_left), flush=True)
+    return context
+
+
+def run_estimate(seconds_per_step: float, steps: int) -> str:
+    """What the run will take, said once its first steps are timed: a 300-epoch recipe started by mistake shows."""
+    total = seconds_per_step * steps
+    hours, minutes = divmod(round(total / 60), 60)
+    took = f"{hours} h {minutes} min" if hours else f"{minutes} min" if minutes else f"{total:.0f} s"
+    pace = f"{seconds_per_step:.3f} s a step"
+    return f"about {took} of training for the run's {steps} steps left ({pace}), evaluation aside"
 
 
 def _train_epochs(session: Session, progress: RunProgress) -> None:
