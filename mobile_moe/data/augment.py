@@ -24,8 +24,8 @@ INPUT_PIPELINES = ("auto", "workers", "device")
 @dataclass(frozen=True)
 class Augmentation:
     """What a training image goes through (a recipe's augmentation fields: TrainConfig.augmentation), the same for the
-    per-image pipeline here and the batched one on the training device (batch_augment.py). Its defaults are the
-    recipes. (mobile_moe/training/recipes.py)."""
+    per-image pipeline here and the batched one on the training device (batch_augment.py). No defaults: the recipes
+    (mobile_moe/training/recipes.py) own the values."""
 
     crop_scale: float  # RandomResizedCrop scale range (crop_scale, 1); 1 disables the crop
     hflip: bool

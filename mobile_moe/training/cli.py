@@ -265,9 +265,6 @@ def run(args: argparse.Namespace) -> None:
         raise UsageError("train needs --model and --data (or --resume to continue an existing --out)")
     # A new run (with --resume too: it has no checkpoint yet, so it starts afresh from the given flags).
     cfg = with_lr(recipe_from_args(args), args.lr)
-    if args.recipe is None and verbose:
-        note = f"the {DEFAULT_RECIPE} recipe (ImageNet's: {recipe(DEFAULT_RECIPE).epochs} epochs unless --epochs)"
-        print(f"train: no --recipe: {note}; --recipe tiny trains in minutes on a CPU", file=sys.stderr, flush=True)
     model_config = config_from_args(args, **init_defaults(args))
     if args.image_size is None and args.init_from is None:
         note_upsampling(args.data, model_config.image_size)
