@@ -27,7 +27,8 @@ MAX_SEED = 2**32 - 1  # scikit-learn's random_state range (spectral, balanced)
 
 def configure(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    derive = actions.add_parser("derive", help="cluster a confusion graph into E super-classes", description=__doc__)
+    derive = actions.add_parser("derive", help="cluster a confusion graph into E super-classes", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # the examples, a line each
     source = derive.add_mutually_exclusive_group(required=True)
     source.add_argument(
         "--run", dest="run_dir", metavar="RUN_DIR", help="a trained (dense) run; its best checkpoint is evaluated"
