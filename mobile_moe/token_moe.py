@@ -109,6 +109,10 @@ class TokenChoiceRouter(nn.Module):
       "switch" (Switch / WideNet Eq. 3-5): E * sum_e m_e P_e with m_e the share of tokens having e among their top k
         (before the capacity cut; the m_e sum to k) and P_e the mean noisy gate of e; k when both are uniform.
     The loss is returned already multiplied by aux_loss_weight.
+
+    The training noise is torch.randn_like on the logits' device: one seed draws other noise on a CPU than on CUDA,
+    and inductor's compiled graph (its own Philox stream) other noise than eager, so a run with noise_std > 0 repeats
+    exactly only on the same device and mode. Its logits are computed in float32 under autocast (decided_in_fp32).
     """
 
     def __init__(
