@@ -66,7 +66,8 @@ class StepKey:
     step: int
 
     def generator(self) -> np.random.Generator:
-        return np.random.default_rng(np.random.SeedSequence([self.seed, self.epoch, self.rank, self.step]))
+        # SeedSequence takes non-negative integers; a negative --seed (torch.manual_seed takes it) wraps
+        return np.random.default_rng(np.random.SeedSequence([self.seed % 2**64, self.epoch, self.rank, self.step]))
 
 
 @dataclass
@@ -173,29 +174,38 @@ def _affine(count: int) -> np.ndarray:
 
 
 def randaugment_geometry(ops: np.ndarray, magnitudes: np.ndarray, image_size: int) -> np.ndarray:
-    """(B, 3, 3): output pixel -> pixel of the cropped S x S frame, RandAugment's geometric ops composed in the order
-    drawn, each torchvision's inverse map (v2.functional.affine with center [0, 0] for the shears, rotate about the
-    centre: transforms.functional._get_inverse_affine_matrix), written about the frame's centre c = S/2 - 1/2."""
-    count, centre = len(ops), image_size / 2 - 0.5
+    """(B, max(n, 1), 3, 3): output pixel -> pixel of the S x S frame each RandAugment op read from. Entry 0 maps to
+    the cropped frame (all n ops composed, in the order drawn); entry j > 0 to the frame op j+1 read (ops j+1..n
+    composed), so a pixel that an earlier op filled black stays black when a later op moves it back (torchvision fills
+    it at that op). Each op is torchvision's inverse map (v2.functional.affine with center [0, 0] for the shears,
+    rotate about the centre: transforms.functional._get_inverse_affine_matrix), written about the frame's centre."""
+    count, slots, centre = len(ops), ops.shape[1], image_size / 2 - 0.5
     to_centre, from_centre = _affine(1)[0], _affine(1)[0]
     to_centre[:2, 2], from_centre[:2, 2] = -centre, centre
-    composed = _affine(count)
-    for slot in range(ops.shape[1]):
-        name = np.array(OP_NAMES)[ops[:, slot]]
-        m = magnitudes[:, slot]
-        step = _affine(count)  # in coordinates about the centre
-        step[:, 0, 1] = np.where(name == "ShearX", m, 0.0)
-        step[:, 0, 2] = np.where(name == "ShearX", m * image_size / 2, 0.0)
-        step[:, 1, 0] = np.where(name == "ShearY", m, 0.0)
-        step[:, 1, 2] = np.where(name == "ShearY", m * image_size / 2, 0.0)
-        step[:, 0, 2] -= np.where(name == "TranslateX", np.trunc(m), 0.0)  # torchvision translates by int(m) pixels
-        step[:, 1, 2] -= np.where(name == "TranslateY", np.trunc(m), 0.0)
-        angle = np.radians(np.where(name == "Rotate", -m, 0.0))
-        rotating = name == "Rotate"
-        step[rotating, 0, 0], step[rotating, 0, 1] = np.cos(angle[rotating]), np.sin(angle[rotating])
-        step[rotating, 1, 0], step[rotating, 1, 1] = -np.sin(angle[rotating]), np.cos(angle[rotating])
-        composed = composed @ (from_centre @ step @ to_centre)  # the first op drawn maps last: its input is the crop
-    return composed
+    steps = [from_centre @ _op_inverse(ops[:, slot], magnitudes[:, slot], image_size) @ to_centre
+             for slot in range(slots)]  # fmt: skip
+    partial, frames = _affine(count), []
+    for step in reversed(steps):  # op n maps first: its input is what op n-1 wrote
+        partial = step @ partial
+        frames.insert(0, partial)
+    return np.stack(frames or [partial], 1)
+
+
+def _op_inverse(ops: np.ndarray, magnitudes: np.ndarray, image_size: int) -> np.ndarray:
+    """(B, 3, 3): one slot's ops as inverse maps about the frame's centre (identity for colour ops)."""
+    name, m = np.array(OP_NAMES)[ops], magnitudes
+    step = _affine(len(ops))
+    step[:, 0, 1] = np.where(name == "ShearX", m, 0.0)
+    step[:, 0, 2] = np.where(name == "ShearX", m * image_size / 2, 0.0)
+    step[:, 1, 0] = np.where(name == "ShearY", m, 0.0)
+    step[:, 1, 2] = np.where(name == "ShearY", m * image_size / 2, 0.0)
+    step[:, 0, 2] -= np.where(name == "TranslateX", np.trunc(m), 0.0)  # torchvision translates by int(m) pixels
+    step[:, 1, 2] -= np.where(name == "TranslateY", np.trunc(m), 0.0)
+    rotating = name == "Rotate"
+    angle = np.radians(-m[rotating])  # v2's rotate_image passes -angle to the inverse matrix
+    step[rotating, 0, 0], step[rotating, 0, 1] = np.cos(angle), np.sin(angle)
+    step[rotating, 1, 0], step[rotating, 1, 1] = -np.sin(angle), np.cos(angle)
+    return step
 
 
 def crop_and_flip(crop: np.ndarray, flip: np.ndarray, image_size: int) -> np.ndarray:
@@ -218,29 +228,33 @@ def supersampling(crop: np.ndarray, image_size: int) -> int:
     return int(min(max(math.ceil(largest - 0.25), 1), MAX_SUPERSAMPLING))
 
 
-def resample(
-    canvas: Tensor, sizes: Tensor, to_source: Tensor, to_frame: Tensor, image_size: int, factor: int
-) -> Tensor:
+RESAMPLE_CHUNK = 64  # images converted to float and sampled at a time: bounds the float copy of a large canvas
+
+
+def resample(canvas: Tensor, sizes: Tensor, to_source: Tensor, frames: Tensor, image_size: int, factor: int) -> Tensor:
     """canvas uint8 (B, 3, H, W), image b in its top-left sizes[b] = (h, w) -> float (B, 3, S, S) in [0, 1]: each
-    output pixel the mean of factor^2 bilinear samples at to_source(p); 0 (black) where to_frame(p) leaves the S x S
-    frame (RandAugment's fill)."""
+    output pixel the mean of factor^2 bilinear samples at to_source(p); 0 (black) where any of `frames` (B, m, 3, 3)
+    takes p out of its S x S frame (RandAugment's fill)."""
     batch, _, height, width = canvas.shape
     side = image_size * factor
     offsets = (torch.arange(side, device=canvas.device, dtype=torch.float32) + 0.5) / factor - 0.5  # (S f,)
     y, x = torch.meshgrid(offsets, offsets, indexing="ij")
     points = torch.stack([x, y, torch.ones_like(x)], -1)  # (S f, S f, 3)
     source = torch.einsum("bij,hwj->bhwi", to_source[:, :2], points)  # (B, S f, S f, 2) source x, y
-    frame = torch.einsum("bij,hwj->bhwi", to_frame[:, :2], points)
-    inside = ((frame >= -0.5) & (frame <= image_size - 0.5)).all(-1)  # (B, S f, S f)
+    framed = torch.einsum("bmij,hwj->bmhwi", frames[:, :, :2], points)  # (B, m, S f, S f, 2)
+    inside = ((framed >= -0.5) & (framed <= image_size - 0.5)).all(-1).all(1)  # (B, S f, S f)
     limits = (sizes.flip(-1) - 1).to(torch.float32)[:, None, None, :]  # (B, 1, 1, 2) largest x, y of each image
     source = torch.minimum(source.clamp(min=0), limits)  # half a pixel past an edge samples the edge
-    scale = torch.tensor([max(width - 1, 1), max(height - 1, 1)], device=canvas.device, dtype=torch.float32)
-    grid = source / scale * 2 - 1  # align_corners=True: -1 and 1 are the canvas's first and last pixel centres
-    sampled = torch.nn.functional.grid_sample(canvas.float(), grid, mode="bilinear", align_corners=True)
-    sampled = sampled * inside[:, None]  # (B, 3, S f, S f)
-    if factor > 1:
-        sampled = torch.nn.functional.avg_pool2d(sampled, factor)  # (B, 3, S, S)
-    return sampled.div_(255).clamp_(0, 1)
+    # align_corners=True: -1 and 1 are the canvas's first and last pixel centres
+    grid = torch.stack([source[..., 0] * (2 / max(width - 1, 1)), source[..., 1] * (2 / max(height - 1, 1))], -1) - 1
+    out = canvas.new_empty((batch, 3, image_size, image_size), dtype=torch.float32)
+    for start in range(0, batch, RESAMPLE_CHUNK):
+        chunk = slice(start, start + RESAMPLE_CHUNK)
+        sampled = torch.nn.functional.grid_sample(canvas[chunk].float(), grid[chunk], mode="bilinear",
+                                                  align_corners=True)  # fmt: skip
+        sampled = sampled * inside[chunk, None]  # (b, 3, S f, S f)
+        out[chunk] = torch.nn.functional.avg_pool2d(sampled, factor) if factor > 1 else sampled
+    return out.div_(255).clamp_(0, 1)
 
 
 # --- colour, normalisation, erasing, mixing ---------------------------------------------------------------------
@@ -315,11 +329,11 @@ class BatchAugment:
         """canvas uint8 (B, 3, H, W) on the device, image b in its top-left sizes[b] = (h, w) -> (augmented normalised
         images (B, 3, S, S), targets (B, C)). The draws reach the device in one copy; nothing is read back."""
         size = self.image_size
-        to_frame = randaugment_geometry(draws.ops, draws.magnitudes, size)
-        to_source = crop_and_flip(draws.crop, draws.flip, size) @ to_frame
+        frames = randaugment_geometry(draws.ops, draws.magnitudes, size)  # (B, m, 3, 3)
+        to_source = crop_and_flip(draws.crop, draws.flip, size) @ frames[:, 0]
         groups = colour_groups(draws.ops, draws.magnitudes)
-        matrices, boxes, indices = self._to_device(to_source, to_frame, draws.erase, groups)
-        images = resample(canvas, sizes.to(self.device, non_blocking=True), matrices[0], matrices[1], size,
+        to_source, frames, boxes, indices = self._to_device(to_source, frames, draws.erase, groups)
+        images = resample(canvas, sizes.to(self.device, non_blocking=True), to_source, frames, size,
                           supersampling(draws.crop, size))  # fmt: skip
         for (name, magnitude, _), chosen in zip(groups, indices, strict=True):
             images.index_copy_(0, chosen, colour_kernel(name, magnitude)(images.index_select(0, chosen)))
@@ -327,15 +341,16 @@ class BatchAugment:
         targets = torch.nn.functional.one_hot(labels.to(self.device, non_blocking=True), self.num_classes).float()
         return mix(images, targets, draws.mix)
 
-    def _to_device(self, to_source, to_frame, boxes, groups) -> tuple[Tensor, Tensor, list[Tensor]]:
+    def _to_device(self, to_source, frames, boxes, groups) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
         """The step's maps, erasing boxes and group indices, each in one pinned host buffer copied without a sync."""
-        floats = torch.from_numpy(np.concatenate([to_source.ravel(), to_frame.ravel(), boxes.ravel()])).float()
+        floats = torch.from_numpy(np.concatenate([to_source.ravel(), frames.ravel(), boxes.ravel()])).float()
         counts = [len(chosen) for _, _, chosen in groups]
         ints = torch.from_numpy(np.concatenate([chosen for _, _, chosen in groups] or [np.zeros(0, np.int64)]))
         if self.device.type == "cuda":
             floats, ints = floats.pin_memory(), ints.pin_memory()
         floats = floats.to(self.device, non_blocking=True)
         ints = ints.to(self.device, dtype=torch.long, non_blocking=True)
-        count = len(to_source)
-        matrices = floats[: 18 * count].view(2, count, 3, 3)
-        return matrices, floats[18 * count :].view(count, 4), list(ints.split(counts))
+        count, maps = len(to_source), frames.shape[1]
+        to_source, rest = floats[: 9 * count].view(count, 3, 3), floats[9 * count :]
+        frames, boxes = rest[: 9 * count * maps].view(count, maps, 3, 3), rest[9 * count * maps :].view(count, 4)
+        return to_source, frames, boxes, list(ints.split(counts))

@@ -310,8 +310,7 @@ def open_packed(spec: str, root: str, image_size: int) -> Data:
 
     record, splits = store.open_store(root, spec)
     known = record.super_classes
-    coarse = None if known is None else from_labels(known["assignment"], record.class_names, known["names"],
-                                                    f"{spec}:coarse")  # fmt: skip
+    coarse = None if known is None else from_labels(known.assignment, record.class_names, known.names, f"{spec}:coarse")
     eval_resize = preprocess.check_resize(_at_size(record.eval_resize, image_size), image_size, f"{spec} eval_resize")
     mean, std = tuple(record.mean), tuple(record.std)
     return Data(spec, image_size, record.class_names, mean, std, splits, eval_resize, coarse)

@@ -12,6 +12,7 @@ image ships; decode_jpeg is called with that warning silenced here, in one place
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 
@@ -33,10 +34,12 @@ class JpegFrame:
     height: int
     width: int
     components: int
+    precision: int  # bits per sample: nvJPEG takes 8
 
     @property
     def gpu_decodable(self) -> bool:
-        return self.marker in GPU_FRAMES and self.components == 3 and self.height > 0 and self.width > 0
+        return (self.marker in GPU_FRAMES and self.precision == 8 and self.components == 3 and self.height > 0
+                and self.width > 0)  # fmt: skip
 
 
 def jpeg_frame(data: bytes) -> JpegFrame | None:
@@ -59,7 +62,8 @@ def jpeg_frame(data: bytes) -> JpegFrame | None:
             header = data[position + 4 : position + 10]
             if len(header) < 6:
                 return None
-            return JpegFrame(marker, int.from_bytes(header[1:3], "big"), int.from_bytes(header[3:5], "big"), header[5])
+            height, width = int.from_bytes(header[1:3], "big"), int.from_bytes(header[3:5], "big")
+            return JpegFrame(marker, height, width, header[5], header[0])
         if marker == 0xDA or length < 2:  # the scan began without a frame header, or a broken length
             return None
         position += 2 + length
@@ -110,67 +114,109 @@ def encoded_split(raw: Dataset):
     return FolderFiles([samples[int(i)] for i in indices] if indices is not None else list(samples))
 
 
-class RawImages(Dataset):
-    """An encoded split read for the GPU: items (tensor, label, encoded): a GPU-decodable JPEG's bytes, or any other
-    image decoded here by the one decoder."""
+def source_side_limit(crop_scale: float, image_size: int) -> int:
+    """The longest side a training image needs before its crop: the smallest crop RandomResizedCrop draws (a
+    crop_scale share of the area) still spans S pixels of it, and never under 2 S. A larger image is shrunk in the
+    worker, so one huge photo does not size a batch's canvas (and its float copy) for every image."""
+    return max(2 * image_size, math.ceil(image_size / math.sqrt(min(crop_scale, 1.0))))
 
-    def __init__(self, source):
-        self.source, self.targets = source, source.targets
+
+def fitted(image, max_side: int):
+    """A PIL image shrunk (aspect kept, never enlarged; PIL's thumbnail, as the store's) to `max_side`."""
+    if max(image.size) > max_side:
+        from PIL import Image
+
+        image = image.copy()
+        image.thumbnail((max_side, max_side), Image.Resampling.BICUBIC)
+    return image
+
+
+class Fitted:
+    """Data.split's transform for the device pipeline where workers decode: a raw image (PIL; an in-memory uint8
+    tensor passes as it is) -> uint8 tensor (3, h, w), its longer side at most `max_side`."""
+
+    def __init__(self, max_side: int):
+        self.max_side = max_side
+
+    def __call__(self, image) -> Tensor:
+        return image if isinstance(image, Tensor) else uint8_image(fitted(image, self.max_side))
+
+
+class RawImages(Dataset):
+    """An encoded split read for the GPU: items (tensor, label, name): a GPU-decodable JPEG's bytes with its name for
+    messages, or any other image (and one larger than `max_side`) decoded and fitted here by the one decoder, name
+    None."""
+
+    def __init__(self, source, max_side: int):
+        self.source, self.targets, self.max_side = source, source.targets, max_side
 
     def __len__(self) -> int:
         return len(self.source)
 
     def __getitem__(self, position: int):
-        data, label = self.source.encoded(position), self.targets[position]
+        data, label, name = self.source.encoded(position), self.targets[position], self.source.name(position)
         frame = jpeg_frame(data)
-        if frame is not None and frame.gpu_decodable:
-            return torch.frombuffer(bytearray(data), dtype=torch.uint8), label, True
-        return uint8_image(image_from_bytes(data, self.source.name(position))), label, False
+        if frame is not None and frame.gpu_decodable and max(frame.height, frame.width) <= self.max_side:
+            return torch.frombuffer(bytearray(data), dtype=torch.uint8), label, name
+        return uint8_image(fitted(image_from_bytes(data, name), self.max_side)), label, None
 
 
 @dataclass
 class RawBatch:
-    """A batch of raw images: decoded ones padded into `canvas` at its top-left, encoded ones (their slots left zero)
-    kept as bytes; `sizes` (B, 2) every image's (height, width), read from the JPEG header for encoded ones."""
+    """A batch of raw images: decoded ones padded into `canvas` at its top-left; encoded ones (their slots left zero)
+    as one buffer `blob` of their bytes, one after another (one tensor: a worker shares one file with the main
+    process, not one per image), with `encoded` rows (index in the batch, start, end, name); `sizes` (B, 2) every
+    image's (height, width), read from the JPEG header for encoded ones."""
 
     canvas: Tensor  # (B, 3, H, W) uint8
     sizes: Tensor  # (B, 2) int64
     labels: Tensor  # (B,) int64
-    encoded: list[tuple[int, Tensor]]  # (index in the batch, JPEG bytes)
+    blob: Tensor  # (total bytes,) uint8
+    encoded: list[tuple[int, int, int, str]]
 
     def pin_memory(self) -> RawBatch:  # DataLoader(pin_memory=True) calls this on a custom batch type
-        return RawBatch(self.canvas.pin_memory(), self.sizes, self.labels.pin_memory(), self.encoded)
+        return RawBatch(self.canvas.pin_memory(), self.sizes, self.labels.pin_memory(), self.blob, self.encoded)
 
 
 def collate(items: list[tuple]) -> RawBatch:
-    """Items (uint8 image or JPEG bytes, label[, encoded]) -> RawBatch, in the worker."""
-    sizes, encoded = [], []
-    for index, (image, _, *flag) in enumerate(items):
-        if flag and flag[0]:
+    """Items (uint8 image, label) or (uint8 image or JPEG bytes, label, name if bytes) -> RawBatch, in the worker."""
+    sizes, encoded, chunks, offset = [], [], [], 0
+    for index, (image, _, *name) in enumerate(items):
+        if name and name[0] is not None:
             frame = jpeg_frame(image.numpy().tobytes())
             sizes.append((frame.height, frame.width))
-            encoded.append((index, image))
+            encoded.append((index, offset, offset + len(image), name[0]))
+            chunks.append(image)
+            offset += len(image)
         else:
             sizes.append(tuple(image.shape[-2:]))
     height, width = max(h for h, _ in sizes), max(w for _, w in sizes)
     canvas = torch.zeros((len(items), 3, height, width), dtype=torch.uint8)
-    coded = {index for index, _ in encoded}
+    coded = {row[0] for row in encoded}
     for index, (image, *_) in enumerate(items):
         if index not in coded:
             canvas[index, :, : image.shape[-2], : image.shape[-1]] = image
     labels = torch.tensor([int(item[1]) for item in items])
-    return RawBatch(canvas, torch.tensor(sizes, dtype=torch.int64), labels, encoded)
+    blob = torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.uint8)
+    return RawBatch(canvas, torch.tensor(sizes, dtype=torch.int64), labels, blob, encoded)
 
 
 def on_device(batch: RawBatch, device: torch.device) -> tuple[Tensor, Tensor]:
-    """(canvas on `device` with every encoded image decoded into its slot, sizes on `device`)."""
+    """(canvas on `device` with every encoded image decoded into its slot, sizes on `device`). nvJPEG refuses a whole
+    batch for one bad file, without naming it: the batch is then decoded image by image on the host, where a damaged
+    file is one line naming it."""
     canvas = batch.canvas.to(device, non_blocking=True)
     if batch.encoded:
         from torchvision.io import decode_jpeg
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # see the module docstring
-            decoded = decode_jpeg([data for _, data in batch.encoded], device=device)
-        for (index, _), image in zip(batch.encoded, decoded, strict=True):
+        pieces = [batch.blob[start:end] for _, start, end, _ in batch.encoded]
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)  # see the module docstring
+                decoded = decode_jpeg(pieces, device=device)
+        except RuntimeError:
+            decoded = [uint8_image(image_from_bytes(piece.numpy().tobytes(), name)).to(device)
+                       for piece, (*_, name) in zip(pieces, batch.encoded, strict=True)]  # fmt: skip
+        for (index, *_), image in zip(batch.encoded, decoded, strict=True):
             canvas[index, :, : image.shape[-2], : image.shape[-1]] = image
     return canvas, batch.sizes.to(device, non_blocking=True)

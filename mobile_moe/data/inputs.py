@@ -36,8 +36,9 @@ def training_split(data: Data, aug: Augmentation, pipeline: str, device: torch.d
     """The training split as the pipeline's loader reads it: augmented float images (workers; computed once when
     nothing is drawn at random), or raw images for the device (uint8, or a GPU-decodable JPEG's bytes on CUDA)."""
     if pipeline == "device":
+        limit = decode.source_side_limit(aug.crop_scale, data.image_size)
         source = decode.encoded_split(data.raw_split("train")) if device.type == "cuda" else None
-        return decode.RawImages(source) if source is not None else data.split("train", decode.uint8_image)
+        return decode.RawImages(source, limit) if source is not None else data.split("train", decode.Fitted(limit))
     split = data.split("train", augment.train_transform(aug, data))
     return split if augment.draws_at_random(aug) else materialized(split)
 

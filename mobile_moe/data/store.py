@@ -23,7 +23,7 @@ import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -47,6 +47,16 @@ class SplitRecord(BaseModel):
     bytes: int = Field(ge=0)
 
 
+class SuperClassRecord(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    names: list[str] = Field(min_length=1)
+    assignment: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
+
+
+Unit = Annotated[float, Field(allow_inf_nan=False)]
+Spread = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
 class StoreRecord(BaseModel):
     """store.json (the module docstring); strict: a store we did not write is refused, not guessed at."""
 
@@ -57,10 +67,10 @@ class StoreRecord(BaseModel):
     max_side: int = Field(ge=1)
     quality: int = Field(ge=1, le=100)
     class_names: list[str] = Field(min_length=1)
-    mean: list[float] = Field(min_length=3, max_length=3)
-    std: list[float] = Field(min_length=3, max_length=3)
-    eval_resize: dict[str, Any]
-    super_classes: dict[str, Any] | None
+    mean: list[Unit] = Field(min_length=3, max_length=3)
+    std: list[Spread] = Field(min_length=3, max_length=3)
+    eval_resize: dict[str, Any]  # checked by preprocess.check_resize where the store is opened as data
+    super_classes: SuperClassRecord | None
     splits: dict[str, SplitRecord]
 
 
@@ -98,7 +108,7 @@ def pack(data, out: str | os.PathLike, *, max_side: int = DEFAULT_MAX_SIDE, qual
     return out
 
 
-def _super_record(data) -> dict[str, Any] | None:
+def _super_record(data) -> dict[str, list] | None:
     known = data.super_classes
     return None if known is None else {"names": list(known.names), "assignment": list(known.assignment)}
 
@@ -108,16 +118,19 @@ def _write_split(raw: Dataset, folder: Path, name: str, max_side: int, quality: 
 
     index = np.zeros((len(raw), 3), dtype=np.int64)
     offset = 0
+    def read_and_encode(position: int) -> tuple[bytes, int]:  # on every core: PIL frees the GIL to decode and encode
+        image, label = raw[position]
+        return encoded(image, max_side, quality), int(label)
+
     with open(folder / f"{name}.bin", "wb") as file, ThreadPoolExecutor(usable_cores()) as pool:
         bar = tqdm(total=len(raw), desc=f"packing {name}", disable=not progress)
         for start in range(0, len(raw), CHUNK):
-            items = [raw[i] for i in range(start, min(start + CHUNK, len(raw)))]  # decoded here: PIL frees the GIL
-            blobs = pool.map(lambda item: encoded(item[0], max_side, quality), items)
-            for position, (blob, (_, label)) in enumerate(zip(blobs, items, strict=True), start):
+            positions = range(start, min(start + CHUNK, len(raw)))
+            for position, (blob, label) in zip(positions, pool.map(read_and_encode, positions), strict=True):
                 file.write(blob)
-                index[position] = (offset, len(blob), int(label))
+                index[position] = (offset, len(blob), label)
                 offset += len(blob)
-            bar.update(len(items))
+            bar.update(len(positions))
         bar.close()
     np.save(folder / f"{name}.index.npy", index, allow_pickle=False)
     return {"count": len(raw), "bytes": offset}
@@ -169,6 +182,10 @@ def open_store(root: str | os.PathLike, spec: str) -> tuple[StoreRecord, dict[st
         raise UsageError(f"{spec}: {root / META} is not a store's ({where}: {first['msg']}); {again}") from None
     if (record.format, record.version) != (FORMAT, VERSION) or not set(record.splits) <= set(SPLITS):
         raise UsageError(f"{spec}: {root / META} is not a {FORMAT} version {VERSION} record; {again}")
+    known = record.super_classes
+    classes = len(record.class_names)
+    if known is not None and (len(known.assignment) != classes or max(known.assignment) >= len(known.names)):
+        raise UsageError(f"{spec}: {root / META}'s super_classes do not fit its classes; {again}")
     splits = {name: _open_split(root, name, split, len(record.class_names), spec, again)
               for name, split in record.splits.items()}  # fmt: skip
     return record, splits
@@ -181,13 +198,13 @@ def _open_split(root: Path, name: str, split: SplitRecord, classes: int, spec: s
         size = bin_path.stat().st_size
     except (OSError, ValueError, EOFError) as error:
         raise UsageError(f"{spec}: cannot read the {name} split ({type(error).__name__}: {error}); {again}") from None
-    ends = index[:, 0] + index[:, 1] if index.ndim == 2 and index.shape[1:] == (3,) else None
+    shaped = isinstance(index, np.ndarray) and index.dtype == np.int64 and index.ndim == 2 and index.shape[1] == 3
     consistent = (
-        ends is not None
-        and index.dtype == np.int64
+        shaped
         and len(index) == split.count
         and size == split.bytes
-        and bool((index[:, :2] >= 0).all() and (ends <= size).all())
+        and bool((index[:, :2] >= 0).all())
+        and bool((index[:, 1] <= size - index[:, 0]).all())  # offset + length inside the file, without overflow
         and bool(((index[:, 2] >= 0) & (index[:, 2] < classes)).all())
     )
     if not consistent:

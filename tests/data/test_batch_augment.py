@@ -135,6 +135,29 @@ def torchvision_geometry(image, crop, flip, name, magnitude, size):
     return out / 255
 
 
+def ours_in_one_resample(image, crop, flip, ops: list[tuple[str, float]], size: int) -> torch.Tensor:
+    names, magnitudes = np.array([[ba.OP_NAMES.index(name) for name, _ in ops]]), np.array([[m for _, m in ops]])
+    frames = ba.randaugment_geometry(names, magnitudes, size)
+    to_source = ba.crop_and_flip(np.array([crop], dtype=float), np.array([flip]), size) @ frames[:, 0]
+    height, width = image.shape[-2:]
+    matrices = [torch.tensor(m, dtype=torch.float32) for m in (to_source, frames)]
+    return ba.resample(image, torch.tensor([[height, width]]), *matrices, size, 1)
+
+
+@pytest.mark.parametrize(("first", "second"), [(("TranslateX", 10.0), ("TranslateX", -10.0)),
+                                               (("Rotate", 30.0), ("Rotate", -30.0))])  # fmt: skip
+def test_fill_from_an_earlier_op_stays_black_when_a_later_op_moves_it_back(first, second):
+    """torchvision fills at each op: what the first op left black, the second moves into view black."""
+    size = 32
+    image = smooth_image(32, 32).clamp(min=1)  # no black of its own
+    mine = ours_in_one_resample(image, (0, 0, 32, 32), False, [first, second], size)
+    theirs = image.float()
+    for name, magnitude in (first, second):
+        theirs = torchvision_geometry(theirs, (0, 0, 32, 32), False, name, magnitude, size) * 255
+    black_theirs, black_mine = theirs.eq(0).all(1), mine.eq(0).all(1)
+    assert black_theirs.sum() > 0 and (black_mine == black_theirs).float().mean() > 0.97
+
+
 @pytest.mark.parametrize("flip", [False, True])
 @pytest.mark.parametrize(("name", "magnitude"), GEOMETRIC)
 def test_one_resample_equals_torchvisions_operations_in_turn(name, magnitude, flip):
@@ -142,10 +165,7 @@ def test_one_resample_equals_torchvisions_operations_in_turn(name, magnitude, fl
     blends the edge with black, a seam left out here), but for its second interpolation of a shear or rotation."""
     size, crop = 64, (10, 20, 70, 80)
     image = smooth_image()
-    to_frame = ba.randaugment_geometry(np.array([[ba.OP_NAMES.index(name)]]), np.array([[magnitude]]), size)
-    to_source = ba.crop_and_flip(np.array([crop], dtype=float), np.array([flip]), size) @ to_frame
-    matrices = [torch.tensor(m, dtype=torch.float32) for m in (to_source, to_frame)]
-    mine = ba.resample(image, torch.tensor([[90, 120]]), *matrices, size, 1)
+    mine = ours_in_one_resample(image, crop, flip, [(name, magnitude)], size)
     difference = (mine - torchvision_geometry(image, crop, flip, name, magnitude, size)).abs()
     frame = torchvision_geometry(torch.full_like(image, 255), crop, flip, name, magnitude, size)  # 1 in, 0 filled
     inside = frame == 1

@@ -47,9 +47,10 @@ def test_every_kind_reaches_the_canvas_with_pils_pixels(files, kind):
     """Baseline JPEGs travel as bytes and are decoded by the GPU's decoder (on the CPU here); the rest in the worker
     by PIL. Both give PIL's pixels: libjpeg-turbo's IDCT and upsampling in either, at most a level or two apart."""
     folder = decode.FolderFiles([(str(path), label) for label, path in enumerate(files.values())])
-    raw = decode.RawImages(folder)
+    raw = decode.RawImages(folder, max_side=64)
     position = list(files).index(kind)
-    image, label, encoded = raw[position]
+    image, label, name = raw[position]
+    encoded = name is not None
     assert encoded == FILE_KINDS[kind] and label == position
     batch = decode.collate([raw[position], raw[0]])
     canvas, sizes = decode.on_device(batch, torch.device("cpu"))
@@ -65,13 +66,41 @@ def test_a_batch_of_sizes_is_padded_at_the_top_left():
     assert batch.canvas.shape == (2, 3, 9, 6) and batch.sizes.tolist() == [[4, 6], [9, 5]]
     assert (batch.canvas[0, :, :4, :6] == 7).all() and batch.canvas[0, :, 4:].eq(0).all()
     assert (batch.canvas[1, :, :, :5] == 9).all() and batch.canvas[1, :, :, 5:].eq(0).all()
-    assert batch.labels.tolist() == [0, 1] and batch.encoded == []
+    assert batch.labels.tolist() == [0, 1] and batch.encoded == [] and len(batch.blob) == 0
 
 
 def test_a_file_gone_since_the_check_is_one_line(files):
     folder = decode.FolderFiles([(str(files["baseline"].with_name("gone.jpg")), 0)])
     with pytest.raises(UnreadableImage, match=r"cannot read image .*gone\.jpg: No such file"):
-        decode.RawImages(folder)[0]
+        decode.RawImages(folder, max_side=64)[0]
+
+
+def test_an_image_larger_than_the_limit_is_fitted_in_the_worker(files):
+    """One large photo does not size every image's slot: past the limit it is decoded here and shrunk."""
+    folder = decode.FolderFiles([(str(files["baseline"]), 0)])
+    image, _, name = decode.RawImages(folder, max_side=22)[0]
+    assert name is None and image.shape == (3, 15, 22)
+    assert decode.Fitted(22)(read_image(files["png"])).shape == (3, 15, 22)
+    assert decode.source_side_limit(0.08, 224) == 792 and decode.source_side_limit(1.0, 32) == 64
+
+
+def test_a_batch_nvjpeg_refuses_is_decoded_image_by_image_and_a_bad_one_named(files, monkeypatch):
+    """nvJPEG fails a whole batch without a name; the host then decodes each, and names the damaged file."""
+    import torchvision.io
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("Error while decoding JPEG images")
+
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", refuse)
+    good = files["baseline"]
+    damaged = good.with_name("damaged.jpg")
+    data = good.read_bytes()
+    damaged.write_bytes(data[:200] + bytes(len(data) - 200))  # the header kept: it still reads as GPU-decodable
+    raw = decode.RawImages(decode.FolderFiles([(str(good), 0), (str(damaged), 1)]), max_side=64)
+    canvas, _ = decode.on_device(decode.collate([raw[0], raw[0]]), torch.device("cpu"))
+    assert (canvas[0].int() - torch.from_numpy(np.array(read_image(good))).permute(2, 0, 1).int()).abs().max() == 0
+    with pytest.raises(UnreadableImage, match=r"damaged\.jpg"):
+        decode.on_device(decode.collate([raw[0], raw[1]]), torch.device("cpu"))
 
 
 def test_a_16_bit_png_reads_as_its_8_bit_equivalent(tmp_path):

@@ -83,7 +83,45 @@ def pickled_index(packed):
     np.save(packed / "test.index.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
 
 
-@pytest.mark.parametrize("damage", [damage_json, damage_index, truncate_bin, pickled_index])
+def edit_json(change):
+    def damage(packed):
+        record = json.loads((packed / "store.json").read_text())
+        change(record)
+        (packed / "store.json").write_text(json.dumps(record))
+
+    damage.__name__ = change.__name__
+    return damage
+
+
+def no_assignment(record):
+    record["super_classes"].pop("assignment")
+
+
+def zero_std(record):
+    record["std"][1] = 0.0
+
+
+def assignment_past_the_names(record):
+    record["super_classes"]["assignment"][0] = 99
+
+
+def offsets_that_overflow(packed):
+    index = np.load(packed / "train.index.npy")
+    index[2, :2] = 2**62
+    np.save(packed / "train.index.npy", index)
+
+
+def npz_as_index(packed):
+    index = np.load(packed / "val.index.npy")
+    with open(packed / "val.index.npy", "wb") as file:
+        np.savez(file, index=index)  # a zip archive under the .npy name: np.load hands back an NpzFile
+
+
+DAMAGE = [damage_json, damage_index, truncate_bin, pickled_index, offsets_that_overflow, npz_as_index,
+          *(edit_json(change) for change in (no_assignment, zero_std, assignment_past_the_names))]  # fmt: skip
+
+
+@pytest.mark.parametrize("damage", DAMAGE, ids=lambda damage: damage.__name__)
 def test_a_damaged_store_is_one_line(packed, damage):
     damage(packed)
     with pytest.raises(Exception) as raised:
