@@ -29,6 +29,12 @@ def _label(run: dict) -> str:
     return f"{run['bundle_name']} ({run['runtime']}, {run['device']})"
 
 
+def _named(kind: str, run: dict) -> str:
+    """'dense dn' for a bundle named dn; a bundle whose name says its kind already ('dense') is not named twice."""
+    name = run["bundle_name"]
+    return name if kind in name.lower() else f"{kind} {name}"
+
+
 def _same_place(a: dict, b: dict) -> bool:
     return (a["runtime"], a["device"]) == (b["runtime"], b["device"])
 
@@ -79,7 +85,7 @@ def comparisons(runs: list[dict]) -> list[str]:
             if _same_place(moe, dense):
                 ratio = moe["latency_ms"]["p50"] / dense["latency_ms"]["p50"]
                 lines.append(
-                    f"- {moe['bundle_name']} vs dense {dense['bundle_name']} ({_runtime_label(moe)}): end-to-end p50 "
+                    f"- {moe['bundle_name']} vs {_named('dense', dense)} ({_runtime_label(moe)}): end-to-end p50 "
                     f"{_ms(moe['latency_ms']['p50'])} ms vs {_ms(dense['latency_ms']['p50'])} ms, ratio {ratio:.3f}"
                 )
     for moe in by_kind.get("split", []):
@@ -89,7 +95,7 @@ def comparisons(runs: list[dict]) -> list[str]:
         for mono in by_kind.get("monolithic", []):
             if _same_place(moe, mono):
                 lines.append(
-                    f"- split {moe['bundle_name']} vs monolithic {mono['bundle_name']} ({_runtime_label(moe)}): "
+                    f"- {_named('split', moe)} vs {_named('monolithic', mono)} ({_runtime_label(moe)}): "
                     f"peak RSS {_mib(moe['peak_rss_bytes'])} vs {_mib(mono['peak_rss_bytes'])} MiB, graph bytes per "
                     f"image {_mib(moe['bytes_loaded_per_image'])} vs {_mib(mono['bytes_loaded_per_image'])} MiB, p50 "
                     f"{_ms(moe['latency_ms']['p50'])} vs {_ms(mono['latency_ms']['p50'])} ms"
