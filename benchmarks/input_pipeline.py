@@ -108,9 +108,9 @@ def per_image(data, aug, batch_size: int, count: int):
 
 def device_fed_host(data, aug, batch_size: int, count: int):
     """The host's share when a GPU decodes and augments: read bytes or decode the kinds a GPU cannot, pad, draw."""
-    raw = decode.RawImages(decode.encoded_split(data.raw_split("train")))
+    raw = inputs.training_split(data, aug, "device", torch.device("cuda"))  # what a GPU's loader reads; no CUDA call
     loader = DataLoader(raw, batch_size=batch_size, shuffle=True, num_workers=0, drop_last=True,
-                        collate_fn=decode.collate)  # fmt: skip
+                        collate_fn=inputs.collate("device"))  # fmt: skip
 
     def host_part(batch: decode.RawBatch, step: int) -> int:
         sizes = batch.sizes.numpy()

@@ -157,66 +157,81 @@ class RawImages(Dataset):
         data, label, name = self.source.encoded(position), self.targets[position], self.source.name(position)
         frame = jpeg_frame(data)
         if frame is not None and frame.gpu_decodable and max(frame.height, frame.width) <= self.max_side:
-            return torch.frombuffer(bytearray(data), dtype=torch.uint8), label, name
+            return torch.frombuffer(bytearray(data), dtype=torch.uint8), label, (name, frame.height, frame.width)
         return uint8_image(fitted(image_from_bytes(data, name), self.max_side)), label, None
 
 
 @dataclass
 class RawBatch:
-    """A batch of raw images: decoded ones padded into `canvas` at its top-left; encoded ones (their slots left zero)
-    as one buffer `blob` of their bytes, one after another (one tensor: a worker shares one file with the main
-    process, not one per image), with `encoded` rows (index in the batch, start, end, name); `sizes` (B, 2) every
-    image's (height, width), read from the JPEG header for encoded ones."""
+    """A batch of raw images. The decoded ones padded into `canvas` (n, 3, H, W) at its top-left, canvas row i being
+    image `placed[i]` of the batch; the encoded ones as one buffer `blob` of their bytes one after another (one
+    tensor: a worker shares one file with the main process, not one per image), with `encoded` rows (index in the
+    batch, start, end, name). `sizes` (B, 2) every image's (height, width), from the JPEG header for encoded ones.
+    The host never writes the encoded images' slots: the device fills them."""
 
-    canvas: Tensor  # (B, 3, H, W) uint8
+    canvas: Tensor  # (n, 3, H, W) uint8
+    placed: list[int]
     sizes: Tensor  # (B, 2) int64
     labels: Tensor  # (B,) int64
     blob: Tensor  # (total bytes,) uint8
     encoded: list[tuple[int, int, int, str]]
 
     def pin_memory(self) -> RawBatch:  # DataLoader(pin_memory=True) calls this on a custom batch type
-        return RawBatch(self.canvas.pin_memory(), self.sizes, self.labels.pin_memory(), self.blob, self.encoded)
+        return RawBatch(self.canvas.pin_memory(), self.placed, self.sizes, self.labels.pin_memory(), self.blob,
+                        self.encoded)  # fmt: skip
 
 
 def collate(items: list[tuple]) -> RawBatch:
-    """Items (uint8 image, label) or (uint8 image or JPEG bytes, label, name if bytes) -> RawBatch, in the worker."""
-    sizes, encoded, chunks, offset = [], [], [], 0
-    for index, (image, _, *name) in enumerate(items):
-        if name and name[0] is not None:
-            frame = jpeg_frame(image.numpy().tobytes())
-            sizes.append((frame.height, frame.width))
-            encoded.append((index, offset, offset + len(image), name[0]))
+    """Items (uint8 image, label), or RawImages' (uint8 image or JPEG bytes, label, (name, h, w) for bytes) ->
+    RawBatch, in the worker."""
+    sizes, encoded, chunks, placed, offset = [], [], [], [], 0
+    for index, (image, _, *bytes_of) in enumerate(items):
+        if bytes_of and bytes_of[0] is not None:
+            name, height, width = bytes_of[0]
+            sizes.append((height, width))
+            encoded.append((index, offset, offset + len(image), name))
             chunks.append(image)
             offset += len(image)
         else:
             sizes.append(tuple(image.shape[-2:]))
-    height, width = max(h for h, _ in sizes), max(w for _, w in sizes)
-    canvas = torch.zeros((len(items), 3, height, width), dtype=torch.uint8)
-    coded = {row[0] for row in encoded}
-    for index, (image, *_) in enumerate(items):
-        if index not in coded:
-            canvas[index, :, : image.shape[-2], : image.shape[-1]] = image
+            placed.append(index)
+    height, width = (max(sizes[i][k] for i in placed) for k in (0, 1)) if placed else (0, 0)
+    canvas = torch.zeros((len(placed), 3, height, width), dtype=torch.uint8)
+    for row, index in enumerate(placed):
+        image = items[index][0]
+        canvas[row, :, : image.shape[-2], : image.shape[-1]] = image
     labels = torch.tensor([int(item[1]) for item in items])
     blob = torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.uint8)
-    return RawBatch(canvas, torch.tensor(sizes, dtype=torch.int64), labels, blob, encoded)
+    return RawBatch(canvas, placed, torch.tensor(sizes, dtype=torch.int64), labels, blob, encoded)
 
 
 def on_device(batch: RawBatch, device: torch.device) -> tuple[Tensor, Tensor]:
-    """(canvas on `device` with every encoded image decoded into its slot, sizes on `device`). nvJPEG refuses a whole
-    batch for one bad file, without naming it: the batch is then decoded image by image on the host, where a damaged
-    file is one line naming it."""
-    canvas = batch.canvas.to(device, non_blocking=True)
-    if batch.encoded:
-        from torchvision.io import decode_jpeg
+    """(canvas (B, 3, H, W) on `device` with every image in its slot, sizes on `device`). nvJPEG refuses a whole batch
+    for one bad file, without naming it: the batch is then decoded image by image on the host, where a damaged file
+    is one line naming it."""
+    sizes = batch.sizes.to(device, non_blocking=True)
+    decoded = batch.canvas.to(device, non_blocking=True)
+    if not batch.encoded:
+        return decoded, sizes  # every image decoded in the workers, in batch order
+    height, width = (int(v) for v in batch.sizes.max(0).values)
+    canvas = torch.zeros((len(batch.sizes), 3, height, width), dtype=torch.uint8, device=device)
+    if batch.placed:
+        rows = torch.tensor(batch.placed, device=device)
+        canvas[:, :, : decoded.shape[-2], : decoded.shape[-1]].index_copy_(0, rows, decoded)
+    for (index, *_), image in zip(batch.encoded, decode_jpegs(batch, device), strict=True):
+        canvas[index, :, : image.shape[-2], : image.shape[-1]] = image
+    return canvas, sizes
 
-        pieces = [batch.blob[start:end] for _, start, end, _ in batch.encoded]
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DeprecationWarning)  # see the module docstring
-                decoded = decode_jpeg(pieces, device=device)
-        except RuntimeError:
-            decoded = [uint8_image(image_from_bytes(piece.numpy().tobytes(), name)).to(device)
-                       for piece, (*_, name) in zip(pieces, batch.encoded, strict=True)]  # fmt: skip
-        for (index, *_), image in zip(batch.encoded, decoded, strict=True):
-            canvas[index, :, : image.shape[-2], : image.shape[-1]] = image
-    return canvas, batch.sizes.to(device, non_blocking=True)
+
+def decode_jpegs(batch: RawBatch, device: torch.device) -> list[Tensor]:
+    """The batch's encoded JPEGs decoded on `device`: one nvJPEG call, or image by image on the host if it fails."""
+    from torchvision.io import decode_jpeg
+
+    pieces = [batch.blob[start:end] for _, start, end, _ in batch.encoded]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # see the module docstring
+            return decode_jpeg(pieces, device=device)
+    except RuntimeError:
+        return [uint8_image(image_from_bytes(piece.numpy().tobytes(), name)).to(device)
+                for piece, (*_, name) in zip(pieces, batch.encoded, strict=True)]  # fmt: skip
