@@ -100,6 +100,8 @@ def train_step_summary(text: str) -> str:
         parts.append(f"{name} {'/'.join(speeds)}")
     ratio = report["ratios"].get("mobile-vmoe", {}).get("compiled / dense compiled")
     text = "img/s eager/compiled: " + ", ".join(parts) + ("" if ratio is None else f"; MoE/dense compiled {ratio:.3f}x")
+    breaks = sum(run.get("graph_breaks", 0) for by in report["variants"].values() for run in by.values())
+    text += f"; {report.get('expert_dispatch', '?')}; graph breaks {breaks}"
     anchor = report.get("anchor", {}).get("compiled")
     if anchor:
         (_, theirs), ours = next(iter(anchor.items())), anchor["vit"]

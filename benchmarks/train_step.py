@@ -35,7 +35,7 @@ import torch
 from torch._dynamo.utils import counters as dynamo_counters  # private, but where dynamo counts the graphs it compiles
 
 from mobile_moe.costs import costs
-from mobile_moe.moe import compile_model
+from mobile_moe.moe import compile_model, expert_dispatch
 from mobile_moe.registry import create_model, list_models
 from mobile_moe.training import engine, recipes
 from mobile_moe.training.routing import TrainingForward
@@ -113,17 +113,18 @@ def time_models(runs: dict[str, engine.Optimisation], batch, args, device) -> di
     cfg = recipes.deit().replace(epochs=1, amp=device.type == "cuda")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     images, targets, super_targets = batch
-    stats = {name: {"seconds": [], "timed_compiles": 0} for name in runs}
+    stats = {name: {"seconds": [], "timed_compiles": 0, "graph_breaks": 0} for name in runs}
     for step in range(args.warmup + args.steps):
         for name, opt in runs.items():
             supers = super_targets if opt.model.config.routing == "image" else None
-            graphs = dynamo_counters["stats"]["unique_graphs"]
+            graphs, breaks = dynamo_counters["stats"]["unique_graphs"], sum(dynamo_counters["graph_break"].values())
             sync()
             start = time.perf_counter()
             output, terms = engine.forward_loss(opt.step_module, images, targets, supers, cfg)
             engine.update(opt, terms.total, cfg.grad_clip)
             sync()
             record(stats[name], step, args.warmup, time.perf_counter() - start, graphs)
+            stats[name]["graph_breaks"] += sum(dynamo_counters["graph_break"].values()) - breaks
     return stats
 
 
@@ -175,7 +176,7 @@ def time_anchor(mode: str, args, device, batch) -> dict[str, dict]:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for step in range(args.warmup + args.steps):
         for name, (forward, optimizer) in runs.items():
-            graphs = dynamo_counters["stats"]["unique_graphs"]
+            graphs, breaks = dynamo_counters["stats"]["unique_graphs"], sum(dynamo_counters["graph_break"].values())
             sync()
             start = time.perf_counter()
             with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
@@ -185,6 +186,7 @@ def time_anchor(mode: str, args, device, batch) -> dict[str, dict]:
             optimizer.step()
             sync()
             record(stats[name], step, args.warmup, time.perf_counter() - start, graphs)
+            stats[name]["graph_breaks"] += sum(dynamo_counters["graph_break"].values()) - breaks
     return stats
 
 
@@ -196,6 +198,7 @@ def summary(stats: dict, batch_size: int) -> dict:
         "p90_ms": ordered[math.ceil(0.9 * len(ordered)) - 1] * 1e3,  # nearest rank
         "images_per_s": batch_size / median,
         "timed_compiles": stats["timed_compiles"],
+        "graph_breaks": stats["graph_breaks"],
         "first_step_s": stats["first_step_s"],
     }
 
@@ -246,17 +249,19 @@ def ratios(results: dict[str, dict[str, dict]], flops: dict[str, int]) -> dict[s
 
 
 def print_markdown(report: dict) -> None:
-    print(f"{report['device']}, torch {report['torch']}, {report['setup']}\n")
+    print(f"{report['device']}, torch {report['torch']}, {report['setup']}")
+    print(f"Mobile V-MoE's expert dispatch: {report['expert_dispatch']}\n")
     modes = list(report["variants"])
     header = ["model"] + [f"{mode} ms (p90)" for mode in modes] + list(next(iter(report["ratios"].values())))
     compiled = [mode for mode in modes if mode != "eager"]
-    header += [f"{mode} first step s, timed compiles" for mode in compiled]
+    header += [f"{mode} first step s, timed compiles, graph breaks" for mode in compiled]
     print("| " + " | ".join(header) + " |\n|---|" + "---:|" * (len(header) - 1))
     for name, row in report["ratios"].items():
         runs = {mode: report["variants"][mode][name] for mode in modes}
         times = [f"{run['median_ms']:.1f} ({run['p90_ms']:.1f})" for run in runs.values()]
         cells = [name, *times, *(f"{value:.3f}x" for value in row.values())]
-        cells += [f"{runs[mode]['first_step_s']:.1f}, {runs[mode]['timed_compiles']}" for mode in compiled]
+        cells += [f"{runs[mode]['first_step_s']:.1f}, {runs[mode]['timed_compiles']}, {runs[mode]['graph_breaks']}"
+                  for mode in compiled]  # fmt: skip
         print("| " + " | ".join(cells) + " |")
     for mode, by in report.get("anchor", {}).items():
         (timm_name, theirs), ours = next(iter(by.items())), by[DENSE]
@@ -287,6 +292,7 @@ def main(argv: list[str] | None = None, **defaults) -> dict:
     setup = (f"{args.size}/{args.patch} @{args.image_size}, {args.num_classes} classes, E={args.experts}, batch "
              f"{args.batch_size}, {precision}, {args.warmup} warm-up + {args.steps} timed steps per model")  # fmt: skip
     report = {"device": where, "torch": torch.__version__, "setup": setup, "variants": results,
+              "expert_dispatch": expert_dispatch(device, amp=device.type == "cuda"),
               "ratios": ratios(results, flops), **({"anchor": anchor} if anchor else {})}  # fmt: skip
     print(json.dumps(report, indent=2)) if args.json else print_markdown(report)
     return report
