@@ -28,7 +28,7 @@ from torch.utils.data import Dataset
 
 from mobile_moe import preprocess
 from mobile_moe.data import digits_pairs, folders, idx_files, synthetic
-from mobile_moe.data.spec_options import DATA_SPECS
+from mobile_moe.data.spec_options import DATA_SPECS, resolved_spec
 from mobile_moe.devices import memory_limit
 from mobile_moe.errors import UsageError
 from mobile_moe.super_class.superclasses import SuperClasses, from_labels
@@ -348,6 +348,7 @@ def open_data(spec: str, image_size: int, mean=None, std=None, eval_resize=None)
         data = open_packed(spec, argument, image_size)
     else:
         raise UsageError(f"data spec {spec!r}: use {DATA_SPECS}")
+    data.spec = resolved_spec(spec)
     if mean is not None:
         data.mean = tuple(float(v) for v in mean)
     if std is not None:

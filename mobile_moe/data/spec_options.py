@@ -4,6 +4,7 @@ every key known, every value of its field's type (int or float), the dataclass's
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import TypeVar
 
 from mobile_moe.errors import UsageError
@@ -33,3 +34,28 @@ def parse_options(spec_class: type[Spec], argument: str, dataset: str, example: 
         except ValueError:
             raise UsageError(f"{dataset}: {key}={value!r} is not a valid {kind.__name__}") from None
     return spec_class(**values)
+
+
+FOLDER_SPECS = ("imagefolder", "packed", "cifar10", "cifar100")  # NAME:ROOT, the whole argument a folder
+OPTIONED_FOLDER_SPECS = ("idx", "fashion-mnist")  # NAME:ROOT,k=v,...: ROOT the one item without "="
+
+
+def resolved_spec(spec: str) -> str:
+    """`spec` with its folder made absolute, as a run records it: a command run later from another directory reads
+    the same folder, never another one of the same relative name. Specs without a folder come back as they are."""
+    name, separator, argument = spec.partition(":")
+    if not argument:
+        return spec
+    if name in FOLDER_SPECS:
+        return f"{name}:{os.path.abspath(os.path.expanduser(argument))}"
+    if name in OPTIONED_FOLDER_SPECS:
+        items = [item if "=" in item or not item else os.path.abspath(os.path.expanduser(item))
+                 for item in argument.split(",")]  # fmt: skip
+        return f"{name}{separator}{','.join(items)}"
+    return spec
+
+
+def same_data(given: str, recorded: str | None) -> bool:
+    """Whether data spec `given` names the data a run recorded as `recorded` (both resolved: a relative folder given
+    from the run's own directory is the run's)."""
+    return recorded is not None and resolved_spec(given) == resolved_spec(recorded)

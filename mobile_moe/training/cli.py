@@ -22,7 +22,7 @@ from mobile_moe.atomic import check_writable
 from mobile_moe.cli_args import MODEL_FLAGS, add_model_arguments, config_from_args, model_kwargs
 from mobile_moe.config import parse_size
 from mobile_moe.data.augment import INPUT_PIPELINES
-from mobile_moe.data.spec_options import DATA_SPECS, SOURCE_SIZE
+from mobile_moe.data.spec_options import DATA_SPECS, SOURCE_SIZE, same_data
 from mobile_moe.devices import DEVICES
 from mobile_moe.errors import UsageError
 from mobile_moe.training.recipes import (
@@ -229,7 +229,7 @@ def resume_changes(args: argparse.Namespace, config: dict[str, Any]) -> dict[str
     run_cfg = from_dict(config["recipe"])
     given = recipe_from_args(args, base=run_cfg)
     found = model_differences(args, config["model"])
-    if args.data is not None and args.data != config["data"]["spec"]:
+    if args.data is not None and not same_data(args.data, config["data"]["spec"]):
         found.append(f"--data {args.data} differs from the run's {config['data']['spec']}")
     theirs = (config.get("super_classes") or {}).get("spec")
     mine = None if args.super_classes == "none" else args.super_classes

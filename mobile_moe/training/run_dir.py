@@ -33,6 +33,7 @@ from mobile_moe.atomic import write_text_atomic
 from mobile_moe.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from mobile_moe.class_names import class_names_problem
 from mobile_moe.data.datasets import open_data
+from mobile_moe.data.spec_options import same_data
 from mobile_moe.errors import UsageError
 from mobile_moe.preprocess import check_resize
 from mobile_moe.training.recipes import MAY_CHANGE_ON_RESUME, matches_record
@@ -322,7 +323,7 @@ def differences(config: dict[str, Any], model: dict[str, Any], recipe: dict[str,
         for key in differing_fields(recipe, recorded, MAY_CHANGE_ON_RESUME)
         if not matches_record(key, recipe.get(key), recorded.get(key))
     ]
-    if config["data"].get("spec") != data:
+    if not same_data(data, config["data"].get("spec")):
         found.append(f"data {config['data'].get('spec')}")
     return found
 

@@ -301,3 +301,21 @@ def test_the_device_pipeline_gives_the_same_batches_with_0_and_2_workers():
         batches.append([to_model.batch(raw, StepKey(0, 1, 0, step)) for step, raw in enumerate(islice(loader, 2))])
     for (images, targets), (again, targets_again) in zip(*batches, strict=True):
         assert torch.equal(images, again) and torch.equal(targets, targets_again)
+
+
+def test_a_run_records_its_folders_resolved_path_and_resumes_from_the_same_relative_spec(tmp_path, monkeypatch):
+    """`--data imagefolder:photos` from one directory: the run records the folder's absolute path, so `evaluate RUN`
+    from anywhere else reads that folder and not another one named photos; the same command resumes."""
+    from conftest import write_imagefolder
+
+    write_imagefolder(tmp_path / "here" / "photos", {"train": 6, "val": 4}, ("cat", "dog"), (16, 16))
+    write_imagefolder(tmp_path / "elsewhere" / "photos", {"val": 4}, ("ant", "bee", "cow"), (16, 16))
+    monkeypatch.chdir(tmp_path / "here")
+    argv = ["train", "--model", "vit", "--size", "2x32", "--patch", "4", "--image-size", "16", "--recipe", "tiny",
+            "--data", "imagefolder:photos", "--batch-size", "4", "--quiet", "--out", str(tmp_path / "run")]  # fmt: skip
+    assert main([*argv, "--epochs", "1"]) == 0
+    recorded = json.loads((tmp_path / "run" / "config.json").read_text())["data"]["spec"]
+    assert recorded == f"imagefolder:{tmp_path / 'here' / 'photos'}"
+    assert main([*argv, "--epochs", "2", "--resume"]) == 0
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert main(["evaluate", str(tmp_path / "run"), "--split", "val", "--json"]) == 0  # two classes: its own folder
