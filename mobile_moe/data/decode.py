@@ -1,12 +1,11 @@
 """Raw training images for the device pipeline (inputs.py): the DataLoader's workers decode on the CPU only what a GPU
-cannot, and pad a batch into one uint8 canvas; on CUDA, baseline colour JPEGs travel as their bytes and are decoded
-in one batched nvJPEG call on the GPU (torchvision.io.decode_jpeg with a list and device="cuda", which runs
-torch.ops.image.decode_jpegs_cuda: torchvision/io/image.py, decode_jpeg).
+cannot and pad those into one uint8 canvas; on CUDA, baseline colour JPEGs travel as their bytes (one buffer a batch)
+and are decoded in one batched nvJPEG call on the GPU (torchvision.io.decode_jpeg with a list and device="cuda",
+which runs torch.ops.image.decode_jpegs_cuda: torchvision/io/image.py, decode_jpeg), into the device's canvas.
 
-Which files the GPU takes is read from each JPEG's frame header (its SOF marker: a few bytes, no decoding): baseline or
-extended-sequential frames of 3 components. Progressive, CMYK and grayscale JPEGs, PNGs and everything else are
-decoded in the worker by the one decoder, mobile_moe.data.image_files.read_image (PIL), as the folder check decoded
-them. torchvision 0.29 deprecates its decoders for TorchCodec's, which neither the pinned stack nor a GPU machine's
+Which files the GPU takes is read from each JPEG's frame header (its SOF marker: a few bytes, no decoding): 8-bit
+baseline or extended-sequential frames of 3 components. Progressive, CMYK and grayscale JPEGs, PNGs and everything
+else are decoded in the worker by the one decoder (mobile_moe.data.image_files), as the folder check decoded them. torchvision 0.29 deprecates its decoders for TorchCodec's, which neither the pinned stack nor a GPU machine's
 image ships; decode_jpeg is called with that warning silenced here, in one place.
 """
 
@@ -71,8 +70,7 @@ def jpeg_frame(data: bytes) -> JpegFrame | None:
 
 
 def uint8_image(image) -> Tensor:
-    """A raw image (PIL, or a uint8 tensor (3, h, w) of the in-memory datasets) -> uint8 tensor (3, h, w): Data.split's
-    transform for the device pipeline."""
+    """A raw image (PIL, or a uint8 tensor (3, h, w) of the in-memory datasets) -> uint8 tensor (3, h, w)."""
     if isinstance(image, Tensor):
         return image
     from torchvision.transforms.v2 import functional as F
