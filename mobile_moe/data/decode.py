@@ -5,8 +5,9 @@ which runs torch.ops.image.decode_jpegs_cuda: torchvision/io/image.py, decode_jp
 
 Which files the GPU takes is read from each JPEG's frame header (its SOF marker: a few bytes, no decoding): 8-bit
 baseline or extended-sequential frames of 3 components. Progressive, CMYK and grayscale JPEGs, PNGs and everything
-else are decoded in the worker by the one decoder (mobile_moe.data.image_files), as the folder check decoded them. torchvision 0.29 deprecates its decoders for TorchCodec's, which neither the pinned stack nor a GPU machine's
-image ships; decode_jpeg is called with that warning silenced here, in one place.
+else are decoded in the worker by the one decoder (mobile_moe.data.image_files), as the folder check decoded them.
+torchvision 0.29 deprecates its decoders for TorchCodec's, which neither the pinned stack nor a GPU machine's image
+ships; decode_jpeg is called with that warning silenced here, in one place.
 """
 
 from __future__ import annotations
