@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> None:
         print(f"  router accuracy (vs super-classes) {100 * scores['router_accuracy']:.2f}%")
     if "expert_load" in scores:
         print(
-            f"  experts run per image (all MoE blocks): mean {scores['experts_per_image_mean']:.2f}, "
+            f"  expert MLPs run per image (one per chosen expert and MoE block, summed over the blocks): mean "
+            f"{scores['experts_per_image_mean']:.2f}, "
             f"max {scores['experts_per_image_max']}; token assignments dropped {100 * scores['dropped']:.2f}%"
         )
         for e, (load, acc) in enumerate(zip(scores["expert_load"], scores["expert_accuracy"], strict=True)):
