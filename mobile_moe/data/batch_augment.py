@@ -2,7 +2,8 @@
 image with its own draws: the input path of `train --input-pipeline device`.
 
     draws = draw(aug, sizes, image_size=S, key=StepKey(seed, epoch, rank, step))   # numpy, on the host
-    images, targets = BatchAugment(aug, S, mean, std, num_classes).apply(canvas, draws, labels)
+    to_model = BatchAugment(image_size=S, mean=mean, std=std, num_classes=C, device=device)
+    images, targets = to_model.apply(canvas, sizes, draws, labels)   # on the device, nothing read back
 
 `draw` makes every random choice of one step on the host, from a numpy generator keyed by (seed, epoch, rank, step):
 the same batches whatever --workers is, on CPU and CUDA alike, and a resumed run replays them. `apply` then runs on
@@ -318,10 +319,10 @@ def mix(images: Tensor, targets: Tensor, draw_: tuple[str, float, tuple[int, int
 
 
 class BatchAugment:
-    """The recipe's augmentation for images of one size S with the data's mean and std, on `device`."""
+    """Applies a step's draws to images of one size S with the data's mean and std, on `device`."""
 
-    def __init__(self, aug: Augmentation, *, image_size: int, mean, std, num_classes: int, device: torch.device):
-        self.aug, self.image_size, self.num_classes, self.device = aug, image_size, num_classes, device
+    def __init__(self, *, image_size: int, mean, std, num_classes: int, device: torch.device):
+        self.image_size, self.num_classes, self.device = image_size, num_classes, device
         self.mean = torch.tensor(mean, dtype=torch.float32, device=device)[:, None, None]
         self.std = torch.tensor(std, dtype=torch.float32, device=device)[:, None, None]
 

@@ -121,7 +121,8 @@ def source_side_limit(crop_scale: float, image_size: int) -> int:
 
 
 def fitted(image, max_side: int):
-    """A PIL image shrunk (aspect kept, never enlarged; PIL's thumbnail, as the store's) to `max_side`."""
+    """A PIL image shrunk (aspect kept, never enlarged; PIL's thumbnail, bicubic) to `max_side`: the one rule for the
+    device pipeline's workers and the packed store."""
     if max(image.size) > max_side:
         from PIL import Image
 

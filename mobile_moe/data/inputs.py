@@ -69,7 +69,7 @@ class DeviceBatches:
     def __init__(self, aug: Augmentation, data: Data, device: torch.device):
         self.aug, self.image_size, self.eval_resize, self.device = aug, data.image_size, data.eval_resize, device
         self.augment = batch_augment.BatchAugment(
-            aug, image_size=data.image_size, mean=data.mean, std=data.std, num_classes=data.num_classes, device=device
+            image_size=data.image_size, mean=data.mean, std=data.std, num_classes=data.num_classes, device=device
         )
 
     def batch(self, loader_batch: decode.RawBatch, key: batch_augment.StepKey) -> tuple[Tensor, Tensor]:

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from torch.utils.data import Dataset
 
 from mobile_moe.atomic import atomic_path, check_writable
+from mobile_moe.data.decode import fitted
 from mobile_moe.data.image_files import image_from_bytes
 from mobile_moe.devices import usable_cores
 from mobile_moe.errors import UsageError
@@ -83,8 +84,7 @@ def encoded(image, max_side: int, quality: int) -> bytes:
 
     if not isinstance(image, Image.Image):
         image = Image.fromarray(image.permute(1, 2, 0).numpy())
-    image = image.convert("RGB")
-    image.thumbnail((max_side, max_side), Image.Resampling.BICUBIC)
+    image = fitted(image.convert("RGB"), max_side)
     buffer = io.BytesIO()
     image.save(buffer, format="JPEG", quality=quality)
     return buffer.getvalue()

@@ -204,7 +204,7 @@ def _signed(name: str, signs: list[int]) -> np.ndarray:
 
 
 def test_a_batch_is_the_same_every_time_and_normalised():
-    aug = ba.BatchAugment(DEIT, image_size=32, mean=(0.5, 0.4, 0.3), std=(0.2, 0.2, 0.2), num_classes=5,
+    aug = ba.BatchAugment(image_size=32, mean=(0.5, 0.4, 0.3), std=(0.2, 0.2, 0.2), num_classes=5,
                           device=torch.device("cpu"))  # fmt: skip
     canvas = torch.cat([smooth_image(60, 80, seed) for seed in range(4)])
     sizes, labels = torch.tensor([[60, 80]] * 4), torch.tensor([0, 1, 2, 3])
