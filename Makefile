@@ -47,8 +47,9 @@ arm64: $(STAMP)
 # (often not our pin; pyproject says which it supports): a venv that sees that python's packages, plus the wheels of
 # `make gpu-wheels` (carried in .whl/), and this project installed without fetching anything.
 GPU ?= 1
+GPU_CHECK_FLAGS ?=
 gpu-check: $(if $(OFFLINE),gpu-venv,$(STAMP))
-	$(BIN)/python benchmarks/gpu_check.py $(if $(filter 0,$(GPU)),--cpu)
+	$(BIN)/python benchmarks/gpu_check.py $(if $(filter 0,$(GPU)),--cpu) $(GPU_CHECK_FLAGS)
 
 # `venv --system-site-packages` of a python that is itself a venv sees /usr's packages, not that venv's torch: a .pth
 # file naming $(PYTHON)'s own site-packages does (appended to sys.path, after the venv's own wheels). Without a pip of

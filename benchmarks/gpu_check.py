@@ -1,7 +1,7 @@
 """The whole GPU path in one command, one table: `make gpu-check` (on a machine without CUDA: `make gpu-check GPU=0`,
 which runs every step that can run on the CPU and says which cannot).
 
-    python benchmarks/gpu_check.py [--cpu] [--out DIR] [--budget-s SECONDS]
+    python benchmarks/gpu_check.py [--cpu] [--out DIR] [--budget-s SECONDS] [--only STEP...] [--log DIR]
 
 Steps, each a fresh process (its exit status, time and last line go in the table):
   gpu tests       pytest -m gpu (tests/test_gpu.py: compiled CUDA training, CUDA checkpoints on a CPU, ...)
@@ -56,7 +56,7 @@ def steps(device: str, out: Path, gpus: int) -> list[tuple[str, list[str]]]:
     reproduce = [*cli, "reproduce", "fig3b", "--data", "digits", "--scale", "tiny", "--epochs", "1", "--device",
                  device, "--bench", "--iterations", "5", "--out", str(out / "fig3b")]  # fmt: skip
     found.append(("reproduce", reproduce))
-    feed = ["--gpu", "--images", "5120", "--rounds", "2"] if device == "cuda" else [
+    feed = ["--gpu", "--images", "12800", "--rounds", "2"] if device == "cuda" else [
         "--images", "64", "--batches", "1", "--batch-size", "16", "--rounds", "1"]  # fmt: skip
     found.insert(1, ("input pipeline", [sys.executable, str(REPO / "benchmarks" / "input_pipeline.py"), *feed]))
     bench = ["gpu_train_step.py", "--json", "--models", "vit", "mobile-vmoe", "--anchor"] if device == "cuda" else [
@@ -67,14 +67,19 @@ def steps(device: str, out: Path, gpus: int) -> list[tuple[str, list[str]]]:
     return found
 
 
-def run_step(argv: list[str], timeout: float) -> tuple[str, float, str, str]:
-    """-> (status, seconds, its standard output, the last line of its output)."""
+def run_step(argv: list[str], timeout: float, log: Path | None) -> tuple[str, float, str, str]:
+    """-> (status, seconds, its standard output, the last line of its output); its whole output in `log` too."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     start = time.perf_counter()
     try:
         done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as stopped:
+        if log:  # what the step printed before it was stopped: bytes, even with text=True (subprocess's own rule)
+            printed = [part.encode() if isinstance(part, str) else part for part in (stopped.stdout, stopped.stderr)]
+            log.write_bytes(b"".join(part for part in printed if part))
         return "timeout", time.perf_counter() - start, "", f"stopped after {timeout:.0f} s"
+    if log:
+        log.write_text(done.stdout + done.stderr)
     lines = [line for line in (done.stdout + done.stderr).strip().splitlines() if not NOISE.match(line)]
     status = "ok" if done.returncode == 0 else f"exit {done.returncode}"
     return status, time.perf_counter() - start, done.stdout, lines[-1][:160] if lines else ""
@@ -118,6 +123,8 @@ def main() -> int:
         type=float,
         help="stop starting steps after this many seconds (default: 540 on a GPU, 1800 with --cpu)",
     )
+    parser.add_argument("--only", nargs="+", metavar="STEP", help="run these steps alone (names as in the table)")
+    parser.add_argument("--log", type=Path, help="write each step's whole output to LOG/<step>.log")
     args = parser.parse_args()
     args.budget_s = args.budget_s or (1800.0 if args.cpu else 540.0)
     if not args.cpu and not torch.cuda.is_available():
@@ -127,12 +134,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
         out = args.out or Path(scratch)
         rows, start, failed = [], time.perf_counter(), False
-        for name, argv in steps(device, out, gpus):
+        chosen = [(name, argv) for name, argv in steps(device, out, gpus) if not args.only or name in args.only]
+        for name, argv in chosen:
             left = args.budget_s - (time.perf_counter() - start)
             if left <= 0:
                 rows.append((name, "not reached", 0.0, "the budget was spent"))
                 continue
-            status, seconds, stdout, last = run_step(argv, left)
+            log = args.log / f"{name.replace(' ', '-')}.log" if args.log else None
+            status, seconds, stdout, last = run_step(argv, left, log)
             if name == "gpu tests" and "skipped" in last and "passed" not in last:
                 status = "skipped"  # every gpu test needs CUDA
             if name == "train step" and status == "ok":
