@@ -194,6 +194,35 @@ def pipeline_stages(specs: dict[str, str], device: torch.device) -> dict:
     return found
 
 
+def profile_batches(spec: str, device: torch.device, batches: int = 8) -> None:
+    """Where a device-pipeline batch's time goes: torch.profiler's top ops by device and by host time over `batches`
+    batches of 256 (after two untimed), the loader's batches read first so the loader is not in it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    recipe = recipes.deit().replace(batch_size=256, input_pipeline="device")
+    data = open_data(spec, 224)
+    split = inputs.training_split(data, recipe.augmentation, "device", device)
+    loader = DataLoader(split, batch_size=256, shuffle=True, num_workers=8, drop_last=True,
+                        collate_fn=inputs.collate("device"))  # fmt: skip
+    held = list(islice(loader, batches + 2))
+    to_model = inputs.DeviceBatches(recipe.augmentation, data, device)
+    for step, batch in enumerate(held[:2]):
+        to_model.batch(batch, StepKey(0, 0, 0, step))
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if device.type == "cuda" else [])]
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+    synchronize()
+    start = time.perf_counter()
+    with profile(activities=activities) as profiled:
+        for step, batch in enumerate(held[2:]):
+            to_model.batch(batch, StepKey(0, 0, 0, step + 2))
+        synchronize()
+    print(f"\n{spec.split(':')[0]}: {1e3 * (time.perf_counter() - start) / batches:.1f} ms per batch of 256 "
+          f"(profiled) on {device}")  # fmt: skip
+    table = profiled.key_averages()
+    for key in ("self_device_time_total", "cpu_time_total") if device.type == "cuda" else ("cpu_time_total",):
+        print(table.table(sort_by=key, row_limit=25, max_name_column_width=60))
+
+
 def gpu_figures(specs: dict[str, str], out: Path, args) -> dict:
     """Epoch 2's images/s of a real training run over the step alone, per model and source."""
     sys.path.insert(0, str(Path(__file__).parent))
@@ -301,6 +330,8 @@ def main(argv: list[str] | None = None) -> dict:
             print_accuracy(report["accuracy"])
         if args.gpu:
             report["gpu stages"] = pipeline_stages(specs, torch.device("cuda"))
+            for spec in specs.values():
+                profile_batches(spec, torch.device("cuda"))
             report["gpu"] = {"device": torch.cuda.get_device_name(), **gpu_figures(specs, out, args)}
             print(json.dumps(report["gpu"], indent=1))
             ratios = [f"{name} {row['epoch_images_per_s'] / row['step_alone_images_per_s']:.2f}"
