@@ -29,7 +29,7 @@ from mobile_moe.config import HardMoEConfig
 from mobile_moe.mobile_vmoe import RouterStage
 from mobile_moe.moe import expert_groups
 from mobile_moe.outputs import ModelOutput, Routing
-from mobile_moe.routers import decided_in_fp32, top_k
+from mobile_moe.routers import at_least_fp32, decided_in_fp32, top_k
 from mobile_moe.vit import ClassifierHead, TokenEmbedding, dense_block, init_weights, pool_tokens
 
 
@@ -85,7 +85,7 @@ class CentroidRouter(nn.Module):
         another cluster than the float32 fit and the exported router give it.
         """
         with decided_in_fp32(features):
-            z = self.project(features.float())  # (B, P)
+            z = self.project(at_least_fp32(features))  # (B, P)
             c = self.centroids  # (E, P)
             squared = z.square().sum(-1, keepdim=True) - 2 * z @ c.T + c.square().sum(-1)  # (B, E)
             return squared.clamp_min(0)  # rounding can take a point on a centroid just below 0

@@ -36,9 +36,14 @@ def decided_in_fp32(x: Tensor) -> contextlib.AbstractContextManager:
     """The context a router decides in: autocast off on x's device, so its projection, softmax and top-k run in the
     float32 that the exported router runs in (bf16 training would tie about 0.5% of decisions and flip about 0.3%
     at D=192, E=10); where autocast is off already (CPU training, export, the runtimes) no context at all, so the
-    exported graphs are unchanged. Callers pass x.float() inside it."""
+    exported graphs are unchanged. Callers pass at_least_fp32(x) inside it."""
     device = x.device.type
     return torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else contextlib.nullcontext()
+
+
+def at_least_fp32(x: Tensor) -> Tensor:
+    """x in float32 if it is in a narrower float (bf16 activations under autocast); a float64 model stays float64."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
 def top_k_with_first(probs: Tensor, k: int, first: Tensor) -> Tensor:
@@ -74,7 +79,7 @@ class PerImageRouter(nn.Module):
         the chosen experts, so a model trained this way behaves the same at inference, where the router picks.
         """
         with decided_in_fp32(tokens):
-            image = pool_tokens(tokens, self.pool).float()  # (B, D)
+            image = at_least_fp32(pool_tokens(tokens, self.pool))  # (B, D)
             logits = self.proj(self.norm(image))  # (B, E)
             probs = logits.softmax(dim=-1)  # (B, E)
             if route_to is None:

@@ -25,7 +25,7 @@ from mobile_moe.config import ExpertsChoiceConfig, SoftMoEConfig, TokenMoEConfig
 from mobile_moe.costs import buffer_capacity
 from mobile_moe.moe import ExpertMLPs
 from mobile_moe.outputs import ModelOutput, MoEStats
-from mobile_moe.routers import decided_in_fp32, top_k
+from mobile_moe.routers import at_least_fp32, decided_in_fp32, top_k
 from mobile_moe.upcycle import block_entry
 from mobile_moe.vit import Attention, Block, ClassifierHead, TokenEmbedding, dense_block, init_weights, layer_norm
 
@@ -144,7 +144,7 @@ class TokenChoiceRouter(nn.Module):
     def forward(self, x: Tensor) -> Route:
         """x (B, T, D) -> Route with dispatch, combine of shape (B, T, E, cap)."""
         with decided_in_fp32(x):
-            logits = self.proj(x.float())  # (B, T, E)
+            logits = self.proj(at_least_fp32(x))  # (B, T, E)
         noisy = self.training and self.noise_std > 0
         noisy_logits = logits + self.noise_std * torch.randn_like(logits) if noisy else logits
         capacity = self.capacity(x.shape[1])
@@ -242,7 +242,7 @@ class ExpertsChoiceRouter(nn.Module):
     def forward(self, x: Tensor) -> Route:
         """x (B, T, D) -> Route with dispatch, combine of shape (B, T, E, cap)."""
         with decided_in_fp32(x):
-            scores = self.proj(x.float()).softmax(-1)  # (B, T, E)
+            scores = self.proj(at_least_fp32(x)).softmax(-1)  # (B, T, E)
         dispatch, combine = self.dispatch_by_scores(scores, self.capacity(x.shape[1]))
         taken = dispatch.detach().sum((2, 3)) > 0  # (B, T)
         stats = MoEStats(

@@ -164,3 +164,10 @@ def test_a_router_decides_in_fp32_under_bf16_autocast(name):
     for ours, theirs in zip(fp32, bf16, strict=True):
         if isinstance(ours, torch.Tensor):
             assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("name", ROUTED)
+def test_a_float64_model_routes_in_float64(name, images):
+    """The fp32 routing rule only widens: a model cast to float64 (the compile tests' reference) routes in float64."""
+    model = tiny_model(name).double().eval()
+    assert model(images.double()).logits.dtype == torch.float64
