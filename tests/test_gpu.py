@@ -115,3 +115,19 @@ def test_a_run_trained_on_cuda_resumes_and_evaluates_on_a_cpu(tmp_path):
     run = load_run(tmp_path / "run", "last")
     assert run.checkpoint["epoch"] == 2
     assert all(value.device.type == "cpu" for value in run.model.state_dict().values())
+
+
+def test_batches_prepared_ahead_on_a_side_stream_are_the_ones_prepared_in_turn():
+    """The thread's stream hands each batch over with an event: the step's stream reads it complete, never early."""
+    from mobile_moe.data.ahead import BatchesAhead
+
+    def prepare(step, size):
+        generator = torch.Generator(CUDA).manual_seed(step)
+        x = torch.randn(size, size, device=CUDA, generator=generator)
+        return (x @ x @ x).tanh(), None  # long enough on the side stream that a missing wait would read it early
+
+    results = []
+    for in_thread in (False, True):
+        with BatchesAhead([2048] * 6, prepare, CUDA, in_thread=in_thread) as batches:
+            results.append([images.sum().item() for images, _ in batches])
+    assert results[0] == results[1]

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from mobile_moe.data import augment
+from mobile_moe.data.ahead import BatchesAhead
 from mobile_moe.data.batch_augment import StepKey
 from mobile_moe.data.inputs import DeviceBatches, WorkerBatches
 from mobile_moe.interrupts import held, raise_if_stopped
@@ -173,16 +174,16 @@ def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int)
     # that held its step would wait in the step's all-reduce for a rank the stop reached between steps (a compiled
     # step can, until torchrun's grace period ends).
     step_guard = held if cfg.compile else contextlib.nullcontext
-    start, waited = time.perf_counter(), 0.0
-    batches = iter(loader)
+    start = time.perf_counter()
+
+    def prepare(step: int, loader_batch) -> tuple[Tensor, Tensor, Tensor | None]:
+        return batch_targets(loader_batch, ctx, StepKey(cfg.seed, epoch, ctx.placement.rank, step))
+
+    batches = BatchesAhead(loader, prepare, ctx.placement.device)  # on CUDA, a thread prepares the next ones
     try:
         for step in range(steps):
-            asked = time.perf_counter()
-            loader_batch = next(batches)
-            waited += time.perf_counter() - asked  # the host blocked on input, not on the device
+            images, targets, super_targets = next(batches)
             raise_if_stopped()  # a stop that a __del__ swallowed ends training here, between two steps
-            key = StepKey(cfg.seed, epoch, ctx.placement.rank, step)
-            images, targets, super_targets = batch_targets(loader_batch, ctx, key)
             with step_guard():
                 output, terms = forward_loss(opt.step_module, images, targets, super_targets, cfg)
                 update(opt, terms.total, cfg.grad_clip)
@@ -197,7 +198,8 @@ def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int)
                 img_s = sums.images * world_size / (time.perf_counter() - start)
                 progress.update(steps=step + 1 - progress.done, **sums.progress(img_s))
     finally:
+        batches.close()
         progress.close()
     elapsed = time.perf_counter() - start
     rates = {"images_per_s": sums.images * world_size / elapsed, "epoch_time_s": elapsed}
-    return {**sums.row(), **rates, "input_wait": waited / elapsed}
+    return {**sums.row(), **rates, "input_wait": batches.waited / elapsed}  # the host blocked on input
