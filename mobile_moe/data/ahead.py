@@ -44,8 +44,10 @@ class BatchesAhead:
         in_thread: bool | None = None,
     ):
         """`in_thread`: prepare in a thread (None: on CUDA only; off CUDA the thread has no stream of its own)."""
-        self.prepare, self.device, self.waited = prepare, device, 0.0
         self._cuda = device.type == "cuda"
+        if self._cuda and device.index is None:  # "cuda": the caller's current device, which the thread must use too
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.prepare, self.device, self.waited = prepare, device, 0.0
         self._batches = enumerate(loader)
         self._thread, self._ended = None, False
         if self._cuda if in_thread is None else in_thread:
