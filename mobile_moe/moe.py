@@ -91,17 +91,19 @@ def grouped_gemm_device(index: int) -> bool:
     return torch.version.hip is None and torch.cuda.get_device_capability(index) == (9, 0)
 
 
-def grouped_gemm_fits(x: Tensor, width: int, hidden: int) -> bool:
-    """Whether torch._grouped_mm runs this dispatch as one CUTLASS kernel: on a grouped_gemm_device, bf16, rows
-    whose bytes are multiples of 16 (GroupedMMUtils.h, check_valid_strides_and_return_transposed). Elsewhere the
-    per-expert loop."""
-    return (
-        x.is_cuda
-        and compute_dtype(x) == torch.bfloat16
-        and grouped_gemm_device(x.device.index if x.device.index is not None else torch.cuda.current_device())
-        and width % 8 == 0
-        and hidden % 8 == 0
-    )
+def placed_on_grouped_gemm_device(parameter: Tensor) -> bool:
+    """Whether `parameter` lives on a grouped_gemm_device: what ExpertMLPs decides when it is placed (built or moved),
+    so that its forward reads one bool and traces no device query."""
+    if not parameter.is_cuda:
+        return False
+    return grouped_gemm_device(parameter.device.index if parameter.device.index is not None else 0)
+
+
+def grouped_gemm_fits(x: Tensor, width: int, hidden: int, *, on_grouped_gemm_device: bool) -> bool:
+    """Whether torch._grouped_mm runs this dispatch as one CUTLASS kernel: experts placed on a grouped_gemm_device,
+    bf16, rows whose bytes are multiples of 16 (GroupedMMUtils.h, check_valid_strides_and_return_transposed).
+    Elsewhere the per-expert loop."""
+    return on_grouped_gemm_device and compute_dtype(x) == torch.bfloat16 and width % 8 == 0 and hidden % 8 == 0
 
 
 def expert_dispatch(device: torch.device, amp: bool) -> str:
@@ -135,6 +137,13 @@ class ExpertMLPs(nn.Module):
         self.fc2_weight = nn.Parameter(stacked("fc2_weight", [mlp.fc2.weight.detach() for mlp in experts]))
         self.fc2_bias = nn.Parameter(stacked("fc2_bias", [mlp.fc2.bias.detach() for mlp in experts]))
         self._register_load_state_dict_pre_hook(_stack_per_expert_entries)
+        self.on_grouped_gemm_device = placed_on_grouped_gemm_device(self.fc1_weight)
+
+    def _apply(self, fn, recurse: bool = True):
+        """nn.Module's own hook for .to(), .cuda() and the like: the device gate is decided here, once per placement."""
+        moved = super()._apply(fn, recurse)
+        self.on_grouped_gemm_device = placed_on_grouped_gemm_device(self.fc1_weight)
+        return moved
 
     def init_linears(self, init_linear) -> None:
         """init_linear(weight (out, in), bias) on each expert's fc1 then fc2, expert after expert: the order, and so
@@ -174,7 +183,8 @@ class ExpertMLPs(nn.Module):
         """The items of x (B, T, D) routed to `experts` (B, k), grouped for the dispatch this x takes: one sort, and
         for the per-expert loop one host read of the group sizes."""
         order, sizes = expert_groups(experts.reshape(-1), len(self))
-        return ExpertGroups(order, sizes, None if grouped_gemm_fits(x, self.width, self.hidden) else sizes.tolist())
+        grouped = grouped_gemm_fits(x, self.width, self.hidden, on_grouped_gemm_device=self.on_grouped_gemm_device)
+        return ExpertGroups(order, sizes, None if grouped else sizes.tolist())
 
     def forward(
         self, x: Tensor, experts: Tensor, gates: Tensor, dispatch: str = "grouped", groups: ExpertGroups | None = None

@@ -41,7 +41,7 @@ def test_the_grouped_gemm_equals_the_expert_loop_forward_and_backward_in_bf16(to
     results = []
     for dispatch in (experts.grouped_gemm, experts.expert_loop):
         with autocast(CUDA):
-            assert grouped_gemm_fits(x, 64, 256)
+            assert grouped_gemm_fits(x, 64, 256, on_grouped_gemm_device=experts.on_grouped_gemm_device)
             y = dispatch(x, chosen, gates)
         y.float().square().mean().backward()
         grads = [x.grad, gates.grad, *(p.grad for p in experts.parameters())]

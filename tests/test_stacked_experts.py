@@ -173,3 +173,17 @@ def test_an_expert_never_stepped_gets_zero_moments_and_its_stack_keeps_the_other
     assert entry["exp_avg"].shape == dict(model.named_parameters())[stack].shape
     assert entry["exp_avg"][1].eq(0).all() and entry["exp_avg_sq"][1].eq(0).all()
     assert entry["exp_avg"][0].ne(0).all() and entry["exp_avg"][2].ne(0).all() and entry["step"] == 3.0
+
+
+def test_the_device_gate_is_decided_when_the_experts_are_placed_not_in_forward(monkeypatch):
+    """The grouped GEMM's device gate is one bool set when the experts are built or moved (nn.Module._apply), so a
+    compiled forward traces no device query; it is asked again on every move."""
+    monkeypatch.setattr(moe, "grouped_gemm_device", lambda index: pytest.fail("a CUDA query for a CPU tensor"))
+    experts, x = experts_and_tokens()
+    experts.on_grouped_gemm_device = True  # stale: a move must decide again
+    experts.to(torch.float64).to(torch.float32)
+    assert not experts.on_grouped_gemm_device
+    experts(x, torch.zeros(7, 1, dtype=torch.long), torch.ones(7, 1))  # and a forward asks nothing
+    model = tiny_model("mobile-vmoe")
+    model.to("cpu")
+    assert not any(m.on_grouped_gemm_device for m in model.modules() if isinstance(m, ExpertMLPs))
