@@ -10,7 +10,8 @@ Steps, each a fresh process (its exit status, time and last line go in the table
   train MODEL     one epoch of every registry model on digits, bf16 autocast on CUDA (hard-moe from the vit run)
   train compile   mobile-vmoe with --compile
   ddp N           torchrun, nccl (gloo with --cpu), world size 1, and 2 where two GPUs exist
-  reproduce       fig3b's cells on digits, 1 epoch, on the device, with --bench (exports, native runner)
+  reproduce       fig3b's cells on digits, 1 epoch, on the device, with --bench (exports, native runner) where
+                  executorch is installed (a GPU machine's image has none: then without --bench, and the table says so)
   train step      benchmarks/gpu_train_step.py for vit and mobile-vmoe with timm's anchor (--cpu: train_step.py at a
                   small size): eager and compiled images/s; the whole benchmark (every model) is its own command
 The run stops starting steps once --budget-s is spent (the table says which were not reached).
@@ -19,6 +20,7 @@ The run stops starting steps once --budget-s is spent (the table says which were
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -54,8 +56,11 @@ def steps(device: str, out: Path, gpus: int) -> list[tuple[str, list[str]]]:
         found.append((f"ddp {world}", [*torchrun, *train[1:], "--model", "mobile-vmoe", *moe, "--batch-size", "32",
                                        "--out", str(out / f"ddp-{world}")]))  # fmt: skip
     reproduce = [*cli, "reproduce", "fig3b", "--data", "digits", "--scale", "tiny", "--epochs", "1", "--device",
-                 device, "--bench", "--iterations", "5", "--out", str(out / "fig3b")]  # fmt: skip
-    found.append(("reproduce", reproduce))
+                 device, "--out", str(out / "fig3b")]  # fmt: skip
+    if importlib.util.find_spec("executorch") is not None:  # --bench exports ExecuTorch bundles
+        found.append(("reproduce", [*reproduce, "--bench", "--iterations", "5"]))
+    else:
+        found.append(("reproduce (no --bench: no executorch here)", reproduce))
     feed = ["--gpu", "--images", "12800", "--rounds", "2"] if device == "cuda" else [
         "--images", "64", "--batches", "1", "--batch-size", "16", "--rounds", "1"]  # fmt: skip
     found.insert(1, ("input pipeline", [sys.executable, str(REPO / "benchmarks" / "input_pipeline.py"), *feed]))
@@ -123,7 +128,8 @@ def main() -> int:
         type=float,
         help="stop starting steps after this many seconds (default: 540 on a GPU, 1800 with --cpu)",
     )
-    parser.add_argument("--only", nargs="+", metavar="STEP", help="run these steps alone (names as in the table)")
+    parser.add_argument("--only", nargs="+", metavar="STEP", default=[""],
+                        help="run these steps alone (the table's names, or their first words)")  # fmt: skip
     parser.add_argument("--log", type=Path, help="write each step's whole output to LOG/<step>.log")
     args = parser.parse_args()
     args.budget_s = args.budget_s or (1800.0 if args.cpu else 540.0)
@@ -134,7 +140,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
         out = args.out or Path(scratch)
         rows, start, failed = [], time.perf_counter(), False
-        chosen = [(name, argv) for name, argv in steps(device, out, gpus) if not args.only or name in args.only]
+        chosen = [(name, argv) for name, argv in steps(device, out, gpus) if name.startswith(tuple(args.only))]
         for name, argv in chosen:
             left = args.budget_s - (time.perf_counter() - start)
             if left <= 0:
