@@ -62,20 +62,45 @@ def _written_by_a_live_process(path: Path, pid: int) -> bool:
         return True
 
 
+def process_description(pid: int) -> str:
+    """'another mobile-moe command (pid N: its command line)', the command line where /proc has it: the one way
+    a message names the process that holds an output."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        command = ""
+    return f"another mobile-moe command (pid {pid}{': ' + command[:160] if command else ''})"
+
+
+def _temporaries(target: Path) -> list[tuple[Path, int]]:
+    """(path, pid) of every temporary of ours for `target` (by name: .NAME.tmp-<pid>-*)."""
+    prefix = _temp_prefix(target)
+    try:
+        siblings = list(target.parent.iterdir()) if target.parent.is_dir() else []
+    except OSError:
+        return []
+    found = []
+    for path in siblings:
+        pid_text, sep, _ = path.name[len(prefix) :].partition("-")
+        if path.name.startswith(prefix) and sep and pid_text.isdigit():
+            found.append((path, int(pid_text)))
+    return found
+
+
+def other_writer(target: str | os.PathLike) -> int | None:
+    """The pid of another live process that is writing `target` now (it holds a temporary for it), or None."""
+    for path, pid in _temporaries(Path(target)):
+        if pid != os.getpid() and _written_by_a_live_process(path, pid):
+            return pid
+    return None
+
+
 def remove_stale_temporaries(target: str | os.PathLike) -> list[Path]:
     """Remove the temporaries that dead processes left for `target` (ours by name: .NAME.tmp-<pid>-*); -> removed."""
     target = Path(target)
     prefix = _temp_prefix(target)
     removed = []
-    try:
-        siblings = list(target.parent.iterdir()) if target.parent.is_dir() else []
-    except OSError:
-        return removed
-    for path in siblings:
-        pid_text, sep, _ = path.name[len(prefix) :].partition("-")
-        if not (path.name.startswith(prefix) and sep and pid_text.isdigit()):
-            continue
-        pid = int(pid_text)
+    for path, pid in _temporaries(target):
         if _written_by_a_live_process(path, pid):
             continue
         if path.name.startswith(f"{prefix}{pid}-old-") and not target.exists():
@@ -175,11 +200,18 @@ def atomic_path(target: str | os.PathLike, directory: bool = False) -> Iterator[
     """Yield a temporary path (file, or an empty directory if `directory`) that replaces `target` on success.
 
     On an exception (an interrupt or SIGTERM included: the CLI turns it into one) the temporary path is removed and
-    `target` is left as it was. An existing target directory is replaced as a whole: callers that replace a
+    `target` is left as it was. While another live process holds a temporary for `target`, a second writer is
+    refused in one line that names it. An existing target directory is replaced as a whole: callers that replace a
     directory check first that everything in it is theirs (export.bundle does).
     """
     target = Path(target)
     remove_stale_temporaries(target)
+    writer = other_writer(target)
+    if writer is not None:  # two writers would each replace the other's output: the second one waits for the first
+        raise UsageError(
+            f"{target} is being written by {process_description(writer)} right now; wait for it to finish or "
+            "choose another path"
+        )
     prefix = f"{_temp_prefix(target)}{os.getpid()}-"
     try:
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -51,3 +51,28 @@ def test_an_output_that_is_an_input_by_any_path_is_refused(tmp_path):
             check_not_an_input(alias, [tmp_path / "config.json", source], "--out")
     check_not_an_input(tmp_path / "new.npy", [source], "--out")  # a new file is no input
     assert source.read_bytes() == b"weights"
+
+
+@pytest.mark.parametrize("directory", [False, True])
+def test_a_second_writer_of_one_output_is_refused_naming_the_first_until_it_ends(tmp_path, directory):
+    """Two commands writing one output would each replace the other's: while a live process holds a temporary for
+    the target, another writer is refused in one line naming it; once that process is gone, its temporary is stale
+    and removed, and the write goes through."""
+    import subprocess
+    import sys
+
+    target = tmp_path / ("bundle" if directory else "file.json")
+    first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        held = tmp_path / f".{target.name}.tmp-{first.pid}-abcd1234"
+        held.mkdir() if directory else held.write_text("half written")
+        with pytest.raises(UsageError, match=rf"{target.name} is being written by another mobile-moe command "
+                                             rf"\(pid {first.pid}: .*time.sleep.*\) right now"):  # fmt: skip
+            write_text_atomic(target, "second")
+        assert held.exists() and not target.exists()
+    finally:
+        first.kill()
+        first.wait()
+    with atomic_path(target, directory=directory) as tmp:
+        (tmp / "x").write_text("") if directory else tmp.write_text("second")
+    assert not held.exists() and target.exists()

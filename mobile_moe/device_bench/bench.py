@@ -28,13 +28,14 @@ from pathlib import Path
 from typing import Protocol
 
 from mobile_moe import jsonio
-from mobile_moe.atomic import check_writable, write_text_atomic
+from mobile_moe.atomic import atomic_path, check_writable
 from mobile_moe.device_bench import arm64
 from mobile_moe.device_bench import results as results_module
 from mobile_moe.device_bench.android import AndroidRunner
 from mobile_moe.device_bench.coreml_worker import CoreMLWorker
 from mobile_moe.device_bench.native_runner import NativeRunner, check_runner
 from mobile_moe.device_bench.python_worker import PythonWorker
+from mobile_moe.device_bench.report import PLOTS, REPORT, write_report
 from mobile_moe.device_bench.round_report import RoundJson, RoundReport
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.device_bench.workload import make_workload, random_seed, write_raw
@@ -158,30 +159,35 @@ def as_given(report: RoundReport) -> dict:
     return report.model_dump(mode="json", exclude_unset=True)
 
 
+BENCH_FILES = frozenset({"results.json", REPORT, *PLOTS})  # everything a bench writes in its --out
+
+
 def earlier_bench(out: Path) -> bool:
-    """True when `out` holds an earlier bench (a results.json of ours), which a new one replaces; False when it is new
-    or empty. A directory holding anything else is refused: a bench never writes over files it did not make."""
+    """True when `out` holds an earlier bench (a results.json of ours and only a bench's files), which a new one
+    replaces as a whole; False when it is new or empty. A directory holding anything else is refused: a bench never
+    writes over, or removes, files it did not make."""
     if not out.is_dir() or not any(out.iterdir()):
         return False
+    names = sorted(entry.name for entry in out.iterdir())
     try:
         results_module.validate_results(json.loads((out / "results.json").read_text()))
-        return True
+        foreign = [name for name in names if name not in BENCH_FILES]
     except (OSError, ValueError):  # no results.json, unreadable, not JSON, or not ours (json's errors are ValueErrors)
-        first = sorted(entry.name for entry in out.iterdir())[0]
+        foreign = names
+    if foreign:
         raise UsageError(
-            f"--out {out} holds files that are not a mobile-moe bench's (e.g. {first}); choose a new or empty "
+            f"--out {out} holds files that are not a mobile-moe bench's (e.g. {foreign[0]}); choose a new or empty "
             "directory, or the --out of an earlier bench to replace it"
-        ) from None
+        )
+    return True
 
 
 def write_results(results: dict, out: Path) -> None:
-    from mobile_moe.device_bench.report import PLOTS, write_report  # matplotlib: only once there is something to plot
-
-    out.mkdir(parents=True, exist_ok=True)
-    for name in PLOTS:  # an earlier bench's plots (earlier_bench checked they are ours): none may outlive it
-        (out / name).unlink(missing_ok=True)
-    write_text_atomic(out / "results.json", jsonio.dumps(results, indent=1))
-    write_report(results, out)
+    """results.json, report.md and the plots, written into a temporary directory that replaces `out` as a whole: a
+    reader sees the earlier bench or this one, never a mixture, and an interrupted bench leaves the earlier one."""
+    with atomic_path(out, directory=True) as tmp:
+        (tmp / "results.json").write_text(jsonio.dumps(results, indent=1), encoding="utf-8")
+        write_report(results, tmp)
 
 
 def benchmark(

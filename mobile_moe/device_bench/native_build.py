@@ -20,6 +20,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from mobile_moe.atomic import write_text_atomic
 from mobile_moe.cache import cache_root
 from mobile_moe.errors import UsageError
 
@@ -136,14 +137,14 @@ def build_runner(
     suffix = f"-{SANITIZERS[sanitize]}" if sanitize else "" if cross is None else f"-{cross.target}"
     build_dir = (build_root or cache_root()) / f"native-{source_hash(source_dir, compiler)}{suffix}"
     runner = build_dir / RUNNER_NAME
-    if runner.exists():
+    if built_intact(runner):
         return runner
     try:
         build_dir.mkdir(parents=True, exist_ok=True)
         # One build at a time per directory (parallel test workers, two benches): the others wait, then find it.
         with open(build_dir / ".lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if not runner.exists():
+            if not built_intact(runner):  # never built, or damaged since (truncated, replaced, a link): built again
                 _configure_and_compile(source_dir, build_dir, prefix=prefix, sanitize=sanitize, cmake_extra=extra)
     except UsageError as error:
         runtime = SANITIZERS.get(sanitize or "", "")
@@ -168,7 +169,31 @@ def _configure_and_compile(
     configure += [f"-DCMAKE_PREFIX_PATH={prefix}", f"-DMOBILE_MOE_SANITIZE={sanitize or ''}", *cmake_extra]
     _run(configure, "cmake configure")
     _run(["cmake", "--build", str(work), "--parallel", "2"], "compile")
-    # Copy, then rename into place: a concurrent or interrupted build never leaves a half-written runner behind.
+    # Copy, then rename into place: a concurrent or interrupted build never leaves a half-written runner behind. Its
+    # digest, written last, is what later runs check it against (built_intact).
     staged = build_dir / f".{RUNNER_NAME}.{os.getpid()}"
+    runner.unlink(missing_ok=True)  # a link in its place would otherwise survive the rename's target check
     shutil.copy2(work / RUNNER_NAME, staged)
+    digest = file_digest(staged)
     os.replace(staged, runner)
+    write_text_atomic(digest_file(runner), digest + "\n")
+
+
+def digest_file(runner: Path) -> Path:
+    return runner.with_name(f"{runner.name}.sha256")
+
+
+def file_digest(path: Path) -> str:
+    with open(path, "rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
+
+
+def built_intact(runner: Path) -> bool:
+    """Whether the cached `runner` is the one its build wrote: a regular file (no link), executable, with the SHA-256
+    recorded beside it when it was built. A cache is trusted for what it holds, not because a file is there."""
+    try:
+        if runner.is_symlink() or not runner.is_file() or not os.access(runner, os.X_OK):
+            return False
+        return digest_file(runner).read_text().strip() == file_digest(runner)
+    except OSError:
+        return False

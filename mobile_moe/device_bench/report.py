@@ -162,6 +162,7 @@ def markdown(results: dict, plot_files: list[str] = ()) -> str:
     return "\n".join(lines) + "\n"
 
 
+REPORT = "report.md"
 PLOTS = {  # file -> what it shows (report.md's caption)
     "latency.png": "warm latency per image",
     "memory.png": "peak memory and graph bytes loaded per image",
@@ -265,5 +266,5 @@ def plots(results: dict, out_dir: Path) -> list[Path]:
 def write_report(results: dict, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     drawn = plots(results, out_dir)
-    write_text_atomic(out_dir / "report.md", markdown(results, [path.name for path in drawn]))
-    return [out_dir / "report.md", *drawn]
+    write_text_atomic(out_dir / REPORT, markdown(results, [path.name for path in drawn]))
+    return [out_dir / REPORT, *drawn]

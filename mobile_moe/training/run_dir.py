@@ -29,7 +29,7 @@ from typing import Any
 from torch import nn
 
 from mobile_moe import atomic
-from mobile_moe.atomic import write_text_atomic
+from mobile_moe.atomic import process_description, write_text_atomic
 from mobile_moe.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from mobile_moe.class_names import class_names_problem
 from mobile_moe.data.datasets import open_data
@@ -212,9 +212,7 @@ def _lock_holder(handle: int) -> str:
         for line in Path("/proc/locks").read_text().splitlines():
             fields = line.split()
             if fields[1] == "FLOCK" and fields[5] == file_id:  # the same inode on another file system is not ours
-                pid = int(fields[4])
-                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                return f"another mobile-moe command (pid {pid}: {command.strip()[:160]})"
+                return process_description(int(fields[4]))
     return "another mobile-moe command"
 
 

@@ -180,6 +180,46 @@ def test_only_a_missing_sanitizer_runtime_lets_its_tests_skip(tmp_path, monkeypa
     assert isinstance(refused.value, native_build.SanitizerUnavailable) == unavailable
 
 
+@pytest.mark.parametrize("damage", ["truncated", "a link to a text file", "not executable", "its digest lost"])
+def test_a_damaged_cached_runner_is_built_again_not_trusted_because_it_exists(tmp_path, monkeypatch, damage):
+    """The runner cache holds what its build wrote: a runner cut short, replaced by a link, stripped of its mode or
+    without its recorded digest is built again (a truncated one had crashed with SIGSEGV and been blamed on the
+    bundle; a link to a text file had been reported as a --runner the user never passed)."""
+    import os
+
+    from mobile_moe.device_bench import native_build
+
+    builds = []
+
+    def compile_fake(source_dir, build_dir, **kwargs):  # what _configure_and_compile leaves: the runner, its digest
+        builds.append(build_dir)
+        work = build_dir / "cmake-build"
+        work.mkdir(parents=True, exist_ok=True)
+        (work / native_build.RUNNER_NAME).write_bytes(b"\x7fELF" + bytes(4096))
+        (work / native_build.RUNNER_NAME).chmod(0o755)
+        monkeypatch.setattr(native_build, "_run", lambda *a, **k: None)
+        real_compile(source_dir, build_dir, **kwargs)
+
+    real_compile = native_build._configure_and_compile
+    monkeypatch.setattr(native_build, "_configure_and_compile", compile_fake)
+    monkeypatch.setattr(native_build, "missing_tools", lambda: [])
+    runner = build_runner(build_root=tmp_path / "cache")
+    assert len(builds) == 1 and build_runner(build_root=tmp_path / "cache") == runner and len(builds) == 1
+    if damage == "truncated":
+        runner.write_bytes(runner.read_bytes()[:100])
+    elif damage == "a link to a text file":
+        (tmp_path / "notes.txt").write_text("not a program")
+        runner.unlink()
+        runner.symlink_to(tmp_path / "notes.txt")
+    elif damage == "not executable":
+        runner.chmod(0o644)
+    else:
+        native_build.digest_file(runner).unlink()
+    assert build_runner(build_root=tmp_path / "cache") == runner and len(builds) == 2
+    assert not runner.is_symlink() and os.access(runner, os.X_OK) and native_build.built_intact(runner)
+    assert (tmp_path / "notes.txt").read_text() == "not a program" if damage.startswith("a link") else True
+
+
 FAKE_ADB = textwrap.dedent(
     '''
     """Stand-in adb: push/shell/pull against $FAKE_ADB_ROOT, the host-built runner standing in for the phone's."""
@@ -298,6 +338,11 @@ def test_bench_cli_python_runtime(bundle, tmp_path, capsys):
     assert main([*argv, "--out", str(tmp_path / "notes")]) == 2
     assert "holds files that are not a mobile-moe bench's (e.g. mine.txt)" in capsys.readouterr().err
     assert sorted(p.name for p in (tmp_path / "notes").iterdir()) == ["mine.txt"]
+    # An earlier bench's folder with a file of the user's beside ours: the whole folder is replaced, so it is refused.
+    (out / "my-notes.md").write_text("mine")
+    assert main([*argv, "--images", "4", "--out", str(out)]) == 2
+    assert "holds files that are not a mobile-moe bench's (e.g. my-notes.md)" in capsys.readouterr().err
+    assert (out / "my-notes.md").read_text() == "mine" and (out / "results.json").exists()
 
 
 def test_bench_cli_bad_input(bundle, tmp_path, capsys):
