@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 # The suite runs on both cores (pytest-xdist); `make test` deselects what is slow, `make test-slow` runs just that.
-PYTEST := $(BIN)/pytest -q -n 2
+PYTEST := $(BIN)/pytest -q -n 2 --dist worksteal
 
 .PHONY: demo test test-slow test-all lint clean arm64 gpu-check gpu-venv gpu-wheels
 
