@@ -98,9 +98,22 @@ def comparisons(runs: list[dict]) -> list[str]:
                     f"- {_named('split', moe)} vs {_named('monolithic', mono)} ({_runtime_label(moe)}): "
                     f"peak RSS {_mib(moe['peak_rss_bytes'])} vs {_mib(mono['peak_rss_bytes'])} MiB, graph bytes per "
                     f"image {_mib(moe['bytes_loaded_per_image'])} vs {_mib(mono['bytes_loaded_per_image'])} MiB, p50 "
-                    f"{_ms(moe['latency_ms']['p50'])} vs {_ms(mono['latency_ms']['p50'])} ms"
+                    f"{_ms(moe['latency_ms']['p50'])} vs {_ms(mono['latency_ms']['p50'])} ms: {MONOLITHIC_WHY}"
                 )
     return lines
+
+
+def _top1(run: dict) -> str:
+    """'80.3% (test)': the accuracy a report compares bundles with, named by its split; '-' when unknown."""
+    if run.get("accuracy") is None:
+        return "-"
+    return f"{run['accuracy']:.1%}" + (f" ({run['accuracy_split']})" if run.get("accuracy_split") else "")
+
+
+def accuracy_splits(runs: list[dict]) -> str:
+    """'the test split', 'the validation split' or 'the test or validation split' (older bundles mixed in)."""
+    splits = sorted({run.get("accuracy_split") or "validation" for run in runs if run.get("accuracy") is not None})
+    return f"the {' or '.join(splits)} split"
 
 
 def markdown(results: dict, plot_files: list[str] = ()) -> str:
@@ -113,8 +126,8 @@ def markdown(results: dict, plot_files: list[str] = ()) -> str:
         "",
         "| bundle | runtime | device | threads | p50 ms | p90 ms | p99 ms | mean ms | router load ms | expert load ms "
         "| switch ms | peak RSS MiB | PSS MiB | graph MiB/image | params M loaded/image | params M active "
-        "| expert change rate | spread |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| expert change rate | top-1 | spread |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         latency, load = run["latency_ms"], run["load_ms"]
@@ -126,8 +139,10 @@ def markdown(results: dict, plot_files: list[str] = ()) -> str:
             f"| {_ms(load['expert'])} | {_ms(run['switch_ms'])} | {_mib(run['peak_rss_bytes'])} "
             f"| {_mib(run['pss_bytes'])} | {_mib(run['bytes_loaded_per_image'])} "
             f"| {_millions(run.get('params_loaded_per_image'))} | {_millions(run['params_active'])} "
-            f"| {_rate(run['expert_change_rate'])} | {spread} |"
+            f"| {_rate(run['expert_change_rate'])} | {_top1(run)} | {spread} |"
         )
+    if any(run.get("accuracy") is not None for run in runs):
+        lines += ["", f"top-1: on {accuracy_splits(runs)} of each bundle's run (export measured it; docs/formats.md)."]
     caches = [f"- {_label(run)}: packed-weight cache {'on' if run['weight_cache'] else 'off'}"
               + (f", {_mib(run['weight_cache_bytes'])} MiB held" if run["weight_cache"] else "")
               for run in runs if run.get("weight_cache") is not None]  # fmt: skip
@@ -184,25 +199,47 @@ def _bars(plt, results: dict, title: str):
     return figure, axis
 
 
-def _latency_plot(plt, results: dict):
-    runs = results["runs"]
-    figure, axis = _bars(plt, results, "Warm latency per image: p50, whisker to p90")
+MONOLITHIC_WHY = ("a monolithic bundle computes every expert for every image (the dense mixture, one graph that "
+                  "never branches on data), so it runs E expert MLPs where a split bundle runs k")
+
+
+def _latency_bars(axis, runs: list[dict]) -> None:
+    """p50 bars with a whisker to p90; the report's WIDE flag hatched on the bar it concerns."""
     p50 = [run["latency_ms"]["p50"] for run in runs]
     p90 = [run["latency_ms"]["p90"] - run["latency_ms"]["p50"] for run in runs]
-    wide = [run["spread"]["wide"] for run in runs]
     bars = axis.bar(range(len(runs)), p50, yerr=[[0] * len(runs), p90], capsize=4, color="tab:blue")
-    for bar, run, is_wide in zip(bars, runs, wide, strict=True):  # the report's WIDE flag, on the bar it concerns
-        if is_wide:
+    for bar, run in zip(bars, runs, strict=True):
+        if run["spread"]["wide"]:
             bar.set_hatch("//")
             bar.set_facecolor("tab:orange")
             top = (bar.get_x() + bar.get_width() / 2, bar.get_height())
             axis.annotate(f"WIDE {run['spread']['relative']:.0%}", top, xytext=(0, 2), textcoords="offset points",
                           ha="center", va="bottom", fontsize=7)  # fmt: skip
-    if any(wide):
-        axis.set_title(axis.get_title() + "\nhatched: rounds disagree by more than 10% (WIDE): noisy", fontsize=9)
     axis.set_xticks(range(len(runs)), [_label(run) for run in runs], rotation=30, ha="right", fontsize=7)
     axis.set_ylabel("ms")
     axis.set_ylim(bottom=0)
+
+
+def _latency_plot(plt, results: dict):
+    """One panel; monolithic bundles, many times slower by design, on a panel and axis of their own beside it, so
+    the bundles a phone would ship are not slivers next to them."""
+    runs = results["runs"]
+    title = "Warm latency per image: p50, whisker to p90"
+    if any(run["spread"]["wide"] for run in runs):
+        title += "\nhatched: rounds disagree by more than 10% (WIDE): noisy"
+    monolithic = [run for run in runs if run.get("kind") == "monolithic"]
+    others = [run for run in runs if run.get("kind") != "monolithic"]
+    if not monolithic or not others:
+        figure, axis = _bars(plt, results, title)
+        _latency_bars(axis, runs)
+        return figure
+    figure, (left, right) = plt.subplots(1, 2, figsize=(max(7, 1.6 * len(runs) + 1), 4),
+                                         gridspec_kw={"width_ratios": [len(others), len(monolithic)]})  # fmt: skip
+    figure.suptitle(f"{title}\n{_where(results)}", fontsize=9)
+    figure.subplots_adjust(top=0.78)  # the panels' own titles below the figure's
+    _latency_bars(left, others)
+    _latency_bars(right, monolithic)
+    right.set_title("monolithic: every expert\nfor every image", fontsize=8)
     return figure
 
 
@@ -221,24 +258,36 @@ def _memory_plot(plt, results: dict):
     return figure
 
 
+def _padded(values: list[float], share: float, low: float = float("-inf"), high: float = float("inf")):
+    """Axis limits around `values`, padded by `share` of their range (of their size where they are all one value)."""
+    least, most = min(values), max(values)
+    pad = share * ((most - least) or abs(most) or 1.0)
+    return max(low, least - pad), min(high, most + pad)
+
+
 def _accuracy_plot(plt, results: dict, scored: list[dict]):
-    """Both axes from zero: a dense model and its Mobile V-MoE differ in FLOPs by the router alone, which a zoomed
-    axis would blow up into a gap. Points are named in a legend with their values (labels beside points that nearly
-    coincide would overlap); bundles at the same point (a split and a monolithic export) share one entry."""
+    """FLOPs from zero, accuracy zoomed to the points: a dense model and its Mobile V-MoE differ in FLOPs by the
+    router alone, which a zoomed FLOPs axis would blow up into a gap, and in accuracy by a point or two, which an
+    axis from zero would squash into one dot. Each point is numbered on the plot and named in the legend with its
+    values; bundles at the same point (a split and a monolithic export) share one."""
+    from matplotlib.ticker import PercentFormatter
+
     figure, axis = plt.subplots(figsize=(7, 4))
     axis.set_title(f"Accuracy against inference FLOPs\n{_where(results)}", fontsize=9)
     points: dict[tuple[float, float], list[dict]] = {}
     for run in scored:
         points.setdefault((run["flops"] / 1e6, run["accuracy"]), []).append(run)
-    for (mflops, accuracy), runs in points.items():
+    for number, ((mflops, accuracy), runs) in enumerate(points.items(), start=1):
         dense = all(run["kind"] == "dense" for run in runs)
         names = ", ".join(run["bundle_name"] for run in runs)
-        label = f"{names}: {mflops:.4g} MFLOPs, {accuracy:.1%}"
-        axis.scatter(mflops, accuracy, marker="o" if dense else "s", label=label)
+        axis.scatter(mflops, accuracy, marker="o" if dense else "s", label=f"{number}. {names}: {mflops:.4g} MFLOPs, "
+                     f"{accuracy:.1%}")  # fmt: skip
+        axis.annotate(str(number), (mflops, accuracy), textcoords="offset points", xytext=(5, 5), fontsize=8)
     axis.set_xlim(0, 1.1 * max(mflops for mflops, _ in points))
-    axis.set_ylim(0, 1.02)
+    axis.set_ylim(*_padded([accuracy for _, accuracy in points], 0.5, low=0, high=1))
+    axis.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=1))
     axis.set_xlabel("MFLOPs per image")
-    axis.set_ylabel("validation top-1 of the exported run")
+    axis.set_ylabel(f"top-1 on {accuracy_splits(scored)}")
     axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7, frameon=False)
     return figure
 

@@ -147,6 +147,7 @@ def export_bundle(
     val_data: tuple[Tensor, Tensor] | None = None,
     source: str | None = None,
     validation_top1: float | None = None,
+    test_top1: float | None = None,
     resize: dict[str, Any] | None = None,
     log: Callable[[str], None] = lambda message: None,
 ) -> Manifest:
@@ -170,6 +171,7 @@ def export_bundle(
         "input": _input(cfg, mean=mean, std=std, resize=resize),
         "source": source,
         **({"validation_top1": validation_top1} if validation_top1 is not None else {}),
+        **({"test_top1": test_top1} if test_top1 is not None else {}),
     }
     manifest = _planned_manifest(cfg, split, lowering, described)  # checked before any graph is exported
 

@@ -24,8 +24,10 @@ What an image touches (optional, so bundles written before these fields still va
   params_active_max  the most parameters one image computes with (mobile_moe.costs' params_active, worst case). It
                      can never exceed what the graphs one image needs hold (`params_loaded_max`): the router and
                      shared graphs plus its top_k heaviest experts, or the one graph of a single-graph layout.
-  validation_top1    the exported run's validation top-1 (its best.pt, 0..1), when the bundle comes from a run; what
-                     bench reports plot accuracy against cost with.
+  validation_top1    the exported run's validation top-1 (its best.pt, 0..1), when the bundle comes from a run.
+  test_top1          the exported checkpoint's top-1 on its data's test split (0..1), measured by export on the eager
+                     model as `evaluate` measures it, when the bundle comes from a run whose data has one: the one
+                     accuracy bench reports compare models with (validation_top1 where it is absent, and they say so).
 How an image file becomes the input tensor (optional, same reason):
   input.resize       the eval resize policy evaluation used (mobile_moe/preprocess.py, which predict applies), then
                      scale to [0, 1] and input.mean/std:
@@ -226,6 +228,7 @@ class Manifest(_Strict):
     precision: str | None = None  # fp32, fp16, or the int8 / compression method
     source: str | None = None  # the run directory exported
     validation_top1: Annotated[float, Field(ge=0, le=1)] | None = None
+    test_top1: Annotated[float, Field(ge=0, le=1)] | None = None
     parity: dict[str, Any] | None = None  # bundle vs eager model on sample images, at export
     quantization: dict[str, Any] | None = None  # int8: bytes and the validation top-1 change
 

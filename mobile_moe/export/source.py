@@ -32,6 +32,7 @@ class ExportSource:
     val_data: tuple[Tensor, Tensor]  # (images, labels): int8 top-1 change
     source: str
     validation_top1: float | None = None  # the run's best validation top-1, recorded in the manifest
+    test_top1: float | None = None  # the checkpoint's top-1 on the test split, as `evaluate` gives it
     resize: dict[str, Any] | None = None  # the manifest's input.resize: the eval resize policy and its origin
 
     def export_kwargs(self) -> dict[str, Any]:
@@ -46,6 +47,7 @@ class ExportSource:
             "val_data": self.val_data,
             "source": self.source,
             "validation_top1": self.validation_top1,
+            "test_top1": self.test_top1,
             "resize": self.resize,
         }
 
@@ -86,8 +88,19 @@ def source_from_run(
         val_data=(val_images, val_labels),
         source=str(run.run_dir),
         validation_top1=_best_validation_top1(run.checkpoint),
+        test_top1=_test_top1(run.model, data),
         resize=dict(data.eval_resize, origin="run" if "eval_resize" in data_config else "data-spec"),
     )
+
+
+def _test_top1(model: nn.Module, data) -> float | None:
+    """The model's top-1 on the data's test split, on the CPU in float32 as `evaluate` computes it by default there;
+    None for data without one."""
+    from mobile_moe.training.evaluate import evaluate
+
+    if "test" not in data.raw_splits:
+        return None
+    return evaluate(model, data.split("test"), device="cpu")["top1"]
 
 
 def _best_validation_top1(checkpoint: dict) -> float | None:

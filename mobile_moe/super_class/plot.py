@@ -35,7 +35,7 @@ def draw_graph(axis, confusion: np.ndarray, super_classes: SuperClasses, seed: i
     affinity = knn_sparsify(class_affinity(confusion), min(3, confusion.shape[0] - 1))
     graph = nx.from_numpy_array(affinity)
     positions = nx.spring_layout(graph, weight="weight", seed=seed, iterations=50)
-    colours = plt.get_cmap("tab20")(np.asarray(super_classes.assignment) % 20)
+    colours = [super_class_colour(s, super_classes.num_super_classes) for s in super_classes.assignment]
     size = max(4.0, 300.0 / np.sqrt(confusion.shape[0]))
     nx.draw_networkx_edges(graph, positions, ax=axis, alpha=0.2, width=0.5)
     nx.draw_networkx_nodes(graph, positions, ax=axis, node_color=colours, node_size=size, linewidths=0)
@@ -48,14 +48,23 @@ def draw_graph(axis, confusion: np.ndarray, super_classes: SuperClasses, seed: i
 
 
 LEGEND_ENTRIES = 20  # tab20's colours: past 20 super-classes they repeat, and a legend would not say which is which
+# tab20 pairs each hue with its light twin (blue, light blue, orange, ...): in index order, super-classes 0 and 1
+# would be two blues. Its 10 strong hues first, then their light twins, keeps neighbouring IDs apart.
+TAB20_APART = [*range(0, 20, 2), *range(1, 20, 2)]
+
+
+def super_class_colour(super_class: int, count: int):
+    """Super-class `super_class`'s colour of `count`: tab10's qualitative hues up to 10, tab20's (hues first) past."""
+    if count <= 10:
+        return plt.get_cmap("tab10")(super_class)
+    return plt.get_cmap("tab20")(TAB20_APART[super_class % 20])
 
 
 def legend_of_colours(axis, super_classes: SuperClasses) -> None:
     """Which colour is which super-class: its ID, name and size (the first 20; colours repeat after that)."""
-    palette = plt.get_cmap("tab20")
     shown = min(super_classes.num_super_classes, LEGEND_ENTRIES)
     handles = [
-        Line2D([], [], marker="o", linestyle="", color=palette(s % 20),
+        Line2D([], [], marker="o", linestyle="", color=super_class_colour(s, super_classes.num_super_classes),
                label=f"{s}: {super_classes.names[s]} ({len(super_classes.members(s))})")
         for s in range(shown)
     ]  # fmt: skip

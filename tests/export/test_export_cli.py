@@ -67,22 +67,39 @@ def test_export_from_run_dir_records_run_metadata(onnx_bundle, run_dir):
     assert len(manifest["input"]["mean"]) == 3 and manifest["source"] == str(run_dir)
 
 
-def test_the_runs_validation_top1_reaches_the_manifest_and_the_bench_report(tmp_path, onnx_bundle):
-    """A bundle from a trained run carries its best.pt's validation top-1 (so bench reports can plot accuracy against
-    cost); an untrained run's (no best_top1) carries none."""
+def test_the_runs_test_top1_reaches_the_manifest_and_the_bench_report_named_by_its_split(tmp_path, capsys):
+    """A bundle from a run carries the checkpoint's top-1 on the test split, the number `evaluate` prints, and its
+    best.pt's validation top-1; bench compares bundles by the test one and names the split in its table and plot."""
     from mobile_moe.device_bench.bench import bench_bundles
 
-    assert "validation_top1" not in json.loads((onnx_bundle / MANIFEST).read_text())
     model = tiny_model("vit", num_classes=10)
     run = make_run_dir(tmp_path / "runs", model)
     save_checkpoint(checkpoint_dict(model, epoch=3, best_top1=0.75), run / "best.pt")
     out = tmp_path / "dense"
     assert main(["export", str(run), "--format", "onnx", "--out", str(out)]) == 0
-    assert json.loads((out / MANIFEST).read_text())["validation_top1"] == 0.75
+    manifest = json.loads((out / MANIFEST).read_text())
+    capsys.readouterr()
+    assert main(["evaluate", str(run), "--json"]) == 0
+    assert manifest["test_top1"] == json.loads(capsys.readouterr().out)["top1"]
+    assert manifest["validation_top1"] == 0.75
     results = bench_bundles([out], tmp_path / "bench", runtime="onnxruntime", iterations=2, warmup=0,
                             log=lambda message: None)  # fmt: skip
-    assert results["runs"][0]["accuracy"] == 0.75
+    run_record = results["runs"][0]
+    assert run_record["accuracy"] == manifest["test_top1"] and run_record["accuracy_split"] == "test"
+    report = (tmp_path / "bench" / "report.md").read_text()
+    assert f"| {run_record['accuracy']:.1%} (test) |" in report and "top-1: on the test split" in report
     assert (tmp_path / "bench" / "accuracy_vs_flops.png").is_file()
+
+
+def test_a_bundle_from_before_test_top1_is_compared_by_its_validation_top1_and_says_so(onnx_bundle, tmp_path):
+    """Bundles exported before test_top1 fall back to validation_top1, named so; without either, no accuracy."""
+    from mobile_moe.device_bench.results import _accuracy
+    from mobile_moe.export.manifest import read_manifest
+
+    manifest = read_manifest(onnx_bundle)
+    assert _accuracy(manifest.model_copy(update={"test_top1": None, "validation_top1": 0.5})) == {
+        "accuracy": 0.5, "accuracy_split": "validation"}  # fmt: skip
+    assert _accuracy(manifest.model_copy(update={"test_top1": None, "validation_top1": None}))["accuracy"] is None
 
 
 def test_predict_json(onnx_bundle, png, capsys):

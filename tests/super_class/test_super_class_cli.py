@@ -193,3 +193,19 @@ def test_show_bad_file(tmp_path, capsys):
     bad.write_text("{}")
     assert main(["superclass", "show", str(bad)]) == 2
     assert "not a super-class file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("count", [2, 5, 10, 11, 20])
+def test_every_super_class_up_to_twenty_gets_its_own_colour_and_neighbours_are_not_twins(count):
+    """tab20 in index order gave super-classes 0 and 1 two blues (footwear read as coat / pullover): the palette
+    keeps each colour distinct and no two neighbouring IDs a hue and its light twin."""
+    import colorsys
+    import itertools
+
+    from mobile_moe.super_class.plot import super_class_colour
+
+    colours = [super_class_colour(s, count)[:3] for s in range(count)]
+    assert len(set(colours)) == count
+    hues = [colorsys.rgb_to_hsv(*colour)[0] for colour in colours]
+    for before, after in itertools.pairwise(hues):
+        assert min(abs(before - after), 1 - abs(before - after)) > 0.02  # a different hue, not a lighter one
