@@ -37,8 +37,8 @@ def train_digits(
     split. `super_classes` (MoE only): a super-class file with 5 super-classes of the digits, or random[:SEED].
     `epochs`: None for the tiny recipe's (15); otherwise at least 1 (0 is refused, not read as "the default").
 
-    Returns run_dir, test_top1, test_top5, val_top1 (the best epoch's: best.pt's), router_accuracy (None for dense),
-    expert_load, images_per_s (mean over epochs) and wall_s.
+    Returns run_dir, test_correct (per test image, for paired_difference), test_top1, test_top5, val_top1 (the best
+    epoch's: best.pt's), router_accuracy (None for dense), expert_load, images_per_s (mean over epochs) and wall_s.
     """
     name, extra = MODELS[kind]
     fields = dict(DEMO_MODEL)
@@ -50,10 +50,12 @@ def train_digits(
     run_dir = train(config, recipe, "digits", super_classes, Path(out_dir), verbose=verbose)
     wall = time.perf_counter() - start
     run = load_run(run_dir)
-    scores = evaluate(run.model, run.open_data().split("test"), run.super_assignment)
+    test = run.open_data().split("test")
+    scores = evaluate(run.model, test, run.super_assignment)
     rows = read_metrics(run_dir)
     return {
         "run_dir": str(run_dir),
+        "test_correct": correct_per_image(run.model, test),
         "epochs": recipe.epochs,
         "test_top1": scores["top1"],
         "test_top5": scores["top5"],
@@ -63,3 +65,23 @@ def train_digits(
         "images_per_s": sum(r["images_per_s"] for r in rows) / len(rows),
         "wall_s": wall,
     }
+
+
+def correct_per_image(model, dataset) -> list[bool]:
+    """Whether the model's top-1 is right, image by image, on the CPU: two models' lists on one split pair up."""
+    import torch
+
+    images = torch.stack([image for image, _ in dataset])
+    labels = torch.tensor([label for _, label in dataset])
+    with torch.no_grad():
+        return (model.eval()(images).logits.argmax(-1) == labels).tolist()
+
+
+def paired_difference(first: list[bool], second: list[bool]) -> tuple[float, float]:
+    """(mean of second - first, half-width of its 95% interval) over the same images, image by image: the test
+    split's sampling noise on the difference (a normal approximation; run-to-run training noise comes on top)."""
+    import statistics
+
+    differences = [int(b) - int(a) for a, b in zip(first, second, strict=True)]
+    spread = statistics.stdev(differences) if len(differences) > 1 else 0.0
+    return statistics.fmean(differences), 1.96 * spread / len(differences) ** 0.5

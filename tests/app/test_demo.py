@@ -27,3 +27,19 @@ def test_the_demo_writes_its_report_and_its_stderr_is_only_its_own_progress(tmp_
     for linked in re.findall(r"!\[[^]]*\]\(([^)]+)\)", report):  # every plot the report shows was written
         assert (out / linked).is_file(), linked
     assert {Path(p).name for p in re.findall(r"\]\(([^)]+\.png)\)", report)} >= {"latency.png", "memory.png"}
+    assert "Mobile V-MoE minus dense, test top-1:" in report and "the split approaches the dense model" in report
+
+
+def test_the_paired_difference_is_the_accuracy_gap_with_its_sampling_noise():
+    """Image by image over one test split: the mean of (MoE right) - (dense right), and 1.96 standard errors."""
+    import statistics
+
+    from mobile_moe.training.demo import paired_difference
+
+    assert paired_difference([True, False] * 50, [True, False] * 50) == (0.0, 0.0)  # the same answers: no noise
+    dense = [True] * 80 + [False] * 20
+    moe = [True] * 70 + [False] * 10 + [True] * 15 + [False] * 5  # 10 lost, 15 gained
+    difference, noise = paired_difference(dense, moe)
+    per_image = [0] * 70 + [-1] * 10 + [1] * 15 + [0] * 5
+    assert difference == pytest.approx(0.05)
+    assert noise == pytest.approx(1.96 * statistics.stdev(per_image) / 10)
