@@ -137,7 +137,11 @@ def choose_runtime(requested: str | None, manifest: Manifest, bundle: str) -> st
     runtime = requested or DEFAULT_RUNTIME.get(backend)
     if runtime is None or BACKEND_OF_RUNTIME[runtime] != backend:
         article = "an" if backend[0] in "aeiou" else "a"
-        raise UsageError(f"{bundle} is {article} {backend} bundle; --runtime {requested} cannot run it")
+        fitting = sorted(name for name, of in BACKEND_OF_RUNTIME.items() if of == backend)
+        raise UsageError(
+            f"{bundle} is {article} {backend} bundle; --runtime {requested} cannot run it: use --runtime "
+            f"{' or '.join(fitting)}, or leave --runtime out"
+        )
     return runtime
 
 

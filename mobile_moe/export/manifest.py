@@ -90,6 +90,13 @@ def read_manifest(bundle_dir: str | os.PathLike, *, verify_files: bool = False) 
     bundle_dir = Path(bundle_dir)
     path = bundle_dir / MANIFEST
     if not path.is_file():  # also refuses FIFOs and devices, which would block or never end
+        from mobile_moe.training.run_dir import CONFIG
+
+        if (bundle_dir / CONFIG).is_file():
+            raise UsageError(
+                f"{bundle_dir} is a training run, not a bundle; export it first: `mobile-moe export {bundle_dir} "
+                "--format executorch --out BUNDLE`, then pass BUNDLE"
+            )
         raise UsageError(
             f"{bundle_dir} is not a mobile-moe bundle (no {MANIFEST}); pass a directory written by `mobile-moe export`"
         )

@@ -17,6 +17,7 @@ uninterrupted run writes.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import fcntl
 import json
 import os
@@ -118,6 +119,15 @@ def holds_results(path: str | os.PathLike) -> bool:
     return any((Path(path) / name).exists() for name in RESULTS)
 
 
+def _near_runs(missing: Path) -> list[Path]:
+    """Run directories beside `missing` whose names are close to its name (a typo), closest first; at most two."""
+    try:
+        runs = [entry.name for entry in missing.parent.iterdir() if (entry / CONFIG).is_file()]
+    except OSError:
+        return []
+    return [missing.parent / name for name in difflib.get_close_matches(missing.name, runs, n=2, cutoff=0.6)]
+
+
 def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
     run_dir = Path(run_dir)
     path = run_dir / CONFIG
@@ -126,6 +136,9 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
             f"{run_dir} is a file, not a run directory; pass the directory that holds it ({run_dir.parent})"
         )
     if not run_dir.is_dir():
+        near = _near_runs(run_dir)
+        if near:
+            raise UsageError(f"run directory {run_dir} does not exist; did you mean {' or '.join(map(str, near))}?")
         raise UsageError(f"run directory {run_dir} does not exist; train one with `mobile-moe train --out {run_dir}`")
     if not path.is_file():
         raise UsageError(f"{run_dir} is not a run directory (no {CONFIG}); pass the --out directory of a training run")

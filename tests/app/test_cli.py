@@ -233,3 +233,17 @@ def test_a_bad_flag_points_to_its_commands_help(capsys, argv, expected):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert expected in err and err.count("\n") == 1
+
+
+def test_a_mistyped_run_or_a_run_given_for_a_bundle_is_told_what_to_pass(tmp_path, capsys):
+    """A run path one letter off names the near run; a run passed where a bundle belongs says to export it first."""
+    run = tmp_path / "runs" / "moe"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text("{}")
+    (tmp_path / "image.png").write_bytes(b"")
+    assert main(["evaluate", str(tmp_path / "runs" / "mo")]) == 2
+    assert f"does not exist; did you mean {run}?" in capsys.readouterr().err
+    assert main(["evaluate", str(tmp_path / "runs" / "elsewhere")]) == 2
+    assert "train one with `mobile-moe train --out" in capsys.readouterr().err  # nothing near: as before
+    assert main(["predict", str(run), str(tmp_path / "image.png")]) == 2
+    assert f"{run} is a training run, not a bundle; export it first: `mobile-moe export {run}" in capsys.readouterr().err
