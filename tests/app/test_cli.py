@@ -246,4 +246,5 @@ def test_a_mistyped_run_or_a_run_given_for_a_bundle_is_told_what_to_pass(tmp_pat
     assert main(["evaluate", str(tmp_path / "runs" / "elsewhere")]) == 2
     assert "train one with `mobile-moe train --out" in capsys.readouterr().err  # nothing near: as before
     assert main(["predict", str(run), str(tmp_path / "image.png")]) == 2
-    assert f"{run} is a training run, not a bundle; export it first: `mobile-moe export {run}" in capsys.readouterr().err
+    refused = capsys.readouterr().err
+    assert f"{run} is a training run, not a bundle; export it first: `mobile-moe export {run}" in refused

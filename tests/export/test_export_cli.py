@@ -273,4 +273,5 @@ def test_a_full_disk_inside_the_onnx_exporters_own_writes_is_one_line_and_leaves
 
 def test_bench_names_the_runtime_that_runs_a_bundle_another_runtime_cannot(onnx_bundle, tmp_path, capsys):
     assert main(["bench", str(onnx_bundle), "--runtime", "native", "--out", str(tmp_path / "bench")]) == 2
-    assert "--runtime native cannot run it: use --runtime onnxruntime, or leave --runtime out" in capsys.readouterr().err
+    refused = capsys.readouterr().err
+    assert "--runtime native cannot run it: use --runtime onnxruntime, or leave --runtime out" in refused
