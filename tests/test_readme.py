@@ -75,13 +75,18 @@ def test_every_command_shown_parses_or_names_what_exists():
                 pytest.fail(f"a command this test cannot check: {command}")
 
 
-def options_of(words: list[str]) -> set[str]:
-    """Every option string the command (and its action, for superclass derive|show) accepts: argparse keeps a
-    parser's sub-parsers in its one _SubParsersAction."""
+def option_actions(words: list[str]) -> list[list[str]]:
+    """The option strings of each option the command (and its action, for superclass derive|show) takes, --help
+    aside: argparse keeps a parser's sub-parsers in its one _SubParsersAction."""
     command = build_parser(words[0])._subparsers._group_actions[0].choices[words[0]]
     if command._subparsers is not None:
         command = command._subparsers._group_actions[0].choices[words[1]]
-    return {option for action in command._actions for option in action.option_strings}
+    return [action.option_strings for action in command._actions if action.option_strings and action.dest != "help"]
+
+
+def options_of(words: list[str]) -> set[str]:
+    """Every option string the command accepts."""
+    return {"-h", "--help", *(option for strings in option_actions(words) for option in strings)}
 
 
 def test_the_synopsis_shows_only_flags_its_commands_take():
@@ -92,6 +97,20 @@ def test_the_synopsis_shows_only_flags_its_commands_take():
         words = entry.split()[1:3]
         shown = set(re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", entry.split("#")[0]))
         assert shown <= options_of(words), f"{' '.join(words)}: {sorted(shown - options_of(words))} not taken"
+
+
+def test_the_synopsis_shows_every_flag_its_commands_take():
+    """The other way: an option --help lists and the synopsis omits is one a README reader never learns of."""
+    (synopsis,) = [block for block in blocks() if block.kind == "synopsis"]
+    omitted, entries = [], re.split(r"\n(?=mobile-moe )", synopsis.body.strip())
+    flags = {entry.split()[1]: set(re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", entry)) for entry in entries}
+    for entry in entries:
+        words = entry.split()[1:3]
+        shown = set(re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", entry))
+        if "[model flags: info's]" in entry:  # the model flags, written out once on info's line
+            shown |= flags["info"] - {"--json"}
+        omitted += [f"{' '.join(words)} {strings[-1]}" for strings in option_actions(words) if not shown & set(strings)]
+    assert not omitted, f"options --help lists that the README synopsis omits: {omitted}"
 
 
 # --- the scenarios, run -----------------------------------------------------------------------------------------------
