@@ -1,0 +1,82 @@
+"""Every data-spec form the README and docs/formats.md show opens, taken from the text itself: each optional part
+left out and put in, its placeholders filled with small local data. A form the docs show and the parser refuses (as
+`fashion-mnist,train=N` once was) fails here, whichever document shows it."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import write_imagefolder
+from test_idx_data import PER_CLASS, balanced, write_set
+
+from mobile_moe.data import idx_files, store
+from mobile_moe.data.datasets import open_data
+from mobile_moe.errors import UsageError
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+NAMES = ("digits-pairs", "digits", "synthetic", "fashion-mnist", "idx", "cifar10", "cifar100", "imagefolder", "packed")
+FORM = re.compile(rf"`((?:{'|'.join(re.escape(name) for name in NAMES)})(?:[\[:,][^`\s]*)?)`")
+# Values for the documented KEY=PLACEHOLDER options: small, and valid together.
+OPTION_VALUES = {"train": "100", "val": "100", "test": "100", "seed": "1", "classes": "4", "super": "2",
+                 "per_class": "20", "noise": "0.1"}  # fmt: skip
+SOME_OPTION = {"synthetic": "classes=4", "digits-pairs": "train=100"}  # a generic `k=v`: one of the dataset's own
+NEEDS_ROOT = ("idx", "cifar10", "cifar100", "imagefolder", "packed")  # written alone, these are names, not forms
+CIFAR_ABSENT = "no readable|holds"  # a CIFAR form that parsed reaches the reader, which finds no CIFAR files here
+
+
+def documented_forms() -> list[str]:
+    """The spec forms written in backticks in the README's and docs/formats.md's data sections."""
+    readme = (REPOSITORY / "README.md").read_text()
+    formats = (REPOSITORY / "docs" / "formats.md").read_text()
+    data_section = formats[formats.index("## 1. Data specs") : formats.index("\n## 2.")]
+    readme_part = readme[readme.index("Data specs:") :][:2000]
+    found = {form for text in (readme_part, data_section) for form in FORM.findall(text)}
+    return sorted(form for form in found if not (form in NEEDS_ROOT or form.endswith(":coarse")))  # --super-classes
+
+
+def expansions(form: str) -> list[str]:
+    """`form` with each [optional part] left out or put in, every combination."""
+    parts = re.split(r"(\[[^\]]*\])", form)
+    choices = [["", part[1:-1]] if part.startswith("[") else [part] for part in parts]
+    return ["".join(chosen) for chosen in itertools.product(*choices)]
+
+
+def filled(form: str, roots: dict[str, Path]) -> str:
+    """Placeholders given values: KEY=VALUE options by key, `k=v,...` as one option, ROOT and STORE as local data."""
+    name = re.match(r"[a-z0-9-]+", form).group()
+    option = SOME_OPTION.get(name, "train=100")
+    form = form.replace("k=v,...", option).replace("k=v", option)
+    form = re.sub(r"(\w+)=[A-Z][\w]*", lambda m: f"{m.group(1)}={OPTION_VALUES[m.group(1)]}", form)
+    return form.replace("ROOT", str(roots.get(name, "ROOT"))).replace("STORE", str(roots["packed"]))
+
+
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("specs")
+    idx = write_set(base / "idx", {split: balanced(range(10), n) for split, n in PER_CLASS.items()})
+    folder = write_imagefolder(base / "folder", {"train": 3, "val": 2}, ("a", "b"), (12, 10))
+    packed = store.pack(open_data("digits", 8), base / "store", max_side=8)
+    return {"fashion-mnist": idx, "idx": idx, "imagefolder": folder, "packed": packed, "cifar10": base / "no-cifar",
+            "cifar100": base / "no-cifar"}  # fmt: skip
+
+
+def test_the_documents_show_every_kind_of_spec():
+    shown = {re.match(r"[a-z0-9-]+", form).group() for form in documented_forms()}
+    assert shown == set(NAMES)
+
+
+@pytest.mark.parametrize("form", documented_forms())
+def test_every_documented_spec_form_opens(form, roots, monkeypatch):
+    monkeypatch.setattr(idx_files, "FASHION_MNIST_ROOT", str(roots["fashion-mnist"]))  # the ROOT-less form's default
+    for spec in (filled(variant, roots) for variant in expansions(form)):
+        if spec.startswith("cifar"):
+            with pytest.raises(UsageError, match=CIFAR_ABSENT):
+                open_data(spec, 8)
+            continue
+        data = open_data(spec, 8)
+        image, label = data.split("test")[0]
+        assert image.shape == (3, 8, 8) and 0 <= label < data.num_classes and np.isfinite(image.numpy()).all()
