@@ -41,6 +41,7 @@ from mobile_moe.export.manifest import (
 )
 from mobile_moe.export.manifest_schema import GraphEntry, Manifest
 from mobile_moe.export.parity import PROB_TOLERANCE, measure_parity, parity_passed, parity_summary
+from mobile_moe.export.quantization import Quantization
 from mobile_moe.export.runtime import BundleRuntime
 from mobile_moe.export.traces import graph_inputs
 from mobile_moe.interrupts import held
@@ -51,7 +52,6 @@ EXPORTERS = {
     "onnx": ("mobile_moe.export.onnx_backend", "export_onnx"),
     "coreml": ("mobile_moe.export.coreml_backend", "export_coreml"),
 }
-QUANTIZE = ("none", "int8")
 # input.resize when no run says how evaluation resized images: predict's behaviour before the record, said as assumed
 ASSUMED_RESIZE = {"policy": "stretch", "origin": "assumed"}
 MAX_VAL_IMAGES = 512
@@ -157,13 +157,14 @@ def export_bundle(
     check_target(out_dir)
     model = model.eval()
     split = split_model(model, monolithic=monolithic, layout=layout)
+    lowering.schemes.check(backend, split.layout)
     cfg = model.config
     class_names = list(class_names) if class_names is not None else [str(c) for c in range(cfg.num_classes)]
     if len(class_names) != cfg.num_classes:
         raise UsageError(f"{len(class_names)} class names for a model with {cfg.num_classes} classes")
     sample_images = _random_images(model) if sample_images is None else sample_images
     calibration = {}
-    if quantize == "int8" and backend == "executorch":
+    if "int8" in lowering.schemes.used and backend == "executorch":
         calibration = graph_inputs(split, model, sample_images if calibration_images is None else calibration_images)
     described = {
         "class_names": class_names,
@@ -181,10 +182,10 @@ def export_bundle(
         manifest = manifest.updated(sizes=manifest.phone_sizes())
         write_manifest(tmp, manifest)
         bundle, note = _runnable(tmp, backend, split)
-        strict = quantize == "none" and (backend != "coreml" or note.startswith("split"))
+        strict = lowering.schemes.used == {"none"} and (backend != "coreml" or note.startswith("split"))
         manifest = manifest.updated(parity=_check_parity(bundle, model, sample_images, strict, note))
         log(f"parity ({note}): max |prob error| {manifest.parity['max_abs_prob_error']:.2e}")
-        if quantize == "int8":
+        if lowering.schemes.used != {"none"}:
             report = _quantization_report(manifest, split, bundle, model, val_data, backend)
             manifest = manifest.updated(quantization=report)
         write_manifest(tmp, manifest)
@@ -204,17 +205,29 @@ class Lowering:
 
     def __post_init__(self):
         exporter(self.backend)  # an unknown backend is refused here
-        if self.quantize not in QUANTIZE:
-            raise UsageError(f"--quantize {self.quantize!r}: choose one of {', '.join(QUANTIZE)}")
+        self.schemes.check(self.backend)
         if self.fp32 and self.backend != "coreml":
             raise UsageError("--fp32 applies to Core ML only (ExecuTorch and ONNX bundles are fp32 unless quantized)")
 
     @property
+    def schemes(self) -> Quantization:
+        return Quantization.parse(self.quantize)
+
+    @property
     def precision(self) -> str:
-        if self.quantize == "int8":
+        """The manifest's `precision`: one scheme's words, or each part's."""
+        schemes = self.schemes
+        if schemes.uniform:
+            return self._words(schemes.rest)
+        return f"experts {self._words(schemes.experts)}, rest {self._words(schemes.rest)}"
+
+    def _words(self, scheme: str) -> str:
+        if scheme == "int8":
             return {"executorch": "int8 (XNNPACKQuantizer, pt2e)", "onnx": "int8 (dynamic)"}.get(
                 self.backend, self.coreml_compression
             )
+        if scheme == "8da4w":
+            return "8da4w (int4 weights in groups of 32, int8 dynamic activations)"
         return "fp16" if self.backend == "coreml" and not self.fp32 else "fp32"
 
 
@@ -266,7 +279,8 @@ def _export_graphs(
     shared: dict[str, list[str]] = {}  # program -> the graphs that share it
     if lowering.backend == "executorch":
         for program, names in split.families.items():
-            family = _export_family(program, [specs[name] for name in names], tmp, lowering.quantize, calibration, log)
+            members = [specs[name] for name in names]
+            family = _export_family(program, members, tmp, lowering.schemes.of(members[0].role), calibration, log)
             artifacts.update(family)
             if family:
                 shared[program] = list(names)
@@ -281,7 +295,7 @@ def _export_graphs(
                 tmp / f"{spec.name}{suffix}",
                 input_names=[t.name for t in spec.inputs],
                 output_names=[t.name for t in spec.outputs],
-                quantize=lowering.quantize,
+                quantize=lowering.schemes.of(spec.role),
                 calibration=calibration.get(spec.name, ()),
                 fp32=lowering.fp32,
                 coreml_compression=lowering.coreml_compression,

@@ -1,4 +1,4 @@
-"""`mobile-moe export RUN_DIR --format executorch|onnx|coreml --out BUNDLE_DIR [--quantize none|int8] [--monolithic]`"""
+"""`mobile-moe export RUN_DIR --format executorch|onnx|coreml --out BUNDLE_DIR [--quantize SCHEME] [--monolithic]`"""
 
 from __future__ import annotations
 
@@ -12,7 +12,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a training run directory (mobile-moe train --out)")
     parser.add_argument("--format", required=True, choices=BACKENDS, help="backend of the graphs")
     parser.add_argument("--out", required=True, metavar="BUNDLE_DIR", help="bundle directory to write")
-    parser.add_argument("--quantize", default="none", choices=["none", "int8"], help="weight/activation precision")
+    parser.add_argument(
+        "--quantize",
+        default="none",
+        metavar="SCHEME",
+        help="none (default), int8, 8da4w (4-bit grouped weights, int8 dynamic activations: ExecuTorch), or "
+        "experts=SCHEME,rest=SCHEME for the expert graphs and the others (mobile_moe/export/quantization.py)",
+    )
     parser.add_argument(
         "--monolithic",
         action="store_true",
@@ -47,11 +53,12 @@ def run(args: argparse.Namespace) -> int:
 
     from mobile_moe.export.bundle import check_target, export_bundle
     from mobile_moe.export.parity import parity_summary
+    from mobile_moe.export.quantization import Quantization
     from mobile_moe.export.source import source_from_run
 
     check_target(Path(args.out))  # before loading the run: a bad --out fails in a second, not after the export
     log = (lambda message: print(message, file=sys.stderr)) if args.json else print
-    calibration = 64 if args.quantize == "int8" else 0
+    calibration = 64 if "int8" in Quantization.parse(args.quantize).used else 0
     source = source_from_run(args.run_dir, args.checkpoint, calibration=calibration, data_spec=args.data)
     log(f"exporting {args.run_dir} ({source.model.config.name}) as {args.format} -> {args.out}")
     manifest = export_bundle(

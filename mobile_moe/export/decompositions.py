@@ -152,17 +152,20 @@ def coreml_decompositions() -> dict:
     return {**sort_decompositions(), aten.clamp_min.default: clamp_min, aten.clamp_max.default: clamp_max}
 
 
+def xnnpack_rewrites() -> dict:
+    """The rewrites above that keep ops inside XNNPACK, alone."""
+    return {
+        **sort_decompositions(),
+        aten.scaled_dot_product_attention.default: scaled_dot_product_attention,
+        aten.mean.dim: mean_dim,
+        aten.select.int: select_int,
+        aten.unbind.int: unbind_int,
+        aten.expand.default: expand,
+    }
+
+
 def xnnpack_decompositions() -> dict:
     """torch.export's default decomposition table plus the rewrites above."""
     table = torch.export.default_decompositions()
-    table.update(sort_decompositions())
-    table.update(
-        {
-            aten.scaled_dot_product_attention.default: scaled_dot_product_attention,
-            aten.mean.dim: mean_dim,
-            aten.select.int: select_int,
-            aten.unbind.int: unbind_int,
-            aten.expand.default: expand,
-        }
-    )
+    table.update(xnnpack_rewrites())
     return table

@@ -2,6 +2,13 @@
 
 int8: torchao's pt2e flow with ExecuTorch's XNNPACKQuantizer (symmetric, per-channel weights, static activations),
 calibrated on the inputs the graph really sees; the quantized graph is exported again and lowered the same way.
+
+8da4w: every Linear's weights in 4 bits, symmetric, one scale per group of 32 inputs, activations quantized to int8
+per token as the graph runs (torchao's Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4,
+weight_granularity=PerGroup(32)), the scheme ExecuTorch's own LLM exports use); nothing to calibrate. Its graph is
+decomposed with our XNNPACK rewrites alone, not torch.export's whole default table first: that table breaks torchao's
+quantize / dequantize ops into primitives XNNPACK no longer recognises (the program came out larger than fp32 and
+computing another function), while to_edge_transform_and_lower keeps the ops its partitioner claims.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from mobile_moe.export.artifact import Artifact
-from mobile_moe.export.decompositions import xnnpack_decompositions
+from mobile_moe.export.decompositions import xnnpack_decompositions, xnnpack_rewrites
 
 SUFFIX = ".pte"
 
@@ -27,6 +34,22 @@ def quantizer():
     )
 
     return XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
+
+
+GROUP = 32  # 8da4w: inputs per weight scale
+
+
+def quantize_8da4w(module: nn.Module) -> nn.Module:
+    """A copy of `module` with 4-bit grouped weights and int8 dynamic activations in every Linear (see above)."""
+    import copy
+
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, quantize_
+    from torchao.quantization.granularity import PerGroup
+
+    quantized = copy.deepcopy(module)
+    config = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(GROUP))
+    quantize_(quantized, config)
+    return quantized
 
 
 def quantize_pt2e(module: nn.Module, example_inputs: tuple[Tensor, ...], calibration: Sequence[tuple[Tensor, ...]]):
@@ -58,16 +81,23 @@ def undelegated_ops(edge_program) -> list[str]:
     return ops
 
 
-def lower(module: nn.Module, example_inputs: tuple[Tensor, ...], tag: Callable[[str], bool] | None = None):
+def lower(
+    module: nn.Module,
+    example_inputs: tuple[Tensor, ...],
+    tag: Callable[[str], bool] | None = None,
+    *,
+    rewrites_only: bool = False,
+):
     """(ExecuTorch program, details for the manifest) for `module` lowered to XNNPACK. `tag(name)`: weights (get_attr
-    names in the module) that XNNPACK keeps outside the program, in the "weights" data file."""
+    names in the module) that XNNPACK keeps outside the program, in the "weights" data file. `rewrites_only`: our
+    XNNPACK rewrites without torch.export's default decompositions (8da4w graphs: see the module docstring)."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
     program = torch.export.export(module, example_inputs)
     if tag is not None:
         _tag_weights(program, tag)
-    program = program.run_decompositions(xnnpack_decompositions())
+    program = program.run_decompositions(xnnpack_rewrites() if rewrites_only else xnnpack_decompositions())
     mutated = sorted(program.graph_signature.buffers_to_mutate.values())  # listed once the graph is functional
     if mutated:  # the native runner lets a bundle's graphs share planned memory (graph_loader.h PlannedArenas)
         name = type(module).__name__
@@ -105,6 +135,8 @@ def export_executorch(
     with torch.no_grad():
         if quantize == "int8":
             module = quantize_pt2e(module, example_inputs, calibration)
-        program, details = lower(module, example_inputs)
+        elif quantize == "8da4w":
+            module = quantize_8da4w(module)
+        program, details = lower(module, example_inputs, rewrites_only=quantize == "8da4w")
     Path(out_path).write_bytes(program.buffer)
     return Artifact(Path(out_path), details)

@@ -54,6 +54,8 @@ def export_executorch_family(
 ) -> list[Artifact]:
     """Write one program for `members` at `program_path` and member i's weights at `weight_paths[i]`; an Artifact
     per member (the program, with its weight file). NotShareable if the family cannot share one program."""
+    if quantize == "8da4w":  # torchao's weight tensors are subclasses whose packed bytes we do not map to keys
+        raise NotShareable("8da4w experts are exported one program each")
     members = [member.eval() for member in members]
     calibrations = [list(c) or [example_inputs] for c in calibrations] or [[example_inputs]] * len(members)
     own = _own_weight_names(members)

@@ -64,6 +64,7 @@ def test_info_table_says_what_the_json_says(model, capsys):
         (["info", "--model", "hard-moe", "--top-k", "2"], "sends each image to exactly one expert"),
         (["info"], "required: --model"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (["export", "runs/x", "--format", "executorch", "--out", "b", "--quantize", "int4"], "'int4' is no scheme"),
     ],
 )
 def test_bad_input_is_one_line_and_status_2(capsys, argv, fragment):

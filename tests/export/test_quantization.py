@@ -1,0 +1,103 @@
+"""`export --quantize`: one scheme or one per part (mobile_moe/export/quantization.py), refused in one line where a
+backend or layout cannot take it; an 8da4w-expert bundle computes its own eager quantized modules, natively too, and
+loads only the experts an image picks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import needs_build, tiny_model
+
+from mobile_moe.errors import UsageError
+from mobile_moe.export.bundle import export_bundle
+from mobile_moe.export.quantization import Quantization
+
+pytestmark = pytest.mark.export
+
+
+@pytest.mark.parametrize(
+    ("spelling", "experts", "rest"),
+    [("none", "none", "none"), ("int8", "int8", "int8"), ("8da4w", "8da4w", "8da4w"),
+     ("experts=8da4w,rest=int8", "8da4w", "int8"), ("rest=none,experts=int8", "int8", "none")],
+)  # fmt: skip
+def test_one_spelling_gives_each_part_its_scheme(spelling, experts, rest):
+    schemes = Quantization.parse(spelling)
+    assert (schemes.experts, schemes.rest) == (experts, rest)
+    assert schemes.of("expert") == schemes.of("block_expert") == experts
+    assert schemes.of("router") == schemes.of("head") == schemes.of("block_shared") == rest
+
+
+@pytest.mark.parametrize(
+    ("spelling", "message"),
+    [("int4", "'int4' is no scheme"), ("experts=8da4w", "name both parts"),
+     ("experts=int8,rest=int8,experts=none", "once each"), ("weights=int8,rest=none", "once each"),
+     ("experts=fp16,rest=none", "'fp16' is no scheme")],
+)  # fmt: skip
+def test_a_misspelt_scheme_is_one_line_naming_the_forms(spelling, message):
+    with pytest.raises(UsageError, match=message):
+        Quantization.parse(spelling)
+
+
+@pytest.mark.parametrize(
+    ("model", "backend", "spelling", "extra", "message"),
+    [
+        ("mobile-vmoe", "onnx", "8da4w", {}, "--quantize 8da4w: executorch only; a onnx bundle takes none or int8"),
+        ("mobile-vmoe", "coreml", "experts=8da4w,rest=int8", {}, "executorch only; a coreml bundle"),
+        ("mobile-vmoe", "executorch", "experts=8da4w,rest=int8", {"monolithic": True}, "a monolithic bundle is one"),
+        ("vit", "executorch", "experts=int8,rest=none", {}, "a dense bundle is one graph"),
+        ("vmoe", "onnx", "experts=int8,rest=none", {}, "a whole bundle is one graph"),
+    ],
+)
+def test_a_scheme_a_backend_or_layout_cannot_take_is_refused_before_anything_is_written(
+    model, backend, spelling, extra, message, tmp_path
+):
+    with pytest.raises(UsageError, match=message.replace("(", r"\(")):
+        export_bundle(tiny_model(model).eval(), tmp_path / "bundle", backend, quantize=spelling, **extra)
+    assert not (tmp_path / "bundle").exists()
+
+
+@pytest.mark.slow
+def test_8da4w_experts_compute_their_eager_quantized_modules_natively_too_loading_only_the_chosen(tmp_path, request):
+    """experts=8da4w,rest=int8 on a per-block split: each 8da4w expert graph gives what torchao's quantized copy of
+    its module gives in PyTorch; the Python runtime and the native runner agree; the runner opens only the router,
+    the shared graphs and the experts it picked."""
+    from mobile_moe.export.executorch_backend import quantize_8da4w
+    from mobile_moe.export.graphs import split_model
+    from mobile_moe.export.manifest import read_manifest
+    from mobile_moe.export.runtime import load_bundle
+
+    model = tiny_model("mobile-vmoe", pool="mean").eval()
+    images = torch.randn(6, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    out = tmp_path / "bundle"
+    manifest = export_bundle(model, out, "executorch", quantize="experts=8da4w,rest=int8", layout="per-block",
+                             sample_images=images)  # fmt: skip
+    assert manifest.precision.startswith("experts 8da4w") and "rest int8" in manifest.precision
+    from executorch.runtime import Runtime
+
+    files = {graph.name: out / graph.file for graph in read_manifest(out).graphs}
+    for spec in (spec for spec in split_model(model, layout="per-block").graphs if spec.role == "block_expert"):
+        inputs = spec.example_inputs()
+        with torch.no_grad():
+            want = quantize_8da4w(spec.module)(*inputs)
+        got = Runtime.get().load_program(files[spec.name]).load_method("forward").execute(list(inputs))[0]
+        # XNNPACK's integer kernels against torchao's float reference of the same quantized weights and per-token
+        # activation scales: they round differently (6e-3 of the largest output here), far under a 4-bit step
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-2 * float(want.abs().max()))
+    bundle = load_bundle(out)
+    expected = [bundle.predict(image.numpy()) for image in images]
+    if needs_build.args[0]:
+        pytest.skip(needs_build.kwargs["reason"])
+    from mobile_moe.device_bench.native_runner import run_native
+    from mobile_moe.device_bench.round_settings import RoundSettings
+    from mobile_moe.device_bench.workload import Workload, write_raw
+
+    report = run_native(request.getfixturevalue("runner"), out, write_raw(Workload(images.numpy(), "t"),
+                        tmp_path / "images.f32"), RoundSettings(iterations=1, warmup=0))  # fmt: skip
+    assert [row["experts"] for row in report["images"]] == [p.experts for p in expected]
+    np.testing.assert_allclose([row["logits"] for row in report["images"]], [p.logits for p in expected], atol=1e-4)
+    graphs = read_manifest(out).graphs
+    chosen = {e for row in report["images"] for e in row["experts"]}
+    picked = {f.file for g in graphs if g.role == "block_expert" and g.expert in chosen for f in g.files()}
+    shared = {f.file for g in graphs if g.role != "block_expert" for f in g.files()}
+    assert set(report["files_opened"]) == shared | picked
