@@ -122,6 +122,7 @@ _WRITE_FAILURES = {
     errno.EACCES: "choose a path you may write",
     errno.EPERM: "choose a path you may write",
     errno.ENAMETOOLONG: "choose a shorter name",
+    errno.ENOTDIR: "a folder on that path is a file; move the file or choose another path",
 }
 
 

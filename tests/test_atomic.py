@@ -76,3 +76,11 @@ def test_a_second_writer_of_one_output_is_refused_naming_the_first_until_it_ends
     with atomic_path(target, directory=directory) as tmp:
         (tmp / "x").write_text("") if directory else tmp.write_text("second")
     assert not held.exists() and target.exists()
+
+
+def test_a_file_where_a_folder_of_the_path_should_be_is_one_line(tmp_path):
+    """reproduce with DIR/scores a plain file ended in a NotADirectoryError traceback: the one writer says it."""
+    (tmp_path / "scores").write_text("a file")
+    with pytest.raises(UsageError, match="Not a directory; a folder on that path is a file; move the file"):
+        write_text_atomic(tmp_path / "scores" / "cell" / "seed-0.json", "{}")
+    assert (tmp_path / "scores").read_text() == "a file"

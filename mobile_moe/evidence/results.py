@@ -113,8 +113,7 @@ def evaluate_run(out: Path, cell: Cell, seed: int, done: int, device: str, split
     scores = evaluate(run.model.to(device), dataset, run.super_assignment, device=device)
     record = ScoreRecord(seed=seed, checkpoint=stamp, epochs_done=done, split=split, images=scores["images"],
                          **{key: scores.get(key) for key in SCORED})  # fmt: skip
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(cache, record.model_dump_json(indent=1) + "\n")
+    write_text_atomic(cache, record.model_dump_json(indent=1) + "\n")  # makes its folders, or says in one line why not
     return record.model_dump()
 
 
