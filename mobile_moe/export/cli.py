@@ -85,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     validation = (manifest.quantization or {}).get("validation", {})
     if validation.get("measured", True) and validation:
         print(
-            f"  int8 on {validation['images']} val images: top-1 {validation['quantized_top1']:.3f} "
-            f"vs fp32 {validation['fp32_top1']:.3f} (change {validation['top1_change']:+.3f})"
+            f"  --quantize {args.quantize} on {validation['images']} val images: top-1 "
+            f"{validation['quantized_top1']:.3f} vs fp32 {validation['fp32_top1']:.3f} (change "
+            f"{validation['top1_change']:+.3f})"
         )
     return 0
