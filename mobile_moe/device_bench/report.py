@@ -177,9 +177,10 @@ def markdown(results: dict, plot_files: list[str] = ()) -> str:
     if any(run.get("emulated") for run in runs):
         lines += [
             "",
-            "Runs on arm64-emulated ran the runner built for ARM64 under qemu-user: their parity, routing, files "
-            "opened and bytes loaded are real ARM64 results; their latency, load and switch times and memory (marked "
-            "EMULATED) are the emulator's, not comparable to a phone's or to the host's.",
+            "Runs on arm64-emulated ran the runner built for ARM64 under qemu-user: their routing, files opened and "
+            "bytes loaded are that runner's own (its logits against the host runner's: benchmarks/arm64_parity.py, "
+            "after `make arm64`); their latency, load and switch times and memory (marked EMULATED) are the "
+            "emulator's, not comparable to a phone's or to the host's.",
         ]
     if any(run["spread"]["wide"] for run in runs):
         lines += ["", "Runs marked WIDE disagree across rounds by more than 10% (p50): treat them as noisy."]
