@@ -24,7 +24,7 @@ from mobile_moe.checkpoint import load_checkpoint
 from mobile_moe.config import ViTConfig, parse_size
 from mobile_moe.errors import UsageError
 from mobile_moe.registry import MODELS
-from mobile_moe.training.run_dir import BEST, CONFIG, differing_fields, is_imported, read_config
+from mobile_moe.training.run_dir import BEST, CONFIG, check_same_model, is_imported, read_config
 from mobile_moe.training.run_dir import preprocessing as recorded_preprocessing
 from mobile_moe.upcycle import check_dense_fits, check_upcyclable, dense_defaults, upcycle
 
@@ -81,12 +81,7 @@ def load_dense(model, init_from: str | os.PathLike, *, class_names: list[str]) -
     config = read_config(init_from)
     # The fit was checked against config.json; the weights are best.pt's: they must be the same model (an edited
     # norm_eps or head count would load without a shape error and upcycle another function).
-    differ = differing_fields(config["model"], state["config"]) if isinstance(state["config"], dict) else ["all"]
-    if differ:
-        raise UsageError(
-            f"--init-from {init_from}: {CONFIG} and {BEST} describe different models ({', '.join(differ[:3])}"
-            f" differ); restore the run's {CONFIG} (the checkpoint holds the truth)"
-        )
+    check_same_model(f"--init-from {init_from}", config, state, BEST)
     dense_classes = list(config["data"].get("class_names") or [])
     new_classes = dense_classes != list(class_names)
     fresh = upcycle(model, state["model"], path, new_classes=new_classes)

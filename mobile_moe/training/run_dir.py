@@ -257,8 +257,22 @@ def load_run(run_dir: str | os.PathLike, checkpoint: str = "best") -> Run:
     if not path.is_file():
         raise UsageError(f"{run_dir} has no checkpoint yet (no {BEST} or {LAST}); let training finish an epoch")
     state = load_checkpoint(path, map_location="cpu")
+    check_same_model(str(run_dir), config, state, path.name)
     model = model_from_checkpoint(state, path).eval()
     return Run(run_dir, config, model, state)
+
+
+def check_same_model(label: str, config: dict[str, Any], state: dict[str, Any], checkpoint: str) -> None:
+    """config.json's model and the checkpoint's must be one: a run whose files disagree (an edited config.json, a
+    checkpoint copied in from another run) would otherwise be evaluated, exported or grown from as whichever the
+    checkpoint holds, silently. `label` names the run in the one line."""
+    recorded = state.get("config")
+    differ = differing_fields(config["model"], recorded) if isinstance(recorded, dict) else ["all"]
+    if differ:
+        raise UsageError(
+            f"{label}: {CONFIG} and {checkpoint} describe different models ({', '.join(differ[:3])} differ); restore "
+            f"the run's {CONFIG} (the checkpoint holds the truth)"
+        )
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:

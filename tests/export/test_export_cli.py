@@ -275,3 +275,16 @@ def test_bench_names_the_runtime_that_runs_a_bundle_another_runtime_cannot(onnx_
     assert main(["bench", str(onnx_bundle), "--runtime", "native", "--out", str(tmp_path / "bench")]) == 2
     refused = capsys.readouterr().err
     assert "--runtime native cannot run it: use --runtime onnxruntime, or leave --runtime out" in refused
+
+
+def test_a_run_whose_config_and_checkpoint_describe_different_models_is_refused(tmp_path, capsys):
+    """A best.pt copied in from another run (wider here) used to be evaluated, exported or grown from silently."""
+    run = make_run_dir(tmp_path / "run", tiny_model("vit", num_classes=10))
+    save_checkpoint(checkpoint_dict(tiny_model("vit", num_classes=10, width=64)), run / "best.pt")
+    for argv in (["evaluate", str(run)], ["export", str(run), "--format", "onnx", "--out", str(tmp_path / "b")],
+                 ["train", "--model", "mobile-vmoe", "--init-from", str(run), "--data", "digits", "--out",
+                  str(tmp_path / "moe"), "--experts", "2", "--super-classes", "random"]):  # fmt: skip
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "config.json and best.pt describe different models (width differ); restore the run's" in err, err
+    assert not (tmp_path / "b").exists() and not (tmp_path / "moe").exists()
