@@ -41,7 +41,7 @@ from mobile_moe.export.manifest import (
 )
 from mobile_moe.export.manifest_schema import GraphEntry, Manifest
 from mobile_moe.export.parity import PROB_TOLERANCE, measure_parity, parity_passed, parity_summary
-from mobile_moe.export.quantization import Quantization
+from mobile_moe.export.quantization import Quantization, check_groups
 from mobile_moe.export.runtime import BundleRuntime
 from mobile_moe.export.traces import graph_inputs
 from mobile_moe.interrupts import held
@@ -159,6 +159,7 @@ def export_bundle(
     split = split_model(model, monolithic=monolithic, layout=layout)
     lowering.schemes.check(backend, split.layout)
     cfg = model.config
+    check_groups(lowering.schemes, cfg.width, cfg.mlp_hidden)
     class_names = list(class_names) if class_names is not None else [str(c) for c in range(cfg.num_classes)]
     if len(class_names) != cfg.num_classes:
         raise UsageError(f"{len(class_names)} class names for a model with {cfg.num_classes} classes")

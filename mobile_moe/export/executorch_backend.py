@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from mobile_moe.export.artifact import Artifact
 from mobile_moe.export.decompositions import xnnpack_decompositions, xnnpack_rewrites
+from mobile_moe.export.quantization import GROUP
 
 SUFFIX = ".pte"
 
@@ -34,9 +35,6 @@ def quantizer():
     )
 
     return XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
-
-
-GROUP = 32  # 8da4w: inputs per weight scale
 
 
 def quantize_8da4w(module: nn.Module) -> nn.Module:

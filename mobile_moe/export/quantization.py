@@ -72,6 +72,19 @@ class Quantization:
             )
 
 
+GROUP = 32  # 8da4w: inputs per weight scale
+
+
+def check_groups(schemes: Quantization, width: int, hidden: int) -> None:
+    """8da4w scales every group of GROUP inputs of a Linear: the widths it reads (the model's width, the MLP's
+    hidden width) must be whole groups."""
+    if "8da4w" in schemes.used and (width % GROUP or hidden % GROUP):
+        raise UsageError(
+            f"--quantize 8da4w scales weights in groups of {GROUP} inputs: this model's width {width} and MLP hidden "
+            f"width {hidden} must both be multiples of {GROUP}; use int8 for it"
+        )
+
+
 def _scheme(scheme: str, spelling: str) -> str:
     if scheme not in SCHEMES:
         raise UsageError(f"--quantize {spelling!r}: {scheme!r} is no scheme; choose {SPELLING}")
