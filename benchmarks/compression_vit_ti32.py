@@ -11,7 +11,6 @@ beside them. Ratios are against the same MoE all int8, measured in the same run.
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 from pathlib import Path
 
@@ -64,7 +63,7 @@ def print_table(bundles: dict, results: dict) -> None:
               f"| {run['latency_ms']['p50'] / base_run['latency_ms']['p50']:.3f} "
               f"| {(run['peak_rss_bytes'] or 0) / 2**20:.1f} |")  # fmt: skip
     print(f"\nmedians of {len(base_run['spread']['latency_p50_ms'])} interleaved rounds; "
-          f"{statistics.median(r['threads'] for r in results['runs'])} thread; {results['host']}")
+          f"{results['runs'][0]['threads']} thread; {results['host']}")
 
 
 if __name__ == "__main__":

@@ -128,7 +128,7 @@ def main() -> int:
         type=float,
         help="stop starting steps after this many seconds (default: 540 on a GPU, 1800 with --cpu)",
     )
-    parser.add_argument("--only", nargs="+", metavar="STEP", default=[""],
+    parser.add_argument("--only", nargs="+", metavar="STEP",
                         help="run these steps alone (the table's names, or their first words)")  # fmt: skip
     parser.add_argument("--log", type=Path, help="write each step's whole output to LOG/<step>.log")
     args = parser.parse_args()
@@ -140,7 +140,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
         out = args.out or Path(scratch)
         rows, start, failed = [], time.perf_counter(), False
-        chosen = [(name, argv) for name, argv in steps(device, out, gpus) if name.startswith(tuple(args.only))]
+        chosen = [(name, argv) for name, argv in steps(device, out, gpus)
+                  if args.only is None or name.startswith(tuple(args.only))]  # fmt: skip
         for name, argv in chosen:
             left = args.budget_s - (time.perf_counter() - start)
             if left <= 0:

@@ -94,9 +94,7 @@ def grouped_gemm_device(index: int) -> bool:
 def placed_on_grouped_gemm_device(parameter: Tensor) -> bool:
     """Whether `parameter` lives on a grouped_gemm_device: what ExpertMLPs decides when it is placed (built or moved),
     so that its forward reads one bool and traces no device query."""
-    if not parameter.is_cuda:
-        return False
-    return grouped_gemm_device(parameter.device.index if parameter.device.index is not None else 0)
+    return parameter.is_cuda and grouped_gemm_device(parameter.device.index)  # a tensor's device has its index
 
 
 def grouped_gemm_fits(x: Tensor, width: int, hidden: int, *, on_grouped_gemm_device: bool) -> bool:
@@ -212,12 +210,10 @@ class ExpertMLPs(nn.Module):
         empty batch, so compiled graphs need no guard on the data.
         """
         k = experts.shape[1]
-        if groups is None or groups.host_sizes is None:
-            order, sizes = expert_groups(experts.reshape(-1), len(self))
-            groups = ExpertGroups(order, sizes, sizes.tolist())
+        order, sizes, host_sizes = groups or ExpertGroups(*expert_groups(experts.reshape(-1), len(self)), None)
         flat_gates = gates.reshape(-1)  # (B*k,)
         out = torch.zeros_like(x)  # (B, T, D)
-        members = groups.order.split(groups.host_sizes)  # each (n_e,): indices into the (item, choice)s
+        members = order.split(sizes.tolist() if host_sizes is None else host_sizes)  # each (n_e,): (item, choice)s
         for weights, group in zip(self.per_expert(), members, strict=True):
             items = group // k  # (n_e,)
             y = expert_mlp(x[items], *weights) * flat_gates[group].view(-1, 1, 1).to(x.dtype)  # (n_e, T, D)

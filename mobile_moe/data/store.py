@@ -186,7 +186,7 @@ def open_store(root: str | os.PathLike, spec: str) -> tuple[StoreRecord, dict[st
     classes = len(record.class_names)
     if known is not None and (len(known.assignment) != classes or max(known.assignment) >= len(known.names)):
         raise UsageError(f"{spec}: {root / META}'s super_classes do not fit its classes; {again}")
-    splits = {name: _open_split(root, name, split, len(record.class_names), spec, again)
+    splits = {name: _open_split(root, name, split, classes, spec, again)
               for name, split in record.splits.items()}  # fmt: skip
     return record, splits
 

@@ -40,23 +40,24 @@ def test_a_misspelt_scheme_is_one_line_naming_the_forms(spelling, message):
 
 
 @pytest.mark.parametrize(
-    ("model", "backend", "spelling", "extra", "message"),
+    ("model", "fields", "backend", "spelling", "options", "message"),
     [
-        ("mobile-vmoe", "onnx", "8da4w", {}, "--quantize 8da4w: executorch only; a onnx bundle takes none or int8"),
-        ("mobile-vmoe", "coreml", "experts=8da4w,rest=int8", {}, "executorch only; a coreml bundle"),
-        ("mobile-vmoe", "executorch", "experts=8da4w,rest=int8", {"monolithic": True}, "a monolithic bundle is one"),
-        ("vit", "executorch", "experts=int8,rest=none", {}, "a dense bundle is one graph"),
-        ("vmoe", "onnx", "experts=int8,rest=none", {}, "a whole bundle is one graph"),
-        ("vit", "executorch", "8da4w", {"width": 48}, "width 48 and MLP hidden width 192 must both be multiples of 32"),
+        ("mobile-vmoe", {}, "onnx", "8da4w", {}, "--quantize 8da4w: executorch only; a onnx bundle takes none or int8"),
+        ("mobile-vmoe", {}, "coreml", "experts=8da4w,rest=int8", {}, "executorch only; a coreml bundle"),
+        ("mobile-vmoe", {}, "executorch", "experts=8da4w,rest=int8", {"monolithic": True},
+         "a monolithic bundle is one"),
+        ("vit", {}, "executorch", "experts=int8,rest=none", {}, "a dense bundle is one graph"),
+        ("vmoe", {}, "onnx", "experts=int8,rest=none", {}, "a whole bundle is one graph"),
+        ("vit", {"width": 48}, "executorch", "8da4w", {},
+         "width 48 and MLP hidden width 192 must both be multiples of 32"),
     ],
-)
+)  # fmt: skip
 def test_a_scheme_a_backend_or_layout_cannot_take_is_refused_before_anything_is_written(
-    model, backend, spelling, extra, message, tmp_path
+    model, fields, backend, spelling, options, message, tmp_path
 ):
+    built = tiny_model(model, **fields).eval()  # fields: tiny_model's overrides; options: export_bundle's
     with pytest.raises(UsageError, match=message.replace("(", r"\(")):
-        export_options = {key: value for key, value in extra.items() if key != "width"}
-        built = tiny_model(model, **({"width": extra["width"]} if "width" in extra else {})).eval()
-        export_bundle(built, tmp_path / "bundle", backend, quantize=spelling, **export_options)
+        export_bundle(built, tmp_path / "bundle", backend, quantize=spelling, **options)
     assert not (tmp_path / "bundle").exists()
 
 
