@@ -12,6 +12,7 @@ accepted for the shared signature and unused.
 
 from __future__ import annotations
 
+import functools
 import logging
 import tempfile
 from collections.abc import Sequence
@@ -27,22 +28,37 @@ SUFFIX = ".onnx"
 OPSET = 18
 
 
+@functools.cache
+def _torchlib_registry():
+    """The table of ATen -> ONNX translations. `torch.onnx.export` builds it anew on every call
+    (torch/onnx/_internal/exporter/_compat.py:149, `ONNXRegistry.from_torchlib`): about 0.4 s, a quarter of a small
+    graph's export, paid once per graph of a bundle. Built once per process here and handed to the exporter's core,
+    which only reads it (the one writer, `register_op`, serves `custom_translation_table`, which we do not pass)."""
+    from torch.onnx._internal.exporter import _registration
+
+    return _registration.ONNXRegistry.from_torchlib(opset_version=OPSET)
+
+
 def _export_fp32(module: nn.Module, example_inputs, out_path: Path, input_names, output_names) -> None:
+    """What `torch.onnx.export(program, dynamo=True, opset_version=OPSET, external_data=False)` does for an
+    ExportedProgram without dynamic shapes (torch/onnx/_internal/exporter/_compat.py:export_compat), with the
+    registry built once: tests/export/test_export_bundles.py checks the bytes are the same."""
     import onnx
+    from torch.onnx._internal.exporter import _core
 
     with torch.no_grad():
         program = torch.export.export(module.eval(), example_inputs).run_decompositions(sort_decompositions())
-        torch.onnx.export(
+        onnx_program = _core.export(
             program,
             example_inputs,
-            str(out_path),
-            dynamo=True,
+            registry=_torchlib_registry(),
             input_names=list(input_names),
             output_names=list(output_names),
-            opset_version=OPSET,
-            external_data=False,  # one self-contained file per graph: the manifest hashes exactly what is loaded
             verbose=False,
+            opset_version=OPSET,
         )
+        # one self-contained file per graph: the manifest hashes exactly what is loaded
+        onnx_program.save(str(out_path), external_data=False)
     onnx.checker.check_model(str(out_path), full_check=True)
 
 
