@@ -285,16 +285,18 @@ def mutate_manifest(bundle: Path, name: str, table: dict[str, Mutation] = MANIFE
     write_manifest_text(bundle, table[name](manifest))
 
 
-def whole_bundle(tmp_path_factory) -> Path:
-    """A tiny V-MoE (per-token routing, k = 2 of 4 experts, 2 MoE blocks) exported whole as ExecuTorch: once per
-    session (conftest.built_once), so every module and worker that asks shares it (the export takes tens
-    of seconds). Tests that change it work on a copy."""
+def whole_bundle(tmp_path_factory, backend: str) -> Path:
+    """A tiny V-MoE (per-token routing, k = 2 of 4 experts, 2 MoE blocks) exported whole for `backend`: once per
+    session (conftest.built_once), so every module and worker that asks shares it (an ExecuTorch export takes tens
+    of seconds), and with test_export_reference_moes.py, whose vmoe bundle it is. Tests that change it work on a
+    copy."""
     from conftest import built_once, tiny_model
 
     from mobile_moe.export.bundle import export_bundle
 
     model = tiny_model("vmoe").eval()
-    return built_once(tmp_path_factory, "whole-vmoe", lambda out: export_bundle(model, out, "executorch"))
+    export = lambda out: export_bundle(model, out, backend)  # noqa: E731
+    return built_once(tmp_path_factory, f"reference-vmoe-{backend}", export)
 
 
 def flip_byte(path: Path, offset: int) -> None:

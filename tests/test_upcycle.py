@@ -87,7 +87,8 @@ def test_without_renormalised_gates_the_upcycled_model_scales_its_experts(images
 
 @pytest.mark.parametrize(
     ("source", "kwargs", "experts"),
-    [("timm:deit_tiny_patch16_224", {}, 10), ("torchvision:vit_b_32", {}, 2)],
+    # ViT-B/32 (88 M parameters) in the slow set: its import is checked in tests/training/test_import.py
+    [("timm:deit_tiny_patch16_224", {}, 10), pytest.param("torchvision:vit_b_32", {}, 2, marks=pytest.mark.slow)],
     ids=["deit-tiny", "vit-b-32"],
 )
 def test_an_upcycled_import_computes_the_source_models_logits(source, kwargs, experts):

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import one_torch_thread, tiny_model
+from conftest import built_once, one_torch_thread, tiny_model
 
 from mobile_moe.device_bench import python_worker
 from mobile_moe.device_bench.results import validate_round
@@ -18,11 +18,11 @@ from mobile_moe.export.manifest import read_manifest
 
 @pytest.fixture(scope="module")
 def onnx_bundle(tmp_path_factory) -> Path:
+    """conftest's `bundle` as ONNX, exported once per session."""
     from mobile_moe.export.bundle import export_bundle
 
-    out = tmp_path_factory.mktemp("bundles") / "tiny-moe-onnx"
-    export_bundle(tiny_model("mobile-vmoe", pool="mean").eval(), out, "onnx")
-    return out
+    model = tiny_model("mobile-vmoe", pool="mean").eval()
+    return built_once(tmp_path_factory, "tiny-moe-onnx", lambda out: export_bundle(model, out, "onnx"))
 
 
 @pytest.fixture(params=["executorch", "onnxruntime"])
@@ -80,6 +80,7 @@ def test_threads_reach_every_onnxruntime_session(onnx_bundle, tmp_path, monkeypa
     assert set(threads_of_sessions) == {2}
 
 
+@pytest.mark.slow  # two rounds, each a fresh worker process (12 s); the bench CLI's test runs the same flow
 def test_benchmark_with_bench_settings_writes_results_that_validate(bundle, tmp_path):
     from mobile_moe.device_bench.bench import BenchSettings, benchmark
     from mobile_moe.device_bench.results import validate_results

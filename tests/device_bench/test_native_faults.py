@@ -112,9 +112,15 @@ def test_runner_refuses_manifest_mutation(fault_runner, bundle, tmp_path, mutati
 
 @pytest.fixture(scope="module")
 def whole(tmp_path_factory) -> Path:
-    return whole_bundle(tmp_path_factory)
+    return whole_bundle(tmp_path_factory, "executorch")
 
 
+# The whole bundle's tests are in the slow set: its export takes 15-20 s on 2 cores, and the fast set already runs
+# the runner on the split bundle (`bundle`) and the whole manifest's refusals in Python (test_bundle_faults.py).
+whole_export = pytest.mark.slow
+
+
+@whole_export
 def test_runner_runs_the_whole_bundle(fault_runner, whole):
     """The unmutated whole bundle runs (so each refusal below is the mutation's doing) and reports the experts its
     image used."""
@@ -124,6 +130,7 @@ def test_runner_runs_the_whole_bundle(fault_runner, whole):
     assert report["layout"] == "whole" and report["images"][0]["experts"]
 
 
+@whole_export
 @pytest.mark.parametrize("mutation", sorted(WHOLE_MANIFEST_MUTATIONS))
 def test_runner_refuses_whole_manifest_mutation(fault_runner, whole, tmp_path, mutation):
     broken = copy_bundle(whole, tmp_path / "bundle")
@@ -191,6 +198,7 @@ WHOLE_FLIP_COUNT = 4
 WHOLE_FLIPS = [(index, resealed) for index in range(4 + WHOLE_FLIP_COUNT) for resealed in (False, True)]
 
 
+@whole_export
 @pytest.mark.parametrize(
     ("index", "resealed"), WHOLE_FLIPS, ids=[f"whole.pte-{i}-{'resealed' if r else 'raw'}" for i, r in WHOLE_FLIPS]
 )

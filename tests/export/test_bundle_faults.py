@@ -74,7 +74,9 @@ def test_mutated_manifest_is_refused_everywhere(mutation, bundle, png, tmp_path,
 
 @pytest.fixture(scope="module")
 def whole(tmp_path_factory) -> Path:
-    return whole_bundle(tmp_path_factory)
+    """The whole bundle as ONNX: its manifest rules are the runtime's, whatever the backend (the native runner's own
+    checks of the ExecuTorch one are in tests/device_bench/test_native_faults.py), and it exports in seconds."""
+    return whole_bundle(tmp_path_factory, "onnx")
 
 
 @pytest.mark.parametrize("mutation", sorted(WHOLE_MANIFEST_MUTATIONS))
@@ -83,7 +85,7 @@ def test_mutated_whole_manifest_is_refused_everywhere(mutation, whole, png, tmp_
     broken = copy_bundle(whole, tmp_path / "broken")
     mutate_manifest(broken, mutation, WHOLE_MANIFEST_MUTATIONS)
     refused(["predict", str(broken), str(png)], capsys)
-    refused(["bench", str(broken), "--runtime", "executorch", "--out", str(tmp_path / "bench")], capsys)
+    refused(["bench", str(broken), "--out", str(tmp_path / "bench")], capsys)
     with pytest.raises(UsageError):
         load_bundle(broken)
     assert not (tmp_path / "bench").exists()
@@ -124,7 +126,9 @@ def chosen_expert_weights(bundle: Path, png: Path, capsys) -> str:
     return f"expert_{json.loads(capsys.readouterr().out)[0]['experts'][0]}.ptd"
 
 
-@pytest.mark.parametrize("graph", ["router.pte", "expert.pte", "the chosen expert's .ptd"])
+# the programs in the slow set (7 s a file on 2 cores): the fast set flips the weights file predict reads
+@pytest.mark.parametrize("graph", [pytest.param(name, marks=pytest.mark.slow) for name in ("router.pte", "expert.pte")]
+                         + ["the chosen expert's .ptd"])  # fmt: skip
 def test_resealed_byte_flips_never_crash_predict(graph, bundle, png, tmp_path, capsys):
     """A flip the checksum cannot see (re-sealed), at every byte of the header and at seeded random places: the file
     checks (mobile_moe/export/flatbuffer_files.py), ExecuTorch's program verification and the shape checks refuse it
@@ -210,20 +214,31 @@ def test_damaged_executorch_files_are_refused_before_executorch_reads_them(bundl
 # --- export: the target directory -------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
+def untrained_run(run: Path, name: str) -> Path:
+    """A run directory as training writes it (config.json + best.pt) for the tiny `name` model, untrained, on
+    digits."""
     from conftest import tiny_model
 
     from mobile_moe.checkpoint import checkpoint_dict, save_checkpoint
     from mobile_moe.data.datasets import data_record, open_data
     from mobile_moe.training.run_dir import write_config
 
-    run = tmp_path_factory.mktemp("run")
-    model = tiny_model("mobile-vmoe", num_classes=10, num_experts=2)
+    model = tiny_model(name, num_classes=10, **({"num_experts": 2} if name == "mobile-vmoe" else {}))
     write_config(run, {"model": model.config.to_dict(), "data": data_record(open_data("digits", 32)),
                        "super_classes": None, "recipe": {}})  # fmt: skip
     save_checkpoint(checkpoint_dict(model, epoch=1), run / "best.pt")
     return run
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    return untrained_run(tmp_path_factory.mktemp("run"), "mobile-vmoe")
+
+
+@pytest.fixture(scope="module")
+def dense_run_dir(tmp_path_factory) -> Path:
+    """For what a bundle's kind does not change: one graph exports in a second, a split MoE in three."""
+    return untrained_run(tmp_path_factory.mktemp("dense-run"), "vit")
 
 
 def test_export_never_deletes_a_web_apps_manifest_directory(run_dir, tmp_path, capsys):
@@ -236,12 +251,12 @@ def test_export_never_deletes_a_web_apps_manifest_directory(run_dir, tmp_path, c
     assert sorted(p.name for p in site.iterdir()) == ["index.html", "manifest.json"]
 
 
-def test_export_replaces_its_own_bundle_but_not_files_added_to_it(run_dir, tmp_path, capsys):
+def test_export_replaces_its_own_bundle_but_not_files_added_to_it(dense_run_dir, tmp_path, capsys):
     out = tmp_path / "bundle"
-    assert main(["export", str(run_dir), "--format", "onnx", "--out", str(out)]) == 0
-    assert main(["export", str(run_dir), "--format", "onnx", "--out", str(out)]) == 0  # re-export: replaced
+    assert main(["export", str(dense_run_dir), "--format", "onnx", "--out", str(out)]) == 0
+    assert main(["export", str(dense_run_dir), "--format", "onnx", "--out", str(out)]) == 0  # re-export: replaced
     (out / "notes.txt").write_text("mine")
-    err = refused(["export", str(run_dir), "--format", "onnx", "--out", str(out)], capsys)
+    err = refused(["export", str(dense_run_dir), "--format", "onnx", "--out", str(out)], capsys)
     assert "notes.txt" in err and (out / "notes.txt").read_text() == "mine"
 
 

@@ -80,6 +80,7 @@ def test_a_default_model_exports_the_bundle_it_always_did(bundle, tmp_path):
     assert _graph_digests(bundle) == _graph_digests(tmp_path / "explicit")
 
 
+# The early-routing bundle's tests are in the slow set: its ExecuTorch export takes 12 s on 2 cores.
 @pytest.fixture(scope="module")
 def early_bundle(tmp_path_factory):
     model = tiny_model("mobile-vmoe", **EARLY).eval()
@@ -87,6 +88,7 @@ def early_bundle(tmp_path_factory):
     return model, export_bundle(model, out, "executorch"), out
 
 
+@pytest.mark.slow
 def test_an_early_routing_bundle_computes_the_model(early_bundle):
     model, manifest, path = early_bundle
     assert manifest.composition.trunk_tail == "trunk_tail"
@@ -109,6 +111,7 @@ def run_prefetching(runner, path, tmp_path, *flags: str) -> dict:
 
 
 @needs_build
+@pytest.mark.slow
 def test_the_native_runner_loads_the_expert_while_the_tail_runs(runner, early_bundle, tmp_path):
     """The runner's answers are the Python runtime's; every miss is loaded on the second thread (its load timed
     there) while the tail ran, and only the graphs an image needs were opened. --no-prefetch loads in line, with the

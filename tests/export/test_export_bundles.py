@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import built_once, tiny_model
 
 from mobile_moe.export.bundle import export_bundle
 from mobile_moe.export.executorch_backend import PORTABLE_BY_DESIGN
@@ -32,10 +32,11 @@ def moe():
 
 @pytest.fixture(scope="module", params=["executorch", "onnx"])
 def bundle_dir(request, moe, tmp_path_factory):
-    out = tmp_path_factory.mktemp(request.param) / "bundle"
+    """Exported once per session: pytest-xdist may run this module's tests on both workers."""
     images, _ = images_for_experts(moe)
-    export_bundle(moe, out, request.param, sample_images=images[:6], mean=[0.5] * 3, std=[0.25] * 3)
-    return out
+    options = {"sample_images": images[:6], "mean": [0.5] * 3, "std": [0.25] * 3}
+    return built_once(tmp_path_factory, f"two-experts-{request.param}",
+                      lambda out: export_bundle(moe, out, request.param, **options))  # fmt: skip
 
 
 def test_bundle_reproduces_eager_logits_and_experts(moe, bundle_dir):

@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import built_once, tiny_model
 from PIL import Image
 
 from mobile_moe.app.cli import main
@@ -41,15 +41,19 @@ def make_run_dir(run, model):
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    """A tiny untrained Mobile V-MoE's run directory."""
-    return make_run_dir(tmp_path_factory.mktemp("run"), tiny_model("mobile-vmoe", num_classes=10, num_experts=2))
+    """A tiny untrained Mobile V-MoE's run directory, one per session (the bundle below is exported from it)."""
+    model = tiny_model("mobile-vmoe", num_classes=10, num_experts=2)
+    return built_once(tmp_path_factory, "export-cli-run", lambda out: make_run_dir(out, model))
 
 
 @pytest.fixture(scope="module")
 def onnx_bundle(run_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("bundles") / "onnx"
-    assert main(["export", str(run_dir), "--format", "onnx", "--out", str(out)]) == 0
-    return out
+    """Exported once per session (pytest-xdist may run this module's tests on both workers)."""
+
+    def export(out) -> None:
+        assert main(["export", str(run_dir), "--format", "onnx", "--out", str(out)]) == 0
+
+    return built_once(tmp_path_factory, "export-cli-onnx", export)
 
 
 @pytest.fixture

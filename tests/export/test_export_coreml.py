@@ -7,10 +7,11 @@ import sys
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import built_once, tiny_model
 
 from mobile_moe.errors import UsageError
 from mobile_moe.export.bundle import export_bundle
+from mobile_moe.export.manifest import read_manifest
 from mobile_moe.export.runtime import load_bundle
 
 pytestmark = pytest.mark.export
@@ -18,10 +19,12 @@ pytestmark = pytest.mark.export
 
 @pytest.fixture(scope="module")
 def coreml_bundle(tmp_path_factory):
+    """Exported once per session (pytest-xdist may run this module's tests on both workers)."""
     model = tiny_model("mobile-vmoe", num_experts=2).eval()
-    out = tmp_path_factory.mktemp("coreml") / "bundle"
-    manifest = export_bundle(model, out, "coreml", class_names=[f"c{i}" for i in range(7)]).to_json()
-    return out, manifest, model
+    names = [f"c{i}" for i in range(7)]
+    export = lambda out: export_bundle(model, out, "coreml", class_names=names)  # noqa: E731
+    out = built_once(tmp_path_factory, "coreml-two-experts", export)
+    return out, read_manifest(out).to_json(), model
 
 
 def test_packages_load_and_match_manifest(coreml_bundle):
