@@ -5,9 +5,10 @@ weighting (A V) products; norms, softmax, GELU, biases and residual adds are not
 numbers against the real modules (parameter tensors, torch.utils.flop_counter) and a hand count.
 
 Per-token MoEs (vmoe, experts-choice, soft-moe, widenet) are counted as their evaluation-mode forward runs, per image:
-the router's products, the dispatch and combine products (dense one-hot einsums, GShard-style: every token against
-every buffer slot, 2 * T * S * D each for S = E * cap slots) and the expert MLPs on all S slots, padding included,
-because a static-shape graph runs them whether a slot was filled or not. Their params_active is the worst case for
+the router's products, the expert MLPs on all S = E * cap buffer slots, padding included, because a static-shape graph
+runs them whether a slot was filled or not, and for Soft MoE its dispatch and combine products (every token against
+every slot, 2 * T * S * D each). The picking routers' dispatch and combine are a gather and a scatter-add by index
+(token_moe.MoELayer): memory traffic, no products. Their params_active is the worst case for
 one image: every expert an image can reach in each MoE layer.
 
 Hard MoE's k-means router (PCA mean and matrix, centroids) holds non-trainable buffers; they are counted as
@@ -187,7 +188,7 @@ def moe_layer_costs(cfg: TokenMoEConfig | WideNetConfig) -> MoELayerCosts:
         # Token choice: T * k (token, choice) assignments, each can reach another expert. Experts choice: every
         # expert takes cap >= 1 tokens.
         reached = E if isinstance(cfg, ExpertsChoiceConfig) else min(E, T * cfg.top_k)
-    dispatch_and_combine = 2 * (2 * T * slots * D)
+    dispatch_and_combine = 2 * (2 * T * slots * D) if isinstance(cfg, SoftMoEConfig) else 0
     return MoELayerCosts(router, reached, router_flops + dispatch_and_combine + mlp_flops(cfg, slots))
 
 

@@ -2,12 +2,15 @@
 
     images -> embedding -> blocks (those at cfg.moe_block_indices: MoE layer instead of the MLP) -> head -> logits
 
-Each MoE layer is a router and E expert MLPs (moe.ExpertMLPs). Every router returns the same two tensors, GShard-style:
-`dispatch` (which token fills which buffer slot) and `combine` (with what weight the slot's output returns to the
-token), so one MoELayer runs all three. Routing groups are images: each image's T tokens compete for buffers of
-`cap` slots per expert (V-MoE and Experts Choice may train with groups of several images: MoELayer). Shapes never
-depend on the data (no .item(), no data-dependent branching), so the whole model exports as one graph with
-torch.export.
+Each MoE layer is a router and E expert MLPs (moe.ExpertMLPs). The routers that pick (token choice: V-MoE, WideNet;
+experts choice) return a Route by index: the token in each expert buffer slot and the weight its output returns with,
+so the layer gathers the buffers and scatter-adds the outputs back (memory traffic only). GShard's dense form, one-hot
+dispatch and combine tensors (B, T, E, cap) multiplied in einsums, costs 2 * T * S * D FLOPs for each of the two and a
+(B, T, E, cap) mask; `dense_form` still derives it, for the tests that compare with google-research/vmoe's own
+numbers. Soft MoE picks nothing (every slot is a softmax-weighted mean of all tokens) and keeps the dense form
+(SoftRoute). Routing groups are images: each image's T tokens compete for buffers of `cap` slots per expert (V-MoE
+and Experts Choice may train with groups of several images: MoELayer). Shapes never depend on the data (no .item(),
+no data-dependent branching), so the whole model exports as one graph with torch.export.
 
 Legend: B images, T tokens per image, D width, E experts, k choices per token, cap buffer slots per expert and image
 (Soft MoE: p slots per expert), S = E * cap slots in all, G expert sets (config.expert_sets: one per MoE block here).
@@ -52,23 +55,39 @@ def cv_squared(values: Tensor) -> Tensor:
 
 
 class TokenChoices(NamedTuple):
-    """What token-choice routing decided for one group (an image): dispatch and combine (B, T, E, cap), each token's
-    chosen experts (B, T, k, the k-th last), `assigned` (B, T, E: 1 where e is among the token's top k, before the
-    capacity cut) and each choice's buffer slot (B, T, k; >= cap: dropped)."""
+    """What token-choice routing decided for one group (an image): the Route's `tokens` and `gates` (B, E, cap), each
+    token's chosen experts (B, T, k, the k-th last), `assigned` (B, T, E: 1 where e is among the token's top k, before
+    the capacity cut) and each choice's buffer slot (B, T, k; >= cap: dropped)."""
 
-    dispatch: Tensor
-    combine: Tensor
+    tokens: Tensor
+    gates: Tensor
     experts: Tensor
     assigned: Tensor
     slots: Tensor
 
 
 class Route(NamedTuple):
-    """What a router hands its MoE layer."""
+    """What a picking router hands its MoE layer: expert e's buffer slot c holds token tokens[b, e, c] and its output
+    returns to that token weighted by gates[b, e, c]."""
 
-    dispatch: Tensor  # (B, T, E, cap) 1 where token t fills slot c of expert e (Soft MoE: softmax over t)
-    combine: Tensor  # (B, T, E, cap) weight of slot (e, c)'s output in token t's output
+    tokens: Tensor  # (B, E, cap) int64; T (one past the last token) where the slot is empty
+    gates: Tensor  # (B, E, cap); 0 where the slot is empty
     stats: MoEStats  # aux_loss (), expert_tokens (B, 1, E): one layer is one expert set, dropped ()
+
+
+class SoftRoute(NamedTuple):
+    """What Soft MoE's router hands its MoE layer: every slot a weighted mean of every token."""
+
+    dispatch: Tensor  # (B, T, E, p): slot (e, c)'s weight on token t, a softmax over t
+    combine: Tensor  # (B, T, E, p): weight of slot (e, c)'s output in token t's output, a softmax over the slots
+    stats: MoEStats
+
+
+def dense_form(tokens: Tensor, gates: Tensor, num_tokens: int) -> tuple[Tensor, Tensor]:
+    """A Route's tokens and gates (B, E, cap) -> GShard's dispatch and combine (B, T, E, cap): 1 where token t fills
+    slot c of expert e, and that slot's weight in the token's output (google-research/vmoe's dispatchers' form)."""
+    dispatch = one_hot(tokens, num_tokens, gates.dtype).permute(0, 3, 1, 2)  # (B, E, cap, T) -> (B, T, E, cap)
+    return dispatch, dispatch * gates.unsqueeze(1)
 
 
 def merge_stats(per_layer: list[MoEStats], shared_experts: bool = False) -> MoEStats:
@@ -142,7 +161,7 @@ class TokenChoiceRouter(nn.Module):
         return buffer_capacity(ratio, self.top_k, tokens, self.num_experts)
 
     def forward(self, x: Tensor) -> Route:
-        """x (B, T, D) -> Route with dispatch, combine of shape (B, T, E, cap)."""
+        """x (B, T, D) -> Route with tokens, gates of shape (B, E, cap)."""
         with decided_in_fp32(x):
             logits = self.proj(at_least_fp32(x))  # (B, T, E)
         noisy = self.training and self.noise_std > 0
@@ -152,20 +171,31 @@ class TokenChoiceRouter(nn.Module):
         chosen = self.dispatch_by_gates(gates, capacity)
         stats = MoEStats(
             aux_loss=self.aux_loss_weight * self.balance(logits, noisy_logits, gates, chosen),
-            expert_tokens=chosen.dispatch.detach().sum((1, 3)).unsqueeze(1),  # (B, 1, E)
+            expert_tokens=(chosen.tokens < x.shape[1]).to(gates.dtype).sum(-1).unsqueeze(1),  # (B, 1, E)
             dropped=1.0 - (chosen.slots < capacity).to(x.dtype).mean(),
         )
-        return Route(chosen.dispatch, chosen.combine, stats)
+        return Route(chosen.tokens, chosen.gates, stats)
 
     def dispatch_by_gates(self, probs: Tensor, capacity: int) -> TokenChoices:
         """probs (B, T, E) -> TokenChoices. vmoe's get_top_experts_per_item_dispatcher for one group per image."""
         gates, experts = top_k(probs, self.top_k)  # (B, T, k) each
         slots = self.buffer_slots(experts, gates[..., 0])  # (B, T, k)
-        expert_mask = one_hot(experts, self.num_experts, probs.dtype)  # (B, T, k, E)
-        slot_mask = one_hot(slots, capacity, probs.dtype)  # (B, T, k, cap), zero past the capacity: dropped
-        dispatch = (expert_mask.unsqueeze(-1) * slot_mask.unsqueeze(-2)).sum(2)  # (B, T, E, cap)
-        expert_gates = (expert_mask * gates.unsqueeze(-1)).sum(2)  # (B, T, E), zero off the top k
-        return TokenChoices(dispatch, dispatch * expert_gates.unsqueeze(-1), experts, expert_mask.sum(2), slots)
+        B, T, k = experts.shape
+        places = self.num_experts * capacity  # the buffers' slots side by side, expert by expert
+        # Each kept (token, choice) writes its token and gate to its slot; a dropped one to one extra place, cut off
+        # after (its writes collide there, so what it holds is undefined: it is never read).
+        # Tensors, not scalars: Core ML has no where.ScalarOther, and ExecuTorch's int8 quantizer turns a scalar
+        # operand of add or mul into a float tensor whatever the other one is (_convert_scalars_to_attrs,
+        # executorch/backends/xnnpack/quantizer/xnnpack_quantizer_utils.py:1147), which would make the index float.
+        dump, capacities = torch.full_like(slots, places), torch.full_like(experts, capacity)
+        place = torch.where(slots < capacity, experts * capacities + slots, dump).reshape(B, T * k)
+        token = torch.arange(T, device=probs.device).unsqueeze(1).expand(T, k).reshape(1, T * k).expand(B, T * k)
+        tokens = torch.full((B, places + 1), T, dtype=torch.int64, device=probs.device).scatter(1, place, token)
+        slot_gates = probs.new_zeros(B, places + 1).scatter(1, place, gates.reshape(B, T * k))
+        assigned = one_hot(experts, self.num_experts, probs.dtype).sum(2)  # (B, T, E)
+        unflatten = (B, self.num_experts, capacity)
+        return TokenChoices(tokens[:, :places].view(unflatten), slot_gates[:, :places].view(unflatten), experts,
+                            assigned, slots)  # fmt: skip
 
     def buffer_slots(self, experts: Tensor, top_gate: Tensor) -> Tensor:
         """(B, T, k) experts, (B, T) top gate -> (B, T, k): the slot each (token, choice) takes in its expert's buffer
@@ -240,25 +270,25 @@ class ExpertsChoiceRouter(nn.Module):
         return buffer_capacity(ratio, 1, tokens, self.num_experts)
 
     def forward(self, x: Tensor) -> Route:
-        """x (B, T, D) -> Route with dispatch, combine of shape (B, T, E, cap)."""
+        """x (B, T, D) -> Route with tokens, gates of shape (B, E, cap)."""
         with decided_in_fp32(x):
             scores = self.proj(at_least_fp32(x)).softmax(-1)  # (B, T, E)
-        dispatch, combine = self.dispatch_by_scores(scores, self.capacity(x.shape[1]))
-        taken = dispatch.detach().sum((2, 3)) > 0  # (B, T)
+        tokens, gates = self.dispatch_by_scores(scores, self.capacity(x.shape[1]))
+        B, E, capacity = tokens.shape
+        taken = scores.new_zeros(B, x.shape[1]).scatter(1, tokens.reshape(B, E * capacity), 1.0)  # (B, T) 0/1
         stats = MoEStats(
             aux_loss=x.new_zeros(()),
-            expert_tokens=dispatch.detach().sum((1, 3)).unsqueeze(1),  # (B, 1, E): cap for every expert
+            expert_tokens=scores.new_full((B, 1, E), float(capacity)),  # every buffer full
             dropped=1.0 - taken.to(x.dtype).mean(),
         )
-        return Route(dispatch, combine, stats)
+        return Route(tokens, gates, stats)
 
     @staticmethod
     def dispatch_by_scores(scores: Tensor, capacity: int) -> tuple[Tensor, Tensor]:
-        """scores (B, T, E) -> dispatch, combine (B, T, E, cap): each expert's top-cap tokens, highest first
+        """scores (B, T, E) -> tokens, gates (B, E, cap): each expert's top-cap tokens, highest first, and their scores
         (vmoe's get_top_items_per_expert_dispatcher, one group per image)."""
         gates, tokens = top_k(scores.transpose(1, 2), capacity)  # (B, E, cap) each
-        dispatch = one_hot(tokens, scores.shape[1], scores.dtype).permute(0, 3, 1, 2)  # (B, T, E, cap)
-        return dispatch, dispatch * gates.unsqueeze(1)
+        return tokens, gates
 
 
 class SoftRouter(nn.Module):
@@ -279,8 +309,8 @@ class SoftRouter(nn.Module):
         self.phi = nn.Parameter(torch.randn(width, num_experts, slots_per_expert) / math.sqrt(width))
         self.scale = nn.Parameter(torch.ones(()))
 
-    def forward(self, x: Tensor) -> Route:
-        """x (B, T, D) -> Route with dispatch, combine of shape (B, T, E, p)."""
+    def forward(self, x: Tensor) -> SoftRoute:
+        """x (B, T, D) -> SoftRoute with dispatch, combine of shape (B, T, E, p)."""
         phi = self.scale * l2_normalize(self.phi, 0)  # (D, E, p)
         logits = torch.einsum("btd,dep->btep", l2_normalize(x, -1), phi)  # (B, T, E, p)
         dispatch = logits.softmax(dim=1)  # (B, T, E, p), over tokens
@@ -290,7 +320,7 @@ class SoftRouter(nn.Module):
             expert_tokens=x.new_full((x.shape[0], 1, self.num_experts), float(self.slots_per_expert)),  # (B, 1, E)
             dropped=x.new_zeros(()),
         )
-        return Route(dispatch, combine, stats)
+        return SoftRoute(dispatch, combine, stats)
 
 
 # --- the MoE layer and block -------------------------------------------------------------------------------------
@@ -300,10 +330,17 @@ class MoELayer(nn.Module):
     """router -> dispatch -> the experts on their (B, cap, D) buffers, as one batched matmul per MLP layer -> combine;
     x (B, T, D) -> (B, T, D), stats.
 
+    A Route (picking routers), by index:
+        buffers[e, b, c] = x[b, tokens[b, e, c]]                         a gather; an empty slot reads a zero row
+        y[b, t] = sum over the slots (e, c) holding t of gates[b, e, c] expert_e(buffers)[e, b, c]   a scatter-add
+    A SoftRoute (Soft MoE), dense:
         buffers[e, b, c] = sum_t dispatch[b, t, e, c] x[b, t]          "btec,btd->ebcd"
         y[b, t] = sum_{e, c} combine[b, t, e, c] expert_e(buffers)[e, b, c]  "btec,ebcd->btd"
 
-    Empty slots hold zeros; the expert still runs on them (static shapes) but their combine weight is 0.
+    Empty slots hold zeros; the expert still runs on them (static shapes) but their weight is 0. The gate multiply
+    and the combine run in at least float32, under autocast too. The scatter-add sums a token's k outputs (or, for
+    experts choice, those of every expert that took it) in one order on a CPU; CUDA's atomics add them in any order,
+    which changes the sum's last bits only for three or more (float addition is commutative, not associative).
 
     While training with `group_images` G > 1, b is a routing group rather than an image: the tokens of G consecutive
     images, (B, T, D) -> (B / G, G * T, D), as google-research/vmoe reshapes its batch into groups. In eval mode every
@@ -330,10 +367,24 @@ class MoELayer(nn.Module):
     def route_groups(self, x: Tensor) -> tuple[Tensor, MoEStats]:
         """x (groups, tokens per group, D): each group's tokens compete for its own expert buffers."""
         route = self.router(x)
-        buffers = torch.einsum("btec,btd->ebcd", route.dispatch, x)  # (E, B, cap, D)
-        E, B, capacity, D = buffers.shape
-        outputs = self.experts.buffers_forward(buffers.reshape(E, B * capacity, D)).view(E, B, capacity, D)
-        return torch.einsum("btec,ebcd->btd", route.combine, outputs), route.stats  # (B, T, D)
+        if isinstance(route, SoftRoute):  # fixed by the router's kind, not by the data
+            buffers = torch.einsum("btec,btd->ebcd", route.dispatch, x)  # (E, B, cap, D)
+            E, B, capacity, D = buffers.shape
+            outputs = self.experts.buffers_forward(buffers.reshape(E, B * capacity, D)).view(E, B, capacity, D)
+            return torch.einsum("btec,ebcd->btd", route.combine, outputs), route.stats  # (B, T, D)
+        return self.by_index(x, route), route.stats
+
+    def by_index(self, x: Tensor, route: Route) -> Tensor:
+        """x (B, T, D), a Route -> y (B, T, D): the buffers gathered, the outputs scatter-added back."""
+        (B, T, D), (E, capacity) = x.shape, route.tokens.shape[1:]
+        index = route.tokens.reshape(B, E * capacity, 1).expand(B, E * capacity, D)
+        padded = torch.cat([x, x.new_zeros(B, 1, D)], dim=1)  # (B, T + 1, D): index T, an empty slot, reads zeros
+        buffers = padded.gather(1, index).view(B, E, capacity, D).transpose(0, 1).reshape(E, B * capacity, D)
+        outputs = self.experts.buffers_forward(buffers).view(E, B, capacity, D).transpose(0, 1)  # (B, E, cap, D)
+        with decided_in_fp32(x):
+            outputs = at_least_fp32(outputs)
+            weighted = (outputs * route.gates.unsqueeze(-1).to(outputs.dtype)).reshape(B, E * capacity, D)
+            return weighted.new_zeros(B, T + 1, D).scatter_add(1, index, weighted)[:, :T]
 
 
 class TokenMoEBlock(Block):

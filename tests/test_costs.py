@@ -130,8 +130,8 @@ def test_hand_count_tiny_vmoe():
     router_params = D * E  # no bias (vmoe's router is a dense layer without one)
     assert vmoe.params_total == dense.params_total + 2 * (router_params + (E - 1) * mlp_params)
     assert vmoe.params_active == vmoe.params_total  # 17 tokens x 2 choices can reach all 4 experts
-    router, dispatch, combine, experts = 2 * T * D * E, 2 * T * E * cap * D, 2 * T * E * cap * D, E * cap * 4 * D * F
-    assert vmoe.flops == dense.flops + 2 * (router + dispatch + combine + experts - T * 4 * D * F)
+    router, experts = 2 * T * D * E, E * cap * 4 * D * F  # dispatch and combine: by index, no products
+    assert vmoe.flops == dense.flops + 2 * (router + experts - T * 4 * D * F)
 
 
 def test_per_token_active_params_are_the_reachable_experts():

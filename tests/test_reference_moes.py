@@ -11,7 +11,7 @@ from mobile_moe.costs import buffer_capacity
 from mobile_moe.moe import ExpertMLPs
 from mobile_moe.outputs import MoEStats
 from mobile_moe.routers import top_k
-from mobile_moe.token_moe import MoELayer, SoftRouter, TokenChoiceRouter, TokenMoEBlock
+from mobile_moe.token_moe import MoELayer, SoftRouter, TokenChoiceRouter, TokenMoEBlock, dense_form
 from mobile_moe.vit import Attention
 
 REFERENCE_MOES = ["vmoe", "experts-choice", "soft-moe", "widenet"]
@@ -25,10 +25,9 @@ def _first_moe_layer(model) -> MoELayer:
     return next(m for m in model.modules() if isinstance(m, MoELayer))
 
 
-def _slot_tokens(dispatch: torch.Tensor, expert: int) -> list[int]:
-    """The tokens in expert `expert`'s buffer of image 0, slot by slot (empty slots left out)."""
-    column = dispatch[0, :, expert, :]  # (T, cap)
-    return [int(column[:, c].argmax()) for c in range(column.shape[1]) if column[:, c].sum() > 0]
+def _slot_tokens(route, expert: int, num_tokens: int) -> list[int]:
+    """The tokens in expert `expert`'s buffer of image 0, slot by slot (empty slots, which hold T, left out)."""
+    return [token for token in route.tokens[0, expert].tolist() if token < num_tokens]
 
 
 # --- capacity ------------------------------------------------------------------------------------------------------
@@ -96,20 +95,20 @@ BPR_TOKENS = torch.tensor([0.1, -0.5, 0.3, 0.9, -0.2, 0.7]).view(1, 6, 1) * torc
 )
 def test_batch_prioritized_routing_drops_the_lowest_priority(capacity_ratio, batch_prioritized, expert0, expert1):
     route = _bpr_router(capacity_ratio, batch_prioritized)(BPR_TOKENS)
-    assert _slot_tokens(route.dispatch, 0) == expert0
-    assert _slot_tokens(route.dispatch, 1) == expert1
+    assert _slot_tokens(route, 0, 6) == expert0
+    assert _slot_tokens(route, 1, 6) == expert1
     kept = len(expert0) + len(expert1)
     torch.testing.assert_close(route.stats.dropped, torch.tensor(1 - kept / 12))
     assert route.stats.expert_tokens.tolist() == [[[len(expert0), len(expert1)]]]
     # combine carries the token's gate for that expert, sigmoid(2a) for expert 0 (no renormalisation over the top k)
     first = expert0[0]
-    torch.testing.assert_close(route.combine[0, first, 0, 0], torch.sigmoid(2 * BPR_TOKENS[0, first, 0]))
+    torch.testing.assert_close(route.gates[0, 0, 0], torch.sigmoid(2 * BPR_TOKENS[0, first, 0]))
 
 
 def test_batch_prioritized_ties_go_to_the_lower_index():
     route = _bpr_router(0.3, True)(torch.tensor([[[0.4, 0.0]] * 6]))  # every token alike, all prefer expert 0
-    assert _slot_tokens(route.dispatch, 0) == [0, 1]
-    assert _slot_tokens(route.dispatch, 1) == [0, 1]
+    assert _slot_tokens(route, 0, 6) == [0, 1]
+    assert _slot_tokens(route, 1, 6) == [0, 1]
 
 
 def test_uniform_router_losses_by_hand():
@@ -164,12 +163,13 @@ def test_experts_choice_fills_every_expert_to_capacity(images):
     router = _first_moe_layer(model).router
     cap = buffer_capacity(1.5, 1, 17, 4)  # 7
     route = router(_tokens())
-    torch.testing.assert_close(route.dispatch.sum(1), torch.ones(3, 4, cap))  # every slot holds exactly one token
+    dispatch, combine = dense_form(route.tokens, route.gates, num_tokens=17)
+    torch.testing.assert_close(dispatch.sum(1), torch.ones(3, 4, cap))  # every slot holds exactly one token
     assert route.stats.expert_tokens.tolist() == [[[cap] * 4]] * 3
     scores = router.proj(_tokens()).softmax(-1)  # (B, T, E)
     best = top_k(scores.transpose(1, 2), cap)[0]  # (B, E, cap): each expert's own top scores
-    torch.testing.assert_close(route.combine.sum(1), best)
-    untaken = (route.dispatch.sum((2, 3)) == 0).float().mean()
+    torch.testing.assert_close(combine.sum(1), best)
+    untaken = (dispatch.sum((2, 3)) == 0).float().mean()
     torch.testing.assert_close(route.stats.dropped, untaken)
     stats = model(images).stats  # one expert set per MoE block
     assert stats.expert_tokens.tolist() == [[[cap] * 4] * 2] * 6
@@ -281,6 +281,35 @@ def test_routers_have_no_bias_and_runs_from_before_still_load(name):
     restored = model_from_config_dict(before)
     assert restored.config.router_bias
     restored.load_state_dict(old_checkpoint)  # strict: every key, the router bias included
+
+
+def _dense_einsums(layer: MoELayer, x: torch.Tensor, route) -> torch.Tensor:
+    """GShard's dispatch and combine einsums on the route's dense form: what the layer computed before it went by
+    index."""
+    dispatch, combine = dense_form(route.tokens, route.gates, num_tokens=x.shape[1])
+    buffers = torch.einsum("btec,btd->ebcd", dispatch, x)
+    E, B, capacity, D = buffers.shape
+    outputs = layer.experts.buffers_forward(buffers.reshape(E, B * capacity, D)).view(E, B, capacity, D)
+    return torch.einsum("btec,ebcd->btd", combine, outputs)
+
+
+@pytest.mark.parametrize("name", ["vmoe", "experts-choice", "widenet"])
+@pytest.mark.parametrize("train", [True, False])
+def test_dispatch_by_index_equals_the_dense_einsums(name, train):
+    """The gather and scatter-add compute GShard's one-hot einsums, values and gradients (k = 2, tokens dropped at
+    capacity 0.5, experts choice's tokens taken by several experts or none)."""
+    layer = _first_moe_layer(tiny_model(name, capacity_ratio=0.5, eval_capacity_ratio=0.5).train(train))
+    x = _tokens().requires_grad_()
+    route = layer.router(x)  # one route (one draw of the training noise) for both
+    if name != "experts-choice":
+        assert float(route.stats.dropped) > 0, "precondition: some tokens find their buffers full"
+    by_index, dense = layer.by_index(x, route), _dense_einsums(layer, x, route)
+    torch.testing.assert_close(by_index, dense, atol=1e-6, rtol=1e-5)
+    weights = torch.randn(dense.shape, generator=torch.Generator().manual_seed(3))
+    grads = [torch.autograd.grad((y * weights).sum(), [x, *layer.parameters()], retain_graph=True)
+             for y in (by_index, dense)]
+    for ours, theirs in zip(*grads, strict=True):
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
 
 
 # --- routing groups (routing_group_images) ------------------------------------------------------------------------

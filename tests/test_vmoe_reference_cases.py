@@ -17,6 +17,7 @@ from mobile_moe.token_moe import (
     ExpertsChoiceRouter,
     MoELayer,
     TokenChoiceRouter,
+    dense_form,
     importance_loss,
     load_loss,
     switch_loss,
@@ -43,14 +44,17 @@ def test_top_experts_per_item(batch_prioritized, expected):
     capacity 2; all first choices fill the buffers before any second choice, BPR by the top gate."""
     router = TokenChoiceRouter(4, 3, top_k=2, capacity_ratio=1.0, eval_capacity_ratio=1.0,
                                batch_prioritized=batch_prioritized)  # fmt: skip
-    combine = router.dispatch_by_gates(GATES[None], capacity=2).combine
+    choices = router.dispatch_by_gates(GATES[None], capacity=2)
+    _, combine = dense_form(choices.tokens, choices.gates, num_tokens=3)
     torch.testing.assert_close(combine[0], torch.tensor(expected), rtol=0, atol=1e-7)
 
 
 def test_top_items_per_expert():
     """vmoe/moe_test.py GetTopItemsPerExpertTest.test_top_items_per_expert_einsum: capacity 2; the first expert takes
     items (1, 0), the second (2, 1), the third (2, 1)."""
-    dispatch, combine = ExpertsChoiceRouter.dispatch_by_scores(GATES[None], capacity=2)
+    tokens, gates = ExpertsChoiceRouter.dispatch_by_scores(GATES[None], capacity=2)
+    assert tokens[0].tolist() == [[1, 0], [2, 1], [2, 1]]
+    dispatch, combine = dense_form(tokens, gates, num_tokens=3)
     expected_dispatch = torch.tensor([[[0, 1], [0, 0], [0, 0]], [[1, 0], [0, 1], [0, 1]], [[0, 0], [1, 0], [1, 0]]])
     expected_combine = torch.tensor(
         [
@@ -137,8 +141,11 @@ def test_a_routing_group_of_two_images_is_one_vmoe_group(batch_prioritized, expe
     router.register_forward_hook(lambda module, args, route: routes.append(route))
     layer.train()(torch.randn(2, 2, 3))
     layer.eval()(torch.randn(2, 2, 3))
-    grouped, per_image = routes
-    assert grouped.combine.shape == (1, 4, 3, 2)  # one group of both images' tokens
-    torch.testing.assert_close(grouped.combine[0], torch.tensor(expected), rtol=0, atol=1e-7)
-    alone = router.dispatch_by_gates(LOSS_GATES.reshape(2, 2, 3), capacity=1).combine
-    torch.testing.assert_close(per_image.combine, alone, rtol=0, atol=1e-7)  # softmax(log g) is g to 1e-8
+    # the group's combine over its 4 tokens (two images of two), and each image's alone over its 2
+    grouped, per_image = (dense_form(route.tokens, route.gates, num_tokens=tokens)[1]
+                          for route, tokens in zip(routes, (4, 2), strict=True))  # fmt: skip
+    assert grouped.shape == (1, 4, 3, 2)  # one group of both images' tokens
+    torch.testing.assert_close(grouped[0], torch.tensor(expected), rtol=0, atol=1e-7)
+    alone = router.dispatch_by_gates(LOSS_GATES.reshape(2, 2, 3), capacity=1)
+    alone_combine = dense_form(alone.tokens, alone.gates, num_tokens=2)[1]
+    torch.testing.assert_close(per_image, alone_combine, rtol=0, atol=1e-7)  # softmax(log g) is g to 1e-8
