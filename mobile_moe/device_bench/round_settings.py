@@ -6,6 +6,10 @@ from dataclasses import dataclass
 
 from mobile_moe.errors import UsageError
 
+# The most inference threads a round may ask for: the native runner's own bound (runner.cpp, --threads). Unbounded,
+# `--threads 100000` on an ONNX bundle had onnxruntime start that many threads and exhaust the machine's processes.
+MAX_THREADS = 1024
+
 
 @dataclass(frozen=True)
 class RoundSettings:
@@ -28,8 +32,8 @@ class RoundSettings:
             raise UsageError(f"--iterations {self.iterations}: must be at least 1 (percentiles need samples)")
         if self.warmup < 0:
             raise UsageError(f"--warmup {self.warmup}: must be 0 or more")
-        if self.threads < 1:
-            raise UsageError(f"--threads {self.threads}: must be at least 1")
+        if not 1 <= self.threads <= MAX_THREADS:
+            raise UsageError(f"--threads {self.threads}: must be between 1 and {MAX_THREADS}")
         if self.cache_experts is not None and self.cache_experts < 1:
             raise UsageError(f"--cache-experts {self.cache_experts}: must be at least 1")
         if self.park_experts is not None and self.park_experts < 0:

@@ -12,7 +12,7 @@ from mobile_moe.device_bench.bench import BenchSettings, choose_runner
 from mobile_moe.device_bench.report import markdown, write_report
 from mobile_moe.device_bench.results import RoundReportError, run_record, validate_results, validate_round
 from mobile_moe.device_bench.round_report import RoundReport
-from mobile_moe.device_bench.round_settings import RoundSettings
+from mobile_moe.device_bench.round_settings import MAX_THREADS, RoundSettings
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest_schema import Composition, GraphEntry, Manifest, ModelSummary
 
@@ -154,6 +154,14 @@ def test_bench_settings_refuse_bad_values_in_one_line(changes, fragment):
     with pytest.raises(UsageError) as refused:
         BenchSettings(RoundSettings(iterations=2), **changes)
     assert fragment in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(("threads", "fragment"), [(0, "--threads 0"), (100_000, "--threads 100000")])
+def test_thread_counts_beyond_the_runners_bound_are_refused(threads, fragment):
+    """100,000 inference threads once exhausted the machine's processes (onnxruntime started them all)."""
+    with pytest.raises(UsageError, match=f"{fragment}: must be between 1 and {MAX_THREADS}"):
+        RoundSettings(threads=threads)
+    assert RoundSettings(threads=MAX_THREADS).threads == MAX_THREADS
 
 
 def test_bench_settings_defaults_and_json():
