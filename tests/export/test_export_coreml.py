@@ -67,6 +67,7 @@ def test_prediction(coreml_bundle):
     assert torch.allclose(torch.from_numpy(prediction.logits), reference.logits[0], atol=5e-2)  # fp16
 
 
+@pytest.mark.slow  # three conversions of their own (5 s); the fast set converts the module's bundle above
 def test_int8_and_fp32_packages(tmp_path):
     model = tiny_model("vit").eval()
     fp32 = export_bundle(model, tmp_path / "fp32", "coreml", fp32=True).to_json()

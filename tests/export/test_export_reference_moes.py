@@ -145,10 +145,14 @@ def test_per_token_models_refuse_split_flags(name, models):
         assert "\n" not in str(error.value) and "exports whole" in str(error.value)
 
 
-def test_hard_moe_refuses_per_block_and_has_a_monolithic_export(models, tmp_path):
-    model = models("hard-moe")
+def test_hard_moe_refuses_per_block(models):
     with pytest.raises(UsageError, match="per-block does not apply to hard-moe"):
-        split_model(model, layout="per-block")
+        split_model(models("hard-moe"), layout="per-block")
+
+
+@pytest.mark.slow  # an export of its own (4 s); Hard MoE's split bundle is in the fast set (test_bundle_matches_eager)
+def test_hard_moe_has_a_monolithic_export(models, tmp_path):
+    model = models("hard-moe")
     manifest = export_bundle(model, tmp_path / "mono", "onnx", monolithic=True, sample_images=sample_images()).to_json()
     assert manifest["composition"]["layout"] == "monolithic" and manifest["routing"] == "cluster"
     _, experts, _ = eager_experts(model, sample_images())
