@@ -8,8 +8,8 @@ Per-token MoEs (vmoe, experts-choice, soft-moe, widenet) are counted as their ev
 the router's products, the expert MLPs on all S = E * cap buffer slots, padding included, because a static-shape graph
 runs them whether a slot was filled or not, and for Soft MoE its dispatch and combine products (every token against
 every slot, 2 * T * S * D each). The picking routers' dispatch and combine are a gather and a scatter-add by index
-(token_moe.MoELayer): memory traffic, no products. Their params_active is the worst case for
-one image: every expert an image can reach in each MoE layer.
+(token_moe.MoELayer): memory traffic, no products. A per-token MoE's params_active is the worst case for one image:
+every expert an image can reach in each MoE layer.
 
 Hard MoE's k-means router (PCA mean and matrix, centroids) holds non-trainable buffers; they are counted as
 parameters because an exported router graph carries them like weights.

@@ -71,9 +71,13 @@ def _catching_swallowed_stops(previous_hook):
 
 
 @contextlib.contextmanager
-def stop_signals() -> Iterator[None]:
+def stop_signals(*, until_exit: bool = False) -> Iterator[None]:
     """Ctrl-C raises KeyboardInterrupt and SIGTERM raises Terminated, deferred by `held()`; restored on exit. A stop
-    still pending when the block ends normally is raised there. Nested, only the outermost one does anything."""
+    still pending when the block ends normally is raised there. Nested, only the outermost one does anything.
+
+    until_exit (the process's own command): on exit the two are ignored instead. The command has ended, its outputs
+    written and its status decided; Python's own handler, back during the interpreter's shutdown, would end the
+    process by the signal without a word (a Ctrl-C just after reproduce wrote its table: status -2, no line)."""
     if _state.installed:
         yield
         return
@@ -85,7 +89,7 @@ def stop_signals() -> Iterator[None]:
         raise_if_stopped()
     finally:
         for signum, handler in previous.items():
-            signal.signal(signum, handler)
+            signal.signal(signum, signal.SIG_IGN if until_exit else handler)
         sys.unraisablehook = previous_hook
         _state.reset(installed=False)
 

@@ -119,3 +119,18 @@ def test_stop_signals_puts_the_handlers_back():
     with stop_signals():
         assert signal.getsignal(signal.SIGINT) != before[0] and sys.unraisablehook != before[2]
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), sys.unraisablehook) == before
+
+
+def test_the_process_command_ignores_a_stop_that_lands_after_it_ended():
+    """`mobile-moe` as the process's command (until_exit): once the command has ended, a Ctrl-C or SIGTERM during the
+    interpreter's shutdown is ignored, not Python's handler ending the process by the signal without a word."""
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        with stop_signals(until_exit=True):
+            pass
+        assert signal.getsignal(signal.SIGINT) == signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+        _signal_self(signal.SIGINT)
+        _signal_self(signal.SIGTERM)  # ignored: this test goes on
+    finally:
+        signal.signal(signal.SIGINT, before[0])
+        signal.signal(signal.SIGTERM, before[1])

@@ -105,13 +105,14 @@ def check_working_directory() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """The `mobile-moe` command; argv None: this process's own command line (the console script, python -m)."""
+    process_command, argv = argv is None, sys.argv[1:] if argv is None else argv
     for stream in (sys.stdout, sys.stderr):  # a path whose bytes are not UTF-8 prints escaped, never a traceback
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
     chosen = next((arg for arg in argv if not arg.startswith("-")), None)
     try:
-        with stop_signals():
+        with stop_signals(until_exit=process_command):
             check_working_directory()
             args = build_parser(chosen).parse_args(argv)
             return args.run(args) or 0
