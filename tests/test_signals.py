@@ -17,9 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import needs_build, source_model, tiny_model
-
-from mobile_moe.checkpoint import checkpoint_dict, save_checkpoint
+from conftest import needs_build, source_model
+from faults import untrained_run
 
 pytestmark = pytest.mark.slow
 
@@ -103,16 +102,7 @@ def assert_signals_leave_all_or_nothing(command_into, whole: Path, tmp_path: Pat
 
 @pytest.fixture(scope="module")
 def dense_run(tmp_path_factory) -> Path:
-    """An untrained tiny vit run on digits, as training writes it."""
-    from mobile_moe.data.datasets import data_record, open_data
-    from mobile_moe.training.run_dir import write_config
-
-    run_dir = tmp_path_factory.mktemp("run") / "vit"
-    model = tiny_model("vit", num_classes=10)
-    write_config(run_dir, {"model": model.config.to_dict(), "data": data_record(open_data("digits", 32)),
-                           "super_classes": None, "recipe": {}})  # fmt: skip
-    save_checkpoint(checkpoint_dict(model, epoch=1), run_dir / "best.pt")
-    return run_dir
+    return untrained_run(tmp_path_factory.mktemp("run") / "vit", "vit")
 
 
 def test_superclass_derive(dense_run, tmp_path):

@@ -26,6 +26,7 @@ from faults import (
     flip_offsets,
     mutate_manifest,
     reseal,
+    untrained_run,
     whole_bundle,
 )
 from PIL import Image
@@ -212,22 +213,6 @@ def test_damaged_executorch_files_are_refused_before_executorch_reads_them(bundl
 
 
 # --- export: the target directory -------------------------------------------------------------------------------------
-
-
-def untrained_run(run: Path, name: str) -> Path:
-    """A run directory as training writes it (config.json + best.pt) for the tiny `name` model, untrained, on
-    digits."""
-    from conftest import tiny_model
-
-    from mobile_moe.checkpoint import checkpoint_dict, save_checkpoint
-    from mobile_moe.data.datasets import data_record, open_data
-    from mobile_moe.training.run_dir import write_config
-
-    model = tiny_model(name, num_classes=10, **({"num_experts": 2} if name == "mobile-vmoe" else {}))
-    write_config(run, {"model": model.config.to_dict(), "data": data_record(open_data("digits", 32)),
-                       "super_classes": None, "recipe": {}})  # fmt: skip
-    save_checkpoint(checkpoint_dict(model, epoch=1), run / "best.pt")
-    return run
 
 
 @pytest.fixture(scope="module")
