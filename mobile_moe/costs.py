@@ -180,15 +180,16 @@ def moe_layer_costs(cfg: TokenMoEConfig | WideNetConfig) -> MoELayerCosts:
     """Router (a linear D -> E; Soft MoE: D x E*p slot parameters and a scale), dispatch, experts, combine."""
     T, D, E = cfg.num_tokens, cfg.width, cfg.num_experts
     slots = eval_slots(cfg)
+    dispatch_and_combine = 0  # the picking routers': a gather and a scatter-add, no products
     if isinstance(cfg, SoftMoEConfig):
         router, router_flops, reached = D * slots + 1, 2 * T * D * slots, E
+        dispatch_and_combine = 2 * (2 * T * slots * D)  # every token against every slot, each way
     else:
         router = _linear_params(D, E) if getattr(cfg, "router_bias", True) else D * E
         router_flops = 2 * T * D * E
         # Token choice: T * k (token, choice) assignments, each can reach another expert. Experts choice: every
         # expert takes cap >= 1 tokens.
         reached = E if isinstance(cfg, ExpertsChoiceConfig) else min(E, T * cfg.top_k)
-    dispatch_and_combine = 2 * (2 * T * slots * D) if isinstance(cfg, SoftMoEConfig) else 0
     return MoELayerCosts(router, reached, router_flops + dispatch_and_combine + mlp_flops(cfg, slots))
 
 

@@ -285,18 +285,14 @@ def mutate_manifest(bundle: Path, name: str, table: dict[str, Mutation] = MANIFE
     write_manifest_text(bundle, table[name](manifest))
 
 
-def untrained_run(run: Path, name: str) -> Path:
-    """A run directory as training writes it (config.json + best.pt) for the tiny `name` model, untrained, on
-    digits."""
-    from conftest import tiny_model
-
+def untrained_run(run: Path, model, super_classes: dict | None = None) -> Path:
+    """A run directory as training writes it (config.json + best.pt) for `model`, untrained, on digits."""
     from mobile_moe.checkpoint import checkpoint_dict, save_checkpoint
     from mobile_moe.data.datasets import data_record, open_data
     from mobile_moe.training.run_dir import write_config
 
-    model = tiny_model(name, num_classes=10, **({"num_experts": 2} if name == "mobile-vmoe" else {}))
     write_config(run, {"model": model.config.to_dict(), "data": data_record(open_data("digits", 32)),
-                       "super_classes": None, "recipe": {}})  # fmt: skip
+                       "super_classes": super_classes, "recipe": {}})  # fmt: skip
     save_checkpoint(checkpoint_dict(model, epoch=1), run / "best.pt")
     return run
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import needs_build, source_model
+from conftest import needs_build, source_model, tiny_model
 from faults import untrained_run
 
 pytestmark = pytest.mark.slow
@@ -102,7 +102,7 @@ def assert_signals_leave_all_or_nothing(command_into, whole: Path, tmp_path: Pat
 
 @pytest.fixture(scope="module")
 def dense_run(tmp_path_factory) -> Path:
-    return untrained_run(tmp_path_factory.mktemp("run") / "vit", "vit")
+    return untrained_run(tmp_path_factory.mktemp("run") / "vit", tiny_model("vit", num_classes=10))
 
 
 def test_superclass_derive(dense_run, tmp_path):

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_model
 from faults import (
     HEADER_BYTES,
     MANIFEST_MUTATIONS,
@@ -217,13 +218,13 @@ def test_damaged_executorch_files_are_refused_before_executorch_reads_them(bundl
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    return untrained_run(tmp_path_factory.mktemp("run"), "mobile-vmoe")
+    return untrained_run(tmp_path_factory.mktemp("run"), tiny_model("mobile-vmoe", num_classes=10, num_experts=2))
 
 
 @pytest.fixture(scope="module")
 def dense_run_dir(tmp_path_factory) -> Path:
     """For what a bundle's kind does not change: one graph exports in a second, a split MoE in three."""
-    return untrained_run(tmp_path_factory.mktemp("dense-run"), "vit")
+    return untrained_run(tmp_path_factory.mktemp("dense-run"), tiny_model("vit", num_classes=10))
 
 
 def test_export_never_deletes_a_web_apps_manifest_directory(run_dir, tmp_path, capsys):

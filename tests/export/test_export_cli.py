@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import built_once, tiny_model
+from faults import untrained_run
 from PIL import Image
 
 from mobile_moe.app.cli import main
@@ -24,19 +25,8 @@ pytestmark = pytest.mark.export
 
 
 def make_run_dir(run, model):
-    """A run directory as training writes it (config.json + best.pt) for `model`, untrained, on digits."""
-    from mobile_moe.data.datasets import data_record, open_data
-    from mobile_moe.training.run_dir import write_config
-
-    config = {
-        "model": model.config.to_dict(),
-        "data": data_record(open_data("digits", 32)),
-        "super_classes": {"spec": "random", "names": ["a", "b"], "assignment": [0, 1] * 5},
-        "recipe": {},
-    }
-    write_config(run, config)
-    save_checkpoint(checkpoint_dict(model, epoch=1), run / "best.pt")
-    return run
+    """An untrained run of `model` on digits, with random super-classes recorded."""
+    return untrained_run(run, model, {"spec": "random", "names": ["a", "b"], "assignment": [0, 1] * 5})
 
 
 @pytest.fixture(scope="module")
