@@ -1,7 +1,11 @@
 """Ctrl-C and SIGTERM as a clean stop: the one owner of how the CLI stops.
 
-Python raises a signal's exception wherever the main thread happens to be. Two places turn that into something worse
+Python raises a signal's exception wherever the main thread happens to be. Three places turn that into something worse
 than a stop:
+- inside an import: the module stays half-initialized, and libraries that catch errors around their own imports carry
+  on with it (numpy's `__getattr__` then recursed until RecursionError), swallow the stop (the command went on and
+  exited 0), or run the signal's Python handler under a C++ static initializer, which cannot unwind it (torch's
+  autograd module: "terminate called after throwing an instance of 'pybind11::error_already_set'", status -6);
 - inside torch's tracing (torch.export, torch.compile, lowering), where Python runs under C++ guards that restore the
   dispatch-mode stack as they unwind: one of them throws, and the process aborts ("trying to set the current
   FakeTensorMode, but one already exists", c10/core/impl/TorchDispatchModeTLS.cpp `set_mode`), leaving its
@@ -10,6 +14,7 @@ than a stop:
   exception to sys.unraisablehook, which prints it, and carries on: the stop is lost.
 
 So under `stop_signals()` (the CLI's main):
+- loading a module is held (below): a Ctrl-C during torch's import waits the rest of that import, a second or two;
 - a stop that arrives inside `held()` is pending until the outermost held block ends, and raised there (even if the
   block raised something else: the stop wins, with that error as its context);
 - a stop that an unraisable hook received is pending again, raised at the next safe point: `raise_if_stopped()`, which
@@ -22,6 +27,7 @@ Outside `stop_signals()` (a library caller, a notebook) nothing changes.
 from __future__ import annotations
 
 import contextlib
+import importlib._bootstrap
 import signal
 import sys
 import threading
@@ -70,6 +76,19 @@ def _catching_swallowed_stops(previous_hook):
     return hook
 
 
+def _held_loads(load):
+    """importlib's `_find_and_load`, held. Every load of a module not yet in sys.modules goes through it: the
+    interpreter's import statement calls it on importlib._bootstrap (Python/import.c, import_find_and_load) and
+    importlib.import_module calls it from `_gcd_import` (Lib/importlib/_bootstrap.py:1204, Python 3.11.7). A module
+    already loaded never reaches it, so this costs nothing after start-up."""
+
+    def held_load(name, import_):
+        with held():
+            return load(name, import_)
+
+    return held_load
+
+
 @contextlib.contextmanager
 def stop_signals(*, until_exit: bool = False) -> Iterator[None]:
     """Ctrl-C raises KeyboardInterrupt and SIGTERM raises Terminated, deferred by `held()`; restored on exit. A stop
@@ -83,6 +102,8 @@ def stop_signals(*, until_exit: bool = False) -> Iterator[None]:
         return
     previous = {signum: signal.signal(signum, _on_stop) for signum in _STOPS}
     previous_hook, sys.unraisablehook = sys.unraisablehook, _catching_swallowed_stops(sys.unraisablehook)
+    previous_load = importlib._bootstrap._find_and_load
+    importlib._bootstrap._find_and_load = _held_loads(previous_load)
     _state.reset(installed=True)
     try:
         yield
@@ -91,6 +112,7 @@ def stop_signals(*, until_exit: bool = False) -> Iterator[None]:
         for signum, handler in previous.items():
             signal.signal(signum, signal.SIG_IGN if until_exit else handler)
         sys.unraisablehook = previous_hook
+        importlib._bootstrap._find_and_load = previous_load
         _state.reset(installed=False)
 
 

@@ -4,6 +4,7 @@ swallowed is raised at the next safe point."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import signal
 import sys
@@ -114,11 +115,38 @@ def test_without_stop_signals_a_held_block_changes_nothing():
     assert ran == []
 
 
+@pytest.mark.parametrize(
+    "load",
+    [
+        pytest.param(lambda name: exec(f"import {name}"), id="import statement"),
+        pytest.param(importlib.import_module, id="importlib.import_module"),
+    ],
+)
+def test_a_stop_during_an_import_waits_for_the_whole_module(tmp_path, monkeypatch, load):
+    """A module interrupted halfway stays half-initialized for whoever imports it next (torch, numpy and timm caught
+    their own imports' errors and carried on with one); so the stop is raised once the module is whole."""
+    (tmp_path / "signals_halfway.py").write_text(
+        "import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\nSECOND_HALF = 'ran'\n"
+    )
+    monkeypatch.syspath_prepend(tmp_path)
+    monkeypatch.delitem(sys.modules, "signals_halfway", raising=False)
+    with stop_signals(), pytest.raises(Terminated):
+        load("signals_halfway")
+    assert sys.modules["signals_halfway"].SECOND_HALF == "ran"
+
+
 def test_stop_signals_puts_the_handlers_back():
-    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), sys.unraisablehook
+    import importlib._bootstrap
+
+    hooks = lambda: (  # noqa: E731
+        signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), sys.unraisablehook,
+        importlib._bootstrap._find_and_load,
+    )  # fmt: skip
+    before = hooks()
     with stop_signals():
-        assert signal.getsignal(signal.SIGINT) != before[0] and sys.unraisablehook != before[2]
-    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), sys.unraisablehook) == before
+        during = hooks()
+    assert hooks() == before
+    assert [now != then for now, then in zip(during, before, strict=True)] == [True] * 4
 
 
 def test_the_process_command_ignores_a_stop_that_lands_after_it_ended():
