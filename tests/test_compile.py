@@ -91,8 +91,13 @@ def assert_near(got: torch.Tensor, want: torch.Tensor, truth: torch.Tensor | Non
     assert difference <= 2 * own_error + 1e-7, f"{name}: compiled - eager {difference:.3g}, eager's own {own_error:.3g}"
 
 
-# Hard MoE in the slow set: dynamo traces its E whole expert blocks one by one (7 s on 2 cores)
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "hard-moe" else n
+# The fast set keeps one model per dispatch: dense, Mobile V-MoE's per-image experts, V-MoE's index dispatch and Soft
+# MoE's dense one. WideNet and Experts Choice share V-MoE's dispatch; dynamo traces Hard MoE's E whole expert blocks
+# one by one (7 s on 2 cores).
+SLOW_TO_COMPILE = ("hard-moe", "widenet", "experts-choice")
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_TO_COMPILE else n
                                   for n in list_models()])  # fmt: skip
 def test_compiled_training_forward_is_one_graph_that_never_recompiles(name):
     patterns = compiled_against_eager(name, torch.device("cpu"), "aot_eager", tolerance=1e-5)

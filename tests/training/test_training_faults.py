@@ -197,10 +197,8 @@ def killed_and_resumed(tmp_path: Path, capsys, seed: int, kills: int) -> None:
     assert_same_run(out, whole)
 
 
-def test_sigkill_at_a_random_moment_then_resume_equals_the_uninterrupted_run(tmp_path, capsys):
-    killed_and_resumed(tmp_path, capsys, seed=3, kills=2)
-
-
+# The slow set: each kill starts the CLI (torch's import, seconds). The fast set kills the run after each of its writes
+# in-process (test_a_kill_after_any_write_resumes_to_the_uninterrupted_run).
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(4))
 def test_sigkill_many_times_then_resume_equals_the_uninterrupted_run(tmp_path, capsys, seed):
