@@ -41,7 +41,7 @@ from mobile_moe.export.manifest import (
 )
 from mobile_moe.export.manifest_schema import GraphEntry, Manifest
 from mobile_moe.export.parity import PROB_TOLERANCE, measure_parity, parity_passed, parity_summary
-from mobile_moe.export.quantization import Quantization, check_groups
+from mobile_moe.export.quantization import CoreMLCompression, Quantization, check_groups
 from mobile_moe.export.runtime import BundleRuntime
 from mobile_moe.export.traces import graph_inputs
 from mobile_moe.interrupts import held
@@ -157,9 +157,9 @@ def export_bundle(
     check_target(out_dir)
     model = model.eval()
     split = split_model(model, monolithic=monolithic, layout=layout)
-    lowering.schemes.check(backend, split.layout)
+    lowering.check(split.layout)
     cfg = model.config
-    check_groups(lowering.schemes, cfg.width, cfg.mlp_hidden)
+    check_groups(lowering.chosen, cfg.width, cfg.mlp_hidden)
     class_names = list(class_names) if class_names is not None else [str(c) for c in range(cfg.num_classes)]
     if len(class_names) != cfg.num_classes:
         raise UsageError(f"{len(class_names)} class names for a model with {cfg.num_classes} classes")
@@ -209,23 +209,41 @@ class Lowering:
         self.schemes.check(self.backend)
         if self.fp32 and self.backend != "coreml":
             raise UsageError("--fp32 applies to Core ML only (ExecuTorch and ONNX bundles are fp32 unless quantized)")
+        if self.compressions != CoreMLCompression() and self.backend != "coreml":
+            raise UsageError(
+                f"--coreml-compression applies to Core ML only; a {self.backend} bundle's weights follow --quantize"
+            )
+
+    def check(self, layout: str) -> None:
+        """Refuse, in one line, per-part choices a bundle of `layout` cannot take."""
+        self.schemes.check(self.backend, layout)
+        self.compressions.check(self.schemes, layout)
 
     @property
     def schemes(self) -> Quantization:
         return Quantization.parse(self.quantize)
 
     @property
+    def compressions(self) -> CoreMLCompression:
+        return CoreMLCompression.parse(self.coreml_compression)
+
+    @property
+    def chosen(self) -> frozenset[str]:
+        """The schemes of both parts, and on Core ML the compression of each part that is int8."""
+        schemes, compressions = self.schemes, self.compressions
+        methods = {getattr(compressions, part) for part in ("experts", "rest") if getattr(schemes, part) == "int8"}
+        return schemes.used | (methods if self.backend == "coreml" else set())
+
+    @property
     def precision(self) -> str:
         """The manifest's `precision`: one scheme's words, or each part's."""
-        schemes = self.schemes
-        if schemes.uniform:
-            return self._words(schemes.rest)
-        return f"experts {self._words(schemes.experts)}, rest {self._words(schemes.rest)}"
+        experts, rest = self._words(self.schemes.experts, "experts"), self._words(self.schemes.rest, "rest")
+        return rest if experts == rest else f"experts {experts}, rest {rest}"
 
-    def _words(self, scheme: str) -> str:
+    def _words(self, scheme: str, part: str) -> str:
         if scheme == "int8":
             return {"executorch": "int8 (XNNPACKQuantizer, pt2e)", "onnx": "int8 (dynamic)"}.get(
-                self.backend, self.coreml_compression
+                self.backend, getattr(self.compressions, part)
             )
         if scheme == "8da4w":
             return "8da4w (int4 weights in groups of 32, int8 dynamic activations)"
@@ -299,7 +317,7 @@ def _export_graphs(
                 quantize=lowering.schemes.of(spec.role),
                 calibration=calibration.get(spec.name, ()),
                 fp32=lowering.fp32,
-                coreml_compression=lowering.coreml_compression,
+                coreml_compression=lowering.compressions.of(spec.role),
                 descriptions=DESCRIPTIONS,
                 summary=f"mobile-moe {split.layout} graph {spec.name} ({spec.role})",
             )

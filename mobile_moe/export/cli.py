@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from mobile_moe import jsonio
-from mobile_moe.export.manifest_schema import BACKENDS, COREML_COMPRESSIONS, SPLIT_LAYOUTS
+from mobile_moe.export.manifest_schema import BACKENDS, SPLIT_LAYOUTS
+from mobile_moe.export.quantization import COREML_COMPRESSIONS
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -34,8 +35,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--coreml-compression",
         default="linear8",
-        choices=COREML_COMPRESSIONS,
-        help="Core ML weight compression used by --quantize int8: linear 8-bit (default) or N-bit palettisation",
+        metavar="METHOD",
+        help=f"Core ML: how --quantize int8 compresses the weights: {', '.join(COREML_COMPRESSIONS)} (linear8, the "
+        "default, is 8-bit per channel; linear4 is 4-bit in blocks of 32 inputs, iOS 18; paletteN an N-bit look-up "
+        "table), or experts=METHOD,rest=METHOD, e.g. experts=linear4,rest=linear8 (mobile_moe/export/quantization.py)",
     )
     parser.add_argument(
         "--data",

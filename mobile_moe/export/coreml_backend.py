@@ -1,11 +1,12 @@
-"""Core ML exporter: torch.export + a few rewrites -> coremltools 9 -> .mlpackage (ML program, iOS 17).
+"""Core ML exporter: torch.export + a few rewrites -> coremltools 9 -> .mlpackage (ML program, iOS 17; iOS 18 for
+4-bit blockwise weights).
 
 The TorchScript trace path fails on this torch version for ViT attention, hence the ExportedProgram route.
 Only aten.sort (Core ML's argsort promises no order among ties, the top-k rule does) and clamp_min/clamp_max (which
 coremltools converts only for a bound of the input's dtype) are rewritten (mobile_moe/export/decompositions.py);
 everything else reaches coremltools as torch.export leaves it, as with run_decompositions({}).
 fp16 compute by default (what the Neural Engine runs), fp32 as an option. Compression works on the converted model:
-linear 8-bit weights, or k-means palettisation with 2**nbits entries.
+linear 8-bit weights, linear 4-bit weights in blocks of 32 inputs, or k-means palettisation with 2**nbits entries.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from torch import Tensor, nn
 
 from mobile_moe.export.artifact import Artifact
 from mobile_moe.export.decompositions import coreml_decompositions
+from mobile_moe.export.quantization import GROUP, IOS18_COMPRESSIONS
 
 SUFFIX = ".mlpackage"
 TQDM_LINE = re.compile(r"\[\d+:\d+.*/s\]|%\|")  # "... [00:00, 330.04 passes/s]" or "98%|█████"
@@ -42,15 +44,22 @@ def without_progress_bars() -> Iterator[None]:
 
 
 def compress(mlmodel, compression: str):
-    """Weight compression with coremltools.optimize.coreml: "linear8" (int8 symmetric) or "paletteN" (N-bit LUT)."""
+    """Weight compression with coremltools.optimize.coreml (mobile_moe/export/quantization.py names the methods):
+    "linear8" (int8 symmetric, per output channel), "linear4" (int4 symmetric, a scale per block of 32 inputs: the
+    iOS 18 opset's blockwise dequantize) or "paletteN" (an N-bit look-up table per weight tensor)."""
     import coremltools.optimize.coreml as cto
 
     if compression == "linear8":
         op_config = cto.OpLinearQuantizerConfig(mode="linear_symmetric", dtype="int8")
-        return cto.linear_quantize_weights(mlmodel, cto.OptimizationConfig(global_config=op_config))
-    nbits = int(compression.removeprefix("palette"))
-    op_config = cto.OpPalettizerConfig(mode="kmeans", nbits=nbits)
-    return cto.palettize_weights(mlmodel, cto.OptimizationConfig(global_config=op_config))
+    elif compression == "linear4":
+        op_config = cto.OpLinearQuantizerConfig(
+            mode="linear_symmetric", dtype="int4", granularity="per_block", block_size=GROUP
+        )
+    else:
+        nbits = int(compression.removeprefix("palette"))
+        op_config = cto.OpPalettizerConfig(mode="kmeans", nbits=nbits)
+        return cto.palettize_weights(mlmodel, cto.OptimizationConfig(global_config=op_config))
+    return cto.linear_quantize_weights(mlmodel, cto.OptimizationConfig(global_config=op_config))
 
 
 def export_coreml(
@@ -71,19 +80,20 @@ def export_coreml(
 
     with torch.no_grad():
         program = torch.export.export(module.eval(), example_inputs).run_decompositions(coreml_decompositions())
+    compression = coreml_compression if quantize == "int8" else None
+    target = "iOS18" if compression in IOS18_COMPRESSIONS else "iOS17"
     with without_progress_bars():
-        mlmodel = _convert(ct, program, example_inputs, input_names, output_names, fp32)
-    if quantize == "int8":
-        with without_progress_bars():
-            mlmodel = compress(mlmodel, coreml_compression)
+        mlmodel = _convert(ct, program, example_inputs, input_names, output_names, fp32, target)
+        if compression is not None:
+            mlmodel = compress(mlmodel, compression)
     _describe(mlmodel, input_names, output_names, descriptions or {}, summary)
     mlmodel.save(str(out_path))
     precision = "fp32" if fp32 else "fp16"
-    weights = coreml_compression if quantize == "int8" else precision
-    return Artifact(Path(out_path), {"compute_precision": precision, "weights": weights, "target": "iOS17"})
+    details = {"compute_precision": precision, "weights": compression or precision, "target": target}
+    return Artifact(Path(out_path), details)
 
 
-def _convert(ct, program, example_inputs, input_names, output_names, fp32: bool):
+def _convert(ct, program, example_inputs, input_names, output_names, fp32: bool, target: str):
     return ct.convert(
         program,
         inputs=[
@@ -92,7 +102,7 @@ def _convert(ct, program, example_inputs, input_names, output_names, fp32: bool)
         ],
         outputs=[ct.TensorType(name=name, dtype=np.float32) for name in output_names],
         convert_to="mlprogram",
-        minimum_deployment_target=ct.target.iOS17,
+        minimum_deployment_target=getattr(ct.target, target),
         compute_precision=ct.precision.FLOAT32 if fp32 else ct.precision.FLOAT16,
         skip_model_load=True,  # loading compiles the model, which only macOS can do
     )

@@ -62,8 +62,6 @@ MAX_MANIFEST_BYTES = 64 << 20  # a real manifest is kilobytes; refuse to parse a
 BACKENDS = ("executorch", "onnx", "coreml")
 LAYOUTS = ("dense", "monolithic", "expert-paths", "per-block", "whole")
 SPLIT_LAYOUTS = ("expert-paths", "per-block")  # what export --layout chooses between, for a per-image MoE
-# Core ML's int8 weight compressions (export --coreml-compression); a Core ML int8 bundle's precision names one.
-COREML_COMPRESSIONS = ("linear8", "palette8", "palette6", "palette4")
 ROLES = ("router", "trunk_tail", "expert", "block_shared", "block_expert", "head", "monolithic", "dense", "whole")
 LAYOUTS_OF_ROUTING = {
     "none": ("dense",),

@@ -1,14 +1,23 @@
-"""`export --quantize`: one scheme for every graph, or one for the experts and one for the rest, in one spelling.
+"""`export --quantize` and `--coreml-compression`: one choice for every graph, or one for the experts and one for the
+rest, in one spelling.
 
+--quantize SCHEME
     none                       fp32 (Core ML: fp16 unless --fp32)
-    int8                       static int8: activations calibrated on the run's images, weights per channel
+    int8                       static int8: activations calibrated on the run's images, weights per channel (Core ML:
+                               the weights compressed as --coreml-compression says)
     8da4w                      4-bit grouped weights, int8 dynamic activations (ExecuTorch's XNNPACK only)
-    experts=SCHEME,rest=SCHEME the expert graphs (a split's `expert` and `block_expert` roles) in one scheme, the
-                               router, trunk, shared block halves and head in another
+--coreml-compression METHOD (Core ML's compression of the parts --quantize makes int8; weights only, on the converted
+model, coremltools.optimize.coreml)
+    linear8                    8-bit symmetric, a scale per output channel (iOS 17)
+    linear4                    4-bit symmetric, a scale per block of 32 inputs of an output channel (iOS 18): Core ML's
+                               match for 8da4w's weights (it keeps fp16 activations)
+    palette8|palette6|palette4 k-means palettisation, 2**N entries per weight tensor (iOS 17)
+either as experts=CHOICE,rest=CHOICE: the expert graphs (a split's `expert` and `block_expert` roles) in one, the
+router, trunk, shared block halves and head in the other.
 
 A phone stores every expert and reads one per switch, so the experts are where bytes pay most: experts=8da4w,rest=int8
-keeps the router, which decides for every image, at 8 bits. Per-part schemes need a split layout; a bundle of one
-graph (dense, monolithic, whole) takes one scheme.
+(Core ML: --quantize int8 --coreml-compression experts=linear4,rest=linear8) keeps the router, which decides for every
+image, at 8 bits. Per-part choices need a split layout; a bundle of one graph (dense, monolithic, whole) takes one.
 """
 
 from __future__ import annotations
@@ -22,28 +31,53 @@ BACKENDS_OF = {"none": ("executorch", "onnx", "coreml"), "int8": ("executorch", 
                "8da4w": ("executorch",)}  # fmt: skip
 EXPERT_ROLES = frozenset({"expert", "block_expert"})  # mobile_moe/export/graphs.py's roles holding an expert
 SPLIT_LAYOUTS = ("expert-paths", "per-block")
-SPELLING = "none, int8, 8da4w, or experts=SCHEME,rest=SCHEME"
+COREML_COMPRESSIONS = ("linear8", "linear4", "palette8", "palette6", "palette4")
+IOS18_COMPRESSIONS = frozenset({"linear4"})  # coremltools' per-block quantization needs the iOS 18 opset
 
 
 @dataclass(frozen=True)
-class Quantization:
-    experts: str = "none"
-    rest: str = "none"
+class _Flag:
+    """A per-part flag: its name, its choices, and how its help and errors spell them."""
 
-    @classmethod
-    def parse(cls, spelling: str) -> Quantization:
-        """'int8' -> both parts int8; 'experts=8da4w,rest=int8' -> each its own. UsageError names what is wrong."""
+    name: str
+    choices: tuple[str, ...]
+    noun: str  # what one choice is called: "scheme"
+    example: str  # a per-part spelling that works
+
+    @property
+    def words(self) -> str:
+        return f"{', '.join(self.choices)}, or experts={self.noun.upper()},rest={self.noun.upper()}"
+
+    def parts(self, spelling: str) -> tuple[str, str]:
+        """'C' -> (C, C); 'experts=C1,rest=C2' -> (C1, C2): the one grammar of a per-part flag. UsageError names what
+        is wrong."""
         if "=" not in spelling:
-            return cls(*[_scheme(spelling, spelling)] * 2)
+            return (self._choice(spelling, spelling),) * 2
         parts: dict[str, str] = {}
         for item in spelling.split(","):
-            part, _, scheme = item.partition("=")
+            part, _, choice = item.partition("=")
             if part not in ("experts", "rest") or part in parts:
-                raise UsageError(f"--quantize {spelling!r}: give experts=SCHEME,rest=SCHEME once each ({SPELLING})")
-            parts[part] = _scheme(scheme, spelling)
+                raise UsageError(f"{self.name} {spelling!r}: give experts=...,rest=... once each ({self.words})")
+            parts[part] = self._choice(choice, spelling)
         if set(parts) != {"experts", "rest"}:
-            raise UsageError(f"--quantize {spelling!r}: name both parts, e.g. experts=8da4w,rest=int8")
-        return cls(parts["experts"], parts["rest"])
+            raise UsageError(f"{self.name} {spelling!r}: name both parts, e.g. {self.example}")
+        return parts["experts"], parts["rest"]
+
+    def _choice(self, choice: str, spelling: str) -> str:
+        if choice not in self.choices:
+            raise UsageError(f"{self.name} {spelling!r}: {choice!r} is no {self.noun}; choose {self.words}")
+        return choice
+
+
+QUANTIZE = _Flag("--quantize", SCHEMES, "scheme", "experts=8da4w,rest=int8")
+COREML_COMPRESSION = _Flag("--coreml-compression", COREML_COMPRESSIONS, "method", "experts=linear4,rest=linear8")
+
+
+class _PerPart:
+    """A choice for the expert graphs and one for the rest."""
+
+    experts: str
+    rest: str
 
     @property
     def uniform(self) -> bool:
@@ -54,16 +88,29 @@ class Quantization:
         return frozenset({self.experts, self.rest})
 
     def of(self, role: str) -> str:
-        """The scheme of a graph of `role`: a graph holding experts and the rest together takes the one scheme."""
+        """The choice for a graph of `role`: a graph holding experts and the rest together takes the one choice."""
         return self.experts if role in EXPERT_ROLES else self.rest
+
+
+@dataclass(frozen=True)
+class Quantization(_PerPart):
+    experts: str = "none"
+    rest: str = "none"
+
+    @classmethod
+    def parse(cls, spelling: str) -> Quantization:
+        """'int8' -> both parts int8; 'experts=8da4w,rest=int8' -> each its own. UsageError names what is wrong."""
+        return cls(*QUANTIZE.parts(spelling))
 
     def check(self, backend: str, layout: str | None = None) -> None:
         """Refuse, in one line, a scheme `backend` cannot run or per-part schemes on a one-graph `layout`."""
         for scheme in sorted(self.used):
             if backend not in BACKENDS_OF[scheme]:
+                takes = " or ".join(s for s in SCHEMES if backend in BACKENDS_OF[s])
+                if backend == "coreml":
+                    takes += f" (4-bit experts: --quantize int8 --coreml-compression {COREML_COMPRESSION.example})"
                 raise UsageError(
-                    f"--quantize {scheme}: {' and '.join(BACKENDS_OF[scheme])} only; a {backend} bundle takes "
-                    f"{' or '.join(s for s in SCHEMES if backend in BACKENDS_OF[s])}"
+                    f"--quantize {scheme}: {' and '.join(BACKENDS_OF[scheme])} only; a {backend} bundle takes {takes}"
                 )
         if layout is not None and not self.uniform and layout not in SPLIT_LAYOUTS:
             raise UsageError(
@@ -72,20 +119,46 @@ class Quantization:
             )
 
 
-GROUP = 32  # 8da4w: inputs per weight scale
+GROUP = 32  # 8da4w and linear4: inputs per weight scale
+GROUPED = {"8da4w": ("--quantize", "int8"), "linear4": ("--coreml-compression", "linear8")}  # -> flag, the 8-bit one
 
 
-def check_groups(schemes: Quantization, width: int, hidden: int) -> None:
-    """8da4w scales every group of GROUP inputs of a Linear: the widths it reads (the model's width, the MLP's
-    hidden width) must be whole groups."""
-    if "8da4w" in schemes.used and (width % GROUP or hidden % GROUP):
-        raise UsageError(
-            f"--quantize 8da4w scales weights in groups of {GROUP} inputs: this model's width {width} and MLP hidden "
-            f"width {hidden} must both be multiples of {GROUP}; use int8 for it"
-        )
+def check_groups(chosen: frozenset[str], width: int, hidden: int) -> None:
+    """8da4w and Core ML's linear4 scale every group of GROUP inputs of a Linear: the widths it reads (the model's
+    width, the MLP's hidden width) must be whole groups. (coremltools would leave a Linear it cannot block in fp16,
+    without a word: experts the user asked 4 bits of, half in 16.)"""
+    for name in sorted(chosen & GROUPED.keys()):
+        if width % GROUP or hidden % GROUP:
+            flag, instead = GROUPED[name]
+            raise UsageError(
+                f"{flag} {name} scales weights in groups of {GROUP} inputs: this model's width {width} and MLP hidden "
+                f"width {hidden} must both be multiples of {GROUP}; use {instead} for it"
+            )
 
 
-def _scheme(scheme: str, spelling: str) -> str:
-    if scheme not in SCHEMES:
-        raise UsageError(f"--quantize {spelling!r}: {scheme!r} is no scheme; choose {SPELLING}")
-    return scheme
+@dataclass(frozen=True)
+class CoreMLCompression(_PerPart):
+    """How Core ML compresses the weights of each part that --quantize makes int8."""
+
+    experts: str = "linear8"
+    rest: str = "linear8"
+
+    @classmethod
+    def parse(cls, spelling: str) -> CoreMLCompression:
+        """'palette4' -> both parts; 'experts=linear4,rest=linear8' -> each its own. UsageError names what is wrong."""
+        return cls(*COREML_COMPRESSION.parts(spelling))
+
+    def check(self, schemes: Quantization, layout: str | None = None) -> None:
+        """Refuse, in one line, a per-part compression no part uses (--quantize leaves it fp16) or on one graph."""
+        if self.uniform:
+            return
+        if "int8" not in schemes.used:
+            raise UsageError(
+                f"--coreml-compression experts={self.experts},rest={self.rest} compresses the parts --quantize makes "
+                "int8, and --quantize leaves every part unquantized; add --quantize int8"
+            )
+        if layout is not None and layout not in SPLIT_LAYOUTS:
+            raise UsageError(
+                f"--coreml-compression experts={self.experts},rest={self.rest}: a {layout} bundle is one graph; give "
+                f"one method, or export a split layout ({' or '.join(SPLIT_LAYOUTS)})"
+            )

@@ -4,6 +4,7 @@ macOS; elsewhere the runtime says so clearly."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -76,3 +77,51 @@ def test_int8_and_fp32_packages(tmp_path):
     assert fp32["precision"] == "fp32" and linear["precision"] == "linear8" and palette["precision"] == "palette4"
     assert palette["sizes"]["total_bytes"] < linear["sizes"]["total_bytes"] < fp32["sizes"]["total_bytes"]
     assert linear["quantization"]["validation"]["measured"] is False
+
+
+def _constexpr_weights(package: Path) -> list[tuple[str, str, list[int], list[int]]]:
+    """(op, weight dtype, weight shape, scale shape) of each compressed weight in a package's ML program."""
+    import coremltools as ct
+    from coremltools.proto import MIL_pb2
+
+    def dims(value) -> list[int]:
+        return [d.constant.size for d in value.type.tensorType.dimensions]
+
+    spec = ct.models.MLModel(str(package), skip_model_load=True).get_spec()
+    found = []
+    for function in spec.mlProgram.functions.values():
+        for block in function.block_specializations.values():
+            for op in block.operations:
+                if op.type.startswith("constexpr"):
+                    # iOS 17's op holds its values as attributes (`quantized_data`), iOS 18's as inputs (`data`)
+                    values = {**op.attributes, **{name: arg.arguments[0].value for name, arg in op.inputs.items()}}
+                    data, scale = values.get("data", values.get("quantized_data")), values["scale"]
+                    dtype = MIL_pb2.DataType.Name(data.type.tensorType.dataType)
+                    found.append((op.type, dtype, dims(data), dims(scale)))
+    return found
+
+
+@pytest.mark.slow  # three Core ML conversions (4 s)
+def test_experts_in_4_bit_blocks_and_the_rest_in_8_bits(tmp_path):
+    """--quantize int8 --coreml-compression experts=linear4,rest=linear8: each expert package holds int4 weights with
+    a scale per 32 inputs (coremltools' blockwise op, so an iOS 18 package); the router keeps per-channel int8 on
+    iOS 17; the manifest says so, per graph and in one line."""
+    model = tiny_model("mobile-vmoe", num_experts=2).eval()
+    out = tmp_path / "bundle"
+    manifest = export_bundle(
+        model, out, "coreml", quantize="int8", coreml_compression="experts=linear4,rest=linear8", layout="expert-paths"
+    ).to_json()
+    assert manifest["precision"] == "experts linear4, rest linear8"
+    graphs = {graph["role"]: graph for graph in manifest["graphs"]}
+    assert set(graphs) == {"router", "expert"}
+    for graph in manifest["graphs"]:
+        four_bit = graph["role"] == "expert"
+        details = graph["backend_details"]
+        assert (details["weights"], details["target"]) == (("linear4", "iOS18") if four_bit else ("linear8", "iOS17"))
+        weights = _constexpr_weights(out / graph["file"])
+        assert weights, graph["name"]
+        for op, dtype, shape, scale in weights:
+            if four_bit:  # one scale per block of 32 inputs of each output channel
+                assert (op, dtype, scale) == ("constexpr_blockwise_shift_scale", "INT4", [shape[0], shape[1] // 32])
+            else:
+                assert (op, dtype) == ("constexpr_affine_dequantize", "INT8")

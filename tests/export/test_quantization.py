@@ -11,7 +11,7 @@ from conftest import needs_build, tiny_model
 
 from mobile_moe.errors import UsageError
 from mobile_moe.export.bundle import export_bundle
-from mobile_moe.export.quantization import Quantization
+from mobile_moe.export.quantization import CoreMLCompression, Quantization
 
 pytestmark = pytest.mark.export
 
@@ -29,14 +29,28 @@ def test_one_spelling_gives_each_part_its_scheme(spelling, experts, rest):
 
 
 @pytest.mark.parametrize(
-    ("spelling", "message"),
-    [("int4", "'int4' is no scheme"), ("experts=8da4w", "name both parts"),
-     ("experts=int8,rest=int8,experts=none", "once each"), ("weights=int8,rest=none", "once each"),
-     ("experts=fp16,rest=none", "'fp16' is no scheme")],
+    ("spelling", "experts", "rest"),
+    [("linear8", "linear8", "linear8"), ("palette4", "palette4", "palette4"),
+     ("experts=linear4,rest=linear8", "linear4", "linear8"),
+     ("rest=palette6,experts=palette4", "palette4", "palette6")],
 )  # fmt: skip
-def test_a_misspelt_scheme_is_one_line_naming_the_forms(spelling, message):
+def test_core_ml_compression_takes_the_same_per_part_spelling(spelling, experts, rest):
+    methods = CoreMLCompression.parse(spelling)
+    assert (methods.of("block_expert"), methods.of("router")) == (experts, rest)
+
+
+@pytest.mark.parametrize(
+    ("parse", "spelling", "message"),
+    [(Quantization.parse, "int4", "'int4' is no scheme"), (Quantization.parse, "experts=8da4w", "name both parts"),
+     (Quantization.parse, "experts=int8,rest=int8,experts=none", "once each"),
+     (Quantization.parse, "weights=int8,rest=none", "once each"),
+     (Quantization.parse, "experts=fp16,rest=none", "'fp16' is no scheme"),
+     (CoreMLCompression.parse, "int4", "'int4' is no method; choose linear8, linear4, palette8"),
+     (CoreMLCompression.parse, "experts=linear4", "name both parts, e.g. experts=linear4,rest=linear8")],
+)  # fmt: skip
+def test_a_misspelt_scheme_is_one_line_naming_the_forms(parse, spelling, message):
     with pytest.raises(UsageError, match=message):
-        Quantization.parse(spelling)
+        parse(spelling)
 
 
 @pytest.mark.parametrize(
@@ -50,6 +64,15 @@ def test_a_misspelt_scheme_is_one_line_naming_the_forms(spelling, message):
         ("vmoe", {}, "onnx", "experts=int8,rest=none", {}, "a whole bundle is one graph"),
         ("vit", {"width": 48}, "executorch", "8da4w", {},
          "width 48 and MLP hidden width 192 must both be multiples of 32"),
+        # Core ML's compression: of the parts --quantize makes int8, blocks of 32 inputs, and on Core ML only
+        ("mobile-vmoe", {}, "coreml", "none", {"coreml_compression": "experts=linear4,rest=linear8"},
+         "--quantize leaves every part unquantized; add --quantize int8"),
+        ("mobile-vmoe", {}, "coreml", "int8", {"coreml_compression": "experts=linear4,rest=linear8",
+                                               "monolithic": True},
+         "a monolithic bundle is one graph; give one method"),
+        ("vit", {"width": 48}, "coreml", "int8", {"coreml_compression": "linear4"},
+         "--coreml-compression linear4 scales weights in groups of 32 inputs"),
+        ("mobile-vmoe", {}, "executorch", "int8", {"coreml_compression": "linear4"}, "applies to Core ML only"),
     ],
 )  # fmt: skip
 def test_a_scheme_a_backend_or_layout_cannot_take_is_refused_before_anything_is_written(
