@@ -49,17 +49,28 @@ def compress(mlmodel, compression: str):
     iOS 18 opset's blockwise dequantize) or "paletteN" (an N-bit look-up table per weight tensor)."""
     import coremltools.optimize.coreml as cto
 
-    if compression == "linear8":
-        op_config = cto.OpLinearQuantizerConfig(mode="linear_symmetric", dtype="int8")
-    elif compression == "linear4":
-        op_config = cto.OpLinearQuantizerConfig(
-            mode="linear_symmetric", dtype="int4", granularity="per_block", block_size=GROUP
-        )
-    else:
-        nbits = int(compression.removeprefix("palette"))
-        op_config = cto.OpPalettizerConfig(mode="kmeans", nbits=nbits)
+    if compression.startswith("palette"):
+        op_config = cto.OpPalettizerConfig(mode="kmeans", nbits=int(compression.removeprefix("palette")))
         return cto.palettize_weights(mlmodel, cto.OptimizationConfig(global_config=op_config))
-    return cto.linear_quantize_weights(mlmodel, cto.OptimizationConfig(global_config=op_config))
+    per_channel = cto.OpLinearQuantizerConfig(mode="linear_symmetric", dtype="int8")
+    if compression == "linear8":
+        return cto.linear_quantize_weights(mlmodel, cto.OptimizationConfig(global_config=per_channel))
+    return cto.linear_quantize_weights(mlmodel, _in_blocks(cto, mlmodel, elsewhere=per_channel))
+
+
+def _in_blocks(cto, mlmodel, *, elsewhere):
+    """linear4's config: int4 in blocks of GROUP inputs; a weight whose input axis is no whole number of blocks (the
+    patch embedding's 3 colour channels, the position embedding's tokens) as `elsewhere` says. coremltools would
+    leave such a weight in fp16 with a warning (coremltools/optimize/_utils.py:270, "Invalid block_sizes ... Unable
+    to perform structured quantization")."""
+    blocked = cto.OpLinearQuantizerConfig(mode="linear_symmetric", dtype="int4", granularity="per_block",
+                                          block_size=GROUP)  # fmt: skip
+    unblockable = {
+        name: elsewhere
+        for name, weight in cto.get_weights_metadata(mlmodel).items()
+        if weight.val.ndim < 2 or weight.val.shape[1] % GROUP
+    }
+    return cto.OptimizationConfig(global_config=blocked, op_name_configs=unblockable)
 
 
 def export_coreml(

@@ -10,7 +10,8 @@ rest, in one spelling.
 model, coremltools.optimize.coreml)
     linear8                    8-bit symmetric, a scale per output channel (iOS 17)
     linear4                    4-bit symmetric, a scale per block of 32 inputs of an output channel (iOS 18): Core ML's
-                               match for 8da4w's weights (it keeps fp16 activations)
+                               match for 8da4w's weights (it keeps fp16 activations); a weight whose inputs are no
+                               whole blocks (the patch embedding's colour channels) as linear8
     palette8|palette6|palette4 k-means palettisation, 2**N entries per weight tensor (iOS 17)
 either as experts=CHOICE,rest=CHOICE: the expert graphs (a split's `expert` and `block_expert` roles) in one, the
 router, trunk, shared block halves and head in the other.

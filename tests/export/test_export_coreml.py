@@ -125,3 +125,16 @@ def test_experts_in_4_bit_blocks_and_the_rest_in_8_bits(tmp_path):
                 assert (op, dtype, scale) == ("constexpr_blockwise_shift_scale", "INT4", [shape[0], shape[1] // 32])
             else:
                 assert (op, dtype) == ("constexpr_affine_dequantize", "INT8")
+
+
+@pytest.mark.slow  # a Core ML conversion (1 s)
+def test_linear4_leaves_no_weight_uncompressed(tmp_path):
+    """A weight whose inputs are no whole blocks of 32 (the patch embedding's 3 colour channels) is int8 per channel,
+    where coremltools alone would keep it in fp16; every Linear is int4 in blocks."""
+    out = tmp_path / "bundle"
+    manifest = export_bundle(tiny_model("vit").eval(), out, "coreml", quantize="int8", coreml_compression="linear4")
+    weights = _constexpr_weights(out / manifest.to_json()["graphs"][0]["file"])
+    patch_embedding = [w for w in weights if w[2][1:] == [3, 8, 8]]
+    assert [dtype for _, dtype, _, _ in patch_embedding] == ["INT8"]
+    blocked = [w for w in weights if w not in patch_embedding]
+    assert blocked and {(op, dtype) for op, dtype, _, _ in blocked} == {("constexpr_blockwise_shift_scale", "INT4")}
