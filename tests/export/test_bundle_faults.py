@@ -304,7 +304,7 @@ def test_sigterm_while_a_graph_is_traced_waits_for_its_end(run_dir, tmp_path, mo
 
         def signal_once(*_):
             if not signalled:
-                signalled.append(os.kill(os.getpid(), signal.SIGTERM))  # the handler runs in the traced forward
+                signalled.append(signal.raise_signal(signal.SIGTERM))  # the handler runs in the traced forward
 
         hook = module.register_forward_pre_hook(signal_once)
         try:

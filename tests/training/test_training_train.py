@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 from itertools import islice
 
@@ -88,7 +87,7 @@ def test_ctrl_c_in_a_step(tmp_path, monkeypatch, capsys, one_thread, compiled):
     monkeypatch.setattr(train_module, "compile_model", lambda module: module)  # the guard, without minutes of tracing
 
     def forward_then_ctrl_c(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)
         return real_forward(*args, **kwargs)
 
     monkeypatch.setattr(engine, "forward_loss", forward_then_ctrl_c)
