@@ -96,6 +96,8 @@ def lower(
     if tag is not None:
         _tag_weights(program, tag)
     program = program.run_decompositions(xnnpack_rewrites() if rewrites_only else xnnpack_decompositions())
+    if tag is not None:  # again: decomposing unwraps a quantized weight (8da4w's) into tensors of their own
+        _tag_weights(program, tag)
     mutated = sorted(program.graph_signature.buffers_to_mutate.values())  # listed once the graph is functional
     if mutated:  # the native runner lets a bundle's graphs share planned memory (graph_loader.h PlannedArenas)
         name = type(module).__name__

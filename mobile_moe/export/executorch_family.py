@@ -12,6 +12,9 @@ int8: activation quantization parameters live in the program, so a family shares
 calibrated on every member's inputs with that member's weights loaded (min/max over the family). Weights are still
 quantized per member, per channel, from the member's own values.
 
+8da4w: activations are quantized as the graph runs, so only the weights differ; each member's are its own 4-bit
+groups, stored as XNNPACK stores them (packed two to a byte, bfloat16 scales).
+
 A family XNNPACK stores in a way we cannot map (a weight it transformed, or one it left inside the program) raises
 NotShareable, and the caller exports the members one by one. Every member is run from its .ptd and compared with its
 eager module before the family is accepted.
@@ -34,7 +37,8 @@ from mobile_moe.export.quiet import native_stderr_captured
 WEIGHTS_TAG = "weights"
 ALIGNMENT = 16  # XNNPACK's constant alignment (xnnpack_graph_serialize.CONSTANT_TENSOR_ALIGNMENT)
 SCALE_PREFIX = "scale_"  # XNNPACK keys a per-channel scale "scale_" + sha256 of its bytes
-TOLERANCE = {"none": 1e-4, "int8": 0.05}  # max |program - eager| / max |eager| for each member (int8: kernels round)
+# max |program - eager| / max |eager| for each member (int8, 8da4w: the kernels round otherwise than the eager ops)
+TOLERANCE = {"none": 1e-4, "int8": 0.05, "8da4w": 0.05}
 
 Inputs = tuple[Tensor, ...]
 
@@ -54,8 +58,6 @@ def export_executorch_family(
 ) -> list[Artifact]:
     """Write one program for `members` at `program_path` and member i's weights at `weight_paths[i]`; an Artifact
     per member (the program, with its weight file). NotShareable if the family cannot share one program."""
-    if quantize == "8da4w":  # torchao's weight tensors are subclasses whose packed bytes we do not map to keys
-        raise NotShareable("8da4w experts are exported one program each")
     members = [member.eval() for member in members]
     calibrations = [list(c) or [example_inputs] for c in calibrations] or [[example_inputs]] * len(members)
     own = _own_weight_names(members)
@@ -63,18 +65,23 @@ def export_executorch_family(
         raise NotShareable("the members share every weight")
     template = _template(members[0], own)
     with torch.no_grad():
-        if quantize == "int8":
-            template_graph, references = _quantized_family(template, members, own, example_inputs, calibrations)
-            varying = _differing(template_graph, references[0])
-            values = [_values(graph, varying) for graph in references]
+        if quantize == "8da4w":
+            program, details, varying, values, references = _lowered_8da4w(template, members, example_inputs)
+            template_values, values = values[0], values[1:]
         else:
-            template_graph = torch.export.export(template, example_inputs).module()
-            varying = [target for target in _get_attr_targets(template_graph) if target in own]
-            states = [member.state_dict() for member in members]
-            values = [{target: state[target] for target in varying} for state in states]
-            references = members
-        program, details = lower(template_graph, example_inputs, tag=lambda target: target in varying)
-    keys = _keys_of(program, _values(template_graph, varying), varying)
+            if quantize == "int8":
+                template_graph, references = _quantized_family(template, members, own, example_inputs, calibrations)
+                varying = _differing(template_graph, references[0])
+                values = [_values(graph, varying) for graph in references]
+            else:
+                template_graph = torch.export.export(template, example_inputs).module()
+                varying = [target for target in _get_attr_targets(template_graph) if target in own]
+                states = [member.state_dict() for member in members]
+                values = [{target: state[target] for target in varying} for state in states]
+                references = members
+            program, details = lower(template_graph, example_inputs, tag=lambda target: target in varying)
+            template_values = _values(template_graph, varying)
+    keys = _keys_of(program, template_values, varying)
     Path(program_path).write_bytes(program.buffer)
     for member_values, path in zip(values, weight_paths, strict=True):
         _write_weights(path, {key: member_values[target] for key, target in keys.items()})
@@ -191,6 +198,52 @@ def _reobserve_weights(prepared: torch.fx.GraphModule) -> None:
             observer = prepared.get_submodule(node.target)
             observer.reset_min_max_vals()
             observer(_fetch(prepared, node.args[0].target))
+
+
+# --- 8da4w ----------------------------------------------------------------------------------------------------------
+
+
+def _lowered_8da4w(template: nn.Module, members: Sequence[nn.Module], example_inputs: Inputs):
+    """The family in 8da4w (each module quantized from its own weights; nothing to calibrate): (program, details,
+    the names of the tensors that vary, the template's values and then each member's, the members' eager quantized
+    modules). Exporting unwraps torchao's
+    weight tensor into its int8 data, fp32 group scales and zero points (`...parametrizations.weight.original0..2`);
+    the tensors that differ between the template and a member are the ones tagged, and with them what XNNPACK stores
+    instead (_qc4w_forms)."""
+    from mobile_moe.export.executorch_backend import quantize_8da4w
+
+    quantized = [quantize_8da4w(member) for member in members]
+    template = quantize_8da4w(template)
+    template_state = _unwrapped_state(template, example_inputs)
+    states = [_unwrapped_state(member, example_inputs) for member in quantized]
+    varying = [name for name, value in template_state.items() if not torch.equal(value, states[0][name])]
+    program, details = lower(template, example_inputs, tag=lambda name: name in varying, rewrites_only=True)
+    forms = [_qc4w_forms({name: state[name] for name in varying}) for state in [template_state, *states]]
+    return program, details, varying, forms, quantized
+
+
+def _unwrapped_state(module: nn.Module, example_inputs: Inputs) -> dict[str, Tensor]:
+    """The tensors `lower` sees once it has decomposed `module`'s graph, by their names there."""
+    from mobile_moe.export.decompositions import xnnpack_rewrites
+
+    program = torch.export.export(module, example_inputs).run_decompositions(xnnpack_rewrites())
+    return {**program.state_dict, **program.constants}
+
+
+def _qc4w_forms(values: dict[str, Tensor]) -> dict[str, Tensor]:
+    """`values` plus the forms XNNPACK stores a 4-bit grouped weight in (node_visitor.py, get_serialized_buffer_index
+    and get_quant_params, executorch 1.5.1): its int8 data packed two to a byte by XNNPACK's own convert_to_qc4w, and
+    its group scales in bfloat16. Every int8 matrix in [-8, 7] and every float tensor gets its form; _keys_of keeps
+    those the program names."""
+    from executorch.backends.xnnpack.operators.node_visitor import NodeVisitor
+
+    forms = dict(values)
+    for name, value in values.items():
+        if value.dtype == torch.int8 and value.ndim == 2 and value.numel() and -8 <= value.min() <= value.max() <= 7:
+            forms[f"{name}#qc4w"] = NodeVisitor.convert_to_qc4w(value.contiguous())
+        elif value.is_floating_point():
+            forms[f"{name}#bf16"] = value.to(torch.bfloat16)
+    return forms
 
 
 # --- keys and weight files -----------------------------------------------------------------------------------------

@@ -85,10 +85,16 @@ def test_a_scheme_a_backend_or_layout_cannot_take_is_refused_before_anything_is_
 
 
 @pytest.mark.slow
-def test_8da4w_experts_compute_their_eager_quantized_modules_natively_too_loading_only_the_chosen(tmp_path, request):
-    """experts=8da4w,rest=int8 on a per-block split: each 8da4w expert graph gives what torchao's quantized copy of
-    its module gives in PyTorch; the Python runtime and the native runner agree; the runner opens only the router,
-    the shared graphs and the experts it picked."""
+@pytest.mark.parametrize(("layout", "role"), [("per-block", "block_expert"), ("expert-paths", "expert")])
+def test_8da4w_experts_compute_their_eager_quantized_modules_natively_too_loading_only_the_chosen(
+    layout, role, tmp_path, request
+):
+    """experts=8da4w,rest=int8 on each split: the 8da4w experts share one program (per block, or for all paths), each
+    with its own weights file; each expert graph gives what torchao's quantized copy of its module gives in PyTorch;
+    the Python runtime and the native runner agree; the runner opens only the router, the shared graphs and the
+    experts it picked."""
+    from executorch.runtime import Runtime
+
     from mobile_moe.export.executorch_backend import quantize_8da4w
     from mobile_moe.export.graphs import split_model
     from mobile_moe.export.manifest import read_manifest
@@ -97,17 +103,20 @@ def test_8da4w_experts_compute_their_eager_quantized_modules_natively_too_loadin
     model = tiny_model("mobile-vmoe", pool="mean").eval()
     images = torch.randn(6, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     out = tmp_path / "bundle"
-    manifest = export_bundle(model, out, "executorch", quantize="experts=8da4w,rest=int8", layout="per-block",
+    manifest = export_bundle(model, out, "executorch", quantize="experts=8da4w,rest=int8", layout=layout,
                              sample_images=images)  # fmt: skip
     assert manifest.precision.startswith("experts 8da4w") and "rest int8" in manifest.precision
-    from executorch.runtime import Runtime
-
-    files = {graph.name: out / graph.file for graph in read_manifest(out).graphs}
-    for spec in (spec for spec in split_model(model, layout="per-block").graphs if spec.role == "block_expert"):
-        inputs = spec.example_inputs()
+    entries = {graph.name: graph for graph in read_manifest(out).graphs}
+    experts = [spec for spec in split_model(model, layout=layout).graphs if spec.role == role]
+    programs = {entries[spec.name].file for spec in experts}
+    assert len(programs) == {"per-block": 2, "expert-paths": 1}[layout]  # a program per family
+    assert len({entries[spec.name].weights.file for spec in experts}) == len(experts)  # the weights, one file each
+    for spec in experts:
+        entry, inputs = entries[spec.name], spec.example_inputs()
         with torch.no_grad():
             want = quantize_8da4w(spec.module)(*inputs)
-        got = Runtime.get().load_program(files[spec.name]).load_method("forward").execute(list(inputs))[0]
+        program = Runtime.get().load_program(out / entry.file, data_path=str(out / entry.weights.file))
+        got = program.load_method("forward").execute(list(inputs))[0]
         # XNNPACK's integer kernels against torchao's float reference of the same quantized weights and per-token
         # activation scales: they round differently (6e-3 of the largest output here), far under a 4-bit step
         torch.testing.assert_close(got, want, rtol=0, atol=1e-2 * float(want.abs().max()))
@@ -125,6 +134,6 @@ def test_8da4w_experts_compute_their_eager_quantized_modules_natively_too_loadin
     np.testing.assert_allclose([row["logits"] for row in report["images"]], [p.logits for p in expected], atol=1e-4)
     graphs = read_manifest(out).graphs
     chosen = {e for row in report["images"] for e in row["experts"]}
-    picked = {f.file for g in graphs if g.role == "block_expert" and g.expert in chosen for f in g.files()}
-    shared = {f.file for g in graphs if g.role != "block_expert" for f in g.files()}
+    picked = {f.file for g in graphs if g.role == role and g.expert in chosen for f in g.files()}
+    shared = {f.file for g in graphs if g.role != role for f in g.files()}
     assert set(report["files_opened"]) == shared | picked
