@@ -206,10 +206,9 @@ def _reobserve_weights(prepared: torch.fx.GraphModule) -> None:
 def _lowered_8da4w(template: nn.Module, members: Sequence[nn.Module], example_inputs: Inputs):
     """The family in 8da4w (each module quantized from its own weights; nothing to calibrate): (program, details,
     the names of the tensors that vary, the template's values and then each member's, the members' eager quantized
-    modules). Exporting unwraps torchao's
-    weight tensor into its int8 data, fp32 group scales and zero points (`...parametrizations.weight.original0..2`);
-    the tensors that differ between the template and a member are the ones tagged, and with them what XNNPACK stores
-    instead (_qc4w_forms)."""
+    modules). Exporting unwraps torchao's weight tensor into its int8 data, fp32 group scales and zero points
+    (`...parametrizations.weight.original0..2`); the tensors that differ between the template and a member are the
+    ones tagged, and with them what XNNPACK stores instead (_qc4w_forms)."""
     from mobile_moe.export.executorch_backend import quantize_8da4w
 
     quantized = [quantize_8da4w(member) for member in members]

@@ -150,14 +150,21 @@ class CoreMLCompression(_PerPart):
         return cls(*COREML_COMPRESSION.parts(spelling))
 
     def check(self, schemes: Quantization, layout: str | None = None) -> None:
-        """Refuse, in one line, a per-part compression no part uses (--quantize leaves it fp16) or on one graph."""
+        """Refuse, in one line, a compression nothing would use (a part --quantize leaves in fp16) or per-part methods
+        on a one-graph `layout`."""
         if self.uniform:
+            if self.rest != CoreMLCompression.rest and "int8" not in schemes.used:
+                raise UsageError(
+                    f"--coreml-compression {self.rest} compresses the parts --quantize makes int8, and --quantize "
+                    "leaves every part in fp16; add --quantize int8"
+                )
             return
-        if "int8" not in schemes.used:
-            raise UsageError(
-                f"--coreml-compression experts={self.experts},rest={self.rest} compresses the parts --quantize makes "
-                "int8, and --quantize leaves every part unquantized; add --quantize int8"
-            )
+        for part in ("experts", "rest"):
+            if getattr(schemes, part) != "int8":
+                raise UsageError(
+                    f"--coreml-compression experts={self.experts},rest={self.rest} compresses the parts --quantize "
+                    f"makes int8, and --quantize leaves the {part} in fp16; add --quantize int8"
+                )
         if layout is not None and layout not in SPLIT_LAYOUTS:
             raise UsageError(
                 f"--coreml-compression experts={self.experts},rest={self.rest}: a {layout} bundle is one graph; give "

@@ -66,7 +66,10 @@ def test_a_misspelt_scheme_is_one_line_naming_the_forms(parse, spelling, message
          "width 48 and MLP hidden width 192 must both be multiples of 32"),
         # Core ML's compression: of the parts --quantize makes int8, blocks of 32 inputs, and on Core ML only
         ("mobile-vmoe", {}, "coreml", "none", {"coreml_compression": "experts=linear4,rest=linear8"},
-         "--quantize leaves every part unquantized; add --quantize int8"),
+         "--quantize leaves the experts in fp16; add --quantize int8"),
+        ("mobile-vmoe", {}, "coreml", "experts=int8,rest=none", {"coreml_compression": "experts=linear4,rest=linear8"},
+         "--quantize leaves the rest in fp16; add --quantize int8"),
+        ("vit", {}, "coreml", "none", {"coreml_compression": "palette4"}, "leaves every part in fp16"),
         ("mobile-vmoe", {}, "coreml", "int8", {"coreml_compression": "experts=linear4,rest=linear8",
                                                "monolithic": True},
          "a monolithic bundle is one graph; give one method"),
