@@ -14,10 +14,9 @@ import argparse
 import tempfile
 from pathlib import Path
 
-import torch
+from compression_vit_ti32 import paper_models
 
 from mobile_moe.export.bundle import export_bundle
-from mobile_moe.registry import create_model
 
 # backend -> [(label, export_bundle's precision options)]; the first 8-bit choice of each is its baseline
 CHOICES = {
@@ -38,9 +37,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="keep the bundles here (default: a temp dir)")
     args = parser.parse_args()
-    torch.manual_seed(0)
-    moe = create_model("mobile-vmoe", "12x192", num_classes=1000).eval()
-    dense = create_model("vit", "12x192", num_classes=1000).eval()
+    moe, dense = paper_models()
     with tempfile.TemporaryDirectory() as scratch:
         out = args.out or Path(scratch)
         print("| backend | choice | bundle MB | / MoE 8-bit | router + 1 expert MB | / dense 8-bit |\n"

@@ -23,15 +23,20 @@ from mobile_moe.registry import create_model
 SCHEMES = ["none", "int8", "8da4w", "experts=8da4w,rest=int8", "experts=8da4w,rest=none"]
 
 
+def paper_models() -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The paper's ViT-Ti/32 Mobile V-MoE (1000 classes, E=10, k=1, L=2) and its dense twin, seeded random weights."""
+    torch.manual_seed(0)
+    moe = create_model("mobile-vmoe", "12x192", num_classes=1000).eval()
+    return moe, create_model("vit", "12x192", num_classes=1000).eval()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, help="keep the bundles and bench folder here (default: a temp dir)")
     args = parser.parse_args()
-    torch.manual_seed(0)
-    moe = create_model("mobile-vmoe", "12x192", num_classes=1000).eval()
-    dense = create_model("vit", "12x192", num_classes=1000).eval()
+    moe, dense = paper_models()
     with tempfile.TemporaryDirectory() as scratch:
         out = args.out or Path(scratch)
         bundles = {}

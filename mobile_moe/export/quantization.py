@@ -24,6 +24,7 @@ image, at 8 bits. Per-part choices need a split layout; a bundle of one graph (d
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar, Self
 
 from mobile_moe.errors import UsageError
 
@@ -75,10 +76,16 @@ COREML_COMPRESSION = _Flag("--coreml-compression", COREML_COMPRESSIONS, "method"
 
 
 class _PerPart:
-    """A choice for the expert graphs and one for the rest."""
+    """A choice for the expert graphs and one for the rest, spelt as `FLAG` says."""
 
+    FLAG: ClassVar[_Flag]
     experts: str
     rest: str
+
+    @classmethod
+    def parse(cls, spelling: str) -> Self:
+        """'C' -> both parts C; 'experts=C1,rest=C2' -> each its own. UsageError names what is wrong."""
+        return cls(*cls.FLAG.parts(spelling))
 
     @property
     def uniform(self) -> bool:
@@ -95,13 +102,11 @@ class _PerPart:
 
 @dataclass(frozen=True)
 class Quantization(_PerPart):
+    """--quantize: 'int8' -> both parts int8; 'experts=8da4w,rest=int8' -> each its own."""
+
+    FLAG: ClassVar[_Flag] = QUANTIZE
     experts: str = "none"
     rest: str = "none"
-
-    @classmethod
-    def parse(cls, spelling: str) -> Quantization:
-        """'int8' -> both parts int8; 'experts=8da4w,rest=int8' -> each its own. UsageError names what is wrong."""
-        return cls(*QUANTIZE.parts(spelling))
 
     def check(self, backend: str, layout: str | None = None) -> None:
         """Refuse, in one line, a scheme `backend` cannot run or per-part schemes on a one-graph `layout`."""
@@ -139,15 +144,11 @@ def check_groups(chosen: frozenset[str], width: int, hidden: int) -> None:
 
 @dataclass(frozen=True)
 class CoreMLCompression(_PerPart):
-    """How Core ML compresses the weights of each part that --quantize makes int8."""
+    """--coreml-compression: how Core ML compresses the weights of each part that --quantize makes int8."""
 
+    FLAG: ClassVar[_Flag] = COREML_COMPRESSION
     experts: str = "linear8"
     rest: str = "linear8"
-
-    @classmethod
-    def parse(cls, spelling: str) -> CoreMLCompression:
-        """'palette4' -> both parts; 'experts=linear4,rest=linear8' -> each its own. UsageError names what is wrong."""
-        return cls(*COREML_COMPRESSION.parts(spelling))
 
     def check(self, schemes: Quantization, layout: str | None = None) -> None:
         """Refuse, in one line, a compression nothing would use (a part --quantize leaves in fp16) or per-part methods
