@@ -1,6 +1,6 @@
 """What each compression scheme costs in accuracy: a Mobile V-MoE trained on Fashion-MNIST, exported per scheme
-(ExecuTorch, per-block layout), every bundle scored on all 10,000 test images through the Python runtime, against the
-eager fp32 model on the same images.
+(ExecuTorch and ONNX, per-block layout), every bundle scored on all 10,000 test images through the Python runtime
+(ExecuTorch's, onnxruntime), against the eager fp32 model on the same images.
 
     python benchmarks/compression_fashion_mnist.py [--train 12000] [--epochs 8] [--out DIR]
 
@@ -22,7 +22,9 @@ from mobile_moe.export.runtime import load_bundle
 from mobile_moe.training.evaluate import evaluate
 from mobile_moe.training.run_dir import load_run
 
-SCHEMES = ["none", "int8", "experts=8da4w,rest=int8", "8da4w"]
+# (backend, --quantize): every scheme each backend takes
+SCHEMES = [("executorch", "none"), ("executorch", "int8"), ("executorch", "experts=8da4w,rest=int8"),
+           ("executorch", "8da4w"), ("onnx", "none"), ("onnx", "int8")]  # fmt: skip
 MODEL = ["--model", "mobile-vmoe", "--size", "4x64", "--patch", "8", "--image-size", "32", "--pool", "mean",
          "--experts", "5", "--super-classes", "coarse", "--recipe", "tiny"]  # fmt: skip
 
@@ -50,19 +52,20 @@ def main() -> None:
         test = loaded.open_data().split("test")
         eager = evaluate(loaded.model, test)["top1"]
         rows = []
-        for scheme in SCHEMES:
-            bundle = out / f"bundle-{scheme.replace(',', '+').replace('=', '-')}"
-            assert cli(["export", str(run), "--format", "executorch", "--layout", "per-block", "--quantize", scheme,
+        for backend, scheme in SCHEMES:
+            bundle = out / f"bundle-{backend}-{scheme.replace(',', '+').replace('=', '-')}"
+            assert cli(["export", str(run), "--format", backend, "--layout", "per-block", "--quantize", scheme,
                         "--out", str(bundle)]) == 0  # fmt: skip
             manifest = read_manifest(bundle)
-            rows.append((scheme, bundle_top1(bundle, test), manifest.sizes))
-            print(f"scored {scheme}", flush=True)
+            rows.append((backend, scheme, bundle_top1(bundle, test), manifest.sizes))
+            print(f"scored {backend} {scheme}", flush=True)
         print(f"\neager fp32 test top-1 {100 * eager:.2f}% on {len(test)} test images\n")
-        print("| scheme | test top-1 | change vs eager fp32 (points) | bundle KB | router + 1 expert KB |")
-        print("|---|---:|---:|---:|---:|")
-        for scheme, top1, sizes in rows:
-            print(f"| {scheme} | {100 * top1:.2f}% | {100 * (top1 - eager):+.2f} | {sizes['total_bytes'] / 1e3:.0f} "
-                  f"| {sizes['resident_plus_one_expert_bytes'] / 1e3:.0f} |")  # fmt: skip
+        print("| backend | scheme | test top-1 | change vs eager fp32 (points) | bundle KB | router + 1 expert KB |")
+        print("|---|---|---:|---:|---:|---:|")
+        for backend, scheme, top1, sizes in rows:
+            total, held = sizes["total_bytes"], sizes["resident_plus_one_expert_bytes"]
+            print(f"| {backend} | {scheme} | {100 * top1:.2f}% | {100 * (top1 - eager):+.2f} | {total / 1e3:.0f} "
+                  f"| {held / 1e3:.0f} |")  # fmt: skip
         (out / "results.json").write_text(json.dumps({"eager_top1": eager, "rows": rows}, indent=1) + "\n")
 
 
