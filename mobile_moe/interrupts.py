@@ -14,7 +14,8 @@ than a stop:
   exception to sys.unraisablehook, which prints it, and carries on: the stop is lost.
 
 So under `stop_signals()` (the CLI's main):
-- loading a module is held (below): a Ctrl-C during torch's import waits the rest of that import, a second or two;
+- loading a module is held (below): a Ctrl-C during torch's import waits the rest of that import, a second or two
+  (a second Ctrl-C raises at once, as in any held block, half-import and all: the user insisted);
 - a stop that arrives inside `held()` is pending until the outermost held block ends, and raised there (even if the
   block raised something else: the stop wins, with that error as its context);
 - a stop that an unraisable hook received is pending again, raised at the next safe point: `raise_if_stopped()`, which

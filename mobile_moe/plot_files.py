@@ -18,11 +18,11 @@ def save_figure(figure, path: str | os.PathLike) -> None:
 
 
 def _drawable_texts(figure) -> None:
-    """A character its font lacks (a CJK class name on a machine with only DejaVu Sans) is written as its code point,
-    U+9774: matplotlib would draw an empty box and warn "Glyph 38772 ... missing from font(s)" on stderr
-    (matplotlib/_text_helpers.py:13, warn_on_missing_glyph) once per character. Tick labels given as a list
-    (`set_xticks(ticks, labels)`) are drawn anew from their formatter (a FuncFormatter over them, matplotlib/axis.py
-    `set_ticklabels`), so its output is changed too."""
+    """A character no font of its text draws (a CJK class name on a machine with only DejaVu Sans) is written as its
+    code point, U+9774, in the figure itself: matplotlib would draw an empty box and warn "Glyph 38772 ... missing
+    from font(s)" on stderr (matplotlib/_text_helpers.py:13, warn_on_missing_glyph) once per character. Tick labels
+    given as a list (`set_xticks(ticks, labels)`) are drawn anew from their formatter (a FuncFormatter over them,
+    matplotlib/axis.py `set_ticklabels`), so its output is changed too."""
     from matplotlib.font_manager import FontProperties
     from matplotlib.text import Text
     from matplotlib.ticker import FixedFormatter, FuncFormatter
@@ -31,24 +31,32 @@ def _drawable_texts(figure) -> None:
         text.set_text(_drawable(text.get_text(), text.get_fontproperties()))
     for axes in figure.axes:
         for axis in (axes.xaxis, axes.yaxis):
+            labels = axis.get_ticklabels()
+            properties = labels[0].get_fontproperties() if labels else FontProperties()
             for formatter in (axis.get_major_formatter(), axis.get_minor_formatter()):
                 if isinstance(formatter, FixedFormatter):
-                    formatter.seq = [_drawable(str(label), FontProperties()) for label in formatter.seq]
-                elif isinstance(formatter, FuncFormatter):
-                    formatter.func = _drawing(formatter.func)
+                    formatter.seq = [_drawable(str(label), properties) for label in formatter.seq]
+                elif isinstance(formatter, FuncFormatter) and not getattr(formatter.func, "drawable", False):
+                    formatter.func = _drawing(formatter.func, properties)
 
 
-def _drawing(label):
-    """A FuncFormatter's function whose labels are drawable."""
-    from matplotlib.font_manager import FontProperties
+def _drawing(label, properties):
+    """A FuncFormatter's function whose labels are drawable (marked, so a second save does not wrap it again)."""
 
-    return lambda value, position=None: _drawable(str(label(value, position)), FontProperties())
+    def drawable_label(value, position=None):
+        return _drawable(str(label(value, position)), properties)
+
+    drawable_label.drawable = True
+    return drawable_label
 
 
 def _drawable(content: str, properties) -> str:
     if content.isascii():
         return content
-    from matplotlib.font_manager import findfont, get_font
+    from matplotlib.font_manager import fontManager, get_font
 
-    font = get_font(findfont(properties))
-    return "".join(c if c.isspace() or font.get_char_index(ord(c)) else f"U+{ord(c):04X}" for c in content)
+    # The fonts Agg draws `properties` with, fallbacks included (matplotlib/backends/backend_agg.py:308, _prepare_font)
+    fonts = [get_font(path) for path in fontManager._find_fonts_by_props(properties)]
+    return "".join(
+        c if c.isspace() or any(font.get_char_index(ord(c)) for font in fonts) else f"U+{ord(c):04X}" for c in content
+    )

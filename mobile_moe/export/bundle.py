@@ -41,7 +41,7 @@ from mobile_moe.export.manifest import (
 )
 from mobile_moe.export.manifest_schema import GraphEntry, Manifest
 from mobile_moe.export.parity import PROB_TOLERANCE, measure_parity, parity_passed, parity_summary
-from mobile_moe.export.quantization import CoreMLCompression, Quantization, check_groups
+from mobile_moe.export.quantization import DEFAULT_COMPRESSION, CoreMLCompression, Quantization, check_groups
 from mobile_moe.export.runtime import BundleRuntime
 from mobile_moe.export.traces import graph_inputs
 from mobile_moe.interrupts import held
@@ -141,7 +141,7 @@ def export_bundle(
     monolithic: bool = False,
     layout: str | None = None,
     fp32: bool = False,
-    coreml_compression: str = "linear8",
+    coreml_compression: str = DEFAULT_COMPRESSION,
     sample_images: Tensor | None = None,
     calibration_images: Tensor | None = None,
     val_data: tuple[Tensor, Tensor] | None = None,
@@ -202,7 +202,7 @@ class Lowering:
     backend: str
     quantize: str = "none"
     fp32: bool = False
-    coreml_compression: str = "linear8"
+    coreml_compression: str = DEFAULT_COMPRESSION
 
     def __post_init__(self):
         exporter(self.backend)  # an unknown backend is refused here

@@ -6,7 +6,7 @@ import argparse
 
 from mobile_moe import jsonio
 from mobile_moe.export.manifest_schema import BACKENDS, SPLIT_LAYOUTS
-from mobile_moe.export.quantization import COREML_COMPRESSIONS
+from mobile_moe.export.quantization import COREML_COMPRESSIONS, DEFAULT_COMPRESSION
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -34,7 +34,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fp32", action="store_true", help="Core ML: fp32 compute instead of fp16")
     parser.add_argument(
         "--coreml-compression",
-        default="linear8",
+        default=DEFAULT_COMPRESSION,
         metavar="METHOD",
         help=f"Core ML: how --quantize int8 compresses the weights: {', '.join(COREML_COMPRESSIONS)} (linear8, the "
         "default, is 8-bit per channel; linear4 is 4-bit in blocks of 32 inputs, iOS 18; paletteN an N-bit look-up "
@@ -54,14 +54,16 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from mobile_moe.export.bundle import check_target, export_bundle
+    from mobile_moe.export.bundle import Lowering, check_target, export_bundle
     from mobile_moe.export.parity import parity_summary
-    from mobile_moe.export.quantization import Quantization
     from mobile_moe.export.source import source_from_run
 
-    check_target(Path(args.out))  # before loading the run: a bad --out fails in a second, not after the export
+    # Before loading the run: a bad --out or precision flag fails in a second, not after the run and its images load
+    check_target(Path(args.out))
+    lowering = Lowering(backend=args.format, quantize=args.quantize, fp32=args.fp32,
+                        coreml_compression=args.coreml_compression)  # fmt: skip
     log = (lambda message: print(message, file=sys.stderr)) if args.json else print
-    calibration = 64 if "int8" in Quantization.parse(args.quantize).used else 0
+    calibration = 64 if "int8" in lowering.schemes.used else 0
     source = source_from_run(args.run_dir, args.checkpoint, calibration=calibration, data_spec=args.data)
     log(f"exporting {args.run_dir} ({source.model.config.name}) as {args.format} -> {args.out}")
     manifest = export_bundle(

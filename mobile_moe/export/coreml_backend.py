@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from mobile_moe.export.artifact import Artifact
 from mobile_moe.export.decompositions import coreml_decompositions
-from mobile_moe.export.quantization import GROUP, IOS18_COMPRESSIONS
+from mobile_moe.export.quantization import DEFAULT_COMPRESSION, GROUP, IOS18_COMPRESSIONS
 
 SUFFIX = ".mlpackage"
 TQDM_LINE = re.compile(r"\[\d+:\d+.*/s\]|%\|")  # "... [00:00, 330.04 passes/s]" or "98%|█████"
@@ -59,18 +59,26 @@ def compress(mlmodel, compression: str):
 
 
 def _in_blocks(cto, mlmodel, *, elsewhere):
-    """linear4's config: int4 in blocks of GROUP inputs; a weight whose input axis is no whole number of blocks (the
-    patch embedding's 3 colour channels, the position embedding's tokens) as `elsewhere` says. coremltools would
-    leave such a weight in fp16 with a warning (coremltools/optimize/_utils.py:270, "Invalid block_sizes ... Unable
-    to perform structured quantization")."""
+    """linear4's config: int4 in blocks of GROUP inputs; any other weight (one a linear or conv does not read, whose
+    input axis coremltools picks otherwise, or whose inputs are no whole number of blocks: the patch embedding's 3
+    colour channels, the position embedding's tokens) as `elsewhere` says. coremltools would leave such a weight in
+    fp16 with a warning (coremltools/optimize/_utils.py:270, "Invalid block_sizes ... Unable to perform structured
+    quantization")."""
     blocked = cto.OpLinearQuantizerConfig(mode="linear_symmetric", dtype="int4", granularity="per_block",
                                           block_size=GROUP)  # fmt: skip
     unblockable = {
         name: elsewhere
         for name, weight in cto.get_weights_metadata(mlmodel).items()
-        if weight.val.ndim < 2 or weight.val.shape[1] % GROUP
+        if not _blocks_on_input_axis(weight)
     }
     return cto.OptimizationConfig(global_config=blocked, op_name_configs=unblockable)
+
+
+def _blocks_on_input_axis(weight) -> bool:
+    """A linear's or conv's weight, (out, in, ...), whose `in` is whole blocks of GROUP: axis 1 is the one coremltools
+    blocks for those ops (a block of [1, block_size, ...], OpLinearQuantizerConfig's doc)."""
+    readers = {child.op_type for child in weight.child_ops}
+    return readers <= {"linear", "conv"} and weight.val.ndim >= 2 and weight.val.shape[1] % GROUP == 0
 
 
 def export_coreml(
@@ -82,7 +90,7 @@ def export_coreml(
     output_names: Sequence[str],
     quantize: str = "none",
     fp32: bool = False,
-    coreml_compression: str = "linear8",
+    coreml_compression: str = DEFAULT_COMPRESSION,
     descriptions: Mapping[str, str] | None = None,
     summary: str = "",
     **_: object,

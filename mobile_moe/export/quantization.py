@@ -27,13 +27,14 @@ from dataclasses import dataclass
 from typing import ClassVar, Self
 
 from mobile_moe.errors import UsageError
+from mobile_moe.export.manifest_schema import SPLIT_LAYOUTS
 
 SCHEMES = ("none", "int8", "8da4w")
 BACKENDS_OF = {"none": ("executorch", "onnx", "coreml"), "int8": ("executorch", "onnx", "coreml"),
                "8da4w": ("executorch",)}  # fmt: skip
 EXPERT_ROLES = frozenset({"expert", "block_expert"})  # mobile_moe/export/graphs.py's roles holding an expert
-SPLIT_LAYOUTS = ("expert-paths", "per-block")
 COREML_COMPRESSIONS = ("linear8", "linear4", "palette8", "palette6", "palette4")
+DEFAULT_COMPRESSION = "linear8"
 IOS18_COMPRESSIONS = frozenset({"linear4"})  # coremltools' per-block quantization needs the iOS 18 opset
 
 
@@ -126,13 +127,13 @@ class Quantization(_PerPart):
 
 
 GROUP = 32  # 8da4w and linear4: inputs per weight scale
-GROUPED = {"8da4w": ("--quantize", "int8"), "linear4": ("--coreml-compression", "linear8")}  # -> flag, the 8-bit one
+GROUPED = {"8da4w": ("--quantize", "int8"), "linear4": ("--coreml-compression", DEFAULT_COMPRESSION)}  # -> flag, 8 bits
 
 
 def check_groups(chosen: frozenset[str], width: int, hidden: int) -> None:
     """8da4w and Core ML's linear4 scale every group of GROUP inputs of a Linear: the widths it reads (the model's
-    width, the MLP's hidden width) must be whole groups. (coremltools would leave a Linear it cannot block in fp16,
-    without a word: experts the user asked 4 bits of, half in 16.)"""
+    width, the MLP's hidden width) must be whole groups: otherwise a Linear would fall back to 8 bits (linear4:
+    coreml_backend._in_blocks) or fail to lower (8da4w), and experts asked for in 4 bits would not be."""
     for name in sorted(chosen & GROUPED.keys()):
         if width % GROUP or hidden % GROUP:
             flag, instead = GROUPED[name]
@@ -147,21 +148,21 @@ class CoreMLCompression(_PerPart):
     """--coreml-compression: how Core ML compresses the weights of each part that --quantize makes int8."""
 
     FLAG: ClassVar[_Flag] = COREML_COMPRESSION
-    experts: str = "linear8"
-    rest: str = "linear8"
+    experts: str = DEFAULT_COMPRESSION
+    rest: str = DEFAULT_COMPRESSION
 
     def check(self, schemes: Quantization, layout: str | None = None) -> None:
         """Refuse, in one line, a compression nothing would use (a part --quantize leaves in fp16) or per-part methods
         on a one-graph `layout`."""
         if self.uniform:
-            if self.rest != CoreMLCompression.rest and "int8" not in schemes.used:
+            if self.rest != DEFAULT_COMPRESSION and "int8" not in schemes.used:
                 raise UsageError(
                     f"--coreml-compression {self.rest} compresses the parts --quantize makes int8, and --quantize "
                     "leaves every part in fp16; add --quantize int8"
                 )
             return
         for part in ("experts", "rest"):
-            if getattr(schemes, part) != "int8":
+            if getattr(schemes, part) != "int8" and getattr(self, part) != DEFAULT_COMPRESSION:
                 raise UsageError(
                     f"--coreml-compression experts={self.experts},rest={self.rest} compresses the parts --quantize "
                     f"makes int8, and --quantize leaves the {part} in fp16; add --quantize int8"

@@ -65,6 +65,9 @@ def test_info_table_says_what_the_json_says(model, capsys):
         (["info"], "required: --model"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         (["export", "runs/x", "--format", "executorch", "--out", "b", "--quantize", "int4"], "'int4' is no scheme"),
+        # precision flags are refused before the run (runs/x does not exist) is read
+        (["export", "runs/x", "--format", "coreml", "--out", "b", "--coreml-compression", "int4"], "is no method"),
+        (["export", "runs/x", "--format", "onnx", "--out", "b", "--coreml-compression", "linear4"], "Core ML only"),
     ],
 )
 def test_bad_input_is_one_line_and_status_2(capsys, argv, fragment):

@@ -79,6 +79,25 @@ def test_int8_and_fp32_packages(tmp_path):
     assert linear["quantization"]["validation"]["measured"] is False
 
 
+def _uncompressed_weights(package: Path) -> list[str]:
+    """Names of the plain constants larger than coremltools' weight threshold (2048 elements): weights no
+    compression reached."""
+    import math
+
+    import coremltools as ct
+
+    spec = ct.models.MLModel(str(package), skip_model_load=True).get_spec()
+    found = []
+    for function in spec.mlProgram.functions.values():
+        for block in function.block_specializations.values():
+            for op in block.operations:
+                if op.type == "const":
+                    value = op.attributes["val"]
+                    if math.prod(d.constant.size for d in value.type.tensorType.dimensions) > 2048:
+                        found.append(op.outputs[0].name)
+    return found
+
+
 def _constexpr_weights(package: Path) -> list[tuple[str, str, list[int], list[int]]]:
     """(op, weight dtype, weight shape, scale shape) of each compressed weight in a package's ML program."""
     import coremltools as ct
@@ -133,7 +152,9 @@ def test_linear4_leaves_no_weight_uncompressed(tmp_path):
     where coremltools alone would keep it in fp16; every Linear is int4 in blocks."""
     out = tmp_path / "bundle"
     manifest = export_bundle(tiny_model("vit").eval(), out, "coreml", quantize="int8", coreml_compression="linear4")
-    weights = _constexpr_weights(out / manifest.to_json()["graphs"][0]["file"])
+    package = out / manifest.to_json()["graphs"][0]["file"]
+    assert _uncompressed_weights(package) == []
+    weights = _constexpr_weights(package)
     patch_embedding = [w for w in weights if w[2][1:] == [3, 8, 8]]
     assert [dtype for _, dtype, _, _ in patch_embedding] == ["INT8"]
     blocked = [w for w in weights if w not in patch_embedding]

@@ -67,7 +67,8 @@ def test_a_misspelt_scheme_is_one_line_naming_the_forms(parse, spelling, message
         # Core ML's compression: of the parts --quantize makes int8, blocks of 32 inputs, and on Core ML only
         ("mobile-vmoe", {}, "coreml", "none", {"coreml_compression": "experts=linear4,rest=linear8"},
          "--quantize leaves the experts in fp16; add --quantize int8"),
-        ("mobile-vmoe", {}, "coreml", "experts=int8,rest=none", {"coreml_compression": "experts=linear4,rest=linear8"},
+        # (a part's method left at the default, linear8, names nothing to compress: not refused)
+        ("mobile-vmoe", {}, "coreml", "experts=int8,rest=none", {"coreml_compression": "experts=linear4,rest=palette4"},
          "--quantize leaves the rest in fp16; add --quantize int8"),
         ("vit", {}, "coreml", "none", {"coreml_compression": "palette4"}, "leaves every part in fp16"),
         ("mobile-vmoe", {}, "coreml", "int8", {"coreml_compression": "experts=linear4,rest=linear8",
