@@ -1,10 +1,11 @@
 """The POSIX locale (LANG=C, LC_ALL=C) with non-ASCII paths and class names: the documented flow, from an image folder
-to a bundle's prediction and the native runner's bench, completes, and every name comes back as it was written.
+to a bundle's prediction and the native runner's bench (train, superclass derive and show, evaluate, export, predict,
+bench), completes, and every name comes back as it was written.
 
 Python itself copes (PEP 538 coerces the C locale to C.UTF-8, PEP 540 turns on UTF-8 mode): what is checked is every
 process the flow starts, matplotlib's labels, the native runner's paths and the JSON and CSV the toolkit writes.
 
-Slow set: five CLI processes (seconds each, for torch's import alone)."""
+Slow set: seven CLI processes (seconds each, for torch's import alone)."""
 
 from __future__ import annotations
 
@@ -64,6 +65,10 @@ def test_the_flow_under_the_posix_locale_with_non_ascii_names(tmp_path):
     groups = json.loads((home / "gruppen.json").read_text(encoding="utf-8"))
     assert groups["class_names"] == sorted(CLASSES), groups  # the class folders' names, sorted
     assert (home / "gruppen.png").stat().st_size > 0
+    shown = cli("superclass", "show", home / "gruppen.json").stdout
+    assert all(name in shown for name in CLASSES), shown
+    evaluated = json.loads(cli("evaluate", run, "--json").stdout)
+    assert 0 <= evaluated["top1"] <= 1, evaluated
     cli("export", run, "--format", "executorch", "--out", bundle)
     image = data / "val" / CLASSES[2] / "bild-0-ü.png"
     predicted = json.loads(cli("predict", bundle, image, "--json").stdout)
