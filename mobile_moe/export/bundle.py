@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -219,11 +220,11 @@ class Lowering:
         self.schemes.check(self.backend, layout)
         self.compressions.check(self.schemes, layout)
 
-    @property
+    @cached_property  # parsed once, on first use (__post_init__): the spellings are the fields, the parts derived
     def schemes(self) -> Quantization:
         return Quantization.parse(self.quantize)
 
-    @property
+    @cached_property
     def compressions(self) -> CoreMLCompression:
         return CoreMLCompression.parse(self.coreml_compression)
 
@@ -237,10 +238,11 @@ class Lowering:
     @property
     def precision(self) -> str:
         """The manifest's `precision`: one scheme's words, or each part's."""
-        experts, rest = self._words(self.schemes.experts, "experts"), self._words(self.schemes.rest, "rest")
+        experts, rest = self._words("experts"), self._words("rest")
         return rest if experts == rest else f"experts {experts}, rest {rest}"
 
-    def _words(self, scheme: str, part: str) -> str:
+    def _words(self, part: str) -> str:
+        scheme = getattr(self.schemes, part)
         if scheme == "int8":
             return {"executorch": "int8 (XNNPACKQuantizer, pt2e)", "onnx": "int8 (dynamic)"}.get(
                 self.backend, getattr(self.compressions, part)

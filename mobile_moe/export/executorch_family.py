@@ -26,6 +26,7 @@ import copy
 import hashlib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -41,6 +42,19 @@ SCALE_PREFIX = "scale_"  # XNNPACK keys a per-channel scale "scale_" + sha256 of
 TOLERANCE = {"none": 1e-4, "int8": 0.05, "8da4w": 0.05}
 
 Inputs = tuple[Tensor, ...]
+
+
+class _Lowered(NamedTuple):
+    """A family lowered once: the program, its manifest details, the names of the weights that vary between members,
+    the template's values of those (and the forms XNNPACK stores them in) and each member's, and each member's
+    reference module (eager, or its eager quantized copy)."""
+
+    program: Any
+    details: dict[str, Any]
+    varying: list[str]
+    template_values: dict[str, Tensor]
+    member_values: list[dict[str, Tensor]]
+    references: list[nn.Module]
 
 
 class NotShareable(Exception):
@@ -66,29 +80,33 @@ def export_executorch_family(
     template = _template(members[0], own)
     with torch.no_grad():
         if quantize == "8da4w":
-            program, details, varying, values, references = _lowered_8da4w(template, members, example_inputs)
-            template_values, values = values[0], values[1:]
+            lowered = _lowered_8da4w(template, members, example_inputs)
         else:
-            if quantize == "int8":
-                template_graph, references = _quantized_family(template, members, own, example_inputs, calibrations)
-                varying = _differing(template_graph, references[0])
-                values = [_values(graph, varying) for graph in references]
-            else:
-                template_graph = torch.export.export(template, example_inputs).module()
-                varying = [target for target in _get_attr_targets(template_graph) if target in own]
-                states = [member.state_dict() for member in members]
-                values = [{target: state[target] for target in varying} for state in states]
-                references = members
-            program, details = lower(template_graph, example_inputs, tag=lambda target: target in varying)
-            template_values = _values(template_graph, varying)
-    keys = _keys_of(program, template_values, varying)
-    Path(program_path).write_bytes(program.buffer)
-    for member_values, path in zip(values, weight_paths, strict=True):
+            lowered = _lowered_from_graphs(template, members, own, example_inputs, calibrations, quantize)
+    keys = _keys_of(lowered.program, lowered.template_values, lowered.varying)
+    Path(program_path).write_bytes(lowered.program.buffer)
+    for member_values, path in zip(lowered.member_values, weight_paths, strict=True):
         _write_weights(path, {key: member_values[target] for key, target in keys.items()})
-    for reference, inputs, path in zip(references, calibrations, weight_paths, strict=True):
+    for reference, inputs, path in zip(lowered.references, calibrations, weight_paths, strict=True):
         _check_member(program_path, path, reference, inputs[0], TOLERANCE[quantize])
-    details = {**details, "program_shared_by": len(members)}
+    details = {**lowered.details, "program_shared_by": len(members)}
     return [Artifact(Path(program_path), details, weights=Path(path)) for path in weight_paths]
+
+
+def _lowered_from_graphs(template, members, own, example_inputs: Inputs, calibrations, quantize: str) -> _Lowered:
+    """The family in fp32, or in int8 with one set of activation observers (_quantized_family)."""
+    if quantize == "int8":
+        template_graph, references = _quantized_family(template, members, own, example_inputs, calibrations)
+        varying = _differing(template_graph, references[0])
+        values = [_values(graph, varying) for graph in references]
+    else:
+        template_graph = torch.export.export(template, example_inputs).module()
+        varying = [target for target in _get_attr_targets(template_graph) if target in own]
+        states = [member.state_dict() for member in members]
+        values = [{target: state[target] for target in varying} for state in states]
+        references = list(members)
+    program, details = lower(template_graph, example_inputs, tag=lambda target: target in varying)
+    return _Lowered(program, details, varying, _values(template_graph, varying), values, references)
 
 
 # --- the family's weights ------------------------------------------------------------------------------------------
@@ -203,12 +221,11 @@ def _reobserve_weights(prepared: torch.fx.GraphModule) -> None:
 # --- 8da4w ----------------------------------------------------------------------------------------------------------
 
 
-def _lowered_8da4w(template: nn.Module, members: Sequence[nn.Module], example_inputs: Inputs):
-    """The family in 8da4w (each module quantized from its own weights; nothing to calibrate): (program, details,
-    the names of the tensors that vary, the template's values and then each member's, the members' eager quantized
-    modules). Exporting unwraps torchao's weight tensor into its int8 data, fp32 group scales and zero points
-    (`...parametrizations.weight.original0..2`); the tensors that differ between the template and a member are the
-    ones tagged, and with them what XNNPACK stores instead (_qc4w_forms)."""
+def _lowered_8da4w(template: nn.Module, members: Sequence[nn.Module], example_inputs: Inputs) -> _Lowered:
+    """The family in 8da4w (each module quantized from its own weights; nothing to calibrate; the references are the
+    members' eager quantized copies). Exporting unwraps torchao's weight tensor into its int8 data, fp32 group scales
+    and zero points (`...parametrizations.weight.original0..2`); the tensors that differ between the template and a
+    member are the ones tagged, and with them what XNNPACK stores instead (_qc4w_forms)."""
     from mobile_moe.export.executorch_backend import quantize_8da4w
 
     quantized = [quantize_8da4w(member) for member in members]
@@ -217,8 +234,9 @@ def _lowered_8da4w(template: nn.Module, members: Sequence[nn.Module], example_in
     states = [_unwrapped_state(member, example_inputs) for member in quantized]
     varying = [name for name, value in template_state.items() if not torch.equal(value, states[0][name])]
     program, details = lower(template, example_inputs, tag=lambda name: name in varying, rewrites_only=True)
-    forms = [_qc4w_forms({name: state[name] for name in varying}) for state in [template_state, *states]]
-    return program, details, varying, forms, quantized
+    template_forms, *member_forms = [_qc4w_forms({name: state[name] for name in varying})
+                                     for state in [template_state, *states]]  # fmt: skip
+    return _Lowered(program, details, varying, template_forms, member_forms, quantized)
 
 
 def _unwrapped_state(module: nn.Module, example_inputs: Inputs) -> dict[str, Tensor]:

@@ -3,6 +3,7 @@ macOS; elsewhere the runtime says so clearly."""
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -79,44 +80,39 @@ def test_int8_and_fp32_packages(tmp_path):
     assert linear["quantization"]["validation"]["measured"] is False
 
 
-def _uncompressed_weights(package: Path) -> list[str]:
-    """Names of the plain constants larger than coremltools' weight threshold (2048 elements): weights no
-    compression reached."""
-    import math
-
+def _operations(package: Path):
+    """Every operation of a package's ML program."""
     import coremltools as ct
 
     spec = ct.models.MLModel(str(package), skip_model_load=True).get_spec()
-    found = []
     for function in spec.mlProgram.functions.values():
         for block in function.block_specializations.values():
-            for op in block.operations:
-                if op.type == "const":
-                    value = op.attributes["val"]
-                    if math.prod(d.constant.size for d in value.type.tensorType.dimensions) > 2048:
-                        found.append(op.outputs[0].name)
-    return found
+            yield from block.operations
+
+
+def _dims(value) -> list[int]:
+    return [d.constant.size for d in value.type.tensorType.dimensions]
+
+
+def _uncompressed_weights(package: Path) -> list[str]:
+    """Names of the plain constants larger than coremltools' weight threshold (2048 elements): weights no
+    compression reached."""
+    return [op.outputs[0].name for op in _operations(package)
+            if op.type == "const" and math.prod(_dims(op.attributes["val"])) > 2048]  # fmt: skip
 
 
 def _constexpr_weights(package: Path) -> list[tuple[str, str, list[int], list[int]]]:
     """(op, weight dtype, weight shape, scale shape) of each compressed weight in a package's ML program."""
-    import coremltools as ct
     from coremltools.proto import MIL_pb2
 
-    def dims(value) -> list[int]:
-        return [d.constant.size for d in value.type.tensorType.dimensions]
-
-    spec = ct.models.MLModel(str(package), skip_model_load=True).get_spec()
     found = []
-    for function in spec.mlProgram.functions.values():
-        for block in function.block_specializations.values():
-            for op in block.operations:
-                if op.type.startswith("constexpr"):
-                    # iOS 17's op holds its values as attributes (`quantized_data`), iOS 18's as inputs (`data`)
-                    values = {**op.attributes, **{name: arg.arguments[0].value for name, arg in op.inputs.items()}}
-                    data, scale = values.get("data", values.get("quantized_data")), values["scale"]
-                    dtype = MIL_pb2.DataType.Name(data.type.tensorType.dataType)
-                    found.append((op.type, dtype, dims(data), dims(scale)))
+    for op in _operations(package):
+        if op.type.startswith("constexpr"):
+            # iOS 17's op holds its values as attributes (`quantized_data`), iOS 18's as inputs (`data`)
+            values = {**op.attributes, **{name: arg.arguments[0].value for name, arg in op.inputs.items()}}
+            data, scale = values.get("data", values.get("quantized_data")), values["scale"]
+            dtype = MIL_pb2.DataType.Name(data.type.tensorType.dataType)
+            found.append((op.type, dtype, _dims(data), _dims(scale)))
     return found
 
 
