@@ -173,7 +173,7 @@ class HardMoE(nn.Module):
         group; "dense": every expert on every image, weighted by the one-hot gates (the single-graph export).
         """
         tokens, routing = self.router_stage(images, route_to)
-        return self._mix(lambda e, x, g: gated_blocks(self.expert_blocks[e], x, g), tokens, routing, dispatch), routing
+        return self._mix(self._run_blocks, tokens, routing, dispatch), routing
 
     def forward_head(self, tokens: Tensor, routing: Routing, dispatch: str = "grouped") -> Tensor:
         """tokens (B, T, D) -> logits (B, K) through each image's expert head (or the shared head)."""
@@ -182,8 +182,20 @@ class HardMoE(nn.Module):
         return self._mix(lambda e, x, g: self.expert_heads[e](x), tokens, routing, dispatch)
 
     def forward(self, images: Tensor, route_to: Tensor | None = None, dispatch: str = "grouped") -> ModelOutput:
-        tokens, routing = self.forward_features(images, route_to, dispatch)
-        return ModelOutput(self.forward_head(tokens, routing, dispatch), routing)
+        """Grouped: each image through its expert's blocks and then its head in one pass over the batch sorted by
+        expert (one grouping, one host read); dense: forward_features, then forward_head."""
+        if dispatch != "grouped":
+            tokens, routing = self.forward_features(images, route_to, dispatch)
+            return ModelOutput(self.forward_head(tokens, routing, dispatch), routing)
+        tokens, routing = self.router_stage(images, route_to)
+        return ModelOutput(self._grouped(self._run_path, tokens, routing), routing)
+
+    def _run_blocks(self, expert: int, tokens: Tensor, gate: Tensor) -> Tensor:
+        return gated_blocks(self.expert_blocks[expert], tokens, gate)
+
+    def _run_path(self, expert: int, tokens: Tensor, gate: Tensor) -> Tensor:
+        """Expert `expert`'s blocks and head: HardExpertPath's calls, without building the module in the forward."""
+        return self.head_of(expert)(self._run_blocks(expert, tokens, gate))
 
     def _mix(self, expert_fn: Callable[[int, Tensor, Tensor], Tensor], x: Tensor, routing: Routing, dispatch: str):
         """sum over the chosen expert e of g * expert_fn(e, x, g); with k = 1, just the chosen expert's output."""
@@ -194,15 +206,17 @@ class HardMoE(nn.Module):
         return self._grouped(expert_fn, x, routing)
 
     def _grouped(self, expert_fn, x: Tensor, routing: Routing) -> Tensor:
-        """x (B, ...) -> (B, ...'): images grouped by expert (one stable sort), each expert runs once on its group.
+        """x (B, ...) -> (B, ...'): the batch sorted by expert once (moe.expert_groups, one host read of the group
+        sizes), each expert once on its contiguous slice, the outputs unsorted once.
 
-        moe.expert_groups does the grouping (the training path, eager or compiled). An expert with no images in the
-        batch runs on an empty batch (no branch on the data), so its parameters get a zero gradient.
+        An expert with no images in the batch runs on an empty slice (no branch on the data), so its parameters get a
+        zero gradient.
         """
-        order, sizes = expert_groups(routing.experts[:, 0], self.config.num_experts)
-        groups = order.split(sizes.tolist())  # per expert, its images
-        pieces = [expert_fn(e, x[group], routing.gates[group]) for e, group in enumerate(groups)]  # (n_e, ...')
-        return torch.cat(pieces)[torch.argsort(torch.cat(groups))]  # (B, ...') back in image order
+        E = self.config.num_experts
+        groups = expert_groups(routing.experts, routing.gates, E, read_sizes=True, sort_stream=True)
+        slices = groups.to_stream(x).split(groups.host_sizes)  # per expert, its images (n_e, ...)
+        gates = groups.gates.unsqueeze(-1).split(groups.host_sizes)  # per expert, (n_e, 1)
+        return groups.from_stream(torch.cat([expert_fn(e, slices[e], gates[e]) for e in range(E)]))
 
     def _dense(self, expert_fn, x: Tensor, routing: Routing) -> Tensor:
         """Every expert on every image, weighted by the sparse gates: one graph that never branches on data."""

@@ -103,11 +103,18 @@ class MobileVMoE(nn.Module):
         every image weighted by the sparse gates (the single-graph export, see ExpertMLPs).
         """
         x, routing = self.router_stage(images, route_to)
-        # One grouping of the images by expert for all MoE blocks: the routing is the same in each.
-        groups = self.moe_blocks[0].mlp.groups(x, routing.experts) if dispatch == "grouped" else None
+        if dispatch != "grouped":
+            for block in self.moe_blocks:
+                x = block(x, routing, dispatch)
+            return x, routing
+        # One grouping of the images by expert for all MoE blocks: the routing is the same in each. With k = 1 the
+        # blocks run on the batch sorted by expert (attention is per image, so the order does not matter to it): one
+        # gather here and one after the last block, instead of a gather and a scatter in every block.
+        groups = self.moe_blocks[0].mlp.groups(x, routing.experts, routing.gates, sort_stream=True)
+        x = groups.to_stream(x)
         for block in self.moe_blocks:
             x = block(x, routing, dispatch, groups)
-        return x, routing
+        return groups.from_stream(x), routing
 
     def forward_head(self, tokens: Tensor) -> Tensor:
         return self.head(tokens)

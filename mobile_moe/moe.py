@@ -47,24 +47,67 @@ def per_expert_key(key: str) -> tuple[str, int] | None:
     return (match["prefix"] + STACKED_OF[match["dense"]], int(match["expert"])) if match else None
 
 
-def expert_groups(chosen: Tensor, num_experts: int) -> tuple[Tensor, Tensor]:
-    """(N,) the expert of each routed item -> (order (N,): the items sorted by expert, stably; sizes (E,): n_e).
-
-    The sizes are counted into a tensor of static shape (E,): bincount's output shape depends on the data.
-    """
-    order = torch.argsort(chosen, stable=True)  # (N,): items grouped by expert
-    experts = torch.arange(num_experts, device=chosen.device)
-    return order, (chosen.unsqueeze(-1) == experts).sum(0)
-
-
 class ExpertGroups(NamedTuple):
-    """Routed items grouped by expert: `order` (N,) the (item, choice)s sorted by expert, stably; `sizes` (E,) n_e;
-    `host_sizes` the same sizes read on the host once, for the per-expert loop (None for the grouped GEMM, which
-    needs no host read). A per-image MoE groups once per forward and hands the groups to all its MoE blocks."""
+    """The routed items of one forward grouped by expert, once, for every MoE block of a per-image MoE.
+
+    order (N,): the (item, choice) pairs, N = B * k, sorted by expert, stably; inverse (N,): its inverse permutation;
+    sizes (E,): n_e; host_sizes: the same sizes read on the host once, for the per-expert loop (None for the grouped
+    GEMM, which needs no host read); chosen (N,) and gates (N,): each sorted pair's expert and gate; top_k: k.
+    stream_sorted: the caller keeps its token stream (B, T, D) in this order for all its blocks (k = 1 only: sorted
+    once after the router, unsorted once after the last block), so no block gathers or scatters.
+    """
 
     order: Tensor
+    inverse: Tensor
     sizes: Tensor
     host_sizes: list[int] | None
+    chosen: Tensor
+    gates: Tensor
+    top_k: int
+    stream_sorted: bool
+
+    def to_stream(self, x: Tensor) -> Tensor:
+        """(B, ...) in image order -> the order the MoE blocks run in: sorted by expert where stream_sorted."""
+        return x[self.order] if self.stream_sorted else x
+
+    def from_stream(self, x: Tensor) -> Tensor:
+        """The inverse of to_stream: (B, ...) back in image order."""
+        return x[self.inverse] if self.stream_sorted else x
+
+    def rows(self, x: Tensor) -> Tensor:
+        """x (B, T, D) in stream order -> (N, T, D): each (item, choice)'s row, grouped by expert."""
+        return x if self.stream_sorted else x[self.order // self.top_k]
+
+    def combined(self, y: Tensor) -> Tensor:
+        """y (N, T, D) gated expert outputs grouped by expert -> (B, T, D) in stream order: each item's k outputs
+        summed in choice order (a reshape-sum: no zero fill, no atomics, the same sum on every device)."""
+        if self.stream_sorted:
+            return y
+        y = y[self.inverse]  # (B*k, T, D): (item, choice) order
+        return y if self.top_k == 1 else y.unflatten(0, (-1, self.top_k)).sum(1)
+
+
+def expert_groups(
+    experts: Tensor, gates: Tensor, num_experts: int, *, read_sizes: bool, sort_stream: bool = False
+) -> ExpertGroups:
+    """experts and gates (B, k) -> ExpertGroups: one stable sort of the (item, choice) pairs by expert, its inverse, and
+    the group sizes, counted into a tensor of static shape (E,) (bincount's shape depends on the data) and read on the
+    host where `read_sizes` (the per-expert loop). `sort_stream`: the caller runs its blocks on the sorted stream,
+    which k = 1 allows."""
+    chosen = experts.reshape(-1)  # (N,)
+    order = torch.argsort(chosen, stable=True)  # (N,): pairs grouped by expert
+    inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
+    sizes = (chosen.unsqueeze(-1) == torch.arange(num_experts, device=chosen.device)).sum(0)  # (E,)
+    return ExpertGroups(
+        order,
+        inverse,
+        sizes,
+        sizes.tolist() if read_sizes else None,
+        chosen[order],
+        gates.reshape(-1)[order],
+        experts.shape[1],
+        sort_stream and experts.shape[1] == 1,
+    )
 
 
 def compile_model(module: nn.Module, **options) -> nn.Module:
@@ -177,12 +220,11 @@ class ExpertMLPs(nn.Module):
             setattr(getattr(mlp, layer), field, nn.Parameter(view.T if view.ndim == 2 else view, requires_grad=False))
         return mlp
 
-    def groups(self, x: Tensor, experts: Tensor) -> ExpertGroups:
-        """The items of x (B, T, D) routed to `experts` (B, k), grouped for the dispatch this x takes: one sort, and
-        for the per-expert loop one host read of the group sizes."""
-        order, sizes = expert_groups(experts.reshape(-1), len(self))
+    def groups(self, x: Tensor, experts: Tensor, gates: Tensor, *, sort_stream: bool = False) -> ExpertGroups:
+        """The items of x (B, T, D) routed to `experts` with `gates` (B, k), grouped for the dispatch this x takes:
+        one sort, and for the per-expert loop one host read of the group sizes. sort_stream: see expert_groups."""
         grouped = grouped_gemm_fits(x, self.width, self.hidden, on_grouped_gemm_device=self.on_grouped_gemm_device)
-        return ExpertGroups(order, sizes, None if grouped else sizes.tolist())
+        return expert_groups(experts, gates, len(self), read_sizes=not grouped, sort_stream=sort_stream)
 
     def forward(
         self, x: Tensor, experts: Tensor, gates: Tensor, dispatch: str = "grouped", groups: ExpertGroups | None = None
@@ -191,58 +233,50 @@ class ExpertMLPs(nn.Module):
 
         dispatch "grouped" (training, evaluation): O(k) MLP runs per item; "dense": every expert on every item, weighted
         by the sparse gates (dense_mixture), for a single exportable graph that never branches on data. `groups`:
-        self.groups(x, experts) when the caller made them already (once for all the blocks of a per-image MoE).
+        self.groups(x, experts, gates) when the caller made them already (once for all the blocks of a per-image MoE),
+        and then x is in their stream order.
         """
         if dispatch == "dense":
             return dense_mixture(self, x, experts, gates)
         if dispatch != "grouped":
             raise ValueError(f"dispatch {dispatch!r}: expected 'grouped' or 'dense'")
-        groups = groups or self.groups(x, experts)
-        if groups.host_sizes is None:
-            return self.grouped_gemm(x, experts, gates, groups)
-        return self.expert_loop(x, experts, gates, groups)
+        return self.mixture(x, groups or self.groups(x, experts, gates))
 
-    def expert_loop(self, x: Tensor, experts: Tensor, gates: Tensor, groups: ExpertGroups | None = None) -> Tensor:
-        """Items grouped by expert (one stable sort), each expert once on its group (gather -> MLP -> scatter-add).
+    def mixture(self, x: Tensor, groups: ExpertGroups) -> Tensor:
+        """x (B, T, D) in the groups' stream order -> the gated mixture, in the same order: the per-expert loop where
+        the groups read their sizes on the host, else the grouped GEMM."""
+        rows = groups.rows(x)  # (N, T, D) grouped by expert
+        y = self.expert_loop(rows, groups) if groups.host_sizes is not None else self.grouped_gemm(rows, groups)
+        return groups.combined(y * groups.gates.view(-1, 1, 1).to(x.dtype))  # the gate in x's dtype on both paths
 
-        The group sizes are read on the host once per grouping; under compile_model they trace as unbacked symbolic
-        sizes. The fastest dispatch on a CPU (one BLAS call per expert and layer); an expert with no items runs on an
-        empty batch, so compiled graphs need no guard on the data.
+    def expert_loop(self, rows: Tensor, groups: ExpertGroups) -> Tensor:
+        """rows (N, T, D) grouped by expert -> each expert's MLP on its contiguous rows (N, T, D), ungated.
+
+        One BLAS call per expert and layer: the fastest dispatch on a CPU. The group sizes were read on the host once
+        per forward (under compile_model they trace as unbacked symbolic sizes); an expert with no rows runs on an empty
+        batch, so compiled graphs need no guard on the data.
         """
-        k = experts.shape[1]
-        order, sizes, host_sizes = groups or ExpertGroups(*expert_groups(experts.reshape(-1), len(self)), None)
-        flat_gates = gates.reshape(-1)  # (B*k,)
-        out = torch.zeros_like(x)  # (B, T, D)
-        members = order.split(sizes.tolist() if host_sizes is None else host_sizes)  # each (n_e,): (item, choice)s
-        for weights, group in zip(self.per_expert(), members, strict=True):
-            items = group // k  # (n_e,)
-            y = expert_mlp(x[items], *weights) * flat_gates[group].view(-1, 1, 1).to(x.dtype)  # (n_e, T, D)
-            out.index_add_(0, items, y)
-        return out
+        pieces = rows.split(groups.host_sizes)  # each (n_e, T, D)
+        return torch.cat([expert_mlp(rows, *weights) for weights, rows in zip(self.per_expert(), pieces, strict=True)])
 
-    def grouped_gemm(self, x: Tensor, experts: Tensor, gates: Tensor, groups: ExpertGroups | None = None) -> Tensor:
-        """The same mixture as expert_loop in a fixed number of kernels and no host read: one sort of the items by
-        expert, one gather, two torch._grouped_mm calls over the stacked weights with the group offsets computed on
-        the device, one scatter-add. Static shapes, so torch.compile traces it without unbacked sizes.
+    def grouped_gemm(self, rows: Tensor, groups: ExpertGroups) -> Tensor:
+        """The same as expert_loop in a fixed number of kernels and no host read: two torch._grouped_mm calls over the
+        stacked weights with the group offsets computed on the device, in autocast's dtype. Static shapes, so
+        torch.compile traces it without unbacked sizes.
 
         torch._grouped_mm (2D x 3D with offsets) multiplies rows offs[e-1]:offs[e] of its first operand by expert e's
         matrix. Empty groups are allowed there and in its backward's 2D x 2D case, whose operands here are column-
         and row-major (aten/src/ATen/native/cuda/GroupMMCommon.cuh, prepare_grouped_gemm_data: "delta >= 0" for
         !a_row_major && b_row_major); no group needs padding to an alignment, since each row holds D or F elements.
         """
-        B, T, D = x.shape
-        k = experts.shape[1]
-        dtype = compute_dtype(x)
-        order, sizes, _ = groups or ExpertGroups(*expert_groups(experts.reshape(-1), len(self)), None)
-        items, chosen = order // k, experts.reshape(-1)[order]  # (B*k,) each: the item and its expert, grouped
-        offsets = (sizes.cumsum(0) * T).to(torch.int32)  # (E,): the end row of each expert's tokens
-        tokens = x[items].reshape(-1, D).to(dtype)  # (B*k*T, D)
-        hidden = torch._grouped_mm(tokens, self.fc1_weight.to(dtype), offs=offsets).reshape(B * k, T, -1)
-        hidden = F.gelu(hidden + self.fc1_bias[chosen].to(dtype).unsqueeze(1))  # (B*k, T, F)
+        N, T, D = rows.shape
+        dtype = compute_dtype(rows)
+        offsets = (groups.sizes.cumsum(0) * T).to(torch.int32)  # (E,): the end row of each expert's tokens
+        tokens = rows.reshape(-1, D).to(dtype)  # (N*T, D)
+        hidden = torch._grouped_mm(tokens, self.fc1_weight.to(dtype), offs=offsets).reshape(N, T, -1)
+        hidden = F.gelu(hidden + self.fc1_bias[groups.chosen].to(dtype).unsqueeze(1))  # (N, T, F)
         y = torch._grouped_mm(hidden.reshape(-1, self.hidden), self.fc2_weight.to(dtype), offs=offsets)
-        y = y.reshape(B * k, T, D) + self.fc2_bias[chosen].to(dtype).unsqueeze(1)  # (B*k, T, D)
-        y = y.to(x.dtype) * gates.reshape(-1)[order].to(x.dtype).view(-1, 1, 1)  # the gate in x's dtype, as the loop
-        return torch.zeros_like(x).index_add_(0, items, y)
+        return (y.reshape(N, T, D) + self.fc2_bias[groups.chosen].to(dtype).unsqueeze(1)).to(rows.dtype)
 
     def buffers_forward(self, buffers: Tensor) -> Tensor:
         """(E, M, D) -> (E, M, D): expert e on its M buffer rows, all experts as one batched matmul per layer (the
@@ -303,7 +337,7 @@ class MoEBlock(Block):
         self, x: Tensor, routing: Routing, dispatch: str = "grouped", groups: ExpertGroups | None = None
     ) -> Tensor:
         """x: (B, T, D) -> (B, T, D), with routing.experts / routing.gates of shape (B, k); dispatch and groups: see
-        ExpertMLPs."""
+        ExpertMLPs (with groups, x and the result are in the groups' stream order)."""
         x = self.attend(x)
         return x + self.mlp(self.norm2(x), routing.experts, routing.gates, dispatch, groups)
 

@@ -8,7 +8,7 @@ from conftest import tiny_model
 from test_compile import compiled_against_eager, loss_of
 
 from mobile_moe.app.cli import main
-from mobile_moe.moe import ExpertMLPs, compile_model, grouped_gemm_device, grouped_gemm_fits
+from mobile_moe.moe import ExpertMLPs, compile_model, expert_groups, grouped_gemm_device, grouped_gemm_fits
 from mobile_moe.training.evaluate import autocast
 from mobile_moe.training.run_dir import load_run
 
@@ -39,10 +39,10 @@ def test_the_grouped_gemm_equals_the_expert_loop_forward_and_backward_in_bf16(to
     chosen = torch.randint(0, 3, (32, top_k), device=CUDA)  # expert 3 gets nothing
     gates = torch.rand(32, top_k, device=CUDA, requires_grad=True)
     results = []
-    for dispatch in (experts.grouped_gemm, experts.expert_loop):
+    for read_sizes in (False, True):  # the grouped GEMM, then the per-expert loop
         with autocast(CUDA):
             assert grouped_gemm_fits(x, 64, 256, on_grouped_gemm_device=experts.on_grouped_gemm_device)
-            y = dispatch(x, chosen, gates)
+            y = experts.mixture(x, expert_groups(chosen, gates, 4, read_sizes=read_sizes))
         y.float().square().mean().backward()
         grads = [x.grad, gates.grad, *(p.grad for p in experts.parameters())]
         results.append((y.float(), [g.clone() for g in grads]))

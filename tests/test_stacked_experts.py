@@ -36,11 +36,34 @@ def test_the_grouped_gemm_computes_the_loops_mixture_with_an_expert_left_empty(t
     chosen = torch.tensor([[2, 0], [0, 2], [3, 0], [2, 3], [0, 2], [3, 2], [2, 0]])[:, :top_k]  # expert 1: no item
     gates = torch.rand(7, top_k)
     with torch.no_grad():  # torch._grouped_mm's CPU fallback has no backward on this torch; CUDA's is in test_gpu
-        loop = experts.expert_loop(x, chosen, gates)
-        gemm = experts.grouped_gemm(x, chosen, gates)
+        loop = experts.mixture(x, moe.expert_groups(chosen, gates, 4, read_sizes=True))
+        gemm = experts.mixture(x, moe.expert_groups(chosen, gates, 4, read_sizes=False))
         dense = experts(x, chosen, gates, dispatch="dense")
     torch.testing.assert_close(gemm, loop)
     torch.testing.assert_close(dense, loop)
+    assert torch.equal(experts(x, chosen, gates), loop)  # the CPU's own dispatch: the loop
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 3])
+def test_the_sorted_stream_and_the_reshape_sum_are_each_items_own_mixture(top_k):
+    """Grouped once for all blocks: with k = 1 the stream itself is sorted by expert (no gather or scatter in a block);
+    with k > 1 each item's k outputs are summed in choice order. Both equal running each item's experts one by one."""
+    experts, x = experts_and_tokens()
+    chosen = torch.tensor([[2, 0, 3], [0, 2, 3], [3, 0, 2], [2, 3, 0], [0, 2, 3], [3, 2, 0], [2, 0, 3]])[:, :top_k]
+    gates = torch.rand(7, top_k)
+    groups = experts.groups(x, chosen, gates, sort_stream=True)
+    assert groups.stream_sorted == (top_k == 1)
+    with torch.no_grad():
+        mixed = groups.from_stream(experts.mixture(groups.to_stream(x), groups))
+        one_by_one = torch.stack(
+            [
+                sum(g * experts.run_expert(int(e), item) for e, g in zip(item_experts, item_gates, strict=True))
+                for item, item_experts, item_gates in zip(x, chosen, gates, strict=True)
+            ]
+        )
+    torch.testing.assert_close(mixed, one_by_one)
+    assert torch.equal(groups.to_stream(torch.arange(7)), groups.order if top_k == 1 else torch.arange(7))
+    assert torch.equal(groups.from_stream(groups.to_stream(torch.arange(7))), torch.arange(7))
 
 
 def test_the_batched_buffers_are_each_expert_on_its_own_rows():
