@@ -21,11 +21,11 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from mobile_moe.errors import UsageError
-from mobile_moe.interrupts import raise_if_stopped
+from mobile_moe.interrupts import held, raise_if_stopped
 
 _PROCESS_STARTED = time.time() - 1.0  # (a second of slack for file-system timestamp granularity)
 
@@ -196,16 +196,9 @@ def _umask() -> int:
     return mask
 
 
-@contextlib.contextmanager
-def atomic_path(target: str | os.PathLike, directory: bool = False) -> Iterator[Path]:
-    """Yield a temporary path (file, or an empty directory if `directory`) that replaces `target` on success.
-
-    On an exception (an interrupt or SIGTERM included: the CLI turns it into one) the temporary path is removed and
-    `target` is left as it was. While another live process holds a temporary for `target`, a second writer is
-    refused in one line that names it. An existing target directory is replaced as a whole: callers that replace a
-    directory check first that everything in it is theirs (export.bundle does).
-    """
-    target = Path(target)
+def _claim(target: Path, directory: bool) -> Path:
+    """A temporary beside `target` (file, or an empty directory) named as ours for it, with the mode open() or mkdir()
+    would give the target; a second writer of `target` that is still alive is refused in one line that names it."""
     remove_stale_temporaries(target)
     writer = other_writer(target)
     if writer is not None:  # two writers would each replace the other's output: the second one waits for the first
@@ -227,6 +220,27 @@ def atomic_path(target: str | os.PathLike, directory: bool = False) -> Iterator[
         tmp.chmod((0o777 if directory else 0o666) & ~_umask())
     except OSError as error:
         raise _cannot_write(target, error) from None
+    return tmp
+
+
+def _discard(tmp: Path) -> None:
+    if tmp.is_dir():
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def atomic_path(target: str | os.PathLike, directory: bool = False) -> Iterator[Path]:
+    """Yield a temporary path (file, or an empty directory if `directory`) that replaces `target` on success.
+
+    On an exception (an interrupt or SIGTERM included: the CLI turns it into one) the temporary path is removed and
+    `target` is left as it was. While another live process holds a temporary for `target`, a second writer is
+    refused in one line that names it. An existing target directory is replaced as a whole: callers that replace a
+    directory check first that everything in it is theirs (export.bundle does).
+    """
+    target = Path(target)
+    tmp = _claim(target, directory)
     try:
         yield tmp
         raise_if_stopped()  # a stop that a library's __del__ swallowed still leaves the target as it was
@@ -235,13 +249,35 @@ def atomic_path(target: str | os.PathLike, directory: bool = False) -> Iterator[
         else:
             os.replace(tmp, target)
     except BaseException as error:
-        if tmp.is_dir():
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            tmp.unlink(missing_ok=True)
+        _discard(tmp)
         if isinstance(error, OSError) and error.errno in _WRITE_FAILURES:  # a full disk, a read-only file system, ...
             raise _cannot_write(target, error) from None
         raise
+
+
+@contextlib.contextmanager
+def atomic_files(targets: Sequence[str | os.PathLike]) -> Iterator[list[Path]]:
+    """Yield a path for each of several files that make one output (a table and its plot), each under its target's
+    own name (so a writer that picks the format by the suffix sees it) inside a temporary folder claimed beside the
+    target; on success they replace their targets together, in one held block: a SIGINT or SIGTERM waits for the last
+    rename, so an interrupted command leaves the old set or the new one. (A SIGKILL inside those few renames can still
+    leave both; the same command run again completes the set.) On an exception every target is left as it was."""
+    targets = [Path(target) for target in targets]
+    folders: list[Path] = []
+    try:
+        for target in targets:
+            folders.append(_claim(target, directory=True))
+        yield [folder / target.name for folder, target in zip(folders, targets, strict=True)]
+        with held():
+            for folder, target in zip(folders, targets, strict=True):
+                os.replace(folder / target.name, target)
+    except OSError as error:
+        if error.errno in _WRITE_FAILURES:  # a full disk, a read-only file system, ...
+            raise _cannot_write(targets[min(len(folders), len(targets) - 1)], error) from None
+        raise
+    finally:
+        for folder in folders:
+            _discard(folder)
 
 
 def write_text_atomic(target: str | os.PathLike, text: str) -> None:

@@ -42,15 +42,28 @@ def read_class_names(path: str | os.PathLike) -> list[str]:
 
 
 def class_names_problem(names: Any) -> str | None:
-    """The first way `names` is not a list of class names, or None: the one rule for a run's data record, an import's
-    --class-names and every other list of class names read back. Non-empty; each a non-blank string; no name twice.
-    (A names file's names are stripped of surrounding spaces as they are read; a folder's names are its own.)"""
+    """The first way `names` is not a list of class names, or None: the one rule for a run's data record, an image
+    folder's class folders, an import's --class-names and every other list of class names read back. Non-empty; each
+    a non-blank string of UTF-8 text; no name twice. (A names file's names are stripped of surrounding spaces as they
+    are read; a folder's names are its own.)"""
     if not isinstance(names, list) or not names:
         return "the class names must be a non-empty list"
     for index, name in enumerate(names):
         if not isinstance(name, str) or not name.strip():
             return f"class name {index + 1} ({name!r}) is blank or not a string"
+        if not name.isascii() and _undecodable(name):
+            return f"class name {index + 1} ({name!r}) is not UTF-8 text (a folder name in another encoding): rename it"
     if len(set(names)) != len(names):
         twice = next(name for name in names if names.count(name) > 1)
         return f"class name {twice!r} appears more than once"
     return None
+
+
+def _undecodable(name: str) -> bool:
+    """A name the OS gave in bytes that are not UTF-8 (Python keeps them as surrogate escapes): no manifest, JSON or
+    plot can hold it."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False

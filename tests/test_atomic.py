@@ -84,3 +84,49 @@ def test_a_file_where_a_folder_of_the_path_should_be_is_one_line(tmp_path):
     with pytest.raises(UsageError, match="Not a directory; a folder on that path is a file; move the file"):
         write_text_atomic(tmp_path / "scores" / "cell" / "seed-0.json", "{}")
     assert (tmp_path / "scores").read_text() == "a file"
+
+
+def test_files_written_together_replace_their_targets_together_or_not_at_all(tmp_path):
+    """atomic_files: each staged under its target's own name (a plot writer reads the suffix), all renamed at the end;
+    an error before the end leaves every old file, and no temporary beside any target."""
+    from mobile_moe.atomic import atomic_files
+
+    targets = [tmp_path / "fig.md", tmp_path / "plots" / "fig.png"]
+    targets[1].parent.mkdir()
+    for target in targets:
+        target.write_text("old")
+    with pytest.raises(RuntimeError), atomic_files(targets) as staged:
+        assert [path.name for path in staged] == ["fig.md", "fig.png"]
+        staged[0].write_text("new")
+        raise RuntimeError("the plot failed")
+    assert [target.read_text() for target in targets] == ["old", "old"]
+    with atomic_files(targets) as staged:
+        for path in staged:
+            path.write_text("new")
+    assert [target.read_text() for target in targets] == ["new", "new"]
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["fig.md", "fig.png", "plots"]
+
+
+def test_a_stop_during_the_renames_of_files_written_together_waits_for_the_last(tmp_path, monkeypatch):
+    """A SIGTERM that lands between two renames is raised after the last one: the new set, whole."""
+    import signal
+
+    from mobile_moe import atomic
+    from mobile_moe.interrupts import Terminated, stop_signals
+
+    targets = [tmp_path / "fig.md", tmp_path / "fig.csv"]
+    for target in targets:
+        target.write_text("old")
+    real_replace, renamed = os.replace, []
+
+    def replace_then_stop(source, target):
+        real_replace(source, target)
+        renamed.append(target)
+        if len(renamed) == 1:
+            signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setattr(atomic.os, "replace", replace_then_stop)
+    with stop_signals(), pytest.raises(Terminated), atomic.atomic_files(targets) as staged:
+        for path in staged:
+            path.write_text("new")
+    assert renamed == targets and [target.read_text() for target in targets] == ["new", "new"]

@@ -4,8 +4,9 @@ and are decoded in one batched nvJPEG call on the GPU (torchvision.io.decode_jpe
 which runs torch.ops.image.decode_jpegs_cuda: torchvision/io/image.py, decode_jpeg), into the device's canvas.
 
 Which files the GPU takes is read from each JPEG's frame header (its SOF marker: a few bytes, no decoding): 8-bit
-baseline or extended-sequential frames of 3 components. Progressive, CMYK and grayscale JPEGs, PNGs and everything
-else are decoded in the worker by the one decoder (mobile_moe.data.image_files), as the folder check decoded them.
+baseline or extended-sequential frames of 3 components, stored upright (nvJPEG ignores EXIF orientation). Progressive,
+CMYK, grayscale and sideways JPEGs, PNGs and everything else are decoded in the worker by the one decoder
+(mobile_moe.data.image_files), as the folder check decoded them.
 torchvision 0.29 deprecates its decoders for TorchCodec's, which neither the pinned stack nor a GPU machine's image
 ships; decode_jpeg is called with that warning silenced here, in one place.
 """
@@ -20,7 +21,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from mobile_moe.data.image_files import UnreadableImage, image_from_bytes
+from mobile_moe.data.image_files import UnreadableImage, image_from_bytes, stored_upright
 
 # JPEG start-of-frame markers: 0xC0-0xCF except DHT (C4), JPG (C8) and DAC (CC); the GPU takes C0 and C1
 SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
@@ -35,6 +36,7 @@ class JpegFrame:
     width: int
     components: int
     precision: int  # bits per sample: nvJPEG takes 8
+    exif: bool = False  # an APP1 Exif segment came before the frame: it may say the image is stored sideways
 
     @property
     def gpu_decodable(self) -> bool:
@@ -46,7 +48,7 @@ def jpeg_frame(data: bytes) -> JpegFrame | None:
     """The frame header of JPEG `data`; None when it is no JPEG or its header cannot be found before the scan."""
     if data[:2] != b"\xff\xd8":
         return None
-    position = 2
+    position, exif = 2, False
     while position + 4 <= len(data):
         if data[position] != 0xFF:
             return None
@@ -63,9 +65,10 @@ def jpeg_frame(data: bytes) -> JpegFrame | None:
             if len(header) < 6:
                 return None
             height, width = int.from_bytes(header[1:3], "big"), int.from_bytes(header[3:5], "big")
-            return JpegFrame(marker, height, width, header[5], header[0])
+            return JpegFrame(marker, height, width, header[5], header[0], exif)
         if marker == 0xDA or length < 2:  # the scan began without a frame header, or a broken length
             return None
+        exif = exif or (marker == 0xE1 and data[position + 4 : position + 10] == b"Exif\0\0")
         position += 2 + length
     return None
 
@@ -157,7 +160,8 @@ class RawImages(Dataset):
         data, label, name = self.source.encoded(position), self.targets[position], self.source.name(position)
         frame = jpeg_frame(data)
         if frame is not None and frame.gpu_decodable and max(frame.height, frame.width) <= self.max_side:
-            return torch.frombuffer(bytearray(data), dtype=torch.uint8), label, (name, frame.height, frame.width)
+            if not frame.exif or stored_upright(data):  # nvJPEG ignores EXIF orientation: the decoder turns it
+                return torch.frombuffer(bytearray(data), dtype=torch.uint8), label, (name, frame.height, frame.width)
         return uint8_image(fitted(image_from_bytes(data, name), self.max_side)), label, None
 
 

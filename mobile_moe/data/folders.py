@@ -12,6 +12,7 @@ from pathlib import Path
 
 from torch.utils.data import Dataset, Subset
 
+from mobile_moe.class_names import class_names_problem
 from mobile_moe.data.image_check import check_images
 from mobile_moe.data.image_files import read_image
 from mobile_moe.errors import UsageError
@@ -85,6 +86,9 @@ def open_imagefolder(root: str) -> tuple[Dataset | None, Dataset, list[str]]:
             raise UsageError(f"imagefolder:{root}: {error}; {layout}") from None
     if "train" in folders and folders["train"].classes != folders["val"].classes:
         raise UsageError(f"imagefolder:{root}: train and val have different class folders; {layout}")
+    problem = class_names_problem(list(folders["val"].classes))  # the folders' names are the classes' names
+    if problem is not None:
+        raise UsageError(f"imagefolder:{root}: {problem}")
     check_images(path, [file for folder in folders.values() for file, _ in folder.samples], f"imagefolder:{root}")
     return folders.get("train"), folders["val"], list(folders["val"].classes)
 

@@ -1,17 +1,19 @@
 """Image files -> PIL images: ONE decoder, for training's imagefolder datasets (mobile_moe/data/folders.py) and
 predict (mobile_moe/export/images.py), so a missing, special, damaged or oversized file reads the same in both: one line
-naming it.
+naming it. Every image is read as a viewer shows it: 16-bit as 8-bit, a photo with an EXIF orientation upright.
 
 PIL's decompression-bomb limit stays on: such a file is reported, not decoded; PIL's warnings never reach stderr.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import warnings
+from collections.abc import Iterator
 
-from PIL import Image, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 from mobile_moe.errors import UsageError
 
@@ -55,12 +57,43 @@ def eight_bit(image: Image.Image) -> Image.Image:
     return Image.fromarray(pixels.astype(np.uint8), mode="L")
 
 
+@contextlib.contextmanager
+def pil_quiet() -> Iterator[None]:
+    """PIL's warnings off stderr (a damaged EXIF block: "Corrupt EXIF data"; it reads what it can), but for the
+    decompression-bomb warning, raised: PIL warns between its pixel limit and twice it and refuses beyond, and both
+    are the same one line here."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        yield
+
+
+def exif_orientation(image: Image.Image) -> int:
+    """The EXIF orientation tag of an opened image (1, upright, when it has none): read from its header, no pixels."""
+    return image.getexif().get(ExifTags.Base.Orientation, 1)
+
+
+def upright(image: Image.Image) -> Image.Image:
+    """The image as a viewer shows it: a camera's photo stored sideways with an EXIF orientation tag (2 to 8) turned
+    upright (PIL's exif_transpose); any other image as it is."""
+    return ImageOps.exif_transpose(image) if exif_orientation(image) != 1 else image
+
+
+def stored_upright(data: bytes) -> bool:
+    """Whether encoded image `data` needs no turning (its EXIF orientation, read from the header alone, is 1 or
+    absent); False where the header cannot be read, so that the one decoder reads it and says what is wrong."""
+    try:
+        with pil_quiet(), Image.open(io.BytesIO(data)) as image:
+            return exif_orientation(image) == 1
+    except Exception:  # noqa: BLE001 (any failure: the decoder, which reports it, decides)
+        return False
+
+
 def _decoded(source, name: str, mode: str) -> Image.Image:
     try:
-        with warnings.catch_warnings():
-            # PIL warns between its pixel limit and twice it, and refuses beyond: both are the same one line here.
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
+        with pil_quiet():
             with Image.open(source) as image:
+                image = upright(image)
                 if image.mode == "P" and "transparency" in image.info:
                     image = image.convert("RGBA")  # PIL's advice for palette transparency, which it warns about
                 return eight_bit(image).convert(mode)

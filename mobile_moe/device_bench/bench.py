@@ -40,7 +40,7 @@ from mobile_moe.device_bench.round_report import RoundJson, RoundReport
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.device_bench.workload import make_workload, random_seed, write_raw
 from mobile_moe.errors import UsageError
-from mobile_moe.export.manifest import read_manifest
+from mobile_moe.export.manifest import bundle_identity, check_not_replaced, read_manifest
 from mobile_moe.export.manifest_schema import Manifest
 
 RUNTIMES = ("executorch", "onnxruntime", "native", "coreml")
@@ -150,10 +150,18 @@ def host_description() -> str:
 
 
 def measure_round(
-    bundle: str, runtime: str, runner: RoundRunner, settings: BenchSettings, images: Path, index: int, log
-) -> RoundReport:
-    """One round of one bundle: a fresh runner process, its report validated."""
-    report = results_module.validate_round(runner.run_round(Path(bundle), images, settings.round), runner.name)
+    bundle: str, runtime: str, runner: RoundRunner, settings: BenchSettings, images: Path, index: int, log,
+    identity: tuple[int, int] | None,
+) -> RoundReport:  # fmt: skip
+    """One round of one bundle: a fresh runner process, its report validated. The runner reads the bundle again each
+    round: a round that ran on another bundle than the one whose manifest the bench read (`identity`: see
+    manifest.bundle_identity), exported over it since, is refused."""
+    try:
+        report = results_module.validate_round(runner.run_round(Path(bundle), images, settings.round), runner.name)
+    except UsageError:
+        check_not_replaced(bundle, identity)
+        raise
+    check_not_replaced(bundle, identity)
     log(f"{bundle} [{runtime}, {settings.device}] round {index + 1}: p50 {report.latency_ms.p50:.2f} ms")
     return report
 
@@ -207,6 +215,7 @@ def benchmark(
     check_writable(out, directory=True)  # before measuring, not after
     if earlier_bench(Path(out)):
         log(f"replacing the earlier bench in {out}")
+    identities = {name: bundle_identity(name) for name in names}  # what each round must still find there
     manifests = {name: read_manifest(name, verify_files=True) for name in names}  # all checked before any is run
     runtimes = {name: choose_runtime(settings.runtime, manifests[name], name) for name in names}
     runners = {runtime: choose_runner(runtime, settings.device, settings.runner) for runtime in set(runtimes.values())}
@@ -221,7 +230,9 @@ def benchmark(
                 time.sleep(settings.pause_s)
             for name in names:
                 runner = runners[runtimes[name]]
-                rounds[name].append(measure_round(name, runtimes[name], runner, settings, images[name], index, log))
+                rounds[name].append(
+                    measure_round(name, runtimes[name], runner, settings, images[name], index, log, identities[name])
+                )
     records = [
         results_module.run_record(
             name, manifests[name], runtimes[name], settings.device, rounds[name], workloads[name].source

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mobile_moe.atomic import write_text_atomic
+from mobile_moe.atomic import atomic_files, write_text_atomic
 from mobile_moe.evidence.figures import ROUTING_OF_ROW, Figure
 from mobile_moe.evidence.results import CellResult
 from mobile_moe.plot_files import save_figure
@@ -363,11 +363,14 @@ def plot_latency(fig: Figure, results: list[CellResult], setting: Setting, path:
 
 def write_outputs(fig: Figure, results: list[CellResult], setting: Setting, epochs: dict[str, int], out: Path,
                   bench: bool) -> list[Path]:  # fmt: skip
-    paths = [out / f"{fig.name}.md", out / f"{fig.name}.csv", out / f"{fig.name}.png"]
-    write_text_atomic(paths[0], markdown(fig, results, setting, bench))
-    write_text_atomic(paths[1], csv_text(csv_rows(fig, results, epochs)))
-    plot_figure(fig, results, setting, paths[2])
-    if bench:
-        paths.append(out / f"{fig.name}-latency.png")
-        plot_latency(fig, results, setting, paths[3])
+    """The figure's table (.md), rows (.csv) and plot (.png; with bench its latency plot too), replaced as one set
+    (atomic.atomic_files): an interrupted reproduce leaves the earlier set, never a new table beside an old plot."""
+    names = [f"{fig.name}.md", f"{fig.name}.csv", f"{fig.name}.png"] + ([f"{fig.name}-latency.png"] if bench else [])
+    paths = [out / name for name in names]
+    with atomic_files(paths) as staged:
+        write_text_atomic(staged[0], markdown(fig, results, setting, bench))
+        write_text_atomic(staged[1], csv_text(csv_rows(fig, results, epochs)))
+        plot_figure(fig, results, setting, staged[2])
+        if bench:
+            plot_latency(fig, results, setting, staged[3])
     return paths

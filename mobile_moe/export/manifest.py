@@ -171,23 +171,46 @@ def verified_graph_files(bundle_dir: str | os.PathLike, graph: GraphEntry) -> li
 def _verified(bundle_dir: str | os.PathLike, graph: GraphEntry, file: GraphFile) -> Path:
     path = resolve_graph_file(bundle_dir, graph, file)
     try:  # exists() and reading raise for names too long, unreadable files and the like
-        if not path.exists():
-            raise UsageError(f"graph {graph.name!r}: {path} is missing; re-export the bundle")
-        if not (path.is_file() or path.is_dir()):
-            raise UsageError(f"graph {graph.name!r}: {path} is not a regular file; re-export the bundle")
-        matches = file_bytes(path) == file.bytes and file_digest(path) == file.sha256
-        if not matches:
-            raise UsageError(
-                f"graph {graph.name!r}: {path} does not match the sha256 in the manifest (tampered with or "
-                "truncated); re-export the bundle"
-            )
-        # A file re-sealed after tampering matches its sha256: its structure is checked before any runtime reads it.
+        exists, regular = path.exists(), path.is_file() or path.is_dir()
+        matches = exists and regular and file_bytes(path) == file.bytes and file_digest(path) == file.sha256
+    except OSError as error:
+        raise UsageError(f"graph {graph.name!r}: cannot read {file.file!r}: {error.strerror}") from None
+    if not exists:
+        raise UsageError(f"graph {graph.name!r}: {path} is missing; re-export the bundle")
+    if not regular:
+        raise UsageError(f"graph {graph.name!r}: {path} is not a regular file; re-export the bundle")
+    if not matches:
+        raise UsageError(
+            f"graph {graph.name!r}: {path} does not match the sha256 in the manifest (tampered with or truncated); "
+            "re-export the bundle"
+        )
+    try:  # a file re-sealed after tampering matches its sha256: its structure is checked before any runtime reads it
         check_graph_file(path, external_data=graph.weights is not None)
     except OSError as error:
         raise UsageError(f"graph {graph.name!r}: cannot read {file.file!r}: {error.strerror}") from None
     except ValueError as error:
         raise UsageError(f"graph {graph.name!r}: {file.file} is damaged: {error}; re-export the bundle") from None
     return path
+
+
+def bundle_identity(bundle_dir: str | os.PathLike) -> tuple[int, int] | None:
+    """The bundle folder's (device, inode), None if it cannot be read. Export replaces a bundle by renaming a new folder
+    over it (mobile_moe/atomic.py), so a changed identity means another command exported over the bundle."""
+    try:
+        status = os.stat(bundle_dir)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
+
+
+def check_not_replaced(bundle_dir: str | os.PathLike, identity: tuple[int, int] | None) -> None:
+    """One line when the folder at `bundle_dir` is no longer the one whose manifest was read (`identity`, taken
+    before reading it): its files now belong to another bundle, which is neither damaged nor the one being read."""
+    if bundle_identity(bundle_dir) != identity:
+        raise UsageError(
+            f"{bundle_dir} was replaced (another command exported over it) while this command was reading it; run "
+            "this command again"
+        )
 
 
 def verify_graph_files(bundle_dir: str | os.PathLike, manifest: Manifest) -> None:

@@ -30,7 +30,7 @@ from mobile_moe.errors import UsageError
 from mobile_moe.expert_choice import pick_experts, used_experts
 from mobile_moe.export.images import load_image
 from mobile_moe.export.loaded_graphs import GRAPH_OF_BACKEND
-from mobile_moe.export.manifest import read_manifest, verified_graph_files
+from mobile_moe.export.manifest import bundle_identity, check_not_replaced, read_manifest, verified_graph_files
 from mobile_moe.export.manifest_schema import GraphEntry
 
 LoadedGraph = Callable[[list[np.ndarray]], dict[str, np.ndarray]]
@@ -62,6 +62,7 @@ class BundleRuntime:
             raise UsageError(f"--cache-margin {cache_margin}: a gate margin between 0 and 1")
         self.cache_margin = cache_margin
         self.path = Path(path)
+        self._identity = bundle_identity(self.path)  # before the manifest: what a later load must still find there
         self.manifest = read_manifest(self.path)
         self.backend = self.manifest.backend
         self.max_cached_experts = max_cached_experts
@@ -79,7 +80,13 @@ class BundleRuntime:
     # --- loading ------------------------------------------------------------------------------------------------------
 
     def _open_file(self, graph: GraphEntry) -> LoadedGraph:
-        path, *weights = verified_graph_files(self.path, graph)
+        """The graph's files verified against the manifest read at open, then loaded. An expert loads when first
+        chosen: if its files do not match because an export replaced the bundle since, that is the one line."""
+        try:
+            path, *weights = verified_graph_files(self.path, graph)
+        except UsageError:
+            check_not_replaced(self.path, self._identity)
+            raise
         return GRAPH_OF_BACKEND[self.backend](path, graph, self.threads, *weights)
 
     def _resident_graph_names(self) -> list[str]:

@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from mobile_moe.atomic import atomic_path, check_not_an_input, check_writable
+from mobile_moe.atomic import atomic_files, check_not_an_input, check_writable
 from mobile_moe.class_names import read_class_names
 from mobile_moe.devices import DEVICES
 from mobile_moe.errors import UsageError
@@ -155,10 +155,11 @@ def derive_command(args: argparse.Namespace) -> int:
 
 
 def write_outputs(out: str, plot: str | None, matrix, super_classes) -> None:
-    """Both files or neither: the JSON is renamed into place only after the plot was written."""
-    with atomic_path(out) as tmp:
-        tmp.write_text(dumps(super_classes.to_dict(), indent=2) + "\n")
+    """The JSON and the plot replace their files together (atomic.atomic_files): an interrupted derive leaves the
+    earlier pair, never a new plot beside an old JSON."""
+    with atomic_files([out] if plot is None else [out, plot]) as (json_path, *plot_path):
+        json_path.write_text(dumps(super_classes.to_dict(), indent=2) + "\n")
         if plot is not None:
             from mobile_moe.super_class.plot import plot_super_classes  # matplotlib: only with --plot
 
-            plot_super_classes(plot, matrix, super_classes)
+            plot_super_classes(plot_path[0], matrix, super_classes)

@@ -135,7 +135,7 @@ def load_confusion(path: str | os.PathLike) -> tuple[np.ndarray, list[str] | Non
 def _read_csv(path: Path) -> tuple[np.ndarray, list[str] | None]:
     """The csv module's reading (RFC 4180: quoted names may hold commas, quotes and spaces, kept as written); blank
     lines skipped; a first row that is not all numbers is the header of class names."""
-    with open(path, newline="") as file:
+    with open(path, newline="", encoding="utf-8-sig") as file:  # a byte-order mark (Excel's "CSV UTF-8") is no name's
         lines = [row for row in csv.reader(file) if any(cell.strip() for cell in row)]
     if not lines:
         raise UsageError(f"confusion file {path} is empty")

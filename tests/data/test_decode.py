@@ -110,3 +110,43 @@ def test_a_16_bit_png_reads_as_its_8_bit_equivalent(tmp_path):
     Image.fromarray(values).save(path)  # PIL writes (and reads back) mode "I;16"
     pixels = np.array(read_image(path))
     assert pixels.shape == (32, 48, 3) and (pixels == (values >> 8)[..., None]).all()
+
+
+def sideways_jpeg(path, pixels: np.ndarray, orientation: int = 6):
+    """`pixels` as a camera stores a portrait photo: the sensor's landscape pixels and an EXIF orientation tag."""
+    exif = Image.Exif()
+    exif[0x0112] = orientation  # 6: the viewer turns the stored image 90 degrees clockwise
+    Image.fromarray(pixels).save(path, format="JPEG", quality=95, exif=exif.tobytes())
+    return path
+
+
+def test_an_exif_rotated_jpeg_reads_upright_on_every_path(tmp_path):
+    """What a viewer shows: the one decoder turns it (PIL's exif_transpose), and the device pipeline leaves it to the
+    worker, since nvJPEG ignores the tag; an upright photo with EXIF still travels to the GPU as bytes."""
+    stored = smooth_pixels(30, 44)
+    sideways = sideways_jpeg(tmp_path / "sideways.jpg", stored)
+    upright = sideways_jpeg(tmp_path / "upright.jpg", stored, orientation=1)
+    plain = np.array(Image.open(upright).convert("RGB"))  # the stored pixels, as decoded
+    turned = np.array(read_image(sideways))
+    assert turned.shape == (44, 30, 3) and (turned == np.rot90(plain, k=-1)).all()
+    frame = decode.jpeg_frame(sideways.read_bytes())
+    assert frame.gpu_decodable and frame.exif
+    raw = decode.RawImages(decode.FolderFiles([(str(sideways), 0), (str(upright), 1)]), max_side=64)
+    (image, _, name), (_, _, upright_name) = raw[0], raw[1]
+    assert name is None and (image.permute(1, 2, 0).numpy() == turned).all()  # decoded, turned, in the worker
+    assert upright_name is not None  # bytes for the GPU
+
+
+@pytest.mark.parametrize("header", [b"Exif\0\0II*\0\xff\xff\xff\x7f", b"Exif\0\0MM\0*\0\0\0\x08\xff\xff", b"Exif\0\0"])
+def test_a_damaged_exif_block_never_crashes_the_decoder(tmp_path, header, recwarn):
+    pixels = smooth_pixels(30, 44)
+    good = sideways_jpeg(tmp_path / "good.jpg", pixels, orientation=1).read_bytes()
+    app1 = b"\xff\xe1" + (len(header) + 2).to_bytes(2, "big") + header
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(good[:2] + app1 + good[2:])
+    try:
+        assert read_image(broken).size in ((44, 30), (30, 44))
+    except UnreadableImage as refusal:  # one line naming the file is the other answer
+        assert "broken.jpg" in str(refusal)
+    decode.RawImages(decode.FolderFiles([(str(broken), 0)]), max_side=64)[0]  # answers or refuses, never crashes
+    assert not [str(w.message) for w in recwarn]  # nothing for stderr

@@ -104,6 +104,18 @@ def test_malformed_cifar_files_are_a_usage_error(tmp_path):
         open_data(f"cifar10:{folder}", 32)
 
 
+def test_a_class_folder_whose_name_is_not_utf8_is_refused_when_the_data_opens(tmp_path):
+    """Its name could not go into a run's record, a manifest or a plot: refused at the start, naming it, not after
+    training (by the manifest's schema, in words that never say which folder)."""
+    import os
+
+    write_imagefolder(tmp_path, {"train": 2, "val": 2}, ("plain",), (8, 8))
+    for split in ("train", "val"):
+        os.rename(tmp_path / split / "plain", os.path.join(os.fsencode(tmp_path / split), b"caf\xe9"))
+    with pytest.raises(UsageError, match=r"class name 1 \('caf\\udce9'\) is not UTF-8 text .*rename it"):
+        open_data(f"imagefolder:{tmp_path}", 8)
+
+
 def test_empty_image_folder_is_a_usage_error(tmp_path):
     (tmp_path / "train").mkdir()
     (tmp_path / "val").mkdir()

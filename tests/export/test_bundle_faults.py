@@ -99,6 +99,56 @@ def test_whole_bundle_predicts_before_any_mutation(whole, png, capsys):
     assert json.loads(capsys.readouterr().out)[0]["experts"]
 
 
+def exported_over(bundle: Path, tmp_path: Path) -> None:
+    """What an export over `bundle` does to its readers: another valid bundle (every expert's weights changed, the
+    manifest re-sealed) renamed over the folder as a whole, the old one moved aside (mobile_moe/atomic.py)."""
+    replacement = copy_bundle(bundle, tmp_path / "replacement")
+    for weights in replacement.glob("expert_*.ptd"):
+        flip_byte(weights, 1000)
+    reseal(replacement)
+    os.replace(bundle, tmp_path / "aside")
+    os.replace(replacement, bundle)
+
+
+def test_an_expert_loaded_after_an_export_replaced_the_bundle_is_refused_as_replaced_not_as_damaged(bundle, tmp_path):
+    reader = copy_bundle(bundle, tmp_path / "bundle")
+    runtime = load_bundle(reader)  # the router loads now, each expert when it is first chosen
+    image = np.zeros(tuple(runtime.manifest.input.shape), dtype=np.float32)
+    exported_over(reader, tmp_path)
+    with pytest.raises(UsageError) as refusal:
+        runtime.predict(image)
+    assert str(refusal.value) == (
+        f"{reader} was replaced (another command exported over it) while this command was reading it; run this "
+        "command again"
+    )
+    assert load_bundle(reader).predict(image).experts  # the new bundle itself is sound
+
+
+def test_a_bench_whose_bundle_is_exported_over_between_rounds_is_refused(bundle, tmp_path, capsys, monkeypatch):
+    from mobile_moe.device_bench.python_worker import PythonWorker
+
+    reader = copy_bundle(bundle, tmp_path / "bundle")
+    real, rounds = PythonWorker.run_round, []
+
+    def round_then_export(self, *args, **kwargs):
+        rounds.append(real(self, *args, **kwargs))
+        if len(rounds) == 1:
+            exported_over(reader, tmp_path)
+        return rounds[-1]
+
+    monkeypatch.setattr(PythonWorker, "run_round", round_then_export)
+    argv = ["bench", str(reader), "--runtime", "executorch", "--rounds", "2", "--iterations", "2", "--out"]
+    assert "was replaced (another command exported over it)" in refused([*argv, str(tmp_path / "out")], capsys)
+    assert len(rounds) == 1 and not (tmp_path / "out").exists()  # no results of two bundles under one name
+
+
+def test_a_graph_file_that_does_not_match_says_so_once(bundle, png, tmp_path, capsys):
+    broken = copy_bundle(bundle, tmp_path / "broken")
+    flip_byte(broken / "router.pte", 1000)
+    line = refused(["predict", str(broken), str(png)], capsys)
+    assert line.count("re-export the bundle") == 1 and "is damaged" not in line, line
+
+
 def test_flipped_byte_without_reseal_is_caught_by_sha256(bundle, png, tmp_path, capsys):
     router = copy_bundle(bundle, tmp_path / "router")
     flip_byte(router / "router.pte", 1000)

@@ -163,3 +163,12 @@ def test_csv_class_names_with_commas_quotes_and_spaces_round_trip(tmp_path):
         writer.writerows(matrix.tolist())
     loaded, loaded_names = load_confusion(path)
     assert loaded_names == names and np.array_equal(loaded, matrix)
+
+
+@pytest.mark.parametrize("first", ["alpha", '"al,pha"'])
+def test_a_csv_saved_with_a_byte_order_mark_keeps_its_first_class_name(tmp_path, first):
+    """Excel's "CSV UTF-8" starts with a byte-order mark: it is no part of the first name, quoted or not."""
+    path = tmp_path / "confusion.csv"
+    path.write_bytes(f"{first},beta,gamma\n5,1,0\n1,5,1\n0,1,5\n".encode("utf-8-sig"))
+    _, names = load_confusion(path)
+    assert names == [first.strip('"'), "beta", "gamma"]
