@@ -126,6 +126,15 @@ _WRITE_FAILURES = {
 }
 
 
+def out_of_space(path: str | os.PathLike) -> bool:
+    """Whether the file system holding `path` (a temporary just being written) has under a MiB left: what a write
+    that failed without saying why (a library's own writer) ran into."""
+    try:
+        return shutil.disk_usage(Path(path).parent).free < 2**20
+    except OSError:
+        return False
+
+
 def _cannot_write(target: Path, error: OSError) -> UsageError:
     reason = error.strerror or str(error)
     advice = _WRITE_FAILURES.get(error.errno, "choose a writable path")

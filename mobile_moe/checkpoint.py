@@ -3,13 +3,14 @@ weights_only=True; a model is rebuilt from its `config` entry alone."""
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import Any
 
 import torch
 from torch import nn
 
-from mobile_moe.atomic import atomic_path
+from mobile_moe.atomic import atomic_path, out_of_space
 from mobile_moe.errors import UsageError
 from mobile_moe.moe import restacked
 from mobile_moe.registry import model_from_config_dict
@@ -29,7 +30,13 @@ def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike) -> None
     with atomic_path(path) as tmp:
         try:
             torch.save(checkpoint, tmp)
-        except (OSError, RuntimeError) as error:  # a full disk surfaces as torch's RuntimeError
+        except RuntimeError as error:
+            # torch's zip writer reports a full disk as "[enforce fail at inline_container.cc...] unexpected pos":
+            # said as the OSError it was, atomic_path gives the one line every full disk gets.
+            if out_of_space(tmp):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from None
+            raise UsageError(f"cannot write checkpoint {path}: {first_reason(error)}") from None
+        except OSError as error:
             raise UsageError(f"cannot write checkpoint {path}: {first_reason(error)}") from None
 
 

@@ -163,6 +163,8 @@ def _configure_and_compile(
     source_dir: Path, build_dir: Path, *, prefix: Path, sanitize: str | None, cmake_extra: list[str]
 ) -> None:
     runner = build_dir / RUNNER_NAME
+    if runner.is_dir() and not runner.is_symlink():  # not ours to delete, and no runner can be renamed over it
+        raise UsageError(f"{runner} is a directory where the built runner belongs; remove it, then run this again")
     work = build_dir / "cmake-build"
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     configure = ["cmake", "-S", str(source_dir), "-B", str(work), *generator, "-DCMAKE_BUILD_TYPE=Release"]

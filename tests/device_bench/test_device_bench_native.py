@@ -180,11 +180,14 @@ def test_only_a_missing_sanitizer_runtime_lets_its_tests_skip(tmp_path, monkeypa
     assert isinstance(refused.value, native_build.SanitizerUnavailable) == unavailable
 
 
-@pytest.mark.parametrize("damage", ["truncated", "a link to a text file", "not executable", "its digest lost"])
+@pytest.mark.parametrize(
+    "damage", ["truncated", "a link to a text file", "not executable", "its digest lost", "a directory"]
+)
 def test_a_damaged_cached_runner_is_built_again_not_trusted_because_it_exists(tmp_path, monkeypatch, damage):
     """The runner cache holds what its build wrote: a runner cut short, replaced by a link, stripped of its mode or
     without its recorded digest is built again (a truncated one had crashed with SIGSEGV and been blamed on the
-    bundle; a link to a text file had been reported as a --runner the user never passed)."""
+    bundle; a link to a text file had been reported as a --runner the user never passed). A directory in its place is
+    one line that says so: not ours to delete."""
     import os
 
     from mobile_moe.device_bench import native_build
@@ -213,6 +216,13 @@ def test_a_damaged_cached_runner_is_built_again_not_trusted_because_it_exists(tm
         runner.symlink_to(tmp_path / "notes.txt")
     elif damage == "not executable":
         runner.chmod(0o644)
+    elif damage == "a directory":
+        runner.unlink()
+        (runner / "somebody's").mkdir(parents=True)
+        with pytest.raises(UsageError, match=rf"^{runner} is a directory where the built runner belongs; remove it"):
+            build_runner(build_root=tmp_path / "cache")
+        assert (runner / "somebody's").is_dir()  # not ours to delete
+        return
     else:
         native_build.digest_file(runner).unlink()
     assert build_runner(build_root=tmp_path / "cache") == runner and len(builds) == 2

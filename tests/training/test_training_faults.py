@@ -483,3 +483,23 @@ def test_a_batch_that_does_not_split_into_routing_groups_is_refused_before_any_w
     status, err = cli(capsys, argv)
     assert status == 2 and "do not split into routing groups of routing_group_images=3" in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("free", [4096, 10**9])
+def test_a_checkpoint_that_fills_the_disk_says_the_disk_is_full(tmp_path, monkeypatch, free):
+    """torch's zip writer says "[enforce fail at inline_container.cc] unexpected pos" when the disk fills: with the
+    file system out of space, the line says so, as every full disk is said; otherwise torch's own reason."""
+    import shutil
+
+    from mobile_moe import atomic, checkpoint
+
+    def filling_save(obj, file):
+        Path(file).write_bytes(b"PK\x03\x04")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+
+    monkeypatch.setattr(checkpoint.torch, "save", filling_save)
+    monkeypatch.setattr(atomic.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**12, 10**12, free))
+    want = "No space left on device; free some space" if free < 2**20 else "enforce fail at inline_container"
+    with pytest.raises(UsageError, match=rf"cannot write (checkpoint )?{tmp_path / 'best.pt'}: .*{want}"):
+        checkpoint.save_checkpoint({"epoch": 1}, tmp_path / "best.pt")
+    assert list(tmp_path.iterdir()) == []
