@@ -134,13 +134,14 @@ def load_confusion(path: str | os.PathLike) -> tuple[np.ndarray, list[str] | Non
 
 def _read_csv(path: Path) -> tuple[np.ndarray, list[str] | None]:
     """The csv module's reading (RFC 4180: quoted names may hold commas, quotes and spaces, kept as written); blank
-    lines skipped; a first row that is not all numbers is the header of class names."""
+    lines skipped; the first row is the header of class names when it is not all numbers, or when the rows are one
+    more than the columns (names that are numbers: digits-pairs' "00" to "99")."""
     with open(path, newline="", encoding="utf-8-sig") as file:  # a byte-order mark (Excel's "CSV UTF-8") is no name's
         lines = [row for row in csv.reader(file) if any(cell.strip() for cell in row)]
     if not lines:
         raise UsageError(f"confusion file {path} is empty")
     names = None
-    if not all(_is_number(cell) for cell in lines[0]):
+    if not all(_is_number(cell) for cell in lines[0]) or len(lines) == len(lines[0]) + 1:
         names, lines = lines[0], lines[1:]
     rows = [[cell.strip() for cell in line] for line in lines]
     if any(len(row) != len(rows[0]) for row in rows):

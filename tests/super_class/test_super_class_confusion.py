@@ -165,6 +165,17 @@ def test_csv_class_names_with_commas_quotes_and_spaces_round_trip(tmp_path):
     assert loaded_names == names and np.array_equal(loaded, matrix)
 
 
+def test_a_csv_header_of_numbers_is_the_class_names_when_the_rows_say_so(tmp_path):
+    """Class names that are numbers (digits-pairs' "00" to "99") still head a square matrix: one row more than
+    columns."""
+    path = tmp_path / "confusion.csv"
+    path.write_text("00,01,10\n5,1,0\n1,5,1\n0,1,5\n")
+    matrix, names = load_confusion(path)
+    assert names == ["00", "01", "10"] and matrix.shape == (3, 3)
+    path.write_text("5,1,0\n1,5,1\n0,1,5\n")  # no header: the same rows as numbers
+    assert load_confusion(path)[1] is None
+
+
 @pytest.mark.parametrize("first", ["alpha", '"al,pha"'])
 def test_a_csv_saved_with_a_byte_order_mark_keeps_its_first_class_name(tmp_path, first):
     """Excel's "CSV UTF-8" starts with a byte-order mark: it is no part of the first name, quoted or not."""
