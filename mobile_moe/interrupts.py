@@ -29,11 +29,14 @@ from __future__ import annotations
 
 import contextlib
 import importlib._bootstrap
+import os
 import signal
+import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 class Terminated(KeyboardInterrupt):
@@ -141,3 +144,21 @@ def raise_if_stopped() -> None:
     if stop is not None and _state.held == 0 and threading.current_thread() is threading.main_thread():
         _state.stop = None
         raise stop
+
+
+def run_child(command: Sequence[str], *, capture_output: bool = False, **popen: Any) -> subprocess.CompletedProcess:
+    """subprocess.run for the programs the toolkit starts (native runners, runtime workers, builds, qemu), which stop
+    with it: the child leads a process group of its own, and when this process stops while it waits (Ctrl-C, SIGTERM,
+    any exception) the whole group is killed and reaped, the compilers a build started included. (subprocess.run
+    kills the child alone: a SIGTERM during a runner build left cmake's compilers running.)"""
+    if capture_output:
+        popen.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    with subprocess.Popen(command, process_group=0, **popen) as process:
+        try:
+            stdout, stderr = process.communicate()
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)

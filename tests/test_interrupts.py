@@ -7,6 +7,9 @@ import contextlib
 import importlib
 import signal
 import sys
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -163,3 +166,46 @@ def test_the_process_command_ignores_a_stop_that_lands_after_it_ended():
     finally:
         signal.signal(signal.SIGINT, before[0])
         signal.signal(signal.SIGTERM, before[1])
+
+
+def test_a_stop_while_a_child_runs_kills_the_child_and_everything_it_started(tmp_path):
+    """run_child: a SIGTERM while a build (cmake, then its compilers) or a runner runs takes the whole process group
+    with it; subprocess.run would kill the child alone and leave the grandchildren running."""
+    import subprocess
+
+    from mobile_moe.interrupts import run_child
+
+    pid_file = tmp_path / "grandchild.pid"
+    script = (
+        "import subprocess, sys, time\n"
+        "grandchild = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(grandchild.pid))\n"
+        "time.sleep(60)\n"
+    )
+    main_thread = threading.get_ident()
+
+    def stop_when_started():
+        while not pid_file.exists() or not pid_file.read_text():
+            time.sleep(0.02)
+        signal.pthread_kill(main_thread, signal.SIGTERM)  # the main thread: it waits on the child's pipes
+
+    threading.Thread(target=stop_when_started, daemon=True).start()
+    started = time.monotonic()
+    with stop_signals(), pytest.raises(Terminated):
+        run_child([sys.executable, "-c", script], capture_output=True)
+    assert time.monotonic() - started < 30
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and alive(grandchild):
+        time.sleep(0.05)
+    assert not alive(grandchild)
+    assert subprocess.run(["true"]).returncode == 0  # nothing of ours left in a state that stops a later child
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie waiting for a parent that is gone to reap it."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

@@ -17,7 +17,6 @@ times and memory are the emulator's (JIT-translated code, qemu's own memory): ma
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 import tempfile
 import zipfile
@@ -31,6 +30,7 @@ from mobile_moe.device_bench.remote import RunnerFiles, run_remote
 from mobile_moe.device_bench.round_report import RoundJson
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
+from mobile_moe.interrupts import run_child
 
 DEVICE = "arm64-emulated"
 COMPILER = "aarch64-linux-gnu-g++"
@@ -87,7 +87,7 @@ def fetch_wheel() -> Path:
     with atomic_path(target, directory=True) as unpacked, tempfile.TemporaryDirectory() as download:
         command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
                    "--platform", WHEEL_PLATFORM, f"executorch=={executorch_version()}", "--dest", download]  # fmt: skip
-        result = subprocess.run(command, capture_output=True, text=True)
+        result = run_child(command, capture_output=True, text=True)
         wheels = list(Path(download).glob("executorch-*.whl"))
         if result.returncode != 0 or not wheels:
             reason = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no wheel"]
@@ -160,7 +160,7 @@ class EmulatedArm64Device:
         settings = [arg for key, value in env.items() for arg in ("-E", f"{key}={value}")]
         command = [qemu(), "-cpu", CPU, "-L", str(SYSROOT), *settings, *argv]
         with open(self.on_device(stdout), "wb") as out, open(self.on_device(stderr), "wb") as err:
-            return subprocess.run(command, stdout=out, stderr=err).returncode
+            return run_child(command, stdout=out, stderr=err).returncode
 
     def remove(self, remote: str) -> None:
         shutil.rmtree(self.on_device(remote), ignore_errors=True)

@@ -16,13 +16,13 @@ import hashlib
 import os
 import re
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from mobile_moe.atomic import write_text_atomic
 from mobile_moe.cache import cache_root
 from mobile_moe.errors import UsageError
+from mobile_moe.interrupts import run_child
 
 NATIVE_DIR = Path(__file__).resolve().parent / "native"
 RUNNER_NAME = "mobile_moe_runner"
@@ -77,7 +77,7 @@ def key_error_line(log: str) -> str:
 
 
 def _run(command: list[str], what: str) -> None:
-    result = subprocess.run(command, capture_output=True, text=True)
+    result = run_child(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise UsageError(
             f"building the native runner failed at {what}: {key_error_line(result.stdout + result.stderr)}"

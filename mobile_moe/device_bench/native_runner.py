@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from mobile_moe.device_bench.round_report import RoundJson
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest import read_manifest
+from mobile_moe.interrupts import run_child
 
 RUNNER_PREFIX = "mobile_moe_runner"
 
@@ -120,7 +120,7 @@ def run_native(runner: str | Path, bundle: str | Path, images: str | Path | None
     weight_cache_dir = packed_weights_dir() if settings.weight_cache else None
     command = runner_command(runner, bundle, images, settings, weight_cache_dir)
     try:
-        result = subprocess.run(command, capture_output=True)
+        result = run_child(command, capture_output=True)
     except OSError as error:  # e.g. an Android arm64 build run on this machine: Exec format error
         raise UsageError(f"--runner {runner}: cannot run it on this machine ({error.strerror or error})") from None
     return parse_runner_output(result.returncode, result.stdout, result.stderr, "native runner", bundle)

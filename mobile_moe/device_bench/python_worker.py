@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest import read_manifest
 from mobile_moe.export.runtime import load_bundle
+from mobile_moe.interrupts import run_child
 
 
 def summary(samples: list[float]) -> dict:
@@ -173,7 +173,7 @@ class PythonWorker:
 
     def run_round(self, bundle: Path, images: Path, settings: RoundSettings) -> RoundJson:
         command = worker_command(bundle, self.runtime, images, settings)
-        result = subprocess.run(command, capture_output=True)
+        result = run_child(command, capture_output=True)
         stderr = result.stderr.decode(errors="replace").strip().splitlines()
         if result.returncode == 2:  # the worker's one line for a bad bundle
             raise UsageError(stderr[-1] if stderr else f"{self.name} refused {bundle}")
