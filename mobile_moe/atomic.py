@@ -289,6 +289,21 @@ def atomic_files(targets: Sequence[str | os.PathLike]) -> Iterator[list[Path]]:
             _discard(folder)
 
 
+@contextlib.contextmanager
+def scratch_folder(name: str) -> Iterator[Path]:
+    """A private folder in the system's temporary directory for a command's working files (bench's images, the
+    emulated device's file system), removed at the end. It is named as an output's temporaries are, for the pretend
+    target TMPDIR/NAME, so the folder a SIGKILLed command left (its process gone) is removed by the next one; commands
+    running side by side each get their own."""
+    target = Path(tempfile.gettempdir()) / name
+    remove_stale_temporaries(target)
+    folder = Path(tempfile.mkdtemp(prefix=f"{_temp_prefix(target)}{os.getpid()}-", dir=target.parent))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def write_text_atomic(target: str | os.PathLike, text: str) -> None:
     """`text` as UTF-8 at `target`, atomically. A path the OS gave us in bytes that are not UTF-8 (decoded with
     surrogate escapes) is written back as those bytes, not refused."""

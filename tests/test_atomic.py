@@ -130,3 +130,28 @@ def test_a_stop_during_the_renames_of_files_written_together_waits_for_the_last(
         for path in staged:
             path.write_text("new")
     assert renamed == targets and [target.read_text() for target in targets] == ["new", "new"]
+
+
+def test_a_scratch_folder_a_killed_command_left_is_removed_by_the_next_and_a_live_ones_stays(tmp_path, monkeypatch):
+    """bench's working images and the emulated device live in TMPDIR: a SIGKILL leaves them there, so the next
+    command removes what a process that is gone left, and never what a running one holds."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from mobile_moe.atomic import scratch_folder
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    killed = tmp_path / ".mobile-moe-bench.tmp-999999999-abcd1234"  # no such pid
+    killed.mkdir()
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        live = tmp_path / f".mobile-moe-bench.tmp-{running.pid}-efgh5678"
+        live.mkdir()
+        with scratch_folder("mobile-moe-bench") as folder, scratch_folder("mobile-moe-bench") as beside:
+            assert folder.is_dir() and beside.is_dir() and folder != beside and folder.parent == tmp_path
+            assert not killed.exists() and live.is_dir()
+        assert not folder.exists() and not beside.exists() and live.is_dir()
+    finally:
+        running.kill()
+        running.wait()

@@ -16,6 +16,7 @@ times and memory are the emulator's (JIT-translated code, qemu's own memory): ma
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sys
 import tempfile
@@ -23,7 +24,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from mobile_moe.atomic import atomic_path
+from mobile_moe.atomic import atomic_path, scratch_folder
 from mobile_moe.cache import cache_root
 from mobile_moe.device_bench.native_build import NATIVE_DIR, CrossBuild, build_runner
 from mobile_moe.device_bench.remote import RunnerFiles, run_remote
@@ -126,12 +127,13 @@ class EmulatedArm64Device:
 
     def __enter__(self) -> EmulatedArm64Device:
         require()
-        self.filesystem = Path(tempfile.mkdtemp(prefix="mobile-moe-arm64-device-"))
+        self._scratch = contextlib.ExitStack()
+        self.filesystem = self._scratch.enter_context(scratch_folder("mobile-moe-arm64-device"))
         Path(self.root).mkdir(parents=True)
         return self
 
     def __exit__(self, *exc_info) -> None:
-        shutil.rmtree(self.filesystem, ignore_errors=True)
+        self._scratch.close()
 
     @property
     def root(self) -> str:

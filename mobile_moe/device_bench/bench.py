@@ -20,7 +20,6 @@ import dataclasses
 import json
 import os
 import platform
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Protocol
 
 from mobile_moe import jsonio
-from mobile_moe.atomic import atomic_path, check_writable
+from mobile_moe.atomic import atomic_path, check_writable, scratch_folder
 from mobile_moe.device_bench import arm64
 from mobile_moe.device_bench import results as results_module
 from mobile_moe.device_bench.android import AndroidRunner
@@ -221,7 +220,7 @@ def benchmark(
     runners = {runtime: choose_runner(runtime, settings.device, settings.runner) for runtime in set(runtimes.values())}
     workloads = {name: make_workload(settings.data, manifests[name], settings.images) for name in names}
     rounds: dict[str, list[RoundReport]] = {name: [] for name in names}
-    with tempfile.TemporaryDirectory(prefix="mobile-moe-bench-") as scratch:
+    with scratch_folder("mobile-moe-bench") as scratch:
         images = {name: write_raw(workloads[name], Path(scratch) / f"images-{i}.f32") for i, name in enumerate(names)}
         # Rounds interleave the bundles (round 1 of each, then round 2 of each, ...): a host that drifts during the
         # bench (heat, other work) then hits every bundle alike, and the ratios between bundles stay honest.
