@@ -162,3 +162,15 @@ def run_child(command: Sequence[str], *, capture_output: bool = False, **popen: 
             process.wait()
             raise
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def die_with_parent() -> None:
+    """Have the kernel SIGKILL this process when the process that started it dies (Linux's PR_SET_PDEATHSIG, as the
+    native runner sets it): a runtime worker whose bench was SIGKILLed, and so could not stop it, stops too. Elsewhere
+    it does nothing."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1  # linux/prctl.h
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import random
 import shutil
+import signal
 import struct
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -371,3 +376,35 @@ def without_each_entry(data: bytes) -> list[bytes]:
                 struct.pack_into("<H", damaged, vtable + slot, 0)
                 variants.append(bytes(damaged))
     return variants
+
+
+# --- processes left behind ------------------------------------------------------------------------------------------
+
+# A parent that starts its argv as a child, prints the child's pid and waits: SIGKILLed, it cannot stop the child.
+PARENT = "import subprocess, sys\nchild = subprocess.Popen(sys.argv[1:])\nprint(child.pid, flush=True)\nchild.wait()\n"
+
+
+def running(pid: int) -> bool:
+    """Running, not a zombie waiting for a parent that is gone to reap it."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def outlives_its_killed_parent(command: list[str], settle_s: float = 1.0, patience_s: float = 3.0) -> bool:
+    """Start `command` under a parent process, SIGKILL the parent once the child has had `settle_s` to start, and
+    say whether the child still runs `patience_s` later (it is killed then)."""
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, *command], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    time.sleep(settle_s)
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + patience_s
+    while time.monotonic() < deadline and running(child):
+        time.sleep(0.05)
+    outlived = running(child)
+    if outlived:
+        os.kill(child, signal.SIGKILL)
+    return outlived

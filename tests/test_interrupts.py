@@ -9,9 +9,9 @@ import signal
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
+from faults import outlives_its_killed_parent, running
 
 from mobile_moe.atomic import atomic_path
 from mobile_moe.interrupts import Terminated, held, stop_signals
@@ -196,16 +196,17 @@ def test_a_stop_while_a_child_runs_kills_the_child_and_everything_it_started(tmp
     assert time.monotonic() - started < 30
     grandchild = int(pid_file.read_text())
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and alive(grandchild):
+    while time.monotonic() < deadline and running(grandchild):
         time.sleep(0.05)
-    assert not alive(grandchild)
+    assert not running(grandchild)
     assert subprocess.run(["true"]).returncode == 0  # nothing of ours left in a state that stops a later child
 
 
-def alive(pid: int) -> bool:
-    """Running, not a zombie waiting for a parent that is gone to reap it."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+
+@pytest.mark.parametrize("dies_with_parent", [True, False])
+def test_a_worker_dies_with_the_bench_that_started_it_even_when_the_bench_is_sigkilled(dies_with_parent):
+    """die_with_parent (the runtime workers; the native runner sets the same): a SIGKILLed bench cannot stop its
+    worker, so the kernel does. Without it the worker runs on."""
+    setup = "from mobile_moe.interrupts import die_with_parent; die_with_parent(); " if dies_with_parent else ""
+    worker = [sys.executable, "-c", setup + "import time; time.sleep(60)"]
+    assert outlives_its_killed_parent(worker) != dies_with_parent

@@ -25,7 +25,7 @@ from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest import read_manifest
 from mobile_moe.export.runtime import load_bundle
-from mobile_moe.interrupts import run_child
+from mobile_moe.interrupts import die_with_parent, run_child
 
 
 def summary(samples: list[float]) -> dict:
@@ -207,4 +207,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    die_with_parent()
     sys.exit(main())

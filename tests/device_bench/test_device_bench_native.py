@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import needs_build, tiny_model
+from faults import outlives_its_killed_parent
 
 from mobile_moe.app.cli import main
 from mobile_moe.cache import packed_weights_dir
@@ -698,3 +699,12 @@ def test_the_cache_root_is_never_relative(monkeypatch):
     assert cache_root() == Path(expected) / ".cache" / "mobile-moe"
     monkeypatch.delenv("HOME")
     assert cache_root() == Path(expected) / ".cache" / "mobile-moe"
+
+
+@needs_build
+def test_the_runner_dies_with_the_bench_that_started_it_even_when_the_bench_is_sigkilled(runner, bundle):
+    """The runner asks the kernel for SIGKILL when its parent dies (PR_SET_PDEATHSIG): a SIGKILLed bench cannot stop
+    it, and it would otherwise run a long round to the end for nobody."""
+    command = [str(runner), "--bundle", str(bundle), "--random", "2", "--iterations", "10000000", "--warmup", "0",
+               "--no-weight-cache"]  # fmt: skip
+    assert not outlives_its_killed_parent(command)

@@ -22,6 +22,9 @@
 #include <executorch/runtime/platform/platform.h>
 #include <signal.h>
 #include <unistd.h>
+#if defined(__linux__)  // Android too
+#include <sys/prctl.h>
+#endif
 
 #include <algorithm>
 #include <cerrno>
@@ -662,6 +665,11 @@ void install_fatal_signal_handlers() {
 int main(int argc, char** argv) {
   using namespace mobile_moe::runner;
   g_debug = std::getenv("MOBILE_MOE_DEBUG") != nullptr && std::string(std::getenv("MOBILE_MOE_DEBUG")) == "1";
+#if defined(__linux__)
+  // Die with the process that started us (bench, adb's shell): a bench killed by SIGKILL cannot stop its runner,
+  // which would otherwise run its round to the end for nobody.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+#endif
   install_fatal_signal_handlers();
   // ExecuTorch logs through its platform layer; route it to capture_log (stderr stays the runner's one line).
   executorch::runtime::register_pal(executorch::runtime::PalImpl::create(capture_log, __FILE__));
