@@ -80,14 +80,17 @@ class BundleRuntime:
     # --- loading ------------------------------------------------------------------------------------------------------
 
     def _open_file(self, graph: GraphEntry) -> LoadedGraph:
-        """The graph's files verified against the manifest read at open, then loaded. An expert loads when first
-        chosen: if its files do not match because an export replaced the bundle since, that is the one line."""
+        """The graph's files verified against the manifest read at open, then loaded (by path, again). An expert loads
+        when first chosen, so an export may have replaced the bundle since, or between the check and the load: the
+        folder must still be the one whose manifest was read, or that is the one line, whatever the swap broke."""
         try:
             path, *weights = verified_graph_files(self.path, graph)
+            loaded = GRAPH_OF_BACKEND[self.backend](path, graph, self.threads, *weights)
         except UsageError:
             check_not_replaced(self.path, self._identity)
             raise
-        return GRAPH_OF_BACKEND[self.backend](path, graph, self.threads, *weights)
+        check_not_replaced(self.path, self._identity)  # a swap between the check and the load mixes two bundles
+        return loaded
 
     def _resident_graph_names(self) -> list[str]:
         if self.layout in ("dense", "monolithic", "whole"):

@@ -124,6 +124,26 @@ def test_an_expert_loaded_after_an_export_replaced_the_bundle_is_refused_as_repl
     assert load_bundle(reader).predict(image).experts  # the new bundle itself is sound
 
 
+def test_a_bundle_exported_over_between_a_graphs_check_and_its_load_is_refused_not_mixed(bundle, tmp_path, monkeypatch):
+    """The runtime checks a graph's files, then loads them by path: a swap in between would load the new bundle's
+    graph against the old manifest (shapes that differ read as a corrupt bundle; equal ones as a silent mixture)."""
+    from mobile_moe.export import runtime as runtime_module
+
+    reader = copy_bundle(bundle, tmp_path / "bundle")
+    runtime = load_bundle(reader)
+    image = np.zeros(tuple(runtime.manifest.input.shape), dtype=np.float32)
+    checked = runtime_module.verified_graph_files
+
+    def checked_then_swapped(bundle_dir, graph):
+        files = checked(bundle_dir, graph)
+        exported_over(reader, tmp_path)
+        return files
+
+    monkeypatch.setattr(runtime_module, "verified_graph_files", checked_then_swapped)
+    with pytest.raises(UsageError, match=r"was replaced \(another command exported over it\)"):
+        runtime.predict(image)  # the chosen expert: checked in the old bundle, loaded from the new
+
+
 def test_a_bench_whose_bundle_is_exported_over_between_rounds_is_refused(bundle, tmp_path, capsys, monkeypatch):
     from mobile_moe.device_bench.python_worker import PythonWorker
 
