@@ -281,8 +281,8 @@ def atomic_files(targets: Sequence[str | os.PathLike]) -> Iterator[list[Path]]:
             for folder, target in zip(folders, targets, strict=True):
                 os.replace(folder / target.name, target)
     except OSError as error:
-        if error.errno in _WRITE_FAILURES:  # a full disk, a read-only file system, ...
-            raise _cannot_write(targets[min(len(folders), len(targets) - 1)], error) from None
+        if error.errno in _WRITE_FAILURES:  # a full disk, a read-only file system, ...: named by the set's first file
+            raise _cannot_write(targets[0], error) from None
         raise
     finally:
         for folder in folders:

@@ -393,7 +393,7 @@ def running(pid: int) -> bool:
     return state != "Z"
 
 
-def outlives_its_killed_parent(command: list[str], settle_s: float = 1.0, patience_s: float = 3.0) -> bool:
+def outlives_its_killed_parent(command: list[str], settle_s: float = 0.5, patience_s: float = 2.0) -> bool:
     """Start `command` under a parent process, SIGKILL the parent once the child has had `settle_s` to start, and
     say whether the child still runs `patience_s` later (it is killed then)."""
     parent = subprocess.Popen([sys.executable, "-c", PARENT, *command], stdout=subprocess.PIPE, text=True)
