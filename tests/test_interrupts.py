@@ -171,8 +171,6 @@ def test_the_process_command_ignores_a_stop_that_lands_after_it_ended():
 def test_a_stop_while_a_child_runs_kills_the_child_and_everything_it_started(tmp_path):
     """run_child: a SIGTERM while a build (cmake, then its compilers) or a runner runs takes the whole process group
     with it; subprocess.run would kill the child alone and leave the grandchildren running."""
-    import subprocess
-
     from mobile_moe.interrupts import run_child
 
     pid_file = tmp_path / "grandchild.pid"
@@ -199,8 +197,6 @@ def test_a_stop_while_a_child_runs_kills_the_child_and_everything_it_started(tmp
     while time.monotonic() < deadline and running(grandchild):
         time.sleep(0.05)
     assert not running(grandchild)
-    assert subprocess.run(["true"]).returncode == 0  # nothing of ours left in a state that stops a later child
-
 
 
 @pytest.mark.parametrize("dies_with_parent", [True, False])
