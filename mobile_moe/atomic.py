@@ -42,6 +42,12 @@ def _temp_prefix(target: Path) -> str:
     return f".{name}.tmp-"
 
 
+def _own_prefix(target: Path) -> str:
+    """The start of the name of a temporary this process makes for `target`: .NAME.tmp-<pid>- (what _temporaries
+    reads back, to tell a live writer's from a dead one's)."""
+    return f"{_temp_prefix(target)}{os.getpid()}-"
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -187,7 +193,7 @@ def _replace_directory(tmp: Path, target: Path) -> None:
     if not target.exists():
         os.replace(tmp, target)
         return
-    old = Path(tempfile.mkdtemp(prefix=f"{_temp_prefix(target)}{os.getpid()}-old-", dir=target.parent))
+    old = Path(tempfile.mkdtemp(prefix=f"{_own_prefix(target)}old-", dir=target.parent))
     os.rmdir(old)
     os.replace(target, old)
     try:
@@ -215,7 +221,7 @@ def _claim(target: Path, directory: bool) -> Path:
             f"{target} is being written by {process_description(writer)} right now; wait for it to finish or "
             "choose another path"
         )
-    prefix = f"{_temp_prefix(target)}{os.getpid()}-"
+    prefix = _own_prefix(target)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         if directory:
@@ -297,7 +303,7 @@ def scratch_folder(name: str) -> Iterator[Path]:
     running side by side each get their own."""
     target = Path(tempfile.gettempdir()) / name
     remove_stale_temporaries(target)
-    folder = Path(tempfile.mkdtemp(prefix=f"{_temp_prefix(target)}{os.getpid()}-", dir=target.parent))
+    folder = Path(tempfile.mkdtemp(prefix=_own_prefix(target), dir=target.parent))
     try:
         yield folder
     finally:

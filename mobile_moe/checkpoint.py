@@ -30,13 +30,11 @@ def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike) -> None
     with atomic_path(path) as tmp:
         try:
             torch.save(checkpoint, tmp)
-        except RuntimeError as error:
+        except (OSError, RuntimeError) as error:
             # torch's zip writer reports a full disk as "[enforce fail at inline_container.cc...] unexpected pos":
             # said as the OSError it was, atomic_path gives the one line every full disk gets.
             if out_of_space(tmp):
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from None
-            raise UsageError(f"cannot write checkpoint {path}: {first_reason(error)}") from None
-        except OSError as error:
             raise UsageError(f"cannot write checkpoint {path}: {first_reason(error)}") from None
 
 

@@ -100,6 +100,14 @@ class _PerPart:
         """The choice for a graph of `role`: a graph holding experts and the rest together takes the one choice."""
         return self.experts if role in EXPERT_ROLES else self.rest
 
+    def check_layout(self, layout: str | None) -> None:
+        """Refuse, in one line, per-part choices on a one-graph `layout` (dense, monolithic, whole)."""
+        if layout is not None and not self.uniform and layout not in SPLIT_LAYOUTS:
+            raise UsageError(
+                f"{self.FLAG.name} experts={self.experts},rest={self.rest}: a {layout} bundle is one graph; give one "
+                f"{self.FLAG.noun}, or export a split layout ({' or '.join(SPLIT_LAYOUTS)})"
+            )
+
 
 @dataclass(frozen=True)
 class Quantization(_PerPart):
@@ -119,11 +127,7 @@ class Quantization(_PerPart):
                 raise UsageError(
                     f"--quantize {scheme}: {' and '.join(BACKENDS_OF[scheme])} only; a {backend} bundle takes {takes}"
                 )
-        if layout is not None and not self.uniform and layout not in SPLIT_LAYOUTS:
-            raise UsageError(
-                f"--quantize experts={self.experts},rest={self.rest}: a {layout} bundle is one graph, experts and "
-                f"the rest together; give one scheme, or export a split layout ({' or '.join(SPLIT_LAYOUTS)})"
-            )
+        self.check_layout(layout)
 
 
 GROUP = 32  # 8da4w and linear4: inputs per weight scale
@@ -167,8 +171,4 @@ class CoreMLCompression(_PerPart):
                     f"--coreml-compression experts={self.experts},rest={self.rest} compresses the parts --quantize "
                     f"makes int8, and --quantize leaves the {part} in fp16; add --quantize int8"
                 )
-        if layout is not None and layout not in SPLIT_LAYOUTS:
-            raise UsageError(
-                f"--coreml-compression experts={self.experts},rest={self.rest}: a {layout} bundle is one graph; give "
-                f"one method, or export a split layout ({' or '.join(SPLIT_LAYOUTS)})"
-            )
+        self.check_layout(layout)
