@@ -12,8 +12,9 @@ Steps, each a fresh process (its exit status, time and last line go in the table
   ddp N           torchrun, nccl (gloo with --cpu), world size 1, and 2 where two GPUs exist
   reproduce       fig3b's cells on digits, 1 epoch, on the device, with --bench (exports, native runner) where
                   executorch is installed (a GPU machine's image has none: then without --bench, and the table says so)
-  train step      benchmarks/gpu_train_step.py for vit and mobile-vmoe with timm's anchor (--cpu: train_step.py at a
-                  small size): eager and compiled images/s; the whole benchmark (every model) is its own command
+  train step      benchmarks/gpu_train_step.py --anchor: every model eager and compiled against vit, and vit against
+                  timm's deit_tiny (--cpu: train_step.py at a small size)
+  train step again  vit and mobile-vmoe again, CUDA-graphed too: the headline ratios' run-to-run spread
 The run stops starting steps once --budget-s is spent (the table says which were not reached).
 """
 
@@ -45,7 +46,11 @@ def steps(device: str, out: Path, gpus: int) -> list[tuple[str, list[str]]]:
     train = [*cli, "train", *SMALL, "--data", "digits", "--recipe", "tiny", "--epochs", "1", "--device", device,
              "--quiet"]  # fmt: skip
     moe = ["--experts", "5", "--super-classes", "random"]
-    found = [("gpu tests", [sys.executable, "-m", "pytest", "-q", "-m", "gpu", str(REPO / "tests" / "test_gpu.py")])]
+    tests = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "--durations", "10",
+             str(REPO / "tests" / "test_gpu.py")]  # fmt: skip
+    # Four pytest workers on one GPU (the compile tests' time is inductor's, on the host's cores); pytest-timeout and
+    # pytest-xdist are the GPU image's.
+    found = [("gpu tests", [*tests, *(["-n", "4", "--timeout", "300"] if device == "cuda" else [])])]
     extra = {"vit": [], "mobile-vmoe": moe, "hard-moe": ["--experts", "5", "--init-from", str(out / "train-vit")]}
     for name in ["vit", *(name for name in list_models() if name != "vit")]:  # hard-moe starts from vit's run
         found.append((f"train {name}", [*train, "--model", name, *extra.get(name, ["--experts", "5"]),
@@ -64,11 +69,15 @@ def steps(device: str, out: Path, gpus: int) -> list[tuple[str, list[str]]]:
     feed = ["--gpu", "--images", "12800", "--rounds", "2"] if device == "cuda" else [
         "--images", "64", "--batches", "1", "--batch-size", "16", "--rounds", "1"]  # fmt: skip
     found.insert(1, ("input pipeline", [sys.executable, str(REPO / "benchmarks" / "input_pipeline.py"), *feed]))
-    bench = ["gpu_train_step.py", "--json", "--models", "vit", "mobile-vmoe", "--anchor"] if device == "cuda" else [
-        "train_step.py", "--json", "--compile", "--size", "3x64", "--patch", "8", "--image-size", "32",
-        "--num-classes", "10", "--experts", "4", "--batch-size", "16", "--steps", "3", "--warmup", "2",
-        "--models", "vit", "mobile-vmoe", "--anchor"]  # fmt: skip
-    found.append(("train step", [sys.executable, str(REPO / "benchmarks" / bench[0]), *bench[1:]]))
+    if device == "cuda":  # every model, then the headline pair again (the spread) with CUDA graphs too
+        bench = [sys.executable, str(REPO / "benchmarks" / "gpu_train_step.py"), "--json", "--anchor"]
+        found.append(("train step", bench))
+        found.append(("train step again", [*bench, "--cuda-graphs", "--models", "vit", "mobile-vmoe"]))
+    else:
+        found.append(("train step", [sys.executable, str(REPO / "benchmarks" / "train_step.py"), "--json", "--compile",
+                                     "--size", "3x64", "--patch", "8", "--image-size", "32", "--num-classes", "10",
+                                     "--experts", "4", "--batch-size", "16", "--steps", "3", "--warmup", "2",
+                                     "--models", "vit", "mobile-vmoe", "--anchor"]))  # fmt: skip
     return found
 
 
@@ -102,21 +111,23 @@ def run_summary(argv: list[str]) -> str | None:
 
 
 def train_step_summary(text: str) -> str:
-    """The benchmark's JSON -> 'model: eager / compiled img/s' pairs and the compiled MoE/dense ratio."""
+    """The benchmark's JSON -> per mode the Mobile V-MoE / dense ratio and the worst MoE per FLOP, then vit / timm, the
+    dispatch, graph breaks and timed compiles (the whole report is in the step's log)."""
     report = json.loads(text[text.index("{") :])
     parts = []
-    for name in report["variants"]["eager"]:
-        speeds = [f"{report['variants'][mode][name]['images_per_s']:.0f}" for mode in report["variants"]]
-        parts.append(f"{name} {'/'.join(speeds)}")
-    ratio = report["ratios"].get("mobile-vmoe", {}).get("compiled / dense compiled")
-    text = "img/s eager/compiled: " + ", ".join(parts) + ("" if ratio is None else f"; MoE/dense compiled {ratio:.3f}x")
-    breaks = sum(run.get("graph_breaks", 0) for by in report["variants"].values() for run in by.values())
-    text += f"; {report.get('expert_dispatch', '?')}; graph breaks {breaks}"
-    anchor = report.get("anchor", {}).get("compiled")
-    if anchor:
-        (_, theirs), ours = next(iter(anchor.items())), anchor["vit"]
-        text += f"; vit/timm compiled {ours['median_ms'] / theirs['median_ms']:.3f}x"
-    return text
+    for mode in report["variants"]:
+        per_flop = {name: row[f"{mode} per FLOP"] for name, row in report["ratios"].items() if name != "vit"}
+        worst = max(per_flop, key=per_flop.get)
+        moe = report["ratios"]["mobile-vmoe"][f"{mode} / dense {mode}"]
+        parts.append(f"{mode}: MoE/dense {moe:.3f}x, worst per FLOP {worst} {per_flop[worst]:.2f}")
+    runs = [run for by in report["variants"].values() for run in by.values()]
+    parts.append(f"{report.get('expert_dispatch', '?')}; graph breaks {sum(run['graph_breaks'] for run in runs)}, "
+                 f"timed compiles {sum(run['timed_compiles'] for run in runs)}")  # fmt: skip
+    for mode, by in report.get("anchor", {}).items():
+        (_, theirs), ours = next(iter(by.items())), by["vit"]
+        parts.append(f"vit/timm {mode} {ours['median_ms'] / theirs['median_ms']:.3f}x")
+    parts += [f"{mode} FAILED: {why}" for mode, why in report.get("failed_modes", {}).items()]
+    return "; ".join(parts)
 
 
 def main() -> int:
@@ -132,6 +143,8 @@ def main() -> int:
                         help="run these steps alone (the table's names, or their first words)")  # fmt: skip
     parser.add_argument("--log", type=Path, help="write each step's whole output to LOG/<step>.log")
     args = parser.parse_args()
+    if args.log:
+        args.log.mkdir(parents=True, exist_ok=True)
     args.budget_s = args.budget_s or (1800.0 if args.cpu else 540.0)
     if not args.cpu and not torch.cuda.is_available():
         print("gpu-check: no CUDA device here; `make gpu-check GPU=0` runs the CPU-checkable parts", file=sys.stderr)
@@ -151,7 +164,7 @@ def main() -> int:
             status, seconds, stdout, last = run_step(argv, left, log)
             if name == "gpu tests" and "skipped" in last and "passed" not in last:
                 status = "skipped"  # every gpu test needs CUDA
-            if name == "train step" and status == "ok":
+            if name.startswith("train step") and status == "ok":
                 last = train_step_summary(stdout)
             elif status == "ok":
                 last = run_summary(argv) or last

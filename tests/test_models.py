@@ -142,6 +142,10 @@ ROUTED = ["mobile-vmoe", "hard-moe", "vmoe", "experts-choice", "widenet"]
 
 @pytest.mark.parametrize("name", ROUTED)
 def test_a_router_decides_in_fp32_under_bf16_autocast(name):
+    assert_routes_in_fp32_under_bf16_autocast(name, torch.device("cpu"))
+
+
+def assert_routes_in_fp32_under_bf16_autocast(name: str, device: torch.device) -> None:
     """bf16 training routes every image (token) as the float32 model and its exported router do: the router's
     projection, softmax and top-k (Hard MoE's distances) leave autocast, so their outputs are bit for bit fp32's."""
     from mobile_moe.hard_moe import CentroidRouter
@@ -157,9 +161,10 @@ def test_a_router_decides_in_fp32_under_bf16_autocast(name):
         shape = router.centroids.shape
         router.set_clusters(*((torch.zeros(model.config.width), torch.eye(pca, model.config.width)) if pca
                               else (None, None)), torch.randn(shape, generator=generator))  # fmt: skip
-    tokens = torch.randn(64, 5, model.config.width, generator=generator)
+    router = router.to(device)
+    tokens = torch.randn(64, 5, model.config.width, generator=generator).to(device)
     fp32 = router(tokens)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(device.type, dtype=torch.bfloat16):
         bf16 = router(tokens)
     for ours, theirs in zip(fp32, bf16, strict=True):
         if isinstance(ours, torch.Tensor):
