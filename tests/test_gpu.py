@@ -28,10 +28,13 @@ def test_inductor_compiled_cuda_training_is_one_graph_equal_to_eager(name):
     compiled_against_eager(name, CUDA, "inductor", tolerance=None, **quiet)
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "max-autotune"])
 @pytest.mark.parametrize("top_k", [1, 2])
-def test_the_grouped_gemm_equals_the_expert_loop_forward_and_backward_in_bf16(top_k):
-    """torch._grouped_mm on the stacked experts (the CUDA dispatch) against the per-expert loop, under bf16 autocast:
-    outputs and every gradient within bf16's rounding, an expert left without items included."""
+def test_the_grouped_gemm_equals_the_expert_loop_forward_and_backward_in_bf16(top_k, compiled):
+    """torch._grouped_mm on the stacked experts (the CUDA dispatch), eager and as inductor's max-autotune lowers it (its
+    grouped-GEMM templates, forward and backward), against the per-expert loop, under bf16 autocast: outputs and every
+    gradient within bf16's rounding, an expert left without items included. (The experts alone: max-autotune over a
+    whole model's GEMMs took over 300 s on an H200.)"""
     if not grouped_gemm_device(torch.cuda.current_device()):
         pytest.skip("the grouped GEMM runs on sm90 only (moe.grouped_gemm_device)")
     torch.manual_seed(0)
@@ -39,11 +42,17 @@ def test_the_grouped_gemm_equals_the_expert_loop_forward_and_backward_in_bf16(to
     x = torch.randn(32, 17, 64, device=CUDA, requires_grad=True)
     chosen = torch.randint(0, 3, (32, top_k), device=CUDA)  # expert 3 gets nothing
     gates = torch.rand(32, top_k, device=CUDA, requires_grad=True)
+
+    def mixture(x, gates, read_sizes):
+        assert grouped_gemm_fits(x, 64, 256, on_grouped_gemm_device=experts.on_grouped_gemm_device)
+        return experts.mixture(x, expert_groups(chosen, gates, 4, read_sizes=read_sizes))
+
+    torch._dynamo.reset()
+    grouped = compile_model(mixture, mode="max-autotune-no-cudagraphs") if compiled else mixture
     results = []
-    for read_sizes in (False, True):  # the grouped GEMM, then the per-expert loop
+    for run, read_sizes in ((grouped, False), (mixture, True)):  # the grouped GEMM, then the per-expert loop
         with autocast(CUDA):
-            assert grouped_gemm_fits(x, 64, 256, on_grouped_gemm_device=experts.on_grouped_gemm_device)
-            y = experts.mixture(x, expert_groups(chosen, gates, 4, read_sizes=read_sizes))
+            y = run(x, gates, read_sizes)
         y.float().square().mean().backward()
         grads = [x.grad, gates.grad, *(p.grad for p in experts.parameters())]
         results.append((y.float(), [g.clone() for g in grads]))
@@ -66,18 +75,21 @@ TRAINED_SHAPES = {
         32,
     ),
 }
-# max-autotune benchmarks inductor's GEMM templates (its Triton grouped-GEMM one included): minutes at DeiT-Ti's shapes.
-COMPILE_MODES = [("toy", {}), ("toy", {"mode": "max-autotune-no-cudagraphs"}), ("deit-ti", {})]
+# bf16's unit roundoff (8 significant bits): every tensor of a bf16 step carries its inputs' rounding at this size
+# relative to its largest value. Without it a tensor whose errors happen to cancel in eager holds compiled to a luckier
+# bound than bf16 promises: on an H200 the toy model's router norm weight, fp32 itself but fed by the bf16 trunk, had
+# eager 9.1e-6 from float64 and compiled 3.4e-5 from eager, every other tensor inside twice eager's distance.
+BF16 = 2.0**-8
 
 
-@pytest.mark.parametrize(("shape", "options"), COMPILE_MODES, ids=["toy", "toy-max-autotune", "deit-ti"])
+@pytest.mark.parametrize("shape", TRAINED_SHAPES)
 def test_the_compiled_bf16_training_step_runs_the_grouped_gemm_in_one_graph_and_leaves_an_empty_expert_alone(
-    shape, options, monkeypatch
+    shape, monkeypatch
 ):
     """Training as it runs on an H100/H200: inductor-compiled, bf16 autocast, the grouped GEMM traced into one graph
     with no break; its logits and every gradient as close to eager bf16's as eager's are to a float64 run of the same
-    step (twice that distance: each side rounds its own way), and an expert no image chose gets gradients of exactly
-    zero."""
+    step (twice that distance, each side rounding its own way, plus bf16's unit at the tensor's scale), and an expert no
+    image chose gets gradients of exactly zero."""
     from torch._dynamo.utils import counters
 
     from mobile_moe.registry import create_model
@@ -104,7 +116,7 @@ def test_the_compiled_bf16_training_step_runs_the_grouped_gemm_in_one_graph_and_
         counters.clear()
         traced.clear()
         with autocast(CUDA, enabled=run != "float64"):
-            output = (compile_model(step, **options) if run == "compiled" else step)(batch_images, labels)
+            output = (compile_model(step) if run == "compiled" else step)(batch_images, labels)
         loss_of(output).float().backward()
         results[run] = {"logits": output.logits} | {name: p.grad for name, p in model.named_parameters()}
         assert bool(traced) == (run != "float64"), run
@@ -112,7 +124,7 @@ def test_the_compiled_bf16_training_step_runs_the_grouped_gemm_in_one_graph_and_
     for name, truth in results["float64"].items():
         if truth is None:  # a parameter this step does not reach
             continue
-        assert_near(results["compiled"][name], results["eager"][name], truth, tolerance=None, name=name)
+        assert_near(results["compiled"][name], results["eager"][name], truth, tolerance=None, name=name, floor=BF16)
         if name.endswith(("fc1_weight", "fc2_weight", "fc1_bias", "fc2_bias")):
             assert all(results[run][name][experts - 1].eq(0).all() for run in results), name
 
