@@ -144,6 +144,7 @@ def test_a_bundle_exported_over_between_a_graphs_check_and_its_load_is_refused_n
         runtime.predict(image)  # the chosen expert: checked in the old bundle, loaded from the new
 
 
+@pytest.mark.slow  # two bench rounds and an export between them: 6.5 s on 2 cores
 def test_a_bench_whose_bundle_is_exported_over_between_rounds_is_refused(bundle, tmp_path, capsys, monkeypatch):
     from mobile_moe.device_bench.python_worker import PythonWorker
 
@@ -204,9 +205,9 @@ def chosen_expert_weights(bundle: Path, png: Path, capsys) -> str:
     return f"expert_{json.loads(capsys.readouterr().out)[0]['experts'][0]}.ptd"
 
 
-# the programs in the slow set (7 s a file on 2 cores): the fast set flips the weights file predict reads
-@pytest.mark.parametrize("graph", [pytest.param(name, marks=pytest.mark.slow) for name in ("router.pte", "expert.pte")]
-                         + ["the chosen expert's .ptd"])  # fmt: skip
+# the slow set, every file (7-11 s a file on 2 cores): `make test` has five minutes on the slowest machine
+@pytest.mark.slow
+@pytest.mark.parametrize("graph", ["router.pte", "expert.pte", "the chosen expert's .ptd"])
 def test_resealed_byte_flips_never_crash_predict(graph, bundle, png, tmp_path, capsys):
     """A flip the checksum cannot see (re-sealed), at every byte of the header and at seeded random places: the file
     checks (mobile_moe/export/flatbuffer_files.py), ExecuTorch's program verification and the shape checks refuse it
