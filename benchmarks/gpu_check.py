@@ -14,8 +14,9 @@ Steps, each a fresh process (its exit status, time and last line go in the table
                   executorch is installed (a GPU machine's image has none: then without --bench, and the table says so)
   train step      benchmarks/gpu_train_step.py --cuda-graphs --anchor for vit and mobile-vmoe: eager, compiled and
                   CUDA-graphed, and vit against timm's deit_tiny (--cpu: train_step.py at a small size)
-  train step every model  the same, every registry model, eager and compiled (per FLOP against vit); with the first,
-                  two runs of the headline pair: its run-to-run spread. Compiling every model takes minutes.
+  train step every model
+                  the same, every registry model, eager and compiled (per FLOP against vit); with the first, two
+                  runs of the headline pair: its run-to-run spread. Compiling every model takes minutes.
 The run stops starting steps once --budget-s is spent (the table says which were not reached).
 """
 
@@ -49,9 +50,9 @@ def steps(device: str, out: Path, gpus: int) -> list[tuple[str, list[str]]]:
     moe = ["--experts", "5", "--super-classes", "random"]
     tests = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "--durations", "10",
              str(REPO / "tests" / "test_gpu.py")]  # fmt: skip
-    # Four pytest workers on one GPU (the compile tests' time is inductor's, on the host's cores); pytest-timeout and
-    # pytest-xdist are the GPU image's.
-    found = [("gpu tests", [*tests, *(["-n", "4", "--timeout", "300"] if device == "cuda" else [])])]
+    if device == "cuda":  # four workers on one GPU: the compile tests' time is inductor's, on the host's cores
+        tests += ["-n", "4"] + (["--timeout", "300"] if importlib.util.find_spec("pytest_timeout") else [])
+    found = [("gpu tests", tests)]
     extra = {"vit": [], "mobile-vmoe": moe, "hard-moe": ["--experts", "5", "--init-from", str(out / "train-vit")]}
     for name in ["vit", *(name for name in list_models() if name != "vit")]:  # hard-moe starts from vit's run
         found.append((f"train {name}", [*train, "--model", name, *extra.get(name, ["--experts", "5"]),
@@ -111,9 +112,10 @@ def run_summary(argv: list[str]) -> str | None:
     return f"val top-1 {100 * row['val_top1']:.1f}%, {row['images_per_s']:.0f} img/s"
 
 
-def train_step_summary(text: str) -> str:
-    """The benchmark's JSON -> per mode the Mobile V-MoE / dense ratio and the worst MoE per FLOP, then vit / timm, the
-    dispatch, graph breaks and timed compiles (the whole report is in the step's log)."""
+def train_step_summary(text: str) -> tuple[str, bool]:
+    """The benchmark's JSON -> (per mode the Mobile V-MoE / dense ratio and the worst MoE per FLOP, then vit / timm, the
+    dispatch, graph breaks, timed compiles and any mode that failed; whether one did). The whole report is in the step's
+    log."""
     report = json.loads(text[text.index("{") :])
     parts = []
     for mode in report["variants"]:
@@ -127,8 +129,9 @@ def train_step_summary(text: str) -> str:
     for mode, by in report.get("anchor", {}).items():
         (_, theirs), ours = next(iter(by.items())), by["vit"]
         parts.append(f"vit/timm {mode} {ours['median_ms'] / theirs['median_ms']:.3f}x")
-    parts += [f"{mode} FAILED: {why}" for mode, why in report.get("failed_modes", {}).items()]
-    return "; ".join(parts)
+    failed = report.get("failed_modes", {})
+    parts += [f"{mode} FAILED: {why}" for mode, why in failed.items()]
+    return "; ".join(parts), bool(failed)
 
 
 def main() -> int:
@@ -166,7 +169,8 @@ def main() -> int:
             if name == "gpu tests" and "skipped" in last and "passed" not in last:
                 status = "skipped"  # every gpu test needs CUDA
             if name.startswith("train step") and status == "ok":
-                last = train_step_summary(stdout)
+                last, failed_modes = train_step_summary(stdout)
+                status = "failed modes" if failed_modes else status
             elif status == "ok":
                 last = run_summary(argv) or last
             failed |= status not in ("ok", "skipped")

@@ -10,8 +10,8 @@ measured in one run.
 A step is training's own (mobile_moe/training/engine.py: forward_loss under bf16 autocast on CUDA, then update:
 backward, grad clip, AdamW, schedule) with the deit recipe's router loss against planted super-classes (label mod E), so
 Mobile V-MoE's router spreads the images as training does. Within a mode the models take turns step by step (vit,
-mobile-vmoe, ..., vit, ...), so drift in machine load hits them alike; ratios compare medians. Goals on CPU: compiled
-Mobile V-MoE / compiled dense <= 1.10x, and every compiled model faster than its eager self. "timed compiles" > 0 means
+mobile-vmoe, ..., vit, ...), so drift in machine load hits them alike; ratios compare medians. The goals (issue 48's)
+close the report: on the CPU, eager Mobile V-MoE / eager dense <= 1.03x. "timed compiles" > 0 means
 a graph was compiled during the timed steps (a recompile): compiled training should have none; "first step s" is the
 first warm-up step, where compiling happens. "per FLOP" divides a model's step-time ratio to the dense model by its
 FLOPs ratio (mobile_moe.costs, per image): 1.0 means the model costs what its arithmetic says. The optimiser is
@@ -109,7 +109,7 @@ def spread_clusters(opt: engine.Optimisation, images: torch.Tensor) -> None:
 
 
 def time_models(runs: dict[str, engine.Optimisation], batch, args, device, mode: str) -> dict[str, dict]:
-    """Round-robin steps -> {name: {"seconds": [...], "timed_compiles": n}}."""
+    """Round-robin steps -> {name: fresh_stats()'s counters, filled}."""
     cfg = recipes.deit().replace(epochs=1, amp=device.type == "cuda")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     images, targets, super_targets = batch
@@ -236,6 +236,7 @@ def measure(args: argparse.Namespace, device: torch.device) -> tuple[dict, dict,
     torch._dynamo.config.accumulated_recompile_limit = 64 * len(names)
     results, anchor, failed = {}, {}, {}
     for mode in modes(args):
+        runs = None  # a failed mode's models (and CUDA graph pools) go before the next mode builds its own
         try:
             runs = {name: build(name, args, device, mode) for name in names}
             for opt in runs.values():
@@ -247,6 +248,8 @@ def measure(args: argparse.Namespace, device: torch.device) -> tuple[dict, dict,
                 stats = time_anchor(mode, args, device, (images, targets, super_targets))
                 anchor[mode] = {name: summary(value, args.batch_size) for name, value in stats.items()}
         except Exception as error:  # noqa: BLE001 - a compiler's failure in one mode, reported, not the whole run's
+            if mode == "eager":  # the baseline every ratio divides by
+                raise
             failed[mode] = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
             print(f"{mode}: failed{'' if mode not in results else ' (in the anchor)'}: {failed[mode]}", file=sys.stderr)
     return results, anchor, failed
@@ -290,8 +293,9 @@ def print_markdown(report: dict) -> None:
     for mode, why in report.get("failed_modes", {}).items():
         print(f"\n{mode}: failed: {why}")
     print(
-        "\nGoals: mobile-vmoe / dense <= 1.20x eager and <= 1.10x compiled; every MoE per FLOP <= 1.15; vit / timm "
-        "<= 1.00x; compiled / eager < 1 for every model."
+        "\nGoals (GPU, issue 48): mobile-vmoe / dense <= 1.10x eager and <= 1.05x compiled; every MoE per FLOP "
+        "<= 1.15 compiled; vit / timm <= 1.00x; compiled / eager < 1 for every model. (CPU: mobile-vmoe / dense "
+        "<= 1.03x eager.)"
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -110,11 +111,11 @@ def expert_groups(
     )
 
 
-def compile_model(module: nn.Module, **options) -> nn.Module:
-    """torch.compile(module, **options) for any model of the registry (or a module wrapping one), so that the
-    per-expert loop (ExpertMLPs, off CUDA) compiles to one graph: the group sizes it reads on the host are traced as
-    unbacked symbolic ints (torch._dynamo.config.capture_scalar_outputs, a process-wide setting that leaves other
-    code's graphs as they were unless they read tensors on the host too, which then trace instead of breaking)."""
+def compile_model(module: Callable, **options) -> Callable:
+    """torch.compile(module, **options) for any model of the registry (or a module or function calling one), so
+    that the per-expert loop (ExpertMLPs, off CUDA) compiles to one graph: the group sizes it reads on the host are
+    traced as unbacked symbolic ints (torch._dynamo.config.capture_scalar_outputs, a process-wide setting that leaves
+    other code's graphs as they were unless they read tensors on the host too, which then trace instead of breaking)."""
     torch._dynamo.config.capture_scalar_outputs = True
     return torch.compile(module, **options)
 

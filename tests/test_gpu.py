@@ -18,6 +18,11 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 CUDA = torch.device("cuda")
+# bf16's unit roundoff (8 significant bits): every tensor of a bf16 step carries its inputs' rounding at this size
+# relative to its largest value. Without it a tensor whose errors happen to cancel in eager holds compiled to a luckier
+# bound than bf16 promises: on an H200 the toy model's router norm weight, fp32 itself but fed by the bf16 trunk, had
+# eager 9.1e-6 from float64 and compiled 3.4e-5 from eager, every other tensor inside twice eager's distance.
+BF16 = 2.0**-8
 
 
 @pytest.mark.parametrize("name", ["vit", "mobile-vmoe", "vmoe", "hard-moe"])
@@ -48,7 +53,8 @@ def test_the_grouped_gemm_equals_the_expert_loop_forward_and_backward_in_bf16(to
         return experts.mixture(x, expert_groups(chosen, gates, 4, read_sizes=read_sizes))
 
     torch._dynamo.reset()
-    grouped = compile_model(mixture, mode="max-autotune-no-cudagraphs") if compiled else mixture
+    # fullgraph: a break (or a fallback to eager) fails the compile instead of quietly testing eager again
+    grouped = compile_model(mixture, mode="max-autotune-no-cudagraphs", fullgraph=True) if compiled else mixture
     results = []
     for run, read_sizes in ((grouped, False), (mixture, True)):  # the grouped GEMM, then the per-expert loop
         with autocast(CUDA):
@@ -59,7 +65,7 @@ def test_the_grouped_gemm_equals_the_expert_loop_forward_and_backward_in_bf16(to
         x.grad = gates.grad = None
         experts.zero_grad()
     (gemm, gemm_grads), (loop, loop_grads) = results
-    bf16 = 2 * 2.0**-8  # two roundings of bf16's unit (8 significant bits) in each product's inputs
+    bf16 = 2 * BF16  # two roundings of bf16's unit in each product's inputs
     torch.testing.assert_close(gemm, loop, rtol=bf16, atol=bf16 * loop.abs().max().item())
     for got, want in zip(gemm_grads, loop_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=bf16, atol=bf16 * want.abs().max().item())
@@ -75,11 +81,6 @@ TRAINED_SHAPES = {
         32,
     ),
 }
-# bf16's unit roundoff (8 significant bits): every tensor of a bf16 step carries its inputs' rounding at this size
-# relative to its largest value. Without it a tensor whose errors happen to cancel in eager holds compiled to a luckier
-# bound than bf16 promises: on an H200 the toy model's router norm weight, fp32 itself but fed by the bf16 trunk, had
-# eager 9.1e-6 from float64 and compiled 3.4e-5 from eager, every other tensor inside twice eager's distance.
-BF16 = 2.0**-8
 
 
 @pytest.mark.parametrize("shape", TRAINED_SHAPES)

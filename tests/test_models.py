@@ -142,6 +142,7 @@ ROUTED = ["mobile-vmoe", "hard-moe", "vmoe", "experts-choice", "widenet"]
 
 @pytest.mark.parametrize("name", ROUTED)
 def test_a_router_decides_in_fp32_under_bf16_autocast(name):
+    """On the CPU; tests/test_gpu.py asks the same of cuBLAS."""
     assert_routes_in_fp32_under_bf16_autocast(name, torch.device("cpu"))
 
 
