@@ -120,9 +120,12 @@ def train_step_summary(text: str) -> tuple[str, bool]:
     parts = []
     for mode in report["variants"]:
         per_flop = {name: row[f"{mode} per FLOP"] for name, row in report["ratios"].items() if name != "vit"}
-        worst = max(per_flop, key=per_flop.get)
-        moe = report["ratios"]["mobile-vmoe"][f"{mode} / dense {mode}"]
-        parts.append(f"{mode}: MoE/dense {moe:.3f}x, worst per FLOP {worst} {per_flop[worst]:.2f}")
+        found = [f"MoE/dense {report['ratios']['mobile-vmoe'][f'{mode} / dense {mode}']:.3f}x"
+                 ] if "mobile-vmoe" in per_flop else []  # fmt: skip
+        if per_flop:
+            worst = max(per_flop, key=per_flop.get)
+            found.append(f"worst per FLOP {worst} {per_flop[worst]:.2f}")
+        parts += [f"{mode}: {', '.join(found)}"] if found else []
     runs = [run for by in report["variants"].values() for run in by.values()]
     parts.append(f"{report.get('expert_dispatch', '?')}; graph breaks {sum(run['graph_breaks'] for run in runs)}, "
                  f"timed compiles {sum(run['timed_compiles'] for run in runs)}")  # fmt: skip

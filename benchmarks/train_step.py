@@ -30,6 +30,7 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 from torch._dynamo.utils import counters as dynamo_counters  # private, but where dynamo counts the graphs it compiles
@@ -109,20 +110,34 @@ def spread_clusters(opt: engine.Optimisation, images: torch.Tensor) -> None:
 
 
 def time_models(runs: dict[str, engine.Optimisation], batch, args, device, mode: str) -> dict[str, dict]:
-    """Round-robin steps -> {name: fresh_stats()'s counters, filled}."""
+    """Training's step of each model (forward_loss, then update), taking turns -> {name: take_turns' counters}."""
     cfg = recipes.deit().replace(epochs=1, amp=device.type == "cuda")
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     images, targets, super_targets = batch
-    stats = {name: fresh_stats() for name in runs}
+
+    def training_step(opt: engine.Optimisation) -> Callable[[], None]:
+        supers = super_targets if opt.model.config.routing == "image" else None
+
+        def step() -> None:
+            _, terms = engine.forward_loss(opt.step_module, images, targets, supers, cfg)
+            engine.update(opt, terms.total, cfg.grad_clip)
+
+        return step
+
+    return take_turns({name: training_step(opt) for name, opt in runs.items()}, args, device, mode)
+
+
+def take_turns(steps: dict[str, Callable[[], None]], args, device, mode: str) -> dict[str, dict]:
+    """Each model's step in turn (vit, mobile-vmoe, ..., vit, ...), args.warmup untimed rounds then args.steps timed
+    -> {name: {"seconds": [...], "first_step_s", "timed_compiles", "graph_breaks"}}."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    stats = {name: {"seconds": [], "timed_compiles": 0, "graph_breaks": 0} for name in steps}
     for step in range(args.warmup + args.steps):
-        for name, opt in runs.items():
-            supers = super_targets if opt.model.config.routing == "image" else None
+        for name, run in steps.items():
             begin_step(mode)
             graphs, breaks = dynamo_counters["stats"]["unique_graphs"], sum(dynamo_counters["graph_break"].values())
             sync()
             start = time.perf_counter()
-            output, terms = engine.forward_loss(opt.step_module, images, targets, supers, cfg)
-            engine.update(opt, terms.total, cfg.grad_clip)
+            run()
             sync()
             record(stats[name], step, args.warmup, time.perf_counter() - start, graphs)
             stats[name]["graph_breaks"] += sum(dynamo_counters["graph_break"].values()) - breaks
@@ -134,11 +149,6 @@ def begin_step(mode: str) -> None:
     tree that is not told may take the next model's step for its own step's continuation."""
     if (MODES[mode] or {}).get("mode") == "reduce-overhead":
         torch.compiler.cudagraph_mark_step_begin()
-
-
-def fresh_stats() -> dict:
-    """A model's counters before its first step."""
-    return {"seconds": [], "timed_compiles": 0, "graph_breaks": 0}
 
 
 def record(stats: dict, step: int, warmup: int, seconds: float, graphs_before: int) -> None:
@@ -179,29 +189,23 @@ def time_anchor(mode: str, args, device, batch) -> dict[str, dict]:
     """A plain step (cross-entropy, backward, training's AdamW) of each anchor model, taking turns -> {name: stats}."""
     images, targets, _ = batch
     labels = targets.argmax(-1)
-    runs, stats = {}, {}
-    for name, model in anchor_models(args).items():
+
+    def plain_step(model: torch.nn.Module) -> Callable[[], None]:
         model = model.to(device).train()
         options = MODES[mode]
         forward = Logits(model) if options is None else compile_model(Logits(model), **options)
-        runs[name] = (forward, adamw(model, lr=1e-4, weight_decay=0.05, device=device))
-        stats[name] = fresh_stats()
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for step in range(args.warmup + args.steps):
-        for name, (forward, optimizer) in runs.items():
-            begin_step(mode)
-            graphs, breaks = dynamo_counters["stats"]["unique_graphs"], sum(dynamo_counters["graph_break"].values())
-            sync()
-            start = time.perf_counter()
+        optimizer = adamw(model, lr=1e-4, weight_decay=0.05, device=device)
+
+        def step() -> None:
             with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
                 loss = torch.nn.functional.cross_entropy(forward(images).float(), labels)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            sync()
-            record(stats[name], step, args.warmup, time.perf_counter() - start, graphs)
-            stats[name]["graph_breaks"] += sum(dynamo_counters["graph_break"].values()) - breaks
-    return stats
+
+        return step
+
+    return take_turns({name: plain_step(model) for name, model in anchor_models(args).items()}, args, device, mode)
 
 
 def summary(stats: dict, batch_size: int) -> dict:
