@@ -171,21 +171,19 @@ def verified_graph_files(bundle_dir: str | os.PathLike, graph: GraphEntry) -> li
 def _verified(bundle_dir: str | os.PathLike, graph: GraphEntry, file: GraphFile) -> Path:
     path = resolve_graph_file(bundle_dir, graph, file)
     try:  # exists() and reading raise for names too long, unreadable files and the like
-        exists, regular = path.exists(), path.is_file() or path.is_dir()
-        matches = exists and regular and file_bytes(path) == file.bytes and file_digest(path) == file.sha256
-    except OSError as error:
-        raise UsageError(f"graph {graph.name!r}: cannot read {file.file!r}: {error.strerror}") from None
-    if not exists:
-        raise UsageError(f"graph {graph.name!r}: {path} is missing; re-export the bundle")
-    if not regular:
-        raise UsageError(f"graph {graph.name!r}: {path} is not a regular file; re-export the bundle")
-    if not matches:
-        raise UsageError(
-            f"graph {graph.name!r}: {path} does not match the sha256 in the manifest (tampered with or truncated); "
-            "re-export the bundle"
-        )
-    try:  # a file re-sealed after tampering matches its sha256: its structure is checked before any runtime reads it
+        if not path.exists():
+            raise UsageError(f"graph {graph.name!r}: {path} is missing; re-export the bundle")
+        if not (path.is_file() or path.is_dir()):
+            raise UsageError(f"graph {graph.name!r}: {path} is not a regular file; re-export the bundle")
+        if file_bytes(path) != file.bytes or file_digest(path) != file.sha256:
+            raise UsageError(
+                f"graph {graph.name!r}: {path} does not match the sha256 in the manifest (tampered with or "
+                "truncated); re-export the bundle"
+            )
+        # A file re-sealed after tampering matches its sha256: its structure is checked before any runtime reads it.
         check_graph_file(path, external_data=graph.weights is not None)
+    except UsageError:  # ours, above: said as it is (a UsageError is a ValueError, which means damage below)
+        raise
     except OSError as error:
         raise UsageError(f"graph {graph.name!r}: cannot read {file.file!r}: {error.strerror}") from None
     except ValueError as error:
