@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mobile_moe.atomic import atomic_files, write_text_atomic
+from mobile_moe.atomic import atomic_files
 from mobile_moe.evidence.figures import ROUTING_OF_ROW, Figure
 from mobile_moe.evidence.results import CellResult
 from mobile_moe.plot_files import save_figure
@@ -367,9 +367,9 @@ def write_outputs(fig: Figure, results: list[CellResult], setting: Setting, epoc
     (atomic.atomic_files): an interrupted reproduce leaves the earlier set, never a new table beside an old plot."""
     names = [f"{fig.name}.md", f"{fig.name}.csv", f"{fig.name}.png"] + ([f"{fig.name}-latency.png"] if bench else [])
     paths = [out / name for name in names]
-    with atomic_files(paths) as staged:
-        write_text_atomic(staged[0], markdown(fig, results, setting, bench))
-        write_text_atomic(staged[1], csv_text(csv_rows(fig, results, epochs)))
+    with atomic_files(paths) as staged:  # private paths: written directly, the set renamed into place at the end
+        staged[0].write_text(markdown(fig, results, setting, bench), encoding="utf-8", errors="surrogateescape")
+        staged[1].write_text(csv_text(csv_rows(fig, results, epochs)), encoding="utf-8", errors="surrogateescape")
         plot_figure(fig, results, setting, staged[2])
         if bench:
             plot_latency(fig, results, setting, staged[3])
