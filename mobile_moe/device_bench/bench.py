@@ -39,7 +39,7 @@ from mobile_moe.device_bench.round_report import RoundJson, RoundReport
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.device_bench.workload import make_workload, random_seed, write_raw
 from mobile_moe.errors import UsageError
-from mobile_moe.export.manifest import bundle_identity, check_not_replaced, read_manifest
+from mobile_moe.export.manifest import bundle_identity, read_manifest, same_bundle
 from mobile_moe.export.manifest_schema import Manifest
 
 RUNTIMES = ("executorch", "onnxruntime", "native", "coreml")
@@ -155,12 +155,8 @@ def measure_round(
     """One round of one bundle: a fresh runner process, its report validated. The runner reads the bundle again each
     round: a round that ran on another bundle than the one whose manifest the bench read (`identity`: see
     manifest.bundle_identity), exported over it since, is refused."""
-    try:
+    with same_bundle(bundle, identity):
         report = results_module.validate_round(runner.run_round(Path(bundle), images, settings.round), runner.name)
-    except UsageError:
-        check_not_replaced(bundle, identity)
-        raise
-    check_not_replaced(bundle, identity)
     log(f"{bundle} [{runtime}, {settings.device}] round {index + 1}: p50 {report.latency_ms.p50:.2f} ms")
     return report
 

@@ -7,8 +7,10 @@ that leaves it is refused) and its sha256 is compared with the manifest before a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -201,9 +203,22 @@ def bundle_identity(bundle_dir: str | os.PathLike) -> tuple[int, int] | None:
     return status.st_dev, status.st_ino
 
 
-def check_not_replaced(bundle_dir: str | os.PathLike, identity: tuple[int, int] | None) -> None:
-    """One line when the folder at `bundle_dir` is no longer the one whose manifest was read (`identity`, taken
-    before reading it): its files now belong to another bundle, which is neither damaged nor the one being read."""
+@contextlib.contextmanager
+def same_bundle(bundle_dir: str | os.PathLike, identity: tuple[int, int] | None) -> Iterator[None]:
+    """Around a read of the bundle's files after its manifest was read (a lazily loaded expert, a bench round): the
+    folder at `bundle_dir` must still be the one whose `identity` was taken before that manifest was read. If not,
+    its files belong to another bundle, exported over this one, which is neither damaged nor the one being read: one
+    line says so, whether the read failed (a refusal the swap caused) or not (a swap between checking and loading
+    mixes two bundles)."""
+    try:
+        yield
+    except UsageError:
+        _check_not_replaced(bundle_dir, identity)
+        raise
+    _check_not_replaced(bundle_dir, identity)
+
+
+def _check_not_replaced(bundle_dir: str | os.PathLike, identity: tuple[int, int] | None) -> None:
     if bundle_identity(bundle_dir) != identity:
         raise UsageError(
             f"{bundle_dir} was replaced (another command exported over it) while this command was reading it; run "

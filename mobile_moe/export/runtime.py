@@ -30,7 +30,7 @@ from mobile_moe.errors import UsageError
 from mobile_moe.expert_choice import pick_experts, used_experts
 from mobile_moe.export.images import load_image
 from mobile_moe.export.loaded_graphs import GRAPH_OF_BACKEND
-from mobile_moe.export.manifest import bundle_identity, check_not_replaced, read_manifest, verified_graph_files
+from mobile_moe.export.manifest import bundle_identity, read_manifest, same_bundle, verified_graph_files
 from mobile_moe.export.manifest_schema import GraphEntry
 
 LoadedGraph = Callable[[list[np.ndarray]], dict[str, np.ndarray]]
@@ -83,14 +83,9 @@ class BundleRuntime:
         """The graph's files verified against the manifest read at open, then loaded (by path, again). An expert loads
         when first chosen, so an export may have replaced the bundle since, or between the check and the load: the
         folder must still be the one whose manifest was read, or that is the one line, whatever the swap broke."""
-        try:
+        with same_bundle(self.path, self._identity):
             path, *weights = verified_graph_files(self.path, graph)
-            loaded = GRAPH_OF_BACKEND[self.backend](path, graph, self.threads, *weights)
-        except UsageError:
-            check_not_replaced(self.path, self._identity)
-            raise
-        check_not_replaced(self.path, self._identity)  # a swap between the check and the load mixes two bundles
-        return loaded
+            return GRAPH_OF_BACKEND[self.backend](path, graph, self.threads, *weights)
 
     def _resident_graph_names(self) -> list[str]:
         if self.layout in ("dense", "monolithic", "whole"):
