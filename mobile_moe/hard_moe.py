@@ -214,6 +214,8 @@ class HardMoE(nn.Module):
         """
         E = self.config.num_experts
         groups = expert_groups(routing.experts, routing.gates, E, read_sizes=True, sort_stream=True)
+        if not groups.stream_sorted:  # k > 1: the slices below would not be each expert's images
+            raise ValueError(f"a Hard MoE routes each image to one expert; this routing chose {groups.top_k}")
         slices = groups.to_stream(x).split(groups.host_sizes)  # per expert, its images (n_e, ...)
         gates = groups.gates.unsqueeze(-1).split(groups.host_sizes)  # per expert, (n_e, 1)
         return groups.from_stream(torch.cat([expert_fn(e, slices[e], gates[e]) for e in range(E)]))

@@ -159,6 +159,10 @@ def test_no_label_routing_and_known_dispatch_only(images):
         model(images, dispatch="sparse")
     with pytest.raises(UsageError, match="top_k"):
         make_config("hard-moe", top_k=2)
+    tokens, routing = model.router_stage(images)
+    two_each = routing._replace(experts=routing.experts.repeat(1, 2), gates=routing.gates.repeat(1, 2))
+    with pytest.raises(ValueError, match="one expert; this routing chose 2"):  # the sorted slices assume k = 1
+        model._grouped(model._run_path, tokens, two_each)
 
 
 # --- two-stage training ---------------------------------------------------------------------------------------------

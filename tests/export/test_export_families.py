@@ -35,10 +35,12 @@ def trained_looking(model: torch.nn.Module) -> torch.nn.Module:
     return model.eval()
 
 
-# expert-paths in the fast set, the others in the slow set: each family export takes 10-25 s on 2 cores (int8's
-# calibration and quantized lowering the most), and `make test` has five minutes on the slowest machine
-@pytest.fixture(scope="module", params=[name if name == "expert-paths" else pytest.param(name, marks=pytest.mark.slow)
-                                        for name in sorted(CASES)])  # fmt: skip
+# Every case in the slow set: each family export takes 10-25 s on 2 cores (int8's calibration and quantized lowering
+# the most), and `make test` has five minutes on the slowest machine. The fast set still lowers an expert-paths
+# family in every ExecuTorch bundle it exports (conftest's `bundle`, test_export_bundles.py's), checks those bundles
+# against eager PyTorch, and checks that the native runner opens only the shared program and the chosen experts'
+# weights files (test_device_bench_native.py).
+@pytest.fixture(scope="module", params=[pytest.param(name, marks=pytest.mark.slow) for name in sorted(CASES)])
 def exported(request, tmp_path_factory):
     overrides, options = CASES[request.param]
     model = trained_looking(tiny_model("mobile-vmoe", pool="mean", **overrides))
