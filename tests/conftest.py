@@ -153,15 +153,38 @@ def runner() -> Path:
     return build_runner()
 
 
-@pytest.fixture(scope="session")
-def bundle(tmp_path_factory) -> Path:
-    """A tiny Mobile V-MoE (E=4, k=1) exported by export's bundle builder as ExecuTorch. Mean pooling: with a class
-    token, an untrained router sends every random image to the same expert; the mean of the patch tokens tells them
-    apart. Tests that change it work on a copy."""
+def bundle_model() -> torch.nn.Module:
+    """The model of the session's bundles (`bundle`, `onnx_bundle`): a tiny Mobile V-MoE (E=4, k=1). Mean pooling:
+    with a class token, an untrained router sends every random image to the same expert; the mean of the patch tokens
+    tells them apart."""
+    return tiny_model("mobile-vmoe", pool="mean").eval()
+
+
+def bundle_images(count: int = 24) -> torch.Tensor:
+    """Seeded random images; bundle_model sends them to every one of its 4 experts."""
+    return torch.randn(count, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+
+
+def session_bundle(tmp_path_factory, backend: str) -> Path:
+    """bundle_model exported once per test session to `backend` (an export takes 4-14 s on 2 cores), with its own
+    input normalization and sample images, as export's bundle builder writes it. Tests that change it work on a copy."""
     from mobile_moe.export.bundle import export_bundle
 
-    model = tiny_model("mobile-vmoe", pool="mean").eval()
-    return built_once(tmp_path_factory, "tiny-moe", lambda out: export_bundle(model, out, "executorch"))
+    options = {"sample_images": bundle_images(6), "mean": [0.5] * 3, "std": [0.25] * 3}
+    export = lambda out: export_bundle(bundle_model(), out, backend, **options)  # noqa: E731
+    return built_once(tmp_path_factory, f"tiny-moe-{backend}", export)
+
+
+@pytest.fixture(scope="session")
+def bundle(tmp_path_factory) -> Path:
+    """bundle_model as an ExecuTorch bundle."""
+    return session_bundle(tmp_path_factory, "executorch")
+
+
+@pytest.fixture(scope="session")
+def onnx_bundle(tmp_path_factory) -> Path:
+    """bundle_model as an ONNX bundle."""
+    return session_bundle(tmp_path_factory, "onnx")
 
 
 @pytest.fixture(scope="session", autouse=True)

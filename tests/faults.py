@@ -11,6 +11,7 @@ import copy
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import struct
@@ -63,6 +64,11 @@ def _raw(replace: Callable[[str], str]) -> Mutation:
 def _raw_number(key: str, text: str) -> Mutation:
     """Write `text` as the value of the top-level `key` (the old value stays behind, under "was")."""
     return _raw(lambda doc: doc.replace(f'"{key}": ', f'"{key}": {text}, "was": ', 1))
+
+
+def first_mean_written_as(text: str) -> Callable[[str], str]:
+    """A textual edit of the manifest's JSON: the input's first mean written as `text`, whatever its value was."""
+    return lambda doc: re.sub(r'"mean": \[[^,\]]*,', f'"mean": [{text},', doc, count=1)
 
 
 def _num_experts_raw(text: str) -> Mutation:
@@ -160,7 +166,7 @@ MANIFEST_MUTATIONS: dict[str, Mutation] = {
     "input_shape_3d": _set("input.shape", [1, 3, 32]),
     "input_graph_shape_differs": _first_expert_input_shape([1, 4, 32]),
     "std_zero": _set("input.std", [0.0, 1.0, 1.0]),
-    "mean_nan": _raw(lambda doc: doc.replace('"mean": [0.0,', '"mean": [NaN,', 1)),
+    "mean_nan": _raw(first_mean_written_as("NaN")),
     "mean_short": _set("input.mean", [0.0]),
     "class_names_short": _shrink_class_names,
     "class_names_not_strings": _set("class_names", list(range(7))),

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import needs_build, tiny_model
+from conftest import bundle_model, needs_build
 from faults import outlives_its_killed_parent
 
 from mobile_moe.app.cli import main
@@ -517,7 +517,7 @@ def test_a_damaged_packed_weight_cache_is_rebuilt_and_the_answer_stays_right(run
     shape = read_manifest(bundle).input.shape
     images = torch.from_numpy(np.fromfile(workload_file, dtype=np.float32).reshape(-1, *shape[1:]))
     with torch.no_grad():
-        eager = tiny_model("mobile-vmoe", pool="mean").eval()(images).logits.numpy()  # the bundle's model
+        eager = bundle_model()(images).logits.numpy()
     np.testing.assert_allclose(logits_of(rebuilt), eager, atol=1e-4)
     assert {(e["cache"], e["weights"]) for e in first_loads(rebuilt).values()} == {("cold", "packed")}
     healed = run_with_weight_cache(runner, bundle, workload_file, tmp_path, **SWITCHING)

@@ -7,22 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import built_once, one_torch_thread, tiny_model
+from conftest import one_torch_thread
 
 from mobile_moe.device_bench import python_worker
 from mobile_moe.device_bench.results import validate_round
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.device_bench.workload import random_workload, write_raw
 from mobile_moe.export.manifest import read_manifest
-
-
-@pytest.fixture(scope="module")
-def onnx_bundle(tmp_path_factory) -> Path:
-    """conftest's `bundle` as ONNX, exported once per session."""
-    from mobile_moe.export.bundle import export_bundle
-
-    model = tiny_model("mobile-vmoe", pool="mean").eval()
-    return built_once(tmp_path_factory, "tiny-moe-onnx", lambda out: export_bundle(model, out, "onnx"))
 
 
 @pytest.fixture(params=["executorch", "onnxruntime"])

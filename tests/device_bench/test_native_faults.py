@@ -28,6 +28,7 @@ from faults import (
     MANIFEST_MUTATIONS,
     WHOLE_MANIFEST_MUTATIONS,
     copy_bundle,
+    first_mean_written_as,
     flip_byte,
     flip_offsets,
     mutate_manifest,
@@ -61,7 +62,7 @@ RAW_MANIFESTS = {
     "leading_zero": lambda doc: doc.replace('"top_k": 1, "routing"', '"top_k": 01, "routing"', 1),
     "plus_sign": lambda doc: doc.replace('"top_k": 1, "routing"', '"top_k": +1, "routing"', 1),
     "hex_number": lambda doc: doc.replace('"top_k": 1, "routing"', '"top_k": 0x1, "routing"', 1),
-    "infinite_mean": lambda doc: doc.replace('"mean": [0.0,', '"mean": [1e400,', 1),
+    "infinite_mean": first_mean_written_as("1e400"),
     "integer_written_as_float": lambda doc: doc.replace('"top_k": 1, "routing"', '"top_k": 1.0, "routing"', 1),
     "integer_with_exponent": lambda doc: doc.replace('"top_k": 1, "routing"', '"top_k": 1e0, "routing"', 1),
 }

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import built_once, tiny_model
+from conftest import bundle_images, bundle_model, tiny_model
 
 from mobile_moe.export.bundle import export_bundle
 from mobile_moe.export.executorch_backend import PORTABLE_BY_DESIGN
@@ -17,9 +17,9 @@ from mobile_moe.export.runtime import load_bundle
 pytestmark = pytest.mark.export
 
 
-def images_for_experts(model, count: int = 24) -> tuple[torch.Tensor, list[int]]:
-    """Random images and the expert the eager model sends each one to (k = 1)."""
-    images = torch.randn(count, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+def images_for_experts(model) -> tuple[torch.Tensor, list[int]]:
+    """conftest's bundle_images and the expert the eager model sends each one to (k = 1)."""
+    images = bundle_images()
     with torch.no_grad():
         experts = model(images).routing.experts[:, 0].tolist()
     return images, experts
@@ -27,21 +27,18 @@ def images_for_experts(model, count: int = 24) -> tuple[torch.Tensor, list[int]]
 
 @pytest.fixture(scope="module")
 def moe():
-    return tiny_model("mobile-vmoe", num_experts=2).eval()
+    return bundle_model()
 
 
-@pytest.fixture(scope="module", params=["executorch", "onnx"])
-def bundle_dir(request, moe, tmp_path_factory):
-    """Exported once per session: pytest-xdist may run this module's tests on both workers."""
-    images, _ = images_for_experts(moe)
-    options = {"sample_images": images[:6], "mean": [0.5] * 3, "std": [0.25] * 3}
-    return built_once(tmp_path_factory, f"two-experts-{request.param}",
-                      lambda out: export_bundle(moe, out, request.param, **options))  # fmt: skip
+@pytest.fixture(params=["executorch", "onnx"])
+def bundle_dir(request, bundle, onnx_bundle):
+    """conftest's session bundles of `moe`: each exported once for the whole test run."""
+    return bundle if request.param == "executorch" else onnx_bundle
 
 
 def test_bundle_reproduces_eager_logits_and_experts(moe, bundle_dir):
     images, experts = images_for_experts(moe)
-    assert len(set(experts)) == 2, "test images should reach both experts"
+    assert len(set(experts)) == moe.config.num_experts, "test images should reach every expert"
     bundle = load_bundle(bundle_dir)
     with torch.no_grad():
         reference = moe(images)
@@ -58,14 +55,14 @@ def test_bundle_reproduces_eager_logits_and_experts(moe, bundle_dir):
 def test_manifest_describes_graphs(bundle_dir):
     manifest = read_manifest(bundle_dir).to_json()
     assert manifest["format"] == "mobile-moe-bundle" and manifest["version"] == 1
-    assert (manifest["num_experts"], manifest["top_k"]) == (2, 1)
+    assert (manifest["num_experts"], manifest["top_k"]) == (4, 1)
     assumed = {"policy": "stretch", "origin": "assumed"}  # exported without a run: no eval resize policy known
     assert manifest["input"] == {"shape": [1, 3, 32, 32], "dtype": "float32", "mean": [0.5] * 3, "std": [0.25] * 3,
                                  "resize": assumed}  # fmt: skip
     graphs = {graph["name"]: graph for graph in manifest["graphs"]}
-    assert set(graphs) == {"router", "expert_0", "expert_1"}
+    assert set(graphs) == {"router", "expert_0", "expert_1", "expert_2", "expert_3"}
     assert [o["name"] for o in graphs["router"]["outputs"]] == ["tokens", "router_probs"]
-    assert graphs["router"]["outputs"][0]["shape"] == [1, 17, 32]
+    assert graphs["router"]["outputs"][0]["shape"] == [1, 16, 32]  # 16 patches; mean pooling: no class token
     assert [i["name"] for i in graphs["expert_1"]["inputs"]] == ["tokens", "gate"]
     assert graphs["expert_1"]["role"] == "expert" and graphs["expert_1"]["expert"] == 1
     for graph in graphs.values():
