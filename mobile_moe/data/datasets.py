@@ -28,7 +28,7 @@ from torch.utils.data import Dataset
 
 from mobile_moe import preprocess
 from mobile_moe.data import digits_pairs, folders, idx_files, synthetic
-from mobile_moe.data.spec_options import DATA_SPECS, resolved_spec
+from mobile_moe.data.spec_options import EXAMPLES, FOLDER_SPECS, refusal, resolved_spec, unknown_name
 from mobile_moe.devices import memory_limit
 from mobile_moe.errors import UsageError
 from mobile_moe.super_class.superclasses import SuperClasses, from_labels
@@ -263,9 +263,10 @@ def open_idx(spec: str, dataset: str, argument: str, image_size: int) -> Data:
         "val": (train_images, train_labels, val_idx),
         "test": (test_images, test_labels, np.arange(len(test_labels))),
     }
+    sizes = subset_sizes(spec, dataset, subsets, len(names))
     splits = {}
     for name, (images, labels, indices) in parts.items():
-        indices = stratified_subset(indices, labels[indices], subsets.sizes()[name], f"{spec}: {name}", len(names))
+        indices = stratified_subset(indices, labels[indices], sizes[name])
         grey = torch.from_numpy(images[indices])[:, None]  # (N, 1, H, W) uint8
         splits[name] = ImageTensors(grey.expand(-1, 3, -1, -1).contiguous(), labels[indices])
     coarse = None
@@ -275,12 +276,19 @@ def open_idx(spec: str, dataset: str, argument: str, image_size: int) -> Data:
     return _with_train_stats(spec, image_size, splits, names, coarse)
 
 
-def stratified_subset(indices: np.ndarray, labels: np.ndarray, size: int, what: str, num_classes: int) -> np.ndarray:
+def subset_sizes(spec: str, dataset: str, subsets: idx_files.IdxSubsets, num_classes: int) -> dict[str, int]:
+    """Each split's subset size, checked: 0 (all) or at least one image per class, as a stratified subset needs."""
+    for name, size in subsets.sizes().items():
+        if 0 < size < num_classes:
+            problem = f"{name}={size} is fewer images than the {num_classes} classes; give at least {num_classes}"
+            raise refusal(spec, problem, EXAMPLES[dataset])
+    return subsets.sizes()
+
+
+def stratified_subset(indices: np.ndarray, labels: np.ndarray, size: int) -> np.ndarray:
     """`size` of `indices` (0 or more than there are: all), every class kept in proportion, deterministic."""
     if size == 0 or size >= len(indices):
         return indices
-    if size < num_classes:
-        raise UsageError(f"{what}={size}: fewer images than the {num_classes} classes; give at least {num_classes}")
     from sklearn.model_selection import train_test_split
 
     return np.sort(train_test_split(indices, train_size=size, random_state=SPLIT_SEED, stratify=_strata(labels, 2))[0])
@@ -323,31 +331,54 @@ def _at_size(record: dict, image_size: int) -> dict:
     return preprocess.resize_center_crop(image_size, interpolation=record.get("interpolation"))
 
 
+OPTIONS_ONLY = ("digits-pairs", "synthetic")  # NAME[:k=v,...]: all that follows the name is options, after ":"
+
+
+def _name_and_argument(spec: str) -> tuple[str, str]:
+    """ "NAME:ARGUMENT" -> (NAME, ARGUMENT). fashion-mnist's options may follow its name after "," (its ROOT being
+    optional: the synopsis's fashion-mnist[:ROOT][,k=v,...]); digits-pairs' and synthetic's may not (nothing
+    optional comes before them), which is refused with the spec as it should be written."""
+    name, _, argument = spec.partition(":")
+    head, comma, options = name.partition(",")
+    if comma and head == "fashion-mnist":
+        return head, options + (f":{argument}" if argument else "")
+    if comma and head in OPTIONS_ONLY:
+        fixed = f"{head}:{spec[len(head) + 1 :]}"
+        raise UsageError(f"data spec {spec!r}: options follow ':' after {head}, not ','; write {fixed}")
+    return name, argument
+
+
+def _open_spec(spec: str, image_size: int) -> Data:
+    """The data `spec` names, by its name's opener. A name DATA_SPECS lacks, a part the name forbids (digits:...) or
+    a folder it requires and lacks (cifar10:ROOT) is refused here, naming that part."""
+    name, argument = _name_and_argument(spec)
+    if name == "digits":
+        if argument:
+            raise refusal(spec, f"digits takes no options, yet {argument!r} follows it", EXAMPLES["digits"])
+        return open_digits(spec, image_size)
+    if name == "digits-pairs":
+        return open_digits_pairs(spec, argument, image_size)
+    if name == "synthetic":
+        return open_synthetic(spec, argument, image_size)
+    if name in ("fashion-mnist", "idx"):
+        return open_idx(spec, name, argument, image_size)
+    if name not in FOLDER_SPECS:
+        raise unknown_name(spec, name)
+    if not argument:
+        raise refusal(spec, f"no folder after '{name}:'", EXAMPLES[name])
+    if name == "imagefolder":
+        return open_imagefolder(spec, argument, image_size)
+    if name == "packed":
+        return open_packed(spec, argument, image_size)
+    return open_cifar(spec, name, argument, image_size)
+
+
 def open_data(spec: str, image_size: int, mean=None, std=None, eval_resize=None) -> Data:
     """Open a data spec at `image_size`. `mean`/`std` override the dataset's own statistics and `eval_resize` its eval
     resize policy (a run's recorded ones)."""
     if not isinstance(image_size, int) or image_size < 1:
         raise UsageError(f"image size {image_size!r}: must be a positive integer")
-    name, _, argument = spec.partition(":")
-    if name.startswith("fashion-mnist,"):  # the synopsis's fashion-mnist[:ROOT][,k=v,...] without ROOT
-        name, _, options = name.partition(",")
-        argument = options + (f":{argument}" if argument else "")
-    if name == "digits" and not argument:
-        data = open_digits(spec, image_size)
-    elif name == "digits-pairs":
-        data = open_digits_pairs(spec, argument, image_size)
-    elif name == "synthetic":
-        data = open_synthetic(spec, argument, image_size)
-    elif name in ("fashion-mnist", "idx"):
-        data = open_idx(spec, name, argument, image_size)
-    elif name in ("cifar10", "cifar100") and argument:
-        data = open_cifar(spec, name, argument, image_size)
-    elif name == "imagefolder" and argument:
-        data = open_imagefolder(spec, argument, image_size)
-    elif name == "packed" and argument:
-        data = open_packed(spec, argument, image_size)
-    else:
-        raise UsageError(f"data spec {spec!r}: use {DATA_SPECS}")
+    data = _open_spec(spec, image_size)
     data.spec = resolved_spec(spec)
     if mean is not None:
         data.mean = tuple(float(v) for v in mean)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mobile_moe.data.spec_options import parse_options
+from mobile_moe.data.spec_options import EXAMPLES, parse_options
 from mobile_moe.devices import machine_memory, memory_limit
 from mobile_moe.errors import UsageError
 
@@ -67,14 +67,16 @@ def find_files(root: str, dataset: str) -> dict[tuple[str, str], Path]:
     folder = Path(root).expanduser()
     get = f" ({FASHION_MNIST_INSTALL} puts them in {FASHION_MNIST_ROOT})" if dataset == "fashion-mnist" else ""
     if not folder.is_dir():
-        raise UsageError(f"{dataset}:{root}: no such folder; it must hold the four IDX files{get}")
+        raise UsageError(
+            f"{dataset}: no folder {root!r}; it must hold the four IDX files{get}; e.g. --data {EXAMPLES[dataset]}"
+        )
     names = sorted(entry.name for entry in folder.iterdir())
     found = {}
     for role, ending in FILE_ENDINGS.items():
         matches = [name for name in names if name.removesuffix(".gz").endswith(ending)]
         if len(matches) != 1:
             what = "no file" if not matches else f"{len(matches)} files ({', '.join(matches)})"
-            raise UsageError(f"{dataset}:{root}: {what} named *{ending}[.gz] in {folder}; it must hold one{get}")
+            raise UsageError(f"{dataset}: {what} named *{ending}[.gz] in {folder}; it must hold one{get}")
         found[role] = folder / matches[0]
         if not found[role].is_file():  # a FIFO would block the read forever; a directory has no bytes to read
             raise UsageError(f"{found[role]}: not a regular file; it must be the set's {ending} file")
@@ -151,7 +153,7 @@ class IdxSubsets:
     def __post_init__(self) -> None:
         for name, size in self.sizes().items():
             if size < 0:
-                raise UsageError(f"IDX data: {name}={size} must be 0 (all) or a number of images")
+                raise UsageError(f"{name}={size} must be 0 (all) or a number of images")  # parse_options names the set
 
     def sizes(self) -> dict[str, int]:
         return {"train": self.train, "val": self.val, "test": self.test}
@@ -162,12 +164,23 @@ def parse_idx_spec(dataset: str, argument: str, default_root: str | None) -> tup
     items = argument.split(",") if argument else []
     roots = [item for item in items if "=" not in item]
     options = ",".join(item for item in items if "=" in item)
-    example = f"{dataset}:{default_root or 'ROOT'},train=6000"
-    if len(roots) > 1 or (not roots and default_root is None) or (roots and not roots[0]):
+    problem = _root_problem(roots, default_root)
+    if problem:
         raise UsageError(
-            f"--data {dataset}:{argument}: give one folder, then any of train=N,val=M,test=K (e.g. {example})"
+            f"{dataset}: {problem}; give one folder, then any of train=N,val=M,test=K; e.g. --data {EXAMPLES[dataset]}"
         )
-    return (roots[0] if roots else default_root), parse_options(IdxSubsets, options, dataset, example)
+    return (roots[0] if roots else default_root), parse_options(IdxSubsets, options, dataset, EXAMPLES[dataset])
+
+
+def _root_problem(roots: list[str], default_root: str | None) -> str | None:
+    """What is wrong with the items of a spec taken for its folder, or None: one folder, or none where one defaults."""
+    if len(roots) > 1:
+        return f"{len(roots)} folders ({', '.join(map(repr, roots))})"
+    if roots and not roots[0]:
+        return "an empty folder (a stray ',')"
+    if not roots and default_root is None:
+        return "no folder"
+    return None
 
 
 def class_labels(dataset: str, files: dict[tuple[str, str], Path], train: np.ndarray, test: np.ndarray):

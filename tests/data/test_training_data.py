@@ -80,8 +80,8 @@ def test_imagefolder_reads_train_and_splits_val(tmp_path):
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ("mnist", "use digits"),
-        ("digits:extra", "use digits"),
+        ("mnist", "no data named 'mnist'; did you mean idx"),
+        ("digits:extra", "digits takes no options"),
         ("synthetic:classes=4,super=5", "super=5"),
         ("synthetic:colour=3", "unknown option 'colour'"),
         ("synthetic:noise=loud", "not a valid float"),
