@@ -21,6 +21,7 @@ from typing import Any
 from mobile_moe.atomic import write_text_atomic
 from mobile_moe.costs import costs
 from mobile_moe.registry import make_config
+from mobile_moe.words import counted
 
 GRID_DEPTHS = (12, 9, 6)
 GRID_WIDTHS = (384, 192, 96, 64)
@@ -70,11 +71,11 @@ def _step(number: int, title: str) -> None:
 def _accuracy_lines(dense: dict[str, Any], moe: dict[str, Any]) -> list[str]:
     return [
         f"- dense ViT: test top-1 {dense['test_top1']:.2%}, top-5 {dense['test_top5']:.2%}, val top-1 "
-        f"{dense['val_top1']:.2%} ({dense['epochs']} epochs, {dense['images_per_s']:.0f} img/s, "
+        f"{dense['val_top1']:.2%} ({counted(dense['epochs'], 'epoch')}, {dense['images_per_s']:.0f} img/s, "
         f"{dense['wall_s']:.0f} s)",
         f"- Mobile V-MoE: test top-1 {moe['test_top1']:.2%}, top-5 {moe['test_top5']:.2%}, val top-1 "
         f"{moe['val_top1']:.2%}, router accuracy "
-        f"{moe['router_accuracy']:.2%} ({moe['epochs']} epochs, {moe['images_per_s']:.0f} img/s, "
+        f"{moe['router_accuracy']:.2%} ({counted(moe['epochs'], 'epoch')}, {moe['images_per_s']:.0f} img/s, "
         f"{moe['wall_s']:.0f} s)",
         "- per-expert load (share of test images): " + ", ".join(f"{load:.2f}" for load in moe["expert_load"]),
         _difference_line(dense, moe),

@@ -34,6 +34,7 @@ from mobile_moe.training.evaluate import confusion_from_run
 from mobile_moe.training.recipes import from_dict
 from mobile_moe.training.run_dir import differences, epochs_done, holds_results, is_run_dir, read_config
 from mobile_moe.training.train import resume_training, train
+from mobile_moe.words import counted
 
 
 @dataclass(frozen=True)
@@ -84,8 +85,8 @@ def check_same_run(job: Job) -> None:
     done, asked = epochs_done(job.run_dir), job.recipe["epochs"]
     if done > asked:
         raise UsageError(
-            f"{job.run_dir} has trained {done} epochs, more than --epochs {asked}; give --epochs {done} or more "
-            "(or leave it out), or reproduce into a new --out"
+            f"{job.run_dir} has trained {counted(done, 'epoch')}, more than --epochs {asked}; give --epochs {done} or "
+            "more (or leave it out), or reproduce into a new --out"
         )
 
 

@@ -7,6 +7,7 @@ import argparse
 from mobile_moe import jsonio
 from mobile_moe.export.manifest_schema import BACKENDS, SPLIT_LAYOUTS
 from mobile_moe.export.quantization import COREML_COMPRESSIONS, DEFAULT_COMPRESSION
+from mobile_moe.words import counted
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         print(jsonio.dumps(manifest.to_json()))
         return 0
     sizes = manifest.sizes
-    print(f"wrote {args.out}: {len(manifest.graphs)} graphs, {sizes['total_bytes'] / 1e6:.2f} MB in all")
+    print(f"wrote {args.out}: {counted(len(manifest.graphs), 'graph')}, {sizes['total_bytes'] / 1e6:.2f} MB in all")
     if "resident_plus_one_expert_bytes" in sizes:
         print(f"  router (+ shared) + one expert: {sizes['resident_plus_one_expert_bytes'] / 1e6:.2f} MB")
     parity = manifest.parity

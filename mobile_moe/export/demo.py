@@ -15,6 +15,7 @@ from mobile_moe.export.loaded_graphs import coreml_runs_here
 from mobile_moe.export.manifest_schema import Manifest
 from mobile_moe.export.runtime import load_bundle
 from mobile_moe.export.source import source_from_run
+from mobile_moe.words import counted
 
 FORMATS = ("executorch", "onnx", "coreml")
 
@@ -24,7 +25,7 @@ def _bundle_line(name: str, manifest: Manifest) -> str:
     held = sizes.get("resident_plus_one_expert_bytes")
     held_text = f", router + 1 expert {held / 1e6:.2f} MB" if held else ""
     return (
-        f"  {name:<28} {len(manifest.graphs):>2} graphs, {sizes['total_bytes'] / 1e6:6.2f} MB{held_text}; "
+        f"  {name:<28} {counted(len(manifest.graphs), 'graph'):>9}, {sizes['total_bytes'] / 1e6:6.2f} MB{held_text}; "
         f"parity max |dp| {parity['max_abs_prob_error']:.1e} ({parity['checked_on']})"
     )
 

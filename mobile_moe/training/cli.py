@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from mobile_moe.training.recipes import (
     matches_record,
     recipe,
 )
+from mobile_moe.words import counted
 
 DEFAULT_RECIPE = "deit"
 
@@ -266,8 +266,8 @@ def run(args: argparse.Namespace) -> None:
     # A new run (with --resume too: it has no checkpoint yet, so it starts afresh from the given flags).
     cfg = with_lr(recipe_from_args(args), args.lr)
     model_config = config_from_args(args, **init_defaults(args))
-    if args.image_size is None and args.init_from is None:
-        note_upsampling(args.data, model_config.image_size)
+    default_size = args.image_size is None and args.init_from is None
+    upsampled = upsampling_note(args.data, model_config.image_size) if default_size else None
     train(
         model_config=model_config,
         train_config=cfg,
@@ -277,20 +277,26 @@ def run(args: argparse.Namespace) -> None:
         verbose=verbose,
         fit_num_classes=args.num_classes is None,
         init_from=args.init_from,
+        notes=[note for note in (default_recipe_note(args, cfg), upsampled) if note is not None],
     )
 
 
-def note_upsampling(data_spec: str, image_size: int) -> None:
-    """A default --image-size (224) on built-in data of 8 px digits trains on upsampled blur at 50x the cost: say so
+def default_recipe_note(args: argparse.Namespace, cfg: TrainConfig) -> str | None:
+    """Without --recipe a run gets ImageNet's schedule, days on a CPU: said before epoch 1, beside the estimate."""
+    if args.recipe is not None:
+        return None
+    schedule = f"ImageNet's schedule ({counted(cfg.epochs, 'epoch')} of batch {cfg.batch_size})"
+    return f"note: no --recipe: the {DEFAULT_RECIPE} recipe, {schedule}; --recipe tiny trains in minutes on a CPU"
+
+
+def upsampling_note(data_spec: str, image_size: int) -> str | None:
+    """A default --image-size (224) on built-in data of 8 px digits trains on upsampled blur at 50x the cost: said
     (the run goes on; it is a choice, only rarely the one meant)."""
     source = SOURCE_SIZE.get(data_spec.partition(":")[0])
-    if source is not None and image_size > 4 * source:
-        print(
-            f"note: {data_spec}'s images are {source} px, upsampled to the model's {image_size} px because "
-            "--image-size was not given; the demo trains digits at --image-size 32 --patch 8",
-            file=sys.stderr,
-            flush=True,
-        )
+    if source is None or image_size <= 4 * source:
+        return None
+    return (f"note: {data_spec}'s images are {source} px, upsampled to the model's {image_size} px because "
+            "--image-size was not given; the demo trains digits at --image-size 32 --patch 8")  # fmt: skip
 
 
 def init_defaults(args: argparse.Namespace) -> dict[str, object]:

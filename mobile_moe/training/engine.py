@@ -41,7 +41,10 @@ class EpochContext:
     assignment: Tensor | None  # (C, E) class -> super-class one-hot, on the device; None without super-classes
     show_progress: bool = True
     log_every: int = 10  # steps between reads of the running sums on the host (and progress updates)
-    estimate: Callable[[float], None] | None = None  # called once, at the first read, with seconds per step
+    # called once, with seconds per step and the steps run so far, at the first read after a step other than the
+    # process's first (which compiles and warms up): in its first epoch, or the next when that had one step
+    estimate: Callable[[float, int], None] | None = None
+    steps_run: int = 0  # training steps this process has run, every epoch
 
 
 @dataclass
@@ -192,14 +195,23 @@ def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int)
                 first_step_done = time.perf_counter()  # the first step compiles, warms up: not in the estimate
             if (step + 1) % ctx.log_every == 0 or step + 1 == steps:
                 sums.read()
-                if ctx.estimate is not None and step > 0:
-                    ctx.estimate((time.perf_counter() - first_step_done) / step)
-                    ctx.estimate = None
+                say_estimate(ctx, step, start, first_step_done)
                 img_s = sums.images * world_size / (time.perf_counter() - start)
                 progress.update(steps=step + 1 - progress.done, **sums.progress(img_s))
     finally:
         batches.close()
         progress.close()
+    ctx.steps_run += steps
     elapsed = time.perf_counter() - start
     rates = {"images_per_s": sums.images * world_size / elapsed, "epoch_time_s": elapsed}
     return {**sums.row(), **rates, "input_wait": batches.waited / elapsed}  # the host blocked on input
+
+
+def say_estimate(ctx: EpochContext, step: int, epoch_start: float, first_step_done: float) -> None:
+    """Time a step for ctx.estimate, once: over this epoch's steps after its first, or, in an epoch after the
+    process's first, the epoch's first step itself (an epoch of one step: digits at batch 1024)."""
+    if ctx.estimate is None or (step == 0 and ctx.steps_run == 0):
+        return
+    seconds = (time.perf_counter() - first_step_done) / step if step > 0 else first_step_done - epoch_start
+    ctx.estimate(seconds, ctx.steps_run + step + 1)
+    ctx.estimate = None

@@ -19,7 +19,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from tqdm import tqdm
 
 from mobile_moe.atomic import check_writable
 from mobile_moe.checkpoint import checkpoint_dict, load_checkpoint, load_weights
@@ -61,6 +62,7 @@ from mobile_moe.training.run_dir import (
     write_config,
 )
 from mobile_moe.training.super_spec import resolve_super_classes, super_record
+from mobile_moe.words import counted
 
 # --- pieces -------------------------------------------------------------------------------------------------------
 
@@ -274,6 +276,7 @@ def train(
     verbose: bool = True,
     fit_num_classes: bool = False,
     init_from: str | os.PathLike | None = None,
+    notes: Sequence[str] = (),
 ) -> Path:
     """Train a new run into `out_dir` (which must not hold a run already); -> out_dir.
 
@@ -281,7 +284,8 @@ def train(
     `fit_num_classes` (the CLI without --num-classes) sets it from the data. super_class_spec: FILE.json, coarse,
     truth, random[:SEED] or None (super_spec.py). Prints one line per epoch unless not `verbose`. init_from: a
     dense vit run the model starts from (a vit fine-tuned, an MoE upcycled, a hard-moe's gater; data of other
-    classes gets a new classifier; mobile_moe/training/init_from.py).
+    classes gets a new classifier; mobile_moe/training/init_from.py). notes: lines said on stderr once the inputs are
+    checked, before epoch 1 (a refusal stays one line).
     """
     upcycling.check_init_from(model_config, init_from)
     out_dir = Path(out_dir)
@@ -289,7 +293,7 @@ def train(
     with run_lock(out_dir):  # the checks and the training under one lock: no second command passes them meanwhile
         check_new_run_dir(out_dir)
         request = TrainRequest(model_config, train_config, data_spec, super_class_spec, out_dir, verbose=verbose,
-                               fit_num_classes=fit_num_classes, init_from=init_from)  # fmt: skip
+                               fit_num_classes=fit_num_classes, init_from=init_from, notes=tuple(notes))  # fmt: skip
         return _train(request)
 
 
@@ -372,8 +376,8 @@ def check_resumable(state: dict[str, Any], run_config: dict[str, Any], cfg: Trai
     done = int(state["epoch"])
     if cfg.epochs < done:
         raise UsageError(
-            f"--epochs {cfg.epochs}: the run has already trained {done} epochs; give --epochs {done} or more "
-            "(or leave it out)"
+            f"--epochs {cfg.epochs}: the run has already trained {counted(done, 'epoch')}; give --epochs {done} or "
+            "more (or leave it out)"
         )
 
 
@@ -404,6 +408,7 @@ class TrainRequest:
     resume: bool = False  # continue from checkpoint.pt (if the run has one) instead of starting afresh
     fit_num_classes: bool = False  # set the model's num_classes from the data's
     init_from: str | os.PathLike | None = None
+    notes: tuple[str, ...] = ()  # said on stderr before epoch 1, once the run's inputs passed their checks
 
 
 @dataclass
@@ -576,27 +581,34 @@ def _epoch_context(
     batches = inputs.batches(cfg.input_pipeline, cfg.augmentation, run.data, device, mixer)
     context = EpochContext(cfg, placement, batches, assignment, show_progress=request.verbose)
     if request.verbose and placement.is_main:
-        context.estimate = lambda seconds: print(run_estimate(seconds, steps_left), flush=True)
+        context.estimate = lambda seconds, done: say_run_estimate(seconds, steps_left - done)
     return context
 
 
-def run_estimate(seconds_per_step: float, steps: int) -> str:
-    """What the run will take, said once its first steps are timed: a 300-epoch recipe started by mistake shows."""
+def say_run_estimate(seconds_per_step: float, steps: int) -> None:
+    """What the rest of the run will take, said once a step is timed: a 300-epoch recipe started by mistake shows.
+    With tqdm.write, so that on a terminal the line goes above the epoch's progress bar, not into it."""
+    if steps <= 0:
+        return
     total = seconds_per_step * steps
     hours, minutes = divmod(round(total / 60), 60)
-    took = f"{hours} h {minutes} min" if hours else f"{minutes} min" if minutes else f"{total:.0f} s"
+    took = f"{hours} h {minutes} min" if hours else f"{minutes} min" if minutes else f"{max(total, 1):.0f} s"
     pace = f"{seconds_per_step:.3f} s a step"
-    return f"about {took} of training for the run's {steps} steps left ({pace}), evaluation aside"
+    said = f"about {took} of training for the run's {counted(steps, 'step')} left ({pace}), evaluation aside"
+    tqdm.write(said, file=sys.stdout)
 
 
 def _train_epochs(session: Session, progress: RunProgress) -> None:
     request, run = session.request, session.run
     cfg = request.cfg
     per_image_experts = run.model_config.routing == "image"  # stacked ExpertMLPs: the dispatch the log names
+    if session.placement.is_main and progress.start_epoch == 0:
+        for note in request.notes:
+            print(note, file=sys.stderr, flush=True)
     session.say(
         f"training {run.model_config.name} on {request.data_spec} ({len(run.train_set)} images, "
         f"{run.data.num_classes} classes) on {session.placement.device} x{session.placement.world_size}, "
-        f"{cfg.epochs} epochs, batch {cfg.batch_size}, lr {cfg.lr:.2e}, input {cfg.input_pipeline}"
+        f"{counted(cfg.epochs, 'epoch')}, batch {cfg.batch_size}, lr {cfg.lr:.2e}, input {cfg.input_pipeline}"
         + (f", experts: {expert_dispatch(session.placement.device, cfg.amp)}" if per_image_experts else "")
         + f" -> {request.out_dir}"
     )

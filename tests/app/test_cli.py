@@ -206,17 +206,43 @@ def test_an_error_with_no_interrupt_behind_it_is_not_hidden(monkeypatch):
         main([])
 
 
-def test_built_in_digits_at_the_default_image_size_are_noted_as_upsampled(capsys):
-    from mobile_moe.training.cli import note_upsampling
+def test_built_in_digits_at_the_default_image_size_are_noted_as_upsampled():
+    from mobile_moe.training.cli import upsampling_note
 
-    note_upsampling("digits", 224)
-    assert capsys.readouterr().err == (
+    assert upsampling_note("digits", 224) == (
         "note: digits's images are 8 px, upsampled to the model's 224 px because --image-size was not given; the demo "
-        "trains digits at --image-size 32 --patch 8\n"
+        "trains digits at --image-size 32 --patch 8"
     )
     for spec, size in (("digits", 32), ("digits-pairs:seed=1", 64), ("imagefolder:data", 224)):
-        note_upsampling(spec, size)
-    assert capsys.readouterr().err == ""
+        assert upsampling_note(spec, size) is None
+
+
+def test_a_run_without_recipe_says_so_once_its_inputs_pass_their_checks(capsys, tmp_path, one_thread):
+    flags = ["--model", "vit", "--size", "2x32", "--patch", "8", "--data", "digits", "--epochs", "1"]
+    status, _, err = run_cli(capsys, "train", *flags, "--image-size", "0", "--out", str(tmp_path / "bad"))
+    assert status == 2 and err.count("\n") == 1, err  # a refusal stays one line: the note comes after the checks
+    run = str(tmp_path / "run")
+    status, out, err = run_cli(capsys, "train", *flags, "--image-size", "16", "--workers", "0", "--out", run)
+    assert status == 0, err
+    assert "note: no --recipe: the deit recipe, ImageNet's schedule (1 epoch of batch 1024); --recipe tiny trains " \
+           "in minutes on a CPU" in err.splitlines()  # fmt: skip
+    assert out.splitlines()[0].startswith("training vit on digits")
+
+
+@pytest.mark.parametrize(
+    ("step", "steps_run", "expected"),
+    [(0, 0, None), (0, 1, (2.0, 2)), (4, 0, (0.75, 5))],
+    ids=["the process's first step: warm-up", "a later epoch's first step", "this epoch's later steps"],
+)
+def test_the_estimate_times_a_step_after_the_processs_first(monkeypatch, step, steps_run, expected):
+    from mobile_moe.training import engine
+
+    said = []
+    ctx = engine.EpochContext(None, None, None, None, estimate=lambda *args: said.append(args), steps_run=steps_run)
+    monkeypatch.setattr(engine.time, "perf_counter", lambda: 13.0)
+    engine.say_estimate(ctx, step, epoch_start=8.0, first_step_done=10.0)
+    assert said == ([] if expected is None else [expected])
+    assert (ctx.estimate is None) == (expected is not None)  # said once a run
 
 
 @pytest.mark.parametrize(
