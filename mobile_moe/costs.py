@@ -157,6 +157,21 @@ def costs(cfg: ViTConfig) -> Costs:
     )
 
 
+def every_expert_flops(cfg: ViTConfig) -> int:
+    """FLOPs per image of the one graph that runs every expert on every image and weights them by the one-hot gates:
+    a per-image MoE's monolithic export (it never branches on data), E expert paths where `costs` counts k. Any other
+    model's single graph computes what `costs` counts."""
+    flops = costs(cfg).flops
+    if isinstance(cfg, HardMoEConfig):  # each other expert's L whole blocks, and its own head unless shared
+        others = cfg.num_experts - 1
+        heads = 0 if cfg.shared_head else others * _head_flops(cfg)
+        return flops + others * cfg.moe_layers * (_attention_flops(cfg) + mlp_flops(cfg)) + heads
+    if isinstance(cfg, MobileVMoEConfig):  # the other experts' MLPs, and their outputs' weighted sum (an einsum)
+        combine = 2 * cfg.num_experts * cfg.num_tokens * cfg.width
+        return flops + cfg.moe_layers * ((cfg.num_experts - cfg.top_k) * mlp_flops(cfg) + combine)
+    return flops
+
+
 # --- per-token MoEs ----------------------------------------------------------------------------------------------
 
 

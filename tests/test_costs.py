@@ -7,7 +7,7 @@ import torch
 from conftest import TINY, TINY_MOE, tiny_model
 from torch.utils.flop_counter import FlopCounterMode
 
-from mobile_moe.costs import buffer_capacity, costs
+from mobile_moe.costs import buffer_capacity, costs, every_expert_flops
 from mobile_moe.errors import UsageError
 from mobile_moe.registry import MODELS, make_config
 
@@ -70,6 +70,19 @@ def test_counts_match_the_modules(model_name, pool, top_k):
     with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as counter, torch.no_grad():
         model(torch.randn(1, 3, 32, 32))  # one image: grouped dispatch runs exactly its k experts
     assert c.flops == counter.get_total_flops()
+
+
+@pytest.mark.parametrize(("name", "overrides"), [("mobile-vmoe", {}), ("mobile-vmoe", {"top_k": 2}), ("hard-moe", {}),
+                                                 ("hard-moe", {"shared_head": True}), ("vit", {})])  # fmt: skip
+def test_every_expert_flops_are_what_the_monolithic_graph_computes(name, overrides):
+    """A monolithic bundle's graph runs every expert on every image: its FLOPs, as torch's counter counts them."""
+    from mobile_moe.export.graphs import split_model
+
+    model = tiny_model(name, **overrides).eval()
+    graph = split_model(model, monolithic=name != "vit").graphs[0]
+    with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as counter, torch.no_grad():
+        graph.module(*graph.example_inputs())
+    assert every_expert_flops(model.config) == counter.get_total_flops()
 
 
 def test_flops_matched_dense_counts_match_the_module():

@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from mobile_moe.costs import costs
+from mobile_moe.costs import costs, every_expert_flops
 from mobile_moe.device_bench import routing_stats
 from mobile_moe.device_bench.round_report import Latency, RoundReport, SwitchParts
 from mobile_moe.errors import UsageError
@@ -30,12 +30,18 @@ def _median(values: list) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _costs(manifest: Manifest):
-    """Parameter and FLOP counts from the manifest's model config (mobile_moe.costs), or None if it cannot say."""
+def _config(manifest: Manifest):
+    """The manifest's model config as written, or None for a model family this toolkit cannot count."""
     try:
-        return costs(config_from_dict(manifest.model.model_dump(exclude_unset=True)))  # the config as written
+        return config_from_dict(manifest.model.model_dump(exclude_unset=True))
     except Exception:  # an unknown model family: report the counts as unknown rather than guess
         return None
+
+
+def _costs(manifest: Manifest):
+    """Parameter and FLOP counts from the manifest's model config (mobile_moe.costs), or None if it cannot say."""
+    config = _config(manifest)
+    return costs(config) if config is not None else None
 
 
 def _loaded_per_image(manifest: Manifest, sequence: list[list[int]], size: Callable[[GraphEntry], int]) -> float:
@@ -251,9 +257,18 @@ def _sizes(manifest: Manifest, sequence: list[list[int]]) -> dict:
         "params_loaded_per_image": params_image,
         "params_loaded_vs_active": params_image / active if active else None,
         "params_total": counts.params_total if counts else None,
-        "flops": counts.flops if counts else None,
+        "flops": _flops(manifest, counts),
         "bytes_loaded_vs_active_params": bytes_image / active_bytes if active_bytes else None,
     }
+
+
+def _flops(manifest: Manifest, counts) -> int | None:
+    """FLOPs per image of what the bundle computes: a monolithic graph runs every expert on every image."""
+    if counts is None:
+        return None
+    if any(graph.role == "monolithic" for graph in manifest.graphs):
+        return every_expert_flops(_config(manifest))
+    return counts.flops
 
 
 def _spread(p50s: list[float]) -> dict:

@@ -13,6 +13,7 @@ from mobile_moe.atomic import atomic_files
 from mobile_moe.evidence.figures import ROUTING_OF_ROW, Figure
 from mobile_moe.evidence.results import CellResult
 from mobile_moe.plot_files import save_figure
+from mobile_moe.words import counted
 
 
 @dataclass
@@ -187,7 +188,8 @@ def markdown(fig: Figure, results: list[CellResult], setting: Setting, bench: bo
     lines = [
         f"# {fig.name}: {fig.title}",
         "",
-        f"Ours: `{setting.data}` ({setting.split} split), scale `{setting.scale}`, {setting.epochs} epochs, top-1 % as "
+        f"Ours: `{setting.data}` ({setting.split} split), scale `{setting.scale}`, {counted(setting.epochs, 'epoch')}, "
+        "top-1 % as "
         f"mean ± std over {setting.seeds} seed(s). Paper: ImageNet-1k val, 300 epochs. Δ: top-1 over the dense "
         "baseline (FLOPs-matched in fig3d/fig3e). `ours` names the model trained in the paper's model's place "
         "(depth x width / patch).",
@@ -264,8 +266,8 @@ def _bar_label(result: CellResult) -> str:
 
 def _trained_on(setting: Setting) -> str:
     """A plot title's second line: what our numbers and the paper's were measured on."""
-    return (f"ours: {setting.data}, scale {setting.scale}, {setting.epochs} epochs, {setting.seeds} seed(s); "
-            "paper: ImageNet-1k, 300 epochs")  # fmt: skip
+    trained = f"{setting.data} ({setting.split} split), scale {setting.scale}, {counted(setting.epochs, 'epoch')}"
+    return f"ours: {trained}, {setting.seeds} seed(s); paper: ImageNet-1k val, 300 epochs"
 
 
 def _spread(results: list[CellResult], key: str = "top1") -> list[float] | None:
@@ -329,7 +331,7 @@ def plot_figure(fig: Figure, results: list[CellResult], setting: Setting, path: 
 
     figure, axis = plt.subplots(figsize=(8, 4.5))
     (_scatter_figure if fig.name in ("fig1", "fig3a") else _bar_figure)(axis, results)
-    axis.set_ylabel("accuracy (%)")
+    axis.set_ylabel(f"accuracy (%, {setting.split} split)")
     axis.set_title(f"{fig.name}: {fig.title}\n{_trained_on(setting)}", fontsize=9)
     axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7, frameon=False)
     save_figure(figure, path)
@@ -351,10 +353,9 @@ def plot_latency(fig: Figure, results: list[CellResult], setting: Setting, path:
         for r in points:
             axis.annotate(r.cell.row, (r.bench["p50_ms"], pct(r.mean("top1"))), fontsize=7,
                           xytext=(4, 4), textcoords="offset points")  # fmt: skip
-    axis.set_xlim(left=0)
-    axis.set_ylim(0, 100)
+    axis.set_xlim(left=0)  # latency from 0, accuracy zoomed to the points: the trade-off at a glance
     axis.set_xlabel("p50 latency per image (ms, native runner, 1 thread, this host)")
-    axis.set_ylabel("top-1 (%)")
+    axis.set_ylabel(f"top-1 (%, {setting.split} split)")
     axis.set_title(f"{fig.name}: accuracy vs measured latency\n{_trained_on(setting)}", fontsize=9)
     axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7, frameon=False)
     save_figure(figure, path)
