@@ -109,7 +109,7 @@ def test_the_synopsis_shows_every_flag_its_commands_take():
         shown = set(re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", entry))
         if "[model flags: info's]" in entry:  # the model flags, written out once on info's line
             shown |= flags["info"] - {"--json"}
-        omitted += [f"{' '.join(words)} {strings[-1]}" for strings in option_actions(words) if not shows(shown, strings)]
+        omitted += [f"{' '.join(words)} {option[-1]}" for option in option_actions(words) if not shows(shown, option)]
     assert not omitted, f"options --help lists that the README synopsis omits: {omitted}"
 
 

@@ -36,7 +36,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def check_arguments(args: argparse.Namespace) -> None:
-    """Refuse bad flags before any work: --epochs must be at least 1, --out a directory this process can write."""
+    """Refuse bad flags before any work: --epochs must be at least 1, --out an empty or new directory this process
+    can write."""
     from mobile_moe.atomic import check_writable
     from mobile_moe.errors import UsageError
 
@@ -45,6 +46,9 @@ def check_arguments(args: argparse.Namespace) -> None:
     if not args.out:
         raise UsageError("--out is empty; give a directory for the demo's runs, bundles and report")
     check_writable(args.out, directory=True)
+    out = Path(args.out)
+    if out.is_dir() and any(out.iterdir()):  # an earlier demo's runs, or files of the user's: never written over
+        raise UsageError(f"{out} is not empty (an earlier demo's output?); remove it or give another --out")
 
 
 def cost_table() -> str:

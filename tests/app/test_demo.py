@@ -43,3 +43,13 @@ def test_the_paired_difference_is_the_accuracy_gap_with_its_sampling_noise():
     per_image = [0] * 70 + [-1] * 10 + [1] * 15 + [0] * 5
     assert difference == pytest.approx(0.05)
     assert noise == pytest.approx(1.96 * statistics.stdev(per_image) / 10)
+
+
+def test_an_out_that_holds_files_is_refused_before_any_work(capsys, tmp_path):
+    from mobile_moe.app.cli import main
+
+    (tmp_path / "runs").mkdir()  # an earlier demo's, or the user's
+    assert main(["demo", "--out", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and "is not empty" in captured.err
+    assert [path.name for path in tmp_path.iterdir()] == ["runs"]
