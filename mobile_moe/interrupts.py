@@ -28,7 +28,9 @@ Outside `stop_signals()` (a library caller, a notebook) nothing changes.
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib._bootstrap
+import multiprocessing.util
 import os
 import signal
 import subprocess
@@ -36,7 +38,7 @@ import sys
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 
 class Terminated(KeyboardInterrupt):
@@ -66,18 +68,35 @@ def _on_stop(signum, frame) -> None:
     insisted = type(_state.stop) is type(stop)
     if _state.held == 0 or insisted:
         _state.stop = None
-        raise stop
+        _raise(stop)
     _state.stop = stop
+
+
+def _raise(stop: KeyboardInterrupt) -> NoReturn:
+    """Raise the stop. The command ends from here, as at interpreter exit, and is told so: a DataLoader's queues,
+    closed as the stop unwinds through it, have feeder threads that then meet a pipe closed under them, which
+    multiprocessing reports as a traceback after the stop's line unless the process is exiting
+    (multiprocessing/queues.py `Queue._feed`, util.is_exiting: the flag its own exit handler sets)."""
+    multiprocessing.util._exiting = True
+    raise stop
 
 
 def _catching_swallowed_stops(previous_hook):
     def hook(unraisable) -> None:
         if isinstance(unraisable.exc_value, KeyboardInterrupt):  # our stop, raised inside a __del__: pending again
             _state.stop = unraisable.exc_value
-        else:
+        elif not _closed_as_the_stop_unwound(unraisable):
             previous_hook(unraisable)
 
     return hook
+
+
+def _closed_as_the_stop_unwound(unraisable) -> bool:
+    """A multiprocessing pipe end whose descriptor a DataLoader's teardown, cut short by the stop, closed already: the
+    command is ending (see _raise), and multiprocessing keeps quiet about its pipes at exit."""
+    stopping = multiprocessing.util.is_exiting()
+    closing_a_pipe = getattr(unraisable.object, "__qualname__", "") == "_ConnectionBase.__del__"
+    return stopping and closing_a_pipe and getattr(unraisable.exc_value, "errno", None) == errno.EBADF
 
 
 def _held_loads(load):
@@ -115,7 +134,8 @@ def stop_signals(*, until_exit: bool = False) -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, signal.SIG_IGN if until_exit else handler)
-        sys.unraisablehook = previous_hook
+        if not until_exit:  # the process ends: its pipes' teardown at exit stays as quiet as during the command
+            sys.unraisablehook = previous_hook
         importlib._bootstrap._find_and_load = previous_load
         _state.reset(installed=False)
 
@@ -143,7 +163,29 @@ def raise_if_stopped() -> None:
     stop = _state.stop
     if stop is not None and _state.held == 0 and threading.current_thread() is threading.main_thread():
         _state.stop = None
-        raise stop
+        _raise(stop)
+
+
+def leave_stops_to_the_main_process(_worker_id: int = 0) -> None:
+    """A DataLoader's worker_init_fn: the Ctrl-C or SIGTERM that a terminal or `kill -- -PGID` sends to the whole
+    process group ends the worker with status 0, the main process being the one to stop the run. Killed by the signal,
+    a worker made torch raise in the main process as that stopped (torch/utils/data/_utils/signal_handling.py:
+    "DataLoader worker (pid ...) is killed by signal", printed from the loader's `__del__`): torch's SIGCHLD check
+    reports a worker that a signal killed or that exited with a status other than 0."""
+    for signum in _STOPS:
+        signal.signal(signum, lambda *_: os._exit(0))
+
+
+@contextlib.contextmanager
+def pending_stop_first() -> Iterator[None]:
+    """An error the block raises gives way to a stop pending since a `__del__` swallowed it (raised with the error as
+    its context): the stop is what ended the block. A DataLoader whose old iterator's `__del__` took the signal then
+    finds its workers gone, stopped by the same signal ("exited unexpectedly")."""
+    try:
+        yield
+    except Exception:
+        raise_if_stopped()
+        raise
 
 
 def run_child(command: Sequence[str], *, capture_output: bool = False, **popen: Any) -> subprocess.CompletedProcess:

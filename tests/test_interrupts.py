@@ -14,7 +14,7 @@ import pytest
 from faults import outlives_its_killed_parent, running
 
 from mobile_moe.atomic import atomic_path
-from mobile_moe.interrupts import Terminated, held, stop_signals
+from mobile_moe.interrupts import Terminated, held, leave_stops_to_the_main_process, pending_stop_first, stop_signals
 
 
 def _signal_self(signum: int) -> None:
@@ -92,6 +92,35 @@ def test_a_stop_swallowed_by_a_del_is_raised_before_a_held_block_runs():
         with held():
             ran.append("not reached")
     assert ran == ["not a safe point"]
+
+
+def test_a_stop_swallowed_by_a_del_wins_over_the_error_it_caused():
+    """A DataLoader whose old iterator's __del__ took the stop finds its workers, stopped by the same signal, gone."""
+    with stop_signals(), pytest.raises(Terminated) as stopped:
+        with pending_stop_first():
+            _SignalsWhenCollected()
+            raise RuntimeError("DataLoader worker (pid(s) 1) exited unexpectedly")
+    assert isinstance(stopped.value.__context__, RuntimeError)
+    with stop_signals(), pytest.raises(RuntimeError), pending_stop_first():  # no stop pending: the error itself
+        raise RuntimeError("a real failure")
+
+
+def test_a_dataloader_worker_leaves_the_stop_to_the_main_process():
+    """A worker the group's stop reached ends with status 0, which torch's SIGCHLD check takes for a worker that
+    ended, not one that failed (killed by the signal, it made torch raise in the main process as that stopped)."""
+    import multiprocessing
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        worker = multiprocessing.get_context("fork").Process(target=_stopped_worker, args=(signum,))
+        worker.start()
+        worker.join(timeout=30)
+        assert worker.exitcode == 0
+
+
+def _stopped_worker(signum: int) -> None:
+    leave_stops_to_the_main_process()
+    signal.raise_signal(signum)
+    time.sleep(30)  # not reached
 
 
 def test_a_stop_swallowed_by_a_del_is_raised_when_the_command_ends():

@@ -140,3 +140,23 @@ def test_reproduce_resumes_to_the_uninterrupted_table(tmp_path):
         run(cli(*argv, "--out", out))
         assert (out / "fig3b.csv").read_text() == expected, (fraction, signum)
         assert temporaries(out) == [] and not list(out.rglob(".*.tmp-*"))
+
+
+@pytest.mark.parametrize(("after_s", "signum"), [(6, signal.SIGTERM), (9, signal.SIGINT), (12, signal.SIGTERM)])
+def test_a_stop_sent_to_a_training_runs_whole_process_group_is_one_line(tmp_path, after_s, signum):
+    """A terminal's Ctrl-C and `kill -- -PGID` (a batch system's stop) reach the DataLoader's workers too: a worker
+    killed by the signal made torch raise in the main process as it stopped ("DataLoader worker ... is killed by
+    signal", from the loader's __del__), and the loader's pipes, closed as the stop unwound, printed OSErrors."""
+    import os
+
+    model = ["--model", "vit", "--size", "2x32", "--patch", "8", "--image-size", "32"]
+    command = cli("train", *model, "--data", "digits", "--recipe", "deit", "--epochs", "50", "--workers", "4",
+                  "--out", tmp_path / "run")  # fmt: skip
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)  # fmt: skip
+    time.sleep(after_s)
+    os.killpg(process.pid, signum)
+    _, stderr = process.communicate(timeout=120)
+    status, line = ONE_LINE[signum]
+    assert (process.returncode, stderr.strip().splitlines()[-1]) == (status, line), stderr[-2000:]
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr[-2000:]

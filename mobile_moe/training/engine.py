@@ -15,7 +15,7 @@ from mobile_moe.data import augment
 from mobile_moe.data.ahead import BatchesAhead
 from mobile_moe.data.batch_augment import StepKey
 from mobile_moe.data.inputs import DeviceBatches, WorkerBatches
-from mobile_moe.interrupts import held, raise_if_stopped
+from mobile_moe.interrupts import held, pending_stop_first, raise_if_stopped
 from mobile_moe.training import losses
 from mobile_moe.training.distributed import Placement, mean_over_ranks
 from mobile_moe.training.evaluate import autocast, expert_use
@@ -185,7 +185,8 @@ def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int)
     batches = BatchesAhead(loader, prepare, ctx.placement.device)  # on CUDA, a thread prepares the next ones
     try:
         for step in range(steps):
-            images, targets, super_targets = next(batches)
+            with pending_stop_first():  # the loader fails when the stop that a __del__ swallowed stopped its workers
+                images, targets, super_targets = next(batches)
             raise_if_stopped()  # a stop that a __del__ swallowed ends training here, between two steps
             with step_guard():
                 output, terms = forward_loss(opt.step_module, images, targets, super_targets, cfg)

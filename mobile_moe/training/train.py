@@ -36,6 +36,7 @@ from mobile_moe.data import augment, inputs
 from mobile_moe.data.datasets import Data, data_record, materialized, open_data
 from mobile_moe.devices import usable_cores
 from mobile_moe.errors import UsageError
+from mobile_moe.interrupts import leave_stops_to_the_main_process
 from mobile_moe.moe import STACKED, compile_model, expert_dispatch, per_expert_key, stacked
 from mobile_moe.registry import build_model, config_from_dict
 from mobile_moe.super_class.superclasses import SuperClasses
@@ -246,6 +247,7 @@ def make_loader(
         drop_last=True,
         pin_memory=placement.device.type == "cuda",
         collate_fn=collate_fn,
+        worker_init_fn=leave_stops_to_the_main_process,
         # Workers that only decode draw nothing, so they may live across epochs (per-image augmentation is reseeded
         # from (seed, epoch, rank) through fresh workers: those restart each epoch).
         persistent_workers=workers > 0 and cfg.input_pipeline == "device",
