@@ -19,7 +19,8 @@ So under `stop_signals()` (the CLI's main):
 - a stop that arrives inside `held()` is pending until the outermost held block ends, and raised there (even if the
   block raised something else: the stop wins, with that error as its context);
 - a stop that an unraisable hook received is pending again, raised at the next safe point: `raise_if_stopped()`, which
-  atomic writes call before they publish, a held block's start or end, or the end of `stop_signals()`;
+  atomic writes call before they publish, a held block's start or end, or the end of `stop_signals()`, where it also
+  takes the place of an error leaving the block (one the stop caused: its context);
 - the same signal twice while held raises at once: the user insisted. (torchrun forwards a terminal's Ctrl-C as
   SIGTERM, so one Ctrl-C can bring both signals: that is not insisting.)
 Outside `stop_signals()` (a library caller, a notebook) nothing changes.
@@ -131,6 +132,11 @@ def stop_signals(*, until_exit: bool = False) -> Iterator[None]:
     try:
         yield
         raise_if_stopped()
+    except Exception:
+        # An error a pending stop caused gives way to it (the error its context): a DataLoader whose old iterator's
+        # __del__ swallowed the stop finds its workers, stopped by the same signal, gone ("exited unexpectedly").
+        raise_if_stopped()
+        raise
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, signal.SIG_IGN if until_exit else handler)
@@ -174,18 +180,6 @@ def leave_stops_to_the_main_process(_worker_id: int = 0) -> None:
     reports a worker that a signal killed or that exited with a status other than 0."""
     for signum in _STOPS:
         signal.signal(signum, lambda *_: os._exit(0))
-
-
-@contextlib.contextmanager
-def pending_stop_first() -> Iterator[None]:
-    """An error the block raises gives way to a stop pending since a `__del__` swallowed it (raised with the error as
-    its context): the stop is what ended the block. A DataLoader whose old iterator's `__del__` took the signal then
-    finds its workers gone, stopped by the same signal ("exited unexpectedly")."""
-    try:
-        yield
-    except Exception:
-        raise_if_stopped()
-        raise
 
 
 def run_child(command: Sequence[str], *, capture_output: bool = False, **popen: Any) -> subprocess.CompletedProcess:

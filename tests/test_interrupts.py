@@ -14,7 +14,7 @@ import pytest
 from faults import outlives_its_killed_parent, running
 
 from mobile_moe.atomic import atomic_path
-from mobile_moe.interrupts import Terminated, held, leave_stops_to_the_main_process, pending_stop_first, stop_signals
+from mobile_moe.interrupts import Terminated, held, leave_stops_to_the_main_process, stop_signals
 
 
 def _signal_self(signum: int) -> None:
@@ -96,12 +96,11 @@ def test_a_stop_swallowed_by_a_del_is_raised_before_a_held_block_runs():
 
 def test_a_stop_swallowed_by_a_del_wins_over_the_error_it_caused():
     """A DataLoader whose old iterator's __del__ took the stop finds its workers, stopped by the same signal, gone."""
-    with stop_signals(), pytest.raises(Terminated) as stopped:
-        with pending_stop_first():
-            _SignalsWhenCollected()
-            raise RuntimeError("DataLoader worker (pid(s) 1) exited unexpectedly")
+    with pytest.raises(Terminated) as stopped, stop_signals():
+        _SignalsWhenCollected()
+        raise RuntimeError("DataLoader worker (pid(s) 1) exited unexpectedly")
     assert isinstance(stopped.value.__context__, RuntimeError)
-    with stop_signals(), pytest.raises(RuntimeError), pending_stop_first():  # no stop pending: the error itself
+    with pytest.raises(RuntimeError), stop_signals():  # no stop pending: the error itself
         raise RuntimeError("a real failure")
 
 

@@ -15,7 +15,7 @@ from mobile_moe.data import augment
 from mobile_moe.data.ahead import BatchesAhead
 from mobile_moe.data.batch_augment import StepKey
 from mobile_moe.data.inputs import DeviceBatches, WorkerBatches
-from mobile_moe.interrupts import held, pending_stop_first, raise_if_stopped
+from mobile_moe.interrupts import held, raise_if_stopped
 from mobile_moe.training import losses
 from mobile_moe.training.distributed import Placement, mean_over_ranks
 from mobile_moe.training.evaluate import autocast, expert_use
@@ -185,8 +185,7 @@ def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int)
     batches = BatchesAhead(loader, prepare, ctx.placement.device)  # on CUDA, a thread prepares the next ones
     try:
         for step in range(steps):
-            with pending_stop_first():  # the loader fails when the stop that a __del__ swallowed stopped its workers
-                images, targets, super_targets = next(batches)
+            images, targets, super_targets = next(batches)
             raise_if_stopped()  # a stop that a __del__ swallowed ends training here, between two steps
             with step_guard():
                 output, terms = forward_loss(opt.step_module, images, targets, super_targets, cfg)
@@ -196,7 +195,7 @@ def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int)
                 first_step_done = time.perf_counter()  # the first step compiles, warms up: not in the estimate
             if (step + 1) % ctx.log_every == 0 or step + 1 == steps:
                 sums.read()
-                say_estimate(ctx, step, start, first_step_done)
+                say_estimate(ctx, step, epoch_start=start, first_step_done=first_step_done, now=time.perf_counter())
                 img_s = sums.images * world_size / (time.perf_counter() - start)
                 progress.update(steps=step + 1 - progress.done, **sums.progress(img_s))
     finally:
@@ -208,11 +207,12 @@ def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int)
     return {**sums.row(), **rates, "input_wait": batches.waited / elapsed}  # the host blocked on input
 
 
-def say_estimate(ctx: EpochContext, step: int, epoch_start: float, first_step_done: float) -> None:
-    """Time a step for ctx.estimate, once: over this epoch's steps after its first, or, in an epoch after the
-    process's first, the epoch's first step itself (an epoch of one step: digits at batch 1024)."""
+def say_estimate(ctx: EpochContext, step: int, *, epoch_start: float, first_step_done: float, now: float) -> None:
+    """Time a step for ctx.estimate, once, from perf_counter readings: over this epoch's steps after its first, or,
+    in an epoch after the process's first, the epoch's first step itself (an epoch of one step: digits at batch
+    1024)."""
     if ctx.estimate is None or (step == 0 and ctx.steps_run == 0):
         return
-    seconds = (time.perf_counter() - first_step_done) / step if step > 0 else first_step_done - epoch_start
+    seconds = (now - first_step_done) / step if step > 0 else first_step_done - epoch_start
     ctx.estimate(seconds, ctx.steps_run + step + 1)
     ctx.estimate = None

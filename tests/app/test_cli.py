@@ -234,13 +234,12 @@ def test_a_run_without_recipe_says_so_once_its_inputs_pass_their_checks(capsys, 
     [(0, 0, None), (0, 1, (2.0, 2)), (4, 0, (0.75, 5))],
     ids=["the process's first step: warm-up", "a later epoch's first step", "this epoch's later steps"],
 )
-def test_the_estimate_times_a_step_after_the_processs_first(monkeypatch, step, steps_run, expected):
+def test_the_estimate_times_a_step_after_the_processs_first(step, steps_run, expected):
     from mobile_moe.training import engine
 
     said = []
     ctx = engine.EpochContext(None, None, None, None, estimate=lambda *args: said.append(args), steps_run=steps_run)
-    monkeypatch.setattr(engine.time, "perf_counter", lambda: 13.0)
-    engine.say_estimate(ctx, step, epoch_start=8.0, first_step_done=10.0)
+    engine.say_estimate(ctx, step, epoch_start=8.0, first_step_done=10.0, now=13.0)
     assert said == ([] if expected is None else [expected])
     assert (ctx.estimate is None) == (expected is not None)  # said once a run
 
