@@ -26,7 +26,7 @@ from mobile_moe.export.manifest import read_manifest
 
 def compare(bundle: Path, data: str, images: int, settings: RoundSettings, scratch: Path) -> str:
     manifest = read_manifest(bundle, verify_files=True)
-    inputs = write_raw(make_workload(data, manifest, images), scratch / f"{bundle.name}.f32")
+    inputs = write_raw(make_workload(data, manifest, images, bundle=bundle), scratch / f"{bundle.name}.f32")
     host = run_native(build_runner(), bundle, inputs, settings)
     arm = arm64.run_emulated(None, bundle, inputs, settings)
     host_logits, arm_logits = (np.array([row["logits"] for row in run["images"]]) for run in (host, arm))

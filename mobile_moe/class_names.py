@@ -1,6 +1,6 @@
 """A file of class names given on the command line (`--class-names`): one name per line, or a JSON list of strings
 (a .json file). One reader for every command that takes one (superclass derive, import), and one rule for what a list
-of class names is (class_names_problem)."""
+of class names is (class_names_problem), and one for data that must have a model's classes (check_classes)."""
 
 from __future__ import annotations
 
@@ -67,3 +67,13 @@ def _undecodable(name: str) -> bool:
     except UnicodeEncodeError:
         return True
     return False
+
+
+def check_classes(class_names: list[str], data, *, whose: str, fix: str) -> None:
+    """`data` (an opened data spec) must classify exactly `class_names`, in order: a model's outputs mean those
+    classes, and its routing was learnt on their images. `whose`: the model ("the run in RUN"); `fix`: what to do."""
+    if list(data.class_names) != list(class_names):
+        raise UsageError(
+            f"--data {data.spec} has {data.num_classes} classes ({', '.join(data.class_names[:3])}, ...) that are not "
+            f"the {len(class_names)} of {whose} ({', '.join(class_names[:3])}, ...); {fix}"
+        )

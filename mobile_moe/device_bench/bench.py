@@ -214,7 +214,7 @@ def benchmark(
     manifests = {name: read_manifest(name, verify_files=True) for name in names}  # all checked before any is run
     runtimes = {name: choose_runtime(settings.runtime, manifests[name], name) for name in names}
     runners = {runtime: choose_runner(runtime, settings.device, settings.runner) for runtime in set(runtimes.values())}
-    workloads = {name: make_workload(settings.data, manifests[name], settings.images) for name in names}
+    workloads = {name: make_workload(settings.data, manifests[name], settings.images, bundle=name) for name in names}
     rounds: dict[str, list[RoundReport]] = {name: [] for name in names}
     with scratch_folder("mobile-moe-bench") as scratch:
         images = {name: write_raw(workloads[name], Path(scratch) / f"images-{i}.f32") for i, name in enumerate(names)}

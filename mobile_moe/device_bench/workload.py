@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mobile_moe.class_names import check_classes
 from mobile_moe.data.datasets import open_data
 from mobile_moe.devices import machine_memory, memory_limit
 from mobile_moe.errors import UsageError
@@ -31,9 +32,14 @@ def random_workload(shape: list[int], count: int, seed: int = 0) -> Workload:
     return Workload(images, f"random:{seed}")
 
 
-def data_workload(spec: str, manifest: Manifest, count: int) -> Workload:
-    """The first `count` images of the spec's val split, preprocessed with the bundle's recorded normalisation."""
+def data_workload(spec: str, manifest: Manifest, count: int, *, bundle: str | Path) -> Workload:
+    """The first `count` images of the spec's val split, preprocessed with the bundle's recorded normalisation; the
+    spec must have the classes of the bundle (its directory: `bundle`)."""
     data = open_data(spec, manifest.input.shape[-1], mean=manifest.input.mean, std=manifest.input.std)
+    check_classes(
+        manifest.class_names, data, whose=f"bundle {bundle}", fix="bench on data with the bundle's classes (their routing "
+        "is the one it learnt), or on --data random",
+    )
     split = data.split("val")
     count = min(count, len(split))
     images = np.stack([split[i][0].numpy() for i in range(count)]).astype(np.float32)
@@ -65,15 +71,16 @@ def random_seed(spec: str) -> int | None:
     return int(seed)
 
 
-def make_workload(spec: str, manifest: Manifest, count: int) -> Workload:
-    """`random` / `random:SEED`, or any data spec mobile_moe.data understands."""
+def make_workload(spec: str, manifest: Manifest, count: int, *, bundle: str | Path) -> Workload:
+    """`random` / `random:SEED`, or any data spec mobile_moe.data understands (with the classes of `bundle`, the
+    directory `manifest` came from)."""
     if count < 1:
         raise UsageError(f"--images {count}: must be at least 1")
     check_fits_memory(count, manifest.input.shape)  # before numpy is asked for it
     seed = random_seed(spec)
     if seed is not None:
         return random_workload(manifest.input.shape, count, seed)
-    return data_workload(spec, manifest, count)
+    return data_workload(spec, manifest, count, bundle=bundle)
 
 
 def write_raw(workload: Workload, path: Path) -> Path:

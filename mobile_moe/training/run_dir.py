@@ -32,7 +32,7 @@ from torch import nn
 from mobile_moe import atomic
 from mobile_moe.atomic import process_description, write_text_atomic
 from mobile_moe.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
-from mobile_moe.class_names import class_names_problem
+from mobile_moe.class_names import check_classes, class_names_problem
 from mobile_moe.data.datasets import open_data
 from mobile_moe.data.spec_options import same_data
 from mobile_moe.errors import UsageError
@@ -80,7 +80,11 @@ class Run:
             source = self.config["source"]["model"]
             raise UsageError(f"{self.run_dir} was imported from {source} and has no data of its own; give --data SPEC")
         data = open_data(spec, record["image_size"], **preprocessing(record, self.run_dir / CONFIG))
-        check_classes(self.class_names, data, f"the run in {self.run_dir}")
+        check_classes(
+            self.class_names, data, whose=f"the run in {self.run_dir}",
+            fix=f"use data with the run's classes, or fine-tune it on yours first (mobile-moe train --model vit "
+            f"--init-from RUN_DIR --data {data.spec} --out NEW_RUN)",
+        )
         return data
 
 
@@ -91,17 +95,6 @@ def preprocessing(record: dict[str, Any], where: str | os.PathLike) -> dict[str,
     if resize is not None:
         resize = check_resize(resize, record["image_size"], f"{where} data.eval_resize")
     return {"mean": record["mean"], "std": record["std"], "eval_resize": resize}
-
-
-def check_classes(class_names: list[str], data, whose: str) -> None:
-    """`data` must classify exactly `class_names` (in order): a model's outputs mean those classes."""
-    if list(data.class_names) != list(class_names):
-        raise UsageError(
-            f"--data {data.spec} has {data.num_classes} classes ({', '.join(data.class_names[:3])}, ...) that are not "
-            f"the {len(class_names)} of {whose} ({', '.join(class_names[:3])}, ...); use data with the run's classes, "
-            f"or fine-tune it on yours first (mobile-moe train --model vit --init-from RUN_DIR --data {data.spec} "
-            "--out NEW_RUN)"
-        )
 
 
 def is_imported(config: dict[str, Any]) -> bool:
