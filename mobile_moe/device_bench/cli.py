@@ -65,7 +65,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--pause", type=float, default=whole.pause_s, help=f"seconds between rounds (default {whole.pause_s:g})"
     )
-    parser.add_argument("--data", default=whole.data, help="images: random[:SEED] or a data spec such as digits")
+    parser.add_argument(
+        "--data", default=whole.data, help="images: random[:SEED], or a data spec with the bundles' classes (digits)"
+    )
     parser.add_argument(
         "--images", type=int, default=whole.images, help=f"images in the routing workload (default {whole.images})"
     )
