@@ -1,6 +1,7 @@
 """The one exception type that means "the user asked for something invalid".
 
-The CLI turns it into a single line on stderr and exit status 2; anything else is a bug and keeps its
+The CLI turns it into a single line on stderr and exit status 2, as it does an OSError of a path no command can work
+around (a name too long, a folder this user may not read: app/cli.py); anything else is a bug and keeps its
 traceback. It subclasses ValueError so library callers can catch it the usual way.
 """
 

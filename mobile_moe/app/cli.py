@@ -7,6 +7,7 @@ commands whose module is installed without importing any of them, so the CLI sta
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import importlib.util
 import os
@@ -92,6 +93,24 @@ def _stopped(interrupt: KeyboardInterrupt) -> int:
     return 130
 
 
+# The errors of a path the user gave (an input's, a folder's) that no command can work around, and how to fix each.
+# Every command hands its inputs to pathlib, torch, numpy and PIL, which raise them from wherever they first look: a
+# refusal here covers them all, where a check per reader would miss the next reader.
+_PATH_FIXES = {
+    errno.ENAMETOOLONG: "a name in the path is longer than the file system allows; give a shorter path",
+    errno.EACCES: "this user may not read it or a folder above it; check its permissions",
+}
+
+
+def _path_refusal(error: BaseException) -> str | None:
+    """One line for an OSError of the kinds in _PATH_FIXES, naming the path; None for anything else (a bug's
+    traceback stays)."""
+    if not isinstance(error, OSError) or error.errno not in _PATH_FIXES or error.filename is None:
+        return None
+    path = os.fsdecode(error.filename) if isinstance(error.filename, bytes | str) else str(error.filename)
+    return f"cannot use {path}: {error.strerror}: {_PATH_FIXES[error.errno]}"
+
+
 def check_working_directory() -> None:
     """A working directory that was deleted (or that we may no longer read) is one line here: torch would otherwise
     die loading itself ("Intel oneMKL FATAL ERROR: Cannot load libtorch_cpu.so"), a line that never says why."""
@@ -119,16 +138,20 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as error:
         if os.environ.get("MOBILE_MOE_DEBUG") == "1":
             raise
-        message = " ".join(str(error).split())  # ONE line, whatever a library put in the message
-        print(f"mobile-moe {chosen or ''}: error: {message}".replace("  ", " "), file=sys.stderr)
-        return 2
+        return _refused(chosen, str(error))
     except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (Terminated)
         return _stopped(interrupt)
     except Exception as error:
-        interrupt = _interrupt_behind(error)
-        if interrupt is None or os.environ.get("MOBILE_MOE_DEBUG") == "1":
+        interrupt, refusal = _interrupt_behind(error), _path_refusal(error)
+        if os.environ.get("MOBILE_MOE_DEBUG") == "1" or (interrupt is None and refusal is None):
             raise
-        return _stopped(interrupt)
+        return _stopped(interrupt) if interrupt is not None else _refused(chosen, refusal)
+
+
+def _refused(command: str | None, message: str) -> int:
+    message = " ".join(message.split())  # ONE line, whatever a library put in the message
+    print(f"mobile-moe {command or ''}: error: {message}".replace("  ", " "), file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

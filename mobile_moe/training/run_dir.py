@@ -81,7 +81,9 @@ class Run:
             raise UsageError(f"{self.run_dir} was imported from {source} and has no data of its own; give --data SPEC")
         data = open_data(spec, record["image_size"], **preprocessing(record, self.run_dir / CONFIG))
         check_classes(
-            self.class_names, data, whose=f"the run in {self.run_dir}",
+            self.class_names,
+            data,
+            whose=f"the run in {self.run_dir}",
             fix=f"use data with the run's classes, or fine-tune it on yours first (mobile-moe train --model vit "
             f"--init-from RUN_DIR --data {data.spec} --out NEW_RUN)",
         )
@@ -113,12 +115,33 @@ def holds_results(path: str | os.PathLike) -> bool:
 
 
 def _near_runs(missing: Path) -> list[Path]:
-    """Run directories beside `missing` whose names are close to its name (a typo), closest first; at most two."""
+    """Run directories whose paths are close to `missing`, closest first, at most two: a typo in any component below
+    the deepest folder that exists ("rnus/moe" finds runs/moe, "runs/mo" finds runs/moe)."""
+    existing, typed = missing, []
+    while not _is_dir(existing) and existing != existing.parent:
+        typed.insert(0, existing.name)
+        existing = existing.parent
+    return _close_paths(existing, typed)[:2] if typed else []
+
+
+def _close_paths(folder: Path, names: list[str]) -> list[Path]:
+    """Paths under `folder` whose components are close to `names` in turn (at most two per step), ending in a run."""
+    last = len(names) == 1
     try:
-        runs = [entry.name for entry in missing.parent.iterdir() if (entry / CONFIG).is_file()]
+        entries = [entry.name for entry in folder.iterdir() if ((entry / CONFIG).is_file() if last else entry.is_dir())]
     except OSError:
         return []
-    return [missing.parent / name for name in difflib.get_close_matches(missing.name, runs, n=2, cutoff=0.6)]
+    close = difflib.get_close_matches(names[0], entries, n=2, cutoff=0.6)
+    if last:
+        return [folder / name for name in close]
+    return [path for name in close for path in _close_paths(folder / name, names[1:])]
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:  # a name too long for the file system
+        return False
 
 
 def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:

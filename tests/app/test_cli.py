@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 import subprocess
@@ -264,13 +265,52 @@ def test_a_bad_flag_points_to_its_commands_help(capsys, argv, expected):
     assert expected in err and err.count("\n") == 1
 
 
+TOO_LONG = "x" * 300  # a path component longer than any Linux file system's 255 bytes
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["evaluate", f"{TOO_LONG}/run"],
+        ["train", "--model", "vit", "--data", f"imagefolder:{TOO_LONG}", "--out", "OUT"],
+        ["train", "--model", "mobile-vmoe", "--data", "digits", "--super-classes", f"{TOO_LONG}.json", "--out", "OUT"],
+        ["train", "--model", "vit", "--data", "digits", "--init-from", TOO_LONG, "--out", "OUT"],
+        ["pack", f"fashion-mnist:{TOO_LONG}", "--out", "OUT"],
+    ],
+    ids=["run", "data-folder", "super-classes", "init-from", "idx-folder"],
+)
+def test_an_input_path_the_file_system_refuses_is_one_line(argv, tmp_path, capsys):
+    """pathlib, torch and the data readers raise ENAMETOOLONG from wherever they first look: one line, nothing
+    written."""
+    argv = [str(tmp_path / "out") if arg == "OUT" else arg for arg in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"cannot use {TOO_LONG}" in err and "give a shorter path" in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_input_this_user_may_not_read_is_one_line(monkeypatch, tmp_path, capsys):
+    """EACCES (a test run as root never meets it for real) names the path and says to check its permissions."""
+    from mobile_moe.training import run_dir
+
+    def denied(path):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(run_dir, "read_config", denied)
+    assert main(["evaluate", str(tmp_path / "run")]) == 2
+    assert f"cannot use {tmp_path / 'run'}: Permission denied: " in capsys.readouterr().err
+
+
 def test_a_mistyped_run_or_a_run_given_for_a_bundle_is_told_what_to_pass(tmp_path, capsys):
-    """A run path one letter off names the near run; a run passed where a bundle belongs says to export it first."""
+    """A run path one letter off, in any folder of it, names the near run; a run passed where a bundle belongs says to
+    export it first."""
     run = tmp_path / "runs" / "moe"
     run.mkdir(parents=True)
     (run / "config.json").write_text("{}")
     (tmp_path / "image.png").write_bytes(b"")
     assert main(["evaluate", str(tmp_path / "runs" / "mo")]) == 2
+    assert f"does not exist; did you mean {run}?" in capsys.readouterr().err
+    assert main(["evaluate", str(tmp_path / "rnus" / "mo")]) == 2
     assert f"does not exist; did you mean {run}?" in capsys.readouterr().err
     assert main(["evaluate", str(tmp_path / "runs" / "elsewhere")]) == 2
     assert "train one with `mobile-moe train --out" in capsys.readouterr().err  # nothing near: as before
