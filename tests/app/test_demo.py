@@ -27,7 +27,23 @@ def test_the_demo_writes_its_report_and_its_stderr_is_only_its_own_progress(tmp_
     for linked in re.findall(r"!\[[^]]*\]\(([^)]+)\)", report):  # every plot the report shows was written
         assert (out / linked).is_file(), linked
     assert {Path(p).name for p in re.findall(r"\]\(([^)]+\.png)\)", report)} >= {"latency.png", "memory.png"}
-    assert "Mobile V-MoE minus dense, test top-1:" in report and "the split approaches the dense model" in report
+    assert "Mobile V-MoE minus dense, test top-1:" in report and "ViT-Ti/32" in report
+
+
+@pytest.mark.parametrize(
+    "ratios, says",
+    [
+        ({"p50": 1.05, "peak RSS": 1.21}, "weigh on its memory: MoE / dense p50 1.05x, peak RSS 1.21x here;"),
+        ({"p50": 1.32, "peak RSS": 1.21}, "the split's latency and memory approach the dense model's from a few"),
+        ({"p50": 1.05, "peak RSS": 1.02}, "costs about what the dense model does already: MoE / dense p50 1.05x"),
+    ],
+    ids=["memory", "both", "neither"],
+)
+def test_the_size_sentence_names_only_the_costs_that_show(ratios, says):
+    from mobile_moe.app.demo import size_sentence
+
+    sentence = size_sentence(ratios, params=212_000)
+    assert says in sentence and "1.03-1.04x p50 and 1.007x peak RSS" in sentence and "(6.1 M, 29 times" in sentence
 
 
 def test_the_paired_difference_is_the_accuracy_gap_with_its_sampling_noise():
