@@ -14,11 +14,10 @@ import argparse
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 from mobile_moe.device_bench import arm64
 from mobile_moe.device_bench.native_build import build_runner
 from mobile_moe.device_bench.native_runner import run_native
+from mobile_moe.device_bench.results import host_parity, validate_round
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.device_bench.workload import make_workload, write_raw
 from mobile_moe.export.manifest import read_manifest
@@ -27,17 +26,16 @@ from mobile_moe.export.manifest import read_manifest
 def compare(bundle: Path, data: str, images: int, settings: RoundSettings, scratch: Path) -> str:
     manifest = read_manifest(bundle, verify_files=True)
     inputs = write_raw(make_workload(data, manifest, images, bundle=bundle), scratch / f"{bundle.name}.f32")
-    host = run_native(build_runner(), bundle, inputs, settings)
-    arm = arm64.run_emulated(None, bundle, inputs, settings)
-    host_logits, arm_logits = (np.array([row["logits"] for row in run["images"]]) for run in (host, arm))
-    same_class = int((host_logits.argmax(1) == arm_logits.argmax(1)).sum())
-    same_experts = sum(a["experts"] == h["experts"] for a, h in zip(arm["images"], host["images"], strict=True))
-    same_files = sorted(arm["files_opened"]) == sorted(host["files_opened"])
-    loaded = [run["graph_bytes_loaded_total"] for run in (host, arm)]
-    p50 = [run["latency_ms"]["p50"] for run in (host, arm)]
+    host = validate_round(run_native(build_runner(), bundle, inputs, settings), "native runner")
+    arm = validate_round(arm64.run_emulated(None, bundle, inputs, settings), "ARM64 runner")
+    parity = host_parity(arm, host, reference="native runner (this host)")
+    same_files = sorted(arm.files_opened) == sorted(host.files_opened)
+    loaded = [run.graph_bytes_loaded_total for run in (host, arm)]
+    p50 = [run.latency_ms.p50 for run in (host, arm)]
+    count = parity["images"]
     return (
-        f"| {bundle.name} | {np.abs(host_logits - arm_logits).max():.2e} | {same_class}/{len(host_logits)} "
-        f"| {same_experts}/{len(host_logits)} | {'same' if same_files else 'DIFFERENT'} ({len(arm['files_opened'])}) "
+        f"| {bundle.name} | {parity['max_abs_logit_diff']:.2e} | {parity['same_class']}/{count} "
+        f"| {parity['same_experts']}/{count} | {'same' if same_files else 'DIFFERENT'} ({len(arm.files_opened)}) "
         f"| {loaded[0] / 1e6:.2f} / {loaded[1] / 1e6:.2f} | {p50[0]:.2f} | {p50[1]:.2f} | {p50[1] / p50[0]:.1f}x |"
     )
 

@@ -161,6 +161,19 @@ def measure_round(
     return report
 
 
+HOST_REFERENCE = "executorch"  # the runtime an emulated run's answers are checked against: export's, on this host
+
+
+def host_parity(bundle: str, emulated: RoundReport, images: Path, settings: BenchSettings) -> dict:
+    """An emulated round's logits, classes and experts against export's own runtime on this host, on the same images
+    and with the same routing settings (cache-aware routing picks by the cache): the parity figure of an emulated
+    run, whose timings are the emulator's."""
+    once = dataclasses.replace(settings.round, iterations=1, warmup=0, switch_repeats=0)
+    worker = PythonWorker(HOST_REFERENCE)
+    host = results_module.validate_round(worker.run_round(Path(bundle), images, once), worker.name)
+    return results_module.host_parity(emulated, host, reference=f"{HOST_REFERENCE} (Python, this host)")
+
+
 def as_given(report: RoundReport) -> dict:
     """A validated round as the runner gave it (its own extra keys included, no defaults added), for results.json."""
     return report.model_dump(mode="json", exclude_unset=True)
@@ -228,11 +241,14 @@ def benchmark(
                 rounds[name].append(
                     measure_round(name, runtimes[name], runner, settings, images[name], index, log, identities[name])
                 )
+        emulated = is_emulated(settings.device)
+        parity = {name: host_parity(name, rounds[name][0], images[name], settings) for name in names if emulated}
     records = [
         results_module.run_record(
             name, manifests[name], runtimes[name], settings.device, rounds[name], workloads[name].source
         )
-        | {"emulated": is_emulated(settings.device), "raw_first_round": as_given(rounds[name][0])}
+        | {"emulated": emulated, "raw_first_round": as_given(rounds[name][0])}
+        | ({"host_parity": parity[name]} if emulated else {})
         for name in names
     ]
     results = {"runs": records, "host": host_description(), "rounds": settings.rounds, "settings": settings.as_json()}

@@ -178,16 +178,33 @@ def markdown(results: dict, plot_files: list[str] = ()) -> str:
         lines += [
             "",
             "Runs on arm64-emulated ran the runner built for ARM64 under qemu-user: their routing, files opened and "
-            "bytes loaded are that runner's own (its logits against the host runner's: benchmarks/arm64_parity.py, "
-            "after `make arm64`); their latency, load and switch times and memory (marked EMULATED) are the "
-            "emulator's, not comparable to a phone's or to the host's.",
+            "bytes loaded are that runner's own, and so are their answers (against this host's below); their latency, "
+            "load and switch times and memory (marked EMULATED) are the emulator's, not comparable to a phone's or to "
+            "the host's.",
         ]
     if any(run["spread"]["wide"] for run in runs):
         lines += ["", "Runs marked WIDE disagree across rounds by more than 10% (p50): treat them as noisy."]
     lines += ["", "Phone numbers need a real phone (`--device android`); host numbers depend on what else runs."]
+    lines += parity_lines(runs)
     if plot_files:
         lines += ["", "## Plots", "", *(f"![{PLOTS[name]}]({name})" for name in plot_files)]
     return "\n".join(lines) + "\n"
+
+
+def parity_lines(runs: list[dict]) -> list[str]:
+    """The emulated runs' answers against this host's on the same images (results.json's host_parity)."""
+    checked = [run for run in runs if run.get("host_parity")]
+    if not checked:
+        return []
+    lines = ["", "## ARM64 (emulated) against this host, same images", ""]
+    lines += ["| bundle | host runtime | max abs logit diff | same class | same experts |", "|---|---|---:|---:|---:|"]
+    for run in checked:
+        parity = run["host_parity"]
+        lines.append(
+            f"| {run['bundle_name']} | {parity['reference']} | {parity['max_abs_logit_diff']:.1e} "
+            f"| {parity['same_class']}/{parity['images']} | {parity['same_experts']}/{parity['images']} |"
+        )
+    return lines
 
 
 REPORT = "report.md"

@@ -282,6 +282,36 @@ class _Loads(BaseModel):
     expert: float | None
 
 
+class HostParity(BaseModel):
+    """An emulated run's answers against this host's on the same images (docs/formats.md, results.json)."""
+
+    reference: str  # the runtime that gave the host's answers
+    images: Annotated[int, Field(ge=1)]
+    max_abs_logit_diff: Annotated[float, Field(ge=0)]
+    same_class: Annotated[int, Field(ge=0)]
+    same_experts: Annotated[int, Field(ge=0)]
+
+
+def host_parity(run: RoundReport, host: RoundReport, *, reference: str) -> dict:
+    """How a round's per-image logits and experts agree with `host`'s round on the same images (`reference`: the
+    runtime that ran `host`): the largest logit difference, and how many images got the same class and experts."""
+    if len(run.images) != len(host.images):
+        raise ValueError(f"parity needs the same images: {len(run.images)} against {len(host.images)}")
+    pairs = list(zip(run.images, host.images, strict=True))
+    differences = [abs(a - b) for ours, theirs in pairs for a, b in zip(ours.logits, theirs.logits, strict=True)]
+    return {
+        "reference": reference,
+        "images": len(pairs),
+        "max_abs_logit_diff": max(differences),
+        "same_class": sum(_top1(ours.logits) == _top1(theirs.logits) for ours, theirs in pairs),
+        "same_experts": sum(ours.experts == theirs.experts for ours, theirs in pairs),
+    }
+
+
+def _top1(logits: list[float]) -> int:
+    return max(range(len(logits)), key=logits.__getitem__)
+
+
 class RunRecord(BaseModel):
     """The fields of a results.json run that every reader relies on (docs/formats.md); the rest pass through."""
 
@@ -302,6 +332,7 @@ class RunRecord(BaseModel):
     cache_hit_rate: dict[str, float]  # cache size -> hit rate
     accuracy: Annotated[float, Field(ge=0, le=1)] | None = None
     accuracy_split: Literal["test", "validation"] | None = None
+    host_parity: HostParity | None = None  # emulated runs only
 
 
 class ResultsFile(BaseModel):

@@ -36,10 +36,8 @@ def data_workload(spec: str, manifest: Manifest, count: int, *, bundle: str | Pa
     """The first `count` images of the spec's val split, preprocessed with the bundle's recorded normalisation; the
     spec must have the classes of the bundle (its directory: `bundle`)."""
     data = open_data(spec, manifest.input.shape[-1], mean=manifest.input.mean, std=manifest.input.std)
-    check_classes(
-        manifest.class_names, data, whose=f"bundle {bundle}", fix="bench on data with the bundle's classes (their routing "
-        "is the one it learnt), or on --data random",
-    )
+    fix = "bench on data with the bundle's classes (their routing is the one it learnt), or on --data random"
+    check_classes(manifest.class_names, data, whose=f"bundle {bundle}", fix=fix)
     split = data.split("val")
     count = min(count, len(split))
     images = np.stack([split[i][0].numpy() for i in range(count)]).astype(np.float32)

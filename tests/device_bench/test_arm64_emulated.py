@@ -128,5 +128,9 @@ def test_bench_on_the_emulated_device_marks_its_latency_emulated(bundle, arm64_r
     run = results["runs"][0]
     assert run["device"] == "arm64-emulated" and run["emulated"] is True and run["runtime"] == "native"
     assert run["bytes_loaded_per_image"] > 0 and run["cache_hit_rate"]
+    parity = run["host_parity"]  # its answers against export's runtime on this host, same images
+    assert parity["images"] == 4 and parity["same_class"] == parity["same_experts"] == 4
+    assert parity["max_abs_logit_diff"] < 1e-4
     report = (out / "report.md").read_text()
     assert "EMULATED" in report and "not comparable to a phone's" in report
+    assert "## ARM64 (emulated) against this host, same images" in report and "| 4/4 | 4/4 |" in report

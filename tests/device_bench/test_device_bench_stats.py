@@ -222,6 +222,25 @@ def test_the_report_says_how_often_the_stream_switched_and_what_a_switch_added()
     ) in text
 
 
+def test_an_emulated_runs_parity_with_the_host_is_counted_and_reported():
+    from mobile_moe.device_bench.results import host_parity
+
+    host = fake_round(10.0, [0, 1, 1])
+    emulated = fake_round(10.0, [0, 1, 0])  # the third image routed elsewhere, and classed otherwise
+    emulated["images"][1]["logits"] = [0.1, 0.90004]
+    emulated["images"][2]["logits"] = [0.9, 0.1]
+    parity = host_parity(validate_round(emulated, "arm"), validate_round(host, "host"), reference="executorch")
+    assert parity == {"reference": "executorch", "images": 3, "max_abs_logit_diff": pytest.approx(0.8),
+                      "same_class": 2, "same_experts": 2}  # fmt: skip
+    moe = run_record("b/moe", fake_manifest("moe"), "native", "arm64-emulated", [fake_report(9.0, [0])], "random:0")
+    record = dict(moe, emulated=True, host_parity=parity)
+    validate_results({"runs": [record]})
+    with pytest.raises(ValueError, match="host_parity.same_class"):
+        validate_results({"runs": [dict(record, host_parity={**parity, "same_class": -1})]})
+    text = markdown({"runs": [record], "host": "test", "rounds": 1})
+    assert "| moe | executorch | 8.0e-01 | 2/3 | 2/3 |" in text and "against this host's below" in text
+
+
 def test_the_latency_plot_marks_the_runs_the_report_calls_wide():
     import matplotlib
 
