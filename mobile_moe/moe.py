@@ -8,9 +8,10 @@ per item, n_e items routed to expert e (sum over e of n_e = B * k).
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -238,7 +239,8 @@ class ExpertMLPs(nn.Module):
         and then x is in their stream order.
         """
         if dispatch == "dense":
-            return dense_mixture(self, x, experts, gates)
+            mlps = [lambda x, weights=weights: expert_mlp(x, *weights) for weights in self.per_expert()]
+            return dense_mixture(mlps, x, experts, gates)
         if dispatch != "grouped":
             raise ValueError(f"dispatch {dispatch!r}: expected 'grouped' or 'dense'")
         return self.mixture(x, groups or self.groups(x, experts, gates))
@@ -317,16 +319,45 @@ def _stack_per_expert_entries(state_dict, prefix, *_) -> None:
     state_dict.update(restacked(own))
 
 
-def dense_mixture(experts: ExpertMLPs, x: Tensor, chosen: Tensor, gates: Tensor) -> Tensor:
-    """Reference mixture: run all E experts on every item and weight by the sparse gate vector.
+def dense_mixture(experts: Sequence[Callable[[Tensor], Tensor]], x: Tensor, chosen: Tensor, gates: Tensor) -> Tensor:
+    """Reference mixture: run all E experts (each x -> MLP_e(x)) on every item and weight by the sparse gate vector.
 
     Costs E/k times the FLOPs of the grouped dispatch. It exists for tests (the grouped dispatch must equal it) and
     for the naive single-graph export that benchmarks compare against; never use it for training.
     """
     B, E = chosen.shape[0], len(experts)
     weights = gates.new_zeros(B, E).scatter(-1, chosen, gates)  # (B, E), zero off the top-k
-    outputs = torch.stack([expert_mlp(x, *weights) for weights in experts.per_expert()], dim=1)  # (B, E, T, D)
+    outputs = torch.stack([expert(x) for expert in experts], dim=1)  # (B, E, T, D)
     return torch.einsum("be,betd->btd", weights.to(x.dtype), outputs)  # (B, T, D)
+
+
+class UnstackedExperts(nn.Module):
+    """An ExpertMLPs as E dense Mlps (`expert(e)`: views of its stacks, no copy) for the single-graph export, which
+    runs the dense dispatch only: a backend delegates a linear whose weight is a parameter of its own, where XNNPACK
+    leaves a linear over a slice taken from a stack as the graph runs to ExecuTorch's portable kernels."""
+
+    def __init__(self, stacked: ExpertMLPs):
+        super().__init__()
+        self.experts = nn.ModuleList(stacked.expert(e) for e in range(len(stacked)))
+
+    def forward(
+        self, x: Tensor, experts: Tensor, gates: Tensor, dispatch: str = "dense", groups: ExpertGroups | None = None
+    ) -> Tensor:
+        if dispatch != "dense" or groups is not None:
+            raise ValueError(f"dispatch {dispatch!r}: an export view of the experts runs the dense dispatch only")
+        return dense_mixture(list(self.experts), x, experts, gates)
+
+
+def unstacked_view(model: nn.Module) -> nn.Module:
+    """`model` with every ExpertMLPs in it as an UnstackedExperts, every Parameter and buffer shared (none copied):
+    what the single-graph export traces. The model itself stays as it is."""
+    shared = {id(tensor): tensor for tensor in (*model.parameters(), *model.buffers())}  # deepcopy's memo
+    view = copy.deepcopy(model, shared)
+    for module in list(view.modules()):
+        for name, child in module.named_children():
+            if isinstance(child, ExpertMLPs):
+                setattr(module, name, UnstackedExperts(child))
+    return view
 
 
 class MoEBlock(Block):

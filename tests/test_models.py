@@ -61,6 +61,23 @@ def test_k_equals_e_is_a_dense_mixture(images):
         torch.testing.assert_close(grouped.logits, reference, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_the_unstacked_export_view_is_the_model_bit_for_bit_and_copies_no_weight(images, top_k):
+    """The single-graph export traces each expert as a dense Mlp over views of the stacks (XNNPACK delegates a linear
+    whose weight is a parameter of its own): the same values, the same arithmetic, the model left as it was."""
+    model = tiny_model("mobile-vmoe", top_k=top_k).eval()
+    view = moe.unstacked_view(model)
+    stacks = {p.untyped_storage().data_ptr() for name, p in model.named_parameters() if ".mlp." in name}
+    experts = [p for name, p in view.named_parameters() if ".mlp.experts." in name]
+    assert len(experts) == 2 * 4 * 2 * 2 and {p.untyped_storage().data_ptr() for p in experts} <= stacks
+    assert not any(isinstance(m, moe.UnstackedExperts) for m in model.modules())
+    with torch.no_grad():
+        torch.testing.assert_close(view(images, dispatch="dense"), model(images, dispatch="dense"), rtol=0, atol=0)
+    experts = next(m for m in view.modules() if isinstance(m, moe.UnstackedExperts))
+    with pytest.raises(ValueError, match="runs the dense dispatch only"):
+        experts(torch.zeros(2, 5, 32), torch.zeros(2, top_k, dtype=torch.long), torch.ones(2, top_k), "grouped")
+
+
 @pytest.mark.parametrize("top_k", [1, 2, 3])
 def test_grouped_dispatch_equals_per_image_loop(images, top_k):
     model = tiny_model("mobile-vmoe", top_k=top_k).eval()

@@ -112,7 +112,7 @@ def comparisons(runs: list[dict]) -> list[str]:
                     f"- {_named('split', moe)} vs {_named('monolithic', mono)} ({_runtime_label(moe)}): "
                     f"peak RSS {_mib(moe['peak_rss_bytes'])} vs {_mib(mono['peak_rss_bytes'])} MiB, graph bytes per "
                     f"image {_mib(moe['bytes_loaded_per_image'])} vs {_mib(mono['bytes_loaded_per_image'])} MiB, p50 "
-                    f"{_ms(moe['latency_ms']['p50'])} vs {_ms(mono['latency_ms']['p50'])} ms: {monolithic_why(mono)}"
+                    f"{_ms(moe['latency_ms']['p50'])} vs {_ms(mono['latency_ms']['p50'])} ms: {MONOLITHIC_WHY}"
                 )
     return lines
 
@@ -231,17 +231,6 @@ def _bars(plt, results: dict, title: str):
 
 MONOLITHIC_WHY = ("a monolithic bundle computes every expert for every image (the dense mixture, one graph that "
                   "never branches on data), so it runs E expert MLPs where a split bundle runs k")
-# Why an ExecuTorch monolithic bundle is slower than E/k alone explains: its graph slices each expert's weights out of
-# the stacks as it runs, so XNNPACK, which delegates a linear only over weights it can pack ahead of time, leaves the
-# experts' matmuls to the portable kernels (`export` lists them under "not delegated").
-PORTABLE_EXPERTS = ("; on ExecuTorch its experts' matmuls also run outside XNNPACK, in the portable kernels (their "
-                    "weights are sliced from the stacked experts as the graph runs, so XNNPACK cannot pack them ahead)")
-EXECUTORCH_RUNTIMES = ("executorch", "native")
-
-
-def monolithic_why(run: dict) -> str:
-    """Why the monolithic bundle `run` measured is slow, for its runtime."""
-    return MONOLITHIC_WHY + (PORTABLE_EXPERTS if run["runtime"] in EXECUTORCH_RUNTIMES else "")
 
 
 def _latency_bars(axis, runs: list[dict]) -> None:

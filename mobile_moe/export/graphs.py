@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from mobile_moe.config import PER_IMAGE_ROUTINGS, PER_TOKEN_ROUTINGS
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest_schema import SPLIT_LAYOUTS, TensorSpec
-from mobile_moe.moe import ExpertMLPs
+from mobile_moe.moe import ExpertMLPs, unstacked_view
 from mobile_moe.vit import Block
 
 
@@ -130,7 +130,7 @@ class MonolithicGraph(nn.Module):
 
     def __init__(self, model: nn.Module):
         super().__init__()
-        self.model = model
+        self.model = unstacked_view(model)  # each expert's linears over weights of their own: XNNPACK delegates them
 
     def forward(self, images: Tensor) -> tuple[Tensor, Tensor]:
         output = self.model(images, dispatch="dense")
