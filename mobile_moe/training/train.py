@@ -83,11 +83,13 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, An
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def adamw(model: nn.Module, *, lr: float, weight_decay: float, device: torch.device) -> torch.optim.AdamW:
-    """Training's optimiser: AdamW over parameter_groups, fused on CUDA (one kernel for every parameter's update, where
-    the default launches several per parameter group and tensor list), foreach elsewhere."""
-    kernel = {"fused": True} if device.type == "cuda" else {"foreach": True}
-    return torch.optim.AdamW(parameter_groups(model, weight_decay), lr=lr, **kernel)
+def adamw(model: nn.Module, *, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """Training's optimiser: AdamW over parameter_groups, fused on CUDA and the CPU alike (`torch._fused_adamw_`: one
+    pass over each parameter for its whole update, where foreach makes a pass per elementwise op). On this project's
+    CPU machine the step of ViT-Ti/32's 6.1 M parameters took 3.4 ms fused against 20 ms foreach, and Mobile V-MoE's
+    11.5 M (its E experts in two blocks) 6.4 ms against 32: much of the MoE step's time over dense's. A run resumed
+    from a checkpoint keeps the kernel it was saved with (torch's load_state_dict restores the param groups' flags)."""
+    return torch.optim.AdamW(parameter_groups(model, weight_decay), lr=lr, fused=True)
 
 
 def optimizer_order(named: list[tuple[str, Tensor]]) -> list[str]:
@@ -528,7 +530,7 @@ def _build_optimisation(
         init_entries = cluster_fit.stage_one(model, request.init_from, run.data, cfg, placement.device, resumed)
     elif request.init_from is not None:
         init_entries = upcycling.start(model, request.init_from, run.data, resumed)
-    optimizer = adamw(model, lr=cfg.lr, weight_decay=cfg.weight_decay, device=placement.device)
+    optimizer = adamw(model, lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = cosine_schedule(optimizer, cfg, len(run.loader))
     step_module: nn.Module = TrainingForward(model, cfg.route_by)
     if placement.distributed:
