@@ -250,8 +250,15 @@ def _latency_bars(axis, runs: list[dict]) -> None:
     axis.set_ylim(bottom=0)
 
 
+def _slowest(runs: list[dict]) -> float:
+    return max(run["latency_ms"]["p50"] for run in runs)
+
+
+OWN_PANEL = 4.0  # a monolithic bundle this many times the slowest other bundle's p50 is drawn on an axis of its own
+
+
 def _latency_plot(plt, results: dict):
-    """One panel; monolithic bundles, many times slower by design, on a panel and axis of their own beside it, so
+    """One panel; monolithic bundles many times slower (OWN_PANEL) on a panel and axis of their own beside it, so
     the bundles a phone would ship are not slivers next to them."""
     runs = results["runs"]
     title = "Warm latency per image: p50, whisker to p90"
@@ -259,7 +266,7 @@ def _latency_plot(plt, results: dict):
         title += "\nhatched: rounds disagree by more than 10% (WIDE): noisy"
     monolithic = [run for run in runs if run.get("kind") == "monolithic"]
     others = [run for run in runs if run.get("kind") != "monolithic"]
-    if not monolithic or not others:
+    if not monolithic or not others or _slowest(monolithic) < OWN_PANEL * _slowest(others):
         figure, axis = _bars(plt, results, title)
         _latency_bars(axis, runs)
         return figure

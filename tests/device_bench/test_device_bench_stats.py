@@ -241,6 +241,22 @@ def test_an_emulated_runs_parity_with_the_host_is_counted_and_reported():
     assert "| moe | executorch | 8.0e-01 | 2/3 | 2/3 |" in text and "against this host's below" in text
 
 
+@pytest.mark.parametrize(("monolithic_p50", "axes"), [(300.0, 2), (20.0, 1)], ids=["30x: own axis", "2x: shared"])
+def test_a_monolithic_bundle_many_times_slower_gets_an_axis_of_its_own(monolithic_p50, axes):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from mobile_moe.device_bench.report import _latency_plot
+
+    dense = run_record("b/dense", fake_manifest("dense"), "native", "host", [fake_report(10.0, [])], "random:0")
+    mono = run_record("b/mono", fake_manifest("dense"), "native", "host", [fake_report(monolithic_p50, [])], "r:0")
+    figure = _latency_plot(plt, {"runs": [dense, dict(mono, kind="monolithic")], "host": "test"})
+    assert len(figure.axes) == axes
+    plt.close(figure)
+
+
 def test_the_latency_plot_marks_the_runs_the_report_calls_wide():
     import matplotlib
 
