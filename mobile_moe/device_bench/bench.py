@@ -164,7 +164,7 @@ def measure_round(
 HOST_REFERENCE = "executorch"  # the runtime an emulated run's answers are checked against: export's, on this host
 
 
-def host_parity(bundle: str, emulated: RoundReport, images: Path, settings: BenchSettings) -> dict:
+def parity_with_host(bundle: str, emulated: RoundReport, images: Path, settings: BenchSettings) -> dict:
     """An emulated round's logits, classes and experts against export's own runtime on this host, on the same images
     and with the same routing settings (cache-aware routing picks by the cache): the parity figure of an emulated
     run, whose timings are the emulator's."""
@@ -242,7 +242,7 @@ def benchmark(
                     measure_round(name, runtimes[name], runner, settings, images[name], index, log, identities[name])
                 )
         emulated = is_emulated(settings.device)
-        parity = {name: host_parity(name, rounds[name][0], images[name], settings) for name in names if emulated}
+        parity = {name: parity_with_host(name, rounds[name][0], images[name], settings) for name in names if emulated}
     records = [
         results_module.run_record(
             name, manifests[name], runtimes[name], settings.device, rounds[name], workloads[name].source
