@@ -185,10 +185,23 @@ def stratified_split(labels: np.ndarray, fractions: tuple[float, ...], seed: int
     return [*parts, np.sort(rest)]
 
 
+STATS_CHUNK = 4096  # images per chunk of channel_stats: a float copy of a whole large set would not fit in memory
+
+
 def channel_stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Per-channel mean and std of uint8 images (N, 3, S, S) in [0, 1] units; std floored to keep it invertible."""
-    x = images.float().div(255).transpose(0, 1).reshape(3, -1)  # (3, N*S*S)
-    return tuple(round(v, 4) for v in x.mean(1).tolist()), tuple(round(max(v, 1e-3), 4) for v in x.std(1).tolist())
+    """Per-channel mean and std (unbiased) of uint8 images (N, 3, S, S) in [0, 1] units, std floored to keep it
+    invertible; summed in float64 a chunk of images at a time, so a set as large as memory allows is never copied
+    whole."""
+    total, squares = torch.zeros(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64)
+    for chunk in images.split(STATS_CHUNK):
+        x = chunk.to(torch.float64).transpose(0, 1).reshape(3, -1)  # (3, n*S*S), 0..255
+        total += x.sum(1)
+        squares += x.square().sum(1)
+    count = images.numel() // 3
+    mean = total / count
+    variance = (squares - count * mean.square()) / max(count - 1, 1)
+    std = variance.clamp(min=0).sqrt() / 255
+    return tuple(round(v, 4) for v in (mean / 255).tolist()), tuple(round(max(v, 1e-3), 4) for v in std.tolist())
 
 
 def in_memory(spec, image_size, images: np.ndarray, labels: np.ndarray, class_names, super_classes=None) -> Data:

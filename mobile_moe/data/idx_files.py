@@ -148,12 +148,7 @@ class IdxSubsets:
 
     train: int = 0
     val: int = 0
-    test: int = 0
-
-    def __post_init__(self) -> None:
-        for name, size in self.sizes().items():
-            if size < 0:
-                raise UsageError(f"{name}={size} must be 0 (all) or a number of images")  # parse_options names the set
+    test: int = 0  # parse_options refuses a negative size, as it does every option's
 
     def sizes(self) -> dict[str, int]:
         return {"train": self.train, "val": self.val, "test": self.test}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import re
 from typing import TypeVar
@@ -69,22 +70,37 @@ def parse_options(spec_class: type[Spec], argument: str, dataset: str, example: 
     the culprit and ending with `example`."""
     fields = {field.name: field for field in dataclasses.fields(spec_class)}  # type: ignore[arg-type]
     values: dict[str, int | float] = {}
-    for item in filter(None, argument.split(",")):
+    for item in argument.split(",") if argument else []:
         key, _, value = item.partition("=")
+        if not item:
+            raise UsageError(f"{dataset}: an empty option (two commas, or one at the end); e.g. --data {example}")
         if key not in fields:
             raise UsageError(f"{dataset}: unknown option {key!r}; known: {', '.join(fields)}; e.g. --data {example}")
+        if key in values:
+            raise UsageError(f"{dataset}: {key} is given twice; give it once, e.g. --data {example}")
         kind = float if fields[key].type in (float, "float") else int
-        try:
-            values[key] = kind(value)
-        except ValueError:
-            raise UsageError(
-                f"{dataset}: {key}={value!r} is not a valid {kind.__name__}; e.g. --data {example}"
-            ) from None
+        values[key] = _option_value(dataset, key, value, kind, example)
     try:
         return spec_class(**values)
     except UsageError as error:  # the class's own check of the values: name the data, end with a spec that passes
         problem = str(error).removeprefix(f"{dataset}: ")  # synthetic's and digits-pairs' checks name theirs already
         raise UsageError(f"{dataset}: {problem}; e.g. --data {example}") from None
+
+
+MAX_OPTION = 2**32 - 1  # the largest count or seed an option takes (numpy's seeds are 32-bit words)
+
+
+def _option_value(dataset: str, key: str, text: str, kind: type, example: str) -> int | float:
+    """One option's value: every count, seed and noise level of a data spec is a finite number from 0 up (a seed or
+    count at most MAX_OPTION); each data set then checks its own bounds."""
+    try:
+        value = kind(text)
+    except ValueError:
+        raise UsageError(f"{dataset}: {key}={text!r} is not a valid {kind.__name__}; e.g. --data {example}") from None
+    if not 0 <= value <= MAX_OPTION if kind is int else not 0 <= value < math.inf:  # NaN fails every comparison
+        bound = f"an integer from 0 to {MAX_OPTION}" if kind is int else "a finite number from 0 up"
+        raise UsageError(f"{dataset}: {key}={text} must be {bound}; e.g. --data {example}")
+    return value
 
 
 FOLDER_SPECS = ("imagefolder", "packed", "cifar10", "cifar100")  # NAME:ROOT, the whole argument a folder

@@ -137,7 +137,7 @@ def test_a_damaged_file_is_one_line_and_exit_2(fashion_root, damage, capsys):
         ("idx:{root},{root}", "give one folder"),
         ("fashion-mnist:{root},train=5", "fewer images than the 10 classes"),
         ("fashion-mnist:{root},crop=3", "unknown option 'crop'"),
-        ("fashion-mnist:{root},train=-1", "must be 0"),
+        ("fashion-mnist:{root},train=-1", "must be an integer from 0"),
     ],
 )
 def test_bad_specs_say_what_to_do(fashion_root, spec, message):

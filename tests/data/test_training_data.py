@@ -137,3 +137,14 @@ def test_a_split_computed_once_holds_exactly_the_items_it_would_compute_each_epo
     assert all(torch.equal(once[i][0], split[i][0]) and once[i][1] == split[i][1] for i in range(len(split)))
     monkeypatch.setattr(data_module, "memory_limit", lambda: 1000)  # bytes: far below the split's
     assert data_module.materialized(split) is split
+
+
+def test_channel_statistics_summed_by_chunks_are_the_whole_sets(monkeypatch):
+    """A set as large as memory allows is never copied whole to floats; the statistics are the whole set's."""
+    from mobile_moe.data import datasets
+
+    images = torch.randint(0, 256, (23, 3, 5, 5), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    x = images.double().div(255).transpose(0, 1).reshape(3, -1)
+    whole = tuple(round(v, 4) for v in x.mean(1).tolist()), tuple(round(v, 4) for v in x.std(1).tolist())
+    monkeypatch.setattr(datasets, "STATS_CHUNK", 7)  # four chunks, the last of two images
+    assert datasets.channel_stats(images) == whole
