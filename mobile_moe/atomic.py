@@ -21,7 +21,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 from mobile_moe.errors import UsageError
@@ -165,6 +165,22 @@ def _check_kind(target: Path, directory: bool) -> None:
             raise UsageError(f"{target} exists and is not a directory; choose another path")
         if not directory and target.is_dir():
             raise UsageError(f"{target} is a directory; give a file path")
+
+
+def check_replaceable(target: str | os.PathLike, *, read: Callable[[Path], object], kind: str, flag: str) -> None:
+    """UsageError if `target` exists and `read` (the one reader of that kind of file, raising UsageError) refuses it:
+    a command replaces an output of its own kind, an earlier run's, and never a file it did not write (a run's
+    config.json given as a super-class --out, a photo as a --confusion)."""
+    target = Path(target)
+    if not target.exists():
+        return
+    try:
+        read(target)
+    except UsageError:
+        raise UsageError(
+            f"{flag} {target} exists and is not a {kind}; choose a new name (a command replaces only a file of the "
+            "kind it writes)"
+        ) from None
 
 
 def check_writable(target: str | os.PathLike, directory: bool = False) -> None:

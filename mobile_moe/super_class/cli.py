@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from mobile_moe.atomic import atomic_files, check_not_an_input, check_writable
+from mobile_moe.atomic import atomic_files, check_not_an_input, check_replaceable, check_writable
 from mobile_moe.class_names import read_class_names
 from mobile_moe.devices import DEVICES
 from mobile_moe.errors import UsageError
@@ -95,6 +95,9 @@ def check_arguments(args: argparse.Namespace) -> None:
     check_writable(args.out)
     inputs = read_inputs(args)
     check_not_an_input(args.out, inputs, "--out")
+    if Path(args.out).suffix.lower() != ".json":
+        raise UsageError(f"--out {args.out}: a super-class file is JSON; give a .json name such as super_classes.json")
+    check_replaceable(args.out, read=load, kind="super-class file", flag="--out")
     if args.plot is not None:
         from mobile_moe.super_class.plot import check_plot_path  # matplotlib: only with --plot
 

@@ -1,4 +1,5 @@
-"""Confusion matrices (rows = true class, columns = predicted class): from predictions, or read from a file.
+"""Confusion matrices (rows = true class, columns = predicted class): from predictions, read from a file or written
+to one (.npy, or .csv with a header of class names: one reader and one writer of both).
 
 Soft confusion (the default when a model is given) adds each image's whole softmax vector to its true class's row;
 hard confusion adds 1 at the argmax. With few validation images per class, the soft matrix still says which classes a
@@ -14,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mobile_moe.atomic import atomic_path, check_replaceable
+from mobile_moe.devices import machine_memory, memory_limit
 from mobile_moe.errors import UsageError
 
 
@@ -104,21 +107,31 @@ def classes_without_images(matrix: np.ndarray) -> list[int]:
     return [int(c) for c in np.flatnonzero(matrix.sum(1) == 0)]
 
 
+FORMATS = (".npy", ".csv")
+
+
+def _format(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix not in FORMATS:
+        raise UsageError(f"confusion file {path}: unknown format {suffix or '(none)'}; give a .npy or .csv file")
+    return suffix
+
+
 def load_confusion(path: str | os.PathLike) -> tuple[np.ndarray, list[str] | None]:
     """Read a (C, C) matrix of counts or probabilities from .npy or .csv; returns (matrix, class names or None).
 
     A .csv may start with one header row of class names (the columns' predicted classes, in class order).
     """
     path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix not in (".npy", ".csv"):
-        raise UsageError(f"confusion file {path}: unknown format {suffix or '(none)'}; give a .npy or .csv file")
-    if not path.is_file():
+    suffix = _format(path)
+    if not path.exists():
         raise UsageError(f"confusion file {path} does not exist")
+    if not path.is_file():
+        raise UsageError(f"confusion file {path} is not a regular file; give a .npy or .csv file")
     names = None
     try:
         if suffix == ".npy":
-            matrix = np.load(path, allow_pickle=False)
+            matrix = _read_npy(path)
         else:
             matrix, names = _read_csv(path)
     except UsageError:
@@ -130,6 +143,48 @@ def load_confusion(path: str | os.PathLike) -> tuple[np.ndarray, list[str] | Non
     if names is not None and len(names) != matrix.shape[0]:
         raise UsageError(f"{path}: header has {len(names)} class names for {matrix.shape[0]} classes")
     return matrix, names
+
+
+def _read_npy(path: Path) -> np.ndarray:
+    """The array in an .npy file, mapped before it is read: a header that promises more than memory allows, more
+    bytes than the file holds, or bytes after the array is refused before anything is allocated."""
+    try:
+        mapped = np.load(path, allow_pickle=False, mmap_mode="r")
+    except ValueError as error:
+        if "mmap length is greater than file size" not in str(error):
+            raise
+        raise UsageError(f"confusion file {path} holds fewer bytes than its header promises: truncated") from None
+    if not isinstance(mapped, np.memmap):  # an empty or 0-d array numpy reads whole
+        return np.asarray(mapped)
+    if mapped.nbytes > memory_limit():
+        raise UsageError(
+            f"confusion file {path}: its header promises a {mapped.shape} array, more than a quarter of this "
+            f"machine's {machine_memory() / 2**30:.1f} GiB; a damaged file, or not a confusion matrix"
+        )
+    if path.stat().st_size != mapped.offset + mapped.nbytes:
+        raise UsageError(f"confusion file {path} holds bytes after its array; a damaged file, or not a .npy file")
+    return np.array(mapped)
+
+
+def save_confusion(path: str | os.PathLike, matrix: np.ndarray, class_names: list[str]) -> None:
+    """Write `matrix` as `path`'s format says, atomically: .npy (the matrix alone), or .csv with a header row of
+    `class_names` that load_confusion reads back."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        if _format(path) == ".npy":
+            with open(tmp, "wb") as file:  # np.save on a path would append ".npy" to the temporary name
+                np.save(file, matrix)
+            return
+        with open(tmp, "w", newline="", encoding="utf-8") as file:
+            writer = csv.writer(file)
+            writer.writerow(class_names)
+            writer.writerows(matrix.tolist())
+
+
+def check_confusion_output(path: str | os.PathLike, flag: str) -> None:
+    """Before the work: `path` names a format save_confusion writes, and replaces nothing but a confusion file."""
+    _format(Path(path))
+    check_replaceable(path, read=load_confusion, kind="confusion file", flag=flag)
 
 
 def _read_csv(path: Path) -> tuple[np.ndarray, list[str] | None]:

@@ -1,4 +1,4 @@
-"""`mobile-moe evaluate RUN_DIR --data SPEC [--split val|test] [--json] [--confusion FILE.npy]`."""
+"""`mobile-moe evaluate RUN_DIR --data SPEC [--split val|test] [--json] [--confusion FILE.npy|.csv]`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from mobile_moe.atomic import atomic_path, check_not_an_input, check_writable
+from mobile_moe.atomic import check_not_an_input, check_writable
 from mobile_moe.devices import DEVICES, resolve_device
 from mobile_moe.errors import UsageError
 
@@ -18,7 +18,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", choices=["best", "last"], default="best", help="best.pt or checkpoint.pt")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--device", choices=DEVICES, default="cpu")
-    parser.add_argument("--confusion", metavar="FILE.npy", help="also save the (C, C) confusion counts (row = truth)")
+    parser.add_argument(
+        "--confusion",
+        metavar="FILE.npy|.csv",
+        help="also save the (C, C) confusion counts (row = truth); a .csv starts with a row of class names",
+    )
     parser.add_argument("--json", action="store_true", help="print exactly one JSON object")
 
 
@@ -26,16 +30,17 @@ def run(args: argparse.Namespace) -> None:
     # numpy and torch load only when the command runs, so `mobile-moe evaluate --help` stays fast
     import numpy as np
 
-    from mobile_moe.super_class.confusion import confusion_from_predictions
+    from mobile_moe.super_class.confusion import check_confusion_output, confusion_from_predictions, save_confusion
     from mobile_moe.training.evaluate import collect_predictions, evaluate
     from mobile_moe.training.run_dir import load_run
 
     if args.batch_size < 1:
         raise UsageError(f"--batch-size {args.batch_size}: must be at least 1")
-    if args.confusion:  # before any work, not after it; never over a file of the run it reads
+    if args.confusion:  # before any work, not after it; never over a file of the run it reads, or not ours
         check_writable(args.confusion)
         run_files = Path(args.run_dir).iterdir() if Path(args.run_dir).is_dir() else []
         check_not_an_input(args.confusion, run_files, "--confusion")
+        check_confusion_output(args.confusion, "--confusion")
     loaded = load_run(args.run_dir, args.checkpoint)
     data = loaded.open_data(args.data)  # refuses data with other classes than the run's
     device = resolve_device(args.device)
@@ -45,9 +50,8 @@ def run(args: argparse.Namespace) -> None:
     result = {"run": str(loaded.run_dir), "data": data.spec, "split": args.split, **scores}
     if args.confusion:
         probs, labels = collect_predictions(model, dataset, args.batch_size, device)
-        with atomic_path(args.confusion) as tmp:
-            with open(tmp, "wb") as f:  # np.save on a path would append ".npy" to the temporary name
-                np.save(f, confusion_from_predictions(probs, labels, hard=True).astype(np.int64))
+        counts = confusion_from_predictions(probs, labels, hard=True).astype(np.int64)
+        save_confusion(args.confusion, counts, list(data.class_names))
         result["confusion"] = str(args.confusion)
     if args.json:
         print(json.dumps(result))

@@ -177,6 +177,50 @@ def test_an_out_over_a_file_the_command_reads_is_refused_before_any_work(run_dir
     assert (run_dir / "best.pt").read_bytes() == weights and confusion_file.read_bytes() == matrix
 
 
+def test_outputs_replace_only_files_of_their_own_kind(run_dir, confusion_file, tmp_path, capsys):
+    """derive's --out and evaluate's --confusion replace an earlier output of theirs, never another file; a .csv
+    confusion is written as CSV with its class names, and derive reads it back."""
+    foreign = tmp_path / "config.json"
+    foreign.write_text('{"a run": "config"}')
+    derive = ["superclass", "derive", "--confusion", str(confusion_file), "-E", "3", "--out"]
+    assert main([*derive, str(foreign)]) == 2
+    assert "exists and is not a super-class file" in capsys.readouterr().err and "a run" in foreign.read_text()
+    assert main([*derive, str(tmp_path / "sc.txt")]) == 2 and "give a .json name" in capsys.readouterr().err
+    assert main([*derive, str(tmp_path / "sc.json")]) == main([*derive, str(tmp_path / "sc.json")]) == 0  # replaced
+    photo = tmp_path / "photo.csv"
+    photo.write_text("not,a\nconfusion,matrix\n")
+    assert main(["evaluate", str(run_dir), "--confusion", str(photo)]) == 2
+    assert "exists and is not a confusion file" in capsys.readouterr().err and photo.read_text().startswith("not")
+    counts = tmp_path / "counts.csv"
+    assert main(["evaluate", str(run_dir), "--confusion", str(counts)]) == 0
+    assert counts.read_text().splitlines()[0] == ",".join(str(c) for c in range(10))  # digits' class names
+    assert main(["superclass", "derive", "--confusion", str(counts), "-E", "3", "--out", str(tmp_path / "c.json")]) == 0
+    assert load(tmp_path / "c.json").class_names == [str(c) for c in range(10)]
+
+
+@pytest.mark.parametrize(
+    "fault, message",
+    [
+        ("truncated", "holds fewer bytes than its header promises"),
+        ("trailing bytes", "holds bytes after its array"),
+        ("larger than memory allows", r"its header promises a \(10, 10\) array, more than a quarter of"),
+    ],
+)
+def test_a_confusion_npy_is_checked_before_it_is_read(fault, message, tmp_path, monkeypatch):
+    from mobile_moe.super_class import confusion
+
+    path = tmp_path / "c.npy"
+    np.save(path, np.ones((10, 10)))
+    if fault == "truncated":
+        path.write_bytes(path.read_bytes()[:-8])
+    elif fault == "trailing bytes":
+        path.write_bytes(path.read_bytes() + b"\0" * 8)
+    else:
+        monkeypatch.setattr(confusion, "memory_limit", lambda: 799)  # the 800 bytes of a (10, 10) float64 array
+    with pytest.raises(UsageError, match=message):
+        confusion.load_confusion(path)
+
+
 def test_class_without_images_warns_and_names_it(tmp_path, capsys):
     matrix = planted_confusion(30, 3, noise=0.05, seed=1).confusion
     matrix[4] = 0.0

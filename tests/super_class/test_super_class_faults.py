@@ -190,6 +190,7 @@ def inputs(tmp_path_factory):
     (root / "not_list.json").write_text('{"a": 1}')
     (root / "sc.json").write_text(_with())
     (root / "file").write_text("x")
+    (root / "o.png").symlink_to(root / "o.json")  # a plot name that is the --out file under another name
     return root
 
 
@@ -205,8 +206,8 @@ def _with_class_names(name: str):
 # name -> (argv builder, message fragment)
 BAD_ARGS = {
     "confusion missing": (lambda r: _derive(r, "--confusion", str(r / "nope.npy"), "-E", "3"), "does not exist"),
-    "confusion directory": (lambda r: _derive(r, "--confusion", str(r / "dir.npy"), "-E", "3"), "does not exist"),
-    "confusion FIFO": (lambda r: _derive(r, "--confusion", str(r / "fifo.npy"), "-E", "3"), "does not exist"),
+    "confusion directory": (lambda r: _derive(r, "--confusion", str(r / "dir.npy"), "-E", "3"), "not a regular file"),
+    "confusion FIFO": (lambda r: _derive(r, "--confusion", str(r / "fifo.npy"), "-E", "3"), "not a regular file"),
     "confusion empty": (lambda r: _derive(r, "--confusion", str(r / "empty.csv"), "-E", "2"), "empty"),
     "confusion header only": (lambda r: _derive(r, "--confusion", str(r / "header_only.csv"), "-E", "2"), "read"),
     "confusion garbage": (lambda r: _derive(r, "--confusion", str(r / "garbage.npy"), "-E", "2"), "cannot read"),
@@ -247,7 +248,7 @@ BAD_ARGS = {
     "plot empty": (lambda r: _derive(r, "--confusion", str(r / "good.npy"), "-E", "3", "--plot", ""), "--plot"),
     "plot is out": (
         lambda r: _derive(
-            r, "--confusion", str(r / "good.npy"), "-E", "3", "--plot", str(r / "o.png"), out=str(r / "o.png")
+            r, "--confusion", str(r / "good.npy"), "-E", "3", "--plot", str(r / "o.png"), out=str(r / "o.json")
         ),
         "different names",
     ),
