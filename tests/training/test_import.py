@@ -212,7 +212,7 @@ def test_an_imported_run_is_a_starting_point_not_a_training_run(imported_run, tm
     """No data of its own (commands that read images take --data), no training state (no resume), and a val-only
     folder has no train split."""
     run_dir, root, _ = imported_run
-    argv = ["superclass", "derive", "--run", str(run_dir), "--num-super-classes", "2", "--out", str(tmp_path / "s")]
+    argv = ["superclass", "derive", "--run", str(run_dir), "--num-super-classes", "2", "--out", str(tmp_path / "s.json")]
     assert main(argv) == 2
     assert "has no data of its own; give --data" in capsys.readouterr().err
     assert main(["train", "--out", str(run_dir), "--resume"]) == 2
