@@ -72,8 +72,16 @@ def _undecodable(name: str) -> bool:
 def check_classes(class_names: list[str], data, *, whose: str, fix: str) -> None:
     """`data` (an opened data spec) must classify exactly `class_names`, in order: a model's outputs mean those
     classes, and its routing was learnt on their images. `whose`: the model ("the run in RUN"); `fix`: what to do."""
-    if list(data.class_names) != list(class_names):
+    theirs, ours = list(data.class_names), list(class_names)
+    if theirs != ours:
+        shorter = min(len(theirs), len(ours))  # where they part when one list begins the other
+        index = next((i for i in range(shorter) if theirs[i] != ours[i]), shorter)
         raise UsageError(
-            f"--data {data.spec} has {data.num_classes} classes ({', '.join(data.class_names[:3])}, ...) that are not "
-            f"the {len(class_names)} of {whose} ({', '.join(class_names[:3])}, ...); {fix}"
+            f"--data {data.spec} has {data.num_classes} classes ({', '.join(theirs[:3])}, ...) that are not the "
+            f"{len(ours)} of {whose} ({', '.join(ours[:3])}, ...): its class {index + 1} is {_named(theirs, index)} "
+            f"where {whose} has {_named(ours, index)}; {fix}"
         )
+
+
+def _named(names: list[str], index: int) -> str:
+    return repr(names[index]) if index < len(names) else "none"

@@ -461,6 +461,7 @@ def test_predict_on_a_fifo_does_not_hang(bundle, tmp_path, capsys):
     [
         (["--data", "random:abc"], "seed"),
         (["--data", "digits"], "has 10 classes (0, 1, 2, ...) that are not the 7 of bundle"),  # bundle_model's
+        (["--data", "digits"], "(0, 1, 2, ...): its class 8 is '7' where bundle"),  # the first class that differs
         (["--pause", "-1"], "--pause"),
         (["--switch-repeats", "-1"], "--switch-repeats"),
         (["--runner", "/nonexistent/runner"], "--runner"),
