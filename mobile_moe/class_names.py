@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -43,14 +44,17 @@ def read_class_names(path: str | os.PathLike) -> list[str]:
 
 def class_names_problem(names: Any) -> str | None:
     """The first way `names` is not a list of class names, or None: the one rule for a run's data record, an image
-    folder's class folders, an import's --class-names and every other list of class names read back. Non-empty; each
-    a non-blank string of UTF-8 text; no name twice. (A names file's names are stripped of surrounding spaces as they
-    are read; a folder's names are its own.)"""
+    folder's class folders, an import's --class-names, a bundle's manifest and every other list of class names read
+    back. Non-empty; each a non-blank string of UTF-8 text without control characters (a newline or an escape code
+    would forge a line or a colour where a command prints the name); no name twice. (A names file's names are
+    stripped of surrounding spaces as they are read; a folder's names are its own.)"""
     if not isinstance(names, list) or not names:
         return "the class names must be a non-empty list"
     for index, name in enumerate(names):
         if not isinstance(name, str) or not name.strip():
             return f"class name {index + 1} ({name!r}) is blank or not a string"
+        if any(unicodedata.category(character) == "Cc" for character in name):
+            return f"class name {index + 1} ({name!r}) holds a control character (a newline, tab or escape): rename it"
         if not name.isascii() and _undecodable(name):
             return f"class name {index + 1} ({name!r}) is not UTF-8 text (a folder name in another encoding): rename it"
     if len(set(names)) != len(names):

@@ -53,6 +53,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from mobile_moe.class_names import class_names_problem
 from mobile_moe.preprocess import ResizePolicy
 
 FORMAT = "mobile-moe-bundle"
@@ -304,6 +305,9 @@ def _check_input_and_classes(m: Manifest) -> None:
         raise ValueError(f"input.shape {m.input.shape} differs from the model's {expected}")
     if len(m.class_names) != m.model.num_classes:
         raise ValueError(f"{len(m.class_names)} class_names for a model with {m.model.num_classes} classes")
+    problem = class_names_problem(m.class_names)  # the one rule for a list of class names
+    if problem is not None:
+        raise ValueError(f"class_names: {problem}")
 
 
 def _check_weights(m: Manifest) -> None:

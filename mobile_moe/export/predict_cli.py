@@ -61,8 +61,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     for result in results:
         experts = ", ".join(f"{e} (gate {g:.2f})" for e, g in zip(result["experts"], result["gates"], strict=True))
+        image = result["image"] if result["image"].isprintable() else repr(result["image"])  # a newline in a name
         print(
-            f"{result['image']}: {result['class']} (p={result['probability']:.3f})"
+            f"{image}: {result['class']} (p={result['probability']:.3f})"
             + (f", experts {experts}" if experts else "")
         )
     return 0

@@ -71,6 +71,18 @@ def test_mutated_manifest_is_refused_everywhere(mutation, bundle, png, tmp_path,
     assert not (tmp_path / "bench").exists()
 
 
+@pytest.mark.parametrize("name", ["nine\nEVIL: 0 (p=1.000)", "\x1b[31mred", "tab\there"])
+def test_a_class_name_with_a_control_character_is_refused_not_printed(name, bundle, png, tmp_path, capsys):
+    """A newline or an escape code in a manifest's class name would forge a prediction line or a terminal colour where
+    predict prints it: the manifest is refused by the one rule for class names. (The native runner never prints
+    class names; it checks them as strings.)"""
+    broken = copy_bundle(bundle, tmp_path / "broken")
+    manifest = json.loads((broken / "manifest.json").read_text())
+    manifest["class_names"][3] = name
+    (broken / "manifest.json").write_text(json.dumps(manifest))
+    assert "holds a control character" in refused(["predict", str(broken), str(png)], capsys)
+
+
 # --- byte flips in graph files ----------------------------------------------------------------------------------------
 
 

@@ -106,9 +106,14 @@ def test_predict_json(onnx_bundle, png, capsys):
     assert len(results[0]["experts"]) == 1 and results[0]["experts"][0] in (0, 1)
 
 
-def test_predict_text(onnx_bundle, png, capsys):
+def test_predict_text(onnx_bundle, png, tmp_path, capsys):
     assert main(["predict", str(onnx_bundle), str(png)]) == 0
     assert "experts" in capsys.readouterr().out
+    forged = tmp_path / "a\nforged: 0 (p=1.000).png"  # a file name holding a newline prints escaped: one line
+    forged.write_bytes(png.read_bytes())
+    assert main(["predict", str(onnx_bundle), str(forged)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and out.startswith(repr(str(forged)))
 
 
 # --- bad input: one line, exit status 2, nothing left behind --------------------------------------------------------
