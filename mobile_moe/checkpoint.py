@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -51,13 +52,23 @@ def first_reason(error: Exception) -> str:
     return f"{error.__class__.__name__}: {line}"
 
 
+def torch_load(path: str | os.PathLike, **options) -> Any:
+    """torch.load(weights_only=True): every reader of a torch file goes through here. Its UserWarnings are silenced:
+    a foreign file's notes (torch/_weights_only_unpickler.py's "Detected pickle protocol ...", serialization.py's
+    sparse-tensor validation) would print above the one line that says what is wrong with the file, or say nothing
+    to a user whose file is fine."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.load(path, weights_only=True, **options)
+
+
 def load_checkpoint(
     path: str | os.PathLike, map_location: str | torch.device = "cpu", mmap: bool = False
 ) -> dict[str, Any]:
     """The checkpoint dict at `path`, or one UsageError line. `mmap`: tensors stay in the file until touched, for
     callers that only read its small entries (the epoch) of a checkpoint that may hold gigabytes of optimizer state."""
     try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        checkpoint = torch_load(path, map_location=map_location, mmap=mmap)
     except FileNotFoundError:
         raise UsageError(f"checkpoint {path} does not exist") from None
     except IsADirectoryError:

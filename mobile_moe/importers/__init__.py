@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from mobile_moe.checkpoint import first_reason
+from mobile_moe.checkpoint import first_reason, torch_load
 from mobile_moe.config import ViTConfig
 from mobile_moe.errors import UsageError
 
@@ -91,7 +91,7 @@ def read_state_dict(path: str | os.PathLike, source: Source) -> dict[str, Tensor
 
             state = load_file(str(path), device="cpu")
         else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
+            state = torch_load(path, map_location="cpu")
     except Exception as error:  # each format raises its own types for a damaged or foreign file
         raise UsageError(
             f"--weights {path}: cannot read it as a checkpoint ({first_reason(error)}); it is loaded with "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 import re
 
 import pytest
@@ -212,7 +213,7 @@ def test_an_imported_run_is_a_starting_point_not_a_training_run(imported_run, tm
     """No data of its own (commands that read images take --data), no training state (no resume), and a val-only
     folder has no train split."""
     run_dir, root, _ = imported_run
-    argv = ["superclass", "derive", "--run", str(run_dir), "--num-super-classes", "2", "--out", str(tmp_path / "s.json")]
+    argv = ["superclass", "derive", "--run", str(run_dir), "-E", "2", "--out", str(tmp_path / "s.json")]
     assert main(argv) == 2
     assert "has no data of its own; give --data" in capsys.readouterr().err
     assert main(["train", "--out", str(run_dir), "--resume"]) == 2
@@ -249,6 +250,21 @@ def test_an_imported_run_exports_with_images_from_data_spec(imported_run, tmp_pa
         expected = theirs(tensor[None]).softmax(-1)[0]
     assert predicted["class_index"] == int(expected.argmax())
     assert abs(predicted["probability"] - float(expected.max())) < 1e-4
+
+
+@pytest.mark.filterwarnings("error")  # a warning torch printed would be a second line above the refusal
+def test_a_foreign_pickle_is_refused_without_torchs_warnings(tmp_path):
+    """A plain pickle (protocol 4) makes torch's weights-only unpickler warn before it fails: mobile_moe.checkpoint's
+    torch_load keeps the warning out, for run checkpoints and imported weights alike."""
+    from mobile_moe.checkpoint import load_checkpoint
+    from mobile_moe.importers import parse_source, read_state_dict
+
+    path = tmp_path / "w.pt"
+    path.write_bytes(pickle.dumps({"x": 1}, protocol=4))
+    with pytest.raises(UsageError, match="cannot read checkpoint"):
+        load_checkpoint(path)
+    with pytest.raises(UsageError, match="cannot read it as a checkpoint"):
+        read_state_dict(path, parse_source("timm:deit_tiny_patch16_224"))
 
 
 def test_odd_checkpoints_and_outs_are_one_line_and_leave_users_files(tmp_path, capsys, monkeypatch):
