@@ -7,6 +7,7 @@ says which files belong where.
 
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
 
@@ -68,6 +69,25 @@ def _cifar100_coarse(folder: Path, class_names: list[str]) -> SuperClasses:
     return from_labels(assignment, class_names, list(names), "cifar100:coarse")
 
 
+def check_each_folder_once(root: Path, spec: str) -> None:
+    """UsageError if a folder under `root` is reached twice, through a symbolic link to it or to a folder above it:
+    torchvision's ImageFolder walks with os.walk(followlinks=True), so its images would count twice, or as often as a
+    link loop nests before the path is too long (10 images read as 205)."""
+    seen: dict[str, Path] = {}
+    stack = [root]
+    while stack:
+        folder = stack.pop()
+        real = os.path.realpath(folder)
+        if real in seen:
+            raise UsageError(
+                f"{spec}: {seen[real]} and {folder} are one folder (a symbolic link leads to it twice): its images "
+                "would count twice; remove the link"
+            )
+        seen[real] = folder
+        with os.scandir(folder) as entries:
+            stack += [Path(entry.path) for entry in entries if entry.is_dir()]  # is_dir follows links, as os.walk
+
+
 def open_imagefolder(root: str) -> tuple[Dataset | None, Dataset, list[str]]:
     """ROOT/train/<class>/*.jpg and ROOT/val/<class>/*.jpg (ImageNet layout) -> (train, val, class names). ROOT/val
     alone (ImageNet's validation set) opens too, with train None: enough to evaluate a model or derive its
@@ -80,6 +100,7 @@ def open_imagefolder(root: str) -> tuple[Dataset | None, Dataset, list[str]]:
         raise UsageError(f"imagefolder:{root}: {path / 'val'} is missing; {layout}")
     folders = {}
     for split in ("train", "val") if (path / "train").exists() else ("val",):
+        check_each_folder_once(path / split, f"imagefolder:{root}")
         try:
             folders[split] = ImageFolder(str(path / split), loader=read_image)
         except (FileNotFoundError, NotADirectoryError, RuntimeError) as error:

@@ -148,3 +148,13 @@ def test_channel_statistics_summed_by_chunks_are_the_whole_sets(monkeypatch):
     whole = tuple(round(v, 4) for v in x.mean(1).tolist()), tuple(round(v, 4) for v in x.std(1).tolist())
     monkeypatch.setattr(datasets, "STATS_CHUNK", 7)  # four chunks, the last of two images
     assert datasets.channel_stats(images) == whole
+
+
+@pytest.mark.parametrize("target", ["..", "../b"], ids=["a loop", "a second way to a class"])
+def test_an_image_folder_reached_twice_through_a_link_is_refused(target, tmp_path):
+    """torchvision walks class folders following links: a loop read 10 images as 205, a link to another class
+    folder would count its images twice."""
+    root = write_imagefolder(tmp_path / "images", {"train": 2, "val": 2}, ("a", "b"), (8, 8))
+    (root / "val" / "a" / "link").symlink_to(target)
+    with pytest.raises(UsageError, match=r"/val\S* and \S*/val/\S* are one folder \(a symbolic link leads to it"):
+        open_data(f"imagefolder:{root}", 8)
