@@ -81,7 +81,21 @@ def load_checkpoint(
                     if key in checkpoint and not fits(checkpoint[key])), None)  # fmt: skip
     if problem is not None:
         raise UsageError(f"{path}: its {problem} is out of range; the file was damaged or edited: use another one")
+    if not mmap:  # a mapped checkpoint is read for its small entries only; its weights stay on disk unread
+        check_finite_weights(checkpoint["model"], path)
     return checkpoint
+
+
+def check_finite_weights(state: dict[str, Any], path: str | os.PathLike) -> None:
+    """UsageError naming the first floating-point weight of `state` that holds a NaN or an infinity: a model loaded
+    from it would evaluate to chance, and export would fail parity, without saying why."""
+    bad = next((key for key, value in state.items() if torch.is_tensor(value) and value.is_floating_point()
+                and not torch.isfinite(value).all()), None)  # fmt: skip
+    if bad is not None:
+        raise UsageError(
+            f"{path}: weight {bad} holds NaN or infinite values (a diverged run, or a damaged file); use an earlier "
+            "checkpoint, or train again with a lower learning rate"
+        )
 
 
 def _count(value: Any) -> bool:

@@ -11,7 +11,7 @@ import re
 
 import pytest
 import torch
-from conftest import source_model, write_imagefolder
+from conftest import source_model, tiny_model, write_imagefolder
 from PIL import Image
 from safetensors.torch import save_file
 
@@ -265,6 +265,22 @@ def test_a_foreign_pickle_is_refused_without_torchs_warnings(tmp_path):
         load_checkpoint(path)
     with pytest.raises(UsageError, match="cannot read it as a checkpoint"):
         read_state_dict(path, parse_source("timm:deit_tiny_patch16_224"))
+
+
+def test_weights_holding_nan_are_refused_by_name(tmp_path):
+    """A diverged or damaged model would evaluate to chance and fail export's parity without saying why."""
+    from mobile_moe.checkpoint import checkpoint_dict, load_checkpoint, save_checkpoint
+    from mobile_moe.importers import parse_source, read_state_dict
+
+    model = tiny_model("vit")
+    state = {key: value.clone() for key, value in model.state_dict().items()}
+    state["head.norm.weight"][0] = float("nan")
+    torch.save(state, tmp_path / "weights.pt")
+    with pytest.raises(UsageError, match="entry 'head.norm.weight': holds values that are not finite"):
+        read_state_dict(tmp_path / "weights.pt", parse_source("timm:deit_tiny_patch16_224"))
+    save_checkpoint({**checkpoint_dict(model), "model": state}, tmp_path / "run.pt")
+    with pytest.raises(UsageError, match="run.pt: weight head.norm.weight holds NaN"):
+        load_checkpoint(tmp_path / "run.pt")
 
 
 def test_odd_checkpoints_and_outs_are_one_line_and_leave_users_files(tmp_path, capsys, monkeypatch):
