@@ -210,6 +210,18 @@ def write_results(results: dict, out: Path) -> None:
         write_report(results, tmp)
 
 
+def _workloads(manifests: dict[str, Manifest], settings: BenchSettings, log: Callable[[str], None]) -> dict:
+    """Each bundle's images; a data split holding fewer than --images is benched whole, and the log says so
+    (results.json's settings keep the count asked for, each run its own)."""
+    workloads = {name: make_workload(settings.data, manifest, settings.images, bundle=name)
+                 for name, manifest in manifests.items()}  # fmt: skip
+    for name, workload in workloads.items():
+        if len(workload.images) < settings.images:
+            log(f"{name}: --images {settings.images}, but the val split of {settings.data} has {len(workload.images)}"
+                ": benching those")
+    return workloads
+
+
 def benchmark(
     bundles: Sequence[str | Path], settings: BenchSettings, out: str | Path, log: Callable[[str], None] = print
 ) -> dict:
@@ -227,10 +239,10 @@ def benchmark(
     manifests = {name: read_manifest(name, verify_files=True) for name in names}  # all checked before any is run
     runtimes = {name: choose_runtime(settings.runtime, manifests[name], name) for name in names}
     runners = {runtime: choose_runner(runtime, settings.device, settings.runner) for runtime in set(runtimes.values())}
-    workloads = {name: make_workload(settings.data, manifests[name], settings.images, bundle=name) for name in names}
-    rounds: dict[str, list[RoundReport]] = {name: [] for name in names}
+    workloads = _workloads(manifests, settings, log)
     with scratch_folder("mobile-moe-bench") as scratch:
         images = {name: write_raw(workloads[name], Path(scratch) / f"images-{i}.f32") for i, name in enumerate(names)}
+        rounds: dict[str, list[RoundReport]] = {name: [] for name in names}
         # Rounds interleave the bundles (round 1 of each, then round 2 of each, ...): a host that drifts during the
         # bench (heat, other work) then hits every bundle alike, and the ratios between bundles stay honest.
         for index in range(settings.rounds):
