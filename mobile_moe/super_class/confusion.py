@@ -203,7 +203,8 @@ def _read_csv(path: Path) -> tuple[np.ndarray, list[str] | None]:
         raise UsageError(f"confusion file {path}: rows have different numbers of columns")
     bad = next((cell for row in rows for cell in row if not _is_number(cell)), None)
     if bad is not None:
-        raise UsageError(f"confusion file {path}: {bad!r} is not a number")
+        separated = ", and a .csv separates its values with commas" if any(mark in bad for mark in ";\t ") else ""
+        raise UsageError(f"confusion file {path}: {bad!r} is not a number{separated}")
     return np.array(rows, dtype=np.float64).reshape(len(rows), -1), names
 
 

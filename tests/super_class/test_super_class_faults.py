@@ -190,6 +190,7 @@ def inputs(tmp_path_factory):
     (root / "not_list.json").write_text('{"a": 1}')
     (root / "sc.json").write_text(_with())
     (root / "file").write_text("x")
+    (root / "semicolons.csv").write_text("1;2\n3;4\n")
     (root / "o.png").symlink_to(root / "o.json")  # a plot name that is the --out file under another name
     return root
 
@@ -209,6 +210,9 @@ BAD_ARGS = {
     "confusion directory": (lambda r: _derive(r, "--confusion", str(r / "dir.npy"), "-E", "3"), "not a regular file"),
     "confusion FIFO": (lambda r: _derive(r, "--confusion", str(r / "fifo.npy"), "-E", "3"), "not a regular file"),
     "confusion empty": (lambda r: _derive(r, "--confusion", str(r / "empty.csv"), "-E", "2"), "empty"),
+    "confusion semicolons": (
+        lambda r: _derive(r, "--confusion", str(r / "semicolons.csv"), "-E", "2"), "separates its values with commas"
+    ),
     "confusion header only": (lambda r: _derive(r, "--confusion", str(r / "header_only.csv"), "-E", "2"), "read"),
     "confusion garbage": (lambda r: _derive(r, "--confusion", str(r / "garbage.npy"), "-E", "2"), "cannot read"),
     "confusion complex": (lambda r: _derive(r, "--confusion", str(r / "complex.npy"), "-E", "3"), "real numbers"),
