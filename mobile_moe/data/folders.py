@@ -100,8 +100,8 @@ def open_imagefolder(root: str) -> tuple[Dataset | None, Dataset, list[str]]:
         raise UsageError(f"imagefolder:{root}: {path / 'val'} is missing; {layout}")
     folders = {}
     for split in ("train", "val") if (path / "train").exists() else ("val",):
-        check_each_folder_once(path / split, f"imagefolder:{root}")
         try:
+            check_each_folder_once(path / split, f"imagefolder:{root}")
             folders[split] = ImageFolder(str(path / split), loader=read_image)
         except (FileNotFoundError, NotADirectoryError, RuntimeError) as error:
             raise UsageError(f"imagefolder:{root}: {error}; {layout}") from None

@@ -9,6 +9,7 @@ model finds similar when the argmax is right, so it carries far more signal per 
 from __future__ import annotations
 
 import csv
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,12 +55,9 @@ def confusion_from_predictions(probs, labels, hard: bool = False, num_classes: i
     return confusion
 
 
-def check_confusion(matrix, what: str = "confusion matrix") -> np.ndarray:
-    """The matrix as float64 (C, C), or a UsageError saying what is wrong with it.
-
-    Only ratios of entries matter (rows are normalised, shares are fractions), so a matrix whose entries are too
-    large to sum in float64 is scaled down by its largest entry instead of overflowing into NaN.
-    """
+def confusion_matrix(matrix, what: str = "confusion matrix") -> np.ndarray:
+    """The matrix as float64 (C, C) of finite non-negative numbers, or a UsageError saying what is wrong with it: what
+    a confusion file holds, whatever it is used for."""
     try:
         array = np.asarray(matrix)
     except (TypeError, ValueError) as error:  # ragged nested lists
@@ -81,6 +79,16 @@ def check_confusion(matrix, what: str = "confusion matrix") -> np.ndarray:
     if matrix.min() < 0:
         bad = np.argwhere(matrix < 0)[0]
         raise UsageError(f"{what} has negative entries (first at row {bad[0]}, column {bad[1]}); use counts or probs")
+    return matrix
+
+
+def check_confusion(matrix, what: str = "confusion matrix") -> np.ndarray:
+    """The matrix as float64 (C, C) that super-classes can be derived from, or a UsageError saying why not.
+
+    Only ratios of entries matter (rows are normalised, shares are fractions), so a matrix whose entries are too
+    large to sum in float64 is scaled down by its largest entry instead of overflowing into NaN.
+    """
+    matrix = confusion_matrix(matrix, what)
     if matrix.shape[0] < 2:
         raise UsageError(f"{what} has {matrix.shape[0]} class; need at least 2 classes")
     with np.errstate(over="ignore"):
@@ -118,10 +126,15 @@ def _format(path: Path) -> str:
 
 
 def load_confusion(path: str | os.PathLike) -> tuple[np.ndarray, list[str] | None]:
-    """Read a (C, C) matrix of counts or probabilities from .npy or .csv; returns (matrix, class names or None).
+    """Read a (C, C) matrix of counts or probabilities from .npy or .csv that super-classes can be derived from;
+    returns (matrix, class names or None)."""
+    matrix, names = read_confusion_file(path)
+    return check_confusion(matrix, what=f"confusion matrix in {path}"), names
 
-    A .csv may start with one header row of class names (the columns' predicted classes, in class order).
-    """
+
+def read_confusion_file(path: str | os.PathLike) -> tuple[np.ndarray, list[str] | None]:
+    """The (C, C) matrix in a .npy or .csv confusion file and its class names (None: none in the file), or one
+    UsageError line. A .csv may start with one header row of class names (the predicted classes, in class order)."""
     path = Path(path)
     suffix = _format(path)
     if not path.exists():
@@ -136,34 +149,37 @@ def load_confusion(path: str | os.PathLike) -> tuple[np.ndarray, list[str] | Non
             matrix, names = _read_csv(path)
     except UsageError:
         raise
-    except (OSError, ValueError, EOFError, UnicodeDecodeError) as error:
+    except (OSError, ValueError, EOFError, UnicodeDecodeError, csv.Error) as error:
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise UsageError(f"cannot read confusion file {path}: {message}") from None
-    matrix = check_confusion(matrix, what=f"confusion matrix in {path}")
+    matrix = confusion_matrix(matrix, what=f"confusion matrix in {path}")
     if names is not None and len(names) != matrix.shape[0]:
         raise UsageError(f"{path}: header has {len(names)} class names for {matrix.shape[0]} classes")
     return matrix, names
 
 
 def _read_npy(path: Path) -> np.ndarray:
-    """The array in an .npy file, mapped before it is read: a header that promises more than memory allows, more
-    bytes than the file holds, or bytes after the array is refused before anything is allocated."""
-    try:
-        mapped = np.load(path, allow_pickle=False, mmap_mode="r")
-    except ValueError as error:
-        if "mmap length is greater than file size" not in str(error):
-            raise
-        raise UsageError(f"confusion file {path} holds fewer bytes than its header promises: truncated") from None
-    if not isinstance(mapped, np.memmap):  # an empty or 0-d array numpy reads whole
-        return np.asarray(mapped)
-    if mapped.nbytes > memory_limit():
+    """The array in an .npy file, its header read first (numpy.lib.format): an array larger than memory allows, of
+    Python objects, or of another size than the file's bytes after the header is refused before anything is
+    allocated."""
+    with open(path, "rb") as file:
+        version = np.lib.format.read_magic(file)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(file)
+        offset = file.tell()
+    if dtype.hasobject:
+        raise UsageError(f"confusion file {path} holds Python objects, not numbers")
+    need = math.prod(shape) * dtype.itemsize
+    if need > memory_limit():
         raise UsageError(
-            f"confusion file {path}: its header promises a {mapped.shape} array, more than a quarter of this "
-            f"machine's {machine_memory() / 2**30:.1f} GiB; a damaged file, or not a confusion matrix"
+            f"confusion file {path}: its header promises a {shape} array, more than a quarter of this machine's "
+            f"{machine_memory() / 2**30:.1f} GiB; a damaged file, or not a confusion matrix"
         )
-    if path.stat().st_size != mapped.offset + mapped.nbytes:
-        raise UsageError(f"confusion file {path} holds bytes after its array; a damaged file, or not a .npy file")
-    return np.array(mapped)
+    held = path.stat().st_size - offset
+    if held != need:
+        fault = "fewer bytes than its header promises: truncated" if held < need else "bytes after its array"
+        raise UsageError(f"confusion file {path} holds {fault}; a damaged file, or not a .npy file")
+    return np.load(path, allow_pickle=False)
 
 
 def save_confusion(path: str | os.PathLike, matrix: np.ndarray, class_names: list[str]) -> None:
@@ -184,7 +200,7 @@ def save_confusion(path: str | os.PathLike, matrix: np.ndarray, class_names: lis
 def check_confusion_output(path: str | os.PathLike, flag: str) -> None:
     """Before the work: `path` names a format save_confusion writes, and replaces nothing but a confusion file."""
     _format(Path(path))
-    check_replaceable(path, read=load_confusion, kind="confusion file", flag=flag)
+    check_replaceable(path, read=read_confusion_file, kind="confusion file", flag=flag)
 
 
 def _read_csv(path: Path) -> tuple[np.ndarray, list[str] | None]:

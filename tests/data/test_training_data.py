@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -157,4 +159,9 @@ def test_an_image_folder_reached_twice_through_a_link_is_refused(target, tmp_pat
     root = write_imagefolder(tmp_path / "images", {"train": 2, "val": 2}, ("a", "b"), (8, 8))
     (root / "val" / "a" / "link").symlink_to(target)
     with pytest.raises(UsageError, match=r"/val\S* and \S*/val/\S* are one folder \(a symbolic link leads to it"):
+        open_data(f"imagefolder:{root}", 8)
+    (root / "val" / "a" / "link").unlink()
+    shutil.rmtree(root / "train")
+    (root / "train").write_text("a file where a folder belongs")
+    with pytest.raises(UsageError, match="Not a directory"):
         open_data(f"imagefolder:{root}", 8)

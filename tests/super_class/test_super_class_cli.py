@@ -12,6 +12,7 @@ from mobile_moe.app.cli import main
 from mobile_moe.checkpoint import checkpoint_dict, save_checkpoint
 from mobile_moe.data.datasets import data_record, open_data
 from mobile_moe.errors import UsageError
+from mobile_moe.super_class.confusion import check_confusion_output, save_confusion
 from mobile_moe.super_class.demo import derive_for_demo
 from mobile_moe.super_class.planted import planted_confusion
 from mobile_moe.super_class.superclasses import load
@@ -193,6 +194,10 @@ def test_outputs_replace_only_files_of_their_own_kind(run_dir, confusion_file, t
     assert "exists and is not a confusion file" in capsys.readouterr().err and photo.read_text().startswith("not")
     counts = tmp_path / "counts.csv"
     assert main(["evaluate", str(run_dir), "--confusion", str(counts)]) == 0
+    assert main(["evaluate", str(run_dir), "--confusion", str(counts)]) == 0  # its own output, replaced
+    perfect = tmp_path / "perfect.npy"  # a confusion file with nothing to cluster is still one to replace
+    save_confusion(perfect, np.eye(3) * 4, ["a", "b", "c"])
+    check_confusion_output(perfect, "--confusion")
     assert counts.read_text().splitlines()[0] == ",".join(str(c) for c in range(10))  # digits' class names
     assert main(["superclass", "derive", "--confusion", str(counts), "-E", "3", "--out", str(tmp_path / "c.json")]) == 0
     assert load(tmp_path / "c.json").class_names == [str(c) for c in range(10)]

@@ -191,6 +191,7 @@ def inputs(tmp_path_factory):
     (root / "sc.json").write_text(_with())
     (root / "file").write_text("x")
     (root / "semicolons.csv").write_text("1;2\n3;4\n")
+    (root / "huge_field.csv").write_text('"' + "9" * 200_000 + '"\n')  # over the csv module's field limit
     (root / "o.png").symlink_to(root / "o.json")  # a plot name that is the --out file under another name
     return root
 
@@ -210,6 +211,9 @@ BAD_ARGS = {
     "confusion directory": (lambda r: _derive(r, "--confusion", str(r / "dir.npy"), "-E", "3"), "not a regular file"),
     "confusion FIFO": (lambda r: _derive(r, "--confusion", str(r / "fifo.npy"), "-E", "3"), "not a regular file"),
     "confusion empty": (lambda r: _derive(r, "--confusion", str(r / "empty.csv"), "-E", "2"), "empty"),
+    "confusion field too large": (
+        lambda r: _derive(r, "--confusion", str(r / "huge_field.csv"), "-E", "2"), "field larger than field limit"
+    ),
     "confusion semicolons": (
         lambda r: _derive(r, "--confusion", str(r / "semicolons.csv"), "-E", "2"), "separates its values with commas"
     ),
