@@ -86,11 +86,15 @@ def load_checkpoint(
     return checkpoint
 
 
+def not_finite(tensor: torch.Tensor) -> bool:
+    """Whether a floating-point tensor holds a NaN or an infinity: the one test of a weight's values."""
+    return tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())
+
+
 def check_finite_weights(state: dict[str, Any], path: str | os.PathLike) -> None:
     """UsageError naming the first floating-point weight of `state` that holds a NaN or an infinity: a model loaded
     from it would evaluate to chance, and export would fail parity, without saying why."""
-    bad = next((key for key, value in state.items() if torch.is_tensor(value) and value.is_floating_point()
-                and not torch.isfinite(value).all()), None)  # fmt: skip
+    bad = next((key for key, value in state.items() if torch.is_tensor(value) and not_finite(value)), None)
     if bad is not None:
         raise UsageError(
             f"{path}: weight {bad} holds NaN or infinite values (a diverged run, or a damaged file); use an earlier "

@@ -53,7 +53,7 @@ def class_names_problem(names: Any) -> str | None:
     for index, name in enumerate(names):
         if not isinstance(name, str) or not name.strip():
             return f"class name {index + 1} ({name!r}) is blank or not a string"
-        if any(unicodedata.category(character) == "Cc" for character in name):
+        if has_control_character(name):
             return f"class name {index + 1} ({name!r}) holds a control character (a newline, tab or escape): rename it"
         if not name.isascii() and _undecodable(name):
             return f"class name {index + 1} ({name!r}) is not UTF-8 text (a folder name in another encoding): rename it"
@@ -61,6 +61,12 @@ def class_names_problem(names: Any) -> str | None:
         twice = next(name for name in names if names.count(name) > 1)
         return f"class name {twice!r} appears more than once"
     return None
+
+
+def has_control_character(text: str) -> bool:
+    """Whether `text` holds a control character (Unicode category Cc: a newline, tab, escape, ...), which would forge a
+    line or a colour where a command prints it."""
+    return any(unicodedata.category(character) == "Cc" for character in text)
 
 
 def _undecodable(name: str) -> bool:

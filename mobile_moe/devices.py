@@ -35,6 +35,7 @@ def usable_cores() -> int:
 
 
 MAX_MEMORY_SHARE = 0.25  # what one thing a command reads or makes may take of this machine's memory
+MAX_MEMORY_SHARE_WORDS = "a quarter"  # MAX_MEMORY_SHARE as a refusal says it
 
 
 def machine_memory() -> int:
@@ -44,5 +45,17 @@ def machine_memory() -> int:
 
 def memory_limit() -> int:
     """The bytes one input or argument may ask for (MAX_MEMORY_SHARE of the machine): the one bound of that rule, for
-    bench's --images and the IDX files' headers; asked for more, they refuse in one line before allocating."""
+    bench's --images, the IDX files' and .npy files' headers and synthetic data; asked for more, they refuse in one
+    line before allocating (over_memory_limit says by how much)."""
     return int(MAX_MEMORY_SHARE * machine_memory())
+
+
+def over_memory_limit(need_bytes: int) -> str | None:
+    """None when `need_bytes` fits memory_limit(); else how a refusal says it ("12.3 GiB, more than a quarter of this
+    machine's 23.5 GiB")."""
+    if need_bytes <= memory_limit():
+        return None
+    return (
+        f"{need_bytes / 2**30:.1f} GiB, more than {MAX_MEMORY_SHARE_WORDS} of this machine's "
+        f"{machine_memory() / 2**30:.1f} GiB"
+    )

@@ -98,7 +98,7 @@ def _stopped(interrupt: KeyboardInterrupt) -> int:
 # refusal here covers them all, where a check per reader would miss the next reader.
 _PATH_FIXES = {
     errno.ENAMETOOLONG: "a name in the path is longer than the file system allows; give a shorter path",
-    errno.EACCES: "this user may not read it or a folder above it; check its permissions",
+    errno.EACCES: "this user may not read or write it, or a folder above it; check its permissions",
 }
 
 
@@ -107,7 +107,8 @@ def _path_refusal(error: BaseException) -> str | None:
     traceback stays)."""
     if not isinstance(error, OSError) or error.errno not in _PATH_FIXES or error.filename is None:
         return None
-    path = os.fsdecode(error.filename) if isinstance(error.filename, bytes | str) else str(error.filename)
+    named = error.filename2 if error.filename2 is not None else error.filename  # a rename's target, else the path
+    path = os.fsdecode(named) if isinstance(named, bytes | str) else str(named)
     return f"cannot use {path}: {error.strerror}: {_PATH_FIXES[error.errno]}"
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from mobile_moe.data.spec_options import EXAMPLES, parse_options
-from mobile_moe.devices import machine_memory, memory_limit
+from mobile_moe.devices import over_memory_limit
 from mobile_moe.errors import UsageError
 
 FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
@@ -111,10 +111,10 @@ def _header(stream, path: Path, rank: int) -> tuple[int, ...]:
 
 def _values(stream, path: Path, count: int) -> np.ndarray:
     """Read exactly `count` bytes, in chunks so that a lying header costs only what the file really holds."""
-    if count > memory_limit():
+    excess = over_memory_limit(count)
+    if excess is not None:
         raise UsageError(
-            f"{path}: its header promises {count / 2**30:.1f} GiB of values, more than a quarter of this machine's "
-            f"{machine_memory() / 2**30:.1f} GiB; a damaged file, or a set too large for this machine"
+            f"{path}: its header promises values of {excess}; a damaged file, or a set too large for this machine"
         )
     data = bytearray()
     while len(data) < count and (chunk := stream.read(min(CHUNK, count - len(data)))):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mobile_moe.data.spec_options import EXAMPLES, parse_options
-from mobile_moe.devices import machine_memory, memory_limit
+from mobile_moe.devices import over_memory_limit
 from mobile_moe.errors import UsageError
 
 
@@ -46,20 +46,19 @@ def parse_synthetic(argument: str) -> SyntheticSpec:
 WORKING_BYTES_PER_PIXEL = 80  # generate's float64 arrays at their peak: two (N, 3, S, S) and four (N, S, S)
 
 
-def check_fits_memory(spec: SyntheticSpec, image_size: int) -> None:
+def _check_generation_fits(spec: SyntheticSpec, image_size: int) -> None:
     """UsageError unless generating the set fits the memory one input may ask for (mobile_moe.devices.memory_limit)."""
-    need = WORKING_BYTES_PER_PIXEL * spec.classes * spec.per_class * image_size**2
-    if need > memory_limit():
+    excess = over_memory_limit(WORKING_BYTES_PER_PIXEL * spec.classes * spec.per_class * image_size**2)
+    if excess is not None:
         raise UsageError(
             f"synthetic: classes={spec.classes} x per_class={spec.per_class} images of {image_size} px need about "
-            f"{need / 2**30:.1f} GiB to generate, more than a quarter of this machine's {machine_memory() / 2**30:.1f} "
-            f"GiB; ask for fewer classes or images per class, e.g. --data {EXAMPLES['synthetic']}"
+            f"{excess} to generate; ask for fewer classes or images per class, e.g. --data {EXAMPLES['synthetic']}"
         )
 
 
 def generate(spec: SyntheticSpec, image_size: int) -> tuple[np.ndarray, np.ndarray]:
     """-> images uint8 (N, 3, S, S), labels int64 (N,), N = classes * per_class, ordered by class."""
-    check_fits_memory(spec, image_size)
+    _check_generation_fits(spec, image_size)
     rng = np.random.default_rng(spec.seed)
     S, C = image_size, spec.classes
     # Structure shared by a super-class: grating orientation, frequency (cycles per image) and colour.

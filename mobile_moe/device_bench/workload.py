@@ -14,7 +14,7 @@ import numpy as np
 
 from mobile_moe.class_names import check_classes
 from mobile_moe.data.datasets import open_data
-from mobile_moe.devices import machine_memory, memory_limit
+from mobile_moe.devices import memory_limit, over_memory_limit
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest_schema import Manifest
 
@@ -49,12 +49,11 @@ def check_fits_memory(count: int, shape: list[int]) -> None:
     (mobile_moe.devices.memory_limit: the workload is held in memory, then written once to a raw file that every
     runner reads beside its own model and buffers): a count typed with zeros too many is refused in one line."""
     image_bytes = 4 * math.prod(shape[1:])
-    memory = machine_memory()
-    most = max(1, memory_limit() // image_bytes)
-    if count > most:
+    excess = over_memory_limit(count * image_bytes)
+    if excess is not None:
         raise UsageError(
-            f"--images {count}: {count * image_bytes / 2**30:.1f} GiB of {'x'.join(map(str, shape[1:]))} images, more "
-            f"than a quarter of this machine's {memory / 2**30:.1f} GiB; give at most {most}"
+            f"--images {count}: {'x'.join(map(str, shape[1:]))} images of {excess}; give at most "
+            f"{max(1, memory_limit() // image_bytes)}"
         )
 
 

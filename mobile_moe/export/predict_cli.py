@@ -7,6 +7,7 @@ import argparse
 import numpy as np
 
 from mobile_moe import jsonio
+from mobile_moe.class_names import has_control_character
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest_schema import SPLIT_LAYOUTS
 
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     for result in results:
         experts = ", ".join(f"{e} (gate {g:.2f})" for e, g in zip(result["experts"], result["gates"], strict=True))
-        image = result["image"] if result["image"].isprintable() else repr(result["image"])  # a newline in a name
+        image = repr(result["image"]) if has_control_character(result["image"]) else result["image"]
         print(
             f"{image}: {result['class']} (p={result['probability']:.3f})"
             + (f", experts {experts}" if experts else "")

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from mobile_moe.checkpoint import first_reason, torch_load
+from mobile_moe.checkpoint import first_reason, not_finite, torch_load
 from mobile_moe.config import ViTConfig
 from mobile_moe.errors import UsageError
 
@@ -126,7 +126,7 @@ def _not_a_weight(key: Any, value: Tensor) -> str | None:
         return f"a {str(value.dtype).removeprefix('torch.')} tensor (weights are float32, float16 or bfloat16)"
     if value.device.type == "meta":
         return "a tensor on the meta device, which holds no values"
-    if value.is_floating_point() and not torch.isfinite(value).all():
+    if not_finite(value):
         return "holds values that are not finite"
     return None
 

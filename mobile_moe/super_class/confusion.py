@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from mobile_moe.atomic import atomic_path, check_replaceable
-from mobile_moe.devices import machine_memory, memory_limit
+from mobile_moe.devices import over_memory_limit
 from mobile_moe.errors import UsageError
 
 
@@ -170,10 +170,11 @@ def _read_npy(path: Path) -> np.ndarray:
     if dtype.hasobject:
         raise UsageError(f"confusion file {path} holds Python objects, not numbers")
     need = math.prod(shape) * dtype.itemsize
-    if need > memory_limit():
+    excess = over_memory_limit(need)
+    if excess is not None:
         raise UsageError(
-            f"confusion file {path}: its header promises a {shape} array, more than a quarter of this machine's "
-            f"{machine_memory() / 2**30:.1f} GiB; a damaged file, or not a confusion matrix"
+            f"confusion file {path}: its header promises a {shape} array of {excess}; a damaged file, or not a "
+            "confusion matrix"
         )
     held = path.stat().st_size - offset
     if held != need:

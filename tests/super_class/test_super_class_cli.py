@@ -208,10 +208,11 @@ def test_outputs_replace_only_files_of_their_own_kind(run_dir, confusion_file, t
     [
         ("truncated", "holds fewer bytes than its header promises"),
         ("trailing bytes", "holds bytes after its array"),
-        ("larger than memory allows", r"its header promises a \(10, 10\) array, more than a quarter of"),
+        ("larger than memory allows", r"its header promises a \(10, 10\) array of 0.0 GiB, more than a quarter of"),
     ],
 )
 def test_a_confusion_npy_is_checked_before_it_is_read(fault, message, tmp_path, monkeypatch):
+    from mobile_moe import devices
     from mobile_moe.super_class import confusion
 
     path = tmp_path / "c.npy"
@@ -221,7 +222,7 @@ def test_a_confusion_npy_is_checked_before_it_is_read(fault, message, tmp_path, 
     elif fault == "trailing bytes":
         path.write_bytes(path.read_bytes() + b"\0" * 8)
     else:
-        monkeypatch.setattr(confusion, "memory_limit", lambda: 799)  # the 800 bytes of a (10, 10) float64 array
+        monkeypatch.setattr(devices, "memory_limit", lambda: 799)  # the 800 bytes of a (10, 10) float64 array
     with pytest.raises(UsageError, match=message):
         confusion.load_confusion(path)
 
