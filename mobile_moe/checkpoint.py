@@ -52,14 +52,14 @@ def first_reason(error: Exception) -> str:
     return f"{error.__class__.__name__}: {line}"
 
 
-def torch_load(path: str | os.PathLike, **options) -> Any:
+def torch_load(path: str | os.PathLike, *, map_location: str | torch.device = "cpu", mmap: bool = False) -> Any:
     """torch.load(weights_only=True): every reader of a torch file goes through here. Its UserWarnings are silenced:
     a foreign file's notes (torch/_weights_only_unpickler.py's "Detected pickle protocol ...", serialization.py's
     sparse-tensor validation) would print above the one line that says what is wrong with the file, or say nothing
     to a user whose file is fine."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        return torch.load(path, weights_only=True, **options)
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
 
 
 def load_checkpoint(

@@ -8,9 +8,19 @@ import json
 import os
 import unicodedata
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from mobile_moe.errors import UsageError
+
+
+class ClassifiedData(Protocol):
+    """What check_classes reads of an opened data spec (mobile_moe.data.datasets.Data, which imports this module)."""
+
+    spec: str
+    class_names: list[str]
+
+    @property
+    def num_classes(self) -> int: ...
 
 
 def read_class_names(path: str | os.PathLike) -> list[str]:
@@ -79,7 +89,7 @@ def _undecodable(name: str) -> bool:
     return False
 
 
-def check_classes(class_names: list[str], data, *, whose: str, fix: str) -> None:
+def check_classes(class_names: list[str], data: ClassifiedData, *, whose: str, fix: str) -> None:
     """`data` (an opened data spec) must classify exactly `class_names`, in order: a model's outputs mean those
     classes, and its routing was learnt on their images. `whose`: the model ("the run in RUN"); `fix`: what to do."""
     theirs, ours = list(data.class_names), list(class_names)
