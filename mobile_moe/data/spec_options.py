@@ -97,7 +97,8 @@ def _option_value(dataset: str, key: str, text: str, kind: type, example: str) -
         value = kind(text)
     except ValueError:
         raise UsageError(f"{dataset}: {key}={text!r} is not a valid {kind.__name__}; e.g. --data {example}") from None
-    if not 0 <= value <= MAX_OPTION if kind is int else not 0 <= value < math.inf:  # NaN fails every comparison
+    below_the_top = value <= MAX_OPTION if kind is int else value < math.inf
+    if not (0 <= value and below_the_top):  # NaN fails every comparison
         bound = f"an integer from 0 to {MAX_OPTION}" if kind is int else "a finite number from 0 up"
         raise UsageError(f"{dataset}: {key}={text} must be {bound}; e.g. --data {example}")
     return value
