@@ -708,3 +708,21 @@ def test_the_runner_dies_with_the_bench_that_started_it_even_when_the_bench_is_s
     command = [str(runner), "--bundle", str(bundle), "--random", "2", "--iterations", "10000000", "--warmup", "0",
                "--no-weight-cache"]  # fmt: skip
     assert not outlives_its_killed_parent(command)
+
+
+@pytest.mark.slow  # two runs of export's runtime, 11 s on 2 cores; the fast set checks results.host_parity
+def test_an_emulated_runs_parity_is_taken_against_exports_runtime_on_the_same_images(bundle, tmp_path):
+    """bench's parity_with_host, with a round of export's own runtime standing in for the emulated one (the slow
+    arm64 test runs the real one under qemu): the same images and cache settings, every image matched."""
+    from mobile_moe.device_bench.bench import BenchSettings, parity_with_host
+    from mobile_moe.device_bench.python_worker import PythonWorker
+    from mobile_moe.device_bench.results import validate_round
+    from mobile_moe.device_bench.round_settings import RoundSettings
+    from mobile_moe.device_bench.workload import random_workload, write_raw
+
+    images = write_raw(random_workload([1, 3, 32, 32], count=5, seed=2), tmp_path / "images.f32")
+    settings = BenchSettings(RoundSettings(iterations=2, warmup=0, cache_experts=1, switch_repeats=0), rounds=1)
+    stand_in = validate_round(PythonWorker("executorch").run_round(bundle, images, settings.round), "stand-in")
+    parity = parity_with_host(str(bundle), stand_in, images, settings)
+    assert parity == {"reference": "executorch (Python, this host)", "images": 5, "max_abs_logit_diff": 0.0,
+                      "same_class": 5, "same_experts": 5}  # fmt: skip
