@@ -21,6 +21,9 @@ if TYPE_CHECKING:  # torch loads when a pipeline is built: the recipes (and so t
 INPUT_PIPELINES = ("auto", "workers", "device")
 
 
+MAGNITUDE_BINS = 31  # RandAugment's magnitude bins (torchvision's num_magnitude_bins): magnitudes 0 to 30
+
+
 @dataclass(frozen=True)
 class Augmentation:
     """What a training image goes through (a recipe's augmentation fields: TrainConfig.augmentation), the same for the
@@ -30,7 +33,7 @@ class Augmentation:
     crop_scale: float  # RandomResizedCrop scale range (crop_scale, 1); 1 disables the crop
     hflip: bool
     randaugment_ops: int  # 0 disables RandAugment
-    randaugment_magnitude: int  # of RandAugment's 31 magnitude bins (torchvision's num_magnitude_bins)
+    randaugment_magnitude: int  # one of RandAugment's MAGNITUDE_BINS bins, 0 to 30
     mixup_alpha: float  # 0 disables MixUp
     cutmix_alpha: float  # 0 disables CutMix; with both on, one of the two is picked per batch
     random_erasing: float  # probability; 0 disables

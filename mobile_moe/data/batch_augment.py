@@ -34,7 +34,6 @@ from mobile_moe.data.augment import Augmentation
 CROP_RATIO = (3 / 4, 4 / 3)  # RandomResizedCrop's default aspect range
 ERASE_SCALE, ERASE_RATIO = (0.02, 0.33), (0.3, 3.3)  # RandomErasing's defaults
 ATTEMPTS = 10  # RandomResizedCrop's and RandomErasing's tries before their fallbacks
-MAGNITUDE_BINS = 31  # RandAugment's num_magnitude_bins
 MAX_SUPERSAMPLING = 3  # samples per output pixel per side: antialias for downscaling by up to 3x
 
 # RandAugment's ops, in torchvision's order (_AUGMENTATION_SPACE): (name, geometric, signed, magnitude at bin m of 31)

@@ -34,7 +34,7 @@ def runner_command(
 ) -> list[str]:
     """The runner's argv; `weight_cache_dir`: the existing directory, shared by runs, that settings.weight_cache
     keeps packed weights in (None: there is none, and the run packs on the heap)."""
-    command = [str(runner), "--bundle", str(bundle), *settings.runner_flags()]
+    command = [os.path.abspath(runner), "--bundle", str(bundle), *settings.runner_flags()]  # "./r" is not r on PATH
     if images is not None:
         command += ["--input", str(images)]
     if settings.weight_cache and weight_cache_dir is not None:

@@ -59,7 +59,8 @@ def _export_fp32(module: nn.Module, example_inputs, out_path: Path, input_names,
         )
         # one self-contained file per graph: the manifest hashes exactly what is loaded
         onnx_program.save(str(out_path), external_data=False)
-    onnx.checker.check_model(str(out_path), full_check=True)
+    # The proto, not the path: onnx's checker binds a path as UTF-8 and refuses a folder name in other bytes.
+    onnx.checker.check_model(onnx.load(out_path), full_check=True)
 
 
 def export_onnx(

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from mobile_moe.data.augment import INPUT_PIPELINES, Augmentation
+from mobile_moe.data.augment import INPUT_PIPELINES, MAGNITUDE_BINS, Augmentation
 from mobile_moe.devices import DEVICES
 from mobile_moe.errors import UsageError
 
@@ -69,6 +69,9 @@ class TrainConfig:
         for name in ("label_smoothing", "random_erasing"):
             if not 0 <= getattr(self, name) < 1:
                 raise UsageError(f"{name}={getattr(self, name)}: must be in [0, 1)")
+        if not 0 <= self.randaugment_magnitude < MAGNITUDE_BINS:
+            magnitude = self.randaugment_magnitude
+            raise UsageError(f"randaugment_magnitude={magnitude}: must be from 0 to {MAGNITUDE_BINS - 1}")
         if not 0 < self.crop_scale <= 1:
             raise UsageError(f"crop_scale={self.crop_scale}: must be in (0, 1]")
         if self.route_by not in ROUTE_BY:

@@ -14,6 +14,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 from mobile_moe.data import batch_augment as ba
+from mobile_moe.data.augment import MAGNITUDE_BINS
 from mobile_moe.training import recipes
 
 N = 4000  # draws per law
@@ -68,7 +69,7 @@ def test_randaugment_ops_signs_and_magnitudes_are_torchvisions():
     space = v2.RandAugment._AUGMENTATION_SPACE
     for op, (name, _, signed, _) in enumerate(ba.OPS):
         table, their_signed = space[name]
-        values = table(ba.MAGNITUDE_BINS, S, S)
+        values = table(MAGNITUDE_BINS, S, S)
         expected = 0.0 if values is None else float(values[DEIT.randaugment_magnitude])
         drawn = magnitudes[ops == op]
         assert np.allclose(np.abs(drawn), abs(expected), atol=1e-6), name

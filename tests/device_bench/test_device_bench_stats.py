@@ -4,6 +4,7 @@ and the report from given results."""
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 
@@ -283,5 +284,6 @@ def test_the_native_runners_own_settings_reach_only_the_native_runner():
     settings = RoundSettings(park_experts=0, weight_cache=False)
     worker = worker_command("bundle", "onnxruntime", "images.f32", settings)
     assert not {"--park-experts", "--no-weight-cache"} & set(worker)
-    native = runner_command("runner", "bundle", "images.f32", settings)
+    native = runner_command("./runner", "bundle", "images.f32", settings)
     assert native[-3:] == ["--no-weight-cache", "--park-experts", "0"]
+    assert native[0] == os.path.abspath("runner")  # "./runner" run as a bare name would be looked up on PATH

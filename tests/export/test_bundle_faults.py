@@ -529,3 +529,13 @@ def test_a_bundle_whose_name_is_not_utf8_predicts_and_benches(bundle, png, tmp_p
     bench = subprocess.run(argv, cwd=REPO, capture_output=True, timeout=300)
     assert bench.returncode == 0, bench.stderr
     assert "bundle-\\xff" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow  # an export, 4 s
+def test_an_onnx_bundle_exports_into_a_folder_whose_name_is_not_utf8(tmp_path):
+    """onnx's checker binds a path as UTF-8: export checks the proto it wrote, not the path, and writes the bundle."""
+    from mobile_moe.export.bundle import export_bundle
+
+    odd = Path(os.fsdecode(bytes(tmp_path) + b"/bundle-\xff"))
+    export_bundle(tiny_model("vit").eval(), odd, "onnx")
+    assert (odd / "manifest.json").is_file() and read_manifest(odd, verify_files=True).graphs

@@ -292,6 +292,8 @@ def test_a_failed_start_is_started_afresh_by_resume_or_by_the_same_command(tmp_p
         (["--router-loss=-inf"], "argument --router-loss: '-inf' is not a finite number"),
         (["--set", "base_lr=nan"], "base_lr='nan': expected a finite number"),
         (["--set", "warmup_epochs=inf"], "warmup_epochs='inf': expected a finite number"),
+        (["--set", "randaugment_magnitude=31"], "randaugment_magnitude=31: must be from 0 to 30"),  # an IndexError
+        (["--set", "randaugment_magnitude=-1"], "randaugment_magnitude=-1: must be from 0 to 30"),  # the strongest
     ],
 )
 def test_non_finite_numbers_are_refused_where_they_are_typed(tmp_path, capsys, extra, message):
