@@ -9,6 +9,7 @@ import difflib
 import math
 import os
 import re
+from pathlib import Path
 from typing import TypeVar
 
 from mobile_moe.errors import UsageError
@@ -121,6 +122,16 @@ def resolved_spec(spec: str) -> str:
                  for item in argument.split(",")]  # fmt: skip
         return f"{name}{separator}{','.join(items)}"
     return spec
+
+
+def spec_folder(spec: str) -> Path | None:
+    """The folder a data spec reads (made absolute, as resolved_spec makes it); None for data without one."""
+    name, _, argument = resolved_spec(spec).partition(":")
+    if name in FOLDER_SPECS and argument:
+        return Path(argument)
+    if name in OPTIONED_FOLDER_SPECS:
+        return next((Path(item) for item in argument.split(",") if item and "=" not in item), None)
+    return None
 
 
 def same_data(given: str, recorded: str | None) -> bool:

@@ -32,6 +32,7 @@ from torch.utils.data import Dataset
 from mobile_moe.atomic import atomic_path, check_writable
 from mobile_moe.data.decode import fitted
 from mobile_moe.data.image_files import image_from_bytes
+from mobile_moe.data.spec_options import spec_folder
 from mobile_moe.devices import usable_cores
 from mobile_moe.errors import UsageError
 
@@ -95,6 +96,13 @@ def pack(data, out: str | os.PathLike, *, max_side: int = DEFAULT_MAX_SIDE, qual
     """Write every split of `data` (a Data of open_data(spec, max_side)) into the store `out`; -> out."""
     out = Path(out)
     check_writable(out, directory=True)
+    source = spec_folder(data.spec)
+    if source is not None and (out.resolve() == source.resolve() or source.resolve() in out.resolve().parents):
+        where = "is" if out.resolve() == source.resolve() else "is inside"
+        raise UsageError(
+            f"--out {out} {where} {source}, the data it packs: the store would become part of its source; choose a "
+            "folder outside it"
+        )
     if out.is_dir() and any(out.iterdir()) and not (out / META).is_file():
         raise UsageError(f"{out} exists and is not a packed store; choose another --out (nothing there is replaced)")
     record = {"format": FORMAT, "version": VERSION, "source": data.spec, "max_side": max_side, "quality": quality,

@@ -62,6 +62,12 @@ def test_the_cli_packs_and_refuses_a_directory_that_is_not_a_store(tmp_path, cap
     assert main(["pack", SOURCE, "--out", str(tmp_path / "store"), "--max-side", "12"]) == 0  # a store: replaced
     assert json.loads((tmp_path / "store" / "store.json").read_text())["max_side"] == 12
     assert sorted(path.name for path in tmp_path.iterdir()) == ["store", "theirs"]  # no temporaries left
+    store_dir = tmp_path / "store"
+    files = {path.name: path.read_bytes() for path in store_dir.iterdir()}
+    for out in (store_dir, store_dir / "inner"):  # a store packed into itself, or into its own folder
+        assert main(["pack", f"packed:{store_dir}", "--out", str(out)]) == 2
+        assert "the data it packs: the store would become part of its source" in capsys.readouterr().err
+    assert {path.name: path.read_bytes() for path in store_dir.iterdir()} == files
 
 
 def damage_json(packed):
