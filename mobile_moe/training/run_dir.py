@@ -327,6 +327,18 @@ def commit_epoch(run_dir: str | os.PathLike, checkpoint: dict[str, Any]) -> None
     write_metrics(run_dir, checkpoint["history"])
 
 
+def check_commit_point(run_dir: Path) -> None:
+    """A run holding a finished epoch's files (best.pt, metrics.jsonl) holds their commit point, checkpoint.pt:
+    commit_epoch writes it first, so only a removal leaves them without it, and a resume would start the run over
+    and replace them."""
+    left = [name for name in (BEST, METRICS) if (run_dir / name).exists()]
+    if left and not (run_dir / LAST).exists():
+        raise UsageError(
+            f"{run_dir} holds finished epochs ({', '.join(left)}) but not their {LAST}, which was removed; put it back "
+            "to resume, or train into a new --out (a resume from nothing would replace them)"
+        )
+
+
 def reconcile(run_dir: str | os.PathLike, checkpoint: dict[str, Any]) -> list[str]:
     """After a kill: make best.pt and metrics.jsonl what `commit_epoch` of `checkpoint` (checkpoint.pt) writes;
     -> what was repaired. Under commit_epoch's order best.pt can only lag when checkpoint.pt is itself the best epoch,

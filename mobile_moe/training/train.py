@@ -50,6 +50,7 @@ from mobile_moe.training.routing import TrainingForward, collapse_warning
 from mobile_moe.training.run_dir import (
     CONFIG,
     LAST,
+    check_commit_point,
     commit_epoch,
     differing_fields,
     holds_results,
@@ -328,6 +329,7 @@ def resume_training(run_dir: str | os.PathLike, verbose: bool = True, **changes:
 def _resume(run_dir: Path, verbose: bool, changes: dict[str, Any]) -> Path:
     config = read_config(run_dir)
     refuse_resume(config, run_dir)
+    check_commit_point(run_dir)
     cfg = from_dict({"input_pipeline": "workers", **config["recipe"]})  # a run from before the choice: per image
     cfg = cfg.replace(**{k: v for k, v in changes.items() if v is not None})
     spec = config["super_classes"]["spec"] if config.get("super_classes") else None

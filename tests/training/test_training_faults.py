@@ -388,6 +388,17 @@ def test_weights_that_do_not_fit_the_config_are_a_usage_error(tmp_path, capsys, 
     assert status == 2 and "checkpoint.pt: its weights do not fit" in err
 
 
+def test_resume_refuses_a_run_whose_commit_point_was_removed(tmp_path, capsys, one_epoch):
+    """best.pt and metrics.jsonl without checkpoint.pt (written first, so only a removal leaves them): a resume
+    would start over and replace them."""
+    out = copy_run(one_epoch, tmp_path / "run")
+    (out / "checkpoint.pt").unlink()
+    kept = {name: (out / name).read_bytes() for name in ("best.pt", "metrics.jsonl")}
+    status, err = cli(capsys, ["train", "--out", str(out), "--resume", "--epochs", "2"])
+    assert status == 2 and "holds finished epochs (best.pt, metrics.jsonl) but not their checkpoint.pt" in err
+    assert {name: (out / name).read_bytes() for name in kept} == kept
+
+
 def test_resume_refuses_a_config_json_edited_away_from_the_checkpoint(tmp_path, capsys, one_epoch):
     out = copy_run(one_epoch, tmp_path / "run")
     config = json.loads((out / "config.json").read_text())
