@@ -125,6 +125,14 @@ class BenchSettings:
             check_runner(self.runner)
         if self.runtime is not None or place in REMOTE:
             choose_runner(self.runtime or "native", self.device, self.runner)  # its refusals, before anything runs
+        self._check_native_only_flags()
+
+    def _check_native_only_flags(self) -> None:
+        """The native runner's own switches are refused with another runtime named, which would ignore them."""
+        given = [flag for flag, set_ in (("--park-experts", self.round.park_experts is not None),
+                                         ("--no-weight-cache", not self.round.weight_cache)) if set_]  # fmt: skip
+        if given and self.runtime not in (None, "native"):
+            raise UsageError(f"{given[0]} is the native runner's; --runtime {self.runtime} has none: leave it out")
 
     def as_json(self) -> dict:
         """results.json's "settings": the per-round knobs and the workload."""

@@ -247,8 +247,9 @@ def _whole_split(model: nn.Module, images: TensorSpec, logits: TensorSpec, monol
     if monolithic or layout:
         flag = "--monolithic" if monolithic else f"--layout {layout}"
         raise UsageError(
-            f"{flag} does not apply to {cfg.name} (routing {cfg.routing!r}): each token picks its experts, so any "
-            "image may need any expert and the model always exports whole, every expert in one graph; leave it out"
+            f"{flag} does not apply to {cfg.name} (routing {cfg.routing!r}): its experts serve tokens, not whole "
+            "images, so any image may need any expert and the model always exports whole, every expert in one graph; "
+            "leave it out"
         )
     expert_tokens = tensor_spec("expert_tokens", 1, cfg.expert_sets, cfg.num_experts)
     graph = GraphSpec("whole", "whole", WholeGraph(model), [images], [logits, expert_tokens])
@@ -263,10 +264,10 @@ def _check_layout(model: nn.Module, layout: str) -> None:
     """`layout` is one a per-image MoE of this kind and k can be split into; a clear reason otherwise."""
     cfg = model.config
     if layout not in SPLIT_LAYOUTS:
-        raise UsageError(f"layout {layout!r}: choose one of {', '.join(SPLIT_LAYOUTS)}")
+        raise UsageError(f"--layout {layout!r}: choose one of {', '.join(SPLIT_LAYOUTS)}")
     if layout == "per-block" and cfg.routing == "cluster":
         raise UsageError(
-            f"layout per-block does not apply to {cfg.name}: its experts are whole blocks (their own attention), so "
+            f"--layout per-block does not apply to {cfg.name}: its experts are whole blocks (their own attention), so "
             "nothing is shared between experts inside a block; use --layout expert-paths (the default)"
         )
     if layout == "per-block":

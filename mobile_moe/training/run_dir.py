@@ -321,6 +321,11 @@ def commit_epoch(run_dir: str | os.PathLike, checkpoint: dict[str, Any]) -> None
     rebuilds from it. (best.pt first would let a killed epoch's weights replace the best epoch's, which a resume could
     not undo.)"""
     run_dir = Path(run_dir)
+    if not (run_dir / CONFIG).is_file():  # written before the first epoch: gone only if the run was removed
+        raise UsageError(
+            f"{run_dir} lost its {CONFIG} while training (the folder was removed or emptied): epoch "
+            f"{checkpoint['epoch']} is not written; train again into a new --out"
+        )
     save_checkpoint(checkpoint, run_dir / LAST)
     if checkpoint["best_epoch"] == checkpoint["epoch"]:
         save_checkpoint(checkpoint, run_dir / BEST)

@@ -479,6 +479,8 @@ def test_predict_on_a_fifo_does_not_hang(bundle, tmp_path, capsys):
         (["--runner", "/nonexistent/runner"], "--runner"),
         (["--out", "/proc/mobile-moe"], "cannot write"),
         (["--cache-experts", "0"], "--cache-experts"),
+        (["--park-experts", "0"], "--park-experts is the native runner's; --runtime executorch has none"),
+        (["--no-weight-cache"], "--no-weight-cache is the native runner's"),
     ],
 )
 def test_bench_refuses_bad_flags_before_measuring(flags, match, bundle, tmp_path, capsys):

@@ -399,6 +399,15 @@ def test_resume_refuses_a_run_whose_commit_point_was_removed(tmp_path, capsys, o
     assert {name: (out / name).read_bytes() for name in kept} == kept
 
 
+def test_an_epoch_is_not_written_into_a_run_folder_removed_while_training(tmp_path):
+    """The run's files would come back without config.json, a folder no command can read, and training said done."""
+    from mobile_moe.training.run_dir import commit_epoch
+
+    with pytest.raises(UsageError, match="lost its config.json while training"):
+        commit_epoch(tmp_path / "removed", {"epoch": 3, "best_epoch": 3, "history": []})
+    assert not (tmp_path / "removed").exists()
+
+
 def test_resume_refuses_a_config_json_edited_away_from_the_checkpoint(tmp_path, capsys, one_epoch):
     out = copy_run(one_epoch, tmp_path / "run")
     config = json.loads((out / "config.json").read_text())
