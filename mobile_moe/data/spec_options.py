@@ -118,7 +118,7 @@ def resolved_spec(spec: str) -> str:
     if name in FOLDER_SPECS:
         return f"{name}:{os.path.abspath(os.path.expanduser(argument))}"
     if name in OPTIONED_FOLDER_SPECS:
-        items = [item if "=" in item or not item else os.path.abspath(os.path.expanduser(item))
+        items = [os.path.abspath(os.path.expanduser(item)) if _is_folder_item(item) else item
                  for item in argument.split(",")]  # fmt: skip
         return f"{name}{separator}{','.join(items)}"
     return spec
@@ -130,8 +130,13 @@ def spec_folder(spec: str) -> Path | None:
     if name in FOLDER_SPECS and argument:
         return Path(argument)
     if name in OPTIONED_FOLDER_SPECS:
-        return next((Path(item) for item in argument.split(",") if item and "=" not in item), None)
+        return next((Path(item) for item in argument.split(",") if _is_folder_item(item)), None)
     return None
+
+
+def _is_folder_item(item: str) -> bool:
+    """Whether an item of an optioned folder spec (NAME:ROOT,k=v,...) is its ROOT: the one without "="."""
+    return bool(item) and "=" not in item
 
 
 def same_data(given: str, recorded: str | None) -> bool:

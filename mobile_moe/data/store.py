@@ -97,12 +97,13 @@ def pack(data, out: str | os.PathLike, *, max_side: int = DEFAULT_MAX_SIDE, qual
     out = Path(out)
     check_writable(out, directory=True)
     source = spec_folder(data.spec)
-    if source is not None and (out.resolve() == source.resolve() or source.resolve() in out.resolve().parents):
-        where = "is" if out.resolve() == source.resolve() else "is inside"
-        raise UsageError(
-            f"--out {out} {where} {source}, the data it packs: the store would become part of its source; choose a "
-            "folder outside it"
-        )
+    if source is not None:
+        target, origin = out.resolve(), source.resolve()
+        if target == origin or origin in target.parents:
+            raise UsageError(
+                f"--out {out} {'is' if target == origin else 'is inside'} {source}, the data it packs: the store "
+                "would become part of its source; choose a folder outside it"
+            )
     if out.is_dir() and any(out.iterdir()) and not (out / META).is_file():
         raise UsageError(f"{out} exists and is not a packed store; choose another --out (nothing there is replaced)")
     record = {"format": FORMAT, "version": VERSION, "source": data.spec, "max_side": max_side, "quality": quality,

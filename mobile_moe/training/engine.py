@@ -195,8 +195,9 @@ def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int)
                 first_step_done = time.perf_counter()  # the first step compiles, warms up: not in the estimate
             if (step + 1) % ctx.log_every == 0 or step + 1 == steps:
                 sums.read()
-                say_estimate(ctx, step, epoch_start=start, first_step_done=first_step_done, now=time.perf_counter())
-                img_s = sums.images * world_size / (time.perf_counter() - start)
+                now = time.perf_counter()
+                say_estimate(ctx, step, epoch_start=start, first_step_done=first_step_done, now=now)
+                img_s = sums.images * world_size / (now - start)
                 progress.update(steps=step + 1 - progress.done, **sums.progress(img_s))
     finally:
         batches.close()

@@ -118,7 +118,7 @@ def _near_runs(missing: Path) -> list[Path]:
     """Run directories whose paths are close to `missing`, closest first, at most two: a typo in any component below
     the deepest folder that exists ("rnus/moe" finds runs/moe, "runs/mo" finds runs/moe)."""
     existing, typed = missing, []
-    while not _is_dir(existing) and existing != existing.parent:
+    while not os.path.isdir(existing) and existing != existing.parent:  # False, not OSError, for a name too long
         typed.insert(0, existing.name)
         existing = existing.parent
     return _close_paths(existing, typed)[:2] if typed else []
@@ -135,13 +135,6 @@ def _close_paths(folder: Path, names: list[str]) -> list[Path]:
     if last:
         return [folder / name for name in close]
     return [path for name in close for path in _close_paths(folder / name, names[1:])]
-
-
-def _is_dir(path: Path) -> bool:
-    try:
-        return path.is_dir()
-    except OSError:  # a name too long for the file system
-        return False
 
 
 def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
