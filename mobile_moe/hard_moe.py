@@ -12,25 +12,37 @@ Unlike Mobile V-MoE nothing is learned end to end: the gater is a trained dense 
 copied and frozen, the centroids are fitted once on its pooled training features (mobile_moe/training/cluster_fit.py),
 and every expert starts as a copy of the gater's last L blocks and head (upcycling), then trains on the images of its
 cluster only. An expert whose cluster is empty gets zero gradients (it runs on an empty batch), so AdamW leaves its
-weights where they are but for weight decay, which shrinks them by lr x weight_decay a step. The router stage and
-expert_path(e) are the same split as Mobile V-MoE's, so export treats routing "cluster" like its expert-paths layout.
+weights where they are but for weight decay, which shrinks its matrices by lr x weight_decay a step. The router stage
+and expert_path(e) are the same split as Mobile V-MoE's, so export treats routing "cluster" like its expert-paths
+layout.
 
 Legend: B images, T tokens, D width, P pca_dims (D when there is no PCA), E experts, K classes, n_e images of expert e.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mobile_moe.config import HardMoEConfig
 from mobile_moe.mobile_vmoe import RouterStage
-from mobile_moe.moe import expert_groups
+from mobile_moe.moe import (
+    ExpertGroups,
+    StackedModules,
+    compute_dtype,
+    expert_groups,
+    expert_mlp,
+    grouped_gemm_fits,
+    grouped_linear,
+    grouped_mlp,
+    stack_per_expert_entries,
+)
 from mobile_moe.outputs import ModelOutput, Routing
 from mobile_moe.routers import at_least_fp32, decided_in_fp32, top_k
-from mobile_moe.vit import ClassifierHead, TokenEmbedding, dense_block, init_weights, pool_tokens
+from mobile_moe.vit import ClassifierHead, TokenEmbedding, attention_heads, dense_block, init_weights, pool_tokens
 
 
 class CentroidRouter(nn.Module):
@@ -101,59 +113,129 @@ class CentroidRouter(nn.Module):
         return Routing(logits, probs, experts, probs.gather(-1, experts))
 
 
-def gated_blocks(blocks: nn.ModuleList, tokens: Tensor, gate: Tensor) -> Tensor:
-    """tokens (B, T, D), gate (B, 1) -> (B, T, D): whole pre-norm blocks whose residual branches the gate scales.
+def gated_block(block: Mapping[str, Tensor], x: Tensor, gate: Tensor, *, num_heads: int, eps: float) -> Tensor:
+    """x (B, T, D), gate (B, 1) -> (B, T, D): one pre-norm block from its tensors by their dense names (a vit.Block's
+    named_parameters), its residual branches scaled by the gate: x = x + g * attn(norm1 x); x = x + g * mlp(norm2 x).
 
-    x = x + g * attn(norm1 x); x = x + g * mlp(norm2 x). A Hard MoE's gate is always 1, which is exactly the dense
-    blocks (1.0 * y is y, bit for bit); the gate is an input anyway so an expert graph has Mobile V-MoE's signature.
+    The very calls of Block.forward: a Hard MoE's gate is always 1, which is exactly the dense block (1.0 * y is y,
+    bit for bit); the gate is an input anyway so an expert graph has Mobile V-MoE's signature.
     """
-    g = gate.reshape(-1, 1, 1).to(tokens.dtype)  # (B, 1, 1)
-    x = tokens
-    for block in blocks:
-        x = x + g * block.attn(block.norm1(x))
-        x = x + g * block.mlp(block.norm2(x))
-    return x
+    D = x.shape[-1]
+    g = gate.reshape(-1, 1, 1).to(x.dtype)  # (B, 1, 1)
+    normed = F.layer_norm(x, (D,), block["norm1.weight"], block["norm1.bias"], eps)
+    qkv = F.linear(normed, block["attn.qkv.weight"], block["attn.qkv.bias"])
+    x = x + g * F.linear(attention_heads(qkv, num_heads), block["attn.proj.weight"], block["attn.proj.bias"])
+    normed = F.layer_norm(x, (D,), block["norm2.weight"], block["norm2.bias"], eps)
+    return x + g * expert_mlp(normed, block, prefix="mlp.")
+
+
+def head_logits(head: Mapping[str, Tensor], tokens: Tensor, *, pool: str, eps: float) -> Tensor:
+    """tokens (B, T, D) -> logits (B, K): a ClassifierHead from its tensors by their dense names, its very calls."""
+    normed = F.layer_norm(tokens, (tokens.shape[-1],), head["norm.weight"], head["norm.bias"], eps)
+    return F.linear(pool_tokens(normed, pool), head["fc.weight"], head["fc.bias"])
+
+
+def grouped_norm(x: Tensor, weight: Tensor, bias: Tensor, *, groups: ExpertGroups, eps: float) -> Tensor:
+    """x (N, T, D) grouped by expert -> LayerNorm with each row's expert's weight and bias (stacks (E, D))."""
+    normed = F.layer_norm(x, (x.shape[-1],), eps=eps)
+    return normed * weight[groups.chosen].unsqueeze(1) + bias[groups.chosen].unsqueeze(1)
+
+
+class ExpertBlocks(StackedModules):
+    """Block j of every expert: E pre-norm blocks (vit.Block) held as stacks (moe.StackedModules): norm1_weight (E, D),
+    attn_qkv_weight (E, D, 3D), attn_proj_weight (E, D, D), norm2_*, mlp_fc1_weight (E, D, F), mlp_fc2_weight (E, F, D)
+    and their biases. Expert e's block is `expert(e)`, a dense Block of views."""
+
+    def __init__(self, cfg: HardMoEConfig):
+        super().__init__([dense_block(cfg) for _ in range(cfg.num_experts)])
+        self.num_heads, self.eps = cfg.num_heads, cfg.norm_eps
+
+    def run(self, block: Mapping[str, Tensor], x: Tensor, gate: Tensor) -> Tensor:
+        """One expert's block (its tensors from per_expert) on its images x (n, T, D) with their gates (n, 1)."""
+        return gated_block(block, x, gate, num_heads=self.num_heads, eps=self.eps)
+
+    def grouped(self, x: Tensor, groups: ExpertGroups) -> Tensor:
+        """x (N, T, D) sorted by expert -> every image through its expert's block in a fixed number of kernels and no
+        host read: gathered norm weights, four grouped GEMMs (qkv, proj, fc1, fc2) in autocast's dtype, and attention
+        over the whole batch (it is per image, so the order does not matter to it)."""
+        dtype = compute_dtype(x)
+        g = groups.gates.view(-1, 1, 1).to(x.dtype)
+        normed = grouped_norm(x, self.norm1_weight, self.norm1_bias, groups=groups, eps=self.eps).to(dtype)
+        qkv = grouped_linear(normed, self.attn_qkv_weight, self.attn_qkv_bias, groups=groups)
+        attended = grouped_linear(attention_heads(qkv, self.num_heads), self.attn_proj_weight, self.attn_proj_bias,
+                                  groups=groups)  # fmt: skip
+        x = x + g * attended.to(x.dtype)
+        normed = grouped_norm(x, self.norm2_weight, self.norm2_bias, groups=groups, eps=self.eps).to(dtype)
+        mlp = (self.mlp_fc1_weight, self.mlp_fc1_bias, self.mlp_fc2_weight, self.mlp_fc2_bias)
+        return x + g * grouped_mlp(normed, *mlp, groups=groups).to(x.dtype)
+
+
+class ExpertHeads(StackedModules):
+    """Every expert's classifier head (vit.ClassifierHead: final norm, pooling, linear) held as stacks: norm_weight
+    (E, D), norm_bias (E, D), fc_weight (E, D, K), fc_bias (E, K). Expert e's head is `expert(e)`, a dense view."""
+
+    def __init__(self, cfg: HardMoEConfig):
+        super().__init__([ClassifierHead(cfg) for _ in range(cfg.num_experts)])
+        self.pool, self.eps = cfg.pool, cfg.norm_eps
+
+    def run(self, head: Mapping[str, Tensor], tokens: Tensor, gate: Tensor) -> Tensor:
+        """One expert's head (its tensors from per_expert) on its images' tokens (n, T, D) -> (n, K); ungated."""
+        return head_logits(head, tokens, pool=self.pool, eps=self.eps)
+
+    def grouped(self, tokens: Tensor, groups: ExpertGroups) -> Tensor:
+        """tokens (N, T, D) sorted by expert -> logits (N, K): gathered norm weights, one grouped GEMM."""
+        normed = grouped_norm(tokens, self.norm_weight, self.norm_bias, groups=groups, eps=self.eps)
+        pooled = pool_tokens(normed, self.pool).to(compute_dtype(tokens)).unsqueeze(1)  # (N, 1, D)
+        return grouped_linear(pooled, self.fc_weight, self.fc_bias, groups=groups).squeeze(1)
 
 
 class HardExpertPath(nn.Module):
     """(tokens (B, T, D), gate (B, 1)) -> logits (B, K) for images routed to one expert: its L blocks and its head (or
-    the shared head). Holds exactly the weights one image needs after the router, shared with the model, not copied."""
+    the shared head), dense modules whose parameters are views of the model's stacks: exactly the weights one image
+    needs after the router, shared with the model, not copied."""
 
-    def __init__(self, blocks: nn.ModuleList, head: ClassifierHead, expert: int):
+    def __init__(self, blocks: Sequence[nn.Module], head: nn.Module, expert: int, *, num_heads: int, eps: float):
         super().__init__()
         self.expert = expert
-        self.blocks = blocks
+        self.blocks = nn.ModuleList(blocks)
         self.head = head
+        self.num_heads, self.eps = num_heads, eps
 
     def forward(self, tokens: Tensor, gate: Tensor) -> Tensor:
-        return self.head(gated_blocks(self.blocks, tokens, gate))
+        x = tokens
+        for block in self.blocks:
+            x = gated_block(dict(block.named_parameters()), x, gate, num_heads=self.num_heads, eps=self.eps)
+        return self.head(x)
 
 
 class HardMoE(nn.Module):
-    """The whole model; training and evaluation call it, export splits it (router_stage, expert_path(e))."""
+    """The whole model; training and evaluation call it, export splits it (router_stage, expert_path(e)).
+
+    Each expert's L blocks and head are held stacked (ExpertBlocks, one per block index; ExpertHeads), so that on a
+    grouped-GEMM device the whole batch runs each layer of every expert in one kernel with no host read, and elsewhere
+    one loop over the experts runs each on its slice of the sorted batch. A state dict of the layout before the stacks
+    (expert_blocks.<e>.<j>.attn.qkv.weight, expert_heads.<e>.fc.weight, ...) loads into them (moe.restacked).
+    """
 
     def __init__(self, cfg: HardMoEConfig):
         super().__init__()
         self.config = cfg
-        E, L = cfg.num_experts, cfg.moe_layers
-        router = CentroidRouter(cfg.width, E, cfg.pca_dims, cfg.pool)
+        router = CentroidRouter(cfg.width, cfg.num_experts, cfg.pca_dims, cfg.pool)
         trunk = nn.ModuleList(dense_block(cfg) for _ in range(cfg.dense_layers))
         self.router_stage = RouterStage(TokenEmbedding(cfg), trunk, router)
-        self.expert_blocks = nn.ModuleList(nn.ModuleList(dense_block(cfg) for _ in range(L)) for _ in range(E))
-        # One module per expert head, or one shared head (the paper's shared decoder); never both, so a state dict
+        self.expert_blocks = nn.ModuleList(ExpertBlocks(cfg) for _ in range(cfg.moe_layers))
+        # Heads stacked per expert, or one shared head (the paper's shared decoder); never both, so a state dict
         # holds every weight once.
         self.head = ClassifierHead(cfg) if cfg.shared_head else None
-        self.expert_heads = None if cfg.shared_head else nn.ModuleList(ClassifierHead(cfg) for _ in range(E))
+        self.expert_heads = None if cfg.shared_head else ExpertHeads(cfg)
         self.apply(init_weights)
         # The gater is trained before the Hard MoE exists and never after: frozen for good, not just at load time.
         self.router_stage.requires_grad_(False)
+        self._register_load_state_dict_pre_hook(stack_per_expert_entries)
 
     @property
     def router(self) -> CentroidRouter:
         return self.router_stage.router
-
-    def head_of(self, expert: int) -> ClassifierHead:
-        return self.head if self.head is not None else self.expert_heads[expert]
 
     # --- forward -------------------------------------------------------------------------------------------------
 
@@ -169,72 +251,81 @@ class HardMoE(nn.Module):
     ) -> tuple[Tensor, Routing]:
         """(B, C, H, W) -> (tokens (B, T, D) after each image's expert blocks, before the final norm, Routing).
 
-        route_to: refused (the router is fixed). dispatch "grouped" (training, eager): each expert runs once on its
-        group; "dense": every expert on every image, weighted by the one-hot gates (the single-graph export).
+        route_to: refused (the router is fixed). dispatch "grouped" (training, evaluation): each image through its own
+        expert only; "dense": every expert on every image, weighted by the one-hot gates (the single-graph export).
         """
         tokens, routing = self.router_stage(images, route_to)
-        return self._mix(self._run_blocks, tokens, routing, dispatch), routing
+        return self._experts(list(self.expert_blocks), tokens, routing, dispatch), routing
 
     def forward_head(self, tokens: Tensor, routing: Routing, dispatch: str = "grouped") -> Tensor:
         """tokens (B, T, D) -> logits (B, K) through each image's expert head (or the shared head)."""
         if self.head is not None:
             return self.head(tokens)
-        return self._mix(lambda e, x, g: self.expert_heads[e](x), tokens, routing, dispatch)
+        return self._experts([self.expert_heads], tokens, routing, dispatch)
 
     def forward(self, images: Tensor, route_to: Tensor | None = None, dispatch: str = "grouped") -> ModelOutput:
-        """Grouped: each image through its expert's blocks and then its head in one pass over the batch sorted by
-        expert (one grouping, one host read); dense: forward_features, then forward_head."""
-        if dispatch != "grouped":
-            tokens, routing = self.forward_features(images, route_to, dispatch)
-            return ModelOutput(self.forward_head(tokens, routing, dispatch), routing)
+        """Each image through its expert's blocks and then its head, in one pass over the batch sorted by expert."""
         tokens, routing = self.router_stage(images, route_to)
-        return ModelOutput(self._grouped(self._run_path, tokens, routing), routing)
+        stages = [*self.expert_blocks, *([] if self.expert_heads is None else [self.expert_heads])]
+        x = self._experts(stages, tokens, routing, dispatch)
+        return ModelOutput(x if self.head is None else self.head(x), routing)
 
-    def _run_blocks(self, expert: int, tokens: Tensor, gate: Tensor) -> Tensor:
-        return gated_blocks(self.expert_blocks[expert], tokens, gate)
+    def _experts(self, stages: list[nn.Module], tokens: Tensor, routing: Routing, dispatch: str) -> Tensor:
+        """tokens (B, T, D) -> each image through its expert's `stages` (ExpertBlocks, ExpertHeads, in order).
 
-    def _run_path(self, expert: int, tokens: Tensor, gate: Tensor) -> Tensor:
-        """Expert `expert`'s blocks and head: HardExpertPath's calls, without building the module in the forward."""
-        return self.head_of(expert)(self._run_blocks(expert, tokens, gate))
-
-    def _mix(self, expert_fn: Callable[[int, Tensor, Tensor], Tensor], x: Tensor, routing: Routing, dispatch: str):
-        """sum over the chosen expert e of g * expert_fn(e, x, g); with k = 1, just the chosen expert's output."""
+        Grouped: the batch sorted by expert once (moe.expert_groups), every stage on the sorted batch (the grouped GEMM
+        on a grouped-GEMM device; elsewhere each expert's stages on its contiguous slice, after one host read of the
+        group sizes), the result unsorted once. An expert with no images runs on an empty slice or group (no branch on
+        the data), so its parameters get a zero gradient.
+        """
         if dispatch == "dense":
-            return self._dense(expert_fn, x, routing)
+            return self._dense(stages, tokens, routing)
         if dispatch != "grouped":
             raise ValueError(f"dispatch {dispatch!r}: expected 'grouped' or 'dense'")
-        return self._grouped(expert_fn, x, routing)
-
-    def _grouped(self, expert_fn, x: Tensor, routing: Routing) -> Tensor:
-        """x (B, ...) -> (B, ...'): the batch sorted by expert once (moe.expert_groups, one host read of the group
-        sizes), each expert once on its contiguous slice, the outputs unsorted once.
-
-        An expert with no images in the batch runs on an empty slice (no branch on the data), so its parameters get a
-        zero gradient.
-        """
+        grouped = grouped_gemm_fits(tokens, self.config.width, self.config.mlp_hidden,
+                                    on_grouped_gemm_device=self.expert_blocks[0].on_grouped_gemm_device)  # fmt: skip
         E = self.config.num_experts
-        groups = expert_groups(routing.experts, routing.gates, E, read_sizes=True, sort_stream=True)
+        groups = expert_groups(routing.experts, routing.gates, E, read_sizes=not grouped, sort_stream=True)
         if not groups.stream_sorted:  # k > 1: the slices below would not be each expert's images
             raise ValueError(f"a Hard MoE routes each image to one expert; this routing chose {groups.top_k}")
-        slices = groups.to_stream(x).split(groups.host_sizes)  # per expert, its images (n_e, ...)
-        gates = groups.gates.unsqueeze(-1).split(groups.host_sizes)  # per expert, (n_e, 1)
-        return groups.from_stream(torch.cat([expert_fn(e, slices[e], gates[e]) for e in range(E)]))
+        x = groups.to_stream(tokens)
+        if grouped:
+            for stage in stages:
+                x = stage.grouped(x, groups)
+            return groups.from_stream(x)
+        tensors = [stage.per_expert() for stage in stages]  # one unbind per stack for the loop
+        slices, gates = x.split(groups.host_sizes), groups.gates.unsqueeze(-1).split(groups.host_sizes)
+        outputs = []
+        for e, (rows, gate) in enumerate(zip(slices, gates, strict=True)):  # each expert's (n_e, T, D), (n_e, 1)
+            for stage, per_expert in zip(stages, tensors, strict=True):
+                rows = stage.run(per_expert[e], rows, gate)
+            outputs.append(rows)
+        return groups.from_stream(torch.cat(outputs))
 
-    def _dense(self, expert_fn, x: Tensor, routing: Routing) -> Tensor:
-        """Every expert on every image, weighted by the sparse gates: one graph that never branches on data."""
-        B, E = x.shape[0], self.config.num_experts
+    def _dense(self, stages: list[nn.Module], tokens: Tensor, routing: Routing) -> Tensor:
+        """Every expert's stages on every image, weighted by the sparse gates: one graph that never branches on data."""
+        B, E = tokens.shape[0], self.config.num_experts
+        tensors = [stage.per_expert() for stage in stages]
+        outputs = []
+        for e in range(E):
+            x = tokens
+            for stage, per_expert in zip(stages, tensors, strict=True):
+                x = stage.run(per_expert[e], x, routing.gates)
+            outputs.append(x)
+        stacked_outputs = torch.stack(outputs, dim=1)  # (B, E, ...')
         weights = routing.probs.new_zeros(B, E).scatter(-1, routing.experts, routing.gates)  # (B, E) one-hot
-        outputs = torch.stack([expert_fn(e, x, routing.gates) for e in range(E)], dim=1)  # (B, E, ...')
-        weights = weights.reshape(B, E, *([1] * (outputs.dim() - 2))).to(outputs.dtype)  # (B, E, 1, ...)
-        return (weights * outputs).sum(dim=1)  # (B, ...')
+        weights = weights.reshape(B, E, *([1] * (stacked_outputs.dim() - 2))).to(stacked_outputs.dtype)
+        return (weights * stacked_outputs).sum(dim=1)  # (B, ...')
 
     # --- the split, for export -------------------------------------------------------------------------------------
 
     def expert_path(self, expert: int) -> HardExpertPath:
-        """Expert `expert`'s blocks and head (or the shared head), sharing this model's parameters."""
+        """Expert `expert`'s blocks and head (or the shared head) as dense modules of views of the stacks."""
         if not 0 <= expert < self.config.num_experts:
             raise IndexError(f"expert {expert} out of range 0..{self.config.num_experts - 1}")
-        return HardExpertPath(self.expert_blocks[expert], self.head_of(expert), expert)
+        head = self.head if self.head is not None else self.expert_heads.expert(expert)
+        blocks = [stage.expert(expert) for stage in self.expert_blocks]
+        return HardExpertPath(blocks, head, expert, num_heads=self.config.num_heads, eps=self.config.norm_eps)
 
     # --- stage 1: from a trained dense gater -------------------------------------------------------------------------
 
@@ -245,10 +336,9 @@ class HardMoE(nn.Module):
         part, _, rest = key.partition(".")
         if part == "router_stage":
             return None if rest.startswith("router.") else rest  # embedding.*, blocks.<i>.*: the same names
-        if part == "expert_blocks":
-            _expert, _, rest = rest.partition(".")
-            index, _, rest = rest.partition(".")
-            return f"blocks.{self.config.dense_layers + int(index)}.{rest}"
+        if part == "expert_blocks":  # expert_blocks.<j>.<stacked entry>: one dense entry for every expert
+            index, _, entry = rest.partition(".")
+            return f"blocks.{self.config.dense_layers + int(index)}.{self.expert_blocks[int(index)].dense_names[entry]}"
         if part == "expert_heads":
-            return f"head.{rest.partition('.')[2]}"
+            return f"head.{self.expert_heads.dense_names[rest]}"
         return key  # head.* (the shared head)

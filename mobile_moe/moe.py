@@ -11,7 +11,7 @@ import contextlib
 import copy
 import functools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 import torch
@@ -22,31 +22,47 @@ from mobile_moe.config import ViTConfig
 from mobile_moe.outputs import Routing
 from mobile_moe.vit import Attention, Block, Mlp, layer_norm
 
-# The stacked entries of ExpertMLPs -> the dense Mlp entry each expert's slice is (upcycling, old checkpoints) and
-# whether it is a Linear weight: stored (E, in, out), the transpose of nn.Linear's (out, in), as torch._grouped_mm and
-# bmm take it. Biases are stored (E, out).
+# The stacked entries of ExpertMLPs -> the dense Mlp entry each expert's slice is (upcycling, old checkpoints).
 STACKED = {
-    "fc1_weight": ("fc1.weight", True),
-    "fc1_bias": ("fc1.bias", False),
-    "fc2_weight": ("fc2.weight", True),
-    "fc2_bias": ("fc2.bias", False),
+    "fc1_weight": "fc1.weight",
+    "fc1_bias": "fc1.bias",
+    "fc2_weight": "fc2.weight",
+    "fc2_bias": "fc2.bias",
 }
-# A state-dict key of the layout before stacking: <ExpertMLPs prefix>experts.<e>.fc1.weight, ...
-PER_EXPERT = re.compile(r"(?P<prefix>(?:.*\.)?)experts\.(?P<expert>\d+)\.(?P<dense>fc[12]\.(?:weight|bias))")
-STACKED_OF = {dense: entry for entry, (dense, _) in STACKED.items()}
+# A state-dict key of a layout before stacking -> the stacked entry it is one expert's slice of: the key without the
+# expert's index, its dense part (after the StackedModules' place) with its dots as underscores. ExpertMLPs:
+# <prefix>experts.<e>.fc1.weight -> <prefix>fc1_weight. A Hard MoE's whole expert blocks and heads:
+# expert_blocks.<e>.<j>.attn.qkv.weight -> expert_blocks.<j>.attn_qkv_weight;
+# expert_heads.<e>.fc.bias -> expert_heads.fc_bias.
+_DENSE = r"(?P<dense>[\w.]+\.(?:weight|bias))"
+PER_EXPERT = (
+    re.compile(r"(?P<place>(?:.*\.)?)experts\.(?P<expert>\d+)\.(?P<dense>fc[12]\.(?:weight|bias))"),
+    re.compile(r"(?P<place>(?:.*\.)?expert_blocks\.)(?P<expert>\d+)\.(?P<block>\d+\.)" + _DENSE),
+    re.compile(r"(?P<place>(?:.*\.)?expert_heads\.)(?P<expert>\d+)\." + _DENSE),
+)
 
 
-def stacked(entry: str, per_expert: list[Tensor]) -> Tensor:
-    """ExpertMLPs' stacked `entry` (a key of STACKED) from each expert's dense Mlp tensor, in expert order."""
-    _, is_weight = STACKED[entry]
-    return torch.stack([tensor.T if is_weight else tensor for tensor in per_expert])
+def stacked(per_expert: Sequence[Tensor]) -> Tensor:
+    """A stacked entry (E, ...) from each expert's dense tensor, in expert order. A Linear weight (2-D, (out, in)) is
+    stored transposed, (in, out), as torch._grouped_mm and bmm take it; a 1-D tensor (a bias, a norm's) as it is."""
+    return torch.stack([tensor.T if tensor.dim() == 2 else tensor for tensor in per_expert])
+
+
+def is_stacked(name: str) -> bool:
+    """Whether a parameter or state-dict entry of this name holds one tensor per expert (its first dimension): every
+    stacked entry is named <layer>_<field>, where a module's own parameters are <layer>.<field>."""
+    return name.rpartition(".")[2].endswith(("_weight", "_bias"))
 
 
 def per_expert_key(key: str) -> tuple[str, int] | None:
-    """A state-dict key of the per-expert layout (before the stack) -> (the stacked key it is now part of, its
-    expert); None for any other key."""
-    match = PER_EXPERT.fullmatch(key) if isinstance(key, str) else None
-    return (match["prefix"] + STACKED_OF[match["dense"]], int(match["expert"])) if match else None
+    """A state-dict key of a per-expert layout (before the stacks) -> (the stacked key it is now part of, its expert);
+    None for any other key."""
+    for pattern in PER_EXPERT:
+        match = pattern.fullmatch(key) if isinstance(key, str) else None
+        if match:
+            place = match["place"] + (match.groupdict().get("block") or "")
+            return place + match["dense"].replace(".", "_"), int(match["expert"])
+    return None
 
 
 class ExpertGroups(NamedTuple):
@@ -158,69 +174,145 @@ def expert_dispatch(device: torch.device, amp: bool) -> str:
     return "per-expert loop (one matmul per expert and layer)"
 
 
-def expert_mlp(x: Tensor, fc1_weight: Tensor, fc1_bias: Tensor, fc2_weight: Tensor, fc2_bias: Tensor) -> Tensor:
-    """One expert's MLP from its slices of the stacks (weights (in, out)): the calls nn.Linear makes with (out, in)."""
-    return F.linear(F.gelu(F.linear(x, fc1_weight.T, fc1_bias)), fc2_weight.T, fc2_bias)
+def expert_mlp(x: Tensor, mlp: Mapping[str, Tensor], *, prefix: str = "") -> Tensor:
+    """One expert's MLP from its tensors by their dense names (StackedModules.per_expert), under `prefix` ("mlp." in a
+    whole block's): the very calls of Mlp.forward."""
+    fc1, fc2 = f"{prefix}fc1.", f"{prefix}fc2."
+    return F.linear(F.gelu(F.linear(x, mlp[fc1 + "weight"], mlp[fc1 + "bias"])), mlp[fc2 + "weight"], mlp[fc2 + "bias"])
 
 
-class ExpertMLPs(nn.Module):
+def grouped_linear(x: Tensor, weight: Tensor, bias: Tensor, *, groups: ExpertGroups) -> Tensor:
+    """x (N, T, in) grouped by expert (groups' rows) -> (N, T, out) in x's dtype: each expert's Linear (stacks weight
+    (E, in, out), bias (E, out)) on its rows, as one torch._grouped_mm with the group offsets computed on the device.
+
+    torch._grouped_mm (2D x 3D with offsets) multiplies rows offs[e-1]:offs[e] of its first operand by expert e's
+    matrix. Empty groups are allowed there and in its backward's 2D x 2D case, whose operands here are column- and
+    row-major (aten/src/ATen/native/cuda/GroupMMCommon.cuh, prepare_grouped_gemm_data: "delta >= 0" for !a_row_major
+    && b_row_major). Its rows must be 16-byte multiples (GroupedMMUtils.h): `in` is the model's width or MLP hidden
+    size (grouped_gemm_fits); an output size that is not (a head of 10 classes) is padded with zero columns.
+    """
+    N, T, _ = x.shape
+    out = weight.shape[-1]
+    offsets = (groups.sizes.cumsum(0) * T).to(torch.int32)  # (E,): the end row of each expert's tokens
+    weight = F.pad(weight.to(x.dtype), (0, -out % 8))  # (E, in, out rounded up to 8)
+    y = torch._grouped_mm(x.reshape(N * T, -1), weight, offs=offsets)[:, :out]  # (N*T, out)
+    return y.reshape(N, T, out) + bias[groups.chosen].to(x.dtype).unsqueeze(1)
+
+
+def grouped_mlp(
+    x: Tensor, fc1_weight: Tensor, fc1_bias: Tensor, fc2_weight: Tensor, fc2_bias: Tensor, *, groups: ExpertGroups
+) -> Tensor:
+    """x (N, T, D) grouped by expert -> each expert's MLP (stacked weights) on its rows, ungated: expert_mlp's
+    arithmetic in two grouped_linear calls."""
+    hidden = F.gelu(grouped_linear(x, fc1_weight, fc1_bias, groups=groups))  # (N, T, F)
+    return grouped_linear(hidden, fc2_weight, fc2_bias, groups=groups)
+
+
+class StackedModules(nn.Module):
+    """E copies of one dense module (an Mlp, a Block, a ClassifierHead) held as stacked Parameters: one per parameter of
+    the dense module, named by its path with the dots as underscores (fc1.weight -> fc1_weight, attn.qkv.weight ->
+    attn_qkv_weight), each expert's tensor stacked along a first dimension E (`stacked`: Linear weights (in, out)).
+
+    Expert e is the dense module whose parameters are its slices (`expert(e)` hands it out as that module, sharing the
+    stacks' memory, so an exported expert graph holds only its own weights). Its subclasses say how the experts run.
+    """
+
+    def __init__(self, dense: Sequence[nn.Module]):
+        super().__init__()
+        # The dense names and a weightless copy of the module, to build each expert's view from (not a submodule).
+        self.dense_names = {name.replace(".", "_"): name for name, _ in dense[0].named_parameters()}
+        self._template = (copy.deepcopy(dense[0]).to("meta"),)
+        for entry, name in self.dense_names.items():
+            self.register_parameter(entry, nn.Parameter(stacked([m.get_parameter(name).detach() for m in dense])))
+        self.on_grouped_gemm_device = placed_on_grouped_gemm_device(next(self.parameters()))
+
+    def _apply(self, fn, recurse: bool = True):
+        """nn.Module's own hook for .to(), .cuda() and the like: the device gate is decided here, once per placement."""
+        moved = super()._apply(fn, recurse)
+        self.on_grouped_gemm_device = placed_on_grouped_gemm_device(next(self.parameters()))
+        return moved
+
+    def __len__(self) -> int:
+        return next(self.parameters()).shape[0]
+
+    def init_linears(self, init_linear) -> None:
+        """init_linear(weight (out, in), bias) on each expert's Linear layers in the dense module's order, expert after
+        expert: the order, and so the random draws, of E separate modules (vit.init_weights calls this)."""
+        with torch.no_grad():
+            for e in range(len(self)):
+                for entry in self.dense_names:
+                    weight = getattr(self, entry)
+                    if weight.dim() == 3:  # a Linear's (E, in, out)
+                        dense = weight.new_empty(weight.shape[2], weight.shape[1])  # (out, in): the layout drawn
+                        init_linear(dense, getattr(self, entry.removesuffix("_weight") + "_bias")[e])
+                        weight[e] = dense.T
+
+    def per_expert(self) -> list[dict[str, Tensor]]:
+        """Each expert's tensors by their dense names, Linear weights as (out, in) views. One unbind per stack: its
+        backward stacks the experts' gradients once, where E separate slices would each add a stack-sized zeros."""
+        slices = {name: getattr(self, entry).unbind(0) for entry, name in self.dense_names.items()}
+        return [{name: self._dense(tensors[e]) for name, tensors in slices.items()} for e in range(len(self))]
+
+    def expert_tensors(self, expert: int) -> dict[str, Tensor]:
+        """Expert `expert`'s tensors as per_expert() gives them, sliced alone (for one expert, not a loop over all)."""
+        return {name: self._dense(getattr(self, entry)[expert]) for entry, name in self.dense_names.items()}
+
+    @staticmethod
+    def _dense(piece: Tensor) -> Tensor:
+        """A slice of a stack as the dense module holds it: a Linear weight (in, out) back to (out, in), as a view."""
+        return piece.T if piece.dim() == 2 else piece
+
+    def expert(self, expert: int) -> nn.Module:
+        """Expert `expert` as the dense module whose parameters are views of the stacks: no copy, the same values and
+        the same arithmetic, for export and inference. Gradients through it do not reach the stacks."""
+        module = copy.deepcopy(self._template[0])  # on the meta device: no memory and no draw for the weights below
+        for name, view in self.expert_tensors(expert).items():
+            layer, _, field = name.rpartition(".")
+            setattr(module.get_submodule(layer), field, nn.Parameter(view.detach(), requires_grad=False))
+        return module
+
+    def unstacked(self) -> nn.Module:
+        """This module as E dense modules of views (UnstackedModules), for the single-graph export."""
+        return UnstackedModules(self)
+
+
+class UnstackedModules(nn.Module):
+    """A StackedModules as E dense modules (`expert(e)`: views of its stacks, no copy) that hands out the same
+    per_expert() tensors, each a Parameter of its own module: what the single-graph export traces, since a backend
+    delegates a linear whose weight is a parameter of its own, where XNNPACK leaves a linear over a slice taken from
+    a stack as the graph runs to ExecuTorch's portable kernels."""
+
+    def __init__(self, stacked: StackedModules):
+        super().__init__()
+        self.experts = nn.ModuleList(stacked.expert(e) for e in range(len(stacked)))
+        self.run = stacked.run  # an expert runs from these tensors as from the stacks' (ExpertBlocks.run, say)
+
+    def per_expert(self) -> list[dict[str, Tensor]]:
+        return [dict(expert.named_parameters()) for expert in self.experts]
+
+    def __len__(self) -> int:
+        return len(self.experts)
+
+
+class ExpertMLPs(StackedModules):
     """E MLPs (D -> F -> D, GELU) held as stacked parameters: fc1_weight (E, D, F), fc1_bias (E, F), fc2_weight
     (E, F, D), fc2_bias (E, D). Expert e is the dense Mlp whose Linear weights are fc1_weight[e].T and fc2_weight[e].T;
     `expert(e)` hands it out as that Mlp, sharing the stack's memory, so an exported expert graph holds only its own
     weights. A state dict of the layout before stacking (experts.<e>.fc1.weight, ...) loads into the stack."""
 
     def __init__(self, num_experts: int, width: int, hidden: int):
-        super().__init__()
-        self.width, self.hidden = width, hidden
         # The random draws of E separate Mlps' construction, so that a seed builds the model it built before the
         # experts were stacked (runs and tests that fix a seed keep their starting weights); init_linears follows.
-        experts = [Mlp(width, hidden) for _ in range(num_experts)]
-        self.fc1_weight = nn.Parameter(stacked("fc1_weight", [mlp.fc1.weight.detach() for mlp in experts]))
-        self.fc1_bias = nn.Parameter(stacked("fc1_bias", [mlp.fc1.bias.detach() for mlp in experts]))
-        self.fc2_weight = nn.Parameter(stacked("fc2_weight", [mlp.fc2.weight.detach() for mlp in experts]))
-        self.fc2_bias = nn.Parameter(stacked("fc2_bias", [mlp.fc2.bias.detach() for mlp in experts]))
-        self._register_load_state_dict_pre_hook(_stack_per_expert_entries)
-        self.on_grouped_gemm_device = placed_on_grouped_gemm_device(self.fc1_weight)
-
-    def _apply(self, fn, recurse: bool = True):
-        """nn.Module's own hook for .to(), .cuda() and the like: the device gate is decided here, once per placement."""
-        moved = super()._apply(fn, recurse)
-        self.on_grouped_gemm_device = placed_on_grouped_gemm_device(self.fc1_weight)
-        return moved
-
-    def init_linears(self, init_linear) -> None:
-        """init_linear(weight (out, in), bias) on each expert's fc1 then fc2, expert after expert: the order, and so
-        the random draws, of the per-expert Mlps (vit.init_weights calls this)."""
-        with torch.no_grad():
-            for e in range(len(self)):
-                for layer in ("fc1", "fc2"):
-                    weight = getattr(self, f"{layer}_weight")
-                    dense = weight.new_empty(weight.shape[2], weight.shape[1])  # (out, in): the layout the draws fill
-                    init_linear(dense, getattr(self, f"{layer}_bias")[e])
-                    weight[e] = dense.T
-
-    def __len__(self) -> int:
-        return self.fc1_weight.shape[0]
-
-    def per_expert(self) -> list[tuple[Tensor, ...]]:
-        """Each expert's (fc1_weight, fc1_bias, fc2_weight, fc2_bias) slices. One unbind per stack: its backward
-        stacks the experts' gradients once, where E separate slices would each add a stack-sized zero tensor."""
-        return list(zip(*(getattr(self, entry).unbind(0) for entry in STACKED), strict=True))
+        super().__init__([Mlp(width, hidden) for _ in range(num_experts)])
+        self.width, self.hidden = width, hidden
+        self._register_load_state_dict_pre_hook(stack_per_expert_entries)
 
     def run_expert(self, expert: int, x: Tensor) -> Tensor:
         """Expert `expert`'s MLP on x (..., D) -> (..., D): the very calls its dense view (`expert(e)`) makes."""
-        return expert_mlp(x, *(getattr(self, entry)[expert] for entry in STACKED))
+        return expert_mlp(x, self.expert_tensors(expert))
 
-    def expert(self, expert: int) -> Mlp:
-        """Expert `expert` as a dense Mlp whose parameters are views of the stack: no copy, the same values and the same
-        arithmetic (run_expert), for export and inference. Gradients through it do not reach the stack."""
-        with torch.device("meta"):  # no memory and no draw from the random generator for the weights replaced below
-            mlp = Mlp(self.width, self.hidden)
-        for name, (dense, _) in STACKED.items():
-            layer, field = dense.split(".")
-            view = getattr(self, name)[expert].detach()
-            setattr(getattr(mlp, layer), field, nn.Parameter(view.T if view.ndim == 2 else view, requires_grad=False))
-        return mlp
+    def unstacked(self) -> nn.Module:
+        return UnstackedExperts(self)
 
     def groups(self, x: Tensor, experts: Tensor, gates: Tensor, *, sort_stream: bool = False) -> ExpertGroups:
         """The items of x (B, T, D) routed to `experts` with `gates` (B, k), grouped for the dispatch this x takes:
@@ -239,7 +331,7 @@ class ExpertMLPs(nn.Module):
         and then x is in their stream order.
         """
         if dispatch == "dense":
-            mlps = [lambda x, weights=weights: expert_mlp(x, *weights) for weights in self.per_expert()]
+            mlps = [functools.partial(expert_mlp, mlp=mlp) for mlp in self.per_expert()]
             return dense_mixture(mlps, x, experts, gates)
         if dispatch != "grouped":
             raise ValueError(f"dispatch {dispatch!r}: expected 'grouped' or 'dense'")
@@ -260,26 +352,14 @@ class ExpertMLPs(nn.Module):
         batch, so compiled graphs need no guard on the data.
         """
         pieces = rows.split(groups.host_sizes)  # each (n_e, T, D)
-        return torch.cat([expert_mlp(rows, *weights) for weights, rows in zip(self.per_expert(), pieces, strict=True)])
+        return torch.cat([expert_mlp(rows, mlp) for mlp, rows in zip(self.per_expert(), pieces, strict=True)])
 
     def grouped_gemm(self, rows: Tensor, groups: ExpertGroups) -> Tensor:
-        """The same as expert_loop in a fixed number of kernels and no host read: two torch._grouped_mm calls over the
-        stacked weights with the group offsets computed on the device, in autocast's dtype. Static shapes, so
-        torch.compile traces it without unbacked sizes.
-
-        torch._grouped_mm (2D x 3D with offsets) multiplies rows offs[e-1]:offs[e] of its first operand by expert e's
-        matrix. Empty groups are allowed there and in its backward's 2D x 2D case, whose operands here are column-
-        and row-major (aten/src/ATen/native/cuda/GroupMMCommon.cuh, prepare_grouped_gemm_data: "delta >= 0" for
-        !a_row_major && b_row_major); no group needs padding to an alignment, since each row holds D or F elements.
-        """
-        N, T, D = rows.shape
+        """The same as expert_loop in a fixed number of kernels and no host read (grouped_mlp), in autocast's dtype.
+        Static shapes, so torch.compile traces it without unbacked sizes."""
         dtype = compute_dtype(rows)
-        offsets = (groups.sizes.cumsum(0) * T).to(torch.int32)  # (E,): the end row of each expert's tokens
-        tokens = rows.reshape(-1, D).to(dtype)  # (N*T, D)
-        hidden = torch._grouped_mm(tokens, self.fc1_weight.to(dtype), offs=offsets).reshape(N, T, -1)
-        hidden = F.gelu(hidden + self.fc1_bias[groups.chosen].to(dtype).unsqueeze(1))  # (N, T, F)
-        y = torch._grouped_mm(hidden.reshape(-1, self.hidden), self.fc2_weight.to(dtype), offs=offsets)
-        return (y.reshape(N, T, D) + self.fc2_bias[groups.chosen].to(dtype).unsqueeze(1)).to(rows.dtype)
+        weights = (self.fc1_weight, self.fc1_bias, self.fc2_weight, self.fc2_bias)
+        return grouped_mlp(rows.to(dtype), *weights, groups=groups).to(rows.dtype)
 
     def buffers_forward(self, buffers: Tensor) -> Tensor:
         """(E, M, D) -> (E, M, D): expert e on its M buffer rows, all experts as one batched matmul per layer (the
@@ -289,7 +369,7 @@ class ExpertMLPs(nn.Module):
 
 
 def restacked(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
-    """A state dict with the per-expert entries of the layout before the stack (…experts.<e>.fc1.weight, ...) replaced
+    """A state dict with the per-expert entries of a layout before the stacks (per_expert_key) replaced
     by the stacked ones, in the place of each stack's first entry; a state dict of today's layout comes back as it is.
     A stack whose experts are not 0..E-1, or whose tensors do not stack, is left per-expert for the caller to refuse."""
     groups: dict[str, dict[int, Tensor]] = {}
@@ -302,7 +382,7 @@ def restacked(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
         # Shapes that do not stack (RuntimeError) are a damaged file: left per-expert, reported by whoever loads it.
         with contextlib.suppress(RuntimeError):
             if sorted(per_expert) == list(range(len(per_expert))):
-                stacks[key] = stacked(key.rpartition(".")[2], [per_expert[e] for e in range(len(per_expert))])
+                stacks[key] = stacked([per_expert[e] for e in range(len(per_expert))])
     out = {}
     for key, value in state_dict.items():
         found = per_expert_key(key)
@@ -313,8 +393,8 @@ def restacked(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def _stack_per_expert_entries(state_dict, prefix, *_) -> None:
-    """load_state_dict pre-hook: an ExpertMLPs state of the per-expert layout loads into the stack (restacked)."""
+def stack_per_expert_entries(state_dict, prefix, *_) -> None:
+    """load_state_dict pre-hook: a state of a per-expert layout loads into the stacks (restacked)."""
     own = {key: state_dict.pop(key) for key in [key for key in state_dict if key.startswith(prefix)]}
     state_dict.update(restacked(own))
 
@@ -349,14 +429,14 @@ class UnstackedExperts(nn.Module):
 
 
 def unstacked_view(model: nn.Module) -> nn.Module:
-    """`model` with every ExpertMLPs in it as an UnstackedExperts, every Parameter and buffer shared (none copied):
-    what the single-graph export traces. The model itself stays as it is."""
+    """`model` with every StackedModules in it as its `unstacked()` view, every Parameter and buffer shared (none
+    copied): what the single-graph export traces. The model itself stays as it is."""
     shared = {id(tensor): tensor for tensor in (*model.parameters(), *model.buffers())}  # deepcopy's memo
     view = copy.deepcopy(model, shared)
     for module in list(view.modules()):
         for name, child in module.named_children():
-            if isinstance(child, ExpertMLPs):
-                setattr(module, name, UnstackedExperts(child))
+            if isinstance(child, StackedModules):
+                setattr(module, name, child.unstacked())
     return view
 
 

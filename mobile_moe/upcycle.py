@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from mobile_moe.checkpoint import load_weights
 from mobile_moe.config import ViTConfig
 from mobile_moe.errors import UsageError
-from mobile_moe.moe import STACKED, stacked
+from mobile_moe.moe import STACKED, is_stacked, stacked
 from mobile_moe.registry import config_from_dict
 
 # The fields the dense run and the MoE must share: the dense weights must fit every place they are copied to.
@@ -101,10 +101,10 @@ def upcycle(
 
 
 def _as_entry(key: str, own: Tensor, dense: Tensor) -> Tensor:
-    """The dense tensor as the value of the model's entry `key`: an ExpertMLPs stack holds it once per expert."""
-    entry = key.rpartition(".")[2]
-    if entry in STACKED and isinstance(dense, Tensor) and dense.dim() == own.dim() - 1:
-        return stacked(entry, [dense] * own.shape[0])
+    """The dense tensor as the value of the model's entry `key`: a stacked entry (moe.StackedModules) holds it once
+    per expert."""
+    if is_stacked(key) and isinstance(dense, Tensor) and dense.dim() == own.dim() - 1:
+        return stacked([dense] * own.shape[0])
     return dense  # a tensor that does not fit is reported by load_weights
 
 
@@ -113,4 +113,4 @@ def block_entry(rest: str, dense_block: int) -> str:
     (mlp.fc1_weight, or mlp.experts.fc1_weight in a token-routed block) come from mlp.fc1.weight, once per expert;
     attention and norms keep their names."""
     match = EXPERT_MLP.fullmatch(rest)
-    return f"blocks.{dense_block}.mlp.{STACKED[match['entry']][0]}" if match else f"blocks.{dense_block}.{rest}"
+    return f"blocks.{dense_block}.mlp.{STACKED[match['entry']]}" if match else f"blocks.{dense_block}.{rest}"

@@ -36,11 +36,16 @@ class Attention(nn.Module):
         self.proj = nn.Linear(width, width)
 
     def forward(self, x: Tensor) -> Tensor:
-        B, T, D = x.shape
-        qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, D // self.num_heads)  # (B, T, 3, h, d)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, h, T, d)
-        x = F.scaled_dot_product_attention(q, k, v)  # (B, h, T, d)
-        return self.proj(x.transpose(1, 2).reshape(B, T, D))  # (B, T, D)
+        return self.proj(attention_heads(self.qkv(x), self.num_heads))
+
+
+def attention_heads(qkv: Tensor, num_heads: int) -> Tensor:
+    """(B, T, 3D) fused query, key and value projections -> (B, T, D): scaled dot-product attention in each of the
+    heads, concatenated (Attention between its two projections)."""
+    B, T, D = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+    q, k, v = qkv.reshape(B, T, 3, num_heads, D // num_heads).permute(2, 0, 3, 1, 4).unbind(0)  # each (B, h, T, d)
+    x = F.scaled_dot_product_attention(q, k, v)  # (B, h, T, d)
+    return x.transpose(1, 2).reshape(B, T, D)
 
 
 class Mlp(nn.Module):

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from conftest import one_torch_thread, tiny_model
 
+from mobile_moe import hard_moe
 from mobile_moe.app.cli import main
 from mobile_moe.checkpoint import load_checkpoint
 from mobile_moe.errors import UsageError
@@ -99,25 +100,58 @@ def test_expert_path_equals_the_model_on_the_images_routed_to_it(many_images, sh
 
 @pytest.mark.parametrize("shared_head", [False, True])
 def test_expert_path_holds_only_its_own_expert(shared_head):
+    """Its blocks and head are dense modules whose parameters are views of expert 2's slices of the stacks."""
     model = tiny_model("hard-moe", shared_head=shared_head)
-    held = {id(p) for p in model.expert_path(2).parameters()}
-    own = {id(p) for p in model.expert_blocks[2].parameters()}
-    others = {id(p) for e in (0, 1, 3) for p in model.expert_blocks[e].parameters()}
-    head = model.head if shared_head else model.expert_heads[2]
-    assert own | {id(p) for p in head.parameters()} == held and not others & held
-    assert (model.head is None) != shared_head and (model.expert_heads is None) == shared_head
+    path = model.expert_path(2)
+    stages = [*model.expert_blocks, *([] if shared_head else [model.expert_heads])]
+    own = [tensor for stage in stages for tensor in stage.expert_tensors(2).values()]
+    held = [*(p for block in path.blocks for p in block.parameters()), *([] if shared_head else path.head.parameters())]
+    assert [p.data_ptr() for p in held] == [t.data_ptr() for t in own]  # views of expert 2's slices, in order
+    assert all(torch.equal(p, t) and p.shape == t.shape for p, t in zip(held, own, strict=True))
+    assert (path.head is model.head) == shared_head and (model.head is None) != shared_head
+    assert (model.expert_heads is None) == shared_head
     with pytest.raises(IndexError):
         model.expert_path(4)
 
 
-def test_gate_one_is_exactly_the_dense_blocks(images):
-    model = tiny_model("hard-moe").eval()
-    tokens, _ = model.router_stage(images)
-    x = tokens
-    for block in model.expert_blocks[1]:
-        x = block(x)
-    path = model.expert_path(1)
-    assert torch.equal(path(tokens, torch.ones(6, 1)), model.expert_heads[1](x))
+def test_gate_one_is_exactly_the_dense_blocks_and_the_model_runs_them(many_images):
+    """The expert path (its blocks' and head's tensors through gated_block and head_logits) computes what the dense
+    modules' own forward computes, bit for bit; so does the model's loop on the images routed to that expert."""
+    model = tiny_model("hard-moe", pool="mean").eval()
+    fitted(model, many_images)
+    with torch.no_grad():
+        tokens, routing = model.router_stage(many_images)
+        mine = routing.experts[:, 0] == 1
+        x = tokens
+        for stage in model.expert_blocks:
+            x = stage.expert(1)(x)  # vit.Block.forward
+        dense = model.expert_heads.expert(1)(x)  # vit.ClassifierHead.forward
+        assert torch.equal(model.expert_path(1)(tokens, torch.ones(40, 1)), dense)
+        assert 0 < mine.sum() < 40
+        torch.testing.assert_close(model(many_images).logits[mine], dense[mine], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shared_head", [False, True])
+def test_the_grouped_gemm_path_equals_the_loop_with_an_expert_left_empty(many_images, shared_head, monkeypatch):
+    """A grouped-GEMM device's path (gathered norm weights, torch._grouped_mm for qkv, proj, fc1, fc2 and the heads'
+    7 classes padded to 8, on the batch sorted once) against the per-expert loop. Forward only: torch._grouped_mm's
+    CPU fallback has no backward on this torch (tests/test_gpu.py checks CUDA's, and the gradients)."""
+    model = tiny_model("hard-moe", pool="mean", shared_head=shared_head).eval()
+    fitted(model, many_images)
+    with torch.no_grad():  # norms and biases off their (1, 0) start: one applied to another expert's rows would show
+        for name, stack in model.named_parameters():
+            if name.startswith("expert") and stack.dim() == 2:
+                stack.copy_(torch.randn(stack.shape, generator=torch.Generator().manual_seed(len(name))))
+        routed = model(many_images).routing.experts[:, 0]
+        batch = many_images[routed != routed[0]]  # expert routed[0] gets no image
+        loop = model(batch).logits
+        ran = []
+        monkeypatch.setattr(hard_moe, "grouped_gemm_fits", lambda *args, **kwargs: True)
+        real = torch._grouped_mm
+        monkeypatch.setattr(torch, "_grouped_mm", lambda *args, **kwargs: ran.append(1) or real(*args, **kwargs))
+        grouped = model(batch).logits
+    assert len(ran) == 4 * 2 + (not shared_head)  # qkv, proj, fc1, fc2 in each block; the heads
+    torch.testing.assert_close(grouped, loop, rtol=1e-5, atol=1e-5)
 
 
 def test_an_upcycled_hard_moe_computes_its_gater(images):
@@ -146,9 +180,10 @@ def test_the_trunk_is_frozen_and_only_chosen_experts_get_gradients(many_images):
     chosen = set(out.routing.experts[:, 0].tolist())
     assert chosen == {0, 2}
     assert all(p.grad is None for p in model.router_stage.parameters())
-    for e in range(4):
-        params = [*model.expert_blocks[e].parameters(), *model.expert_heads[e].parameters()]
-        assert all((p.grad is not None and p.grad.abs().sum() > 0) == (e in chosen) for p in params), e
+    stacks = [*model.expert_blocks.named_parameters(), *model.expert_heads.named_parameters()]
+    for name, stack in stacks:  # every stack, expert by expert: a gradient where the expert had images, else zero
+        assert stack.grad is not None and stack.grad.shape == stack.shape, name
+        assert [bool(stack.grad[e].abs().sum() > 0) for e in range(4)] == [e in chosen for e in range(4)], name
 
 
 def test_no_label_routing_and_known_dispatch_only(images):
@@ -162,7 +197,7 @@ def test_no_label_routing_and_known_dispatch_only(images):
     tokens, routing = model.router_stage(images)
     two_each = routing._replace(experts=routing.experts.repeat(1, 2), gates=routing.gates.repeat(1, 2))
     with pytest.raises(ValueError, match="one expert; this routing chose 2"):  # the sorted slices assume k = 1
-        model._grouped(model._run_path, tokens, two_each)
+        model._experts(list(model.expert_blocks), tokens, two_each, "grouped")
 
 
 # --- two-stage training ---------------------------------------------------------------------------------------------
@@ -220,13 +255,13 @@ def test_train_fits_kmeans_on_the_frozen_gater_and_trains_each_expert_on_its_clu
     for e, size in enumerate(record["cluster_sizes"]):
         for i in range(2):
             for key, start in gater_blocks(gater_state, i + 1).items():
-                now = model.expert_blocks[e][i].state_dict()[key]
+                now = model.expert_blocks[i].expert(e).state_dict()[key]
                 if size == 0 and start.ndim < 2:
                     assert torch.equal(now, start), (e, key)
                 elif size == 0:
                     torch.testing.assert_close(now, start * (now.norm() / start.norm()), rtol=1e-5, atol=1e-7)
                     assert now.norm() < start.norm(), (e, key)
-        learned = any(not torch.equal(model.expert_blocks[e][1].state_dict()[k], v)
+        learned = any(not torch.equal(model.expert_blocks[1].expert(e).state_dict()[k], v)
                       for k, v in gater_blocks(gater_state, 2).items() if v.ndim < 2)  # fmt: skip
         assert learned == (size > 0), e
 

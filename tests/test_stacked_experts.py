@@ -10,7 +10,7 @@ from conftest import tiny_model
 
 from mobile_moe import moe, token_moe
 from mobile_moe.checkpoint import checkpoint_dict, model_from_checkpoint
-from mobile_moe.moe import STACKED, ExpertMLPs, per_expert_key, restacked
+from mobile_moe.moe import ExpertMLPs, is_stacked, per_expert_key, restacked
 from mobile_moe.registry import make_config
 from mobile_moe.training import recipes
 from mobile_moe.training import train as train_module
@@ -102,18 +102,23 @@ def test_a_seed_builds_the_weights_it_built_before_the_stack(name, monkeypatch):
 
 
 def per_expert_layout(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A state dict as the per-expert layout wrote it: ExpertMLPs' experts.<e>.fc1.weight (out, in), ... in module
-    order (each expert's four entries, expert after expert), at the place of the stack."""
+    """A state dict as the per-expert layouts wrote it, each stack's experts at its place: ExpertMLPs'
+    <place>.experts.<e>.fc1.weight (out, in), ...; a Hard MoE's expert_blocks.<e>.<j>.attn.qkv.weight, ... and
+    expert_heads.<e>.fc.weight, ... (no dense name holds an underscore: attn_qkv_weight is attn.qkv.weight)."""
     out = {}
     for key, value in state.items():
-        prefix, _, entry = key.rpartition(".")
-        if entry not in STACKED:
+        if not is_stacked(key):
             out[key] = value
-        elif entry == "fc1_weight":
-            for e in range(len(value)):
-                for name, (dense, is_weight) in STACKED.items():
-                    tensor = state[f"{prefix}.{name}"][e]
-                    out[f"{prefix}.experts.{e}.{dense}"] = tensor.T.contiguous() if is_weight else tensor.clone()
+            continue
+        place, _, entry = key.rpartition(".")
+        for e, tensor in enumerate(value):
+            if place.startswith("expert_blocks."):
+                old = f"expert_blocks.{e}.{place.split('.')[1]}.{entry.replace('_', '.')}"
+            else:
+                old = f"expert_heads.{e}" if place == "expert_heads" else f"{place}.experts.{e}"
+                old += f".{entry.replace('_', '.')}"
+            assert per_expert_key(old) == (key, e), old
+            out[old] = tensor.T.contiguous() if tensor.dim() == 2 else tensor.clone()
     return out
 
 
@@ -127,22 +132,32 @@ def per_expert_optimizer(saved: dict, state: dict[str, torch.Tensor], old_state:
         if expert is None:
             moments[index] = entry
             continue
-        is_weight = STACKED[stack.rpartition(".")[2]][1]
         pick = {key: value[expert] for key, value in entry.items() if key != "step"}
-        moments[index] = {"step": entry["step"], **{k: v.T.contiguous() if is_weight else v for k, v in pick.items()}}
+        dense = {key: value.T.contiguous() if value.dim() == 2 else value for key, value in pick.items()}
+        moments[index] = {"step": entry["step"], **dense}
     decayed = sum(decays(name, p) for name, p in old_state.items())
     bounds = ((0, decayed), (decayed, len(moments)))
     groups = zip(saved["param_groups"], bounds, strict=True)
     return {"state": moments, "param_groups": [{**group, "params": list(range(*bound))} for group, bound in groups]}
 
 
-def test_a_checkpoint_of_the_per_expert_layout_loads_into_the_stack(images):
-    model = tiny_model("vmoe").eval()  # per-token: blocks.<i>.mlp.experts.experts.<e>.fc1.weight before the stack
+# A model whose per-expert layout came before its stacks -> one key of that layout.
+OLD_KEYS = {
+    "vmoe": "blocks.2.mlp.experts.experts.3.fc2.bias",  # per-token: the experts of blocks.<i>.mlp.experts
+    "hard-moe": "expert_blocks.3.1.attn.qkv.weight",  # whole blocks: expert_blocks.<e>.<j>, expert_heads.<e>
+}
+
+
+@pytest.mark.parametrize("name", OLD_KEYS)
+def test_a_checkpoint_of_the_per_expert_layout_loads_into_the_stack(name, images):
+    model = tiny_model(name).eval()
+    if name == "hard-moe":  # centroids that spread the images over the experts
+        model.router.set_clusters(torch.zeros(32), torch.eye(8, 32), torch.randn(4, 8))
     old = per_expert_layout(model.state_dict())
-    assert "blocks.2.mlp.experts.experts.3.fc2.bias" in old and not any(k.endswith(tuple(STACKED)) for k in old)
+    assert OLD_KEYS[name] in old and not any(is_stacked(k) for k in old)
     loaded = model_from_checkpoint({**checkpoint_dict(model), "model": old}, "old.pt").eval()
     assert torch.equal(loaded(images).logits, model(images).logits)
-    direct = tiny_model("vmoe")
+    direct = tiny_model(name)
     direct.load_state_dict(per_expert_layout(model.state_dict()))  # torch's own load_state_dict too (a pre-hook)
     assert all(torch.equal(direct.state_dict()[k], v) for k, v in model.state_dict().items())
 
@@ -175,10 +190,11 @@ def test_a_run_of_the_per_expert_layout_resumes_exactly_as_the_stacked_run(tmp_p
     assert all(torch.equal(value, got[key]) for key, value in expected.items())
 
 
-def test_an_expert_never_stepped_gets_zero_moments_and_its_stack_keeps_the_others():
+@pytest.mark.parametrize("name", ["mobile-vmoe", "hard-moe"])
+def test_an_expert_never_stepped_gets_zero_moments_and_its_stack_keeps_the_others(name):
     """A per-expert checkpoint whose expert 1 never had an image (no AdamW state): the stack's state is the others'
     moments with zeros in expert 1's slice, where it used to be dropped for the whole stack."""
-    model = tiny_model("mobile-vmoe")
+    model = tiny_model(name)
     old = per_expert_layout(model.state_dict())
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
     old_params = [(k, v) for k, v in old.items() if (per_expert_key(k) or (k, 0))[0] in trainable]

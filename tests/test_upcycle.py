@@ -15,7 +15,7 @@ from conftest import TINY, TINY_OPTIONS, one_torch_thread, tiny_model
 from mobile_moe.app.cli import main
 from mobile_moe.errors import UsageError
 from mobile_moe.importers import Source, convert_model
-from mobile_moe.moe import STACKED, stacked
+from mobile_moe.moe import is_stacked, stacked
 from mobile_moe.registry import MODELS, create_model, make_config
 from mobile_moe.training.run_dir import load_run, read_config
 from mobile_moe.upcycle import check_dense_fits, upcycle
@@ -41,15 +41,14 @@ def test_every_expert_starts_as_the_dense_mlp_of_its_block_and_routers_start_fre
     dense_state, state = dense.state_dict(), model.state_dict()
     assert fresh and all(".router." in key for key in fresh)
     for key, value in state.items():
-        source, entry = model.dense_key(key), key.rpartition(".")[2]
+        source = model.dense_key(key)
         expected = before[key] if source is None else dense_state[source]
-        if entry in STACKED:  # an ExpertMLPs stack: the dense entry once per expert
-            expected = stacked(entry, [expected] * model.config.num_experts)
+        if is_stacked(key):  # a stack (ExpertMLPs, a Hard MoE's blocks and heads): the dense entry once per expert
+            expected = stacked([expected] * model.config.num_experts)
         assert torch.equal(value, expected), key
-    # Each expert of each MoE block, spelled out: its fc1 is the dense block's (stacked, or a Hard MoE's own block).
+    # Each expert of each MoE block, spelled out: its fc1 is the dense block's.
     first_moe = model.config.depth - model.config.moe_layers
     experts = [(key, weight.T) for key, stack in state.items() if key.endswith("fc1_weight") for weight in stack]
-    experts += [(key, value) for key, value in state.items() if key.endswith("fc1.weight") and "expert" in key]
     assert len(experts) == model.config.num_experts * model.config.moe_layers
     for key, weight in experts:
         block = model.dense_key(key).split(".")[1]

@@ -37,7 +37,7 @@ from mobile_moe.data.datasets import Data, data_record, materialized, open_data
 from mobile_moe.devices import usable_cores
 from mobile_moe.errors import UsageError
 from mobile_moe.interrupts import leave_stops_to_the_main_process
-from mobile_moe.moe import STACKED, compile_model, expert_dispatch, per_expert_key, stacked
+from mobile_moe.moe import compile_model, expert_dispatch, is_stacked, per_expert_key, stacked
 from mobile_moe.registry import build_model, config_from_dict
 from mobile_moe.super_class.superclasses import SuperClasses
 from mobile_moe.training import cluster_fit, distributed
@@ -70,9 +70,10 @@ from mobile_moe.words import counted
 
 
 def decays(name: str, param: Tensor) -> bool:
-    """AdamW's weight decay applies to this parameter: not to biases (an ExpertMLPs stack's (E, F) ones too), norms,
-    position embedding and class token (DeiT)."""
-    return param.ndim >= 2 and not name.endswith(("bias", "pos_embed", "cls_token"))
+    """AdamW's weight decay applies to this parameter: to matrices, not to biases, norms, position embedding and class
+    token (DeiT). A stacked entry (moe.is_stacked) is judged by one expert's tensor: its (E, D) norms do not decay."""
+    matrix = param.ndim - is_stacked(name) >= 2
+    return matrix and not name.endswith(("bias", "pos_embed", "cls_token"))
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -100,7 +101,7 @@ def optimizer_order(named: list[tuple[str, Tensor]]) -> list[str]:
 
 def restacked_optimizer_state(saved: dict[str, Any], saved_model: dict[str, Tensor], model: nn.Module) -> dict:
     """AdamW's state saved when each expert had its own parameters (saved_model in that per-expert layout) -> the
-    state for the stacked ExpertMLPs parameters of `model`. A state of today's layout comes back as it is."""
+    state for the stacked parameters (moe.StackedModules) of `model`. A state of today's layout comes back as it is."""
     if not any(per_expert_key(key) for key in saved_model):
         return saved
     trainable = [(name, param) for name, param in model.named_parameters() if param.requires_grad]
@@ -114,7 +115,7 @@ def restacked_optimizer_state(saved: dict[str, Any], saved_model: dict[str, Tens
     for index, name in enumerate(optimizer_order(trainable)):
         parts = [part for _, part in sorted(parts_of.get(name, []), key=lambda pair: pair[0])]
         if any(parts):  # a parameter not yet stepped has no state
-            state[index] = stacked_moments(name.rpartition(".")[2], with_zero_moments(parts))
+            state[index] = stacked_moments(with_zero_moments(parts)) if is_stacked(name) else parts[0]
     groups, start = [], 0
     for group, params in zip(saved["param_groups"], parameter_groups(model, 0.0), strict=True):
         groups.append({**group, "params": list(range(start, start + len(params["params"])))})
@@ -130,12 +131,10 @@ def with_zero_moments(parts: list[dict[str, Tensor] | None]) -> list[dict[str, T
     return [part or zeros for part in parts]
 
 
-def stacked_moments(entry: str, parts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
-    """One parameter's AdamW state from its experts' states: moments stacked as the weights are (moe.stacked), the
-    step shared. A parameter that is no stack keeps its one state."""
-    if entry not in STACKED:
-        return parts[0]
-    return {key: parts[0][key] if key == "step" else stacked(entry, [part[key] for part in parts]) for key in parts[0]}
+def stacked_moments(parts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """One stacked parameter's AdamW state from its experts' states: moments stacked as the weights are (moe.stacked),
+    the step shared."""
+    return {key: parts[0][key] if key == "step" else stacked([part[key] for part in parts]) for key in parts[0]}
 
 
 def cosine_schedule(optimizer: torch.optim.Optimizer, cfg: TrainConfig, steps_per_epoch: int):
