@@ -21,7 +21,7 @@ Legend: B images, T tokens, D width, P pca_dims (D when there is no PCA), E expe
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +34,6 @@ from mobile_moe.moe import (
     StackedModules,
     compute_dtype,
     expert_groups,
-    expert_mlp,
     grouped_gemm_fits,
     grouped_linear,
     grouped_mlp,
@@ -42,7 +41,15 @@ from mobile_moe.moe import (
 )
 from mobile_moe.outputs import ModelOutput, Routing
 from mobile_moe.routers import at_least_fp32, decided_in_fp32, top_k
-from mobile_moe.vit import ClassifierHead, TokenEmbedding, attention_heads, dense_block, init_weights, pool_tokens
+from mobile_moe.vit import (
+    Block,
+    ClassifierHead,
+    TokenEmbedding,
+    attention_heads,
+    dense_block,
+    init_weights,
+    pool_tokens,
+)
 
 
 class CentroidRouter(nn.Module):
@@ -113,26 +120,31 @@ class CentroidRouter(nn.Module):
         return Routing(logits, probs, experts, probs.gather(-1, experts))
 
 
-def gated_block(block: Mapping[str, Tensor], x: Tensor, gate: Tensor, *, num_heads: int, eps: float) -> Tensor:
-    """x (B, T, D), gate (B, 1) -> (B, T, D): one pre-norm block from its tensors by their dense names (a vit.Block's
-    named_parameters), its residual branches scaled by the gate: x = x + g * attn(norm1 x); x = x + g * mlp(norm2 x).
+class GatedBlock(Block):
+    """A pre-norm block whose residual branches a gate (B, 1) scales: x = x + g * attn(norm1 x), then
+    x = x + g * mlp(norm2 x).
 
-    The very calls of Block.forward: a Hard MoE's gate is always 1, which is exactly the dense block (1.0 * y is y,
-    bit for bit); the gate is an input anyway so an expert graph has Mobile V-MoE's signature.
+    A Hard MoE's gate is always 1, which is exactly the dense block (1.0 * y is y, bit for bit); the gate is an input
+    anyway so an expert graph has Mobile V-MoE's signature.
     """
-    D = x.shape[-1]
-    g = gate.reshape(-1, 1, 1).to(x.dtype)  # (B, 1, 1)
-    normed = F.layer_norm(x, (D,), block["norm1.weight"], block["norm1.bias"], eps)
-    qkv = F.linear(normed, block["attn.qkv.weight"], block["attn.qkv.bias"])
-    x = x + g * F.linear(attention_heads(qkv, num_heads), block["attn.proj.weight"], block["attn.proj.bias"])
-    normed = F.layer_norm(x, (D,), block["norm2.weight"], block["norm2.bias"], eps)
-    return x + g * expert_mlp(normed, block, prefix="mlp.")
+
+    def forward(self, x: Tensor, gate: Tensor) -> Tensor:  # type: ignore[override]
+        g = gate.reshape(-1, 1, 1).to(x.dtype)  # (B, 1, 1)
+        x = x + g * self.attn(self.norm1(x))
+        return x + g * self.mlp(self.norm2(x))
 
 
-def head_logits(head: Mapping[str, Tensor], tokens: Tensor, *, pool: str, eps: float) -> Tensor:
-    """tokens (B, T, D) -> logits (B, K): a ClassifierHead from its tensors by their dense names, its very calls."""
-    normed = F.layer_norm(tokens, (tokens.shape[-1],), head["norm.weight"], head["norm.bias"], eps)
-    return F.linear(pool_tokens(normed, pool), head["fc.weight"], head["fc.bias"])
+def gated_block(cfg: HardMoEConfig) -> GatedBlock:
+    block = dense_block(cfg)
+    return GatedBlock(block.norm1, block.attn, block.norm2, block.mlp)
+
+
+class ExpertHead(ClassifierHead):
+    """An expert's classifier head: tokens (B, T, D) -> logits (B, K). It takes the gate as every expert stage does
+    (HardMoE._experts) and leaves the logits ungated."""
+
+    def forward(self, tokens: Tensor, gate: Tensor | None = None) -> Tensor:  # type: ignore[override]
+        return super().forward(tokens)
 
 
 def grouped_norm(x: Tensor, weight: Tensor, bias: Tensor, *, groups: ExpertGroups, eps: float) -> Tensor:
@@ -144,15 +156,11 @@ def grouped_norm(x: Tensor, weight: Tensor, bias: Tensor, *, groups: ExpertGroup
 class ExpertBlocks(StackedModules):
     """Block j of every expert: E pre-norm blocks (vit.Block) held as stacks (moe.StackedModules): norm1_weight (E, D),
     attn_qkv_weight (E, D, 3D), attn_proj_weight (E, D, D), norm2_*, mlp_fc1_weight (E, D, F), mlp_fc2_weight (E, F, D)
-    and their biases. Expert e's block is `expert(e)`, a dense Block of views."""
+    and their biases. Expert e's block is `expert(e)`, a GatedBlock of views; `experts()` runs each on (x, gate)."""
 
     def __init__(self, cfg: HardMoEConfig):
-        super().__init__([dense_block(cfg) for _ in range(cfg.num_experts)])
+        super().__init__([gated_block(cfg) for _ in range(cfg.num_experts)])
         self.num_heads, self.eps = cfg.num_heads, cfg.norm_eps
-
-    def run(self, block: Mapping[str, Tensor], x: Tensor, gate: Tensor) -> Tensor:
-        """One expert's block (its tensors from per_expert) on its images x (n, T, D) with their gates (n, 1)."""
-        return gated_block(block, x, gate, num_heads=self.num_heads, eps=self.eps)
 
     def grouped(self, x: Tensor, groups: ExpertGroups) -> Tensor:
         """x (N, T, D) sorted by expert -> every image through its expert's block in a fixed number of kernels and no
@@ -172,15 +180,12 @@ class ExpertBlocks(StackedModules):
 
 class ExpertHeads(StackedModules):
     """Every expert's classifier head (vit.ClassifierHead: final norm, pooling, linear) held as stacks: norm_weight
-    (E, D), norm_bias (E, D), fc_weight (E, D, K), fc_bias (E, K). Expert e's head is `expert(e)`, a dense view."""
+    (E, D), norm_bias (E, D), fc_weight (E, D, K), fc_bias (E, K). Expert e's head is `expert(e)`, an ExpertHead of
+    views."""
 
     def __init__(self, cfg: HardMoEConfig):
-        super().__init__([ClassifierHead(cfg) for _ in range(cfg.num_experts)])
+        super().__init__([ExpertHead(cfg) for _ in range(cfg.num_experts)])
         self.pool, self.eps = cfg.pool, cfg.norm_eps
-
-    def run(self, head: Mapping[str, Tensor], tokens: Tensor, gate: Tensor) -> Tensor:
-        """One expert's head (its tensors from per_expert) on its images' tokens (n, T, D) -> (n, K); ungated."""
-        return head_logits(head, tokens, pool=self.pool, eps=self.eps)
 
     def grouped(self, tokens: Tensor, groups: ExpertGroups) -> Tensor:
         """tokens (N, T, D) sorted by expert -> logits (N, K): gathered norm weights, one grouped GEMM."""
@@ -191,20 +196,19 @@ class ExpertHeads(StackedModules):
 
 class HardExpertPath(nn.Module):
     """(tokens (B, T, D), gate (B, 1)) -> logits (B, K) for images routed to one expert: its L blocks and its head (or
-    the shared head), dense modules whose parameters are views of the model's stacks: exactly the weights one image
-    needs after the router, shared with the model, not copied."""
+    the shared head), modules whose parameters are views of the model's stacks: exactly the weights one image needs
+    after the router, shared with the model, not copied."""
 
-    def __init__(self, blocks: Sequence[nn.Module], head: nn.Module, expert: int, *, num_heads: int, eps: float):
+    def __init__(self, blocks: Sequence[GatedBlock], head: ClassifierHead, expert: int):
         super().__init__()
         self.expert = expert
         self.blocks = nn.ModuleList(blocks)
         self.head = head
-        self.num_heads, self.eps = num_heads, eps
 
     def forward(self, tokens: Tensor, gate: Tensor) -> Tensor:
         x = tokens
         for block in self.blocks:
-            x = gated_block(dict(block.named_parameters()), x, gate, num_heads=self.num_heads, eps=self.eps)
+            x = block(x, gate)
         return self.head(x)
 
 
@@ -293,24 +297,24 @@ class HardMoE(nn.Module):
             for stage in stages:
                 x = stage.grouped(x, groups)
             return groups.from_stream(x)
-        tensors = [stage.per_expert() for stage in stages]  # one unbind per stack for the loop
+        runs = [stage.experts() for stage in stages]  # one unbind per stack for the loop
         slices, gates = x.split(groups.host_sizes), groups.gates.unsqueeze(-1).split(groups.host_sizes)
         outputs = []
         for e, (rows, gate) in enumerate(zip(slices, gates, strict=True)):  # each expert's (n_e, T, D), (n_e, 1)
-            for stage, per_expert in zip(stages, tensors, strict=True):
-                rows = stage.run(per_expert[e], rows, gate)
+            for experts in runs:
+                rows = experts[e](rows, gate)
             outputs.append(rows)
         return groups.from_stream(torch.cat(outputs))
 
     def _dense(self, stages: list[nn.Module], tokens: Tensor, routing: Routing) -> Tensor:
         """Every expert's stages on every image, weighted by the sparse gates: one graph that never branches on data."""
         B, E = tokens.shape[0], self.config.num_experts
-        tensors = [stage.per_expert() for stage in stages]
+        runs = [stage.experts() for stage in stages]
         outputs = []
         for e in range(E):
             x = tokens
-            for stage, per_expert in zip(stages, tensors, strict=True):
-                x = stage.run(per_expert[e], x, routing.gates)
+            for experts in runs:
+                x = experts[e](x, routing.gates)
             outputs.append(x)
         stacked_outputs = torch.stack(outputs, dim=1)  # (B, E, ...')
         weights = routing.probs.new_zeros(B, E).scatter(-1, routing.experts, routing.gates)  # (B, E) one-hot
@@ -324,8 +328,7 @@ class HardMoE(nn.Module):
         if not 0 <= expert < self.config.num_experts:
             raise IndexError(f"expert {expert} out of range 0..{self.config.num_experts - 1}")
         head = self.head if self.head is not None else self.expert_heads.expert(expert)
-        blocks = [stage.expert(expert) for stage in self.expert_blocks]
-        return HardExpertPath(blocks, head, expert, num_heads=self.config.num_heads, eps=self.config.norm_eps)
+        return HardExpertPath([stage.expert(expert) for stage in self.expert_blocks], head, expert)
 
     # --- stage 1: from a trained dense gater -------------------------------------------------------------------------
 

@@ -174,11 +174,9 @@ def expert_dispatch(device: torch.device, amp: bool) -> str:
     return "per-expert loop (one matmul per expert and layer)"
 
 
-def expert_mlp(x: Tensor, mlp: Mapping[str, Tensor], *, prefix: str = "") -> Tensor:
-    """One expert's MLP from its tensors by their dense names (StackedModules.per_expert), under `prefix` ("mlp." in a
-    whole block's): the very calls of Mlp.forward."""
-    fc1, fc2 = f"{prefix}fc1.", f"{prefix}fc2."
-    return F.linear(F.gelu(F.linear(x, mlp[fc1 + "weight"], mlp[fc1 + "bias"])), mlp[fc2 + "weight"], mlp[fc2 + "bias"])
+def expert_mlp(x: Tensor, mlp: Mapping[str, Tensor]) -> Tensor:
+    """One expert's MLP from its tensors by their dense names (StackedModules.per_expert): Mlp.forward's calls."""
+    return F.linear(F.gelu(F.linear(x, mlp["fc1.weight"], mlp["fc1.bias"])), mlp["fc2.weight"], mlp["fc2.bias"])
 
 
 def grouped_linear(x: Tensor, weight: Tensor, bias: Tensor, *, groups: ExpertGroups) -> Tensor:
@@ -253,6 +251,14 @@ class StackedModules(nn.Module):
         slices = {name: getattr(self, entry).unbind(0) for entry, name in self.dense_names.items()}
         return [{name: self._dense(tensors[e]) for name, tensors in slices.items()} for e in range(len(self))]
 
+    def experts(self) -> list[Callable[..., Tensor]]:
+        """Each expert as a function of the dense module's forward arguments: that forward (torch.func.functional_call
+        on a weightless copy of the module) over the expert's per_expert() tensors, so gradients reach the stacks."""
+        return [functools.partial(self._run, tensors) for tensors in self.per_expert()]
+
+    def _run(self, tensors: dict[str, Tensor], *args: Tensor) -> Tensor:
+        return torch.func.functional_call(self._template[0], tensors, args)
+
     def expert_tensors(self, expert: int) -> dict[str, Tensor]:
         """Expert `expert`'s tensors as per_expert() gives them, sliced alone (for one expert, not a loop over all)."""
         return {name: self._dense(getattr(self, entry)[expert]) for entry, name in self.dense_names.items()}
@@ -277,21 +283,20 @@ class StackedModules(nn.Module):
 
 
 class UnstackedModules(nn.Module):
-    """A StackedModules as E dense modules (`expert(e)`: views of its stacks, no copy) that hands out the same
-    per_expert() tensors, each a Parameter of its own module: what the single-graph export traces, since a backend
-    delegates a linear whose weight is a parameter of its own, where XNNPACK leaves a linear over a slice taken from
-    a stack as the graph runs to ExecuTorch's portable kernels."""
+    """A StackedModules as E dense modules (`expert(e)`: views of its stacks, no copy), handed out by experts() as
+    the modules themselves: what the single-graph export traces. XNNPACK delegates a linear whose weight is a
+    parameter of a Linear module's own (its AddmmConfig finds linears by their source module); a linear over a slice
+    of a stack, or called outside a Linear module, it leaves to ExecuTorch's portable kernels."""
 
     def __init__(self, stacked: StackedModules):
         super().__init__()
-        self.experts = nn.ModuleList(stacked.expert(e) for e in range(len(stacked)))
-        self.run = stacked.run  # an expert runs from these tensors as from the stacks' (ExpertBlocks.run, say)
+        self.dense = nn.ModuleList(stacked.expert(e) for e in range(len(stacked)))
 
-    def per_expert(self) -> list[dict[str, Tensor]]:
-        return [dict(expert.named_parameters()) for expert in self.experts]
+    def experts(self) -> list[nn.Module]:
+        return list(self.dense)
 
     def __len__(self) -> int:
-        return len(self.experts)
+        return len(self.dense)
 
 
 class ExpertMLPs(StackedModules):

@@ -19,6 +19,7 @@ from mobile_moe.training import cluster_fit as stage
 from mobile_moe.training.init_from import check_init_from, load_dense
 from mobile_moe.training.run_dir import load_run, read_config, read_metrics
 from mobile_moe.upcycle import upcycle
+from mobile_moe.vit import Block, ClassifierHead
 
 # --- the model ------------------------------------------------------------------------------------------------------
 
@@ -115,20 +116,22 @@ def test_expert_path_holds_only_its_own_expert(shared_head):
 
 
 def test_gate_one_is_exactly_the_dense_blocks_and_the_model_runs_them(many_images):
-    """The expert path (its blocks' and head's tensors through gated_block and head_logits) computes what the dense
-    modules' own forward computes, bit for bit; so does the model's loop on the images routed to that expert."""
+    """The expert path (GatedBlocks and an ExpertHead over views of the stacks) at gate 1 computes the plain dense
+    Block's and ClassifierHead's forward, bit for bit; and the model's loop (functional calls over the stacks' slices)
+    computes the path on the images routed to that expert, bit for bit."""
     model = tiny_model("hard-moe", pool="mean").eval()
     fitted(model, many_images)
     with torch.no_grad():
         tokens, routing = model.router_stage(many_images)
-        mine = routing.experts[:, 0] == 1
+        path = model.expert_path(1)
         x = tokens
-        for stage in model.expert_blocks:
-            x = stage.expert(1)(x)  # vit.Block.forward
-        dense = model.expert_heads.expert(1)(x)  # vit.ClassifierHead.forward
-        assert torch.equal(model.expert_path(1)(tokens, torch.ones(40, 1)), dense)
+        for view in path.blocks:
+            x = Block(view.norm1, view.attn, view.norm2, view.mlp)(x)
+        dense = ClassifierHead.forward(path.head, x)
+        assert torch.equal(path(tokens, torch.ones(40, 1)), dense)
+        mine = routing.experts[:, 0] == 1
         assert 0 < mine.sum() < 40
-        torch.testing.assert_close(model(many_images).logits[mine], dense[mine], rtol=1e-5, atol=1e-6)
+        assert torch.equal(model(many_images).logits[mine], path(tokens[mine], routing.gates[mine]))
 
 
 @pytest.mark.parametrize("shared_head", [False, True])
