@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from conftest import TINY, TINY_OPTIONS, tiny_model
@@ -128,6 +130,54 @@ def test_the_compiled_bf16_training_step_runs_the_grouped_gemm_in_one_graph_and_
         assert_near(results["compiled"][name], results["eager"][name], truth, tolerance=None, name=name, floor=BF16)
         if name.endswith(("fc1_weight", "fc2_weight", "fc1_bias", "fc2_bias")):
             assert all(results[run][name][experts - 1].eq(0).all() for run in results), name
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "inductor"])
+def test_hard_moe_runs_its_stacked_experts_as_grouped_gemms_equal_to_its_loop_in_bf16(compiled, monkeypatch):
+    """Hard MoE's stacked blocks and heads on a grouped-GEMM device under bf16 autocast (gathered norm weights,
+    torch._grouped_mm for qkv, proj, fc1, fc2 and the heads, attention over the sorted batch; compiled as one graph)
+    against its per-expert loop: logits and every gradient as close as the loop's own distance from a float64 run
+    allows (twice that, plus bf16's unit at the tensor's scale), and an expert no image chose gets gradients of exactly
+    zero on both paths."""
+    from torch._dynamo.utils import counters
+
+    from mobile_moe import hard_moe
+
+    if not grouped_gemm_device(torch.cuda.current_device()):
+        pytest.skip("the grouped GEMM runs on sm90 only (moe.grouped_gemm_device)")
+    torch.manual_seed(0)
+    model = tiny_model("hard-moe", pool="mean").to(CUDA).train()
+    model.router.set_clusters(torch.zeros(32), torch.eye(8, 32), torch.randn(4, 8))
+    images = torch.randn(64, 3, 32, 32, device=CUDA, generator=torch.Generator(CUDA).manual_seed(0))
+    with torch.no_grad():
+        routed = model(images).routing.experts[:, 0]
+    empty = int(routed[0])
+    images = images[routed != empty]  # expert `empty` gets no image
+    grouped_runs = []
+    real = hard_moe.ExpertBlocks.grouped
+    monkeypatch.setattr(hard_moe.ExpertBlocks, "grouped", lambda *args: grouped_runs.append(1) or real(*args))
+    results = {}
+    for run in ("float64", "loop", "grouped"):
+        torch._dynamo.reset()
+        counters.clear()
+        grouped_runs.clear()
+        step_model, batch = (copy.deepcopy(model).double(), images.double()) if run == "float64" else (model, images)
+        fits = grouped_gemm_fits if run == "grouped" else (lambda *args, **kwargs: False)  # the loop: forced
+        monkeypatch.setattr(hard_moe, "grouped_gemm_fits", fits)
+        forward = compile_model(step_model) if compiled and run == "grouped" else step_model
+        with autocast(CUDA, enabled=run != "float64"):
+            logits = forward(batch).logits
+        logits.float().square().mean().backward()
+        results[run] = {"logits": logits.detach()} | {
+            name: p.grad.clone() for name, p in step_model.named_parameters() if p.grad is not None
+        }
+        model.zero_grad()
+        assert bool(grouped_runs) == (run == "grouped"), run
+        assert not counters["graph_break"], dict(counters["graph_break"])
+    for name, truth in results["float64"].items():
+        assert_near(results["grouped"][name], results["loop"][name], truth, tolerance=None, name=name, floor=BF16)
+        if name.startswith("expert"):  # a stack: the expert without images has exactly zero gradients on both paths
+            assert all(results[run][name][empty].eq(0).all() for run in results), name
 
 
 @pytest.mark.parametrize("name", ROUTED)
