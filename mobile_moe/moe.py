@@ -11,7 +11,7 @@ import contextlib
 import copy
 import functools
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -174,11 +174,6 @@ def expert_dispatch(device: torch.device, amp: bool) -> str:
     return "per-expert loop (one matmul per expert and layer)"
 
 
-def expert_mlp(x: Tensor, mlp: Mapping[str, Tensor]) -> Tensor:
-    """One expert's MLP from its tensors by their dense names (StackedModules.per_expert): Mlp.forward's calls."""
-    return F.linear(F.gelu(F.linear(x, mlp["fc1.weight"], mlp["fc1.bias"])), mlp["fc2.weight"], mlp["fc2.bias"])
-
-
 def grouped_linear(x: Tensor, weight: Tensor, bias: Tensor, *, groups: ExpertGroups) -> Tensor:
     """x (N, T, in) grouped by expert (groups' rows) -> (N, T, out) in x's dtype: each expert's Linear (stacks weight
     (E, in, out), bias (E, out)) on its rows, as one torch._grouped_mm with the group offsets computed on the device.
@@ -200,7 +195,7 @@ def grouped_linear(x: Tensor, weight: Tensor, bias: Tensor, *, groups: ExpertGro
 def grouped_mlp(
     x: Tensor, fc1_weight: Tensor, fc1_bias: Tensor, fc2_weight: Tensor, fc2_bias: Tensor, *, groups: ExpertGroups
 ) -> Tensor:
-    """x (N, T, D) grouped by expert -> each expert's MLP (stacked weights) on its rows, ungated: expert_mlp's
+    """x (N, T, D) grouped by expert -> each expert's MLP (stacked weights) on its rows, ungated: Mlp.forward's
     arithmetic in two grouped_linear calls."""
     hidden = F.gelu(grouped_linear(x, fc1_weight, fc1_bias, groups=groups))  # (N, T, F)
     return grouped_linear(hidden, fc2_weight, fc2_bias, groups=groups)
@@ -217,6 +212,8 @@ class StackedModules(nn.Module):
 
     def __init__(self, dense: Sequence[nn.Module]):
         super().__init__()
+        if any(True for _ in dense[0].buffers()):
+            raise ValueError(f"{type(dense[0]).__name__} has buffers: StackedModules stacks parameters only")
         # The dense names and a weightless copy of the module, to build each expert's view from (not a submodule).
         self.dense_names = {name.replace(".", "_"): name for name, _ in dense[0].named_parameters()}
         self._template = (copy.deepcopy(dense[0]).to("meta"),)
@@ -242,12 +239,13 @@ class StackedModules(nn.Module):
                     weight = getattr(self, entry)
                     if weight.dim() == 3:  # a Linear's (E, in, out)
                         dense = weight.new_empty(weight.shape[2], weight.shape[1])  # (out, in): the layout drawn
-                        init_linear(dense, getattr(self, entry.removesuffix("_weight") + "_bias")[e])
+                        bias = getattr(self, entry.removesuffix("_weight") + "_bias", None)
+                        init_linear(dense, None if bias is None else bias[e])
                         weight[e] = dense.T
 
     def per_expert(self) -> list[dict[str, Tensor]]:
         """Each expert's tensors by their dense names, Linear weights as (out, in) views. One unbind per stack: its
-        backward stacks the experts' gradients once, where E separate slices would each add a stack-sized zeros."""
+        backward stacks the experts' gradients once, where E separate slices would each add a stack of zeros."""
         slices = {name: getattr(self, entry).unbind(0) for entry, name in self.dense_names.items()}
         return [{name: self._dense(tensors[e]) for name, tensors in slices.items()} for e in range(len(self))]
 
@@ -314,7 +312,7 @@ class ExpertMLPs(StackedModules):
 
     def run_expert(self, expert: int, x: Tensor) -> Tensor:
         """Expert `expert`'s MLP on x (..., D) -> (..., D): the very calls its dense view (`expert(e)`) makes."""
-        return expert_mlp(x, self.expert_tensors(expert))
+        return self._run(self.expert_tensors(expert), x)
 
     def unstacked(self) -> nn.Module:
         return UnstackedExperts(self)
@@ -336,8 +334,7 @@ class ExpertMLPs(StackedModules):
         and then x is in their stream order.
         """
         if dispatch == "dense":
-            mlps = [functools.partial(expert_mlp, mlp=mlp) for mlp in self.per_expert()]
-            return dense_mixture(mlps, x, experts, gates)
+            return dense_mixture(self.experts(), x, experts, gates)
         if dispatch != "grouped":
             raise ValueError(f"dispatch {dispatch!r}: expected 'grouped' or 'dense'")
         return self.mixture(x, groups or self.groups(x, experts, gates))
@@ -357,7 +354,7 @@ class ExpertMLPs(StackedModules):
         batch, so compiled graphs need no guard on the data.
         """
         pieces = rows.split(groups.host_sizes)  # each (n_e, T, D)
-        return torch.cat([expert_mlp(rows, mlp) for mlp, rows in zip(self.per_expert(), pieces, strict=True)])
+        return torch.cat([run(rows) for run, rows in zip(self.experts(), pieces, strict=True)])
 
     def grouped_gemm(self, rows: Tensor, groups: ExpertGroups) -> Tensor:
         """The same as expert_loop in a fixed number of kernels and no host read (grouped_mlp), in autocast's dtype.

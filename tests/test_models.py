@@ -90,13 +90,13 @@ def test_grouped_dispatch_equals_per_image_loop(images, top_k):
 def test_grouped_dispatch_runs_each_expert_once_on_its_group(images, monkeypatch):
     model = tiny_model("mobile-vmoe", num_experts=5).eval()
     sizes: list[int] = []  # the items of each expert MLP run, in the order they ran
-    expert_mlp = moe.expert_mlp
+    run = moe.StackedModules._run
 
-    def counting(x, *weights):
+    def counting(self, tensors, x):
         sizes.append(x.shape[0])
-        return expert_mlp(x, *weights)
+        return run(self, tensors, x)
 
-    monkeypatch.setattr(moe, "expert_mlp", counting)
+    monkeypatch.setattr(moe.StackedModules, "_run", counting)
     with torch.no_grad():
         routing = model(images).routing
     counts = torch.bincount(routing.experts[:, 0], minlength=5).tolist()
