@@ -187,7 +187,9 @@ def grouped_linear(x: Tensor, weight: Tensor, bias: Tensor, *, groups: ExpertGro
     N, T, _ = x.shape
     out = weight.shape[-1]
     offsets = (groups.sizes.cumsum(0) * T).to(torch.int32)  # (E,): the end row of each expert's tokens
-    weight = F.pad(weight.to(x.dtype), (0, -out % 8))  # (E, in, out rounded up to 8)
+    weight = weight.to(x.dtype)
+    if out % 8:
+        weight = F.pad(weight, (0, -out % 8))  # (E, in, out rounded up to 8)
     y = torch._grouped_mm(x.reshape(N * T, -1), weight, offs=offsets)[:, :out]  # (N*T, out)
     return y.reshape(N, T, out) + bias[groups.chosen].to(x.dtype).unsqueeze(1)
 
