@@ -135,7 +135,7 @@ def state_mismatches(expected: dict[str, Any], state_dict: dict[str, Any]) -> li
 
 def load_weights(model: nn.Module, state_dict: dict[str, Any], source: str | os.PathLike) -> None:
     """model.load_state_dict, with a state dict that does not fit the model reported in one line (what and where). A
-    state dict of the per-expert layout before ExpertMLPs stacked its experts loads as the stack (moe.restacked)."""
+    state dict of a per-expert layout from before the experts were stacked loads as the stacks (moe.restacked)."""
     state_dict = restacked(state_dict)
     expected = model.state_dict()
     problems = state_mismatches(expected, state_dict)

@@ -277,10 +277,10 @@ class HardMoE(nn.Module):
     def _experts(self, stages: list[nn.Module], tokens: Tensor, routing: Routing, dispatch: str) -> Tensor:
         """tokens (B, T, D) -> each image through its expert's `stages` (ExpertBlocks, ExpertHeads, in order).
 
-        Grouped: the batch sorted by expert once (moe.expert_groups), every stage on the sorted batch (the grouped GEMM
-        on a grouped-GEMM device; elsewhere each expert's stages on its contiguous slice, after one host read of the
-        group sizes), the result unsorted once. An expert with no images runs on an empty slice or group (no branch on
-        the data), so its parameters get a zero gradient.
+        Grouped: the batch sorted by expert once (moe.expert_groups), every stage run on the sorted batch, the result
+        unsorted once: as grouped GEMMs on a grouped-GEMM device, elsewhere by the per-expert loop (one host read of
+        the group sizes). An expert with no images runs on an empty group (no branch on the data), so its parameters
+        get a zero gradient.
         """
         if dispatch == "dense":
             return self._dense(stages, tokens, routing)
@@ -296,15 +296,21 @@ class HardMoE(nn.Module):
         if grouped:
             for stage in stages:
                 x = stage.grouped(x, groups)
-            return groups.from_stream(x)
-        runs = [stage.experts() for stage in stages]  # one unbind per stack for the loop
+        else:
+            x = self._expert_loop(stages, x, groups)
+        return groups.from_stream(x)
+
+    @staticmethod
+    def _expert_loop(stages: list[nn.Module], x: Tensor, groups: ExpertGroups) -> Tensor:
+        """x (B, T, D) sorted by expert -> each expert's stages, one after another, on its contiguous slice."""
+        runs = [stage.experts() for stage in stages]  # one unbind per stack
         slices, gates = x.split(groups.host_sizes), groups.gates.unsqueeze(-1).split(groups.host_sizes)
         outputs = []
         for e, (rows, gate) in enumerate(zip(slices, gates, strict=True)):  # each expert's (n_e, T, D), (n_e, 1)
             for experts in runs:
                 rows = experts[e](rows, gate)
             outputs.append(rows)
-        return groups.from_stream(torch.cat(outputs))
+        return torch.cat(outputs)
 
     def _dense(self, stages: list[nn.Module], tokens: Tensor, routing: Routing) -> Tensor:
         """Every expert's stages on every image, weighted by the sparse gates: one graph that never branches on data."""

@@ -22,7 +22,7 @@ from mobile_moe.config import ViTConfig
 from mobile_moe.outputs import Routing
 from mobile_moe.vit import Attention, Block, Mlp, layer_norm
 
-# The stacked entries of ExpertMLPs -> the dense Mlp entry each expert's slice is (upcycling, old checkpoints).
+# The stacked entries of ExpertMLPs -> the dense Mlp entry each expert's slice is (upcycle.block_entry).
 STACKED = {
     "fc1_weight": "fc1.weight",
     "fc1_bias": "fc1.bias",
@@ -36,7 +36,7 @@ STACKED = {
 # expert_heads.<e>.fc.bias -> expert_heads.fc_bias.
 _DENSE = r"(?P<dense>[\w.]+\.(?:weight|bias))"
 PER_EXPERT = (
-    re.compile(r"(?P<place>(?:.*\.)?)experts\.(?P<expert>\d+)\.(?P<dense>fc[12]\.(?:weight|bias))"),
+    re.compile(r"(?P<place>(?:.*\.)?)experts\.(?P<expert>\d+)\." + _DENSE),
     re.compile(r"(?P<place>(?:.*\.)?expert_blocks\.)(?P<expert>\d+)\.(?P<block>\d+\.)" + _DENSE),
     re.compile(r"(?P<place>(?:.*\.)?expert_heads\.)(?P<expert>\d+)\." + _DENSE),
 )
@@ -130,7 +130,7 @@ def expert_groups(
 
 def compile_model(module: Callable, **options) -> Callable:
     """torch.compile(module, **options) for any model of the registry (or a module or function calling one), so
-    that the per-expert loop (ExpertMLPs, off CUDA) compiles to one graph: the group sizes it reads on the host are
+    that the per-expert loop (StackedModules, off CUDA) compiles to one graph: the group sizes it reads on the host are
     traced as unbacked symbolic ints (torch._dynamo.config.capture_scalar_outputs, a process-wide setting that leaves
     other code's graphs as they were unless they read tensors on the host too, which then trace instead of breaking)."""
     torch._dynamo.config.capture_scalar_outputs = True
@@ -153,7 +153,7 @@ def grouped_gemm_device(index: int) -> bool:
 
 
 def placed_on_grouped_gemm_device(parameter: Tensor) -> bool:
-    """Whether `parameter` lives on a grouped_gemm_device: what ExpertMLPs decides when it is placed (built or moved),
+    """Whether `parameter` lives on a grouped_gemm_device: what StackedModules decide when placed (built or moved),
     so that its forward reads one bool and traces no device query."""
     return parameter.is_cuda and grouped_gemm_device(parameter.device.index)  # a tensor's device has its index
 
@@ -234,7 +234,9 @@ class StackedModules(nn.Module):
 
     def init_linears(self, init_linear) -> None:
         """init_linear(weight (out, in), bias) on each expert's Linear layers in the dense module's order, expert after
-        expert: the order, and so the random draws, of E separate modules (vit.init_weights calls this)."""
+        expert: the order, and so the random draws, of E separate modules in this module's place (vit.init_weights
+        calls this). ExpertMLPs draws what the per-expert Mlps drew; a Hard MoE, whose per-expert layout held each
+        expert's blocks together, draws its experts block by block now (they start from the gater anyway)."""
         with torch.no_grad():
             for e in range(len(self)):
                 for entry in self.dense_names:
@@ -249,7 +251,7 @@ class StackedModules(nn.Module):
         """Each expert's tensors by their dense names, Linear weights as (out, in) views. One unbind per stack: its
         backward stacks the experts' gradients once, where E separate slices would each add a stack of zeros."""
         slices = {name: getattr(self, entry).unbind(0) for entry, name in self.dense_names.items()}
-        return [{name: self._dense(tensors[e]) for name, tensors in slices.items()} for e in range(len(self))]
+        return [{name: self._as_dense_layout(tensors[e]) for name, tensors in slices.items()} for e in range(len(self))]
 
     def experts(self) -> list[Callable[..., Tensor]]:
         """Each expert as a function of the dense module's forward arguments: that forward (torch.func.functional_call
@@ -261,10 +263,10 @@ class StackedModules(nn.Module):
 
     def expert_tensors(self, expert: int) -> dict[str, Tensor]:
         """Expert `expert`'s tensors as per_expert() gives them, sliced alone (for one expert, not a loop over all)."""
-        return {name: self._dense(getattr(self, entry)[expert]) for entry, name in self.dense_names.items()}
+        return {name: self._as_dense_layout(getattr(self, entry)[expert]) for entry, name in self.dense_names.items()}
 
     @staticmethod
-    def _dense(piece: Tensor) -> Tensor:
+    def _as_dense_layout(piece: Tensor) -> Tensor:
         """A slice of a stack as the dense module holds it: a Linear weight (in, out) back to (out, in), as a view."""
         return piece.T if piece.dim() == 2 else piece
 
@@ -415,21 +417,15 @@ def dense_mixture(experts: Sequence[Callable[[Tensor], Tensor]], x: Tensor, chos
     return torch.einsum("be,betd->btd", weights.to(x.dtype), outputs)  # (B, T, D)
 
 
-class UnstackedExperts(nn.Module):
-    """An ExpertMLPs as E dense Mlps (`expert(e)`: views of its stacks, no copy) for the single-graph export, which
-    runs the dense dispatch only: a backend delegates a linear whose weight is a parameter of its own, where XNNPACK
-    leaves a linear over a slice taken from a stack as the graph runs to ExecuTorch's portable kernels."""
-
-    def __init__(self, stacked: ExpertMLPs):
-        super().__init__()
-        self.experts = nn.ModuleList(stacked.expert(e) for e in range(len(stacked)))
+class UnstackedExperts(UnstackedModules):
+    """An ExpertMLPs as E dense Mlps (UnstackedModules) in an MoE block's place: it runs the dense dispatch only."""
 
     def forward(
         self, x: Tensor, experts: Tensor, gates: Tensor, dispatch: str = "dense", groups: ExpertGroups | None = None
     ) -> Tensor:
         if dispatch != "dense" or groups is not None:
             raise ValueError(f"dispatch {dispatch!r}: an export view of the experts runs the dense dispatch only")
-        return dense_mixture(list(self.experts), x, experts, gates)
+        return dense_mixture(self.experts(), x, experts, gates)
 
 
 def unstacked_view(model: nn.Module) -> nn.Module:

@@ -168,7 +168,7 @@ class VisionTransformer(nn.Module):
 
 def init_weights(module: nn.Module) -> None:
     """timm's ViT init: truncated-normal linears with zero bias; LayerNorm stays at (1, 0). A module that holds its
-    linears stacked (moe.ExpertMLPs) has each of them initialised by `init_linear`, through its own init_linears."""
+    linears stacked (moe.StackedModules) has each of them initialised by `init_linear`, through its own init_linears."""
     if isinstance(module, nn.Linear):
         init_linear(module.weight, module.bias)
     elif hasattr(module, "init_linears"):

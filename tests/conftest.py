@@ -35,6 +35,20 @@ def tiny_model(name: str, **overrides) -> torch.nn.Module:
     return create_model(name, **fields)
 
 
+def spread_clusters(model: torch.nn.Module, images: torch.Tensor, *, empty: int | None = None) -> None:
+    """A Hard MoE's router set so that `images` spread over its experts: PCA the first P feature dimensions, each
+    centroid the features of one of the first E images (each nearest its own), and expert `empty`'s far from every
+    image (none routed to it)."""
+    cfg = model.config
+    with torch.no_grad():
+        features = model.image_features(images[: cfg.num_experts]).float().cpu()  # (E, D)
+    projection = (torch.zeros(cfg.width), torch.eye(cfg.pca_dims, cfg.width)) if cfg.pca_dims else (None, None)
+    centroids = features[:, : cfg.pca_dims or cfg.width].clone()
+    if empty is not None:
+        centroids[empty] = 1e3
+    model.router.set_clusters(*projection, centroids)
+
+
 def source_model(source: str, **kwargs) -> torch.nn.Module:
     """A timm or torchvision model ("timm:NAME", "torchvision:NAME") with seeded random weights, as `import` reads."""
     import timm

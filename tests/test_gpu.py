@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from conftest import TINY, TINY_OPTIONS, tiny_model
+from conftest import TINY, TINY_OPTIONS, spread_clusters, tiny_model
 from test_compile import assert_near, compiled_against_eager, loss_of
 from test_models import ROUTED, assert_routes_in_fp32_under_bf16_autocast
 
@@ -147,12 +147,11 @@ def test_hard_moe_runs_its_stacked_experts_as_grouped_gemms_equal_to_its_loop_in
         pytest.skip("the grouped GEMM runs on sm90 only (moe.grouped_gemm_device)")
     torch.manual_seed(0)
     model = tiny_model("hard-moe", pool="mean").to(CUDA).train()
-    model.router.set_clusters(torch.zeros(32), torch.eye(8, 32), torch.randn(4, 8))
     images = torch.randn(64, 3, 32, 32, device=CUDA, generator=torch.Generator(CUDA).manual_seed(0))
+    empty = 3
+    spread_clusters(model, images, empty=empty)  # experts 0-2 get images, expert 3 none
     with torch.no_grad():
-        routed = model(images).routing.experts[:, 0]
-    empty = int(routed[0])
-    images = images[routed != empty]  # expert `empty` gets no image
+        assert set(model(images).routing.experts[:, 0].tolist()) == {0, 1, 2}
     grouped_runs = []
     real = hard_moe.ExpertBlocks.grouped
     monkeypatch.setattr(hard_moe.ExpertBlocks, "grouped", lambda *args: grouped_runs.append(1) or real(*args))

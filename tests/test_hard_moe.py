@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import one_torch_thread, tiny_model
+from conftest import one_torch_thread, spread_clusters, tiny_model
 
 from mobile_moe import hard_moe
 from mobile_moe.app.cli import main
@@ -163,7 +163,7 @@ def test_an_upcycled_hard_moe_computes_its_gater(images):
     for shared_head in (False, True):
         model = tiny_model("hard-moe", shared_head=shared_head).eval()
         upcycle(model, gater.state_dict(), "gater")
-        model.router.set_clusters(torch.zeros(32), torch.eye(8, 32), torch.randn(4, 8))
+        spread_clusters(model, images)
         # The same function, but each expert runs on the images routed to it: a smaller batch may take another
         # matmul kernel (host-dependent) and round differently in float32's last bits.
         torch.testing.assert_close(model(images).logits, gater(images).logits, rtol=1e-5, atol=1e-6)

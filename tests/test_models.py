@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import tiny_model
+from conftest import spread_clusters, tiny_model
 
 from mobile_moe import moe
 from mobile_moe.checkpoint import checkpoint_dict, load_checkpoint, model_from_checkpoint, save_checkpoint
@@ -61,21 +61,29 @@ def test_k_equals_e_is_a_dense_mixture(images):
         torch.testing.assert_close(grouped.logits, reference, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("top_k", [1, 2])
-def test_the_unstacked_export_view_is_the_model_bit_for_bit_and_copies_no_weight(images, top_k):
-    """The single-graph export traces each expert as a dense Mlp over views of the stacks (XNNPACK delegates a linear
-    whose weight is a parameter of its own): the same values, the same arithmetic, the model left as it was."""
-    model = tiny_model("mobile-vmoe", top_k=top_k).eval()
+@pytest.mark.parametrize(("name", "top_k"), [("mobile-vmoe", 1), ("mobile-vmoe", 2), ("hard-moe", 1)])
+def test_the_unstacked_export_view_is_the_model_bit_for_bit_and_copies_no_weight(images, name, top_k):
+    """The single-graph export traces each expert as a dense module over views of the stacks (XNNPACK delegates a
+    linear whose weight is a parameter of its own Linear): the same values, the same arithmetic, the model left as it
+    was. Mobile V-MoE's expert MLPs; a Hard MoE's whole blocks and heads."""
+    model = tiny_model(name, **({"top_k": top_k} if name == "mobile-vmoe" else {})).eval()
+    if name == "hard-moe":
+        spread_clusters(model, images)
     view = moe.unstacked_view(model)
-    stacks = {p.untyped_storage().data_ptr() for name, p in model.named_parameters() if ".mlp." in name}
-    experts = [p for name, p in view.named_parameters() if ".mlp.experts." in name]
-    assert len(experts) == 2 * 4 * 2 * 2 and {p.untyped_storage().data_ptr() for p in experts} <= stacks
-    assert not any(isinstance(m, moe.UnstackedExperts) for m in model.modules())
+    stacks = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    experts = [p for name, p in view.named_parameters() if ".dense." in name]
+    # Each of the 4 experts' tensors: Mobile V-MoE's MLP (4) in each of 2 MoE blocks; a Hard MoE's 2 whole blocks (12
+    # each) and its head (4).
+    per_expert = 2 * 12 + 4 if name == "hard-moe" else 2 * 4
+    assert len(experts) == 4 * per_expert
+    assert {p.untyped_storage().data_ptr() for p in experts} <= stacks
+    assert not any(isinstance(m, moe.UnstackedModules) for m in model.modules())
     with torch.no_grad():
         torch.testing.assert_close(view(images, dispatch="dense"), model(images, dispatch="dense"), rtol=0, atol=0)
-    experts = next(m for m in view.modules() if isinstance(m, moe.UnstackedExperts))
-    with pytest.raises(ValueError, match="runs the dense dispatch only"):
-        experts(torch.zeros(2, 5, 32), torch.zeros(2, top_k, dtype=torch.long), torch.ones(2, top_k), "grouped")
+    if name == "mobile-vmoe":
+        experts = next(m for m in view.modules() if isinstance(m, moe.UnstackedExperts))
+        with pytest.raises(ValueError, match="runs the dense dispatch only"):
+            experts(torch.zeros(2, 5, 32), torch.zeros(2, top_k, dtype=torch.long), torch.ones(2, top_k), "grouped")
 
 
 @pytest.mark.parametrize("top_k", [1, 2, 3])

@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import TINY, TINY_OPTIONS, one_torch_thread, tiny_model
+from conftest import TINY, TINY_OPTIONS, one_torch_thread, spread_clusters, tiny_model
 
 from mobile_moe.app.cli import main
 from mobile_moe.errors import UsageError
@@ -68,7 +68,7 @@ def test_an_upcycled_model_computes_the_dense_function_at_step_zero(name, overri
     dense = tiny_model("vit").eval()
     model, _, _ = upcycled(name, dense, **overrides)
     if name == "hard-moe":  # any clusters: every expert is the dense tail
-        model.router.set_clusters(torch.zeros(32), torch.eye(8, 32), torch.randn(4, 8))
+        spread_clusters(model, images)
     with torch.no_grad():
         expected = dense(images).logits
         for dispatch in ("grouped", "dense"):

@@ -72,8 +72,8 @@ from mobile_moe.words import counted
 def decays(name: str, param: Tensor) -> bool:
     """AdamW's weight decay applies to this parameter: to matrices, not to biases, norms, position embedding and class
     token (DeiT). A stacked entry (moe.is_stacked) is judged by one expert's tensor: its (E, D) norms do not decay."""
-    matrix = param.ndim - is_stacked(name) >= 2
-    return matrix and not name.endswith(("bias", "pos_embed", "cls_token"))
+    expert_ndim = param.ndim - 1 if is_stacked(name) else param.ndim
+    return expert_ndim >= 2 and not name.endswith(("bias", "pos_embed", "cls_token"))
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
