@@ -134,12 +134,12 @@ def test_gate_one_is_exactly_the_dense_blocks_and_the_model_runs_them(many_image
         assert torch.equal(model(many_images).logits[mine], path(tokens[mine], routing.gates[mine]))
 
 
-@pytest.mark.parametrize("shared_head", [False, True])
-def test_the_grouped_gemm_path_equals_the_loop_with_an_expert_left_empty(many_images, shared_head, monkeypatch):
+@pytest.mark.parametrize(("pool", "shared_head"), [("mean", False), ("cls", False), ("mean", True)])
+def test_the_grouped_gemm_path_equals_the_loop_with_an_expert_left_empty(many_images, pool, shared_head, monkeypatch):
     """A grouped-GEMM device's path (gathered norm weights, torch._grouped_mm for qkv, proj, fc1, fc2 and the heads'
     7 classes padded to 8, on the batch sorted once) against the per-expert loop. Forward only: torch._grouped_mm's
     CPU fallback has no backward on this torch (tests/test_gpu.py checks CUDA's, and the gradients)."""
-    model = tiny_model("hard-moe", pool="mean", shared_head=shared_head).eval()
+    model = tiny_model("hard-moe", pool=pool, shared_head=shared_head).eval()
     fitted(model, many_images)
     with torch.no_grad():  # norms and biases off their (1, 0) start: one applied to another expert's rows would show
         for name, stack in model.named_parameters():
