@@ -276,7 +276,7 @@ def ratios(results: dict[str, dict[str, dict]], flops: dict[str, int]) -> dict[s
 
 def print_markdown(report: dict) -> None:
     print(f"{report['device']}, torch {report['torch']}, {report['setup']}")
-    print(f"Mobile V-MoE's expert dispatch: {report['expert_dispatch']}\n")
+    print(f"Mobile V-MoE's and Hard MoE's expert dispatch: {report['expert_dispatch']}\n")
     modes = list(report["variants"])
     header = ["model"] + [f"{mode} ms (p90)" for mode in modes] + list(next(iter(report["ratios"].values())))
     compiled = [mode for mode in modes if mode != "eager"]

@@ -166,8 +166,8 @@ def grouped_gemm_fits(x: Tensor, width: int, hidden: int, *, on_grouped_gemm_dev
 
 
 def expert_dispatch(device: torch.device, amp: bool) -> str:
-    """The dispatch ExpertMLPs runs training on `device` (bf16 autocast where `amp` on CUDA), in words for the run
-    log and the benchmarks."""
+    """The dispatch per-image experts (Mobile V-MoE's ExpertMLPs, a Hard MoE's stacked blocks) run training on
+    `device` (bf16 autocast where `amp` on CUDA), in words for the run log and the benchmarks."""
     index = device.index if device.index is not None else 0
     if device.type == "cuda" and amp and grouped_gemm_device(index):
         return "grouped GEMM (torch._grouped_mm, sm90, bf16)"

@@ -606,7 +606,8 @@ def say_run_estimate(seconds_per_step: float, steps: int) -> None:
 def _train_epochs(session: Session, progress: RunProgress) -> None:
     request, run = session.request, session.run
     cfg = request.cfg
-    per_image_experts = run.model_config.routing == "image"  # stacked ExpertMLPs: the dispatch the log names
+    # Per-image experts (Mobile V-MoE's MLPs, a Hard MoE's whole blocks) run the dispatch the log names.
+    per_image_experts = run.model_config.routing in ("image", "cluster")
     if session.placement.is_main and progress.start_epoch == 0:
         for note in request.notes:
             print(note, file=sys.stderr, flush=True)
