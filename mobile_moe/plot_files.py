@@ -1,6 +1,8 @@
 """The one way the toolkit writes a matplotlib figure: atomically, at 120 dpi, cropped to what is drawn
 (`bbox_inches="tight"`: a long tick label or a legend outside the axes stays in the file, where `tight_layout` would
-cut it), in the format the file's suffix names, every character one its font can draw."""
+cut it), in the format the file's suffix names, every character one its font can draw, and its metadata naming
+mobile-moe as its creator (`read_figure`: a command asked to write over an existing file replaces only a figure of
+its own, never a user's image of the same name)."""
 
 from __future__ import annotations
 
@@ -8,13 +10,37 @@ import os
 from pathlib import Path
 
 from mobile_moe.atomic import atomic_path
+from mobile_moe.errors import UsageError
+
+CREATOR = "mobile-moe"
+# Each format's metadata naming the creator (matplotlib's savefig `metadata`), and the signature and bytes it leaves
+# in the file: PNG a tEXt chunk before the image data, PDF its Info dictionary, SVG a Dublin Core creator.
+METADATA = {"png": {"Software": CREATOR}, "pdf": {"Creator": CREATOR}, "svg": {"Creator": CREATOR}}
+MARKS = {
+    "png": (b"\x89PNG\r\n\x1a\n", f"tEXtSoftware\x00{CREATOR}".encode()),
+    "pdf": (b"%PDF-", f"/Creator ({CREATOR})".encode()),
+    "svg": (b"", f"<dc:title>{CREATOR}</dc:title>".encode()),
+}
+FIGURE_BYTES = 64 * 2**20  # a figure of ours is far smaller: a larger file is read no further, and is not one
 
 
 def save_figure(figure, path: str | os.PathLike) -> None:
     path = Path(path)
     _drawable_texts(figure)
+    form = path.suffix.lower().removeprefix(".") or "png"
     with atomic_path(path) as tmp:
-        figure.savefig(tmp, format=path.suffix.lower().removeprefix(".") or "png", dpi=120, bbox_inches="tight")
+        figure.savefig(tmp, format=form, dpi=120, bbox_inches="tight", metadata=METADATA.get(form))
+
+
+def read_figure(path: str | os.PathLike) -> None:
+    """UsageError unless `path` is a figure save_figure wrote: its format's signature and the metadata naming
+    mobile-moe (atomic.check_replaceable's reader for figures)."""
+    path = Path(path)
+    signature, mark = MARKS.get(path.suffix.lower().removeprefix("."), (None, None))
+    with open(path, "rb") as file:
+        content = file.read(FIGURE_BYTES + 1)
+    if signature is None or not content.startswith(signature) or mark not in content[:FIGURE_BYTES]:
+        raise UsageError(f"{path} is not a figure mobile-moe wrote")
 
 
 def _drawable_texts(figure) -> None:

@@ -12,7 +12,8 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-from mobile_moe.plot_files import save_figure  # noqa: E402
+from mobile_moe.errors import UsageError  # noqa: E402
+from mobile_moe.plot_files import read_figure, save_figure  # noqa: E402
 
 
 @pytest.mark.parametrize("suffix", [".png", ".svg"])
@@ -35,3 +36,27 @@ def test_characters_no_font_draws_are_written_as_code_points_without_a_warning(t
     assert axes.get_title() == "groups of U+6A21U+578B"
     assert [text.get_text() for text in axes.get_legend().get_texts()] == ["U+675F"]
     assert path.stat().st_size > 0
+
+
+@pytest.mark.parametrize("suffix", [".png", ".pdf", ".svg"])
+def test_a_figure_names_mobile_moe_as_its_creator_and_only_such_a_figure_is_ours(tmp_path, suffix):
+    """read_figure, the reader --plot's replacement check uses: our own figure of each format, not another program's
+    (matplotlib's own metadata), a truncated one, one under another format's suffix, or a renamed text file."""
+    ours, theirs = tmp_path / f"ours{suffix}", tmp_path / f"theirs{suffix}"
+    figure, axes = plt.subplots()
+    try:
+        axes.plot([0, 1], [0, 1])
+        save_figure(figure, ours)
+        figure.savefig(theirs, format=suffix[1:])  # matplotlib's default metadata names matplotlib
+    finally:
+        plt.close(figure)
+    read_figure(ours)
+    renamed = tmp_path / ("ours.svg" if suffix != ".svg" else "ours.png")
+    renamed.write_bytes(ours.read_bytes())
+    truncated = tmp_path / f"truncated{suffix}"
+    truncated.write_bytes(ours.read_bytes()[:40])  # before the mark, in each format
+    text = tmp_path / f"notes{suffix}"
+    text.write_text("mobile-moe")
+    for other in (theirs, renamed, truncated, text):
+        with pytest.raises(UsageError, match="not a figure mobile-moe wrote"):
+            read_figure(other)

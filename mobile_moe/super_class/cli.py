@@ -16,6 +16,7 @@ from mobile_moe.class_names import read_class_names
 from mobile_moe.devices import DEVICES
 from mobile_moe.errors import UsageError
 from mobile_moe.jsonio import dumps
+from mobile_moe.plot_files import read_figure
 from mobile_moe.super_class.confusion import Confusion, load_confusion
 from mobile_moe.super_class.graph import AFFINITIES
 from mobile_moe.super_class.methods import METHOD_HELP, METHODS
@@ -108,6 +109,7 @@ def check_arguments(args: argparse.Namespace) -> None:
             raise UsageError(f"--plot {args.plot} is the --out file too; give them different names")
         check_writable(args.plot)
         check_not_an_input(args.plot, inputs, "--plot")
+        check_replaceable(args.plot, read=read_figure, kind="figure of mobile-moe's", flag="--plot")
 
 
 def read_inputs(args: argparse.Namespace) -> list[Path]:

@@ -188,6 +188,10 @@ def test_outputs_replace_only_files_of_their_own_kind(run_dir, confusion_file, t
     assert "exists and is not a super-class file" in capsys.readouterr().err and "a run" in foreign.read_text()
     assert main([*derive, str(tmp_path / "sc.txt")]) == 2 and "give a .json name" in capsys.readouterr().err
     assert main([*derive, str(tmp_path / "sc.json")]) == main([*derive, str(tmp_path / "sc.json")]) == 0  # replaced
+    picture = tmp_path / "holiday.png"  # a PNG of another program's: --plot does not replace it
+    picture.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)
+    assert main([*derive, str(tmp_path / "sc.json"), "--plot", str(picture)]) == 2
+    assert "--plot" in capsys.readouterr().err and picture.read_bytes().endswith(b"\x00" * 64)
     photo = tmp_path / "photo.csv"
     photo.write_text("not,a\nconfusion,matrix\n")
     assert main(["evaluate", str(run_dir), "--confusion", str(photo)]) == 2
