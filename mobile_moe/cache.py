@@ -1,5 +1,5 @@
-"""Where the toolkit keeps what it can rebuild: MOBILE_MOE_CACHE, else $XDG_CACHE_HOME/mobile-moe, else
-~/.cache/mobile-moe. The native runner's builds (mobile_moe/device_bench/native_build.py), the ARM64 wheel
+"""Where the toolkit keeps what it can rebuild: MOBILE_MOE_CACHE, else $XDG_CACHE_HOME/mobile-moe (an absolute one),
+else ~/.cache/mobile-moe. The native runner's builds (mobile_moe/device_bench/native_build.py), the ARM64 wheel
 (mobile_moe/device_bench/arm64.py), image folders' checks (mobile_moe/data/image_check.py) and XNNPACK's packed
 weights (packed_weights_dir) live under it, each in its own folder."""
 
@@ -10,10 +10,13 @@ from pathlib import Path
 
 
 def cache_root() -> Path:
+    """MOBILE_MOE_CACHE, else $XDG_CACHE_HOME/mobile-moe where XDG_CACHE_HOME is an absolute path (the XDG Base
+    Directory Specification: "If an implementation encounters a relative path in any of these variables it should
+    consider the path invalid and ignore it"), else ~/.cache/mobile-moe."""
     if os.environ.get("MOBILE_MOE_CACHE"):
         return Path(os.environ["MOBILE_MOE_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path(home()) / ".cache"
-    return Path(base) / "mobile-moe"
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(xdg) if os.path.isabs(xdg) else Path(home()) / ".cache") / "mobile-moe"
 
 
 def home() -> str:

@@ -590,6 +590,7 @@ def test_a_cache_folder_that_cannot_be_written_is_one_line():
         {"MOBILE_MOE_CACHE": "ours", "XDG_CACHE_HOME": "xdg"},
         {"XDG_CACHE_HOME": "xdg"},
         {"HOME": "home"},
+        {"XDG_CACHE_HOME": "./relative", "HOME": "home"},  # a relative XDG_CACHE_HOME is ignored (the XDG spec)
     ],
 )
 def test_the_runner_started_by_hand_finds_the_users_packed_weights_where_python_puts_them(
@@ -599,13 +600,15 @@ def test_the_runner_started_by_hand_finds_the_users_packed_weights_where_python_
     use, whichever variables say where it is."""
     for name in ("MOBILE_MOE_WEIGHT_CACHE", "MOBILE_MOE_CACHE", "XDG_CACHE_HOME"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)  # where a relative path would land
     for name, value in env.items():
-        monkeypatch.setenv(name, str(tmp_path / value))
+        monkeypatch.setenv(name, value if value.startswith("./") else str(tmp_path / value))
     result = subprocess.run([str(runner), "--bundle", str(bundle), "--random", "1", "--iterations", "1"],
                             capture_output=True, check=True)  # fmt: skip
     report = json.loads(result.stdout)
     assert report["weight_cache"] and report["weight_cache_dir"] == str(packed_weights_dir())
     assert list(packed_weights_dir().glob("*.xnnpack")) and report["weight_cache_bytes"] > 0
+    assert packed_weights_dir().is_absolute() and not (tmp_path / "relative").exists()
 
 
 @needs_build

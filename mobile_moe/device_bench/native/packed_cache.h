@@ -171,7 +171,8 @@ inline bool copy_in_large_writes(const std::string& from, const std::string& to)
 
 // The folder a runner started without --weight-cache keeps packed weights in, by mobile_moe/cache.py's rule
 // (packed_weights_dir; tests/device_bench/test_device_bench_native.py holds the two to one answer):
-// MOBILE_MOE_WEIGHT_CACHE, else $MOBILE_MOE_CACHE/packed-weights, else $XDG_CACHE_HOME/mobile-moe/packed-weights, else
+// MOBILE_MOE_WEIGHT_CACHE, else $MOBILE_MOE_CACHE/packed-weights, else $XDG_CACHE_HOME/mobile-moe/packed-weights (where
+// XDG_CACHE_HOME is absolute), else
 // $HOME/.cache/mobile-moe/packed-weights (the password database's home where HOME is unset or empty); created on
 // first use. Empty when there is none (no home, or it cannot be created, as on a phone's shell): the run packs on
 // the heap, as with --no-weight-cache.
@@ -183,7 +184,8 @@ inline std::string default_cache_dir() {
   std::string dir = env("MOBILE_MOE_WEIGHT_CACHE");
   if (dir.empty()) {
     std::string root = env("MOBILE_MOE_CACHE");
-    if (root.empty() && !env("XDG_CACHE_HOME").empty()) root = env("XDG_CACHE_HOME") + "/mobile-moe";
+    const std::string xdg = env("XDG_CACHE_HOME");
+    if (root.empty() && xdg.rfind('/', 0) == 0) root = xdg + "/mobile-moe";  // a relative one is ignored (XDG)
     std::string home = env("HOME");
     if (home.empty()) {  // mobile_moe/cache.py's home(): the password database's, where HOME is unset or empty
       const passwd* user = getpwuid(getuid());
