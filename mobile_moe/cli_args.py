@@ -98,4 +98,16 @@ def config_from_args(args: argparse.Namespace, **defaults: object) -> ViTConfig:
     if misplaced:
         hint = "drop them or use --model mobile-vmoe" if cls.routing == "none" else "drop them"
         raise UsageError(f"{', '.join(misplaced)}: model {args.model} has no such option; {hint}")
-    return make_config(args.model, args.size, **{**defaults, **fields, **model_kwargs(args)})
+    try:
+        return make_config(args.model, args.size, **{**defaults, **fields, **model_kwargs(args)})
+    except UsageError as error:
+        raise UsageError(_naming_the_default(str(error), given=fields)) from None
+
+
+def _naming_the_default(refusal: str, *, given: dict[str, object]) -> str:
+    """A config's refusal of a field ("moe_layers=2: ...") that has a flag the command line left out: the value is the
+    flag's default, which the line then says, so the user knows which flag to give."""
+    field, _, rest = refusal.partition(":")[0].partition("=")
+    if field not in MODEL_FLAGS or field in given or not rest:
+        return refusal
+    return f"{refusal}; {rest.split()[0]} is the default of {MODEL_FLAGS[field]}: give {MODEL_FLAGS[field]}"

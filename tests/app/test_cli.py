@@ -55,6 +55,9 @@ def test_info_table_says_what_the_json_says(model, capsys):
         (["info", "--model", "mobile-vmoe", "--top-k", "11"], "top_k=11: must be between 1 and num_experts=10"),
         (["info", "--model", "mobile-vmoe", "--moe-layers", "12"], "moe_layers=12: must be between 1 and 11"),
         (["info", "--model", "mobile-vmoe", "--experts", "1"], "num_experts=1: must be at least 2"),
+        # a refusal of a value the command line left out names the flag whose default it is
+        (["info", "--model", "mobile-vmoe", "--size", "2x64"], "; 2 is the default of --moe-layers: give --moe-layers"),
+        (["info", "--model", "vit", "--patch", "9"], "multiple of 9; 224 is the default of --image-size"),
         (["info", "--model", "vit", "--experts", "4"], "--experts: model vit has no such option"),
         (["info", "--model", "soft-moe", "--top-k", "2"], "--top-k: model soft-moe has no such option"),
         (["info", "--model", "vmoe", "--model-kwargs", "capacity_ratio=big"], "capacity_ratio=big: expected float"),
