@@ -210,12 +210,12 @@ def earlier_bench(out: Path) -> bool:
     return True
 
 
-def write_results(results: dict, out: Path) -> None:
-    """results.json, report.md and the plots, written into a temporary directory that replaces `out` as a whole: a
-    reader sees the earlier bench or this one, never a mixture, and an interrupted bench leaves the earlier one."""
-    with atomic_path(out, directory=True) as tmp:
-        (tmp / "results.json").write_text(jsonio.dumps(results, indent=1), encoding="utf-8")
-        write_report(results, tmp)
+def write_results(results: dict, folder: Path) -> None:
+    """results.json, report.md and the plots, into `folder`: the temporary directory the bench claimed for its --out
+    (atomic_path), which replaces --out as a whole: a reader sees the earlier bench or this one, never a mixture, and
+    an interrupted bench leaves the earlier one."""
+    (folder / "results.json").write_text(jsonio.dumps(results, indent=1), encoding="utf-8")
+    write_report(results, folder)
 
 
 def _workloads(manifests: dict[str, Manifest], settings: BenchSettings, log: Callable[[str], None]) -> dict:
@@ -228,6 +228,25 @@ def _workloads(manifests: dict[str, Manifest], settings: BenchSettings, log: Cal
             log(f"{name}: --images {settings.images}, but the val split of {settings.data} has {len(workload.images)}"
                 ": benching those")
     return workloads
+
+
+def _rounds(
+    names: list[str], runtimes: dict[str, str], runners: dict[str, RoundRunner], settings: BenchSettings,
+    images: dict[str, Path], log: Callable[[str], None], identities: dict[str, tuple[int, int] | None],
+) -> dict[str, list[RoundReport]]:  # fmt: skip
+    """Every bundle's rounds. They interleave the bundles (round 1 of each, then round 2 of each, ...): a host that
+    drifts during the bench (heat, other work) then hits every bundle alike, and the ratios between bundles stay
+    honest."""
+    rounds: dict[str, list[RoundReport]] = {name: [] for name in names}
+    for index in range(settings.rounds):
+        if index:
+            time.sleep(settings.pause_s)
+        for name in names:
+            runner = runners[runtimes[name]]
+            rounds[name].append(
+                measure_round(name, runtimes[name], runner, settings, images[name], index, log, identities[name])
+            )
+    return rounds
 
 
 def benchmark(
@@ -248,32 +267,24 @@ def benchmark(
     runtimes = {name: choose_runtime(settings.runtime, manifests[name], name) for name in names}
     runners = {runtime: choose_runner(runtime, settings.device, settings.runner) for runtime in set(runtimes.values())}
     workloads = _workloads(manifests, settings, log)
-    with scratch_folder("mobile-moe-bench") as scratch:
+    # --out claimed before the first round: a second bench writing there is refused now, not after measuring.
+    with atomic_path(Path(out), directory=True) as folder, scratch_folder("mobile-moe-bench") as scratch:
         images = {name: write_raw(workloads[name], Path(scratch) / f"images-{i}.f32") for i, name in enumerate(names)}
-        rounds: dict[str, list[RoundReport]] = {name: [] for name in names}
-        # Rounds interleave the bundles (round 1 of each, then round 2 of each, ...): a host that drifts during the
-        # bench (heat, other work) then hits every bundle alike, and the ratios between bundles stay honest.
-        for index in range(settings.rounds):
-            if index:
-                time.sleep(settings.pause_s)
-            for name in names:
-                runner = runners[runtimes[name]]
-                rounds[name].append(
-                    measure_round(name, runtimes[name], runner, settings, images[name], index, log, identities[name])
-                )
+        rounds = _rounds(names, runtimes, runners, settings, images, log, identities)
         emulated = is_emulated(settings.device)
         parity = {name: parity_with_host(name, rounds[name][0], images[name], settings) for name in names if emulated}
-    records = [
-        results_module.run_record(
-            name, manifests[name], runtimes[name], settings.device, rounds[name], workloads[name].source
-        )
-        | {"emulated": emulated, "raw_first_round": as_given(rounds[name][0])}
-        | ({"host_parity": parity[name]} if emulated else {})
-        for name in names
-    ]
-    results = {"runs": records, "host": host_description(), "rounds": settings.rounds, "settings": settings.as_json()}
-    results_module.validate_results(results)
-    write_results(results, Path(out))
+        records = [
+            results_module.run_record(
+                name, manifests[name], runtimes[name], settings.device, rounds[name], workloads[name].source
+            )
+            | {"emulated": emulated, "raw_first_round": as_given(rounds[name][0])}
+            | ({"host_parity": parity[name]} if emulated else {})
+            for name in names
+        ]
+        results = {"runs": records, "host": host_description(), "rounds": settings.rounds,
+                   "settings": settings.as_json()}  # fmt: skip
+        results_module.validate_results(results)
+        write_results(results, folder)
     return results
 
 

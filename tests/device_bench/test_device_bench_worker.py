@@ -124,3 +124,26 @@ def test_benchmark_refuses_bad_input_before_measuring(bundle, tmp_path):
     with pytest.raises(TypeError, match="not one path"):
         benchmark(str(bundle), BenchSettings(), tmp_path / "bench")
     assert not (tmp_path / "bench").exists()
+
+
+def test_a_second_bench_into_one_out_is_refused_before_its_first_round(bundle, tmp_path, monkeypatch):
+    """--out is claimed before the first round: a bench into an --out another is writing is refused when it starts,
+    not after measuring."""
+    import subprocess
+    import sys
+
+    from mobile_moe.device_bench import bench
+    from mobile_moe.errors import UsageError
+
+    monkeypatch.setattr(bench, "measure_round", lambda *args: pytest.fail("a round ran"))
+    settings = bench.BenchSettings(RoundSettings(iterations=1, warmup=0, switch_repeats=0), rounds=1, images=2)
+    first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    holder = rf"bench is being written by another mobile-moe command \(pid {first.pid}\b"
+    try:
+        (tmp_path / f".bench.tmp-{first.pid}-abcd1234").mkdir()  # the temporary a bench in progress holds
+        with pytest.raises(UsageError, match=holder):
+            bench.benchmark([bundle], settings, tmp_path / "bench", log=lambda message: None)
+    finally:
+        first.kill()
+        first.wait()
+    assert not (tmp_path / "bench").exists()
