@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mobile_moe.cache import packed_weights_dir
+from mobile_moe.class_names import has_control_character
 from mobile_moe.device_bench.native_build import build_runner
 from mobile_moe.device_bench.round_report import RoundJson
 from mobile_moe.device_bench.round_settings import RoundSettings
@@ -61,8 +62,11 @@ def _signal_name(number: int) -> str:
 
 
 def _short(text: str, limit: int = 300) -> str:
+    """A runner's output for an error line: on one line, at most `limit` characters, and quoted with its control
+    characters escaped where it holds any (an escape code would recolour or move the user's terminal)."""
     text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return repr(text) if has_control_character(text) else text
 
 
 def parse_runner_output(
@@ -95,9 +99,9 @@ def parse_runner_output(
     try:
         report = json.loads(stdout)
     except json.JSONDecodeError as error:
-        raise UsageError(f"{where}: the runner printed no JSON object ({error}): {_short(stdout, 200)!r}") from None
+        raise UsageError(f"{where}: the runner printed no JSON object ({error}): {_short(stdout, 200)}") from None
     if not isinstance(report, dict):
-        raise UsageError(f"{where}: the runner printed JSON that is not an object: {_short(stdout, 200)!r}")
+        raise UsageError(f"{where}: the runner printed JSON that is not an object: {_short(stdout, 200)}")
     return report
 
 

@@ -291,6 +291,10 @@ def test_run_native_reports_crashes_and_odd_output_in_one_line(bundle, tmp_path)
     not_json = _script(tmp_path, "not_json", r"printf '\377 not json'")
     with pytest.raises(UsageError, match="no JSON"):
         run_native(not_json, bundle, None, SETTINGS)
+    colouring = _script(tmp_path, "colouring", r"printf '\033[31mred\033[0m\n' >&2; exit 1")  # an escape code
+    with pytest.raises(UsageError, match=r"failed \(exit status 1\).*'\\x1b\[31mred\\x1b\[0m'") as coloured:
+        run_native(colouring, bundle, None, SETTINGS)
+    assert "\x1b" not in str(coloured.value)
 
 
 def test_run_native_checks_sha256_before_the_runner_starts(bundle, tmp_path):
