@@ -37,9 +37,11 @@ def read_figure(path: str | os.PathLike) -> None:
     mobile-moe (atomic.check_replaceable's reader for figures)."""
     path = Path(path)
     signature, mark = MARKS.get(path.suffix.lower().removeprefix("."), (None, None))
+    if signature is None or not path.is_file():  # a FIFO or a device would block the read, or never end
+        raise UsageError(f"{path} is not a figure mobile-moe wrote")
     with open(path, "rb") as file:
         content = file.read(FIGURE_BYTES + 1)
-    if signature is None or not content.startswith(signature) or mark not in content[:FIGURE_BYTES]:
+    if not content.startswith(signature) or mark not in content[:FIGURE_BYTES]:
         raise UsageError(f"{path} is not a figure mobile-moe wrote")
 
 

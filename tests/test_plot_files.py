@@ -3,6 +3,7 @@ writes the character's code point where no installed font has it, without matplo
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import matplotlib
@@ -57,6 +58,8 @@ def test_a_figure_names_mobile_moe_as_its_creator_and_only_such_a_figure_is_ours
     truncated.write_bytes(ours.read_bytes()[:40])  # before the mark, in each format
     text = tmp_path / f"notes{suffix}"
     text.write_text("mobile-moe")
-    for other in (theirs, renamed, truncated, text):
+    fifo = tmp_path / f"fifo{suffix}"
+    os.mkfifo(fifo)  # never opened: it would block the read
+    for other in (theirs, renamed, truncated, text, fifo):
         with pytest.raises(UsageError, match="not a figure mobile-moe wrote"):
             read_figure(other)
