@@ -15,6 +15,7 @@ from mobile_moe.atomic import atomic_path, out_of_space
 from mobile_moe.errors import UsageError
 from mobile_moe.moe import restacked
 from mobile_moe.registry import model_from_config_dict
+from mobile_moe.words import shown
 
 NOT_OURS = (
     "not a mobile-moe checkpoint or corrupted (it is loaded with weights_only=True and is never unpickled unsafely)"
@@ -92,9 +93,17 @@ def not_finite(tensor: torch.Tensor) -> bool:
 
 
 def check_finite_weights(state: dict[str, Any], path: str | os.PathLike) -> None:
-    """UsageError naming the first floating-point weight of `state` that holds a NaN or an infinity: a model loaded
-    from it would evaluate to chance, and export would fail parity, without saying why."""
-    bad = next((key for key, value in state.items() if torch.is_tensor(value) and not_finite(value)), None)
+    """UsageError naming the first weight of `state` that is not a dense real tensor (sparse or complex: no model of
+    ours holds one, and torch's own checks fail on it or drop its imaginary part), then the first floating-point one
+    that holds a NaN or an infinity: a model loaded from it would evaluate to chance, and export would fail parity,
+    without saying why."""
+    tensors = {key: value for key, value in state.items() if torch.is_tensor(value)}
+    odd = next((key for key, value in tensors.items() if value.layout != torch.strided or value.is_complex()), None)
+    if odd is not None:
+        kind = "complex" if tensors[odd].is_complex() else f"{tensors[odd].layout}".removeprefix("torch.")
+        raise UsageError(f"{path}: weight {odd} is a {kind} tensor, which no model holds (a damaged or edited file); "
+                         "use another checkpoint or retrain")  # fmt: skip
+    bad = next((key for key, value in tensors.items() if not_finite(value)), None)
     if bad is not None:
         raise UsageError(
             f"{path}: weight {bad} holds NaN or infinite values (a diverged run, or a damaged file); use an earlier "
@@ -127,10 +136,15 @@ def state_mismatches(expected: dict[str, Any], state_dict: dict[str, Any]) -> li
         and (not isinstance(state_dict[key], torch.Tensor) or state_dict[key].shape != expected[key].shape)
     ]
     return [
-        f"{len(keys)} {what} (e.g. {keys[0]})"
+        f"{len(keys)} {what} (e.g. {_shown_key(keys[0])})"
         for keys, what in ((missing, "missing"), (unexpected, "unexpected"), (shapes, "of another shape"))
         if keys
     ]
+
+
+def _shown_key(key: Any) -> str:
+    """A state-dict key for an error line: a forged one may be any length and hold a newline or an escape code."""
+    return shown(key if isinstance(key, str) else repr(key), 100)
 
 
 def load_weights(model: nn.Module, state_dict: dict[str, Any], source: str | os.PathLike) -> None:

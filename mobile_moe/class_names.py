@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import unicodedata
 from pathlib import Path
 from typing import Any, Protocol
 
 from mobile_moe.errors import UsageError
+from mobile_moe.words import has_control_character
 
 
 class ClassifiedData(Protocol):
@@ -71,12 +71,6 @@ def class_names_problem(names: Any) -> str | None:
         twice = next(name for name in names if names.count(name) > 1)
         return f"class name {twice!r} appears more than once"
     return None
-
-
-def has_control_character(text: str) -> bool:
-    """Whether `text` holds a control character (Unicode category Cc: a newline, tab, escape, ...), which would forge a
-    line or a colour where a command prints it."""
-    return any(unicodedata.category(character) == "Cc" for character in text)
 
 
 def _undecodable(name: str) -> bool:

@@ -34,11 +34,14 @@ STACKED = {
 # <prefix>experts.<e>.fc1.weight -> <prefix>fc1_weight. A Hard MoE's whole expert blocks and heads:
 # expert_blocks.<e>.<j>.attn.qkv.weight -> expert_blocks.<j>.attn_qkv_weight;
 # expert_heads.<e>.fc.bias -> expert_heads.fc_bias.
+# An index as torch writes one (no sign, no leading zero, ASCII digits; at most 9 of them): "01" or "٢" is another
+# key, which no layout wrote and the loader refuses, not a second spelling of expert 1 or 2.
+_INDEX = r"(?:0|[1-9][0-9]{0,8})"
 _DENSE = r"(?P<dense>[\w.]+\.(?:weight|bias))"
 PER_EXPERT = (
-    re.compile(r"(?P<place>(?:.*\.)?)experts\.(?P<expert>\d+)\." + _DENSE),
-    re.compile(r"(?P<place>(?:.*\.)?expert_blocks\.)(?P<expert>\d+)\.(?P<block>\d+\.)" + _DENSE),
-    re.compile(r"(?P<place>(?:.*\.)?expert_heads\.)(?P<expert>\d+)\." + _DENSE),
+    re.compile(rf"(?P<place>(?:.*\.)?)experts\.(?P<expert>{_INDEX})\." + _DENSE, re.ASCII),
+    re.compile(rf"(?P<place>(?:.*\.)?expert_blocks\.)(?P<expert>{_INDEX})\.(?P<block>{_INDEX}\.)" + _DENSE, re.ASCII),
+    re.compile(rf"(?P<place>(?:.*\.)?expert_heads\.)(?P<expert>{_INDEX})\." + _DENSE, re.ASCII),
 )
 
 
@@ -377,7 +380,8 @@ class ExpertMLPs(StackedModules):
 def restacked(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
     """A state dict with the per-expert entries of a layout before the stacks (per_expert_key) replaced
     by the stacked ones, in the place of each stack's first entry; a state dict of today's layout comes back as it is.
-    A stack whose experts are not 0..E-1, or whose tensors do not stack, is left per-expert for the caller to refuse."""
+    A stack whose experts are not 0..E-1, whose tensors do not stack, or that is there already, is left per-expert for
+    the caller to refuse."""
     groups: dict[str, dict[int, Tensor]] = {}
     for key, value in state_dict.items():
         found = per_expert_key(key)
@@ -385,6 +389,8 @@ def restacked(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
             groups.setdefault(found[0], {})[found[1]] = value
     stacks = {}
     for key, per_expert in groups.items():
+        if key in state_dict:  # the stack itself is there too: two values for one entry, a damaged file
+            continue
         # Shapes that do not stack (RuntimeError) are a damaged file: left per-expert, reported by whoever loads it.
         with contextlib.suppress(RuntimeError):
             if sorted(per_expert) == list(range(len(per_expert))):

@@ -9,7 +9,8 @@ import torch
 from conftest import spread_clusters, tiny_model
 
 from mobile_moe import moe, token_moe
-from mobile_moe.checkpoint import checkpoint_dict, model_from_checkpoint
+from mobile_moe.checkpoint import checkpoint_dict, load_weights, model_from_checkpoint
+from mobile_moe.errors import UsageError
 from mobile_moe.moe import ExpertMLPs, is_stacked, per_expert_key, restacked
 from mobile_moe.registry import make_config
 from mobile_moe.training import recipes
@@ -227,3 +228,18 @@ def test_the_device_gate_is_decided_when_the_experts_are_placed_not_in_forward(m
     model = tiny_model("mobile-vmoe")
     model.to("cpu")
     assert not any(m.on_grouped_gemm_device for m in model.modules() if isinstance(m, ExpertMLPs))
+
+
+def test_a_key_torch_never_writes_or_both_layouts_of_one_stack_are_refused_not_merged():
+    """An expert index with a leading zero, in other digits or past 9 digits is no layout's key (a second spelling of
+    an expert would replace it silently; a 5000-digit one overflowed int()); a stack given in both layouts is two
+    values for one entry. Each is left for the loader to refuse in one line."""
+    for key in ("expert_blocks.01.0.attn.qkv.weight", "expert_blocks.\u0662.0.attn.qkv.weight",
+                "moe_blocks.0.mlp.experts.01.fc1.weight", "expert_heads." + "9" * 5000 + ".fc.weight"):  # fmt: skip
+        assert per_expert_key(key) is None, key[:40]
+    model = tiny_model("hard-moe")
+    state = model.state_dict()
+    both = {**state, **{k: v for k, v in per_expert_layout(state).items() if k.endswith("attn.qkv.weight")}}
+    assert restacked(both).keys() == both.keys()  # nothing merged, nothing dropped
+    with pytest.raises(UsageError, match=r"8 unexpected \(e\.g\. expert_blocks\.0\.0\.attn\.qkv\.weight\)"):
+        load_weights(model, both, "both.pt")

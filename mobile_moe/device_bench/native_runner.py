@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mobile_moe.cache import packed_weights_dir
-from mobile_moe.class_names import has_control_character
 from mobile_moe.device_bench.native_build import build_runner
 from mobile_moe.device_bench.round_report import RoundJson
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest import read_manifest
 from mobile_moe.interrupts import run_child
+from mobile_moe.words import shown
 
 RUNNER_PREFIX = "mobile_moe_runner"
 
@@ -61,14 +61,6 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _short(text: str, limit: int = 300) -> str:
-    """A runner's output for an error line: on one line, at most `limit` characters, and quoted with its control
-    characters escaped where it holds any (an escape code would recolour or move the user's terminal)."""
-    text = " ".join(text.split())
-    text = text if len(text) <= limit else text[: limit - 3] + "..."
-    return repr(text) if has_control_character(text) else text
-
-
 def parse_runner_output(
     returncode: int, stdout: bytes | str, stderr: bytes | str, where: str, bundle: str | Path | None = None
 ) -> dict:
@@ -81,17 +73,17 @@ def parse_runner_output(
     on = f" on {bundle}" if bundle is not None else ""
     ours = [line.strip() for line in stderr.splitlines() if line.startswith(RUNNER_PREFIX)]
     if returncode < 0:
-        detail = f": {_short(ours[-1])}" if ours else ""
+        detail = f": {shown(ours[-1])}" if ours else ""
         raise UsageError(
             f"the {where} crashed ({_signal_name(-returncode)}){on}{detail}; the bundle may be corrupt "
             "(re-export it); rerun with MOBILE_MOE_DEBUG=1 for the runtime's log"
         )
     if returncode != 0:
         if ours:
-            message = _short(ours[-1])
+            message = shown(ours[-1])
         else:
             lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-            message = _short(lines[-1]) if lines else "it printed nothing (is it a mobile_moe_runner build?)"
+            message = shown(lines[-1]) if lines else "it printed nothing (is it a mobile_moe_runner build?)"
         kind = "refused the bundle" if returncode == 2 else f"failed (exit status {returncode})"
         raise UsageError(f"{where} {kind}{on}: {message}")
     if not stdout.strip():
@@ -99,9 +91,9 @@ def parse_runner_output(
     try:
         report = json.loads(stdout)
     except json.JSONDecodeError as error:
-        raise UsageError(f"{where}: the runner printed no JSON object ({error}): {_short(stdout, 200)}") from None
+        raise UsageError(f"{where}: the runner printed no JSON object ({error}): {shown(stdout, 200)}") from None
     if not isinstance(report, dict):
-        raise UsageError(f"{where}: the runner printed JSON that is not an object: {_short(stdout, 200)}")
+        raise UsageError(f"{where}: the runner printed JSON that is not an object: {shown(stdout, 200)}")
     return report
 
 

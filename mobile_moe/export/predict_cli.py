@@ -7,9 +7,9 @@ import argparse
 import numpy as np
 
 from mobile_moe import jsonio
-from mobile_moe.class_names import has_control_character
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest_schema import SPLIT_LAYOUTS
+from mobile_moe.words import has_control_character
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

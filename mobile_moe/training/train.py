@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from tqdm import tqdm
 
 from mobile_moe.atomic import check_writable
-from mobile_moe.checkpoint import checkpoint_dict, load_checkpoint, load_weights
+from mobile_moe.checkpoint import checkpoint_dict, first_reason, load_checkpoint, load_weights
 from mobile_moe.config import ViTConfig
 from mobile_moe.data import augment, inputs
 from mobile_moe.data.datasets import Data, data_record, materialized, open_data
@@ -389,14 +389,30 @@ def check_resumable(state: dict[str, Any], run_config: dict[str, Any], cfg: Trai
 def load_training_state(state: dict[str, Any], path: Path, model, optimizer, scheduler) -> None:
     load_weights(model, state["model"], path)
     try:
-        optimizer.load_state_dict(restacked_optimizer_state(state["optimizer"], state["model"], model))
+        saved = restacked_optimizer_state(state["optimizer"], state["model"], model)
+        check_moments(saved, optimizer)
+        optimizer.load_state_dict(saved)
         # The schedule follows the current cfg.epochs: a resumed run given more epochs stretches its cosine.
         scheduler.load_state_dict(state["scheduler"])
     except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as error:
         raise UsageError(
-            f"{path}: its optimizer or scheduler state does not fit the model ({error.__class__.__name__}); "
+            f"{path}: its optimizer or scheduler state does not fit the model ({first_reason(error)}); "
             "the file was damaged or edited: start a new --out"
         ) from None
+
+
+def check_moments(saved: dict[str, Any], optimizer: torch.optim.Optimizer) -> None:
+    """ValueError unless each saved AdamW state belongs to a parameter of `optimizer` and its moments have that
+    parameter's shape, a floating dtype and the strided layout: torch's fused kernel reads a moment at its parameter's
+    size whatever the moment's own (a smaller one corrupted memory, a larger one trained on silently)."""
+    params = [param for group in optimizer.param_groups for param in group["params"]]
+    for index, entry in saved["state"].items():
+        if not isinstance(index, int) or not 0 <= index < len(params) or not isinstance(entry, dict):
+            raise ValueError(f"a state for parameter {index!r}, of {len(params)}")
+        for key, value in entry.items():
+            fits = isinstance(value, Tensor) and value.layout == torch.strided and value.is_floating_point()
+            if key != "step" and not (fits and value.shape == params[index].shape):
+                raise ValueError(f"parameter {index}'s {key}")
 
 
 @dataclass(frozen=True)

@@ -388,6 +388,54 @@ def test_weights_that_do_not_fit_the_config_are_a_usage_error(tmp_path, capsys, 
     assert status == 2 and "checkpoint.pt: its weights do not fit" in err
 
 
+def forged(run: Path, change) -> None:
+    """Both checkpoints of `run` with change(state) applied, as an edited or damaged file would hold them."""
+    for name in ("best.pt", "checkpoint.pt"):
+        state = torch.load(run / name, weights_only=True)
+        change(state)
+        torch.save(state, run / name)
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("sparse", "weight head.fc.bias is a sparse_coo tensor, which no model holds"),
+        ("complex", "weight head.fc.bias is a complex tensor, which no model holds"),
+        ("long key", "1 unexpected (e.g. blocks.999999"),  # shown cut short, on one line
+        ("escape key", "1 unexpected (e.g. 'head.\\x1b[31mred')"),
+    ],
+)
+def test_weights_of_a_kind_no_model_holds_are_one_line(tmp_path, capsys, one_epoch, damage, message):
+    out = copy_run(one_epoch, tmp_path / "run")
+    changes = {
+        "sparse": lambda model: model.update({"head.fc.bias": model["head.fc.bias"].to_sparse()}),
+        "complex": lambda model: model.update({"head.fc.bias": model["head.fc.bias"].to(torch.complex64)}),
+        "long key": lambda model: model.update({"blocks." + "9" * 5000 + ".mlp.fc1.weight": torch.zeros(1)}),
+        "escape key": lambda model: model.update({"head.\x1b[31mred": torch.zeros(1)}),
+    }
+    forged(out, lambda state: changes[damage](state["model"]))
+    status, err = cli(capsys, ["evaluate", str(out)])
+    assert status == 2 and message in err and err.count("\n") == 1 and len(err) < 400 and "\x1b" not in err, err
+
+
+@pytest.mark.parametrize("moment", ["smaller", "larger", "sparse"])
+def test_resume_refuses_adamw_moments_that_are_not_their_parameters_shape(tmp_path, capsys, one_epoch, moment):
+    """torch's fused AdamW reads a moment at its parameter's size: a smaller one corrupted memory (a segfault), a
+    larger one trained on silently."""
+    out = copy_run(one_epoch, tmp_path / "run")
+    shapes = {"smaller": (2,), "larger": (3, 32, 97)}
+
+    def damage(state):
+        entry = state["optimizer"]["state"][0]
+        tensor = torch.zeros(shapes.get(moment, entry["exp_avg"].shape))
+        entry["exp_avg"] = tensor.to_sparse() if moment == "sparse" else tensor
+
+    forged(out, damage)
+    status, err = cli(capsys, train_argv(out, 2, "--resume"))
+    refusal = "its optimizer or scheduler state does not fit the model (ValueError: parameter 0's exp_avg); the file"
+    assert status == 2 and refusal in err and err.count("\n") == 1, err
+
+
 def test_resume_refuses_a_run_whose_commit_point_was_removed(tmp_path, capsys, one_epoch):
     """best.pt and metrics.jsonl without checkpoint.pt (written first, so only a removal leaves them): a resume
     would start over and replace them."""
