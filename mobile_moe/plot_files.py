@@ -7,6 +7,7 @@ its own, never a user's image of the same name)."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from mobile_moe.atomic import atomic_path
@@ -17,9 +18,9 @@ CREATOR = "mobile-moe"
 # in the file: PNG a tEXt chunk before the image data, PDF its Info dictionary, SVG a Dublin Core creator.
 METADATA = {"png": {"Software": CREATOR}, "pdf": {"Creator": CREATOR}, "svg": {"Creator": CREATOR}}
 MARKS = {
-    "png": (b"\x89PNG\r\n\x1a\n", f"tEXtSoftware\x00{CREATOR}".encode()),
-    "pdf": (b"%PDF-", f"/Creator ({CREATOR})".encode()),
-    "svg": (b"", f"<dc:title>{CREATOR}</dc:title>".encode()),
+    "png": (b"\x89PNG\r\n\x1a\n", re.compile(re.escape(f"tEXtSoftware\x00{CREATOR}".encode()))),
+    "pdf": (b"%PDF-", re.compile(re.escape(f"/Creator ({CREATOR})".encode()))),
+    "svg": (b"", re.compile(rb"<dc:creator>\s*<cc:Agent>\s*<dc:title>" + CREATOR.encode() + rb"</dc:title>")),
 }
 FIGURE_BYTES = 64 * 2**20  # a figure of ours is far smaller: a larger file is read no further, and is not one
 
@@ -41,7 +42,7 @@ def read_figure(path: str | os.PathLike) -> None:
         raise UsageError(f"{path} is not a figure mobile-moe wrote")
     with open(path, "rb") as file:
         content = file.read(FIGURE_BYTES + 1)
-    if not content.startswith(signature) or mark not in content[:FIGURE_BYTES]:
+    if not content.startswith(signature) or not mark.search(content[:FIGURE_BYTES]):
         raise UsageError(f"{path} is not a figure mobile-moe wrote")
 
 

@@ -48,7 +48,8 @@ def test_a_figure_names_mobile_moe_as_its_creator_and_only_such_a_figure_is_ours
     try:
         axes.plot([0, 1], [0, 1])
         save_figure(figure, ours)
-        figure.savefig(theirs, format=suffix[1:])  # matplotlib's default metadata names matplotlib
+        # another program's figure: matplotlib's own creator, and the toolkit's name only as the title
+        figure.savefig(theirs, format=suffix[1:], metadata={"Title": "mobile-moe"})
     finally:
         plt.close(figure)
     read_figure(ours)

@@ -8,6 +8,7 @@ mobile-moe superclass show super_classes.json
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -105,7 +106,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         if not args.plot:
             raise UsageError("--plot is empty; give a .png, .pdf or .svg file name, or leave --plot out")
         check_plot_path(args.plot)
-        if Path(args.plot).resolve() == Path(args.out).resolve():
+        if os.path.realpath(args.plot) == os.path.realpath(args.out):  # never raises: a symbolic-link loop is a path
             raise UsageError(f"--plot {args.plot} is the --out file too; give them different names")
         check_writable(args.plot)
         check_not_an_input(args.plot, inputs, "--plot")

@@ -12,6 +12,7 @@ from mobile_moe.app.cli import main
 from mobile_moe.checkpoint import checkpoint_dict, save_checkpoint
 from mobile_moe.data.datasets import data_record, open_data
 from mobile_moe.errors import UsageError
+from mobile_moe.plot_files import read_figure
 from mobile_moe.super_class.confusion import check_confusion_output, save_confusion
 from mobile_moe.super_class.demo import derive_for_demo
 from mobile_moe.super_class.planted import planted_confusion
@@ -192,6 +193,10 @@ def test_outputs_replace_only_files_of_their_own_kind(run_dir, confusion_file, t
     picture.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)
     assert main([*derive, str(tmp_path / "sc.json"), "--plot", str(picture)]) == 2
     assert "--plot" in capsys.readouterr().err and picture.read_bytes().endswith(b"\x00" * 64)
+    loop = tmp_path / "loop.png"
+    loop.symlink_to(loop)  # a symbolic-link loop: no file behind it, so the figure takes its place
+    assert main([*derive, str(tmp_path / "sc.json"), "--plot", str(loop)]) == 0
+    read_figure(loop)
     photo = tmp_path / "photo.csv"
     photo.write_text("not,a\nconfusion,matrix\n")
     assert main(["evaluate", str(run_dir), "--confusion", str(photo)]) == 2
