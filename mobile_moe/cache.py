@@ -20,11 +20,13 @@ def cache_root() -> Path:
 
 
 def home() -> str:
-    """HOME, or the user's home directory from the password database where HOME is unset or empty (never a relative
-    path): the rule the native runner's default_cache_dir() follows too."""
+    """HOME, or the user's home directory from the password database where HOME is unset, empty or relative (a
+    relative one would put the cache wherever a command runs): the rule the native runner's default_cache_dir()
+    follows too."""
     import pwd
 
-    return os.environ.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
+    given = os.environ.get("HOME", "")
+    return given if os.path.isabs(given) else pwd.getpwuid(os.getuid()).pw_dir
 
 
 def packed_weights_dir() -> Path | None:

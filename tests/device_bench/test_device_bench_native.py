@@ -690,7 +690,8 @@ def test_a_cache_folder_that_cannot_be_made_means_no_cache_not_an_error(runner, 
 
 
 def test_the_cache_root_is_never_relative(monkeypatch):
-    """HOME empty or unset: the home directory comes from the password database, as the runner takes it too."""
+    """HOME empty, unset or relative, and XDG_CACHE_HOME relative: the home directory comes from the password
+    database, as the runner takes it too."""
     import pwd
 
     from mobile_moe.cache import cache_root
@@ -701,6 +702,9 @@ def test_the_cache_root_is_never_relative(monkeypatch):
     monkeypatch.setenv("HOME", "")
     assert cache_root() == Path(expected) / ".cache" / "mobile-moe"
     monkeypatch.delenv("HOME")
+    assert cache_root() == Path(expected) / ".cache" / "mobile-moe"
+    monkeypatch.setenv("HOME", "relative/home")
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
     assert cache_root() == Path(expected) / ".cache" / "mobile-moe"
 
 

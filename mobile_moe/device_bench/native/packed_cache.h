@@ -173,9 +173,9 @@ inline bool copy_in_large_writes(const std::string& from, const std::string& to)
 // (packed_weights_dir; tests/device_bench/test_device_bench_native.py holds the two to one answer):
 // MOBILE_MOE_WEIGHT_CACHE, else $MOBILE_MOE_CACHE/packed-weights, else $XDG_CACHE_HOME/mobile-moe/packed-weights (where
 // XDG_CACHE_HOME is absolute), else
-// $HOME/.cache/mobile-moe/packed-weights (the password database's home where HOME is unset or empty); created on
-// first use. Empty when there is none (no home, or it cannot be created, as on a phone's shell): the run packs on
-// the heap, as with --no-weight-cache.
+// $HOME/.cache/mobile-moe/packed-weights (the password database's home where HOME is unset, empty or relative);
+// created on first use. Empty when there is none (no home, or it cannot be created, as on a phone's shell): the run
+// packs on the heap, as with --no-weight-cache.
 inline std::string default_cache_dir() {
   auto env = [](const char* name) -> std::string {
     const char* value = std::getenv(name);
@@ -187,7 +187,8 @@ inline std::string default_cache_dir() {
     const std::string xdg = env("XDG_CACHE_HOME");
     if (root.empty() && xdg.rfind('/', 0) == 0) root = xdg + "/mobile-moe";  // a relative one is ignored (XDG)
     std::string home = env("HOME");
-    if (home.empty()) {  // mobile_moe/cache.py's home(): the password database's, where HOME is unset or empty
+    if (home.rfind('/', 0) != 0) {  // mobile_moe/cache.py's home(): the password database's, where HOME is unset,
+                                     // empty or relative
       const passwd* user = getpwuid(getuid());
       if (user != nullptr && user->pw_dir != nullptr) home = user->pw_dir;
     }
