@@ -230,6 +230,16 @@ def _workloads(manifests: dict[str, Manifest], settings: BenchSettings, log: Cal
     return workloads
 
 
+def _check_out_outside_bundles(out: str | Path, bundles: list[str]) -> None:
+    """UsageError if --out is inside a bundle: a bundle holds only what export wrote, and its next export would refuse
+    the bench's folder as a file of someone else's."""
+    where = os.path.realpath(out)
+    for bundle in bundles:
+        inside = os.path.realpath(bundle)
+        if where != inside and os.path.commonpath([where, inside]) == inside:
+            raise UsageError(f"--out {out} is inside the bundle {bundle}; choose a folder outside it")
+
+
 def _rounds(
     names: list[str], runtimes: dict[str, str], runners: dict[str, RoundRunner], settings: BenchSettings,
     images: dict[str, Path], log: Callable[[str], None], identities: dict[str, tuple[int, int] | None],
@@ -260,6 +270,7 @@ def benchmark(
     if not names:
         raise UsageError("no bundle to benchmark: pass at least one bundle directory")
     check_writable(out, directory=True)  # before measuring, not after
+    _check_out_outside_bundles(out, names)
     if earlier_bench(Path(out)):
         log(f"replacing the earlier bench in {out}")
     identities = {name: bundle_identity(name) for name in names}  # what each round must still find there

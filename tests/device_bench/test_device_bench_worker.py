@@ -124,6 +124,9 @@ def test_benchmark_refuses_bad_input_before_measuring(bundle, tmp_path):
     with pytest.raises(TypeError, match="not one path"):
         benchmark(str(bundle), BenchSettings(), tmp_path / "bench")
     assert not (tmp_path / "bench").exists()
+    with pytest.raises(UsageError, match="inside the bundle .*; choose a folder outside it"):
+        benchmark([bundle], BenchSettings(), Path(bundle) / "inner" / "bench")  # its next export would refuse it
+    assert not (Path(bundle) / "inner").exists()
 
 
 def test_a_second_bench_into_one_out_is_refused_before_its_first_round(bundle, tmp_path, monkeypatch):
