@@ -270,11 +270,11 @@ def benchmark(
     if not names:
         raise UsageError("no bundle to benchmark: pass at least one bundle directory")
     check_writable(out, directory=True)  # before measuring, not after
-    _check_out_outside_bundles(out, names)
     if earlier_bench(Path(out)):
         log(f"replacing the earlier bench in {out}")
     identities = {name: bundle_identity(name) for name in names}  # what each round must still find there
     manifests = {name: read_manifest(name, verify_files=True) for name in names}  # all checked before any is run
+    _check_out_outside_bundles(out, names)
     runtimes = {name: choose_runtime(settings.runtime, manifests[name], name) for name in names}
     runners = {runtime: choose_runner(runtime, settings.device, settings.runner) for runtime in set(runtimes.values())}
     workloads = _workloads(manifests, settings, log)
