@@ -101,13 +101,13 @@ def check_finite_weights(state: dict[str, Any], path: str | os.PathLike) -> None
     odd = next((key for key, value in tensors.items() if value.layout != torch.strided or value.is_complex()), None)
     if odd is not None:
         kind = "complex" if tensors[odd].is_complex() else f"{tensors[odd].layout}".removeprefix("torch.")
-        raise UsageError(f"{path}: weight {odd} is a {kind} tensor, which no model holds (a damaged or edited file); "
-                         "use another checkpoint or retrain")  # fmt: skip
+        raise UsageError(f"{path}: weight {_shown_key(odd)} is a {kind} tensor, which no model holds (a damaged or "
+                         "edited file); use another checkpoint or retrain")  # fmt: skip
     bad = next((key for key, value in tensors.items() if not_finite(value)), None)
     if bad is not None:
         raise UsageError(
-            f"{path}: weight {bad} holds NaN or infinite values (a diverged run, or a damaged file); use an earlier "
-            "checkpoint, or train again with a lower learning rate"
+            f"{path}: weight {_shown_key(bad)} holds NaN or infinite values (a diverged run, or a damaged file); use "
+            "an earlier checkpoint, or train again with a lower learning rate"
         )
 
 
