@@ -167,6 +167,13 @@ def _check_kind(target: Path, directory: bool) -> None:
             raise UsageError(f"{target} is a directory; give a file path")
 
 
+def within(path: str | os.PathLike, folder: str | os.PathLike) -> bool:
+    """Whether `path` is `folder` or lies inside it, symbolic links followed (os.path.realpath, which never raises: a
+    link loop is a path like any other, where Path.resolve raises RuntimeError)."""
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return os.path.commonpath([path, folder]) == folder
+
+
 def check_replaceable(target: str | os.PathLike, *, read: Callable[[Path], object], kind: str, flag: str) -> None:
     """UsageError if `target` exists and `read` (the one reader of that kind of file, raising UsageError) refuses it:
     a command replaces an output of its own kind, an earlier run's, and never a file it did not write (a run's

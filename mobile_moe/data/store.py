@@ -29,7 +29,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from torch.utils.data import Dataset
 
-from mobile_moe.atomic import atomic_path, check_writable
+from mobile_moe.atomic import atomic_path, check_writable, within
 from mobile_moe.data.decode import fitted
 from mobile_moe.data.image_files import image_from_bytes
 from mobile_moe.data.spec_options import spec_folder
@@ -97,13 +97,11 @@ def pack(data, out: str | os.PathLike, *, max_side: int = DEFAULT_MAX_SIDE, qual
     out = Path(out)
     check_writable(out, directory=True)
     source = spec_folder(data.spec)
-    if source is not None:
-        target, origin = out.resolve(), source.resolve()
-        if target == origin or origin in target.parents:
-            raise UsageError(
-                f"--out {out} {'is' if target == origin else 'is inside'} {source}, the data it packs: the store "
-                "would become part of its source; choose a folder outside it"
-            )
+    if source is not None and within(out, source):
+        raise UsageError(
+            f"--out {out} {'is' if within(source, out) else 'is inside'} {source}, the data it packs: the store "
+            "would become part of its source; choose a folder outside it"
+        )
     if out.is_dir() and any(out.iterdir()) and not (out / META).is_file():
         raise UsageError(f"{out} exists and is not a packed store; choose another --out (nothing there is replaced)")
     record = {"format": FORMAT, "version": VERSION, "source": data.spec, "max_side": max_side, "quality": quality,

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Protocol
 
 from mobile_moe import jsonio
-from mobile_moe.atomic import atomic_path, check_writable, scratch_folder
+from mobile_moe.atomic import atomic_path, check_writable, scratch_folder, within
 from mobile_moe.device_bench import arm64
 from mobile_moe.device_bench import results as results_module
 from mobile_moe.device_bench.android import AndroidRunner
@@ -233,10 +233,8 @@ def _workloads(manifests: dict[str, Manifest], settings: BenchSettings, log: Cal
 def _check_out_outside_bundles(out: str | Path, bundles: list[str]) -> None:
     """UsageError if --out is inside a bundle: a bundle holds only what export wrote, and its next export would refuse
     the bench's folder as a file of someone else's."""
-    where = os.path.realpath(out)
     for bundle in bundles:
-        inside = os.path.realpath(bundle)
-        if where != inside and os.path.commonpath([where, inside]) == inside:
+        if within(out, bundle) and not within(bundle, out):  # --out the bundle itself: earlier_bench refuses it
             raise UsageError(f"--out {out} is inside the bundle {bundle}; choose a folder outside it")
 
 

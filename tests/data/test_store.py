@@ -68,6 +68,10 @@ def test_the_cli_packs_and_refuses_a_directory_that_is_not_a_store(tmp_path, cap
         assert main(["pack", f"packed:{store_dir}", "--out", str(out)]) == 2
         assert "the data it packs: the store would become part of its source" in capsys.readouterr().err
     assert {path.name: path.read_bytes() for path in store_dir.iterdir()} == files
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)  # --out under a symbolic-link loop: one line (Path.resolve raised RuntimeError)
+    assert main(["pack", f"packed:{store_dir}", "--out", str(loop / "store")]) == 2
+    assert "cannot write" in capsys.readouterr().err
 
 
 def damage_json(packed):
