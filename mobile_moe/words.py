@@ -16,9 +16,13 @@ def has_control_character(text: str) -> bool:
     return any(unicodedata.category(character) == "Cc" for character in text)
 
 
-def shown(text: str, limit: int = 300) -> str:
-    """Text from a file or a process for a message line: on one line, at most `limit` characters, and quoted with its
-    control characters escaped where it holds any (an escape code would recolour or move the user's terminal)."""
-    text = " ".join(text.split())
-    text = text if len(text) <= limit else text[: limit - 3] + "..."
+def escaped(text: str) -> str:
+    """`text` as printed where a control character in it would forge a line or a colour: quoted with its control
+    characters escaped where it holds any, else as it is."""
     return repr(text) if has_control_character(text) else text
+
+
+def shown(text: str, limit: int = 300) -> str:
+    """Text from a file or a process for a message line: on one line, at most `limit` characters, escaped."""
+    text = " ".join(text.split())
+    return escaped(text if len(text) <= limit else text[: limit - 3] + "...")

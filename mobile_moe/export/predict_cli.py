@@ -9,7 +9,7 @@ import numpy as np
 from mobile_moe import jsonio
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest_schema import SPLIT_LAYOUTS
-from mobile_moe.words import has_control_character
+from mobile_moe.words import escaped
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -62,9 +62,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     for result in results:
         experts = ", ".join(f"{e} (gate {g:.2f})" for e, g in zip(result["experts"], result["gates"], strict=True))
-        image = repr(result["image"]) if has_control_character(result["image"]) else result["image"]
         print(
-            f"{image}: {result['class']} (p={result['probability']:.3f})"
+            f"{escaped(result['image'])}: {result['class']} (p={result['probability']:.3f})"
             + (f", experts {experts}" if experts else "")
         )
     return 0
