@@ -134,27 +134,43 @@ def test_gate_one_is_exactly_the_dense_blocks_and_the_model_runs_them(many_image
         assert torch.equal(model(many_images).logits[mine], path(tokens[mine], routing.gates[mine]))
 
 
+def logits_and_gradients(model, batch: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The logits and the gradients of a loss whose gradient differs at every logit (torch._grouped_mm's CPU fallback
+    refuses an upstream gradient with stride 0, which `.sum()` hands it)."""
+    model.zero_grad()
+    logits = model(batch).logits
+    (logits * torch.linspace(-1, 1, logits.numel()).view_as(logits)).sum().backward()
+    gradients = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return {"logits": logits.detach()} | gradients
+
+
 @pytest.mark.parametrize(("pool", "shared_head"), [("mean", False), ("cls", False), ("mean", True)])
 def test_the_grouped_gemm_path_equals_the_loop_with_an_expert_left_empty(many_images, pool, shared_head, monkeypatch):
     """A grouped-GEMM device's path (gathered norm weights, torch._grouped_mm for qkv, proj, fc1, fc2 and the heads'
-    7 classes padded to 8, on the batch sorted once) against the per-expert loop. Forward only: torch._grouped_mm's
-    CPU fallback has no backward on this torch (tests/test_gpu.py checks CUDA's, and the gradients)."""
-    model = tiny_model("hard-moe", pool=pool, shared_head=shared_head).eval()
+    7 classes padded to 8, on the batch sorted once; here torch._grouped_mm's CPU fallback) against the per-expert
+    loop, forward and backward: the same logits and gradients, and the expert no image chose gets gradients of exactly
+    zero on both. (tests/test_gpu.py runs CUDA's kernels, eager and compiled, under bf16 autocast.)"""
+    model = tiny_model("hard-moe", pool=pool, shared_head=shared_head).train()
     fitted(model, many_images)
     with torch.no_grad():  # norms and biases off their (1, 0) start: one applied to another expert's rows would show
         for name, stack in model.named_parameters():
             if name.startswith("expert") and stack.dim() == 2:
                 stack.copy_(torch.randn(stack.shape, generator=torch.Generator().manual_seed(len(name))))
         routed = model(many_images).routing.experts[:, 0]
-        batch = many_images[routed != routed[0]]  # expert routed[0] gets no image
-        loop = model(batch).logits
-        ran = []
-        monkeypatch.setattr(hard_moe, "grouped_gemm_fits", lambda *args, **kwargs: True)
-        real = torch._grouped_mm
-        monkeypatch.setattr(torch, "_grouped_mm", lambda *args, **kwargs: ran.append(1) or real(*args, **kwargs))
-        grouped = model(batch).logits
+    empty = int(routed[0])
+    batch = many_images[routed != empty]  # expert `empty` gets no image
+    loop = logits_and_gradients(model, batch)
+    ran = []
+    monkeypatch.setattr(hard_moe, "grouped_gemm_fits", lambda *args, **kwargs: True)
+    real = torch._grouped_mm
+    monkeypatch.setattr(torch, "_grouped_mm", lambda *args, **kwargs: ran.append(1) or real(*args, **kwargs))
+    grouped = logits_and_gradients(model, batch)
     assert len(ran) == 4 * 2 + (not shared_head)  # qkv, proj, fc1, fc2 in each block; the heads
-    torch.testing.assert_close(grouped, loop, rtol=1e-5, atol=1e-5)
+    assert grouped.keys() == loop.keys()
+    for name, expected in loop.items():
+        torch.testing.assert_close(grouped[name], expected, rtol=1e-5, atol=1e-5, msg=name)
+        if name.startswith("expert_"):  # a stack
+            assert grouped[name][empty].eq(0).all() and loop[name][empty].eq(0).all(), name
 
 
 def test_an_upcycled_hard_moe_computes_its_gater(images):

@@ -1,6 +1,6 @@
 """ExpertMLPs' stacked experts: every dispatch computes the same mixture, and checkpoints and runs of the per-expert
-layout from before the stack still load and resume exactly. (The grouped GEMM's CUDA kernel and its backward are checked
-against the loop in tests/test_gpu.py.)"""
+layout from before the stack still load and resume exactly. (The grouped GEMM's CUDA kernels, eager and compiled
+under bf16 autocast, are checked against the loop in tests/test_gpu.py.)"""
 
 from __future__ import annotations
 
@@ -31,18 +31,33 @@ def experts_and_tokens(num_experts: int = 4) -> tuple[ExpertMLPs, torch.Tensor]:
     return experts, torch.randn(7, 5, 16)
 
 
+def mixture_and_gradients(experts: ExpertMLPs, x, chosen, gates, *, read_sizes: bool) -> dict[str, torch.Tensor]:
+    """The mixture and the gradients of a loss with a gradient of its own at every output element: the backward of
+    torch._grouped_mm's CPU fallback (torch 2.14) refuses an upstream gradient with stride 0, which `.sum()` gives."""
+    x, gates = x.clone().requires_grad_(), gates.clone().requires_grad_()
+    experts.zero_grad()
+    mixed = experts.mixture(x, moe.expert_groups(chosen, gates, len(experts), read_sizes=read_sizes))
+    (mixed * torch.linspace(-1, 1, mixed.numel()).view_as(mixed)).sum().backward()
+    stacks = {name: stack.grad.clone() for name, stack in experts.named_parameters()}
+    return {"mixture": mixed.detach(), "x": x.grad, "gates": gates.grad} | stacks
+
+
 @pytest.mark.parametrize("top_k", [1, 2])
-def test_the_grouped_gemm_computes_the_loops_mixture_with_an_expert_left_empty(top_k):
+def test_the_grouped_gemm_computes_the_loops_mixture_and_gradients_with_an_expert_left_empty(top_k):
+    """The grouped GEMM (here torch._grouped_mm's CPU fallback; CUDA's kernels in tests/test_gpu.py) against the loop,
+    forward and backward, and the expert no item chose gets gradients of exactly zero on both."""
     experts, x = experts_and_tokens()
     chosen = torch.tensor([[2, 0], [0, 2], [3, 0], [2, 3], [0, 2], [3, 2], [2, 0]])[:, :top_k]  # expert 1: no item
     gates = torch.rand(7, top_k)
-    with torch.no_grad():  # torch._grouped_mm's CPU fallback has no backward on this torch; CUDA's is in test_gpu
-        loop = experts.mixture(x, moe.expert_groups(chosen, gates, 4, read_sizes=True))
-        gemm = experts.mixture(x, moe.expert_groups(chosen, gates, 4, read_sizes=False))
-        dense = experts(x, chosen, gates, dispatch="dense")
-    torch.testing.assert_close(gemm, loop)
-    torch.testing.assert_close(dense, loop)
-    assert torch.equal(experts(x, chosen, gates), loop)  # the CPU's own dispatch: the loop
+    loop = mixture_and_gradients(experts, x, chosen, gates, read_sizes=True)
+    gemm = mixture_and_gradients(experts, x, chosen, gates, read_sizes=False)
+    for name, expected in loop.items():
+        torch.testing.assert_close(gemm[name], expected, msg=name)
+        if name.endswith(("weight", "bias")):
+            assert gemm[name][1].eq(0).all() and loop[name][1].eq(0).all(), name
+    with torch.no_grad():
+        assert torch.equal(experts(x, chosen, gates), loop["mixture"])  # the CPU's own dispatch: the loop
+        torch.testing.assert_close(experts(x, chosen, gates, dispatch="dense"), loop["mixture"])
 
 
 @pytest.mark.parametrize("top_k", [1, 2, 3])
