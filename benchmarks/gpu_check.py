@@ -12,8 +12,9 @@ Steps, each a fresh process (its exit status, time and last line go in the table
   ddp N           torchrun, nccl (gloo with --cpu), world size 1, and 2 where two GPUs exist
   reproduce       fig3b's cells on digits, 1 epoch, on the device, with --bench (exports, native runner) where
                   executorch is installed (a GPU machine's image has none: then without --bench, and the table says so)
-  train step      benchmarks/gpu_train_step.py --cuda-graphs --anchor for vit and mobile-vmoe: eager, compiled and
-                  CUDA-graphed, and vit against timm's deit_tiny (--cpu: train_step.py at a small size)
+  train step      benchmarks/gpu_train_step.py --cuda-graphs --anchor --profile for vit and mobile-vmoe: eager,
+                  compiled and CUDA-graphed, vit against timm's deit_tiny, and where each compiled step's device
+                  time goes, kernel by kernel, in its log (--cpu: train_step.py at a small size)
   train step every model
                   the same, every registry model, eager and compiled (per FLOP against vit); with the first, two
                   runs of the headline pair: its run-to-run spread. Compiling every model takes minutes.
@@ -73,13 +74,13 @@ def steps(device: str, out: Path, gpus: int) -> list[tuple[str, list[str]]]:
     found.insert(1, ("input pipeline", [sys.executable, str(REPO / "benchmarks" / "input_pipeline.py"), *feed]))
     if device == "cuda":  # the headline pair first, CUDA-graphed too; then every model (the pair's second run)
         bench = [sys.executable, str(REPO / "benchmarks" / "gpu_train_step.py"), "--json", "--anchor"]
-        found.append(("train step", [*bench, "--cuda-graphs", "--models", "vit", "mobile-vmoe"]))
+        found.append(("train step", [*bench, "--cuda-graphs", "--profile", "--models", "vit", "mobile-vmoe"]))
         found.append(("train step every model", bench))
     else:
         found.append(("train step", [sys.executable, str(REPO / "benchmarks" / "train_step.py"), "--json", "--compile",
                                      "--size", "3x64", "--patch", "8", "--image-size", "32", "--num-classes", "10",
                                      "--experts", "4", "--batch-size", "16", "--steps", "3", "--warmup", "2",
-                                     "--models", "vit", "mobile-vmoe", "--anchor"]))  # fmt: skip
+                                     "--models", "vit", "mobile-vmoe", "--anchor", "--profile"]))  # fmt: skip
     return found
 
 

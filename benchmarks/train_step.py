@@ -6,6 +6,7 @@ measured in one run.
     python benchmarks/train_step.py --compile --models vit mobile-vmoe --steps 20
     python benchmarks/train_step.py --device cuda --size deit-ti --patch 16 --batch-size 256 --compile  # a GPU, bf16
     python benchmarks/train_step.py --device cuda --compile --cuda-graphs --anchor   # + CUDA graphs, + timm's anchor
+    python benchmarks/train_step.py --device cuda --compile --profile --models vit mobile-vmoe   # + where time goes
 
 A step is training's own (mobile_moe/training/engine.py: forward_loss under bf16 autocast on CUDA, then update:
 backward, grad clip, AdamW, schedule) with the deit recipe's router loss against planted super-classes (label mod E), so
@@ -20,6 +21,10 @@ training's (mobile_moe/training/train.py adamw: fused, on the CPU too).
 --anchor adds timm's deit_tiny_patch16_224 (at the benchmark's size: its width, depth, heads, patch and image size)
 against our vit in a plain step (cross-entropy, backward, the same AdamW), in each mode: the dense model is as fast
 as the library everyone trains with. --cuda-graphs adds a mode compiled with mode="reduce-overhead" (CUDA graphs).
+--profile runs 3 more steps of each model, compiled (eager without --compile), under torch.profiler: per step the wall
+time, the time the device was busy (its kernels on CUDA; on the CPU its operators' own time), that time by kind
+(grouped GEMM, GEMM, attention, inductor's fused kernels, other), and in the JSON the 12 costliest kernels: a MoE's
+ratio to the dense model split into the kernels that cost more and the time the device waited on the host.
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ def parse_args(argv: list[str] | None = None, **defaults) -> argparse.Namespace:
     parser.add_argument("--compile", action="store_true", help="also measure every model compiled")
     parser.add_argument("--cuda-graphs", action="store_true", help='also compiled with mode="reduce-overhead" (CUDA)')
     parser.add_argument("--anchor", action="store_true", help=f"also timm's {ANCHOR} against vit in a plain step")
+    parser.add_argument("--profile", action="store_true", help="also where each model's step time goes, by kind")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of markdown")
     parser.set_defaults(**defaults)
     return parser.parse_args(argv)
@@ -109,8 +115,8 @@ def spread_clusters(opt: engine.Optimisation, images: torch.Tensor) -> None:
         router.set_clusters(router.pca_mean, router.pca_components, seeds)
 
 
-def time_models(runs: dict[str, engine.Optimisation], batch, args, device, mode: str) -> dict[str, dict]:
-    """Training's step of each model (forward_loss, then update), taking turns -> {name: take_turns' counters}."""
+def training_steps(runs: dict[str, engine.Optimisation], batch, device) -> dict[str, Callable[[], None]]:
+    """Training's step of each model (forward_loss, then update) on the batch, as a call."""
     cfg = recipes.deit().replace(epochs=1, amp=device.type == "cuda")
     images, targets, super_targets = batch
 
@@ -123,7 +129,7 @@ def time_models(runs: dict[str, engine.Optimisation], batch, args, device, mode:
 
         return step
 
-    return take_turns({name: training_step(opt) for name, opt in runs.items()}, args, device, mode)
+    return {name: training_step(opt) for name, opt in runs.items()}
 
 
 def take_turns(steps: dict[str, Callable[[], None]], args, device, mode: str) -> dict[str, dict]:
@@ -142,6 +148,58 @@ def take_turns(steps: dict[str, Callable[[], None]], args, device, mode: str) ->
             record(stats[name], step, args.warmup, time.perf_counter() - start, graphs)
             stats[name]["graph_breaks"] += sum(dynamo_counters["graph_break"].values()) - breaks
     return stats
+
+
+# A kernel's or an operator's kind, by the first of these its lowercased name contains: CUTLASS's grouped kernels and
+# aten::_grouped_mm name their groups; cuBLAS's and CUTLASS's dense ones say gemm, xmma or nvjet; SDPA's say flash,
+# fmha or sdpa (cuDNN's); inductor's own kernels start with triton_ on CUDA, and on the CPU run inside the compiled
+# graph's own call.
+KINDS = {
+    "grouped GEMM": ("group",),
+    "GEMM": ("gemm", "xmma", "nvjet", "aten::mm", "aten::addmm", "aten::bmm"),
+    "attention": ("flash", "fmha", "sdpa", "attention"),
+    "inductor's fused": ("triton_", "compiledfxgraph"),
+}
+PROFILED_STEPS = 3
+
+
+def kind_of(name: str) -> str:
+    lowered = name.lower()
+    return next((kind for kind, marks in KINDS.items() if any(mark in lowered for mark in marks)), "other")
+
+
+def profile_models(steps: dict[str, Callable[[], None]], device: torch.device, mode: str) -> dict[str, dict]:
+    """PROFILED_STEPS more steps of each model under torch.profiler -> {name: {"wall_ms", "busy_ms" (per step: the
+    device's kernels on CUDA, the operators' own CPU time on the CPU), "by_kind": {kind: ms per step}, "top": [[name,
+    ms per step], ...]}}: whether the step waits on the host (busy well under wall) and which kernels cost more."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    on_cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if on_cuda else [])]
+    sync = torch.cuda.synchronize if on_cuda else (lambda: None)
+    profiles = {}
+    for name, run in steps.items():
+        with profile(activities=activities) as profiler:
+            sync()
+            start = time.perf_counter()
+            for _ in range(PROFILED_STEPS):
+                begin_step(mode)
+                run()
+            sync()
+            wall = time.perf_counter() - start
+        spent = {}
+        for event in profiler.key_averages():
+            if event.device_type == (DeviceType.CUDA if on_cuda else DeviceType.CPU):
+                own_us = event.self_device_time_total if on_cuda else event.self_cpu_time_total
+                spent[event.key] = own_us / 1e3 / PROFILED_STEPS
+        by_kind = {}
+        for key, ms in spent.items():
+            by_kind[kind_of(key)] = by_kind.get(kind_of(key), 0.0) + ms
+        top = sorted(spent.items(), key=lambda item: -item[1])[:12]
+        profiles[name] = {"wall_ms": wall * 1e3 / PROFILED_STEPS, "busy_ms": sum(spent.values()), "by_kind": by_kind,
+                          "top": [[key[:120], ms] for key, ms in top]}  # fmt: skip
+    return profiles
 
 
 def begin_step(mode: str) -> None:
@@ -225,9 +283,15 @@ def modes(args: argparse.Namespace) -> list[str]:
     return ["eager", *(["compiled"] if args.compile else []), *(["cudagraphs"] if args.cuda_graphs else [])]
 
 
-def measure(args: argparse.Namespace, device: torch.device) -> tuple[dict, dict, dict[str, str]]:
-    """-> ({mode: {model: summary}}, the anchor's alike, {mode: why it failed}); each mode builds its models afresh
-    from the same seed. A mode that raises is named with its error, and the modes before it still report."""
+def profiled_mode(args: argparse.Namespace) -> str:
+    """--profile's mode: the compiled one, whose ratio to the dense model the goals bound; eager without --compile."""
+    return "compiled" if args.compile else "eager"
+
+
+def measure(args: argparse.Namespace, device: torch.device) -> tuple[dict, dict, dict[str, str], dict]:
+    """-> ({mode: {model: summary}}, the anchor's alike, {mode: why it failed}, profile_models' in the profiled_mode
+    where --profile); each mode builds its models afresh from the same seed. A mode that raises is named with its
+    error, and the modes before it still report."""
     generator = torch.Generator().manual_seed(0)
     images = torch.randn(args.batch_size, 3, args.image_size, args.image_size, generator=generator).to(device)
     labels = torch.randint(0, args.num_classes, (args.batch_size,), generator=generator).to(device)
@@ -238,15 +302,19 @@ def measure(args: argparse.Namespace, device: torch.device) -> tuple[dict, dict,
     # shared code object, more than its default limit of 8 per code object once every model is measured in one run.
     torch._dynamo.config.recompile_limit = 8 * len(names)
     torch._dynamo.config.accumulated_recompile_limit = 64 * len(names)
-    results, anchor, failed = {}, {}, {}
+    results, anchor, failed, profiles = {}, {}, {}, {}
     for mode in modes(args):
         runs = None  # a failed mode's models (and CUDA graph pools) go before the next mode builds its own
         try:
             runs = {name: build(name, args, device, mode) for name in names}
             for opt in runs.values():
                 spread_clusters(opt, images)
-            stats = time_models(runs, (images, targets, super_targets), args, device, mode)
+            steps = training_steps(runs, (images, targets, super_targets), device)
+            stats = take_turns(steps, args, device, mode)
             results[mode] = {name: summary(stats[name], args.batch_size) for name in names}
+            if args.profile and mode == profiled_mode(args):
+                profiles = profile_models(steps, device, mode)
+            del steps
             del runs
             if args.anchor:
                 stats = time_anchor(mode, args, device, (images, targets, super_targets))
@@ -256,7 +324,7 @@ def measure(args: argparse.Namespace, device: torch.device) -> tuple[dict, dict,
                 raise
             failed[mode] = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
             print(f"{mode}: failed{'' if mode not in results else ' (in the anchor)'}: {failed[mode]}", file=sys.stderr)
-    return results, anchor, failed
+    return results, anchor, failed, profiles
 
 
 def ratios(results: dict[str, dict[str, dict]], flops: dict[str, int]) -> dict[str, dict[str, float]]:
@@ -296,11 +364,24 @@ def print_markdown(report: dict) -> None:
               f"{ours['median_ms'] / theirs['median_ms']:.3f}x")  # fmt: skip
     for mode, why in report.get("failed_modes", {}).items():
         print(f"\n{mode}: failed: {why}")
+    if "profile" in report:
+        print_profile(report["profile"])
     print(
         "\nGoals (GPU, issue 48): mobile-vmoe / dense <= 1.10x eager and <= 1.05x compiled; every MoE per FLOP "
         "<= 1.15 compiled; vit / timm <= 1.00x; compiled / eager < 1 for every model. (CPU: mobile-vmoe / dense "
         "<= 1.03x eager.)"
     )
+
+
+def print_profile(profile: dict) -> None:
+    """Per model, ms per step: wall, busy (the device's kernels, or the CPU's operators), and busy by kind."""
+    models = profile["models"]
+    kinds = sorted({kind for row in models.values() for kind in row["by_kind"]})
+    print(f"\nprofile, {profile['mode']}, {profile['steps']} steps, ms per step (every kernel: the report's JSON):")
+    print("| model | wall | busy | " + " | ".join(kinds) + " |\n|---|" + "---:|" * (len(kinds) + 2))
+    for name, row in models.items():
+        by_kind = (f"{row['by_kind'].get(kind, 0.0):.2f}" for kind in kinds)
+        print(f"| {name} | {row['wall_ms']:.2f} | {row['busy_ms']:.2f} | " + " | ".join(by_kind) + " |")
 
 
 def main(argv: list[str] | None = None, **defaults) -> dict:
@@ -314,7 +395,7 @@ def main(argv: list[str] | None = None, **defaults) -> dict:
     if args.cuda_graphs and device.type != "cuda":
         print("--cuda-graphs: CUDA graphs need --device cuda", file=sys.stderr)
         sys.exit(2)
-    results, anchor, failed = measure(args, device)
+    results, anchor, failed, profiles = measure(args, device)
     flops = {name: costs(model_at_size(name, args).config).flops for name in results["eager"]}
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     precision = "bf16 autocast" if device.type == "cuda" else "fp32"
@@ -324,6 +405,8 @@ def main(argv: list[str] | None = None, **defaults) -> dict:
               "expert_dispatch": expert_dispatch(device, amp=device.type == "cuda"),
               "ratios": ratios(results, flops), **({"anchor": anchor} if anchor else {}),
               **({"failed_modes": failed} if failed else {})}  # fmt: skip
+    if profiles:
+        report["profile"] = {"mode": profiled_mode(args), "steps": PROFILED_STEPS, "models": profiles}
     print(json.dumps(report, indent=2)) if args.json else print_markdown(report)
     return report
 
