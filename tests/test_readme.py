@@ -170,9 +170,12 @@ def test_a_1000_class_timm_deit_becomes_a_benchmarked_mobile_vmoe_on_a_4_class_f
     """The transfer blocks as written (the checkpoint file from timm, offline; then the commands), but for one epoch
     per training (the README's 30 take about 15 minutes here)."""
     write_digit_folder(tmp_path / "data")
-    hub = {"HF_HUB_CACHE": str(tmp_path / "empty-hub-cache")}  # whatever this machine has cached, the path is offline
+    # Whatever this machine has cached or set, the block itself keeps the Hub offline: any request it made would go to
+    # a closed port, and huggingface_hub would say so ("... thrown while requesting HEAD ...") and retry for ~50 s.
+    hub = {"HF_HUB_CACHE": str(tmp_path / "empty-hub-cache"), "HF_HUB_OFFLINE": "", "HF_ENDPOINT": "http://127.0.0.1:9"}
     printed = run_scenario("transfer", tmp_path, lambda script: script.replace("--epochs 30", "--epochs 1"), hub)
     assert "random weights stand in" in printed and (tmp_path / "deit_tiny.safetensors").is_file()
+    assert "requesting" not in printed
     assert "a new classifier for the data's 4 classes (the dense run's 1000 classes are not the data's)" in printed
     fine_tuned = json.loads((tmp_path / "runs" / "deit-ft" / "config.json").read_text())
     assert fine_tuned["upcycled"]["new_head"] and fine_tuned["upcycled"]["dense_classes"] == 1000

@@ -21,7 +21,7 @@ from mobile_moe.plot_files import read_figure
 from mobile_moe.super_class.confusion import Confusion, load_confusion
 from mobile_moe.super_class.graph import AFFINITIES
 from mobile_moe.super_class.methods import METHOD_HELP, METHODS
-from mobile_moe.super_class.superclasses import load
+from mobile_moe.super_class.superclasses import load, unnamed_classes
 from mobile_moe.super_class.table import format_table
 
 MAX_SEED = 2**32 - 1  # scikit-learn's random_state range (spectral, balanced)
@@ -132,9 +132,7 @@ def derive_command(args: argparse.Namespace) -> int:
         confusion = confusion_from_run(args.run_dir, args.data, args.split, args.hard, args.device, args.batch_size)
     else:
         matrix, names = load_confusion(args.confusion)
-        confusion = Confusion(
-            matrix, names or [f"class {c}" for c in range(len(matrix))], f"confusion:{args.confusion}"
-        )
+        confusion = Confusion(matrix, names or unnamed_classes(len(matrix)), f"confusion:{args.confusion}")
     if class_names is not None:
         confusion.class_names = class_names
     # scikit-learn loads here, not above: `mobile-moe superclass --help` needs none of it

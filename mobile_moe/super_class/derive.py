@@ -16,7 +16,7 @@ from mobile_moe.errors import UsageError
 from mobile_moe.super_class.clustering import cluster
 from mobile_moe.super_class.confusion import check_confusion, classes_without_images
 from mobile_moe.super_class.quality import quality
-from mobile_moe.super_class.superclasses import SuperClasses, default_names
+from mobile_moe.super_class.superclasses import SuperClasses, default_names, unnamed_classes
 
 
 def derive_super_classes(
@@ -32,7 +32,7 @@ def derive_super_classes(
     confusion = check_confusion(confusion)
     num_classes = confusion.shape[0]
     if class_names is None:
-        class_names = [f"class {c}" for c in range(num_classes)]
+        class_names = unnamed_classes(num_classes)
     if len(class_names) != num_classes:
         raise UsageError(
             f"{len(class_names)} class names for a {num_classes}-class confusion matrix; give one per class"

@@ -190,6 +190,11 @@ def default_names(num_super_classes: int) -> list[str]:
     return [f"super-class {i}" for i in range(num_super_classes)]
 
 
+def unnamed_classes(num_classes: int) -> list[str]:
+    """The class names of a confusion matrix read without any ("class 0", "class 1", ...)."""
+    return [f"class {c}" for c in range(num_classes)]
+
+
 def random_super_classes(class_names: list[str], num_super_classes: int, seed: int = 0) -> SuperClasses:
     """The paper's "random class" ablation: classes shuffled into E groups of near-equal size, seeded."""
     import random

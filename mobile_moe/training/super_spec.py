@@ -16,7 +16,7 @@ from typing import Any
 from mobile_moe.config import ViTConfig
 from mobile_moe.data.datasets import Data
 from mobile_moe.errors import UsageError
-from mobile_moe.super_class.superclasses import SuperClasses, load, random_super_classes
+from mobile_moe.super_class.superclasses import SuperClasses, load, random_super_classes, unnamed_classes
 
 DATASET_SOURCES = ("coarse", "truth", "dataset")
 SPEC_HELP = "FILE.json, coarse (CIFAR-100, digits-pairs, fashion-mnist), truth (synthetic) or random[:SEED]"
@@ -59,6 +59,12 @@ def check_matches(super_classes: SuperClasses, spec: str, data: Data, num_expert
         raise UsageError(
             f"super-classes {spec}: {super_classes.num_classes} classes, but {data.spec} has {data.num_classes}; "
             "derive them on the same data"
+        )
+    if super_classes.class_names == unnamed_classes(data.num_classes) != list(data.class_names):
+        raise UsageError(
+            f"super-classes {spec}: its classes have no names ('class 0', ...: derived from a confusion matrix without "
+            f"them), but {data.spec} names them ({data.class_names[0]!r}, ...); derive them again with --class-names "
+            f"FILE (the {data.num_classes} class names of {data.spec}, one per line, in order)"
         )
     if list(super_classes.class_names) != list(data.class_names):
         pairs = enumerate(zip(super_classes.class_names, data.class_names, strict=True))

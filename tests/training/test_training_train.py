@@ -12,7 +12,7 @@ import torch
 from mobile_moe.app.cli import main
 from mobile_moe.errors import UsageError
 from mobile_moe.registry import make_config
-from mobile_moe.super_class.superclasses import random_super_classes
+from mobile_moe.super_class.superclasses import random_super_classes, unnamed_classes
 from mobile_moe.training import engine, recipes
 from mobile_moe.training import train as train_module
 from mobile_moe.training.run_dir import load_run, read_metrics
@@ -165,10 +165,14 @@ def test_super_class_file_must_match_the_data_and_the_experts(tmp_path):
     wrong_count.save(tmp_path / "two.json")
     with pytest.raises(UsageError, match="2 super-classes for a model with E=3"):
         train(model_config("mobile-vmoe", 6), quick(), SYNTHETIC, str(tmp_path / "two.json"), tmp_path / "a")
-    renamed = random_super_classes([f"class {c}" for c in range(6)], 3)
+    renamed = random_super_classes([*data_classes[:2], "another", *data_classes[3:]], 3)
     renamed.save(tmp_path / "renamed.json")
-    with pytest.raises(UsageError, match="class 0 is 'class 0' there but 's0c0'"):
+    with pytest.raises(UsageError, match="class 2 is 'another' there but 's1c2'"):
         train(model_config("mobile-vmoe", 6), quick(), SYNTHETIC, str(tmp_path / "renamed.json"), tmp_path / "b")
+    unnamed = random_super_classes(unnamed_classes(6), 3)  # derived from a confusion matrix without names
+    unnamed.save(tmp_path / "unnamed.json")
+    with pytest.raises(UsageError, match=r"no names .* derive them again with --class-names FILE \(the 6 class names"):
+        train(model_config("mobile-vmoe", 6), quick(), SYNTHETIC, str(tmp_path / "unnamed.json"), tmp_path / "b")
     fewer = random_super_classes(data_classes[:5], 3)
     fewer.save(tmp_path / "fewer.json")
     with pytest.raises(UsageError, match="5 classes, but"):
