@@ -84,7 +84,8 @@ def _accuracy_lines(dense: dict[str, Any], moe: dict[str, Any]) -> list[str]:
         "- per-expert load (share of test images): " + ", ".join(f"{load:.2f}" for load in moe["expert_load"]),
         _difference_line(dense, moe),
         "- test top-1 is measured on images neither training nor checkpoint selection saw; the bench table and the "
-        "accuracy-vs-FLOPs plot show the same test top-1 (each bundle's manifest records it at export).",
+        "accuracy-vs-FLOPs plot show the same test top-1 (each bundle's manifest records it at export: a quantized "
+        "bundle's is its fp32 checkpoint's, and the bench report adds what export measured of the bundle itself).",
     ]
 
 

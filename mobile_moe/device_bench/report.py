@@ -118,10 +118,29 @@ def comparisons(runs: list[dict]) -> list[str]:
 
 
 def _top1(run: dict) -> str:
-    """'80.3% (test)': the accuracy a report compares bundles with, named by its split; '-' when unknown."""
+    """'80.3% (test)': the accuracy a report compares bundles with, named by its split, and for a quantized bundle
+    said to be its fp32 checkpoint's ('80.3% (test, fp32)'); '-' when unknown."""
     if run.get("accuracy") is None:
         return "-"
-    return f"{run['accuracy']:.1%}" + (f" ({run['accuracy_split']})" if run.get("accuracy_split") else "")
+    named = [run["accuracy_split"]] if run.get("accuracy_split") else []
+    named += ["fp32"] if "quantized_validation" in run else []
+    return f"{run['accuracy']:.1%}" + (f" ({', '.join(named)})" if named else "")
+
+
+def quantized_lines(runs: list[dict]) -> list[str]:
+    """What export measured of each quantized bundle itself (its top-1 column is the fp32 checkpoint's)."""
+    quantized = [run for run in runs if "quantized_validation" in run]
+    if not quantized:
+        return []
+    lines = ["", "A quantized bundle's top-1 above is its fp32 checkpoint's; export measured the bundle itself:"]
+    for run in quantized:
+        measured = run["quantized_validation"]
+        lines.append(
+            f"- {run['bundle_name']}: not measured at export" if measured is None else
+            f"- {run['bundle_name']}: {measured['quantized_top1']:.1%} on {measured['images']} validation images, "
+            f"against {measured['fp32_top1']:.1%} in fp32 ({100 * measured['top1_change']:+.1f} points)"
+        )  # fmt: skip
+    return lines
 
 
 def accuracy_splits(runs: list[dict]) -> str:
@@ -157,6 +176,7 @@ def markdown(results: dict, plot_files: list[str] = ()) -> str:
         )
     if any(run.get("accuracy") is not None for run in runs):
         lines += ["", f"top-1: on {accuracy_splits(runs)} of each bundle's run (export measured it; docs/formats.md)."]
+    lines += quantized_lines(runs)
     caches = cache_lines(runs)
     if caches:
         lines += ["", "## Packed weights on disk (native runner)", "", *caches]

@@ -19,7 +19,7 @@ from mobile_moe.costs import costs, every_expert_flops
 from mobile_moe.device_bench import routing_stats
 from mobile_moe.device_bench.round_report import Latency, RoundReport, SwitchParts
 from mobile_moe.errors import UsageError
-from mobile_moe.export.manifest_schema import GraphEntry, Manifest
+from mobile_moe.export.manifest_schema import GraphEntry, Manifest, QuantizedAccuracy
 from mobile_moe.registry import config_from_dict
 
 SPREAD_FLAG = 0.10  # (max - min) / median of the rounds' p50 above this: the rounds disagree, numbers are noisy
@@ -181,12 +181,18 @@ def run_record(
 
 def _accuracy(manifest) -> dict:
     """The top-1 a report compares bundles with, and its split: the test split's (export measured it) where the
-    manifest has it, else the run's best validation top-1 (bundles exported before test_top1), else none."""
+    manifest has it, else the run's best validation top-1 (bundles exported before test_top1), else none. Both are
+    the fp32 checkpoint's; for a quantized bundle, what export measured of the bundle itself on validation images
+    (the manifest's quantization.validation) goes beside them, or None where it measured nothing."""
+    validation = manifest.quantization and manifest.quantization.validation
+    measured = validation.model_dump(mode="json") if validation and validation.measured else None
     if manifest.test_top1 is not None:
-        return {"accuracy": manifest.test_top1, "accuracy_split": "test"}
-    if manifest.validation_top1 is not None:
-        return {"accuracy": manifest.validation_top1, "accuracy_split": "validation"}
-    return {"accuracy": None, "accuracy_split": None}
+        found = {"accuracy": manifest.test_top1, "accuracy_split": "test"}
+    elif manifest.validation_top1 is not None:
+        found = {"accuracy": manifest.validation_top1, "accuracy_split": "validation"}
+    else:
+        found = {"accuracy": None, "accuracy_split": None}
+    return found | ({"quantized_validation": measured} if manifest.quantization is not None else {})
 
 
 def _timings(rounds: list[RoundReport], summaries: list[dict], *, split: bool) -> dict:
@@ -332,6 +338,7 @@ class RunRecord(BaseModel):
     cache_hit_rate: dict[str, float]  # cache size -> hit rate
     accuracy: Annotated[float, Field(ge=0, le=1)] | None = None
     accuracy_split: Literal["test", "validation"] | None = None
+    quantized_validation: QuantizedAccuracy | None = None  # quantized bundles only: what export measured of it
     host_parity: HostParity | None = None  # emulated runs only
 
 

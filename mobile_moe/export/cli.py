@@ -88,11 +88,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"  router (+ shared) + one expert: {sizes['resident_plus_one_expert_bytes'] / 1e6:.2f} MB")
     parity = manifest.parity
     print(f"  parity ({parity['checked_on']}, {parity['images']} images): {parity_summary(parity)}")
-    validation = (manifest.quantization or {}).get("validation", {})
-    if validation.get("measured", True) and validation:
+    validation = manifest.quantization and manifest.quantization.validation
+    if validation and validation.measured:
         print(
-            f"  --quantize {args.quantize} on {validation['images']} val images: top-1 "
-            f"{validation['quantized_top1']:.3f} vs fp32 {validation['fp32_top1']:.3f} (change "
-            f"{validation['top1_change']:+.3f})"
+            f"  --quantize {args.quantize} on {validation.images} val images: top-1 {validation.quantized_top1:.3f} "
+            f"vs fp32 {validation.fp32_top1:.3f} (change {validation.top1_change:+.3f})"
         )
     return 0

@@ -208,6 +208,36 @@ class Composition(_Strict):
     head: Name | None = None  # per-block
 
 
+Fraction = Annotated[float, Field(ge=0, le=1)]
+
+
+class QuantizedAccuracy(_Strict):
+    """What export measured of a quantized bundle itself on validation images, against the fp32 model on the same
+    images; or, with measured false, why it measured nothing (a reason: no validation split, Core ML off macOS)."""
+
+    measured: bool = True
+    reason: Annotated[str, Field(max_length=1024)] | None = None
+    images: Count | None = None
+    fp32_top1: Fraction | None = None
+    quantized_top1: Fraction | None = None
+    top1_change: Annotated[float, Field(ge=-1, le=1)] | None = None
+    prediction_agreement: Fraction | None = None
+
+    @model_validator(mode="after")
+    def _measured_has_numbers(self) -> QuantizedAccuracy:
+        numbers = (self.images, self.fp32_top1, self.quantized_top1, self.top1_change, self.prediction_agreement)
+        if self.measured and any(number is None for number in numbers):
+            raise ValueError("a measured validation needs images, fp32_top1, quantized_top1, top1_change and "
+                             "prediction_agreement")  # fmt: skip
+        return self
+
+
+class QuantizationReport(_Strict):
+    """What export says of a quantized bundle (method, bytes, note: for people) and its measured accuracy."""
+
+    validation: QuantizedAccuracy | None = None
+
+
 class Manifest(_Strict):
     format: Literal[FORMAT]  # type: ignore[valid-type]
     version: Literal[VERSION]  # type: ignore[valid-type]
@@ -229,7 +259,7 @@ class Manifest(_Strict):
     validation_top1: Annotated[float, Field(ge=0, le=1)] | None = None
     test_top1: Annotated[float, Field(ge=0, le=1)] | None = None
     parity: dict[str, Any] | None = None  # bundle vs eager model on sample images, at export
-    quantization: dict[str, Any] | None = None  # int8: bytes and the validation top-1 change
+    quantization: QuantizationReport | None = None  # any quantized part: bytes and the validation top-1 change
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> Manifest:

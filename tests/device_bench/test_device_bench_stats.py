@@ -15,7 +15,14 @@ from mobile_moe.device_bench.results import RoundReportError, run_record, valida
 from mobile_moe.device_bench.round_report import RoundReport
 from mobile_moe.device_bench.round_settings import MAX_THREADS, RoundSettings
 from mobile_moe.errors import UsageError
-from mobile_moe.export.manifest_schema import Composition, GraphEntry, Manifest, ModelSummary
+from mobile_moe.export.manifest_schema import (
+    Composition,
+    GraphEntry,
+    Manifest,
+    ModelSummary,
+    QuantizationReport,
+    QuantizedAccuracy,
+)
 
 
 def test_expert_change_rate_and_lru_hit_rate_by_hand():
@@ -221,6 +228,29 @@ def test_the_report_says_how_often_the_stream_switched_and_what_a_switch_added()
         "- moe (native, host): the expert changed on 67% of consecutive images; each change added 3.00 ms over a hit "
         "(0.30x the warm p50 of 10.00 ms), about 2.00 ms per image on average"
     ) in text
+
+
+def test_a_quantized_bundles_top1_is_named_its_checkpoints_and_export_measured_the_bundle_itself():
+    measured = {"images": 512, "fp32_top1": 0.903, "quantized_top1": 0.896, "top1_change": -0.007,
+                "prediction_agreement": 0.98}  # fmt: skip
+    quantized = QuantizationReport(validation=QuantizedAccuracy(**measured))
+    manifest = fake_manifest("moe").model_copy(update={"test_top1": 0.893, "quantization": quantized})
+    record = run_record("b/moe-int8", manifest, "native", "host", [fake_report(10.0, [0, 1])], "random:0")
+    assert record["accuracy"] == 0.893 and record["quantized_validation"] == {"measured": True, "reason": None,
+                                                                              **measured}  # fmt: skip
+    validate_results({"runs": [record]})
+    with pytest.raises(ValueError, match="quantized_validation"):
+        validate_results({"runs": [dict(record, quantized_validation={**measured, "quantized_top1": 2.0})]})
+    text = markdown({"runs": [record], "host": "test", "rounds": 1})
+    assert "| 89.3% (test, fp32) |" in text
+    assert "- moe-int8: 89.6% on 512 validation images, against 90.3% in fp32 (-0.7 points)" in text
+    unmeasured = QuantizationReport(validation=QuantizedAccuracy(measured=False, reason="no validation split given"))
+    manifest = manifest.model_copy(update={"quantization": unmeasured})
+    record = run_record("b/moe-int8", manifest, "native", "host", [fake_report(10.0, [0, 1])], "random:0")
+    assert record["quantized_validation"] is None
+    assert "- moe-int8: not measured at export" in markdown({"runs": [record], "host": "test", "rounds": 1})
+    fp32 = run_record("b/moe", fake_manifest("moe"), "native", "host", [fake_report(10.0, [0, 1])], "random:0")
+    assert "quantized_validation" not in fp32 and "fp32)" not in markdown({"runs": [fp32], "host": "test", "rounds": 1})
 
 
 def test_an_emulated_runs_parity_with_the_host_is_counted_and_reported():
