@@ -21,6 +21,7 @@ from conftest import tiny_model
 from faults import (
     HEADER_BYTES,
     MANIFEST_MUTATIONS,
+    REPORT_MANIFEST_MUTATIONS,
     WHOLE_MANIFEST_MUTATIONS,
     copy_bundle,
     flip_byte,
@@ -60,10 +61,13 @@ def refused(argv: list[str], capsys) -> str:
 # --- the manifest mutation table ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mutation", sorted(MANIFEST_MUTATIONS))
+PYTHON_MANIFEST_MUTATIONS = MANIFEST_MUTATIONS | REPORT_MANIFEST_MUTATIONS  # the native runner's: test_native_faults
+
+
+@pytest.mark.parametrize("mutation", sorted(PYTHON_MANIFEST_MUTATIONS))
 def test_mutated_manifest_is_refused_everywhere(mutation, bundle, png, tmp_path, capsys):
     broken = copy_bundle(bundle, tmp_path / "broken")
-    mutate_manifest(broken, mutation)
+    mutate_manifest(broken, mutation, PYTHON_MANIFEST_MUTATIONS)
     refused(["predict", str(broken), str(png)], capsys)
     refused(["bench", str(broken), "--runtime", "executorch", "--out", str(tmp_path / "bench")], capsys)
     with pytest.raises(UsageError):
