@@ -27,7 +27,9 @@ def format_table(super_classes: SuperClasses, examples: int = 3, seed: int = 0) 
     """The listing, then one line of quality (if the file has it)."""
     rows = [("ID", "size", "classes", "super-class")]
     for s, names in enumerate(example_classes(super_classes, examples, seed)):
-        rows.append((str(s), str(len(super_classes.members(s))), ", ".join(names), super_classes.names[s]))
+        size = len(super_classes.members(s))
+        more = [f"+{size - len(names)} more"] if size > len(names) else []  # --examples shows some, and says so
+        rows.append((str(s), str(size), ", ".join(names + more), super_classes.names[s]))
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     lines = [f"{r[0]:>{widths[0]}}  {r[1]:>{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}".rstrip() for r in rows]
     header = (
