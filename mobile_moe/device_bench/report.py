@@ -79,11 +79,13 @@ def stream_lines(runs: list[dict]) -> list[str]:
         if rate is None or switch.get("added_ms") is None:
             continue
         added, p50 = switch["added_ms"], run["latency_ms"]["p50"]
+        cost = f"{_ms(added)} ms over a hit ({added / p50:.2g}x the warm p50 of {_ms(p50)} ms)"
         lines.append(
-            f"- {_label(run)}: the expert changed on {rate:.0%} of consecutive images; each change added "
-            f"{_ms(added)} ms over a hit ({added / p50:.2f}x the warm p50 of {_ms(p50)} ms), about "
-            f"{_ms(rate * added)} ms per image on average"
-        )
+            f"- {_label(run)}: the expert never changed between consecutive images; a change (measured apart) adds "
+            f"{cost}" if rate == 0 else
+            f"- {_label(run)}: the expert changed on {rate:.0%} of consecutive images; each change added {cost}, "
+            f"about {_ms(rate * added)} ms per image on average"
+        )  # fmt: skip
     return lines
 
 

@@ -23,8 +23,13 @@ class Setting:
     data: str
     scale: str
     seeds: int
-    epochs: str  # e.g. "20" or "20-30" where cells differ
+    epochs: str  # e.g. "20" or "20/30" where cells differ
     split: str
+
+    @property
+    def trained_for(self) -> str:
+        """'1 epoch', '20 epochs', '20/30 epochs'."""
+        return f"{self.epochs} epoch" + ("" if self.epochs == "1" else "s")
 
 
 def pct(value: float | None) -> float | None:
@@ -188,11 +193,10 @@ def markdown(fig: Figure, results: list[CellResult], setting: Setting, bench: bo
     lines = [
         f"# {fig.name}: {fig.title}",
         "",
-        f"Ours: `{setting.data}` ({setting.split} split), scale `{setting.scale}`, {counted(setting.epochs, 'epoch')}, "
-        "top-1 % as "
-        f"mean ± std over {setting.seeds} seed(s). Paper: ImageNet-1k val, 300 epochs. Δ: top-1 over the dense "
-        "baseline (FLOPs-matched in fig3d/fig3e). `ours` names the model trained in the paper's model's place "
-        "(depth x width / patch).",
+        f"Ours: `{setting.data}` ({setting.split} split), scale `{setting.scale}`, {setting.trained_for}, "
+        f"top-1 % as mean ± std over {counted(setting.seeds, 'seed')}. Paper: ImageNet-1k val, 300 epochs. Δ: top-1 "
+        "over the dense baseline (FLOPs-matched in fig3d/fig3e). `ours` names the model trained in the paper's "
+        "model's place (depth x width / patch).",
         "",
         markdown_table(table_rows(fig, results, bench)),
         "",
@@ -266,8 +270,8 @@ def _bar_label(result: CellResult) -> str:
 
 def _trained_on(setting: Setting) -> str:
     """A plot title's second line: what our numbers and the paper's were measured on."""
-    trained = f"{setting.data} ({setting.split} split), scale {setting.scale}, {counted(setting.epochs, 'epoch')}"
-    return f"ours: {trained}, {setting.seeds} seed(s); paper: ImageNet-1k val, 300 epochs"
+    trained = f"{setting.data} ({setting.split} split), scale {setting.scale}, {setting.trained_for}"
+    return f"ours: {trained}, {counted(setting.seeds, 'seed')}; paper: ImageNet-1k val, 300 epochs"
 
 
 def _spread(results: list[CellResult], key: str = "top1") -> list[float] | None:

@@ -34,7 +34,6 @@ def run(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps({"run": str(args.out), **record}))
         return
-    print(
-        f"{record['model']} -> {args.out} (weights sha256 {record['sha256'][:12]}..., logits within "
-        f"{record['max_abs_logit_difference']:.2g} of the source's)"
-    )
+    difference = record["max_abs_logit_difference"]
+    logits = "the source's logits exactly" if difference == 0 else f"logits within {difference:.2g} of the source's"
+    print(f"{record['model']} -> {args.out} (weights sha256 {record['sha256'][:12]}..., {logits})")

@@ -14,6 +14,7 @@ from typing import Any
 from mobile_moe.data.augment import INPUT_PIPELINES, MAGNITUDE_BINS, Augmentation
 from mobile_moe.devices import DEVICES
 from mobile_moe.errors import UsageError
+from mobile_moe.words import counted
 
 ROUTE_BY = ("router", "label")
 # What a resumed run may change: how it runs, and how long (epochs: not fewer than already done). Anything else
@@ -96,9 +97,10 @@ class TrainConfig:
         reaches its peak, and the cosine decay never starts (a short fine-tune on the deit recipe, say)."""
         if self.epochs > self.warmup_epochs:
             return None
+        warmup = f"{self.warmup_epochs:g} epoch" + ("" if self.warmup_epochs == 1 else "s")
         return (
-            f"warning: the run's {self.epochs} epoch(s) end inside the recipe's {self.warmup_epochs:g} warm-up "
-            f"epoch(s), so the learning rate never reached its peak; give --epochs more than {self.warmup_epochs:g} "
+            f"warning: the run ends after {counted(self.epochs, 'epoch')}, inside the recipe's warm-up of {warmup}, "
+            f"so the learning rate never reached its peak; give --epochs more than {self.warmup_epochs:g} "
             f"or --set warmup_epochs={max(self.epochs / 5, 0.1):g}"
         )
 

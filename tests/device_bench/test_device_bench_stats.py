@@ -226,8 +226,15 @@ def test_the_report_says_how_often_the_stream_switched_and_what_a_switch_added()
     text = markdown({"runs": [moe], "host": "test", "rounds": 1})
     assert (
         "- moe (native, host): the expert changed on 67% of consecutive images; each change added 3.00 ms over a hit "
-        "(0.30x the warm p50 of 10.00 ms), about 2.00 ms per image on average"
+        "(0.3x the warm p50 of 10.00 ms), about 2.00 ms per image on average"
     ) in text
+    steady = fake_round(10.0, [1, 1, 1, 1])  # a stream that never changes: the switch was measured apart
+    steady["switch"]["warm_expert_run_median_ms"] = 2.0
+    moe = run_record("b/moe", fake_manifest("moe"), "native", "host", [validate_round(steady, "fake")], "random:0")
+    assert (
+        "- moe (native, host): the expert never changed between consecutive images; a change (measured apart) adds "
+        "3.00 ms over a hit (0.3x the warm p50 of 10.00 ms)"
+    ) in markdown({"runs": [moe], "host": "test", "rounds": 1})
 
 
 def test_a_quantized_bundles_top1_is_named_its_checkpoints_and_export_measured_the_bundle_itself():

@@ -55,7 +55,7 @@ def test_derive_from_confusion_file_then_show(confusion_file, tmp_path, capsys):
     assert [int(row[0]) for row in rows] == [0, 1, 2, 3]
     assert [int(row[1]) for row in rows] == [len(super_classes.members(s)) for s in range(4)]
     assert all(line.count("class ") >= 3 for line in listing[2:6])  # three example class names each, and the rest
-    assert all(f", +{size - 3} more  " in line for line, size in zip(listing[2:6], [int(row[1]) for row in rows]))
+    assert all(f", +{int(row[1]) - 3} more  " in line for line, row in zip(listing[2:6], rows, strict=True))
     assert "confusion inside super-classes" in listing[-1]
 
 

@@ -201,7 +201,7 @@ def test_cli_trains_refuses_to_overwrite_and_resumes(tmp_path, capsys):
     assert main(argv) == 0
     assert load_run(out).config["model"]["num_classes"] == 6  # taken from the data
     assert capsys.readouterr().err.splitlines()[-1] == (  # the tiny recipe warms up for 1 epoch: all of this run
-        "warning: the run's 1 epoch(s) end inside the recipe's 1 warm-up epoch(s), so the learning rate never "
+        "warning: the run ends after 1 epoch, inside the recipe's warm-up of 1 epoch, so the learning rate never "
         "reached its peak; give --epochs more than 1 or --set warmup_epochs=0.2"
     )
     assert main(argv) == 2 and "already holds a run" in capsys.readouterr().err
@@ -245,7 +245,7 @@ def test_the_warm_up_warning_comes_before_the_first_step(tmp_path, capsys, monke
             "--recipe", "tiny", "--epochs", "1", "--out", str(tmp_path / "run"), "--quiet"]  # fmt: skip
     assert main(argv) == 2
     warning, error = capsys.readouterr().err.splitlines()
-    assert warning.startswith("warning: the run's 1 epoch(s) end inside") and "first epoch failed" in error
+    assert warning.startswith("warning: the run ends after 1 epoch, inside") and "first epoch failed" in error
 
 
 @pytest.mark.parametrize(
