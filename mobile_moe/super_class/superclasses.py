@@ -18,17 +18,26 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mobile_moe.atomic import write_text_atomic
+from mobile_moe.class_names import class_names_problem
 from mobile_moe.errors import UsageError
 from mobile_moe.jsonio import dumps
+from mobile_moe.words import has_control_character
 
 MAX_CLASSES = 1 << 20  # classes (and so super-classes) a file may name
 MAX_FILE_BYTES = 256 << 20  # far beyond 1M classes' worth of names; refuses a runaway file before reading it
 
+def _printable(text: str) -> str:
+    """Text `superclass show`, train and export print or copy on: a control character would forge a line or a colour."""
+    if has_control_character(text):
+        raise ValueError(f"{text[:40]!r} holds a control character (a newline, tab or escape): rename it")
+    return text
+
+
 Index = Annotated[int, Field(ge=0, lt=MAX_CLASSES)]
-Text = Annotated[str, Field(max_length=4096)]
+Text = Annotated[str, Field(max_length=4096), AfterValidator(_printable)]
 Share = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 
 
@@ -58,13 +67,16 @@ class SuperClassFile(_Strict):
     assignment: Annotated[list[Index], Field(min_length=2, max_length=MAX_CLASSES)]
     class_names: Annotated[list[Text], Field(max_length=MAX_CLASSES)]
     names: Annotated[list[Text], Field(max_length=MAX_CLASSES)]
-    method: Annotated[str, Field(min_length=1, max_length=64)]
+    method: Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_printable)]
     source: Text
     quality: Quality | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> SuperClassFile:
         num_classes, num = len(self.assignment), self.num_super_classes
+        problem = class_names_problem(self.class_names)
+        if problem:
+            raise ValueError(problem)
         if len(self.class_names) != num_classes:
             raise ValueError(f"{len(self.class_names)} class names for {num_classes} classes; give one name per class")
         if len(self.names) != num:

@@ -38,6 +38,8 @@ from mobile_moe.data.spec_options import same_data
 from mobile_moe.errors import UsageError
 from mobile_moe.preprocess import check_resize
 from mobile_moe.training.recipes import MAY_CHANGE_ON_RESUME, matches_record
+from mobile_moe.training.super_spec import super_record_problem
+from mobile_moe.words import shown
 
 CONFIG = "config.json"
 LAST = "checkpoint.pt"
@@ -169,6 +171,8 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
     problem = data_record_problem(config["data"]) or (
         "source.model is not a name" if imported and not isinstance(config["source"].get("model"), str) else None
     )
+    if problem is None and config.get("super_classes") is not None:
+        problem = super_record_problem(config["super_classes"], config["data"]["class_names"])
     if problem:
         raise UsageError(f"{path} is damaged: {problem}; was it edited? restore it or re-create the run")
     return config
@@ -284,14 +288,102 @@ def check_same_model(label: str, config: dict[str, Any], state: dict[str, Any], 
         )
 
 
-def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+REWRITTEN_ON_RESUME = f"it is rewritten from {LAST} by --resume"  # read_metrics' advice where history is kept
+
+
+def read_metrics(run_dir: str | os.PathLike, fix: str = REWRITTEN_ON_RESUME) -> list[dict[str, Any]]:
+    """metrics.jsonl's rows, each checked (metrics_row_problem); [] without the file. A file that cannot be read or
+    holds a row that is not one is one UsageError line, which ends in `fix` (what the reader's user can do)."""
     path = Path(run_dir) / METRICS
     if not path.is_file():
         return []
     try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise UsageError(f"cannot read {path}: {error}; it is rewritten from checkpoint.pt by --resume") from None
+        lines = [(number, line) for number, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
+        rows = [(number, json.loads(line)) for number, line in lines]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        reason = "nested too deeply" if isinstance(error, RecursionError) else error
+        raise UsageError(f"cannot read {path}: {reason}; {fix}") from None
+    problem = next((f"line {number}: {why}" for number, row in rows if (why := metrics_row_problem(row))), None)
+    if problem is not None:
+        raise UsageError(f"{path} is damaged ({problem}); {fix}")
+    return [row for _, row in rows]
+
+
+# A metrics.jsonl row (docs/formats.md), as training writes it (train._epoch, engine, evaluate) and as it is read back
+# from metrics.jsonl or from checkpoint.pt's "history": metrics_row_problem is the one check of it. A row from before a
+# field was added lacks it; a field not named here may hold any JSON value.
+METRICS_COUNTS = ("epoch", "step")  # integers: epoch >= 1 (1-based), step >= 0
+METRICS_LISTS = ("train_expert_load", "expert_load")  # lists of numbers
+METRICS_NULLABLE = ("router_accuracy", "expert_load", "val_experts_per_image", "val_dropped")  # also null
+METRICS_NUMBERS = (
+    *(f"train_{term}" for term in ("loss", "class_loss", "router_loss", "balance_loss", "aux_loss")),
+    *("train_experts_per_image", "train_dropped", "train_top1", "images_per_s", "epoch_time_s", "input_wait"),
+    *("val_top1", "val_top5", "router_accuracy", "val_experts_per_image", "val_dropped", "lr", "time"),
+)
+
+
+def metrics_row_problem(row: Any) -> str | None:
+    """The first way `row` is not a metrics.jsonl row, or None: a JSON object with an integer epoch >= 1, each field
+    of METRICS_* of its type where present, and JSON values only (metrics.jsonl is rewritten from such rows)."""
+    if not isinstance(row, dict):
+        return f"a row is {_described(row)}, not a JSON object"
+    epoch = row.get("epoch")
+    if not (_is_integer(epoch) and epoch >= 1):
+        return f"a row's epoch is {_described(epoch)}, not an integer >= 1"
+    for key, value in row.items():
+        if not isinstance(key, str):
+            return f"epoch {epoch}'s row has a key {_described(key)}, not a string"
+        nullable = key in METRICS_NULLABLE and value is None
+        if key in METRICS_COUNTS:
+            fits, due = _is_integer(value) and value >= (1 if key == "epoch" else 0), "an integer >= 0"
+        elif key in METRICS_LISTS:
+            fits, due = nullable or (isinstance(value, list) and all(map(_is_number, value))), "a list of numbers"
+        elif key in METRICS_NUMBERS:
+            fits, due = nullable or _is_number(value), "a number"
+        else:
+            fits, due = _is_json(value), "a JSON value"
+        if not fits:
+            return f"epoch {epoch}'s {shown(key, 60)} is {_described(value)}, not {due}"
+    return None
+
+
+def metrics_rows_problem(rows: Any) -> str | None:
+    """The first way `rows` (checkpoint.pt's "history") is not a list of metrics rows, or None."""
+    if not isinstance(rows, list):
+        return f"is {_described(rows)}, not a list of metrics rows"
+    problems = (f"row {number}: {why}" for number, row in enumerate(rows, 1) if (why := metrics_row_problem(row)))
+    return next(problems, None)
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_json(value: Any) -> bool:
+    """Whether `value` is JSON data: None, a bool, a number, a string, or lists and string-keyed dicts of them."""
+    stack = [value]
+    while stack:  # not recursive: a forged value may be nested deeper than Python's recursion limit
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            if not all(isinstance(key, str) for key in item):
+                return False
+            stack.extend(item.values())
+        elif not (item is None or isinstance(item, bool | int | float | str)):
+            return False
+    return True
+
+
+def _described(value: Any) -> str:
+    """A value read from a damaged file, for a message line: a scalar as its repr (short), anything else by type."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return shown(repr(value), 60)
+    return f"a {type(value).__name__}"
 
 
 def write_metrics(run_dir: str | os.PathLike, rows: list[dict[str, Any]]) -> None:

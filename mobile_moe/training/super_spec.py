@@ -16,7 +16,13 @@ from typing import Any
 from mobile_moe.config import ViTConfig
 from mobile_moe.data.datasets import Data
 from mobile_moe.errors import UsageError
-from mobile_moe.super_class.superclasses import SuperClasses, load, random_super_classes, unnamed_classes
+from mobile_moe.super_class.superclasses import (
+    SuperClasses,
+    load,
+    random_super_classes,
+    unnamed_classes,
+    validate,
+)
 
 DATASET_SOURCES = ("coarse", "truth", "dataset")
 SPEC_HELP = "FILE.json, coarse (CIFAR-100, digits-pairs, fashion-mnist), truth (synthetic) or random[:SEED]"
@@ -85,3 +91,22 @@ def super_record(spec: str, super_classes: SuperClasses | None) -> dict[str, Any
     if super_classes is None:
         return None
     return {"spec": spec, "names": list(super_classes.names), "assignment": list(super_classes.assignment)}
+
+
+def super_record_problem(record: dict[str, Any], class_names: list[str]) -> str | None:
+    """The first way config.json's "super_classes" entry (super_record's) departs from the super-class file's rules
+    for the run's classes (superclasses.validate: the one owner of them), or None."""
+    names, assignment = record.get("names"), record.get("assignment")
+    if set(record) - {"spec", "names", "assignment"} or not isinstance(record.get("spec"), str) or not isinstance(
+        names, list
+    ):
+        return "super_classes must hold a spec string, a list of names and an assignment"
+    if isinstance(assignment, list) and len(assignment) != len(class_names):
+        return f"super_classes: assignment has {len(assignment)} entries for the run's {len(class_names)} classes"
+    try:
+        validate({"num_super_classes": len(names), "names": names,
+                  "assignment": assignment, "class_names": class_names, "method": "recorded",
+                  "source": record["spec"]})  # fmt: skip
+    except UsageError as error:
+        return f"super_classes: {error}"
+    return None

@@ -81,6 +81,13 @@ BAD_FILES: dict[str, tuple[str | bytes, str]] = {
     "class_names short": (_with(class_names=["a", "b"]), "2 class names for 6 classes"),
     "class_names ints": (_with(class_names=[1, 2, 3, 4, 5, 6]), "class_names.0"),
     "names too many": (_with(names=["x", "y", "z", "w"]), "4 names"),
+    # text printed by show, copied by train into a run and by export into a manifest: no forged lines or colours
+    "name with an escape code": (_with(names=["a\x1b[31mRED", "y", "z"]), "names.0"),
+    "name with a newline": (_with(names=["x", "b\nc", "z"]), "control character"),
+    "source sets the terminal title": (_with(source="x\x1b]0;pwned\x07"), "source"),
+    "method with a newline": (_with(method="spectral\nEVIL"), "method"),
+    "class name with a tab": (_with(class_names=["a", "b\tc", "c", "d", "e", "f"]), "control character"),
+    "class names twice": (_with(class_names=["a", "a", "c", "d", "e", "f"]), "more than once"),
     "quality list": (_with(quality=[1, 2]), "quality"),
     "quality share string": (_quality(within_confusion_share="x"), "quality.within_confusion_share"),
     "quality share above 1": (_quality(balance=2.0), "quality.balance"),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import signal
 from itertools import islice
 
@@ -177,6 +179,39 @@ def test_super_class_file_must_match_the_data_and_the_experts(tmp_path):
     fewer.save(tmp_path / "fewer.json")
     with pytest.raises(UsageError, match="5 classes, but"):
         train(model_config("mobile-vmoe", 6), quick(), SYNTHETIC, str(tmp_path / "fewer.json"), tmp_path / "c")
+
+
+@pytest.fixture(scope="module")
+def moe_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("moe") / "run"
+    train(model_config("mobile-vmoe", 6), quick(), SYNTHETIC, "truth", out, verbose=False)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        ({"assignment": "010101"}, "super_classes: assignment: Input should be a valid list"),
+        ({"assignment": None}, "super_classes: assignment: Input should be a valid list"),
+        ({"assignment": [0, 1]}, "assignment has 2 entries for the run's 6 classes"),
+        ({"assignment": [10**30] * 6}, "assignment.0"),
+        ({"assignment": [7, 0, 1, 2, 0, 1]}, "assignment uses [7], outside 0..2"),
+        ({"assignment": [0.5, 0, 1, 2, 0, 1]}, "assignment.0"),
+        ({"names": "abc"}, "a list of names"),
+        ({"names": ["a", "b\x1b[31m", "c"]}, "control character"),
+        ({"spec": 3}, "a spec string"),
+    ],
+)
+def test_a_runs_super_class_record_is_checked_as_a_super_class_file(moe_run, tmp_path, change, fragment):
+    """config.json's super_classes entry, read back by evaluate, export and resume, follows the super-class file's
+    rules for the run's classes: a forged one is refused in one line, not a crash or a silent 0% router accuracy."""
+    out = tmp_path / "run"
+    shutil.copytree(moe_run, out)
+    config = json.loads((out / "config.json").read_text())
+    config["super_classes"].update(change)
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UsageError, match=r"config\.json is damaged: .*" + re.escape(fragment)):
+        load_run(out)
 
 
 def test_model_classes_must_match_the_data(tmp_path):
