@@ -21,10 +21,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from mobile_moe.errors import UsageError
 from mobile_moe.training import init_from
+from mobile_moe.training.evaluate import in_order
 
 
 @torch.no_grad()
@@ -34,7 +35,7 @@ def trunk_features(model, dataset: Dataset, device, batch_size: int) -> np.ndarr
     model.eval()
     features = [
         model.image_features(images.to(device)).float().cpu()
-        for images, _ in DataLoader(dataset, batch_size=batch_size, shuffle=False)
+        for images, _ in in_order(dataset, batch_size)
     ]
     model.train(was_training)
     return torch.cat(features).double().numpy()

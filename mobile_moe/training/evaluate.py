@@ -31,8 +31,14 @@ def autocast(device: torch.device | str, enabled: bool = True):
     return contextlib.nullcontext()
 
 
+def in_order(dataset: Dataset, batch_size: int) -> DataLoader:
+    """The dataset's items in order, `batch_size` at a time; a batch size beyond the dataset is the whole dataset
+    (DataLoader's sampler slices with itertools.islice, which refuses a stop beyond sys.maxsize)."""
+    return DataLoader(dataset, batch_size=max(1, min(batch_size, len(dataset))), shuffle=False)
+
+
 def _batches(dataset: Dataset, batch_size: int, device):
-    for images, labels in DataLoader(dataset, batch_size=batch_size, shuffle=False):
+    for images, labels in in_order(dataset, batch_size):
         yield images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
 
 

@@ -22,6 +22,12 @@ ROUTE_BY = ("router", "label")
 MAY_CHANGE_ON_RESUME = ("epochs", "device", "workers", "compile", "eval_batch_size")
 
 
+# The largest value each TrainConfig field takes: a seed within numpy's and torch's seeds whatever epoch and rank add;
+# batches DataLoader's sampler can slice (sys.maxsize) far beyond any memory; a schedule and an augmentation that end.
+UPPER_BOUNDS = {"seed": 2**32 - 1, "epochs": 10**6, "warmup_epochs": 10**6, "batch_size": 2**24, "base_batch": 2**24,
+                "eval_batch_size": 2**24, "randaugment_ops": 64}  # fmt: skip
+
+
 @dataclass
 class TrainConfig:
     # --- optimisation (AdamW, cosine schedule with linear warm-up, stepped every iteration) ---
@@ -60,9 +66,14 @@ class TrainConfig:
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise UsageError(f"{f.name}={value}: must be a finite number")
+        for name, most in UPPER_BOUNDS.items():  # beyond them a seed overflows torch's, a schedule overflows, ...
+            if getattr(self, name) > most:
+                raise UsageError(f"{name}={getattr(self, name)}: must be at most {most}")
         for name in ("epochs", "batch_size", "base_batch", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise UsageError(f"{name}={getattr(self, name)}: must be at least 1")
+        if self.seed < 0:
+            raise UsageError(f"seed={self.seed}: must be >= 0")
         for name in ("base_lr", "min_lr", "warmup_epochs", "weight_decay", "grad_clip", "router_loss_weight",
                      "balance_loss_weight", "mixup_alpha", "cutmix_alpha", "workers", "randaugment_ops"):  # fmt: skip
             if getattr(self, name) < 0:

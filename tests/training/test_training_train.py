@@ -229,6 +229,28 @@ def test_recipe_overrides_are_type_checked():
     assert recipes.vit().mixup_alpha == 0 and recipes.deit().mixup_alpha == 0.8
 
 
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"seed": 10**20}, "seed=100000000000000000000: must be at most 4294967295"),  # torch's seed overflowed
+        ({"seed": -1}, "seed=-1: must be >= 0"),
+        ({"eval_batch_size": 10**20}, "must be at most 16777216"),  # DataLoader's islice refused it after an epoch
+        ({"warmup_epochs": 1e308}, "warmup_epochs=1e+308: must be at most 1000000"),  # its steps overflowed an int
+        ({"randaugment_ops": 10**9}, "randaugment_ops=1000000000: must be at most 64"),  # a billion ops an image
+    ],
+)
+def test_recipe_values_beyond_what_training_can_do_are_refused_before_it_starts(change, message):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        recipes.tiny().replace(**change)
+
+
+def test_evaluation_batches_beyond_the_data_are_the_whole_data():
+    from mobile_moe.training.evaluate import in_order
+
+    assert [len(images) for images, _ in in_order(torch.utils.data.TensorDataset(torch.zeros(5), torch.zeros(5)),
+                                                  10**20)] == [5]  # fmt: skip
+
+
 def test_cli_trains_refuses_to_overwrite_and_resumes(tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["train", "--model", "vit", "--size", "3x64", "--patch", "4", "--image-size", "16", "--data", SYNTHETIC,
