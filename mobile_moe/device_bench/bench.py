@@ -46,6 +46,7 @@ RUNTIMES = ("executorch", "onnxruntime", "native", "coreml")
 DEFAULT_RUNTIME = {"executorch": "native", "onnx": "onnxruntime", "coreml": "coreml"}  # by bundle backend
 BACKEND_OF_RUNTIME = {"executorch": "executorch", "native": "executorch", "onnxruntime": "onnx", "coreml": "coreml"}
 MAX_PAUSE_S = 3600
+MAX_ROUNDS = 1000  # fresh processes per bundle: each keeps its report in memory for the median
 
 
 class RoundRunner(Protocol):
@@ -111,8 +112,8 @@ class BenchSettings:
     images: int = 32  # images in the routing workload
 
     def __post_init__(self) -> None:
-        if self.rounds < 1:
-            raise UsageError(f"--rounds {self.rounds}: must be at least 1")
+        if not 1 <= self.rounds <= MAX_ROUNDS:
+            raise UsageError(f"--rounds {self.rounds}: must be from 1 to {MAX_ROUNDS}")
         if not 0 <= self.pause_s <= MAX_PAUSE_S:
             raise UsageError(f"--pause {self.pause_s}: seconds between rounds, from 0 to {MAX_PAUSE_S}")
         if self.images < 1:

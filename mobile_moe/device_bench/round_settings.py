@@ -9,6 +9,9 @@ from mobile_moe.errors import UsageError
 # The most inference threads a round may ask for: the native runner's own bound (runner.cpp, --threads). Unbounded,
 # `--threads 100000` on an ONNX bundle had onnxruntime start that many threads and exhaust the machine's processes.
 MAX_THREADS = 1024
+# The most iterations, warm-up runs or switch repeats a round may ask for: the native runner's own bound (runner.cpp,
+# kMaxFlag). Unbounded, `--iterations 99999999999999999999` had a runtime worker run until it was killed.
+MAX_COUNT = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -28,10 +31,10 @@ class RoundSettings:
     weight_cache: bool = True
 
     def __post_init__(self) -> None:
-        if self.iterations < 1:
-            raise UsageError(f"--iterations {self.iterations}: must be at least 1 (percentiles need samples)")
-        if self.warmup < 0:
-            raise UsageError(f"--warmup {self.warmup}: must be 0 or more")
+        if not 1 <= self.iterations <= MAX_COUNT:
+            raise UsageError(f"--iterations {self.iterations}: must be from 1 (percentiles need one) to {MAX_COUNT}")
+        if not 0 <= self.warmup <= MAX_COUNT:
+            raise UsageError(f"--warmup {self.warmup}: must be from 0 to {MAX_COUNT}")
         if not 1 <= self.threads <= MAX_THREADS:
             raise UsageError(f"--threads {self.threads}: must be between 1 and {MAX_THREADS}")
         if self.cache_experts is not None and self.cache_experts < 1:
@@ -40,8 +43,9 @@ class RoundSettings:
             raise UsageError(f"--park-experts {self.park_experts}: must be 0 (evicted experts unload) or more")
         if not 0.0 <= self.cache_margin <= 1.0:
             raise UsageError(f"--cache-margin {self.cache_margin}: a gate margin between 0 and 1")
-        if self.switch_repeats < 0:
-            raise UsageError(f"--switch-repeats {self.switch_repeats}: must be 0 (no switch timing) or more")
+        if not 0 <= self.switch_repeats <= MAX_COUNT:
+            repeats = self.switch_repeats
+            raise UsageError(f"--switch-repeats {repeats}: must be from 0 (no switch timing) to {MAX_COUNT}")
 
     def runner_flags(self) -> list[str]:
         """The command-line flags every runner takes for these settings (the native runner's own: runner_command)."""

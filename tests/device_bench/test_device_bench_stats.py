@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 
 import pytest
 
@@ -145,7 +146,8 @@ def test_a_round_report_missing_or_mistyped_field_is_refused_by_name(change, fra
 @pytest.mark.parametrize(
     "changes, fragment",
     [
-        ({"rounds": 0}, "--rounds 0: must be at least 1"),
+        ({"rounds": 0}, "--rounds 0: must be from 1 to 1000"),
+        ({"rounds": 10**20}, "--rounds 100000000000000000000: must be from 1 to 1000"),
         ({"pause_s": -1.0}, "--pause -1.0: seconds between rounds"),
         ({"pause_s": 4000.0}, "--pause 4000.0"),
         ({"images": 0}, "--images 0: must be at least 1"),
@@ -162,6 +164,20 @@ def test_bench_settings_refuse_bad_values_in_one_line(changes, fragment):
     with pytest.raises(UsageError) as refused:
         BenchSettings(RoundSettings(iterations=2), **changes)
     assert fragment in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "changes, fragment",
+    [
+        ({"iterations": 0}, "--iterations 0: must be from 1"),
+        ({"iterations": 10**20}, "to 1000000"),  # a worker ran it until it was killed; the native runner refused it
+        ({"warmup": 10**7}, "--warmup 10000000: must be from 0 to 1000000"),
+        ({"switch_repeats": -1}, "--switch-repeats -1: must be from 0 (no switch timing) to 1000000"),
+    ],
+)
+def test_round_settings_are_bounded_as_the_native_runner_bounds_them(changes, fragment):
+    with pytest.raises(UsageError, match=re.escape(fragment)):
+        RoundSettings(**changes)
 
 
 @pytest.mark.parametrize(("threads", "fragment"), [(0, "--threads 0"), (100_000, "--threads 100000")])
