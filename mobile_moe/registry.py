@@ -72,7 +72,17 @@ def config_from_dict(data: dict[str, Any]) -> ViTConfig:
 
 
 def build_model(cfg: ViTConfig):
-    """The model a config describes (weights freshly initialised)."""
+    """The model a config describes (weights freshly initialised); refused in one line when its float32 weights alone
+    would take more than devices.memory_limit(): from flags (--size 2x8000000, --experts 1e20, an mlp_ratio of 1e12)
+    or a forged run, torch's allocator failed with a traceback, or the kernel killed the process."""
+    from mobile_moe.costs import costs
+    from mobile_moe.devices import over_memory_limit
+
+    params = costs(cfg).params_total
+    too_much = over_memory_limit(4 * params)
+    if too_much:
+        raise UsageError(f"{cfg.name} at this size has {params:.3g} parameters, whose weights need {too_much}; "
+                         "choose a smaller --size, --experts or --model-kwargs")  # fmt: skip
     module, _, cls = cfg.model_class.partition(":")
     return getattr(importlib.import_module(module), cls)(cfg)
 

@@ -202,3 +202,17 @@ def test_a_float64_model_routes_in_float64(name, images):
     """The fp32 routing rule only widens: a model cast to float64 (the compile tests' reference) routes in float64."""
     model = tiny_model(name).double().eval()
     assert model(images.double()).logits.dtype == torch.float64
+
+
+TOO_LARGE = [("vit", "2x8000000", {}), ("vit", "2x32", {"mlp_ratio": 1e12}),
+             ("mobile-vmoe", "2x32", {"num_experts": 10**20, "moe_layers": 1})]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "size", "overrides"), TOO_LARGE)
+def test_a_model_whose_weights_exceed_memory_is_refused_before_it_is_built(name, size, overrides):
+    """From flags or a forged run: torch's allocator failed with a traceback, or the kernel killed the process."""
+    from mobile_moe.errors import UsageError
+    from mobile_moe.registry import create_model
+
+    with pytest.raises(UsageError, match=r"parameters, whose weights need .* GiB, more than .* a smaller --size"):
+        create_model(name, size, **overrides)

@@ -29,7 +29,7 @@ from torch.utils.data import Dataset
 from mobile_moe import preprocess
 from mobile_moe.data import digits_pairs, folders, idx_files, synthetic
 from mobile_moe.data.spec_options import EXAMPLES, FOLDER_SPECS, refusal, resolved_spec, unknown_name
-from mobile_moe.devices import memory_limit
+from mobile_moe.devices import memory_limit, over_memory_limit
 from mobile_moe.errors import UsageError
 from mobile_moe.super_class.superclasses import SuperClasses, from_labels
 
@@ -239,6 +239,10 @@ def open_digits_pairs(spec: str, argument: str, image_size: int) -> Data:
 def grey_images(pixels: np.ndarray, image_size: int) -> torch.Tensor:
     """Grey images (N, h, w) in scikit-learn digits' 0..16 -> uint8 (N, 3, S, S): scaled to 0..255, resized
     (bilinear), the grey copied to 3 channels."""
+    too_much = over_memory_limit(len(pixels) * image_size**2 * 4)  # the float resize; its uint8 copies are smaller
+    if too_much:
+        raise UsageError(f"{len(pixels)} images of {image_size} x {image_size} pixels need {too_much}; choose a "
+                         "smaller image size (--image-size, or pack's --max-side)")  # fmt: skip
     grey = torch.from_numpy(np.asarray(pixels)).float().mul(255 / 16)[:, None]  # (N, 1, h, w) in [0, 255]
     grey = torch.nn.functional.interpolate(grey, size=(image_size, image_size), mode="bilinear")  # (N, 1, S, S)
     return grey.round().clamp(0, 255).to(torch.uint8).expand(-1, 3, -1, -1).contiguous()

@@ -161,3 +161,11 @@ def test_the_cli_prints_a_refused_spec_in_one_line_and_writes_nothing(spec, tmp_
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and re.search(r"(e\.g\. --data|; write) \S+$", error)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("spec", ["digits", "digits-pairs:train=100,val=100,test=100"])
+def test_images_resized_beyond_memory_are_refused_before_the_resize(spec):
+    """Resized as asked, they would need terabytes: torch's allocator failed with a traceback (pack --max-side 3000,
+    train --image-size 8000000000), or the kernel killed the process."""
+    with pytest.raises(UsageError, match=r"of 100000 x 100000 pixels need .* GiB, more than .* choose a smaller image"):
+        open_data(spec, 100_000)
