@@ -83,26 +83,58 @@ def load_checkpoint(
     if problem is not None:
         raise UsageError(f"{path}: its {problem} is out of range; the file was damaged or edited: use another one")
     if not mmap:  # a mapped checkpoint is read for its small entries only; its weights stay on disk unread
-        check_finite_weights(checkpoint["model"], path)
+        check_finite_weights(checkpoint["model"], path, map_location)
     return checkpoint
 
 
+# The dtypes a state dict's weights may be stored in, a run's checkpoint and an imported one alike: every model holds
+# its weights (and a Hard MoE its cluster buffers) in float32, and trained ViTs are saved in these. No model of ours
+# holds an integer, a bool, a float64, a float8 or a quantized entry: one is a damaged or edited file, which
+# load_state_dict would copy in silently (a float64 of 1e300 as an infinity).
+WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+TENSOR_TYPES = (torch.Tensor, nn.Parameter)  # a tensor subclass (a jagged NestedTensor, ...) is no weight
+
+
+def weight_kind_problem(tensor: torch.Tensor, device: str | torch.device = "cpu") -> str | None:
+    """Why `tensor` is not a weight a model can hold, from its kind alone (its values untouched): "a nested tensor",
+    "a sparse_coo tensor", "a tensor on the meta device", "an int64 tensor", ...; None when it is
+    a dense (strided) tensor of WEIGHT_DTYPES on `device` (where the checkpoint was mapped). Each test reads only what
+    the ones before it made safe to read: torch's own ops fail on a nested, sparse, meta or float8 tensor."""
+    if type(tensor) not in TENSOR_TYPES or tensor.is_nested:
+        return "a nested tensor" if tensor.is_nested else f"a {type(tensor).__name__} tensor"
+    if tensor.layout != torch.strided:
+        return f"a {str(tensor.layout).removeprefix('torch.')} tensor"
+    if tensor.device.type == "meta":
+        return "a tensor on the meta device"
+    if tensor.device.type != torch.device(device).type:
+        return f"a tensor on the {tensor.device.type} device"
+    if tensor.is_complex():
+        return "a complex tensor"
+    if tensor.dtype not in WEIGHT_DTYPES:
+        name = str(tensor.dtype).removeprefix("torch.")
+        return f"{'an' if name.startswith('int') else 'a'} {name} tensor"
+    return None
+
+
 def not_finite(tensor: torch.Tensor) -> bool:
-    """Whether a floating-point tensor holds a NaN or an infinity: the one test of a weight's values."""
-    return tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())
+    """Whether a floating-point tensor holds a NaN or an infinity: the one test of a weight's values. True as well for a
+    floating tensor whose values cannot be read (weight_kind_problem says why): it cannot be shown finite. False for one
+    of no floating dtype."""
+    if not tensor.is_floating_point():
+        return False
+    return weight_kind_problem(tensor, tensor.device) is not None or not bool(torch.isfinite(tensor).all())
 
 
-def check_finite_weights(state: dict[str, Any], path: str | os.PathLike) -> None:
-    """UsageError naming the first weight of `state` that is not a dense real tensor (sparse or complex: no model of
-    ours holds one, and torch's own checks fail on it or drop its imaginary part), then the first floating-point one
-    that holds a NaN or an infinity: a model loaded from it would evaluate to chance, and export would fail parity,
-    without saying why."""
-    tensors = {key: value for key, value in state.items() if torch.is_tensor(value)}
-    odd = next((key for key, value in tensors.items() if value.layout != torch.strided or value.is_complex()), None)
+def check_finite_weights(state: dict[str, Any], path: str | os.PathLike, device: str | torch.device = "cpu") -> None:
+    """UsageError naming the first weight of `state` that is not of a kind a model holds (weight_kind_problem: nested,
+    sparse, meta, complex, integer, float8, ...: torch's own checks fail on it, drop its imaginary part or copy it in
+    silently), then the first one that holds a NaN or an infinity: a model loaded from it would evaluate to chance,
+    and export would fail parity, without saying why. `device`: where the checkpoint was mapped to."""
+    tensors = {key: value for key, value in state.items() if isinstance(value, torch.Tensor)}
+    odd = next(((key, why) for key, value in tensors.items() if (why := weight_kind_problem(value, device))), None)
     if odd is not None:
-        kind = "complex" if tensors[odd].is_complex() else f"{tensors[odd].layout}".removeprefix("torch.")
-        raise UsageError(f"{path}: weight {_shown_key(odd)} is a {kind} tensor, which no model holds (a damaged or "
-                         "edited file); use another checkpoint or retrain")  # fmt: skip
+        raise UsageError(f"{path}: weight {_shown_key(odd[0])} is {odd[1]}, which no model holds (a damaged or edited "
+                         "file); use another checkpoint, or train or import the run again")  # fmt: skip
     bad = next((key for key, value in tensors.items() if not_finite(value)), None)
     if bad is not None:
         raise UsageError(

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from mobile_moe.checkpoint import first_reason, not_finite, torch_load
+from mobile_moe.checkpoint import first_reason, not_finite, torch_load, weight_kind_problem
 from mobile_moe.config import ViTConfig
 from mobile_moe.errors import UsageError
 
@@ -112,20 +112,17 @@ def read_state_dict(path: str | os.PathLike, source: Source) -> dict[str, Tensor
     return unwrapped
 
 
-WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what a trained ViT's weights are saved in
-
-
 def _not_a_weight(key: Any, value: Tensor) -> str | None:
-    """Why a state-dict entry is not one we take (None: it is): dense tensors of WEIGHT_DTYPES (or scalar counters),
-    with values, all finite."""
+    """Why a state-dict entry is not one we take (None: it is): a weight as a run's checkpoint holds one
+    (checkpoint.weight_kind_problem, the one rule), or a scalar counter (BatchNorm's), with values, all finite."""
     if not isinstance(key, str):
         return "its name is not a string"
-    if value.layout != torch.strided or value.is_quantized:
-        return f"a {value.dtype} {str(value.layout).removeprefix('torch.')} tensor"
-    if value.dtype not in WEIGHT_DTYPES and value.dim() > 0:  # a 0-d integer is a counter (BatchNorm's), no weight
-        return f"a {str(value.dtype).removeprefix('torch.')} tensor (weights are float32, float16 or bfloat16)"
-    if value.device.type == "meta":
-        return "a tensor on the meta device, which holds no values"
+    counter = value.dtype in (torch.int32, torch.int64) and value.layout == torch.strided and value.dim() == 0
+    if counter and value.device.type == "cpu":
+        return None  # a 0-d integer on the CPU is a counter (BatchNorm's), no weight
+    why = weight_kind_problem(value)
+    if why is not None:
+        return f"{why} (weights are dense float32, float16 or bfloat16)"
     if not_finite(value):
         return "holds values that are not finite"
     return None

@@ -14,6 +14,8 @@ import torch.distributed as dist
 from torch.utils.data import Dataset, Subset
 
 from mobile_moe.devices import resolve_device
+from mobile_moe.errors import UsageError
+from mobile_moe.words import shown
 
 
 @dataclass(frozen=True)
@@ -32,16 +34,65 @@ class Placement:
 
 
 def setup(device_choice: str) -> Placement:
-    """Join the process group torchrun describes (if any) and pick this process's device."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    """Join the process group torchrun describes (if any) and pick this process's device. Variables torchrun would
+    not have set are refused in one line (UsageError) before anything is joined or written."""
+    world_size = _torchrun_integer("WORLD_SIZE", 1, "the number of processes, >= 1", smallest=1)
+    rank = _torchrun_integer("RANK", 0, "this process's index, 0 <= RANK < WORLD_SIZE")
+    local_rank = _torchrun_integer("LOCAL_RANK", 0, "this process's index on its machine, >= 0")
+    if rank >= world_size:
+        size, unset = (
+            (f"WORLD_SIZE={world_size}", "WORLD_SIZE and RANK") if _set("WORLD_SIZE") else ("WORLD_SIZE unset", "RANK")
+        )
+        raise _refusal(f"RANK={rank} with {size}: torchrun sets 0 <= RANK < WORLD_SIZE", unset)
+    if world_size > 1:
+        # What init_process_group's env:// rendezvous reads besides WORLD_SIZE (torch/distributed/rendezvous.py).
+        missing = [name for name in ("MASTER_ADDR", "MASTER_PORT", "RANK") if not _set(name)]
+        if missing:
+            names = f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'}"
+            problem = f"WORLD_SIZE={world_size} but {names} not set, which init_process_group's env:// rendezvous reads"
+            raise _refusal(problem, "WORLD_SIZE")
+        _torchrun_integer(
+            "MASTER_PORT", 0, "rank 0's TCP port, 1 to 65535", smallest=1, largest=65535, unset="WORLD_SIZE"
+        )
     device = resolve_device(device_choice, local_rank)
+    if device.type == "cuda" and local_rank >= (count := torch.cuda.device_count()):
+        devices = f"{count} CUDA device{'s' if count != 1 else ''}"
+        problem = f"LOCAL_RANK={local_rank} but torch sees {devices}: torchrun sets LOCAL_RANK < --nproc_per_node"
+        raise _refusal(f"{problem}, one process per device", "LOCAL_RANK")
     if world_size > 1 and not dist.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return Placement(rank, world_size, device)
+
+
+LAUNCH = "launch with torchrun (torchrun --nproc_per_node N -m mobile_moe train ...), which sets these variables"
+
+
+def _set(name: str) -> bool:
+    """Whether environment variable `name` holds a value: torch's rendezvous takes an empty one for unset too."""
+    return bool(os.environ.get(name))
+
+
+def _torchrun_integer(
+    name: str, default: int, meaning: str, smallest: int = 0, largest: int | None = None, unset: str | None = None
+) -> int:
+    """Environment variable `name` as torchrun sets it (`meaning`): decimal digits, from `smallest` to `largest`;
+    `default` when unset or empty. Anything else is refused in one line, which says to unset `unset` (else `name`)
+    for one process."""
+    if not _set(name):
+        return default
+    text = os.environ[name]
+    digits = text.strip()
+    value = int(digits) if digits.isascii() and digits.isdigit() and len(digits) <= 18 else None
+    if value is None or value < smallest or (largest is not None and value > largest):
+        raise _refusal(f"{name}={shown(repr(text), 40)} is not what torchrun sets: {name} is {meaning}", unset or name)
+    return value
+
+
+def _refusal(problem: str, unset: str) -> UsageError:
+    """The one line a torchrun variable's refusal is: what is wrong, then torchrun or `unset` (names) to fix it."""
+    return UsageError(f"{problem}; {LAUNCH}, or unset {unset} to train in one process")
 
 
 def cleanup() -> None:

@@ -337,7 +337,10 @@ def metrics_row_problem(row: Any) -> str | None:
         if key in METRICS_COUNTS:
             fits, due = _is_integer(value) and value >= (1 if key == "epoch" else 0), "an integer >= 0"
         elif key in METRICS_LISTS:
-            fits, due = nullable or (isinstance(value, list) and all(map(_is_number, value))), "a list of numbers"
+            odd = next((item for item in value if not _is_number(item)), None) if isinstance(value, list) else None
+            if odd is not None or (isinstance(value, list) and None in value):
+                return f"epoch {epoch}'s {key} holds {_described(odd)}, not only numbers"
+            fits, due = nullable or isinstance(value, list), "a list of numbers"
         elif key in METRICS_NUMBERS:
             fits, due = nullable or _is_number(value), "a number"
         else:

@@ -55,6 +55,7 @@ from mobile_moe.training.run_dir import (
     differing_fields,
     holds_results,
     is_failed_start,
+    metrics_rows_problem,
     preprocessing,
     read_config,
     read_metrics,
@@ -566,12 +567,17 @@ def _restore_progress(state: dict[str, Any] | None, out_dir: Path, opt: Optimisa
     """A fresh run's progress, or the resumed run's: weights, optimizer and schedule loaded, best and metrics."""
     if state is None:
         return RunProgress()
+    history = state.get("history")  # absent (or null) in checkpoints from before it: metrics.jsonl has the rows
+    start_afresh = "resume from a good copy of the run, or start it afresh into a new --out"
+    problem = metrics_rows_problem(history) if history is not None else None
+    if problem is not None:
+        raise UsageError(f"{out_dir / LAST}: its history {problem}; the file was damaged or edited: {start_afresh}")
     load_training_state(state, out_dir / LAST, opt.model, opt.optimizer, opt.scheduler)
     start_epoch, best_top1 = int(state["epoch"]), float(state["best_top1"])
-    history = state.get("history")
-    metrics = (
-        list(history) if history is not None else [row for row in read_metrics(out_dir) if row["epoch"] <= start_epoch]
-    )
+    if history is None:  # rows checked by read_metrics; a damaged one cannot be rewritten from this checkpoint
+        no_history = f"{LAST} holds no history to rewrite it from: {start_afresh}"
+        history = [row for row in read_metrics(out_dir, fix=no_history) if row["epoch"] <= start_epoch]
+    metrics = list(history)
     say(f"resuming {out_dir} after epoch {start_epoch} (best val top-1 {100 * best_top1:.2f}%)")
     return RunProgress(start_epoch, best_top1, int(state.get("best_epoch", 0)), metrics)
 

@@ -39,3 +39,95 @@ def test_two_gloo_processes_equal_one_process(tmp_path):
             got, value = torch.cat([got[:width], got[2 * width :]]), torch.cat([value[:width], value[2 * width :]])
         torch.testing.assert_close(got, value, rtol=1e-5, atol=1e-6, msg=key)
     assert ddp.checkpoint["metrics"]["val_top1"] == single.checkpoint["metrics"]["val_top1"]
+
+
+# --- torchrun's variables: what torchrun would not set is one line, before anything is written -------------------
+
+TORCHRUN_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+LAUNCH = "launch with torchrun (torchrun --nproc_per_node N -m mobile_moe train ...), which sets these variables"
+SMALL = ["train", "--model", "vit", "--size", "2x32", "--patch", "8", "--image-size", "16", "--data", "digits",
+         "--recipe", "tiny", "--epochs", "1"]  # fmt: skip
+
+
+@pytest.fixture
+def torchrun_env(monkeypatch):
+    """Set torchrun's variables as given, the others unset (as in a plain shell)."""
+    for name in TORCHRUN_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+    def setenv(variables: dict[str, str]) -> None:
+        for name, value in variables.items():
+            monkeypatch.setenv(name, value)
+
+    return setenv
+
+
+@pytest.mark.parametrize(
+    ("variables", "message"),
+    [
+        ({"WORLD_SIZE": "abc"}, "WORLD_SIZE='abc' is not what torchrun sets: WORLD_SIZE is the number of processes, "
+                                ">= 1; {launch}, or unset WORLD_SIZE to train in one process"),
+        ({"WORLD_SIZE": "0"}, "WORLD_SIZE='0' is not what torchrun sets"),  # was a ZeroDivisionError
+        ({"WORLD_SIZE": "-2"}, "WORLD_SIZE='-2' is not what torchrun sets"),
+        ({"WORLD_SIZE": "9" * 5000}, "WORLD_SIZE='99999"),  # more digits than int() reads
+        ({"RANK": "x"}, "RANK='x' is not what torchrun sets: RANK is this process's index, 0 <= RANK < WORLD_SIZE; "
+                        "{launch}, or unset RANK to train in one process"),
+        ({"LOCAL_RANK": "abc"}, "LOCAL_RANK='abc' is not what torchrun sets: LOCAL_RANK is this process's index on "
+                                "its machine, >= 0; {launch}, or unset LOCAL_RANK"),
+        ({"LOCAL_RANK": "-1"}, "LOCAL_RANK='-1' is not what torchrun sets"),
+        # DistributedSampler's "Invalid rank 1" traceback
+        ({"RANK": "1"}, "RANK=1 with WORLD_SIZE unset: torchrun sets 0 <= RANK < WORLD_SIZE; {launch}, or unset RANK "
+                        "to train in one process"),
+        ({"WORLD_SIZE": "2", "RANK": "2", "MASTER_ADDR": "localhost", "MASTER_PORT": "29500"},
+         "RANK=2 with WORLD_SIZE=2: torchrun sets 0 <= RANK < WORLD_SIZE; {launch}, or unset WORLD_SIZE and RANK"),
+        # torch's rendezvous traceback ("environment variable RANK expected, but not set")
+        ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 but MASTER_ADDR, MASTER_PORT, RANK are not set, which init_process_group's "
+                              "env:// rendezvous reads; {launch}, or unset WORLD_SIZE to train in one process"),
+        ({"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "localhost", "MASTER_PORT": ""},
+         "WORLD_SIZE=2 but MASTER_PORT is not set, which init_process_group's env:// rendezvous reads"),
+        ({"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "localhost", "MASTER_PORT": "port"},
+         "MASTER_PORT='port' is not what torchrun sets: MASTER_PORT is rank 0's TCP port, 1 to 65535; {launch}, or "
+         "unset WORLD_SIZE"),
+    ],
+)  # fmt: skip
+def test_a_torchrun_variable_torchrun_would_not_set_is_one_line_and_nothing_is_written(
+    tmp_path, capsys, torchrun_env, variables, message
+):
+    """From a red team: each was a traceback (int(), a division by zero, torch's sampler or rendezvous)."""
+    from mobile_moe.errors import UsageError
+    from mobile_moe.training import distributed
+
+    torchrun_env(variables)
+    message = message.format(launch=LAUNCH)
+    with pytest.raises(UsageError) as caught:
+        distributed.setup("cpu")
+    assert message in str(caught.value) and "\n" not in str(caught.value) and len(str(caught.value)) < 400
+    out = tmp_path / "run"
+    assert main([*SMALL, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "variables",
+    [{}, {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"}, {"WORLD_SIZE": "", "RANK": "", "LOCAL_RANK": ""},
+     {"LOCAL_RANK": "3"}],
+)  # fmt: skip
+def test_one_process_as_torchrun_or_a_plain_shell_describes_it(torchrun_env, variables):
+    from mobile_moe.training import distributed
+
+    torchrun_env(variables)
+    assert distributed.setup("cpu") == distributed.Placement(0, 1, torch.device("cpu"))
+
+
+def test_a_local_rank_beyond_the_visible_cuda_devices_is_one_line(torchrun_env, monkeypatch):
+    """cuda:LOCAL_RANK is the process's device: one that torch does not see would fail in the first copy to it."""
+    from mobile_moe.errors import UsageError
+    from mobile_moe.training import distributed
+
+    torchrun_env({"LOCAL_RANK": "1"})
+    monkeypatch.setattr(distributed, "resolve_device", lambda choice, local_rank: torch.device("cuda", local_rank))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(UsageError, match=r"^LOCAL_RANK=1 but torch sees 1 CUDA device: torchrun sets LOCAL_RANK < "):
+        distributed.setup("cuda")

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -418,6 +419,81 @@ def test_weights_of_a_kind_no_model_holds_are_one_line(tmp_path, capsys, one_epo
     assert status == 2 and message in err and err.count("\n") == 1 and len(err) < 400 and "\x1b" not in err, err
 
 
+# Tensors a red team put in place of a weight (`blocks.0.mlp.fc1.weight`, (F, D) float32), each made from that weight:
+# torch's own checks crashed on the first four, and load_state_dict copied the last four into the float32 model
+# (a float64 of 1e300 as an infinity).
+FORGED_WEIGHTS = {
+    "meta": (lambda w: torch.empty(w.shape, device="meta"), "is a tensor on the meta device, which no model holds"),
+    "float8": (lambda w: w.to(torch.float8_e4m3fn), "is a float8_e4m3fn tensor, which no model holds"),
+    "nested": (lambda w: torch.nested.nested_tensor([w[0], w[1, :3]]), "is a nested tensor, which no model holds"),
+    "jagged": (lambda w: torch.nested.nested_tensor([w[0], w[1, :3]], layout=torch.jagged), "is a nested tensor"),
+    "sparse csr": (lambda w: w.to_sparse_csr(), "is a sparse_csr tensor, which no model holds"),
+    "quantized": (lambda w: torch.quantize_per_tensor(w, 0.1, 0, torch.qint8), "is a qint8 tensor, which no model"),
+    "float64 beyond float32": (lambda w: torch.full(w.shape, 1e300, dtype=torch.float64), "is a float64 tensor"),
+    "int64": (lambda w: w.round().long(), "is an int64 tensor, which no model holds"),
+    "uint64": (lambda w: torch.ones(w.shape, dtype=torch.uint64), "is a uint64 tensor, which no model holds"),
+    "bool": (lambda w: w > 0, "is a bool tensor, which no model holds"),
+}
+
+
+def forged_weight(kind: str, weight: torch.Tensor) -> torch.Tensor:
+    with warnings.catch_warnings():  # "The PyTorch API of nested tensors is in prototype stage", ...
+        warnings.simplefilter("ignore", UserWarning)
+        return FORGED_WEIGHTS[kind][0](weight)
+
+
+@pytest.mark.parametrize("kind", FORGED_WEIGHTS)
+def test_a_weight_of_a_kind_no_model_holds_is_one_line_naming_it(tmp_path, capsys, one_epoch, kind):
+    """From a red team: each forged tensor crashed evaluate inside torch (a traceback, or 120 lines of dispatcher
+    dump) or was loaded silently. checkpoint.check_finite_weights refuses it, by name, before any torch op reads it."""
+    out = copy_run(one_epoch, tmp_path / "run")
+    key = "blocks.0.mlp.fc1.weight"
+    forged(out, lambda state: state["model"].update({key: forged_weight(kind, state["model"][key])}))
+    status, err = cli(capsys, ["evaluate", str(out)])
+    message = f"best.pt: weight {key} {FORGED_WEIGHTS[kind][1]}"
+    assert status == 2 and message in err and err.count("\n") == 1 and "again" in err, err
+    status, err = cli(capsys, train_argv(out, 2, "--resume"))
+    assert status == 2 and f"checkpoint.pt: weight {key} {FORGED_WEIGHTS[kind][1]}" in err, err
+
+
+@pytest.mark.parametrize("kind", FORGED_WEIGHTS)
+def test_check_finite_weights_refuses_a_forged_weight_under_any_key(tmp_path, kind):
+    """The check itself (load_checkpoint's): the forged tensor under an escaped key is named, shown on one line;
+    not_finite, the importer's test of values, says so of a floating one instead of crashing on it."""
+    from mobile_moe.checkpoint import check_finite_weights, load_checkpoint, not_finite
+
+    key = "blocks.0.\x1b[31mfc1.weight"
+    tensor = forged_weight(kind, torch.randn(8, 4))
+    with pytest.raises(UsageError) as caught:
+        check_finite_weights({"ok": torch.zeros(2), key: tensor}, "x.pt")
+    message = str(caught.value)
+    assert f"x.pt: weight 'blocks.0.\\x1b[31mfc1.weight' {FORGED_WEIGHTS[kind][1]}" in message, message
+    assert "\x1b" not in message and "\n" not in message
+    assert not_finite(tensor) == tensor.is_floating_point()
+    torch.save({"model": {key: tensor}, "config": {}}, tmp_path / "x.pt")
+    with pytest.raises(UsageError, match="x.pt: weight 'blocks.0."):
+        load_checkpoint(tmp_path / "x.pt")
+
+
+@pytest.mark.parametrize("name", ["vit", "mobile-vmoe", "hard-moe"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_checkpoints_of_each_kind_still_load(tmp_path, name, dtype):
+    """Every entry of a model's state dict is float32 (a Hard MoE's cluster buffers too; no model holds an integer,
+    bool or quantized entry); a checkpoint saved in a half precision loads into it as well."""
+    from conftest import tiny_model
+
+    from mobile_moe.checkpoint import checkpoint_dict, load_checkpoint, model_from_checkpoint
+
+    model = tiny_model(name)
+    assert {value.dtype for value in model.state_dict().values()} == {torch.float32}
+    checkpoint = checkpoint_dict(model)
+    checkpoint["model"] = {key: value.to(dtype) for key, value in checkpoint["model"].items()}
+    save_checkpoint(checkpoint, tmp_path / "best.pt")
+    loaded = model_from_checkpoint(load_checkpoint(tmp_path / "best.pt"), tmp_path / "best.pt")
+    for key, value in loaded.state_dict().items():
+        assert torch.equal(value, model.state_dict()[key].to(dtype).float()), key
+
+
 @pytest.mark.parametrize("moment", ["smaller", "larger", "sparse"])
 def test_resume_refuses_adamw_moments_that_are_not_their_parameters_shape(tmp_path, capsys, one_epoch, moment):
     """torch's fused AdamW reads a moment at its parameter's size: a smaller one corrupted memory (a segfault), a
@@ -445,6 +521,80 @@ def test_resume_refuses_a_run_whose_commit_point_was_removed(tmp_path, capsys, o
     status, err = cli(capsys, ["train", "--out", str(out), "--resume", "--epochs", "2"])
     assert status == 2 and "holds finished epochs (best.pt, metrics.jsonl) but not their checkpoint.pt" in err
     assert {name: (out / name).read_bytes() for name in kept} == kept
+
+
+AFRESH = "resume from a good copy of the run, or start it afresh into a new --out"
+
+
+@pytest.mark.parametrize(
+    ("history", "message"),
+    [
+        (5, "is 5, not a list of metrics rows"),
+        ("ab", "is 'ab', not a list of metrics rows"),  # was iterated: rows "a" and "b", exit 0
+        ([torch.tensor(1.0)], "row 1: a row is a Tensor, not a JSON object"),
+        ([{"epoch": "1"}], "row 1: a row's epoch is '1', not an integer >= 1"),
+        ([{"epoch": 1, "val_top1": torch.tensor(0.5)}], "row 1: epoch 1's val_top1 is a Tensor, not a number"),
+        ([{"epoch": 1, "expert_load": [0.5, "x"]}], "row 1: epoch 1's expert_load holds 'x', not only numbers"),
+        ([{"epoch": 1, "expert_load": 0.5}], "row 1: epoch 1's expert_load is 0.5, not a list of numbers"),
+        ([{"epoch": 1, "note": {"x": torch.zeros(1)}}], "row 1: epoch 1's note is a dict, not a JSON value"),
+    ],
+)
+def test_resume_refuses_a_damaged_history_in_one_line_and_writes_nothing(tmp_path, capsys, one_epoch, history, message):
+    """From a red team: each crashed the resume (TypeError) or wrote the damage into metrics.jsonl. The history is
+    checked as metrics.jsonl's rows are (run_dir.metrics_row_problem) before anything is loaded or written."""
+    out = copy_run(one_epoch, tmp_path / "run")
+    forged(out, lambda state: state.update(history=history))
+    before = {name: (out / name).read_bytes() for name in RUN_FILES}
+    status, err = cli(capsys, train_argv(out, 2, "--resume"))
+    refusal = f"{out / 'checkpoint.pt'}: its history {message}; the file was damaged or edited: {AFRESH}"
+    assert status == 2 and refusal in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert {name: (out / name).read_bytes() for name in RUN_FILES} == before
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"epoch": "1"}', "line 1: a row's epoch is '1', not an integer >= 1"),
+        ("[1, 2]", "line 1: a row is a list, not a JSON object"),
+        ('{"epoch": 0}', "line 1: a row's epoch is 0, not an integer >= 1"),
+        ('{"epoch": true}', "line 1: a row's epoch is True, not an integer >= 1"),
+        ('{"epoch": 1, "step": 2.5}', "line 1: epoch 1's step is 2.5, not an integer >= 0"),
+        ('{"epoch": 1, "lr": "high"}', "line 1: epoch 1's lr is 'high', not a number"),
+    ],
+)
+def test_resume_without_history_refuses_a_damaged_metrics_row(tmp_path, capsys, one_epoch, line, message):
+    """A checkpoint from before "history" takes its rows from metrics.jsonl, which nothing can rewrite then: a
+    damaged row is one line (it crashed with a TypeError), and nothing is written."""
+    out = copy_run(one_epoch, tmp_path / "run")
+    forged(out, lambda state: state.pop("history"))
+    (out / METRICS).write_text(line + "\n")
+    before = {name: (out / name).read_bytes() for name in RUN_FILES}
+    status, err = cli(capsys, train_argv(out, 2, "--resume"))
+    expected = f"{out / METRICS} is damaged ({message}); checkpoint.pt holds no history to rewrite it from: {AFRESH}"
+    assert status == 2 and expected in err and err.count("\n") == 1, err
+    assert {name: (out / name).read_bytes() for name in RUN_FILES} == before
+
+
+def test_resume_without_history_continues_from_good_metrics_rows(tmp_path, capsys, one_epoch):
+    """The older format still resumes: its rows up to the checkpoint's epoch come from metrics.jsonl."""
+    out = copy_run(one_epoch, tmp_path / "run")
+    forged(out, lambda state: state.pop("history"))
+    first = read_metrics(out)[0]
+    write_metrics(out, [first, {**first, "epoch": 2}])  # a row past the checkpoint (epoch 1) is dropped
+    assert cli(capsys, train_argv(out, 2, "--resume"))[0] == 0
+    rows = read_metrics(out)
+    assert [row["epoch"] for row in rows] == [1, 2] and rows[0] == first and rows[1]["step"] > first["step"]
+
+
+def test_a_damaged_metrics_row_is_refused_by_its_readers_and_restored_by_resume(tmp_path, capsys, one_epoch):
+    out = copy_run(one_epoch, tmp_path / "run")
+    good = (out / METRICS).read_text()
+    (out / METRICS).write_text('{"epoch": 1, "val_top1": [0.5]}\n')
+    with pytest.raises(UsageError, match=r"line 1: epoch 1's val_top1 is a list, not a number\); it is rewritten"):
+        read_metrics(out)
+    assert cli(capsys, train_argv(out, 1, "--resume"))[0] == 0  # nothing left to train: only the repair
+    assert (out / METRICS).read_text() == good
 
 
 def test_an_epoch_is_not_written_into_a_run_folder_removed_while_training(tmp_path):
