@@ -34,7 +34,7 @@ from mobile_moe.training.recipes import (
     matches_record,
     recipe,
 )
-from mobile_moe.words import counted
+from mobile_moe.words import counted, escaped
 
 DEFAULT_RECIPE = "deit"
 
@@ -237,10 +237,10 @@ def resume_changes(args: argparse.Namespace, config: dict[str, Any]) -> dict[str
         found.append(f"--super-classes {args.super_classes} differs from the run's {theirs or 'none'}")
     found += init_from_differences(args, config)
     found += recipe_differences(args, run_cfg, given)
-    if found:
+    if found:  # each names values from the run's config.json: a forged one's control characters shown escaped
         raise UsageError(
-            f"{'; '.join(found)}; --resume continues the run as it was started: give the run's values or leave those "
-            f"flags out (only {listed([flag_of(field) for field in MAY_CHANGE_ON_RESUME])} may change), "
+            f"{'; '.join(map(escaped, found))}; --resume continues the run as it was started: give the run's values "
+            f"or leave those flags out (only {listed([flag_of(field) for field in MAY_CHANGE_ON_RESUME])} may change), "
             "or start a new --out"
         )
     changed = [name for name in MAY_CHANGE_ON_RESUME if getattr(given, name) != getattr(run_cfg, name)]

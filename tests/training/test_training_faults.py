@@ -617,6 +617,28 @@ def test_resume_refuses_a_config_json_edited_away_from_the_checkpoint(tmp_path, 
         train_module.resume_training(out, verbose=False)
 
 
+def test_a_resume_names_a_forged_value_of_config_json_escaped(tmp_path, capsys, one_epoch):
+    """From a red team: the refusal of a flag that differs from the run quoted config.json's data spec as it was, so
+    an escape code in it reached the terminal."""
+    out = copy_run(one_epoch, tmp_path / "run")
+    config = json.loads((out / "config.json").read_text())
+    config["data"]["spec"] = SYNTHETIC + "\x1b[31m"
+    (out / "config.json").write_text(json.dumps(config))
+    status, err = cli(capsys, train_argv(out, 2, "--resume"))
+    assert status == 2 and "\x1b" not in err and "differs from the run's" in err and "\\x1b[31m" in err, err
+
+
+def test_results_without_a_checkpoint_are_not_offered_to_resume(tmp_path, capsys, one_epoch):
+    """A folder holding a best.pt but no checkpoint.pt: the refusal said "continue it with --resume", which a resume
+    with model flags then refused again with the same words."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "best.pt").write_bytes((one_epoch / "best.pt").read_bytes())
+    for extra in ((), ("--resume",)):
+        status, err = cli(capsys, train_argv(tmp_path / "out", 2, *extra))
+        assert status == 2 and "holds a run's results but no checkpoint.pt to continue from" in err, err
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == ["best.pt"]
+
+
 def image_folder(root: Path, damage: str) -> Path:
     import io
     import struct
