@@ -71,10 +71,10 @@ def config_from_dict(data: dict[str, Any]) -> ViTConfig:
     return make_config(name, **data)
 
 
-def build_model(cfg: ViTConfig):
-    """The model a config describes (weights freshly initialised); refused in one line when its float32 weights alone
-    would take more than devices.memory_limit(): from flags (--size 2x8000000, --experts 1e20, an mlp_ratio of 1e12)
-    or a forged run, torch's allocator failed with a traceback, or the kernel killed the process."""
+def check_fits_memory(cfg: ViTConfig) -> None:
+    """UsageError when the model's float32 weights alone would take more than devices.memory_limit(): from flags
+    (--size 2x8000000, --experts 1e20, an mlp_ratio of 1e12) or a forged run, torch's allocator failed with a
+    traceback, or the kernel killed the process."""
     from mobile_moe.costs import costs
     from mobile_moe.devices import over_memory_limit
 
@@ -83,6 +83,11 @@ def build_model(cfg: ViTConfig):
     if too_much:
         raise UsageError(f"{cfg.name} at this size has {params:.3g} parameters, whose weights need {too_much}; "
                          "choose a smaller --size, --experts or --model-kwargs")  # fmt: skip
+
+
+def build_model(cfg: ViTConfig):
+    """The model a config describes (weights freshly initialised), once check_fits_memory passes."""
+    check_fits_memory(cfg)
     module, _, cls = cfg.model_class.partition(":")
     return getattr(importlib.import_module(module), cls)(cfg)
 

@@ -24,6 +24,7 @@ from mobile_moe.evidence.figures import FIGURES, cell_recipes, figure
 from mobile_moe.evidence.launch import LAUNCHERS, SlurmOptions
 from mobile_moe.evidence.scales import SCALES
 from mobile_moe.evidence.scales import scale as scale_named
+from mobile_moe.registry import check_fits_memory
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -101,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
     data = open_data(args.data, scale.image_size)
     groups = data.super_classes.num_super_classes if data.super_classes is not None else None
     fig = figure(args.figure, scale, data.num_classes, groups, args.experts)
+    for cell in fig.cells:  # every model before the first trains: --experts 1e20 failed after the dense cells
+        if cell.config is not None:
+            check_fits_memory(cell.config)
     recipes = cell_recipes(fig, scale, args.epochs, args.device)
     _check_batches(recipes, len(data.split("train")), args)
     options = SlurmOptions(args.gpus_per_cell, args.partition, args.timeout_min, args.cpus_per_cell)

@@ -258,6 +258,7 @@ def test_slurm_jobs_ask_for_gpus_only_when_given():
         (["--gpus-per-cell", "2"], "for --launcher submitit"),
         (["--data", "nonsense"], "nonsense"),
         (["--data", "synthetic:classes=4,per_class=20", "--scale", "small"], "batches of 256 images but"),
+        (["--experts", str(10**20)], "parameters, whose weights need"),  # before the dense cells train, not after
     ],
 )
 def test_bad_input_is_one_line_and_status_2(flags, message, capsys, tmp_path):
