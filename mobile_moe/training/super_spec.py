@@ -97,16 +97,13 @@ def super_record_problem(record: dict[str, Any], class_names: list[str]) -> str 
     """The first way config.json's "super_classes" entry (super_record's) departs from the super-class file's rules
     for the run's classes (superclasses.validate: the one owner of them), or None."""
     names, assignment = record.get("names"), record.get("assignment")
-    if set(record) - {"spec", "names", "assignment"} or not isinstance(record.get("spec"), str) or not isinstance(
-        names, list
-    ):
+    if not isinstance(record.get("spec"), str) or not isinstance(names, list):
         return "super_classes must hold a spec string, a list of names and an assignment"
     if isinstance(assignment, list) and len(assignment) != len(class_names):
         return f"super_classes: assignment has {len(assignment)} entries for the run's {len(class_names)} classes"
-    try:
-        validate({"num_super_classes": len(names), "names": names,
-                  "assignment": assignment, "class_names": class_names, "method": "recorded",
-                  "source": record["spec"]})  # fmt: skip
+    try:  # the spec is the command line's (a path, "coarse", ...), no part of the file's rules
+        validate({"num_super_classes": len(names), "names": names, "assignment": assignment,
+                  "class_names": class_names, "method": "recorded", "source": "config.json"})  # fmt: skip
     except UsageError as error:
         return f"super_classes: {error}"
     return None
