@@ -82,7 +82,7 @@ def check_fits_memory(cfg: ViTConfig) -> None:
     too_much = over_memory_limit(4 * params)
     if too_much:
         raise UsageError(f"{cfg.name} at this size has {params:.3g} parameters, whose weights need {too_much}; "
-                         "choose a smaller --size, --experts or --model-kwargs")  # fmt: skip
+                         "choose a smaller model (its size, experts or model options)")  # fmt: skip
 
 
 def build_model(cfg: ViTConfig):

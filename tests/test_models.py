@@ -214,5 +214,5 @@ def test_a_model_whose_weights_exceed_memory_is_refused_before_it_is_built(name,
     from mobile_moe.errors import UsageError
     from mobile_moe.registry import create_model
 
-    with pytest.raises(UsageError, match=r"parameters, whose weights need .* GiB, more than .* a smaller --size"):
+    with pytest.raises(UsageError, match=r"parameters, whose weights need .* GiB, more than .* a smaller model"):
         create_model(name, size, **overrides)

@@ -239,7 +239,7 @@ def open_digits_pairs(spec: str, argument: str, image_size: int) -> Data:
 def grey_images(pixels: np.ndarray, image_size: int) -> torch.Tensor:
     """Grey images (N, h, w) in scikit-learn digits' 0..16 -> uint8 (N, 3, S, S): scaled to 0..255, resized
     (bilinear), the grey copied to 3 channels."""
-    too_much = over_memory_limit(len(pixels) * image_size**2 * 4)  # the float resize; its uint8 copies are smaller
+    too_much = over_memory_limit(3 * len(pixels) * image_size**2 * 4)  # up to 3 float copies: resize, round, clamp
     if too_much:
         raise UsageError(f"{len(pixels)} images of {image_size} x {image_size} pixels need {too_much}; choose a "
                          "smaller image size (--image-size, or pack's --max-side)")  # fmt: skip

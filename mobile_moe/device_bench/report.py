@@ -79,7 +79,8 @@ def stream_lines(runs: list[dict]) -> list[str]:
         if rate is None or switch.get("added_ms") is None:
             continue
         added, p50 = switch["added_ms"], run["latency_ms"]["p50"]
-        cost = f"{_ms(added)} ms over a hit ({added / p50:.2g}x the warm p50 of {_ms(p50)} ms)"
+        ratio = f"{added / p50:.2g}" if added < 10 * p50 else f"{added / p50:.0f}"  # 0.0013x, 0.3x, 150x
+        cost = f"{_ms(added)} ms over a hit ({ratio}x the warm p50 of {_ms(p50)} ms)"
         lines.append(
             f"- {_label(run)}: the expert never changed between consecutive images; a change (measured apart) adds "
             f"{cost}" if rate == 0 else
@@ -137,8 +138,9 @@ def quantized_lines(runs: list[dict]) -> list[str]:
     lines = ["", "A quantized bundle's top-1 above is its fp32 checkpoint's; export measured the bundle itself:"]
     for run in quantized:
         measured = run["quantized_validation"]
+        reason = f": {measured['reason']}" if measured and measured.get("reason") else ""
         lines.append(
-            f"- {run['bundle_name']}: not measured at export" if measured is None else
+            f"- {run['bundle_name']}: not measured at export{reason}" if not (measured or {}).get("measured") else
             f"- {run['bundle_name']}: {measured['quantized_top1']:.1%} on {measured['images']} validation images, "
             f"against {measured['fp32_top1']:.1%} in fp32 ({100 * measured['top1_change']:+.1f} points)"
         )  # fmt: skip

@@ -183,9 +183,9 @@ def _accuracy(manifest) -> dict:
     """The top-1 a report compares bundles with, and its split: the test split's (export measured it) where the
     manifest has it, else the run's best validation top-1 (bundles exported before test_top1), else none. Both are
     the fp32 checkpoint's; for a quantized bundle, what export measured of the bundle itself on validation images
-    (the manifest's quantization.validation) goes beside them, or None where it measured nothing."""
+    (the manifest's quantization.validation, or why it measured nothing) goes beside them."""
     validation = manifest.quantization and manifest.quantization.validation
-    measured = validation.model_dump(mode="json") if validation and validation.measured else None
+    measured = validation.model_dump(mode="json") if validation else None
     if manifest.test_top1 is not None:
         found = {"accuracy": manifest.test_top1, "accuracy_split": "test"}
     elif manifest.validation_top1 is not None:

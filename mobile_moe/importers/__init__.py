@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from mobile_moe.checkpoint import first_reason, not_finite, torch_load, weight_kind_problem
+from mobile_moe.checkpoint import WEIGHT_DTYPES, first_reason, not_finite, torch_load, weight_kind_problem
 from mobile_moe.config import ViTConfig
 from mobile_moe.errors import UsageError
 
@@ -122,7 +122,8 @@ def _not_a_weight(key: Any, value: Tensor) -> str | None:
         return None  # a 0-d integer on the CPU is a counter (BatchNorm's), no weight
     why = weight_kind_problem(value)
     if why is not None:
-        return f"{why} (weights are dense float32, float16 or bfloat16)"
+        dtypes = " or ".join(str(dtype).removeprefix("torch.") for dtype in WEIGHT_DTYPES)
+        return f"{why} (weights are dense {dtypes})"
     if not_finite(value):
         return "holds values that are not finite"
     return None

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from mobile_moe.atomic import atomic_files, check_not_an_input, check_replaceable, check_writable
-from mobile_moe.class_names import read_class_names
+from mobile_moe.class_names import class_names_problem, read_class_names
 from mobile_moe.devices import DEVICES
 from mobile_moe.errors import UsageError
 from mobile_moe.jsonio import dumps
@@ -132,6 +132,9 @@ def derive_command(args: argparse.Namespace) -> int:
         confusion = confusion_from_run(args.run_dir, args.data, args.split, args.hard, args.device, args.batch_size)
     else:
         matrix, names = load_confusion(args.confusion)
+        problem = class_names_problem(names) if names is not None and class_names is None else None
+        if problem:  # before the clustering, not in the super-class file's check after it
+            raise UsageError(f"{args.confusion}: header: {problem}; rename it there, or give --class-names FILE")
         confusion = Confusion(matrix, names or unnamed_classes(len(matrix)), f"confusion:{args.confusion}")
     if class_names is not None:
         confusion.class_names = class_names

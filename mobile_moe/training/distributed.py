@@ -37,7 +37,7 @@ def setup(device_choice: str) -> Placement:
     """Join the process group torchrun describes (if any) and pick this process's device. Variables torchrun would
     not have set are refused in one line (UsageError) before anything is joined or written."""
     world_size = _torchrun_integer("WORLD_SIZE", 1, "the number of processes, >= 1", smallest=1)
-    rank = _torchrun_integer("RANK", 0, "this process's index, 0 <= RANK < WORLD_SIZE")
+    rank = env_rank()
     local_rank = _torchrun_integer("LOCAL_RANK", 0, "this process's index on its machine, >= 0")
     if rank >= world_size:
         size, unset = (
@@ -64,6 +64,12 @@ def setup(device_choice: str) -> Placement:
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return Placement(rank, world_size, device)
+
+
+def env_rank() -> int:
+    """This process's rank as torchrun sets RANK: 0 when unset or empty, else its digits (the one reading of it, for
+    setup and for run_dir.run_lock, which only rank 0 takes); anything else is refused in one line."""
+    return _torchrun_integer("RANK", 0, "this process's index, 0 <= RANK < WORLD_SIZE")
 
 
 LAUNCH = "launch with torchrun (torchrun --nproc_per_node N -m mobile_moe train ...), which sets these variables"

@@ -72,8 +72,8 @@ class TrainConfig:
         for name in ("epochs", "batch_size", "base_batch", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise UsageError(f"{name}={getattr(self, name)}: must be at least 1")
-        if self.seed < 0:
-            raise UsageError(f"seed={self.seed}: must be >= 0")
+        if self.seed < -UPPER_BOUNDS["seed"]:  # negative seeds trained (and their runs resume), as far from 0
+            raise UsageError(f"seed={self.seed}: must be at least {-UPPER_BOUNDS['seed']}")
         for name in ("base_lr", "min_lr", "warmup_epochs", "weight_decay", "grad_clip", "router_loss_weight",
                      "balance_loss_weight", "mixup_alpha", "cutmix_alpha", "workers", "randaugment_ops"):  # fmt: skip
             if getattr(self, name) < 0:

@@ -37,6 +37,7 @@ from mobile_moe.data.datasets import open_data
 from mobile_moe.data.spec_options import same_data
 from mobile_moe.errors import UsageError
 from mobile_moe.preprocess import check_resize
+from mobile_moe.training import distributed
 from mobile_moe.training.recipes import MAY_CHANGE_ON_RESUME, matches_record
 from mobile_moe.training.super_spec import super_record_problem
 from mobile_moe.words import shown
@@ -172,7 +173,8 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
         "source.model is not a name" if imported and not isinstance(config["source"].get("model"), str) else None
     )
     if problem is None and config.get("super_classes") is not None:
-        problem = super_record_problem(config["super_classes"], config["data"]["class_names"])
+        experts = config["model"].get("num_experts")
+        problem = super_record_problem(config["super_classes"], config["data"]["class_names"], experts)
     if problem:
         raise UsageError(f"{path} is damaged: {problem}; was it edited? restore it or re-create the run")
     return config
@@ -207,7 +209,7 @@ def run_lock(run_dir: str | os.PathLike) -> Iterator[None]:
     rank 0): a second command into it meanwhile is refused in one line that names the holder. The lock is flock(2)
     on the directory itself, so no lock file is left behind and the kernel releases it when the holder ends, a kill
     included. A directory made here for the run and still empty when the run fails is removed again."""
-    if os.environ.get("RANK", "0") != "0":
+    if distributed.env_rank() != 0:
         yield
         return
     run_dir = Path(run_dir)

@@ -79,11 +79,19 @@ def check_matches(super_classes: SuperClasses, spec: str, data: Data, num_expert
             f"super-classes {spec}: class {diff} is {super_classes.class_names[diff]!r} there but "
             f"{data.class_names[diff]!r} in {data.spec}; derive them on the same data"
         )
-    if super_classes.num_super_classes != num_experts:
+    problem = count_problem(super_classes.num_super_classes, num_experts)
+    if problem:
         raise UsageError(
-            f"super-classes {spec}: {super_classes.num_super_classes} super-classes for a model with E={num_experts} "
-            f"experts; use --experts {super_classes.num_super_classes} or derive {num_experts} super-classes"
+            f"super-classes {spec}: {problem}; use --experts {super_classes.num_super_classes} or derive {num_experts} "
+            "super-classes"
         )
+
+
+def count_problem(num_super_classes: int, num_experts: int | None) -> str | None:
+    """The router learns one expert per super-class: their counts must agree (None: a model without experts)."""
+    if num_experts is None or num_super_classes == num_experts:
+        return None
+    return f"{num_super_classes} super-classes for a model with E={num_experts} experts"
 
 
 def super_record(spec: str, super_classes: SuperClasses | None) -> dict[str, Any] | None:
@@ -93,12 +101,14 @@ def super_record(spec: str, super_classes: SuperClasses | None) -> dict[str, Any
     return {"spec": spec, "names": list(super_classes.names), "assignment": list(super_classes.assignment)}
 
 
-def super_record_problem(record: dict[str, Any], class_names: list[str]) -> str | None:
+def super_record_problem(record: dict[str, Any], class_names: list[str], num_experts: int | None) -> str | None:
     """The first way config.json's "super_classes" entry (super_record's) departs from the super-class file's rules
-    for the run's classes (superclasses.validate: the one owner of them), or None."""
+    for the run's classes (superclasses.validate: the one owner of them) and its model's experts, or None."""
     names, assignment = record.get("names"), record.get("assignment")
     if not isinstance(record.get("spec"), str) or not isinstance(names, list):
         return "super_classes must hold a spec string, a list of names and an assignment"
+    if count_problem(len(names), num_experts):
+        return f"super_classes: {count_problem(len(names), num_experts)}"
     if isinstance(assignment, list) and len(assignment) != len(class_names):
         return f"super_classes: assignment has {len(assignment)} entries for the run's {len(class_names)} classes"
     try:  # the spec is the command line's (a path, "coarse", ...), no part of the file's rules

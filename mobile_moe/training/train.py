@@ -381,12 +381,29 @@ def check_resumable(state: dict[str, Any], run_config: dict[str, Any], cfg: Trai
             f"{path.parent}: {CONFIG} no longer matches {LAST} ({'; '.join(mismatches[:3])}); restore the "
             f"run's {CONFIG} (the checkpoint holds the truth) or start a new --out"
         )
+    _history(state, path.parent)  # before the data opens and the model builds
     done = int(state["epoch"])
     if cfg.epochs < done:
         raise UsageError(
             f"--epochs {cfg.epochs}: the run has already trained {counted(done, 'epoch')}; give --epochs {done} or "
             "more (or leave it out)"
         )
+
+
+START_AFRESH = "resume from a good copy of the run, or start it afresh into a new --out"
+
+
+def _history(state: dict[str, Any], out_dir: Path) -> list[dict[str, Any]]:
+    """The metrics rows a resume continues: the checkpoint's history, or (checkpoints from before it) metrics.jsonl's
+    rows up to its epoch; either checked as metrics rows (run_dir.metrics_row_problem), refused in one line if not."""
+    history = state.get("history")
+    if history is None:  # rows checked by read_metrics; a damaged one cannot be rewritten from this checkpoint
+        fix = f"{LAST} holds no history to rewrite it from: {START_AFRESH}"
+        return [row for row in read_metrics(out_dir, fix=fix) if row["epoch"] <= int(state["epoch"])]
+    problem = metrics_rows_problem(history)
+    if problem is not None:
+        raise UsageError(f"{out_dir / LAST}: its history {problem}; the file was damaged or edited: {START_AFRESH}")
+    return history
 
 
 def load_training_state(state: dict[str, Any], path: Path, model, optimizer, scheduler) -> None:
@@ -569,17 +586,9 @@ def _restore_progress(state: dict[str, Any] | None, out_dir: Path, opt: Optimisa
     """A fresh run's progress, or the resumed run's: weights, optimizer and schedule loaded, best and metrics."""
     if state is None:
         return RunProgress()
-    history = state.get("history")  # absent (or null) in checkpoints from before it: metrics.jsonl has the rows
-    start_afresh = "resume from a good copy of the run, or start it afresh into a new --out"
-    problem = metrics_rows_problem(history) if history is not None else None
-    if problem is not None:
-        raise UsageError(f"{out_dir / LAST}: its history {problem}; the file was damaged or edited: {start_afresh}")
     load_training_state(state, out_dir / LAST, opt.model, opt.optimizer, opt.scheduler)
     start_epoch, best_top1 = int(state["epoch"]), float(state["best_top1"])
-    if history is None:  # rows checked by read_metrics; a damaged one cannot be rewritten from this checkpoint
-        no_history = f"{LAST} holds no history to rewrite it from: {start_afresh}"
-        history = [row for row in read_metrics(out_dir, fix=no_history) if row["epoch"] <= start_epoch]
-    metrics = list(history)
+    metrics = list(_history(state, out_dir))
     say(f"resuming {out_dir} after epoch {start_epoch} (best val top-1 {100 * best_top1:.2f}%)")
     return RunProgress(start_epoch, best_top1, int(state.get("best_epoch", 0)), metrics)
 

@@ -270,8 +270,12 @@ def test_a_quantized_bundles_top1_is_named_its_checkpoints_and_export_measured_t
     unmeasured = QuantizationReport(validation=QuantizedAccuracy(measured=False, reason="no validation split given"))
     manifest = manifest.model_copy(update={"quantization": unmeasured})
     record = run_record("b/moe-int8", manifest, "native", "host", [fake_report(10.0, [0, 1])], "random:0")
-    assert record["quantized_validation"] is None
-    assert "- moe-int8: not measured at export" in markdown({"runs": [record], "host": "test", "rounds": 1})
+    assert record["quantized_validation"] == {"measured": False, "reason": "no validation split given", "images": None,
+                                              "fp32_top1": None, "quantized_top1": None, "top1_change": None,
+                                              "prediction_agreement": None}  # fmt: skip
+    validate_results({"runs": [record]})
+    text = markdown({"runs": [record], "host": "test", "rounds": 1})
+    assert "- moe-int8: not measured at export: no validation split given" in text
     fp32 = run_record("b/moe", fake_manifest("moe"), "native", "host", [fake_report(10.0, [0, 1])], "random:0")
     assert "quantized_validation" not in fp32 and "fp32)" not in markdown({"runs": [fp32], "host": "test", "rounds": 1})
 

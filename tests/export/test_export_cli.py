@@ -156,7 +156,7 @@ def test_per_token_run_exports_whole_and_predicts(tmp_path, png, capsys):
     """A V-MoE run through the CLI: --layout is one line (exit 2); without it the bundle is one whole graph, and
     predict --json reports the experts the image used."""
     (tmp_path / "run").mkdir()
-    run = make_run_dir(tmp_path / "run", tiny_model("vmoe", num_classes=10))
+    run = untrained_run(tmp_path / "run", tiny_model("vmoe", num_classes=10), None)  # no super-classes: per token
     out = tmp_path / "bundle"
     export = ["export", str(run), "--format", "onnx", "--out", str(out)]
     fails([*export, "--layout", "expert-paths"], capsys, "exports whole")

@@ -198,6 +198,7 @@ def inputs(tmp_path_factory):
     (root / "sc.json").write_text(_with())
     (root / "file").write_text("x")
     (root / "semicolons.csv").write_text("1;2\n3;4\n")
+    (root / "twice.csv").write_text("crane,dog,crane\n5,1,1\n1,5,1\n1,1,5\n")  # ImageNet names "crane" twice
     (root / "huge_field.csv").write_text('"' + "9" * 200_000 + '"\n')  # over the csv module's field limit
     (root / "o.png").symlink_to(root / "o.json")  # a plot name that is the --out file under another name
     return root
@@ -223,6 +224,10 @@ BAD_ARGS = {
     ),
     "confusion semicolons": (
         lambda r: _derive(r, "--confusion", str(r / "semicolons.csv"), "-E", "2"), "separates its values with commas"
+    ),
+    "confusion header names a class twice": (
+        lambda r: _derive(r, "--confusion", str(r / "twice.csv"), "-E", "2"),
+        "twice.csv: header: class name 'crane' appears more than once; rename it there, or give --class-names FILE",
     ),
     "confusion header only": (lambda r: _derive(r, "--confusion", str(r / "header_only.csv"), "-E", "2"), "read"),
     "confusion garbage": (lambda r: _derive(r, "--confusion", str(r / "garbage.npy"), "-E", "2"), "cannot read"),

@@ -200,6 +200,7 @@ def moe_run(tmp_path_factory):
         ({"names": "abc"}, "a list of names"),
         ({"names": ["a", "b\x1b[31m", "c"]}, "control character"),
         ({"spec": 3}, "a spec string"),
+        ({"names": ["a", "b", "c", "d"], "assignment": [0, 1, 2, 3, 0, 1]}, "4 super-classes for a model with E=3"),
     ],
 )
 def test_a_runs_super_class_record_is_checked_as_a_super_class_file(moe_run, tmp_path, change, fragment):
@@ -233,7 +234,7 @@ def test_recipe_overrides_are_type_checked():
     ("change", "message"),
     [
         ({"seed": 10**20}, "seed=100000000000000000000: must be at most 4294967295"),  # torch's seed overflowed
-        ({"seed": -1}, "seed=-1: must be >= 0"),
+        ({"seed": -(10**20)}, "seed=-100000000000000000000: must be at least -4294967295"),
         ({"eval_batch_size": 10**20}, "must be at most 16777216"),  # DataLoader's islice refused it after an epoch
         ({"warmup_epochs": 1e308}, "warmup_epochs=1e+308: must be at most 1000000"),  # its steps overflowed an int
         ({"randaugment_ops": 10**9}, "randaugment_ops=1000000000: must be at most 64"),  # a billion ops an image
