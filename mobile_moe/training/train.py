@@ -306,8 +306,7 @@ def check_new_run_dir(out_dir: Path) -> None:
     """A new run may go into `out_dir`: it holds no run, and no config.json but a failed start's."""
     if holds_results(out_dir):
         refuse_training_into(out_dir)  # an imported run: say so, not "continue it with --resume"
-        if not (out_dir / LAST).is_file():  # --resume has nothing to continue from
-            raise UsageError(f"{out_dir} holds a run's results but no {LAST} to continue from; choose another --out")
+        check_commit_point(out_dir)  # results without their checkpoint.pt: --resume has nothing to continue from
         raise UsageError(f"{out_dir} already holds a run; continue it with --resume or choose another --out")
     if (out_dir / CONFIG).exists() and not is_failed_start(out_dir):
         raise UsageError(f"{out_dir} holds a {CONFIG} that is not a mobile-moe run's; choose another --out")

@@ -633,7 +633,7 @@ def test_results_without_a_checkpoint_are_not_offered_to_resume(tmp_path, capsys
     (tmp_path / "out" / "best.pt").write_bytes((one_epoch / "best.pt").read_bytes())
     for extra in ((), ("--resume",)):
         status, err = cli(capsys, train_argv(tmp_path / "out", 2, *extra))
-        assert status == 2 and "holds a run's results but no checkpoint.pt to continue from" in err, err
+        assert status == 2 and "holds finished epochs (best.pt) but not their checkpoint.pt" in err, err
     assert sorted(path.name for path in (tmp_path / "out").iterdir()) == ["best.pt"]
 
 
