@@ -195,7 +195,8 @@ def profile_models(steps: dict[str, Callable[[], None]], device: torch.device, m
                 spent[event.key] = own_us / 1e3 / PROFILED_STEPS
         by_kind = {}
         for key, ms in spent.items():
-            by_kind[kind_of(key)] = by_kind.get(kind_of(key), 0.0) + ms
+            kind = kind_of(key)
+            by_kind[kind] = by_kind.get(kind, 0.0) + ms
         top = sorted(spent.items(), key=lambda item: -item[1])[:12]
         profiles[name] = {"wall_ms": wall * 1e3 / PROFILED_STEPS, "busy_ms": sum(spent.values()), "by_kind": by_kind,
                           "top": [[key[:120], ms] for key, ms in top]}  # fmt: skip

@@ -49,6 +49,12 @@ def spread_clusters(model: torch.nn.Module, images: torch.Tensor, *, empty: int 
     model.router.set_clusters(*projection, centroids)
 
 
+def backward_with_a_gradient_per_element(output: torch.Tensor) -> None:
+    """Backpropagate a loss whose gradient differs at every element of `output`: the backward of torch._grouped_mm's
+    CPU fallback (torch 2.14) refuses an upstream gradient with stride 0, which `.sum()` hands it."""
+    (output * torch.linspace(-1, 1, output.numel()).view_as(output)).sum().backward()
+
+
 def source_model(source: str, **kwargs) -> torch.nn.Module:
     """A timm or torchvision model ("timm:NAME", "torchvision:NAME") with seeded random weights, as `import` reads."""
     import timm

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import one_torch_thread, spread_clusters, tiny_model
+from conftest import backward_with_a_gradient_per_element, one_torch_thread, spread_clusters, tiny_model
 
 from mobile_moe import hard_moe
 from mobile_moe.app.cli import main
@@ -135,11 +135,10 @@ def test_gate_one_is_exactly_the_dense_blocks_and_the_model_runs_them(many_image
 
 
 def logits_and_gradients(model, batch: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The logits and the gradients of a loss whose gradient differs at every logit (torch._grouped_mm's CPU fallback
-    refuses an upstream gradient with stride 0, which `.sum()` hands it)."""
+    """The logits and the gradients of a loss whose gradient differs at every logit."""
     model.zero_grad()
     logits = model(batch).logits
-    (logits * torch.linspace(-1, 1, logits.numel()).view_as(logits)).sum().backward()
+    backward_with_a_gradient_per_element(logits)
     gradients = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
     return {"logits": logits.detach()} | gradients
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import spread_clusters, tiny_model
+from conftest import backward_with_a_gradient_per_element, spread_clusters, tiny_model
 
 from mobile_moe import moe, token_moe
 from mobile_moe.checkpoint import checkpoint_dict, load_weights, model_from_checkpoint
@@ -32,12 +32,11 @@ def experts_and_tokens(num_experts: int = 4) -> tuple[ExpertMLPs, torch.Tensor]:
 
 
 def mixture_and_gradients(experts: ExpertMLPs, x, chosen, gates, *, read_sizes: bool) -> dict[str, torch.Tensor]:
-    """The mixture and the gradients of a loss with a gradient of its own at every output element: the backward of
-    torch._grouped_mm's CPU fallback (torch 2.14) refuses an upstream gradient with stride 0, which `.sum()` gives."""
+    """The mixture and the gradients of a loss with a gradient of its own at every output element."""
     x, gates = x.clone().requires_grad_(), gates.clone().requires_grad_()
     experts.zero_grad()
     mixed = experts.mixture(x, moe.expert_groups(chosen, gates, len(experts), read_sizes=read_sizes))
-    (mixed * torch.linspace(-1, 1, mixed.numel()).view_as(mixed)).sum().backward()
+    backward_with_a_gradient_per_element(mixed)
     stacks = {name: stack.grad.clone() for name, stack in experts.named_parameters()}
     return {"mixture": mixed.detach(), "x": x.grad, "gates": gates.grad} | stacks
 

@@ -107,8 +107,9 @@ def super_record_problem(record: dict[str, Any], class_names: list[str], num_exp
     names, assignment = record.get("names"), record.get("assignment")
     if not isinstance(record.get("spec"), str) or not isinstance(names, list):
         return "super_classes must hold a spec string, a list of names and an assignment"
-    if count_problem(len(names), num_experts):
-        return f"super_classes: {count_problem(len(names), num_experts)}"
+    counted_wrong = count_problem(len(names), num_experts)
+    if counted_wrong:
+        return f"super_classes: {counted_wrong}"
     if isinstance(assignment, list) and len(assignment) != len(class_names):
         return f"super_classes: assignment has {len(assignment)} entries for the run's {len(class_names)} classes"
     try:  # the spec is the command line's (a path, "coarse", ...), no part of the file's rules

@@ -380,7 +380,6 @@ def check_resumable(state: dict[str, Any], run_config: dict[str, Any], cfg: Trai
             f"{path.parent}: {CONFIG} no longer matches {LAST} ({'; '.join(mismatches[:3])}); restore the "
             f"run's {CONFIG} (the checkpoint holds the truth) or start a new --out"
         )
-    _history(state, path.parent)  # before the data opens and the model builds
     done = int(state["epoch"])
     if cfg.epochs < done:
         raise UsageError(
@@ -500,6 +499,7 @@ def _train(request: TrainRequest) -> Path:
     say = (lambda text: print(text, flush=True)) if printing else (lambda text: None)
     try:
         state = _resume_state(request, placement)
+        history = _history(state, request.out_dir) if state is not None else []  # checked before the data opens
         run = _open_run_data(request, placement)
         opt, init_entries = _build_optimisation(request, run, placement, state)
         run_config = {
@@ -511,7 +511,7 @@ def _train(request: TrainRequest) -> Path:
         }
         if state is None and placement.is_main and (line := upcycling.announcement(init_entries, run.data)):
             print(line, flush=True)  # even under --quiet: the run's model is not all the --init-from run's
-        progress = _restore_progress(state, request.out_dir, opt, say)
+        progress = _restore_progress(state, history, request.out_dir, opt, say)
         _prepare_run_dir(request.out_dir, run_config, state, placement, say)
         steps_left = (request.cfg.epochs - progress.start_epoch) * len(run.loader)
         session = Session(request, placement, run, opt, _epoch_context(request, run, placement, steps_left),
@@ -581,13 +581,16 @@ def _build_optimisation(
     return Optimisation(step_module, model, optimizer, scheduler), init_entries
 
 
-def _restore_progress(state: dict[str, Any] | None, out_dir: Path, opt: Optimisation, say) -> RunProgress:
-    """A fresh run's progress, or the resumed run's: weights, optimizer and schedule loaded, best and metrics."""
+def _restore_progress(
+    state: dict[str, Any] | None, history: list[dict[str, Any]], out_dir: Path, opt: Optimisation, say
+) -> RunProgress:
+    """A fresh run's progress, or the resumed run's: weights, optimizer and schedule loaded, best, and its metrics
+    rows (`history`, _history's)."""
     if state is None:
         return RunProgress()
     load_training_state(state, out_dir / LAST, opt.model, opt.optimizer, opt.scheduler)
     start_epoch, best_top1 = int(state["epoch"]), float(state["best_top1"])
-    metrics = list(_history(state, out_dir))
+    metrics = list(history)
     say(f"resuming {out_dir} after epoch {start_epoch} (best val top-1 {100 * best_top1:.2f}%)")
     return RunProgress(start_epoch, best_top1, int(state.get("best_epoch", 0)), metrics)
 
