@@ -8,3 +8,8 @@ traceback. It subclasses ValueError so library callers can catch it the usual wa
 
 class UsageError(ValueError):
     """Bad input: the message says what was wrong and how to fix it."""
+
+
+class Note(UserWarning):
+    """Something the user should know that does not stop the command (files a folder walk skipped, ...): the CLI
+    prints it as one `note:` line on stderr; a library caller gets it through the warnings module."""

@@ -172,10 +172,15 @@ def test_data_of_other_classes_gets_a_new_classifier_said_once_and_recorded(name
     data = ["--data", "synthetic:classes=6,super=2,per_class=20"]
     argv = ["train", "--model", name, "--init-from", str(dense_run), *data, *options[name], *RECIPE, "--out", str(out)]
     assert main(argv) == 0
-    said = [line for line in capsys.readouterr().out.splitlines() if "new classifier" in line]
+    said = [line for line in capsys.readouterr().out.splitlines() if "--init-from" in line]
+    copied = {
+        "vit": "fine-tuning its weights",
+        "mobile-vmoe": "upcycled: every expert MLP starts as the dense MLP of its block, routers fresh",
+        "hard-moe": "its weights in the frozen trunk and every expert, k-means routing fitted on its features",
+    }
     assert said == [
-        f"--init-from {dense_run.resolve()}: a new classifier for the data's 6 classes (the dense run's 10 classes "
-        "are not the data's); every other weight copied"
+        f"--init-from {dense_run.resolve()}: {copied[name]}; a new classifier for the data's 6 classes (the dense "
+        "run's 10 classes are not the data's); every other weight copied"
     ]
     record = read_config(out)["upcycled" if name != "hard-moe" else "hard_moe"]
     assert record["new_head"] is True and record["dense_classes"] == 10

@@ -12,9 +12,10 @@ import importlib
 import importlib.util
 import os
 import sys
+import warnings
 from importlib.metadata import version
 
-from mobile_moe.errors import UsageError
+from mobile_moe.errors import Note, UsageError
 from mobile_moe.interrupts import Terminated, stop_signals
 
 # command -> (module, one-line help). Commands whose module does not exist yet are not offered.
@@ -124,6 +125,20 @@ def check_working_directory() -> None:
         ) from None
 
 
+_PYTHON_SHOWWARNING = warnings.showwarning
+
+
+def _show_notes(command: str | None) -> None:
+    """mobile_moe.errors.Note warnings as one `note:` line each on stderr; other warnings as Python shows them."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, Note):
+            print(f"mobile-moe {command or ''}: note: {' '.join(str(message).split())}", file=sys.stderr)
+        else:
+            _PYTHON_SHOWWARNING(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+
+
 def main(argv: list[str] | None = None) -> int:
     """The `mobile-moe` command; argv None: this process's own command line (the console script, python -m)."""
     process_command, argv = argv is None, sys.argv[1:] if argv is None else argv
@@ -131,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
     chosen = next((arg for arg in argv if not arg.startswith("-")), None)
+    _show_notes(chosen)
     try:
         with stop_signals(until_exit=process_command):
             check_working_directory()

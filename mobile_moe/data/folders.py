@@ -7,16 +7,19 @@ says which files belong where.
 
 from __future__ import annotations
 
+import difflib
 import os
 import pickle
+import warnings
 from pathlib import Path
 
 from torch.utils.data import Dataset, Subset
+from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from mobile_moe.class_names import class_names_problem
 from mobile_moe.data.image_check import check_images
 from mobile_moe.data.image_files import read_image
-from mobile_moe.errors import UsageError
+from mobile_moe.errors import Note, UsageError
 from mobile_moe.super_class.superclasses import SuperClasses, from_labels
 
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
@@ -88,6 +91,61 @@ def check_each_folder_once(root: Path, spec: str) -> None:
             stack += [Path(entry.path) for entry in entries if entry.is_dir()]  # is_dir follows links, as os.walk
 
 
+def check_layout(path: Path, root: str, layout: str) -> None:
+    """UsageError unless `path` has a val/ folder, saying what the path is instead: missing, a file, a split folder
+    given as the root, or class folders without train/ and val/."""
+    spec = f"imagefolder:{root}"
+    if not path.exists():
+        near = difflib.get_close_matches(path.name, _names(path.parent), n=1)
+        hint = f" (did you mean imagefolder:{path.parent / near[0]}?)" if near else ""
+        raise UsageError(f"{spec}: the folder {path} does not exist{hint}; {layout}")
+    if not path.is_dir():
+        raise UsageError(f"{spec}: {path} is a file, not a folder; {layout}")
+    if (path / "val").is_dir():
+        return
+    if path.name in ("train", "val") and (path.parent / "val").is_dir():
+        raise UsageError(f"{spec}: {path} is the {path.name} split of {path.parent}: give imagefolder:{path.parent}")
+    subfolders = sorted(name for name in _names(path) if (path / name).is_dir())
+    if subfolders and "train" not in subfolders:
+        raise UsageError(
+            f"{spec}: {path} holds class folders ({', '.join(subfolders[:3])}{', ...' if len(subfolders) > 3 else ''})"
+            f" but no train/ and val/: move each class's images into {path}/train/<class> and {path}/val/<class> "
+            "(val/ is split in half into validation and test)"
+        )
+    raise UsageError(f"{spec}: {path / 'val'} is missing; {layout}")
+
+
+def _names(folder: Path) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except OSError:
+        return []
+
+
+def one_sided_classes(train: list[str], val: list[str]) -> str:
+    """Which class folders are in train/ only and which in val/ only."""
+    sides = [f"in {side}/ only: {', '.join(sorted(set(mine) - set(theirs)))}"
+             for side, mine, theirs in (("train", train, val), ("val", val, train)) if set(mine) - set(theirs)]  # fmt: skip
+    return (f"train/ and val/ must hold the same class folders; {'; '.join(sides)}: add the missing folders (with "
+            "images) or remove the extra ones")  # fmt: skip
+
+
+def note_skipped(folders: dict, root: str) -> None:
+    """A Note counting the files in the class folders that ImageFolder skipped (not an image's extension)."""
+    taken = {file for folder in folders.values() for file, _ in folder.samples}
+    skipped = []
+    for folder in folders.values():
+        for class_folder in (Path(folder.root) / name for name in folder.classes):
+            skipped += [f for f in sorted(map(str, class_folder.rglob("*"))) if f not in taken and Path(f).is_file()]
+    if skipped:
+        warnings.warn(
+            f"imagefolder:{root}: skipped {len(skipped)} file(s) that are not images by their extension (e.g. "
+            f"{skipped[0]}); images are {', '.join(IMG_EXTENSIONS)}",
+            Note,
+            stacklevel=2,
+        )
+
+
 def open_imagefolder(root: str) -> tuple[Dataset | None, Dataset, list[str]]:
     """ROOT/train/<class>/*.jpg and ROOT/val/<class>/*.jpg (ImageNet layout) -> (train, val, class names). ROOT/val
     alone (ImageNet's validation set) opens too, with train None: enough to evaluate a model or derive its
@@ -96,8 +154,7 @@ def open_imagefolder(root: str) -> tuple[Dataset | None, Dataset, list[str]]:
 
     path = Path(root).expanduser()
     layout = f"put images in {path}/train/<class name>/*.jpg and {path}/val/<class name>/*.jpg"
-    if not (path / "val").is_dir():
-        raise UsageError(f"imagefolder:{root}: {path / 'val'} is missing; {layout}")
+    check_layout(path, root, layout)
     folders = {}
     for split in ("train", "val") if (path / "train").exists() else ("val",):
         try:
@@ -105,8 +162,11 @@ def open_imagefolder(root: str) -> tuple[Dataset | None, Dataset, list[str]]:
             folders[split] = ImageFolder(str(path / split), loader=read_image)
         except (FileNotFoundError, NotADirectoryError, RuntimeError) as error:
             raise UsageError(f"imagefolder:{root}: {error}; {layout}") from None
+        except OSError as error:  # a link loop, a folder that vanished: what was wrong, not a traceback
+            raise UsageError(f"imagefolder:{root}: cannot walk {path / split}: {error}") from None
     if "train" in folders and folders["train"].classes != folders["val"].classes:
-        raise UsageError(f"imagefolder:{root}: train and val have different class folders; {layout}")
+        raise UsageError(f"imagefolder:{root}: {one_sided_classes(folders['train'].classes, folders['val'].classes)}")
+    note_skipped(folders, root)
     problem = class_names_problem(list(folders["val"].classes))  # the folders' names are the classes' names
     if problem is not None:
         raise UsageError(f"imagefolder:{root}: {problem}")

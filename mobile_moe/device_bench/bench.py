@@ -37,7 +37,7 @@ from mobile_moe.device_bench.python_worker import PythonWorker
 from mobile_moe.device_bench.report import PLOTS, REPORT, write_report
 from mobile_moe.device_bench.round_report import RoundJson, RoundReport
 from mobile_moe.device_bench.round_settings import RoundSettings
-from mobile_moe.device_bench.workload import make_workload, random_seed, write_raw
+from mobile_moe.device_bench.workload import ORDERS, make_workload, random_seed, write_raw
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest import bundle_identity, read_manifest, same_bundle
 from mobile_moe.export.manifest_schema import Manifest
@@ -110,6 +110,8 @@ class BenchSettings:
     pause_s: float = 2.0  # between rounds, so heat and background work settle
     data: str = "random"  # images: random[:SEED] or a data spec (digits, cifar10:ROOT, ...)
     images: int = 32  # images in the routing workload
+    order: str = "stratified"  # how a data spec's val images are drawn (workload.ORDERS); random images ignore it
+    seed: int = 0  # the draw's seed
 
     def __post_init__(self) -> None:
         if not 1 <= self.rounds <= MAX_ROUNDS:
@@ -119,6 +121,10 @@ class BenchSettings:
         if self.images < 1:
             raise UsageError(f"--images {self.images}: must be at least 1")
         random_seed(self.data)  # a bad random:SEED now; a data spec is checked when it is opened
+        if self.order not in ORDERS:
+            raise UsageError(f"--order {self.order}: choose one of {', '.join(ORDERS)}")
+        if not 0 <= self.seed < 2**32:
+            raise UsageError(f"--seed {self.seed}: must be from 0 to {2**32 - 1}")
         if self.runtime is not None and self.runtime not in RUNTIMES:
             raise UsageError(f"--runtime {self.runtime!r}: choose one of {', '.join(RUNTIMES)}")
         place, _ = parse_device(self.device)
@@ -137,7 +143,8 @@ class BenchSettings:
 
     def as_json(self) -> dict:
         """results.json's "settings": the per-round knobs and the workload."""
-        return {**dataclasses.asdict(self.round), "data": self.data, "images": self.images, "pause_s": self.pause_s}
+        workload = {"data": self.data, "images": self.images, "order": self.order, "seed": self.seed}
+        return {**dataclasses.asdict(self.round), **workload, "pause_s": self.pause_s}
 
 
 def choose_runtime(requested: str | None, manifest: Manifest, bundle: str) -> str:
@@ -222,7 +229,8 @@ def write_results(results: dict, folder: Path) -> None:
 def _workloads(manifests: dict[str, Manifest], settings: BenchSettings, log: Callable[[str], None]) -> dict:
     """Each bundle's images; a data split holding fewer than --images is benched whole, and the log says so
     (results.json's settings keep the count asked for, each run its own)."""
-    workloads = {name: make_workload(settings.data, manifest, settings.images, bundle=name)
+    workloads = {name: make_workload(settings.data, manifest, settings.images, bundle=name, order=settings.order,
+                                     seed=settings.seed)
                  for name, manifest in manifests.items()}  # fmt: skip
     for name, workload in workloads.items():
         if len(workload.images) < settings.images:

@@ -15,6 +15,7 @@ from pathlib import Path
 from mobile_moe import jsonio
 from mobile_moe.device_bench.bench import RUNTIMES, BenchSettings, benchmark
 from mobile_moe.device_bench.round_settings import RoundSettings
+from mobile_moe.device_bench.workload import ORDERS
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -72,6 +73,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--images", type=int, default=whole.images, help=f"images in the routing workload (default {whole.images})"
     )
     parser.add_argument(
+        "--order",
+        choices=ORDERS,
+        default=whole.order,
+        help="how a data spec's val images are drawn: "
+        + "; ".join(f"{name}: {meaning}" for name, meaning in ORDERS.items())
+        + f" (default {whole.order})",
+    )
+    parser.add_argument("--seed", type=int, default=whole.seed, help=f"the draw's seed (default {whole.seed})")
+    parser.add_argument(
         "--switch-repeats",
         type=int,
         default=each.switch_repeats,
@@ -93,7 +103,8 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         weight_cache=args.weight_cache,
     )  # fmt: skip
     return BenchSettings(round_settings, runtime=args.runtime, device=args.device, runner=args.runner,
-                         rounds=args.rounds, pause_s=args.pause, data=args.data, images=args.images)  # fmt: skip
+                         rounds=args.rounds, pause_s=args.pause, data=args.data, images=args.images,
+                         order=args.order, seed=args.seed)  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:

@@ -51,10 +51,29 @@ def timed_predict(bundle, image) -> tuple[object, float, bool]:
     return prediction, wall_ms, hit
 
 
+class ImageFile:
+    """The images of a raw float32 file (N x C x S x S), read one at a time as they are asked for: the process holds
+    one image whatever N is, so its peak memory is the model's, as the native runner's is (its ImageStream)."""
+
+    def __init__(self, path: str | Path, shape: list[int]):
+        self.path, self.shape = Path(path), tuple(shape[1:])
+        self.values = int(np.prod(self.shape))
+        self.count = self.path.stat().st_size // (4 * self.values)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if not 0 <= index < self.count:
+            raise IndexError(index)
+        image = np.fromfile(self.path, dtype=np.float32, count=self.values, offset=4 * self.values * index)
+        return torch.from_numpy(image.reshape(self.shape))
+
+
 def measure(bundle_dir: str | Path, runtime: str, images_file: str | Path, settings: RoundSettings) -> RoundJson:
     """One round on `bundle_dir` in this process: cold load, routing pass, timed warm runs, expert switches."""
     shape = read_manifest(bundle_dir).input.shape  # the schema's checks; nothing is loaded before the timing
-    images = torch.from_numpy(np.fromfile(images_file, dtype=np.float32).reshape(-1, *shape[1:]))  # (N, C, S, S)
+    images = ImageFile(images_file, shape)
     torch.set_num_threads(settings.threads)
     cache = settings.cache_experts
     report: dict = {"runner": f"python-{runtime}", "bundle": str(bundle_dir), "threads": settings.threads}

@@ -25,6 +25,19 @@ def _rate(value) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+WIDE_ADVICE = (
+    "Runs marked WIDE disagree across rounds by more than 10% (p50): treat them as noisy. To narrow them, run on a "
+    "quiet machine (nothing else running: the spread is mostly other work taking the cores), give more --iterations "
+    "(each round's p50 over more runs) and more --rounds (the median over more processes), and compare only runs of "
+    "one bench, whose rounds interleave the bundles."
+)
+
+
+def _workloads(runs: list[dict]) -> str:
+    """The distinct workloads of the runs, for the report's header."""
+    return "; ".join(dict.fromkeys(run.get("workload", "?") for run in runs))
+
+
 def _label(run: dict) -> str:
     return f"{run['bundle_name']} ({run['runtime']}, {run['device']})"
 
@@ -57,6 +70,17 @@ def _split_vs_whole(split: dict, whole: dict) -> str:
     )
 
 
+def _memory_ratio(moe: dict, dense: dict) -> str:
+    """Peak RSS of two runs, and of the model's own share (over the process before it loaded anything)."""
+    text = f"peak RSS {_mib(moe['peak_rss_bytes'])} vs {_mib(dense['peak_rss_bytes'])} MiB"
+    if moe["peak_rss_bytes"] and dense["peak_rss_bytes"]:
+        text += f" ({moe['peak_rss_bytes'] / dense['peak_rss_bytes']:.3f}x)"
+    if moe.get("model_peak_bytes") and dense.get("model_peak_bytes"):
+        text += (f", the model's share {_mib(moe['model_peak_bytes'])} vs {_mib(dense['model_peak_bytes'])} MiB "
+                 f"({moe['model_peak_bytes'] / dense['model_peak_bytes']:.3f}x)")  # fmt: skip
+    return text
+
+
 def cache_lines(runs: list[dict]) -> list[str]:
     """Which native runs kept XNNPACK's packed weights on disk, and what the one cache folder held: said once, since
     every bundle's runs share the folder (a figure per bundle read as each bundle's own)."""
@@ -81,9 +105,11 @@ def stream_lines(runs: list[dict]) -> list[str]:
         added, p50 = switch["added_ms"], run["latency_ms"]["p50"]
         ratio = f"{added / p50:.2g}" if added < 10 * p50 else f"{added / p50:.0f}"  # 0.0013x, 0.3x, 150x
         cost = f"{_ms(added)} ms over a hit ({ratio}x the warm p50 of {_ms(p50)} ms)"
+        why = ("; the stream is the split's first images, in class order: --order stratified draws across classes"
+               if "(val, first" in run.get("workload", "") else "")
         lines.append(
-            f"- {_label(run)}: the expert never changed between consecutive images; a change (measured apart) adds "
-            f"{cost}" if rate == 0 else
+            f"- {_label(run)}: the expert never changed between consecutive images of {run.get('workload', '?')}"
+            f"{why}; a change (measured apart) adds {cost}" if rate == 0 else
             f"- {_label(run)}: the expert changed on {rate:.0%} of consecutive images; each change added {cost}, "
             f"about {_ms(rate * added)} ms per image on average"
         )  # fmt: skip
@@ -103,7 +129,8 @@ def comparisons(runs: list[dict]) -> list[str]:
                 ratio = moe["latency_ms"]["p50"] / dense["latency_ms"]["p50"]
                 lines.append(
                     f"- {moe['bundle_name']} vs {_named('dense', dense)} ({_runtime_label(moe)}): end-to-end p50 "
-                    f"{_ms(moe['latency_ms']['p50'])} ms vs {_ms(dense['latency_ms']['p50'])} ms, ratio {ratio:.3f}"
+                    f"{_ms(moe['latency_ms']['p50'])} ms vs {_ms(dense['latency_ms']['p50'])} ms, ratio {ratio:.3f}; "
+                    f"{_memory_ratio(moe, dense)}"
                 )
     for moe in by_kind.get("split", []):
         for whole in by_kind.get("whole", []):
@@ -159,12 +186,16 @@ def markdown(results: dict, plot_files: list[str] = ()) -> str:
         "# Benchmark report",
         "",
         f"Host: {results.get('host', '?')}. Rounds per run: {results.get('rounds', '?')} (median shown). "
-        "Latency is warm end-to-end per image; load is cold; switch = load + first run of an expert not loaded.",
+        "Latency is warm end-to-end per image; load is cold; switch = load + first run of an expert not loaded. "
+        "Images are fed one at a time, as an app gets them: peak RSS is the runner's with one image in memory, and "
+        "the model's share is that peak less what the process held before it loaded a graph.",
+        "",
+        f"Images: {_workloads(runs)}.",
         "",
         "| bundle | runtime | device | threads | p50 ms | p90 ms | p99 ms | mean ms | router load ms | expert load ms "
-        "| switch ms | peak RSS MiB | PSS MiB | graph MiB/image | params M loaded/image | params M active "
+        "| switch ms | peak RSS MiB | model MiB | PSS MiB | graph MiB/image | params M loaded/image | params M active "
         "| expert change rate | top-1 | spread |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         latency, load = run["latency_ms"], run["load_ms"]
@@ -174,7 +205,7 @@ def markdown(results: dict, plot_files: list[str] = ()) -> str:
             f"{' EMULATED' if run.get('emulated') else ''} "
             f"| {_ms(latency['p90'])} | {_ms(latency['p99'])} | {_ms(latency['mean'])} | {_ms(load['router'])} "
             f"| {_ms(load['expert'])} | {_ms(run['switch_ms'])} | {_mib(run['peak_rss_bytes'])} "
-            f"| {_mib(run['pss_bytes'])} | {_mib(run['bytes_loaded_per_image'])} "
+            f"| {_mib(run.get('model_peak_bytes'))} | {_mib(run['pss_bytes'])} | {_mib(run['bytes_loaded_per_image'])} "
             f"| {_millions(run.get('params_loaded_per_image'))} | {_millions(run['params_active'])} "
             f"| {_rate(run['expert_change_rate'])} | {_top1(run)} | {spread} |"
         )
@@ -207,7 +238,7 @@ def markdown(results: dict, plot_files: list[str] = ()) -> str:
             "the host's.",
         ]
     if any(run["spread"]["wide"] for run in runs):
-        lines += ["", "Runs marked WIDE disagree across rounds by more than 10% (p50): treat them as noisy."]
+        lines += ["", WIDE_ADVICE]
     lines += ["", "Phone numbers need a real phone (`--device android`); host numbers depend on what else runs."]
     lines += parity_lines(runs)
     if plot_files:
@@ -306,12 +337,16 @@ def _latency_plot(plt, results: dict):
 
 def _memory_plot(plt, results: dict):
     runs = results["runs"]
-    figure, axis = _bars(plt, results, "Memory: peak RSS of the runner, and graph bytes loaded per image")
+    figure, axis = _bars(plt, results, "Memory: peak RSS of the runner, the model's share of it, and graph bytes "
+                         "loaded per image")  # fmt: skip
     positions = range(len(runs))
-    peak = [(run["peak_rss_bytes"] or 0) / 2**20 for run in runs]
-    per_image = [run["bytes_loaded_per_image"] / 2**20 for run in runs]
-    axis.bar([p - 0.2 for p in positions], peak, width=0.4, label="peak RSS")
-    axis.bar([p + 0.2 for p in positions], per_image, width=0.4, label="graph bytes loaded per image")
+    bars = {
+        "peak RSS (one image at a time)": [run["peak_rss_bytes"] for run in runs],
+        "the model's share (peak less the process before loading)": [run.get("model_peak_bytes") for run in runs],
+        "graph bytes loaded per image": [run["bytes_loaded_per_image"] for run in runs],
+    }
+    for offset, (label, values) in zip((-0.27, 0, 0.27), bars.items(), strict=True):
+        axis.bar([p + offset for p in positions], [(v or 0) / 2**20 for v in values], width=0.27, label=label)
     axis.set_xticks(list(positions), [_label(run) for run in runs], rotation=30, ha="right", fontsize=7)
     axis.set_ylabel("MiB")
     axis.set_ylim(bottom=0)

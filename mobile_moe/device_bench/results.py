@@ -137,8 +137,15 @@ def summarize_round(round_: RoundReport) -> dict:
         "switch_cold_parts_ms": _parts(switch.cold.parts_median_ms) if switch.cold else None,
         "peak_rss_bytes": memory.peak_rss_bytes,
         "pss_bytes": memory.pss_bytes,
+        "rss_after_load_bytes": round_.memory_after_first_load.rss_bytes,
+        "model_peak_bytes": _above(memory.peak_rss_bytes, round_.memory_at_start.rss_bytes),
         "weight_cache_bytes": round_.weight_cache_bytes,
     }
+
+
+def _above(value: int | None, base: int | None) -> int | None:
+    """`value - base`, the model's share of a process's memory over what it held before loading anything."""
+    return None if value is None or base is None else value - base
 
 
 def run_record(
@@ -165,6 +172,8 @@ def run_record(
         **_timings(rounds, summaries, split=split),
         "peak_rss_bytes": _median([s["peak_rss_bytes"] for s in summaries]),
         "pss_bytes": _median([s["pss_bytes"] for s in summaries]),
+        "rss_after_load_bytes": _median([s["rss_after_load_bytes"] for s in summaries]),
+        "model_peak_bytes": _median([s["model_peak_bytes"] for s in summaries]),
         **_sizes(manifest, sequence),
         **_accuracy(manifest),
         "expert_change_rate": routing_stats.expert_change_rate(sequence) if split else None,

@@ -32,16 +32,45 @@ def random_workload(shape: list[int], count: int, seed: int = 0) -> Workload:
     return Workload(images, f"random:{seed}")
 
 
-def data_workload(spec: str, manifest: Manifest, count: int, *, bundle: str | Path) -> Workload:
-    """The first `count` images of the spec's val split, preprocessed with the bundle's recorded normalisation; the
-    spec must have the classes of the bundle (its directory: `bundle`)."""
+# How a data workload draws its images from the val split (--order). A real folder's val split is sorted by class, so
+# its first N images are one or two classes that all route to one expert: a bench on them never sees a switch.
+ORDERS = {
+    "stratified": "every class in turn as far as the count allows, then shuffled (seeded)",
+    "shuffled": "a seeded random sample of the split, in random order",
+    "folder": "the split's first images, in folder (class) order",
+}
+
+
+def draw_indices(labels: list[int], count: int, order: str, seed: int) -> np.ndarray:
+    """`count` indices into a split with these `labels`, drawn by `order` (ORDERS) with `seed`."""
+    if order not in ORDERS:
+        raise UsageError(f"--order {order}: choose one of {', '.join(ORDERS)}")
+    count = min(count, len(labels))
+    if order == "folder":
+        return np.arange(count)
+    generator = np.random.default_rng(seed)
+    if order == "shuffled":
+        return generator.permutation(len(labels))[:count]
+    by_class = [generator.permutation(np.flatnonzero(np.asarray(labels) == c)) for c in sorted(set(labels))]
+    # Round-robin over the classes (each class's images in random order), so `count` holds every class equally as far
+    # as the split allows; then one shuffle, so consecutive images are as independent as real use's.
+    dealt = [members[i] for i in range(max(map(len, by_class))) for members in by_class if i < len(members)]
+    return generator.permutation(np.array(dealt[:count]))
+
+
+def data_workload(
+    spec: str, manifest: Manifest, count: int, *, bundle: str | Path, order: str = "stratified", seed: int = 0
+) -> Workload:
+    """`count` images of the spec's val split drawn by `order` (ORDERS) with `seed`, preprocessed with the bundle's
+    recorded normalisation; the spec must have the classes of the bundle (its directory: `bundle`)."""
     data = open_data(spec, manifest.input.shape[-1], mean=manifest.input.mean, std=manifest.input.std)
     fix = "bench on data with the bundle's classes (their routing is the one it learnt), or on --data random"
     check_classes(manifest.class_names, data, whose=f"bundle {bundle}", fix=fix)
     split = data.split("val")
-    count = min(count, len(split))
-    images = np.stack([split[i][0].numpy() for i in range(count)]).astype(np.float32)
-    return Workload(images, f"{spec} (val, first {count})")
+    indices = draw_indices(data.targets("val"), count, order, seed)
+    images = np.stack([split[int(i)][0].numpy() for i in indices]).astype(np.float32)
+    described = "first" if order == "folder" else f"{order}, seed {seed},"
+    return Workload(images, f"{spec} (val, {described} {len(indices)} of {len(split)})")
 
 
 def check_fits_memory(count: int, shape: list[int]) -> None:
@@ -68,16 +97,18 @@ def random_seed(spec: str) -> int | None:
     return int(seed)
 
 
-def make_workload(spec: str, manifest: Manifest, count: int, *, bundle: str | Path) -> Workload:
+def make_workload(
+    spec: str, manifest: Manifest, count: int, *, bundle: str | Path, order: str = "stratified", seed: int = 0
+) -> Workload:
     """`random` / `random:SEED`, or any data spec mobile_moe.data understands (with the classes of `bundle`, the
-    directory `manifest` came from)."""
+    directory `manifest` came from), its val images drawn by `order` with `seed` (data_workload)."""
     if count < 1:
         raise UsageError(f"--images {count}: must be at least 1")
     check_fits_memory(count, manifest.input.shape)  # before numpy is asked for it
     seed = random_seed(spec)
     if seed is not None:
         return random_workload(manifest.input.shape, count, seed)
-    return data_workload(spec, manifest, count, bundle=bundle)
+    return data_workload(spec, manifest, count, bundle=bundle, order=order, seed=seed)
 
 
 def write_raw(workload: Workload, path: Path) -> Path:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -247,7 +249,21 @@ def resume_changes(args: argparse.Namespace, config: dict[str, Any]) -> dict[str
     return {name: getattr(given, name) for name in changed}
 
 
+def resume_command(argv: list[str]) -> str:
+    """The command line that continues this run: the same one, with --resume."""
+    words = ["mobile-moe", *argv]
+    return shlex.join(words if "--resume" in words else [*words, "--resume"])
+
+
 def run(args: argparse.Namespace) -> None:
+    try:
+        _run(args)
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM (mobile_moe.interrupts): the last checkpoint.pt is whole
+        print(f"continue with: {resume_command(sys.argv[1:])}", file=sys.stderr, flush=True)
+        raise
+
+
+def _run(args: argparse.Namespace) -> None:
     # torch: these load only when the command runs, so `mobile-moe train --help` stays fast
     from mobile_moe.training.run_dir import LAST, is_run_dir, read_config
     from mobile_moe.training.train import resume_training, train

@@ -45,6 +45,10 @@ class EpochContext:
     # process's first (which compiles and warms up): in its first epoch, or the next when that had one step
     estimate: Callable[[float, int], None] | None = None
     steps_run: int = 0  # training steps this process has run, every epoch
+    # seconds between reads of the running sums besides every log_every steps: progress within an epoch of a few slow
+    # steps (a read is one host sync: every 2 s costs a GPU nothing)
+    progress_seconds: float = 2.0
+    warmup_s: float = 0.0  # the process's first step's time over a steady step's (compile, warm-up), when timed
 
 
 @dataclass
@@ -183,6 +187,7 @@ def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int)
         return batch_targets(loader_batch, ctx, StepKey(cfg.seed, epoch, ctx.placement.rank, step))
 
     batches = BatchesAhead(loader, prepare, ctx.placement.device)  # on CUDA, a thread prepares the next ones
+    last_read = start
     try:
         for step in range(steps):
             images, targets, super_targets = next(batches)
@@ -193,17 +198,20 @@ def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int)
             sums.add(terms, output, targets)
             if step == 0:
                 first_step_done = time.perf_counter()  # the first step compiles, warms up: not in the estimate
-            if (step + 1) % ctx.log_every == 0 or step + 1 == steps:
+            due = time.perf_counter() - last_read >= ctx.progress_seconds
+            if due or (step + 1) % ctx.log_every == 0 or step + 1 == steps:
                 sums.read()
-                now = time.perf_counter()
+                now = last_read = time.perf_counter()
                 say_estimate(ctx, step, epoch_start=start, first_step_done=first_step_done, now=now)
                 img_s = sums.images * world_size / (now - start)
                 progress.update(steps=step + 1 - progress.done, **sums.progress(img_s))
     finally:
         batches.close()
         progress.close()
-    ctx.steps_run += steps
     elapsed = time.perf_counter() - start
+    if ctx.steps_run == 0 and steps > 1:
+        ctx.warmup_s = max(0.0, (first_step_done - start) - (elapsed - (first_step_done - start)) / (steps - 1))
+    ctx.steps_run += steps
     rates = {"images_per_s": sums.images * world_size / elapsed, "epoch_time_s": elapsed}
     return {**sums.row(), **rates, "input_wait": batches.waited / elapsed}  # the host blocked on input
 

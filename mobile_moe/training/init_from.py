@@ -43,14 +43,23 @@ def check_init_from(model_config: ViTConfig, init_from: str | os.PathLike | None
         check_dense_fits(model_config, read_config(init_from)["model"], f"--init-from {init_from}")
 
 
-def announcement(entries: dict[str, Any], data) -> str | None:
-    """The one line a fresh start from a dense run of other classes prints."""
-    record = entries.get("upcycled") or entries.get("hard_moe") or {}
-    if not record.get("new_head"):
+def announcement(entries: dict[str, Any], data, model_config: ViTConfig) -> str | None:
+    """The one line a fresh start from a dense run prints: what was copied from it, and the classifier it got."""
+    record = entries.get("upcycled") or entries.get("hard_moe")
+    if record is None:
         return None
+    if entries.get("hard_moe"):
+        copied = "its weights in the frozen trunk and every expert, k-means routing fitted on its features"
+    elif model_config.is_moe:
+        copied = "upcycled: every expert MLP starts as the dense MLP of its block, routers fresh"
+    else:
+        copied = "fine-tuning its weights"
+    start = f"--init-from {entries['init_from']}: {copied}"
+    if not record.get("new_head"):
+        return f"{start}; its classifier kept (the same {data.num_classes} classes)"
     return (
-        f"--init-from {entries['init_from']}: a new classifier for the data's {data.num_classes} classes (the dense "
-        f"run's {record['dense_classes']} classes are not the data's); every other weight copied"
+        f"{start}; a new classifier for the data's {data.num_classes} classes (the dense run's "
+        f"{record['dense_classes']} classes are not the data's); every other weight copied"
     )
 
 

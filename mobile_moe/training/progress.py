@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import sys
+import time
 
 from tqdm import tqdm
 
 PLAIN_LINES_PER_EPOCH = 4
+PLAIN_SECONDS = 10.0  # a plain line at least this often within a long epoch, whatever its steps
 
 
 class Progress:
@@ -17,6 +19,7 @@ class Progress:
         self.done = 0
         self.bar = tqdm(total=total, desc=description, leave=False) if enabled and sys.stderr.isatty() else None
         self.every = max(1, total // PLAIN_LINES_PER_EPOCH)
+        self.last_line = time.monotonic()
 
     def update(self, steps: int = 1, **stats: float) -> None:
         """`steps` more steps done (a log interval's), with the stats as of now."""
@@ -26,7 +29,9 @@ class Progress:
         if self.bar is not None:
             self.bar.set_postfix({k: f"{v:.4g}" for k, v in stats.items()}, refresh=False)
             self.bar.update(steps)
-        elif self.done // self.every > before // self.every or self.done == self.total:
+        elif (self.done // self.every > before // self.every or self.done == self.total
+              or time.monotonic() - self.last_line >= PLAIN_SECONDS):  # fmt: skip
+            self.last_line = time.monotonic()
             text = " ".join(f"{k} {v:.4g}" for k, v in stats.items())
             print(f"{self.description} {self.done}/{self.total} {text}", file=sys.stderr, flush=True)
 

@@ -497,6 +497,8 @@ def _train(request: TrainRequest) -> Path:
     request = dataclasses.replace(request, cfg=request.cfg.replace(input_pipeline=pipeline))  # recorded as resolved
     printing = request.verbose and placement.is_main
     say = (lambda text: print(text, flush=True)) if printing else (lambda text: None)
+    if printing and (note := inputs.cost_note(pipeline, placement.device)):
+        print(note, file=sys.stderr, flush=True)
     try:
         state = _resume_state(request, placement)
         history = _history(state, request.out_dir) if state is not None else []  # checked before the data opens
@@ -509,8 +511,9 @@ def _train(request: TrainRequest) -> Path:
             "recipe": request.cfg.to_dict(),
             **init_entries,
         }
-        if state is None and placement.is_main and (line := upcycling.announcement(init_entries, run.data)):
-            print(line, flush=True)  # even under --quiet: the run's model is not all the --init-from run's
+        announced = upcycling.announcement(init_entries, run.data, run.model_config)
+        if state is None and placement.is_main and announced:
+            print(announced, flush=True)  # even under --quiet: the run's model is not all the --init-from run's
         progress = _restore_progress(state, history, request.out_dir, opt, say)
         _prepare_run_dir(request.out_dir, run_config, state, placement, say)
         steps_left = (request.cfg.epochs - progress.start_epoch) * len(run.loader)
@@ -625,17 +628,34 @@ def _epoch_context(
     return context
 
 
+def duration(seconds: float) -> str:
+    """'2 h 5 min', '7 min' or '40 s'."""
+    hours, minutes = divmod(round(seconds / 60), 60)
+    return f"{hours} h {minutes} min" if hours else f"{minutes} min" if minutes else f"{max(seconds, 1):.0f} s"
+
+
 def say_run_estimate(seconds_per_step: float, steps: int) -> None:
     """What the rest of the run will take, said once a step is timed: a 300-epoch recipe started by mistake shows.
-    With tqdm.write, so that on a terminal the line goes above the epoch's progress bar, not into it."""
+    With tqdm.write, so that on a terminal the line goes above the epoch's progress bar, not into it. Each epoch's line
+    then updates it from the epochs' own wall time (time_left)."""
     if steps <= 0:
         return
-    total = seconds_per_step * steps
-    hours, minutes = divmod(round(total / 60), 60)
-    took = f"{hours} h {minutes} min" if hours else f"{minutes} min" if minutes else f"{max(total, 1):.0f} s"
     pace = f"{seconds_per_step:.3f} s a step"
-    said = f"about {took} of training for the run's {counted(steps, 'step')} left ({pace}), evaluation aside"
+    said = (f"about {duration(seconds_per_step * steps)} of training for the run's {counted(steps, 'step')} left "
+            f"({pace}), evaluation aside; each epoch's line updates it")  # fmt: skip
     tqdm.write(said, file=sys.stdout)
+
+
+RECENT_EPOCHS = 3  # the estimate of the time left follows the pace of the last few epochs (a busy machine's changes)
+
+
+def time_left(epoch_seconds: list[float], epochs_left: int) -> str:
+    """'  about 4 min left' from the wall time of the epochs so far (training, evaluation and checkpoint, the first
+    step's warm-up taken out); '' after the last epoch."""
+    if epochs_left <= 0 or not epoch_seconds:
+        return ""
+    recent = sorted(epoch_seconds[-RECENT_EPOCHS:])
+    return f"  about {duration(recent[len(recent) // 2] * epochs_left)} left"
 
 
 def _train_epochs(session: Session, progress: RunProgress) -> None:
@@ -654,12 +674,16 @@ def _train_epochs(session: Session, progress: RunProgress) -> None:
         + f" -> {request.out_dir}"
     )
     warned_collapse = False
+    epoch_seconds: list[float] = []
     for epoch in range(progress.start_epoch, cfg.epochs):
+        started = time.perf_counter()
         row = _epoch(session, epoch)
         progress.record(row)
         if session.placement.is_main:
             commit_epoch(request.out_dir, _checkpoint(session, progress, row))
-            session.say(epoch_line(row))
+            epoch_seconds.append(time.perf_counter() - started - session.ctx.warmup_s)
+            session.ctx.warmup_s = 0.0
+            session.say(epoch_line(row) + time_left(epoch_seconds, cfg.epochs - epoch - 1))
             warned_collapse = warned_collapse or _warned_collapse(run.model_config, row)
 
 

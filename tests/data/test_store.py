@@ -44,7 +44,8 @@ def test_images_are_shrunk_to_max_side_with_their_aspect(tmp_path):
             (tmp_path / "folder" / split / name).mkdir(parents=True)
             for index, kind in enumerate(FILE_KINDS):
                 pixels = rng.integers(0, 256, (30, 60, 3), dtype=np.uint8)
-                write_image_kind(tmp_path / "folder" / split / name / f"{index}.{kind}", kind, pixels)
+                suffix = "png" if kind == "png" else "jpg"  # ImageFolder takes images by their extension
+                write_image_kind(tmp_path / "folder" / split / name / f"{index}-{kind}.{suffix}", kind, pixels)
     out = store.pack(open_data(f"imagefolder:{tmp_path / 'folder'}", 20), tmp_path / "store", max_side=20)
     data = open_data(f"packed:{out}", 16)
     image, label = data.raw_splits["train"][0]

@@ -193,7 +193,8 @@ def test_bench_settings_defaults_and_json():
     assert settings.runtime is None and settings.device == "host" and settings.rounds == 3
     assert settings.as_json() == {"iterations": 7, "warmup": 5, "threads": 1, "cache_experts": None,
                                   "park_experts": None, "cache_margin": 0.0, "switch_repeats": 2, "weight_cache": True,
-                                  "data": "random:3", "images": 32, "pause_s": 0}  # fmt: skip
+                                  "data": "random:3", "images": 32, "order": "stratified", "seed": 0,
+                                  "pause_s": 0}  # fmt: skip
 
 
 def test_one_function_picks_the_runner_for_runtime_and_device(tmp_path):
@@ -248,8 +249,8 @@ def test_the_report_says_how_often_the_stream_switched_and_what_a_switch_added()
     steady["switch"]["warm_expert_run_median_ms"] = 2.0
     moe = run_record("b/moe", fake_manifest("moe"), "native", "host", [validate_round(steady, "fake")], "random:0")
     assert (
-        "- moe (native, host): the expert never changed between consecutive images; a change (measured apart) adds "
-        "3.00 ms over a hit (0.3x the warm p50 of 10.00 ms)"
+        "- moe (native, host): the expert never changed between consecutive images of random:0; a change (measured "
+        "apart) adds 3.00 ms over a hit (0.3x the warm p50 of 10.00 ms)"
     ) in markdown({"runs": [moe], "host": "test", "rounds": 1})
 
 

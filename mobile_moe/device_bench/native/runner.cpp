@@ -21,6 +21,7 @@
 #include <executorch/runtime/core/error.h>
 #include <executorch/runtime/platform/platform.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #if defined(__linux__)  // Android too
 #include <sys/prctl.h>
@@ -35,6 +36,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <new>
 #include <numeric>
@@ -171,32 +173,60 @@ Options parse_options(int argc, char** argv) {
 // ---------------------------------------------------------------------------------------------------------------
 // Inputs, statistics, memory
 
-std::vector<std::vector<float>> read_images(const Options& options, const Bundle& bundle) {
-  size_t per_image = 1;
-  for (size_t i = 1; i < bundle.image_shape.size(); ++i) per_image *= static_cast<size_t>(bundle.image_shape[i]);
-  std::vector<std::vector<float>> images;
-  if (!options.input_path.empty()) {
-    std::string raw = read_file(options.input_path, "--input", uint64_t{1} << 32);
-    if (raw.empty() || raw.size() % (per_image * sizeof(float)) != 0)
-      throw UsageError(options.input_path + " holds " + std::to_string(raw.size()) +
-                       " bytes, not a whole number of float32 images of " + std::to_string(per_image) + " values");
-    for (size_t offset = 0; offset < raw.size(); offset += per_image * sizeof(float)) {
-      images.emplace_back(per_image);
-      std::memcpy(images.back().data(), raw.data() + offset, per_image * sizeof(float));
+// The input images, fed one at a time as an app gets them: image i is read from --input (or drawn from its own seed
+// with --random) into one buffer when it is asked for, so the process holds one image whatever N is and its peak RSS
+// measures the model, not the test set (a 100-image file of 224 px images is 60 MB, more than a ViT-Ti/32 expert).
+class ImageStream {
+ public:
+  ImageStream(const Options& options, const Bundle& bundle) : path_(options.input_path), seed_(options.seed) {
+    for (size_t i = 1; i < bundle.image_shape.size(); ++i) per_image_ *= static_cast<size_t>(bundle.image_shape[i]);
+    buffer_.resize(per_image_);
+    if (path_.empty()) {
+      count_ = static_cast<size_t>(options.random_images);
+      return;
     }
-    return images;
+    const size_t image_bytes = per_image_ * sizeof(float);
+    struct stat info {};
+    if (stat(path_.c_str(), &info) != 0)
+      throw UsageError("cannot read --input " + path_ + ": " + std::strerror(errno));
+    if (!S_ISREG(info.st_mode)) throw UsageError("--input " + path_ + " is not a regular file");
+    const auto bytes = static_cast<uint64_t>(info.st_size);
+    if (bytes == 0 || bytes % image_bytes != 0)
+      throw UsageError(path_ + " holds " + std::to_string(bytes) + " bytes, not a whole number of float32 images of " +
+                       std::to_string(per_image_) + " values");
+    count_ = static_cast<size_t>(bytes / image_bytes);
+    file_.open(path_, std::ios::binary);
+    if (!file_) throw UsageError("cannot read --input " + path_);
   }
-  if (static_cast<double>(options.random_images) * static_cast<double>(per_image) * sizeof(float) > 4294967296.0)
-    throw UsageError("--random " + std::to_string(options.random_images) + " images of " + std::to_string(per_image) +
-                     " values need more than 4 GiB; ask for fewer");
-  std::mt19937 generator(options.seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (int n = 0; n < options.random_images; ++n) {
-    images.emplace_back(per_image);
-    for (auto& value : images.back()) value = normal(generator);
+
+  size_t size() const { return count_; }
+
+  // Image `index % size()` in the one buffer (valid until the next call).
+  std::vector<float>& at(size_t index) {
+    index %= count_;
+    if (path_.empty()) return draw(index);
+    file_.seekg(static_cast<std::streamoff>(index * per_image_ * sizeof(float)));
+    file_.read(reinterpret_cast<char*>(buffer_.data()), static_cast<std::streamsize>(per_image_ * sizeof(float)));
+    if (!file_) throw UsageError("--input " + path_ + " changed while it was read (image " + std::to_string(index) + ")");
+    return buffer_;
   }
-  return images;
-}
+
+ private:
+  std::vector<float>& draw(size_t index) {
+    std::seed_seq seeds{seed_, static_cast<unsigned>(index)};  // image i is the same whatever was drawn before it
+    std::mt19937 generator(seeds);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (auto& value : buffer_) value = normal(generator);
+    return buffer_;
+  }
+
+  std::string path_;
+  unsigned seed_;
+  size_t per_image_ = 1;
+  size_t count_ = 0;
+  std::ifstream file_;
+  std::vector<float> buffer_;
+};
 
 // Percentiles with linear interpolation between order statistics (numpy's default), so both sides agree.
 double percentile(std::vector<double> values, double q) {
@@ -327,13 +357,13 @@ void write_image_row(json::Writer& out, const Inference& result) {
 // 2. Routing pass: each image once, in order, through the expert cache. Returns each expert's cold load time (its
 // first load in this process).
 std::map<int, double> routing_pass(json::Writer& out, const Bundle& bundle, Pipeline& pipeline, const Loader& loader,
-                                   std::vector<std::vector<float>>& images, OpenFiles& files) {
+                                   ImageStream& images, OpenFiles& files) {
   files.note();
   std::map<int, double> cold_expert_load_ms;
   int64_t bytes_before_routing = loader.bytes_loaded;
   out.key("images").begin_array();
-  for (auto& image : images) {
-    Inference result = pipeline.infer(image);
+  for (size_t i = 0; i < images.size(); ++i) {
+    Inference result = pipeline.infer(images.at(i));
     files.note();
     if (!result.hit && !cold_expert_load_ms.count(result.experts[0]))
       cold_expert_load_ms[result.experts[0]] = result.load_ms;
@@ -351,11 +381,11 @@ std::map<int, double> routing_pass(json::Writer& out, const Bundle& bundle, Pipe
 
 // 3. Warm-up, then --iterations timed end-to-end runs cycling over the images (cache as configured).
 void timed_runs(json::Writer& out, const Options& options, const Bundle& bundle, Pipeline& pipeline,
-                std::vector<std::vector<float>>& images, OpenFiles& files) {
-  for (int i = 0; i < options.warmup; ++i) pipeline.infer(images[i % images.size()]);
+                ImageStream& images, OpenFiles& files) {
+  for (int i = 0; i < options.warmup; ++i) pipeline.infer(images.at(static_cast<size_t>(i)));
   std::vector<double> total, router, expert, tail, loads;
   for (int i = 0; i < options.iterations; ++i) {
-    Inference result = pipeline.infer(images[i % images.size()]);
+    Inference result = pipeline.infer(images.at(static_cast<size_t>(i)));
     total.push_back(result.total_ms);
     router.push_back(result.router_ms);
     expert.push_back(result.expert_ms);
@@ -438,11 +468,11 @@ SwitchSample time_switch(Pipeline& pipeline, const Loader& loader, int expert, s
 // then one more (warm) run. With a cache directory each expert is switched to from an empty cache first (cold), then
 // from its own cache file. An expert first loaded here has its cold load recorded in cold_expert_load_ms.
 SwitchTimes measure_switches(const Options& options, const Bundle& bundle, Pipeline& pipeline, const Loader& loader,
-                             std::vector<std::vector<float>>& images, int num_experts, OpenFiles& files,
+                             ImageStream& images, int num_experts, OpenFiles& files,
                              std::map<int, double>& cold_expert_load_ms) {
   SwitchTimes times;
   if (bundle.kind != Kind::Split) return times;
-  std::vector<float> tokens = pipeline.route(images[0]);  // real tokens, so the expert sees real input
+  std::vector<float> tokens = pipeline.route(images.at(0));  // real tokens, so the expert sees real input
   // Experts the images never chose are loaded once first (their cold load), so every timed switch from the cache
   // meets a file the expert's first load wrote, as serving does.
   for (int e = 0; e < num_experts && options.switch_repeats > 0; ++e) {
@@ -547,7 +577,7 @@ std::string measure(const Options& options) {
   PackedCache packed_cache = options.weight_cache.empty()
                                  ? PackedCache()
                                  : PackedCache(options.weight_cache, uint64_t(options.weight_cache_limit_mib) << 20);
-  auto images = read_images(options, bundle);
+  ImageStream images(options, bundle);
   int num_experts = bundle.kind == Kind::Split || bundle.kind == Kind::Whole ? bundle.num_experts : 0;
   int cache_experts = expert_cache_size(options, bundle, num_experts);
   set_threads(options.threads);
