@@ -23,23 +23,33 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="cache-aware routing: take a loaded expert whose gate is within this margin of the top one (default 0)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON list, one object per image")
+    parser.add_argument(
+        "--top-k", type=int, default=5, help="classes listed per image, most probable first (default 5)"
+    )
+    parser.add_argument("--logits", action="store_true", help="--json: add every class's logit")
 
 
-def classify(bundle, path: str, image) -> dict:
-    """The predict record (docs/formats.md, "predict --json") for one preprocessed image."""
+def classify(bundle, path: str, image, top_k: int = 5, logits: bool = False) -> dict:
+    """The predict record (docs/formats.md, "predict --json") for one preprocessed image: its `top_k` classes, and
+    every logit with `logits`."""
     prediction = bundle.predict(image)
-    logits = prediction.logits.astype(np.float64)
-    probs = np.exp(logits - logits.max())
+    values = prediction.logits.astype(np.float64).reshape(-1)
+    probs = np.exp(values - values.max())
     probs /= probs.sum()
-    index = int(probs.argmax())
-    return {
+    ranked = [int(i) for i in np.argsort(-probs, kind="stable")[:top_k]]  # ties: the lower class index first
+    names = bundle.manifest.class_names
+    record = {
         "image": path,
-        "class_index": index,
-        "class": bundle.manifest.class_names[index],
-        "probability": float(probs[index]),
+        "class_index": ranked[0],
+        "class": names[ranked[0]],
+        "probability": float(probs[ranked[0]]),
+        "top": [{"class_index": i, "class": names[i], "probability": float(probs[i])} for i in ranked],
         "experts": prediction.experts,
         "gates": prediction.gates,
     }
+    if logits:
+        record["logits"] = [float(v) for v in values]
+    return record
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,16 +64,23 @@ def run(args: argparse.Namespace) -> int:
             f"{flag} chooses among expert graphs loaded one by one; {args.bundle} is a {bundle.layout} bundle (its "
             "experts, if any, sit in one graph): leave it out, or export the MoE split (the default layout)"
         )
+    if args.top_k < 1:
+        raise UsageError(f"--top-k {args.top_k}: list at least 1 class")
+    if args.logits and not args.json:
+        raise UsageError("--logits adds every class's logit to --json's records: add --json")
     # Read every image first: a bad file fails the command before any output.
     images = [load_image(path, bundle.manifest.input) for path in args.images]
-    results = [classify(bundle, path, image) for path, image in zip(args.images, images, strict=True)]
+    results = [classify(bundle, path, image, args.top_k, args.logits)
+               for path, image in zip(args.images, images, strict=True)]  # fmt: skip
     if args.json:
         print(jsonio.dumps(results))  # a NaN probability (a broken model) is written as null, never as NaN
         return 0
     for result in results:
         experts = ", ".join(f"{e} (gate {g:.2f})" for e, g in zip(result["experts"], result["gates"], strict=True))
+        runners_up = ", ".join(f"{escaped(c['class'])} {c['probability']:.3f}" for c in result["top"][1:])
         print(
             f"{escaped(result['image'])}: {result['class']} (p={result['probability']:.3f})"
             + (f", experts {experts}" if experts else "")
+            + (f"; then {runners_up}" if runners_up else "")
         )
     return 0

@@ -27,6 +27,9 @@ from mobile_moe.super_class.table import format_table
 MAX_SEED = 2**32 - 1  # scikit-learn's random_state range (spectral, balanced)
 
 
+MAX_RESAMPLES = 1000  # each clusters the whole matrix again
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     derive = actions.add_parser("derive", help="cluster a confusion graph into E super-classes", description=__doc__,
@@ -57,6 +60,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     derive.add_argument("--hard", action="store_true", help="argmax counts instead of summed softmax (--run)")
     derive.add_argument("--seed", type=int, default=0, help="seed of the clustering's k-means steps (default 0)")
+    derive.add_argument(
+        "--stability",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also cluster N bootstrap resamples of the validation images and report how alike the groupings are "
+        "(adjusted Rand index; default 0: off)",
+    )
     derive.add_argument("--class-names", metavar="FILE", help="one name per line, or a JSON list (default: the run's)")
     derive.add_argument("--device", default="auto", choices=DEVICES, help="for --run")
     derive.add_argument("--batch-size", type=int, default=256, help="for --run")
@@ -82,6 +93,8 @@ def show_command(args: argparse.Namespace) -> int:
 
 def check_arguments(args: argparse.Namespace) -> None:
     """Refuse bad flags before any work is done."""
+    if not 0 <= args.stability <= MAX_RESAMPLES:
+        raise UsageError(f"--stability {args.stability}: resamples from 0 (off) to {MAX_RESAMPLES}")
     if args.confusion is not None and (args.hard or args.data is not None):
         raise UsageError("--hard and --data apply to --run only (a --confusion file is already a matrix)")
     if args.num_super_classes < 2:
@@ -149,6 +162,7 @@ def derive_command(args: argparse.Namespace) -> int:
         class_names=confusion.class_names,
         source=confusion.source,
         affinity=args.affinity,
+        stability_resamples=args.stability,
     )
     missing = super_classes.quality["classes_without_images"]
     if missing:

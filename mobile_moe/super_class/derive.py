@@ -15,7 +15,7 @@ import numpy as np
 from mobile_moe.errors import UsageError
 from mobile_moe.super_class.clustering import cluster
 from mobile_moe.super_class.confusion import check_confusion, classes_without_images
-from mobile_moe.super_class.quality import quality
+from mobile_moe.super_class.quality import quality, stability
 from mobile_moe.super_class.superclasses import SuperClasses, default_names, unnamed_classes
 
 
@@ -27,8 +27,11 @@ def derive_super_classes(
     class_names: list[str] | None = None,
     source: str = "confusion matrix",
     affinity: str = "auto",
+    stability_resamples: int = 0,
 ) -> SuperClasses:
-    """Cluster a confusion matrix into exactly `num_super_classes` super-classes, with its quality measured."""
+    """Cluster a confusion matrix into exactly `num_super_classes` super-classes, with its quality measured; with
+    `stability_resamples`, also how stable the grouping is over that many bootstrap resamples of the images
+    (quality.stability)."""
     confusion = check_confusion(confusion)
     num_classes = confusion.shape[0]
     if class_names is None:
@@ -41,6 +44,9 @@ def derive_super_classes(
     assignment = cluster(confusion, num_super_classes, method, seed, affinity, details)
     measured = quality(confusion, assignment, classes_without_images(confusion))
     measured.update(seed=seed, affinity=details["affinity"])
+    if stability_resamples:
+        again = lambda matrix, other_seed: cluster(matrix, num_super_classes, method, other_seed, affinity, {})  # noqa: E731
+        measured["stability"] = stability(confusion, assignment, again, stability_resamples, seed)
     return SuperClasses(
         assignment=assignment.tolist(),
         class_names=list(class_names),

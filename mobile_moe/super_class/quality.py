@@ -59,6 +59,8 @@ def _rounded(value: float | None) -> float | None:
 def quality(confusion: np.ndarray, assignment, classes_without_images: list[int] | None = None) -> dict[str, Any]:
     """The `quality` block of a super-class file.
 
+    confusion_mass: the off-diagonal mass itself, in images (misclassified images for hard counts, summed
+    probability of the wrong classes for soft ones): the evidence the grouping rests on.
     within_confusion_share: off-diagonal confusion mass inside super-classes (raw matrix, so frequent classes count
     more); within_affinity_share: the same on the row-normalised graph (every class counts equally); chance_share:
     what random super-classes of the same sizes would get, and chance_share_std how much that varies from one random
@@ -67,7 +69,9 @@ def quality(confusion: np.ndarray, assignment, classes_without_images: list[int]
     """
     assignment = np.asarray(assignment)
     sizes = np.bincount(assignment)
+    off_diagonal = np.asarray(confusion, dtype=np.float64)
     return {
+        "confusion_mass": _rounded(float(off_diagonal.sum() - np.trace(off_diagonal))),
         "within_confusion_share": _rounded(within_share(confusion, assignment)),
         "within_affinity_share": _rounded(within_share(class_affinity(confusion), assignment)),
         "chance_share": _rounded(random_share(sizes)),
@@ -78,3 +82,28 @@ def quality(confusion: np.ndarray, assignment, classes_without_images: list[int]
         "balance": round(float(sizes.min() / sizes.max()), 6),
         "classes_without_images": list(classes_without_images or []),
     }
+
+
+def bootstrap_confusion(confusion: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One bootstrap resample of the images behind `confusion`: each class's row redrawn as round(row sum) images
+    from its own row's distribution (multinomially). For hard counts that is resampling each class's validation
+    images; for soft sums it treats each image's probability mass as whole images, a little noisier than the data."""
+    resampled = np.zeros_like(confusion, dtype=np.float64)
+    for row, counts in enumerate(np.asarray(confusion, dtype=np.float64)):
+        total = counts.sum()
+        if total > 0:
+            resampled[row] = rng.multinomial(max(1, round(total)), counts / total)
+    return resampled
+
+
+def stability(confusion: np.ndarray, assignment, cluster, resamples: int, seed: int = 0) -> dict[str, Any]:
+    """How far the grouping holds on other draws of the validation images: the adjusted Rand index between
+    `assignment` and `cluster(resampled matrix, seed)` over `resamples` bootstrap resamples (each its own clustering
+    seed). 1: the same grouping every time; about 0: no more alike than chance."""
+    from sklearn.metrics import adjusted_rand_score
+
+    rng = np.random.default_rng(seed)
+    scores = [adjusted_rand_score(assignment, cluster(bootstrap_confusion(confusion, rng), seed + 1 + i))
+              for i in range(resamples)]  # fmt: skip
+    return {"resamples": resamples, "mean_ari": _rounded(float(np.mean(scores))),
+            "min_ari": _rounded(float(np.min(scores))), "max_ari": _rounded(float(np.max(scores)))}  # fmt: skip

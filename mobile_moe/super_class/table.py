@@ -45,9 +45,14 @@ def format_table(super_classes: SuperClasses, examples: int = 3, seed: int = 0) 
             f"sizes {measured.get('size_min', '?')}-{measured.get('size_max', '?')}, "
             f"balance {_share(measured.get('balance'), '.2f')}"
         )
-    caution = chance_caution(measured)
-    if caution:
-        lines.append(caution)
+    stable = measured.get("stability")
+    if stable:
+        lines.append(
+            f"stability over {stable['resamples']} bootstrap resamples of the validation images: adjusted Rand index "
+            f"{stable['mean_ari']:.2f} on average (min {stable['min_ari']:.2f}, max {stable['max_ari']:.2f}; 1: the "
+            "same grouping every time, 0: no more alike than chance)"
+        )
+    lines += [caution for caution in (chance_caution(measured), evidence_caution(measured)) if caution]
     missing = measured.get("classes_without_images") or []
     if missing:
         lines.append(f"classes without validation images (placed by their column): {_names(super_classes, missing)}")
@@ -72,6 +77,24 @@ def chance_caution(measured: dict) -> str | None:
         f"caution: {where} chance: these super-classes hold no more of the confusion than random ones of the same "
         "sizes, so routing by them is routing by random super-classes; derive them from a better-trained dense model "
         "or more validation images"
+    )
+
+
+FEW_CONFUSIONS = 50  # images' worth of off-diagonal confusion below which a grouping's share is mostly luck
+
+
+def evidence_caution(measured: dict) -> str | None:
+    """A caution when the grouping rests on few confusions (hard counts on a small validation set: 3 mistakes make
+    a 100% share) or the chance level itself is that noisy on this matrix."""
+    mass, spread = measured.get("confusion_mass"), measured.get("chance_share_std")
+    few = mass is not None and mass < FEW_CONFUSIONS
+    if not few and not (spread is not None and spread > 0.1):
+        return None
+    evidence = f"{mass:.4g} images' worth of confusion" if mass is not None else "a noisy confusion matrix"
+    varies = f" (chance alone varies by ±{spread:.1%})" if spread is not None else ""
+    return (
+        f"caution: these figures rest on {evidence}{varies}: too few to tell a grouping from luck; derive on more validation images (or soft counts, without --hard) and "
+        "check how stable the grouping is with --stability 10"
     )
 
 

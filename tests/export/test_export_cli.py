@@ -101,9 +101,32 @@ def test_predict_json(onnx_bundle, png, capsys):
     assert main(["predict", str(onnx_bundle), str(png), str(png), "--json"]) == 0
     results = json.loads(capsys.readouterr().out)
     assert len(results) == 2 and results[0] == results[1]
-    assert set(results[0]) == {"image", "class_index", "class", "probability", "experts", "gates"}
+    assert set(results[0]) == {"image", "class_index", "class", "probability", "top", "experts", "gates"}
     assert results[0]["class"] == str(results[0]["class_index"]) and 0 < results[0]["probability"] <= 1
     assert len(results[0]["experts"]) == 1 and results[0]["experts"][0] in (0, 1)
+
+
+def test_predict_json_gives_the_top_k_classes_and_the_logits_on_request(onnx_bundle, png, capsys):
+    """The top-k are the softmax of the bundle's own logits (torch, float64), most probable first; --logits gives
+    them all."""
+    import torch
+
+    from mobile_moe.export.images import load_image
+    from mobile_moe.export.runtime import load_bundle
+
+    bundle = load_bundle(onnx_bundle)
+    logits = torch.from_numpy(bundle.predict(load_image(str(png), bundle.manifest.input)).logits).double().reshape(-1)
+    expected = torch.softmax(logits, 0).topk(3)
+    capsys.readouterr()
+    assert main(["predict", str(onnx_bundle), str(png), "--json", "--top-k", "3", "--logits"]) == 0
+    (record,) = json.loads(capsys.readouterr().out)
+    assert [c["class_index"] for c in record["top"]] == expected.indices.tolist()
+    assert [c["probability"] for c in record["top"]] == pytest.approx(expected.values.tolist(), rel=1e-12)
+    assert record["top"][0]["class_index"] == record["class_index"] and record["logits"] == logits.tolist()
+    assert main(["predict", str(onnx_bundle), str(png), "--json", "--top-k", "1000"]) == 0
+    assert len(json.loads(capsys.readouterr().out)[0]["top"]) == len(bundle.manifest.class_names)
+    fails(["predict", str(onnx_bundle), str(png), "--top-k", "0"], capsys, "--top-k 0")
+    fails(["predict", str(onnx_bundle), str(png), "--logits"], capsys, "add --json")
 
 
 def test_predict_text(onnx_bundle, png, tmp_path, capsys):

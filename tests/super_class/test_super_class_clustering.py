@@ -248,3 +248,32 @@ def test_chance_has_a_measured_spread_and_the_listing_states_it():
     near = {"within_confusion_share": 0.2, "chance_share": 0.15, "chance_share_std": 0.04}
     assert chance_caution(near) is not None  # 0.2 is within two of chance's stds of 0.15
     assert chance_caution({**near, "chance_share_std": 0.01}) is None
+
+
+def test_a_grouping_on_few_confusions_comes_with_a_caution():
+    """Three mistakes on 100 images can all fall inside super-classes: a 100% share that means nothing."""
+    from mobile_moe.super_class.table import evidence_caution
+
+    few = np.diag(np.full(10, 10.0))
+    few[0, 1] = few[2, 3] = few[4, 5] = 1  # hard counts: 3 misclassified images
+    measured = quality(few, np.repeat(np.arange(5), 2))
+    assert measured["confusion_mass"] == 3 and measured["within_confusion_share"] == 1.0
+    assert "rest on 3 images' worth of confusion" in evidence_caution(measured)
+    assert evidence_caution(quality(ten_digits_confusion(), cluster(ten_digits_confusion(), 5))) is None
+
+
+def test_stability_is_the_rand_index_over_bootstrap_resamples():
+    """A strong planted grouping holds on every resample (ARI 1); a matrix of a few confusions spread evenly does not;
+    each resample keeps every class's image count."""
+    from mobile_moe.super_class.derive import derive_super_classes
+    from mobile_moe.super_class.quality import bootstrap_confusion
+
+    confusion = ten_digits_confusion()
+    resampled = bootstrap_confusion(confusion, np.random.default_rng(0))
+    assert np.array_equal(resampled.sum(1), np.maximum(1, np.round(confusion.sum(1))))
+    assert not np.array_equal(resampled, confusion)
+    strong = derive_super_classes(confusion, 5, stability_resamples=5).quality["stability"]
+    assert strong["resamples"] == 5 and strong["min_ari"] > 0.9
+    weak = np.full((10, 10), 0.3) + np.diag(np.full(10, 30.0))
+    loose = derive_super_classes(weak, 5, stability_resamples=5).quality["stability"]
+    assert loose["mean_ari"] < 0.5
