@@ -27,6 +27,7 @@ from mobile_moe.cache import packed_weights_dir
 from mobile_moe.device_bench import routing_stats
 from mobile_moe.device_bench.native_build import NATIVE_DIR, build_runner
 from mobile_moe.device_bench.native_runner import parse_runner_output, run_native, runner_command
+from mobile_moe.device_bench.python_worker import PythonWorker
 from mobile_moe.device_bench.results import validate_results
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.device_bench.workload import random_workload, write_raw
@@ -105,6 +106,23 @@ def test_native_runner_percentiles_and_memory(runner, bundle, workload_file):
     assert len(latency["samples"]) == 20
     assert report["memory_at_end"]["peak_rss_bytes"] >= report["memory_at_end"]["rss_bytes"] > 0
     assert report["switch"]["median_ms"] > 0 and len(report["switch"]["ms"]) == 2 * 4
+
+
+@needs_build
+@pytest.mark.parametrize("runtime", ["native", "executorch"])
+def test_peak_memory_is_the_models_whatever_the_number_of_images(runner, bundle, tmp_path, runtime):
+    """Runners read the workload one image at a time, as an app gets them: 3,000 images (36 MB) peak where 8 do,
+    and answer the 8 they share exactly as a file of 8 (images read from their own offsets)."""
+    shape = read_manifest(bundle, verify_files=True).input.shape
+    many = write_raw(random_workload(shape, count=3000, seed=3), tmp_path / "many.f32")
+    few = write_raw(random_workload(shape, count=8, seed=3), tmp_path / "few.f32")
+    settings = RoundSettings(iterations=3, warmup=0, switch_repeats=0)
+    run = (lambda images: run_native(runner, bundle, images, settings)) if runtime == "native" else (
+        lambda images: PythonWorker(runtime).run_round(bundle, images, settings))  # fmt: skip
+    reports = {name: run(images) for name, images in (("few", few), ("many", many))}
+    peaks = {name: report["memory_after_warm"]["peak_rss_bytes"] for name, report in reports.items()}
+    assert peaks["many"] - peaks["few"] < 8 << 20, peaks  # holding the file would add 36 MB (the native: 72)
+    assert [row["logits"] for row in reports["many"]["images"][:8]] == [row["logits"] for row in reports["few"]["images"]]
 
 
 def planned_buffer_sizes(program_file: Path) -> list[int]:
@@ -722,7 +740,6 @@ def test_an_emulated_runs_parity_is_taken_against_exports_runtime_on_the_same_im
     """bench's parity_with_host, with a round of export's own runtime standing in for the emulated one (the slow
     arm64 test runs the real one under qemu): the same images and cache settings, every image matched."""
     from mobile_moe.device_bench.bench import BenchSettings, parity_with_host
-    from mobile_moe.device_bench.python_worker import PythonWorker
     from mobile_moe.device_bench.results import validate_round
     from mobile_moe.device_bench.round_settings import RoundSettings
     from mobile_moe.device_bench.workload import random_workload, write_raw

@@ -7,6 +7,7 @@ import copy
 import os
 import re
 
+import numpy as np
 import pytest
 
 from mobile_moe.device_bench import routing_stats
@@ -345,3 +346,26 @@ def test_the_native_runners_own_settings_reach_only_the_native_runner():
     native = runner_command("./runner", "bundle", "images.f32", settings)
     assert native[-3:] == ["--no-weight-cache", "--park-experts", "0"]
     assert native[0] == os.path.abspath("runner")  # "./runner" run as a bare name would be looked up on PATH
+
+
+def test_a_data_workload_draws_across_classes_seeded_and_named():
+    """A folder's val split in class order: `folder` takes its first images (one class), `stratified` every class
+    as equally as the count allows, `shuffled` a random sample; both seeded, both in an order whose expert (here the
+    class) changes on most consecutive images."""
+    from mobile_moe.device_bench.workload import draw_indices
+
+    labels = [c for c in range(10) for _ in range(12)]  # sorted by class, as ImageFolder lists a folder
+    assert [labels[i] for i in draw_indices(labels, 32, "folder", 0)] == [0] * 12 + [1] * 12 + [2] * 8
+    stratified = draw_indices(labels, 32, "stratified", 0)
+    counts = np.bincount([labels[i] for i in stratified], minlength=10)
+    assert len(set(stratified.tolist())) == 32 and counts.min() == 3 and counts.max() == 4
+    assert np.array_equal(stratified, draw_indices(labels, 32, "stratified", 0))
+    assert not np.array_equal(stratified, draw_indices(labels, 32, "stratified", 1))
+    classes = [labels[i] for i in stratified]
+    assert routing_stats.expert_change_rate([[c] for c in classes]) > 0.7
+    shuffled = draw_indices(labels, 200, "shuffled", 0)
+    assert sorted(shuffled.tolist()) == list(range(120))  # a count beyond the split: all of it, once each
+    with pytest.raises(UsageError, match="--order alphabetical: choose one of stratified, shuffled, folder"):
+        draw_indices(labels, 8, "alphabetical", 0)
+    with pytest.raises(UsageError, match="--order"):
+        BenchSettings(order="sorted")

@@ -88,3 +88,35 @@ def test_a_non_finite_loss_is_reported_at_its_step(monkeypatch):
     with pytest.raises(engine.NonFiniteLoss, match=r"at epoch 1, step 13 \(global step 13\)"):
         engine.train_one_epoch(opt, loader, ctx, epoch=0)
     assert len(calls) == 20  # caught at the read after step 20
+
+
+def test_slow_steps_are_read_every_few_seconds_not_only_every_log_interval(host_reads):
+    """An epoch of few slow steps (6 of a photo folder's) still shows progress within it: a read is also due once
+    ctx.progress_seconds have passed (0 here: every step)."""
+    opt, loader, ctx = epoch_of("vit", steps=6, log_every=10)
+    ctx.progress_seconds = 0.0
+    engine.train_one_epoch(opt, loader, ctx, epoch=0)
+    assert host_reads[("mobile_moe/training/engine.py", "read")] == 6
+
+
+def test_the_time_left_follows_the_recent_epochs_pace():
+    from mobile_moe.training.train import time_left
+
+    assert time_left([60.0], 10) == "  about 10 min left"
+    assert time_left([600.0, 30.0, 30.0, 30.0], 4) == "  about 2 min left"  # the slow first epoch is forgotten
+    assert time_left([30.0, 30.0], 0) == ""
+
+
+def test_an_interrupted_train_says_the_command_that_continues_it(monkeypatch, capsys):
+    from mobile_moe.app.cli import main
+    from mobile_moe.training import cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_run", interrupted)
+    argv = ["train", "--model", "vit", "--data", "imagefolder:my photos", "--out", "runs/a"]
+    monkeypatch.setattr("sys.argv", ["mobile-moe", *argv])
+    assert main(argv) == 130
+    assert "continue with: mobile-moe train --model vit --data 'imagefolder:my photos' --out runs/a --resume\n" in (
+        capsys.readouterr().err)  # fmt: skip
