@@ -124,8 +124,8 @@ def _names(folder: Path) -> list[str]:
 
 def one_sided_classes(train: list[str], val: list[str]) -> str:
     """Which class folders are in train/ only and which in val/ only."""
-    sides = [f"in {side}/ only: {', '.join(sorted(set(mine) - set(theirs)))}"
-             for side, mine, theirs in (("train", train, val), ("val", val, train)) if set(mine) - set(theirs)]  # fmt: skip
+    extra = {"train": sorted(set(train) - set(val)), "val": sorted(set(val) - set(train))}
+    sides = [f"in {side}/ only: {', '.join(names)}" for side, names in extra.items() if names]
     return (f"train/ and val/ must hold the same class folders; {'; '.join(sides)}: add the missing folders (with "
             "images) or remove the extra ones")  # fmt: skip
 

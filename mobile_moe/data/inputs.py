@@ -38,7 +38,7 @@ def cost_note(pipeline: str, device: torch.device) -> str | None:
     if pipeline != "device" or device.type == "cuda":
         return None
     return (f"note: --input-pipeline device on {device.type} augments every batch in the training process, not in "
-            "the workers: about 2x slower than --input-pipeline workers on a CPU (auto picks workers there)")  # fmt: skip
+            "the workers: about 2x slower than --input-pipeline workers on a CPU (auto picks workers)")  # fmt: skip
 
 
 def training_split(data: Data, aug: Augmentation, pipeline: str, device: torch.device) -> Dataset:

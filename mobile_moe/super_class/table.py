@@ -93,8 +93,8 @@ def evidence_caution(measured: dict) -> str | None:
     evidence = f"{mass:.4g} images' worth of confusion" if mass is not None else "a noisy confusion matrix"
     varies = f" (chance alone varies by ±{spread:.1%})" if spread is not None else ""
     return (
-        f"caution: these figures rest on {evidence}{varies}: too few to tell a grouping from luck; derive on more validation images (or soft counts, without --hard) and "
-        "check how stable the grouping is with --stability 10"
+        f"caution: these figures rest on {evidence}{varies}: too few to tell a grouping from luck; derive on more "
+        "validation images (or soft counts, without --hard) and check how stable the grouping is with --stability 10"
     )
 
 

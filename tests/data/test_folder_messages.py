@@ -32,7 +32,8 @@ def refusal(spec: str) -> str:
 def test_a_missing_root_is_named_with_the_folder_meant(tmp_path):
     write_folder(tmp_path / "photos")
     message = refusal(f"imagefolder:{tmp_path / 'phtos'}")
-    assert f"the folder {tmp_path / 'phtos'} does not exist (did you mean imagefolder:{tmp_path / 'photos'}?)" in message
+    meant = f"(did you mean imagefolder:{tmp_path / 'photos'}?)"
+    assert f"the folder {tmp_path / 'phtos'} does not exist {meant}" in message
 
 
 def test_a_split_given_as_the_root_points_at_its_parent(tmp_path):
