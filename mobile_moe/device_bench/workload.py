@@ -105,9 +105,9 @@ def make_workload(
     if count < 1:
         raise UsageError(f"--images {count}: must be at least 1")
     check_fits_memory(count, manifest.input.shape)  # before numpy is asked for it
-    seed = random_seed(spec)
-    if seed is not None:
-        return random_workload(manifest.input.shape, count, seed)
+    random_images_seed = random_seed(spec)
+    if random_images_seed is not None:
+        return random_workload(manifest.input.shape, count, random_images_seed)
     return data_workload(spec, manifest, count, bundle=bundle, order=order, seed=seed)
 
 

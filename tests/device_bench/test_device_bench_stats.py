@@ -369,3 +369,14 @@ def test_a_data_workload_draws_across_classes_seeded_and_named():
         draw_indices(labels, 8, "alphabetical", 0)
     with pytest.raises(UsageError, match="--order"):
         BenchSettings(order="sorted")
+
+
+def test_the_workloads_seed_and_order_reach_the_draw(monkeypatch):
+    from mobile_moe.device_bench import workload
+
+    seen = {}
+    monkeypatch.setattr(workload, "data_workload", lambda *args, **kwargs: seen.update(kwargs))
+    monkeypatch.setattr(workload, "check_fits_memory", lambda count, shape: None)  # the fake has no input spec
+    manifest = type("Fake", (), {"input": type("Input", (), {"shape": [1, 3, 8, 8]})})()
+    workload.make_workload("digits", manifest, 8, bundle="b", order="shuffled", seed=5)
+    assert seen == {"bundle": "b", "order": "shuffled", "seed": 5}
