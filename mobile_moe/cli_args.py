@@ -32,7 +32,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, required: bool = True) 
     group = parser.add_argument_group("model")
     group.add_argument("--model", required=required, choices=sorted(MODELS), help="registered model name")
     group.add_argument("--size", help=f"DEPTHxWIDTH (e.g. 12x192: the paper's grid and heads; another width gets "
-                       f"heads of 64, 32, 16 or 8 channels) or {' / '.join(PRESETS)}")  # fmt: skip
+                       f"heads of 64, 32, 16 or 8 channels) or {' / '.join(PRESETS)} (default "
+                       f"{ViTConfig.depth}x{ViTConfig.width}: ViT-Ti)")  # fmt: skip
     group.add_argument("--patch", type=int, dest="patch_size", help="patch size (default 32)")
     group.add_argument("--image-size", type=int, help="input resolution (default 224)")
     group.add_argument("--num-classes", type=int, help="classes (default 1000)")

@@ -166,6 +166,26 @@ def write_digit_folder(root: Path, classes=(0, 1, 2, 3), train: int = 40, val: i
 
 
 @pytest.mark.slow
+def test_your_own_folder_of_photographs_becomes_a_bundle_and_a_bench_report(tmp_path):
+    """The own-folder block as written, on a generated folder of real photographs (4 classes of 500x375 JPEGs with
+    PNG, grayscale, EXIF-rotated and 3000x2000 files among them), one epoch per training and one bench round."""
+    from photos import write_photo_folder
+
+    write_photo_folder(tmp_path / "photos", classes=4, train=16, val=8)
+
+    def quick(script: str) -> str:
+        one_epoch = script.replace("--recipe tiny", "--recipe tiny --epochs 1")
+        return one_epoch.replace("--out bench-", "--rounds 1 --out bench-")
+
+    printed = run_scenario("folder", tmp_path, quick)
+    results = json.loads((tmp_path / "bench-photos" / "results.json").read_text())
+    moe = next(run for run in results["runs"] if run["kind"] == "split")
+    assert moe["workload"] == "imagefolder:photos (val, stratified, seed 0, 16 of 16)"
+    assert "stability over 10 bootstrap resamples" in printed and "then " in printed  # derive's; predict's top-3
+    assert "continue with" not in printed and "Traceback" not in printed
+
+
+@pytest.mark.slow
 def test_a_1000_class_timm_deit_becomes_a_benchmarked_mobile_vmoe_on_a_4_class_folder(tmp_path):
     """The transfer blocks as written (the checkpoint file from timm, offline; then the commands), but for one epoch
     per training (the README's 30 take about 15 minutes here)."""
