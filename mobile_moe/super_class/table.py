@@ -80,7 +80,7 @@ def chance_caution(measured: dict) -> str | None:
     )
 
 
-FEW_CONFUSIONS = 50  # images' worth of off-diagonal confusion below which a grouping's share is mostly luck
+FEW_CONFUSIONS = 20  # images' worth of off-diagonal confusion below which a grouping's share is mostly luck
 
 
 def evidence_caution(measured: dict) -> str | None:
