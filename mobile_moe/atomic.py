@@ -190,6 +190,35 @@ def check_replaceable(target: str | os.PathLike, *, read: Callable[[Path], objec
         ) from None
 
 
+def check_output_folder(out: str | os.PathLike, *, ours: Callable[[Path], set[str] | None], kind: str,
+                        flag: str = "--out") -> bool:  # fmt: skip
+    """The one rule for what an output folder may replace (bundles, bench folders, stores, sweeps): a new or empty
+    folder is written; a folder that holds an earlier output of `kind`, recognised by its content (`ours(out)`: the
+    names such an output holds, None when `out` is not one), and nothing else, is replaced whole; anything else is
+    refused in one line naming what we did not write. An `out` that is a symbolic link is refused: replacing it would
+    put a folder in the link's place and leave what it led to. -> whether an earlier output is there to replace."""
+    out = Path(out)
+    if out.is_symlink():
+        raise UsageError(
+            f"{flag} {out} is a symbolic link (to {os.readlink(out)}); give the folder itself or a new path: an output "
+            "is never written through a link"
+        )
+    if not out.is_dir() or not any(out.iterdir()):
+        return False
+    names = ours(out)
+    if names is None:
+        raise UsageError(f"{flag} {out} exists and is not a {kind}; choose a new or empty folder (nothing there is "
+                         "replaced)")  # fmt: skip
+    foreign = sorted(entry.name for entry in out.iterdir() if entry.name not in names)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise UsageError(
+            f"{flag} {out} is a {kind} but also holds {shown}, which we did not write and replacing it would delete; "
+            "move them or choose a new folder (nothing written)"
+        )
+    return True
+
+
 def check_writable(target: str | os.PathLike, directory: bool = False) -> None:
     """UsageError unless `target` (a file, or a directory if `directory`) can be written: it is not the other kind
     of thing, and a file can be created in its nearest existing ancestor directory. Creates nothing."""

@@ -7,7 +7,17 @@ traceback. It subclasses ValueError so library callers can catch it the usual wa
 
 
 class UsageError(ValueError):
-    """Bad input: the message says what was wrong and how to fix it."""
+    """Bad input: the message says what was wrong and how to fix it.
+
+    Raised in a DataLoader worker, torch re-raises it in the main process as the same type built from "Caught
+    <Type> in DataLoader worker process N. Original Traceback ... <Type>: <message>"
+    (torch/_utils.py ExceptionWrapper.reraise): the constructor keeps only our own message, so the CLI still prints
+    one line whichever worker met the bad input."""
+
+    def __init__(self, message: str = ""):
+        marker = f"{type(self).__name__}: "
+        ours = [line.split(marker, 1)[1] for line in str(message).splitlines() if marker in line]
+        super().__init__(ours[-1] if ours and str(message).startswith("Caught ") else message)
 
 
 class Note(UserWarning):

@@ -19,14 +19,7 @@ from mobile_moe.errors import UsageError
 
 
 class UnreadableImage(UsageError):
-    """An image file that cannot be decoded. Raised in a DataLoader worker, torch re-raises it in the main process
-    as UnreadableImage("Caught UnreadableImage in DataLoader worker ... <traceback>"): the constructor keeps only our
-    own message, so the CLI still prints one line."""
-
-    def __init__(self, message: str):
-        marker = f"{type(self).__name__}: "
-        ours = [line.split(marker, 1)[1] for line in message.splitlines() if marker in line]
-        super().__init__(ours[-1] if ours and message.startswith("Caught ") else message)
+    """An image file that cannot be decoded (one line from a DataLoader worker too: UsageError's constructor)."""
 
 
 def read_image(path: str | os.PathLike, mode: str = "RGB") -> Image.Image:

@@ -26,21 +26,24 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from torch.utils.data import Dataset
 
-from mobile_moe.atomic import atomic_path, check_writable, within
+from mobile_moe.atomic import atomic_path, check_output_folder, check_writable, within
 from mobile_moe.data.decode import fitted
 from mobile_moe.data.image_files import image_from_bytes
 from mobile_moe.data.spec_options import spec_folder
 from mobile_moe.devices import usable_cores
 from mobile_moe.errors import UsageError
+from mobile_moe.foreign_files import open_foreign, read_foreign
 
 FORMAT, VERSION = "mobile-moe-store", 1
 META = "store.json"
 SPLITS = ("train", "val", "test")
 DEFAULT_MAX_SIDE, DEFAULT_QUALITY = 256, 90
 CHUNK = 256  # images encoded per round of the thread pool
+MAX_RECORD_BYTES = 64 << 20  # store.json: class names and super-classes of up to a million classes
+NPY_HEADER_BYTES = 4096  # an .npy header (numpy writes 64 to 128 bytes)
 
 
 class SplitRecord(BaseModel):
@@ -75,8 +78,47 @@ class StoreRecord(BaseModel):
     super_classes: SuperClassRecord | None
     splits: dict[str, SplitRecord]
 
+    @model_validator(mode="after")
+    def _normalises_in_float32(self) -> StoreRecord:
+        """mean and std as training uses them, in float32: (x - mean) / std finite for every pixel value x in [0, 1]
+        (a std of 1e-300 is 0 there, a mean of 1e300 infinite: positive and finite in float64 is not enough)."""
+        with np.errstate(all="ignore"):
+            mean, std = np.float32(self.mean), np.float32(self.std)
+            ends = (np.float32([[0.0], [1.0]]) - mean) / std
+        if not (np.isfinite(ends).all() and (std > 0).all()):
+            raise ValueError(f"mean {self.mean} and std {self.std} do not normalise pixels to finite float32 values")
+        return self
+
 
 # --- writing ---------------------------------------------------------------------------------------------------------
+
+def store_files(root: Path) -> set[str] | None:
+    """The names a store at `root` holds, from its store.json read and checked as ours; None when it is not one (a
+    file of that name someone else wrote included)."""
+    try:
+        record = read_record(root)
+    except UsageError:
+        return None
+    return {META, *(name for split in record.splits for name in (f"{split}.bin", f"{split}.index.npy"))}
+
+
+def read_record(root: Path, spec: str | None = None) -> StoreRecord:
+    """store.json at `root`, read as a file we did not write and checked whole; UsageError saying why not."""
+    where = f"{spec}: " if spec else ""
+    again = f"re-create it with `mobile-moe pack SPEC --out {root}`"
+    try:
+        record = StoreRecord.model_validate_json(read_foreign(root / META, limit=MAX_RECORD_BYTES, what=META))
+    except UsageError as error:
+        raise UsageError(f"{where}{error}; is {root} a packed store?") from None
+    except ValidationError as error:
+        first = error.errors(include_url=False, include_input=False)[0]
+        field = ".".join(str(part) for part in first["loc"])
+        problem = (f"{field}: " if field else "") + first["msg"].removeprefix("Value error, ")
+        raise UsageError(f"{where}{root / META} is not a store's ({problem}); {again}") from None
+    if (record.format, record.version) != (FORMAT, VERSION) or not set(record.splits) <= set(SPLITS):
+        raise UsageError(f"{where}{root / META} is not a {FORMAT} version {VERSION} record; {again}")
+    return record
+
 
 
 def encoded(image, max_side: int, quality: int) -> bytes:
@@ -102,8 +144,7 @@ def pack(data, out: str | os.PathLike, *, max_side: int = DEFAULT_MAX_SIDE, qual
             f"--out {out} {'is' if within(source, out) else 'is inside'} {source}, the data it packs: the store "
             "would become part of its source; choose a folder outside it"
         )
-    if out.is_dir() and any(out.iterdir()) and not (out / META).is_file():
-        raise UsageError(f"{out} exists and is not a packed store; choose another --out (nothing there is replaced)")
+    check_output_folder(out, ours=store_files, kind="packed store")
     record = {"format": FORMAT, "version": VERSION, "source": data.spec, "max_side": max_side, "quality": quality,
               "class_names": list(data.class_names), "mean": list(data.mean), "std": list(data.std),
               "eval_resize": dict(data.eval_resize), "super_classes": _super_record(data), "splits": {}}  # fmt: skip
@@ -146,25 +187,52 @@ def _write_split(raw: Dataset, folder: Path, name: str, max_side: int, quality: 
 # --- reading ---------------------------------------------------------------------------------------------------------
 
 
-class StoreSplit(Dataset):
-    """One split of a store: items (PIL image, label), `encoded(i)` the bytes; each process opens the file itself."""
+def _identity(info: os.stat_result) -> tuple[int, ...]:
+    """What changes when a file is replaced or rewritten: its inode, size and modification time."""
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
 
-    def __init__(self, path: Path, index: np.ndarray, what: str):
-        self.path, self.index, self.what = path, index, what
+
+class StoreChanged(UsageError):
+    """A store's images file removed or replaced while a run reads it (a worker's too, as one line)."""
+
+
+class StoreSplit(Dataset):
+    """One split of a store: items (PIL image, label), `encoded(i)` the bytes; each process opens the file itself,
+    and checks it is still the file the store was opened with (its identity)."""
+
+    def __init__(self, path: Path, index: np.ndarray, what: str, identity: tuple[int, ...]):
+        self.path, self.index, self.what, self.identity = path, index, what, identity
         self.targets = [int(label) for label in index[:, 2]]
-        self._file: tuple[int, Any] | None = None  # (pid, file): a worker process opens its own
+        self._fd: tuple[int, int] | None = None  # (pid, fd): a worker process opens its own
 
     def __len__(self) -> int:
         return len(self.index)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_file": None}
+        return {**self.__dict__, "_fd": None}
+
+    def __del__(self) -> None:
+        if self._fd is not None and self._fd[0] == os.getpid():
+            os.close(self._fd[1])
+
+    def _open(self) -> int:
+        again = "re-create the store with `mobile-moe pack` if needed, then continue the run with --resume"
+        try:
+            fd = open_foreign(self.path, what=self.what)
+        except UsageError:
+            raise StoreChanged(f"{self.path} was removed while this run read the store ({self.what}); {again}") \
+                from None
+        if _identity(os.fstat(fd)) != self.identity:
+            os.close(fd)
+            raise StoreChanged(f"{self.path} was replaced while this run read the store ({self.what}): its images are "
+                               f"not the ones the run opened; {again}")  # fmt: skip
+        return fd
 
     def encoded(self, position: int) -> bytes:
-        if self._file is None or self._file[0] != os.getpid():
-            self._file = (os.getpid(), open(self.path, "rb"))  # noqa: SIM115 - kept open for the process's reads
+        if self._fd is None or self._fd[0] != os.getpid():
+            self._fd = (os.getpid(), self._open())
         offset, length, _ = self.index[position]
-        return os.pread(self._file[1].fileno(), int(length), int(offset))
+        return os.pread(self._fd[1], int(length), int(offset))
 
     def name(self, position: int) -> str:
         return f"{self.what} image {position}"
@@ -178,17 +246,7 @@ def open_store(root: str | os.PathLike, spec: str) -> tuple[StoreRecord, dict[st
     (one line, saying to re-create the store) for anything else."""
     root = Path(root).expanduser()
     again = f"re-create it with `mobile-moe pack SPEC --out {root}`"
-    try:
-        record = StoreRecord.model_validate_json((root / META).read_bytes())
-    except OSError as error:
-        reason = error.strerror or error
-        raise UsageError(f"{spec}: cannot read {root / META} ({reason}); is it a packed store?") from None
-    except ValidationError as error:
-        first = error.errors(include_url=False, include_input=False)[0]
-        where = ".".join(str(part) for part in first["loc"])
-        raise UsageError(f"{spec}: {root / META} is not a store's ({where}: {first['msg']}); {again}") from None
-    if (record.format, record.version) != (FORMAT, VERSION) or not set(record.splits) <= set(SPLITS):
-        raise UsageError(f"{spec}: {root / META} is not a {FORMAT} version {VERSION} record; {again}")
+    record = read_record(root, spec)
     known = record.super_classes
     classes = len(record.class_names)
     if known is not None and (len(known.assignment) != classes or max(known.assignment) >= len(known.names)):
@@ -200,9 +258,15 @@ def open_store(root: str | os.PathLike, spec: str) -> tuple[StoreRecord, dict[st
 
 def _open_split(root: Path, name: str, split: SplitRecord, classes: int, spec: str, again: str) -> StoreSplit:
     bin_path, index_path = root / f"{name}.bin", root / f"{name}.index.npy"
+    limit = NPY_HEADER_BYTES + 24 * split.count  # int64 (N, 3)
     try:
-        index = np.load(index_path, allow_pickle=False)
-        size = bin_path.stat().st_size
+        index = np.load(io.BytesIO(read_foreign(index_path, limit=limit, what=f"{spec} index")), allow_pickle=False)
+        fd = open_foreign(bin_path, what=f"{spec} {name} images")  # a regular file, not a FIFO or a device
+        info = os.fstat(fd)
+        os.close(fd)
+        size = info.st_size
+    except UsageError as error:
+        raise UsageError(f"{error}; {again}") from None
     except (OSError, ValueError, EOFError) as error:
         raise UsageError(f"{spec}: cannot read the {name} split ({type(error).__name__}: {error}); {again}") from None
     shaped = isinstance(index, np.ndarray) and index.dtype == np.int64 and index.ndim == 2 and index.shape[1] == 3
@@ -216,4 +280,4 @@ def _open_split(root: Path, name: str, split: SplitRecord, classes: int, spec: s
     )
     if not consistent:
         raise UsageError(f"{spec}: the {name} split's index does not match {bin_path.name} (damaged?); {again}")
-    return StoreSplit(bin_path, index, f"{spec} {name}")
+    return StoreSplit(bin_path, index, f"{spec} {name}", _identity(info))

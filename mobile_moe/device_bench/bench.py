@@ -41,11 +41,13 @@ from mobile_moe.device_bench.workload import ORDERS, make_workload, random_seed,
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest import bundle_identity, read_manifest, same_bundle
 from mobile_moe.export.manifest_schema import Manifest
+from mobile_moe.foreign_files import read_foreign
 
 RUNTIMES = ("executorch", "onnxruntime", "native", "coreml")
 DEFAULT_RUNTIME = {"executorch": "native", "onnx": "onnxruntime", "coreml": "coreml"}  # by bundle backend
 BACKEND_OF_RUNTIME = {"executorch": "executorch", "native": "executorch", "onnxruntime": "onnx", "coreml": "coreml"}
 MAX_PAUSE_S = 3600
+MAX_RESULTS_BYTES = 1 << 30  # a results.json of 1000 rounds of many bundles is megabytes
 MAX_ROUNDS = 1000  # fresh processes per bundle: each keeps its report in memory for the median
 
 
@@ -206,9 +208,10 @@ def earlier_bench(out: Path) -> bool:
         return False
     names = sorted(entry.name for entry in out.iterdir())
     try:
-        results_module.validate_results(json.loads((out / "results.json").read_text()))
+        results_module.validate_results(json.loads(read_foreign(out / "results.json", limit=MAX_RESULTS_BYTES,
+                                                                what="results.json")))  # fmt: skip
         foreign = [name for name in names if name not in BENCH_FILES]
-    except (OSError, ValueError):  # no results.json, unreadable, not JSON, or not ours (json's errors are ValueErrors)
+    except ValueError:  # no results.json, unreadable, not JSON, or not ours (json's errors are ValueErrors)
         foreign = names
     if foreign:
         raise UsageError(

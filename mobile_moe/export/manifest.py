@@ -29,6 +29,7 @@ from mobile_moe.export.manifest_schema import (  # noqa: F401 (BACKENDS: the CLI
     Manifest,
     validate_manifest,
 )
+from mobile_moe.foreign_files import read_foreign
 
 
 def planned_entry(spec, file: str) -> dict[str, Any]:
@@ -70,11 +71,10 @@ def write_manifest(bundle_dir: Path, manifest: Manifest) -> None:
 
 def _parse(path: Path) -> Any:
     """manifest.json parsed as JSON, bounded; UsageError saying why it cannot be (the one place that reads it)."""
+    data = read_foreign(path, limit=MAX_MANIFEST_BYTES, what="manifest")  # not a FIFO, a device or a giant
     try:
-        if path.stat().st_size > MAX_MANIFEST_BYTES:
-            raise UsageError(f"{path} is over {MAX_MANIFEST_BYTES >> 20} MiB: not a manifest written by export")
-        return json.loads(path.read_bytes())
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
+        return json.loads(data)
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
         # ValueError: bad JSON, or an integer of thousands of digits; RecursionError: absurdly deep nesting
         reason = "nested too deeply" if isinstance(error, RecursionError) else error
         raise UsageError(f"cannot read {path}: {reason}; re-export the bundle") from None

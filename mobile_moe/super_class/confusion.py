@@ -9,6 +9,7 @@ model finds similar when the argmax is right, so it carries far more signal per 
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 from dataclasses import dataclass
@@ -17,8 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from mobile_moe.atomic import atomic_path, check_replaceable
-from mobile_moe.devices import over_memory_limit
+from mobile_moe.devices import memory_limit, over_memory_limit
 from mobile_moe.errors import UsageError
+from mobile_moe.foreign_files import read_foreign_text
 
 
 @dataclass
@@ -208,8 +210,10 @@ def _read_csv(path: Path) -> tuple[np.ndarray, list[str] | None]:
     """The csv module's reading (RFC 4180: quoted names may hold commas, quotes and spaces, kept as written); blank
     lines skipped; the first row is the header of class names when it is not all numbers, or when the rows are one
     more than the columns (names that are numbers: digits-pairs' "00" to "99")."""
-    with open(path, newline="", encoding="utf-8-sig") as file:  # a byte-order mark (Excel's "CSV UTF-8") is no name's
-        lines = [row for row in csv.reader(file) if any(cell.strip() for cell in row)]
+    text = read_foreign_text(path, limit=memory_limit() // 8, what="confusion file")  # at most 8x in Python's rows
+    # a byte-order mark (Excel's "CSV UTF-8") is no name's; newline="": the csv module's own line endings
+    rows_read = csv.reader(io.StringIO(text.removeprefix("\ufeff"), newline=""))
+    lines = [row for row in rows_read if any(cell.strip() for cell in row)]
     if not lines:
         raise UsageError(f"confusion file {path} is empty")
     names = None

@@ -23,6 +23,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from mobile_moe.atomic import write_text_atomic
 from mobile_moe.class_names import class_names_problem
 from mobile_moe.errors import UsageError
+from mobile_moe.foreign_files import read_foreign_text
 from mobile_moe.jsonio import dumps
 from mobile_moe.words import has_control_character
 
@@ -171,10 +172,9 @@ def load(path: str | os.PathLike) -> SuperClasses:
     if not path.is_file():
         raise UsageError(f"super-class file {path} is not a regular file; give a .json file")
     try:
-        if path.stat().st_size > MAX_FILE_BYTES:
-            raise UsageError(f"super-class file {path} is over {MAX_FILE_BYTES >> 20} MiB: not a super-class file")
-        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
-    except (OSError, UnicodeDecodeError) as error:
+        text = read_foreign_text(path, limit=MAX_FILE_BYTES, what="super-class file")
+        data = json.loads(text, parse_constant=_refuse_constant)
+    except UnicodeDecodeError as error:
         raise UsageError(f"cannot read super-class file {path}: {error}") from None
     except RecursionError:
         raise UsageError(f"super-class file {path} is not valid JSON: nested too deeply") from None

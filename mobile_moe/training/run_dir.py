@@ -36,6 +36,7 @@ from mobile_moe.class_names import check_classes, class_names_problem
 from mobile_moe.data.datasets import open_data
 from mobile_moe.data.spec_options import same_data
 from mobile_moe.errors import UsageError
+from mobile_moe.foreign_files import read_foreign_text
 from mobile_moe.preprocess import check_resize
 from mobile_moe.training import distributed
 from mobile_moe.training.recipes import MAY_CHANGE_ON_RESUME, matches_record
@@ -43,6 +44,7 @@ from mobile_moe.training.super_spec import super_record_problem
 from mobile_moe.words import shown
 
 CONFIG = "config.json"
+MAX_RECORD_BYTES = 256 << 20  # config.json and metrics.jsonl: kilobytes a run (a row an epoch); refuse a giant
 LAST = "checkpoint.pt"
 BEST = "best.pt"
 METRICS = "metrics.jsonl"
@@ -155,8 +157,8 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
     if not path.is_file():
         raise UsageError(f"{run_dir} is not a run directory (no {CONFIG}); pass the --out directory of a training run")
     try:
-        config = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        config = json.loads(read_foreign_text(path, limit=MAX_RECORD_BYTES, what=CONFIG))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise UsageError(f"cannot read {path}: {error}") from None
     missing = [key for key in ("model", "data", "recipe") if not isinstance(config, dict) or key not in config]
     if missing:
@@ -300,7 +302,8 @@ def read_metrics(run_dir: str | os.PathLike, fix: str = REWRITTEN_ON_RESUME) -> 
     if not path.is_file():
         return []
     try:
-        lines = [(number, line) for number, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
+        text = read_foreign_text(path, limit=MAX_RECORD_BYTES, what=METRICS)
+        lines = [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
         rows = [(number, json.loads(line)) for number, line in lines]
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         reason = "nested too deeply" if isinstance(error, RecursionError) else error

@@ -702,15 +702,20 @@ def _epoch(session: Session, epoch: int) -> dict[str, Any]:
     run.sampler.set_epoch(epoch)
     seed_epoch(cfg.seed, epoch, placement.rank)
     lr = session.opt.optimizer.param_groups[0]["lr"]
+    last = session.request.out_dir / LAST
+    kept = f"kept {last} from epoch {epoch}" if epoch else "no checkpoint was written yet"
     try:
         stats = train_one_epoch(session.opt, run.loader, session.ctx, epoch=epoch)
     except NonFiniteLoss as error:
-        last = session.request.out_dir / LAST
-        kept = f"kept {last} from epoch {epoch}" if epoch else "no checkpoint was written yet"
         raise UsageError(
             f"training stopped: non-finite {error}; {kept}; "
             "lower the learning rate (--lr) or clip gradients (--set grad_clip=1)"
         ) from None
+    except RuntimeError as error:
+        worker = worker_failure(error)
+        if worker is None:
+            raise
+        raise UsageError(f"training stopped: {worker}; {kept}; the same command with --resume continues") from None
     assignment = run.super_classes.assignment if run.super_classes is not None else None
     scores = evaluate(session.opt.model, run.val_set, assignment, cfg.eval_batch_size, placement.device, cfg.amp)
     return {
@@ -726,6 +731,17 @@ def _epoch(session: Session, epoch: int) -> dict[str, Any]:
         "lr": lr,
         "time": time.time(),
     }
+
+
+def worker_failure(error: RuntimeError) -> str | None:
+    """torch's sentence for a DataLoader worker that died (a signal: the kernel's out-of-memory killer, a kill), with
+    what likely killed it; None for any other error. torch/utils/data/dataloader.py and _utils/signal_handling.py
+    word it "DataLoader worker (pid(s) N) exited unexpectedly" or "... is killed by signal: Killed."."""
+    text = str(error)
+    if "DataLoader worker" not in text or not ("exited unexpectedly" in text or "killed by signal" in text):
+        return None
+    sentence = text.strip().splitlines()[0].rstrip(". ")
+    return f"{sentence} (killed from outside: the kernel's out-of-memory killer, or a signal sent to it)"
 
 
 def _checkpoint(session: Session, progress: RunProgress, row: dict[str, Any]) -> dict[str, Any]:
