@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Protocol
 
 from mobile_moe import jsonio
-from mobile_moe.atomic import atomic_path, check_writable, scratch_folder, within
+from mobile_moe.atomic import atomic_path, check_output_folder, check_writable, scratch_folder, within
 from mobile_moe.device_bench import arm64
 from mobile_moe.device_bench import results as results_module
 from mobile_moe.device_bench.android import AndroidRunner
@@ -200,25 +200,21 @@ def as_given(report: RoundReport) -> dict:
 BENCH_FILES = frozenset({"results.json", REPORT, *PLOTS})  # everything a bench writes in its --out
 
 
-def earlier_bench(out: Path) -> bool:
-    """True when `out` holds an earlier bench (a results.json of ours and only a bench's files), which a new one
-    replaces as a whole; False when it is new or empty. A directory holding anything else is refused: a bench never
-    writes over, or removes, files it did not make."""
-    if not out.is_dir() or not any(out.iterdir()):
-        return False
-    names = sorted(entry.name for entry in out.iterdir())
+def bench_files(out: Path) -> set[str] | None:
+    """The files a bench writes, when `out` holds an earlier bench (a results.json of ours); else None."""
     try:
-        results_module.validate_results(json.loads(read_foreign(out / "results.json", limit=MAX_RESULTS_BYTES,
-                                                                what="results.json")))  # fmt: skip
-        foreign = [name for name in names if name not in BENCH_FILES]
-    except ValueError:  # no results.json, unreadable, not JSON, or not ours (json's errors are ValueErrors)
-        foreign = names
-    if foreign:
-        raise UsageError(
-            f"--out {out} holds files that are not a mobile-moe bench's (e.g. {foreign[0]}); choose a new or empty "
-            "directory, or the --out of an earlier bench to replace it"
-        )
-    return True
+        results = json.loads(read_foreign(out / "results.json", limit=MAX_RESULTS_BYTES, what="results.json"))
+        results_module.validate_results(results)
+    except ValueError:  # none, unreadable, not JSON or not ours (UsageError and json's errors are ValueErrors)
+        return None
+    return set(BENCH_FILES)
+
+
+def earlier_bench(out: Path) -> bool:
+    """True when `out` holds an earlier bench, which a new one replaces as a whole; False when it is new or empty.
+    Anything else is refused (atomic.check_output_folder): a bench never writes over, or removes, files it did not
+    make."""
+    return check_output_folder(out, ours=bench_files, kind="mobile-moe bench's output")
 
 
 def write_results(results: dict, folder: Path) -> None:

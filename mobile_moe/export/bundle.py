@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from mobile_moe.atomic import atomic_path, check_writable
+from mobile_moe.atomic import atomic_path, check_output_folder, check_writable
 from mobile_moe.costs import costs
 from mobile_moe.errors import UsageError
 from mobile_moe.export.graphs import Split, split_model
@@ -32,9 +32,8 @@ from mobile_moe.export.manifest import (
     FORMAT,
     MANIFEST,
     VERSION,
-    entries_not_in_bundle,
+    bundle_files,
     graph_entry,
-    is_bundle,
     planned_entry,
     read_manifest,
     validate_manifest,
@@ -80,20 +79,7 @@ def check_target(out_dir: Path) -> None:
     """Export replaces a directory only when it is a bundle (by its manifest's format field) holding nothing but the
     bundle's own files: replacing it removes everything in it, and we never remove what we did not write."""
     check_writable(out_dir, directory=True)
-    if not out_dir.is_dir() or not any(out_dir.iterdir()):
-        return
-    if not is_bundle(out_dir):
-        raise UsageError(
-            f"{out_dir} exists and is not a mobile-moe bundle (no {MANIFEST} with format {FORMAT!r}); "
-            "choose a new --out directory (nothing written)"
-        )
-    foreign = entries_not_in_bundle(out_dir)
-    if foreign:
-        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        raise UsageError(
-            f"{out_dir} is a bundle but also holds {shown}, which export did not write and replacing it would "
-            "delete; move them or choose a new --out directory (nothing written)"
-        )
+    check_output_folder(out_dir, ours=bundle_files, kind=f"mobile-moe bundle ({MANIFEST} with format {FORMAT!r})")
 
 
 def _random_images(model: nn.Module, count: int = 8) -> Tensor:

@@ -132,9 +132,12 @@ def is_bundle(path: str | os.PathLike) -> bool:
     return isinstance(data, dict) and data.get("format") == FORMAT
 
 
-def entries_not_in_bundle(path: str | os.PathLike) -> list[str]:
-    """Names directly inside the bundle directory `path` that its manifest does not account for (someone else's)."""
+def bundle_files(path: str | os.PathLike) -> set[str] | None:
+    """The names directly inside the bundle directory `path` that its manifest accounts for (what export wrote);
+    None when `path` is not a bundle (atomic.check_output_folder's `ours`)."""
     path = Path(path)
+    if not is_bundle(path):
+        return None
     ours = {MANIFEST}
     try:
         manifest = _parse(path / MANIFEST)
@@ -147,7 +150,7 @@ def entries_not_in_bundle(path: str | os.PathLike) -> list[str]:
             file = entry.get("file") if isinstance(entry, dict) else None
             if isinstance(file, str) and len(Path(file).parts) == 1:  # export writes top-level files and packages
                 ours.add(file)
-    return sorted(entry.name for entry in path.iterdir() if entry.name not in ours)
+    return ours
 
 
 def resolve_graph_file(bundle_dir: str | os.PathLike, graph: GraphEntry, file: GraphFile | None = None) -> Path:

@@ -5,6 +5,7 @@ replaces what is not a store."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from PIL import Image
 from mobile_moe.app.cli import main
 from mobile_moe.data import store
 from mobile_moe.data.datasets import open_data
+from mobile_moe.errors import UsageError
 from mobile_moe.data.image_files import UnreadableImage
 
 SOURCE = "digits-pairs:train=200,val=100,test=100"  # real, smooth images (JPEG is made for them), super-classes
@@ -151,3 +153,72 @@ def test_a_damaged_image_inside_a_store_names_it(packed):
     with pytest.raises(UnreadableImage, match=rf"cannot read packed:{packed} train image 5: "):
         data.raw_splits["train"][5]
     assert isinstance(data.raw_splits["train"][4][0], Image.Image)
+
+
+def test_pack_replaces_only_a_store_of_ours_holding_nothing_else(tmp_path, capsys):
+    """A folder is a store by its store.json's content, not its name: someone else's store.json beside their files
+    is refused and kept; a note kept inside a real store is named and kept; a link given as --out is refused."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "store.json").write_text('{"their": "settings"}')
+    (theirs / "photo.jpg").write_bytes(b"theirs")
+    assert main(["pack", SOURCE, "--out", str(theirs)]) == 2
+    assert "is not a packed store" in capsys.readouterr().err
+    assert sorted(p.name for p in theirs.iterdir()) == ["photo.jpg", "store.json"]
+    store = tmp_path / "store"
+    assert main(["pack", SOURCE, "--out", str(store), "--max-side", "8"]) == 0
+    (store / "NOTES.md").write_text("where this came from")
+    assert main(["pack", SOURCE, "--out", str(store), "--max-side", "12"]) == 2
+    assert "also holds NOTES.md, which we did not write" in capsys.readouterr().err
+    assert (store / "NOTES.md").read_text() == "where this came from"
+    (store / "NOTES.md").unlink()
+    (tmp_path / "link").symlink_to(store)
+    assert main(["pack", SOURCE, "--out", str(tmp_path / "link"), "--max-side", "12"]) == 2
+    assert "is a symbolic link" in capsys.readouterr().err and (tmp_path / "link").is_symlink()
+    assert json.loads((store / "store.json").read_text())["max_side"] == 8
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "giant"])
+def test_a_store_part_that_is_no_regular_file_or_too_large_is_one_line(tmp_path, kind):
+    """Nothing we read blocks us or grows without bound: a FIFO, a link to an endless device and a sparse giant in
+    place of a store's index or images file are refused when the store opens."""
+    store = packed_store(tmp_path)
+    part = store / ("train.index.npy" if kind != "device" else "train.bin")
+    part.unlink()
+    if kind == "fifo":
+        os.mkfifo(part)
+    elif kind == "device":
+        part.symlink_to("/dev/zero")
+    else:
+        with open(part, "wb") as file:
+            file.truncate(1 << 40)
+    with pytest.raises(UsageError, match="a FIFO|a character device|more than"):
+        open_data(f"packed:{store}", 8)
+
+
+def test_a_store_removed_or_replaced_while_a_run_reads_it_is_named_so(tmp_path):
+    store = packed_store(tmp_path)
+    train = open_data(f"packed:{store}", 8).raw_splits["train"]
+    bin_path = store / "train.bin"
+    copy = bin_path.read_bytes()
+    bin_path.unlink()
+    with pytest.raises(UsageError, match="was removed while this run read the store"):
+        train.encoded(0)
+    bin_path.write_bytes(copy[::-1])  # another file of the same size in its place
+    with pytest.raises(UsageError, match="was replaced while this run read the store"):
+        train.encoded(0)
+
+
+@pytest.mark.parametrize("field, value", [("std", 1e-300), ("mean", 1e300), ("std", 1e-44)])
+def test_a_stores_normalisation_is_checked_in_float32(tmp_path, field, value):
+    """Positive and finite in float64, yet 0 or inf in the float32 training computes in: refused by name."""
+    store = packed_store(tmp_path)
+    record = json.loads((store / "store.json").read_text())
+    record[field] = [value] * 3
+    (store / "store.json").write_text(json.dumps(record))
+    with pytest.raises(UsageError, match="do not normalise pixels to finite float32 values"):
+        open_data(f"packed:{store}", 8)
+
+
+def packed_store(tmp_path):
+    return store.pack(open_data(SOURCE, 16), tmp_path / "store", max_side=16)

@@ -363,11 +363,11 @@ def test_bench_cli_python_runtime(bundle, tmp_path, capsys):
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "mine.txt").write_text("not ours")
     assert main([*argv, "--out", str(tmp_path / "notes")]) == 2
-    assert "holds files that are not a mobile-moe bench's (e.g. mine.txt)" in capsys.readouterr().err
+    assert "notes exists and is not a mobile-moe bench's output" in capsys.readouterr().err
     assert sorted(p.name for p in (tmp_path / "notes").iterdir()) == ["mine.txt"]
     (out / "my-notes.md").write_text("mine")
     assert main([*argv, "--images", "4", "--out", str(out)]) == 2
-    assert "holds files that are not a mobile-moe bench's (e.g. my-notes.md)" in capsys.readouterr().err
+    assert "is a mobile-moe bench's output but also holds my-notes.md, which we did not write" in capsys.readouterr().err
     assert (out / "my-notes.md").read_text() == "mine" and (out / "results.json").exists()
 
 

@@ -511,13 +511,14 @@ def test_a_symbolic_dimension_never_matches_the_manifest():
 
 
 def test_a_manifest_naming_a_file_in_a_subdirectory_does_not_make_the_directory_ours(tmp_path):
-    from mobile_moe.export.manifest import entries_not_in_bundle
+    from mobile_moe.export.manifest import FORMAT, bundle_files
 
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "x.pte").write_bytes(b"")
-    (tmp_path / "manifest.json").write_text(json.dumps({"graphs": [{"file": "data/x.pte"}, {"file": "r.pte"}]}))
+    graphs = [{"file": "data/x.pte"}, {"file": "r.pte"}]
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": FORMAT, "graphs": graphs}))
     (tmp_path / "r.pte").write_bytes(b"")
-    assert entries_not_in_bundle(tmp_path) == ["data"]
+    assert bundle_files(tmp_path) == {"manifest.json", "r.pte"}
 
 
 @pytest.mark.slow  # runs ExecuTorch or whole commands many times: in CI's slow set
