@@ -331,8 +331,9 @@ def _resume(run_dir: Path, verbose: bool, changes: dict[str, Any]) -> Path:
     config = read_config(run_dir)
     refuse_resume(config, run_dir)
     check_commit_point(run_dir)
-    cfg = from_dict({"input_pipeline": "workers", **config["recipe"]})  # a run from before the choice: per image
-    cfg = cfg.replace(**{k: v for k, v in changes.items() if v is not None})
+    started = from_dict({"input_pipeline": "workers", **config["recipe"]})  # a run from before the choice: per image
+    cfg = started.replace(**{k: v for k, v in changes.items() if v is not None})
+    check_same_draws(started, cfg)
     spec = config["super_classes"]["spec"] if config.get("super_classes") else None
     model_config = config_from_dict(config["model"])
     data_spec, init_from = config["data"]["spec"], config.get("init_from")
@@ -340,6 +341,21 @@ def _resume(run_dir: Path, verbose: bool, changes: dict[str, Any]) -> Path:
         model_config, cfg, data_spec, spec, run_dir, verbose=verbose, resume=True, init_from=init_from
     )
     return _train(request)
+
+
+def check_same_draws(started: TrainConfig, resumed: TrainConfig) -> None:
+    """UsageError when a resume would change what the augmentation's draws depend on: in the workers pipeline each
+    DataLoader worker draws from its own seed (torch's base seed + worker id), so the same epoch with another number
+    of workers augments other crops and flips, and the resumed run ends with other weights than the run started (the
+    device pipeline keys its draws by seed, epoch, rank and step, whatever the workers)."""
+    if started.input_pipeline != "workers" or not augment.draws_at_random(started.augmentation):
+        return
+    if resumed.workers != started.workers:
+        raise UsageError(
+            f"--workers {resumed.workers} differs from the run's {started.workers}: with --input-pipeline workers "
+            "each worker draws its own augmentations, so the resumed epochs would not be the run's; resume with "
+            f"--workers {started.workers} (or leave it out), or start a new --out"
+        )
 
 
 def training_preprocessing(out_dir: Path, resume: bool, init_from: str | os.PathLike | None) -> dict[str, Any]:

@@ -16,8 +16,8 @@ from PIL import Image
 from mobile_moe.app.cli import main
 from mobile_moe.data import store
 from mobile_moe.data.datasets import open_data
-from mobile_moe.errors import UsageError
 from mobile_moe.data.image_files import UnreadableImage
+from mobile_moe.errors import UsageError
 
 SOURCE = "digits-pairs:train=200,val=100,test=100"  # real, smooth images (JPEG is made for them), super-classes
 

@@ -367,7 +367,8 @@ def test_bench_cli_python_runtime(bundle, tmp_path, capsys):
     assert sorted(p.name for p in (tmp_path / "notes").iterdir()) == ["mine.txt"]
     (out / "my-notes.md").write_text("mine")
     assert main([*argv, "--images", "4", "--out", str(out)]) == 2
-    assert "is a mobile-moe bench's output but also holds my-notes.md, which we did not write" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "is a mobile-moe bench's output but also holds my-notes.md, which we did not write" in said
     assert (out / "my-notes.md").read_text() == "mine" and (out / "results.json").exists()
 
 

@@ -743,3 +743,44 @@ def test_a_checkpoint_that_fills_the_disk_says_the_disk_is_full(tmp_path, monkey
     with pytest.raises(UsageError, match=rf"cannot write (checkpoint )?{tmp_path / 'best.pt'}: .*{want}"):
         checkpoint.save_checkpoint({"epoch": 1}, tmp_path / "best.pt")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_resume_that_would_change_the_workers_draws_is_refused_by_name():
+    """With --input-pipeline workers each worker draws its own augmentations: another --workers on resume would train
+    other crops than the run's (max weight difference 3.4e-3 seen), so it is refused; without random augmentation,
+    or with the device pipeline (draws keyed by seed, epoch, rank and step), it is no change to the draws."""
+    from mobile_moe.training import recipes
+    from mobile_moe.training.train import check_same_draws
+
+    started = recipes.deit().replace(input_pipeline="workers", workers=4)
+    with pytest.raises(UsageError, match="--workers 2 differs from the run's 4: with --input-pipeline workers"):
+        check_same_draws(started, started.replace(workers=2))
+    check_same_draws(started, started.replace(epochs=400))
+    check_same_draws(started.replace(input_pipeline="device"), started.replace(input_pipeline="device", workers=2))
+    check_same_draws(recipes.tiny().replace(workers=4), recipes.tiny().replace(workers=0))  # nothing drawn
+
+
+class _KilledInTheWorker(torch.utils.data.Dataset):
+    """Item 1 kills the worker process that reads it, as the kernel's out-of-memory killer would."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int):
+        if index == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return torch.zeros(1)
+
+
+def test_a_dataloader_worker_killed_by_a_signal_is_named_with_what_to_do():
+    """torch's own error for a killed worker, caught from a real DataLoader, becomes our sentence (train adds the
+    checkpoint kept and --resume); any other RuntimeError is not ours to reword."""
+    from mobile_moe.training.train import worker_failure
+
+    loader = torch.utils.data.DataLoader(_KilledInTheWorker(), num_workers=1, batch_size=1)
+    with pytest.raises(RuntimeError) as caught:
+        list(loader)
+    said = worker_failure(caught.value)
+    assert said is not None and "DataLoader worker (pid" in said and "killed from outside" in said
+    assert "\n" not in said
+    assert worker_failure(RuntimeError("CUDA out of memory")) is None
