@@ -73,6 +73,17 @@ def _on_stop(signum, frame) -> None:
     _state.stop = stop
 
 
+def _stopped_after_the_command(signum, frame) -> None:
+    """A stop during the interpreter's shutdown: what was printed goes out, then the stop's line and status."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    line = b"mobile-moe: terminated\n" if signum == signal.SIGTERM else b"mobile-moe: interrupted\n"
+    with contextlib.suppress(OSError):
+        os.write(2, line)
+    os._exit(128 + signum)
+
+
 def _raise(stop: KeyboardInterrupt) -> NoReturn:
     """Raise the stop. The command ends from here, as at interpreter exit, and is told so: a DataLoader's queues,
     closed as the stop unwinds through it, have feeder threads that then meet a pipe closed under them, which
@@ -118,9 +129,12 @@ def stop_signals(*, until_exit: bool = False) -> Iterator[None]:
     """Ctrl-C raises KeyboardInterrupt and SIGTERM raises Terminated, deferred by `held()`; restored on exit. A stop
     still pending when the block ends normally is raised there. Nested, only the outermost one does anything.
 
-    until_exit (the process's own command): on exit the two are ignored instead. The command has ended, its outputs
-    written and its status decided; Python's own handler, back during the interpreter's shutdown, would end the
-    process by the signal without a word (a Ctrl-C just after reproduce wrote its table: status -2, no line)."""
+    until_exit (the process's own command): on exit a stop ends the process at once, with its one line and status 130
+    or 143. The command has ended and its outputs are whole, but the interpreter's shutdown can take a second more
+    (torch's and matplotlib's teardown): a stop that lands there must not be swallowed into status 0 (a bench
+    signalled after writing its report went on to exit 0 under the old SIG_IGN). Late in the shutdown, once Python has
+    put the default handlers back (signal module finalisation), the signal itself ends the process: a shell's 143 or
+    130 still, without the line."""
     if _state.installed:
         yield
         return
@@ -139,7 +153,7 @@ def stop_signals(*, until_exit: bool = False) -> Iterator[None]:
         raise
     finally:
         for signum, handler in previous.items():
-            signal.signal(signum, signal.SIG_IGN if until_exit else handler)
+            signal.signal(signum, _stopped_after_the_command if until_exit else handler)
         if not until_exit:  # the process ends: its pipes' teardown at exit stays as quiet as during the command
             sys.unraisablehook = previous_hook
         importlib._bootstrap._find_and_load = previous_load

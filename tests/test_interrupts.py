@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -181,19 +182,25 @@ def test_stop_signals_puts_the_handlers_back():
     assert [now != then for now, then in zip(during, before, strict=True)] == [True] * 4
 
 
-def test_the_process_command_ignores_a_stop_that_lands_after_it_ended():
-    """`mobile-moe` as the process's command (until_exit): once the command has ended, a Ctrl-C or SIGTERM during the
-    interpreter's shutdown is ignored, not Python's handler ending the process by the signal without a word."""
-    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    try:
-        with stop_signals(until_exit=True):
-            pass
-        assert signal.getsignal(signal.SIGINT) == signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
-        _signal_self(signal.SIGINT)
-        _signal_self(signal.SIGTERM)  # ignored: this test goes on
-    finally:
-        signal.signal(signal.SIGINT, before[0])
-        signal.signal(signal.SIGTERM, before[1])
+@pytest.mark.parametrize(
+    "signum, status, line", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")]
+)
+def test_a_stop_that_lands_after_the_command_ended_still_ends_the_process_with_its_status(signum, status, line):
+    """`mobile-moe` as the process's command (until_exit): once the command has ended (its outputs whole), a Ctrl-C
+    or SIGTERM during the interpreter's shutdown ends the process with 130 or 143 and its one line, after what the
+    command printed: never status 0 (the stop swallowed), never Python's handler ending it without a word."""
+    script = (
+        "import os, signal, time\n"
+        "from mobile_moe.interrupts import stop_signals\n"
+        "with stop_signals(until_exit=True):\n"
+        "    print('the command printed this', flush=False)\n"
+        f"os.kill(os.getpid(), {int(signum)})\n"
+        "time.sleep(5)\n"
+        "print('never')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == status
+    assert result.stdout == "the command printed this\n" and result.stderr == f"mobile-moe: {line}\n"
 
 
 def test_a_stop_while_a_child_runs_kills_the_child_and_everything_it_started(tmp_path):

@@ -32,7 +32,7 @@ from mobile_moe.super_class.superclasses import load
 from mobile_moe.training.engine import NonFiniteLoss
 from mobile_moe.training.evaluate import confusion_from_run
 from mobile_moe.training.recipes import from_dict
-from mobile_moe.training.run_dir import differences, epochs_done, holds_results, is_run_dir, read_config
+from mobile_moe.training.run_dir import differences, epochs_done, holds_results, is_run_dir, read_config, repair_commit
 from mobile_moe.training.train import resume_training, train
 from mobile_moe.words import counted
 
@@ -326,7 +326,7 @@ def sweep(
     for job in jobs.values():
         check_same_run(job)
     first = [job for key, job in jobs.items() if fig.cell(key[0]).super_classes != DERIVED]
-    outcomes = launch(_pending(first), launcher, out, options, log, side_by_side)
+    outcomes = launch(_pending(first, log), launcher, out, options, log, side_by_side)
     second = [job for key, job in jobs.items() if fig.cell(key[0]).super_classes == DERIVED]
     if second:
         source = jobs[(fig.source, 0)]
@@ -337,13 +337,21 @@ def sweep(
             return outcomes
         for experts in sorted({fig.cell(job.cell).num_experts for job in second}):
             derive_super_classes(out, fig, experts, source.recipe["device"], log)
-        outcomes.update(launch(_pending(second), launcher, out, options, log, side_by_side))
+        outcomes.update(launch(_pending(second, log), launcher, out, options, log, side_by_side))
     return outcomes
 
 
-def _pending(jobs: list[Job]) -> list[Job]:
-    """The jobs whose run has not finished its epochs (finished cells are never retrained, nor even submitted)."""
-    return [job for job in jobs if epochs_done(job.run_dir) < job.recipe["epochs"]]
+def _pending(jobs: list[Job], log: Callable[[str], None] = print) -> list[Job]:
+    """The jobs whose run has not finished its epochs (finished cells are never retrained, nor even submitted); a
+    finished run an interrupt left half-committed (checkpoint.pt written, best.pt not yet) is repaired first."""
+    pending = []
+    for job in jobs:
+        if epochs_done(job.run_dir) < job.recipe["epochs"]:
+            pending.append(job)
+        else:
+            for repaired in repair_commit(job.run_dir):
+                log(f"{job.run_dir}: restored {repaired} from its checkpoint.pt (an interrupt came between the two)")
+    return pending
 
 
 def stderr_log(message: str) -> None:

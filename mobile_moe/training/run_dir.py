@@ -479,6 +479,20 @@ def differences(config: dict[str, Any], model: dict[str, Any], recipe: dict[str,
     return found
 
 
+def repair_commit(run_dir: str | os.PathLike) -> list[str]:
+    """What a kill between checkpoint.pt and best.pt (or metrics.jsonl) left half-committed, made whole from
+    checkpoint.pt (reconcile), as a resume does; -> what was repaired ([] when nothing was, or there is no readable
+    checkpoint.pt). For a sweep's finished runs, which it never resumes."""
+    path = Path(run_dir) / LAST
+    if not path.is_file():
+        return []
+    try:
+        state = load_checkpoint(path, mmap=True)
+    except UsageError:
+        return []
+    return reconcile(run_dir, state)
+
+
 def epochs_done(run_dir: str | os.PathLike) -> int:
     """Epochs the run has committed (checkpoint.pt's epoch); 0 before its first, or if checkpoint.pt is unreadable."""
     return _epoch_of(Path(run_dir) / LAST) or 0
