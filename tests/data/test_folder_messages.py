@@ -62,3 +62,10 @@ def test_skipped_files_are_counted_in_a_note(tmp_path):
         open_data(f"imagefolder:{root}", 16)
     notes = [str(w.message) for w in caught if issubclass(w.category, Note)]
     assert len(notes) == 1 and "skipped 2 file(s) that are not images" in notes[0]
+
+
+def test_a_class_folder_that_is_a_link_loop_is_one_line(tmp_path):
+    root = write_folder(tmp_path / "photos")
+    (root / "train" / "b").symlink_to("c")
+    (root / "train" / "c").symlink_to("b")
+    assert "Too many levels of symbolic links" in refusal(f"imagefolder:{root}")
