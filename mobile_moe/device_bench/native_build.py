@@ -46,6 +46,13 @@ def missing_tools() -> list[str]:
     return missing
 
 
+def jdk_include_dir() -> Path | None:
+    """The include folder (jni.h) of the JDK whose javac is on PATH; None without one."""
+    javac = shutil.which("javac")
+    include = Path(os.path.realpath(javac)).parent.parent / "include" if javac else None
+    return include if include is not None and (include / "jni.h").is_file() else None
+
+
 def host_compiler() -> str:
     return shutil.which("c++") or shutil.which("g++") or ""
 
@@ -53,12 +60,13 @@ def host_compiler() -> str:
 def source_hash(source_dir: Path = NATIVE_DIR, compiler: str | None = None) -> str:
     digest = hashlib.sha256()
     for path in sorted(source_dir.iterdir()):
-        if path.suffix in (".cpp", ".h", ".txt", ".cmake"):
+        if path.suffix in (".cpp", ".c", ".h", ".txt", ".cmake", ".map"):
             digest.update(path.name.encode() + path.read_bytes())
     from executorch.version import __version__
 
     digest.update(__version__.encode())
     digest.update((host_compiler() if compiler is None else compiler).encode())
+    digest.update(str(jdk_include_dir()).encode())  # a JDK installed since: built again, now with the JNI library
     return digest.hexdigest()[:16]
 
 
@@ -169,6 +177,9 @@ def _configure_and_compile(
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     configure = ["cmake", "-S", str(source_dir), "-B", str(work), *generator, "-DCMAKE_BUILD_TYPE=Release"]
     configure += [f"-DCMAKE_PREFIX_PATH={prefix}", f"-DMOBILE_MOE_SANITIZE={sanitize or ''}", *cmake_extra]
+    jdk_include = jdk_include_dir()
+    if jdk_include is not None and not cmake_extra:  # the host's JDK, for host builds only
+        configure.append(f"-DMOBILE_MOE_JNI_INCLUDE={jdk_include}")
     _run(configure, "cmake configure")
     _run(["cmake", "--build", str(work), "--parallel", "2"], "compile")
     # Copy, then rename into place: a concurrent or interrupted build never leaves a half-written runner behind. Its
@@ -179,6 +190,19 @@ def _configure_and_compile(
     digest = file_digest(staged)
     os.replace(staged, runner)
     write_text_atomic(digest_file(runner), digest + "\n")
+
+
+LIBRARY_NAME = "libmobile_moe.so"  # mobile_moe.h's C API, built with the runner (native/CMakeLists.txt)
+JNI_LIBRARY_NAME = "libmobile_moe_jni.so"  # the Java binding's JNI part, where CMake found a JDK
+
+
+def build_library(**options) -> Path:
+    """libmobile_moe, the runtime as a library (native/mobile_moe.h), from the same CMake build as the runner
+    (build_runner's options: a sanitizer, a cross build); its JNI part lies beside it where a JDK was found."""
+    library = build_runner(**options).parent / "cmake-build" / LIBRARY_NAME
+    if not library.is_file():
+        raise UsageError(f"the native build has no {LIBRARY_NAME} at {library}; remove {library.parent} and build again")
+    return library
 
 
 def digest_file(runner: Path) -> Path:

@@ -96,6 +96,7 @@ struct Bundle {
   int num_experts = 0, top_k = 1;
   bool renormalize_gates = false;
   std::vector<int32_t> image_shape;  // (1, C, S, S)
+  std::vector<std::string> class_names;
   Graph single;                      // dense / monolithic
   Graph router;
   Graph trunk_tail;                          // expert-paths with early routing; empty name otherwise
@@ -380,9 +381,10 @@ inline void check_input(const json::Value& manifest, Bundle& bundle, int64_t ima
   check_resize(input, shape[2]);
 }
 
-inline void check_class_names(const json::Value& manifest, int64_t num_classes) {
+inline void check_class_names(const json::Value& manifest, int64_t num_classes, Bundle& bundle) {
   const auto& class_names = as_array(object_at(manifest, "", "class_names"), "class_names", 0, kMaxClasses);
-  for (size_t i = 0; i < class_names.size(); ++i) as_str(class_names[i], child("class_names", i), 0, 1024);
+  for (size_t i = 0; i < class_names.size(); ++i)
+    bundle.class_names.push_back(as_str(class_names[i], child("class_names", i), 0, 1024));
   if (static_cast<int64_t>(class_names.size()) != num_classes)
     invalid("class_names", std::to_string(class_names.size()) + " names for a model with " +
                                std::to_string(num_classes) + " classes");
@@ -497,7 +499,7 @@ inline void validate_layout(const json::Value& manifest, Bundle& bundle) {
   int64_t image_size = 0, in_chans = 0;
   int64_t num_classes = check_header_and_model(manifest, bundle, &image_size, &in_chans);
   check_input(manifest, bundle, image_size, in_chans);
-  check_class_names(manifest, num_classes);
+  check_class_names(manifest, num_classes, bundle);
   std::map<std::string, Graph> graphs = read_graphs(manifest, bundle);
   const json::Value& composition = object_at(manifest, "", "composition");
   bundle.layout = one_of<Layout>(object_at(composition, "composition", "layout"), "composition.layout", kLayouts);

@@ -1,0 +1,219 @@
+// libmobile_moe's C API (mobile_moe.h) over the runner's own on-device code: bundle_manifest.h checks the bundle,
+// graph_loader.h loads graphs (one parsed program per family, packed-weight cache, one planned-memory arena) and
+// graphs.h's Pipeline routes each image to its experts through the expert cache with parking and prefetch. The runner
+// (runner.cpp) measures the same Pipeline; this file only turns it into handles, status codes and messages.
+//
+// What the runner does and a library must not: it forks a child to load each weights file once before trusting it
+// (graphs.h probe_weights_files). In an app's process (a multi-threaded JVM) a library may not fork, so it relies on
+// the checks that run in-process, which the runner runs too before its probe: the manifest, every file's size and
+// sha256 against it, and each ExecuTorch file's flatbuffer structure (flatbuffer_check.h), .ptd weights included.
+#include "mobile_moe.h"
+
+#include <executorch/runtime/platform/runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "bundle_manifest.h"
+#include "errors.h"
+#include "graph_loader.h"
+#include "graphs.h"
+#include "packed_cache.h"
+
+namespace executorch::extension::threadpool {
+class ThreadPool {
+ public:
+  bool _unsafe_reset_threadpool(uint32_t num_threads);
+};
+ThreadPool* get_threadpool();
+}  // namespace executorch::extension::threadpool
+
+namespace {
+
+using namespace mobile_moe::runner;
+
+thread_local std::string t_last_error;
+
+mm_status failed(mm_status status, const std::string& message) {
+  t_last_error = message;
+  for (char& c : t_last_error)  // one line, as the runner prints it
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+  return status;
+}
+
+// Every entry point's exceptions as a status and this thread's message: nothing is thrown across the C boundary.
+template <typename Work>
+mm_status guarded(mm_status runtime_status, Work work) {
+  try {
+    work();
+    return MM_OK;
+  } catch (const UsageError& error) {
+    return failed(runtime_status == MM_RUNTIME_ERROR ? MM_BAD_ARGUMENT : runtime_status, error.what());
+  } catch (const FileFault& error) {
+    return failed(MM_BAD_BUNDLE, error.what());
+  } catch (const std::bad_alloc&) {
+    return failed(MM_OUT_OF_MEMORY, "out of memory");
+  } catch (const std::exception& error) {
+    return failed(MM_RUNTIME_ERROR, error.what());
+  }
+}
+
+}  // namespace
+
+struct mm_model {
+  Bundle bundle;
+  PackedCache packed_cache;
+  std::unique_ptr<Loader> loader;
+  std::unique_ptr<Pipeline> pipeline;
+  Inference last;
+  bool predicted = false;
+};
+
+extern "C" {
+
+const char* mm_version(void) {
+#ifdef MOBILE_MOE_RUNTIME_ID
+  return "mobile-moe libmobile_moe 1, " MOBILE_MOE_RUNTIME_ID;
+#else
+  return "mobile-moe libmobile_moe 1";
+#endif
+}
+
+void mm_default_options(mm_options* options) {
+  if (options == nullptr) return;
+  *options = mm_options{};
+  options->threads = 1;
+  options->cache_experts = 0;
+  options->park_experts = -1;
+  options->cache_margin = 0.0f;
+  options->weight_cache_dir = nullptr;
+  options->weight_cache_limit_mib = static_cast<int>(kDefaultPackedCacheLimit >> 20);
+  options->prefetch = 1;
+}
+
+const char* mm_last_error(void) { return t_last_error.c_str(); }
+
+mm_status mm_open(const char* bundle_dir, const mm_options* given, mm_model** model) {
+  if (model == nullptr) return failed(MM_BAD_ARGUMENT, "mm_open: model is NULL");
+  *model = nullptr;
+  if (bundle_dir == nullptr) return failed(MM_BAD_ARGUMENT, "mm_open: bundle_dir is NULL");
+  mm_options options;
+  mm_default_options(&options);
+  if (given != nullptr) options = *given;
+  if (options.threads < 0 || options.threads > 1024)
+    return failed(MM_BAD_ARGUMENT, "threads " + std::to_string(options.threads) + " is out of range (0..1024)");
+  if (options.cache_experts < 0 || options.park_experts < -1 || !(options.cache_margin >= 0.0f) ||
+      options.cache_margin > 1.0f || options.weight_cache_limit_mib < 1)
+    return failed(MM_BAD_ARGUMENT, "cache_experts >= 0, park_experts >= -1, cache_margin 0..1 and "
+                                   "weight_cache_limit_mib >= 1, please");
+  std::unique_ptr<mm_model> opened(new (std::nothrow) mm_model());
+  if (!opened) return failed(MM_OUT_OF_MEMORY, "out of memory");
+  mm_status status = guarded(MM_BAD_BUNDLE, [&] {
+    executorch::runtime::runtime_init();
+    opened->bundle = read_bundle(bundle_dir);  // the manifest, then every file's size, sha256 and structure
+  });
+  if (status != MM_OK) return status;
+  return guarded(MM_RUNTIME_ERROR, [&] {
+    Bundle& bundle = opened->bundle;
+    const bool split = bundle.kind == Kind::Split;
+    int cache_experts = options.cache_experts == 0 ? std::max(bundle.num_experts, 1) : options.cache_experts;
+    if (split && cache_experts < bundle.top_k)
+      throw UsageError("cache_experts " + std::to_string(cache_experts) + " is fewer than the bundle's top_k, " +
+                       std::to_string(bundle.top_k) + ": an image's experts run together");
+    if (options.weight_cache_dir != nullptr && options.weight_cache_dir[0] != '\0')
+      opened->packed_cache = PackedCache(options.weight_cache_dir, uint64_t(options.weight_cache_limit_mib) << 20);
+    if (options.threads > 0) {
+      auto* pool = executorch::extension::threadpool::get_threadpool();
+      if (pool != nullptr) pool->_unsafe_reset_threadpool(static_cast<uint32_t>(options.threads));
+    }
+    opened->loader = std::make_unique<Loader>(LoadMode::Mmap, opened->packed_cache, -1,
+                                              /*locate_packed_weights=*/options.park_experts != 0);
+    opened->pipeline = std::make_unique<Pipeline>(bundle, *opened->loader, cache_experts, options.park_experts,
+                                                  options.cache_margin, options.prefetch != 0);
+    opened->pipeline->load_resident();
+    *model = opened.release();
+  });
+}
+
+void mm_close(mm_model* model) { delete model; }
+
+int mm_num_classes(const mm_model* model) {
+  return model == nullptr ? 0 : static_cast<int>(model->bundle.class_names.size());
+}
+
+const char* mm_class_name(const mm_model* model, int index) {
+  if (model == nullptr || index < 0 || index >= mm_num_classes(model)) return nullptr;
+  return model->bundle.class_names[static_cast<size_t>(index)].c_str();
+}
+
+int mm_input_channels(const mm_model* model) { return model == nullptr ? 0 : model->bundle.image_shape.at(1); }
+int mm_input_size(const mm_model* model) { return model == nullptr ? 0 : model->bundle.image_shape.at(3); }
+
+mm_status mm_predict_f32(mm_model* model, const float* chw, size_t count) {
+  if (model == nullptr || chw == nullptr) return failed(MM_BAD_ARGUMENT, "mm_predict_f32: model or chw is NULL");
+  const size_t expected = static_cast<size_t>(mm_input_channels(model)) * mm_input_size(model) * mm_input_size(model);
+  if (count != expected)
+    return failed(MM_BAD_ARGUMENT, "mm_predict_f32: " + std::to_string(count) + " values, not the bundle's " +
+                                       std::to_string(expected) + " (C x S x S)");
+  return guarded(MM_RUNTIME_ERROR, [&] {
+    std::vector<float> image(chw, chw + count);  // the pipeline feeds the graph from a buffer it may reuse
+    model->predicted = false;
+    model->last = model->pipeline->infer(image);
+    model->predicted = true;
+  });
+}
+
+size_t mm_logits(const mm_model* model, float* logits, size_t capacity) {
+  if (model == nullptr || !model->predicted) return 0;
+  const auto& values = model->last.logits;
+  if (logits != nullptr) std::copy_n(values.begin(), std::min(capacity, values.size()), logits);
+  return values.size();
+}
+
+int mm_top_classes(const mm_model* model, int k, int* classes, float* probabilities) {
+  if (model == nullptr || !model->predicted || k <= 0) return 0;
+  const auto& logits = model->last.logits;
+  const double top = *std::max_element(logits.begin(), logits.end());
+  std::vector<double> probs(logits.size());
+  double total = 0;
+  for (size_t i = 0; i < logits.size(); ++i) total += probs[i] = std::exp(static_cast<double>(logits[i]) - top);
+  std::vector<int> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  const int n = std::min<int>(k, static_cast<int>(order.size()));
+  // Most probable first; ties: the lower class index first (as predict --json's stable sort)
+  std::partial_sort(order.begin(), order.begin() + n, order.end(),
+                    [&](int a, int b) { return probs[a] > probs[b] || (probs[a] == probs[b] && a < b); });
+  for (int i = 0; i < n; ++i) {
+    if (classes != nullptr) classes[i] = order[i];
+    if (probabilities != nullptr) probabilities[i] = static_cast<float>(probs[order[i]] / total);
+  }
+  return n;
+}
+
+int mm_experts(const mm_model* model, int capacity, int* experts, float* gates) {
+  if (model == nullptr || !model->predicted) return 0;
+  const int n = static_cast<int>(model->last.experts.size());
+  for (int i = 0; i < std::min(n, capacity); ++i) {
+    if (experts != nullptr) experts[i] = model->last.experts[i];
+    if (gates != nullptr) gates[i] = model->last.gates[i];
+  }
+  return n;
+}
+
+void mm_last_times(const mm_model* model, mm_stage_times* times) {
+  if (times == nullptr) return;
+  *times = mm_stage_times{};
+  if (model == nullptr || !model->predicted) return;
+  const Inference& last = model->last;
+  *times = mm_stage_times{last.router_ms, last.expert_ms, last.load_ms, last.tail_ms, last.load_wait_ms,
+                          last.total_ms, last.hit ? 1 : 0};
+}
+
+}  // extern "C"

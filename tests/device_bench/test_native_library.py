@@ -1,0 +1,159 @@
+"""libmobile_moe, the runtime as a library an app links (native/mobile_moe.h): its C API answers as the Python runtime
+does, refuses every bad manifest the runner refuses with the runner's own words, exports nothing but its API, and its
+Java binding (org.mobilemoe.MobileMoe, over JNI) answers the same. The library is driven in a child process
+(tests/device_bench/c_api.py): a crash inside it fails the test instead of killing pytest."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from c_api import MM_BAD_BUNDLE, MM_OK
+from conftest import needs_build
+from faults import MANIFEST_MUTATIONS, copy_bundle, mutate_manifest
+
+from mobile_moe.device_bench.native_build import JNI_LIBRARY_NAME, NATIVE_DIR, build_library
+from mobile_moe.device_bench.workload import random_workload, write_raw
+from mobile_moe.export.manifest import read_manifest
+
+pytestmark = [pytest.mark.export, needs_build]
+DRIVER = Path(__file__).with_name("c_api.py")
+
+
+@pytest.fixture(scope="session")
+def library(runner) -> Path:  # `runner`: the build, or the reason it cannot be built here
+    return build_library()
+
+
+@pytest.fixture(scope="session")
+def images(bundle, tmp_path_factory) -> Path:
+    workload = random_workload(read_manifest(bundle, verify_files=True).input.shape, count=8, seed=3)
+    return write_raw(workload, tmp_path_factory.mktemp("c-api") / "images.f32")
+
+
+def drive(library: Path, images: Path, bundles: list[Path], cache_experts: int = 1) -> list[dict]:
+    result = subprocess.run([sys.executable, str(DRIVER), str(library), str(images), str(cache_experts),
+                             *map(str, bundles)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, f"the driver died ({result.returncode}): {result.stderr[-2000:]}"
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def python_predictions(bundle: Path, images: Path):
+    from mobile_moe.export.runtime import load_bundle
+
+    shape = read_manifest(bundle, verify_files=True).input.shape
+    runtime = load_bundle(bundle)
+    return [runtime.predict(image) for image in np.fromfile(images, dtype=np.float32).reshape(-1, *shape[1:])]
+
+
+def test_the_library_exports_its_c_api_and_nothing_else(library):
+    header = (NATIVE_DIR / "mobile_moe.h").read_text()
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(library)], capture_output=True, text=True, check=True)
+    exported = {line.split()[-1] for line in symbols.stdout.splitlines() if line.strip()}
+    declared = {name for name in exported if f" {name}(" in header}
+    assert exported == declared and {"mm_open", "mm_predict_f32", "mm_close", "mm_last_error"} <= exported
+
+
+@pytest.mark.parametrize("cache_experts", [1, 0], ids=["one-expert", "every-expert"])
+def test_the_c_api_answers_as_the_python_runtime(library, bundle, images, cache_experts):
+    (record,) = drive(library, images, [bundle], cache_experts)
+    assert record["status"] == MM_OK, record["error"]
+    expected = python_predictions(bundle, images)
+    for got, want in zip(record["predictions"], expected, strict=True):
+        np.testing.assert_allclose(got["logits"], want.logits.reshape(-1), atol=1e-5)
+        assert got["experts"] == [int(e) for e in want.experts]
+        np.testing.assert_allclose(got["gates"], want.gates, atol=1e-6)
+        logits = np.asarray(got["logits"], dtype=np.float64)
+        probabilities = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+        assert [c for c, _ in got["top"]] == np.argsort(-probabilities, kind="stable")[:5].tolist()
+        np.testing.assert_allclose([p for _, p in got["top"]], np.sort(probabilities)[::-1][:5], rtol=1e-6)
+
+
+def runner_refusal(runner: Path, bundle: Path) -> str:
+    result = subprocess.run([str(runner), "--bundle", str(bundle), "--random", "1", "--iterations", "1"],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    return result.stderr.strip().removeprefix("mobile_moe_runner: ")
+
+
+def test_every_bad_manifest_the_runner_refuses_the_c_api_refuses_in_its_words(library, runner, bundle, images,
+                                                                               tmp_path):  # fmt: skip
+    broken = []
+    for mutation in sorted(MANIFEST_MUTATIONS):
+        copy = copy_bundle(bundle, tmp_path / mutation)
+        mutate_manifest(copy, mutation)
+        broken.append(copy)
+    missing = tmp_path / "no-manifest"
+    missing.mkdir()
+    for record, path in zip(drive(library, images, [*broken, missing]), [*broken, missing], strict=True):
+        assert record["status"] == MM_BAD_BUNDLE, (path.name, record)
+        assert record["error"] == runner_refusal(runner, path), path.name
+
+
+def test_a_missing_weights_file_is_refused_before_anything_loads(library, bundle, images, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(bundle, broken)
+    (broken / "expert_1.ptd").unlink()
+    (record,) = drive(library, images, [broken])
+    assert record["status"] == MM_BAD_BUNDLE and "expert_1.ptd" in record["error"]
+
+
+JAVA_MAIN = """
+import org.mobilemoe.MobileMoe;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.nio.file.Files;
+import java.nio.file.Paths;
+
+public class PredictMain {
+  public static void main(String[] args) throws Exception {
+    ByteBuffer raw = ByteBuffer.wrap(Files.readAllBytes(Paths.get(args[1]))).order(ByteOrder.LITTLE_ENDIAN);
+    try (MobileMoe model = MobileMoe.open(args[0], 1, 1)) {
+      int values = model.inputValues();
+      StringBuilder out = new StringBuilder();
+      while (raw.remaining() >= 4 * values) {
+        float[] chw = new float[values];
+        raw.asFloatBuffer().get(chw);
+        raw.position(raw.position() + 4 * values);
+        MobileMoe.Prediction p = model.predict(chw, 3);
+        out.append(p.classes[0]).append(' ').append(model.className(p.classes[0])).append(' ').append(p.experts[0]);
+        for (float logit : p.logits) out.append(' ').append(logit);
+        out.append('\\n');
+      }
+      System.out.print(out);
+    }
+    try {
+      MobileMoe.open(args[2], 1, 1);
+    } catch (IllegalArgumentException refused) {
+      System.out.println("refused: " + refused.getMessage());
+    }
+  }
+}
+"""
+
+
+def test_the_java_binding_answers_as_the_python_runtime_and_refuses_in_the_librarys_words(library, bundle, images,
+                                                                                         tmp_path):  # fmt: skip
+    if shutil.which("javac") is None or not (library.parent / JNI_LIBRARY_NAME).is_file():
+        pytest.skip("no JDK here (javac; on a fresh machine `apt-get install openjdk-17-jdk-headless`)")
+    classes = tmp_path / "classes"
+    (tmp_path / "PredictMain.java").write_text(JAVA_MAIN)
+    sources = [str(NATIVE_DIR / "java" / "org" / "mobilemoe" / "MobileMoe.java"), str(tmp_path / "PredictMain.java")]
+    subprocess.run(["javac", "-d", str(classes), *sources], check=True, capture_output=True, timeout=120)
+    java = ["java", f"-Djava.library.path={library.parent}", "-cp", str(classes), "PredictMain"]
+    result = subprocess.run([*java, str(bundle), str(images), str(tmp_path)], capture_output=True, text=True,
+                            timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    *lines, refusal = result.stdout.strip().splitlines()
+    names = read_manifest(bundle).class_names
+    for line, want in zip(lines, python_predictions(bundle, images), strict=True):
+        index, name, expert, *logits = line.split(" ")
+        assert int(index) == int(np.argmax(want.logits)) and name == names[int(index)]
+        assert int(expert) == int(want.experts[0])
+        np.testing.assert_allclose(np.array(logits, dtype=np.float32), want.logits.reshape(-1), atol=1e-5)
+    assert refusal.startswith("refused: ") and "manifest.json" in refusal
