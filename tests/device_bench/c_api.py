@@ -4,9 +4,12 @@ Run as a program it opens bundles in this process and prints one JSON object per
 in a child process (a crash inside the runtime fails that test instead of killing pytest):
 
     python tests/device_bench/c_api.py LIBRARY IMAGES.f32 CACHE_EXPERTS BUNDLE...
+    python tests/device_bench/c_api.py --preprocess LIBRARY BUNDLE PIXELS.npz
 
 Each line: {"bundle", "status", "error", "predictions": [{"logits", "experts", "gates", "top": [[class, p], ...]}]}
-for every image of IMAGES.f32 (raw float32, N x C x S x S), or for none when the open was refused.
+for every image of IMAGES.f32 (raw float32, N x C x S x S), or for none when the open was refused. With
+--preprocess: each (H, W, 3) uint8 array of PIXELS.npz through mm_preprocess_rgb8 and mm_predict_rgb8, written to
+PIXELS.npz's name with ".out.npz" as `<key>` (the C x S x S values) and `<key>.logits`.
 """
 
 from __future__ import annotations
@@ -46,6 +49,10 @@ class CApi:
                                        ctypes.POINTER(ctypes.c_float)]  # fmt: skip
         lib.mm_experts.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
                                    ctypes.POINTER(ctypes.c_float)]  # fmt: skip
+        lib.mm_input_channels.argtypes = lib.mm_input_size.argtypes = [ctypes.c_void_p]
+        pixels = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint8), ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        lib.mm_predict_rgb8.argtypes = pixels
+        lib.mm_preprocess_rgb8.argtypes = [*pixels, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t]
 
     def options(self, **values) -> Options:
         options = Options()
@@ -79,7 +86,45 @@ class CApi:
                 "gates": list(gates)[:chosen], "top": [[top[i], probabilities[i]] for i in range(n)]}  # fmt: skip
 
 
+    def preprocess(self, handle, pixels: np.ndarray) -> np.ndarray:
+        """(H, W, 3) uint8 -> the C x S x S float32 the library feeds the bundle (a stride one pixel wider)."""
+        height, width, _ = pixels.shape
+        padded = np.zeros((height, width + 1, 3), dtype=np.uint8)  # a row stride beyond 3 * width, as apps have
+        padded[:, :width] = pixels
+        channels, size = self.lib.mm_input_channels(handle), self.lib.mm_input_size(handle)
+        out = np.zeros(channels * size * size, dtype=np.float32)
+        rgb = padded.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        status = self.lib.mm_preprocess_rgb8(handle, rgb, width, height, 3 * (width + 1),
+                                             out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), out.size)  # fmt: skip
+        if status != MM_OK:
+            raise RuntimeError(self.last_error())
+        status = self.lib.mm_predict_rgb8(handle, padded.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), width,
+                                          height, 3 * (width + 1))  # fmt: skip
+        if status != MM_OK:
+            raise RuntimeError(self.last_error())
+        return out.reshape(channels, size, size)
+
+
+def preprocess_main(library: str, bundle: str, pixels_file: str) -> None:
+    api = CApi(library)
+    status, handle = api.open(bundle)
+    if status != MM_OK:
+        raise SystemExit(api.last_error())
+    results = {}
+    for key, pixels in np.load(pixels_file).items():
+        results[key] = api.preprocess(handle, pixels)
+        classes = api.lib.mm_logits(handle, None, 0)
+        logits = np.zeros(classes, dtype=np.float32)
+        api.lib.mm_logits(handle, logits.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), classes)
+        results[f"{key}.logits"] = logits
+    api.lib.mm_close(handle)
+    np.savez(pixels_file.removesuffix(".npz") + ".out.npz", **results)
+
+
 def main(argv: list[str]) -> None:
+    if argv[0] == "--preprocess":
+        preprocess_main(*argv[1:])
+        return
     library, images_file, cache_experts, *bundles = argv
     api = CApi(library)
     for bundle in bundles:

@@ -103,6 +103,64 @@ def test_a_missing_weights_file_is_refused_before_anything_loads(library, bundle
     assert record["status"] == MM_BAD_BUNDLE and "expert_1.ptd" in record["error"]
 
 
+def with_input_resize(bundle: Path, to: Path, resize: dict | None) -> Path:
+    """A copy of `bundle` whose manifest records another input.resize (the graphs are the same, their checksums too)."""
+    copy = copy_bundle(bundle, to)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    if resize is None:
+        manifest["input"].pop("resize", None)
+    else:
+        manifest["input"]["resize"] = resize
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    return copy
+
+
+RESIZES = {
+    "stretch": {"policy": "stretch"},
+    "resize-center-crop": {"policy": "resize-center-crop", "resize_to": 37, "crop_to": 32},
+    "bicubic-crop": {"policy": "resize-center-crop", "resize_to": 45, "crop_to": 32, "interpolation": "bicubic"},
+    "none (older bundles)": None,
+}
+
+
+@pytest.mark.parametrize("resize", sorted(RESIZES))
+def test_the_c_preprocessing_gives_the_pythons_values_to_the_last_bit(library, bundle, tmp_path, resize):
+    """8-bit RGB pixels through mm_preprocess_rgb8 against mobile_moe.preprocess's eval transform on the same image
+    (a file's PIL image, as predict and evaluation read it): the same float32 values, for real photographs cut at
+    sizes that shrink, enlarge, stretch and crop on odd pixel counts; mm_predict_rgb8's logits are mm_predict_f32's."""
+    from photos import photographs
+    from PIL import Image
+
+    from mobile_moe.export.images import preprocess
+
+    copy = with_input_resize(bundle, tmp_path / "bundle", RESIZES[resize])
+    transform = preprocess(read_manifest(copy).input)
+    photos = [np.asarray(photo) for photo in photographs()]
+    pixels = {"china-500x375": photos[0][:375, :500], "flower-31x47": photos[1][100:147, 200:231],
+              "hopper-whole": photos[2], "tiny-3x2": photos[0][:2, :3], "wide-640x33": photos[1][:33, :640]}  # fmt: skip
+    np.savez(tmp_path / "pixels.npz", **pixels)
+    result = subprocess.run([sys.executable, str(DRIVER), "--preprocess", str(library), str(copy),
+                             str(tmp_path / "pixels.npz")], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    got = np.load(tmp_path / "pixels.out.npz")
+    runtime_logits = []
+    for key, image in pixels.items():
+        expected = transform(Image.fromarray(np.ascontiguousarray(image))).numpy()
+        assert got[key].shape == expected.shape and np.array_equal(got[key], expected), key
+        runtime_logits.append(got[f"{key}.logits"])
+    inputs = [transform(Image.fromarray(np.ascontiguousarray(image))).numpy() for image in pixels.values()]
+    want = python_predictions_of(bundle, np.stack(inputs))
+    for logits, prediction in zip(runtime_logits, want, strict=True):
+        np.testing.assert_allclose(logits, prediction.logits.reshape(-1), atol=1e-5)
+
+
+def python_predictions_of(bundle: Path, images: np.ndarray):
+    from mobile_moe.export.runtime import load_bundle
+
+    runtime = load_bundle(bundle)
+    return [runtime.predict(image) for image in images]
+
+
 JAVA_MAIN = """
 import org.mobilemoe.MobileMoe;
 import java.nio.ByteBuffer;

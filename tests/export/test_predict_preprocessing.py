@@ -125,7 +125,8 @@ def test_a_manifest_without_the_record_still_predicts_by_stretching(run_dir, bun
         (old / file.name).write_bytes(file.read_bytes())
     (old / MANIFEST).write_text(json.dumps(manifest))
     path, cropped, _ = val_item(run_dir, 0)
-    stretch = v2.Compose([v2.ToImage(), v2.Resize((SIZE, SIZE), antialias=True), v2.ToDtype(torch.float32, scale=True),
+    # Pillow resizes the file's image (preprocess.eval_transform), then it becomes a tensor
+    stretch = v2.Compose([v2.Resize((SIZE, SIZE), antialias=True), v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
                           v2.Normalize(manifest["input"]["mean"], manifest["input"]["std"])])  # fmt: skip
     expected = stretch(Image.open(path).convert("RGB"))
     image, logits = predicted_logits(old, path)

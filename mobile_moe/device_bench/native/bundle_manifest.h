@@ -32,6 +32,7 @@
 #include "manifest_schema.h"
 #include "manifest_values.h"
 #include "flatbuffer_check.h"
+#include "preprocess.h"
 #include "sha256.h"
 
 namespace mobile_moe::runner {
@@ -97,6 +98,7 @@ struct Bundle {
   bool renormalize_gates = false;
   std::vector<int32_t> image_shape;  // (1, C, S, S)
   std::vector<std::string> class_names;
+  Preprocessing input;  // the manifest's input section: resize policy, mean and std (preprocess.h)
   Graph single;                      // dense / monolithic
   Graph router;
   Graph trunk_tail;                          // expert-paths with early routing; empty name otherwise
@@ -245,9 +247,9 @@ const char* const kResizePolicies[] = {"stretch", "resize-center-crop"};
 const char* const kResizeOrigins[] = {"run", "data-spec", "assumed"};
 const char* const kResizeInterpolations[] = {"bilinear", "bicubic"};
 
-inline void check_resize(const json::Value& input, int64_t image_size) {
+inline void check_resize(const json::Value& input, int64_t image_size, Preprocessing& pre) {
   const json::Value* resize = optional_at(input, "input", "resize");
-  if (resize == nullptr) return;
+  if (resize == nullptr) return;  // a bundle from before the record: stretched
   if (!resize->is_object()) invalid("input.resize", "must be an object, not " + shown(*resize));
   for (const auto& entry : resize->object)
     if (entry.first != "policy" && entry.first != "resize_to" && entry.first != "crop_to" && entry.first != "origin" &&
@@ -258,7 +260,8 @@ inline void check_resize(const json::Value& input, int64_t image_size) {
   if (const json::Value* origin = optional_at(*resize, "input.resize", "origin"))
     one_of(*origin, "input.resize.origin", kResizeOrigins);
   if (const json::Value* interpolation = optional_at(*resize, "input.resize", "interpolation"))
-    one_of(*interpolation, "input.resize.interpolation", kResizeInterpolations);
+    pre.interpolation = one_of(*interpolation, "input.resize.interpolation", kResizeInterpolations);
+  pre.policy = policy;
   const json::Value* resize_to = optional_at(*resize, "input.resize", "resize_to");
   const json::Value* crop_to = optional_at(*resize, "input.resize", "crop_to");
   if (policy == "stretch") {
@@ -276,6 +279,8 @@ inline void check_resize(const json::Value& input, int64_t image_size) {
   if (crop_side != image_size)
     invalid("input.resize.crop_to",
             std::to_string(crop_side) + " must be the input size " + std::to_string(image_size));
+  pre.resize_to = static_cast<int>(resize_side);
+  pre.crop_to = static_cast<int>(crop_side);
 }
 
 // What the layout checks share: the manifest's parts, the graphs by name, and the shapes every layout compares
@@ -366,9 +371,11 @@ inline void check_input(const json::Value& manifest, Bundle& bundle, int64_t ima
     invalid("input.dtype", "must be \"float32\"");
   const auto& mean = as_array(object_at(input, "input", "mean"), "input.mean", 0, 4096);
   const auto& std_dev = as_array(object_at(input, "input", "std"), "input.std", 0, 4096);
-  for (size_t i = 0; i < mean.size(); ++i) as_finite(mean[i], child("input.mean", i));
-  for (size_t i = 0; i < std_dev.size(); ++i)
-    if (as_finite(std_dev[i], child("input.std", i)) <= 0) invalid(child("input.std", i), "must be greater than 0");
+  for (size_t i = 0; i < mean.size(); ++i) bundle.input.mean.push_back(as_finite(mean[i], child("input.mean", i)));
+  for (size_t i = 0; i < std_dev.size(); ++i) {
+    bundle.input.std.push_back(as_finite(std_dev[i], child("input.std", i)));
+    if (bundle.input.std.back() <= 0) invalid(child("input.std", i), "must be greater than 0");
+  }
   const auto& shape = bundle.image_shape;
   if (shape[0] != 1 || shape[1] > 4 || shape[2] != shape[3])
     invalid("input.shape", shape_text(shape) + " must be (1, C, S, S) with C <= 4");
@@ -378,7 +385,7 @@ inline void check_input(const json::Value& manifest, Bundle& bundle, int64_t ima
                                    static_cast<int32_t>(image_size)};
   if (shape != model_shape)
     invalid("input.shape", shape_text(shape) + " differs from the model's " + shape_text(model_shape));
-  check_resize(input, shape[2]);
+  check_resize(input, shape[2], bundle.input);
 }
 
 inline void check_class_names(const json::Value& manifest, int64_t num_classes, Bundle& bundle) {

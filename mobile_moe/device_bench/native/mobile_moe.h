@@ -85,6 +85,15 @@ MOBILE_MOE_API int mm_input_size(const mm_model* model); /* S: inputs are C x S 
  * `count` = C * S * S float32 values, channel-major. */
 MOBILE_MOE_API mm_status mm_predict_f32(mm_model* model, const float* chw, size_t count);
 
+/* One image as an app has it: 8-bit RGB, `width` x `height` pixels of 3 bytes, `row_stride` bytes from one row to the
+ * next (>= 3 * width). Resized and normalised as the bundle's manifest says (input.resize, mean, std): the pixels
+ * mobile_moe/preprocess.py would give the same image read from a file, byte for byte (Pillow's resampling). A grey
+ * bundle takes Pillow's RGB -> L. Sizes up to 2^15 a side. */
+MOBILE_MOE_API mm_status mm_predict_rgb8(mm_model* model, const uint8_t* rgb, int width, int height, int row_stride);
+/* The same preprocessing alone, into `chw` (capacity C * S * S values), for an app that runs it elsewhere. */
+MOBILE_MOE_API mm_status mm_preprocess_rgb8(const mm_model* model, const uint8_t* rgb, int width, int height,
+                                            int row_stride, float* chw, size_t capacity);
+
 /* The last prediction's results (each 0 / nothing before the first): */
 MOBILE_MOE_API size_t mm_logits(const mm_model* model, float* logits, size_t capacity); /* -> classes; copies */
 /* The k most probable classes (softmax of the logits, computed in double), most probable first; -> how many */

@@ -26,6 +26,7 @@
 #include "graph_loader.h"
 #include "graphs.h"
 #include "packed_cache.h"
+#include "preprocess.h"
 
 namespace executorch::extension::threadpool {
 class ThreadPool {
@@ -40,6 +41,7 @@ namespace {
 using namespace mobile_moe::runner;
 
 thread_local std::string t_last_error;
+constexpr int kMaxSide = 1 << 15;  // an app's photo: 32768 x 32768 at most (3 GB of RGB)
 
 mm_status failed(mm_status status, const std::string& message) {
   t_last_error = message;
@@ -168,6 +170,36 @@ mm_status mm_predict_f32(mm_model* model, const float* chw, size_t count) {
     model->last = model->pipeline->infer(image);
     model->predicted = true;
   });
+}
+
+mm_status mm_preprocess_rgb8(const mm_model* model, const uint8_t* rgb, int width, int height, int row_stride,
+                             float* chw, size_t capacity) {
+  if (model == nullptr || rgb == nullptr || chw == nullptr)
+    return failed(MM_BAD_ARGUMENT, "mm_preprocess_rgb8: model, rgb or chw is NULL");
+  if (width < 1 || height < 1 || width > kMaxSide || height > kMaxSide || row_stride < 3 * width)
+    return failed(MM_BAD_ARGUMENT, "mm_preprocess_rgb8: " + std::to_string(width) + " x " + std::to_string(height) +
+                                       " pixels with a row stride of " + std::to_string(row_stride) +
+                                       " bytes: sides 1.." + std::to_string(kMaxSide) + ", a stride of 3 * width or more");
+  const int channels = mm_input_channels(model), size = mm_input_size(model);
+  const size_t needed = static_cast<size_t>(channels) * size * size;
+  if (capacity < needed)
+    return failed(MM_BAD_ARGUMENT, "mm_preprocess_rgb8: room for " + std::to_string(capacity) + " values, not the " +
+                                       std::to_string(needed) + " of C x S x S");
+  return guarded(MM_RUNTIME_ERROR, [&] {
+    std::vector<float> values = preprocess_rgb8(rgb, width, height, row_stride, channels, size, model->bundle.input);
+    std::copy(values.begin(), values.end(), chw);
+  });
+}
+
+mm_status mm_predict_rgb8(mm_model* model, const uint8_t* rgb, int width, int height, int row_stride) {
+  if (model == nullptr) return failed(MM_BAD_ARGUMENT, "mm_predict_rgb8: model is NULL");
+  std::vector<float> chw;
+  mm_status status = guarded(MM_RUNTIME_ERROR, [&] {
+    chw.resize(static_cast<size_t>(mm_input_channels(model)) * mm_input_size(model) * mm_input_size(model));
+  });
+  if (status != MM_OK) return status;
+  status = mm_preprocess_rgb8(model, rgb, width, height, row_stride, chw.data(), chw.size());
+  return status != MM_OK ? status : mm_predict_f32(model, chw.data(), chw.size());
 }
 
 size_t mm_logits(const mm_model* model, float* logits, size_t capacity) {
