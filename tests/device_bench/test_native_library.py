@@ -137,7 +137,8 @@ def test_the_c_preprocessing_gives_the_pythons_values_to_the_last_bit(library, b
     transform = preprocess(read_manifest(copy).input)
     photos = [np.asarray(photo) for photo in photographs()]
     pixels = {"china-500x375": photos[0][:375, :500], "flower-31x47": photos[1][100:147, 200:231],
-              "hopper-whole": photos[2], "tiny-3x2": photos[0][:2, :3], "wide-640x33": photos[1][:33, :640]}  # fmt: skip
+              "hopper-whole": photos[2], "tiny-3x2": photos[0][:2, :3],
+              "wide-640x33": photos[1][:33, :640]}  # fmt: skip
     np.savez(tmp_path / "pixels.npz", **pixels)
     result = subprocess.run([sys.executable, str(DRIVER), "--preprocess", str(library), str(copy),
                              str(tmp_path / "pixels.npz")], capture_output=True, text=True, timeout=300)  # fmt: skip
