@@ -74,6 +74,16 @@ def test_the_c_api_answers_as_the_python_runtime(library, bundle, images, cache_
         np.testing.assert_allclose([p for _, p in got["top"]], np.sort(probabilities)[::-1][:5], rtol=1e-6)
 
 
+def test_two_handles_serve_from_two_threads_at_once_as_one_alone(library, bundle, images):
+    """The stated contract (mobile_moe.h): a handle is one thread's at a time, two handles may run at once (sharing
+    ExecuTorch's thread pool); each answers every image exactly as a handle alone does, switching experts as it goes."""
+    result = subprocess.run([sys.executable, str(DRIVER), "--two-threads", str(library), str(images), str(bundle)],
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    outcome = json.loads(result.stdout)
+    assert outcome == {"same": True, "predictions": 2 * 5 * 8}
+
+
 def runner_refusal(runner: Path, bundle: Path) -> str:
     result = subprocess.run([str(runner), "--bundle", str(bundle), "--random", "1", "--iterations", "1"],
                             capture_output=True, text=True, timeout=60)  # fmt: skip
