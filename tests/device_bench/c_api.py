@@ -3,7 +3,7 @@
 Run as a program it opens bundles in this process and prints one JSON object per bundle, so a test drives the library
 in a child process (a crash inside the runtime fails that test instead of killing pytest):
 
-    python tests/device_bench/c_api.py LIBRARY IMAGES.f32 CACHE_EXPERTS BUNDLE...
+    python tests/device_bench/c_api.py LIBRARY IMAGES.f32 CACHE_EXPERTS [--weight-cache=DIR] BUNDLE...
     python tests/device_bench/c_api.py --preprocess LIBRARY BUNDLE PIXELS.npz
     python tests/device_bench/c_api.py --two-threads LIBRARY IMAGES.f32 BUNDLE
 
@@ -157,9 +157,12 @@ def main(argv: list[str]) -> None:
         two_threads_main(*argv[1:])
         return
     library, images_file, cache_experts, *bundles = argv
+    weight_cache = None
+    if bundles and bundles[0].startswith("--weight-cache="):
+        weight_cache = bundles.pop(0).partition("=")[2].encode()
     api = CApi(library)
     for bundle in bundles:
-        status, handle = api.open(bundle, cache_experts=int(cache_experts))
+        status, handle = api.open(bundle, cache_experts=int(cache_experts), weight_cache_dir=weight_cache)
         record = {"bundle": bundle, "status": status, "error": api.last_error() if status else "", "predictions": []}
         if status == MM_OK:
             channels, size = api.lib.mm_input_channels(handle), api.lib.mm_input_size(handle)

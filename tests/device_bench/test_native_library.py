@@ -6,6 +6,7 @@ Java binding (org.mobilemoe.MobileMoe, over JNI) answers the same. The library i
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -103,6 +104,30 @@ def test_every_bad_manifest_the_runner_refuses_the_c_api_refuses_in_its_words(li
     for record, path in zip(drive(library, images, [*broken, missing]), [*broken, missing], strict=True):
         assert record["status"] == MM_BAD_BUNDLE, (path.name, record)
         assert record["error"] == runner_refusal(runner, path), path.name
+
+
+def test_files_verified_once_are_remembered_and_a_file_changed_since_is_verified_again(library, bundle, images,
+                                                                                       tmp_path):  # fmt: skip
+    """With a packed-weight cache folder, every graph file hashed and checked at the first open is remembered there
+    (an app's next cold start does not hash the bundle again); a file written since (a flipped byte, whatever its
+    size and modification time) is hashed again and refused."""
+    from faults import flip_byte
+
+    copy = copy_bundle(bundle, tmp_path / "bundle")
+    cache = tmp_path / "packed-weights"
+    cache.mkdir()
+    flag = f"--weight-cache={cache}"
+    first, again = drive(library, images, [flag, copy, copy])
+    assert first["status"] == again["status"] == MM_OK and again["predictions"] == first["predictions"]
+    graph_files = {f.file for g in read_manifest(copy).graphs for f in g.files()}
+    remembered = (cache / "verified-files.txt").read_text().splitlines()
+    assert len(remembered) == len(graph_files)
+    weights = copy / "expert_1.ptd"
+    stamp = weights.stat()
+    flip_byte(weights, weights.stat().st_size // 2)
+    os.utime(weights, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))  # the same size and modification time
+    (refused,) = drive(library, images, [flag, copy])
+    assert refused["status"] == MM_BAD_BUNDLE and "expert_1.ptd does not match the sha256" in refused["error"]
 
 
 def test_a_missing_weights_file_is_refused_before_anything_loads(library, bundle, images, tmp_path):

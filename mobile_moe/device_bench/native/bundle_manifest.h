@@ -11,6 +11,7 @@
 #pragma once
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -22,6 +23,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -583,14 +585,74 @@ inline void verify_file(const std::string& graph, const File& file, bool externa
   }
 }
 
-inline void verify_graph_files(const Bundle& bundle) {
-  for (const auto& graph : bundle.all) {
-    verify_file(graph.name, graph.program, graph.shares_program());
-    if (graph.shares_program()) verify_file(graph.name, graph.weights, false);
+// Graph files verified before (sha256 and structure), remembered in the packed-weight cache folder by what they
+// were then: the sha256 the manifest gave, with the file's device, inode, size, modification and status-change times.
+// A file still all of that is not read again: an app's cold start pays for hashing the bundle once, not at every
+// launch. Any write to a file changes its status-change time (the kernel sets it; no call sets it back), so a file
+// damaged or replaced since is hashed again. Kept in one small file, replaced whole (rename) by each process.
+class VerifiedFiles {
+ public:
+  explicit VerifiedFiles(const std::string& dir) : path_(dir.empty() ? "" : dir + "/verified-files.txt") {
+    if (path_.empty()) return;
+    try {
+      std::stringstream lines(read_file(path_, "verified files", kMaxBytes));
+      for (std::string line; std::getline(lines, line);) known_.insert(line);
+    } catch (const UsageError&) {  // none yet, or unreadable: every file is verified
+    }
   }
+  bool known(const File& file) const { return !path_.empty() && known_.count(identity(file)) > 0; }
+  void remember(const File& file) {
+    if (!path_.empty()) added_.push_back(identity(file));
+  }
+  // Write what is known now (best effort: a folder we cannot write only means verifying again next time).
+  void save() const {
+    if (path_.empty() || added_.empty()) return;
+    std::string temporary = path_ + ".tmp-" + std::to_string(getpid());
+    {
+      std::ofstream out(temporary, std::ios::trunc);
+      std::set<std::string> all(known_);
+      all.insert(added_.begin(), added_.end());
+      size_t written = 0;
+      for (const auto& line : all)  // the newest bundles' files first would need times; a bound keeps it small
+        if (written++ < kMaxEntries) out << line << '\n';
+      if (!out) return;
+    }
+    std::rename(temporary.c_str(), path_.c_str());
+  }
+
+ private:
+  static constexpr uint64_t kMaxBytes = 16u << 20;
+  static constexpr size_t kMaxEntries = 100000;
+  std::string path_;
+  std::set<std::string> known_;
+  std::vector<std::string> added_;
+
+  static std::string identity(const File& file) {
+    struct stat info {};
+    if (stat(file.path.c_str(), &info) != 0) return "";
+    return file.sha256 + " " + std::to_string(info.st_dev) + " " + std::to_string(info.st_ino) + " " +
+           std::to_string(info.st_size) + " " + std::to_string(info.st_mtim.tv_sec) + "." +
+           std::to_string(info.st_mtim.tv_nsec) + " " + std::to_string(info.st_ctim.tv_sec) + "." +
+           std::to_string(info.st_ctim.tv_nsec);
+  }
+};
+
+// `memo_dir`: the packed-weight cache folder, where files verified before are remembered (VerifiedFiles); "": none.
+inline void verify_graph_files(const Bundle& bundle, const std::string& memo_dir = "") {
+  VerifiedFiles verified(memo_dir);
+  auto verify = [&](const std::string& graph, const File& file, bool external_data) {
+    if (verified.known(file)) return;
+    verify_file(graph, file, external_data);
+    verified.remember(file);
+  };
+  for (const auto& graph : bundle.all) {
+    verify(graph.name, graph.program, graph.shares_program());
+    if (graph.shares_program()) verify(graph.name, graph.weights, false);
+  }
+  verified.save();
 }
 
-inline Bundle read_bundle(const std::string& path) {
+inline Bundle read_bundle(const std::string& path, const std::string& memo_dir = "") {
   Bundle bundle;
   bundle.dir = real_path(path);
   if (bundle.dir.empty()) throw UsageError("bundle directory " + path + " does not exist");
@@ -610,7 +672,7 @@ inline Bundle read_bundle(const std::string& path) {
   } catch (const Invalid& error) {
     throw UsageError(origin + ": " + error.what());
   }
-  verify_graph_files(bundle);
+  verify_graph_files(bundle, memo_dir);
   return bundle;
 }
 

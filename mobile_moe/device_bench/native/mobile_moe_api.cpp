@@ -119,7 +119,9 @@ mm_status mm_open(const char* bundle_dir, const mm_options* given, mm_model** mo
   if (!opened) return failed(MM_OUT_OF_MEMORY, "out of memory");
   mm_status status = guarded(MM_BAD_BUNDLE, [&] {
     executorch::runtime::runtime_init();
-    opened->bundle = read_bundle(bundle_dir);  // the manifest, then every file's size, sha256 and structure
+    // The manifest, then every file's size, sha256 and structure (once: remembered with the packed weights)
+    const bool cached = options.weight_cache_dir != nullptr && options.weight_cache_dir[0] != '\0';
+    opened->bundle = read_bundle(bundle_dir, cached ? options.weight_cache_dir : "");
   });
   if (status != MM_OK) return status;
   return guarded(MM_RUNTIME_ERROR, [&] {

@@ -1,0 +1,94 @@
+/* mobile_moe_app: an app's whole use of libmobile_moe (mobile_moe.h) in C, and what benchmarks/library_vit_ti32.py
+ * times against the runner: open a bundle, predict each image of a raw float32 file (N x C x S x S, normalised) in
+ * turn for --iterations predictions, close. Prints one JSON line: the open and the first prediction (an app's cold
+ * start), every prediction's milliseconds, the peak RSS (VmHWM) and the first image's top class and experts.
+ *
+ *   mobile_moe_app BUNDLE IMAGES.f32 [--cache-experts N] [--iterations N] [--threads T] [--weight-cache DIR]
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "mobile_moe.h"
+
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+static long peak_rss_bytes(void) {
+  FILE* status = fopen("/proc/self/status", "r");
+  char line[256];
+  long kb = -1;
+  while (status != NULL && fgets(line, sizeof line, status) != NULL)
+    if (strncmp(line, "VmHWM:", 6) == 0) kb = strtol(line + 6, NULL, 10);
+  if (status != NULL) fclose(status);
+  return kb < 0 ? -1 : kb * 1024;
+}
+
+/* Image `index` of the raw float32 file into `image` (one at a time, as an app gets them: the process holds one image,
+ * so its peak RSS is the model's); 0 when the file has no such image. */
+static int read_image(FILE* file, size_t values, size_t index, float* image) {
+  return fseek(file, (long)(index * values * sizeof(float)), SEEK_SET) == 0 &&
+         fread(image, sizeof(float) * values, 1, file) == 1;
+}
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    fprintf(stderr, "usage: mobile_moe_app BUNDLE IMAGES.f32 [--cache-experts N] [--iterations N] [--threads T] "
+                    "[--weight-cache DIR]\n");
+    return 2;
+  }
+  mm_options options;
+  mm_default_options(&options);
+  int iterations = 50;
+  for (int i = 3; i + 1 < argc; i += 2) {
+    if (strcmp(argv[i], "--cache-experts") == 0) options.cache_experts = atoi(argv[i + 1]);
+    else if (strcmp(argv[i], "--iterations") == 0) iterations = atoi(argv[i + 1]);
+    else if (strcmp(argv[i], "--threads") == 0) options.threads = atoi(argv[i + 1]);
+    else if (strcmp(argv[i], "--weight-cache") == 0) options.weight_cache_dir = argv[i + 1];
+  }
+  double start = now_ms();
+  mm_model* model = NULL;
+  if (mm_open(argv[1], &options, &model) != MM_OK) {
+    fprintf(stderr, "mobile_moe_app: %s\n", mm_last_error());
+    return 2;
+  }
+  double open_ms = now_ms() - start;
+  size_t values = (size_t)mm_input_channels(model) * mm_input_size(model) * mm_input_size(model), count = 0;
+  FILE* file = fopen(argv[2], "rb");
+  float* image = malloc(values * sizeof(float));
+  while (file != NULL && image != NULL && read_image(file, values, count, image)) ++count;
+  if (count == 0 || iterations < 1) {
+    fprintf(stderr, "mobile_moe_app: cannot read whole images of %zu values from %s\n", values, argv[2]);
+    return 2;
+  }
+  printf("{\"open_ms\": %.4f, \"ms\": [", open_ms);
+  int top = -1, expert = -1;
+  for (int i = 0; i < iterations; ++i) {
+    if (!read_image(file, values, (size_t)i % count, image)) {
+      fprintf(stderr, "mobile_moe_app: %s changed while it was read\n", argv[2]);
+      return 2;
+    }
+    double before = now_ms();  /* the prediction alone, as the runner times its own */
+    if (mm_predict_f32(model, image, values) != MM_OK) {
+      fprintf(stderr, "mobile_moe_app: %s\n", mm_last_error());
+      return 1;
+    }
+    printf("%s%.4f", i ? ", " : "", now_ms() - before);
+    if (i == 0) {
+      float probability;
+      mm_top_classes(model, 1, &top, &probability);
+      float gate;
+      if (mm_experts(model, 1, &expert, &gate) == 0) expert = -1;
+    }
+  }
+  printf("], \"peak_rss_bytes\": %ld, \"first_class\": %d, \"first_expert\": %d}\n", peak_rss_bytes(), top, expert);
+  mm_close(model);
+  fclose(file);
+  free(image);
+  return 0;
+}
