@@ -251,3 +251,46 @@ def test_the_java_binding_answers_as_the_python_runtime_and_refuses_in_the_libra
         assert int(expert) == int(want.experts[0])
         np.testing.assert_allclose(np.array(logits, dtype=np.float32), want.logits.reshape(-1), atol=1e-5)
     assert refusal.startswith("refused: ") and "manifest.json" in refusal
+
+
+@pytest.fixture(scope="session", params=["plain", pytest.param("asan", marks=pytest.mark.slow)])
+def app(request, library) -> tuple[Path, dict[str, str]]:
+    """native/app_example.c (an app's whole use of the C API) and the environment to run it in: the normal build,
+    and an AddressSanitizer build of the app with the library."""
+    from mobile_moe.device_bench.native_build import SanitizerUnavailable, sanitizer_env
+
+    if request.param == "plain":
+        return library.parent / "mobile_moe_app", dict(os.environ)
+    try:
+        instrumented = build_library(sanitize="address")
+    except SanitizerUnavailable as error:
+        pytest.skip(f"cannot build the AddressSanitizer library here: {error}")
+    return instrumented.parent / "mobile_moe_app", sanitizer_env()
+
+
+@pytest.mark.slow  # a process per damaged bundle: 96 of them
+def test_an_app_on_a_damaged_bundle_gets_one_message_never_a_crash(app, bundle, images, tmp_path):
+    """Every byte flip of the runner's fault tests (router, the experts' shared program, expert 0's weights), raw and
+    with the manifest re-sealed, through the C API in an app's process (no forked probe): refused with one line and
+    exit 2, a clean runtime failure (1), or, when the flip changed only weights, answers; never a signal, never an
+    AddressSanitizer report."""
+    from faults import flip_byte, flip_offsets, reseal
+    from test_native_faults import FLIP_COUNT, FLIP_FILES
+
+    binary, env = app
+    for name in FLIP_FILES:
+        for index, offset in enumerate(flip_offsets((bundle / name).stat().st_size, count=FLIP_COUNT, seed=0)):
+            for resealed in (False, True):
+                broken = copy_bundle(bundle, tmp_path / f"{name}-{index}-{resealed}")
+                flip_byte(broken / name, offset)
+                if resealed:
+                    reseal(broken)
+                result = subprocess.run([str(binary), str(broken), str(images), "--cache-experts", "1"],
+                                        capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+                case = f"{name} byte {offset} {'resealed' if resealed else 'raw'}: {result.stderr[-1500:]}"
+                assert result.returncode in (0, 1, 2), case
+                if result.returncode:
+                    ours = [line for line in result.stderr.splitlines() if line.startswith("mobile_moe_app: ")]
+                    assert len(ours) == 1, case
+                    assert resealed or "sha256" in ours[0], case
+                shutil.rmtree(broken)
