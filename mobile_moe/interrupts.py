@@ -130,11 +130,9 @@ def stop_signals(*, until_exit: bool = False) -> Iterator[None]:
     still pending when the block ends normally is raised there. Nested, only the outermost one does anything.
 
     until_exit (the process's own command): on exit a stop ends the process at once, with its one line and status 130
-    or 143. The command has ended and its outputs are whole, but the interpreter's shutdown can take a second more
-    (torch's and matplotlib's teardown): a stop that lands there must not be swallowed into status 0 (a bench
-    signalled after writing its report went on to exit 0 under the old SIG_IGN). Late in the shutdown, once Python has
-    put the default handlers back (signal module finalisation), the signal itself ends the process: a shell's 143 or
-    130 still, without the line."""
+    or 143: the command has ended and its outputs are whole, and what is left (app.cli._end_process: threads joined,
+    atexit's functions) is no reason to swallow it into status 0 (a bench signalled after writing its report went on
+    to exit 0 under the old SIG_IGN)."""
     if _state.installed:
         yield
         return
