@@ -645,9 +645,11 @@ def _epoch_context(
 
 
 def duration(seconds: float) -> str:
-    """'2 h 5 min', '7 min' or '40 s'."""
+    """'2 h 5 min', '7 min' or '80 s' (seconds below 90: '1 min' would be 30 to 89 of them)."""
+    if seconds < 90:
+        return f"{max(seconds, 1):.0f} s"
     hours, minutes = divmod(round(seconds / 60), 60)
-    return f"{hours} h {minutes} min" if hours else f"{minutes} min" if minutes else f"{max(seconds, 1):.0f} s"
+    return f"{hours} h {minutes} min" if hours else f"{minutes} min"
 
 
 def say_run_estimate(seconds_per_step: float, steps: int) -> None:

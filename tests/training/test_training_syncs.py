@@ -105,6 +105,7 @@ def test_the_time_left_follows_the_recent_epochs_pace():
     assert time_left([60.0], 10) == "  about 10 min left"
     assert time_left([600.0, 30.0, 30.0, 30.0], 4) == "  about 2 min left"  # the slow first epoch is forgotten
     assert time_left([30.0, 30.0], 0) == ""
+    assert time_left([4.5], 11) == "  about 50 s left"  # not "1 min": a short run's estimate in seconds
 
 
 def test_an_interrupted_train_says_the_command_that_continues_it(monkeypatch, capsys):
