@@ -134,3 +134,34 @@ def test_bench_on_the_emulated_device_marks_its_latency_emulated(bundle, arm64_r
     report = (out / "report.md").read_text()
     assert "EMULATED" in report and "not comparable to a phone's" in report
     assert "## ARM64 (emulated) against this host, same images" in report and "| 4/4 | 4/4 |" in report
+
+
+@pytest.mark.slow
+@needs_arm64
+def test_an_app_on_the_c_api_cross_built_for_linux_arm64_answers_as_on_the_host(runner, arm64_runner, bundle,
+                                                                                 tmp_path):  # fmt: skip
+    """libmobile_moe and native/app_example.c from the linux-arm64 build, run under qemu-user against the aarch64
+    wheel's ExecuTorch: the same top class and expert as the host build of the same app, image by image."""
+    import subprocess
+
+    manifest = read_manifest(bundle, verify_files=True)
+    images = write_raw(random_workload(manifest.input.shape, count=4, seed=3), tmp_path / "images.f32")
+    host_app, arm64_app = (binary.parent / "cmake-build" / "mobile_moe_app" for binary in (runner, arm64_runner))
+    libraries = sorted({str(Path(library).parent) for library in arm64.runtime_libraries()})
+    emulated = [arm64.qemu(), "-cpu", arm64.CPU, "-L", str(arm64.SYSROOT),
+                "-E", f"LD_LIBRARY_PATH={':'.join([str(arm64_app.parent), *libraries])}"]  # fmt: skip
+    for index in range(4):
+        one = tmp_path / f"image-{index}.f32"
+        one.write_bytes(images.read_bytes()[index * one_image_bytes(manifest): (index + 1) * one_image_bytes(manifest)])
+        answers = []
+        for command in ([str(host_app)], [*emulated, str(arm64_app)]):
+            result = subprocess.run([*command, str(bundle), str(one), "--cache-experts", "1", "--iterations", "1"],
+                                    capture_output=True, text=True, timeout=300)  # fmt: skip
+            assert result.returncode == 0, result.stderr[-2000:]
+            report = json.loads(result.stdout)
+            answers.append((report["first_class"], report["first_expert"]))
+        assert answers[0] == answers[1], index
+
+
+def one_image_bytes(manifest: Manifest) -> int:
+    return 4 * int(np.prod(manifest.input.shape[1:]))
