@@ -192,7 +192,7 @@ def check_replaceable(target: str | os.PathLike, *, read: Callable[[Path], objec
 
 def check_output_folder(out: str | os.PathLike, *, ours: Callable[[Path], set[str] | None], kind: str,
                         flag: str = "--out") -> bool:  # fmt: skip
-    """The one rule for what an output folder may replace (bundles, bench folders, stores, sweeps): a new or empty
+    """The one rule for what an output folder may replace (bundles, bench folders, stores): a new or empty
     folder is written; a folder that holds an earlier output of `kind`, recognised by its content (`ours(out)`: the
     names such an output holds, None when `out` is not one), and nothing else, is replaced whole; anything else is
     refused in one line naming what we did not write. An `out` that is a symbolic link is refused: replacing it would

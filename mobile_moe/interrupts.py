@@ -47,6 +47,8 @@ class Terminated(KeyboardInterrupt):
 
 
 _STOPS = {signal.SIGINT: KeyboardInterrupt, signal.SIGTERM: Terminated}
+# The one line a stopped command ends with, by signal (app.cli prints it for a stop raised in the command).
+STOPPED_LINES = {signal.SIGINT: "mobile-moe: interrupted", signal.SIGTERM: "mobile-moe: terminated"}
 
 
 @dataclass
@@ -78,9 +80,8 @@ def _stopped_after_the_command(signum, frame) -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    line = b"mobile-moe: terminated\n" if signum == signal.SIGTERM else b"mobile-moe: interrupted\n"
     with contextlib.suppress(OSError):
-        os.write(2, line)
+        os.write(2, f"{STOPPED_LINES[signum]}\n".encode())
     os._exit(128 + signum)
 
 

@@ -13,6 +13,7 @@ import errno
 import importlib
 import importlib.util
 import os
+import signal
 import sys
 import threading
 import warnings
@@ -20,7 +21,7 @@ from importlib.metadata import version
 from typing import NoReturn
 
 from mobile_moe.errors import Note, UsageError
-from mobile_moe.interrupts import Terminated, stop_signals
+from mobile_moe.interrupts import STOPPED_LINES, Terminated, stop_signals
 
 # command -> (module, one-line help). Commands whose module does not exist yet are not offered.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -91,11 +92,9 @@ def _interrupt_behind(error: BaseException) -> KeyboardInterrupt | None:
 
 
 def _stopped(interrupt: KeyboardInterrupt) -> int:
-    if isinstance(interrupt, Terminated):
-        print("mobile-moe: terminated", file=sys.stderr)
-        return 143
-    print("mobile-moe: interrupted", file=sys.stderr)
-    return 130
+    signum = signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT
+    print(STOPPED_LINES[signum], file=sys.stderr)
+    return 128 + signum
 
 
 # The errors of a path the user gave (an input's, a folder's) that no command can work around, and how to fix each.

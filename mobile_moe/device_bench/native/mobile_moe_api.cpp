@@ -27,14 +27,7 @@
 #include "graphs.h"
 #include "packed_cache.h"
 #include "preprocess.h"
-
-namespace executorch::extension::threadpool {
-class ThreadPool {
- public:
-  bool _unsafe_reset_threadpool(uint32_t num_threads);
-};
-ThreadPool* get_threadpool();
-}  // namespace executorch::extension::threadpool
+#include "thread_pool.h"
 
 namespace {
 
@@ -133,10 +126,7 @@ mm_status mm_open(const char* bundle_dir, const mm_options* given, mm_model** mo
                        std::to_string(bundle.top_k) + ": an image's experts run together");
     if (options.weight_cache_dir != nullptr && options.weight_cache_dir[0] != '\0')
       opened->packed_cache = PackedCache(options.weight_cache_dir, uint64_t(options.weight_cache_limit_mib) << 20);
-    if (options.threads > 0) {
-      auto* pool = executorch::extension::threadpool::get_threadpool();
-      if (pool != nullptr) pool->_unsafe_reset_threadpool(static_cast<uint32_t>(options.threads));
-    }
+    if (options.threads > 0) set_threads(options.threads);
     opened->loader = std::make_unique<Loader>(LoadMode::Mmap, opened->packed_cache, -1,
                                               /*locate_packed_weights=*/options.park_experts != 0);
     opened->pipeline = std::make_unique<Pipeline>(bundle, *opened->loader, cache_experts, options.park_experts,

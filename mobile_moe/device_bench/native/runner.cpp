@@ -53,17 +53,8 @@
 #include "process_stats.h"
 #include "runtime_log.h"
 #include "sha256.h"
+#include "thread_pool.h"
 
-// The wheel ships libexecutorch_threadpool but not its header; these two declarations match the library's symbols
-// (executorch/extension/threadpool/threadpool.h) and are all the runner needs to pin the thread count.
-namespace executorch::extension::threadpool {
-class ThreadPool {
- public:
-  size_t get_thread_count() const;
-  bool _unsafe_reset_threadpool(uint32_t num_threads);
-};
-ThreadPool* get_threadpool();
-}  // namespace executorch::extension::threadpool
 
 namespace mobile_moe::runner {
 namespace {
@@ -270,11 +261,6 @@ void write_memory(json::Writer& out, const stats::Memory& memory) {
   out.end_object();
 }
 
-void set_threads(int threads) {
-  auto* pool = executorch::extension::threadpool::get_threadpool();
-  if (pool != nullptr) pool->_unsafe_reset_threadpool(static_cast<uint32_t>(threads));
-}
-
 // ---------------------------------------------------------------------------------------------------------------
 // measure(): the settings, then the four phases, each writing its part of the report in order
 
@@ -308,12 +294,11 @@ int expert_cache_size(const Options& options, const Bundle& bundle, int num_expe
 
 void write_run_settings(json::Writer& out, const Options& options, const Bundle& bundle, int num_experts,
                         int cache_experts, size_t num_images) {
-  auto* pool = executorch::extension::threadpool::get_threadpool();
   out.key("runner").value("mobile-moe-native");
   out.key("bundle").value(bundle.dir);
   out.key("kind").value(name(bundle.kind));
   out.key("layout").value(name(bundle.layout));
-  out.key("threads").value(pool != nullptr ? static_cast<int64_t>(pool->get_thread_count()) : int64_t{1});
+  out.key("threads").value(thread_count());
   out.key("load_mode").value(options.load_mode);
   out.key("workspace_sharing").value(static_cast<int64_t>(options.workspace_sharing));
   out.key("weight_cache").value(!options.weight_cache.empty());
