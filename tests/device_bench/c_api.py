@@ -5,7 +5,6 @@ in a child process (a crash inside the runtime fails that test instead of killin
 
     python tests/device_bench/c_api.py LIBRARY IMAGES.f32 CACHE_EXPERTS [--weight-cache=DIR] BUNDLE...
     python tests/device_bench/c_api.py --preprocess LIBRARY BUNDLE PIXELS.npz
-    python tests/device_bench/c_api.py --two-threads LIBRARY IMAGES.f32 BUNDLE
 
 Each line: {"bundle", "status", "error", "predictions": [{"logits", "experts", "gates", "top": [[class, p], ...]}]}
 for every image of IMAGES.f32 (raw float32, N x C x S x S), or for none when the open was refused. With
@@ -122,39 +121,9 @@ def preprocess_main(library: str, bundle: str, pixels_file: str) -> None:
     np.savez(pixels_file.removesuffix(".npz") + ".out.npz", **results)
 
 
-def two_threads_main(library: str, images_file: str, bundle: str) -> None:
-    """Two handles on one bundle, each predicting every image 5 times in its own thread at once (ctypes releases
-    the GIL during each call), against one handle alone: prints {"same": ..., "errors": [...]}."""
-    import threading
-
-    api = CApi(library)
-    handles = [api.open(bundle, cache_experts=1)[1] for _ in range(2)]
-    channels, size = api.lib.mm_input_channels(handles[0]), api.lib.mm_input_size(handles[0])
-    images = np.fromfile(images_file, dtype=np.float32).reshape(-1, channels, size, size)
-    alone = [api.predict(handles[0], image)["logits"] for image in images]
-    results: dict[int, list] = {0: [], 1: []}
-
-    def serve(which: int) -> None:
-        for _ in range(5):
-            results[which] += [api.predict(handles[which], image)["logits"] for image in images]
-
-    threads = [threading.Thread(target=serve, args=(which,)) for which in (0, 1)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    same = all(results[which] == alone * 5 for which in (0, 1))
-    for handle in handles:
-        api.lib.mm_close(handle)
-    print(json.dumps({"same": same, "predictions": sum(map(len, results.values()))}))
-
-
 def main(argv: list[str]) -> None:
     if argv[0] == "--preprocess":
         preprocess_main(*argv[1:])
-        return
-    if argv[0] == "--two-threads":
-        two_threads_main(*argv[1:])
         return
     library, images_file, cache_experts, *bundles = argv
     weight_cache = None

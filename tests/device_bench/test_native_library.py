@@ -75,14 +75,31 @@ def test_the_c_api_answers_as_the_python_runtime(library, bundle, images, cache_
         np.testing.assert_allclose([p for _, p in got["top"]], np.sort(probabilities)[::-1][:5], rtol=1e-6)
 
 
-def test_two_handles_serve_from_two_threads_at_once_as_one_alone(library, bundle, images):
+@pytest.fixture(scope="session", params=["plain", pytest.param("thread", marks=pytest.mark.slow)])
+def two_handles(request, library) -> tuple[Path, dict[str, str]]:
+    """native/two_handles.c (mobile_moe.h's two-thread contract, run) and its environment: the normal build, and a
+    ThreadSanitizer build of it with the library."""
+    from mobile_moe.device_bench.native_build import SanitizerUnavailable, sanitizer_env
+
+    if request.param == "plain":
+        return library.parent / "mobile_moe_two_handles", dict(os.environ)
+    try:
+        instrumented = build_library(sanitize="thread")
+    except SanitizerUnavailable as error:
+        pytest.skip(f"cannot build the ThreadSanitizer library here: {error}")
+    return instrumented.parent / "mobile_moe_two_handles", sanitizer_env()
+
+
+def test_two_handles_serve_from_two_threads_at_once_as_one_alone(two_handles, bundle, images):
     """The stated contract (mobile_moe.h): a handle is one thread's at a time, two handles may run at once (sharing
-    ExecuTorch's thread pool); each answers every image exactly as a handle alone does, switching experts as it goes."""
-    result = subprocess.run([sys.executable, str(DRIVER), "--two-threads", str(library), str(images), str(bundle)],
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-2000:]
-    outcome = json.loads(result.stdout)
-    assert outcome == {"same": True, "predictions": 2 * 5 * 8}
+    ExecuTorch's thread pool); each answers every image exactly as a handle alone does, switching experts as it goes,
+    and under ThreadSanitizer nothing the library does from the two threads is a data race."""
+    binary, env = two_handles
+    result = subprocess.run([str(binary), str(bundle), str(images), "5"], capture_output=True, text=True, env=env,
+                            timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "ThreadSanitizer" not in result.stderr, result.stderr[-3000:]
+    assert json.loads(result.stdout) == {"predictions": 2 * 5 * 8, "same": True}
 
 
 def runner_refusal(runner: Path, bundle: Path) -> str:

@@ -5,11 +5,9 @@
 
 #include <executorch/extension/tensor/tensor.h>
 #include <executorch/runtime/core/error.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <csignal>
 #include <cstdint>
 #include <exception>
 #include <list>
@@ -31,41 +29,6 @@
 namespace mobile_moe::runner {
 
 using executorch::runtime::EValue;
-
-// ExecuTorch verifies a program's flatbuffer (InternalConsistency) but not a .ptd data file's: a corrupt one can crash
-// the runtime while it loads. So every graph that loads a weights file is first loaded once (by a Loader, as the
-// measurement will, without a packed-weight cache) in a forked child; a child killed by a signal means a corrupt file, and a child that could not
-// load it a bundle that cannot run: either is refused in one line before anything is measured. Run before this
-// process loads anything, so the child inherits no thread pool.
-inline void probe_weights_files(const Bundle& bundle, LoadMode load_mode) {
-  for (const auto& graph : bundle.all) {
-    if (!graph.shares_program()) continue;
-    set_phase("checking that " + graph.weights.file + " loads");
-    pid_t child = fork();
-    if (child < 0) throw std::runtime_error("fork failed while checking " + graph.weights.file);
-    if (child == 0) {
-      // Die of the signal without the runner's one-line crash report: the parent reports.
-      for (int fatal : {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL}) signal(fatal, SIG_DFL);
-      try {
-        PackedCache off;
-        Loader(load_mode, off).load(graph);
-      } catch (...) {
-        _exit(3);
-      }
-      _exit(0);
-    }
-    int status = 0;
-    while (waitpid(child, &status, 0) < 0) {
-    }
-    if (WIFSIGNALED(status))
-      throw UsageError("graph " + graph.name + ": loading " + graph.program.file + " with " + graph.weights.file +
-                       " crashed the ExecuTorch runtime (signal " + std::to_string(WTERMSIG(status)) +
-                       "); the weights file is corrupt: re-export the bundle");
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-      throw UsageError("graph " + graph.name + ": ExecuTorch cannot load " + graph.program.file + " with " +
-                       graph.weights.file + "; the bundle is corrupt: re-export it");
-  }
-}
 
 // Run forward on float32 inputs (each buffer exactly its spec's size); copy the float32 outputs out (the method's
 // output buffers are reused on the next run), each checked against its spec's size.

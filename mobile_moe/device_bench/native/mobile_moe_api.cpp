@@ -1,12 +1,13 @@
-// libmobile_moe's C API (mobile_moe.h) over the runner's own on-device code: bundle_manifest.h checks the bundle,
-// graph_loader.h loads graphs (one parsed program per family, packed-weight cache, one planned-memory arena) and
-// graphs.h's Pipeline routes each image to its experts through the expert cache with parking and prefetch. The runner
-// (runner.cpp) measures the same Pipeline; this file only turns it into handles, status codes and messages.
+// libmobile_moe's C API (mobile_moe.h) over the on-device code: bundle_manifest.h checks the bundle, graph_loader.h
+// loads graphs (one parsed program per family, packed-weight cache, one planned-memory arena) and graphs.h's Pipeline
+// routes each image to its experts through the expert cache with parking and prefetch. This file only turns them into
+// handles (model.h), status codes and messages. The runner (runner.cpp) is a client: it opens and predicts through
+// this file and times the same Pipeline.
 //
-// What the runner does and a library must not: it forks a child to load each weights file once before trusting it
-// (graphs.h probe_weights_files). In an app's process (a multi-threaded JVM) a library may not fork, so it relies on
-// the checks that run in-process, which the runner runs too before its probe: the manifest, every file's size and
-// sha256 against it, and each ExecuTorch file's flatbuffer structure (flatbuffer_check.h), .ptd weights included.
+// Safe in an app's process (a multi-threaded JVM): nothing here forks, installs a signal handler or exits. A damaged
+// bundle is refused by checks that run in-process before any graph is loaded: the manifest, every file's size and
+// sha256 against it, and each ExecuTorch file's flatbuffer structure (flatbuffer_check.h), .ptd weights included;
+// a weight cache folder remembers the files verified (bundle_manifest.h VerifiedFiles), so a cold start pays once.
 #include "mobile_moe.h"
 
 #include <executorch/runtime/platform/runtime.h>
@@ -25,6 +26,7 @@
 #include "errors.h"
 #include "graph_loader.h"
 #include "graphs.h"
+#include "model.h"
 #include "packed_cache.h"
 #include "preprocess.h"
 #include "thread_pool.h"
@@ -62,15 +64,6 @@ mm_status guarded(mm_status runtime_status, Work work) {
 
 }  // namespace
 
-struct mm_model {
-  Bundle bundle;
-  PackedCache packed_cache;
-  std::unique_ptr<Loader> loader;
-  std::unique_ptr<Pipeline> pipeline;
-  Inference last;
-  bool predicted = false;
-};
-
 extern "C" {
 
 const char* mm_version(void) {
@@ -95,45 +88,8 @@ void mm_default_options(mm_options* options) {
 
 const char* mm_last_error(void) { return t_last_error.c_str(); }
 
-mm_status mm_open(const char* bundle_dir, const mm_options* given, mm_model** model) {
-  if (model == nullptr) return failed(MM_BAD_ARGUMENT, "mm_open: model is NULL");
-  *model = nullptr;
-  if (bundle_dir == nullptr) return failed(MM_BAD_ARGUMENT, "mm_open: bundle_dir is NULL");
-  mm_options options;
-  mm_default_options(&options);
-  if (given != nullptr) options = *given;
-  if (options.threads < 0 || options.threads > 1024)
-    return failed(MM_BAD_ARGUMENT, "threads " + std::to_string(options.threads) + " is out of range (0..1024)");
-  if (options.cache_experts < 0 || options.park_experts < -1 || !(options.cache_margin >= 0.0f) ||
-      options.cache_margin > 1.0f || options.weight_cache_limit_mib < 1)
-    return failed(MM_BAD_ARGUMENT, "cache_experts >= 0, park_experts >= -1, cache_margin 0..1 and "
-                                   "weight_cache_limit_mib >= 1, please");
-  std::unique_ptr<mm_model> opened(new (std::nothrow) mm_model());
-  if (!opened) return failed(MM_OUT_OF_MEMORY, "out of memory");
-  mm_status status = guarded(MM_BAD_BUNDLE, [&] {
-    executorch::runtime::runtime_init();
-    // The manifest, then every file's size, sha256 and structure (once: remembered with the packed weights)
-    const bool cached = options.weight_cache_dir != nullptr && options.weight_cache_dir[0] != '\0';
-    opened->bundle = read_bundle(bundle_dir, cached ? options.weight_cache_dir : "");
-  });
-  if (status != MM_OK) return status;
-  return guarded(MM_RUNTIME_ERROR, [&] {
-    Bundle& bundle = opened->bundle;
-    const bool split = bundle.kind == Kind::Split;
-    int cache_experts = options.cache_experts == 0 ? std::max(bundle.num_experts, 1) : options.cache_experts;
-    if (split && cache_experts < bundle.top_k)
-      throw UsageError("cache_experts " + std::to_string(cache_experts) + " is fewer than the bundle's top_k, " +
-                       std::to_string(bundle.top_k) + ": an image's experts run together");
-    if (options.weight_cache_dir != nullptr && options.weight_cache_dir[0] != '\0')
-      opened->packed_cache = PackedCache(options.weight_cache_dir, uint64_t(options.weight_cache_limit_mib) << 20);
-    if (options.threads > 0) set_threads(options.threads);
-    opened->loader = std::make_unique<Loader>(LoadMode::Mmap, opened->packed_cache, -1,
-                                              /*locate_packed_weights=*/options.park_experts != 0);
-    opened->pipeline = std::make_unique<Pipeline>(bundle, *opened->loader, cache_experts, options.park_experts,
-                                                  options.cache_margin, options.prefetch != 0);
-    opened->pipeline->load_resident();
-    *model = opened.release();
-  });
+mm_status mm_open(const char* bundle_dir, const mm_options* options, mm_model** model) {
+  return open_model(bundle_dir, options, LoadSettings{}, model);
 }
 
 void mm_close(mm_model* model) { delete model; }
@@ -241,3 +197,47 @@ void mm_last_times(const mm_model* model, mm_stage_times* times) {
 }
 
 }  // extern "C"
+
+mm_status mobile_moe::runner::open_model(const char* bundle_dir, const mm_options* given, const LoadSettings& load,
+                                         mm_model** model) {
+  if (model == nullptr) return failed(MM_BAD_ARGUMENT, "mm_open: model is NULL");
+  *model = nullptr;
+  if (bundle_dir == nullptr) return failed(MM_BAD_ARGUMENT, "mm_open: bundle_dir is NULL");
+  mm_options options;
+  mm_default_options(&options);
+  if (given != nullptr) options = *given;
+  if (options.threads < 0 || options.threads > 1024)
+    return failed(MM_BAD_ARGUMENT, "threads " + std::to_string(options.threads) + " is out of range (0..1024)");
+  if (options.cache_experts < 0 || options.park_experts < -1 || !(options.cache_margin >= 0.0f) ||
+      options.cache_margin > 1.0f || options.weight_cache_limit_mib < 1)
+    return failed(MM_BAD_ARGUMENT, "cache_experts >= 0, park_experts >= -1, cache_margin 0..1 and "
+                                   "weight_cache_limit_mib >= 1, please");
+  std::unique_ptr<mm_model> opened(new (std::nothrow) mm_model());
+  if (!opened) return failed(MM_OUT_OF_MEMORY, "out of memory");
+  mm_status status = guarded(MM_BAD_BUNDLE, [&] {
+    executorch::runtime::runtime_init();
+    // The manifest, then every file's size, sha256 and structure (once: remembered with the packed weights)
+    const bool cached = options.weight_cache_dir != nullptr && options.weight_cache_dir[0] != '\0';
+    opened->bundle = read_bundle(bundle_dir, cached ? options.weight_cache_dir : "");
+  });
+  if (status != MM_OK) return status;
+  return guarded(MM_RUNTIME_ERROR, [&] {
+    Bundle& bundle = opened->bundle;
+    const bool split = bundle.kind == Kind::Split;
+    int cache_experts = options.cache_experts == 0 ? std::max(bundle.num_experts, 1) : options.cache_experts;
+    if (split && cache_experts < bundle.top_k)
+      throw UsageError("cache_experts " + std::to_string(cache_experts) + " is fewer than the bundle's top_k, " +
+                       std::to_string(bundle.top_k) + ": an image's experts run together");
+    if (options.weight_cache_dir != nullptr && options.weight_cache_dir[0] != '\0')
+      opened->packed_cache = PackedCache(options.weight_cache_dir, uint64_t(options.weight_cache_limit_mib) << 20);
+    if (options.threads > 0) set_threads(options.threads);
+    opened->loader = std::make_unique<Loader>(load.mode, opened->packed_cache, load.workspace_sharing,
+                                              /*locate_packed_weights=*/options.park_experts != 0);
+    opened->pipeline = std::make_unique<Pipeline>(bundle, *opened->loader, cache_experts, options.park_experts,
+                                                  options.cache_margin, options.prefetch != 0);
+    opened->cache_experts = cache_experts;
+    opened->resident_load_ms = opened->pipeline->load_resident();
+    *model = opened.release();
+  });
+}
+

@@ -12,10 +12,14 @@
 //   3. warm-up, then --iterations timed end-to-end runs cycling over the images (cache as configured)
 //   4. switch cost: for each expert, unload it, then time load + first run; then one more (warm) run
 //
-// Files: this one (options, inputs, statistics, measure() and its phases, main()); bundle_manifest.h (read and
-// validate the bundle); graphs.h (load and run ExecuTorch graphs, the expert cache, the pipeline); runtime_log.h
-// (ExecuTorch's log, the current phase); errors.h; json_reader.h, json_writer.h, sha256.h, process_stats.h
-// (self-contained helpers).
+// The runner is a client of libmobile_moe's C API (mobile_moe.h, compiled in): it opens the bundle (model.h
+// open_model: mm_open with --load-mode and --workspace-sharing) and predicts every image through it, and reads the
+// handle's loader and pipeline only to time what an app never sees (switches, each graph load).
+//
+// Files: this one (options, inputs, statistics, measure() and its phases, main()); mobile_moe_api.cpp and model.h
+// (the C API and its handle); bundle_manifest.h (read and validate the bundle); graphs.h (load and run ExecuTorch
+// graphs, the expert cache, the pipeline); runtime_log.h (ExecuTorch's log, the current phase); errors.h;
+// json_reader.h, json_writer.h, sha256.h, process_stats.h (self-contained helpers).
 #include <executorch/runtime/backend/interface.h>
 #include <executorch/runtime/backend/options.h>
 #include <executorch/runtime/core/error.h>
@@ -50,6 +54,8 @@
 #include "errors.h"
 #include "graphs.h"
 #include "json_writer.h"
+#include "mobile_moe.h"
+#include "model.h"
 #include "process_stats.h"
 #include "runtime_log.h"
 #include "sha256.h"
@@ -264,6 +270,60 @@ void write_memory(json::Writer& out, const stats::Memory& memory) {
 // ---------------------------------------------------------------------------------------------------------------
 // measure(): the settings, then the four phases, each writing its part of the report in order
 
+// The runner's options as the C API's, and its load settings (model.h).
+mm_options api_options(const Options& options) {
+  mm_options api;
+  mm_default_options(&api);
+  api.threads = options.threads;
+  api.cache_experts = std::max(options.cache_experts, 0);  // -1 (all) is the API's 0
+  api.park_experts = options.park_experts;
+  api.cache_margin = options.cache_margin;
+  api.weight_cache_dir = options.weight_cache.empty() ? nullptr : options.weight_cache.c_str();
+  api.weight_cache_limit_mib = options.weight_cache_limit_mib;
+  api.prefetch = options.prefetch ? 1 : 0;
+  return api;
+}
+
+// A C API call's failure as the runner's exit status: a bad option or bundle is bad input (2), the rest a runtime
+// failure (1); the message is the library's.
+void check(mm_status status) {
+  if (status == MM_OK) return;
+  if (status == MM_BAD_ARGUMENT || status == MM_BAD_BUNDLE) throw UsageError(mm_last_error());
+  if (status == MM_OUT_OF_MEMORY) throw std::bad_alloc();
+  throw std::runtime_error(mm_last_error());
+}
+
+using Model = std::unique_ptr<mm_model, decltype(&mm_close)>;
+
+// 1. Open the bundle as an app does (the checks, then the cold load of the router or the single graph: program open
+// + method init, where XNNPACK packs weights).
+Model open(const Options& options) {
+  set_phase("opening the bundle " + options.bundle);
+  const mm_options api = api_options(options);
+  const LoadSettings load{options.load_mode == "file" ? LoadMode::File : LoadMode::Mmap, options.workspace_sharing};
+  mm_model* opened = nullptr;
+  check(open_model(options.bundle.c_str(), &api, load, &opened));
+  return Model(opened, &mm_close);
+}
+
+// One image through the C API, read back into the report's row.
+Inference predict(mm_model* model, const std::vector<float>& image) {
+  check(mm_predict_f32(model, image.data(), image.size()));
+  Inference result;
+  result.logits.resize(mm_logits(model, nullptr, 0));
+  mm_logits(model, result.logits.data(), result.logits.size());
+  const int experts = mm_experts(model, 0, nullptr, nullptr);
+  result.experts.resize(static_cast<size_t>(experts));
+  result.gates.resize(static_cast<size_t>(experts));
+  mm_experts(model, experts, result.experts.data(), result.gates.data());
+  mm_stage_times times;
+  mm_last_times(model, &times);
+  result.router_ms = times.router_ms, result.expert_ms = times.expert_ms, result.load_ms = times.load_ms;
+  result.tail_ms = times.tail_ms, result.load_wait_ms = times.load_wait_ms, result.total_ms = times.total_ms;
+  result.hit = times.cache_hit != 0;
+  return result;
+}
+
 // Files under the bundle the process has held open, sampled after every step: the report shows that only the router
 // and the chosen experts were ever opened.
 struct OpenFiles {
@@ -278,19 +338,6 @@ struct OpenFiles {
 
 // What the graph loaded at start is called in load_ms and stages_ms: the router, or the single graph's kind.
 std::string first_graph_key(const Bundle& bundle) { return bundle.kind == Kind::Split ? "router" : name(bundle.kind); }
-
-// Expert graphs kept loaded: --cache-experts, or every expert when it is not given.
-int expert_cache_size(const Options& options, const Bundle& bundle, int num_experts) {
-  int cache_experts = options.cache_experts < 0 ? std::max(num_experts, 1) : options.cache_experts;
-  if (bundle.kind == Kind::Split && cache_experts < 1) throw UsageError("--cache-experts must be at least 1");
-  // An image runs all its top_k experts together (graphs.h Pipeline::infer holds each one's graphs), so they must be
-  // resident together.
-  if (bundle.kind == Kind::Split && cache_experts < bundle.top_k)
-    throw UsageError("--cache-experts " + std::to_string(cache_experts) + " is fewer than the bundle's top_k, " +
-                     std::to_string(bundle.top_k) + ": an image's experts run together; cache at least " +
-                     std::to_string(bundle.top_k));
-  return cache_experts;
-}
 
 void write_run_settings(json::Writer& out, const Options& options, const Bundle& bundle, int num_experts,
                         int cache_experts, size_t num_images) {
@@ -314,11 +361,10 @@ void write_run_settings(json::Writer& out, const Options& options, const Bundle&
   out.key("warmup").value(options.warmup);
 }
 
-// 1. Cold load of the router (or the single graph): program open + method init, where XNNPACK packs weights.
-void load_first_graph(json::Writer& out, const Bundle& bundle, Pipeline& pipeline) {
-  double first_load_ms = pipeline.load_resident();
+// The cold load of the router (or the single graph) that opening did, and the memory after it.
+void write_first_load(json::Writer& out, const Bundle& bundle, double load_ms) {
   out.key("load_ms").begin_object();
-  out.key(first_graph_key(bundle)).value(first_load_ms);
+  out.key(first_graph_key(bundle)).value(load_ms);
   out.end_object();
   out.key("memory_after_first_load");
   write_memory(out, stats::memory_now());
@@ -341,14 +387,14 @@ void write_image_row(json::Writer& out, const Inference& result) {
 
 // 2. Routing pass: each image once, in order, through the expert cache. Returns each expert's cold load time (its
 // first load in this process).
-std::map<int, double> routing_pass(json::Writer& out, const Bundle& bundle, Pipeline& pipeline, const Loader& loader,
-                                   ImageStream& images, OpenFiles& files) {
+std::map<int, double> routing_pass(json::Writer& out, mm_model* model, ImageStream& images, OpenFiles& files) {
+  const Loader& loader = *model->loader;
   files.note();
   std::map<int, double> cold_expert_load_ms;
   int64_t bytes_before_routing = loader.bytes_loaded;
   out.key("images").begin_array();
   for (size_t i = 0; i < images.size(); ++i) {
-    Inference result = pipeline.infer(images.at(i));
+    Inference result = predict(model, images.at(i));
     files.note();
     if (!result.hit && !cold_expert_load_ms.count(result.experts[0]))
       cold_expert_load_ms[result.experts[0]] = result.load_ms;
@@ -357,20 +403,21 @@ std::map<int, double> routing_pass(json::Writer& out, const Bundle& bundle, Pipe
   out.end_array();
   int64_t routing_bytes = loader.bytes_loaded - bytes_before_routing;
   out.key("routing_pass_graph_bytes_loaded").value(routing_bytes);
-  out.key("graphs_loaded_after_routing").array(pipeline.cache().loaded_names());
-  out.key("files_open_after_routing").array(stats::open_files_under(bundle.dir));
+  out.key("graphs_loaded_after_routing").array(model->pipeline->cache().loaded_names());
+  out.key("files_open_after_routing").array(stats::open_files_under(model->bundle.dir));
   out.key("memory_after_routing");
   write_memory(out, stats::memory_now());
   return cold_expert_load_ms;
 }
 
 // 3. Warm-up, then --iterations timed end-to-end runs cycling over the images (cache as configured).
-void timed_runs(json::Writer& out, const Options& options, const Bundle& bundle, Pipeline& pipeline,
-                ImageStream& images, OpenFiles& files) {
-  for (int i = 0; i < options.warmup; ++i) pipeline.infer(images.at(static_cast<size_t>(i)));
+void timed_runs(json::Writer& out, const Options& options, mm_model* model, ImageStream& images, OpenFiles& files) {
+  const Bundle& bundle = model->bundle;
+  const ExpertCache& cache = model->pipeline->cache();
+  for (int i = 0; i < options.warmup; ++i) predict(model, images.at(static_cast<size_t>(i)));
   std::vector<double> total, router, expert, tail, loads;
   for (int i = 0; i < options.iterations; ++i) {
-    Inference result = pipeline.infer(images.at(static_cast<size_t>(i)));
+    Inference result = predict(model, images.at(static_cast<size_t>(i)));
     total.push_back(result.total_ms);
     router.push_back(result.router_ms);
     expert.push_back(result.expert_ms);
@@ -395,10 +442,10 @@ void timed_runs(json::Writer& out, const Options& options, const Bundle& bundle,
   out.key("timed_expert_loads").value(loads.size());
   // The most experts resident (loaded, not parked) at one moment so far: with one expert cached, 1 (a prefetch
   // releases the evicted expert before it loads the next).
-  out.key("max_experts_resident").value(pipeline.cache().max_resident());
+  out.key("max_experts_resident").value(cache.max_resident());
   // Experts parked now, and how much of their packed weights this process still maps in (0: all dropped).
-  out.key("parked_experts").array(pipeline.cache().parked_experts());
-  write_bytes_or_null(out, "parked_packed_bytes_resident", stats::resident_bytes(pipeline.cache().parked_mappings()));
+  out.key("parked_experts").array(cache.parked_experts());
+  write_bytes_or_null(out, "parked_packed_bytes_resident", stats::resident_bytes(cache.parked_mappings()));
   out.key("memory_after_warm");
   write_memory(out, stats::memory_now());
 }
@@ -555,31 +602,23 @@ void write_graph_loads(json::Writer& out, const Bundle& bundle, const Loader& lo
 }
 
 std::string measure(const Options& options) {
-  set_phase("reading the bundle " + options.bundle);
-  Bundle bundle = read_bundle(options.bundle);
-  const LoadMode load_mode = options.load_mode == "file" ? LoadMode::File : LoadMode::Mmap;
-  probe_weights_files(bundle, load_mode);  // before any thread pool exists: the probe forks
-  PackedCache packed_cache = options.weight_cache.empty()
-                                 ? PackedCache()
-                                 : PackedCache(options.weight_cache, uint64_t(options.weight_cache_limit_mib) << 20);
+  const stats::Memory at_start = stats::memory_now();
+  Model model = open(options);
+  const Bundle& bundle = model->bundle;
+  Pipeline& pipeline = *model->pipeline;
+  const Loader& loader = *model->loader;
   ImageStream images(options, bundle);
   int num_experts = bundle.kind == Kind::Split || bundle.kind == Kind::Whole ? bundle.num_experts : 0;
-  int cache_experts = expert_cache_size(options, bundle, num_experts);
-  set_threads(options.threads);
 
   json::Writer out;
   out.begin_object();
-  write_run_settings(out, options, bundle, num_experts, cache_experts, images.size());
+  write_run_settings(out, options, bundle, num_experts, model->cache_experts, images.size());
   out.key("memory_at_start");
-  write_memory(out, stats::memory_now());
-
-  Loader loader(load_mode, packed_cache, options.workspace_sharing,
-                /*locate_packed_weights=*/options.park_experts != 0);
-  Pipeline pipeline(bundle, loader, cache_experts, options.park_experts, options.cache_margin, options.prefetch);
+  write_memory(out, at_start);
+  write_first_load(out, bundle, model->resident_load_ms);
   OpenFiles files{bundle.dir, {}};
-  load_first_graph(out, bundle, pipeline);
-  std::map<int, double> cold_expert_load_ms = routing_pass(out, bundle, pipeline, loader, images, files);
-  timed_runs(out, options, bundle, pipeline, images, files);
+  std::map<int, double> cold_expert_load_ms = routing_pass(out, model.get(), images, files);
+  timed_runs(out, options, model.get(), images, files);
   // What the routing pass and the timed runs had open: by design only the router and the experts the images chose.
   out.key("files_opened").array(files.list());
   SwitchTimes switches =
@@ -587,7 +626,7 @@ std::string measure(const Options& options) {
   write_switches(out, options, cold_expert_load_ms, switches);
   write_graph_loads(out, bundle, loader);
   out.key("files_opened_incl_switch").array(files.list());
-  out.key("weight_cache_bytes").value(static_cast<int64_t>(packed_cache.bytes_held()));  // 0 without a cache
+  out.key("weight_cache_bytes").value(static_cast<int64_t>(model->packed_cache.bytes_held()));  // 0 without a cache
   out.key("planned_memory_bytes").value(static_cast<int64_t>(loader.planned_bytes()));
   out.key("memory_at_end");
   write_memory(out, stats::memory_now());

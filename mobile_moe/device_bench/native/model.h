@@ -1,0 +1,39 @@
+// The handle behind mobile_moe.h's opaque mm_model, and the one way to open it. mobile_moe_api.cpp (the C API) owns
+// both; the runner, the C API's measuring client, opens its bundle here with the load settings an app leaves at
+// their defaults, then reads the loader and the pipeline for what an app never sees (expert switches, graph loads).
+// Not part of the library's interface: an app includes mobile_moe.h only.
+#pragma once
+
+#include <memory>
+
+#include "bundle_manifest.h"
+#include "graph_loader.h"
+#include "graphs.h"
+#include "mobile_moe.h"
+#include "packed_cache.h"
+
+namespace mobile_moe::runner {
+
+// How graphs are loaded, beyond mm_options: the runner varies these to measure them (--load-mode,
+// --workspace-sharing); mm_open takes the defaults.
+struct LoadSettings {
+  LoadMode mode = LoadMode::Mmap;
+  int workspace_sharing = -1;  // graph_loader.h Loader: XNNPACK's workspace sharing mode; -1 its default
+};
+
+// mm_open with `load`: the bundle checked (the manifest, then every file's size, sha256 and structure, remembered in
+// the weight cache folder), the options checked against it, the router (or the single graph) loaded.
+mm_status open_model(const char* bundle_dir, const mm_options* options, const LoadSettings& load, mm_model** model);
+
+}  // namespace mobile_moe::runner
+
+struct mm_model {
+  mobile_moe::runner::Bundle bundle;
+  mobile_moe::runner::PackedCache packed_cache;
+  std::unique_ptr<mobile_moe::runner::Loader> loader;
+  std::unique_ptr<mobile_moe::runner::Pipeline> pipeline;
+  int cache_experts = 0;         // expert graphs kept loaded, as resolved from the options
+  double resident_load_ms = 0;   // opening's load of the router (+ shared parts), or of the single graph
+  mobile_moe::runner::Inference last;
+  bool predicted = false;
+};
