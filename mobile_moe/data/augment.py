@@ -16,9 +16,9 @@ if TYPE_CHECKING:  # torch loads when a pipeline is built: the recipes (and so t
     from mobile_moe.data.datasets import Data
 
 
-# Where a training image is augmented (train --input-pipeline; mobile_moe/data/inputs.py): auto picks device on CUDA
+# Where a training image is augmented (train --input-pipeline; mobile_moe/data/inputs.py): auto picks crop on CUDA
 # when the recipe augments at random, else workers.
-INPUT_PIPELINES = ("auto", "workers", "device")
+INPUT_PIPELINES = ("auto", "workers", "crop", "device")
 
 
 MAGNITUDE_BINS = 31  # RandAugment's magnitude bins (torchvision's num_magnitude_bins): magnitudes 0 to 30

@@ -2,16 +2,20 @@
 
     workers   each image decoded and augmented in the DataLoader's worker processes (augment.train_transform,
               torchvision's per-image pipeline); the batch's MixUp/CutMix on the training device
+    crop      the workers decode, crop (RandomResizedCrop) and flip each image straight to S x S uint8 (crop.py); the
+              rest (RandAugment with each image's own draws, normalisation, erasing, MixUp/CutMix) is one fixed-shape
+              graph on the training device (batch_graph.py), compiled once on CUDA: FFCV's route
     device    workers only decode (or, for files a GPU decodes, read bytes: decode.py); the uint8 batch is padded into
               one canvas and augmented on the training device, each image with its own draws (batch_augment.py)
 
-`auto` resolves to device on CUDA when the recipe augments at random, else to workers (on 2 CPU cores the per-image
+`auto` resolves to crop on CUDA when the recipe augments at random, else to workers (on 2 CPU cores the per-image
 path was the faster one: benchmarks/input_pipeline.results.md). Either way a batch is (images (B, 3, S, S) normalised
 float on the device, class targets (B, C)).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +24,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from mobile_moe import preprocess
-from mobile_moe.data import augment, batch_augment, decode
+from mobile_moe.data import augment, batch_augment, batch_graph, crop, decode
 from mobile_moe.data.augment import Augmentation
 from mobile_moe.data.datasets import Data, materialized
 
@@ -29,7 +33,7 @@ def resolve(choice: str, device: torch.device, aug: Augmentation) -> str:
     """`auto` -> the pipeline this device and recipe train fastest with; workers and device stay as they are."""
     if choice != "auto":
         return choice
-    return "device" if device.type == "cuda" and augment.draws_at_random(aug) else "workers"
+    return "crop" if device.type == "cuda" and augment.draws_at_random(aug) else "workers"
 
 
 def cost_note(pipeline: str, device: torch.device) -> str | None:
@@ -44,6 +48,10 @@ def cost_note(pipeline: str, device: torch.device) -> str | None:
 def training_split(data: Data, aug: Augmentation, pipeline: str, device: torch.device) -> Dataset:
     """The training split as the pipeline's loader reads it: augmented float images (workers; computed once when
     nothing is drawn at random), or raw images for the device (uint8, or a GPU-decodable JPEG's bytes on CUDA)."""
+    if pipeline == "crop":
+        raw = data.raw_split("train")
+        eval_crop = functools.partial(eval_crops, record=data.eval_resize, image_size=data.image_size)
+        return crop.CroppedSplit(decode.encoded_split(raw) or raw, aug, image_size=data.image_size, eval_crop=eval_crop)
     if pipeline == "device":
         limit = decode.source_side_limit(aug.crop_scale, data.image_size)
         source = decode.encoded_split(data.raw_split("train")) if device.type == "cuda" else None
@@ -53,8 +61,9 @@ def training_split(data: Data, aug: Augmentation, pipeline: str, device: torch.d
 
 
 def collate(pipeline: str):
-    """The loader's collate_fn: torch's default for augmented images, decode.collate for raw ones."""
-    return decode.collate if pipeline == "device" else None
+    """The loader's collate_fn: torch's default for augmented images, decode.collate for raw ones, and for cropped
+    batches none (the split reads a whole batch)."""
+    return {"device": decode.collate, "crop": crop.single}.get(pipeline)
 
 
 @dataclass
@@ -89,6 +98,22 @@ class DeviceBatches:
         return self.augment.apply(canvas, sizes, draws, loader_batch.labels)
 
 
+class CropBatches:
+    """Batches cropped in the workers (crop.CroppedBatch), through the fixed-shape graph on the device: compiled
+    once where it runs on CUDA (its shapes never change, so no batch recompiles it)."""
+
+    def __init__(self, data: Data, device: torch.device, *, compile_graph: bool):
+        graph = batch_graph.BatchGraph(mean=data.mean, std=data.std, num_classes=data.num_classes).to(device)
+        self.graph = torch.compile(graph, fullgraph=True, dynamic=False) if compile_graph else graph
+        self.device = device
+
+    def batch(self, loader_batch: crop.CroppedBatch, key: batch_augment.StepKey) -> tuple[Tensor, Tensor]:
+        params = loader_batch.params.to(self.device)
+        images = loader_batch.images.to(self.device, non_blocking=True)
+        labels = loader_batch.labels.to(self.device, non_blocking=True)
+        return self.graph(images, labels, params.theta, params.colour, params.factor, params.erase, params.mix)
+
+
 def eval_crops(sizes: np.ndarray, record: dict, image_size: int) -> np.ndarray:
     """(B, 4) top, left, height, width in source pixels of the region the eval resize policy shows at S x S: the
     whole image (stretch), or the centre square that resize-center-crop keeps."""
@@ -99,5 +124,8 @@ def eval_crops(sizes: np.ndarray, record: dict, image_size: int) -> np.ndarray:
     return np.stack([(heights - side) / 2, (widths - side) / 2, side, side], 1)
 
 
-def batches(pipeline: str, aug: Augmentation, data: Data, device: torch.device, mixer) -> WorkerBatches | DeviceBatches:
+def batches(pipeline: str, aug: Augmentation, data: Data, device: torch.device, mixer):
+    """What turns the loader's batches into (images, targets) on `device` for `pipeline`."""
+    if pipeline == "crop":
+        return CropBatches(data, device, compile_graph=device.type == "cuda")
     return DeviceBatches(aug, data, device) if pipeline == "device" else WorkerBatches(data.num_classes, device, mixer)

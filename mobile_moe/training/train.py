@@ -33,6 +33,7 @@ from mobile_moe.atomic import check_writable
 from mobile_moe.checkpoint import checkpoint_dict, first_reason, load_checkpoint, load_weights
 from mobile_moe.config import ViTConfig
 from mobile_moe.data import augment, inputs
+from mobile_moe.data.crop import KeyedBatches
 from mobile_moe.data.datasets import Data, data_record, materialized, open_data
 from mobile_moe.devices import usable_cores
 from mobile_moe.errors import UsageError
@@ -242,6 +243,12 @@ def make_loader(
     sampler = DistributedSampler(
         dataset, num_replicas=placement.world_size, rank=placement.rank, shuffle=True, seed=cfg.seed, drop_last=True
     )
+    if cfg.input_pipeline == "crop":  # a worker reads a whole batch, keyed by its step (crop.py)
+        batches = KeyedBatches(sampler, per_rank, seed=cfg.seed, rank=placement.rank)
+        loader = DataLoader(dataset, batch_sampler=batches, num_workers=workers, collate_fn=collate_fn,
+                            pin_memory=placement.device.type == "cuda", persistent_workers=workers > 0,
+                            worker_init_fn=leave_stops_to_the_main_process)  # fmt: skip
+        return loader, batches
     loader = DataLoader(
         dataset,
         batch_size=per_rank,
@@ -567,7 +574,7 @@ def _open_run_data(request: TrainRequest, placement: distributed.Placement) -> R
     train_set = inputs.training_split(data, cfg.augmentation, cfg.input_pipeline, placement.device)
     val_set = distributed.shard(materialized(data.split("val")), placement)
     loader, sampler = make_loader(train_set, cfg, placement, inputs.collate(cfg.input_pipeline))
-    check_routing_groups(model_config, loader.batch_size)
+    check_routing_groups(model_config, cfg.batch_size // placement.world_size)
     return RunData(model_config, data, super_classes, train_set, val_set, loader, sampler)
 
 

@@ -17,7 +17,7 @@ from mobile_moe.training import recipes
     ("choice", "device", "recipe", "expected"),
     [
         ("auto", "cpu", "deit", "workers"),  # 2 CPU cores: per image is the faster (benchmarks/input_pipeline.py)
-        ("auto", "cuda", "deit", "device"),
+        ("auto", "cuda", "deit", "crop"),
         ("auto", "cuda", "tiny", "workers"),  # nothing drawn at random: the images are computed once
         ("device", "cpu", "tiny", "device"),
         ("workers", "cuda", "deit", "workers"),

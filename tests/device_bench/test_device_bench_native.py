@@ -7,7 +7,6 @@ tests skip, saying why, only when cmake or a C++ compiler is missing.
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import os
 import shutil

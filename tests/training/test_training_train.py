@@ -100,7 +100,7 @@ def test_ctrl_c_in_a_step(tmp_path, monkeypatch, capsys, one_thread, compiled):
     assert updates == ([None] if compiled else []) and capsys.readouterr().err.endswith("mobile-moe: interrupted\n")
 
 
-@pytest.mark.parametrize("pipeline", ["workers", "device"])
+@pytest.mark.parametrize("pipeline", ["workers", "crop", "device"])
 def test_resume_ends_with_exactly_the_weights_of_an_uninterrupted_run(tmp_path, monkeypatch, pipeline):
     """With every random augmentation on (crop, flip, RandAugment, MixUp/CutMix, erasing) and label routing, per image
     in the loader or per batch on the device."""

@@ -1,0 +1,194 @@
+"""`train --input-pipeline crop` (mobile_moe/data/crop.py, batch_graph.py) against torchvision's per-image ops fed the
+same draws: the worker's crop and flip against resized_crop on the full decode, each RandAugment op against
+v2.RandAugment's own, erasing against F.erase, MixUp and CutMix against v2.MixUp and v2.CutMix; the same batches
+whatever --workers is; and one compiled graph for every batch."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from photos import photographs
+from PIL import Image
+from torch.utils.data import DataLoader, SequentialSampler
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
+
+from mobile_moe.data import batch_augment, batch_graph, crop
+from mobile_moe.data.augment import Augmentation
+from mobile_moe.data.batch_augment import OP_NAMES, StepKey
+from mobile_moe.data.image_files import image_from_bytes
+
+DEIT = Augmentation(crop_scale=0.08, hflip=True, randaugment_ops=2, randaugment_magnitude=9, mixup_alpha=0.8,
+                    cutmix_alpha=1.0, random_erasing=0.25)  # fmt: skip
+
+
+class Encoded:
+    """A split of encoded images, as a store or an image folder offers them."""
+
+    def __init__(self, blobs: list[bytes]):
+        self.blobs, self.targets = blobs, [index % 3 for index in range(len(blobs))]
+
+    def __len__(self) -> int:
+        return len(self.blobs)
+
+    def encoded(self, index: int) -> bytes:
+        return self.blobs[index]
+
+    def name(self, index: int) -> str:
+        return f"image {index}"
+
+
+def jpegs(side: int, count: int) -> list[bytes]:
+    """`count` JPEGs of the test photographs, their longer side `side` pixels."""
+    blobs = []
+    for index in range(count):
+        photo = photographs()[index % 3]
+        scale = side / max(photo.size)
+        image = photo.resize((round(photo.width * scale), round(photo.height * scale)), Image.Resampling.BICUBIC)
+        buffer = io.BytesIO()
+        image.save(buffer, "JPEG", quality=90)
+        blobs.append(buffer.getvalue())
+    return blobs
+
+
+def items(step: int, indices) -> list[tuple[int, int, int, int, int]]:
+    return [(0, 0, 0, step, index) for index in indices]
+
+
+@pytest.mark.parametrize("side, size, psnr", [(256, 224, 50.0), (1600, 64, 28.0)], ids=["store", "draft"])
+def test_the_worker_crop_is_torchvision_resized_crop_and_flip(side, size, psnr):
+    """Each image of a batch equals torchvision's antialiased resized_crop (and hflip) of the whole decode with the
+    batch's draws: to one level where the JPEG decodes whole (a store's 256 px to 224: Pillow's filter and torch's
+    antialiased one differ by rounding), within 28 dB where it decodes at reduced scale (a 1600 px photo to 64: its
+    crop spans 2 to 8 times 64 pixels, so libjpeg's DCT scaling shrinks it first)."""
+    blobs = jpegs(side, 12)
+    split = crop.CroppedSplit(Encoded(blobs), DEIT, image_size=size, eval_crop=None)
+    batch = split.__getitems__(items(5, range(12)))
+    sizes = np.array([image_from_bytes(blob, "x").size[::-1] for blob in blobs])
+    draws = batch_augment.draw(DEIT, sizes, image_size=size, key=StepKey(0, 0, 0, 5), eval_crop=None)
+    assert draws.flip.any() and not draws.flip.all()
+    for index, blob in enumerate(blobs):
+        top, left, height, width = (int(v) for v in draws.crop[index])
+        whole = F.pil_to_tensor(image_from_bytes(blob, "x"))
+        expected = F.resized_crop(whole, top, left, height, width, [size, size])
+        expected = F.horizontal_flip(expected) if draws.flip[index] else expected
+        difference = batch.images[index].permute(2, 0, 1).float() - expected.float()
+        assert 10 * np.log10(255**2 / max(difference.pow(2).mean().item(), 1e-12)) > psnr, index
+        assert side > 256 or difference.abs().max() <= 1, index
+    assert batch.labels.tolist() == [index % 3 for index in range(12)]
+
+
+def test_the_same_batches_whatever_the_workers():
+    """The draws are the step's (seed, epoch, rank, step), not a worker's: 0 and 2 workers give equal batches."""
+    split = crop.CroppedSplit(Encoded(jpegs(96, 16)), DEIT, image_size=32, eval_crop=None)
+
+    def epoch(workers: int) -> list[crop.CroppedBatch]:
+        sampler = crop.KeyedBatches(Resettable(16), 4, seed=7, rank=0)
+        sampler.set_epoch(3)
+        loader = DataLoader(split, batch_sampler=sampler, num_workers=workers, collate_fn=crop.single)
+        return list(loader)
+
+    alone, shared = epoch(0), epoch(2)
+    assert [b.key for b in alone] == [StepKey(7, 3, 0, step) for step in range(4)]
+    for one, other in zip(alone, shared, strict=True):
+        assert torch.equal(one.images, other.images) and torch.equal(one.labels, other.labels)
+        assert torch.equal(one.params.theta, other.params.theta) and torch.equal(one.params.mix, other.params.mix)
+
+
+class Resettable(SequentialSampler):
+    def __init__(self, count: int):
+        super().__init__(range(count))
+
+    def set_epoch(self, epoch: int) -> None:
+        pass
+
+
+def one_op_draws(op: str, count: int, size: int, rng) -> batch_augment.Draws:
+    """Draws where every image takes `op` in its one slot, at magnitude 9 with its own sign."""
+    ops = np.full((count, 1), OP_NAMES.index(op))
+    _, magnitudes = batch_augment.randaugment_draws(rng, count, 1, 9, size)
+    _, base = batch_augment.randaugment_draws(np.random.default_rng(0), 1, 1, 9, size)
+    signed = np.array([value(9, size) for *_, value in batch_augment.OPS])[ops]
+    signs = np.where(rng.random((count, 1)) < 0.5, -1.0, 1.0) if batch_augment.OPS[ops[0, 0]][2] else 1.0
+    empty = np.zeros((count, 4))
+    return batch_augment.Draws(empty, np.zeros(count, bool), ops, signed * signs, empty, ("none", 1.0, None))
+
+
+@pytest.mark.parametrize("op", [name for name in OP_NAMES if name != "Identity"])
+def test_each_randaugment_op_is_torchvision_on_each_image(op):
+    """One slot of the graph, every image drawing `op` with its own sign, against v2.RandAugment's own op on that
+    image (uint8, nearest, black fill): equal but where float rounding puts a value at a level's edge and one side
+    truncates it a level lower (at most 1 level, on at most 5% of the values: torchvision's blends fuse a multiply
+    and an add where the graph rounds twice)."""
+    rng = np.random.default_rng(OP_NAMES.index(op))
+    count, size = 8, 40
+    images = torch.from_numpy(rng.integers(0, 256, (count, 3, size, size), dtype=np.uint8))
+    images[:2] = F.pil_to_tensor(photographs()[0].resize((size, size)))  # real pictures, not only noise
+    draws = one_op_draws(op, count, size, rng)
+    params = batch_graph.params(draws, size)
+    x = batch_graph.geometric(images.float(), params.theta[:, 0])
+    got = batch_graph.colour(x, params.colour[:, 0], params.factor[:, 0])
+    augment = v2.RandAugment(num_ops=1, magnitude=9)
+    fill = augment._fill
+    for index in range(count):
+        magnitude = float(draws.magnitudes[index, 0])
+        expected = augment._apply_image_or_video_transform(images[index], op, magnitude, v2.InterpolationMode.NEAREST,
+                                                           fill)  # fmt: skip
+        difference = (got[index] - expected.float()).abs()
+        assert difference.max() <= 1 and (difference > 0).float().mean() <= 0.05, (op, index, magnitude)
+
+
+def test_the_graph_erases_and_mixes_as_torchvision():
+    """Normalisation, then RandomErasing's box (F.erase with 0) and MixUp or CutMix (v2.MixUp / v2.CutMix's
+    transform with the batch's lambda and box) on the same draws: equal to float rounding. A box with its height and
+    width swapped, or a CutMix box read as (y, x), would fail here."""
+    count, size, classes = 6, 24, 5
+    aug = Augmentation(crop_scale=0.5, hflip=False, randaugment_ops=0, randaugment_magnitude=9, mixup_alpha=0.8,
+                       cutmix_alpha=1.0, random_erasing=1.0)  # fmt: skip
+    graph = batch_graph.BatchGraph(mean=(0.5, 0.4, 0.3), std=(0.2, 0.25, 0.3), num_classes=classes)
+    images = torch.randint(0, 256, (count, size, size, 3), dtype=torch.uint8)
+    labels = torch.arange(count) % classes
+    kinds = set()
+    for step in range(12):
+        draws = batch_augment.draw(aug, np.full((count, 2), 50), image_size=size, key=StepKey(1, 0, 0, step),
+                                   eval_crop=None)  # fmt: skip
+        params = batch_graph.params(draws, size)
+        got, targets = graph(images, labels, params.theta, params.colour, params.factor, params.erase, params.mix)
+        x = F.normalize(images.permute(0, 3, 1, 2).float() / 255, [0.5, 0.4, 0.3], [0.2, 0.25, 0.3])
+        erased = [F.erase(image, *map(int, box), v=torch.tensor(0.0)) if box[2] else image
+                  for image, box in zip(x, draws.erase, strict=True)]  # fmt: skip
+        assert (draws.erase[:, 2] != draws.erase[:, 3]).any()
+        one_hot = torch.nn.functional.one_hot(labels, classes).float()
+        kind, lam, box = draws.mix
+        kinds.add(kind)
+        mixer = v2.MixUp(num_classes=classes) if kind == "mixup" else v2.CutMix(num_classes=classes)
+        params_tv = {"lam": lam, "box": box, "lam_adjusted": lam, "labels": one_hot, "batch_size": count}
+        expected = mixer.transform(torch.stack(erased), params_tv)
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+        torch.testing.assert_close(targets, mixer.transform(one_hot, params_tv), rtol=0, atol=1e-6)
+    assert kinds == {"mixup", "cutmix"}
+
+
+def test_one_compiled_graph_serves_every_batch():
+    """torch.compile(fullgraph=True, dynamic=False) traces the graph once: batches with other draws (other ops, other
+    boxes, MixUp then CutMix) reuse it, and it answers as the eager graph."""
+    import torch._dynamo
+
+    size, count = 16, 4
+    graph = batch_graph.BatchGraph(mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), num_classes=3)
+    torch._dynamo.reset()
+    compiled = torch.compile(graph, fullgraph=True, dynamic=False, backend="eager")
+    torch._dynamo.utils.counters.clear()
+    images = torch.randint(0, 256, (count, size, size, 3), dtype=torch.uint8)
+    for step in range(5):
+        draws = batch_augment.draw(DEIT, np.full((count, 2), 40), image_size=size, key=StepKey(0, 0, 0, step),
+                                   eval_crop=None)  # fmt: skip
+        params = batch_graph.params(draws, size)
+        args = (images, torch.arange(count) % 3, params.theta, params.colour, params.factor, params.erase, params.mix)
+        for got, expected in zip(compiled(*args), graph(*args), strict=True):
+            torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    assert not torch._dynamo.utils.counters["recompiles"]
