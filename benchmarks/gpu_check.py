@@ -3,10 +3,10 @@ which runs every step that can run on the CPU and says which cannot).
 
     python benchmarks/gpu_check.py [--cpu] [--out DIR] [--budget-s SECONDS] [--only STEP...] [--log DIR]
 
-Steps, each a fresh process (its exit status, time and last line go in the table):
+Steps, each a fresh process (its exit status, time and last line go in the table), the input path's figures first:
+  input pipeline  benchmarks/input_pipeline.py --gpu: a real epoch's images/s (--input-pipeline crop) over the step
+                  alone (DeiT-Ti/16, compiled, bf16, b256) from a folder and a store, and where a batch's time goes
   gpu tests       pytest -m gpu (tests/test_gpu.py: compiled CUDA training, CUDA checkpoints on a CPU, ...)
-  input pipeline  benchmarks/input_pipeline.py --gpu: host CPU per image, per image vs batched on the device, and a
-                  real epoch's images/s over the step alone (DeiT-Ti/16, compiled, bf16, b256) from a folder and a store
   train MODEL     one epoch of every registry model on digits, bf16 autocast on CUDA (hard-moe from the vit run)
   train compile   mobile-vmoe with --compile
   ddp N           torchrun, nccl (gloo with --cpu), world size 1, and 2 where two GPUs exist
@@ -71,7 +71,7 @@ def steps(device: str, out: Path, gpus: int) -> list[tuple[str, list[str]]]:
         found.append(("reproduce (no --bench: no executorch here)", reproduce))
     feed = ["--gpu", "--images", "12800", "--rounds", "2"] if device == "cuda" else [
         "--images", "64", "--batches", "1", "--batch-size", "16", "--rounds", "1"]  # fmt: skip
-    found.insert(1, ("input pipeline", [sys.executable, str(REPO / "benchmarks" / "input_pipeline.py"), *feed]))
+    found.insert(0, ("input pipeline", [sys.executable, str(REPO / "benchmarks" / "input_pipeline.py"), *feed]))
     if device == "cuda":  # the headline pair first, CUDA-graphed too; then every model (the pair's second run)
         bench = [sys.executable, str(REPO / "benchmarks" / "gpu_train_step.py"), "--json", "--anchor"]
         found.append(("train step", [*bench, "--cuda-graphs", "--profile", "--models", "vit", "mobile-vmoe"]))

@@ -164,22 +164,23 @@ def print_cpu(found: dict, args) -> None:
                   f"{ratio:.3f} |")  # fmt: skip
 
 
-def pipeline_stages(specs: dict[str, str], device: torch.device) -> dict:
-    """{source: {stage: images/s}} of the device pipeline's stages alone, so an epoch below the step names its cause:
-    the loader (8 workers reading bytes or decoding what nvJPEG cannot, into pinned memory on CUDA), then the loader
-    with each batch decoded and augmented on `device` (synchronised per batch)."""
+def crop_stages(specs: dict[str, str], device: torch.device, batch_size: int = 256) -> dict:
+    """{source: {stage: images/s}} of --input-pipeline crop's halves, so an epoch below the step names its cause: the
+    loader alone (usable-cores workers decoding and cropping, into pinned memory on CUDA: the decode capacity), then
+    the loader with each batch through the graph on `device` (synchronised per batch)."""
     from mobile_moe.training.distributed import Placement
     from mobile_moe.training.train import make_loader
 
-    recipe = recipes.deit().replace(batch_size=256, workers=8, device=device.type, input_pipeline="device")
+    recipe = recipes.deit().replace(batch_size=batch_size, workers=usable_cores(), device=device.type,
+                                    input_pipeline="crop")  # fmt: skip
     found = {}
     for source, spec in specs.items():
         data = open_data(spec, 224)
-        split = inputs.training_split(data, recipe.augmentation, "device", device)
-        loader, _ = make_loader(split, recipe, Placement(0, 1, device), inputs.collate("device"))
-        to_model = inputs.DeviceBatches(recipe.augmentation, data, device)
+        split = inputs.training_split(data, recipe.augmentation, "crop", device)
+        loader, _ = make_loader(split, recipe, Placement(0, 1, device), inputs.collate("crop"))
+        to_model = inputs.CropBatches(data, device, compile_graph=device.type == "cuda")
         stages = {}
-        for stage in ("loader", "loader + decode + augment"):
+        for stage in ("loader", "loader + graph"):
             for _ in range(2):  # timed: the second epoch, as in training (workers persist, the queue starts empty)
                 start, count = time.perf_counter(), 0
                 for step, batch in enumerate(loader):
@@ -194,33 +195,97 @@ def pipeline_stages(specs: dict[str, str], device: torch.device) -> dict:
     return found
 
 
-def profile_batches(spec: str, device: torch.device, batches: int = 8) -> None:
-    """Where a device-pipeline batch's time goes: torch.profiler's top ops by device and by host time over `batches`
-    batches of 256 (after two untimed), the loader's batches read first so the loader is not in it."""
+def graph_figures(device: torch.device, batch_size: int, image_size: int, batches: int = 20) -> dict:
+    """The crop pipeline's graph on `device`, on batches already in (pinned) memory with the deit recipe's draws:
+    host ms per batch in the training process (perf_counter around CropBatches.batch, which returns without waiting
+    for the device), device ms per batch (CUDA events), and the device kernels (CPU: operators) per batch, from
+    torch.profiler, after the compile and two warm batches."""
     from torch.profiler import ProfilerActivity, profile
 
-    recipe = recipes.deit().replace(batch_size=256, input_pipeline="device")
-    data = open_data(spec, 224)
-    split = inputs.training_split(data, recipe.augmentation, "device", device)
-    loader = DataLoader(split, batch_size=256, shuffle=True, num_workers=8, drop_last=True,
-                        collate_fn=inputs.collate("device"))  # fmt: skip
-    held = list(islice(loader, batches + 2))
-    to_model = inputs.DeviceBatches(recipe.augmentation, data, device)
-    for step, batch in enumerate(held[:2]):
-        to_model.batch(batch, StepKey(0, 0, 0, step))
-    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if device.type == "cuda" else [])]
-    synchronize = torch.cuda.synchronize if device.type == "cuda" else lambda: None
-    synchronize()
-    start = time.perf_counter()
+    from mobile_moe.data import batch_graph, crop
+    from mobile_moe.data.datasets import Data
+
+    aug = recipes.deit().augmentation
+    data = Data("bench", image_size, [str(c) for c in range(CLASSES)], (0.5,) * 3, (0.25,) * 3, {})
+    to_model = inputs.CropBatches(data, device, compile_graph=device.type == "cuda")
+    sizes = np.full((batch_size, 2), 256)
+    held = []
+    for step in range(batches + 2):
+        draws = draw(aug, sizes, image_size=image_size, key=StepKey(0, 0, 0, step), eval_crop=None)
+        images = torch.randint(0, 256, (batch_size, image_size, image_size, 3), dtype=torch.uint8)
+        batch = crop.CroppedBatch(images, torch.arange(batch_size) % CLASSES, batch_graph.params(draws, image_size),
+                                  StepKey(0, 0, 0, step))  # fmt: skip
+        held.append(batch.pin_memory() if device.type == "cuda" else batch)
+    cuda = device.type == "cuda"
+    for batch in held[:2]:
+        to_model.batch(batch, batch.key)
+    if cuda:
+        torch.cuda.synchronize()
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+    host = time.perf_counter()
+    for batch in held[2:]:
+        to_model.batch(batch, batch.key)
+    host_ms = 1e3 * (time.perf_counter() - host) / batches
+    if cuda:
+        end.record()
+        torch.cuda.synchronize()
+    found = {"host_ms_per_batch": host_ms, "device_ms_per_batch": begin.elapsed_time(end) / batches if cuda else None}
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
     with profile(activities=activities) as profiled:
-        for step, batch in enumerate(held[2:]):
-            to_model.batch(batch, StepKey(0, 0, 0, step + 2))
-        synchronize()
-    print(f"\n{spec.split(':')[0]}: {1e3 * (time.perf_counter() - start) / batches:.1f} ms per batch of 256 "
-          f"(profiled) on {device}")  # fmt: skip
-    table = profiled.key_averages()
-    for key in ("self_device_time_total", "cpu_time_total") if device.type == "cuda" else ("cpu_time_total",):
-        print(table.table(sort_by=key, row_limit=25, max_name_column_width=60))
+        for batch in held[2:6]:
+            to_model.batch(batch, batch.key)
+        if cuda:
+            torch.cuda.synchronize()
+    events = profiled.events()
+    kernels = [e for e in events if cuda and e.device_type.name == "CUDA"]
+    found["kernels_per_batch" if cuda else "operators_per_batch"] = (
+        len(kernels) if cuda else sum(e.name.startswith("aten::") for e in events)) / 4  # fmt: skip
+    print(f"crop graph on {device}, batch {batch_size}: {json.dumps(found)}", flush=True)
+    return found
+
+
+def crop_worker_rate(spec: str, args) -> list[float]:
+    """Images/s of one worker (this process, one thread) decoding, cropping and flipping store images to S x S
+    (crop.CroppedSplit, --input-pipeline crop's worker half), per round."""
+    from mobile_moe.data import crop
+
+    data = open_data(spec, args.image_size)
+    raw = data.raw_split("train")
+    split = crop.CroppedSplit(decode.encoded_split(raw) or raw, recipes.deit().augmentation,
+                              image_size=args.image_size, eval_crop=None)  # fmt: skip
+    threads, rates = torch.get_num_threads(), []
+    torch.set_num_threads(1)
+    try:
+        for round_ in range(args.rounds):
+            start, done = time.perf_counter(), 0
+            for step in range(len(split) // args.batch_size):
+                indices = range(step * args.batch_size, (step + 1) * args.batch_size)
+                split.__getitems__([(0, round_, 0, step, index) for index in indices])
+                done += args.batch_size
+            rates.append(done / (time.perf_counter() - start))
+    finally:
+        torch.set_num_threads(threads)
+    return rates
+
+
+def cpu_epochs(spec: str, out: Path, args) -> dict[str, list[float]]:
+    """{pipeline: images/s of epoch 2 per round}: a tiny ViT at S px (4 x 64, patch 32: the step is small, the input
+    path is what is measured) trained with the deit recipe on this CPU, workers = usable cores, per image (workers)
+    against crop."""
+    from mobile_moe.registry import make_config
+    from mobile_moe.training.run_dir import read_metrics
+    from mobile_moe.training.train import train
+
+    config = make_config("vit", "4x64", patch_size=32, image_size=args.image_size, num_classes=CLASSES)
+    found = {"workers": [], "crop": []}
+    for round_ in range(args.rounds):
+        for pipeline in found:
+            recipe = recipes.deit().replace(epochs=2, batch_size=args.batch_size, workers=usable_cores(), device="cpu",
+                                            input_pipeline=pipeline, warmup_epochs=0.5)  # fmt: skip
+            run = train(config, recipe, spec, None, out / f"cpu-epoch-{pipeline}-{round_}", verbose=False)
+            found[pipeline].append(read_metrics(run)[-1]["images_per_s"])
+    return found
 
 
 def gpu_figures(specs: dict[str, str], out: Path, args) -> dict:
@@ -245,7 +310,7 @@ def gpu_figures(specs: dict[str, str], out: Path, args) -> dict:
         extra = {"num_experts": 10, "moe_layers": 2} if model == "mobile-vmoe" else {}
         config = make_config(model, "deit-ti", patch_size=16, image_size=224, num_classes=CLASSES, **extra)
         recipe = recipes.deit().replace(epochs=2, batch_size=256, workers=8, compile=True, device="cuda",
-                                        input_pipeline="device", warmup_epochs=0.5)  # fmt: skip
+                                        input_pipeline="crop", warmup_epochs=0.5)  # fmt: skip
         for source, spec in specs.items():
             run = train(config, recipe, spec, "random" if extra else None, out / f"{model}-{source}", verbose=False)
             row = read_metrics(run)[-1]
@@ -323,16 +388,27 @@ def main(argv: list[str] | None = None) -> dict:
         folder = write_folder(out / "folder", args.images)
         packed = store.pack(open_data(f"imagefolder:{folder}", 256), out / "store", max_side=256)
         specs = {"image folder": f"imagefolder:{folder}", "packed store": f"packed:{packed}"}
-        report = {"torch": torch.__version__, "cpu": cpu_figures(specs, args)}
-        print_cpu(report["cpu"], args)
+        report = {"torch": torch.__version__}
+        if not args.gpu:  # a GPU machine's call (make gpu-check) spends its minutes on the GPU figures
+            report["cpu"] = cpu_figures(specs, args)
+            print_cpu(report["cpu"], args)
+            report["crop worker images/s"] = crop_worker_rate(specs["packed store"], args)
+            print(f"one crop worker, store to {args.image_size} px: {spread(report['crop worker images/s'])} images/s")
+            report["cpu graph"] = graph_figures(torch.device("cpu"), args.batch_size, args.image_size)
+            report["cpu epoch images/s"] = epochs = cpu_epochs(specs["packed store"], out, args)
+            ratio = [crop / workers for crop, workers in zip(epochs["crop"], epochs["workers"], strict=True)]
+            print(
+                f"epoch 2 from the store, {usable_cores()} workers: workers {spread(epochs['workers'])}, crop "
+                f"{spread(epochs['crop'])} images/s; crop / workers {spread(ratio)}"
+            )
         if args.accuracy:
             report["accuracy"] = accuracy(args.accuracy, out, args)
             print_accuracy(report["accuracy"])
         if args.gpu:
-            report["gpu stages"] = pipeline_stages(specs, torch.device("cuda"))
-            for spec in specs.values():
-                profile_batches(spec, torch.device("cuda"))
+            cuda = torch.device("cuda")
+            report["gpu graph"] = graph_figures(cuda, 256, 224)
             report["gpu"] = {"device": torch.cuda.get_device_name(), **gpu_figures(specs, out, args)}
+            report["gpu stages"] = crop_stages(specs, cuda)
             print(json.dumps(report["gpu"], indent=1))
             ratios = [f"{name} {row['epoch_images_per_s'] / row['step_alone_images_per_s']:.2f}"
                       for name, row in report["gpu"].items() if name != "device"]  # fmt: skip

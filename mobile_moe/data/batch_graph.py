@@ -73,15 +73,17 @@ def params(draws: Draws, image_size: int) -> GraphParams:
 
 def geometric(images: Tensor, theta: Tensor) -> Tensor:
     """(B, 3, S, S) integer-valued float through each image's inverse map (B, 2, 3): torchvision's affine_image grid
-    (_affine_grid: centred pixel coordinates, normalised by S / 2), nearest neighbour, 0 outside."""
+    (_affine_grid: centred pixel coordinates, normalised by S / 2), nearest neighbour, 0 outside (the identity map
+    returns an image unchanged)."""
     size = images.shape[-1]
     centred = torch.linspace((1.0 - size) * 0.5, (size - 1.0) * 0.5, size, device=images.device)
-    y, x = torch.meshgrid(centred, centred, indexing="ij")
-    base = torch.stack([x, y, torch.ones_like(x)], -1).view(1, size * size, 3)  # (1, S S, 3)
-    grid = base.expand(len(theta), -1, -1).bmm(theta.transpose(1, 2) / (0.5 * size))  # (B, S S, 2)
-    sampled = F.grid_sample(images, grid.view(-1, size, size, 2), mode="nearest", padding_mode="zeros",
-                            align_corners=False)  # fmt: skip
-    return sampled.round()
+    theta = theta / (0.5 * size)  # to grid_sample's normalised coordinates, as _affine_grid's rescaled_theta
+    # grid[b, i, j] = theta[b] @ (x_j, y_i, 1), as two broadcast sums (a (B, S S, 3) x (B, 3, 2) bmm is slow on a CPU)
+    columns = theta[:, None, :, 0] * centred[None, :, None]  # (B, S, 2): the x_j terms
+    rows = theta[:, None, :, 1] * centred[None, :, None] + theta[:, None, :, 2]  # (B, S, 2): the y_i terms and shift
+    grid = rows[:, :, None, :] + columns[:, None, :, :]  # (B, S, S, 2)
+    # nearest: every value is one of the image's (whole levels) or the fill, 0; torchvision rounds, a no-op here
+    return F.grid_sample(images, grid, mode="nearest", padding_mode="zeros", align_corners=False)
 
 
 def _grey(images: Tensor) -> Tensor:
@@ -112,25 +114,32 @@ def _interior(images: Tensor) -> Tensor:
     return edge[:, None] & edge[None, :]
 
 
-def colour(images: Tensor, ops: Tensor, factor: Tensor) -> Tensor:
-    """Each image through the colour op `ops[b]` (COLOUR's indices; 0 none) at `factor[b]`, all eight computed."""
+COLOUR_OPS = {
+    "Brightness": lambda x, ratio: (x * ratio).clamp(0, 255).floor(),
+    "Color": lambda x, ratio: _blend(x, _grey(x), ratio),
+    "Contrast": lambda x, ratio: _blend(x, _grey(x).mean((-3, -2, -1), keepdim=True), ratio),
+    "Sharpness": _sharpened,
+    "Posterize": lambda x, ratio: (x / ratio).floor() * ratio,  # ratio: 2 ** (8 - bits), a power of two: exact
+    "Solarize": lambda x, ratio: torch.where(x >= ratio, 255.0 - x, x),
+    "AutoContrast": lambda x, ratio: _uint8_kernel("autocontrast_image", x),
+    "Equalize": lambda x, ratio: _uint8_kernel("equalize_image", x),
+}
+
+
+def _uint8_kernel(name: str, images: Tensor) -> Tensor:
+    """torchvision's batched uint8 kernel `name` (per image and channel statistics) on integer-valued floats."""
     from torchvision.transforms.v2 import functional as TF
 
+    return getattr(TF, name)(images.to(torch.uint8)).float()
+
+
+def colour(images: Tensor, ops: Tensor, factor: Tensor) -> Tensor:
+    """Each image through the colour op `ops[b]` (COLOUR's indices; 0 none) at `factor[b]`: all eight computed for
+    every image, each keeping its own (one graph whatever the draws)."""
     ratio = factor[:, None, None, None]
-    as_uint8 = images.to(torch.uint8)
-    results = {
-        "Brightness": (images * ratio).clamp(0, 255).floor(),
-        "Color": _blend(images, _grey(images), ratio),
-        "Contrast": _blend(images, _grey(images).mean((-3, -2, -1), keepdim=True), ratio),
-        "Sharpness": _sharpened(images, ratio),
-        "Posterize": (images / ratio).floor() * ratio,  # ratio: 2 ** (8 - bits), a power of two: exact
-        "Solarize": torch.where(images >= ratio, 255.0 - images, images),
-        "AutoContrast": TF.autocontrast_image(as_uint8).float(),
-        "Equalize": TF.equalize_image(as_uint8).float(),
-    }
     out = images
-    for name, result in results.items():
-        out = torch.where((ops == COLOUR[name])[:, None, None, None], result, out)
+    for name, op in COLOUR_OPS.items():
+        out = torch.where((ops == COLOUR[name])[:, None, None, None], op(images, ratio), out)
     return out
 
 
@@ -140,30 +149,71 @@ def colour(images: Tensor, ops: Tensor, factor: Tensor) -> Tensor:
 def mixed(images: Tensor, targets: Tensor, mix: Tensor) -> tuple[Tensor, Tensor]:
     """torchvision's MixUp / CutMix with the batch rolled by one, from `mix` (GraphParams.mix): the images blended by
     its image weight outside the CutMix box and the partner's inside it; the targets by its target weight."""
-    image_weight, target_weight = mix[0], mix[1]
     size = images.shape[-1]
     index = torch.arange(size, device=images.device, dtype=mix.dtype)
     inside = ((index >= mix[3]) & (index < mix[5]))[:, None] & ((index >= mix[2]) & (index < mix[4]))[None, :]
     partner = images.roll(1, 0)
-    images = torch.where(inside, partner, partner * (1.0 - image_weight) + images * image_weight)
-    return images, targets.roll(1, 0) * (1.0 - target_weight) + targets * target_weight
+    images = torch.where(inside, partner, partner * (1.0 - mix[0]) + images * mix[0])
+    return images, mixed_targets(targets, mix)
+
+
+def mixed_targets(targets: Tensor, mix: Tensor) -> Tensor:
+    return targets.roll(1, 0) * (1.0 - mix[1]) + targets * mix[1]
+
+
+def mixed_in_place(images: Tensor, targets: Tensor, mix: Tensor) -> tuple[Tensor, Tensor]:
+    """`mixed` on a host's batch, in place: a MixUp blends the whole batch, a CutMix copies only its box, no mixing
+    leaves the images as they are (the same values as `mixed`: x * 1 + partner * 0 is x)."""
+    x1, y1, x2, y2 = (int(v) for v in mix[2:].tolist())
+    if x2 > x1 and y2 > y1:
+        images[..., y1:y2, x1:x2] = images[..., y1:y2, x1:x2].roll(1, 0)
+    elif float(mix[0]) != 1.0:
+        partner = images.roll(1, 0).mul_(1.0 - mix[0])
+        images.mul_(mix[0]).add_(partner)
+    return images, mixed_targets(targets, mix)
+
+
+def moved_images(theta: Tensor) -> Tensor:
+    """The indices of the images whose inverse map (B, 2, 3) is not the identity."""
+    identity = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], device=theta.device)
+    return (theta != identity).flatten(1).any(1).nonzero().flatten()
 
 
 class BatchGraph(torch.nn.Module):
-    """(B, S, S, 3) uint8 cropped images, labels and GraphParams -> (normalised images (B, 3, S, S), targets (B, C)),
-    a fixed sequence of operations (compile it with torch.compile(fullgraph=True, dynamic=False))."""
+    """(B, S, S, 3) uint8 cropped images, labels and GraphParams -> (normalised images (B, 3, S, S), targets (B, C)):
+    with `fixed_shape`, a fixed sequence of operations (compile it with torch.compile(fullgraph=True,
+    dynamic=False)); without, the same values computed in place, each operation on the images it changes (eager on a
+    CPU, where a fixed graph buys nothing and costs eight colour ops per image)."""
 
-    def __init__(self, *, mean, std, num_classes: int):
+    def __init__(self, *, mean, std, num_classes: int, fixed_shape: bool = True):
         super().__init__()
-        self.num_classes = num_classes
-        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32)[:, None, None], persistent=False)
-        self.register_buffer("std", torch.tensor(std, dtype=torch.float32)[:, None, None], persistent=False)
+        self.num_classes, self.fixed_shape = num_classes, fixed_shape
+        mean, std = (torch.tensor(v, dtype=torch.float32)[:, None, None] for v in (mean, std))
+        self.register_buffer("scale", 1.0 / (255.0 * std), persistent=False)  # (x / 255 - mean) / std in two steps
+        self.register_buffer("shift", mean / std, persistent=False)
 
     def forward(self, images: Tensor, labels: Tensor, theta: Tensor, ops: Tensor, factor: Tensor, erase: Tensor,
                 mix: Tensor) -> tuple[Tensor, Tensor]:  # fmt: skip
         x = images.permute(0, 3, 1, 2).float()
+        targets = F.one_hot(labels, self.num_classes).float()
+        if not self.fixed_shape:
+            return self._in_place(x, targets, theta, ops, factor, erase, mix)
         for slot in range(theta.shape[1]):
             x = colour(geometric(x, theta[:, slot]), ops[:, slot], factor[:, slot])
-        x = batch_augment.erase((x / 255.0 - self.mean) / self.std, erase)
-        targets = F.one_hot(labels, self.num_classes).float()
-        return mixed(x, targets, mix)
+        return mixed(batch_augment.erase(x * self.scale - self.shift, erase), targets, mix)
+
+    def _in_place(self, x, targets, theta, ops, factor, erase, mix) -> tuple[Tensor, Tensor]:
+        for slot in range(theta.shape[1]):  # an image's op in a slot is geometric or colour: the subsets are disjoint
+            moved = moved_images(theta[:, slot])
+            if len(moved):
+                x[moved] = geometric(x[moved], theta[moved, slot])
+            ratio = factor[:, slot, None, None, None]
+            for name, op in COLOUR_OPS.items():
+                chosen = (ops[:, slot] == COLOUR[name]).nonzero().flatten()
+                if len(chosen):
+                    x[chosen] = op(x[chosen], ratio[chosen])
+        x.mul_(self.scale).sub_(self.shift)
+        erased = (erase[:, 2] > 0).nonzero().flatten()
+        if len(erased):
+            x[erased] = batch_augment.erase(x[erased], erase[erased])
+        return mixed_in_place(x, targets, mix)

@@ -103,7 +103,8 @@ class CropBatches:
     once where it runs on CUDA (its shapes never change, so no batch recompiles it)."""
 
     def __init__(self, data: Data, device: torch.device, *, compile_graph: bool):
-        graph = batch_graph.BatchGraph(mean=data.mean, std=data.std, num_classes=data.num_classes).to(device)
+        graph = batch_graph.BatchGraph(mean=data.mean, std=data.std, num_classes=data.num_classes,
+                                       fixed_shape=compile_graph).to(device)  # fmt: skip
         self.graph = torch.compile(graph, fullgraph=True, dynamic=False) if compile_graph else graph
         self.device = device
 

@@ -123,8 +123,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     train.add_argument(
         "--input-pipeline",
         choices=INPUT_PIPELINES,
-        help="where training images are augmented: workers (per image, torchvision) or device (per batch on the "
-        "training device, each image its own draws); default auto: device on CUDA when the recipe augments at random",
+        help="where training images are augmented: workers (per image, torchvision), crop (workers decode and crop "
+        "to S x S, the rest one fixed-shape graph on the training device) or device (per batch on the training "
+        "device, each image its own draws); default auto: crop on CUDA when the recipe augments at random",
     )
     train.add_argument("--seed", type=int, help="seed of the initial weights, data order and augmentation (default 0)")
     train.add_argument(

@@ -55,7 +55,7 @@ class TrainConfig:
     # --- running ---
     seed: int = 0
     workers: int = 4  # DataLoader worker processes per training process
-    input_pipeline: str = "auto"  # workers | device (mobile_moe/data/inputs.py); a run records the one it resolved to
+    input_pipeline: str = "auto"  # workers | crop | device (data/inputs.py); a run records the one it resolved to
     eval_batch_size: int = 256
     device: str = "auto"  # auto | cpu | cuda
     amp: bool = True  # bf16 autocast on CUDA (ignored on CPU)

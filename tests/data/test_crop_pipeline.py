@@ -174,7 +174,8 @@ def test_the_graph_erases_and_mixes_as_torchvision():
 
 def test_one_compiled_graph_serves_every_batch():
     """torch.compile(fullgraph=True, dynamic=False) traces the graph once: batches with other draws (other ops, other
-    boxes, MixUp then CutMix) reuse it, and it answers as the eager graph."""
+    boxes, MixUp then CutMix) reuse it, and it answers as the eager graph and as the CPU's eager path, which runs each
+    op only on the images that drew it."""
     import torch._dynamo
 
     size, count = 16, 4
@@ -188,7 +189,10 @@ def test_one_compiled_graph_serves_every_batch():
                                    eval_crop=None)  # fmt: skip
         params = batch_graph.params(draws, size)
         args = (images, torch.arange(count) % 3, params.theta, params.colour, params.factor, params.erase, params.mix)
-        for got, expected in zip(compiled(*args), graph(*args), strict=True):
+        grouped = batch_graph.BatchGraph(mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), num_classes=3,
+                                         fixed_shape=False)  # fmt: skip
+        for got, expected, subsets in zip(compiled(*args), graph(*args), grouped(*args), strict=True):
             torch.testing.assert_close(got, expected, rtol=0, atol=0)
+            torch.testing.assert_close(subsets, expected, rtol=0, atol=0)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
     assert not torch._dynamo.utils.counters["recompiles"]
