@@ -132,3 +132,33 @@ def test_batches_prepared_ahead_on_a_side_stream_are_the_ones_prepared_in_turn()
         with BatchesAhead([2048] * 6, prepare, CUDA, in_thread=in_thread) as batches:
             results.append([images.sum().item() for images, _ in batches])
     assert results[0] == results[1]
+
+
+def test_the_crop_pipelines_compiled_cuda_graph_answers_as_the_cpus_in_place_path():
+    """--input-pipeline crop on CUDA (BatchGraph, fixed shape, compiled: inductor's kernels) against the CPU's in-place
+    path (each op on the images that drew it, eager) on the same batches and draws: the same targets, and images
+    equal but where inductor's fused arithmetic puts a value a level apart (at most 5% of the values; more than a
+    level, where a later op such as Equalize moved that difference, on at most 0.5%)."""
+    import numpy as np
+
+    from mobile_moe.data import batch_augment, batch_graph
+    from mobile_moe.training import recipes
+
+    size, count = 64, 32
+    kwargs = {"mean": (0.5, 0.4, 0.3), "std": (0.2, 0.25, 0.3), "num_classes": 10}
+    on_cpu = batch_graph.BatchGraph(**kwargs, fixed_shape=False)
+    on_cuda = torch.compile(batch_graph.BatchGraph(**kwargs).to(CUDA), fullgraph=True, dynamic=False)
+    generator = torch.Generator().manual_seed(0)
+    for step in range(4):
+        draws = batch_augment.draw(recipes.deit().augmentation, np.full((count, 2), 200), image_size=size,
+                                   key=batch_augment.StepKey(0, 0, 0, step), eval_crop=None)  # fmt: skip
+        params = batch_graph.params(draws, size)
+        images = torch.randint(0, 256, (count, size, size, 3), dtype=torch.uint8, generator=generator)
+        args = (images, torch.arange(count) % 10, params.theta, params.colour, params.factor, params.erase, params.mix)
+        expected_images, expected_targets = on_cpu(*args)
+        got_images, got_targets = on_cuda(*(arg.to(CUDA) for arg in args))
+        level = 1 / (255 * 0.2)  # one uint8 level after normalising, at the smallest std
+        difference = (got_images.cpu() - expected_images).abs()
+        assert (difference > 1e-5).float().mean() < 0.05  # a level apart: a value at a level's edge
+        assert (difference > level + 1e-5).float().mean() < 0.005  # more: one a later op (Equalize, Posterize) moved
+        torch.testing.assert_close(got_targets.cpu(), expected_targets, rtol=0, atol=1e-6)

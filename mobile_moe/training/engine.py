@@ -167,7 +167,7 @@ def update(opt: Optimisation, total: Tensor, grad_clip: float) -> None:
 
 def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int) -> dict[str, float]:
     """Train over `loader` once; -> mean train loss terms, train top-1 (vs the dominant target), images/s and the share
-    of the epoch the host waited for the loader's next batch (`input_wait`).
+    of the epoch after its first step the host waited for the loader's next batch (`input_wait`, steady_wait).
 
     The host reads the device once per `ctx.log_every` steps and at the end (EpochSums.read), so a GPU is never
     stalled between steps; a non-finite loss stops training at that read."""
@@ -198,6 +198,7 @@ def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int)
             sums.add(terms, output, targets)
             if step == 0:
                 first_step_done = time.perf_counter()  # the first step compiles, warms up: not in the estimate
+                first_wait = batches.waited  # nor in input_wait: the workers' start, the queue's first fill
             due = time.perf_counter() - last_read >= ctx.progress_seconds
             if due or (step + 1) % ctx.log_every == 0 or step + 1 == steps:
                 sums.read()
@@ -213,7 +214,19 @@ def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int)
         ctx.warmup_s = max(0.0, (first_step_done - start) - (elapsed - (first_step_done - start)) / (steps - 1))
     ctx.steps_run += steps
     rates = {"images_per_s": sums.images * world_size / elapsed, "epoch_time_s": elapsed}
-    return {**sums.row(), **rates, "input_wait": batches.waited / elapsed}  # the host blocked on input
+    return {
+        **sums.row(),
+        **rates,
+        "input_wait": steady_wait(batches.waited, first_wait, elapsed, first_step_done - start),
+    }
+
+
+def steady_wait(waited: float, first_wait: float, elapsed: float, first_step: float) -> float:
+    """The share of the epoch after its first step that the host blocked for its next batch (the whole epoch's when
+    it had one step): the steady state, without the start-up that every epoch of a short run would otherwise carry."""
+    if elapsed - first_step <= 0:
+        return waited / elapsed
+    return (waited - first_wait) / (elapsed - first_step)
 
 
 def say_estimate(ctx: EpochContext, step: int, *, epoch_start: float, first_step_done: float, now: float) -> None:

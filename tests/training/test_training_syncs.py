@@ -121,3 +121,32 @@ def test_an_interrupted_train_says_the_command_that_continues_it(monkeypatch, ca
     assert main(argv) == 130
     assert "continue with: mobile-moe train --model vit --data 'imagefolder:my photos' --out runs/a --resume\n" in (
         capsys.readouterr().err)  # fmt: skip
+
+
+def test_input_wait_is_the_steady_state_not_the_workers_start():
+    """A loader whose first batch takes 1 s (workers starting, the queue's first fill) and whose others are ready at
+    once: the epoch waited about half its time, but input_wait, after the first step, is near 0. A loader that is
+    slow on every batch still reads as waiting."""
+    import time
+
+    opt, loader, ctx = epoch_of("vit", steps=6, log_every=10)
+
+    def delayed(first: float, rest: float):
+        for step, batch in enumerate(loader):
+            time.sleep(first if step == 0 else rest)
+            yield batch
+
+    class Loader:
+        def __init__(self, first: float, rest: float):
+            self.first, self.rest = first, rest
+
+        def __len__(self) -> int:
+            return len(loader)
+
+        def __iter__(self):
+            return delayed(self.first, self.rest)
+
+    starting = engine.train_one_epoch(opt, Loader(1.0, 0.0), ctx, epoch=0)
+    assert starting["input_wait"] < 0.2 and starting["epoch_time_s"] > 1.0
+    slow = engine.train_one_epoch(opt, Loader(0.0, 0.3), ctx, epoch=0)
+    assert slow["input_wait"] > 0.5
