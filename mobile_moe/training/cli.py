@@ -118,7 +118,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     train.add_argument(
         "--workers",
         type=int,
-        help=f"DataLoader workers per process (default: the recipe's; {recipe_defaults('workers')})",
+        help=f"DataLoader workers per process (default: the recipe's; {recipe_defaults('workers')}; -1: one per "
+        "usable core)",
     )
     train.add_argument(
         "--input-pipeline",

@@ -54,7 +54,7 @@ class TrainConfig:
     balance_loss_weight: float = 0.0  # Switch-style load-balancing loss, for end-to-end routing (lambda = 0)
     # --- running ---
     seed: int = 0
-    workers: int = 4  # DataLoader worker processes per training process
+    workers: int = -1  # DataLoader worker processes per training process; -1: one per usable core (recorded so)
     input_pipeline: str = "auto"  # workers | crop | device (data/inputs.py); a run records the one it resolved to
     eval_batch_size: int = 256
     device: str = "auto"  # auto | cpu | cuda
@@ -75,9 +75,11 @@ class TrainConfig:
         if self.seed < -UPPER_BOUNDS["seed"]:  # negative seeds trained (and their runs resume), as far from 0
             raise UsageError(f"seed={self.seed}: must be at least {-UPPER_BOUNDS['seed']}")
         for name in ("base_lr", "min_lr", "warmup_epochs", "weight_decay", "grad_clip", "router_loss_weight",
-                     "balance_loss_weight", "mixup_alpha", "cutmix_alpha", "workers", "randaugment_ops"):  # fmt: skip
+                     "balance_loss_weight", "mixup_alpha", "cutmix_alpha", "randaugment_ops"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise UsageError(f"{name}={getattr(self, name)}: must be >= 0")
+        if self.workers < -1:
+            raise UsageError(f"workers={self.workers}: must be >= 0, or -1 for one per usable core")
         for name in ("label_smoothing", "random_erasing"):
             if not 0 <= getattr(self, name) < 1:
                 raise UsageError(f"{name}={getattr(self, name)}: must be in [0, 1)")
@@ -154,8 +156,9 @@ def _coerce(name: str, value: Any, kind: type) -> Any:
 
 def matches_record(name: str, given: Any, recorded: Any) -> bool:
     """Whether a recipe field as given for a run (a resume's flags, a sweep's cell) is the one the run recorded: equal,
-    or an `auto` input_pipeline, which a run records as what it resolved to (and runs from before the field lack)."""
-    return given == recorded or (name == "input_pipeline" and given == "auto")
+    or an `auto` input_pipeline or -1 workers, which a run records as what they resolved to (and runs from before the
+    field lack)."""
+    return given == recorded or (name, given) in (("input_pipeline", "auto"), ("workers", -1))
 
 
 def from_dict(data: dict[str, Any]) -> TrainConfig:

@@ -517,7 +517,10 @@ class Session:
 def _train(request: TrainRequest) -> Path:
     placement = distributed.setup(request.cfg.device)
     pipeline = inputs.resolve(request.cfg.input_pipeline, placement.device, request.cfg.augmentation)
-    request = dataclasses.replace(request, cfg=request.cfg.replace(input_pipeline=pipeline))  # recorded as resolved
+    workers = usable_cores() if request.cfg.workers < 0 else request.cfg.workers  # enough to feed the step
+    request = dataclasses.replace(
+        request, cfg=request.cfg.replace(input_pipeline=pipeline, workers=workers)
+    )  # recorded as resolved
     printing = request.verbose and placement.is_main
     say = (lambda text: print(text, flush=True)) if printing else (lambda text: None)
     if printing and (note := inputs.cost_note(pipeline, placement.device)):
