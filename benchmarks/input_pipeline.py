@@ -342,7 +342,7 @@ def accuracy(spec: str, out: Path, args) -> dict:
 
     side = args.accuracy_max_side
     packed = store.pack(open_data(spec, side), out / "accuracy-store", max_side=side)
-    variants = {"workers": (spec, "workers"), "device": (spec, "device"),
+    variants = {"workers": (spec, "workers"), "crop": (spec, "crop"), "device": (spec, "device"),
                 f"workers, packed at {side} px": (f"packed:{packed}", "workers")}  # fmt: skip
     found = {name: [] for name in variants}
     for seed in range(args.seeds):
