@@ -65,5 +65,6 @@ def read_foreign_text(path: str | os.PathLike, *, limit: int, what: str) -> str:
     try:
         return read_foreign(path, limit=limit, what=what).decode("utf-8")
     except UnicodeDecodeError as error:
-        raise UsageError(f"cannot read {what} {Path(path)}: not UTF-8 text ({error.reason} at byte {error.start})") \
-            from None
+        raise UsageError(
+            f"cannot read {what} {Path(path)}: not UTF-8 text ({error.reason} at byte {error.start})"
+        ) from None

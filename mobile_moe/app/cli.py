@@ -133,6 +133,7 @@ _PYTHON_SHOWWARNING = warnings.showwarning
 
 def _show_notes(command: str | None) -> None:
     """mobile_moe.errors.Note warnings as one `note:` line each on stderr; other warnings as Python shows them."""
+
     def show(message, category, filename, lineno, file=None, line=None):
         if issubclass(category, Note):
             print(f"mobile-moe {command or ''}: note: {' '.join(str(message).split())}", file=sys.stderr)

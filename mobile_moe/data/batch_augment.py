@@ -182,7 +182,7 @@ def randaugment_geometry(ops: np.ndarray, magnitudes: np.ndarray, image_size: in
     count, slots, centre = len(ops), ops.shape[1], image_size / 2 - 0.5
     to_centre, from_centre = _affine(1)[0], _affine(1)[0]
     to_centre[:2, 2], from_centre[:2, 2] = -centre, centre
-    steps = [from_centre @ _op_inverse(ops[:, slot], magnitudes[:, slot], image_size) @ to_centre
+    steps = [from_centre @ op_inverse(ops[:, slot], magnitudes[:, slot], image_size) @ to_centre
              for slot in range(slots)]  # fmt: skip
     partial, frames = _affine(count), []
     for step in reversed(steps):  # op n maps first: its input is what op n-1 wrote
@@ -191,7 +191,7 @@ def randaugment_geometry(ops: np.ndarray, magnitudes: np.ndarray, image_size: in
     return np.stack(frames or [partial], 1)
 
 
-def _op_inverse(ops: np.ndarray, magnitudes: np.ndarray, image_size: int) -> np.ndarray:
+def op_inverse(ops: np.ndarray, magnitudes: np.ndarray, image_size: int) -> np.ndarray:
     """(B, 3, 3): one slot's ops as inverse maps about the frame's centre (identity for colour ops)."""
     name, m = np.array(OP_NAMES)[ops], magnitudes
     step = _affine(len(ops))

@@ -10,7 +10,8 @@ each image, the one it drew (`torch.where`). Values stay integers in [0, 255] be
 torchvision's uint8 kernels truncate, so an image matches torchvision's per-image result up to float rounding at a
 level boundary (the tests state by how much). Computing eight operations where one is kept costs eight times the
 arithmetic of grouping images by operation, but keeps the graph fixed; on a GPU the batch is ~40 MB, a few
-microseconds of memory traffic per pass.
+microseconds of memory traffic per pass. On a CPU, where a fixed graph buys nothing, BatchGraph(fixed_shape=False)
+computes the same values in place, each operation on the images that drew it.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def params(draws: Draws, image_size: int) -> GraphParams:
     factor = np.zeros((count, slots))
     for slot in range(slots):
         ops, magnitudes = draws.ops[:, slot], draws.magnitudes[:, slot]
-        theta[:, slot] = batch_augment._op_inverse(ops, magnitudes, image_size)[:, :2]
+        theta[:, slot] = batch_augment.op_inverse(ops, magnitudes, image_size)[:, :2]
         names = np.array(OP_NAMES)[ops]
         colour[:, slot] = np.where(np.isin(names, list(COLOUR)), ops, 0)
         factor[:, slot] = np.select(

@@ -2,7 +2,7 @@
 batch, crops (RandomResizedCrop) and flips every image straight to S x S uint8, and hands the main process one
 fixed-shape batch with the step's other draws already turned into the device graph's parameters (batch_graph.py).
 
-    sampler = KeyedBatches(DistributedSampler(...), batch_size, seed=S, rank=R)   # yields [(epoch, step, index), ...]
+    sampler = KeyedBatches(DistributedSampler(...), batch_size, seed=S, rank=R)   # [(S, epoch, R, step, index), ...]
     loader = DataLoader(CroppedSplit(raw, aug, data), batch_sampler=sampler, collate_fn=crop.single, ...)
 
 The draws are batch_augment.draw's, keyed by (seed, epoch, rank, step) through the batch sampler's items: the same
@@ -31,8 +31,9 @@ from mobile_moe.data.image_files import exif_orientation, image_from_bytes, pil_
 
 
 class KeyedBatches:
-    """A batch sampler over `sampler`'s order: each batch a list of (epoch, step, index), so the worker that reads it
-    draws from the step's key whichever worker it is. `set_epoch` is the sampler's."""
+    """A batch sampler over `sampler`'s order: each batch a list of (seed, epoch, rank, step, index), the step's key
+    with each image, so the worker that reads it draws from the step's key whichever worker it is. `set_epoch` is the
+    sampler's."""
 
     def __init__(self, sampler, batch_size: int, *, seed: int, rank: int):
         self.sampler, self.batch_size, self.seed, self.rank = sampler, batch_size, seed, rank
@@ -77,7 +78,6 @@ class CroppedSplit(Dataset):
 
     def __init__(self, raw: Dataset, aug: Augmentation, *, image_size: int, eval_crop):
         self.raw, self.aug, self.image_size, self.eval_crop = raw, aug, image_size, eval_crop
-        self.targets = raw.targets if hasattr(raw, "targets") else None
 
     def __len__(self) -> int:
         return len(self.raw)
@@ -95,23 +95,34 @@ class CroppedSplit(Dataset):
         size = self.image_size
         images = torch.empty((len(items), size, size, 3), dtype=torch.uint8)
         pixels = images.numpy()
-        for row, ((image, _, lazy), box, flip) in enumerate(zip(opened, draws.crop, draws.flip, strict=True)):
-            cropped = np.asarray(resized_crop(image, box, size, lazy=lazy))
+        for row, ((image, _, encoded), box, flip) in enumerate(zip(opened, draws.crop, draws.flip, strict=True)):
+            cropped = np.asarray(self._cropped(image, box, encoded))
             pixels[row] = cropped[:, ::-1] if flip else cropped
         labels = torch.tensor([label for _, label, _ in opened], dtype=torch.int64)
         return CroppedBatch(images, labels, batch_graph.params(draws, size), key)
 
-    def _open(self, index: int) -> tuple[Image.Image, int, bool]:
-        """(image `index`, its label, whether it is a JPEG not decoded yet, whose crop decodes at reduced scale)."""
+    def _open(self, index: int) -> tuple[Image.Image, int, tuple[bytes, str] | None]:
+        """(image `index`, its label, and for a JPEG not decoded yet, whose crop decodes at reduced scale, its bytes
+        and name)."""
         if hasattr(self.raw, "encoded"):
             data, name = self.raw.encoded(index), self.raw.name(index)
             label = int(self.raw.targets[index])
             lazy = lazy_jpeg(data)
-            return (lazy, label, True) if lazy is not None else (image_from_bytes(data, name), label, False)
+            return (lazy, label, (data, name)) if lazy is not None else (image_from_bytes(data, name), label, None)
         image, label = self.raw[index]
         if isinstance(image, Tensor):  # the in-memory datasets: (3, h, w) uint8
             image = Image.fromarray(image.permute(1, 2, 0).numpy())
-        return image.convert("RGB"), int(label), False
+        return image.convert("RGB"), int(label), None
+
+    def _cropped(self, image: Image.Image, box: np.ndarray, encoded: tuple[bytes, str] | None) -> Image.Image:
+        """resized_crop; a JPEG whose header read well but whose data does not decode is read again by the one
+        decoder, which names it in one line (UnreadableImage) or, where PIL reads what it can, decodes it whole."""
+        if encoded is None:
+            return resized_crop(image, box, self.image_size, lazy=False)
+        try:
+            return resized_crop(image, box, self.image_size, lazy=True)
+        except (OSError, SyntaxError, ValueError):
+            return resized_crop(image_from_bytes(*encoded), box, self.image_size, lazy=False)
 
 
 def lazy_jpeg(data: bytes) -> Image.Image | None:

@@ -30,7 +30,7 @@ from mobile_moe.data.datasets import Data, materialized
 
 
 def resolve(choice: str, device: torch.device, aug: Augmentation) -> str:
-    """`auto` -> the pipeline this device and recipe train fastest with; workers and device stay as they are."""
+    """`auto` -> the pipeline this device and recipe train fastest with; a named one stays as it is."""
     if choice != "auto":
         return choice
     return "crop" if device.type == "cuda" and augment.draws_at_random(aug) else "workers"
@@ -47,7 +47,8 @@ def cost_note(pipeline: str, device: torch.device) -> str | None:
 
 def training_split(data: Data, aug: Augmentation, pipeline: str, device: torch.device) -> Dataset:
     """The training split as the pipeline's loader reads it: augmented float images (workers; computed once when
-    nothing is drawn at random), or raw images for the device (uint8, or a GPU-decodable JPEG's bytes on CUDA)."""
+    nothing is drawn at random), whole batches cropped to S x S (crop), or raw images for the device (uint8, or a
+    GPU-decodable JPEG's bytes on CUDA)."""
     if pipeline == "crop":
         raw = data.raw_split("train")
         eval_crop = functools.partial(eval_crops, record=data.eval_resize, image_size=data.image_size)

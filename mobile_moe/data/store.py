@@ -92,6 +92,7 @@ class StoreRecord(BaseModel):
 
 # --- writing ---------------------------------------------------------------------------------------------------------
 
+
 def store_files(root: Path) -> set[str] | None:
     """The names a store at `root` holds, from its store.json read and checked as ours; None when it is not one (a
     file of that name someone else wrote included)."""
@@ -118,7 +119,6 @@ def read_record(root: Path, spec: str | None = None) -> StoreRecord:
     if (record.format, record.version) != (FORMAT, VERSION) or not set(record.splits) <= set(SPLITS):
         raise UsageError(f"{where}{root / META} is not a {FORMAT} version {VERSION} record; {again}")
     return record
-
 
 
 def encoded(image, max_side: int, quality: int) -> bytes:
@@ -166,6 +166,7 @@ def _write_split(raw: Dataset, folder: Path, name: str, max_side: int, quality: 
 
     index = np.zeros((len(raw), 3), dtype=np.int64)
     offset = 0
+
     def read_and_encode(position: int) -> tuple[bytes, int]:  # on every core: PIL frees the GIL to decode and encode
         image, label = raw[position]
         return encoded(image, max_side, quality), int(label)
@@ -220,8 +221,9 @@ class StoreSplit(Dataset):
         try:
             fd = open_foreign(self.path, what=self.what)
         except UsageError:
-            raise StoreChanged(f"{self.path} was removed while this run read the store ({self.what}); {again}") \
-                from None
+            raise StoreChanged(
+                f"{self.path} was removed while this run read the store ({self.what}); {again}"
+            ) from None
         if _identity(os.fstat(fd)) != self.identity:
             os.close(fd)
             raise StoreChanged(f"{self.path} was replaced while this run read the store ({self.what}): its images are "

@@ -233,8 +233,10 @@ def _workloads(manifests: dict[str, Manifest], settings: BenchSettings, log: Cal
                  for name, manifest in manifests.items()}  # fmt: skip
     for name, workload in workloads.items():
         if len(workload.images) < settings.images:
-            log(f"{name}: --images {settings.images}, but the val split of {settings.data} has {len(workload.images)}"
-                ": benching those")
+            log(
+                f"{name}: --images {settings.images}, but the val split of {settings.data} has {len(workload.images)}"
+                ": benching those"
+            )
     return workloads
 
 

@@ -201,8 +201,9 @@ def build_library(**options) -> Path:
     (build_runner's options: a sanitizer, a cross build); its JNI part lies beside it where a JDK was found."""
     library = build_runner(**options).parent / "cmake-build" / LIBRARY_NAME
     if not library.is_file():
-        raise UsageError(f"the native build has no {LIBRARY_NAME} at {library}; remove {library.parent} and build "
-                         "again")
+        raise UsageError(
+            f"the native build has no {LIBRARY_NAME} at {library}; remove {library.parent} and build again"
+        )
     return library
 
 

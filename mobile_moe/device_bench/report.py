@@ -105,8 +105,11 @@ def stream_lines(runs: list[dict]) -> list[str]:
         added, p50 = switch["added_ms"], run["latency_ms"]["p50"]
         ratio = f"{added / p50:.2g}" if added < 10 * p50 else f"{added / p50:.0f}"  # 0.0013x, 0.3x, 150x
         cost = f"{_ms(added)} ms over a hit ({ratio}x the warm p50 of {_ms(p50)} ms)"
-        why = ("; the stream is the split's first images, in class order: --order stratified draws across classes"
-               if "(val, first" in run.get("workload", "") else "")
+        why = (
+            "; the stream is the split's first images, in class order: --order stratified draws across classes"
+            if "(val, first" in run.get("workload", "")
+            else ""
+        )
         lines.append(
             f"- {_label(run)}: the expert never changed between consecutive images of {run.get('workload', '?')}"
             f"{why}; a change (measured apart) adds {cost}" if rate == 0 else
@@ -284,8 +287,10 @@ def _bars(plt, results: dict, title: str):
     return figure, axis
 
 
-MONOLITHIC_WHY = ("a monolithic bundle computes every expert for every image (the dense mixture, one graph that "
-                  "never branches on data), so it runs E expert MLPs where a split bundle runs k")
+MONOLITHIC_WHY = (
+    "a monolithic bundle computes every expert for every image (the dense mixture, one graph that "
+    "never branches on data), so it runs E expert MLPs where a split bundle runs k"
+)
 
 
 def _latency_bars(axis, runs: list[dict]) -> None:

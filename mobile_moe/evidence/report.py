@@ -159,11 +159,15 @@ def claims(fig: Figure, results: list[CellResult]) -> list[str]:
 def _cautions(moes: list[CellResult], by_name: dict[str, CellResult]) -> list[str]:
     """When the numbers cannot carry a conclusion either way, say so before anyone reads the rows as evidence."""
     if all(len(r.seeds) < 2 and len(by_name[r.cell.baseline].seeds) < 2 for r in moes):
-        return ["Caution: one seed per row, so no difference here can be told from the seed-to-seed noise (a few "
-                "points at this scale); run --seeds 3 or more before reading a row as for or against the paper."]
+        return [
+            "Caution: one seed per row, so no difference here can be told from the seed-to-seed noise (a few "
+            "points at this scale); run --seeds 3 or more before reading a row as for or against the paper."
+        ]
     if all(_beyond_noise(r, by_name) == 0 for r in moes):
-        return ["Caution: every difference from dense is within the seed noise (the two stds combined): these "
-                "numbers neither confirm nor refute the paper's gains."]
+        return [
+            "Caution: every difference from dense is within the seed noise (the two stds combined): these "
+            "numbers neither confirm nor refute the paper's gains."
+        ]
     return []
 
 
@@ -285,14 +289,32 @@ def _scatter_figure(axis, results: list[CellResult]) -> None:
     """Fig. 1 / 3a: accuracy against FLOPs, dense and MoE, the paper's points beside ours (hollow)."""
     for role, label, marker in (("dense", "Dense ViT", "s"), ("moe", "Mobile V-MoE", "o")):
         points = sorted(_measured(results, role), key=lambda r: r.costs["flops"])
-        axis.errorbar([r.costs["flops"] / 1e6 for r in points], [pct(r.mean("top1")) for r in points],
-                      yerr=_spread(points), marker=marker, linestyle="", capsize=3, label=f"{label} (ours)")
+        axis.errorbar(
+            [r.costs["flops"] / 1e6 for r in points],
+            [pct(r.mean("top1")) for r in points],
+            yerr=_spread(points),
+            marker=marker,
+            linestyle="",
+            capsize=3,
+            label=f"{label} (ours)",
+        )
         for r in points:
-            axis.annotate(r.cell.row, (r.costs["flops"] / 1e6, pct(r.mean("top1"))), fontsize=7,
-                          xytext=(4, 4), textcoords="offset points")
+            axis.annotate(
+                r.cell.row,
+                (r.costs["flops"] / 1e6, pct(r.mean("top1"))),
+                fontsize=7,
+                xytext=(4, 4),
+                textcoords="offset points",
+            )
         paper = [r for r in points if r.cell.paper.get("top1") is not None and r.cell.paper.get("mflops")]
-        axis.scatter([r.cell.paper["mflops"] for r in paper], [r.cell.paper["top1"] for r in paper],
-                     marker=marker, facecolors="none", edgecolors="gray", label=f"{label} (paper, ImageNet)")
+        axis.scatter(
+            [r.cell.paper["mflops"] for r in paper],
+            [r.cell.paper["top1"] for r in paper],
+            marker=marker,
+            facecolors="none",
+            edgecolors="gray",
+            label=f"{label} (paper, ImageNet)",
+        )
     axis.set_xscale("log")
     axis.set_xlabel("MFLOPs per image")
     axis.set_ylim(0, 100)

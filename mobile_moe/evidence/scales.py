@@ -69,8 +69,9 @@ SCALES: dict[str, Scale] = {
     "tiny": Scale("tiny", 32, "mean", 20, None, (8, 6, 4), (96, 48, 24, 16), 8, Backbone(6, 64, 2, 8), "tiny"),
     # The tiny scale's models in batches of 1,024 (the tiny-gpu recipe): one GPU, on all 54,000 training images of
     # Fashion-MNIST, several runs side by side (reproduce --jobs).
-    "tiny-gpu": Scale("tiny-gpu", 32, "mean", 10, None, (8, 6, 4), (96, 48, 24, 16), 8, Backbone(6, 64, 2, 8),
-                      "tiny-gpu"),
+    "tiny-gpu": Scale(
+        "tiny-gpu", 32, "mean", 10, None, (8, 6, 4), (96, 48, 24, 16), 8, Backbone(6, 64, 2, 8), "tiny-gpu"
+    ),
 }
 
 

@@ -32,8 +32,12 @@ MAX_RESAMPLES = 1000  # each clusters the whole matrix again
 
 def configure(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    derive = actions.add_parser("derive", help="cluster a confusion graph into E super-classes", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # the examples, a line each
+    derive = actions.add_parser(
+        "derive",
+        help="cluster a confusion graph into E super-classes",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # the examples, a line each
     source = derive.add_mutually_exclusive_group(required=True)
     source.add_argument(
         "--run", dest="run_dir", metavar="RUN_DIR", help="a trained (dense) run; its best checkpoint is evaluated"

@@ -55,4 +55,3 @@ def derive_super_classes(
         source=source,
         quality=measured,
     )
-

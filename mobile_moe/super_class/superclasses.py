@@ -30,6 +30,7 @@ from mobile_moe.words import has_control_character
 MAX_CLASSES = 1 << 20  # classes (and so super-classes) a file may name
 MAX_FILE_BYTES = 256 << 20  # far beyond 1M classes' worth of names; refuses a runaway file before reading it
 
+
 def _printable(text: str) -> str:
     """Text `superclass show`, train and export print or copy on: a control character would forge a line or a colour."""
     if has_control_character(text):

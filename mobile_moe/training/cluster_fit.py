@@ -33,10 +33,7 @@ def trunk_features(model, dataset: Dataset, device, batch_size: int) -> np.ndarr
     """(N, D) float64: the pooled gater features of every image of `dataset`, in order, in float32 arithmetic."""
     was_training = model.training
     model.eval()
-    features = [
-        model.image_features(images.to(device)).float().cpu()
-        for images, _ in in_order(dataset, batch_size)
-    ]
+    features = [model.image_features(images.to(device)).float().cpu() for images, _ in in_order(dataset, batch_size)]
     model.train(was_training)
     return torch.cat(features).double().numpy()
 

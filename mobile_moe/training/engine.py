@@ -217,14 +217,14 @@ def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int)
     return {
         **sums.row(),
         **rates,
-        "input_wait": steady_wait(batches.waited, first_wait, elapsed, first_step_done - start),
+        "input_wait": steady_wait(batches.waited, first_wait, elapsed, first_step_done - start, steps),
     }
 
 
-def steady_wait(waited: float, first_wait: float, elapsed: float, first_step: float) -> float:
+def steady_wait(waited: float, first_wait: float, elapsed: float, first_step: float, steps: int) -> float:
     """The share of the epoch after its first step that the host blocked for its next batch (the whole epoch's when
     it had one step): the steady state, without the start-up that every epoch of a short run would otherwise carry."""
-    if elapsed - first_step <= 0:
+    if steps <= 1 or elapsed <= first_step:
         return waited / elapsed
     return (waited - first_wait) / (elapsed - first_step)
 

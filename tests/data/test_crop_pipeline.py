@@ -196,3 +196,15 @@ def test_one_compiled_graph_serves_every_batch():
             torch.testing.assert_close(subsets, expected, rtol=0, atol=0)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
     assert not torch._dynamo.utils.counters["recompiles"]
+
+
+def test_a_damaged_jpeg_in_a_batch_is_one_line_naming_it():
+    """A JPEG whose header reads but whose data stops half-way fails at the cropped decode: the one decoder reads it
+    again and names it (UnreadableImage), not PIL's bare OSError."""
+    from mobile_moe.data.image_files import UnreadableImage
+
+    blobs = jpegs(128, 4)
+    blobs[2] = blobs[2][: len(blobs[2]) // 2]
+    split = crop.CroppedSplit(Encoded(blobs), DEIT, image_size=32, eval_crop=None)
+    with pytest.raises(UnreadableImage, match="cannot read image 2"):
+        split.__getitems__(items(0, range(4)))

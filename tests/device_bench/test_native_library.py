@@ -75,19 +75,24 @@ def test_the_c_api_answers_as_the_python_runtime(library, bundle, images, cache_
         np.testing.assert_allclose([p for _, p in got["top"]], np.sort(probabilities)[::-1][:5], rtol=1e-6)
 
 
-@pytest.fixture(scope="session", params=["plain", pytest.param("thread", marks=pytest.mark.slow)])
-def two_handles(request, library) -> tuple[Path, dict[str, str]]:
-    """native/two_handles.c (mobile_moe.h's two-thread contract, run) and its environment: the normal build, and a
-    ThreadSanitizer build of it with the library."""
+def client(program: str, library: Path, sanitizer: str) -> tuple[Path, dict[str, str]]:
+    """A C client of the library built beside it (`program`) and the environment to run it in: the normal build
+    ("plain"), or the client and the library built with `sanitizer` (skipped where this compiler has none)."""
     from mobile_moe.device_bench.native_build import SanitizerUnavailable, sanitizer_env
 
-    if request.param == "plain":
-        return library.parent / "mobile_moe_two_handles", dict(os.environ)
+    if sanitizer == "plain":
+        return library.parent / program, dict(os.environ)
     try:
-        instrumented = build_library(sanitize="thread")
+        instrumented = build_library(sanitize=sanitizer)
     except SanitizerUnavailable as error:
-        pytest.skip(f"cannot build the ThreadSanitizer library here: {error}")
-    return instrumented.parent / "mobile_moe_two_handles", sanitizer_env()
+        pytest.skip(f"cannot build the {sanitizer} sanitizer library here: {error}")
+    return instrumented.parent / program, sanitizer_env()
+
+
+@pytest.fixture(scope="session", params=["plain", pytest.param("thread", marks=pytest.mark.slow)])
+def two_handles(request, library) -> tuple[Path, dict[str, str]]:
+    """native/two_handles.c (mobile_moe.h's two-thread contract, run): plain, and under ThreadSanitizer."""
+    return client("mobile_moe_two_handles", library, request.param)
 
 
 def test_two_handles_serve_from_two_threads_at_once_as_one_alone(two_handles, bundle, images):
@@ -270,19 +275,10 @@ def test_the_java_binding_answers_as_the_python_runtime_and_refuses_in_the_libra
     assert refusal.startswith("refused: ") and "manifest.json" in refusal
 
 
-@pytest.fixture(scope="session", params=["plain", pytest.param("asan", marks=pytest.mark.slow)])
+@pytest.fixture(scope="session", params=["plain", pytest.param("address", marks=pytest.mark.slow)])
 def app(request, library) -> tuple[Path, dict[str, str]]:
-    """native/app_example.c (an app's whole use of the C API) and the environment to run it in: the normal build,
-    and an AddressSanitizer build of the app with the library."""
-    from mobile_moe.device_bench.native_build import SanitizerUnavailable, sanitizer_env
-
-    if request.param == "plain":
-        return library.parent / "mobile_moe_app", dict(os.environ)
-    try:
-        instrumented = build_library(sanitize="address")
-    except SanitizerUnavailable as error:
-        pytest.skip(f"cannot build the AddressSanitizer library here: {error}")
-    return instrumented.parent / "mobile_moe_app", sanitizer_env()
+    """native/app_example.c (an app's whole use of the C API): plain, and under AddressSanitizer."""
+    return client("mobile_moe_app", library, request.param)
 
 
 @pytest.mark.slow  # a process per damaged bundle: 96 of them
