@@ -105,11 +105,16 @@ def _catching_swallowed_stops(previous_hook):
 
 
 def _closed_as_the_stop_unwound(unraisable) -> bool:
-    """A multiprocessing pipe end whose descriptor a DataLoader's teardown, cut short by the stop, closed already: the
-    command is ending (see _raise), and multiprocessing keeps quiet about its pipes at exit."""
-    stopping = multiprocessing.util.is_exiting()
-    closing_a_pipe = getattr(unraisable.object, "__qualname__", "") == "_ConnectionBase.__del__"
-    return stopping and closing_a_pipe and getattr(unraisable.exc_value, "errno", None) == errno.EBADF
+    """Teardown the stop cut short, while the command ends (see _raise): a multiprocessing pipe end whose descriptor
+    a DataLoader's teardown closed already (multiprocessing keeps quiet about its pipes at exit), or a DataLoader
+    iterator whose __init__ the stop interrupted before it set `_shutdown`, which its __del__ reads
+    (torch/utils/data/dataloader.py, _MultiProcessingDataLoaderIter.__init__, line 1136 in torch 2.14.1)."""
+    if not multiprocessing.util.is_exiting():
+        return False
+    where, error = getattr(unraisable.object, "__qualname__", ""), unraisable.exc_value
+    closing_a_pipe = where == "_ConnectionBase.__del__" and getattr(error, "errno", None) == errno.EBADF
+    half_started = where == "_MultiProcessingDataLoaderIter.__del__" and isinstance(error, AttributeError)
+    return closing_a_pipe or half_started
 
 
 def _held_loads(load):

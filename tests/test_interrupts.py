@@ -241,3 +241,28 @@ def test_a_worker_dies_with_the_bench_that_started_it_even_when_the_bench_is_sig
     setup = "from mobile_moe.interrupts import die_with_parent; die_with_parent(); " if dies_with_parent else ""
     worker = [sys.executable, "-c", setup + "import time; time.sleep(60)"]
     assert outlives_its_killed_parent(worker) != dies_with_parent
+
+
+def test_a_loader_iterator_the_stop_cut_short_is_not_reported_as_the_command_ends(monkeypatch):
+    """A stop that lands while a DataLoader starts its iterator leaves it without `_shutdown`: its __del__ raises
+    AttributeError, which Python would print after the stop's line. Quiet once the stop is unwinding (multiprocessing
+    exiting, as _raise marks it); the same error before a stop is still reported."""
+    import gc
+    import multiprocessing.util
+
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+    reported = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: reported.append(unraisable.exc_value))
+
+    def half_built() -> None:
+        _MultiProcessingDataLoaderIter.__new__(_MultiProcessingDataLoaderIter)  # __init__ never ran
+        gc.collect()
+
+    monkeypatch.setattr(multiprocessing.util, "_exiting", False)  # an earlier test's stop set it for the process
+    with stop_signals():
+        half_built()
+        assert len(reported) == 1 and "_shutdown" in str(reported[0])  # no stop: an error worth seeing
+        monkeypatch.setattr(multiprocessing.util, "_exiting", True)
+        half_built()
+        assert len(reported) == 1

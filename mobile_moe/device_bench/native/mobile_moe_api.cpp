@@ -226,8 +226,9 @@ mm_status mobile_moe::runner::open_model(const char* bundle_dir, const mm_option
     const bool split = bundle.kind == Kind::Split;
     int cache_experts = options.cache_experts == 0 ? std::max(bundle.num_experts, 1) : options.cache_experts;
     if (split && cache_experts < bundle.top_k)
-      throw UsageError("cache_experts " + std::to_string(cache_experts) + " is fewer than the bundle's top_k, " +
-                       std::to_string(bundle.top_k) + ": an image's experts run together");
+      throw UsageError("cache_experts (--cache-experts) " + std::to_string(cache_experts) +
+                       " is fewer than the bundle's top_k, " + std::to_string(bundle.top_k) +
+                       ": an image's experts run together; cache at least " + std::to_string(bundle.top_k));
     if (options.weight_cache_dir != nullptr && options.weight_cache_dir[0] != '\0')
       opened->packed_cache = PackedCache(options.weight_cache_dir, uint64_t(options.weight_cache_limit_mib) << 20);
     if (options.threads > 0) set_threads(options.threads);
