@@ -1,24 +1,29 @@
-"""The deit recipe's input path, per image on the CPU (today) against per batch on the training device (train
---input-pipeline device), from an image folder and from its packed store, measured in one run.
+"""The deit recipe's input path: per image on the CPU (`--input-pipeline workers`), decoded and cropped in the workers
+with one graph after (`crop`), and per batch on the training device (`device`), from an image folder and from its
+packed store, measured in one run.
 
     python benchmarks/input_pipeline.py                       # CPU figures: 640 ImageNet-sized images, 3 rounds
     python benchmarks/input_pipeline.py --images 2000 --rounds 5 --out bench-input
-    python benchmarks/input_pipeline.py --gpu                 # + end-to-end training on a GPU (make gpu-check)
+    python benchmarks/input_pipeline.py --gpu                 # the GPU figures instead (make gpu-check runs it first)
 
 It writes its own ImageNet-sized images (500 x 375, about 125 KB as JPEG, ImageNet's average), 10 classes, with
-progressive (8%), CMYK (4%) and grayscale (4%) JPEGs and PNGs (4%) among them, then packs them (`mobile-moe pack`,
---max-side 256). Figures, each the median of --rounds with the spread (min-max):
+progressive (8%), CMYK (4%) and grayscale (4%) JPEGs and PNGs (4%) among them (MIXES["harsh"]; with --gpu also a
+folder of ImageNet's mix, 98% baseline JPEG), then packs them (`mobile-moe pack`, --max-side 256). Figures, each the
+median of --rounds with the spread (min-max):
 
   host CPU s / image    process CPU time per training image of what the host does (workers=0, so it is all in this
                         process): per-image = decode + the whole torchvision pipeline; device-fed = what the host does
                         when a GPU augments: read bytes (GPU-decodable JPEGs) or decode (the rest), pad, draw
   device images/s       the batched pipeline itself on this machine's device (here the CPU: decode in the loader,
                         augment with batch_augment on the CPU), against the per-image path's images/s
-  accuracy              (--accuracy SPEC) test top-1 of a small ViT trained with the deit recipe per seed: workers
-                        against device pipeline, and workers from SPEC packed at --accuracy-max-side
-  GPU end to end        (--gpu) a 2-epoch training run per model (DeiT-Ti/16 224, bf16, compiled, batch 256, 8
-                        workers, --input-pipeline device): epoch 2's images/s over the step alone on tensors already on
-                        the device (benchmarks/train_step.py's measurement), from the folder and from the store
+  crop                  one crop worker's images/s (one core); the crop graph alone (host ms, device ms and kernels
+                        or operators per batch); epoch 2 of a small ViT at 224 from the store, crop against workers
+  accuracy              (--accuracy SPEC) test top-1 of a small ViT trained with the deit recipe per seed: workers,
+                        crop and device pipelines, and workers from SPEC packed at --accuracy-max-side
+  GPU end to end        (--gpu) the crop graph alone on batches of 256; a 2-epoch training run per model (DeiT-Ti/16
+                        224, bf16, compiled, batch 256, a worker per core, --input-pipeline crop): epoch 2's images/s
+                        over the step alone on tensors already on the device (benchmarks/train_step.py's measurement),
+                        from each folder and from the store; then the loader alone against the loader with the graph
 """
 
 from __future__ import annotations
@@ -43,7 +48,12 @@ from mobile_moe.data.datasets import open_data
 from mobile_moe.devices import usable_cores
 from mobile_moe.training import recipes
 
-KINDS = {"baseline": 0.80, "progressive": 0.08, "cmyk": 0.04, "grayscale": 0.04, "png": 0.04}  # share of the images
+# Each kind's share of the folder's images: this benchmark's harsh mix, and one like ImageNet's (about 98% baseline
+# JPEG; a few thousand grayscale and 22 CMYK files in 1.28M)
+MIXES = {
+    "harsh": {"baseline": 0.80, "progressive": 0.08, "cmyk": 0.04, "grayscale": 0.04, "png": 0.04},
+    "imagenet": {"baseline": 0.98, "progressive": 0.01, "grayscale": 0.01},
+}
 CLASSES = 10
 SIZE = (375, 500)  # ImageNet's average image, (height, width)
 
@@ -67,24 +77,26 @@ def save(image: Image.Image, path: Path, kind: str) -> None:
         image.save(path, quality=90, progressive=kind == "progressive")
 
 
-def write_image(task: tuple[Path, int]) -> None:
-    """Image `index` of the folder: its content and kind drawn from its own index, so any process may write it."""
-    folder, index = task
+def write_image(task: tuple[Path, int, str]) -> None:
+    """Image `index` of the folder: its content and kind (from MIXES[mix]) drawn from its own index, so any process
+    may write it."""
+    folder, index, mix = task
     rng = np.random.default_rng(index)
-    kind = list(KINDS)[rng.choice(len(KINDS), p=list(KINDS.values()))]
+    kinds = MIXES[mix]
+    kind = list(kinds)[rng.choice(len(kinds), p=list(kinds.values()))]
     save(photo(rng), folder / f"c{index % CLASSES}" / f"{index}.jpg", kind)
 
 
-def write_folder(root: Path, count: int) -> Path:
-    """ROOT/{train,val}/<class>/<i>.jpg: `count` training images and a tenth as many for validation, written on
-    every core."""
+def write_folder(root: Path, count: int, mix: str = "harsh") -> Path:
+    """ROOT/{train,val}/<class>/<i>.jpg: `count` training images of MIXES[mix] and a tenth as many for validation,
+    written on every core."""
     from multiprocessing import Pool
 
     tasks = []
     for split, total, first in (("train", count, 0), ("val", max(count // 10, 2 * CLASSES), count)):
         for name in range(CLASSES):
             (root / split / f"c{name}").mkdir(parents=True, exist_ok=True)
-        tasks += [(root / split, index) for index in range(first, first + total)]
+        tasks += [(root / split, index, mix) for index in range(first, first + total)]
     with Pool(usable_cores()) as pool:
         pool.map(write_image, tasks, chunksize=16)
     return root
@@ -309,7 +321,7 @@ def gpu_figures(specs: dict[str, str], out: Path, args) -> dict:
     for model in args.gpu_models:
         extra = {"num_experts": 10, "moe_layers": 2} if model == "mobile-vmoe" else {}
         config = make_config(model, "deit-ti", patch_size=16, image_size=224, num_classes=CLASSES, **extra)
-        recipe = recipes.deit().replace(epochs=2, batch_size=256, workers=8, compile=True, device="cuda",
+        recipe = recipes.deit().replace(epochs=2, batch_size=256, workers=usable_cores(), compile=True, device="cuda",
                                         input_pipeline="crop", warmup_epochs=0.5)  # fmt: skip
         for source, spec in specs.items():
             run = train(config, recipe, spec, "random" if extra else None, out / f"{model}-{source}", verbose=False)
@@ -388,6 +400,9 @@ def main(argv: list[str] | None = None) -> dict:
         folder = write_folder(out / "folder", args.images)
         packed = store.pack(open_data(f"imagefolder:{folder}", 256), out / "store", max_side=256)
         specs = {"image folder": f"imagefolder:{folder}", "packed store": f"packed:{packed}"}
+        if args.gpu:  # a folder like ImageNet's beside the harsh one: what a real folder feeds
+            imagenet = write_folder(out / "folder-imagenet-mix", args.images, mix="imagenet")
+            specs = {"image folder, ImageNet's mix": f"imagefolder:{imagenet}", **specs}
         report = {"torch": torch.__version__}
         if not args.gpu:  # a GPU machine's call (make gpu-check) spends its minutes on the GPU figures
             report["cpu"] = cpu_figures(specs, args)
