@@ -8,9 +8,10 @@ fixed-shape batch with the step's other draws already turned into the device gra
 The draws are batch_augment.draw's, keyed by (seed, epoch, rank, step) through the batch sampler's items: the same
 batches whatever --workers is, and a resumed run replays them. A JPEG is decoded at the smallest scale at which its
 crop still spans S x S pixels (Pillow's `draft`: libjpeg's DCT scaling by 1/2, 1/4 or 1/8, so a 4000 px photo whose
-crop is a quarter of it decodes at an eighth of the work), then resized to S x S by Pillow's antialiased bilinear filter
-of the crop. Everything else (PNGs, grey or CMYK JPEGs, sideways
-photos, the in-memory datasets' tensors) is read by the one decoder (image_files) and takes the same resize.
+crop is a quarter of it decodes at an eighth of the work), then the crop is resized to S x S by Pillow's antialiased
+bilinear filter. Everything else (PNGs, grey or CMYK JPEGs, sideways photos, the in-memory datasets' tensors) is read
+by the one decoder (image_files) and takes the same resize. PIL's warnings are kept off stderr once a batch
+(image_files.pil_quiet), not once an image.
 """
 
 from __future__ import annotations
@@ -86,6 +87,10 @@ class CroppedSplit(Dataset):
         return self.__getitems__([(0, 0, 0, 0, index)])
 
     def __getitems__(self, items: list[tuple[int, int, int, int, int]]) -> CroppedBatch:
+        with pil_quiet():
+            return self._batch(items)
+
+    def _batch(self, items: list[tuple[int, int, int, int, int]]) -> CroppedBatch:
         seed, epoch, rank, step, _ = items[0]
         key = batch_augment.StepKey(seed, epoch, rank, step)
         opened = [self._open(index) for *_, index in items]
@@ -129,10 +134,9 @@ def lazy_jpeg(data: bytes) -> Image.Image | None:
     """An RGB baseline or progressive JPEG stored upright, opened but not decoded (so `draft` can scale its decode);
     None for anything else, which the one decoder reads."""
     try:
-        with pil_quiet():
-            image = Image.open(io.BytesIO(data))
-            if image.format == "JPEG" and image.mode == "RGB" and exif_orientation(image) == 1:
-                return image
+        image = Image.open(io.BytesIO(data))
+        if image.format == "JPEG" and image.mode == "RGB" and exif_orientation(image) == 1:
+            return image
     except Exception:  # noqa: BLE001 (any failure: the decoder, which reports it in one line, decides)
         return None
     return None
@@ -143,10 +147,9 @@ def resized_crop(image: Image.Image, box: np.ndarray, size: int, *, lazy: bool) 
     JPEG (not decoded yet) is decoded at the smallest DCT scale at which the crop keeps `size` pixels a side."""
     top, left, height, width = (float(v) for v in box)
     full_width, full_height = image.size
-    with pil_quiet():
-        if lazy:  # draft scales image.size with the decode it chose
-            image.draft("RGB", (math.ceil(full_width * size / width), math.ceil(full_height * size / height)))
-        scale_x, scale_y = image.width / full_width, image.height / full_height
-        region = (left * scale_x, top * scale_y, (left + width) * scale_x, (top + height) * scale_y)
-        # cropped first, as torchvision's resized_crop: resize(box=...) alone would filter in pixels past the edge
-        return image.crop(tuple(round(v) for v in region)).resize((size, size), Image.Resampling.BILINEAR)
+    if lazy:  # draft scales image.size with the decode it chose
+        image.draft("RGB", (math.ceil(full_width * size / width), math.ceil(full_height * size / height)))
+    scale_x, scale_y = image.width / full_width, image.height / full_height
+    region = (left * scale_x, top * scale_y, (left + width) * scale_x, (top + height) * scale_y)
+    # cropped first, as torchvision's resized_crop: resize(box=...) alone would filter in pixels past the edge
+    return image.crop(tuple(round(v) for v in region)).resize((size, size), Image.Resampling.BILINEAR)
