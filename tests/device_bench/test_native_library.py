@@ -102,6 +102,8 @@ def test_two_handles_serve_from_two_threads_at_once_as_one_alone(two_handles, bu
     binary, env = two_handles
     result = subprocess.run([str(binary), str(bundle), str(images), "5"], capture_output=True, text=True, env=env,
                             timeout=600)  # fmt: skip
+    if "ThreadSanitizer: unexpected memory mapping" in result.stderr:  # a kernel whose ASLR TSan's runtime cannot map
+        pytest.skip(f"this kernel's address layout defeats ThreadSanitizer: {result.stderr.strip()[:200]}")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "ThreadSanitizer" not in result.stderr, result.stderr[-3000:]
     assert json.loads(result.stdout) == {"predictions": 2 * 5 * 8, "same": True}
