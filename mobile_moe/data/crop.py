@@ -9,9 +9,9 @@ The draws are batch_augment.draw's, keyed by (seed, epoch, rank, step) through t
 batches whatever --workers is, and a resumed run replays them. A JPEG is decoded at the smallest scale at which its
 crop still spans S x S pixels (Pillow's `draft`: libjpeg's DCT scaling by 1/2, 1/4 or 1/8, so a 4000 px photo whose
 crop is a quarter of it decodes at an eighth of the work), then the crop is resized to S x S by Pillow's antialiased
-bilinear filter. Everything else (PNGs, grey or CMYK JPEGs, sideways photos, the in-memory datasets' tensors) is read
-by the one decoder (image_files) and takes the same resize. PIL's warnings are kept off stderr once a batch
-(image_files.pil_quiet), not once an image.
+bilinear filter. Everything else (PNGs, grey or CMYK JPEGs, sideways photos) is read by the one decoder (image_files),
+and the in-memory datasets' uint8 tensors become PIL images as they are; both take the same resize. PIL's warnings
+are kept off stderr once a batch (image_files.pil_quiet), not once an image.
 """
 
 from __future__ import annotations
@@ -151,5 +151,8 @@ def resized_crop(image: Image.Image, box: np.ndarray, size: int, *, lazy: bool) 
         image.draft("RGB", (math.ceil(full_width * size / width), math.ceil(full_height * size / height)))
     scale_x, scale_y = image.width / full_width, image.height / full_height
     region = (left * scale_x, top * scale_y, (left + width) * scale_x, (top + height) * scale_y)
-    # cropped first, as torchvision's resized_crop: resize(box=...) alone would filter in pixels past the edge
-    return image.crop(tuple(round(v) for v in region)).resize((size, size), Image.Resampling.BILINEAR)
+    # cropped first, as torchvision's resized_crop: resize(box=...) alone would filter in pixels past the edge. Whole
+    # pixels (the random crops' already are; an eval crop's or a draft's are not), never an empty box
+    left, top = (min(math.floor(v), limit - 1) for v, limit in zip(region[:2], image.size, strict=True))
+    right, bottom = (max(math.ceil(v), low + 1) for v, low in zip(region[2:], (left, top), strict=True))
+    return image.crop((left, top, right, bottom)).resize((size, size), Image.Resampling.BILINEAR)

@@ -225,9 +225,10 @@ def check_routing_groups(model_config: ViTConfig, images_per_step: int) -> None:
 
 def make_loader(
     dataset, cfg: TrainConfig, placement: distributed.Placement, collate_fn=None
-) -> tuple[DataLoader, DistributedSampler]:
+) -> tuple[DataLoader, DistributedSampler | KeyedBatches]:
     """Each process gets batch_size / world_size images per step; the sampler shuffles from (seed, epoch), so the
-    union of the processes' batches is the same global batch a single process would draw."""
+    union of the processes' batches is the same global batch a single process would draw. -> (the loader, what
+    takes set_epoch: the sampler, or for the crop pipeline the batch sampler over it)."""
     if cfg.batch_size % placement.world_size:
         raise UsageError(
             f"--batch-size {cfg.batch_size} does not split over {placement.world_size} processes; "
@@ -239,7 +240,7 @@ def make_loader(
             f"--batch-size {cfg.batch_size} is larger than the {len(dataset)} training images; "
             f"use --batch-size {len(dataset)} or less"
         )
-    workers = min(cfg.workers, usable_cores())  # more than this process's cores would only contend for them
+    workers = effective_workers(cfg.workers)
     sampler = DistributedSampler(
         dataset, num_replicas=placement.world_size, rank=placement.rank, shuffle=True, seed=cfg.seed, drop_last=True
     )
@@ -350,6 +351,15 @@ def _resume(run_dir: Path, verbose: bool, changes: dict[str, Any]) -> Path:
     return _train(request)
 
 
+def effective_workers(workers: int) -> int:
+    """The DataLoader workers a process runs for a recipe's `workers`: -1 is one per core this process may use, its
+    share where torchrun starts several on one machine (LOCAL_WORLD_SIZE), as a run records it; any count is capped
+    at those cores, where more would only contend."""
+    cores = usable_cores()
+    share = max(1, cores // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+    return share if workers < 0 else min(workers, cores)
+
+
 def check_same_draws(started: TrainConfig, resumed: TrainConfig) -> None:
     """UsageError when a resume would change what the augmentation's draws depend on: in the workers pipeline each
     DataLoader worker draws from its own seed (torch's base seed + worker id), so the same epoch with another number
@@ -357,9 +367,10 @@ def check_same_draws(started: TrainConfig, resumed: TrainConfig) -> None:
     device pipeline keys its draws by seed, epoch, rank and step, whatever the workers)."""
     if started.input_pipeline != "workers" or not augment.draws_at_random(started.augmentation):
         return
-    if resumed.workers != started.workers:
+    workers = effective_workers(resumed.workers) if resumed.workers < 0 else resumed.workers  # -1 as it resolves here
+    if workers != started.workers:
         raise UsageError(
-            f"--workers {resumed.workers} differs from the run's {started.workers}: with --input-pipeline workers "
+            f"--workers {workers} differs from the run's {started.workers}: with --input-pipeline workers "
             "each worker draws its own augmentations, so the resumed epochs would not be the run's; resume with "
             f"--workers {started.workers} (or leave it out), or start a new --out"
         )
@@ -483,7 +494,7 @@ class RunData:
     train_set: Dataset
     val_set: Dataset  # this process's shard
     loader: DataLoader
-    sampler: DistributedSampler
+    sampler: DistributedSampler | KeyedBatches  # what takes set_epoch (make_loader)
 
 
 @dataclass
@@ -517,7 +528,7 @@ class Session:
 def _train(request: TrainRequest) -> Path:
     placement = distributed.setup(request.cfg.device)
     pipeline = inputs.resolve(request.cfg.input_pipeline, placement.device, request.cfg.augmentation)
-    workers = usable_cores() if request.cfg.workers < 0 else request.cfg.workers  # enough to feed the step
+    workers = request.cfg.workers if request.cfg.workers >= 0 else effective_workers(-1)  # -1: a worker per core
     request = dataclasses.replace(
         request, cfg=request.cfg.replace(input_pipeline=pipeline, workers=workers)
     )  # recorded as resolved

@@ -208,3 +208,10 @@ def test_a_damaged_jpeg_in_a_batch_is_one_line_naming_it():
     split = crop.CroppedSplit(Encoded(blobs), DEIT, image_size=32, eval_crop=None)
     with pytest.raises(UnreadableImage, match="cannot read image 2"):
         split.__getitems__(items(0, range(4)))
+
+
+def test_a_fractional_box_on_a_tiny_image_keeps_its_pixels():
+    """An eval crop's box is fractional (the centre square of a 1 x 2 image starts at 0.5625): rounded to whole pixels
+    it could be empty, which Pillow resizes to black; the crop takes the pixels it covers instead."""
+    image = Image.fromarray(np.full((1, 2, 3), 200, np.uint8))
+    assert (np.asarray(crop.resized_crop(image, np.array([0.0, 0.5625, 1.0, 0.875]), 8, lazy=False)) == 200).all()

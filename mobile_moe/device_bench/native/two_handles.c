@@ -63,6 +63,11 @@ int main(int argc, char** argv) {
     fprintf(stderr, "usage: mobile_moe_two_handles BUNDLE IMAGES.f32 [ROUNDS]\n");
     return 2;
   }
+  const int rounds = argc > 3 ? atoi(argv[3]) : 5;
+  if (rounds < 1) {
+    fprintf(stderr, "mobile_moe_two_handles: ROUNDS is a whole number of at least 1, not '%s'\n", argv[3]);
+    return 2;
+  }
   mm_options options;
   mm_default_options(&options);
   options.cache_experts = 1;
@@ -84,7 +89,7 @@ int main(int argc, char** argv) {
   Server servers[2];
   pthread_t threads[2];
   for (int m = 0; m < 2; ++m) {
-    servers[m] = (Server){models[m], images, alone, count, values, classes, argc > 3 ? atoi(argv[3]) : 5, 0, 0};
+    servers[m] = (Server){models[m], images, alone, count, values, classes, rounds, 0, 0};
     pthread_create(&threads[m], NULL, serve, &servers[m]);
   }
   for (int m = 0; m < 2; ++m) pthread_join(threads[m], NULL);
