@@ -260,12 +260,8 @@ def graph_figures(device: torch.device, batch_size: int, image_size: int, batche
 def crop_worker_rate(spec: str, args) -> list[float]:
     """Images/s of one worker (this process, one thread) decoding, cropping and flipping store images to S x S
     (crop.CroppedSplit, --input-pipeline crop's worker half), per round."""
-    from mobile_moe.data import crop
-
     data = open_data(spec, args.image_size)
-    raw = data.raw_split("train")
-    split = crop.CroppedSplit(decode.encoded_split(raw) or raw, recipes.deit().augmentation,
-                              image_size=args.image_size, eval_crop=None)  # fmt: skip
+    split = inputs.training_split(data, recipes.deit().augmentation, "crop", torch.device("cpu"))
     threads, rates = torch.get_num_threads(), []
     torch.set_num_threads(1)
     try:
