@@ -73,18 +73,28 @@ def params(draws: Draws, image_size: int) -> GraphParams:
 
 
 def geometric(images: Tensor, theta: Tensor) -> Tensor:
-    """(B, 3, S, S) integer-valued float through each image's inverse map (B, 2, 3): torchvision's affine_image grid
-    (_affine_grid: centred pixel coordinates, normalised by S / 2), nearest neighbour, 0 outside (the identity map
-    returns an image unchanged)."""
-    size = images.shape[-1]
-    centred = torch.linspace((1.0 - size) * 0.5, (size - 1.0) * 0.5, size, device=images.device)
-    theta = theta / (0.5 * size)  # to grid_sample's normalised coordinates, as _affine_grid's rescaled_theta
-    # grid[b, i, j] = theta[b] @ (x_j, y_i, 1), as two broadcast sums (a (B, S S, 3) x (B, 3, 2) bmm is slow on a CPU)
-    columns = theta[:, None, :, 0] * centred[None, :, None]  # (B, S, 2): the x_j terms
-    rows = theta[:, None, :, 1] * centred[None, :, None] + theta[:, None, :, 2]  # (B, S, 2): the y_i terms and shift
-    grid = rows[:, :, None, :] + columns[:, None, :, :]  # (B, S, S, 2)
-    # nearest: every value is one of the image's (whole levels) or the fill, 0; torchvision rounds, a no-op here
-    return F.grid_sample(images, grid, mode="nearest", padding_mode="zeros", align_corners=False)
+    """(B, C, S, S) images of any dtype through each image's inverse map (B, 2, 3), nearest neighbour, 0 outside: the
+    values of torchvision's affine_image on uint8 (its _affine_grid in centred pixel coordinates, grid_sample nearest,
+    zeros), as one gather of source pixels, which keeps uint8 uint8 (grid_sample takes floats only). The identity map
+    returns an image unchanged."""
+    batch, channels, size, _ = images.shape
+    index = source_pixels(theta, size).view(batch, 1, -1).expand(-1, channels, -1)
+    flat = F.pad(images.flatten(2), (0, 1))  # pixel S * S: the fill, 0
+    return flat.gather(2, index).view_as(images)
+
+
+def source_pixels(theta: Tensor, size: int) -> Tensor:
+    """(B, S S) int64: the flat index of every output pixel's nearest source pixel, or S S (the fill) where it falls
+    outside the image: theta @ (x, y, 1) in centred pixel coordinates, moved to pixel indices and rounded half to
+    even, as grid_sample's nearest (std::nearbyint) rounds the same point after normalising to [-1, 1] and back."""
+    centred = torch.linspace((1.0 - size) * 0.5, (size - 1.0) * 0.5, size, device=theta.device)
+    # the terms of output column j and of output row i (with the shift and the half-size that makes them indices)
+    columns = theta[:, :, None, 0] * centred  # (B, 2, S)
+    rows = theta[:, :, None, 1] * centred + (theta[:, :, None, 2] + (size - 1.0) * 0.5)
+    x = (rows[:, 0, :, None] + columns[:, 0, None, :]).round_()  # (B, S, S)
+    y = (rows[:, 1, :, None] + columns[:, 1, None, :]).round_()
+    inside = (x >= 0) & (x < size) & (y >= 0) & (y < size)
+    return torch.where(inside, y * size + x, size * size).long().flatten(1)
 
 
 def _grey(images: Tensor) -> Tensor:
@@ -99,11 +109,13 @@ def _blend(images: Tensor, other: Tensor, ratio: Tensor) -> Tensor:
 
 
 def _sharpened(images: Tensor, ratio: Tensor) -> Tensor:
-    """torchvision's adjust_sharpness_image for uint8: the interior blended with its rounded 3 x 3 smoothing."""
-    kernel = torch.full((3, 3), 1.0 / 13.0, device=images.device)
-    kernel[1, 1] = 5.0 / 13.0
-    blurred = F.conv2d(images, kernel.expand(3, 1, 3, 3), groups=3).round()
+    """torchvision's adjust_sharpness_image for uint8: the interior blended with its rounded 3 x 3 smoothing (weights
+    1/13, centre 5/13). The smoothing is a sum of whole numbers, exact in float32, divided by 13 (never half-way
+    between two levels, so it rounds as torchvision's convolution does): two shifted sums, not a depthwise
+    convolution, which costs ~4 ms an image on a CPU."""
+    rows = images[..., :, :-2] + images[..., :, 1:-1] + images[..., :, 2:]  # (B, 3, S, S - 2)
     inner = images[..., 1:-1, 1:-1]
+    blurred = ((rows[..., :-2, :] + rows[..., 1:-1, :] + rows[..., 2:, :] + 4.0 * inner) / 13.0).round()
     inner = inner + (blurred - inner) * (1.0 - ratio)
     return F.pad(inner, (1, 1, 1, 1)).where(_interior(images), images).clamp(0, 255).floor()
 
@@ -122,16 +134,25 @@ COLOUR_OPS = {
     "Sharpness": _sharpened,
     "Posterize": lambda x, ratio: (x / ratio).floor() * ratio,  # ratio: 2 ** (8 - bits), a power of two: exact
     "Solarize": lambda x, ratio: torch.where(x >= ratio, 255.0 - x, x),
-    "AutoContrast": lambda x, ratio: _uint8_kernel("autocontrast_image", x),
-    "Equalize": lambda x, ratio: _uint8_kernel("equalize_image", x),
+    "AutoContrast": lambda x, ratio: _autocontrast(x),
+    "Equalize": lambda x, ratio: _equalized(x),
 }
 
 
-def _uint8_kernel(name: str, images: Tensor) -> Tensor:
-    """torchvision's batched uint8 kernel `name` (per image and channel statistics) on integer-valued floats."""
+def _autocontrast(images: Tensor) -> Tensor:
+    """torchvision's autocontrast_image for uint8, whose arithmetic is float32's: each channel stretched from its
+    (min, max) to (0, 255), a flat channel left as it is, truncated."""
+    low, high = images.amin((-2, -1), keepdim=True), images.amax((-2, -1), keepdim=True)
+    flat = high == low
+    inverse_scale = torch.where(flat, 1.0, (high - low) * (1.0 / 255.0))
+    return ((images - torch.where(flat, 0.0, low)) / inverse_scale).clamp(0, 255).floor()
+
+
+def _equalized(images: Tensor) -> Tensor:
+    """torchvision's equalize_image (a histogram lookup: integer arithmetic on uint8) on integer-valued floats."""
     from torchvision.transforms.v2 import functional as TF
 
-    return getattr(TF, name)(images.to(torch.uint8)).float()
+    return TF.equalize_image(images.to(torch.uint8)).float()
 
 
 def colour(images: Tensor, ops: Tensor, factor: Tensor) -> Tensor:
@@ -164,20 +185,24 @@ def mixed_targets(targets: Tensor, mix: Tensor) -> Tensor:
 
 def mixed_in_place(images: Tensor, targets: Tensor, mix: Tensor) -> tuple[Tensor, Tensor]:
     """`mixed` on a host's batch, in place: a MixUp blends the whole batch, a CutMix copies only its box, no mixing
-    leaves the images as they are (the same values as `mixed`: x * 1 + partner * 0 is x)."""
+    leaves the images as they are (the same values as `mixed`: x * 1 + partner * 0 is x). Its temporaries are one
+    image's: a batch-sized one is paged in afresh on each batch."""
     x1, y1, x2, y2 = (int(v) for v in mix[2:].tolist())
     if x2 > x1 and y2 > y1:
         images[..., y1:y2, x1:x2] = images[..., y1:y2, x1:x2].roll(1, 0)
-    elif float(mix[0]) != 1.0:
-        partner = images.roll(1, 0).mul_(1.0 - mix[0])
-        images.mul_(mix[0]).add_(partner)
+    elif float(mix[0]) != 1.0:  # image by image, downwards (image i - 1 is unmixed yet): no batch-sized partner
+        weight, partner_weight = mix[0], 1.0 - mix[0]
+        first_partner = images[-1] * partner_weight
+        for index in range(len(images) - 1, 0, -1):
+            images[index].mul_(weight).add_(images[index - 1] * partner_weight)
+        images[0].mul_(weight).add_(first_partner)
     return images, mixed_targets(targets, mix)
 
 
-def moved_images(theta: Tensor) -> Tensor:
-    """The indices of the images whose inverse map (B, 2, 3) is not the identity."""
+def moved_maps(theta: Tensor) -> Tensor:
+    """(B, n) bool: which of the inverse maps (B, n, 2, 3) are not the identity."""
     identity = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], device=theta.device)
-    return (theta != identity).flatten(1).any(1).nonzero().flatten()
+    return (theta != identity).flatten(2).any(2)
 
 
 class BatchGraph(torch.nn.Module):
@@ -195,26 +220,30 @@ class BatchGraph(torch.nn.Module):
 
     def forward(self, images: Tensor, labels: Tensor, theta: Tensor, ops: Tensor, factor: Tensor, erase: Tensor,
                 mix: Tensor) -> tuple[Tensor, Tensor]:  # fmt: skip
-        x = images.permute(0, 3, 1, 2).float()
         targets = F.one_hot(labels, self.num_classes).float()
         if not self.fixed_shape:
-            return self._in_place(x, targets, theta, ops, factor, erase, mix)
+            return self._per_image(images, targets, theta, ops, factor, erase, mix)
+        x = images.permute(0, 3, 1, 2).float()
         for slot in range(theta.shape[1]):
             x = colour(geometric(x, theta[:, slot]), ops[:, slot], factor[:, slot])
         return mixed(batch_augment.erase(x * self.scale - self.shift, erase), targets, mix)
 
-    def _in_place(self, x, targets, theta, ops, factor, erase, mix) -> tuple[Tensor, Tensor]:
-        for slot in range(theta.shape[1]):  # an image's op in a slot is geometric or colour: the subsets are disjoint
-            moved = moved_images(theta[:, slot])
-            if len(moved):
-                x[moved] = geometric(x[moved], theta[moved, slot])
-            ratio = factor[:, slot, None, None, None]
-            for name, op in COLOUR_OPS.items():
-                chosen = (ops[:, slot] == COLOUR[name]).nonzero().flatten()
-                if len(chosen):
-                    x[chosen] = op(x[chosen], ratio[chosen])
-        x.mul_(self.scale).sub_(self.shift)
-        erased = (erase[:, 2] > 0).nonzero().flatten()
-        if len(erased):
-            x[erased] = batch_augment.erase(x[erased], erase[erased])
-        return mixed_in_place(x, targets, mix)
+    def _per_image(self, images, targets, theta, ops, factor, erase, mix) -> tuple[Tensor, Tensor]:
+        """forward's values on a host, image by image: only the RandAugment ops each image drew, on its uint8 pixels,
+        then normalised into the batch, erased and mixed in place. Every temporary is one image's, which stays in the
+        cache; a batch's (B, 3, S, S) float temporary is a fresh mapping paged in on each pass (glibc maps blocks
+        above 32 MB), which cost this path twice its arithmetic."""
+        size = images.shape[1]
+        out = torch.empty((len(images), 3, size, size))
+        moved = moved_maps(theta).tolist()
+        for index, (image, image_ops) in enumerate(zip(images, ops.tolist(), strict=True)):
+            x = image.permute(2, 0, 1).float().contiguous()[None]  # (1, 3, S, S)
+            for slot, op in enumerate(image_ops):
+                if moved[index][slot]:  # an image's op in a slot is geometric or colour, never both
+                    x = geometric(x, theta[index, slot, None])
+                elif op:
+                    x = COLOUR_OPS[OP_NAMES[op]](x, factor[index, slot])
+            torch.mul(x[0], self.scale, out=out[index]).sub_(self.shift)
+        for index, (top, left, height, width) in enumerate(erase.long().tolist()):
+            out[index, :, top : top + height, left : left + width] = 0.0  # height 0: none
+        return mixed_in_place(out, targets, mix)

@@ -41,7 +41,7 @@ from mobile_moe.interrupts import leave_stops_to_the_main_process
 from mobile_moe.moe import compile_model, expert_dispatch, is_stacked, per_expert_key, stacked
 from mobile_moe.registry import build_model, config_from_dict
 from mobile_moe.super_class.superclasses import SuperClasses
-from mobile_moe.training import cluster_fit, distributed
+from mobile_moe.training import cluster_fit, distributed, host_memory
 from mobile_moe.training import init_from as upcycling
 from mobile_moe.training.engine import EpochContext, NonFiniteLoss, Optimisation, train_one_epoch
 from mobile_moe.training.evaluate import evaluate
@@ -536,6 +536,9 @@ def _train(request: TrainRequest) -> Path:
     say = (lambda text: print(text, flush=True)) if printing else (lambda text: None)
     if printing and (note := inputs.cost_note(pipeline, placement.device)):
         print(note, file=sys.stderr, flush=True)
+    if placement.device.type == "cpu":  # every batch's tensors reuse the last one's pages (host_memory.py)
+        image_size = request.model_config.image_size
+        host_memory.keep_freed_blocks(request.cfg.batch_size // placement.world_size * 3 * image_size**2 * 4)
     try:
         state = _resume_state(request, placement)
         history = _history(state, request.out_dir) if state is not None else []  # checked before the data opens
