@@ -86,7 +86,8 @@ def geometric(images: Tensor, theta: Tensor) -> Tensor:
 def source_pixels(theta: Tensor, size: int) -> Tensor:
     """(B, S S) int64: the flat index of every output pixel's nearest source pixel, or S S (the fill) where it falls
     outside the image: theta @ (x, y, 1) in centred pixel coordinates, moved to pixel indices and rounded half to
-    even, as grid_sample's nearest (std::nearbyint) rounds the same point after normalising to [-1, 1] and back."""
+    even. grid_sample's nearest rounds the same point (std::nearbyint) after normalising it to [-1, 1] and back, so
+    a point within float rounding of a half-pixel boundary can take the neighbouring pixel there."""
     centred = torch.linspace((1.0 - size) * 0.5, (size - 1.0) * 0.5, size, device=theta.device)
     # the terms of output column j and of output row i (with the shift and the half-size that makes them indices)
     columns = theta[:, :, None, 0] * centred  # (B, 2, S)
