@@ -9,8 +9,9 @@ The draws are batch_augment.draw's, keyed by (seed, epoch, rank, step) through t
 batches whatever --workers is, and a resumed run replays them. A JPEG is decoded at the smallest scale at which its
 crop still spans S x S pixels (Pillow's `draft`: libjpeg's DCT scaling by 1/2, 1/4 or 1/8, so a 4000 px photo whose
 crop is a quarter of it decodes at an eighth of the work), then the crop is resized to S x S by torchvision's
-antialiased bilinear resize of uint8 (`resized_crop`). Everything else (PNGs, grey or CMYK JPEGs, sideways photos) is read by the one decoder (image_files),
-and the in-memory datasets' uint8 tensors become PIL images as they are; both take the same resize. PIL's warnings
+antialiased bilinear resize of uint8 (`resized_crop`). Everything else (PNGs, grey or CMYK JPEGs, sideways photos)
+is read by the one decoder (image_files), and the in-memory datasets' uint8 tensors become PIL images as they are;
+both take the same resize. PIL's warnings
 are kept off stderr once a batch (image_files.pil_quiet), not once an image.
 """
 
