@@ -162,3 +162,19 @@ def test_the_crop_pipelines_compiled_cuda_graph_answers_as_the_cpus_in_place_pat
         assert (difference > 1e-5).float().mean() < 0.05  # a level apart: a value at a level's edge
         assert (difference > level + 1e-5).float().mean() < 0.005  # more: one a later op (Equalize, Posterize) moved
         torch.testing.assert_close(got_targets.cpu(), expected_targets, rtol=0, atol=1e-6)
+
+
+def test_a_folders_jpegs_decoded_and_cropped_on_cuda_answer_as_the_workers_crop():
+    """--input-pipeline crop from an image folder on CUDA: the baseline JPEGs left to the device (nvJPEG, then the
+    crop and torchvision's float antialiased resize there) against the worker's crop of the same batch (libjpeg-turbo,
+    torch's uint8 resize): equal to a level or two (two IDCTs, two resize roundings), nothing refused."""
+    from data.test_crop_pipeline import DEIT, Encoded, items, jpegs
+
+    from mobile_moe.data import crop
+
+    blobs = jpegs(320, 12)
+    in_worker = crop.CroppedSplit(Encoded(blobs), DEIT, image_size=64, eval_crop=None).__getitems__(items(1, range(12)))
+    left = crop.CroppedSplit(Encoded(blobs), DEIT, image_size=64, eval_crop=None, device_jpegs=True)
+    images, refused = crop.on_device(left.__getitems__(items(1, range(12))), CUDA)
+    difference = (images.cpu().int() - in_worker.images.int()).abs()
+    assert refused == 0 and difference.max() <= 3 and difference.float().mean() < 0.5

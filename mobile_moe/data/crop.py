@@ -17,6 +17,7 @@ are kept off stderr once a batch (image_files.pil_quiet), not once an image.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.transforms.v2 import functional as TF
 
-from mobile_moe.data import batch_augment, batch_graph
+from mobile_moe.data import batch_augment, batch_graph, decode
 from mobile_moe.data.augment import Augmentation
 from mobile_moe.data.image_files import exif_orientation, image_from_bytes, pil_quiet
 
@@ -57,16 +58,32 @@ class KeyedBatches:
 
 
 @dataclass
+class DeviceJpegs:
+    """A batch's JPEGs left to the training device's decoder (CroppedSplit(device_jpegs=True)): their bytes one after
+    another (one tensor: a worker shares one file with the main process, not one per image), each (row of the batch,
+    start, end, name), and the crop (top, left, height, width) and flip drawn for each."""
+
+    blob: Tensor  # (total bytes,) uint8
+    rows: list[tuple[int, int, int, str]]
+    boxes: np.ndarray  # (n, 4) float64
+    flips: np.ndarray  # (n,) bool
+
+
+@dataclass
 class CroppedBatch:
-    """One step's images (B, S, S, 3) uint8, cropped and flipped, their labels, and the device graph's parameters."""
+    """One step's images (B, S, S, 3) uint8, cropped and flipped, their labels, and the device graph's parameters;
+    with `jpegs`, the rows they name are left for the device to decode and crop (on_device)."""
 
     images: Tensor
     labels: Tensor
     params: batch_graph.GraphParams
     key: batch_augment.StepKey
+    jpegs: DeviceJpegs | None = None
 
     def pin_memory(self) -> CroppedBatch:  # DataLoader(pin_memory=True) calls this on a custom batch type
-        return CroppedBatch(self.images.pin_memory(), self.labels.pin_memory(), self.params.pin_memory(), self.key)
+        jpegs = self.jpegs and dataclasses.replace(self.jpegs, blob=self.jpegs.blob.pin_memory())
+        return CroppedBatch(self.images.pin_memory(), self.labels.pin_memory(), self.params.pin_memory(), self.key,
+                            jpegs)  # fmt: skip
 
 
 def single(batch: CroppedBatch) -> CroppedBatch:
@@ -77,10 +94,12 @@ def single(batch: CroppedBatch) -> CroppedBatch:
 class CroppedSplit(Dataset):
     """The training split, read a batch at a time (`__getitems__`, which torch's fetcher calls with the batch
     sampler's items) into a CroppedBatch. `raw`: the raw split (items (PIL image or uint8 tensor, label)), read
-    through its encoded bytes where it has them (`encoded(i)`, `name(i)`: a store or an image folder)."""
+    through its encoded bytes where it has them (`encoded(i)`, `name(i)`: a store or an image folder). With
+    `device_jpegs`, the JPEGs a GPU decodes (decode.jpeg_frame's rule) travel as bytes, sized from their headers."""
 
-    def __init__(self, raw: Dataset, aug: Augmentation, *, image_size: int, eval_crop):
+    def __init__(self, raw: Dataset, aug: Augmentation, *, image_size: int, eval_crop, device_jpegs: bool = False):
         self.raw, self.aug, self.image_size, self.eval_crop = raw, aug, image_size, eval_crop
+        self.device_jpegs = device_jpegs
 
     def __len__(self) -> int:
         return len(self.raw)
@@ -96,29 +115,39 @@ class CroppedSplit(Dataset):
         seed, epoch, rank, step, _ = items[0]
         key = batch_augment.StepKey(seed, epoch, rank, step)
         opened = [self._open(index) for *_, index in items]
-        sizes = np.array([(image.height, image.width) for image, _, _ in opened], dtype=np.int64)
+        sizes = np.array([item.size for item in opened], dtype=np.int64)
         eval_crop = self.eval_crop(sizes) if self.aug.crop_scale >= 1 else None  # the eval geometry, when not cropping
         draws = batch_augment.draw(self.aug, sizes, image_size=self.image_size, key=key, eval_crop=eval_crop)
         size = self.image_size
         images = torch.empty((len(items), size, size, 3), dtype=torch.uint8)
-        for row, ((image, _, encoded), box, flip) in enumerate(zip(opened, draws.crop, draws.flip, strict=True)):
-            cropped = self._cropped(image, box, encoded)
+        left = []  # rows for the device
+        for row, (item, box, flip) in enumerate(zip(opened, draws.crop, draws.flip, strict=True)):
+            if item.image is None:
+                left.append(row)
+                continue
+            cropped = self._cropped(item.image, box, item.encoded)
             images[row] = (cropped.flip(-1) if flip else cropped).permute(1, 2, 0)
-        labels = torch.tensor([label for _, label, _ in opened], dtype=torch.int64)
-        return CroppedBatch(images, labels, batch_graph.params(draws, size), key)
+        labels = torch.tensor([item.label for item in opened], dtype=torch.int64)
+        jpegs = device_jpegs([opened[row].encoded for row in left], left, draws) if left else None
+        return CroppedBatch(images, labels, batch_graph.params(draws, size), key, jpegs)
 
-    def _open(self, index: int) -> tuple[Image.Image, int, tuple[bytes, str] | None]:
-        """(image `index`, its label, and for a JPEG not decoded yet, whose crop decodes at reduced scale, its bytes
-        and name)."""
+    def _open(self, index: int) -> Opened:
+        """Image `index` with its label; for a JPEG not decoded yet (its crop decodes at reduced scale, or the device
+        decodes it), its bytes and name."""
         if hasattr(self.raw, "encoded"):
             data, name = self.raw.encoded(index), self.raw.name(index)
             label = int(self.raw.targets[index])
+            frame = decode.jpeg_frame(data) if self.device_jpegs else None
+            if frame is not None and decode.device_decodes(frame, data):
+                return Opened(None, label, (data, name), (frame.height, frame.width))
             lazy = lazy_jpeg(data)
-            return (lazy, label, (data, name)) if lazy is not None else (image_from_bytes(data, name), label, None)
+            image = lazy if lazy is not None else image_from_bytes(data, name)
+            return Opened(image, label, (data, name) if lazy is not None else None, (image.height, image.width))
         image, label = self.raw[index]
         if isinstance(image, Tensor):  # the in-memory datasets: (3, h, w) uint8
             image = Image.fromarray(image.permute(1, 2, 0).numpy())
-        return image.convert("RGB"), int(label), None
+        image = image.convert("RGB")
+        return Opened(image, int(label), None, (image.height, image.width))
 
     def _cropped(self, image: Image.Image, box: np.ndarray, encoded: tuple[bytes, str] | None) -> Tensor:
         """resized_crop; a JPEG whose header read well but whose data does not decode is read again by the one
@@ -129,6 +158,42 @@ class CroppedSplit(Dataset):
             return resized_crop(image, box, self.image_size, lazy=True)
         except (OSError, SyntaxError, ValueError):
             return resized_crop(image_from_bytes(*encoded), box, self.image_size, lazy=False)
+
+
+@dataclass
+class Opened:
+    """An image as the worker opened it: `image` None where the device decodes it, `encoded` (bytes, name) where it
+    is a JPEG not decoded yet, `size` (height, width)."""
+
+    image: Image.Image | None
+    label: int
+    encoded: tuple[bytes, str] | None
+    size: tuple[int, int]
+
+
+def device_jpegs(encoded: list[tuple[bytes, str]], rows: list[int], draws: batch_augment.Draws) -> DeviceJpegs:
+    ends = np.cumsum([len(data) for data, _ in encoded])
+    blob = torch.frombuffer(bytearray(b"".join(data for data, _ in encoded)), dtype=torch.uint8)
+    spans = [(row, int(end) - len(data), int(end), name) for row, (data, name), end in zip(rows, encoded, ends,
+                                                                                         strict=True)]  # fmt: skip
+    return DeviceJpegs(blob, spans, draws.crop[rows], draws.flip[rows])
+
+
+def on_device(batch: CroppedBatch, device: torch.device) -> tuple[Tensor, int]:
+    """The batch's images (B, S, S, 3) uint8 on `device`, its JPEGs left to the device decoded (decode.decode_jpegs),
+    cropped, resized and flipped there as a worker would have (resized_crop's box and resize), one image at a time
+    (their sizes differ); -> (images, files the device refused and the host decoded)."""
+    images = batch.images.to(device, non_blocking=True)
+    if batch.jpegs is None:
+        return images, 0
+    jpegs, size = batch.jpegs, images.shape[1]
+    pieces = [jpegs.blob[start:end] for _, start, end, _ in jpegs.rows]
+    decoded, refused = decode.decode_jpegs(pieces, [name for *_, name in jpegs.rows], device)
+    for (row, *_), image, box, flip in zip(jpegs.rows, decoded, jpegs.boxes, jpegs.flips, strict=True):
+        left, top, right, bottom = pixel_box(box, (image.shape[-1], image.shape[-2]))
+        cropped = square(image[:, top:bottom, left:right], size)
+        images[row] = (cropped.flip(-1) if flip else cropped).permute(1, 2, 0)
+    return images, refused
 
 
 def lazy_jpeg(data: bytes) -> Image.Image | None:
@@ -144,20 +209,31 @@ def lazy_jpeg(data: bytes) -> Image.Image | None:
 
 
 def resized_crop(image: Image.Image, box: np.ndarray, size: int, *, lazy: bool) -> Tensor:
-    """The crop (top, left, height, width in the image's pixels) resized to size x size, antialiased bilinear: (3, S,
-    S) uint8. A lazy JPEG (not decoded yet) is decoded at the smallest DCT scale at which the crop keeps `size` pixels
-    a side. The resize is torchvision's resize_image on uint8, whose channels-last AVX2 kernel (ATen
-    UpSampleKernel.cpp, after Pillow-SIMD) costs a fifth of Pillow's resize, and equals it but for a level on a few
-    values in a thousand."""
+    """The crop (top, left, height, width in the image's pixels) resized to size x size (`square`): (3, S, S) uint8.
+    A lazy JPEG (not decoded yet) is decoded at the smallest DCT scale at which the crop keeps `size` pixels a side."""
     top, left, height, width = (float(v) for v in box)
     full_width, full_height = image.size
     if lazy:  # draft scales image.size with the decode it chose
         image.draft("RGB", (math.ceil(full_width * size / width), math.ceil(full_height * size / height)))
-    scale_x, scale_y = image.width / full_width, image.height / full_height
+    # cropped first, as torchvision's resized_crop
+    region = image.crop(pixel_box(box, image.size, (image.width / full_width, image.height / full_height)))
+    return square(torch.from_numpy(np.array(region)).permute(2, 0, 1), size)
+
+
+def pixel_box(box: np.ndarray, size: tuple[int, int], scale: tuple[float, float] = (1.0, 1.0)):
+    """(left, top, right, bottom): the whole pixels of an image of `size` (width, height) that a crop box (top, left,
+    height, width) covers, the box given at the image's `scale` (x, y) times its size (a draft's decode): a random
+    crop's box is whole pixels already, an eval crop's or a draft's is not; never empty."""
+    top, left, height, width = (float(v) for v in box)
+    scale_x, scale_y = scale
     region = (left * scale_x, top * scale_y, (left + width) * scale_x, (top + height) * scale_y)
-    # cropped first, as torchvision's resized_crop. Whole pixels (the random crops' already are; an eval crop's or a
-    # draft's are not), never an empty box
-    left, top = (min(math.floor(v), limit - 1) for v, limit in zip(region[:2], image.size, strict=True))
+    left, top = (min(math.floor(v), limit - 1) for v, limit in zip(region[:2], size, strict=True))
     right, bottom = (max(math.ceil(v), low + 1) for v, low in zip(region[2:], (left, top), strict=True))
-    pixels = torch.from_numpy(np.array(image.crop((left, top, right, bottom)))).permute(2, 0, 1)
+    return left, top, right, bottom
+
+
+def square(pixels: Tensor, size: int) -> Tensor:
+    """(3, h, w) uint8 -> (3, S, S) uint8 by torchvision's antialiased bilinear resize_image: on a CPU its channels-last
+    uint8 AVX2 kernel (ATen UpSampleKernel.cpp, after Pillow-SIMD), a fifth of Pillow's resize and equal to it but for
+    a level on a few values in a thousand; on CUDA in float32, rounded."""
     return TF.resize_image(pixels, [size, size], interpolation=TF.InterpolationMode.BILINEAR, antialias=True)

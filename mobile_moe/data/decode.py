@@ -44,6 +44,12 @@ class JpegFrame:
                 and self.width > 0)  # fmt: skip
 
 
+def device_decodes(frame: JpegFrame, data: bytes) -> bool:
+    """Whether the JPEG `data` (its frame header `frame`) goes to the GPU's decoder: a frame it takes, stored upright
+    (nvJPEG ignores EXIF orientation: the host decoder turns a sideways photo)."""
+    return frame.gpu_decodable and (not frame.exif or stored_upright(data))
+
+
 def jpeg_frame(data: bytes) -> JpegFrame | None:
     """The frame header of JPEG `data`; None when it is no JPEG or its header cannot be found before the scan."""
     if data[:2] != b"\xff\xd8":
@@ -159,9 +165,8 @@ class RawImages(Dataset):
     def __getitem__(self, position: int):
         data, label, name = self.source.encoded(position), self.targets[position], self.source.name(position)
         frame = jpeg_frame(data)
-        if frame is not None and frame.gpu_decodable and max(frame.height, frame.width) <= self.max_side:
-            if not frame.exif or stored_upright(data):  # nvJPEG ignores EXIF orientation: the decoder turns it
-                return torch.frombuffer(bytearray(data), dtype=torch.uint8), label, (name, frame.height, frame.width)
+        if frame is not None and device_decodes(frame, data) and max(frame.height, frame.width) <= self.max_side:
+            return torch.frombuffer(bytearray(data), dtype=torch.uint8), label, (name, frame.height, frame.width)
         return uint8_image(fitted(image_from_bytes(data, name), self.max_side)), label, None
 
 
@@ -209,33 +214,48 @@ def collate(items: list[tuple]) -> RawBatch:
     return RawBatch(canvas, placed, torch.tensor(sizes, dtype=torch.int64), labels, blob, encoded)
 
 
-def on_device(batch: RawBatch, device: torch.device) -> tuple[Tensor, Tensor]:
-    """(canvas (B, 3, H, W) on `device` with every image in its slot, sizes on `device`). nvJPEG refuses a whole batch
-    for one bad file, without naming it: the batch is then decoded image by image on the host, where a damaged file
-    is one line naming it."""
+def on_device(batch: RawBatch, device: torch.device) -> tuple[Tensor, Tensor, int]:
+    """(canvas (B, 3, H, W) on `device` with every image in its slot, sizes on `device`, files the device refused
+    and the host decoded: decode_jpegs)."""
     sizes = batch.sizes.to(device, non_blocking=True)
     decoded = batch.canvas.to(device, non_blocking=True)
     if not batch.encoded:
-        return decoded, sizes  # every image decoded in the workers, in batch order
+        return decoded, sizes, 0  # every image decoded in the workers, in batch order
     height, width = (int(v) for v in batch.sizes.max(0).values)
     canvas = torch.zeros((len(batch.sizes), 3, height, width), dtype=torch.uint8, device=device)
     if batch.placed:
         rows = torch.tensor(batch.placed, device=device)
         canvas[:, :, : decoded.shape[-2], : decoded.shape[-1]].index_copy_(0, rows, decoded)
-    for (index, *_), image in zip(batch.encoded, decode_jpegs(batch, device), strict=True):
+    pieces = [batch.blob[start:end] for _, start, end, _ in batch.encoded]
+    images, refused = decode_jpegs(pieces, [name for *_, name in batch.encoded], device)
+    for (index, *_), image in zip(batch.encoded, images, strict=True):
         canvas[index, :, : image.shape[-2], : image.shape[-1]] = image
-    return canvas, sizes
+    return canvas, sizes, refused
 
 
-def decode_jpegs(batch: RawBatch, device: torch.device) -> list[Tensor]:
-    """The batch's encoded JPEGs decoded on `device`: one nvJPEG call, or image by image on the host if it fails."""
+# torchvision/io/image.py (0.29) `_warn_deprecated` warns on every decode call; one filter for that message, set once
+# (warnings.catch_warnings around each call is not thread-safe, and the crop pipeline decodes on a side thread)
+warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision are deprecated",
+                        category=DeprecationWarning)  # fmt: skip
+
+
+def decode_jpegs(pieces: list[Tensor], names: list[str], device: torch.device) -> tuple[list[Tensor], int]:
+    """JPEG bytes (uint8 tensors on the host) decoded on `device` -> ((3, h, w) uint8 images on `device`, how many
+    files the device refused). One batched call (on CUDA, nvJPEG's: torchvision/io/image.py decode_jpeg with a list
+    runs torch.ops.image.decode_jpegs_cuda); where it raises, which it does for the whole batch whatever file it
+    refused, each file alone, and a file the device refuses alone is decoded by the one host decoder, which names a
+    damaged file in one line (UnreadableImage)."""
     from torchvision.io import decode_jpeg
 
-    pieces = [batch.blob[start:end] for _, start, end, _ in batch.encoded]
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # see the module docstring
-            return decode_jpeg(pieces, device=device)
+        return decode_jpeg(pieces, device=device), 0
     except RuntimeError:
-        return [uint8_image(image_from_bytes(piece.numpy().tobytes(), name)).to(device)
-                for piece, (*_, name) in zip(pieces, batch.encoded, strict=True)]  # fmt: skip
+        pass
+    images, refused = [], 0
+    for piece, name in zip(pieces, names, strict=True):
+        try:
+            images.append(decode_jpeg(piece, device=device))
+        except RuntimeError:
+            images.append(uint8_image(image_from_bytes(piece.numpy().tobytes(), name)).to(device))
+            refused += 1
+    return images, refused

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from mobile_moe.data import augment
 from mobile_moe.data.ahead import BatchesAhead
 from mobile_moe.data.batch_augment import StepKey
-from mobile_moe.data.inputs import DeviceBatches, WorkerBatches
+from mobile_moe.data.inputs import CropBatches, DeviceBatches, WorkerBatches
 from mobile_moe.interrupts import held, raise_if_stopped
 from mobile_moe.training import losses
 from mobile_moe.training.distributed import Placement, mean_over_ranks
@@ -37,7 +37,7 @@ class EpochContext:
 
     cfg: TrainConfig
     placement: Placement
-    inputs: WorkerBatches | DeviceBatches  # a loader batch -> augmented images and class targets on the device
+    inputs: WorkerBatches | DeviceBatches | CropBatches  # a loader batch -> augmented images, class targets on device
     assignment: Tensor | None  # (C, E) class -> super-class one-hot, on the device; None without super-classes
     show_progress: bool = True
     log_every: int = 10  # steps between reads of the running sums on the host (and progress updates)
@@ -187,6 +187,7 @@ def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int)
         return batch_targets(loader_batch, ctx, StepKey(cfg.seed, epoch, ctx.placement.rank, step))
 
     batches = BatchesAhead(loader, prepare, ctx.placement.device)  # on CUDA, a thread prepares the next ones
+    refused_before = ctx.inputs.refused_files
     last_read = start
     try:
         for step in range(steps):
@@ -218,6 +219,7 @@ def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int)
         **sums.row(),
         **rates,
         "input_wait": steady_wait(batches.waited, first_wait, elapsed, first_step_done - start, steps),
+        "device_refused": ctx.inputs.refused_files - refused_before,  # decoded on the host instead
     }
 
 

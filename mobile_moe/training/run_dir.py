@@ -317,7 +317,7 @@ def read_metrics(run_dir: str | os.PathLike, fix: str = REWRITTEN_ON_RESUME) -> 
 # A metrics.jsonl row (docs/formats.md), as training writes it (train._epoch, engine, evaluate) and as it is read back
 # from metrics.jsonl or from checkpoint.pt's "history": metrics_row_problem is the one check of it. A row from before a
 # field was added lacks it; a field not named here may hold any JSON value.
-METRICS_COUNTS = ("epoch", "step")  # integers: epoch >= 1 (1-based), step >= 0
+METRICS_COUNTS = ("epoch", "step", "device_refused")  # integers: epoch >= 1 (1-based), the others >= 0
 METRICS_LISTS = ("train_expert_load", "expert_load")  # lists of numbers
 METRICS_NULLABLE = ("router_accuracy", "expert_load", "val_experts_per_image", "val_dropped")  # also null
 METRICS_NUMBERS = (

@@ -274,6 +274,8 @@ def epoch_line(row: dict[str, Any]) -> str:
     text += f"  {row['images_per_s']:.0f} img/s"
     if row.get("input_wait") is not None:
         text += f" ({100 * row['input_wait']:.0f}% waiting for input)"
+    if row.get("device_refused"):
+        text += f", {counted(row['device_refused'], 'file')} the device's decoder refused decoded on the host"
     return text + f"  lr {row['lr']:.2e}"
 
 

@@ -53,8 +53,8 @@ def test_every_kind_reaches_the_canvas_with_pils_pixels(files, kind):
     encoded = name is not None
     assert encoded == FILE_KINDS[kind] and label == position
     batch = decode.collate([raw[position], raw[0]])
-    canvas, sizes = decode.on_device(batch, torch.device("cpu"))
-    assert sizes.tolist() == [[30, 44], [30, 44]] and canvas.dtype == torch.uint8
+    canvas, sizes, refused = decode.on_device(batch, torch.device("cpu"))
+    assert sizes.tolist() == [[30, 44], [30, 44]] and canvas.dtype == torch.uint8 and refused == 0
     pil = torch.from_numpy(np.array(read_image(files[kind]))).permute(2, 0, 1)
     difference = (canvas[0].int() - pil.int()).abs()
     assert difference.max() <= (2 if encoded else 0)
@@ -84,23 +84,29 @@ def test_an_image_larger_than_the_limit_is_fitted_in_the_worker(files):
     assert decode.source_side_limit(0.08, 224) == 792 and decode.source_side_limit(1.0, 32) == 64
 
 
-def test_a_batch_nvjpeg_refuses_is_decoded_image_by_image_and_a_bad_one_named(files, monkeypatch):
-    """nvJPEG fails a whole batch without a name; the host then decodes each, and names the damaged file."""
+def test_a_file_the_device_refuses_falls_back_alone_is_counted_and_a_damaged_one_named(files, monkeypatch):
+    """nvJPEG fails a whole batch for one file it refuses, without naming it: decode_jpegs then sends each file to
+    the device alone, and only the refused one to the host decoder, counted. Bytes no JPEG decoder takes (a PNG's)
+    are refused on the CPU as well; a damaged JPEG, which the host cannot read either, is named in one line."""
     import torchvision.io
 
-    def refuse(*args, **kwargs):
-        raise RuntimeError("Error while decoding JPEG images")
+    calls = []
+    decode_jpeg = torchvision.io.decode_jpeg
 
-    monkeypatch.setattr(torchvision.io, "decode_jpeg", refuse)
-    good = files["baseline"]
-    damaged = good.with_name("damaged.jpg")
-    data = good.read_bytes()
-    damaged.write_bytes(data[:200] + bytes(len(data) - 200))  # the header kept: it still reads as GPU-decodable
-    raw = decode.RawImages(decode.FolderFiles([(str(good), 0), (str(damaged), 1)]), max_side=64)
-    canvas, _ = decode.on_device(decode.collate([raw[0], raw[0]]), torch.device("cpu"))
-    assert (canvas[0].int() - torch.from_numpy(np.array(read_image(good))).permute(2, 0, 1).int()).abs().max() == 0
-    with pytest.raises(UnreadableImage, match=r"damaged\.jpg"):
-        decode.on_device(decode.collate([raw[0], raw[1]]), torch.device("cpu"))
+    def recorded(pieces, **kwargs):
+        calls.append(len(pieces) if isinstance(pieces, list) else 1)
+        return decode_jpeg(pieces, **kwargs)
+
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", recorded)
+    good, png = (torch.frombuffer(bytearray(files[name].read_bytes()), dtype=torch.uint8) for name in ("baseline", "png"))
+    images, refused = decode.decode_jpegs([good, png, good], ["good", "png", "good again"], torch.device("cpu"))
+    assert calls == [3, 1, 1, 1] and refused == 1
+    for image, kind in zip(images, ("baseline", "png", "baseline"), strict=True):
+        assert image.equal(torch.from_numpy(np.array(read_image(files[kind]))).permute(2, 0, 1))
+    damaged = good.clone()
+    damaged[200:] = 0  # the header kept: it still reads as GPU-decodable
+    with pytest.raises(UnreadableImage, match="cannot read damaged"):
+        decode.decode_jpegs([good, damaged], ["good", "damaged"], torch.device("cpu"))
 
 
 def test_a_16_bit_png_reads_as_its_8_bit_equivalent(tmp_path):
