@@ -84,9 +84,6 @@ def test_an_image_larger_than_the_limit_is_fitted_in_the_worker(files):
     assert decode.source_side_limit(0.08, 224) == 792 and decode.source_side_limit(1.0, 32) == 64
 
 
-FILE_PAIR = ("baseline", "png")
-
-
 def test_a_file_the_device_refuses_falls_back_alone_is_counted_and_a_damaged_one_named(files, monkeypatch):
     """nvJPEG fails a whole batch for one file it refuses, without naming it: decode_jpegs then sends each file to
     the device alone, and only the refused one to the host decoder, counted. Bytes no JPEG decoder takes (a PNG's)
@@ -101,7 +98,7 @@ def test_a_file_the_device_refuses_falls_back_alone_is_counted_and_a_damaged_one
         return decode_jpeg(pieces, **kwargs)
 
     monkeypatch.setattr(torchvision.io, "decode_jpeg", recorded)
-    good, png = (torch.frombuffer(bytearray(files[kind].read_bytes()), dtype=torch.uint8) for kind in FILE_PAIR)
+    good, png = (torch.frombuffer(bytearray(files[k].read_bytes()), dtype=torch.uint8) for k in ("baseline", "png"))
     images, refused = decode.decode_jpegs([good, png, good], ["good", "png", "good again"], torch.device("cpu"))
     assert calls == [3, 1, 1, 1] and refused == 1
     for image, kind in zip(images, ("baseline", "png", "baseline"), strict=True):
