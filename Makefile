@@ -70,10 +70,16 @@ gpu-venv:
 GPU_PYTHON ?= 3.12
 WHEELS ?= .whl
 GPU_WHEELS ?= pydantic pydantic-core annotated-types typing-inspection submitit
+# nvImageCodec and its nvJPEG (about 29 MB) for benchmarks/gpu_decoders.py alone, into $(WHEELS)/optional: no
+# dependency of this project, never installed into the venv (gpu-venv installs $(WHEELS)/*.whl only).
+GPU_OPTIONAL_WHEELS ?= nvidia-nvimgcodec-cu13 nvidia-nvjpeg
 gpu-wheels: $(STAMP)
 	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: --python-version $(GPU_PYTHON) \
 		--implementation cp --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 		-c constraints.txt -d $(WHEELS) $(GPU_WHEELS)
+	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: --python-version $(GPU_PYTHON) \
+		--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
+		-c constraints.txt -d $(WHEELS)/optional $(GPU_OPTIONAL_WHEELS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -6,6 +6,8 @@ which runs every step that can run on the CPU and says which cannot).
 Steps, each a fresh process (its exit status, time and last line go in the table), the input path's figures first:
   input pipeline  benchmarks/input_pipeline.py --gpu: a real epoch's images/s (--input-pipeline crop) over the step
                   alone (DeiT-Ti/16, compiled, bf16, b256) from a folder and a store, and where a batch's time goes
+  gpu decoders    benchmarks/gpu_decoders.py: a folder's JPEGs decoded on the GPU, torchvision's nvJPEG call against
+                  nvImageCodec's (whole and ROI), images/s (CUDA only; nvImageCodec from .whl/optional where carried)
   gpu tests       pytest -m gpu (tests/test_gpu.py: compiled CUDA training, CUDA checkpoints on a CPU, ...)
   train MODEL     one epoch of every registry model on digits, bf16 autocast on CUDA (hard-moe from the vit run)
   train compile   mobile-vmoe with --compile
@@ -72,6 +74,10 @@ def steps(device: str, out: Path, gpus: int) -> list[tuple[str, list[str]]]:
     feed = ["--gpu", "--images", "12800", "--rounds", "2"] if device == "cuda" else [
         "--images", "64", "--batches", "1", "--batch-size", "16", "--rounds", "1"]  # fmt: skip
     found.insert(0, ("input pipeline", [sys.executable, str(REPO / "benchmarks" / "input_pipeline.py"), *feed]))
+    if device == "cuda":  # which decoder a folder's JPEGs should take: nvImageCodec from .whl/optional where carried
+        wheels = REPO / ".whl" / "optional"
+        found.insert(1, ("gpu decoders", [sys.executable, str(REPO / "benchmarks" / "gpu_decoders.py"),
+                                          *(["--wheels", str(wheels)] if wheels.is_dir() else [])]))  # fmt: skip
     if device == "cuda":  # the headline pair first, CUDA-graphed too; then every model (the pair's second run)
         bench = [sys.executable, str(REPO / "benchmarks" / "gpu_train_step.py"), "--json", "--anchor"]
         found.append(("train step", [*bench, "--cuda-graphs", "--profile", "--models", "vit", "mobile-vmoe"]))
