@@ -177,9 +177,11 @@ def print_cpu(found: dict, args) -> None:
 
 
 def crop_stages(specs: dict[str, str], device: torch.device, batch_size: int = 256) -> dict:
-    """{source: {stage: images/s}} of --input-pipeline crop's halves, so an epoch below the step names its cause: the
-    loader alone (usable-cores workers decoding and cropping, into pinned memory on CUDA: the decode capacity), then
-    the loader with each batch through the graph on `device` (synchronised per batch)."""
+    """{source: {stage: images/s, "share decoded on the device": ...}} of --input-pipeline crop's halves, so an epoch
+    below the step names its cause: the loader alone (usable-cores workers decoding and cropping, into pinned memory
+    on CUDA: the decode capacity), then the loader with each batch finished on `device` (a folder's JPEGs decoded and
+    cropped there, crop.on_device) and through the graph (synchronised per batch). A folder's loader is also timed
+    with its workers decoding every image (device_jpegs off: what a folder feeds without the GPU's decoder)."""
     from mobile_moe.training.distributed import Placement
     from mobile_moe.training.train import make_loader
 
@@ -189,21 +191,26 @@ def crop_stages(specs: dict[str, str], device: torch.device, batch_size: int = 2
     for source, spec in specs.items():
         data = open_data(spec, 224)
         split = inputs.training_split(data, recipe.augmentation, "crop", device)
-        loader, _ = make_loader(split, recipe, Placement(0, 1, device), inputs.collate("crop"))
         to_model = inputs.CropBatches(data, device, compile_graph=device.type == "cuda")
-        stages = {}
-        for stage in ("loader", "loader + graph"):
+        stages, device_jpegs = {}, split.device_jpegs
+        plan = [("loader", device_jpegs), ("loader + graph", device_jpegs)]
+        plan += [("loader, the workers decoding every image", False)] if device_jpegs else []
+        for stage, decode_on_device in plan:
+            split.device_jpegs = decode_on_device  # a new loader's workers take the split as it is now
+            loader, _ = make_loader(split, recipe, Placement(0, 1, device), inputs.collate("crop"))
             for _ in range(2):  # timed: the second epoch, as in training (workers persist, the queue starts empty)
-                start, count = time.perf_counter(), 0
+                start, count, on_device = time.perf_counter(), 0, 0
                 for step, batch in enumerate(loader):
-                    if stage != "loader":
+                    if stage == "loader + graph":
                         to_model.batch(batch, StepKey(0, 0, 0, step))
                         if device.type == "cuda":
                             torch.cuda.synchronize()
                     count += len(batch.labels)
+                    on_device += len(batch.jpegs.rows) if batch.jpegs is not None else 0
             stages[stage] = count / (time.perf_counter() - start)
+            stages.setdefault("share decoded on the device", on_device / count)
         found[source] = stages
-        print(f"{source}: " + ", ".join(f"{name} {rate:.0f} img/s" for name, rate in stages.items()), flush=True)
+        print(f"{source}: " + ", ".join(f"{name} {value:.3g}" for name, value in stages.items()), flush=True)
     return found
 
 
