@@ -11,8 +11,10 @@ crop still spans S x S pixels (Pillow's `draft`: libjpeg's DCT scaling by 1/2, 1
 crop is a quarter of it decodes at an eighth of the work), then the crop is resized to S x S by torchvision's
 antialiased bilinear resize of uint8 (`resized_crop`). Everything else (PNGs, grey or CMYK JPEGs, sideways photos)
 is read by the one decoder (image_files), and the in-memory datasets' uint8 tensors become PIL images as they are;
-both take the same resize. PIL's warnings
-are kept off stderr once a batch (image_files.pil_quiet), not once an image.
+both take the same resize. PIL's warnings are kept off stderr once a batch (image_files.pil_quiet), not once an image.
+
+From an image folder on CUDA (inputs.decodes_jpegs_on_device), the JPEGs the GPU decodes travel as their bytes
+instead, with their draws, and `on_device` decodes, crops and flips them on the device, in the rows the worker left.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ class CroppedSplit(Dataset):
     """The training split, read a batch at a time (`__getitems__`, which torch's fetcher calls with the batch
     sampler's items) into a CroppedBatch. `raw`: the raw split (items (PIL image or uint8 tensor, label)), read
     through its encoded bytes where it has them (`encoded(i)`, `name(i)`: a store or an image folder). With
-    `device_jpegs`, the JPEGs a GPU decodes (decode.jpeg_frame's rule) travel as bytes, sized from their headers."""
+    `device_jpegs`, the JPEGs a GPU decodes (decode.device_decodes) travel as bytes, sized from their headers."""
 
     def __init__(self, raw: Dataset, aug: Augmentation, *, image_size: int, eval_crop, device_jpegs: bool = False):
         self.raw, self.aug, self.image_size, self.eval_crop = raw, aug, image_size, eval_crop
@@ -120,15 +122,15 @@ class CroppedSplit(Dataset):
         draws = batch_augment.draw(self.aug, sizes, image_size=self.image_size, key=key, eval_crop=eval_crop)
         size = self.image_size
         images = torch.empty((len(items), size, size, 3), dtype=torch.uint8)
-        left = []  # rows for the device
+        for_device = []  # rows whose JPEG the device decodes
         for row, (item, box, flip) in enumerate(zip(opened, draws.crop, draws.flip, strict=True)):
             if item.image is None:
-                left.append(row)
+                for_device.append(row)
                 continue
             cropped = self._cropped(item.image, box, item.encoded)
             images[row] = (cropped.flip(-1) if flip else cropped).permute(1, 2, 0)
         labels = torch.tensor([item.label for item in opened], dtype=torch.int64)
-        jpegs = device_jpegs([opened[row].encoded for row in left], left, draws) if left else None
+        jpegs = device_jpegs([opened[row].encoded for row in for_device], for_device, draws) if for_device else None
         return CroppedBatch(images, labels, batch_graph.params(draws, size), key, jpegs)
 
     def _open(self, index: int) -> Opened:
@@ -172,10 +174,12 @@ class Opened:
 
 
 def device_jpegs(encoded: list[tuple[bytes, str]], rows: list[int], draws: batch_augment.Draws) -> DeviceJpegs:
-    ends = np.cumsum([len(data) for data, _ in encoded])
+    """The JPEGs (bytes, name) of batch rows `rows`, with those rows' crops and flips."""
+    spans, end = [], 0
+    for row, (data, name) in zip(rows, encoded, strict=True):
+        spans.append((row, end, end + len(data), name))
+        end += len(data)
     blob = torch.frombuffer(bytearray(b"".join(data for data, _ in encoded)), dtype=torch.uint8)
-    spans = [(row, int(end) - len(data), int(end), name) for row, (data, name), end in zip(rows, encoded, ends,
-                                                                                         strict=True)]  # fmt: skip
     return DeviceJpegs(blob, spans, draws.crop[rows], draws.flip[rows])
 
 
