@@ -11,7 +11,7 @@ torchvision's uint8 kernels truncate, so an image matches torchvision's per-imag
 level boundary (the tests state by how much). Computing eight operations where one is kept costs eight times the
 arithmetic of grouping images by operation, but keeps the graph fixed; on a GPU the batch is ~40 MB, a few
 microseconds of memory traffic per pass. On a CPU, where a fixed graph buys nothing, BatchGraph(fixed_shape=False)
-computes the same values in place, each operation on the images that drew it.
+computes the same values image by image, each image through only the operations it drew.
 """
 
 from __future__ import annotations
@@ -209,7 +209,7 @@ def moved_maps(theta: Tensor) -> Tensor:
 class BatchGraph(torch.nn.Module):
     """(B, S, S, 3) uint8 cropped images, labels and GraphParams -> (normalised images (B, 3, S, S), targets (B, C)):
     with `fixed_shape`, a fixed sequence of operations (compile it with torch.compile(fullgraph=True,
-    dynamic=False)); without, the same values computed in place, each operation on the images it changes (eager on a
+    dynamic=False)); without, the same values image by image, each image through only the ops it drew (eager on a
     CPU, where a fixed graph buys nothing and costs eight colour ops per image)."""
 
     def __init__(self, *, mean, std, num_classes: int, fixed_shape: bool = True):
@@ -230,10 +230,10 @@ class BatchGraph(torch.nn.Module):
         return mixed(batch_augment.erase(x * self.scale - self.shift, erase), targets, mix)
 
     def _per_image(self, images, targets, theta, ops, factor, erase, mix) -> tuple[Tensor, Tensor]:
-        """forward's values on a host, image by image: only the RandAugment ops each image drew, on its uint8 pixels,
-        then normalised into the batch, erased and mixed in place. Every temporary is one image's, which stays in the
-        cache; a batch's (B, 3, S, S) float temporary is a fresh mapping paged in on each pass (glibc maps blocks
-        above 32 MB), which cost this path twice its arithmetic."""
+        """forward's values on a host, image by image: only the RandAugment ops each image drew, on a float copy of
+        its pixels, then normalised into the batch, erased and mixed in place. Every temporary is one image's, which
+        stays in the cache; a batch's (B, 3, S, S) float temporary is a fresh mapping paged in on each pass (glibc
+        maps blocks above 32 MB), which cost this path twice its arithmetic."""
         size = images.shape[1]
         out = torch.empty((len(images), 3, size, size))
         moved = moved_maps(theta).tolist()
