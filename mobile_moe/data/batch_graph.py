@@ -104,6 +104,12 @@ def _grey(images: Tensor) -> Tensor:
     return (red * 0.2989 + green * 0.587 + blue * 0.114).floor().unsqueeze(1)
 
 
+def _mean_grey(images: Tensor) -> Tensor:
+    """Each image's mean grey level (B, 1, 1, 1), summed in float64: exact whatever the order of the sum (a batch's or
+    one image's, any threads), where float32 is exact only up to 2^24 / 255 pixels (256 x 256)."""
+    return _grey(images).mean((-3, -2, -1), keepdim=True, dtype=torch.float64).float()
+
+
 def _blend(images: Tensor, other: Tensor, ratio: Tensor) -> Tensor:
     """torchvision's _blend for uint8 images: ratio x + (1 - ratio) y, clamped, truncated."""
     return (images * ratio + other * (1.0 - ratio)).clamp(0, 255).floor()
@@ -131,7 +137,7 @@ def _interior(images: Tensor) -> Tensor:
 COLOUR_OPS = {
     "Brightness": lambda x, ratio: (x * ratio).clamp(0, 255).floor(),
     "Color": lambda x, ratio: _blend(x, _grey(x), ratio),
-    "Contrast": lambda x, ratio: _blend(x, _grey(x).mean((-3, -2, -1), keepdim=True), ratio),
+    "Contrast": lambda x, ratio: _blend(x, _mean_grey(x), ratio),
     "Sharpness": _sharpened,
     "Posterize": lambda x, ratio: (x / ratio).floor() * ratio,  # ratio: 2 ** (8 - bits), a power of two: exact
     "Solarize": lambda x, ratio: torch.where(x >= ratio, 255.0 - x, x),
@@ -235,7 +241,7 @@ class BatchGraph(torch.nn.Module):
         stays in the cache; a batch's (B, 3, S, S) float temporary is a fresh mapping paged in on each pass (glibc
         maps blocks above 32 MB), which cost this path twice its arithmetic."""
         size = images.shape[1]
-        out = torch.empty((len(images), 3, size, size))
+        out = torch.empty((len(images), 3, size, size), device=images.device)
         moved = moved_maps(theta).tolist()
         for index, (image, image_ops) in enumerate(zip(images, ops.tolist(), strict=True)):
             x = image.permute(2, 0, 1).float().contiguous()[None]  # (1, 3, S, S)

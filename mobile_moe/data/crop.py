@@ -97,7 +97,8 @@ class CroppedSplit(Dataset):
     """The training split, read a batch at a time (`__getitems__`, which torch's fetcher calls with the batch
     sampler's items) into a CroppedBatch. `raw`: the raw split (items (PIL image or uint8 tensor, label)), read
     through its encoded bytes where it has them (`encoded(i)`, `name(i)`: a store or an image folder). With
-    `device_jpegs`, the JPEGs a GPU decodes (decode.device_decodes) travel as bytes, sized from their headers."""
+    `device_jpegs`, the JPEGs a GPU decodes (decode.device_decodes) travel as bytes, sized from their headers, where
+    their longer side is within decode.source_side_limit (the largest a crop needs whole)."""
 
     def __init__(self, raw: Dataset, aug: Augmentation, *, image_size: int, eval_crop, device_jpegs: bool = False):
         self.raw, self.aug, self.image_size, self.eval_crop = raw, aug, image_size, eval_crop
@@ -137,10 +138,13 @@ class CroppedSplit(Dataset):
         """Image `index` with its label; for a JPEG not decoded yet (its crop decodes at reduced scale, or the device
         decodes it), its bytes and name."""
         if hasattr(self.raw, "encoded"):
+            # a larger photo is decoded here at reduced scale (draft): on the device it would decode whole, and a
+            # downscale past ~90x overflows the CUDA antialiased resize's shared memory
+            limit = decode.source_side_limit(self.aug.crop_scale, self.image_size)
             data, name = self.raw.encoded(index), self.raw.name(index)
             label = int(self.raw.targets[index])
             frame = decode.jpeg_frame(data) if self.device_jpegs else None
-            if frame is not None and decode.device_decodes(frame, data):
+            if frame is not None and decode.device_decodes(frame, data) and max(frame.height, frame.width) <= limit:
                 return Opened(None, label, (data, name), (frame.height, frame.width))
             lazy = lazy_jpeg(data)
             image = lazy if lazy is not None else image_from_bytes(data, name)
@@ -232,7 +236,9 @@ def pixel_box(box: np.ndarray, size: tuple[int, int], scale: tuple[float, float]
     scale_x, scale_y = scale
     region = (left * scale_x, top * scale_y, (left + width) * scale_x, (top + height) * scale_y)
     left, top = (min(math.floor(v), limit - 1) for v, limit in zip(region[:2], size, strict=True))
-    right, bottom = (max(math.ceil(v), low + 1) for v, low in zip(region[2:], (left, top), strict=True))
+    # a draft's scale is no exact binary fraction: an edge's ceil can land a pixel past the image (PIL fills it black)
+    right, bottom = (max(min(math.ceil(v), limit), low + 1) for v, limit, low in zip(region[2:], size, (left, top),
+                                                                                     strict=True))  # fmt: skip
     return left, top, right, bottom
 
 

@@ -249,12 +249,16 @@ def decode_jpegs(pieces: list[Tensor], names: list[str], device: torch.device) -
 
     try:
         return decode_jpeg(pieces, device=device), 0
+    except torch.OutOfMemoryError:  # a RuntimeError too, but no refusal: the device is full
+        raise
     except RuntimeError:
         pass
     images, refused = [], 0
     for piece, name in zip(pieces, names, strict=True):
         try:
             images.append(decode_jpeg(piece, device=device))
+        except torch.OutOfMemoryError:
+            raise
         except RuntimeError:
             images.append(uint8_image(image_from_bytes(piece.numpy().tobytes(), name)).to(device))
             refused += 1

@@ -186,8 +186,8 @@ def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int)
     def prepare(step: int, loader_batch) -> tuple[Tensor, Tensor, Tensor | None]:
         return batch_targets(loader_batch, ctx, StepKey(cfg.seed, epoch, ctx.placement.rank, step))
 
+    refused_before = ctx.inputs.refused_files  # before the thread that prepares batches ahead starts counting
     batches = BatchesAhead(loader, prepare, ctx.placement.device)  # on CUDA, a thread prepares the next ones
-    refused_before = ctx.inputs.refused_files
     last_read = start
     try:
         for step in range(steps):

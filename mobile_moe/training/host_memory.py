@@ -15,7 +15,8 @@ import ctypes
 import platform
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # <malloc.h>
-SMALLEST_BLOCK, LARGEST_BLOCK = 64 << 20, 1 << 30  # mallopt takes a C int
+SMALLEST_BLOCK, LARGEST_BLOCK = 64 << 20, 1 << 30
+INT_MAX = 2**31 - 1  # mallopt takes a C int
 
 
 def keep_freed_blocks(batch_bytes: int) -> bool:
@@ -25,4 +26,6 @@ def keep_freed_blocks(batch_bytes: int) -> bool:
         return False
     mmap_threshold = min(max(SMALLEST_BLOCK, 2 * batch_bytes), LARGEST_BLOCK)
     libc = ctypes.CDLL(None)
-    return bool(libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold) and libc.mallopt(M_TRIM_THRESHOLD, 2 * mmap_threshold))
+    libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    trim_threshold = min(2 * mmap_threshold, INT_MAX)
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold) and libc.mallopt(M_TRIM_THRESHOLD, trim_threshold))

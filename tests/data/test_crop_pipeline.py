@@ -132,14 +132,16 @@ def test_each_randaugment_op_is_torchvision_on_each_image(op):
         assert difference.max() <= 1 and (difference > 0).float().mean() <= 0.05, (op, index, magnitude)
 
 
-def test_the_graph_erases_and_mixes_as_torchvision():
+@pytest.mark.parametrize("fixed_shape", [True, False], ids=["fixed graph", "image by image"])
+def test_the_graph_erases_and_mixes_as_torchvision(fixed_shape):
     """Normalisation, then RandomErasing's box (F.erase with 0) and MixUp or CutMix (v2.MixUp / v2.CutMix's
     transform with the batch's lambda and box) on the same draws: equal to float rounding. A box with its height and
     width swapped, or a CutMix box read as (y, x), would fail here."""
     count, size, classes = 6, 24, 5
     aug = Augmentation(crop_scale=0.5, hflip=False, randaugment_ops=0, randaugment_magnitude=9, mixup_alpha=0.8,
                        cutmix_alpha=1.0, random_erasing=1.0)  # fmt: skip
-    graph = batch_graph.BatchGraph(mean=(0.5, 0.4, 0.3), std=(0.2, 0.25, 0.3), num_classes=classes)
+    graph = batch_graph.BatchGraph(mean=(0.5, 0.4, 0.3), std=(0.2, 0.25, 0.3), num_classes=classes,
+                                   fixed_shape=fixed_shape)  # fmt: skip
     images = torch.randint(0, 256, (count, size, size, 3), dtype=torch.uint8)
     labels = torch.arange(count) % classes
     kinds = set()
@@ -223,3 +225,17 @@ def test_a_fractional_box_on_a_tiny_image_keeps_its_pixels():
     it could be empty, which Pillow resizes to black; the crop takes the pixels it covers instead."""
     image = Image.fromarray(np.full((1, 2, 3), 200, np.uint8))
     assert (np.asarray(crop.resized_crop(image, np.array([0.0, 0.5625, 1.0, 0.875]), 8, lazy=False)) == 200).all()
+
+
+def test_a_crop_to_the_edge_of_a_drafted_image_stays_inside_it():
+    """A 201 px JPEG drafted to half scale is 101 px; its scale 101 / 201 is no exact binary fraction, so the whole
+    image's box, scaled, ends a hair past 101 and its ceil a pixel past the image, which Pillow fills black: the box
+    stops at the image's edge."""
+    assert 201 * (101 / 201) > 101
+    assert crop.pixel_box(np.array([0.0, 0.0, 201.0, 201.0]), (101, 101), (101 / 201, 101 / 201)) == (0, 0, 101, 101)
+    photo = photographs()[1].resize((201, 201))
+    buffer = io.BytesIO()
+    photo.save(buffer, "JPEG", quality=95)
+    lazy = crop.lazy_jpeg(buffer.getvalue())
+    cropped = crop.resized_crop(lazy, np.array([0.0, 0.0, 201.0, 201.0]), 64, lazy=True)  # draft: 1/2 (101 px)
+    assert lazy.size == (101, 101) and cropped[:, :, -1].float().mean() > 20  # no black last column
