@@ -41,7 +41,9 @@ import torch
 from mobile_moe.registry import list_models
 
 REPO = Path(__file__).resolve().parents[1]
-NOISE = re.compile(r"^([WIE]\d{4} |\*+$)")  # glog-style warnings, torchrun's banner: not a step's last word
+# glog-style warnings, torchrun's banner, kineto's profiler lines ("ERROR:2026-... gpuGetDeviceCount failed" on a
+# machine without CUDA): not a step's last word
+NOISE = re.compile(r"^([WIE]\d{4} |\*+$|(ERROR|USDT):\d{4}-\d\d-\d\d )")
 SMALL = ["--size", "4x64", "--patch", "8", "--image-size", "32", "--pool", "mean"]
 
 
