@@ -275,7 +275,7 @@ def epoch_line(row: dict[str, Any]) -> str:
     if row.get("input_wait") is not None:
         text += f" ({100 * row['input_wait']:.0f}% waiting for input)"
     if row.get("device_refused"):
-        text += f", {counted(row['device_refused'], 'file')} the device's decoder refused decoded on the host"
+        text += f", {counted(row['device_refused'], 'file')} decoded on the host (the device's decoder refused them)"
     return text + f"  lr {row['lr']:.2e}"
 
 

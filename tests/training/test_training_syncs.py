@@ -150,3 +150,23 @@ def test_input_wait_is_the_steady_state_not_the_workers_start():
     assert starting["input_wait"] < 0.2 and starting["epoch_time_s"] > 1.0
     slow = engine.train_one_epoch(opt, Loader(0.0, 0.3), ctx, epoch=0)
     assert slow["input_wait"] > 0.5
+
+
+def test_an_epochs_device_refusals_reach_its_row_and_its_line():
+    """The files the device's decoder refused in an epoch (the batch preparer's running count, read before and after
+    the epoch) are the row's device_refused, and the epoch line says how many; none say nothing."""
+    from mobile_moe.training.train import epoch_line
+
+    opt, loader, ctx = epoch_of("vit", steps=3, log_every=10)
+
+    class Refusing(WorkerBatches):  # the per-image batches, with a refusal counted in each batch as a decoder would
+        def batch(self, loader_batch, key):
+            self.refused_files += 1
+            return super().batch(loader_batch, key)
+
+    ctx.inputs = Refusing(7, torch.device("cpu"), None, refused_files=5)  # 5 from an earlier epoch
+    row = engine.train_one_epoch(opt, loader, ctx, epoch=0)
+    assert row["device_refused"] == 3
+    fields = {"epoch": 1, "val_top1": 0.5, "val_top5": 0.9, "lr": 1e-3}
+    assert ", 3 files decoded on the host (the device's decoder refused them)" in epoch_line({**row, **fields})
+    assert "decoded on the host" not in epoch_line({**row, **fields, "device_refused": 0})
