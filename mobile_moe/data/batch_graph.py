@@ -75,27 +75,26 @@ def params(draws: Draws, image_size: int) -> GraphParams:
 def geometric(images: Tensor, theta: Tensor) -> Tensor:
     """(B, C, S, S) images of any dtype through each image's inverse map (B, 2, 3), nearest neighbour, 0 outside: the
     values of torchvision's affine_image on uint8 (its _affine_grid in centred pixel coordinates, grid_sample nearest,
-    zeros), as one gather of source pixels, which keeps uint8 uint8 (grid_sample takes floats only). The identity map
-    returns an image unchanged."""
+    zeros), as one gather of source pixels from the image padded with a black pixel a side (grid_sample takes floats
+    only, and costs more on a CPU). The identity map returns an image unchanged."""
     batch, channels, size, _ = images.shape
     index = source_pixels(theta, size).view(batch, 1, -1).expand(-1, channels, -1)
-    flat = F.pad(images.flatten(2), (0, 1))  # pixel S * S: the fill, 0
-    return flat.gather(2, index).view_as(images)
+    return F.pad(images, (1, 1, 1, 1)).flatten(2).gather(2, index).view_as(images)
 
 
 def source_pixels(theta: Tensor, size: int) -> Tensor:
-    """(B, S S) int64: the flat index of every output pixel's nearest source pixel, or S S (the fill) where it falls
-    outside the image: theta @ (x, y, 1) in centred pixel coordinates, moved to pixel indices and rounded half to
-    even. grid_sample's nearest rounds the same point (std::nearbyint) after normalising it to [-1, 1] and back, so
-    a point within float rounding of a half-pixel boundary can take the neighbouring pixel there."""
+    """(B, S S) int64: for every output pixel, the flat index of its nearest source pixel in the image padded by one
+    pixel a side ((S + 2) x (S + 2)), a border pixel where it falls outside the image: theta @ (x, y, 1) in centred
+    pixel coordinates, moved to pixel indices, rounded half to even and clamped to the border. grid_sample's nearest
+    rounds the same point (std::nearbyint) after normalising it to [-1, 1] and back, so a point within float rounding
+    of a half-pixel boundary can take the neighbouring pixel there."""
     centred = torch.linspace((1.0 - size) * 0.5, (size - 1.0) * 0.5, size, device=theta.device)
     # the terms of output column j and of output row i (with the shift and the half-size that makes them indices)
     columns = theta[:, :, None, 0] * centred  # (B, 2, S)
     rows = theta[:, :, None, 1] * centred + (theta[:, :, None, 2] + (size - 1.0) * 0.5)
-    x = (rows[:, 0, :, None] + columns[:, 0, None, :]).round_()  # (B, S, S)
-    y = (rows[:, 1, :, None] + columns[:, 1, None, :]).round_()
-    inside = (x >= 0) & (x < size) & (y >= 0) & (y < size)
-    return torch.where(inside, y * size + x, size * size).long().flatten(1)
+    x = (rows[:, 0, :, None] + columns[:, 0, None, :]).round_().clamp_(-1, size)  # (B, S, S); -1 and S: the border
+    y = (rows[:, 1, :, None] + columns[:, 1, None, :]).round_().clamp_(-1, size)
+    return y.mul_(size + 2).add_(x).add_(size + 3).long().flatten(1)  # (y + 1) (S + 2) + (x + 1)
 
 
 def _grey(images: Tensor) -> Tensor:
