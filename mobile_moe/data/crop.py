@@ -66,7 +66,7 @@ class DeviceJpegs:
     start, end, name), and the crop (top, left, height, width) and flip drawn for each."""
 
     blob: Tensor  # (total bytes,) uint8
-    rows: list[tuple[int, int, int, str]]
+    rows: list[decode.Span]
     boxes: np.ndarray  # (n, 4) float64
     flips: np.ndarray  # (n,) bool
 
@@ -188,15 +188,14 @@ def device_jpegs(encoded: list[tuple[bytes, str]], rows: list[int], draws: batch
 
 
 def on_device(batch: CroppedBatch, device: torch.device) -> tuple[Tensor, int]:
-    """The batch's images (B, S, S, 3) uint8 on `device`, its JPEGs left to the device decoded (decode.decode_jpegs),
+    """The batch's images (B, S, S, 3) uint8 on `device`, its JPEGs left to the device decoded (decode.decode_packed),
     cropped, resized and flipped there as a worker would have (resized_crop's box and resize), one image at a time
     (their sizes differ); -> (images, files the device refused and the host decoded)."""
     images = batch.images.to(device, non_blocking=True)
     if batch.jpegs is None:
         return images, 0
     jpegs, size = batch.jpegs, images.shape[1]
-    pieces = [jpegs.blob[start:end] for _, start, end, _ in jpegs.rows]
-    decoded, refused = decode.decode_jpegs(pieces, [name for *_, name in jpegs.rows], device)
+    decoded, refused = decode.decode_packed(jpegs.blob, jpegs.rows, device)
     for (row, *_), image, box, flip in zip(jpegs.rows, decoded, jpegs.boxes, jpegs.flips, strict=True):
         left, top, right, bottom = pixel_box(box, (image.shape[-1], image.shape[-2]))
         cropped = square(image[:, top:bottom, left:right], size)

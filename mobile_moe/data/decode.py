@@ -29,6 +29,9 @@ GPU_FRAMES = frozenset({0xC0, 0xC1})
 STANDALONE = frozenset({0x01, *range(0xD0, 0xD9)})  # markers without a length: TEM, RSTn, SOI
 
 
+Span = tuple[int, int, int, str]  # a JPEG stored in a batch's blob of bytes: (row of the batch, start, end, name)
+
+
 @dataclass(frozen=True)
 class JpegFrame:
     marker: int
@@ -183,7 +186,7 @@ class RawBatch:
     sizes: Tensor  # (B, 2) int64
     labels: Tensor  # (B,) int64
     blob: Tensor  # (total bytes,) uint8
-    encoded: list[tuple[int, int, int, str]]
+    encoded: list[Span]
 
     def pin_memory(self) -> RawBatch:  # DataLoader(pin_memory=True) calls this on a custom batch type
         return RawBatch(self.canvas.pin_memory(), self.placed, self.sizes, self.labels.pin_memory(), self.blob,
@@ -226,8 +229,7 @@ def on_device(batch: RawBatch, device: torch.device) -> tuple[Tensor, Tensor, in
     if batch.placed:
         rows = torch.tensor(batch.placed, device=device)
         canvas[:, :, : decoded.shape[-2], : decoded.shape[-1]].index_copy_(0, rows, decoded)
-    pieces = [batch.blob[start:end] for _, start, end, _ in batch.encoded]
-    images, refused = decode_jpegs(pieces, [name for *_, name in batch.encoded], device)
+    images, refused = decode_packed(batch.blob, batch.encoded, device)
     for (index, *_), image in zip(batch.encoded, images, strict=True):
         canvas[index, :, : image.shape[-2], : image.shape[-1]] = image
     return canvas, sizes, refused
@@ -237,6 +239,12 @@ def on_device(batch: RawBatch, device: torch.device) -> tuple[Tensor, Tensor, in
 # (warnings.catch_warnings around each call is not thread-safe, and the crop pipeline decodes on a side thread)
 warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision are deprecated",
                         category=DeprecationWarning)  # fmt: skip
+
+
+def decode_packed(blob: Tensor, rows: list[Span], device: torch.device) -> tuple[list[Tensor], int]:
+    """decode_jpegs of JPEGs stored one after another in `blob`, each row (index in the batch, start, end, name): a
+    RawBatch's encoded images, a CroppedBatch's DeviceJpegs."""
+    return decode_jpegs([blob[start:end] for _, start, end, _ in rows], [name for *_, name in rows], device)
 
 
 def decode_jpegs(pieces: list[Tensor], names: list[str], device: torch.device) -> tuple[list[Tensor], int]:
@@ -251,7 +259,7 @@ def decode_jpegs(pieces: list[Tensor], names: list[str], device: torch.device) -
         return decode_jpeg(pieces, device=device), 0
     except torch.OutOfMemoryError:  # a RuntimeError too, but no refusal: the device is full
         raise
-    except RuntimeError:
+    except RuntimeError:  # a refusal of some file, which the batched call does not name: each file alone, below
         pass
     images, refused = [], 0
     for piece, name in zip(pieces, names, strict=True):

@@ -353,6 +353,11 @@ def _resume(run_dir: Path, verbose: bool, changes: dict[str, Any]) -> Path:
     return _train(request)
 
 
+def recorded_workers(workers: int) -> int:
+    """A recipe's `workers` as a run records it: -1 resolved (one per core this process may use), a count as given."""
+    return workers if workers >= 0 else effective_workers(-1)
+
+
 def effective_workers(workers: int) -> int:
     """The DataLoader workers a process runs for a recipe's `workers`: -1 is one per core this process may use, its
     share where torchrun starts several on one machine (LOCAL_WORLD_SIZE), as a run records it; any count is capped
@@ -369,7 +374,7 @@ def check_same_draws(started: TrainConfig, resumed: TrainConfig) -> None:
     device pipeline keys its draws by seed, epoch, rank and step, whatever the workers)."""
     if started.input_pipeline != "workers" or not augment.draws_at_random(started.augmentation):
         return
-    workers = effective_workers(resumed.workers) if resumed.workers < 0 else resumed.workers  # -1 as it resolves here
+    workers = recorded_workers(resumed.workers)  # -1 as it resolves here
     if workers != started.workers:
         raise UsageError(
             f"--workers {workers} differs from the run's {started.workers}: with --input-pipeline workers "
@@ -530,7 +535,7 @@ class Session:
 def _train(request: TrainRequest) -> Path:
     placement = distributed.setup(request.cfg.device)
     pipeline = inputs.resolve(request.cfg.input_pipeline, placement.device, request.cfg.augmentation)
-    workers = request.cfg.workers if request.cfg.workers >= 0 else effective_workers(-1)  # -1: a worker per core
+    workers = recorded_workers(request.cfg.workers)
     request = dataclasses.replace(
         request, cfg=request.cfg.replace(input_pipeline=pipeline, workers=workers)
     )  # recorded as resolved
