@@ -223,10 +223,13 @@ def graph_figures(device: torch.device, batch_size: int, image_size: int, batche
 
     from mobile_moe.data import batch_graph, crop
     from mobile_moe.data.datasets import Data
+    from mobile_moe.training import host_memory
 
     aug = recipes.deit().augmentation
     data = Data("bench", image_size, [str(c) for c in range(CLASSES)], (0.5,) * 3, (0.25,) * 3, {})
     to_model = inputs.CropBatches(data, device, compile_graph=device.type == "cuda")
+    if device.type == "cpu":  # as CPU training runs it: each batch's tensors reuse the last one's pages
+        host_memory.keep_freed_blocks(batch_size * 3 * image_size**2 * 4)
     sizes = np.full((batch_size, 2), 256)
     held = []
     for step in range(batches + 2):

@@ -122,15 +122,15 @@ def _sharpened(images: Tensor, ratio: Tensor) -> Tensor:
     rows = images[..., :, :-2] + images[..., :, 1:-1] + images[..., :, 2:]  # (B, 3, S, S - 2)
     inner = images[..., 1:-1, 1:-1]
     blurred = ((rows[..., :-2, :] + rows[..., 1:-1, :] + rows[..., 2:, :] + 4.0 * inner) / 13.0).round()
-    inner = inner + (blurred - inner) * (1.0 - ratio)
-    return F.pad(inner, (1, 1, 1, 1)).where(_interior(images), images).clamp(0, 255).floor()
+    sharpened = images.clone()  # the border as it is (a copy and a slice, where torch.where is a scalar loop on CPUs)
+    sharpened[..., 1:-1, 1:-1] = inner + (blurred - inner) * (1.0 - ratio)
+    return sharpened.clamp_(0, 255).floor_()
 
 
-def _interior(images: Tensor) -> Tensor:
-    size = images.shape[-1]
-    edge = torch.zeros(size, dtype=torch.bool, device=images.device)
-    edge[1:-1] = True
-    return edge[:, None] & edge[None, :]
+def _solarized(images: Tensor, threshold: Tensor) -> Tensor:
+    """torchvision's solarize_image: 255 - x where x >= threshold. As arithmetic on whole numbers (exact in float32):
+    ATen's CPU torch.where is a scalar loop, ten times the time of these three passes."""
+    return (255.0 - 2.0 * images).mul_(images >= threshold).add_(images)
 
 
 COLOUR_OPS = {
@@ -139,7 +139,7 @@ COLOUR_OPS = {
     "Contrast": lambda x, ratio: _blend(x, _mean_grey(x), ratio),
     "Sharpness": _sharpened,
     "Posterize": lambda x, ratio: (x / ratio).floor() * ratio,  # ratio: 2 ** (8 - bits), a power of two: exact
-    "Solarize": lambda x, ratio: torch.where(x >= ratio, 255.0 - x, x),
+    "Solarize": _solarized,
     "AutoContrast": lambda x, ratio: _autocontrast(x),
     "Equalize": lambda x, ratio: _equalized(x),
 }
