@@ -16,8 +16,8 @@ if TYPE_CHECKING:  # torch loads when a pipeline is built: the recipes (and so t
     from mobile_moe.data.datasets import Data
 
 
-# Where a training image is augmented (train --input-pipeline; mobile_moe/data/inputs.py): auto picks crop on CUDA
-# when the recipe augments at random, else workers.
+# Where a training image is augmented (train --input-pipeline; mobile_moe/data/inputs.py): auto picks crop when the
+# recipe augments at random, else workers.
 INPUT_PIPELINES = ("auto", "workers", "crop", "device")
 
 

@@ -126,7 +126,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         choices=INPUT_PIPELINES,
         help="where training images are augmented: workers (per image, torchvision), crop (workers decode and crop "
         "to S x S, the rest one fixed-shape graph on the training device) or device (per batch on the training "
-        "device, each image its own draws); default auto: crop on CUDA when the recipe augments at random",
+        "device, each image its own draws); default auto: crop when the recipe augments at random, else workers",
     )
     train.add_argument("--seed", type=int, help="seed of the initial weights, data order and augmentation (default 0)")
     train.add_argument(

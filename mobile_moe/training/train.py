@@ -534,7 +534,7 @@ class Session:
 
 def _train(request: TrainRequest) -> Path:
     placement = distributed.setup(request.cfg.device)
-    pipeline = inputs.resolve(request.cfg.input_pipeline, placement.device, request.cfg.augmentation)
+    pipeline = inputs.resolve(request.cfg.input_pipeline, request.cfg.augmentation)
     workers = recorded_workers(request.cfg.workers)
     request = dataclasses.replace(
         request, cfg=request.cfg.replace(input_pipeline=pipeline, workers=workers)
