@@ -160,9 +160,11 @@ def _end_process(status: int) -> NoReturn:
     round, the process ended 1.7 s after it), and Python puts the default signal handlers back inside it: a stop
     landing there was swallowed (status 0) or ended the process by the signal, without a line. A stop during what
     runs here is the command's stop (interrupts.stop_signals: its line and 130 or 143)."""
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    # The interpreter's own first step (Py_FinalizeEx's wait_for_thread_shutdown, Python/pylifecycle.c): the threading
+    # atexit hooks, which tell a ThreadPoolExecutor's idle workers to end, then the join of every non-daemon thread.
+    # Joining them without the hooks waited forever for the idle workers of inductor's compile pool (train --compile
+    # with a cold cache: a run that had finished never ended).
+    threading._shutdown()
     atexit._run_exitfuncs()  # the functions the interpreter's exit runs (Lib/atexit, Modules/atexitmodule.c)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):

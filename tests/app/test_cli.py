@@ -320,3 +320,22 @@ def test_a_mistyped_run_or_a_run_given_for_a_bundle_is_told_what_to_pass(tmp_pat
     assert main(["predict", str(run), str(tmp_path / "image.png")]) == 2
     refused = capsys.readouterr().err
     assert f"{run} is a training run, not a bundle; export it first: `mobile-moe export {run}" in refused
+
+
+def test_a_command_run_as_the_process_ends_it_whatever_threads_it_left():
+    """_end_process ends the process as the interpreter's exit would: a running non-daemon thread is joined (its line
+    printed), an idle ThreadPoolExecutor's workers are told to end (inductor's compile pool, after a cold-cache
+    `train --compile`: joining its workers without the threading module's exit hooks waited forever), the atexit
+    functions run, and the status is the command's."""
+    code = """if True:
+        import atexit, concurrent.futures, threading, time
+        from mobile_moe.app import cli
+        pool = concurrent.futures.ThreadPoolExecutor(1)  # held, as inductor holds its pool: its worker idles
+        pool.submit(lambda: None).result()
+        threading.Thread(target=lambda: (time.sleep(0.5), print("thread done", flush=True))).start()
+        atexit.register(lambda: print("atexit ran", flush=True))
+        cli._end_process(3)
+    """
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 3, result.stderr
+    assert result.stdout.splitlines() == ["thread done", "atexit ran"]
