@@ -229,7 +229,7 @@ def graph_figures(device: torch.device, batch_size: int, image_size: int, batche
     data = Data("bench", image_size, [str(c) for c in range(CLASSES)], (0.5,) * 3, (0.25,) * 3, {})
     to_model = inputs.CropBatches(data, device, compile_graph=device.type == "cuda")
     if device.type == "cpu":  # as CPU training runs it: each batch's tensors reuse the last one's pages
-        host_memory.keep_freed_blocks(batch_size * 3 * image_size**2 * 4)
+        host_memory.keep_freed_blocks(host_memory.float_batch_bytes(batch_size, image_size))
     sizes = np.full((batch_size, 2), 256)
     held = []
     for step in range(batches + 2):

@@ -129,7 +129,7 @@ def _sharpened(images: Tensor, ratio: Tensor) -> Tensor:
 
 def _solarized(images: Tensor, threshold: Tensor) -> Tensor:
     """torchvision's solarize_image: 255 - x where x >= threshold. As arithmetic on whole numbers (exact in float32):
-    ATen's CPU torch.where is a scalar loop, ten times the time of these three passes."""
+    ATen's CPU torch.where is a scalar loop (the op took 0.55 ms a 224 px image with it, 0.15 ms so)."""
     return (255.0 - 2.0 * images).mul_(images >= threshold).add_(images)
 
 

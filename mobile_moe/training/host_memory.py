@@ -20,6 +20,11 @@ SMALLEST_BLOCK, LARGEST_BLOCK = 64 << 20, 1 << 30
 INT_MAX = 2**31 - 1  # mallopt takes a C int
 
 
+def float_batch_bytes(images: int, image_size: int) -> int:
+    """The bytes of a batch of `images` float32 RGB images at `image_size` px: what keep_freed_blocks is sized for."""
+    return images * 3 * image_size**2 * 4
+
+
 def keep_freed_blocks(batch_bytes: int) -> bool:
     """Serve blocks up to twice `batch_bytes` (64 MiB to 1 GiB) from the heap and keep up to twice that freed in
     it; False (nothing changed) where the C library is not glibc or refuses the settings."""

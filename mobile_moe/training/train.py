@@ -544,8 +544,8 @@ def _train(request: TrainRequest) -> Path:
     if printing and (note := inputs.cost_note(pipeline, placement.device)):
         print(note, file=sys.stderr, flush=True)
     if placement.device.type == "cpu":  # every batch's tensors reuse the last one's pages (host_memory.py)
-        image_size = request.model_config.image_size
-        host_memory.keep_freed_blocks(request.cfg.batch_size // placement.world_size * 3 * image_size**2 * 4)
+        per_rank = request.cfg.batch_size // placement.world_size
+        host_memory.keep_freed_blocks(host_memory.float_batch_bytes(per_rank, request.model_config.image_size))
     try:
         state = _resume_state(request, placement)
         history = _history(state, request.out_dir) if state is not None else []  # checked before the data opens
