@@ -533,7 +533,11 @@ class Session:
 
 
 def _train(request: TrainRequest) -> Path:
-    placement = distributed.setup(request.cfg.device)
+    with distributed.process_group(request.cfg.device) as placement:
+        return _train_placed(request, placement)  # its frame, which holds the DDP module, ends first
+
+
+def _train_placed(request: TrainRequest, placement: distributed.Placement) -> Path:
     pipeline = inputs.resolve(request.cfg.input_pipeline, request.cfg.augmentation)
     workers = recorded_workers(request.cfg.workers)
     request = dataclasses.replace(
@@ -546,33 +550,30 @@ def _train(request: TrainRequest) -> Path:
     if placement.device.type == "cpu":  # every batch's tensors reuse the last one's pages (host_memory.py)
         per_rank = request.cfg.batch_size // placement.world_size
         host_memory.keep_freed_blocks(host_memory.float_batch_bytes(per_rank, request.model_config.image_size))
-    try:
-        state = _resume_state(request, placement)
-        history = _history(state, request.out_dir) if state is not None else []  # checked before the data opens
-        run = _open_run_data(request, placement)
-        opt, init_entries = _build_optimisation(request, run, placement, state)
-        run_config = {
-            "model": run.model_config.to_dict(),
-            "data": data_record(run.data),
-            "super_classes": super_record(request.super_class_spec, run.super_classes),
-            "recipe": request.cfg.to_dict(),
-            **init_entries,
-        }
-        announced = upcycling.announcement(init_entries, run.data, run.model_config)
-        if state is None and placement.is_main and announced:
-            print(announced, flush=True)  # even under --quiet: the run's model is not all the --init-from run's
-        progress = _restore_progress(state, history, request.out_dir, opt, say)
-        _prepare_run_dir(request.out_dir, run_config, state, placement, say)
-        steps_left = (request.cfg.epochs - progress.start_epoch) * len(run.loader)
-        session = Session(request, placement, run, opt, _epoch_context(request, run, placement, steps_left),
-                          run_config, say)  # fmt: skip
-        if state is None and placement.is_main and (warning := request.cfg.short_run_warning()):
-            print(warning, file=sys.stderr, flush=True)  # before the first step, once every check has passed
-        _train_epochs(session, progress)
-        say(f"best val top-1 {100 * progress.best_top1:.2f}%; run in {request.out_dir}")
-        return request.out_dir
-    finally:
-        distributed.cleanup()
+    state = _resume_state(request, placement)
+    history = _history(state, request.out_dir) if state is not None else []  # checked before the data opens
+    run = _open_run_data(request, placement)
+    opt, init_entries = _build_optimisation(request, run, placement, state)
+    run_config = {
+        "model": run.model_config.to_dict(),
+        "data": data_record(run.data),
+        "super_classes": super_record(request.super_class_spec, run.super_classes),
+        "recipe": request.cfg.to_dict(),
+        **init_entries,
+    }
+    announced = upcycling.announcement(init_entries, run.data, run.model_config)
+    if state is None and placement.is_main and announced:
+        print(announced, flush=True)  # even under --quiet: the run's model is not all the --init-from run's
+    progress = _restore_progress(state, history, request.out_dir, opt, say)
+    _prepare_run_dir(request.out_dir, run_config, state, placement, say)
+    steps_left = (request.cfg.epochs - progress.start_epoch) * len(run.loader)
+    session = Session(request, placement, run, opt, _epoch_context(request, run, placement, steps_left),
+                      run_config, say)  # fmt: skip
+    if state is None and placement.is_main and (warning := request.cfg.short_run_warning()):
+        print(warning, file=sys.stderr, flush=True)  # before the first step, once every check has passed
+    _train_epochs(session, progress)
+    say(f"best val top-1 {100 * progress.best_top1:.2f}%; run in {request.out_dir}")
+    return request.out_dir
 
 
 def _resume_state(request: TrainRequest, placement: distributed.Placement) -> dict[str, Any] | None:
