@@ -1,9 +1,10 @@
-"""`python -m mobile_moe ARGS` under torchrun, saying on stderr how many DDP modules are alive when the process group
-is destroyed: a DDP module alive then keeps its Reducer, which destroys the gloo group later, holding the GIL, and
-can deadlock (distributed.process_group). With --interrupt-after-epoch N first, epoch N+1 is stopped as Ctrl-C
-stops it (KeyboardInterrupt).
+"""`python -m mobile_moe ARGS` as one rank of a process group (torchrun's variables set by the caller), saying on
+stderr how many DDP modules are alive when the process group is destroyed: a DDP module alive then keeps its Reducer,
+which destroys the gloo group later, holding the GIL, and can deadlock (distributed.process_group). With
+--interrupt-after-epoch N first, epoch N+1 is stopped as Ctrl-C stops it (KeyboardInterrupt).
 
-    torchrun --standalone --nproc_per_node 2 tests/training/ddp_teardown.py [--interrupt-after-epoch N] train ...
+    WORLD_SIZE=2 RANK=R LOCAL_RANK=R MASTER_ADDR=127.0.0.1 MASTER_PORT=PORT \\
+        python tests/training/ddp_teardown.py [--interrupt-after-epoch N] train ...
 """
 
 from __future__ import annotations

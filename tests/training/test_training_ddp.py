@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -42,19 +43,30 @@ def test_two_gloo_processes_equal_one_process(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("probe", "status"), [([], 0), (["--interrupt-after-epoch", "1"], 1)])
+@pytest.mark.parametrize(("probe", "status"), [([], 0), (["--interrupt-after-epoch", "1"], 130)])
 def test_each_process_group_is_destroyed_after_the_runs_ddp_module_is_gone(tmp_path, probe, status):
     """A DDP module alive when the group is destroyed keeps its Reducer, whose destructor then destroys the gloo group
     holding the GIL and joins its threads, one of which can be waiting for the GIL: with torch 2.11 on a busy machine,
-    3 of 12 finished two-process runs never ended. So the run's frames let go of it first, also on Ctrl-C (a stopped
-    rank ends with 130, which torchrun reports as 1)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               "tests/training/ddp_teardown.py", *probe, *ARGS, "--out", str(tmp_path / "ddp")]  # fmt: skip
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == status, done.stderr[-3000:]
-    for rank in (0, 1):
-        assert f"rank {rank}: DDP modules alive at destroy_process_group: 0" in done.stderr, done.stderr[-3000:]
+    3 of 12 finished two-process runs never ended. So the run's frames let go of it first, also on Ctrl-C. The two
+    ranks are started as torchrun starts them, but without torchrun, which would stop one rank (SIGTERM) as soon as
+    the other ended with its 130, wherever it was."""
+    with socket.socket() as probe_port:  # a free port for rank 0's rendezvous
+        probe_port.bind(("127.0.0.1", 0))
+        port = probe_port.getsockname()[1]
+    command = [sys.executable, "tests/training/ddp_teardown.py", *probe, *ARGS, "--out", str(tmp_path / "ddp")]
+    ranks = [subprocess.Popen(command, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd(),
+                                            "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank),
+                                            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+                              stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+             for rank in (0, 1)]  # fmt: skip
+    try:
+        errors = [rank.communicate(timeout=300)[1] for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()
+    for rank, (process, error) in enumerate(zip(ranks, errors, strict=True)):
+        assert process.returncode == status, error[-3000:]
+        assert f"rank {rank}: DDP modules alive at destroy_process_group: 0" in error, error[-3000:]
 
 
 # --- torchrun's variables: what torchrun would not set is one line, before anything is written -------------------
