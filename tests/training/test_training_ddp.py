@@ -54,17 +54,17 @@ def test_each_process_group_is_destroyed_after_the_runs_ddp_module_is_gone(tmp_p
         probe_port.bind(("127.0.0.1", 0))
         port = probe_port.getsockname()[1]
     command = [sys.executable, "tests/training/ddp_teardown.py", *probe, *ARGS, "--out", str(tmp_path / "ddp")]
-    ranks = [subprocess.Popen(command, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd(),
-                                            "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank),
-                                            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
-                              stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-             for rank in (0, 1)]  # fmt: skip
+    processes = [subprocess.Popen(command, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd(),
+                                                "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank),
+                                                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+                                  stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+                 for rank in (0, 1)]  # fmt: skip
     try:
-        errors = [rank.communicate(timeout=300)[1] for rank in ranks]
+        errors = [process.communicate(timeout=300)[1] for process in processes]
     finally:
-        for rank in ranks:
-            rank.kill()
-    for rank, (process, error) in enumerate(zip(ranks, errors, strict=True)):
+        for process in processes:
+            process.kill()  # a rank that hung (no-op for one that ended)
+    for rank, (process, error) in enumerate(zip(processes, errors, strict=True)):
         assert process.returncode == status, error[-3000:]
         assert f"rank {rank}: DDP modules alive at destroy_process_group: 0" in error, error[-3000:]
 
