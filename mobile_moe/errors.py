@@ -5,6 +5,10 @@ around (a name too long, a folder this user may not read: app/cli.py); anything 
 traceback. It subclasses ValueError so library callers can catch it the usual way.
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterator
+
 
 class UsageError(ValueError):
     """Bad input: the message says what was wrong and how to fix it.
@@ -23,3 +27,12 @@ class UsageError(ValueError):
 class Note(UserWarning):
     """Something the user should know that does not stop the command (files a folder walk skipped, ...): the CLI
     prints it as one `note:` line on stderr; a library caller gets it through the warnings module."""
+
+
+def exception_chain(error: BaseException | None) -> Iterator[BaseException]:
+    """`error` and the exceptions it was raised from or while handling (__cause__, else __context__), each once."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__

@@ -20,7 +20,7 @@ import warnings
 from importlib.metadata import version
 from typing import NoReturn
 
-from mobile_moe.errors import Note, UsageError
+from mobile_moe.errors import Note, UsageError, exception_chain
 from mobile_moe.interrupts import STOPPED_LINES, Terminated, stop_signals
 
 # command -> (module, one-line help). Commands whose module does not exist yet are not offered.
@@ -82,13 +82,7 @@ def build_parser(chosen: str | None) -> ArgumentParser:
 def _interrupt_behind(error: BaseException) -> KeyboardInterrupt | None:
     """The Ctrl-C or SIGTERM an exception was raised while handling, if any: a library whose own clean-up fails as
     the interrupt unwinds it (torch.export's tracer asserts on its mode stack) must not turn a stop into a crash."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, KeyboardInterrupt):
-            return error
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return None
+    return next((raised for raised in exception_chain(error) if isinstance(raised, KeyboardInterrupt)), None)
 
 
 def _stopped(interrupt: KeyboardInterrupt) -> int:

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch.utils.data import Dataset, Subset
 
 from mobile_moe.devices import resolve_device
-from mobile_moe.errors import UsageError
+from mobile_moe.errors import UsageError, exception_chain
 from mobile_moe.words import shown
 
 
@@ -118,21 +118,12 @@ def process_group(device_choice: str) -> Iterator[Placement]:
     try:
         yield placement
     except BaseException as error:
-        for raised in _chain(error):  # a KeyboardInterrupt caught and re-raised, a failure raised from another
+        for raised in exception_chain(error):  # a KeyboardInterrupt caught and re-raised, a failure raised from another
             traceback.clear_frames(raised.__traceback__)
         raise
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _chain(error: BaseException) -> Iterator[BaseException]:
-    """`error` and the exceptions behind it (__cause__, __context__), each once."""
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        yield error
-        error = error.__cause__ or error.__context__
 
 
 def shard(dataset: Dataset, placement: Placement) -> Dataset:
