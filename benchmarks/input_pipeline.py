@@ -180,7 +180,8 @@ def crop_stages(specs: dict[str, str], device: torch.device, batch_size: int = 2
     """{source: {stage: images/s, "share decoded on the device": ...}} of --input-pipeline crop's halves, so an epoch
     below the step names its cause: the loader alone (usable-cores workers decoding and cropping, into pinned memory
     on CUDA: the decode capacity), then the loader with each batch finished on `device` (a folder's JPEGs decoded and
-    cropped there, crop.on_device) and through the graph (synchronised per batch). A folder's loader is also timed
+    cropped there, crop.on_device) and through the graph (synchronised per batch; the host ms of that call, its median
+    over batches, timed before the synchronisation). A folder's loader is also timed
     with its workers decoding every image (device_jpegs off: what a folder feeds without the GPU's decoder)."""
     from mobile_moe.training.distributed import Placement
     from mobile_moe.training.train import make_loader
@@ -199,16 +200,20 @@ def crop_stages(specs: dict[str, str], device: torch.device, batch_size: int = 2
             split.device_jpegs = decode_on_device  # a new loader's workers take the split as it is now
             loader, _ = make_loader(split, recipe, Placement(0, 1, device), inputs.collate("crop"))
             for _ in range(2):  # timed: the second epoch, as in training (workers persist, the queue starts empty)
-                start, count, on_device = time.perf_counter(), 0, 0
+                start, count, on_device, host = time.perf_counter(), 0, 0, []
                 for step, batch in enumerate(loader):
                     if stage == "loader + graph":
+                        begin = time.perf_counter()
                         to_model.batch(batch, StepKey(0, 0, 0, step))
+                        host.append(time.perf_counter() - begin)
                         if device.type == "cuda":
                             torch.cuda.synchronize()
                     count += len(batch.labels)
                     on_device += len(batch.jpegs.rows) if batch.jpegs is not None else 0
             stages[stage] = count / (time.perf_counter() - start)
             stages.setdefault("share decoded on the device", on_device / count)
+            if host:  # what the thread preparing batches holds of the training process's host time, a batch
+                stages["loader + graph, host ms / batch"] = 1e3 * statistics.median(host)
         found[source] = stages
         print(f"{source}: " + ", ".join(f"{name} {value:.3g}" for name, value in stages.items()), flush=True)
     return found

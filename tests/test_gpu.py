@@ -178,3 +178,18 @@ def test_a_folders_jpegs_decoded_and_cropped_on_cuda_answer_as_the_workers_crop(
     images, refused = crop.on_device(left.__getitems__(items(1, range(12))), CUDA)
     difference = (images.cpu().int() - in_worker.images.int()).abs()
     assert refused == 0 and difference.max() <= 3 and difference.float().mean() < 0.5
+
+
+def test_a_batchs_crops_resized_on_cuda_are_torchvisions_resize_of_each():
+    """crop.squares, the folder's device crop (a float copy and the antialiased resize an image, written into one
+    batch, rounded once), against torchvision's resize_image of each crop on CUDA (its own float cast, resize and
+    rounding): the same kernels, so the same values, for crops smaller, larger and as large as S."""
+    from mobile_moe.data import crop
+
+    generator = torch.Generator().manual_seed(0)
+    images = [torch.randint(0, 256, (3, h, w), generator=generator, dtype=torch.uint8).to(CUDA)
+              for h, w in [(40, 60), (300, 200), (64, 64), (97, 131)]]  # fmt: skip
+    pixels = [(5, 3, 45, 40), (0, 0, 200, 300), (0, 0, 64, 64), (10, 20, 131, 50)]  # left, top, right, bottom
+    expected = torch.stack([crop.square(image[:, top:bottom, left:right], 64)
+                            for image, (left, top, right, bottom) in zip(images, pixels, strict=True)])  # fmt: skip
+    assert torch.equal(crop.squares(images, pixels, 64), expected)

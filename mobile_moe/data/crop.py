@@ -19,7 +19,6 @@ instead, with their draws, and `on_device` decodes, crops and flips them on the 
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import math
 from dataclasses import dataclass
@@ -63,12 +62,18 @@ class KeyedBatches:
 class DeviceJpegs:
     """A batch's JPEGs left to the training device's decoder (CroppedSplit(device_jpegs=True)): their bytes one after
     another (one tensor: a worker shares one file with the main process, not one per image), each (row of the batch,
-    start, end, name), and the crop (top, left, height, width) and flip drawn for each."""
+    start, end, name), and the crop and flip drawn for each: the crop as the whole pixels it covers (pixel_box of the
+    header's size), the flips and rows as tensors the loader pins, so the device takes them without a blocking copy."""
 
     blob: Tensor  # (total bytes,) uint8
     rows: list[decode.Span]
-    boxes: np.ndarray  # (n, 4) float64
-    flips: np.ndarray  # (n,) bool
+    pixels: list[tuple[int, int, int, int]]  # (left, top, right, bottom)
+    flips: Tensor  # (n,) bool
+    index: Tensor  # (n,) int64: each JPEG's row of the batch
+
+    def pin_memory(self) -> DeviceJpegs:
+        return DeviceJpegs(self.blob.pin_memory(), self.rows, self.pixels, self.flips.pin_memory(),
+                           self.index.pin_memory())  # fmt: skip
 
 
 @dataclass
@@ -83,9 +88,8 @@ class CroppedBatch:
     jpegs: DeviceJpegs | None = None
 
     def pin_memory(self) -> CroppedBatch:  # DataLoader(pin_memory=True) calls this on a custom batch type
-        jpegs = self.jpegs and dataclasses.replace(self.jpegs, blob=self.jpegs.blob.pin_memory())
         return CroppedBatch(self.images.pin_memory(), self.labels.pin_memory(), self.params.pin_memory(), self.key,
-                            jpegs)  # fmt: skip
+                            self.jpegs and self.jpegs.pin_memory())  # fmt: skip
 
 
 def single(batch: CroppedBatch) -> CroppedBatch:
@@ -131,7 +135,9 @@ class CroppedSplit(Dataset):
             cropped = self._cropped(item.image, box, item.encoded)
             images[row] = (cropped.flip(-1) if flip else cropped).permute(1, 2, 0)
         labels = torch.tensor([item.label for item in opened], dtype=torch.int64)
-        jpegs = device_jpegs([opened[row].encoded for row in for_device], for_device, draws) if for_device else None
+        jpegs = None
+        if for_device:
+            jpegs = device_jpegs([opened[row].encoded for row in for_device], for_device, sizes, draws)
         return CroppedBatch(images, labels, batch_graph.params(draws, size), key, jpegs)
 
     def _open(self, index: int) -> Opened:
@@ -177,30 +183,50 @@ class Opened:
     size: tuple[int, int]
 
 
-def device_jpegs(encoded: list[tuple[bytes, str]], rows: list[int], draws: batch_augment.Draws) -> DeviceJpegs:
-    """The JPEGs (bytes, name) of batch rows `rows`, with those rows' crops and flips."""
+def device_jpegs(encoded: list[tuple[bytes, str]], rows: list[int], sizes: np.ndarray, draws: batch_augment.Draws
+                 ) -> DeviceJpegs:  # fmt: skip
+    """The JPEGs (bytes, name) of batch rows `rows`, with those rows' crops and flips; `sizes` (B, 2) the batch's
+    (height, width), from the JPEGs' headers."""
     spans, end = [], 0
     for row, (data, name) in zip(rows, encoded, strict=True):
         spans.append((row, end, end + len(data), name))
         end += len(data)
     blob = torch.frombuffer(bytearray(b"".join(data for data, _ in encoded)), dtype=torch.uint8)
-    return DeviceJpegs(blob, spans, draws.crop[rows], draws.flip[rows])
+    pixels = [pixel_box(draws.crop[row], (int(sizes[row, 1]), int(sizes[row, 0]))) for row in rows]
+    return DeviceJpegs(blob, spans, pixels, torch.from_numpy(draws.flip[rows]), torch.tensor(rows, dtype=torch.int64))
 
 
 def on_device(batch: CroppedBatch, device: torch.device) -> tuple[Tensor, int]:
     """The batch's images (B, S, S, 3) uint8 on `device`, its JPEGs left to the device decoded (decode.decode_packed),
-    cropped, resized and flipped there as a worker would have (resized_crop's box and resize), one image at a time
-    (their sizes differ); -> (images, files the device refused and the host decoded)."""
+    cropped, resized and flipped there as a worker would have (resized_crop's box and resize); -> (images, files the
+    device refused and the host decoded)."""
     images = batch.images.to(device, non_blocking=True)
     if batch.jpegs is None:
         return images, 0
-    jpegs, size = batch.jpegs, images.shape[1]
+    jpegs = batch.jpegs
     decoded, refused = decode.decode_packed(jpegs.blob, jpegs.rows, device)
-    for (row, *_), image, box, flip in zip(jpegs.rows, decoded, jpegs.boxes, jpegs.flips, strict=True):
-        left, top, right, bottom = pixel_box(box, (image.shape[-1], image.shape[-2]))
-        cropped = square(image[:, top:bottom, left:right], size)
-        images[row] = (cropped.flip(-1) if flip else cropped).permute(1, 2, 0)
+    cropped = squares(decoded, jpegs.pixels, images.shape[1])
+    flips = jpegs.flips.to(device, non_blocking=True)[:, None, None, None]
+    cropped = torch.where(flips, cropped.flip(-1), cropped)
+    images.index_copy_(0, jpegs.index.to(device, non_blocking=True), cropped.permute(0, 2, 3, 1))
     return images, refused
+
+
+def squares(images: list[Tensor], pixels: list[tuple[int, int, int, int]], size: int) -> Tensor:
+    """Each (3, h, w) uint8 image's crop (left, top, right, bottom) resized to S x S as `square` resizes it, into one
+    (n, 3, S, S) uint8 batch. An image costs a view and two operators (its crop in the resize's dtype, and the
+    antialiased resize written into its row of the batch), the rounding is one for the batch: the host time of
+    resize_image's per-call Python and four more operators an image, on the thread that prepares a folder's batches
+    next to the step's, is what this saves."""
+    device = images[0].device if images else torch.device("cpu")
+    # resize_image's rule (torchvision/transforms/v2/functional/_geometry.py): torch's uint8 resize on a CPU, float32
+    # elsewhere (CUDA's antialiased kernel takes floating types only), rounded back
+    dtype = torch.uint8 if device.type == "cpu" else torch.float32
+    out = torch.empty((len(images), 3, size, size), dtype=dtype, device=device)
+    for row, (image, (left, top, right, bottom)) in enumerate(zip(images, pixels, strict=True)):
+        region = image[None, :, top:bottom, left:right].to(dtype)
+        torch._C._nn._upsample_bilinear2d_aa(region, [size, size], False, out=out[row : row + 1])
+    return out if dtype == torch.uint8 else out.round_().to(torch.uint8)
 
 
 def lazy_jpeg(data: bytes) -> Image.Image | None:

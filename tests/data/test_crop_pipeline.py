@@ -202,7 +202,7 @@ def test_jpegs_left_to_the_device_are_cropped_there_as_in_the_worker():
     in_worker = crop.CroppedSplit(Encoded(blobs), DEIT, image_size=64, eval_crop=None).__getitems__(items(2, range(6)))
     split = crop.CroppedSplit(Encoded(blobs), DEIT, image_size=64, eval_crop=None, device_jpegs=True)
     left = split.__getitems__(items(2, range(6)))
-    assert [row for row, *_ in left.jpegs.rows] == [0, 1, 2, 4, 5] and left.jpegs.flips.any()
+    assert left.jpegs.index.tolist() == [0, 1, 2, 4, 5] and left.jpegs.flips.any()
     images, refused = crop.on_device(left, torch.device("cpu"))
     assert refused == 0 and torch.equal(images, in_worker.images) and torch.equal(left.labels, in_worker.labels)
     assert torch.equal(left.params.theta, in_worker.params.theta)
