@@ -2,6 +2,12 @@
 cannot and pad those into one uint8 canvas; on CUDA, baseline colour JPEGs travel as their bytes (one buffer a batch)
 and are decoded in one batched nvJPEG call on the GPU (torchvision.io.decode_jpeg with a list and device="cuda",
 which runs torch.ops.image.decode_jpegs_cuda: torchvision/io/image.py, decode_jpeg), into the device's canvas.
+That call runs without the interpreter lock (torch.ops calls go through invokeOperatorFromPython, which releases it
+around the operation: torch/csrc/jit/python/pybind_utils.cpp), so its waits never hold up the step's thread. Its
+decoder takes the GPU's hardware JPEG engine where there is one (A100, H100, H200: CUDAJpegDecoder is created with
+NVJPEG_BACKEND_HARDWARE, the default backend on NVJPEG_STATUS_ARCH_MISMATCH) for the files nvjpegDecodeBatchedSupported
+accepts, in one nvjpegDecodeBatched call, and the others one by one through nvJPEG's host-and-device path
+(torchvision/csrc/io/image/cuda/decode_jpegs_cuda.cpp, CUDAJpegDecoder::decode_images).
 
 Which files the GPU takes is read from each JPEG's frame header (its SOF marker: a few bytes, no decoding): 8-bit
 baseline or extended-sequential frames of 3 components, stored upright (nvJPEG ignores EXIF orientation). Progressive,
