@@ -188,15 +188,15 @@ class RawBatch:
     The host never writes the encoded images' slots: the device fills them."""
 
     canvas: Tensor  # (n, 3, H, W) uint8
-    placed: list[int]
+    placed: Tensor  # (n,) int64: each canvas image's row of the batch, pinned with it (no blocking copy to the device)
     sizes: Tensor  # (B, 2) int64
     labels: Tensor  # (B,) int64
     blob: Tensor  # (total bytes,) uint8
     encoded: list[Span]
 
     def pin_memory(self) -> RawBatch:  # DataLoader(pin_memory=True) calls this on a custom batch type
-        return RawBatch(self.canvas.pin_memory(), self.placed, self.sizes, self.labels.pin_memory(), self.blob,
-                        self.encoded)  # fmt: skip
+        return RawBatch(self.canvas.pin_memory(), self.placed.pin_memory(), self.sizes, self.labels.pin_memory(),
+                        self.blob, self.encoded)  # fmt: skip
 
 
 def collate(items: list[tuple]) -> RawBatch:
@@ -220,7 +220,8 @@ def collate(items: list[tuple]) -> RawBatch:
         canvas[row, :, : image.shape[-2], : image.shape[-1]] = image
     labels = torch.tensor([int(item[1]) for item in items])
     blob = torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.uint8)
-    return RawBatch(canvas, placed, torch.tensor(sizes, dtype=torch.int64), labels, blob, encoded)
+    return RawBatch(canvas, torch.tensor(placed, dtype=torch.int64), torch.tensor(sizes, dtype=torch.int64), labels,
+                    blob, encoded)  # fmt: skip
 
 
 def on_device(batch: RawBatch, device: torch.device) -> tuple[Tensor, Tensor, int]:
@@ -232,8 +233,8 @@ def on_device(batch: RawBatch, device: torch.device) -> tuple[Tensor, Tensor, in
         return decoded, sizes, 0  # every image decoded in the workers, in batch order
     height, width = (int(v) for v in batch.sizes.max(0).values)
     canvas = torch.zeros((len(batch.sizes), 3, height, width), dtype=torch.uint8, device=device)
-    if batch.placed:
-        rows = torch.tensor(batch.placed, device=device)
+    if len(batch.placed):
+        rows = batch.placed.to(device, non_blocking=True)
         canvas[:, :, : decoded.shape[-2], : decoded.shape[-1]].index_copy_(0, rows, decoded)
     images, refused = decode_packed(batch.blob, batch.encoded, device)
     for (index, *_), image in zip(batch.encoded, images, strict=True):
