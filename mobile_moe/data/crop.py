@@ -225,6 +225,7 @@ def squares(images: list[Tensor], pixels: list[tuple[int, int, int, int]], size:
     out = torch.empty((len(images), 3, size, size), dtype=dtype, device=device)
     for row, (image, (left, top, right, bottom)) in enumerate(zip(images, pixels, strict=True)):
         region = image[None, :, top:bottom, left:right].to(dtype)
+        # F.interpolate's own call for an antialiased bilinear resize (torch/nn/functional.py), into the batch's row
         torch._C._nn._upsample_bilinear2d_aa(region, [size, size], False, out=out[row : row + 1])
     return out if dtype == torch.uint8 else out.round_().to(torch.uint8)
 
