@@ -215,9 +215,9 @@ def on_device(batch: CroppedBatch, device: torch.device) -> tuple[Tensor, int]:
 def squares(images: list[Tensor], pixels: list[tuple[int, int, int, int]], size: int) -> Tensor:
     """Each (3, h, w) uint8 image's crop (left, top, right, bottom) resized to S x S as `square` resizes it, into one
     (n, 3, S, S) uint8 batch. An image costs a view and two operators (its crop in the resize's dtype, and the
-    antialiased resize written into its row of the batch), the rounding is one for the batch: the host time of
-    resize_image's per-call Python and four more operators an image, on the thread that prepares a folder's batches
-    next to the step's, is what this saves."""
+    antialiased resize written into its row of the batch); the rounding is one for the batch. Against torchvision's
+    resize_image an image, this saves host time: that function's Python and four more operators an image, on the
+    thread that prepares a folder's batches beside the step's."""
     device = images[0].device if images else torch.device("cpu")
     # resize_image's rule (torchvision/transforms/v2/functional/_geometry.py): torch's uint8 resize on a CPU, float32
     # elsewhere (CUDA's antialiased kernel takes floating types only), rounded back
