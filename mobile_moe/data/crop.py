@@ -14,7 +14,8 @@ is read by the one decoder (image_files), and the in-memory datasets' uint8 tens
 both take the same resize. PIL's warnings are kept off stderr once a batch (image_files.pil_quiet), not once an image.
 
 From an image folder on CUDA (inputs.decodes_jpegs_on_device), the JPEGs the GPU decodes travel as their bytes
-instead, with their draws, and `on_device` decodes, crops and flips them on the device, in the rows the worker left.
+instead, with their crops and flips, and `on_device` decodes, crops and flips them on the device, in the rows the
+worker left.
 """
 
 from __future__ import annotations
@@ -62,18 +63,21 @@ class KeyedBatches:
 class DeviceJpegs:
     """A batch's JPEGs left to the training device's decoder (CroppedSplit(device_jpegs=True)): their bytes one after
     another (one tensor: a worker shares one file with the main process, not one per image), each (row of the batch,
-    start, end, name), and the crop and flip drawn for each: the crop as the whole pixels it covers (pixel_box of the
-    header's size), the flips and rows as tensors the loader pins, so the device takes them without a blocking copy."""
+    start, end, name), its (height, width) read from its header, and the crop and flip drawn for each: the crop also
+    as the whole pixels it covers in an image of that size (pixel_box, computed here in the worker), the flips and rows
+    as tensors the loader pins, so the device takes them without a blocking copy."""
 
     blob: Tensor  # (total bytes,) uint8
     rows: list[decode.Span]
+    sizes: list[tuple[int, int]]
+    boxes: np.ndarray  # (n, 4) top, left, height, width
     pixels: list[tuple[int, int, int, int]]  # (left, top, right, bottom)
     flips: Tensor  # (n,) bool
     index: Tensor  # (n,) int64: each JPEG's row of the batch
 
     def pin_memory(self) -> DeviceJpegs:
-        return DeviceJpegs(self.blob.pin_memory(), self.rows, self.pixels, self.flips.pin_memory(),
-                           self.index.pin_memory())  # fmt: skip
+        return DeviceJpegs(self.blob.pin_memory(), self.rows, self.sizes, self.boxes, self.pixels,
+                           self.flips.pin_memory(), self.index.pin_memory())  # fmt: skip
 
 
 @dataclass
@@ -192,8 +196,11 @@ def device_jpegs(encoded: list[tuple[bytes, str]], rows: list[int], sizes: np.nd
         spans.append((row, end, end + len(data), name))
         end += len(data)
     blob = torch.frombuffer(bytearray(b"".join(data for data, _ in encoded)), dtype=torch.uint8)
-    pixels = [pixel_box(draws.crop[row], (int(sizes[row, 1]), int(sizes[row, 0]))) for row in rows]
-    return DeviceJpegs(blob, spans, pixels, torch.from_numpy(draws.flip[rows]), torch.tensor(rows, dtype=torch.int64))
+    heights_widths = [(int(sizes[row, 0]), int(sizes[row, 1])) for row in rows]
+    pixels = [pixel_box(draws.crop[row], (width, height))
+              for row, (height, width) in zip(rows, heights_widths, strict=True)]  # fmt: skip
+    return DeviceJpegs(blob, spans, heights_widths, draws.crop[rows], pixels, torch.from_numpy(draws.flip[rows]),
+                       torch.tensor(rows, dtype=torch.int64))  # fmt: skip
 
 
 def on_device(batch: CroppedBatch, device: torch.device) -> tuple[Tensor, int]:
@@ -205,7 +212,11 @@ def on_device(batch: CroppedBatch, device: torch.device) -> tuple[Tensor, int]:
         return images, 0
     jpegs = batch.jpegs
     decoded, refused = decode.decode_packed(jpegs.blob, jpegs.rows, device)
-    cropped = squares(decoded, jpegs.pixels, images.shape[1])
+    pixels = jpegs.pixels
+    if [tuple(image.shape[1:]) for image in decoded] != jpegs.sizes:  # a decode of another size than its header's
+        pixels = [pixel_box(box, (image.shape[2], image.shape[1]))
+                  for image, box in zip(decoded, jpegs.boxes, strict=True)]  # fmt: skip
+    cropped = squares(decoded, pixels, images.shape[1])
     flips = jpegs.flips.to(device, non_blocking=True)[:, None, None, None]
     cropped = torch.where(flips, cropped.flip(-1), cropped)
     images.index_copy_(0, jpegs.index.to(device, non_blocking=True), cropped.permute(0, 2, 3, 1))
@@ -214,20 +225,21 @@ def on_device(batch: CroppedBatch, device: torch.device) -> tuple[Tensor, int]:
 
 def squares(images: list[Tensor], pixels: list[tuple[int, int, int, int]], size: int) -> Tensor:
     """Each (3, h, w) uint8 image's crop (left, top, right, bottom) resized to S x S as `square` resizes it, into one
-    (n, 3, S, S) uint8 batch. An image costs a view and two operators (its crop in the resize's dtype, and the
-    antialiased resize written into its row of the batch); the rounding is one for the batch. Against torchvision's
-    resize_image an image, this saves host time: that function's Python and four more operators an image, on the
-    thread that prepares a folder's batches beside the step's."""
-    device = images[0].device if images else torch.device("cpu")
-    # resize_image's rule (torchvision/transforms/v2/functional/_geometry.py): torch's uint8 resize on a CPU, float32
-    # elsewhere (CUDA's antialiased kernel takes floating types only), rounded back
-    dtype = torch.uint8 if device.type == "cpu" else torch.float32
-    out = torch.empty((len(images), 3, size, size), dtype=dtype, device=device)
+    (n, 3, S, S) uint8 batch. Off a CPU an image costs a view and two operators (its crop's float copy, and the
+    antialiased resize written into its row of the batch), and the rounding is one for the batch: the operators of
+    torchvision's resize_image there (float cast, resize, round, cast back:
+    torchvision/transforms/v2/functional/_geometry.py), less its Python and three operators an image, host time on
+    the thread that prepares a folder's batches beside the step's. On a CPU (the tests' device: a CPU never decodes
+    for training) each crop is `square`'s, whose uint8 or float path torchvision picks by the CPU's features."""
+    if images and images[0].device.type == "cpu":
+        return torch.stack([square(image[:, top:bottom, left:right], size)
+                            for image, (left, top, right, bottom) in zip(images, pixels, strict=True)])  # fmt: skip
+    out = torch.empty((len(images), 3, size, size), device=images[0].device if images else None)
     for row, (image, (left, top, right, bottom)) in enumerate(zip(images, pixels, strict=True)):
-        region = image[None, :, top:bottom, left:right].to(dtype)
         # F.interpolate's own call for an antialiased bilinear resize (torch/nn/functional.py), into the batch's row
-        torch._C._nn._upsample_bilinear2d_aa(region, [size, size], False, out=out[row : row + 1])
-    return out if dtype == torch.uint8 else out.round_().to(torch.uint8)
+        torch._C._nn._upsample_bilinear2d_aa(image[None, :, top:bottom, left:right].float(), [size, size], False,
+                                             out=out[row : row + 1])  # fmt: skip
+    return out.round_().to(torch.uint8)
 
 
 def lazy_jpeg(data: bytes) -> Image.Image | None:

@@ -10,7 +10,7 @@ accepts, in one nvjpegDecodeBatched call, and the others one by one through nvJP
 (torchvision/csrc/io/image/cuda/decode_jpegs_cuda.cpp, CUDAJpegDecoder::decode_images).
 
 Which files the GPU takes is read from each JPEG's frame header (its SOF marker: a few bytes, no decoding): 8-bit
-baseline or extended-sequential frames of 3 components, stored upright (nvJPEG ignores EXIF orientation). Progressive,
+baseline or extended-sequential frames of 3 components, stored upright (nvJPEG ignores orientation tags). Progressive,
 CMYK, grayscale and sideways JPEGs, PNGs and everything else are decoded in the worker by the one decoder
 (mobile_moe.data.image_files), as the folder check decoded them.
 torchvision 0.29 deprecates its decoders for TorchCodec's, which neither the pinned stack nor a GPU machine's image
@@ -45,7 +45,9 @@ class JpegFrame:
     width: int
     components: int
     precision: int  # bits per sample: nvJPEG takes 8
-    exif: bool = False  # an APP1 Exif segment came before the frame: it may say the image is stored sideways
+    # an APP1 segment came before the frame: Exif or XMP, from either of which PIL reads an orientation (Pillow's
+    # Image.getexif takes XMP's tiff:Orientation where Exif has none), so it may say the image is stored sideways
+    app1: bool = False
 
     @property
     def gpu_decodable(self) -> bool:
@@ -55,15 +57,15 @@ class JpegFrame:
 
 def device_decodes(frame: JpegFrame, data: bytes) -> bool:
     """Whether the JPEG `data` (its frame header `frame`) goes to the GPU's decoder: a frame it takes, stored upright
-    (nvJPEG ignores EXIF orientation: the host decoder turns a sideways photo)."""
-    return frame.gpu_decodable and (not frame.exif or stored_upright(data))
+    (nvJPEG ignores orientation tags, Exif's or XMP's: the host decoder turns a sideways photo)."""
+    return frame.gpu_decodable and (not frame.app1 or stored_upright(data))
 
 
 def jpeg_frame(data: bytes) -> JpegFrame | None:
     """The frame header of JPEG `data`; None when it is no JPEG or its header cannot be found before the scan."""
     if data[:2] != b"\xff\xd8":
         return None
-    position, exif = 2, False
+    position, app1 = 2, False
     while position + 4 <= len(data):
         if data[position] != 0xFF:
             return None
@@ -80,10 +82,10 @@ def jpeg_frame(data: bytes) -> JpegFrame | None:
             if len(header) < 6:
                 return None
             height, width = int.from_bytes(header[1:3], "big"), int.from_bytes(header[3:5], "big")
-            return JpegFrame(marker, height, width, header[5], header[0], exif)
+            return JpegFrame(marker, height, width, header[5], header[0], app1)
         if marker == 0xDA or length < 2:  # the scan began without a frame header, or a broken length
             return None
-        exif = exif or (marker == 0xE1 and data[position + 4 : position + 10] == b"Exif\0\0")
+        app1 = app1 or marker == 0xE1
         position += 2 + length
     return None
 
@@ -195,8 +197,8 @@ class RawBatch:
     encoded: list[Span]
 
     def pin_memory(self) -> RawBatch:  # DataLoader(pin_memory=True) calls this on a custom batch type
-        return RawBatch(self.canvas.pin_memory(), self.placed.pin_memory(), self.sizes, self.labels.pin_memory(),
-                        self.blob, self.encoded)  # fmt: skip
+        return RawBatch(self.canvas.pin_memory(), self.placed.pin_memory(), self.sizes.pin_memory(),
+                        self.labels.pin_memory(), self.blob, self.encoded)  # fmt: skip
 
 
 def collate(items: list[tuple]) -> RawBatch:

@@ -208,6 +208,25 @@ def test_jpegs_left_to_the_device_are_cropped_there_as_in_the_worker():
     assert torch.equal(left.params.theta, in_worker.params.theta)
 
 
+def test_a_device_decode_of_another_size_than_its_header_is_cropped_within_it(monkeypatch):
+    """The crops are drawn for the headers' sizes and their pixels computed in the worker; a decoder that answers
+    another size for a file (here every image turned, as a host decoder turns a photo it reads an orientation for)
+    gets each box's pixels within the image it gave, as the worker's pixel_box computes them, never an empty crop."""
+    blobs = jpegs(96, 4)
+    left = crop.CroppedSplit(Encoded(blobs), DEIT, image_size=32, eval_crop=None, device_jpegs=True)
+    batch = left.__getitems__(items(3, range(4)))
+    # turned and smaller than every header (64 x 96, 96 x 82): a box drawn for the header can start past its edge
+    turned = [image_from_bytes(blob, "x").transpose(Image.Transpose.ROTATE_90).crop((0, 0, 24, 40)) for blob in blobs]
+    decoded = [torch.from_numpy(np.array(image)).permute(2, 0, 1) for image in turned]  # (3, 40, 24) each
+    assert any(left >= 24 or top >= 40 for left, top, *_ in batch.jpegs.pixels)
+    monkeypatch.setattr(crop.decode, "decode_packed", lambda blob, rows, device: ([*decoded], 0))
+    images, _ = crop.on_device(batch, torch.device("cpu"))
+    for row, (image, box, flip) in enumerate(zip(decoded, batch.jpegs.boxes, batch.jpegs.flips, strict=True)):
+        left_, top, right, bottom = crop.pixel_box(box, (24, 40))
+        expected = crop.square(image[:, top:bottom, left_:right], 32)
+        assert torch.equal(images[row], (expected.flip(-1) if flip else expected).permute(1, 2, 0))
+
+
 def test_a_damaged_jpeg_in_a_batch_is_one_line_naming_it():
     """A JPEG whose header reads but whose data stops half-way fails at the cropped decode: the one decoder reads it
     again and names it (UnreadableImage), not PIL's bare OSError."""

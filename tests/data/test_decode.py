@@ -136,11 +136,25 @@ def test_an_exif_rotated_jpeg_reads_upright_on_every_path(tmp_path):
     turned = np.array(read_image(sideways))
     assert turned.shape == (44, 30, 3) and (turned == np.rot90(plain, k=-1)).all()
     frame = decode.jpeg_frame(sideways.read_bytes())
-    assert frame.gpu_decodable and frame.exif
+    assert frame.gpu_decodable and frame.app1
     raw = decode.RawImages(decode.FolderFiles([(str(sideways), 0), (str(upright), 1)]), max_side=64)
     (image, _, name), (_, _, upright_name) = raw[0], raw[1]
     assert name is None and (image.permute(1, 2, 0).numpy() == turned).all()  # decoded, turned, in the worker
     assert upright_name is not None  # bytes for the GPU
+
+
+def test_a_jpeg_turned_by_its_xmp_alone_reads_upright_and_stays_off_the_gpu(tmp_path):
+    """An orientation in XMP and no Exif block: PIL turns it (Image.getexif reads XMP's tiff:Orientation), nvJPEG
+    would not, so the worker decodes it; the GPU would have decoded it sideways, and a refused file's host decode
+    would have answered another size than the header its crop was drawn for."""
+    xmp = (b'<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#">'
+           b'<rdf:Description xmlns:tiff="http://ns.adobe.com/tiff/1.0/" tiff:Orientation="6"/></rdf:RDF></x:xmpmeta>')
+    path = tmp_path / "turned.jpg"
+    Image.fromarray(smooth_pixels(30, 44)).save(path, format="JPEG", quality=95, xmp=xmp)
+    data = path.read_bytes()
+    frame = decode.jpeg_frame(data)
+    assert frame.gpu_decodable and frame.app1 and not decode.device_decodes(frame, data)
+    assert np.array(read_image(path)).shape == (44, 30, 3)
 
 
 @pytest.mark.parametrize("header", [b"Exif\0\0II*\0\xff\xff\xff\x7f", b"Exif\0\0MM\0*\0\0\0\x08\xff\xff", b"Exif\0\0"])
