@@ -225,12 +225,12 @@ def on_device(batch: CroppedBatch, device: torch.device) -> tuple[Tensor, int]:
 
 def squares(images: list[Tensor], pixels: list[tuple[int, int, int, int]], size: int) -> Tensor:
     """Each (3, h, w) uint8 image's crop (left, top, right, bottom) resized to S x S as `square` resizes it, into one
-    (n, 3, S, S) uint8 batch. Off a CPU an image costs a view and two operators (its crop's float copy, and the
-    antialiased resize written into its row of the batch), and the rounding is one for the batch: the operators of
-    torchvision's resize_image there (float cast, resize, round, cast back:
-    torchvision/transforms/v2/functional/_geometry.py), less its Python and three operators an image, host time on
-    the thread that prepares a folder's batches beside the step's. On a CPU (the tests' device: a CPU never decodes
-    for training) each crop is `square`'s, whose uint8 or float path torchvision picks by the CPU's features."""
+    (n, 3, S, S) uint8 batch. Off a CPU these are the operators of torchvision's resize_image there (float cast,
+    resize, round, cast back: torchvision/transforms/v2/functional/_geometry.py) without its Python: an image costs a
+    view and two operators (its crop's float copy, and the antialiased resize written into its row of the batch), the
+    rounding and cast back are one for the batch. That is host time saved on the thread that prepares a folder's
+    batches beside the step's. On a CPU (the tests' device: a CPU never decodes for training) each crop is
+    `square`'s, whose uint8 or float path torchvision picks by the CPU's features."""
     if images and images[0].device.type == "cpu":
         return torch.stack([square(image[:, top:bottom, left:right], size)
                             for image, (left, top, right, bottom) in zip(images, pixels, strict=True)])  # fmt: skip
