@@ -181,7 +181,7 @@ def crop_stages(specs: dict[str, str], device: torch.device, batch_size: int = 2
     below the step names its cause: the loader alone (usable-cores workers decoding and cropping, into pinned memory
     on CUDA: the decode capacity), then the loader with each batch finished on `device` (a folder's JPEGs decoded and
     cropped there, crop.on_device) and through the graph (synchronised per batch; the host ms of that call, its median
-    over batches, timed before the synchronisation). A folder's loader is also timed
+    over batches, timed before the synchronisation), each in the steady state. A folder's loader is also timed
     with its workers decoding every image (device_jpegs off: what a folder feeds without the GPU's decoder)."""
     from mobile_moe.training.distributed import Placement
     from mobile_moe.training.train import make_loader
@@ -199,8 +199,14 @@ def crop_stages(specs: dict[str, str], device: torch.device, batch_size: int = 2
         for stage, decode_on_device in plan:
             split.device_jpegs = decode_on_device  # a new loader's workers take the split as it is now
             loader, _ = make_loader(split, recipe, Placement(0, 1, device), inputs.collate("crop"))
-            for _ in range(2):  # timed: the second epoch, as in training (workers persist, the queue starts empty)
-                start, count, on_device, host = time.perf_counter(), 0, 0, []
+            # timed: the second epoch (workers persist, as in training) in its steady state. Batch k + W comes from
+            # the worker that made batch k (W workers: DataLoader deals batches round-robin, torch/utils/data/
+            # dataloader.py, _try_put_index), so W batches over the median time from batch k to k + W is the rate
+            # of W workers decoding side by side, or of whatever consumes the batches where that is slower; an
+            # epoch's images over its time also counted its first round, which the W workers start together and
+            # which ends at once: on 2 batches against 5 an epoch, 1.6x apart on the same folder of photographs
+            for _ in range(2):
+                done, images, on_device, host = [], 0, 0, []
                 for step, batch in enumerate(loader):
                     if stage == "loader + graph":
                         begin = time.perf_counter()
@@ -208,10 +214,16 @@ def crop_stages(specs: dict[str, str], device: torch.device, batch_size: int = 2
                         host.append(time.perf_counter() - begin)
                         if device.type == "cuda":
                             torch.cuda.synchronize()
-                    count += len(batch.labels)
+                    done.append(time.perf_counter())
+                    images += len(batch.labels)
                     on_device += len(batch.jpegs.rows) if batch.jpegs is not None else 0
-            stages[stage] = count / (time.perf_counter() - start)
-            stages.setdefault("share decoded on the device", on_device / count)
+            workers = recipe.workers
+            if len(done) <= workers:
+                raise SystemExit(f"crop_stages: {source} makes {len(done)} batches of {batch_size} an epoch for "
+                                 f"{workers} workers; the steady state needs more than {workers}")  # fmt: skip
+            round_s = statistics.median(later - first for first, later in zip(done, done[workers:], strict=False))
+            stages[stage] = workers * batch_size / round_s
+            stages.setdefault("share decoded on the device", on_device / images)
             if host:  # what the thread preparing batches holds of the training process's host time, a batch
                 stages["loader + graph, host ms / batch"] = 1e3 * statistics.median(host)
         found[source] = stages
