@@ -322,7 +322,8 @@ METRICS_LISTS = ("train_expert_load", "expert_load")  # lists of numbers
 METRICS_NULLABLE = ("router_accuracy", "expert_load", "val_experts_per_image", "val_dropped")  # also null
 METRICS_NUMBERS = (
     *(f"train_{term}" for term in ("loss", "class_loss", "router_loss", "balance_loss", "aux_loss")),
-    *("train_experts_per_image", "train_dropped", "train_top1", "images_per_s", "epoch_time_s", "input_wait"),
+    *("train_experts_per_image", "train_dropped", "train_top1", "images_per_s", "steady_images_per_s"),
+    *("epoch_time_s", "input_wait"),
     *("val_top1", "val_top5", "router_accuracy", "val_experts_per_image", "val_dropped", "lr", "time"),
 )
 

@@ -32,7 +32,8 @@ REPO = Path(__file__).resolve().parents[2]
 SYNTHETIC = "synthetic:classes=6,super=3,per_class=30,noise=0.05"
 MODEL = ["--model", "vit", "--size", "1x64", "--patch", "4", "--image-size", "16"]
 RECIPE = ["--data", SYNTHETIC, "--recipe", "tiny", "--batch-size", "32", "--quiet"]
-VARYING = ("time", "images_per_s", "epoch_time_s", "input_wait")  # wall-clock: the only fields two runs may disagree on
+# wall-clock: the only fields two runs may disagree on
+VARYING = ("time", "images_per_s", "steady_images_per_s", "epoch_time_s", "input_wait")
 RUN_FILES = ["best.pt", "checkpoint.pt", "config.json", "metrics.jsonl"]
 
 

@@ -125,8 +125,9 @@ def test_an_interrupted_train_says_the_command_that_continues_it(monkeypatch, ca
 
 def test_input_wait_is_the_steady_state_not_the_workers_start():
     """A loader whose first batch takes 1 s (workers starting, the queue's first fill) and whose others are ready at
-    once: the epoch waited about half its time, but input_wait, after the first step, is near 0. A loader that is
-    slow on every batch still reads as waiting."""
+    once: the epoch waited about half its time, but input_wait, after the first step, is near 0, and its images/s
+    after the first step is the steps' own rate. A loader that is slow on every batch still reads as waiting, at its
+    own rate."""
     import time
 
     opt, loader, ctx = epoch_of("vit", steps=6, log_every=10)
@@ -148,8 +149,33 @@ def test_input_wait_is_the_steady_state_not_the_workers_start():
 
     starting = engine.train_one_epoch(opt, Loader(1.0, 0.0), ctx, epoch=0)
     assert starting["input_wait"] < 0.2 and starting["epoch_time_s"] > 1.0
+    assert starting["steady_images_per_s"] > 3 * starting["images_per_s"]  # the 1 s start is not the steps' rate
     slow = engine.train_one_epoch(opt, Loader(0.0, 0.3), ctx, epoch=0)
     assert slow["input_wait"] > 0.5
+    assert slow["steady_images_per_s"] < 1.5 * slow["images_per_s"]
+
+
+def test_steady_images_per_s_leaves_out_the_workers_first_round():
+    """Three workers start together, so a slow loader's first three batches come at once (after 0.5 s), and the others
+    0.2 s apart: after the first step the epoch would read 5 batches in 0.6 s, faster than the loader ever is; the
+    window after the first round reads the loader's own pace, 4 images (a batch) in no less than 0.2 s."""
+    import time
+
+    opt, loader, ctx = epoch_of("vit", steps=6, log_every=10)
+
+    class ThreeWorkers:
+        num_workers = 3
+
+        def __len__(self) -> int:
+            return len(loader)
+
+        def __iter__(self):
+            for step, batch in enumerate(loader):
+                time.sleep(0.5 if step == 0 else 0.0 if step < 3 else 0.2)
+                yield batch
+
+    row = engine.train_one_epoch(opt, ThreeWorkers(), ctx, epoch=0)
+    assert 0.8 * 4 / 0.2 < row["steady_images_per_s"] <= 4 / 0.2
 
 
 def test_an_epochs_device_refusals_reach_its_row_and_its_line():
