@@ -38,7 +38,10 @@ def test_two_gloo_processes_equal_one_process(tmp_path):
             key_bias = slice(width, 2 * width)
             torch.testing.assert_close(got[key_bias], value[key_bias], rtol=0, atol=1e-3)
             got, value = torch.cat([got[:width], got[2 * width :]]), torch.cat([value[:width], value[2 * width :]])
-        torch.testing.assert_close(got, value, rtol=1e-5, atol=1e-6, msg=key)
+        # atol 1e-5: where an element's true gradient is about 0, Adam normalises the summation order's rounding into
+        # steps far above float32's last bit: 2.2e-6 (one element of an expert's fc2) under ATEN_CPU_CAPABILITY=default,
+        # 1.3e-6 on torch 2.11. Ranks that read the same shard (a sampler given the wrong rank) miss by 1e-3 to 1e-2.
+        torch.testing.assert_close(got, value, rtol=1e-5, atol=1e-5, msg=key)
     assert ddp.checkpoint["metrics"]["val_top1"] == single.checkpoint["metrics"]["val_top1"]
 
 
