@@ -339,6 +339,14 @@ def flip_byte(path: Path, offset: int) -> None:
     path.write_bytes(bytes(data))
 
 
+def first_weight_byte(ptd: Path) -> int:
+    """The offset of the first byte of a .ptd file's segment data: a tensor's own bytes. A fixed offset can land in
+    the FlatTensor header instead (it is a kilobyte long, its segments ordered by their keys, which hash the
+    weights: the weights' last bits, and so the layout, differ with ATen's CPU kernels)."""
+    header = files.FLAT_TENSOR_HEADER.unpack_from(ptd.read_bytes(), 8)
+    return dict(zip(files.FLAT_TENSOR_HEADER_FIELDS, header, strict=True))["segment_base"]
+
+
 def reseal(bundle: Path) -> None:
     """Record every graph file's (and weights file's) current bytes and sha256 in the manifest: tampering that a
     checksum cannot see."""

@@ -24,6 +24,7 @@ from faults import (
     REPORT_MANIFEST_MUTATIONS,
     WHOLE_MANIFEST_MUTATIONS,
     copy_bundle,
+    first_weight_byte,
     flip_byte,
     flip_offsets,
     mutate_manifest,
@@ -120,7 +121,7 @@ def exported_over(bundle: Path, tmp_path: Path) -> None:
     manifest re-sealed) renamed over the folder as a whole, the old one moved aside (mobile_moe/atomic.py)."""
     replacement = copy_bundle(bundle, tmp_path / "replacement")
     for weights in replacement.glob("expert_*.ptd"):
-        flip_byte(weights, 1000)
+        flip_byte(weights, first_weight_byte(weights))
     reseal(replacement)
     os.replace(bundle, tmp_path / "aside")
     os.replace(replacement, bundle)
@@ -191,7 +192,8 @@ def test_flipped_byte_without_reseal_is_caught_by_sha256(bundle, png, tmp_path, 
     flip_byte(router / "router.pte", 1000)
     assert "sha256" in refused(["predict", str(router), str(png)], capsys)
     expert = copy_bundle(bundle, tmp_path / "expert")
-    flip_byte(expert / "expert_2.ptd", 1000)  # expert 2's own weights (the experts share expert.pte)
+    weights = expert / "expert_2.ptd"  # expert 2's own weights (the experts share expert.pte)
+    flip_byte(weights, first_weight_byte(weights))
     load_bundle(expert)  # experts load lazily: the bundle opens; bench checks every graph before it runs any
     assert "sha256" in refused(["bench", str(expert), "--runtime", "executorch", "--out", str(tmp_path / "b")], capsys)
 
