@@ -167,15 +167,20 @@ def test_the_crop_pipelines_compiled_cuda_graph_answers_as_the_cpus_in_place_pat
 def test_a_folders_jpegs_decoded_and_cropped_on_cuda_answer_as_the_workers_crop():
     """--input-pipeline crop from an image folder on CUDA: the baseline JPEGs left to the device (nvJPEG, then the
     crop and torchvision's float antialiased resize there) against the worker's crop of the same batch (libjpeg-turbo,
-    torch's uint8 resize): equal to a level or two (two IDCTs, two resize roundings), nothing refused."""
+    torch's uint8 resize): equal to a level or two (two IDCTs, two resize roundings), nothing refused. The photos are
+    120 px, under the side the worker leaves to the device (decode.source_side_limit: 227 px here) and under 2 S,
+    where the worker would decode at reduced scale; stored 4:4:4, since nvJPEG's chroma upsampling is not
+    libjpeg-turbo's fancy upsampling, which would move colour edges by more than the crop's own rounding."""
     from data.test_crop_pipeline import DEIT, Encoded, items, jpegs
 
     from mobile_moe.data import crop
 
-    blobs = jpegs(320, 12)
+    blobs = jpegs(120, 12, subsampling=0)
     in_worker = crop.CroppedSplit(Encoded(blobs), DEIT, image_size=64, eval_crop=None).__getitems__(items(1, range(12)))
     left = crop.CroppedSplit(Encoded(blobs), DEIT, image_size=64, eval_crop=None, device_jpegs=True)
-    images, refused = crop.on_device(left.__getitems__(items(1, range(12))), CUDA)
+    batch = left.__getitems__(items(1, range(12)))
+    assert batch.jpegs is not None and len(batch.jpegs.rows) == 12  # every one decoded and cropped on the device
+    images, refused = crop.on_device(batch, CUDA)
     difference = (images.cpu().int() - in_worker.images.int()).abs()
     assert refused == 0 and difference.max() <= 3 and difference.float().mean() < 0.5
 
@@ -193,3 +198,27 @@ def test_a_batchs_crops_resized_on_cuda_are_torchvisions_resize_of_each():
     expected = torch.stack([crop.square(image[:, top:bottom, left:right], 64)
                             for image, (left, top, right, bottom) in zip(images, pixels, strict=True)])  # fmt: skip
     assert torch.equal(crop.squares(images, pixels, 64), expected)
+
+
+def test_nvjpeg_never_writes_into_a_block_whose_freeing_streams_kernels_still_read_it():
+    """torchvision's CUDA decoder writes its images from a private stream that does not wait for the current one; on
+    the current stream's blocks, a block freed there while a queued kernel still reads it would be the next decode's
+    image (the allocator reuses such a block for that stream at once): decode.decode_jpegs allocates on its own
+    stream. Here a read of a freed image-sized block waits behind a long kernel while the decode runs."""
+    import io
+
+    from PIL import Image
+
+    from mobile_moe.data import decode
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (96, 64), (200, 10, 90)).save(buffer, "JPEG", quality=90)
+    held = torch.full((3, 64, 96), 7, dtype=torch.uint8, device=CUDA)
+    address = held.data_ptr()
+    torch.cuda._sleep(200_000_000)  # about 0.1 s of the current stream, then the read below
+    total = held.sum(dtype=torch.int64)
+    del held  # freed on the current stream, its read still queued
+    encoded = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+    (image,), refused = decode.decode_jpegs([encoded], ["plain.jpg"], CUDA)
+    assert refused == 0 and image.data_ptr() != address
+    assert total.item() == 7 * 3 * 64 * 96

@@ -20,6 +20,7 @@ ships; decode_jpeg is called with that warning silenced here, in one place.
 from __future__ import annotations
 
 import math
+import threading
 import warnings
 from dataclasses import dataclass
 
@@ -257,11 +258,46 @@ def decode_packed(blob: Tensor, rows: list[Span], device: torch.device) -> tuple
 
 
 def decode_jpegs(pieces: list[Tensor], names: list[str], device: torch.device) -> tuple[list[Tensor], int]:
-    """JPEG bytes (uint8 tensors on the host) decoded on `device` -> ((3, h, w) uint8 images on `device`, how many
-    files the device refused). One batched call (on CUDA, nvJPEG's: torchvision/io/image.py decode_jpeg with a list
-    runs torch.ops.image.decode_jpegs_cuda); where it raises, which it does for the whole batch whatever file it
-    refused, each file alone, and a file the device refuses alone is decoded by the one host decoder, which names a
-    damaged file in one line (UnreadableImage)."""
+    """JPEG bytes (uint8 tensors on the host) decoded on `device` -> ((3, h, w) uint8 images on `device`, ready on the
+    current stream, how many files the device refused). One batched call (on CUDA, nvJPEG's: torchvision/io/image.py
+    decode_jpeg with a list runs torch.ops.image.decode_jpegs_cuda); where it raises, which it does for the whole batch
+    whatever file it refused, each file alone, and a file the device refuses alone is decoded by the one host decoder,
+    which names a damaged file in one line (UnreadableImage).
+
+    On CUDA the images are allocated on a stream of their own. torchvision allocates them on the current stream, then
+    writes them from its decoder's private stream, which never waits for the current one (decode_jpegs_cuda.cpp:
+    prepare_buffers' torch::empty, then decode_images on CUDAJpegDecoder::stream; its event orders only what comes
+    after). The caching allocator hands a block freed on a stream to that stream's next allocation at once, so on the
+    current stream nvJPEG could write into the last batch's images while kernels queued there still read them. A
+    stream that only these images are allocated on, and record_stream for the stream that reads them, keep a block
+    until its readers are done."""
+    if device.type != "cuda":
+        return _decoded(pieces, names, device)
+    reader, writer = torch.cuda.current_stream(device), decoder_stream(device)
+    with torch.cuda.stream(writer):
+        images, refused = _decoded(pieces, names, device)
+    reader.wait_stream(writer)
+    for image in images:
+        image.record_stream(reader)
+    return images, refused
+
+
+_DECODER_STREAMS: dict[int, torch.cuda.Stream] = {}
+_DECODER_STREAMS_LOCK = threading.Lock()
+
+
+def decoder_stream(device: torch.device) -> torch.cuda.Stream:
+    """The stream decode_jpegs allocates a CUDA device's images on: one a device for the process (a stream made per
+    call or epoch would strand the allocator's blocks cached for the last one)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with _DECODER_STREAMS_LOCK:  # the crop pipeline decodes on a side thread (ahead.py)
+        if index not in _DECODER_STREAMS:
+            _DECODER_STREAMS[index] = torch.cuda.Stream(torch.device("cuda", index))
+        return _DECODER_STREAMS[index]
+
+
+def _decoded(pieces: list[Tensor], names: list[str], device: torch.device) -> tuple[list[Tensor], int]:
+    """decode_jpegs on the current stream."""
     from torchvision.io import decode_jpeg
 
     try:

@@ -41,15 +41,15 @@ class Encoded:
         return f"image {index}"
 
 
-def jpegs(side: int, count: int) -> list[bytes]:
-    """`count` JPEGs of the test photographs, their longer side `side` pixels."""
+def jpegs(side: int, count: int, **save) -> list[bytes]:
+    """`count` JPEGs of the test photographs, their longer side `side` pixels (`save`: more of PIL's JPEG options)."""
     blobs = []
     for index in range(count):
         photo = photographs()[index % 3]
         scale = side / max(photo.size)
         image = photo.resize((round(photo.width * scale), round(photo.height * scale)), Image.Resampling.BICUBIC)
         buffer = io.BytesIO()
-        image.save(buffer, "JPEG", quality=90)
+        image.save(buffer, "JPEG", quality=90, **save)
         blobs.append(buffer.getvalue())
     return blobs
 
