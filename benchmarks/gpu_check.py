@@ -56,7 +56,8 @@ def steps(device: str, out: Path, gpus: int) -> list[tuple[str, list[str]]]:
     tests = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "--durations", "10",
              str(REPO / "tests" / "test_gpu.py")]  # fmt: skip
     if device == "cuda":  # four workers on one GPU: the compile tests' time is inductor's, on the host's cores
-        tests += ["-n", "4"] + (["--timeout", "300"] if importlib.util.find_spec("pytest_timeout") else [])
+        tests += ["-n", "4"] if importlib.util.find_spec("xdist") else []
+        tests += ["--timeout", "300"] if importlib.util.find_spec("pytest_timeout") else []
     found = [("gpu tests", tests)]
     extra = {"vit": [], "mobile-vmoe": moe, "hard-moe": ["--experts", "5", "--init-from", str(out / "train-vit")]}
     for name in ["vit", *(name for name in list_models() if name != "vit")]:  # hard-moe starts from vit's run

@@ -34,6 +34,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 from itertools import islice
 from pathlib import Path
 
@@ -340,25 +341,38 @@ def gpu_figures(specs: dict[str, str], out: Path, args) -> dict:
                                       device="cuda", size="deit-ti", patch=16, batch_size=256, steps=30, warmup=5,
                                       compile=True)  # fmt: skip
     steps_alone = train_step.measure(step_args, torch.device("cuda"))[0]
+    alone, found = steps_alone.get("compiled", {}), {}  # measure printed why, where compiling failed
     print("step alone, img/s eager / compiled (graph breaks, first step s): " + ", ".join(
         f"{name} {steps_alone['eager'][name]['images_per_s']:.0f} / {row['images_per_s']:.0f} "
-        f"({row['graph_breaks']}, {row['first_step_s']:.0f})" for name, row in steps_alone["compiled"].items()),
-        flush=True)  # fmt: skip
-    alone, found = steps_alone["compiled"], {}
+        f"({row['graph_breaks']}, {row['first_step_s']:.0f})" for name, row in alone.items()), flush=True)  # fmt: skip
     for model in args.gpu_models:
         extra = {"num_experts": 10, "moe_layers": 2} if model == "mobile-vmoe" else {}
         config = make_config(model, "deit-ti", patch_size=16, image_size=224, num_classes=CLASSES, **extra)
         recipe = recipes.deit().replace(epochs=2, batch_size=256, workers=usable_cores(), compile=True, device="cuda",
                                         input_pipeline="crop", warmup_epochs=0.5)  # fmt: skip
         for source, spec in specs.items():
-            run = train(config, recipe, spec, "random" if extra else None, out / f"{model}-{source}", verbose=False)
-            row = read_metrics(run)[-1]
-            found[f"{model} {source}"] = {"epoch_images_per_s": row["steady_images_per_s"],
-                                          "whole_epoch_images_per_s": row["images_per_s"],
-                                          "input_wait": row["input_wait"],
-                                          "step_alone_images_per_s": alone[model]["images_per_s"]}  # fmt: skip
+            run = reported(f"{model} {source}", train, config, recipe, spec, "random" if extra else None,
+                           out / f"{model}-{source}", verbose=False)  # fmt: skip
+            found[f"{model} {source}"] = row = run if isinstance(run, dict) else read_metrics(run)[-1]
+            if "error" not in row:
+                found[f"{model} {source}"] = {"epoch_images_per_s": row["steady_images_per_s"],
+                                              "whole_epoch_images_per_s": row["images_per_s"],
+                                              "input_wait": row["input_wait"],
+                                              "step_alone_images_per_s": alone.get(model, {}).get("images_per_s")}
             print(f"{model} {source}: {json.dumps(found[f'{model} {source}'])}", flush=True)
     return found
+
+
+def reported(what: str, measure, *args, **kwargs):
+    """measure(*args, **kwargs), or {"error": its first line} where it raises, the traceback on stderr: a GPU call has
+    one chance, and the figures after a failed one still run."""
+    try:
+        return measure(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001 - reported in the results, and the run goes on
+        traceback.print_exc()
+        line = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
+        print(f"{what}: failed: {line}", file=sys.stderr, flush=True)
+        return {"error": line}
 
 
 ACCURACY_MODEL = ["--model", "vit", "--size", "4x64", "--patch", "8", "--image-size", "32", "--pool", "mean"]
@@ -450,16 +464,27 @@ def main(argv: list[str] | None = None) -> dict:
             print_accuracy(report["accuracy"])
         if args.gpu:
             cuda = torch.device("cuda")
-            report["gpu graph"] = graph_figures(cuda, 256, 224)
+            report["gpu graph"] = reported("the crop graph", graph_figures, cuda, 256, 224)
             report["gpu"] = {"device": torch.cuda.get_device_name(), **gpu_figures(specs, out, args)}
-            report["gpu stages"] = crop_stages(specs, cuda)
+            report["gpu stages"] = reported("the crop's stages", crop_stages, specs, cuda)
             print(json.dumps(report["gpu"], indent=1))
+            measured = {name: row for name, row in report["gpu"].items() if name != "device" and "error" not in row}
             ratios = [f"{name} {row['epoch_images_per_s'] / row['step_alone_images_per_s']:.2f}"
-                      for name, row in report["gpu"].items() if name != "device"]  # fmt: skip
+                      for name, row in measured.items() if row["step_alone_images_per_s"]]  # fmt: skip
             print("epoch / step-alone images/s: " + ", ".join(ratios))
         (out / "results.json").write_text(json.dumps(report, indent=1) + "\n")
     return report
 
 
+def failures(found) -> list[str]:
+    """The error lines anywhere in a report (reported's)."""
+    if not isinstance(found, dict):
+        return []
+    return [found["error"]] if "error" in found else [line for value in found.values() for line in failures(value)]
+
+
 if __name__ == "__main__":
-    main()
+    failed = failures(main())
+    if failed:  # the last line, which make gpu-check's table shows
+        print(f"{len(failed)} figure(s) failed: {'; '.join(failed)}", file=sys.stderr)
+    sys.exit(1 if failed else 0)
