@@ -4,6 +4,7 @@ derive, reproduce): a typo or CUDA that is not there is one line, never a silent
 from __future__ import annotations
 
 import os
+import threading
 from typing import TYPE_CHECKING
 
 from mobile_moe.errors import UsageError
@@ -27,6 +28,23 @@ def resolve_device(choice: str, local_rank: int = 0) -> torch.device:
     if choice == "cpu":
         return torch.device("cpu")
     raise UsageError(f"device {choice!r}: choose {', '.join(DEVICES[:-1])} or {DEVICES[-1]}")
+
+
+_STREAMS: dict[tuple[str, int], torch.cuda.Stream] = {}
+_STREAMS_LOCK = threading.Lock()
+
+
+def process_stream(device: torch.device, purpose: str) -> torch.cuda.Stream:
+    """A CUDA stream of its own for `purpose` on `device`, the same one for the whole process: the caching allocator
+    keeps a stream's freed blocks for that stream's allocations, so a stream made per call or epoch would strand
+    the blocks it cached (each epoch's batches allocated afresh). Thread-safe: batches are prepared on a side thread."""
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with _STREAMS_LOCK:
+        if (purpose, index) not in _STREAMS:
+            _STREAMS[purpose, index] = torch.cuda.Stream(torch.device("cuda", index))
+        return _STREAMS[purpose, index]
 
 
 def usable_cores() -> int:

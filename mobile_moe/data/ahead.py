@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from mobile_moe.devices import process_stream
+
 _DONE = object()  # the loader is exhausted
 
 
@@ -89,7 +91,7 @@ class BatchesAhead:
             side = None
             if self._cuda:
                 torch.cuda.set_device(self.device)
-                side = torch.cuda.Stream(self.device)
+                side = process_stream(self.device, "batches ahead")  # one for every epoch's thread
             for step, loader_batch in self._batches:
                 with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
                     tensors = self.prepare(step, loader_batch)

@@ -20,7 +20,6 @@ ships; decode_jpeg is called with that warning silenced here, in one place.
 from __future__ import annotations
 
 import math
-import threading
 import warnings
 from dataclasses import dataclass
 
@@ -29,6 +28,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from mobile_moe.data.image_files import UnreadableImage, image_from_bytes, stored_upright
+from mobile_moe.devices import process_stream
 
 # JPEG start-of-frame markers: 0xC0-0xCF except DHT (C4), JPG (C8) and DAC (CC); the GPU takes C0 and C1
 SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
@@ -273,27 +273,13 @@ def decode_jpegs(pieces: list[Tensor], names: list[str], device: torch.device) -
     until its readers are done."""
     if device.type != "cuda":
         return _decoded(pieces, names, device)
-    reader, writer = torch.cuda.current_stream(device), decoder_stream(device)
+    reader, writer = torch.cuda.current_stream(device), process_stream(device, "jpeg decode")
     with torch.cuda.stream(writer):
         images, refused = _decoded(pieces, names, device)
     reader.wait_stream(writer)
     for image in images:
         image.record_stream(reader)
     return images, refused
-
-
-_DECODER_STREAMS: dict[int, torch.cuda.Stream] = {}
-_DECODER_STREAMS_LOCK = threading.Lock()
-
-
-def decoder_stream(device: torch.device) -> torch.cuda.Stream:
-    """The stream decode_jpegs allocates a CUDA device's images on: one a device for the process (a stream made per
-    call or epoch would strand the allocator's blocks cached for the last one)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    with _DECODER_STREAMS_LOCK:  # the crop pipeline decodes on a side thread (ahead.py)
-        if index not in _DECODER_STREAMS:
-            _DECODER_STREAMS[index] = torch.cuda.Stream(torch.device("cuda", index))
-        return _DECODER_STREAMS[index]
 
 
 def _decoded(pieces: list[Tensor], names: list[str], device: torch.device) -> tuple[list[Tensor], int]:
