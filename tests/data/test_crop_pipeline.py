@@ -6,6 +6,7 @@ whatever --workers is; and one compiled graph for every batch."""
 from __future__ import annotations
 
 import io
+import threading
 
 import numpy as np
 import pytest
@@ -187,6 +188,36 @@ def test_one_compiled_graph_serves_every_batch():
         for got, expected, subsets in zip(compiled(*args), graph(*args), grouped(*args), strict=True):
             torch.testing.assert_close(got, expected, rtol=0, atol=0)
             torch.testing.assert_close(subsets, expected, rtol=0, atol=0)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    assert not torch._dynamo.utils.counters["recompiles"]
+
+
+def test_the_graph_compiles_once_on_the_thread_that_prepares_batches_ahead():
+    """On CUDA the graph is traced and run on data/ahead.py's thread, not the main one: dynamo traces it there once,
+    and it answers as the eager graph."""
+    import torch._dynamo
+
+    from mobile_moe.data.ahead import BatchesAhead
+
+    size, count = 16, 4
+    graph = batch_graph.BatchGraph(mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), num_classes=3)
+    torch._dynamo.reset()
+    compiled = torch.compile(graph, fullgraph=True, dynamic=False, backend="eager")
+    torch._dynamo.utils.counters.clear()
+    images = torch.randint(0, 256, (count, size, size, 3), dtype=torch.uint8)
+
+    def prepare(step: int, _) -> tuple:
+        draws = batch_augment.draw(DEIT, np.full((count, 2), 40), image_size=size, key=StepKey(0, 0, 0, step),
+                                   eval_crop=None)  # fmt: skip
+        params = batch_graph.params(draws, size)
+        args = (images, torch.arange(count) % 3, params.theta, params.colour, params.factor, params.erase, params.mix)
+        return threading.current_thread(), compiled(*args), graph(*args)
+
+    with BatchesAhead(range(3), prepare, torch.device("cpu"), in_thread=True) as ahead:
+        for thread, got, expected in ahead:
+            assert thread is not threading.main_thread()
+            for got_tensor, expected_tensor in zip(got, expected, strict=True):
+                torch.testing.assert_close(got_tensor, expected_tensor, rtol=0, atol=0)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
     assert not torch._dynamo.utils.counters["recompiles"]
 
