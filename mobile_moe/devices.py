@@ -1,5 +1,6 @@
 """The one reading of `--device auto|cpu|cuda`, for every command that runs a model (train, evaluate, superclass
-derive, reproduce): a typo or CUDA that is not there is one line, never a silent fallback."""
+derive, reproduce): a typo or CUDA that is not there is one line, never a silent fallback. Also what a process has
+of its devices: its usable cores, its memory share, its own CUDA streams (process_stream)."""
 
 from __future__ import annotations
 
