@@ -166,41 +166,18 @@ def test_the_graph_erases_and_mixes_as_torchvision(fixed_shape):
     assert kinds == {"mixup", "cutmix"}
 
 
-def test_one_compiled_graph_serves_every_batch():
+def test_one_compiled_graph_serves_every_batch_on_the_thread_that_prepares_them():
     """torch.compile(fullgraph=True, dynamic=False) traces the graph once: batches with other draws (other ops, other
     boxes, MixUp then CutMix) reuse it, and it answers as the eager graph and as the CPU's eager path, which runs each
-    op only on the images that drew it."""
-    import torch._dynamo
-
-    size, count = 16, 4
-    graph = batch_graph.BatchGraph(mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), num_classes=3)
-    torch._dynamo.reset()
-    compiled = torch.compile(graph, fullgraph=True, dynamic=False, backend="eager")
-    torch._dynamo.utils.counters.clear()
-    images = torch.randint(0, 256, (count, size, size, 3), dtype=torch.uint8)
-    for step in range(5):
-        draws = batch_augment.draw(DEIT, np.full((count, 2), 40), image_size=size, key=StepKey(0, 0, 0, step),
-                                   eval_crop=None)  # fmt: skip
-        params = batch_graph.params(draws, size)
-        args = (images, torch.arange(count) % 3, params.theta, params.colour, params.factor, params.erase, params.mix)
-        grouped = batch_graph.BatchGraph(mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), num_classes=3,
-                                         fixed_shape=False)  # fmt: skip
-        for got, expected, subsets in zip(compiled(*args), graph(*args), grouped(*args), strict=True):
-            torch.testing.assert_close(got, expected, rtol=0, atol=0)
-            torch.testing.assert_close(subsets, expected, rtol=0, atol=0)
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
-    assert not torch._dynamo.utils.counters["recompiles"]
-
-
-def test_the_graph_compiles_once_on_the_thread_that_prepares_batches_ahead():
-    """On CUDA the graph is traced and run on data/ahead.py's thread, not the main one: dynamo traces it there once,
-    and it answers as the eager graph."""
+    op only on the images that drew it. On CUDA it is traced and run on data/ahead.py's thread, not the main one:
+    here too."""
     import torch._dynamo
 
     from mobile_moe.data.ahead import BatchesAhead
 
     size, count = 16, 4
     graph = batch_graph.BatchGraph(mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), num_classes=3)
+    grouped = batch_graph.BatchGraph(mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), num_classes=3, fixed_shape=False)
     torch._dynamo.reset()
     compiled = torch.compile(graph, fullgraph=True, dynamic=False, backend="eager")
     torch._dynamo.utils.counters.clear()
@@ -211,13 +188,14 @@ def test_the_graph_compiles_once_on_the_thread_that_prepares_batches_ahead():
                                    eval_crop=None)  # fmt: skip
         params = batch_graph.params(draws, size)
         args = (images, torch.arange(count) % 3, params.theta, params.colour, params.factor, params.erase, params.mix)
-        return threading.current_thread(), compiled(*args), graph(*args)
+        return threading.current_thread(), compiled(*args), graph(*args), grouped(*args)
 
-    with BatchesAhead(range(3), prepare, torch.device("cpu"), in_thread=True) as ahead:
-        for thread, got, expected in ahead:
+    with BatchesAhead(range(5), prepare, torch.device("cpu"), in_thread=True) as ahead:
+        for thread, *outputs in ahead:
             assert thread is not threading.main_thread()
-            for got_tensor, expected_tensor in zip(got, expected, strict=True):
-                torch.testing.assert_close(got_tensor, expected_tensor, rtol=0, atol=0)
+            for got, expected, subsets in zip(*outputs, strict=True):
+                torch.testing.assert_close(got, expected, rtol=0, atol=0)
+                torch.testing.assert_close(subsets, expected, rtol=0, atol=0)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
     assert not torch._dynamo.utils.counters["recompiles"]
 
