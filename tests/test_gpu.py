@@ -168,9 +168,10 @@ def test_a_folders_jpegs_decoded_and_cropped_on_cuda_answer_as_the_workers_crop(
     """--input-pipeline crop from an image folder on CUDA: the baseline JPEGs left to the device (nvJPEG, then the
     crop and torchvision's float antialiased resize there) against the worker's crop of the same batch (libjpeg-turbo,
     torch's uint8 resize): equal to a level or two (two IDCTs, two resize roundings), nothing refused. The photos are
-    120 px, under the side the worker leaves to the device (decode.source_side_limit: 227 px here) and under 2 S,
-    where the worker would decode at reduced scale; stored 4:4:4, since nvJPEG's chroma upsampling is not
-    libjpeg-turbo's fancy upsampling, which would move colour edges by more than the crop's own rounding."""
+    120 px, under the side the worker leaves to the device (decode.source_side_limit: 227 px here) and under 2 S
+    (128 px), from which the worker would decode a crop at reduced scale; stored 4:4:4, since nvJPEG's chroma
+    upsampling is not libjpeg-turbo's fancy upsampling, which would move colour edges by more than the crop's own
+    rounding."""
     from data.test_crop_pipeline import DEIT, Encoded, items, jpegs
 
     from mobile_moe.data import crop
