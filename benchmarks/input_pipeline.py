@@ -351,15 +351,15 @@ def gpu_figures(specs: dict[str, str], out: Path, args) -> dict:
         recipe = recipes.deit().replace(epochs=2, batch_size=256, workers=usable_cores(), compile=True, device="cuda",
                                         input_pipeline="crop", warmup_epochs=0.5)  # fmt: skip
         for source, spec in specs.items():
-            run = reported(f"{model} {source}", train, config, recipe, spec, "random" if extra else None,
-                           out / f"{model}-{source}", verbose=False)  # fmt: skip
-            found[f"{model} {source}"] = row = run if isinstance(run, dict) else read_metrics(run)[-1]
-            if "error" not in row:
-                found[f"{model} {source}"] = {"epoch_images_per_s": row["steady_images_per_s"],
-                                              "whole_epoch_images_per_s": row["images_per_s"],
-                                              "input_wait": row["input_wait"],
-                                              "step_alone_images_per_s": alone.get(model, {}).get("images_per_s")}
-            print(f"{model} {source}: {json.dumps(found[f'{model} {source}'])}", flush=True)
+            name = f"{model} {source}"
+            run = reported(name, train, config, recipe, spec, "random" if extra else None, out / f"{model}-{source}",
+                           verbose=False)  # fmt: skip
+            row = run if isinstance(run, dict) else read_metrics(run)[-1]  # a dict: the error reported
+            found[name] = row if "error" in row else {
+                "epoch_images_per_s": row["steady_images_per_s"], "whole_epoch_images_per_s": row["images_per_s"],
+                "input_wait": row["input_wait"],
+                "step_alone_images_per_s": alone.get(model, {}).get("images_per_s")}  # fmt: skip
+            print(f"{name}: {json.dumps(found[name])}", flush=True)
     return found
 
 
@@ -369,8 +369,10 @@ def reported(what: str, measure, *args, **kwargs):
     try:
         return measure(*args, **kwargs)
     except Exception as error:  # noqa: BLE001 - reported in the results, and the run goes on
+        from train_step import error_line  # this folder is on sys.path: the script's own, or its importer's
+
         traceback.print_exc()
-        line = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
+        line = error_line(error)
         print(f"{what}: failed: {line}", file=sys.stderr, flush=True)
         return {"error": line}
 

@@ -323,9 +323,14 @@ def measure(args: argparse.Namespace, device: torch.device) -> tuple[dict, dict,
         except Exception as error:  # noqa: BLE001 - a compiler's failure in one mode, reported, not the whole run's
             if mode == "eager":  # the baseline every ratio divides by
                 raise
-            failed[mode] = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
+            failed[mode] = error_line(error)
             print(f"{mode}: failed{'' if mode not in results else ' (in the anchor)'}: {failed[mode]}", file=sys.stderr)
     return results, anchor, failed, profiles
+
+
+def error_line(error: BaseException) -> str:
+    """A failure as one line of a benchmark's results: its type and the first line of its message."""
+    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
 
 
 def ratios(results: dict[str, dict[str, dict]], flops: dict[str, int]) -> dict[str, dict[str, float]]:
