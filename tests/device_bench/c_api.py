@@ -5,11 +5,15 @@ in a child process (a crash inside the runtime fails that test instead of killin
 
     python tests/device_bench/c_api.py LIBRARY IMAGES.f32 CACHE_EXPERTS [--weight-cache=DIR] BUNDLE...
     python tests/device_bench/c_api.py --preprocess LIBRARY BUNDLE PIXELS.npz
+    python tests/device_bench/c_api.py --change-after-open replace|overwrite LIBRARY IMAGES.f32 BUNDLE FILE [SOURCE]
 
 Each line: {"bundle", "status", "error", "predictions": [{"logits", "experts", "gates", "top": [[class, p], ...]}]}
 for every image of IMAGES.f32 (raw float32, N x C x S x S), or for none when the open was refused. With
 --preprocess: each (H, W, 3) uint8 array of PIXELS.npz through mm_preprocess_rgb8 and mm_predict_rgb8, written to
-PIXELS.npz's name with ".out.npz" as `<key>` (the C x S x S values) and `<key>.logits`.
+PIXELS.npz's name with ".out.npz" as `<key>` (the C x S x S values) and `<key>.logits`. With --change-after-open:
+the bundle opened with one expert in memory and none parked, every image predicted, then the bundle's FILE replaced
+by SOURCE's bytes (a rename, as an update writes it) or 4 of its bytes overwritten in place, every image predicted
+again; one line {"before": [...], "after": [...]}, each prediction as above.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ MM_OK, MM_BAD_ARGUMENT, MM_BAD_BUNDLE, MM_RUNTIME_ERROR, MM_OUT_OF_MEMORY = rang
 
 
 class Options(ctypes.Structure):
-    _fields_ = [("threads", ctypes.c_int), ("cache_experts", ctypes.c_int), ("park_experts", ctypes.c_int),
+    _fields_ = [("struct_size", ctypes.c_size_t), ("threads", ctypes.c_int), ("cache_experts", ctypes.c_int), ("park_experts", ctypes.c_int),
                 ("cache_margin", ctypes.c_float), ("weight_cache_dir", ctypes.c_char_p),
                 ("weight_cache_limit_mib", ctypes.c_int), ("prefetch", ctypes.c_int)]  # fmt: skip
 
@@ -50,13 +54,14 @@ class CApi:
         lib.mm_experts.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
                                    ctypes.POINTER(ctypes.c_float)]  # fmt: skip
         lib.mm_input_channels.argtypes = lib.mm_input_size.argtypes = [ctypes.c_void_p]
-        pixels = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint8), ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        pixels = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint8), ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                  ctypes.c_int]  # fmt: skip
         lib.mm_predict_rgb8.argtypes = pixels
         lib.mm_preprocess_rgb8.argtypes = [*pixels, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t]
 
     def options(self, **values) -> Options:
         options = Options()
-        self.lib.mm_default_options(ctypes.byref(options))
+        self.lib.mm_options_init(ctypes.byref(options), ctypes.sizeof(Options))  # mm_default_options, inline in C
         for key, value in values.items():
             setattr(options, key, value)
         return options
@@ -94,12 +99,11 @@ class CApi:
         channels, size = self.lib.mm_input_channels(handle), self.lib.mm_input_size(handle)
         out = np.zeros(channels * size * size, dtype=np.float32)
         rgb = padded.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
-        status = self.lib.mm_preprocess_rgb8(handle, rgb, width, height, 3 * (width + 1),
+        status = self.lib.mm_preprocess_rgb8(handle, rgb, padded.nbytes, width, height, 3 * (width + 1),
                                              out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), out.size)  # fmt: skip
         if status != MM_OK:
             raise RuntimeError(self.last_error())
-        status = self.lib.mm_predict_rgb8(handle, padded.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), width,
-                                          height, 3 * (width + 1))  # fmt: skip
+        status = self.lib.mm_predict_rgb8(handle, rgb, padded.nbytes, width, height, 3 * (width + 1))
         if status != MM_OK:
             raise RuntimeError(self.last_error())
         return out.reshape(channels, size, size)
@@ -121,9 +125,34 @@ def preprocess_main(library: str, bundle: str, pixels_file: str) -> None:
     np.savez(pixels_file.removesuffix(".npz") + ".out.npz", **results)
 
 
+def change_after_open_main(how: str, library: str, images_file: str, bundle: str, file: str, source: str = "") -> None:
+    api = CApi(library)
+    status, handle = api.open(bundle, cache_experts=1, park_experts=0)
+    if status != MM_OK:
+        raise SystemExit(api.last_error())
+    channels, size = api.lib.mm_input_channels(handle), api.lib.mm_input_size(handle)
+    images = np.fromfile(images_file, dtype=np.float32).reshape(-1, channels, size, size)
+    before = [api.predict(handle, image) for image in images]
+    target = Path(bundle) / file
+    if how == "replace":
+        staged = target.with_name(target.name + ".new")
+        staged.write_bytes(Path(bundle, source).read_bytes())
+        staged.replace(target)
+    else:
+        with open(target, "r+b") as out:
+            out.seek(target.stat().st_size // 2)
+            out.write(b"\x7f\x7f\x7f\x7f")
+    after = [api.predict(handle, image) for image in images]
+    api.lib.mm_close(handle)
+    print(json.dumps({"before": before, "after": after}), flush=True)
+
+
 def main(argv: list[str]) -> None:
     if argv[0] == "--preprocess":
         preprocess_main(*argv[1:])
+        return
+    if argv[0] == "--change-after-open":
+        change_after_open_main(*argv[1:])
         return
     library, images_file, cache_experts, *bundles = argv
     weight_cache = None

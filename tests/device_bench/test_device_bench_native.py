@@ -562,7 +562,7 @@ def test_runner_without_switch_samples_reports_null_medians(runner, bundle, work
 
 
 @needs_build
-@pytest.mark.parametrize("make, match", [(lambda p: p / "missing", "not a directory"),
+@pytest.mark.parametrize("make, match", [(lambda p: p / "file" / "sub", "cannot create it"),
                                          (lambda p: p / "file", "not a directory"),
                                          (lambda p: p / ("d" * 250), "too long")])  # fmt: skip
 def test_runner_refuses_a_weight_cache_it_cannot_use(runner, bundle, tmp_path, make, match):
@@ -570,6 +570,14 @@ def test_runner_refuses_a_weight_cache_it_cannot_use(runner, bundle, tmp_path, m
     (tmp_path / ("d" * 250)).mkdir()
     with pytest.raises(UsageError, match=match):
         run_with_weight_cache(runner, bundle, None, make(tmp_path), iterations=1, warmup=0)
+
+
+@needs_build
+def test_a_missing_weight_cache_folder_is_created(runner, bundle, tmp_path):
+    """As an app's cache folder (mm_options.weight_cache_dir): made, parents and all, then used."""
+    folder = tmp_path / "not" / "yet"
+    run_with_weight_cache(runner, bundle, None, folder, iterations=1, warmup=0)
+    assert folder.is_dir() and any(folder.glob("*.xnnpack"))
 
 
 @needs_build

@@ -127,7 +127,7 @@ def test_every_bad_manifest_the_runner_refuses_the_c_api_refuses_in_its_words(li
     missing.mkdir()
     for record, path in zip(drive(library, images, [*broken, missing]), [*broken, missing], strict=True):
         assert record["status"] == MM_BAD_BUNDLE, (path.name, record)
-        assert record["error"] == runner_refusal(runner, path), path.name
+        assert record["error"] == "mm_open: " + runner_refusal(runner, path), path.name  # the call, then the words
 
 
 def test_files_verified_once_are_remembered_and_a_file_changed_since_is_verified_again(library, bundle, images,
@@ -152,6 +152,26 @@ def test_files_verified_once_are_remembered_and_a_file_changed_since_is_verified
     os.utime(weights, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))  # the same size and modification time
     (refused,) = drive(library, images, [flag, copy])
     assert refused["status"] == MM_BAD_BUNDLE and "expert_1.ptd does not match the sha256" in refused["error"]
+
+
+@pytest.mark.parametrize("how", ["replace", "overwrite"])
+def test_a_file_changed_after_open_is_refused_when_it_loads_never_run(library, bundle, images, tmp_path, how):
+    """An expert's weights replaced by another expert's (an app update's rename) or 4 bytes written in place, after
+    mm_open: each later prediction is the one before the change, or MM_BAD_BUNDLE naming the file when its expert has
+    to load again (one expert in memory, none parked, so every switch loads). Never a different answer with MM_OK."""
+    copy = copy_bundle(bundle, tmp_path / "bundle")
+    result = subprocess.run([sys.executable, str(DRIVER), "--change-after-open", how, str(library), str(images),
+                             str(copy), "expert_1.ptd", "expert_0.ptd"], capture_output=True, text=True,
+                            timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    record = json.loads(result.stdout)
+    refused = [p for p in record["after"] if p["status"] != MM_OK]
+    assert refused, "no prediction loaded the changed file: the test does not test it"
+    for was, now in zip(record["before"], record["after"], strict=True):
+        if now["status"] == MM_OK:
+            assert now == was
+        else:
+            assert now["status"] == MM_BAD_BUNDLE and "expert_1.ptd changed since the bundle was opened" in now["error"]
 
 
 def test_a_missing_weights_file_is_refused_before_anything_loads(library, bundle, images, tmp_path):

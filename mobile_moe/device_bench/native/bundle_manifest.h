@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "errors.h"
+#include "file_identity.h"
 #include "json_reader.h"
 #include "manifest_schema.h"
 #include "manifest_values.h"
@@ -59,6 +60,7 @@ struct Spec {
 struct File {
   std::string file, path, sha256;
   int64_t bytes = 0;  // the manifest's size, checked against the file
+  FileIdentity verified;  // the file as it was when its size, sha256 and structure were checked (at open)
 };
 
 struct Graph {
@@ -628,28 +630,37 @@ class VerifiedFiles {
   std::vector<std::string> added_;
 
   static std::string identity(const File& file) {
-    struct stat info {};
-    if (stat(file.path.c_str(), &info) != 0) return "";
-    return file.sha256 + " " + std::to_string(info.st_dev) + " " + std::to_string(info.st_ino) + " " +
-           std::to_string(info.st_size) + " " + std::to_string(info.st_mtim.tv_sec) + "." +
-           std::to_string(info.st_mtim.tv_nsec) + " " + std::to_string(info.st_ctim.tv_sec) + "." +
-           std::to_string(info.st_ctim.tv_nsec);
+    return file.verified.known() ? file.sha256 + " " + file.verified.text() : "";
   }
 };
 
 // `memo_dir`: the packed-weight cache folder, where files verified before are remembered (VerifiedFiles); "": none.
-inline void verify_graph_files(const Bundle& bundle, const std::string& memo_dir = "") {
+inline void verify_graph_files(Bundle& bundle, const std::string& memo_dir = "") {
   VerifiedFiles verified(memo_dir);
-  auto verify = [&](const std::string& graph, const File& file, bool external_data) {
+  auto verify = [&](const std::string& graph, File& file, bool external_data) {
+    file.verified = identify(file.path);  // before the check: a write during it changes the identity loads compare
     if (verified.known(file)) return;
     verify_file(graph, file, external_data);
     verified.remember(file);
   };
-  for (const auto& graph : bundle.all) {
+  std::map<std::string, FileIdentity> identities;  // by path: graphs of a family share a program file
+  for (auto& graph : bundle.all) {
     verify(graph.name, graph.program, graph.shares_program());
-    if (graph.shares_program()) verify(graph.name, graph.weights, false);
+    identities[graph.program.path] = graph.program.verified;
+    if (!graph.shares_program()) continue;
+    verify(graph.name, graph.weights, false);
+    identities[graph.weights.path] = graph.weights.verified;
   }
   verified.save();
+  // The graphs that load (bundle.all holds copies): each file as it was verified, which every later load compares
+  auto stamp = [&](Graph& graph) {
+    for (File* file : {&graph.program, &graph.weights})
+      if (auto found = identities.find(file->path); found != identities.end()) file->verified = found->second;
+  };
+  for (Graph* graph : {&bundle.single, &bundle.router, &bundle.trunk_tail, &bundle.head}) stamp(*graph);
+  for (auto& graph : bundle.shared) stamp(graph);
+  for (auto& graphs : bundle.experts)
+    for (auto& graph : graphs) stamp(graph);
 }
 
 inline Bundle read_bundle(const std::string& path, const std::string& memo_dir = "") {

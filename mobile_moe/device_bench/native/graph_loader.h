@@ -46,6 +46,7 @@
 #include "packed_cache.h"
 #include "process_stats.h"
 #include "runtime_log.h"
+#include "thread_pool.h"
 
 namespace mobile_moe::runner {
 
@@ -163,9 +164,16 @@ class WholeFileDataLoader final : public et::DataLoader {
 // once (router, dense model, trunk tail, shared halves, head) piece by piece, as ExecuTorch's Module maps them: the
 // pages the kernel maps around a touched one (fault-around) then stay inside the piece, not the file (whole, dense.pte
 // kept 0.12 MB more resident).
+//
+// A file is opened only as it was verified at open (file_identity.h): one changed since (replaced by an update, written
+// in place) is refused, never run with bytes nobody checked.
 inline std::unique_ptr<et::DataLoader> open_data_loader(const Graph& graph, const File& file, LoadMode mode) {
   using executorch::extension::FileDataLoader;
   using executorch::extension::MmapDataLoader;
+  if (file.verified.known() && identify(file.path) != file.verified)
+    throw FileFault("graph " + graph.name + ": " + file.file + " changed since the bundle was opened (another file, " +
+                    "size or modification time than the one verified then); a bundle must not change while a " +
+                    "handle is open: write an update into a new folder and open a new handle on it");
   if (mode == LoadMode::Mmap && graph.switched()) {
     if (auto loader = WholeFileDataLoader::open(file.path)) return loader;
     const std::string why = std::strerror(errno);
@@ -281,9 +289,13 @@ class Loader {
   // method its own workspace; 1 per model; 2 global, one workspace for all), through the per-load option the backend
   // resolves (backends/xnnpack/runtime/XnnpackBackendOptions.cpp, resolve_sharing_mode); -1: the backend's default.
   // `locate_packed_weights`: find where the backend maps each expert's warm packed weights (LoadedGraph::parkable()).
-  Loader(LoadMode mode, PackedCache& packed_cache, int workspace_sharing = -1, bool locate_packed_weights = false)
+  // `threads`: the handle's, in force around every load on whichever thread loads (thread_pool.h: XNNPACK keeps the
+  // pool it was loaded with).
+  Loader(LoadMode mode, PackedCache& packed_cache, const HandleThreads& threads, int workspace_sharing = -1,
+         bool locate_packed_weights = false)
       : mode_(mode),
         packed_cache_(packed_cache),
+        threads_(threads),
         workspace_sharing_(workspace_sharing),
         locate_packed_weights_(locate_packed_weights) {}
 
@@ -294,6 +306,7 @@ class Loader {
   // which also brings mapped packed weights in (bring_in_packed_weights), off the path of the image that needs them.
   std::unique_ptr<LoadedGraph> load(const Graph& graph, bool scratch = false, bool warm_weights = false) {
     set_phase("loading " + graph.program.file);
+    const auto threads = threads_.scope();
     auto start = Clock::now();
     LoadEvent event{graph.name, graph.load_bytes()};
     auto loaded = std::make_unique<LoadedGraph>();
@@ -341,6 +354,7 @@ class Loader {
  private:
   LoadMode mode_;
   PackedCache& packed_cache_;  // off (no directory): every load packs on the heap
+  const HandleThreads& threads_;
   int workspace_sharing_;
   bool locate_packed_weights_;
   std::map<std::string, std::shared_ptr<ProgramFile>> family_programs_;  // programs that experts share, by path

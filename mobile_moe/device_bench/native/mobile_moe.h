@@ -1,11 +1,10 @@
 /* libmobile_moe: a mobile-moe bundle (manifest.json + ExecuTorch graphs) run inside an app, as the runner runs it.
  *
  *   mm_options options;
- *   mm_default_options(&options);
- *   options.cache_experts = 1;                       // one expert in memory: the router and the chosen expert
- *   mm_model* model = NULL;
+ *   mm_default_options(&options);                    // packed weights, parking, 1 thread, top_k experts
+ *  *   mm_model* model = NULL;
  *   if (mm_open("/data/app/bundle", &options, &model) != MM_OK) { log(mm_last_error()); return; }
- *   if (mm_predict_f32(model, chw, 3 * 224 * 224) == MM_OK) {   // pre-normalised float32, C x S x S
+ *   if (mm_predict_rgb8(model, rgb, rgb_bytes, width, height, 3 * width) == MM_OK) {  // or mm_predict_f32
  *     int classes[5]; float probabilities[5];
  *     int n = mm_top_classes(model, 5, classes, probabilities);
  *     ... mm_class_name(model, classes[0]) ...
@@ -15,14 +14,30 @@
  * Self-contained: C99 and <stddef.h>/<stdint.h> only; every symbol the library exports is declared here.
  *
  * Failures: every call that can fail returns an mm_status; mm_last_error() is the message of this thread's last
- * failure (one line naming what was wrong and how to fix it, the native runner's words for the same bundle). A
- * damaged bundle is refused at mm_open (its manifest, every file's size and sha256 against the manifest, and each
- * ExecuTorch file's structure, checked in this process before anything is loaded), never a crash.
+ * failure (one line naming the call, what was wrong and how to fix it). A damaged bundle is refused at mm_open (its
+ * manifest, every file's size and sha256 against the manifest, and each ExecuTorch file's structure, checked in this
+ * process before anything is loaded), never a crash.
  *
- * Threads: a model handle is not thread-safe: calls on one handle must not overlap (an app serialises them, or opens
- * one handle per thread). Two handles may be used from two threads at once; they share ExecuTorch's process-wide
- * thread pool, whose size mm_open sets (options.threads) for every handle. mm_last_error() is per thread. The library
- * never forks, installs signal handlers or exits.
+ * A bundle must not change while a handle on it is open: a graph file found changed when an expert is loaded again
+ * (another inode, size or modification time than at mm_open) is refused with MM_BAD_BUNDLE, and bytes changed in place
+ * while an expert is mapped are undefined. To update a bundle, write the new one into a new folder, open a new
+ * handle on it, then close the old handle.
+ *
+ * Threads: calls on one handle from several threads are serialised (each waits for the one before; never a crash).
+ * The results (mm_logits, mm_top_classes, mm_experts, mm_last_times) are the handle's last prediction, whichever
+ * thread made it: a thread that needs its own reads them before another thread predicts, or has a handle of its own.
+ * Two handles run at once. A handle of 1 thread (the default) runs on the calling thread alone; handles of more
+ * share ExecuTorch's process-wide thread pool, which mm_open sizes only while no other handle uses it (a handle that
+ * asks for another size then is refused with a message). mm_last_error() is per thread.
+ *
+ * Process: the library installs no signal handler, never forks or exits, and writes nothing to stdout or stderr: its
+ * log, and ExecuTorch's, reaches the callback an app sets with mm_log_set, or nowhere. Its one process-wide state is
+ * that callback and the thread pool's size above. mm_close(NULL) does nothing; a handle used after mm_close, or closed
+ * twice, is refused (MM_BAD_ARGUMENT, or nothing for mm_close) unless a newer handle was given the same address.
+ *
+ * ABI: structs carry their size (mm_default_options and mm_last_times pass the app's sizeof), so an app built against
+ * this header runs with a later library whose structs grew; MOBILE_MOE_VERSION_MAJOR changes only when that breaks,
+ * and it is the library's SOVERSION (libmobile_moe.so.MAJOR).
  */
 #ifndef MOBILE_MOE_H
 #define MOBILE_MOE_H
@@ -40,10 +55,17 @@ extern "C" {
 #define MOBILE_MOE_API
 #endif
 
+#define MOBILE_MOE_VERSION_MAJOR 2
+#define MOBILE_MOE_VERSION_MINOR 0
+#define MOBILE_MOE_VERSION_PATCH 0
+/* MAJOR * 10000 + MINOR * 100 + PATCH: compare it with mm_version_number() (the library the app runs with) */
+#define MOBILE_MOE_VERSION \
+  (MOBILE_MOE_VERSION_MAJOR * 10000 + MOBILE_MOE_VERSION_MINOR * 100 + MOBILE_MOE_VERSION_PATCH)
+
 typedef enum mm_status {
   MM_OK = 0,
-  MM_BAD_ARGUMENT = 1,  /* a null pointer, a size that does not fit the bundle, an option out of range */
-  MM_BAD_BUNDLE = 2,    /* the bundle is missing, damaged or not one this library runs */
+  MM_BAD_ARGUMENT = 1,  /* a null pointer, a size that does not fit the bundle, an option out of range, a closed handle */
+  MM_BAD_BUNDLE = 2,    /* the bundle is missing, damaged, changed since mm_open, or not one this library runs */
   MM_RUNTIME_ERROR = 3, /* ExecuTorch failed to load or run a graph */
   MM_OUT_OF_MEMORY = 4
 } mm_status;
@@ -51,31 +73,53 @@ typedef enum mm_status {
 typedef struct mm_model mm_model; /* opaque */
 
 typedef struct mm_options {
-  int threads;               /* ExecuTorch's thread pool (process-wide); 0: leave it as it is. Default 1 */
-  int cache_experts;         /* expert graphs kept loaded; 0: every expert. Default 0 */
-  int park_experts;          /* evicted experts that keep their methods, weights' pages dropped; -1: all; 0: none */
+  size_t struct_size;        /* sizeof(mm_options) where the app was built: set by mm_default_options */
+  int threads;               /* 1: the calling thread alone (default); N > 1: ExecuTorch's shared pool at N threads;
+                                0: the shared pool at the size it has */
+  int cache_experts;         /* expert graphs kept loaded: -1 (default): the bundle's top_k, the fewest an image needs
+                                (the router and one expert in memory); 0: every expert; N: N */
+  int park_experts;          /* evicted experts that keep their methods, weights' pages dropped; -1: all (default) */
   float cache_margin;        /* cache-aware routing: a loaded expert within this gate margin of the top one. 0 */
-  const char* weight_cache_dir; /* XNNPACK's packed weights on disk, one checked file per graph; NULL: off */
+  const char* weight_cache_dir; /* XNNPACK's packed weights on disk, one checked file per graph, and the files verified
+                                   at open, remembered: NULL (default): the per-user folder (MOBILE_MOE_WEIGHT_CACHE,
+                                   else $XDG_CACHE_HOME or ~/.cache, then mobile-moe/packed-weights; off where none
+                                   can be made); a path: that folder, created if missing; "": off */
   int weight_cache_limit_mib;   /* what that folder may hold */
-  int prefetch;              /* 1: a missed expert loads on a second thread while early routing's trunk tail runs */
+  int prefetch;              /* 1 (default): a missed expert loads on a second thread while the trunk tail runs */
 } mm_options;
 
 typedef struct mm_stage_times {
+  size_t struct_size; /* set by mm_last_times */
   double router_ms, expert_ms, load_ms, tail_ms, load_wait_ms, total_ms;
   int cache_hit; /* 1: every chosen expert was loaded already */
 } mm_stage_times;
 
-/* "mobile-moe <version>, executorch <version>" */
+typedef enum mm_log_level { MM_LOG_DEBUG = 0, MM_LOG_INFO = 1, MM_LOG_ERROR = 2 } mm_log_level;
+/* One log line (no newline), from any thread the library or ExecuTorch runs: the callback must be thread-safe. */
+typedef void (*mm_log_callback)(mm_log_level level, const char* message, void* user_data);
+
+/* "mobile-moe libmobile_moe <major.minor.patch>, executorch-<version>" */
 MOBILE_MOE_API const char* mm_version(void);
-MOBILE_MOE_API void mm_default_options(mm_options* options);
+/* The library's MOBILE_MOE_VERSION: an app built against an older header may run with a newer library. */
+MOBILE_MOE_API int mm_version_number(void);
+
+/* The defaults into the first `struct_size` bytes of `options` (an app calls mm_default_options below). */
+MOBILE_MOE_API void mm_options_init(mm_options* options, size_t struct_size);
+static inline void mm_default_options(mm_options* options) { mm_options_init(options, sizeof(mm_options)); }
+
 /* This thread's last failure message; "" when none. Valid until this thread's next failing call. */
 MOBILE_MOE_API const char* mm_last_error(void);
+/* Where the library's log and ExecuTorch's go, for the whole process: NULL (the default) drops them. The library's
+ * failures are logged at MM_LOG_ERROR too. */
+MOBILE_MOE_API void mm_log_set(mm_log_callback callback, void* user_data);
 
 /* Open the bundle folder `bundle_dir` with `options` (NULL: the defaults): checks it whole, then loads what is
  * resident from the start (the router, or a dense bundle's one graph). */
 MOBILE_MOE_API mm_status mm_open(const char* bundle_dir, const mm_options* options, mm_model** model);
-MOBILE_MOE_API void mm_close(mm_model* model); /* NULL: nothing */
+/* Waits for a call running on the handle, then frees it. NULL, or a handle closed already: nothing. */
+MOBILE_MOE_API void mm_close(mm_model* model);
 
+/* 0 or NULL for a NULL or closed handle */
 MOBILE_MOE_API int mm_num_classes(const mm_model* model);
 MOBILE_MOE_API const char* mm_class_name(const mm_model* model, int index); /* NULL outside 0..classes-1 */
 MOBILE_MOE_API int mm_input_channels(const mm_model* model);
@@ -85,14 +129,16 @@ MOBILE_MOE_API int mm_input_size(const mm_model* model); /* S: inputs are C x S 
  * `count` = C * S * S float32 values, channel-major. */
 MOBILE_MOE_API mm_status mm_predict_f32(mm_model* model, const float* chw, size_t count);
 
-/* One image as an app has it: 8-bit RGB, `width` x `height` pixels of 3 bytes, `row_stride` bytes from one row to the
- * next (>= 3 * width). Resized and normalised as the bundle's manifest says (input.resize, mean, std): the pixels
- * mobile_moe/preprocess.py would give the same image read from a file, byte for byte (Pillow's resampling). A grey
- * bundle takes Pillow's RGB -> L. Sizes up to 2^15 a side. */
-MOBILE_MOE_API mm_status mm_predict_rgb8(mm_model* model, const uint8_t* rgb, int width, int height, int row_stride);
+/* One image as an app has it: 8-bit RGB in a buffer of `length` bytes, `width` x `height` pixels of 3 bytes,
+ * `row_stride` bytes from one row to the next (>= 3 * width; the last row needs only 3 * width of them, so
+ * (height - 1) * row_stride + 3 * width <= length). Resized and normalised as the bundle's manifest says
+ * (input.resize, mean, std): the values mobile_moe/preprocess.py gives the same image read from a file, byte for
+ * byte (Pillow's resampling). A grey bundle takes Pillow's RGB -> L. Sides up to 32768. */
+MOBILE_MOE_API mm_status mm_predict_rgb8(mm_model* model, const uint8_t* rgb, size_t length, int width, int height,
+                                         int row_stride);
 /* The same preprocessing alone, into `chw` (capacity C * S * S values), for an app that runs it elsewhere. */
-MOBILE_MOE_API mm_status mm_preprocess_rgb8(const mm_model* model, const uint8_t* rgb, int width, int height,
-                                            int row_stride, float* chw, size_t capacity);
+MOBILE_MOE_API mm_status mm_preprocess_rgb8(const mm_model* model, const uint8_t* rgb, size_t length, int width,
+                                            int height, int row_stride, float* chw, size_t capacity);
 
 /* The last prediction's results (each 0 / nothing before the first): */
 MOBILE_MOE_API size_t mm_logits(const mm_model* model, float* logits, size_t capacity); /* -> classes; copies */
@@ -100,7 +146,11 @@ MOBILE_MOE_API size_t mm_logits(const mm_model* model, float* logits, size_t cap
 MOBILE_MOE_API int mm_top_classes(const mm_model* model, int k, int* classes, float* probabilities);
 /* The experts the image took, highest gate first, and their gates; -> how many (0 for a dense bundle) */
 MOBILE_MOE_API int mm_experts(const mm_model* model, int capacity, int* experts, float* gates);
-MOBILE_MOE_API void mm_last_times(const mm_model* model, mm_stage_times* times);
+/* The stage times into the first `struct_size` bytes of `times` (an app calls mm_last_times below). */
+MOBILE_MOE_API void mm_stage_times_get(const mm_model* model, mm_stage_times* times, size_t struct_size);
+static inline void mm_last_times(const mm_model* model, mm_stage_times* times) {
+  mm_stage_times_get(model, times, sizeof(mm_stage_times));
+}
 
 #ifdef __cplusplus
 }

@@ -37,29 +37,134 @@ using namespace mobile_moe::runner;
 
 thread_local std::string t_last_error;
 constexpr int kMaxSide = 1 << 15;  // an app's photo: 32768 x 32768 at most (3 GB of RGB)
+constexpr uint32_t kVersionNumber = MOBILE_MOE_VERSION;
 
 mm_status failed(mm_status status, const std::string& message) {
   t_last_error = message;
   for (char& c : t_last_error)  // one line, as the runner prints it
     if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+  library_log(MM_LOG_ERROR, t_last_error);
   return status;
 }
 
-// Every entry point's exceptions as a status and this thread's message: nothing is thrown across the C boundary.
+// Every entry point's exceptions as a status and this thread's message, prefixed with the call the app made: nothing
+// is thrown across the C boundary.
 template <typename Work>
-mm_status guarded(mm_status runtime_status, Work work) {
+mm_status guarded(const char* call, mm_status runtime_status, Work work) {
+  const std::string prefix = std::string(call) + ": ";
   try {
     work();
     return MM_OK;
   } catch (const UsageError& error) {
-    return failed(runtime_status == MM_RUNTIME_ERROR ? MM_BAD_ARGUMENT : runtime_status, error.what());
+    return failed(runtime_status == MM_RUNTIME_ERROR ? MM_BAD_ARGUMENT : runtime_status, prefix + error.what());
   } catch (const FileFault& error) {
-    return failed(MM_BAD_BUNDLE, error.what());
+    return failed(MM_BAD_BUNDLE, prefix + error.what());
   } catch (const std::bad_alloc&) {
-    return failed(MM_OUT_OF_MEMORY, "out of memory");
+    return failed(MM_OUT_OF_MEMORY, prefix + "out of memory");
   } catch (const std::exception& error) {
-    return failed(MM_RUNTIME_ERROR, error.what());
+    return failed(MM_RUNTIME_ERROR, prefix + error.what());
   }
+}
+
+// The open handles. A handle's address is a key here, never dereferenced before it is found: a handle closed (or
+// never opened) is refused instead of read, and mm_close waits, under the handle's own lock, for a call running on it.
+class OpenHandles {
+ public:
+  static OpenHandles& instance() {
+    static OpenHandles* handles = new OpenHandles();  // never destroyed: an app's threads may call during exit
+    return *handles;
+  }
+  void add(std::shared_ptr<mm_model> model) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    open_[model.get()] = std::move(model);
+  }
+  std::shared_ptr<mm_model> find(const mm_model* model) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = open_.find(model);
+    return found == open_.end() ? nullptr : found->second;
+  }
+  std::shared_ptr<mm_model> remove(const mm_model* model) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = open_.find(model);
+    if (found == open_.end()) return nullptr;
+    auto removed = std::move(found->second);
+    open_.erase(found);
+    return removed;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<const mm_model*, std::shared_ptr<mm_model>> open_;
+};
+
+// An open handle, locked for one call: `model` is null where `handle` is not open (closed, or never opened).
+struct Locked {
+  explicit Locked(const mm_model* handle) : owner(OpenHandles::instance().find(handle)) {
+    if (owner) {
+      lock = std::unique_lock<std::mutex>(owner->mutex);
+      if (!owner->closed) model = owner.get();
+    }
+  }
+  std::shared_ptr<mm_model> owner;
+  std::unique_lock<std::mutex> lock;
+  mm_model* model = nullptr;
+};
+
+mm_status not_open(const char* call, const mm_model* handle) {
+  return failed(MM_BAD_ARGUMENT, std::string(call) + ": " +
+                                     (handle == nullptr ? "model is NULL"
+                                                        : "model is not an open handle (closed, or never opened)"));
+}
+
+size_t input_values(const mm_model& model) {
+  return static_cast<size_t>(model.bundle.image_shape.at(1)) * model.bundle.image_shape.at(3) *
+         model.bundle.image_shape.at(3);
+}
+
+// The defaults of mm_default_options, whole.
+mm_options default_options() {
+  mm_options options{};
+  options.struct_size = sizeof(mm_options);
+  options.threads = 1;
+  options.cache_experts = -1;
+  options.park_experts = -1;
+  options.cache_margin = 0.0f;
+  options.weight_cache_dir = nullptr;
+  options.weight_cache_limit_mib = static_cast<int>(kDefaultPackedCacheLimit >> 20);
+  options.prefetch = 1;
+  return options;
+}
+
+// An app's options as this library's: the fields its header had (its struct_size), the defaults for the rest.
+mm_options options_given(const mm_options* given) {
+  mm_options options = default_options();
+  if (given == nullptr) return options;
+  const size_t known = offsetof(mm_options, threads);
+  if (given->struct_size < known + sizeof(int) || given->struct_size > (size_t{1} << 16))
+    throw UsageError("options->struct_size is " + std::to_string(given->struct_size) +
+                     ": initialise the options with mm_default_options(&options) before setting them");
+  std::memcpy(static_cast<void*>(&options), given, std::min(given->struct_size, sizeof(mm_options)));
+  options.struct_size = sizeof(mm_options);
+  return options;
+}
+
+void check_options(const mm_options& options) {
+  if (options.threads < 0 || options.threads > 1024)
+    throw UsageError("options.threads " + std::to_string(options.threads) + " is out of range (0..1024)");
+  if (options.cache_experts < -1 || options.park_experts < -1 || !(options.cache_margin >= 0.0f) ||
+      options.cache_margin > 1.0f || options.weight_cache_limit_mib < 1)
+    throw UsageError("options: cache_experts >= -1, park_experts >= -1, cache_margin 0..1 and "
+                     "weight_cache_limit_mib >= 1, please");
+}
+
+// The packed-weight folder the options name: the per-user default (NULL), none (""), or the app's, made if missing.
+std::string weight_cache_folder(const mm_options& options) {
+  if (options.weight_cache_dir == nullptr) return default_cache_dir();
+  const std::string dir = options.weight_cache_dir;
+  if (!dir.empty() && !make_folders(dir))
+    throw UsageError("options.weight_cache_dir " + dir + ": cannot create it (" + std::strerror(errno) +
+                     "); pass a folder this process may write, or \"\" for none");
+  return dir;
 }
 
 }  // namespace
@@ -67,99 +172,115 @@ mm_status guarded(mm_status runtime_status, Work work) {
 extern "C" {
 
 const char* mm_version(void) {
+#define MOBILE_MOE_STRINGIFY_(x) #x
+#define MOBILE_MOE_STRINGIFY(x) MOBILE_MOE_STRINGIFY_(x)
+#define MOBILE_MOE_VERSION_TEXT                                                                   \
+  "mobile-moe libmobile_moe " MOBILE_MOE_STRINGIFY(MOBILE_MOE_VERSION_MAJOR) "." MOBILE_MOE_STRINGIFY( \
+      MOBILE_MOE_VERSION_MINOR) "." MOBILE_MOE_STRINGIFY(MOBILE_MOE_VERSION_PATCH)
 #ifdef MOBILE_MOE_RUNTIME_ID
-  return "mobile-moe libmobile_moe 1, " MOBILE_MOE_RUNTIME_ID;
+  return MOBILE_MOE_VERSION_TEXT ", " MOBILE_MOE_RUNTIME_ID;
 #else
-  return "mobile-moe libmobile_moe 1";
+  return MOBILE_MOE_VERSION_TEXT;
 #endif
 }
 
-void mm_default_options(mm_options* options) {
-  if (options == nullptr) return;
-  *options = mm_options{};
-  options->threads = 1;
-  options->cache_experts = 0;
-  options->park_experts = -1;
-  options->cache_margin = 0.0f;
-  options->weight_cache_dir = nullptr;
-  options->weight_cache_limit_mib = static_cast<int>(kDefaultPackedCacheLimit >> 20);
-  options->prefetch = 1;
+int mm_version_number(void) { return static_cast<int>(kVersionNumber); }
+
+void mm_options_init(mm_options* options, size_t struct_size) {
+  if (options == nullptr || struct_size == 0) return;
+  mm_options defaults = default_options();
+  defaults.struct_size = std::min(struct_size, sizeof(mm_options));
+  std::memcpy(static_cast<void*>(options), &defaults, defaults.struct_size);
 }
 
 const char* mm_last_error(void) { return t_last_error.c_str(); }
+
+void mm_log_set(mm_log_callback callback, void* user_data) { set_library_log(callback, user_data); }
 
 mm_status mm_open(const char* bundle_dir, const mm_options* options, mm_model** model) {
   return open_model(bundle_dir, options, LoadSettings{}, model);
 }
 
-void mm_close(mm_model* model) { delete model; }
+void mm_close(mm_model* model) {
+  std::shared_ptr<mm_model> closing = OpenHandles::instance().remove(model);
+  if (!closing) return;
+  std::lock_guard<std::mutex> lock(closing->mutex);  // a call running on it ends first
+  closing->closed = true;
+  closing->pipeline.reset();
+  closing->loader.reset();
+  closing->threads = HandleThreads();
+}
 
 int mm_num_classes(const mm_model* model) {
-  return model == nullptr ? 0 : static_cast<int>(model->bundle.class_names.size());
+  Locked open(model);
+  return open.model == nullptr ? 0 : static_cast<int>(open.model->bundle.class_names.size());
 }
 
 const char* mm_class_name(const mm_model* model, int index) {
-  if (model == nullptr || index < 0 || index >= mm_num_classes(model)) return nullptr;
-  return model->bundle.class_names[static_cast<size_t>(index)].c_str();
+  Locked open(model);
+  if (open.model == nullptr || index < 0 || index >= static_cast<int>(open.model->bundle.class_names.size()))
+    return nullptr;
+  return open.model->bundle.class_names[static_cast<size_t>(index)].c_str();
 }
 
-int mm_input_channels(const mm_model* model) { return model == nullptr ? 0 : model->bundle.image_shape.at(1); }
-int mm_input_size(const mm_model* model) { return model == nullptr ? 0 : model->bundle.image_shape.at(3); }
+int mm_input_channels(const mm_model* model) {
+  Locked open(model);
+  return open.model == nullptr ? 0 : open.model->bundle.image_shape.at(1);
+}
+
+int mm_input_size(const mm_model* model) {
+  Locked open(model);
+  return open.model == nullptr ? 0 : open.model->bundle.image_shape.at(3);
+}
 
 mm_status mm_predict_f32(mm_model* model, const float* chw, size_t count) {
-  if (model == nullptr || chw == nullptr) return failed(MM_BAD_ARGUMENT, "mm_predict_f32: model or chw is NULL");
-  const size_t expected = static_cast<size_t>(mm_input_channels(model)) * mm_input_size(model) * mm_input_size(model);
+  Locked open(model);
+  if (open.model == nullptr) return not_open("mm_predict_f32", model);
+  if (chw == nullptr) return failed(MM_BAD_ARGUMENT, "mm_predict_f32: chw is NULL");
+  const size_t expected = input_values(*open.model);
   if (count != expected)
     return failed(MM_BAD_ARGUMENT, "mm_predict_f32: " + std::to_string(count) + " values, not the bundle's " +
                                        std::to_string(expected) + " (C x S x S)");
-  return guarded(MM_RUNTIME_ERROR, [&] {
-    std::vector<float> image(chw, chw + count);  // the pipeline feeds the graph from a buffer it may reuse
-    model->predicted = false;
-    model->last = model->pipeline->infer(image);
-    model->predicted = true;
-  });
+  return guarded("mm_predict_f32", MM_RUNTIME_ERROR, [&] { predict_locked(*open.model, chw, count); });
 }
 
-mm_status mm_preprocess_rgb8(const mm_model* model, const uint8_t* rgb, int width, int height, int row_stride,
-                             float* chw, size_t capacity) {
-  if (model == nullptr || rgb == nullptr || chw == nullptr)
-    return failed(MM_BAD_ARGUMENT, "mm_preprocess_rgb8: model, rgb or chw is NULL");
-  if (width < 1 || height < 1 || width > kMaxSide || height > kMaxSide || row_stride < 3 * width)
-    return failed(MM_BAD_ARGUMENT, "mm_preprocess_rgb8: " + std::to_string(width) + " x " + std::to_string(height) +
-                                       " pixels with a row stride of " + std::to_string(row_stride) +
-                                       " bytes: sides 1.." + std::to_string(kMaxSide) + ", a stride of 3 * width or more");
-  const int channels = mm_input_channels(model), size = mm_input_size(model);
-  const size_t needed = static_cast<size_t>(channels) * size * size;
+mm_status mm_preprocess_rgb8(const mm_model* model, const uint8_t* rgb, size_t length, int width, int height,
+                             int row_stride, float* chw, size_t capacity) {
+  Locked open(model);
+  if (open.model == nullptr) return not_open("mm_preprocess_rgb8", model);
+  if (chw == nullptr) return failed(MM_BAD_ARGUMENT, "mm_preprocess_rgb8: chw is NULL");
+  const size_t needed = input_values(*open.model);
   if (capacity < needed)
     return failed(MM_BAD_ARGUMENT, "mm_preprocess_rgb8: room for " + std::to_string(capacity) + " values, not the " +
                                        std::to_string(needed) + " of C x S x S");
-  return guarded(MM_RUNTIME_ERROR, [&] {
-    std::vector<float> values = preprocess_rgb8(rgb, width, height, row_stride, channels, size, model->bundle.input);
+  return guarded("mm_preprocess_rgb8", MM_RUNTIME_ERROR, [&] {
+    std::vector<float> values = preprocess_locked(*open.model, rgb, length, width, height, row_stride);
     std::copy(values.begin(), values.end(), chw);
   });
 }
 
-mm_status mm_predict_rgb8(mm_model* model, const uint8_t* rgb, int width, int height, int row_stride) {
-  if (model == nullptr) return failed(MM_BAD_ARGUMENT, "mm_predict_rgb8: model is NULL");
-  std::vector<float> chw;
-  mm_status status = guarded(MM_RUNTIME_ERROR, [&] {
-    chw.resize(static_cast<size_t>(mm_input_channels(model)) * mm_input_size(model) * mm_input_size(model));
+mm_status mm_predict_rgb8(mm_model* model, const uint8_t* rgb, size_t length, int width, int height,
+                          int row_stride) {
+  Locked open(model);
+  if (open.model == nullptr) return not_open("mm_predict_rgb8", model);
+  return guarded("mm_predict_rgb8", MM_RUNTIME_ERROR, [&] {
+    std::vector<float> values = preprocess_locked(*open.model, rgb, length, width, height, row_stride);
+    predict_locked(*open.model, values.data(), values.size());
   });
-  if (status != MM_OK) return status;
-  status = mm_preprocess_rgb8(model, rgb, width, height, row_stride, chw.data(), chw.size());
-  return status != MM_OK ? status : mm_predict_f32(model, chw.data(), chw.size());
 }
 
 size_t mm_logits(const mm_model* model, float* logits, size_t capacity) {
-  if (model == nullptr || !model->predicted) return 0;
-  const auto& values = model->last.logits;
+  Locked open(model);
+  if (open.model == nullptr || !open.model->predicted) return 0;
+  const auto& values = open.model->last.logits;
   if (logits != nullptr) std::copy_n(values.begin(), std::min(capacity, values.size()), logits);
   return values.size();
 }
 
 int mm_top_classes(const mm_model* model, int k, int* classes, float* probabilities) {
-  if (model == nullptr || !model->predicted || k <= 0) return 0;
-  const auto& logits = model->last.logits;
+  Locked open(model);
+  if (open.model == nullptr || !open.model->predicted || k <= 0) return 0;
+  const auto& logits = open.model->last.logits;
   const double top = *std::max_element(logits.begin(), logits.end());
   std::vector<double> probs(logits.size());
   double total = 0;
@@ -178,67 +299,104 @@ int mm_top_classes(const mm_model* model, int k, int* classes, float* probabilit
 }
 
 int mm_experts(const mm_model* model, int capacity, int* experts, float* gates) {
-  if (model == nullptr || !model->predicted) return 0;
-  const int n = static_cast<int>(model->last.experts.size());
+  Locked open(model);
+  if (open.model == nullptr || !open.model->predicted) return 0;
+  const Inference& last = open.model->last;
+  const int n = static_cast<int>(last.experts.size());
   for (int i = 0; i < std::min(n, capacity); ++i) {
-    if (experts != nullptr) experts[i] = model->last.experts[i];
-    if (gates != nullptr) gates[i] = model->last.gates[i];
+    if (experts != nullptr) experts[i] = last.experts[i];
+    if (gates != nullptr) gates[i] = last.gates[i];
   }
   return n;
 }
 
-void mm_last_times(const mm_model* model, mm_stage_times* times) {
-  if (times == nullptr) return;
-  *times = mm_stage_times{};
-  if (model == nullptr || !model->predicted) return;
-  const Inference& last = model->last;
-  *times = mm_stage_times{last.router_ms, last.expert_ms, last.load_ms, last.tail_ms, last.load_wait_ms,
-                          last.total_ms, last.hit ? 1 : 0};
+void mm_stage_times_get(const mm_model* model, mm_stage_times* times, size_t struct_size) {
+  if (times == nullptr || struct_size == 0) return;
+  mm_stage_times out{};
+  out.struct_size = std::min(struct_size, sizeof(mm_stage_times));
+  Locked open(model);
+  if (open.model != nullptr && open.model->predicted) {
+    const Inference& last = open.model->last;
+    out.router_ms = last.router_ms, out.expert_ms = last.expert_ms, out.load_ms = last.load_ms;
+    out.tail_ms = last.tail_ms, out.load_wait_ms = last.load_wait_ms, out.total_ms = last.total_ms;
+    out.cache_hit = last.hit ? 1 : 0;
+  }
+  std::memcpy(static_cast<void*>(times), &out, out.struct_size);
 }
 
 }  // extern "C"
+
+// One image through an open, locked handle, on the handle's threads.
+void mobile_moe::runner::predict_locked(mm_model& model, const float* chw, size_t count) {
+  const auto threads = model.threads.scope();
+  std::vector<float> image(chw, chw + count);  // the pipeline feeds the graph from a buffer it may reuse
+  model.predicted = false;
+  model.last = model.pipeline->infer(image);
+  model.predicted = true;
+}
+
+// An app's RGB8 buffer checked against its stated length, then preprocessed as the bundle's manifest says.
+std::vector<float> mobile_moe::runner::preprocess_locked(const mm_model& model, const uint8_t* rgb, size_t length,
+                                                         int width, int height, int row_stride) {
+  if (rgb == nullptr) throw UsageError("rgb is NULL");
+  if (width < 1 || height < 1 || width > kMaxSide || height > kMaxSide || row_stride < 3 * width)
+    throw UsageError(std::to_string(width) + " x " + std::to_string(height) + " pixels with a row stride of " +
+                     std::to_string(row_stride) + " bytes: sides 1.." + std::to_string(kMaxSide) +
+                     ", a stride of 3 * width or more");
+  const uint64_t needed = uint64_t(height - 1) * uint64_t(row_stride) + uint64_t(3) * uint64_t(width);
+  if (needed > length)
+    throw UsageError(std::to_string(width) + " x " + std::to_string(height) + " pixels with a row stride of " +
+                     std::to_string(row_stride) + " bytes need " + std::to_string(needed) + " bytes, and the " +
+                     "buffer holds " + std::to_string(length) + "; pass the buffer's length and its real stride");
+  return preprocess_rgb8(rgb, width, height, row_stride, model.bundle.image_shape.at(1),
+                         model.bundle.image_shape.at(3), model.bundle.input);
+}
 
 mm_status mobile_moe::runner::open_model(const char* bundle_dir, const mm_options* given, const LoadSettings& load,
                                          mm_model** model) {
   if (model == nullptr) return failed(MM_BAD_ARGUMENT, "mm_open: model is NULL");
   *model = nullptr;
   if (bundle_dir == nullptr) return failed(MM_BAD_ARGUMENT, "mm_open: bundle_dir is NULL");
-  mm_options options;
-  mm_default_options(&options);
-  if (given != nullptr) options = *given;
-  if (options.threads < 0 || options.threads > 1024)
-    return failed(MM_BAD_ARGUMENT, "threads " + std::to_string(options.threads) + " is out of range (0..1024)");
-  if (options.cache_experts < 0 || options.park_experts < -1 || !(options.cache_margin >= 0.0f) ||
-      options.cache_margin > 1.0f || options.weight_cache_limit_mib < 1)
-    return failed(MM_BAD_ARGUMENT, "cache_experts >= 0, park_experts >= -1, cache_margin 0..1 and "
-                                   "weight_cache_limit_mib >= 1, please");
-  std::unique_ptr<mm_model> opened(new (std::nothrow) mm_model());
-  if (!opened) return failed(MM_OUT_OF_MEMORY, "out of memory");
-  mm_status status = guarded(MM_BAD_BUNDLE, [&] {
-    executorch::runtime::runtime_init();
-    // The manifest, then every file's size, sha256 and structure (once: remembered with the packed weights)
-    const bool cached = options.weight_cache_dir != nullptr && options.weight_cache_dir[0] != '\0';
-    opened->bundle = read_bundle(bundle_dir, cached ? options.weight_cache_dir : "");
+  route_runtime_log();
+  mm_options options = default_options();
+  std::string cache_dir;
+  mm_status status = guarded("mm_open", MM_BAD_ARGUMENT, [&] {
+    options = options_given(given);
+    check_options(options);
+    cache_dir = weight_cache_folder(options);
   });
   if (status != MM_OK) return status;
-  return guarded(MM_RUNTIME_ERROR, [&] {
+  std::shared_ptr<mm_model> opened;
+  status = guarded("mm_open", MM_BAD_BUNDLE, [&] {
+    opened = std::make_shared<mm_model>();
+    executorch::runtime::runtime_init();
+    // The manifest, then every file's size, sha256 and structure (once: remembered with the packed weights)
+    opened->bundle = read_bundle(bundle_dir, cache_dir);
+  });
+  if (status != MM_OK) return status;
+  status = guarded("mm_open", MM_RUNTIME_ERROR, [&] {
     Bundle& bundle = opened->bundle;
     const bool split = bundle.kind == Kind::Split;
-    int cache_experts = options.cache_experts == 0 ? std::max(bundle.num_experts, 1) : options.cache_experts;
+    int cache_experts = options.cache_experts == -1  ? std::max(bundle.top_k, 1)
+                        : options.cache_experts == 0 ? std::max(bundle.num_experts, 1)
+                                                     : options.cache_experts;
     if (split && cache_experts < bundle.top_k)
-      throw UsageError("cache_experts (--cache-experts) " + std::to_string(cache_experts) +
-                       " is fewer than the bundle's top_k, " + std::to_string(bundle.top_k) +
-                       ": an image's experts run together; cache at least " + std::to_string(bundle.top_k));
-    if (options.weight_cache_dir != nullptr && options.weight_cache_dir[0] != '\0')
-      opened->packed_cache = PackedCache(options.weight_cache_dir, uint64_t(options.weight_cache_limit_mib) << 20);
-    if (options.threads > 0) set_threads(options.threads);
-    opened->loader = std::make_unique<Loader>(load.mode, opened->packed_cache, load.workspace_sharing,
+      throw UsageError("options.cache_experts " + std::to_string(cache_experts) + " is fewer than the bundle's top_k, " +
+                       std::to_string(bundle.top_k) + ": an image's experts run together; cache at least " +
+                       std::to_string(bundle.top_k));
+    if (!cache_dir.empty())
+      opened->packed_cache = PackedCache(cache_dir, uint64_t(options.weight_cache_limit_mib) << 20);
+    opened->threads = HandleThreads(options.threads);
+    opened->loader = std::make_unique<Loader>(load.mode, opened->packed_cache, opened->threads,
+                                              load.workspace_sharing,
                                               /*locate_packed_weights=*/options.park_experts != 0);
     opened->pipeline = std::make_unique<Pipeline>(bundle, *opened->loader, cache_experts, options.park_experts,
                                                   options.cache_margin, options.prefetch != 0);
     opened->cache_experts = cache_experts;
     opened->resident_load_ms = opened->pipeline->load_resident();
-    *model = opened.release();
   });
+  if (status != MM_OK) return status;
+  *model = opened.get();
+  OpenHandles::instance().add(std::move(opened));
+  return MM_OK;
 }
-

@@ -5,12 +5,15 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
+#include <vector>
 
 #include "bundle_manifest.h"
 #include "graph_loader.h"
 #include "graphs.h"
 #include "mobile_moe.h"
 #include "packed_cache.h"
+#include "thread_pool.h"
 
 namespace mobile_moe::runner {
 
@@ -25,9 +28,18 @@ struct LoadSettings {
 // the weight cache folder), the options checked against it, the router (or the single graph) loaded.
 mm_status open_model(const char* bundle_dir, const mm_options* options, const LoadSettings& load, mm_model** model);
 
+// The C API's work on a handle it has locked: one image's prediction (on the handle's threads), and an app's RGB8
+// buffer checked against its length, then preprocessed.
+void predict_locked(mm_model& model, const float* chw, size_t count);
+std::vector<float> preprocess_locked(const mm_model& model, const uint8_t* rgb, size_t length, int width, int height,
+                                     int row_stride);
+
 }  // namespace mobile_moe::runner
 
+// Declared in the order of its parts' lives: the graphs (pipeline, loader) go before the thread-pool lease they ran on.
 struct mm_model {
+  std::mutex mutex;  // the C API serialises calls on one handle (mobile_moe.h)
+  mobile_moe::runner::HandleThreads threads;
   mobile_moe::runner::Bundle bundle;
   mobile_moe::runner::PackedCache packed_cache;
   std::unique_ptr<mobile_moe::runner::Loader> loader;
@@ -36,4 +48,5 @@ struct mm_model {
   double resident_load_ms = 0;   // opening's load of the router (+ shared parts), or of the single graph
   mobile_moe::runner::Inference last;
   bool predicted = false;
+  bool closed = false;  // by mm_close, which may find a call of another thread waiting on `mutex`
 };

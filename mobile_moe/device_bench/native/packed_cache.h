@@ -169,10 +169,19 @@ inline bool copy_in_large_writes(const std::string& from, const std::string& to)
   return copied;
 }
 
-// The folder a runner started without --weight-cache keeps packed weights in, by mobile_moe/cache.py's rule
-// (packed_weights_dir; tests/device_bench/test_device_bench_native.py holds the two to one answer):
-// MOBILE_MOE_WEIGHT_CACHE, else $MOBILE_MOE_CACHE/packed-weights, else $XDG_CACHE_HOME/mobile-moe/packed-weights (where
-// XDG_CACHE_HOME is absolute), else
+// mkdir -p: false (errno says why) where a part cannot be made.
+inline bool make_folders(const std::string& dir) {
+  for (size_t at = dir.find('/', 1);; at = dir.find('/', at + 1)) {
+    const std::string part = dir.substr(0, at);
+    if (!part.empty() && mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) return false;
+    if (at == std::string::npos) return true;
+  }
+}
+
+// The folder that a runner started without --weight-cache, and an app that leaves options.weight_cache_dir NULL, keep
+// packed weights in, by mobile_moe/cache.py's rule (packed_weights_dir; tests/device_bench/test_device_bench_native.py
+// holds the two to one answer): MOBILE_MOE_WEIGHT_CACHE, else $MOBILE_MOE_CACHE/packed-weights, else
+// $XDG_CACHE_HOME/mobile-moe/packed-weights (where XDG_CACHE_HOME is absolute), else
 // $HOME/.cache/mobile-moe/packed-weights (the password database's home where HOME is unset, empty or relative);
 // created on first use. Empty when there is none (no home, or it cannot be created, as on a phone's shell): the run
 // packs on the heap, as with --no-weight-cache.
@@ -196,13 +205,11 @@ inline std::string default_cache_dir() {
     if (root.empty()) return "";
     dir = root + "/packed-weights";
   }
-  for (size_t at = dir.find('/', 1); ; at = dir.find('/', at + 1)) {  // mkdir -p
-    const std::string part = dir.substr(0, at);
-    if (mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) return "";
-    if (at == std::string::npos) break;
-  }
   struct stat info {};
-  return stat(dir.c_str(), &info) == 0 && S_ISDIR(info.st_mode) && access(dir.c_str(), W_OK) == 0 ? dir : "";
+  return make_folders(dir) && stat(dir.c_str(), &info) == 0 && S_ISDIR(info.st_mode) &&
+                 access(dir.c_str(), W_OK) == 0
+             ? dir
+             : "";
 }
 
 // How a load met its graph's cache file.
@@ -230,14 +237,14 @@ class PackedCache {
       : dir_(std::move(dir)), limit_(limit) {
     struct stat info {};
     if (stat(dir_.c_str(), &info) != 0 || !S_ISDIR(info.st_mode))
-      throw UsageError("--weight-cache " + dir_ + ": not a directory; create it (an app passes its cache directory)");
+      throw UsageError("weight cache folder " + dir_ + ": not a directory; pass a folder (an app passes its cache folder)");
     if (access(dir_.c_str(), W_OK) != 0)
-      throw UsageError("--weight-cache " + dir_ + ": not writable; pass a directory this process may write");
+      throw UsageError("weight cache folder " + dir_ + ": not writable; pass a folder this process may write");
     // XNNPACK takes the path as a backend option string, which holds at most 255 characters (runtime/backend/
     // options.h kMaxOptionValueLength): a longer one would be cut silently and name another file.
     const std::string longest = staged(file_for(std::string(32, '0'))) + ".scratch";  // the longest path handed over
     if (longest.size() > 255)
-      throw UsageError("--weight-cache: the directory's path is too long for XNNPACK's cache path option (" +
+      throw UsageError("weight cache folder: its path is too long for XNNPACK's cache path option (" +
                        std::to_string(longest.size()) + " of at most 255 characters with the file name); " +
                        "pass a shorter one");
     remove_orphaned_stages();

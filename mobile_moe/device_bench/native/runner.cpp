@@ -278,7 +278,7 @@ mm_options api_options(const Options& options) {
   api.cache_experts = std::max(options.cache_experts, 0);  // -1 (all) is the API's 0
   api.park_experts = options.park_experts;
   api.cache_margin = options.cache_margin;
-  api.weight_cache_dir = options.weight_cache.empty() ? nullptr : options.weight_cache.c_str();
+  api.weight_cache_dir = options.weight_cache.c_str();  // "": none (--no-weight-cache)
   api.weight_cache_limit_mib = options.weight_cache_limit_mib;
   api.prefetch = options.prefetch ? 1 : 0;
   return api;
@@ -288,9 +288,12 @@ mm_options api_options(const Options& options) {
 // failure (1); the message is the library's.
 void check(mm_status status) {
   if (status == MM_OK) return;
-  if (status == MM_BAD_ARGUMENT || status == MM_BAD_BUNDLE) throw UsageError(mm_last_error());
+  std::string message = mm_last_error();
+  if (message.rfind("mm_", 0) == 0 && message.find(": ") != std::string::npos)  // the C API's call: ours is the run
+    message.erase(0, message.find(": ") + 2);
+  if (status == MM_BAD_ARGUMENT || status == MM_BAD_BUNDLE) throw UsageError(message);
   if (status == MM_OUT_OF_MEMORY) throw std::bad_alloc();
-  throw std::runtime_error(mm_last_error());
+  throw std::runtime_error(message);
 }
 
 using Model = std::unique_ptr<mm_model, decltype(&mm_close)>;
@@ -339,13 +342,15 @@ struct OpenFiles {
 // What the graph loaded at start is called in load_ms and stages_ms: the router, or the single graph's kind.
 std::string first_graph_key(const Bundle& bundle) { return bundle.kind == Kind::Split ? "router" : name(bundle.kind); }
 
-void write_run_settings(json::Writer& out, const Options& options, const Bundle& bundle, int num_experts,
-                        int cache_experts, size_t num_images) {
+void write_run_settings(json::Writer& out, const Options& options, const mm_model& model, int num_experts,
+                        size_t num_images) {
+  const Bundle& bundle = model.bundle;
+  const int cache_experts = model.cache_experts;
   out.key("runner").value("mobile-moe-native");
   out.key("bundle").value(bundle.dir);
   out.key("kind").value(name(bundle.kind));
   out.key("layout").value(name(bundle.layout));
-  out.key("threads").value(thread_count());
+  out.key("threads").value(model.threads.threads());
   out.key("load_mode").value(options.load_mode);
   out.key("workspace_sharing").value(static_cast<int64_t>(options.workspace_sharing));
   out.key("weight_cache").value(!options.weight_cache.empty());
@@ -604,6 +609,8 @@ void write_graph_loads(json::Writer& out, const Bundle& bundle, const Loader& lo
 std::string measure(const Options& options) {
   const stats::Memory at_start = stats::memory_now();
   Model model = open(options);
+  // The runner drives the pipeline itself below (switches), on the handle's threads as mm_predict_f32 does
+  const auto threads = model->threads.scope();
   const Bundle& bundle = model->bundle;
   Pipeline& pipeline = *model->pipeline;
   const Loader& loader = *model->loader;
@@ -612,7 +619,7 @@ std::string measure(const Options& options) {
 
   json::Writer out;
   out.begin_object();
-  write_run_settings(out, options, bundle, num_experts, model->cache_experts, images.size());
+  write_run_settings(out, options, *model, num_experts, images.size());
   out.key("memory_at_start");
   write_memory(out, at_start);
   write_first_load(out, bundle, model->resident_load_ms);
@@ -698,6 +705,12 @@ int print_checks(int argc, char** argv) {
   std::raise(signal);
 }
 
+bool g_debug = false;  // MOBILE_MOE_DEBUG=1
+
+void print_log(mm_log_level level, const char* message, void*) {
+  std::fprintf(stderr, "%c %s\n", "DIE"[level], message);
+}
+
 void install_fatal_signal_handlers() {
 #ifndef MOBILE_MOE_ASAN
   static char alternate_stack[1 << 16];  // so a stack overflow can still print its line
@@ -725,8 +738,9 @@ int main(int argc, char** argv) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);
 #endif
   install_fatal_signal_handlers();
-  // ExecuTorch logs through its platform layer; route it to capture_log (stderr stays the runner's one line).
-  executorch::runtime::register_pal(executorch::runtime::PalImpl::create(capture_log, __FILE__));
+  // The library's log (ExecuTorch's with it) reaches stderr only with MOBILE_MOE_DEBUG=1: stderr stays the runner's
+  // one line.
+  if (g_debug) mm_log_set(print_log, nullptr);
   try {
     if (argc >= 2 && (std::string(argv[1]) == "--sha256" || std::string(argv[1]) == "--xxh64"))
       return print_digests(argc, argv);

@@ -1,39 +1,72 @@
-// ExecuTorch's log: kept off stderr (the runner's stderr is one line on failure), its last error quoted in ours.
-// MOBILE_MOE_DEBUG=1 passes every log line through. Also the runner's current phase, for the one line a fatal signal
-// prints. Part of the native runner (runner.cpp).
+// The log: ExecuTorch's messages and the library's own failures reach the callback an app set with mm_log_set, or
+// nowhere (never stderr: the library lives in an app's process). ExecuTorch's last error on this thread is quoted in
+// our messages. Also the current phase, for the one line the runner prints on a fatal signal.
 #pragma once
 
 #include <executorch/runtime/core/error.h>
 #include <executorch/runtime/platform/platform.h>
 
+#include <atomic>
 #include <cstdio>
 #include <mutex>
 #include <string>
 
+#include "mobile_moe.h"
+
 namespace mobile_moe::runner {
 
-inline std::string g_last_runtime_error;
-inline std::mutex g_last_runtime_error_mutex;  // the prefetching thread's loads log too
-inline bool g_debug = false;
+// The app's callback (mm_log_set), process-wide by the app's choice.
+struct LibraryLog {
+  std::mutex mutex;
+  mm_log_callback callback = nullptr;
+  void* user_data = nullptr;
+};
+inline LibraryLog& library_log_sink() {
+  static LibraryLog* sink = new LibraryLog();  // never destroyed: a thread may log during the app's exit
+  return *sink;
+}
+
+inline void set_library_log(mm_log_callback callback, void* user_data) {
+  LibraryLog& sink = library_log_sink();
+  std::lock_guard<std::mutex> lock(sink.mutex);
+  sink.callback = callback;
+  sink.user_data = user_data;
+}
+
+inline void library_log(mm_log_level level, const std::string& message) {
+  LibraryLog& sink = library_log_sink();
+  std::lock_guard<std::mutex> lock(sink.mutex);  // the callback sees one line at a time
+  if (sink.callback != nullptr) sink.callback(level, message.c_str(), sink.user_data);
+}
+
+// ExecuTorch's last error on this thread (a load on the prefetching thread logs there, and throws there too).
+inline thread_local std::string t_last_runtime_error;
 
 inline void capture_log(et_timestamp_t, et_pal_log_level_t level, const char* filename, const char*, size_t line,
                         const char* message, size_t length) {
   std::string text(message, length);
   while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
-  if (g_debug) std::fprintf(stderr, "%c executorch:%s:%zu] %s\n", static_cast<char>(level), filename, line, text.c_str());
-  if (level == kError || level == kFatal) {
-    std::lock_guard<std::mutex> lock(g_last_runtime_error_mutex);
-    g_last_runtime_error = text.substr(0, 200);
-  }
+  const bool error = level == kError || level == kFatal;
+  if (error) t_last_runtime_error = text.substr(0, 200);
+  const mm_log_level ours = error ? MM_LOG_ERROR : level == kInfo ? MM_LOG_INFO : MM_LOG_DEBUG;
+  library_log(ours, "executorch:" + std::string(filename) + ":" + std::to_string(line) + "] " + text);
+}
+
+// ExecuTorch's log into capture_log, once per process, before the library's first call into ExecuTorch: its default
+// platform layer writes to stderr (runtime/platform/default/posix.cpp).
+inline void route_runtime_log() {
+  static std::once_flag routed;
+  std::call_once(routed, [] {
+    executorch::runtime::register_pal(executorch::runtime::PalImpl::create(capture_log, __FILE__));
+  });
 }
 
 // "(ExecuTorch error 35 InvalidProgram: Verification failed; ...)": the status, and what the runtime logged about it.
 inline std::string runtime_error_text(executorch::runtime::Error status) {
   std::string text = "ExecuTorch error " + std::to_string(static_cast<int>(status)) + " " +
                      executorch::runtime::to_string(status);
-  std::lock_guard<std::mutex> lock(g_last_runtime_error_mutex);
-  if (!g_last_runtime_error.empty()) text += ": " + g_last_runtime_error;
-  g_last_runtime_error.clear();
+  if (!t_last_runtime_error.empty()) text += ": " + t_last_runtime_error;
+  t_last_runtime_error.clear();
   return "(" + text + ")";
 }
 

@@ -1,0 +1,250 @@
+/* mobile_moe_library_faults: an app's mistakes and orders of calls that mobile_moe.h allows, each run against the
+ * library in one process: the tests run it plain and built with AddressSanitizer and ThreadSanitizer. Every scenario
+ * prints one JSON line {"scenario": ..., "ok": true|false, "detail": "..."}; exit 0 when it held, 1 when not.
+ *
+ *   mobile_moe_library_faults SCENARIO BUNDLE IMAGES.f32 [ROUNDS]
+ *
+ * Scenarios:
+ *   pool-order        one thread: a 1-thread handle predicts, a 2-thread handle opens and predicts, the first predicts
+ *                     again; a 3-thread handle is refused while the 2-thread one is open, then opens once it closed
+ *   one-handle        two threads predict on ONE handle, ROUNDS times each: every answer is the handle's answer alone
+ *   open-while-serving two 1-thread handles serve from two threads while a third thread opens and closes handles of
+ *                     1, 2 and 3 threads ROUNDS times: serving answers stay exact, every open succeeds or is refused
+ *   misuse            double close, calls after close, NULLs, a row stride or height past the buffer's length
+ *   older-app         an app built when mm_options had only its first fields: it opens with the rest defaulted
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mobile_moe.h"
+
+typedef struct {
+  const char* bundle;
+  float* images; /* count x values */
+  size_t count, values, classes;
+  float* alone; /* count x classes: a 1-thread handle's logits, served alone */
+  int rounds;
+} Setup;
+
+static int report(const char* scenario, int ok, const char* detail) {
+  printf("{\"scenario\": \"%s\", \"ok\": %s, \"detail\": \"", scenario, ok ? "true" : "false");
+  for (const char* c = detail; *c; ++c) putchar(*c == '"' || *c == '\\' ? '\'' : *c);
+  printf("\"}\n");
+  return ok ? 0 : 1;
+}
+
+static mm_model* open_with(const Setup* setup, int threads, mm_status* status) {
+  mm_options options;
+  mm_default_options(&options);
+  options.threads = threads;
+  mm_model* model = NULL;
+  *status = mm_open(setup->bundle, &options, &model);
+  return model;
+}
+
+/* Image `i` through `model`: 1 when its logits are the ones served alone. */
+static int answers(mm_model* model, const Setup* setup, size_t i) {
+  float logits[1024];
+  if (setup->classes > 1024) return 0;
+  if (mm_predict_f32(model, setup->images + i * setup->values, setup->values) != MM_OK) return 0;
+  return mm_logits(model, logits, setup->classes) == setup->classes &&
+         memcmp(logits, setup->alone + i * setup->classes, setup->classes * sizeof(float)) == 0;
+}
+
+static int pool_order(const Setup* setup) {
+  mm_status status;
+  mm_model* one = open_with(setup, 1, &status);
+  if (one == NULL || !answers(one, setup, 0)) return report("pool-order", 0, mm_last_error());
+  mm_model* two = open_with(setup, 2, &status);
+  if (two == NULL || !answers(two, setup, 1) || !answers(one, setup, 2) || !answers(two, setup, 0))
+    return report("pool-order", 0, mm_last_error());
+  mm_model* three = open_with(setup, 3, &status);
+  if (three != NULL || status != MM_BAD_ARGUMENT || strstr(mm_last_error(), "options.threads 3") == NULL)
+    return report("pool-order", 0, "a 3-thread handle opened beside a 2-thread one");
+  mm_close(two);
+  three = open_with(setup, 3, &status);
+  const int ok = three != NULL && answers(three, setup, 1) && answers(one, setup, 1);
+  mm_close(three);
+  mm_close(one);
+  return report("pool-order", ok, ok ? "" : mm_last_error());
+}
+
+typedef struct {
+  const Setup* setup;
+  mm_model* model;
+  int rounds, wrong, opened, refused;
+} Worker;
+
+static void* serve(void* argument) {
+  Worker* worker = argument;
+  for (int round = 0; round < worker->rounds; ++round)
+    for (size_t i = 0; i < worker->setup->count; ++i) worker->wrong += !answers(worker->model, worker->setup, i);
+  return NULL;
+}
+
+/* One image, over and over, on a shared handle: whichever thread predicted last, the handle's logits are that
+ * image's, so a wrong one is a corrupted prediction, not another thread's answer. */
+static void* serve_one_image(void* argument) {
+  Worker* worker = argument;
+  for (int round = 0; round < worker->rounds; ++round) worker->wrong += !answers(worker->model, worker->setup, 0);
+  return NULL;
+}
+
+static int one_handle(const Setup* setup) {
+  mm_status status;
+  mm_model* model = open_with(setup, 1, &status);
+  if (model == NULL) return report("one-handle", 0, mm_last_error());
+  Worker workers[2] = {{setup, model, setup->rounds, 0, 0, 0}, {setup, model, setup->rounds, 0, 0, 0}};
+  pthread_t threads[2];
+  for (int t = 0; t < 2; ++t) pthread_create(&threads[t], NULL, serve_one_image, &workers[t]);
+  for (int t = 0; t < 2; ++t) pthread_join(threads[t], NULL);
+  mm_close(model);
+  char detail[128];
+  snprintf(detail, sizeof detail, "%d wrong of %d", workers[0].wrong + workers[1].wrong, 2 * setup->rounds);
+  return report("one-handle", workers[0].wrong + workers[1].wrong == 0, detail);
+}
+
+static void* open_and_close(void* argument) {
+  Worker* worker = argument;
+  for (int round = 0; round < worker->rounds; ++round) {
+    mm_status status;
+    mm_model* model = open_with(worker->setup, 1 + round % 3, &status);
+    if (model != NULL) {
+      worker->wrong += !answers(model, worker->setup, (size_t)round % worker->setup->count);
+      mm_close(model);
+      ++worker->opened;
+    } else if (status == MM_BAD_ARGUMENT) {
+      ++worker->refused;
+    } else {
+      ++worker->wrong;
+    }
+  }
+  return NULL;
+}
+
+static int open_while_serving(const Setup* setup) {
+  mm_status status;
+  mm_model* models[2] = {open_with(setup, 1, &status), open_with(setup, 1, &status)};
+  if (models[0] == NULL || models[1] == NULL) return report("open-while-serving", 0, mm_last_error());
+  Worker workers[3] = {{setup, models[0], setup->rounds, 0, 0, 0},
+                       {setup, models[1], setup->rounds, 0, 0, 0},
+                       {setup, NULL, setup->rounds, 0, 0, 0}};
+  pthread_t threads[3];
+  for (int t = 0; t < 3; ++t) pthread_create(&threads[t], NULL, t < 2 ? serve : open_and_close, &workers[t]);
+  for (int t = 0; t < 3; ++t) pthread_join(threads[t], NULL);
+  mm_close(models[0]);
+  mm_close(models[1]);
+  const int wrong = workers[0].wrong + workers[1].wrong + workers[2].wrong;
+  char detail[160];
+  snprintf(detail, sizeof detail, "%d wrong; the opener opened %d and was refused %d", wrong, workers[2].opened,
+           workers[2].refused);
+  return report("open-while-serving", wrong == 0 && workers[2].opened > 0, detail);
+}
+
+static int misuse(const Setup* setup) {
+  mm_status status;
+  mm_model* model = open_with(setup, 1, &status);
+  if (model == NULL) return report("misuse", 0, mm_last_error());
+  uint8_t pixels[4 * 4 * 3] = {0};
+  const char* failed = NULL;
+  if (mm_predict_rgb8(model, pixels, sizeof pixels, 4, 4, 3 * 4 + 3) != MM_BAD_ARGUMENT ||
+      strstr(mm_last_error(), "mm_predict_rgb8") == NULL)
+    failed = "a row stride past the buffer was taken";
+  else if (mm_predict_rgb8(model, pixels, sizeof pixels, 4, 5, 3 * 4) != MM_BAD_ARGUMENT)
+    failed = "a height past the buffer was taken";
+  else if (mm_predict_rgb8(model, pixels, sizeof pixels, 4, 4, 3 * 4) != MM_OK)
+    failed = "an exact buffer was refused";
+  else if (mm_predict_f32(model, NULL, setup->values) != MM_BAD_ARGUMENT)
+    failed = "a NULL image was taken";
+  mm_close(model);
+  if (failed == NULL) {
+    mm_close(model); /* twice: nothing */
+    if (mm_predict_f32(model, setup->images, setup->values) != MM_BAD_ARGUMENT ||
+        strstr(mm_last_error(), "not an open handle") == NULL)
+      failed = "a prediction on a closed handle was not refused";
+    else if (mm_num_classes(model) != 0 || mm_class_name(model, 0) != NULL || mm_logits(model, NULL, 0) != 0)
+      failed = "a closed handle still answered";
+  }
+  return report("misuse", failed == NULL, failed == NULL ? "" : failed);
+}
+
+/* mm_options as an app built against an older header had it: the first fields only. */
+typedef struct {
+  size_t struct_size;
+  int threads;
+  int cache_experts;
+} older_options;
+
+static int older_app(const Setup* setup) {
+  older_options options;
+  mm_options_init((mm_options*)&options, sizeof options);
+  if (options.struct_size != sizeof options || options.threads != 1)
+    return report("older-app", 0, "mm_options_init wrote other than the app's fields");
+  mm_model* model = NULL;
+  if (mm_open(setup->bundle, (const mm_options*)&options, &model) != MM_OK)
+    return report("older-app", 0, mm_last_error());
+  const int ok = answers(model, setup, 0);
+  mm_close(model);
+  options.struct_size = 0; /* never initialised */
+  if (mm_open(setup->bundle, (const mm_options*)&options, &model) != MM_BAD_ARGUMENT ||
+      strstr(mm_last_error(), "mm_default_options") == NULL)
+    return report("older-app", 0, "options never initialised were taken");
+  return report("older-app", ok, ok ? "" : "its answer differs");
+}
+
+static float* read_images(const char* path, size_t values, size_t* count) {
+  FILE* file = fopen(path, "rb");
+  long bytes = -1;
+  if (file != NULL && fseek(file, 0, SEEK_END) == 0) bytes = ftell(file);
+  *count = bytes > 0 ? (size_t)bytes / (values * sizeof(float)) : 0;
+  float* images = *count ? malloc(*count * values * sizeof(float)) : NULL;
+  if (images != NULL && (fseek(file, 0, SEEK_SET) != 0 || fread(images, values * sizeof(float), *count, file) != *count)) {
+    free(images);
+    images = NULL;
+  }
+  if (file != NULL) fclose(file);
+  return images;
+}
+
+/* The images, and each one's logits from a 1-thread handle alone. 0 when they cannot be had. */
+static int set_up(Setup* setup, const char* images_path) {
+  mm_status status;
+  mm_model* model = open_with(setup, 1, &status);
+  if (model == NULL) return 0;
+  setup->values = (size_t)mm_input_channels(model) * mm_input_size(model) * mm_input_size(model);
+  setup->classes = (size_t)mm_num_classes(model);
+  setup->images = read_images(images_path, setup->values, &setup->count);
+  setup->alone = setup->images ? malloc(setup->count * setup->classes * sizeof(float)) : NULL;
+  int ok = setup->alone != NULL;
+  for (size_t i = 0; ok && i < setup->count; ++i)
+    ok = mm_predict_f32(model, setup->images + i * setup->values, setup->values) == MM_OK &&
+         mm_logits(model, setup->alone + i * setup->classes, setup->classes) == setup->classes;
+  mm_close(model);
+  return ok;
+}
+
+int main(int argc, char** argv) {
+  if (argc < 4) {
+    fprintf(stderr, "usage: mobile_moe_library_faults SCENARIO BUNDLE IMAGES.f32 [ROUNDS]\n");
+    return 2;
+  }
+  Setup setup = {argv[2], NULL, 0, 0, 0, NULL, argc > 4 ? atoi(argv[4]) : 20};
+  if (setup.rounds < 1 || !set_up(&setup, argv[3])) {
+    fprintf(stderr, "mobile_moe_library_faults: cannot set up: %s\n", mm_last_error());
+    return 2;
+  }
+  const char* scenario = argv[1];
+  int status = 2;
+  if (strcmp(scenario, "pool-order") == 0) status = pool_order(&setup);
+  else if (strcmp(scenario, "one-handle") == 0) status = one_handle(&setup);
+  else if (strcmp(scenario, "open-while-serving") == 0) status = open_while_serving(&setup);
+  else if (strcmp(scenario, "misuse") == 0) status = misuse(&setup);
+  else if (strcmp(scenario, "older-app") == 0) status = older_app(&setup);
+  else fprintf(stderr, "mobile_moe_library_faults: no scenario %s\n", scenario);
+  free(setup.alone);
+  free(setup.images);
+  return status;
+}
