@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from mobile_moe.device_bench import arm64
-from mobile_moe.device_bench.native_build import build_runner
+from mobile_moe.library.build import build_runner
 from mobile_moe.device_bench.native_runner import run_native
 from mobile_moe.device_bench.results import host_parity, validate_round
 from mobile_moe.device_bench.round_settings import RoundSettings

@@ -26,7 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mobile_moe.device_bench.native_build import build_library
+from mobile_moe.library.build import build_library
 from mobile_moe.device_bench.native_runner import parse_runner_output, runner_command
 from mobile_moe.device_bench.round_settings import RoundSettings
 

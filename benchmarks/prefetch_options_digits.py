@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mobile_moe.device_bench.native_build import build_runner
+from mobile_moe.library.build import build_runner
 from mobile_moe.device_bench.native_runner import run_native
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.export.bundle import export_bundle

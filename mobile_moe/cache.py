@@ -1,5 +1,5 @@
 """Where the toolkit keeps what it can rebuild: MOBILE_MOE_CACHE, else $XDG_CACHE_HOME/mobile-moe (an absolute one),
-else ~/.cache/mobile-moe. The native runner's builds (mobile_moe/device_bench/native_build.py), the ARM64 wheel
+else ~/.cache/mobile-moe. The native runner's builds (mobile_moe/library/build.py), the ARM64 wheel
 (mobile_moe/device_bench/arm64.py), image folders' checks (mobile_moe/data/image_check.py) and XNNPACK's packed
 weights (packed_weights_dir) live under it, each in its own folder."""
 
@@ -30,7 +30,7 @@ def home() -> str:
 
 
 def packed_weights_dir() -> Path | None:
-    """The native runner's packed-weight cache (mobile_moe/device_bench/native/packed_cache.h: one checked file per
+    """The native runner's packed-weight cache (mobile_moe/library/libmobile_moe/src/packed_cache.h: one checked file per
     graph, kept under a size limit), shared by every run of this user: MOBILE_MOE_WEIGHT_CACHE, else
     cache_root()/packed-weights. Created on first use; None when it cannot be (a read-only home): runs then pack on the
     heap, as the runner does."""

@@ -118,7 +118,7 @@ def one_thread():
 
 
 def _missing_build_tools() -> list[str]:
-    from mobile_moe.device_bench.native_build import missing_tools
+    from mobile_moe.library.build import missing_tools
 
     return missing_tools()
 
@@ -166,7 +166,7 @@ needs_build = pytest.mark.skipif(
 @pytest.fixture(scope="session")
 def runner() -> Path:
     """The native runner, built once per source version (cached across sessions)."""
-    from mobile_moe.device_bench.native_build import build_runner
+    from mobile_moe.library.build import build_runner
 
     if _missing_build_tools():
         pytest.skip(f"cannot build the native runner: {', '.join(_missing_build_tools())} missing")

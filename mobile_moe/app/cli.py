@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "superclass": ("mobile_moe.super_class.cli", "super-classes from a dense model's confusion graph, or show them"),
     "export": ("mobile_moe.export.cli", "split a model into router and expert graphs (ExecuTorch, ONNX, Core ML)"),
     "predict": ("mobile_moe.export.predict_cli", "classify image files with an exported bundle"),
+    "sdk": ("mobile_moe.library.cli", "the SDK folder an app links: libmobile_moe, its header, pkg-config, Java"),
     "bench": ("mobile_moe.device_bench.cli", "measure latency and memory of bundles on the host or a phone"),
     "reproduce": ("mobile_moe.evidence.cli", "regenerate one of the paper's figures on your data: table, CSV and plot"),
     "demo": ("mobile_moe.app.demo", "the main job, end to end, on built-in data"),

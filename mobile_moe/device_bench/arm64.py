@@ -3,9 +3,9 @@
     make arm64                                        # Debian's toolchain and qemu, executorch's aarch64 wheel, tests
     mobile-moe bench BUNDLE --device arm64-emulated   # pushes, runs and pulls exactly as --device android does
 
-The build: mobile_moe/device_bench/native's CMakeLists.txt with linux-arm64.toolchain.cmake (Debian's
+The build: mobile_moe/library/libmobile_moe's CMakeLists.txt with linux-arm64.toolchain.cmake (Debian's
 g++-aarch64-linux-gnu) against executorch's manylinux aarch64 wheel (runtime, XNNPACK delegate with its NEON kernels,
-optimized kernels), which `fetch_wheel` downloads from the package registry and unpacks into the cache; native_build
+optimized kernels), which `fetch_wheel` downloads from the package registry and unpacks into the cache; mobile_moe.library.build
 caches the runner like the host one. The device: a directory that plays the phone's filesystem (working directories
 under its data/local/tmp), and qemu-user running the runner there against Debian's aarch64 C and C++ runtime, so the
 runner reads its bundle from the device's working directory and loads only the files it chooses, as on a phone.
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from mobile_moe.atomic import atomic_path, scratch_folder
 from mobile_moe.cache import cache_root
-from mobile_moe.device_bench.native_build import NATIVE_DIR, CrossBuild, build_runner
+from mobile_moe.library.build import SOURCE_DIR, CrossBuild, build_runner
 from mobile_moe.device_bench.remote import RunnerFiles, run_remote
 from mobile_moe.device_bench.round_report import RoundJson
 from mobile_moe.device_bench.round_settings import RoundSettings
@@ -43,7 +43,7 @@ QEMU = ("qemu-aarch64-static", "qemu-aarch64")
 # match the host bit for bit, and fp32 is right either way. So the SME code path is at fault (XNNPACK's SME kernels, or
 # qemu's emulation of SME); telling which needs SME hardware.
 CPU = "cortex-a76"
-TOOLCHAIN_FILE = NATIVE_DIR / "linux-arm64.toolchain.cmake"
+TOOLCHAIN_FILE = SOURCE_DIR / "cmake" / "linux-arm64.toolchain.cmake"
 WHEEL_PLATFORM = "manylinux_2_28_aarch64"
 SETUP = "run `make arm64` (installs g++-aarch64-linux-gnu and qemu-user-static, fetches executorch's aarch64 wheel)"
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mobile_moe.cache import packed_weights_dir
-from mobile_moe.device_bench.native_build import build_runner
+from mobile_moe.library.build import build_runner
 from mobile_moe.device_bench.round_report import RoundJson
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError

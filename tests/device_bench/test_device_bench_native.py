@@ -26,7 +26,7 @@ from faults import outlives_its_killed_parent
 from mobile_moe.app.cli import main
 from mobile_moe.cache import packed_weights_dir
 from mobile_moe.device_bench import routing_stats
-from mobile_moe.device_bench.native_build import NATIVE_DIR, build_runner
+from mobile_moe.library.build import SOURCE_DIR, build_runner
 from mobile_moe.device_bench.native_runner import parse_runner_output, run_native, runner_command
 from mobile_moe.device_bench.python_worker import PythonWorker
 from mobile_moe.device_bench.results import validate_results
@@ -175,8 +175,8 @@ def test_runner_refuses_bad_bundles(runner, bundle, workload_file, tmp_path):
 @needs_build
 def test_failed_build_shows_the_compiler_error(tmp_path):
     source = tmp_path / "native"
-    shutil.copytree(NATIVE_DIR, source)
-    (source / "runner.cpp").write_text("int main() { return undeclared_name; }\n")
+    shutil.copytree(SOURCE_DIR, source)
+    (source / "runner" / "runner.cpp").write_text("int main() { return undeclared_name; }\n")
     with pytest.raises(UsageError, match=r"runner\.cpp.*undeclared_name"):
         build_runner(source, build_root=tmp_path / "cache")
 
@@ -192,7 +192,7 @@ def test_failed_build_shows_the_compiler_error(tmp_path):
 def test_only_a_missing_sanitizer_runtime_lets_its_tests_skip(tmp_path, monkeypatch, failure, unavailable):
     """The AddressSanitizer tests skip where the compiler has no libasan; a warning made an error in our own code had
     silently skipped all of them instead of failing."""
-    from mobile_moe.device_bench import native_build
+    from mobile_moe.library import build as native_build
 
     def fails(*args, **kwargs):
         raise UsageError(failure)
@@ -214,7 +214,7 @@ def test_a_damaged_cached_runner_is_built_again_not_trusted_because_it_exists(tm
     one line that says so: not ours to delete."""
     import os
 
-    from mobile_moe.device_bench import native_build
+    from mobile_moe.library import build as native_build
 
     builds = []
 

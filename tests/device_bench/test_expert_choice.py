@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from mobile_moe.device_bench.native_build import NATIVE_DIR, host_compiler
+from mobile_moe.library.build import SOURCE_DIR, host_compiler
 from mobile_moe.expert_choice import pick_experts, used_experts
 from mobile_moe.routers import top_k
 
@@ -115,7 +115,7 @@ def driver(tmp_path_factory) -> Path:
     if not compiler:
         pytest.skip("no C++ compiler to build expert_choice.h with")
     binary = tmp_path_factory.mktemp("expert_choice") / "driver"
-    command = [compiler, "-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", f"-I{NATIVE_DIR}", str(DRIVER)]
+    command = [compiler, "-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", f"-I{SOURCE_DIR / 'src'}", str(DRIVER)]
     built = subprocess.run([*command, "-o", str(binary)], capture_output=True, text=True)
     if built.returncode != 0:
         pytest.fail(f"expert_choice.h does not build alone:\n{built.stderr}")

@@ -75,7 +75,7 @@ def fault_runner(request, runner) -> tuple[Path, dict[str, str]]:
     """The runner and the environment to run it in: the normal build, and an AddressSanitizer build."""
     if request.param == "plain":
         return runner, dict(os.environ)
-    from mobile_moe.device_bench.native_build import SanitizerUnavailable, build_runner, sanitizer_env
+    from mobile_moe.library.build import SanitizerUnavailable, build_runner, sanitizer_env
 
     try:
         asan = build_runner(sanitize="address")

@@ -18,7 +18,7 @@ from c_api import MM_BAD_BUNDLE, MM_OK
 from conftest import needs_build
 from faults import MANIFEST_MUTATIONS, copy_bundle, mutate_manifest
 
-from mobile_moe.device_bench.native_build import JNI_LIBRARY_NAME, NATIVE_DIR, build_library
+from mobile_moe.library.build import JNI_LIBRARY_NAME, SOURCE_DIR, build_library
 from mobile_moe.device_bench.workload import random_workload, write_raw
 from mobile_moe.export.manifest import read_manifest
 
@@ -53,7 +53,7 @@ def python_predictions(bundle: Path, images: Path):
 
 
 def test_the_library_exports_its_c_api_and_nothing_else(library):
-    header = (NATIVE_DIR / "mobile_moe.h").read_text()
+    header = (SOURCE_DIR / "include" / "mobile_moe.h").read_text()
     symbols = subprocess.run(["nm", "-D", "--defined-only", str(library)], capture_output=True, text=True, check=True)
     exported = {line.split()[-1] for line in symbols.stdout.splitlines() if line.strip()}
     declared = {name for name in exported if f" {name}(" in header}
@@ -78,7 +78,7 @@ def test_the_c_api_answers_as_the_python_runtime(library, bundle, images, cache_
 def client(program: str, library: Path, sanitizer: str) -> tuple[Path, dict[str, str]]:
     """A C client of the library built beside it (`program`) and the environment to run it in: the normal build
     ("plain"), or the client and the library built with `sanitizer` (skipped where this compiler has none)."""
-    from mobile_moe.device_bench.native_build import SanitizerUnavailable, sanitizer_env
+    from mobile_moe.library.build import SanitizerUnavailable, sanitizer_env
 
     if sanitizer == "plain":
         return library.parent / program, dict(os.environ)
@@ -234,6 +234,19 @@ def test_the_c_preprocessing_gives_the_pythons_values_to_the_last_bit(library, b
         np.testing.assert_allclose(logits, prediction.logits.reshape(-1), atol=1e-5)
 
 
+def test_a_resize_at_the_schemas_bound_of_a_long_thin_image_is_refused_naming_its_size(library, bundle, tmp_path):
+    """resize_to 65536 (the schema's bound) of a 32768 x 1 image: 2^31 x 65536 pixels, an int overflow once; now one
+    line naming the sizes, MM_BAD_ARGUMENT."""
+    copy = with_input_resize(bundle, tmp_path / "bundle",
+                             {"policy": "resize-center-crop", "resize_to": 65536, "crop_to": 32})  # fmt: skip
+    np.savez(tmp_path / "pixels.npz", thin=np.zeros((1, 32768, 3), dtype=np.uint8))
+    result = subprocess.run([sys.executable, str(DRIVER), "--preprocess", str(library), str(copy),
+                             str(tmp_path / "pixels.npz")], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 1 and "Traceback" in result.stderr  # the driver's RuntimeError: the library refused
+    assert "mm_preprocess_rgb8: a 32768 x 1 image resized to 65536 on its shorter side" in result.stderr
+    assert "2147483648 x 65536 pixels" in result.stderr
+
+
 def python_predictions_of(bundle: Path, images: np.ndarray):
     from mobile_moe.export.runtime import load_bundle
 
@@ -281,7 +294,7 @@ def test_the_java_binding_answers_as_the_python_runtime_and_refuses_in_the_libra
         pytest.skip("no JDK here (javac; on a fresh machine `apt-get install openjdk-17-jdk-headless`)")
     classes = tmp_path / "classes"
     (tmp_path / "PredictMain.java").write_text(JAVA_MAIN)
-    sources = [str(NATIVE_DIR / "java" / "org" / "mobilemoe" / "MobileMoe.java"), str(tmp_path / "PredictMain.java")]
+    sources = [str(SOURCE_DIR / "java" / "org" / "mobilemoe" / "MobileMoe.java"), str(tmp_path / "PredictMain.java")]
     subprocess.run(["javac", "-d", str(classes), *sources], check=True, capture_output=True, timeout=120)
     java = ["java", f"-Djava.library.path={library.parent}", "-cp", str(classes), "PredictMain"]
     result = subprocess.run([*java, str(bundle), str(images), str(tmp_path)], capture_output=True, text=True,

@@ -140,7 +140,7 @@ def test_the_native_runner_loads_the_expert_while_the_tail_runs(runner, early_bu
 def test_the_prefetch_thread_runs_clean_under_thread_sanitizer(early_bundle, tmp_path):
     """The second thread that loads the chosen expert while the tail runs, in a ThreadSanitizer build of the runner
     (its own code instrumented): no data race reported, the same answers as the plain build's Python twin."""
-    from mobile_moe.device_bench.native_build import ASAN_EXIT_CODE, SanitizerUnavailable, build_runner, sanitizer_env
+    from mobile_moe.library.build import ASAN_EXIT_CODE, SanitizerUnavailable, build_runner, sanitizer_env
 
     try:
         tsan = build_runner(sanitize="thread")

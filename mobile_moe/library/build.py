@@ -1,4 +1,4 @@
-"""Build the native runner on demand: CMake against the executorch wheel's package config, cached by source hash.
+"""Build libmobile_moe and its clients (the native runner among them) on demand: CMake against the executorch wheel's package config, cached by source hash.
 
 The build directory is ~/.cache/mobile-moe/native-<hash> (MOBILE_MOE_CACHE overrides the root), where the hash covers
 the runner's sources, the executorch version and the compiler, so an edit or an upgrade rebuilds and nothing else
@@ -24,7 +24,7 @@ from mobile_moe.cache import cache_root
 from mobile_moe.errors import UsageError
 from mobile_moe.interrupts import run_child
 
-NATIVE_DIR = Path(__file__).resolve().parent / "native"
+SOURCE_DIR = Path(__file__).resolve().parent / "libmobile_moe"  # CMakeLists.txt and its tree
 RUNNER_NAME = "mobile_moe_runner"
 
 
@@ -57,11 +57,11 @@ def host_compiler() -> str:
     return shutil.which("c++") or shutil.which("g++") or ""
 
 
-def source_hash(source_dir: Path = NATIVE_DIR, compiler: str | None = None) -> str:
+def source_hash(source_dir: Path = SOURCE_DIR, compiler: str | None = None) -> str:
     digest = hashlib.sha256()
-    for path in sorted(source_dir.iterdir()):
-        if path.suffix in (".cpp", ".c", ".h", ".txt", ".cmake", ".map"):
-            digest.update(path.name.encode() + path.read_bytes())
+    for path in sorted(source_dir.rglob("*")):
+        if path.suffix in (".cpp", ".c", ".h", ".txt", ".cmake", ".map", ".in", ".java"):
+            digest.update(str(path.relative_to(source_dir)).encode() + path.read_bytes())
     from executorch.version import __version__
 
     digest.update(__version__.encode())
@@ -123,7 +123,7 @@ class CrossBuild:
 
 
 def build_runner(
-    source_dir: Path = NATIVE_DIR,
+    source_dir: Path = SOURCE_DIR,
     build_root: Path | None = None,
     sanitize: str | None = None,
     cross: CrossBuild | None = None,

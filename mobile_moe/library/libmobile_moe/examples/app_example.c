@@ -1,7 +1,7 @@
 /* mobile_moe_app: an app's whole use of libmobile_moe (mobile_moe.h) in C, and what benchmarks/library_vit_ti32.py
  * times against the runner: open a bundle, predict each image of a raw float32 file (N x C x S x S, normalised) in
- * turn for --iterations predictions, close. Prints one JSON line: the open and the first prediction (an app's cold
- * start), every prediction's milliseconds, the peak RSS (VmHWM) and the first image's top class and experts.
+ * turn for --iterations predictions, close. Prints one JSON line: the open (an app's cold start), every prediction's
+ * milliseconds, the peak RSS (VmHWM), and every prediction's top class and first expert (-1: a dense bundle).
  *
  *   mobile_moe_app BUNDLE IMAGES.f32 [--cache-experts N] [--iterations N] [--threads T] [--weight-cache DIR]
  */
@@ -66,8 +66,14 @@ int main(int argc, char** argv) {
     fprintf(stderr, "mobile_moe_app: cannot read whole images of %zu values from %s\n", values, argv[2]);
     return 2;
   }
+  /* each prediction's top class and first expert, printed after the times: reading them is no part of the times */
+  int* top = malloc(sizeof(int) * (size_t)iterations);
+  int* expert = malloc(sizeof(int) * (size_t)iterations);
+  if (top == NULL || expert == NULL) {
+    fprintf(stderr, "mobile_moe_app: out of memory\n");
+    return 1;
+  }
   printf("{\"open_ms\": %.4f, \"ms\": [", open_ms);
-  int top = -1, expert = -1;
   for (int i = 0; i < iterations; ++i) {
     if (!read_image(file, values, (size_t)i % count, image)) {
       fprintf(stderr, "mobile_moe_app: %s changed while it was read\n", argv[2]);
@@ -79,14 +85,18 @@ int main(int argc, char** argv) {
       return 1;
     }
     printf("%s%.4f", i ? ", " : "", now_ms() - before);
-    if (i == 0) {
-      float probability;
-      mm_top_classes(model, 1, &top, &probability);
-      float gate;
-      if (mm_experts(model, 1, &expert, &gate) == 0) expert = -1;
-    }
+    float probability, gate;
+    mm_top_classes(model, 1, &top[i], &probability);
+    if (mm_experts(model, 1, &expert[i], &gate) == 0) expert[i] = -1;
   }
-  printf("], \"peak_rss_bytes\": %ld, \"first_class\": %d, \"first_expert\": %d}\n", peak_rss_bytes(), top, expert);
+  printf("], \"peak_rss_bytes\": %ld, \"first_class\": %d, \"first_expert\": %d, \"classes\": [", peak_rss_bytes(),
+         top[0], expert[0]);
+  for (int i = 0; i < iterations; ++i) printf("%s%d", i ? ", " : "", top[i]);
+  printf("], \"experts\": [");
+  for (int i = 0; i < iterations; ++i) printf("%s%d", i ? ", " : "", expert[i]);
+  printf("]}\n");
+  free(top);
+  free(expert);
   mm_close(model);
   fclose(file);
   free(image);

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "errors.h"
+
 namespace mobile_moe::runner {
 
 struct Preprocessing {
@@ -152,12 +154,21 @@ inline Image resize(const Image& in, int width, int height, bool bicubic_filter)
 
 // torchvision's resize to a shorter side (v2.Resize(int)): the longer side int(size * long / short), as
 // torchvision/transforms/v2/functional/_geometry.py _compute_resized_output_size computes it.
+// Sizes computed in 64 bits; UsageError where the result is beyond what resize() makes (kMaxResizedPixels).
+constexpr int64_t kMaxResizedPixels = int64_t{1} << 28;  // 768 MiB of RGB: beyond any phone's photo, cropped
+
 inline void shorter_side_to(int size, int width, int height, int* out_width, int* out_height) {
   const bool wide = width >= height;
   const int short_side = wide ? height : width, long_side = wide ? width : height;
-  const int new_long = static_cast<int>(static_cast<double>(size) * long_side / short_side);
-  *out_width = wide ? new_long : size;
-  *out_height = wide ? size : new_long;
+  const auto new_long = static_cast<int64_t>(static_cast<double>(size) * long_side / short_side);
+  if (new_long * size > kMaxResizedPixels)
+    throw UsageError("a " + std::to_string(width) + " x " + std::to_string(height) + " image resized to " +
+                     std::to_string(size) + " on its shorter side (the manifest's input.resize.resize_to) would be " +
+                     std::to_string(wide ? new_long : size) + " x " + std::to_string(wide ? size : new_long) +
+                     " pixels, more than the " + std::to_string(kMaxResizedPixels) + " this library resizes; crop " +
+                     "the image nearer to square first");
+  *out_width = static_cast<int>(wide ? new_long : size);
+  *out_height = static_cast<int>(wide ? size : new_long);
 }
 
 // RGB8 pixels (`stride` bytes a row) -> C x S x S float32 by `pre` (C: 3, or 1 for a grey bundle).

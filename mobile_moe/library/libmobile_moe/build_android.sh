@@ -5,7 +5,7 @@
 # on this project's machines (no NDK there): the same CMakeLists.txt builds and tests all three on the host.
 #
 #   ANDROID_NDK=/path/to/android-ndk-r27 EXECUTORCH_ANDROID=/path/to/executorch/cmake-out-android \
-#     mobile_moe/device_bench/native/build_android.sh [OUT_DIR]
+#     mobile_moe/library/libmobile_moe/build_android.sh [OUT_DIR]
 #
 # Build ExecuTorch for Android first (from an executorch v1.5.1 checkout; the runner needs the module, data loader,
 # tensor and threadpool extensions, the optimized kernels and the XNNPACK delegate):

@@ -1,0 +1,17 @@
+"""`mobile-moe sdk --out DIR`: the SDK folder an app links with pkg-config or CMake (mobile_moe.library.sdk)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, help="the SDK folder to write (new, empty, or an earlier SDK folder)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from mobile_moe.library.sdk import write_sdk
+
+    out = write_sdk(args.out)
+    print(f"wrote {out}: include/, lib/ (pkg-config: PKG_CONFIG_PATH={out}/lib/pkgconfig), java/, examples/")
+    return 0

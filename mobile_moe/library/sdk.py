@@ -1,0 +1,127 @@
+"""The SDK folder an app ships and builds against (`mobile-moe sdk --out DIR`), for this machine (linux-x86_64 or
+linux-aarch64, the executorch wheel's runtime):
+
+    DIR/include/mobile_moe.h                 the public header, alone
+    DIR/lib/libmobile_moe.so.MAJOR(.MINOR.PATCH), libmobile_moe.so
+                                             the library (SOVERSION MAJOR, RUNPATH $ORIGIN) and, beside it, the
+                                             ExecuTorch libraries it needs (runtime, thread pool, XNNPACK, optimized
+                                             kernels), nothing from this project's environment
+    DIR/lib/libmobile_moe_jni.so             the Java binding's JNI part (where a JDK was found)
+    DIR/lib/pkgconfig/mobile_moe.pc          `pkg-config --cflags --libs mobile_moe`, relative to itself
+    DIR/lib/cmake/mobile_moe/                `find_package(mobile_moe)`: the target mobile_moe::mobile_moe
+    DIR/java/mobile-moe.jar                  org.mobilemoe.MobileMoe (where a JDK was found)
+    DIR/examples/app_example.c, Makefile     an app, built by `make -C DIR/examples` against DIR alone
+
+The folder is relocatable: everything in it finds the rest relative to itself. Android's arm64-v8a build needs the
+NDK and an ExecuTorch Android tree (libmobile_moe/build_android.sh), not this command.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+from pathlib import Path
+
+from mobile_moe.atomic import atomic_path, check_output_folder
+from mobile_moe.errors import UsageError
+from mobile_moe.interrupts import run_child
+from mobile_moe.library.build import SOURCE_DIR, build_library, executorch_package_dir
+
+SDK_ENTRIES = {"include", "lib", "java", "examples", "README.md"}  # what an SDK folder holds (a rebuilt one is ours)
+JAVA_SOURCES = SOURCE_DIR / "java" / "org" / "mobilemoe"
+
+EXAMPLE_MAKEFILE = """\
+# The example app, built against this SDK folder alone: `make` here (pkg-config finds ../lib/pkgconfig). The app
+# finds the library through its RUNPATH, $ORIGIN/../lib: move the whole folder and it still runs. An app that ships
+# the libraries beside its binary links with -Wl,-rpath,'$$ORIGIN' instead.
+PKG_CONFIG_PATH := $(CURDIR)/../lib/pkgconfig
+export PKG_CONFIG_PATH
+CC ?= cc
+
+mobile_moe_app: app_example.c
+\t$(CC) -O2 -Wall -o $@ $< $$(pkg-config --cflags --libs mobile_moe) -Wl,-rpath,'$$ORIGIN/../lib'
+"""
+
+README = """\
+# libmobile_moe {version} SDK ({machine})
+
+- `include/mobile_moe.h`: the C API (read its first comment: threads, failures, the log, the ABI).
+- `lib/`: `libmobile_moe.so.{major}` and the ExecuTorch libraries it needs; `lib/pkgconfig/mobile_moe.pc`,
+  `lib/cmake/mobile_moe/` for `find_package(mobile_moe)`.
+- `java/mobile-moe.jar` with `lib/libmobile_moe_jni.so`: `java -Djava.library.path=lib -cp java/mobile-moe.jar:. App`.
+- `examples/`: `make -C examples`, then `examples/mobile_moe_app BUNDLE IMAGES.f32`.
+
+Built by `mobile-moe sdk` (mobile-moe).
+"""
+
+
+def needed_libraries(library: Path) -> list[str]:
+    """The shared libraries `library` names (ELF DT_NEEDED), as readelf lists them."""
+    listing = run_child(["readelf", "-d", str(library)], capture_output=True, text=True)
+    if listing.returncode != 0:
+        raise UsageError(f"cannot read {library}'s dynamic section: {listing.stderr.strip() or 'readelf failed'}")
+    return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", listing.stdout)
+
+
+def executorch_closure(library: Path, runtime_dir: Path) -> list[Path]:
+    """The libraries of `runtime_dir` (the wheel's lib/) that `library` needs, directly or through one another."""
+    found: dict[str, Path] = {}
+    pending = [library]
+    while pending:
+        for name in needed_libraries(pending.pop()):
+            candidate = runtime_dir / name
+            if name not in found and candidate.is_file():
+                found[name] = candidate
+                pending.append(candidate)
+    return sorted(found.values())
+
+
+def write_jar(staging: Path) -> bool:
+    """java/mobile-moe.jar from the binding's sources; False where there is no JDK (javac, jar)."""
+    if shutil.which("javac") is None or shutil.which("jar") is None:
+        return False
+    classes = staging / "java" / "classes"
+    sources = sorted(str(path) for path in JAVA_SOURCES.glob("*.java"))
+    for command in (["javac", "--release", "8", "-nowarn", "-d", str(classes), *sources],
+                    ["jar", "cf", str(staging / "java" / "mobile-moe.jar"), "-C", str(classes), "."]):  # fmt: skip
+        result = run_child(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise UsageError(f"building the Java binding failed: {(result.stderr or result.stdout).strip()[:300]}")
+    shutil.rmtree(classes)
+    return True
+
+
+def install_library(build_dir: Path, staging: Path) -> None:
+    """CMake's install of the library (include/, lib/ with its pkg-config and CMake files), then the ExecuTorch
+    libraries it needs beside it."""
+    result = run_child(["cmake", "--install", str(build_dir), "--prefix", str(staging)], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise UsageError(f"installing libmobile_moe failed: {(result.stderr or result.stdout).strip()[:300]}")
+    runtime_dir = executorch_package_dir() / "lib"
+    for library in executorch_closure(build_dir / "libmobile_moe.so", runtime_dir):
+        shutil.copy2(library, staging / "lib" / library.name)
+
+
+def write_sdk(out: str | os.PathLike) -> Path:
+    """The SDK folder at `out` (new, empty, or an earlier SDK folder, replaced whole). -> the folder."""
+    out = Path(out)
+    check_output_folder(out, ours=lambda path: SDK_ENTRIES if (path / "include" / "mobile_moe.h").is_file() else None,
+                        kind="mobile-moe SDK folder")  # fmt: skip
+    library = build_library()
+    version = re.search(r"libmobile_moe\.so\.(\d+)\.(\d+)\.(\d+)", " ".join(p.name for p in library.parent.iterdir()))
+    if version is None:
+        raise UsageError(f"the build in {library.parent} has no versioned libmobile_moe.so; remove it and build again")
+    with atomic_path(out, directory=True) as staging:
+        install_library(library.parent, staging)
+        write_jar(staging)
+        examples = staging / "examples"
+        examples.mkdir()
+        shutil.copy2(SOURCE_DIR / "examples" / "app_example.c", examples)
+        (examples / "Makefile").write_text(EXAMPLE_MAKEFILE)
+        (staging / "README.md").write_text(README.format(
+            version=".".join(version.groups()), major=version.group(1),
+            machine=f"{platform.system().lower()}-{platform.machine()}"))  # fmt: skip
+    return out
+

@@ -1,0 +1,93 @@
+"""`mobile-moe sdk --out DIR`: the folder an app ships. An app outside this tree builds against DIR alone (pkg-config,
+and CMake's find_package), the folder moves, and the app runs with no environment variables: its answers are
+predict's. The library in it names no path of this project's environment and needs no backend a bundle cannot use."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import needs_build
+from test_native_library import images, library, python_predictions  # noqa: F401 (fixtures)
+
+from mobile_moe.errors import UsageError
+from mobile_moe.library.sdk import write_sdk
+
+pytestmark = [pytest.mark.export, needs_build]
+
+APP_CMAKE = """cmake_minimum_required(VERSION 3.19)
+project(app C)
+find_package(mobile_moe 2 REQUIRED CONFIG)
+add_executable(app app_example.c)
+target_link_libraries(app PRIVATE mobile_moe::mobile_moe)
+"""
+
+
+@pytest.fixture(scope="module")
+def sdk(library, tmp_path_factory):  # noqa: F811 (the imported fixture)
+    return write_sdk(tmp_path_factory.mktemp("sdk") / "mobile-moe-sdk")
+
+
+def elf(path, *flags) -> str:
+    return subprocess.run(["readelf", *flags, str(path)], capture_output=True, text=True, check=True).stdout
+
+
+def test_the_sdks_library_is_relocatable_versioned_and_carries_only_what_it_needs(sdk):
+    library = sdk / "lib" / "libmobile_moe.so.2"
+    dynamic = elf(library, "-d")
+    assert "Library soname: [libmobile_moe.so.2]" in dynamic and "Library runpath: [$ORIGIN]" in dynamic
+    shipped = sorted(path.name for path in (sdk / "lib").glob("libexecutorch*"))
+    assert shipped == ["libexecutorch.so", "libexecutorch_backend_xnnpack.so", "libexecutorch_kernels_optimized.so",
+                       "libexecutorch_threadpool.so"]  # fmt: skip
+    for path in (sdk / "lib").glob("*.so*"):  # every search path relative to the library itself
+        runpaths = re.findall(r"Library (?:runpath|rpath): \[([^\]]*)\]", elf(path, "-d"))
+        entries = [entry for paths in runpaths for entry in paths.split(":") if entry]
+        assert all(entry.startswith("$ORIGIN") for entry in entries), (path.name, entries)
+
+
+def test_an_app_built_against_the_moved_sdk_folder_alone_answers_as_predict(sdk, bundle, images, tmp_path):  # noqa: F811
+    subprocess.run(["make", "-C", str(sdk / "examples")], check=True, capture_output=True, timeout=120)
+    moved = tmp_path / "moved" / "sdk"
+    moved.parent.mkdir()
+    shutil.copytree(sdk, moved, symlinks=True)  # a copy: the module's other tests keep theirs
+    cache = tmp_path / "packed-weights"
+    result = subprocess.run([str(moved / "examples" / "mobile_moe_app"), str(bundle), str(images), "--iterations",
+                             "8", "--cache-experts", "1", "--weight-cache", str(cache)], env={}, capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    report = json.loads(result.stdout)
+    expected = python_predictions(bundle, images)
+    assert report["classes"] == [int(np.argmax(p.logits)) for p in expected]
+    assert report["experts"] == [int(p.experts[0]) for p in expected]
+
+
+def test_cmake_finds_the_moved_sdk_and_pkg_config_names_only_it(sdk, tmp_path):
+    app = tmp_path / "app"
+    app.mkdir()
+    shutil.copy2(sdk / "examples" / "app_example.c", app)
+    (app / "CMakeLists.txt").write_text(APP_CMAKE)
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(sdk, moved, symlinks=True)
+    for command in (["cmake", "-S", str(app), "-B", str(app / "build"), f"-DCMAKE_PREFIX_PATH={moved}"],
+                    ["cmake", "--build", str(app / "build")]):  # fmt: skip
+        subprocess.run(command, check=True, capture_output=True, timeout=180)
+    env = {**os.environ, "PKG_CONFIG_PATH": str(moved / "lib" / "pkgconfig")}
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "mobile_moe"], capture_output=True, text=True,
+                           env=env, check=True).stdout.split()  # fmt: skip
+    include, libdir, name = flags
+    assert include.startswith("-I") and Path(include[2:]).resolve() == moved / "include"
+    assert libdir.startswith("-L") and Path(libdir[2:]).resolve() == moved / "lib" and name == "-lmobile_moe"
+
+
+def test_an_sdk_is_never_written_over_a_folder_it_did_not_write(tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    with pytest.raises(UsageError, match="not a mobile-moe SDK folder"):
+        write_sdk(tmp_path / "mine")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
