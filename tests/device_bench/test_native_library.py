@@ -256,58 +256,144 @@ def python_predictions_of(bundle: Path, images: np.ndarray):
 
 JAVA_MAIN = """
 import org.mobilemoe.MobileMoe;
+import org.mobilemoe.MobileMoeException;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.file.Files;
 import java.nio.file.Paths;
+import java.util.concurrent.CountDownLatch;
 
 public class PredictMain {
+  static String logits(MobileMoe.Prediction p) {
+    StringBuilder out = new StringBuilder();
+    for (float logit : p.logits) out.append(' ').append(logit);
+    return out.toString();
+  }
+
+  static String outcome(Runnable call) {
+    try {
+      call.run();
+      return "ok";
+    } catch (RuntimeException error) {
+      return error.getClass().getSimpleName();
+    }
+  }
+
+  // A close from this thread while another predicts on and on: IllegalStateException. A close that lands between two
+  // predictions is allowed to succeed (the other thread then stops on its IllegalStateException), so up to 5 tries.
+  static volatile boolean stop;
+
+  static String closeWhilePredicting(String bundle, MobileMoe.Options options, float[] image) throws Exception {
+    String closing = "never tried";
+    for (int attempt = 0; attempt < 5 && !closing.equals("IllegalStateException"); ++attempt) {
+      MobileMoe model = MobileMoe.open(bundle, options);
+      CountDownLatch predicting = new CountDownLatch(1);
+      stop = false;
+      Thread busy = new Thread(() -> {
+        try {
+          while (!stop) {
+            predicting.countDown();
+            model.predict(image, 1);
+          }
+        } catch (IllegalStateException closed) {
+        }
+      });
+      busy.start();
+      predicting.await();
+      Thread.sleep(5);
+      closing = outcome(model::close);
+      stop = true;
+      busy.join();
+      model.close();
+    }
+    return closing;
+  }
+
   public static void main(String[] args) throws Exception {
+    // args: BUNDLE IMAGES.f32 DAMAGED_BUNDLE PHOTO.rgb WIDTH HEIGHT WEIGHT_CACHE
     ByteBuffer raw = ByteBuffer.wrap(Files.readAllBytes(Paths.get(args[1]))).order(ByteOrder.LITTLE_ENDIAN);
-    try (MobileMoe model = MobileMoe.open(args[0], 1, 1)) {
+    MobileMoe.Options options = new MobileMoe.Options().cacheExperts(1).weightCacheDir(args[6]);
+    try (MobileMoe model = MobileMoe.open(args[0], options)) {
       int values = model.inputValues();
-      StringBuilder out = new StringBuilder();
       while (raw.remaining() >= 4 * values) {
         float[] chw = new float[values];
         raw.asFloatBuffer().get(chw);
         raw.position(raw.position() + 4 * values);
         MobileMoe.Prediction p = model.predict(chw, 3);
-        out.append(p.classes[0]).append(' ').append(model.className(p.classes[0])).append(' ').append(p.experts[0]);
-        for (float logit : p.logits) out.append(' ').append(logit);
-        out.append('\\n');
+        System.out.println("f32 " + p.classes[0] + " " + model.className(p.classes[0]) + " " + p.experts[0] + logits(p));
       }
-      System.out.print(out);
+      int width = Integer.parseInt(args[4]), height = Integer.parseInt(args[5]);
+      byte[] rgb = Files.readAllBytes(Paths.get(args[3]));
+      int[] argb = new int[width * height];
+      for (int i = 0; i < argb.length; ++i)
+        argb[i] = 0xff000000 | (rgb[3 * i] & 0xff) << 16 | (rgb[3 * i + 1] & 0xff) << 8 | (rgb[3 * i + 2] & 0xff);
+      System.out.println("rgb" + logits(model.predictRgb(rgb, width, height, 3 * width, 5)));
+      System.out.println("argb" + logits(model.predictArgb(argb, width, height, width, 5)));
+      float[] image = new float[values];
+      System.out.println("top0 " + model.predict(image, 0).classes.length);
+      System.out.println("className " + outcome(() -> model.className(model.numClasses())));
+      System.out.println("short " + outcome(() -> model.predictRgb(rgb, width, height + 1, 3 * width, 1)));
+      System.out.println("stride " + outcome(() -> model.predictArgb(argb, width, height, width - 1, 1)));
+      System.out.println("topK " + outcome(() -> model.predict(image, -1)));
+      System.out.println("closeWhilePredicting " + closeWhilePredicting(args[0], options, image));
+      model.close();
+      System.out.println("afterClose " + outcome(() -> model.predict(image, 1)));
+      model.close();
     }
     try {
-      MobileMoe.open(args[2], 1, 1);
-    } catch (IllegalArgumentException refused) {
-      System.out.println("refused: " + refused.getMessage());
+      MobileMoe.open(args[2], options);
+    } catch (MobileMoeException refused) {
+      System.out.println("refused " + refused.status() + ": " + refused.getMessage());
     }
+    System.out.println("version " + MobileMoe.version());
   }
 }
 """
 
 
-def test_the_java_binding_answers_as_the_python_runtime_and_refuses_in_the_librarys_words(library, bundle, images,
+def test_the_java_binding_answers_as_the_python_runtime_and_behaves_as_android_expects(library, bundle, images,
                                                                                          tmp_path):  # fmt: skip
+    """f32, RGB bytes and ARGB ints (Bitmap.getPixels' format) through the library's preprocessing, as Python's on the
+    same photograph; a bundle folder named with a character outside the Basic Multilingual Plane; topK 0, indices and
+    buffers out of range, close while another thread predicts, use after close; a damaged bundle's typed exception."""
     if shutil.which("javac") is None or not (library.parent / JNI_LIBRARY_NAME).is_file():
         pytest.skip("no JDK here (javac; on a fresh machine `apt-get install openjdk-17-jdk-headless`)")
+    from photos import photographs
+    from PIL import Image
+
+    from mobile_moe.export.images import preprocess
+
     classes = tmp_path / "classes"
     (tmp_path / "PredictMain.java").write_text(JAVA_MAIN)
-    sources = [str(SOURCE_DIR / "java" / "org" / "mobilemoe" / "MobileMoe.java"), str(tmp_path / "PredictMain.java")]
+    sources = [*map(str, (SOURCE_DIR / "java" / "org" / "mobilemoe").glob("*.java")), str(tmp_path / "PredictMain.java")]
     subprocess.run(["javac", "-d", str(classes), *sources], check=True, capture_output=True, timeout=120)
+    photo = np.ascontiguousarray(np.asarray(photographs()[1])[100:147, 200:231])  # 31 x 47, odd sizes
+    (tmp_path / "photo.rgb").write_bytes(photo.tobytes())
+    emoji = copy_bundle(bundle, tmp_path / "bündle-\U0001f600")
     java = ["java", f"-Djava.library.path={library.parent}", "-cp", str(classes), "PredictMain"]
-    result = subprocess.run([*java, str(bundle), str(images), str(tmp_path)], capture_output=True, text=True,
-                            timeout=120)  # fmt: skip
+    result = subprocess.run([*java, str(emoji), str(images), str(tmp_path), str(tmp_path / "photo.rgb"),
+                             str(photo.shape[1]), str(photo.shape[0]), str(tmp_path / "packed")],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
-    *lines, refusal = result.stdout.strip().splitlines()
+    lines = result.stdout.strip().splitlines()
     names = read_manifest(bundle).class_names
-    for line, want in zip(lines, python_predictions(bundle, images), strict=True):
-        index, name, expert, *logits = line.split(" ")
+    f32 = [line.split(" ")[1:] for line in lines if line.startswith("f32 ")]
+    for (index, name, expert, *logits), want in zip(f32, python_predictions(bundle, images), strict=True):
         assert int(index) == int(np.argmax(want.logits)) and name == names[int(index)]
         assert int(expert) == int(want.experts[0])
         np.testing.assert_allclose(np.array(logits, dtype=np.float32), want.logits.reshape(-1), atol=1e-5)
-    assert refusal.startswith("refused: ") and "manifest.json" in refusal
+    (want,) = python_predictions_of(bundle, preprocess(read_manifest(bundle).input)(Image.fromarray(photo))[None].numpy())
+    for kind in ("rgb", "argb"):
+        (line,) = [line for line in lines if line.startswith(f"{kind} ")]
+        np.testing.assert_allclose(np.array(line.split()[1:], dtype=np.float32), want.logits.reshape(-1), atol=1e-5)
+    said = dict(line.split(" ", 1) for line in lines if not line.startswith(("f32 ", "rgb ", "argb ")))
+    assert said["top0"] == "0" and said["className"] == "IndexOutOfBoundsException"
+    assert said["short"] == "IndexOutOfBoundsException" and said["stride"] == "IllegalArgumentException"
+    assert said["topK"] == "IllegalArgumentException" and said["afterClose"] == "IllegalStateException"
+    assert said["closeWhilePredicting"] == "IllegalStateException"
+    assert said["refused"].startswith("BAD_BUNDLE: mm_open: ") and "manifest.json" in said["refused"]
+    assert said["version"].startswith("mobile-moe libmobile_moe 2.")
+    assert result.stderr == ""
 
 
 @pytest.fixture(scope="session", params=["plain", pytest.param("address", marks=pytest.mark.slow)])

@@ -91,3 +91,31 @@ def test_an_sdk_is_never_written_over_a_folder_it_did_not_write(tmp_path):
     with pytest.raises(UsageError, match="not a mobile-moe SDK folder"):
         write_sdk(tmp_path / "mine")
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+
+
+def test_the_android_archive_has_an_aars_layout_and_its_classes_run_on_the_host(library, tmp_path):  # noqa: F811
+    """java/package_aar.sh (build_android.sh's last step) on the host's libraries: classes.jar, jni/ABI/ with both
+    libraries, AndroidManifest.xml; the jar's classes load the JNI library and answer on the host JVM. (On the host the
+    JNI library still finds libmobile_moe.so.2 through its build's rpath; an Android build has no SOVERSION.)"""
+    import zipfile
+
+    from mobile_moe.library.build import SOURCE_DIR
+
+    if shutil.which("javac") is None or not (library.parent / "libmobile_moe_jni.so").is_file():
+        pytest.skip("no JDK here (javac; on a fresh machine `apt-get install openjdk-17-jdk-headless`)")
+    aar = tmp_path / "mobile-moe.aar"
+    subprocess.run([str(SOURCE_DIR / "java" / "package_aar.sh"), str(aar), "x86_64", str(library.parent)],
+                   check=True, capture_output=True, timeout=120)  # fmt: skip
+    names = set(zipfile.ZipFile(aar).namelist())
+    assert {"AndroidManifest.xml", "classes.jar", "jni/x86_64/libmobile_moe.so",
+            "jni/x86_64/libmobile_moe_jni.so"} <= names  # fmt: skip
+    zipfile.ZipFile(aar).extractall(tmp_path / "aar")
+    (tmp_path / "Version.java").write_text(
+        "public class Version { public static void main(String[] a) { "
+        "System.out.println(org.mobilemoe.MobileMoe.version()); } }"
+    )
+    classpath = str(tmp_path / "aar" / "classes.jar")
+    subprocess.run(["javac", "-cp", classpath, "-d", str(tmp_path), str(tmp_path / "Version.java")], check=True)
+    result = subprocess.run(["java", f"-Djava.library.path={tmp_path / 'aar' / 'jni' / 'x86_64'}", "-cp",
+                             f"{classpath}:{tmp_path}", "Version"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 0 and result.stdout.startswith("mobile-moe libmobile_moe 2."), result.stderr

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Cross-compile the native runner, libmobile_moe (the runtime as a library, mobile_moe.h) and its JNI part
 # (libmobile_moe_jni.so, for org.mobilemoe.MobileMoe) for Android arm64 with the NDK's CMake toolchain, against an
-# ExecuTorch Android install tree (the pip wheel is a host build and cannot be linked into an Android binary). Not run
-# on this project's machines (no NDK there): the same CMakeLists.txt builds and tests all three on the host.
+# ExecuTorch Android install tree (the pip wheel is a host build and cannot be linked into an Android binary), then
+# package the Java binding and both libraries as an AAR (java/package_aar.sh). Not run on this project's machines (no
+# NDK there): the same CMakeLists.txt builds and tests all three on the host, and the tests package an AAR of the
+# host's libraries with the same script.
 #
 #   ANDROID_NDK=/path/to/android-ndk-r27 EXECUTORCH_ANDROID=/path/to/executorch/cmake-out-android \
 #     mobile_moe/library/libmobile_moe/build_android.sh [OUT_DIR]
@@ -42,4 +44,6 @@ cmake -S "$HERE" -B "$OUT" \
   -DCMAKE_FIND_ROOT_PATH_MODE_PACKAGE=BOTH
 cmake --build "$OUT" --parallel
 echo "built $OUT/mobile_moe_runner (static, $ABI); run it with --device android --runner $OUT/mobile_moe_runner"
-echo "built $OUT/libmobile_moe.so and $OUT/libmobile_moe_jni.so: copy both into an app's src/main/jniLibs/$ABI/"
+"$HERE/java/package_aar.sh" "$OUT/mobile-moe.aar" "$ABI" "$OUT"
+echo "built $OUT/mobile-moe.aar (classes.jar, jni/$ABI/libmobile_moe.so and libmobile_moe_jni.so): an app's"
+echo "  build.gradle takes it as implementation files('libs/mobile-moe.aar')"

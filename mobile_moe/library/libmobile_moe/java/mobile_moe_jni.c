@@ -1,41 +1,78 @@
-/* The JNI half of org.mobilemoe.MobileMoe (native/java/): a client of libmobile_moe's C API (mobile_moe.h) like any
- * app. Failures become exceptions carrying mm_last_error()'s message: IllegalArgumentException for a bad argument or
- * bundle, RuntimeException for a runtime failure, OutOfMemoryError. */
+/* The JNI half of org.mobilemoe.MobileMoe (java/org/mobilemoe/): a client of libmobile_moe's C API (mobile_moe.h)
+ * like any app. The Java side checks arguments and holds the object's lock; here a failed call becomes a
+ * MobileMoeException carrying the status and mm_last_error()'s message. Paths arrive as UTF-8 bytes (JNI's own
+ * strings are modified UTF-8, which splits a character outside the Basic Multilingual Plane in two). */
 #include <jni.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "mobile_moe.h"
 
 #define JNI_EXPORT __attribute__((visibility("default")))
 
+/* Options.set's bits (MobileMoe.java Options): the fields an app set. */
+enum { SET_THREADS = 1, SET_CACHE_EXPERTS = 2, SET_PARK_EXPERTS = 4, SET_CACHE_MARGIN = 8, SET_WEIGHT_CACHE_DIR = 16,
+       SET_WEIGHT_CACHE_LIMIT = 32, SET_PREFETCH = 64 };
+
+static void throw_named(JNIEnv* env, const char* class_name, const char* message) {
+  jclass class_ = (*env)->FindClass(env, class_name);
+  if (class_ != NULL) (*env)->ThrowNew(env, class_, message);
+}
+
 static void throw_status(JNIEnv* env, mm_status status) {
-  const char* type = status == MM_OUT_OF_MEMORY  ? "java/lang/OutOfMemoryError"
-                     : status == MM_RUNTIME_ERROR ? "java/lang/RuntimeException"
-                                                  : "java/lang/IllegalArgumentException";
-  jclass class_ = (*env)->FindClass(env, type);
-  if (class_ != NULL) (*env)->ThrowNew(env, class_, mm_last_error());
+  jclass class_ = (*env)->FindClass(env, "org/mobilemoe/MobileMoeException");
+  jmethodID init = class_ ? (*env)->GetMethodID(env, class_, "<init>", "(ILjava/lang/String;)V") : NULL;
+  jstring message = init ? (*env)->NewStringUTF(env, mm_last_error()) : NULL;
+  jobject error = message ? (*env)->NewObject(env, class_, init, (jint)status, message) : NULL;
+  if (error != NULL) (*env)->Throw(env, (jthrowable)error);
 }
 
 static mm_model* model_of(jlong handle) { return (mm_model*)(intptr_t)handle; }
 
-JNI_EXPORT jlong JNICALL Java_org_mobilemoe_MobileMoe_nativeOpen(JNIEnv* env, jclass cls, jstring bundle_dir,
-                                                                 jint threads, jint cache_experts) {
+/* A Java byte[] of UTF-8 as a C string (malloc'd; NULL with an exception pending where it cannot be made). */
+static char* c_string(JNIEnv* env, jbyteArray bytes) {
+  const jsize length = (*env)->GetArrayLength(env, bytes);
+  char* text = malloc((size_t)length + 1);
+  if (text == NULL) {
+    throw_named(env, "java/lang/OutOfMemoryError", "out of memory");
+    return NULL;
+  }
+  (*env)->GetByteArrayRegion(env, bytes, 0, length, (jbyte*)text);
+  text[length] = '\0';
+  return text;
+}
+
+JNI_EXPORT jstring JNICALL Java_org_mobilemoe_MobileMoe_nativeVersion(JNIEnv* env, jclass cls) {
   (void)cls;
-  if (bundle_dir == NULL) {
-    jclass npe = (*env)->FindClass(env, "java/lang/NullPointerException");
-    if (npe != NULL) (*env)->ThrowNew(env, npe, "bundleDir is null");
+  return (*env)->NewStringUTF(env, mm_version());
+}
+
+JNI_EXPORT jlong JNICALL Java_org_mobilemoe_MobileMoe_nativeOpen(JNIEnv* env, jclass cls, jbyteArray bundle_dir,
+                                                                 jint set, jint threads, jint cache_experts,
+                                                                 jint park_experts, jfloat cache_margin,
+                                                                 jbyteArray weight_cache_dir,
+                                                                 jint weight_cache_limit_mib, jboolean prefetch) {
+  (void)cls;
+  char* path = c_string(env, bundle_dir);
+  char* cache = path != NULL && weight_cache_dir != NULL ? c_string(env, weight_cache_dir) : NULL;
+  if (path == NULL || (weight_cache_dir != NULL && cache == NULL)) {
+    free(path);
     return 0;
   }
-  const char* path = (*env)->GetStringUTFChars(env, bundle_dir, NULL);
-  if (path == NULL) return 0; /* OutOfMemoryError already thrown */
   mm_options options;
   mm_default_options(&options);
-  options.threads = threads;
-  options.cache_experts = cache_experts;
+  if (set & SET_THREADS) options.threads = threads;
+  if (set & SET_CACHE_EXPERTS) options.cache_experts = cache_experts;
+  if (set & SET_PARK_EXPERTS) options.park_experts = park_experts;
+  if (set & SET_CACHE_MARGIN) options.cache_margin = cache_margin;
+  if (set & SET_WEIGHT_CACHE_DIR) options.weight_cache_dir = cache;
+  if (set & SET_WEIGHT_CACHE_LIMIT) options.weight_cache_limit_mib = weight_cache_limit_mib;
+  if (set & SET_PREFETCH) options.prefetch = prefetch ? 1 : 0;
   mm_model* model = NULL;
-  mm_status status = mm_open(path, &options, &model);
-  (*env)->ReleaseStringUTFChars(env, bundle_dir, path);
+  const mm_status status = mm_open(path, &options, &model);
+  free(path);
+  free(cache);
   if (status != MM_OK) {
     throw_status(env, status);
     return 0;
@@ -74,7 +111,7 @@ static jfloatArray float_array(JNIEnv* env, const float* values, jsize count) {
 
 static jintArray int_array(JNIEnv* env, const int* values, jsize count) {
   jintArray array = (*env)->NewIntArray(env, count);
-  if (array != NULL) {
+  if (array != NULL && count > 0) {
     jint* copy = (*env)->GetIntArrayElements(env, array, NULL);
     if (copy == NULL) return NULL;
     for (jsize i = 0; i < count; ++i) copy[i] = values[i];
@@ -83,20 +120,21 @@ static jintArray int_array(JNIEnv* env, const int* values, jsize count) {
   return array;
 }
 
-/* The last prediction of `model` as a MobileMoe.Prediction; NULL with an exception pending on failure. */
+/* The last prediction of `model` as a MobileMoe.Prediction with `top_k` (>= 0) classes; NULL with an exception
+ * pending on failure. */
 static jobject prediction(JNIEnv* env, mm_model* model, jint top_k) {
   size_t classes = mm_logits(model, NULL, 0);
   int experts = mm_experts(model, 0, NULL, NULL);
-  int k = top_k < 1 ? 1 : top_k;
+  size_t k = top_k > 0 ? (size_t)top_k : 1;
   float* logits = malloc(sizeof(float) * (classes ? classes : 1));
-  int* top = malloc(sizeof(int) * (size_t)k);
-  float* probabilities = malloc(sizeof(float) * (size_t)k);
+  int* top = malloc(sizeof(int) * k);
+  float* probabilities = malloc(sizeof(float) * k);
   int* chosen = malloc(sizeof(int) * (size_t)(experts ? experts : 1));
   float* gates = malloc(sizeof(float) * (size_t)(experts ? experts : 1));
   jobject result = NULL;
   if (logits && top && probabilities && chosen && gates) {
     mm_logits(model, logits, classes);
-    int n = mm_top_classes(model, k, top, probabilities);
+    int n = mm_top_classes(model, top_k, top, probabilities);
     mm_experts(model, experts, chosen, gates);
     jclass class_ = (*env)->FindClass(env, "org/mobilemoe/MobileMoe$Prediction");
     jmethodID init = class_ ? (*env)->GetMethodID(env, class_, "<init>", "([I[F[F[I[F)V") : NULL;
@@ -105,8 +143,7 @@ static jobject prediction(JNIEnv* env, mm_model* model, jint top_k) {
                                  float_array(env, logits, (jsize)classes), int_array(env, chosen, experts),
                                  float_array(env, gates, experts));
   } else {
-    jclass oom = (*env)->FindClass(env, "java/lang/OutOfMemoryError");
-    if (oom != NULL) (*env)->ThrowNew(env, oom, "out of memory");
+    throw_named(env, "java/lang/OutOfMemoryError", "out of memory");
   }
   free(logits), free(top), free(probabilities), free(chosen), free(gates);
   return result;
@@ -116,11 +153,6 @@ JNI_EXPORT jobject JNICALL Java_org_mobilemoe_MobileMoe_nativePredict(JNIEnv* en
                                                                       jfloatArray chw, jint top_k) {
   (void)cls;
   mm_model* model = model_of(handle);
-  if (chw == NULL) {
-    jclass npe = (*env)->FindClass(env, "java/lang/NullPointerException");
-    if (npe != NULL) (*env)->ThrowNew(env, npe, "chw is null");
-    return NULL;
-  }
   jsize count = (*env)->GetArrayLength(env, chw);
   jfloat* values = (*env)->GetFloatArrayElements(env, chw, NULL);
   if (values == NULL) return NULL;
@@ -131,4 +163,54 @@ JNI_EXPORT jobject JNICALL Java_org_mobilemoe_MobileMoe_nativePredict(JNIEnv* en
     return NULL;
   }
   return prediction(env, model, top_k);
+}
+
+/* The library's RGB8 call on pixels already in C memory; the prediction, or NULL with an exception pending. */
+static jobject predict_rgb8(JNIEnv* env, mm_model* model, const uint8_t* rgb, size_t length, jint width, jint height,
+                            jint row_stride, jint top_k) {
+  mm_status status = mm_predict_rgb8(model, rgb, length, width, height, row_stride);
+  if (status != MM_OK) {
+    throw_status(env, status);
+    return NULL;
+  }
+  return prediction(env, model, top_k);
+}
+
+JNI_EXPORT jobject JNICALL Java_org_mobilemoe_MobileMoe_nativePredictRgb(JNIEnv* env, jclass cls, jlong handle,
+                                                                         jbyteArray rgb, jint width, jint height,
+                                                                         jint row_stride, jint top_k) {
+  (void)cls;
+  jsize length = (*env)->GetArrayLength(env, rgb);
+  jbyte* bytes = (*env)->GetByteArrayElements(env, rgb, NULL);
+  if (bytes == NULL) return NULL;
+  jobject result = predict_rgb8(env, model_of(handle), (const uint8_t*)bytes, (size_t)length, width, height,
+                                row_stride, top_k);
+  (*env)->ReleaseByteArrayElements(env, rgb, bytes, JNI_ABORT);
+  return result;
+}
+
+/* Bitmap.getPixels' ARGB_8888 ints (0xAARRGGBB, `stride` ints a row) as packed RGB8 rows; alpha is dropped, as
+ * Pillow's RGBA -> RGB conversion drops it. */
+JNI_EXPORT jobject JNICALL Java_org_mobilemoe_MobileMoe_nativePredictArgb(JNIEnv* env, jclass cls, jlong handle,
+                                                                          jintArray argb, jint width, jint height,
+                                                                          jint stride, jint top_k) {
+  (void)cls;
+  const size_t row = (size_t)width * 3, length = row * (size_t)height;
+  uint8_t* rgb = malloc(length);
+  jint* pixels = rgb ? (*env)->GetIntArrayElements(env, argb, NULL) : NULL;
+  if (pixels == NULL) {
+    free(rgb);
+    if (!(*env)->ExceptionCheck(env)) throw_named(env, "java/lang/OutOfMemoryError", "out of memory");
+    return NULL;
+  }
+  for (jint y = 0; y < height; ++y)
+    for (jint x = 0; x < width; ++x) {
+      const uint32_t pixel = (uint32_t)pixels[(size_t)y * (size_t)stride + (size_t)x];
+      uint8_t* out = rgb + (size_t)y * row + (size_t)x * 3;
+      out[0] = (uint8_t)(pixel >> 16), out[1] = (uint8_t)(pixel >> 8), out[2] = (uint8_t)pixel;
+    }
+  (*env)->ReleaseIntArrayElements(env, argb, pixels, JNI_ABORT);
+  jobject result = predict_rgb8(env, model_of(handle), rgb, length, width, height, (jint)row, top_k);
+  free(rgb);
+  return result;
 }
