@@ -15,12 +15,12 @@ import tempfile
 from pathlib import Path
 
 from mobile_moe.device_bench import arm64
-from mobile_moe.library.build import build_runner
 from mobile_moe.device_bench.native_runner import run_native
 from mobile_moe.device_bench.results import host_parity, validate_round
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.device_bench.workload import make_workload, write_raw
 from mobile_moe.export.manifest import read_manifest
+from mobile_moe.library.build import build_runner
 
 
 def compare(bundle: Path, data: str, images: int, settings: RoundSettings, scratch: Path) -> str:

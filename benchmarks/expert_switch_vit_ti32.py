@@ -35,12 +35,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mobile_moe.library.build import build_runner
 from mobile_moe.device_bench.native_runner import parse_runner_output, runner_command
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.export.bundle import export_bundle
 from mobile_moe.export.manifest import MANIFEST
 from mobile_moe.export.runtime import load_bundle
+from mobile_moe.library.build import build_runner
 from mobile_moe.registry import create_model
 
 # Issue 37's digits stream changed expert on 45% of consecutive images: runs of 2, 2, 2 and 3 images change on 4 of 9.

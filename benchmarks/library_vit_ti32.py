@@ -26,9 +26,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mobile_moe.library.build import build_library
 from mobile_moe.device_bench.native_runner import parse_runner_output, runner_command
 from mobile_moe.device_bench.round_settings import RoundSettings
+from mobile_moe.library.build import build_library
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from expert_switch_vit_ti32 import export, switching_stream  # noqa: E402

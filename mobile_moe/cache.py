@@ -30,8 +30,8 @@ def home() -> str:
 
 
 def packed_weights_dir() -> Path | None:
-    """The native runner's packed-weight cache (mobile_moe/library/libmobile_moe/src/packed_cache.h: one checked file per
-    graph, kept under a size limit), shared by every run of this user: MOBILE_MOE_WEIGHT_CACHE, else
+    """The native runner's packed-weight cache (mobile_moe/library/libmobile_moe/src/packed_cache.h: one checked file
+    per graph, kept under a size limit), shared by every run of this user: MOBILE_MOE_WEIGHT_CACHE, else
     cache_root()/packed-weights. Created on first use; None when it cannot be (a read-only home): runs then pack on the
     heap, as the runner does."""
     path = Path(os.environ.get("MOBILE_MOE_WEIGHT_CACHE") or cache_root() / "packed-weights")

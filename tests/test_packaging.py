@@ -46,7 +46,8 @@ def test_the_wheel_holds_one_package_with_every_module_and_native_source_of_the_
     inside = set(zipfile.ZipFile(wheel).namelist())
     assert {name.split("/")[0] for name in inside} == {"mobile_moe", "mobile_moe-0.1.0.dist-info"}
     shipped = {name for name in tracked() if name.startswith("mobile_moe/")}
-    expected = {name for name in shipped if name.endswith(".py") or name.startswith("mobile_moe/library/libmobile_moe/")}
+    native = "mobile_moe/library/libmobile_moe/"
+    expected = {name for name in shipped if name.endswith(".py") or name.startswith(native)}
     assert len(expected) > 100 and sorted(expected - inside) == []
     packages = {os.path.dirname(name) for name in expected if name.endswith(".py")}
     assert all(f"{package}/__init__.py" in inside for package in packages)

@@ -5,10 +5,11 @@
 
 The build: mobile_moe/library/libmobile_moe's CMakeLists.txt with linux-arm64.toolchain.cmake (Debian's
 g++-aarch64-linux-gnu) against executorch's manylinux aarch64 wheel (runtime, XNNPACK delegate with its NEON kernels,
-optimized kernels), which `fetch_wheel` downloads from the package registry and unpacks into the cache; mobile_moe.library.build
-caches the runner like the host one. The device: a directory that plays the phone's filesystem (working directories
-under its data/local/tmp), and qemu-user running the runner there against Debian's aarch64 C and C++ runtime, so the
-runner reads its bundle from the device's working directory and loads only the files it chooses, as on a phone.
+optimized kernels), which `fetch_wheel` downloads from the package registry and unpacks into the cache;
+mobile_moe.library.build caches the runner like the host one. The device: a directory that plays the phone's
+filesystem (working directories under its data/local/tmp), and qemu-user running the runner there against Debian's
+aarch64 C and C++ runtime, so the runner reads its bundle from the device's working directory and loads only the files
+it chooses, as on a phone.
 
 What such a run tells: parity, routing, the files opened and the bytes loaded are real ARM64 results. Latency, load
 times and memory are the emulator's (JIT-translated code, qemu's own memory): marked emulated, never a phone's.
@@ -26,12 +27,12 @@ from pathlib import Path
 
 from mobile_moe.atomic import atomic_path, scratch_folder
 from mobile_moe.cache import cache_root
-from mobile_moe.library.build import SOURCE_DIR, CrossBuild, build_runner
 from mobile_moe.device_bench.remote import RunnerFiles, run_remote
 from mobile_moe.device_bench.round_report import RoundJson
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
 from mobile_moe.interrupts import run_child
+from mobile_moe.library.build import SOURCE_DIR, CrossBuild, build_runner
 
 DEVICE = "arm64-emulated"
 COMPILER = "aarch64-linux-gnu-g++"

@@ -360,9 +360,9 @@ def _header_offsets(file: str, header: struct.Struct, names: tuple[str, ...]) ->
 def cpp_header() -> str:
     """mobile_moe/library/libmobile_moe/src/flatbuffer_schema.h: the tables this module walks (their fields, kinds and
     required entries), the extended headers' layouts and identifiers, and the fields the file-level checks read, for the
-    runner's own walk (mobile_moe/library/libmobile_moe/src/flatbuffer_check.h): one owner of what a safe file is, in both
-    languages (tests/test_docs.py compares the committed file with this; tests/export/test_flatbuffer_files.py fuzzes
-    both walks)."""
+    runner's own walk (mobile_moe/library/libmobile_moe/src/flatbuffer_check.h): one owner of what a safe file is, in
+    both languages (tests/test_docs.py compares the committed file with this; tests/export/test_flatbuffer_files.py
+    fuzzes both walks)."""
     tables = {name: value for name, value in globals().items() if isinstance(value, Table)}
     order = list(tables)
     lines = [

@@ -1,4 +1,5 @@
-"""Build libmobile_moe and its clients (the native runner among them) on demand: CMake against the executorch wheel's package config, cached by source hash.
+"""Build libmobile_moe and its clients (the native runner among them) on demand: CMake against the executorch wheel's
+package config, cached by source hash.
 
 The build directory is ~/.cache/mobile-moe/native-<hash> (MOBILE_MOE_CACHE overrides the root), where the hash covers
 the runner's sources, the executorch version and the compiler, so an edit or an upgrade rebuilds and nothing else

@@ -29,7 +29,8 @@ MM_OK, MM_BAD_ARGUMENT, MM_BAD_BUNDLE, MM_RUNTIME_ERROR, MM_OUT_OF_MEMORY = rang
 
 
 class Options(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("threads", ctypes.c_int), ("cache_experts", ctypes.c_int), ("park_experts", ctypes.c_int),
+    _fields_ = [("struct_size", ctypes.c_size_t), ("threads", ctypes.c_int), ("cache_experts", ctypes.c_int),
+                ("park_experts", ctypes.c_int),
                 ("cache_margin", ctypes.c_float), ("weight_cache_dir", ctypes.c_char_p),
                 ("weight_cache_limit_mib", ctypes.c_int), ("prefetch", ctypes.c_int)]  # fmt: skip
 

@@ -18,9 +18,9 @@ from c_api import MM_BAD_BUNDLE, MM_OK
 from conftest import needs_build
 from faults import MANIFEST_MUTATIONS, copy_bundle, mutate_manifest
 
-from mobile_moe.library.build import JNI_LIBRARY_NAME, SOURCE_DIR, build_library
 from mobile_moe.device_bench.workload import random_workload, write_raw
 from mobile_moe.export.manifest import read_manifest
+from mobile_moe.library.build import JNI_LIBRARY_NAME, SOURCE_DIR, build_library
 
 pytestmark = [pytest.mark.export, needs_build]
 DRIVER = Path(__file__).with_name("c_api.py")
@@ -320,7 +320,8 @@ public class PredictMain {
         raw.asFloatBuffer().get(chw);
         raw.position(raw.position() + 4 * values);
         MobileMoe.Prediction p = model.predict(chw, 3);
-        System.out.println("f32 " + p.classes[0] + " " + model.className(p.classes[0]) + " " + p.experts[0] + logits(p));
+        String name = model.className(p.classes[0]);
+        System.out.println("f32 " + p.classes[0] + " " + name + " " + p.experts[0] + logits(p));
       }
       int width = Integer.parseInt(args[4]), height = Integer.parseInt(args[5]);
       byte[] rgb = Files.readAllBytes(Paths.get(args[3]));
@@ -365,7 +366,8 @@ def test_the_java_binding_answers_as_the_python_runtime_and_behaves_as_android_e
 
     classes = tmp_path / "classes"
     (tmp_path / "PredictMain.java").write_text(JAVA_MAIN)
-    sources = [*map(str, (SOURCE_DIR / "java" / "org" / "mobilemoe").glob("*.java")), str(tmp_path / "PredictMain.java")]
+    binding = sorted(map(str, (SOURCE_DIR / "java" / "org" / "mobilemoe").glob("*.java")))
+    sources = [*binding, str(tmp_path / "PredictMain.java")]
     subprocess.run(["javac", "-d", str(classes), *sources], check=True, capture_output=True, timeout=120)
     photo = np.ascontiguousarray(np.asarray(photographs()[1])[100:147, 200:231])  # 31 x 47, odd sizes
     (tmp_path / "photo.rgb").write_bytes(photo.tobytes())
@@ -382,7 +384,8 @@ def test_the_java_binding_answers_as_the_python_runtime_and_behaves_as_android_e
         assert int(index) == int(np.argmax(want.logits)) and name == names[int(index)]
         assert int(expert) == int(want.experts[0])
         np.testing.assert_allclose(np.array(logits, dtype=np.float32), want.logits.reshape(-1), atol=1e-5)
-    (want,) = python_predictions_of(bundle, preprocess(read_manifest(bundle).input)(Image.fromarray(photo))[None].numpy())
+    photo_input = preprocess(read_manifest(bundle).input)(Image.fromarray(photo))[None].numpy()
+    (want,) = python_predictions_of(bundle, photo_input)
     for kind in ("rgb", "argb"):
         (line,) = [line for line in lines if line.startswith(f"{kind} ")]
         np.testing.assert_allclose(np.array(line.split()[1:], dtype=np.float32), want.logits.reshape(-1), atol=1e-5)

@@ -39,8 +39,7 @@ def elf(path, *flags) -> str:
 
 
 def test_the_sdks_library_is_relocatable_versioned_and_carries_only_what_it_needs(sdk):
-    library = sdk / "lib" / "libmobile_moe.so.2"
-    dynamic = elf(library, "-d")
+    dynamic = elf(sdk / "lib" / "libmobile_moe.so.2", "-d")
     assert "Library soname: [libmobile_moe.so.2]" in dynamic and "Library runpath: [$ORIGIN]" in dynamic
     shipped = sorted(path.name for path in (sdk / "lib").glob("libexecutorch*"))
     assert shipped == ["libexecutorch.so", "libexecutorch_backend_xnnpack.so", "libexecutorch_kernels_optimized.so",
@@ -116,6 +115,7 @@ def test_the_android_archive_has_an_aars_layout_and_its_classes_run_on_the_host(
     )
     classpath = str(tmp_path / "aar" / "classes.jar")
     subprocess.run(["javac", "-cp", classpath, "-d", str(tmp_path), str(tmp_path / "Version.java")], check=True)
-    result = subprocess.run(["java", f"-Djava.library.path={tmp_path / 'aar' / 'jni' / 'x86_64'}", "-cp",
-                             f"{classpath}:{tmp_path}", "Version"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    jni = tmp_path / "aar" / "jni" / "x86_64"
+    result = subprocess.run(["java", f"-Djava.library.path={jni}", "-cp", f"{classpath}:{tmp_path}", "Version"],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
     assert result.returncode == 0 and result.stdout.startswith("mobile-moe libmobile_moe 2."), result.stderr

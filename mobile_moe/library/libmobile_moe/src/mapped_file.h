@@ -15,6 +15,14 @@
 #include <memory>
 #include <string>
 
+// Transparent huge pages are Linux's (Android's): where madvise has no such advice (Apple's), none is given.
+#ifndef MADV_HUGEPAGE
+#define MADV_HUGEPAGE 0
+#endif
+#ifndef MADV_NOHUGEPAGE
+#define MADV_NOHUGEPAGE 0
+#endif
+
 namespace mobile_moe::runner {
 
 class MappedFile {

@@ -43,6 +43,7 @@
 
 #include "bundle_manifest.h"
 #include "errors.h"
+#include "file_identity.h"
 #include "mapped_file.h"
 #include "sha256.h"
 
@@ -339,8 +340,8 @@ class PackedCache {
   static Identity identity(const std::string& path) {
     struct stat info {};
     if (stat(path.c_str(), &info) != 0) return {};
-    return {info.st_dev, info.st_ino, info.st_size, static_cast<int64_t>(info.st_mtim.tv_sec),
-            static_cast<int64_t>(info.st_mtim.tv_nsec)};
+    return {info.st_dev, info.st_ino, info.st_size, static_cast<int64_t>(modified_time(info).tv_sec),
+            static_cast<int64_t>(modified_time(info).tv_nsec)};
   }
 
   static std::string key(const Graph& graph) {
@@ -377,7 +378,7 @@ class PackedCache {
       struct stat data {}, check {};
       const std::string path = dir_ + "/" + name;
       if (stat(path.c_str(), &data) != 0 || !S_ISREG(data.st_mode)) continue;
-      const int64_t used = stat((path + ".check").c_str(), &check) == 0 ? check.st_mtim.tv_sec : 0;
+      const int64_t used = stat((path + ".check").c_str(), &check) == 0 ? modified_time(check).tv_sec : 0;
       files.push_back({path, static_cast<uint64_t>(data.st_size), used});
     }
     closedir(dir);
