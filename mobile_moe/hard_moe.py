@@ -279,8 +279,8 @@ class HardMoE(nn.Module):
 
         Grouped: the batch sorted by expert once (moe.expert_groups), every stage run on the sorted batch, the result
         unsorted once: as grouped GEMMs on a grouped-GEMM device, elsewhere by the per-expert loop (one host read of
-        the group sizes). An expert with no images runs on an empty group (no branch on the data), so its parameters
-        get a zero gradient.
+        the group sizes; an expert with no images is left out, _expert_loop). An expert with no images gets a zero
+        gradient.
         """
         if dispatch == "dense":
             return self._dense(stages, tokens, routing)
@@ -302,14 +302,26 @@ class HardMoE(nn.Module):
 
     @staticmethod
     def _expert_loop(stages: list[nn.Module], x: Tensor, groups: ExpertGroups) -> Tensor:
-        """x (B, T, D) sorted by expert -> each expert's stages, one after another, on its contiguous slice."""
+        """x (B, T, D) sorted by expert -> each expert's stages, one after another, on its contiguous slice.
+
+        No stage ever runs on an empty batch: CUDA's attention kernels do not take one (scaled_dot_product_attention
+        gave None for a (0, 16, 96) bf16 batch on an H200). Eagerly, an expert with no images is skipped (its sizes are
+        on the host already: no sync); compiled, where the sizes are symbolic and a branch on them would guard on the
+        data, every expert runs on its rows plus one row of zeros, cut off after (its gradient is zero)."""
         runs = [stage.experts() for stage in stages]  # one unbind per stack
         slices, gates = x.split(groups.host_sizes), groups.gates.unsqueeze(-1).split(groups.host_sizes)
+        padded = torch.compiler.is_compiling()
         outputs = []
         for e, (rows, gate) in enumerate(zip(slices, gates, strict=True)):  # each expert's (n_e, T, D), (n_e, 1)
+            if padded:
+                count = rows.shape[0]
+                rows = torch.cat([rows, rows.new_zeros(1, *rows.shape[1:])])
+                gate = torch.cat([gate, gate.new_zeros(1, 1)])
+            elif rows.shape[0] == 0:
+                continue
             for experts in runs:
                 rows = experts[e](rows, gate)
-            outputs.append(rows)
+            outputs.append(rows[:count] if padded else rows)
         return torch.cat(outputs)
 
     def _dense(self, stages: list[nn.Module], tokens: Tensor, routing: Routing) -> Tensor:

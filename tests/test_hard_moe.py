@@ -172,6 +172,37 @@ def test_the_grouped_gemm_path_equals_the_loop_with_an_expert_left_empty(many_im
             assert grouped[name][empty].eq(0).all() and loop[name][empty].eq(0).all(), name
 
 
+@pytest.mark.parametrize("compiling", [False, True], ids=["eager", "as-traced"])
+def test_the_expert_loop_never_runs_a_stage_on_an_empty_batch(many_images, compiling, monkeypatch):
+    """CUDA's attention kernels take no empty batch (scaled_dot_product_attention gave None for a (0, 16, 96) bf16
+    batch on an H200, crashing the loop the first time an expert got no image). Here an attention that refuses an
+    empty batch, as such a kernel does, and an expert with no image: the loop (eagerly, and as a compiled graph runs it,
+    with one row of zeros per expert) gives the dense dispatch's logits and gradients (every expert on every image,
+    weighted), and the empty expert's gradient is zero."""
+    model = tiny_model("hard-moe", pool="mean").train()
+    fitted(model, many_images)
+    with torch.no_grad():
+        routed = model(many_images).routing.experts[:, 0]
+    batch = many_images[routed != int(routed[0])]
+    empty = int(routed[0])
+    real = F.scaled_dot_product_attention
+
+    def refuses_empty(q, k, v, *args, **kwargs):
+        assert q.shape[0] > 0, "attention on an empty batch"
+        return real(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(hard_moe, "grouped_gemm_fits", lambda *args, **kwargs: False)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", refuses_empty)
+    loop = logits_and_gradients(model, batch)
+    model.forward = lambda images: type(model).forward(model, images, dispatch="dense")
+    dense = logits_and_gradients(model, batch)
+    for name, expected in dense.items():
+        torch.testing.assert_close(loop[name], expected, rtol=1e-5, atol=1e-5, msg=name)
+        if name.startswith("expert_"):
+            assert loop[name][empty].eq(0).all(), name
+
+
 def test_an_upcycled_hard_moe_computes_its_gater(images):
     """Every expert is a copy of the gater's last blocks and head: whatever the routing, the logits are the gater's."""
     gater = tiny_model("vit").eval()
