@@ -170,6 +170,9 @@ MANIFEST_MUTATIONS: dict[str, Mutation] = {
     "mean_short": _set("input.mean", [0.0]),
     "class_names_short": _shrink_class_names,
     "class_names_not_strings": _set("class_names", list(range(7))),
+    # a NUL would cut the name where mm_class_name hands it to C; a name twice makes two classes one
+    "class_name_nul": _set("class_names.0", "cat\u0000dog"),
+    "class_names_twice": _set("class_names.1", "0"),
     "layout_missing": _delete("composition.layout"),
     "layout_unknown": _set("composition.layout", "sideways"),
     "composition_missing": _delete("composition"),
@@ -183,6 +186,7 @@ MANIFEST_MUTATIONS: dict[str, Mutation] = {
     "graph_duplicated": _duplicate_graph,
     "graph_files_swapped": _swap_graph_files,
     "graph_file_escapes": _set("graphs.0.file", "../../etc/passwd"),
+    "graph_file_escapes_to_nothing": _set("graphs.0.file", "../no-such-bundle/router.pte"),  # outside, not "missing"
     "graph_file_absolute": _set("graphs.0.file", "/etc/passwd"),
     "graph_role_unknown": _set("graphs.0.role", "oracle"),
     "graph_sha256_not_hex": _set("graphs.0.sha256", "z" * 64),
@@ -418,12 +422,17 @@ def running(pid: int) -> bool:
     return state != "Z"
 
 
-def outlives_its_killed_parent(command: list[str], settle_s: float = 0.5, patience_s: float = 2.0) -> bool:
-    """Start `command` under a parent process, SIGKILL the parent once the child has had `settle_s` to start, and
-    say whether the child still runs `patience_s` later (it is killed then)."""
+def outlives_its_killed_parent(command: list[str], settle_s: float = 0.5, patience_s: float = 2.0,
+                               ready: Path | None = None) -> bool:  # fmt: skip
+    """Start `command` under a parent process, SIGKILL the parent once the child is set up (it has created `ready`;
+    without one, once it has had `settle_s`: a busy machine can take longer), and say whether the child still runs
+    `patience_s` later (it is killed then)."""
     parent = subprocess.Popen([sys.executable, "-c", PARENT, *command], stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())
     time.sleep(settle_s)
+    deadline = time.monotonic() + 120
+    while ready is not None and not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
     parent.kill()
     parent.wait()
     deadline = time.monotonic() + patience_s

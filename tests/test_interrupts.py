@@ -240,12 +240,14 @@ def test_a_stop_while_a_child_runs_kills_the_child_and_everything_it_started(tmp
 
 
 @pytest.mark.parametrize("dies_with_parent", [True, False])
-def test_a_worker_dies_with_the_bench_that_started_it_even_when_the_bench_is_sigkilled(dies_with_parent):
+def test_a_worker_dies_with_the_bench_that_started_it_even_when_the_bench_is_sigkilled(dies_with_parent, tmp_path):
     """die_with_parent (the runtime workers; the native runner sets the same): a SIGKILLed bench cannot stop its
-    worker, so the kernel does. Without it the worker runs on."""
+    worker, so the kernel does. Without it the worker runs on. The bench is killed once the worker says it is set up:
+    on a busy machine its imports can take longer than any fixed wait."""
+    ready = tmp_path / "ready"
     setup = "from mobile_moe.interrupts import die_with_parent; die_with_parent(); " if dies_with_parent else ""
-    worker = [sys.executable, "-c", setup + "import time; time.sleep(60)"]
-    assert outlives_its_killed_parent(worker) != dies_with_parent
+    worker = [sys.executable, "-c", setup + f"open({str(ready)!r}, 'w').close(); import time; time.sleep(60)"]
+    assert outlives_its_killed_parent(worker, ready=ready) != dies_with_parent
 
 
 def test_a_loader_iterator_the_stop_cut_short_is_not_reported_as_the_command_ends(monkeypatch):

@@ -176,8 +176,27 @@ inline bool is_hex_digest(const std::string& text) {
 }
 
 // A path a graph names: relative, inside the bundle (a bundle is untrusted input on a phone), a regular file.
+// Whether relative `file` climbs above its folder by its own ".." components (whether or not what it names exists).
+inline bool climbs_out(const std::string& file) {
+  int depth = 0;
+  for (size_t start = 0; start <= file.size();) {
+    size_t end = file.find('/', start);
+    if (end == std::string::npos) end = file.size();
+    const std::string part = file.substr(start, end - start);
+    if (part == "..") {
+      if (--depth < 0) return true;
+    } else if (!part.empty() && part != ".") {
+      ++depth;
+    }
+    start = end + 1;
+  }
+  return false;
+}
+
 inline std::string path_in_bundle(const std::string& graph, const std::string& file, const std::string& dir) {
   if (file[0] == '/') throw UsageError("graph " + graph + ": file " + file + " must be a path relative to the bundle");
+  if (climbs_out(file))
+    throw UsageError("graph " + graph + ": file " + file + " leaves the bundle directory; refusing it");
   std::string path = real_path(dir + "/" + file);
   if (path.empty())
     throw UsageError("graph " + graph + ": file " + file + " named in the manifest is missing; re-export the bundle");
@@ -394,8 +413,15 @@ inline void check_input(const json::Value& manifest, Bundle& bundle, int64_t ima
 
 inline void check_class_names(const json::Value& manifest, int64_t num_classes, Bundle& bundle) {
   const auto& class_names = as_array(object_at(manifest, "", "class_names"), "class_names", 0, kMaxClasses);
-  for (size_t i = 0; i < class_names.size(); ++i)
-    bundle.class_names.push_back(as_str(class_names[i], child("class_names", i), 0, 1024));
+  std::set<std::string> seen;
+  for (size_t i = 0; i < class_names.size(); ++i) {  // mobile_moe/class_names.py class_names_problem's rule
+    const std::string& name = as_str(class_names[i], child("class_names", i), 1, 1024);
+    if (name.find_first_not_of(" \t") == std::string::npos) invalid(child("class_names", i), "is blank");
+    if (has_control_character(name))
+      invalid(child("class_names", i), "holds a control character (a NUL, newline, tab or escape): rename it");
+    if (!seen.insert(name).second) invalid(child("class_names", i), "\"" + name + "\" appears more than once");
+    bundle.class_names.push_back(name);
+  }
   if (static_cast<int64_t>(class_names.size()) != num_classes)
     invalid("class_names", std::to_string(class_names.size()) + " names for a model with " +
                                std::to_string(num_classes) + " classes");

@@ -23,6 +23,17 @@ struct Invalid : std::runtime_error {
 [[noreturn]] inline void invalid(const std::string& where, const std::string& what) {
   throw Invalid((where.empty() ? std::string("manifest") : where) + ": " + what);
 }
+// Whether UTF-8 `text` holds a control character (Unicode's category Cc: U+0000..U+001F, U+007F..U+009F), as
+// mobile_moe/words.py has_control_character decides it.
+inline bool has_control_character(const std::string& text) {
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    if (byte < 0x20 || byte == 0x7f) return true;
+    if (byte == 0xc2 && i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) <= 0x9f) return true;
+  }
+  return false;
+}
+
 inline std::string child(const std::string& where, const std::string& key) {
   return where.empty() ? key : where + "." + key;
 }
