@@ -107,8 +107,8 @@ def test_no_manifest_word_is_spelled_in_cpp_outside_the_parser():
 
     words = "|".join(re.escape(word) for word in {*LAYOUTS, *KIND_OF_LAYOUT.values(), *ROLES})
     compared = re.compile(rf'[=!]=\s*"({words})"|"({words})"\s*[=!]=')
-    native = REPOSITORY / "mobile_moe" / "device_bench" / "native"
-    for path in [native / "runner.cpp", *native.glob("*.h")]:
+    native = REPOSITORY / "mobile_moe" / "library" / "libmobile_moe"
+    for path in [*native.rglob("*.cpp"), *native.rglob("*.h")]:
         if path.name not in ("bundle_manifest.h", "manifest_schema.h"):
             found = [match.group(0) for match in compared.finditer(path.read_text())]
             assert found == [], f"{path.name} compares manifest words ({found}): use manifest_schema.h's enums"
