@@ -322,7 +322,9 @@ def cpu_epochs(spec: str, out: Path, args) -> dict[str, list[float]]:
             recipe = recipes.deit().replace(epochs=2, batch_size=args.batch_size, workers=usable_cores(), device="cpu",
                                             input_pipeline=pipeline, warmup_epochs=0.5)  # fmt: skip
             run = train(config, recipe, spec, None, out / f"cpu-epoch-{pipeline}-{round_}", verbose=False)
-            found[pipeline].append(read_metrics(run)[-1]["images_per_s"])
+            row = read_metrics(run)[-1]
+            found[pipeline].append(row["images_per_s"])
+            print(f"cpu epoch {pipeline} round {round_}: parts {json.dumps(shares(row.get('epoch_parts')))}")
     return found
 
 
@@ -357,10 +359,21 @@ def gpu_figures(specs: dict[str, str], out: Path, args) -> dict:
             row = run if isinstance(run, dict) else read_metrics(run)[-1]  # a dict: the error reported
             found[name] = row if "error" in row else {
                 "epoch_images_per_s": row["steady_images_per_s"], "whole_epoch_images_per_s": row["images_per_s"],
-                "input_wait": row["input_wait"],
+                "input_wait": row["input_wait"], "epoch_parts": shares(row.get("epoch_parts")),
                 "step_alone_images_per_s": alone.get(model, {}).get("images_per_s")}  # fmt: skip
             print(f"{name}: {json.dumps(found[name])}", flush=True)
     return found
+
+
+def shares(parts: dict | None) -> dict | None:
+    """An epoch's parts (training/attribution.py) as shares of its steady window, the window in seconds: what tells
+    the next fix (waiting for input, the step's launches on or off the CPU, the loop's own work, the GPU's busy
+    share, the thread preparing batches, the pin-memory thread)."""
+    if parts is None:
+        return None
+    window = parts["window_s"]
+    return {"window_s": window} | {name.removesuffix("_s"): None if value is None else round(value / window, 4)
+                                   for name, value in parts.items() if name != "window_s"}  # fmt: skip
 
 
 def reported(what: str, measure, *args, **kwargs):

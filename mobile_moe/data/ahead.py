@@ -50,6 +50,7 @@ class BatchesAhead:
         if self._cuda and device.index is None:  # "cuda": the caller's current device, which the thread must use too
             device = torch.device("cuda", torch.cuda.current_device())
         self.prepare, self.device, self.waited = prepare, device, 0.0
+        self.ahead_busy = self.ahead_blocked = 0.0  # the thread's seconds preparing, and waiting for room
         self._batches = enumerate(loader)
         self._thread, self._ended = None, False
         if self._cuda if in_thread is None else in_thread:
@@ -86,6 +87,11 @@ class BatchesAhead:
                     tensor.record_stream(stream)
         return tensors
 
+    @property
+    def ahead_times(self) -> tuple[float, float] | None:
+        """The thread's (preparing, waiting for room) seconds so far; None where batches are prepared in turn."""
+        return None if self._thread is None else (self.ahead_busy, self.ahead_blocked)
+
     def _prepare_ahead(self) -> None:
         try:
             side = None
@@ -93,12 +99,17 @@ class BatchesAhead:
                 torch.cuda.set_device(self.device)
                 side = process_stream(self.device, "batches ahead")  # one for every epoch's thread
             for step, loader_batch in self._batches:
+                started = time.perf_counter()
                 with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
                     tensors = self.prepare(step, loader_batch)
                     ready = torch.cuda.Event() if side is not None else None
                     if ready is not None:
                         ready.record(side)
-                if not self._hand_over((tensors, ready)):
+                prepared = time.perf_counter()
+                self.ahead_busy += prepared - started
+                handed = self._hand_over((tensors, ready))
+                self.ahead_blocked += time.perf_counter() - prepared
+                if not handed:
                     return
             self._hand_over(_DONE)
         except BaseException as error:  # the caller raises it, as if it had prepared the batch itself

@@ -17,6 +17,7 @@ from mobile_moe.data.batch_augment import StepKey
 from mobile_moe.data.inputs import CropBatches, DeviceBatches, WorkerBatches
 from mobile_moe.interrupts import held, raise_if_stopped
 from mobile_moe.training import losses
+from mobile_moe.training.attribution import EpochAttribution
 from mobile_moe.training.distributed import Placement, mean_over_ranks
 from mobile_moe.training.evaluate import autocast, expert_use
 from mobile_moe.training.progress import Progress
@@ -168,7 +169,8 @@ def update(opt: Optimisation, total: Tensor, grad_clip: float) -> None:
 def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int) -> dict[str, float]:
     """Train over `loader` once; -> mean train loss terms, train top-1 (vs the dominant target), images/s and the share
     of the epoch after its first step the host waited for the loader's next batch (`input_wait`, steady_wait),
-    and images/s after the loader's first round of batches (`steady_images_per_s`, SteadyWindow).
+    images/s after the loader's first round of batches (`steady_images_per_s`, SteadyWindow), and where that window's
+    time went (`epoch_parts`, attribution.EpochAttribution).
 
     The host reads the device once per `ctx.log_every` steps and at the end (EpochSums.read), so a GPU is never
     stalled between steps; a non-finite loss stops training at that read."""
@@ -188,28 +190,32 @@ def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int)
         return batch_targets(loader_batch, ctx, StepKey(cfg.seed, epoch, ctx.placement.rank, step))
 
     window = SteadyWindow(ctx.placement.device, getattr(loader, "num_workers", 0), steps)
+    parts = EpochAttribution(ctx.placement.device, window.first)
     refused_before = ctx.inputs.refused_files  # before the thread that prepares batches ahead starts counting
     batches = BatchesAhead(loader, prepare, ctx.placement.device)  # on CUDA, a thread prepares the next ones
     last_read = start
     try:
         for step in range(steps):
-            images, targets, super_targets = next(batches)
+            with parts.next_batch(batches):
+                images, targets, super_targets = next(batches)
             raise_if_stopped()  # a stop that a __del__ swallowed ends training here, between two steps
-            with step_guard():
+            with parts.step(), step_guard():
                 output, terms = forward_loss(opt.step_module, images, targets, super_targets, cfg)
                 update(opt, terms.total, cfg.grad_clip)
-            sums.add(terms, output, targets)
-            window.stepped(step)
-            if step == 0:
-                first_step_done = time.perf_counter()  # the first step compiles, warms up: not in the estimate
-                first_wait = batches.waited  # nor in input_wait: the workers' start, the queue's first fill
-            due = time.perf_counter() - last_read >= ctx.progress_seconds
-            if due or (step + 1) % ctx.log_every == 0 or step + 1 == steps:
-                sums.read()
-                now = last_read = time.perf_counter()
-                say_estimate(ctx, step, epoch_start=start, first_step_done=first_step_done, now=now)
-                img_s = sums.images * world_size / (now - start)
-                progress.update(steps=step + 1 - progress.done, **sums.progress(img_s))
+            with parts.loop():
+                sums.add(terms, output, targets)
+                window.stepped(step)
+                if step == 0:
+                    first_step_done = time.perf_counter()  # the first step compiles, warms up: not in the estimate
+                    first_wait = batches.waited  # nor in input_wait: the workers' start, the queue's first fill
+                due = time.perf_counter() - last_read >= ctx.progress_seconds
+                if due or (step + 1) % ctx.log_every == 0 or step + 1 == steps:
+                    sums.read()
+                    now = last_read = time.perf_counter()
+                    say_estimate(ctx, step, epoch_start=start, first_step_done=first_step_done, now=now)
+                    img_s = sums.images * world_size / (now - start)
+                    progress.update(steps=step + 1 - progress.done, **sums.progress(img_s))
+            parts.stepped(step, batches.ahead_times or (0.0, 0.0))
     finally:
         batches.close()
         progress.close()
@@ -225,6 +231,7 @@ def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int)
         **rates,
         "input_wait": steady_wait(batches.waited, first_wait, elapsed, first_step_done - start, steps),
         "device_refused": ctx.inputs.refused_files - refused_before,  # decoded on the host instead
+        "epoch_parts": parts.row(batches.ahead_times),
     }
 
 

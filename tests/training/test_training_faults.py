@@ -33,7 +33,7 @@ SYNTHETIC = "synthetic:classes=6,super=3,per_class=30,noise=0.05"
 MODEL = ["--model", "vit", "--size", "1x64", "--patch", "4", "--image-size", "16"]
 RECIPE = ["--data", SYNTHETIC, "--recipe", "tiny", "--batch-size", "32", "--quiet"]
 # wall-clock: the only fields two runs may disagree on
-VARYING = ("time", "images_per_s", "steady_images_per_s", "epoch_time_s", "input_wait")
+VARYING = ("time", "images_per_s", "steady_images_per_s", "epoch_time_s", "input_wait", "epoch_parts")
 RUN_FILES = ["best.pt", "checkpoint.pt", "config.json", "metrics.jsonl"]
 
 

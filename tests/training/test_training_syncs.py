@@ -196,3 +196,49 @@ def test_an_epochs_device_refusals_reach_its_row_and_its_line():
     fields = {"epoch": 1, "val_top1": 0.5, "val_top5": 0.9, "lr": 1e-3}
     assert ", 3 files decoded on the host (the device's decoder refused them)" in epoch_line({**row, **fields})
     assert "decoded on the host" not in epoch_line({**row, **fields, "device_refused": 0})
+
+
+def test_the_epochs_parts_add_up_to_its_steady_window_and_name_what_was_slow(monkeypatch):
+    """epoch_parts (training/attribution.py): the main thread's parts, and the rest (`other_s`), add up to the window
+    after the loader's first round, and the parts cover it (the rest under 5%). A loader slow on every batch shows as
+    waiting; a step made slow on the CPU as the step's CPU time; a step that sleeps (as one blocked on the
+    interpreter lock or the device does) as the step's time off the CPU; a slow progress read as the loop's own."""
+    import time
+
+    opt, loader, ctx = epoch_of("vit", steps=8, log_every=1)
+
+    class Slow:
+        def __len__(self) -> int:
+            return len(loader)
+
+        def __iter__(self):
+            for batch in loader:
+                time.sleep(0.05)
+                yield batch
+
+    def parts_of(row: dict) -> dict:
+        parts = row["epoch_parts"]
+        main = sum(parts[name] for name in ("waiting_s", "preparing_s", "step_cpu_s", "step_blocked_s", "loop_s"))
+        assert abs(main + parts["other_s"] - parts["window_s"]) < 1e-5
+        assert parts["other_s"] < 0.05 * parts["window_s"], parts
+        assert parts["gpu_busy_s"] is None and parts["ahead_busy_s"] is None  # the CPU: no events, no thread
+        return {name: value / parts["window_s"] for name, value in parts.items() if value is not None}
+
+    assert parts_of(engine.train_one_epoch(opt, Slow(), ctx, epoch=0))["waiting_s"] > 0.5
+
+    real_update = engine.update
+
+    def spinning(*args, **kwargs):  # 50 ms on the CPU: a heavy step
+        until = time.thread_time() + 0.05
+        while time.thread_time() < until:
+            pass
+        return real_update(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "update", spinning)
+    assert parts_of(engine.train_one_epoch(opt, loader, ctx, epoch=0))["step_cpu_s"] > 0.5
+    monkeypatch.setattr(engine, "update", lambda *args, **kwargs: time.sleep(0.05) or real_update(*args, **kwargs))
+    assert parts_of(engine.train_one_epoch(opt, loader, ctx, epoch=0))["step_blocked_s"] > 0.5
+    monkeypatch.setattr(engine, "update", real_update)
+    real_read = engine.EpochSums.read
+    monkeypatch.setattr(engine.EpochSums, "read", lambda self: time.sleep(0.05) or real_read(self))
+    assert parts_of(engine.train_one_epoch(opt, loader, ctx, epoch=0))["loop_s"] > 0.5
