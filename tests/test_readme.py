@@ -1,11 +1,14 @@
-"""The README runs as written. Every code block carries a marker saying how it is held to that:
+"""The README and the guides in docs/ run as written. Every code block carries a marker saying how it is held to
+that:
 
     <!-- readme-test: runs SCENARIO -->  executed, in order with the scenario's other blocks, in a fresh directory
     <!-- readme-test: parses -->          each command parses (mobile-moe's own parser), names a make target of the
                                           Makefile, or runs a script of benchmarks/ (the GPU, a phone, a cluster)
     <!-- readme-test: synopsis -->        every --flag it shows is one its command takes
+    <!-- readme-test: text -->            no command: a picture or a citation (never a sh or python block)
 
 so a flag renamed, a command changed or a block added without a marker fails here, not in a newcomer's shell.
+docs/formats.md is the formats' reference: its blocks are examples of files, not commands.
 """
 
 from __future__ import annotations
@@ -27,23 +30,29 @@ from sklearn.datasets import load_digits
 from mobile_moe.app.cli import build_parser
 
 REPOSITORY = Path(__file__).resolve().parent.parent
-README = (REPOSITORY / "README.md").read_text()
-MARKED = re.compile(r"<!-- readme-test: (?P<kind>runs (?P<scenario>\w+)|parses|synopsis) -->\n```(?P<lang>\w*)\n"
+GUIDES = sorted(f"docs/{path.name}" for path in (REPOSITORY / "docs").glob("*.md") if path.name != "formats.md")
+DOCUMENTS = ["README.md", *GUIDES]
+MARKED = re.compile(r"<!-- readme-test: (?P<kind>runs (?P<scenario>\w+)|parses|synopsis|text) -->\n```(?P<lang>\w*)\n"
                     r"(?P<body>.*?)```", re.S)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Block:
-    kind: str  # runs, parses, synopsis
+    document: str
+    kind: str  # runs, parses, synopsis, text
     scenario: str | None
     language: str
     body: str
 
 
 def blocks() -> list[Block]:
-    return [
-        Block(m["kind"].split()[0], m["scenario"], m["lang"], m["body"]) for m in MARKED.finditer(README)
-    ]  # fmt: skip
+    """Every marked block of the README and the guides, in document order."""
+    found = []
+    for document in DOCUMENTS:
+        text = (REPOSITORY / document).read_text()
+        found += [Block(document, m["kind"].split()[0], m["scenario"], m["lang"], m["body"])
+                  for m in MARKED.finditer(text)]  # fmt: skip
+    return found
 
 
 def commands(body: str) -> list[str]:
@@ -52,9 +61,20 @@ def commands(body: str) -> list[str]:
     return [line for line in (shlex.join(shlex.split(raw, comments=True)) for raw in joined.splitlines()) if line]
 
 
-def test_every_code_block_says_how_it_is_tested():
-    fences = README.count("\n```") // 2 + README.startswith("```")
-    assert len(blocks()) == fences, "a README code block without a <!-- readme-test: ... --> marker"
+@pytest.mark.parametrize("document", DOCUMENTS)
+def test_every_code_block_says_how_it_is_tested(document):
+    text = (REPOSITORY / document).read_text()
+    fences = text.count("\n```") // 2 + text.startswith("```")
+    marked = [block for block in blocks() if block.document == document]
+    assert len(marked) == fences, f"a code block of {document} without a <!-- readme-test: ... --> marker"
+    assert not [block for block in marked if block.kind == "text" and block.language in ("sh", "python")]
+
+
+def test_the_readme_is_a_front_door_and_names_every_guide():
+    """At most 250 lines, and every guide of docs/ linked from it."""
+    readme = (REPOSITORY / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    assert [document for document in DOCUMENTS[1:] if f"]({document})" not in readme] == []
 
 
 def test_every_command_shown_parses_or_names_what_exists():
@@ -131,7 +151,9 @@ def run_scenario(name: str, where: Path, rewrite=lambda script: script, environm
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
     env |= environment or {}
     printed = []
-    for index, block in enumerate(b for b in blocks() if b.scenario == name):
+    scenario = [b for b in blocks() if b.scenario == name]
+    assert len({b.document for b in scenario}) == 1, f"scenario {name} spans documents: its blocks run in order"
+    for index, block in enumerate(scenario):
         if block.language == "sh":
             argv = ["bash", "-euo", "pipefail", "-c", rewrite(block.body)]
         else:
