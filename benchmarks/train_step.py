@@ -44,8 +44,8 @@ from mobile_moe.costs import costs
 from mobile_moe.moe import compile_model, expert_dispatch
 from mobile_moe.registry import create_model, list_models
 from mobile_moe.training import engine, recipes
+from mobile_moe.training.optimizer import adamw
 from mobile_moe.training.routing import TrainingForward
-from mobile_moe.training.train import adamw
 
 # mode -> torch.compile's options (None: eager)
 MODES = {"eager": None, "compiled": {}, "cudagraphs": {"mode": "reduce-overhead"}}

@@ -15,8 +15,9 @@ from mobile_moe.moe import ExpertMLPs, is_stacked, per_expert_key, restacked
 from mobile_moe.registry import make_config
 from mobile_moe.training import recipes
 from mobile_moe.training import train as train_module
+from mobile_moe.training.optimizer import decays, optimizer_order, restacked_optimizer_state
 from mobile_moe.training.run_dir import load_run
-from mobile_moe.training.train import decays, optimizer_order, restacked_optimizer_state, resume_training, train
+from mobile_moe.training.train import resume_training, train
 from mobile_moe.vit import Mlp
 
 pytestmark = pytest.mark.usefixtures("one_thread")

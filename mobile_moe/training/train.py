@@ -15,7 +15,6 @@ would have (bit-exact on CPU); the checkpoint also records the RNG states it was
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import sys
 import time
@@ -25,12 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
-from tqdm import tqdm
 
 from mobile_moe.atomic import check_writable
-from mobile_moe.checkpoint import checkpoint_dict, first_reason, load_checkpoint, load_weights
+from mobile_moe.checkpoint import checkpoint_dict, load_checkpoint
 from mobile_moe.config import ViTConfig
 from mobile_moe.data import augment, inputs
 from mobile_moe.data.crop import KeyedBatches
@@ -38,14 +36,17 @@ from mobile_moe.data.datasets import Data, data_record, materialized, open_data
 from mobile_moe.devices import usable_cores
 from mobile_moe.errors import UsageError
 from mobile_moe.interrupts import leave_stops_to_the_main_process
-from mobile_moe.moe import compile_model, expert_dispatch, is_stacked, per_expert_key, stacked
+from mobile_moe.moe import compile_model, expert_dispatch
 from mobile_moe.registry import build_model, config_from_dict
 from mobile_moe.super_class.superclasses import SuperClasses
 from mobile_moe.training import cluster_fit, distributed, host_memory
 from mobile_moe.training import init_from as upcycling
 from mobile_moe.training.engine import EpochContext, NonFiniteLoss, Optimisation, train_one_epoch
+from mobile_moe.training.estimate import say_run_estimate, time_left
 from mobile_moe.training.evaluate import evaluate
 from mobile_moe.training.imported import refuse_resume, refuse_training_into
+from mobile_moe.training.loader_failures import worker_failure
+from mobile_moe.training.optimizer import adamw, cosine_schedule, load_training_state
 from mobile_moe.training.recipes import MAY_CHANGE_ON_RESUME, TrainConfig, from_dict
 from mobile_moe.training.routing import TrainingForward, collapse_warning
 from mobile_moe.training.run_dir import (
@@ -69,89 +70,6 @@ from mobile_moe.training.super_spec import resolve_super_classes, super_record
 from mobile_moe.words import counted
 
 # --- pieces -------------------------------------------------------------------------------------------------------
-
-
-def decays(name: str, param: Tensor) -> bool:
-    """AdamW's weight decay applies to this parameter: to matrices, not to biases, norms, position embedding and class
-    token (DeiT). A stacked entry (moe.is_stacked) is judged by one expert's tensor: its (E, D) norms do not decay."""
-    expert_ndim = param.ndim - 1 if is_stacked(name) else param.ndim
-    return expert_ndim >= 2 and not name.endswith(("bias", "pos_embed", "cls_token"))
-
-
-def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Trainable parameters only, in two groups: with weight decay (`decays`) and without."""
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():
-        if param.requires_grad:  # not frozen (a Hard MoE's gater trunk): the optimizer never sees a frozen one
-            (decay if decays(name, param) else no_decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def adamw(model: nn.Module, *, lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """Training's optimiser: AdamW over parameter_groups, fused on CUDA and the CPU alike (`torch._fused_adamw_`: one
-    pass over each parameter for its whole update, where foreach makes a pass per elementwise op). On this project's
-    CPU machine the step of ViT-Ti/32's 6.1 M parameters took 3.4 ms fused against 20 ms foreach, and Mobile V-MoE's
-    11.5 M (its E experts in two blocks) 6.4 ms against 32: much of the MoE step's time over dense's. A run resumed
-    from a checkpoint keeps the kernel it was saved with (torch's load_state_dict restores the param groups' flags)."""
-    return torch.optim.AdamW(parameter_groups(model, weight_decay), lr=lr, fused=True)
-
-
-def optimizer_order(named: list[tuple[str, Tensor]]) -> list[str]:
-    """The names of these trainable parameters in the order their optimizer state is indexed (parameter_groups)."""
-    return [name for name, p in named if decays(name, p)] + [name for name, p in named if not decays(name, p)]
-
-
-def restacked_optimizer_state(saved: dict[str, Any], saved_model: dict[str, Tensor], model: nn.Module) -> dict:
-    """AdamW's state saved when each expert had its own parameters (saved_model in that per-expert layout) -> the
-    state for the stacked parameters (moe.StackedModules) of `model`. A state of today's layout comes back as it is."""
-    if not any(per_expert_key(key) for key in saved_model):
-        return saved
-    trainable = [(name, param) for name, param in model.named_parameters() if param.requires_grad]
-    names = {name for name, _ in trainable}
-    now = {key: (per_expert_key(key) or (key, 0)) for key in saved_model}  # (the parameter it is part of, expert)
-    old = optimizer_order([(key, value) for key, value in saved_model.items() if now[key][0] in names])
-    parts_of: dict[str, list[tuple[int, Any]]] = {}  # each parameter's saved states, with their experts
-    for index, key in enumerate(old):
-        parts_of.setdefault(now[key][0], []).append((now[key][1], saved["state"].get(index)))
-    state = {}
-    for index, name in enumerate(optimizer_order(trainable)):
-        parts = [part for _, part in sorted(parts_of.get(name, []), key=lambda pair: pair[0])]
-        if any(parts):  # a parameter not yet stepped has no state
-            state[index] = stacked_moments(with_zero_moments(parts)) if is_stacked(name) else parts[0]
-    groups, start = [], 0
-    for group, params in zip(saved["param_groups"], parameter_groups(model, 0.0), strict=True):
-        groups.append({**group, "params": list(range(start, start + len(params["params"])))})
-        start += len(params["params"])
-    return {"state": state, "param_groups": groups}
-
-
-def with_zero_moments(parts: list[dict[str, Tensor] | None]) -> list[dict[str, Tensor]]:
-    """Each expert's AdamW state, an expert never stepped (no state: it never had an image) given zero moments, which is
-    what AdamW starts it from; the step is the stack's, shared."""
-    template = next(part for part in parts if part)
-    zeros = {key: value if key == "step" else torch.zeros_like(value) for key, value in template.items()}
-    return [part or zeros for part in parts]
-
-
-def stacked_moments(parts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
-    """One stacked parameter's AdamW state from its experts' states: moments stacked as the weights are (moe.stacked),
-    the step shared."""
-    return {key: parts[0][key] if key == "step" else stacked([part[key] for part in parts]) for key in parts[0]}
-
-
-def cosine_schedule(optimizer: torch.optim.Optimizer, cfg: TrainConfig, steps_per_epoch: int):
-    """Linear warm-up to cfg.lr, then cosine decay to cfg.min_lr; stepped every iteration."""
-    total = cfg.epochs * steps_per_epoch
-    warmup = round(cfg.warmup_epochs * steps_per_epoch)
-    floor = min(cfg.min_lr / cfg.lr, 1.0) if cfg.lr > 0 else 0.0
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min((step - warmup) / max(1, total - warmup), 1.0)
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 def seed_epoch(seed: int, epoch: int, rank: int) -> None:
@@ -445,35 +363,6 @@ def _history(state: dict[str, Any], out_dir: Path) -> list[dict[str, Any]]:
     return history
 
 
-def load_training_state(state: dict[str, Any], path: Path, model, optimizer, scheduler) -> None:
-    load_weights(model, state["model"], path)
-    try:
-        saved = restacked_optimizer_state(state["optimizer"], state["model"], model)
-        check_moments(saved, optimizer)
-        optimizer.load_state_dict(saved)
-        # The schedule follows the current cfg.epochs: a resumed run given more epochs stretches its cosine.
-        scheduler.load_state_dict(state["scheduler"])
-    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as error:
-        raise UsageError(
-            f"{path}: its optimizer or scheduler state does not fit the model ({first_reason(error)}); "
-            "the file was damaged or edited: start a new --out"
-        ) from None
-
-
-def check_moments(saved: dict[str, Any], optimizer: torch.optim.Optimizer) -> None:
-    """ValueError unless each saved AdamW state belongs to a parameter of `optimizer` and its moments have that
-    parameter's shape, a floating dtype and the strided layout: torch's fused kernel reads a moment at its parameter's
-    size whatever the moment's own (a smaller one corrupted memory, a larger one trained on silently)."""
-    params = [param for group in optimizer.param_groups for param in group["params"]]
-    for index, entry in saved["state"].items():
-        if not isinstance(index, int) or not 0 <= index < len(params) or not isinstance(entry, dict):
-            raise ValueError(f"a state for parameter {index!r}, of {len(params)}")
-        for key, value in entry.items():
-            fits = isinstance(value, Tensor) and value.layout == torch.strided and value.is_floating_point()
-            if key != "step" and not (fits and value.shape == params[index].shape):
-                raise ValueError(f"parameter {index}'s {key}")
-
-
 @dataclass(frozen=True)
 class TrainRequest:
     """One training run to carry out: what to train, on what, into which directory, and how to start it."""
@@ -676,38 +565,6 @@ def _epoch_context(
     return context
 
 
-def duration(seconds: float) -> str:
-    """'2 h 5 min', '7 min' or '80 s' (seconds below 90: '1 min' would be 30 to 89 of them)."""
-    if seconds < 90:
-        return f"{max(seconds, 1):.0f} s"
-    hours, minutes = divmod(round(seconds / 60), 60)
-    return f"{hours} h {minutes} min" if hours else f"{minutes} min"
-
-
-def say_run_estimate(seconds_per_step: float, steps: int) -> None:
-    """What the rest of the run will take, said once a step is timed: a 300-epoch recipe started by mistake shows.
-    With tqdm.write, so that on a terminal the line goes above the epoch's progress bar, not into it. Each epoch's line
-    then updates it from the epochs' own wall time (time_left)."""
-    if steps <= 0:
-        return
-    pace = f"{seconds_per_step:.3f} s a step"
-    said = (f"about {duration(seconds_per_step * steps)} of training for the run's {counted(steps, 'step')} left "
-            f"({pace}), evaluation aside; each epoch's line updates it")  # fmt: skip
-    tqdm.write(said, file=sys.stdout)
-
-
-RECENT_EPOCHS = 3  # the estimate of the time left follows the pace of the last few epochs (a busy machine's changes)
-
-
-def time_left(epoch_seconds: list[float], epochs_left: int) -> str:
-    """'  about 4 min left' from the wall time of the epochs so far (training, evaluation and checkpoint, the first
-    step's warm-up taken out); '' after the last epoch."""
-    if epochs_left <= 0 or not epoch_seconds:
-        return ""
-    recent = sorted(epoch_seconds[-RECENT_EPOCHS:])
-    return f"  about {duration(recent[len(recent) // 2] * epochs_left)} left"
-
-
 def _train_epochs(session: Session, progress: RunProgress) -> None:
     request, run = session.request, session.run
     cfg = request.cfg
@@ -781,17 +638,6 @@ def _epoch(session: Session, epoch: int) -> dict[str, Any]:
         "lr": lr,
         "time": time.time(),
     }
-
-
-def worker_failure(error: RuntimeError) -> str | None:
-    """torch's sentence for a DataLoader worker that died (a signal: the kernel's out-of-memory killer, a kill), with
-    what likely killed it; None for any other error. torch/utils/data/dataloader.py and _utils/signal_handling.py
-    word it "DataLoader worker (pid(s) N) exited unexpectedly" or "... is killed by signal: Killed."."""
-    text = str(error)
-    if "DataLoader worker" not in text or not ("exited unexpectedly" in text or "killed by signal" in text):
-        return None
-    sentence = text.strip().splitlines()[0].rstrip(". ")
-    return f"{sentence} (killed from outside: the kernel's out-of-memory killer, or a signal sent to it)"
 
 
 def _checkpoint(session: Session, progress: RunProgress, row: dict[str, Any]) -> dict[str, Any]:

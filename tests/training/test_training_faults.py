@@ -776,7 +776,7 @@ class _KilledInTheWorker(torch.utils.data.Dataset):
 def test_a_dataloader_worker_killed_by_a_signal_is_named_with_what_to_do():
     """torch's own error for a killed worker, caught from a real DataLoader, becomes our sentence (train adds the
     checkpoint kept and --resume); any other RuntimeError is not ours to reword."""
-    from mobile_moe.training.train import worker_failure
+    from mobile_moe.training.loader_failures import worker_failure
 
     loader = torch.utils.data.DataLoader(_KilledInTheWorker(), num_workers=1, batch_size=1)
     with pytest.raises(RuntimeError) as caught:

@@ -100,7 +100,7 @@ def test_slow_steps_are_read_every_few_seconds_not_only_every_log_interval(host_
 
 
 def test_the_time_left_follows_the_recent_epochs_pace():
-    from mobile_moe.training.train import time_left
+    from mobile_moe.training.estimate import time_left
 
     assert time_left([60.0], 10) == "  about 10 min left"
     assert time_left([600.0, 30.0, 30.0, 30.0], 4) == "  about 2 min left"  # the slow first epoch is forgotten
