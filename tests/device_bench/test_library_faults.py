@@ -1,6 +1,6 @@
-"""libmobile_moe inside an app's process (native/library_faults.c, one scenario a run): handles of other thread counts
-opened, used and closed in the orders mobile_moe.h allows, from one thread and from several; two threads on one
-handle; double close, calls after close, buffers shorter than their stride says; an app built when the options
+"""libmobile_moe inside an app's process (tests/library_faults.c, one scenario a run): handles of other thread counts
+opened, used and closed in the orders mobile_moe.h allows, from one thread and from several; two handles serving
+from two threads at once, bit for bit as one alone; two threads on one handle; double close, calls after close, buffers shorter than their stride says; an app built when the options
 struct was smaller. Each holds plain, and (slow set) under AddressSanitizer and ThreadSanitizer: never a crash, a
 hang, a sanitizer report or an answer other than the handle's alone."""
 
@@ -15,7 +15,7 @@ from test_native_library import client, images, library  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.export, needs_build]
 
-SCENARIOS = ["pool-order", "one-handle", "open-while-serving", "misuse", "older-app"]
+SCENARIOS = ["pool-order", "one-handle", "two-handles", "open-while-serving", "misuse", "older-app"]
 
 
 @pytest.fixture(scope="session", params=["plain", pytest.param("address", marks=pytest.mark.slow),

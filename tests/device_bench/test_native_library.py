@@ -89,26 +89,6 @@ def client(program: str, library: Path, sanitizer: str) -> tuple[Path, dict[str,
     return instrumented.parent / program, sanitizer_env()
 
 
-@pytest.fixture(scope="session", params=["plain", pytest.param("thread", marks=pytest.mark.slow)])
-def two_handles(request, library) -> tuple[Path, dict[str, str]]:
-    """native/two_handles.c (mobile_moe.h's two-thread contract, run): plain, and under ThreadSanitizer."""
-    return client("mobile_moe_two_handles", library, request.param)
-
-
-def test_two_handles_serve_from_two_threads_at_once_as_one_alone(two_handles, bundle, images):
-    """The stated contract (mobile_moe.h): a handle is one thread's at a time, two handles may run at once (sharing
-    ExecuTorch's thread pool); each answers every image exactly as a handle alone does, switching experts as it goes,
-    and under ThreadSanitizer nothing the library does from the two threads is a data race."""
-    binary, env = two_handles
-    result = subprocess.run([str(binary), str(bundle), str(images), "5"], capture_output=True, text=True, env=env,
-                            timeout=600)  # fmt: skip
-    if "ThreadSanitizer: unexpected memory mapping" in result.stderr:  # a kernel whose ASLR TSan's runtime cannot map
-        pytest.skip(f"this kernel's address layout defeats ThreadSanitizer: {result.stderr.strip()[:200]}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "ThreadSanitizer" not in result.stderr, result.stderr[-3000:]
-    assert json.loads(result.stdout) == {"predictions": 2 * 5 * 8, "same": True}
-
-
 def runner_refusal(runner: Path, bundle: Path) -> str:
     result = subprocess.run([str(runner), "--bundle", str(bundle), "--random", "1", "--iterations", "1"],
                             capture_output=True, text=True, timeout=60)  # fmt: skip
