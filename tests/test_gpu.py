@@ -187,9 +187,10 @@ def test_a_folders_jpegs_decoded_and_cropped_on_cuda_answer_as_the_workers_crop(
 
 
 def test_a_batchs_crops_resized_on_cuda_are_torchvisions_resize_of_each():
-    """crop.squares, the folder's device crop (a float copy and the antialiased resize an image, written into one
-    batch, rounded once), against torchvision's resize_image of each crop on CUDA (its own float cast, resize and
-    rounding): the same kernels, so the same values, for crops smaller, larger and as large as S."""
+    """crop.squares on CUDA, the folder's device crops resized together (batched_squares: the antialiased filter's
+    taps gathered for the whole batch), against torchvision's resize_image of each crop on CUDA (its float kernel,
+    rounded): within a level (the same filter, summed in another order), for crops smaller, larger and as large as S;
+    the same on the CPU as the device is tests/data/test_crop_batched.py."""
     from mobile_moe.data import crop
 
     generator = torch.Generator().manual_seed(0)
@@ -198,7 +199,8 @@ def test_a_batchs_crops_resized_on_cuda_are_torchvisions_resize_of_each():
     pixels = [(5, 3, 45, 40), (0, 0, 200, 300), (0, 0, 64, 64), (10, 20, 131, 50)]  # left, top, right, bottom
     expected = torch.stack([crop.square(image[:, top:bottom, left:right], 64)
                             for image, (left, top, right, bottom) in zip(images, pixels, strict=True)])  # fmt: skip
-    assert torch.equal(crop.squares(images, pixels, 64), expected)
+    off = (crop.squares(images, pixels, 64).int() - expected.int()).abs()
+    assert off.max() <= 1 and (off > 0).float().mean() < 1e-3
 
 
 def test_nvjpeg_never_writes_into_a_block_whose_freeing_streams_kernels_still_read_it():

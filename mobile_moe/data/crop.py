@@ -224,22 +224,64 @@ def on_device(batch: CroppedBatch, device: torch.device) -> tuple[Tensor, int]:
 
 
 def squares(images: list[Tensor], pixels: list[tuple[int, int, int, int]], size: int) -> Tensor:
-    """Each (3, h, w) uint8 image's crop (left, top, right, bottom) resized to S x S as `square` resizes it, into one
-    (n, 3, S, S) uint8 batch. Off a CPU these are the operators of torchvision's resize_image there (float cast,
-    resize, round, cast back: torchvision/transforms/v2/functional/_geometry.py) without its Python: an image costs a
-    view and two operators (its crop's float copy, and the antialiased resize written into its row of the batch), the
-    rounding and cast back are one for the batch. That is host time saved on the thread that prepares a folder's
-    batches beside the step's. On a CPU (the tests' device: a CPU never decodes for training) each crop is
+    """Each (3, h, w) uint8 image's crop (left, top, right, bottom) resized to S x S by the antialiased bilinear filter,
+    into one (n, 3, S, S) uint8 batch. Off a CPU all at once (batched_squares: a constant number of operations a
+    batch, where a loop over the images cost the thread preparing a folder's batches 40-44 ms of host time a batch of
+    256 on an H200, more than the step). On a CPU (the tests' device: a CPU never decodes for training) each crop is
     `square`'s, whose uint8 or float path torchvision picks by the CPU's features."""
-    if images and images[0].device.type == "cpu":
+    if not images or images[0].device.type == "cpu":
         return torch.stack([square(image[:, top:bottom, left:right], size)
                             for image, (left, top, right, bottom) in zip(images, pixels, strict=True)])  # fmt: skip
-    out = torch.empty((len(images), 3, size, size), device=images[0].device if images else None)
-    for row, (image, (left, top, right, bottom)) in enumerate(zip(images, pixels, strict=True)):
-        # F.interpolate's own call for an antialiased bilinear resize (torch/nn/functional.py), into the batch's row
-        torch._C._nn._upsample_bilinear2d_aa(image[None, :, top:bottom, left:right].float(), [size, size], False,
-                                             out=out[row : row + 1])  # fmt: skip
-    return out.round_().to(torch.uint8)
+    return batched_squares(images, pixels, size)
+
+
+def batched_squares(images: list[Tensor], pixels: list[tuple[int, int, int, int]], size: int) -> Tensor:
+    """squares' crops resized together: the images' bytes concatenated once, then the antialiased filter's taps
+    gathered for the whole batch, one tap at a time, rows then columns (the filter is separable): 2 K + a few
+    operations a batch, K the most taps any crop's scale needs (2 ceil(crop side / S) + 1; a device's images are at
+    most decode.source_side_limit a side, 9 taps for the deit recipe at 224 px). The filter is ATen's (and Pillow's)
+    for an antialiased bilinear resize (aa_taps), in float32 as torch's CUDA kernel computes it, summed in another
+    order: a level apart from it on a few values (tests/data/test_crop_batched.py holds it to one)."""
+    device = images[0].device
+    flat = torch.cat([image.reshape(-1) for image in images])
+    heights, widths = (torch.tensor([image.shape[axis] for image in images], device=device) for axis in (1, 2))
+    boxes = torch.tensor(pixels, dtype=torch.int64, device=device)  # left, top, right, bottom
+    lefts, tops, crop_w, crop_h = boxes[:, 0], boxes[:, 1], boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
+    starts = torch.cumsum(torch.tensor([0] + [image.numel() for image in images[:-1]], device=device), 0)
+    widest = max(right - left for left, _, right, _ in pixels)  # from the host's boxes: no read of the device
+    taps = 2 * math.ceil(max(max(right - left, bottom - top) for left, top, right, bottom in pixels) / size) + 1
+    rows, row_weights = aa_taps(crop_h, size, taps)  # (n, S, K) each, rows of the crop
+    cols, col_weights = aa_taps(crop_w, size, taps)
+    columns = torch.minimum(torch.arange(widest, device=device), crop_w[:, None] - 1) + lefts[:, None]  # (n, W)
+    planes = torch.arange(3, device=device)[None, :, None, None] * (heights * widths)[:, None, None, None]
+    base = starts[:, None, None, None] + planes + columns[:, None, None, :]  # (n, 3, 1, W)
+    tall = torch.zeros((len(images), 3, size, widest), device=device)
+    for k in range(taps):  # rows: each output row from its K source rows, every column of the crop
+        at = base + ((tops[:, None] + rows[:, :, k]) * widths[:, None])[:, None, :, None]
+        tall += flat[at].float() * row_weights[:, None, :, k, None]
+    out = torch.zeros((len(images), 3, size, size), device=device)
+    for k in range(taps):  # then columns
+        out += tall.gather(3, cols[:, None, None, :, k].expand(-1, 3, size, -1)) * col_weights[:, None, None, :, k]
+    return out.round_().clamp_(0, 255).to(torch.uint8)
+
+
+def aa_taps(extent: Tensor, size: int, taps: int) -> tuple[Tensor, Tensor]:
+    """For crops of `extent` (n,) pixels on one axis resized to `size`: each output pixel's first `taps` source pixels
+    (n, S, taps), clamped inside the crop, and their weights (n, S, taps), zero past the filter's support. The
+    antialiased bilinear filter of ATen's _upsample_bilinear2d_aa (UpSampleKernel.cpp _compute_weights_aa, as
+    Pillow's): scale = extent / S; support = scale (1 when enlarging); output i centred at scale (i + 0.5); its
+    sources from trunc(centre - support + 0.5) (at least 0) to trunc(centre + support + 0.5) (at most the extent),
+    each weighted by the triangle 1 - |(j - centre + 0.5) / max(scale, 1)|, normalised to sum to 1."""
+    scale = extent.float()[:, None] / size  # (n, 1)
+    support = scale.clamp(min=1.0)
+    centre = scale * (torch.arange(size, device=extent.device, dtype=torch.float32) + 0.5)  # (n, S)
+    first = (centre - support + 0.5).to(torch.int64).clamp(min=0)
+    last = torch.minimum((centre + support + 0.5).to(torch.int64), extent[:, None])
+    sources = first[..., None] + torch.arange(taps, device=extent.device)  # (n, S, K)
+    weights = (1 - ((sources - centre[..., None] + 0.5) / support[..., None]).abs()).clamp(min=0)
+    weights = torch.where(sources < last[..., None], weights, 0.0)
+    weights = weights / weights.sum(-1, keepdim=True)
+    return torch.minimum(sources, extent[:, None, None] - 1), weights
 
 
 def lazy_jpeg(data: bytes) -> Image.Image | None:

@@ -32,12 +32,12 @@ CIFAR_ABSENT = "no readable|holds"  # a CIFAR form that parsed reaches the reade
 
 
 def documented_forms() -> list[str]:
-    """The spec forms written in backticks in the README's and docs/formats.md's data sections."""
-    readme = (REPOSITORY / "README.md").read_text()
+    """The spec forms written in backticks in the data guide's and docs/formats.md's data sections."""
+    guide = (REPOSITORY / "docs" / "data.md").read_text()
     formats = (REPOSITORY / "docs" / "formats.md").read_text()
     data_section = formats[formats.index("## 1. Data specs") : formats.index("\n## 2.")]
-    readme_part = readme[readme.index("Data specs:") :][:2000]
-    found = {form for text in (readme_part, data_section) for form in FORM.findall(text)}
+    guide_part = guide[guide.index("## Data specs") : guide.index("\n## ", guide.index("## Data specs") + 1)]
+    found = {form for text in (guide_part, data_section) for form in FORM.findall(text)}
     return sorted(form for form in found if not (form in NEEDS_ROOT or form.endswith(":coarse")))  # --super-classes
 
 

@@ -1,8 +1,9 @@
 """libmobile_moe inside an app's process (tests/library_faults.c, one scenario a run): handles of other thread counts
-opened, used and closed in the orders mobile_moe.h allows, from one thread and from several; two handles serving
-from two threads at once, bit for bit as one alone; two threads on one handle; double close, calls after close, buffers shorter than their stride says; an app built when the options
-struct was smaller. Each holds plain, and (slow set) under AddressSanitizer and ThreadSanitizer: never a crash, a
-hang, a sanitizer report or an answer other than the handle's alone."""
+opened, used and closed in the orders mobile_moe.h allows, from one thread and from several; two handles serving from
+two threads at once, bit for bit as one alone; two threads on one handle; double close, calls after close, buffers
+shorter than their stride says; an app built when the options struct was smaller. Each holds plain, and (slow set)
+under AddressSanitizer and ThreadSanitizer: never a crash, a hang, a sanitizer report or an answer other than the
+handle's alone."""
 
 from __future__ import annotations
 
