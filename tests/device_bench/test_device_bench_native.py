@@ -675,6 +675,7 @@ def test_the_cache_folder_keeps_within_its_limit_by_dropping_the_least_recently_
     host = socket.gethostname().split(".")[0]
     (tmp_path / f"{'0' * 32}.xnnpack.tmp-999999999@{host}").write_bytes(b"a killed run's leftover")
     (tmp_path / f"{'0' * 32}.xnnpack.tmp-999999999@{host}.copy").write_bytes(b"and the copy it was publishing")
+    (tmp_path / f"{'2' * 32}.xnnpack.tmp-999999999-0000000a@{host}").write_bytes(b"a killed handle's, numbered")
     (tmp_path / f"{'1' * 32}.xnnpack.tmp-999999999@another-host").write_bytes(b"a live run's, on another machine")
     command = [str(runner), "--bundle", str(bundle), "--random", "2", "--iterations", "1", "--warmup", "0",
                "--weight-cache", str(tmp_path), "--weight-cache-limit", "1"]  # fmt: skip

@@ -16,7 +16,7 @@ from test_native_library import client, images, library  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.export, needs_build]
 
-SCENARIOS = ["pool-order", "one-handle", "two-handles", "open-while-serving", "misuse", "older-app"]
+SCENARIOS = ["pool-order", "one-handle", "two-handles", "open-while-serving", "misuse", "older-app", "log-callback"]
 
 
 @pytest.fixture(scope="session", params=["plain", pytest.param("address", marks=pytest.mark.slow),
@@ -26,8 +26,11 @@ def faults(request, library):  # noqa: F811 (the imported fixture)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_the_library_survives_what_an_app_may_do(faults, bundle, images, scenario):  # noqa: F811 (images)
+def test_the_library_survives_what_an_app_may_do(faults, bundle, images, scenario, tmp_path):  # noqa: F811 (images)
+    """Each scenario with an empty packed-weight folder of its own (the default one, MOBILE_MOE_WEIGHT_CACHE): its
+    handles pack the bundle's graphs there at the same time."""
     binary, env = faults
+    env = {**env, "MOBILE_MOE_WEIGHT_CACHE": str(tmp_path / "packed-weights")}
     rounds = "1000" if scenario == "one-handle" else "20"
     result = subprocess.run([str(binary), scenario, str(bundle), str(images), rounds], capture_output=True,
                             text=True, env=env, timeout=600)  # fmt: skip

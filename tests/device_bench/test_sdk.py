@@ -44,10 +44,13 @@ def test_the_sdks_library_is_relocatable_versioned_and_carries_only_what_it_need
     shipped = sorted(path.name for path in (sdk / "lib").glob("libexecutorch*"))
     assert shipped == ["libexecutorch.so", "libexecutorch_backend_xnnpack.so", "libexecutorch_kernels_optimized.so",
                        "libexecutorch_threadpool.so"]  # fmt: skip
-    for path in (sdk / "lib").glob("*.so*"):  # every search path relative to the library itself
+    for path in (sdk / "lib").glob("*.so*"):  # every search path relative to the library, and inside the folder
         runpaths = re.findall(r"Library (?:runpath|rpath): \[([^\]]*)\]", elf(path, "-d"))
         entries = [entry for paths in runpaths for entry in paths.split(":") if entry]
         assert all(entry.startswith("$ORIGIN") for entry in entries), (path.name, entries)
+        places = [(sdk / "lib" / entry.removeprefix("$ORIGIN").lstrip("/")).resolve() for entry in entries]
+        outside = [place for place in places if place.exists() and not place.is_relative_to(sdk.resolve())]
+        assert outside == [], (path.name, outside)
 
 
 def test_an_app_built_against_the_moved_sdk_folder_alone_answers_as_predict(sdk, bundle, images, tmp_path):  # noqa: F811

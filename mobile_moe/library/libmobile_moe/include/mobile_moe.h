@@ -26,14 +26,18 @@
  * Threads: calls on one handle from several threads are serialised (each waits for the one before; never a crash).
  * The results (mm_logits, mm_top_classes, mm_experts, mm_last_times) are the handle's last prediction, whichever
  * thread made it: a thread that needs its own reads them before another thread predicts, or has a handle of its own.
- * Two handles run at once. A handle of 1 thread (the default) runs on the calling thread alone; handles of more
- * share ExecuTorch's process-wide thread pool, which mm_open sizes only while no other handle uses it (a handle that
- * asks for another size then is refused with a message). mm_last_error() is per thread.
+ * Two handles run at once. A handle of 1 thread (the default) never uses ExecuTorch's process-wide thread pool: it
+ * runs its graphs on the calling thread (and, with prefetch on, loads a missed expert on a thread of its own); handles
+ * of more share that pool, which mm_open sizes only while no other handle uses it (a handle that asks for another
+ * size then is refused with a message). mm_last_error() is per thread.
  *
  * Process: the library installs no signal handler, never forks or exits, and writes nothing to stdout or stderr: its
- * log, and ExecuTorch's, reaches the callback an app sets with mm_log_set, or nowhere. Its one process-wide state is
- * that callback and the thread pool's size above. mm_close(NULL) does nothing; a handle used after mm_close, or closed
- * twice, is refused (MM_BAD_ARGUMENT, or nothing for mm_close) unless a newer handle was given the same address.
+ * log, and ExecuTorch's, reaches the callback an app sets with mm_log_set, or nowhere. Its process-wide state: that
+ * callback, the thread pool's size above, and ExecuTorch's log, which the first mm_open routes into the library's
+ * (ExecuTorch's platform layer is the process's: an app that uses ExecuTorch itself gets its log through the
+ * callback too). mm_close(NULL) does nothing; a handle used after mm_close, or closed twice, is refused
+ * (MM_BAD_ARGUMENT, or nothing for mm_close) unless a newer handle was given the same address. Strings the library
+ * returns (mm_class_name) live as long as their handle.
  *
  * ABI: structs carry their size (mm_default_options and mm_last_times pass the app's sizeof), so an app built against
  * this header runs with a later library whose structs grew; MOBILE_MOE_VERSION_MAJOR changes only when that breaks,
@@ -95,7 +99,8 @@ typedef struct mm_stage_times {
 } mm_stage_times;
 
 typedef enum mm_log_level { MM_LOG_DEBUG = 0, MM_LOG_INFO = 1, MM_LOG_ERROR = 2 } mm_log_level;
-/* One log line (no newline), from any thread the library or ExecuTorch runs: the callback must be thread-safe. */
+/* One log line (no newline, UTF-8), from any thread the library or ExecuTorch runs: the callback must be
+ * thread-safe, and must not call the library's functions on a handle (it may run while that handle's call holds it). */
 typedef void (*mm_log_callback)(mm_log_level level, const char* message, void* user_data);
 
 /* "mobile-moe libmobile_moe <major.minor.patch>, executorch-<version>" */

@@ -20,10 +20,48 @@ static void throw_named(JNIEnv* env, const char* class_name, const char* message
   if (class_ != NULL) (*env)->ThrowNew(env, class_, message);
 }
 
+/* The library's UTF-8 (a message quoting a path, a class name) as a Java string. Not NewStringUTF: it takes modified
+ * UTF-8, and Android's CheckJNI aborts on a character outside the Basic Multilingual Plane in standard UTF-8. Decoded
+ * to UTF-16 here; a malformed byte becomes U+FFFD. NULL with an exception pending where it cannot be made. */
+static jstring java_string(JNIEnv* env, const char* text) {
+  const unsigned char* bytes = (const unsigned char*)text;
+  size_t length = strlen(text), count = 0;
+  jchar* units = malloc(sizeof(jchar) * (length + 1) * 2);
+  if (units == NULL) {
+    throw_named(env, "java/lang/OutOfMemoryError", "out of memory");
+    return NULL;
+  }
+  for (size_t i = 0; i < length;) {
+    const uint32_t lead = bytes[i];
+    const int extra = lead < 0x80 ? 0 : lead >= 0xc2 && lead < 0xe0 ? 1 : lead >= 0xe0 && lead < 0xf0 ? 2
+                    : lead >= 0xf0 && lead < 0xf5 ? 3 : -1;  /* continuation bytes the lead byte announces */
+    uint32_t code = 0xfffd;
+    size_t used = 1;
+    if (extra >= 0) {
+      code = extra == 0 ? lead : lead & (0x7fu >> (extra + 1));
+      int k = 1;
+      for (; k <= extra && i + (size_t)k < length && (bytes[i + (size_t)k] & 0xc0) == 0x80; ++k)
+        code = (code << 6) | (bytes[i + (size_t)k] & 0x3f);
+      used = (size_t)k;
+      if (k <= extra || (code >= 0xd800 && code <= 0xdfff) || code > 0x10ffff) code = 0xfffd;
+    }
+    i += used;
+    if (code >= 0x10000) {  /* a surrogate pair */
+      units[count++] = (jchar)(0xd800 + ((code - 0x10000) >> 10));
+      units[count++] = (jchar)(0xdc00 + ((code - 0x10000) & 0x3ff));
+    } else {
+      units[count++] = (jchar)code;
+    }
+  }
+  jstring string = (*env)->NewString(env, units, (jsize)count);
+  free(units);
+  return string;
+}
+
 static void throw_status(JNIEnv* env, mm_status status) {
   jclass class_ = (*env)->FindClass(env, "org/mobilemoe/MobileMoeException");
   jmethodID init = class_ ? (*env)->GetMethodID(env, class_, "<init>", "(ILjava/lang/String;)V") : NULL;
-  jstring message = init ? (*env)->NewStringUTF(env, mm_last_error()) : NULL;
+  jstring message = init ? java_string(env, mm_last_error()) : NULL;
   jobject error = message ? (*env)->NewObject(env, class_, init, (jint)status, message) : NULL;
   if (error != NULL) (*env)->Throw(env, (jthrowable)error);
 }
@@ -45,7 +83,7 @@ static char* c_string(JNIEnv* env, jbyteArray bytes) {
 
 JNI_EXPORT jstring JNICALL Java_org_mobilemoe_MobileMoe_nativeVersion(JNIEnv* env, jclass cls) {
   (void)cls;
-  return (*env)->NewStringUTF(env, mm_version());
+  return java_string(env, mm_version());
 }
 
 JNI_EXPORT jlong JNICALL Java_org_mobilemoe_MobileMoe_nativeOpen(JNIEnv* env, jclass cls, jbyteArray bundle_dir,
@@ -94,7 +132,7 @@ JNI_EXPORT jstring JNICALL Java_org_mobilemoe_MobileMoe_nativeClassName(JNIEnv* 
                                                                         jint index) {
   (void)cls;
   const char* name = mm_class_name(model_of(handle), index);
-  return name == NULL ? NULL : (*env)->NewStringUTF(env, name);
+  return name == NULL ? NULL : java_string(env, name);
 }
 
 JNI_EXPORT jint JNICALL Java_org_mobilemoe_MobileMoe_nativeInputValues(JNIEnv* env, jclass cls, jlong handle) {
@@ -103,25 +141,24 @@ JNI_EXPORT jint JNICALL Java_org_mobilemoe_MobileMoe_nativeInputValues(JNIEnv* e
   return mm_input_channels(model) * mm_input_size(model) * mm_input_size(model);
 }
 
+/* Java arrays of `count` values; NULL with an exception pending where one cannot be made. */
 static jfloatArray float_array(JNIEnv* env, const float* values, jsize count) {
   jfloatArray array = (*env)->NewFloatArray(env, count);
-  if (array != NULL) (*env)->SetFloatArrayRegion(env, array, 0, count, values);
+  if (array != NULL && count > 0) (*env)->SetFloatArrayRegion(env, array, 0, count, values);
   return array;
 }
 
 static jintArray int_array(JNIEnv* env, const int* values, jsize count) {
   jintArray array = (*env)->NewIntArray(env, count);
-  if (array != NULL && count > 0) {
-    jint* copy = (*env)->GetIntArrayElements(env, array, NULL);
-    if (copy == NULL) return NULL;
-    for (jsize i = 0; i < count; ++i) copy[i] = values[i];
-    (*env)->ReleaseIntArrayElements(env, array, copy, 0);
+  for (jsize i = 0; array != NULL && i < count; ++i) {
+    const jint value = values[i];
+    (*env)->SetIntArrayRegion(env, array, i, 1, &value);
   }
   return array;
 }
 
 /* The last prediction of `model` as a MobileMoe.Prediction with `top_k` (>= 0) classes; NULL with an exception
- * pending on failure. */
+ * pending on failure. Each Java array is made, and checked, before the next JNI call. */
 static jobject prediction(JNIEnv* env, mm_model* model, jint top_k) {
   size_t classes = mm_logits(model, NULL, 0);
   int experts = mm_experts(model, 0, NULL, NULL);
@@ -138,10 +175,14 @@ static jobject prediction(JNIEnv* env, mm_model* model, jint top_k) {
     mm_experts(model, experts, chosen, gates);
     jclass class_ = (*env)->FindClass(env, "org/mobilemoe/MobileMoe$Prediction");
     jmethodID init = class_ ? (*env)->GetMethodID(env, class_, "<init>", "([I[F[F[I[F)V") : NULL;
-    if (init != NULL)
-      result = (*env)->NewObject(env, class_, init, int_array(env, top, n), float_array(env, probabilities, n),
-                                 float_array(env, logits, (jsize)classes), int_array(env, chosen, experts),
-                                 float_array(env, gates, experts));
+    jintArray classes_array = init ? int_array(env, top, n) : NULL;
+    jfloatArray probabilities_array = classes_array ? float_array(env, probabilities, n) : NULL;
+    jfloatArray logits_array = probabilities_array ? float_array(env, logits, (jsize)classes) : NULL;
+    jintArray experts_array = logits_array ? int_array(env, chosen, experts) : NULL;
+    jfloatArray gates_array = experts_array ? float_array(env, gates, experts) : NULL;
+    if (gates_array != NULL)
+      result = (*env)->NewObject(env, class_, init, classes_array, probabilities_array, logits_array, experts_array,
+                                 gates_array);
   } else {
     throw_named(env, "java/lang/OutOfMemoryError", "out of memory");
   }

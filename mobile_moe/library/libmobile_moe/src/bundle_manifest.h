@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cmath>
@@ -635,7 +636,8 @@ class VerifiedFiles {
   // Write what is known now (best effort: a folder we cannot write only means verifying again next time).
   void save() const {
     if (path_.empty() || added_.empty()) return;
-    std::string temporary = path_ + ".tmp-" + std::to_string(getpid());
+    static std::atomic<uint32_t> saves{0};  // two handles of one process may save at once
+    std::string temporary = path_ + ".tmp-" + std::to_string(getpid()) + "-" + std::to_string(saves.fetch_add(1));
     {
       std::ofstream out(temporary, std::ios::trunc);
       std::set<std::string> all(known_);

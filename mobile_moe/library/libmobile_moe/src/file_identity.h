@@ -48,12 +48,16 @@ inline int64_t nanoseconds(const struct timespec& time) {
   return static_cast<int64_t>(time.tv_sec) * 1000000000 + static_cast<int64_t>(time.tv_nsec);
 }
 
+inline FileIdentity identify(const struct stat& info) {
+  return {static_cast<uint64_t>(info.st_dev), static_cast<uint64_t>(info.st_ino), static_cast<int64_t>(info.st_size),
+          nanoseconds(modified_time(info)), nanoseconds(changed_time(info))};
+}
+
 // The identity of `path` now; unknown (size -1) where it cannot be stat'ed.
 inline FileIdentity identify(const std::string& path) {
   struct stat info {};
   if (stat(path.c_str(), &info) != 0) return {};
-  return {static_cast<uint64_t>(info.st_dev), static_cast<uint64_t>(info.st_ino), static_cast<int64_t>(info.st_size),
-          nanoseconds(modified_time(info)), nanoseconds(changed_time(info))};
+  return identify(info);
 }
 
 }  // namespace mobile_moe::runner

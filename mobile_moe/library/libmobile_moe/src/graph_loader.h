@@ -78,26 +78,26 @@ inline void check_signature(const et::Program& program, const Graph& graph) {
   using et::Tag;
   auto meta = program.method_meta("forward");
   if (!meta.ok())
-    throw UsageError("graph " + graph.name + ": " + graph.program.file + " has no forward method " +
+    throw BundleError("graph " + graph.name + ": " + graph.program.file + " has no forward method " +
                      runtime_error_text(meta.error()));
   auto compare = [&](const char* what, size_t count, const std::vector<Spec>& specs, auto tag_of, auto info_of) {
     if (count != specs.size())
-      throw UsageError("graph " + graph.name + ": " + graph.program.file + " takes " + std::to_string(count) + " " + what +
+      throw BundleError("graph " + graph.name + ": " + graph.program.file + " takes " + std::to_string(count) + " " + what +
                        " but the manifest lists " + std::to_string(specs.size()));
     for (size_t i = 0; i < count; ++i) {
       std::string which = std::string(what) + " " + std::to_string(i) + " (" + specs[i].name + ")";
       auto tag = tag_of(i);
       if (!tag.ok() || *tag != Tag::Tensor)
-        throw UsageError("graph " + graph.name + ": " + which + " of " + graph.program.file + " is not a tensor");
+        throw BundleError("graph " + graph.name + ": " + which + " of " + graph.program.file + " is not a tensor");
       auto info = info_of(i);
       if (!info.ok())
-        throw UsageError("graph " + graph.name + ": " + which + " of " + graph.program.file + " has no tensor metadata");
+        throw BundleError("graph " + graph.name + ": " + which + " of " + graph.program.file + " has no tensor metadata");
       if (info->scalar_type() != executorch::aten::ScalarType::Float)
-        throw UsageError("graph " + graph.name + ": " + which + " of " + graph.program.file + " is not float32");
+        throw BundleError("graph " + graph.name + ": " + which + " of " + graph.program.file + " is not float32");
       auto sizes = info->sizes();
       std::vector<int32_t> actual(sizes.begin(), sizes.end());
       if (actual != specs[i].shape)
-        throw UsageError("graph " + graph.name + ": " + which + " of " + graph.program.file + " has shape " +
+        throw BundleError("graph " + graph.name + ": " + which + " of " + graph.program.file + " has shape " +
                          shape_text(actual) + " but the manifest says " + shape_text(specs[i].shape));
     }
   };
@@ -141,6 +141,7 @@ class WholeFileDataLoader final : public et::DataLoader {
   }
   et::Result<size_t> size() const override { return file_->size(); }
   void drop_pages() const { file_->drop_pages(file_->data(), file_->size()); }  // every whole page of the file
+  const FileIdentity& identity() const { return file_->identity(); }
   et::Error load_into(size_t offset, size_t size, const SegmentInfo& info, void* buffer) const override {
     return pieces_.load_into(offset, size, info, buffer);
   }
@@ -170,23 +171,28 @@ class WholeFileDataLoader final : public et::DataLoader {
 inline std::unique_ptr<et::DataLoader> open_data_loader(const Graph& graph, const File& file, LoadMode mode) {
   using executorch::extension::FileDataLoader;
   using executorch::extension::MmapDataLoader;
-  if (file.verified.known() && identify(file.path) != file.verified)
-    throw FileFault("graph " + graph.name + ": " + file.file + " changed since the bundle was opened (another file, " +
-                    "size or modification time than the one verified then); a bundle must not change while a " +
-                    "handle is open: write an update into a new folder and open a new handle on it");
-  if (mode == LoadMode::Mmap && graph.switched()) {
-    if (auto loader = WholeFileDataLoader::open(file.path)) return loader;
+  auto changed = [&]() {
+    return FileFault("graph " + graph.name + ": " + file.file + " changed since the bundle was opened (another file, " +
+                     "size or modification time than the one verified then); a bundle must not change while a " +
+                     "handle is open: write an update into a new folder and open a new handle on it");
+  };
+  if (file.verified.known() && identify(file.path) != file.verified) throw changed();
+  if (mode == LoadMode::Mmap && graph.switched()) {  // an expert, loaded again and again: checked as mapped, too
+    if (auto loader = WholeFileDataLoader::open(file.path)) {
+      if (file.verified.known() && loader->identity() != file.verified) throw changed();
+      return loader;
+    }
     const std::string why = std::strerror(errno);
-    throw UsageError("graph " + graph.name + ": cannot open " + file.file + " (" + why + ")");
+    throw BundleError("graph " + graph.name + ": cannot open " + file.file + " (" + why + ")");
   }
   if (mode == LoadMode::Mmap) {
     auto loader = MmapDataLoader::from(file.path.c_str(), MmapDataLoader::MlockConfig::NoMlock);
     if (loader.ok()) return std::make_unique<MmapDataLoader>(std::move(*loader));
-    throw UsageError("graph " + graph.name + ": cannot open " + file.file + " " + runtime_error_text(loader.error()));
+    throw BundleError("graph " + graph.name + ": cannot open " + file.file + " " + runtime_error_text(loader.error()));
   }
   auto loader = FileDataLoader::from(file.path.c_str());
   if (loader.ok()) return std::make_unique<FileDataLoader>(std::move(*loader));
-  throw UsageError("graph " + graph.name + ": cannot open " + file.file + " " + runtime_error_text(loader.error()));
+  throw BundleError("graph " + graph.name + ": cannot open " + file.file + " " + runtime_error_text(loader.error()));
 }
 
 // The planned memory of every graph one Loader loads: one arena per memory id, each as large as the largest buffer of
@@ -384,7 +390,7 @@ class Loader {
     file->loader = open_data_loader(graph, graph.program, mode_);
     auto program = et::Program::load(file->loader.get(), et::Program::Verification::InternalConsistency);
     if (!program.ok())
-      throw UsageError("graph " + graph.name + ": " + graph.program.file + " is not a valid ExecuTorch program " +
+      throw BundleError("graph " + graph.name + ": " + graph.program.file + " is not a valid ExecuTorch program " +
                        runtime_error_text(program.error()) + "; re-export the bundle");
     file->program.emplace(std::move(*program));
     check_signature(*file->program, graph);
@@ -398,7 +404,7 @@ class Loader {
     loaded.weights_loader_ = open_data_loader(graph, graph.weights, mode_);
     auto map = executorch::extension::FlatTensorDataMap::load(loaded.weights_loader_.get());
     if (!map.ok())
-      throw UsageError("graph " + graph.name + ": " + graph.weights.file + " is not a valid ExecuTorch data file " +
+      throw BundleError("graph " + graph.name + ": " + graph.weights.file + " is not a valid ExecuTorch data file " +
                        runtime_error_text(map.error()) + "; re-export the bundle");
     loaded.weights_.emplace(std::move(*map));
   }
@@ -420,12 +426,12 @@ class Loader {
   void init_method(const Graph& graph, LoadedGraph& loaded) {
     const et::Program& program = *loaded.program_->program;
     auto meta = program.method_meta("forward");
-    if (!meta.ok()) throw UsageError("graph " + graph.name + ": no forward method " + runtime_error_text(meta.error()));
+    if (!meta.ok()) throw BundleError("graph " + graph.name + ": no forward method " + runtime_error_text(meta.error()));
     std::vector<size_t> sizes;
     for (size_t i = 0; i < meta->num_memory_planned_buffers(); ++i) {
       auto size = meta->memory_planned_buffer_size(i);
       if (!size.ok())
-        throw UsageError("graph " + graph.name + ": unreadable memory plan " + runtime_error_text(size.error()));
+        throw BundleError("graph " + graph.name + ": unreadable memory plan " + runtime_error_text(size.error()));
       sizes.push_back(static_cast<size_t>(*size));
     }
     loaded.planned_arenas_ = planned_arenas_.take(sizes);
@@ -438,7 +444,7 @@ class Loader {
     const et::LoadBackendOptionsMap* options = loaded.backend_options_.size() > 0 ? &loaded.backend_options_ : nullptr;
     auto method = program.load_method("forward", &*loaded.memory_manager_, nullptr, weights, options);
     if (!method.ok())
-      throw UsageError("graph " + graph.name + ": initialising " + graph.program.file + " failed " +
+      throw BundleError("graph " + graph.name + ": initialising " + graph.program.file + " failed " +
                        runtime_error_text(method.error()) + "; re-export the bundle with this ExecuTorch version");
     loaded.method_.emplace(std::move(*method));
   }

@@ -15,6 +15,8 @@
 #include <memory>
 #include <string>
 
+#include "file_identity.h"
+
 // Transparent huge pages are Linux's (Android's): where madvise has no such advice (Apple's), none is given.
 #ifndef MADV_HUGEPAGE
 #define MADV_HUGEPAGE 0
@@ -44,7 +46,9 @@ class MappedFile {
       return nullptr;
     }
     if (data != nullptr && advice != 0) madvise(data, static_cast<size_t>(info.st_size), advice);
-    return std::shared_ptr<const MappedFile>(new MappedFile(fd, data, static_cast<size_t>(info.st_size)));
+    auto file = std::shared_ptr<MappedFile>(new MappedFile(fd, data, static_cast<size_t>(info.st_size)));
+    file->identity_ = identify(info);
+    return file;
   }
   ~MappedFile() {
     if (data_ != nullptr) munmap(const_cast<void*>(data_), size_);
@@ -55,6 +59,9 @@ class MappedFile {
 
   const unsigned char* data() const { return static_cast<const unsigned char*>(data_); }
   size_t size() const { return size_; }
+  // The mapped file's identity (file_identity.h), read from the descriptor it was mapped from: what was mapped, even
+  // where the path names another file since.
+  const FileIdentity& identity() const { return identity_; }
 
   // Drop the whole pages inside [at, at + length) from this process (MADV_DONTNEED): the file's bytes stay in the
   // page cache, and a later read faults them back in, unchanged (the mapping is private and read-only, so there is
@@ -71,6 +78,7 @@ class MappedFile {
   int fd_;
   const void* data_;
   size_t size_;
+  FileIdentity identity_;
 };
 
 }  // namespace mobile_moe::runner

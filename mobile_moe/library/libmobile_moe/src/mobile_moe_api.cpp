@@ -10,8 +10,6 @@
 // a weight cache folder remembers the files verified (bundle_manifest.h VerifiedFiles), so a cold start pays once.
 #include "mobile_moe.h"
 
-#include <executorch/runtime/platform/runtime.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -55,6 +53,8 @@ mm_status guarded(const char* call, mm_status runtime_status, Work work) {
   try {
     work();
     return MM_OK;
+  } catch (const BundleError& error) {
+    return failed(MM_BAD_BUNDLE, prefix + error.what());
   } catch (const UsageError& error) {
     return failed(runtime_status == MM_RUNTIME_ERROR ? MM_BAD_ARGUMENT : runtime_status, prefix + error.what());
   } catch (const FileFault& error) {
@@ -63,6 +63,8 @@ mm_status guarded(const char* call, mm_status runtime_status, Work work) {
     return failed(MM_OUT_OF_MEMORY, prefix + "out of memory");
   } catch (const std::exception& error) {
     return failed(MM_RUNTIME_ERROR, prefix + error.what());
+  } catch (...) {  // nothing crosses the C boundary, whatever a dependency throws
+    return failed(MM_RUNTIME_ERROR, prefix + "an unknown exception");
   }
 }
 
@@ -139,11 +141,21 @@ mm_options default_options() {
 mm_options options_given(const mm_options* given) {
   mm_options options = default_options();
   if (given == nullptr) return options;
-  const size_t known = offsetof(mm_options, threads);
-  if (given->struct_size < known + sizeof(int) || given->struct_size > (size_t{1} << 16))
+  // The app's whole fields only: a size that ends inside a field (never one a header had) leaves that field default.
+  const size_t ends[] = {offsetof(mm_options, threads) + sizeof(int),
+                         offsetof(mm_options, cache_experts) + sizeof(int),
+                         offsetof(mm_options, park_experts) + sizeof(int),
+                         offsetof(mm_options, cache_margin) + sizeof(float),
+                         offsetof(mm_options, weight_cache_dir) + sizeof(const char*),
+                         offsetof(mm_options, weight_cache_limit_mib) + sizeof(int),
+                         offsetof(mm_options, prefetch) + sizeof(int)};
+  if (given->struct_size < ends[0] || given->struct_size > (size_t{1} << 16))
     throw UsageError("options->struct_size is " + std::to_string(given->struct_size) +
                      ": initialise the options with mm_default_options(&options) before setting them");
-  std::memcpy(static_cast<void*>(&options), given, std::min(given->struct_size, sizeof(mm_options)));
+  size_t whole = 0;
+  for (size_t end : ends)
+    if (end <= given->struct_size) whole = end;
+  std::memcpy(static_cast<void*>(&options), given, whole);
   options.struct_size = sizeof(mm_options);
   return options;
 }
@@ -339,6 +351,10 @@ void mobile_moe::runner::predict_locked(mm_model& model, const float* chw, size_
 std::vector<float> mobile_moe::runner::preprocess_locked(const mm_model& model, const uint8_t* rgb, size_t length,
                                                          int width, int height, int row_stride) {
   if (rgb == nullptr) throw UsageError("rgb is NULL");
+  const int channels = model.bundle.image_shape.at(1);
+  if (channels != 1 && channels != 3)
+    throw UsageError("the bundle's images have " + std::to_string(channels) + " channels; RGB8 pixels become 3 (or "
+                     "1, grey): give this bundle its input with mm_predict_f32");
   if (width < 1 || height < 1 || width > kMaxSide || height > kMaxSide || row_stride < 3 * width)
     throw UsageError(std::to_string(width) + " x " + std::to_string(height) + " pixels with a row stride of " +
                      std::to_string(row_stride) + " bytes: sides 1.." + std::to_string(kMaxSide) +
@@ -357,7 +373,7 @@ mm_status mobile_moe::runner::open_model(const char* bundle_dir, const mm_option
   if (model == nullptr) return failed(MM_BAD_ARGUMENT, "mm_open: model is NULL");
   *model = nullptr;
   if (bundle_dir == nullptr) return failed(MM_BAD_ARGUMENT, "mm_open: bundle_dir is NULL");
-  route_runtime_log();
+  start_runtime();
   mm_options options = default_options();
   std::string cache_dir;
   mm_status status = guarded("mm_open", MM_BAD_ARGUMENT, [&] {
@@ -369,7 +385,6 @@ mm_status mobile_moe::runner::open_model(const char* bundle_dir, const mm_option
   std::shared_ptr<mm_model> opened;
   status = guarded("mm_open", MM_BAD_BUNDLE, [&] {
     opened = std::make_shared<mm_model>();
-    executorch::runtime::runtime_init();
     // The manifest, then every file's size, sha256 and structure (once: remembered with the packed weights)
     opened->bundle = read_bundle(bundle_dir, cache_dir);
   });
@@ -396,7 +411,8 @@ mm_status mobile_moe::runner::open_model(const char* bundle_dir, const mm_option
     opened->resident_load_ms = opened->pipeline->load_resident();
   });
   if (status != MM_OK) return status;
-  *model = opened.get();
-  OpenHandles::instance().add(std::move(opened));
-  return MM_OK;
+  mm_model* handle = opened.get();
+  status = guarded("mm_open", MM_RUNTIME_ERROR, [&] { OpenHandles::instance().add(std::move(opened)); });
+  if (status == MM_OK) *model = handle;
+  return status;
 }

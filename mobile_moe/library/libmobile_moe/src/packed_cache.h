@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -355,9 +356,13 @@ class PackedCache {
     std::remove((path + ".check").c_str());
   }
 
-  // A file of this process: <name>.tmp-<pid>@<host> (remove_orphaned_stages reads them back).
+  // A file of this process and this call: <name>.tmp-<pid>-<n>@<host>, n counted in the process, so two handles that
+  // pack the same graph at once write files of their own (remove_orphaned_stages reads them back).
   static std::string staged(const std::string& path) {
-    return path + ".tmp-" + std::to_string(getpid()) + "@" + host_name();
+    static std::atomic<uint32_t> made{0};
+    char sequence[16];
+    std::snprintf(sequence, sizeof sequence, "%08x", made.fetch_add(1));
+    return path + ".tmp-" + std::to_string(getpid()) + "-" + sequence + "@" + host_name();
   }
   static void touch(const std::string& path) { utimensat(AT_FDCWD, path.c_str(), nullptr, 0); }
 
@@ -402,7 +407,7 @@ class PackedCache {
     }
   }
 
-  // Staged and scratch files (<key>.xnnpack...tmp-<pid>@<host>...) of runners that are gone: on this host, a pid
+  // Staged and scratch files (<key>.xnnpack...tmp-<pid>-<n>@<host>...) of runners that are gone: on this host, a pid
   // that no longer runs; on another (a shared folder), one untouched for a day.
   void remove_orphaned_stages() const {
     DIR* dir = opendir(dir_.c_str());
@@ -416,6 +421,7 @@ class PackedCache {
       if (name.size() < 32 || at == std::string::npos || name.find(".xnnpack") != 32) continue;
       char* end = nullptr;
       const long pid = std::strtol(name.c_str() + at + 5, &end, 10);
+      if (pid > 0 && *end == '-') std::strtoul(end + 1, &end, 16);  // the call's sequence number
       if (pid <= 0 || *end != '@') continue;
       const std::string host = std::string(end + 1).substr(0, std::string(end + 1).find('.'));
       struct stat info {};

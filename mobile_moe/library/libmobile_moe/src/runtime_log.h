@@ -5,6 +5,7 @@
 
 #include <executorch/runtime/core/error.h>
 #include <executorch/runtime/platform/platform.h>
+#include <executorch/runtime/platform/runtime.h>
 
 #include <atomic>
 #include <cstdio>
@@ -33,10 +34,25 @@ inline void set_library_log(mm_log_callback callback, void* user_data) {
   sink.user_data = user_data;
 }
 
+// The callback runs outside the sink's lock (one that sets another callback, or logs, does not wait on itself); lines
+// from several threads may reach it at once (mobile_moe.h: it must be thread-safe).
 inline void library_log(mm_log_level level, const std::string& message) {
   LibraryLog& sink = library_log_sink();
-  std::lock_guard<std::mutex> lock(sink.mutex);  // the callback sees one line at a time
-  if (sink.callback != nullptr) sink.callback(level, message.c_str(), sink.user_data);
+  mm_log_callback callback = nullptr;
+  void* user_data = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(sink.mutex);
+    callback = sink.callback, user_data = sink.user_data;
+  }
+  if (callback != nullptr) callback(level, message.c_str(), user_data);
+}
+
+// At most `bytes` of UTF-8 `text`, never ending inside a character.
+inline std::string utf8_prefix(const std::string& text, size_t bytes) {
+  if (text.size() <= bytes) return text;
+  size_t end = bytes;
+  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xc0) == 0x80) --end;  // a continuation byte
+  return text.substr(0, end);
 }
 
 // ExecuTorch's last error on this thread (a load on the prefetching thread logs there, and throws there too).
@@ -47,17 +63,19 @@ inline void capture_log(et_timestamp_t, et_pal_log_level_t level, const char* fi
   std::string text(message, length);
   while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
   const bool error = level == kError || level == kFatal;
-  if (error) t_last_runtime_error = text.substr(0, 200);
+  if (error) t_last_runtime_error = utf8_prefix(text, 200);
   const mm_log_level ours = error ? MM_LOG_ERROR : level == kInfo ? MM_LOG_INFO : MM_LOG_DEBUG;
   library_log(ours, "executorch:" + std::string(filename) + ":" + std::to_string(line) + "] " + text);
 }
 
-// ExecuTorch's log into capture_log, once per process, before the library's first call into ExecuTorch: its default
-// platform layer writes to stderr (runtime/platform/default/posix.cpp).
-inline void route_runtime_log() {
-  static std::once_flag routed;
-  std::call_once(routed, [] {
+// ExecuTorch's log into capture_log, then the runtime initialised, once per process, before the library's first call
+// into ExecuTorch: its default platform layer writes to stderr (runtime/platform/default/posix.cpp), and runtime_init
+// is not safe to call from two threads at once.
+inline void start_runtime() {
+  static std::once_flag started;
+  std::call_once(started, [] {
     executorch::runtime::register_pal(executorch::runtime::PalImpl::create(capture_log, __FILE__));
+    executorch::runtime::runtime_init();
   });
 }
 

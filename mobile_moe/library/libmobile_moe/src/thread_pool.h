@@ -46,8 +46,8 @@ inline int64_t shared_pool_threads() {
 class SharedPoolLeases {
  public:
   static SharedPoolLeases& instance() {
-    static SharedPoolLeases leases;
-    return leases;
+    static SharedPoolLeases* leases = new SharedPoolLeases();  // never destroyed: a handle may close during exit
+    return *leases;
   }
   // A lease at `threads` (0: the pool's size as it is) -> the pool's size. Throws UsageError where another handle
   // holds the pool at another size.

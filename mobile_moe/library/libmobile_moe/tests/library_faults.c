@@ -14,6 +14,11 @@
  *                     1, 2 and 3 threads ROUNDS times: serving answers stay exact, every open succeeds or is refused
  *   misuse            double close, calls after close, NULLs, a row stride or height past the buffer's length
  *   older-app         an app built when mm_options had only its first fields: it opens with the rest defaulted
+ *   log-callback      an app's log callback gets the library's failure (naming mm_open) and may call the library
+ *
+ * Every scenario's answers are compared with those of a handle alone without packed weights on disk (set_up), so the
+ * handles under test pack into the default folder (MOBILE_MOE_WEIGHT_CACHE: the tests give each run an empty one)
+ * at the same time: two handles of one process packing one graph at once.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
@@ -87,11 +92,25 @@ static void* serve(void* argument) {
   return NULL;
 }
 
-/* One image, over and over, on a shared handle: whichever thread predicted last, the handle's logits are that
- * image's, so a wrong one is a corrupted prediction, not another thread's answer. */
+/* Its own image (the worker's `opened`: 0 or 1), over and over, on a handle shared with another worker: the handle's
+ * logits are the last prediction's, this thread's or the other's, so anything but one of the two images' answers is
+ * a corrupted prediction. */
 static void* serve_one_image(void* argument) {
   Worker* worker = argument;
-  for (int round = 0; round < worker->rounds; ++round) worker->wrong += !answers(worker->model, worker->setup, 0);
+  const Setup* setup = worker->setup;
+  float logits[1024];
+  for (int round = 0; round < worker->rounds; ++round) {
+    const size_t mine = (size_t)worker->opened;
+    if (mm_predict_f32(worker->model, setup->images + mine * setup->values, setup->values) != MM_OK ||
+        mm_logits(worker->model, logits, setup->classes) != setup->classes) {
+      ++worker->wrong;
+      continue;
+    }
+    int either = 0;
+    for (size_t image = 0; image < 2; ++image)
+      either |= memcmp(logits, setup->alone + image * setup->classes, setup->classes * sizeof(float)) == 0;
+    worker->wrong += !either;
+  }
   return NULL;
 }
 
@@ -99,7 +118,8 @@ static int one_handle(const Setup* setup) {
   mm_status status;
   mm_model* model = open_with(setup, 1, &status);
   if (model == NULL) return report("one-handle", 0, mm_last_error());
-  Worker workers[2] = {{setup, model, setup->rounds, 0, 0, 0}, {setup, model, setup->rounds, 0, 0, 0}};
+  if (setup->count < 2 || setup->classes > 1024) return report("one-handle", 0, "two images of at most 1024 classes");
+  Worker workers[2] = {{setup, model, setup->rounds, 0, 0, 0}, {setup, model, setup->rounds, 0, 1, 0}};
   pthread_t threads[2];
   for (int t = 0; t < 2; ++t) pthread_create(&threads[t], NULL, serve_one_image, &workers[t]);
   for (int t = 0; t < 2; ++t) pthread_join(threads[t], NULL);
@@ -176,6 +196,38 @@ static int misuse(const Setup* setup) {
   return report("misuse", failed == NULL, failed == NULL ? "" : failed);
 }
 
+typedef struct {
+  pthread_mutex_t mutex;
+  int lines, errors, calls;
+} LogSeen;
+
+/* An app's log callback: counts the lines, and calls the library where the header allows it (not on a handle). */
+static void seen(mm_log_level level, const char* message, void* user_data) {
+  LogSeen* log = user_data;
+  mm_log_set(seen, user_data); /* the same callback again: set from inside a callback, without waiting on itself */
+  const int called = mm_version_number() == MOBILE_MOE_VERSION;
+  pthread_mutex_lock(&log->mutex);
+  log->lines += 1;
+  log->errors += level == MM_LOG_ERROR && strstr(message, "mm_open") != NULL;
+  log->calls += called;
+  pthread_mutex_unlock(&log->mutex);
+}
+
+static int log_callback(const Setup* setup) {
+  LogSeen log = {PTHREAD_MUTEX_INITIALIZER, 0, 0, 0};
+  mm_log_set(seen, &log);
+  mm_model* model = NULL;
+  const int refused = mm_open("/nonexistent/bundle", NULL, &model) == MM_BAD_BUNDLE;
+  mm_status status;
+  model = open_with(setup, 1, &status);
+  const int ok = refused && model != NULL && answers(model, setup, 0) && log.errors == 1 && log.calls == log.lines;
+  mm_close(model);
+  mm_log_set(NULL, NULL);
+  char detail[128];
+  snprintf(detail, sizeof detail, "%d lines, %d errors naming mm_open, %d calls back", log.lines, log.errors, log.calls);
+  return report("log-callback", ok, detail);
+}
+
 /* mm_options as an app built against an older header had it: the first fields only. */
 typedef struct {
   size_t struct_size;
@@ -216,9 +268,11 @@ static float* read_images(const char* path, size_t values, size_t* count) {
 
 /* The images, and each one's logits from a 1-thread handle alone. 0 when they cannot be had. */
 static int set_up(Setup* setup, const char* images_path) {
-  mm_status status;
-  mm_model* model = open_with(setup, 1, &status);
-  if (model == NULL) return 0;
+  mm_options options;
+  mm_default_options(&options);
+  options.weight_cache_dir = ""; /* none: the default folder stays empty for the scenario */
+  mm_model* model = NULL;
+  if (mm_open(setup->bundle, &options, &model) != MM_OK) return 0;
   setup->values = (size_t)mm_input_channels(model) * mm_input_size(model) * mm_input_size(model);
   setup->classes = (size_t)mm_num_classes(model);
   setup->images = read_images(images_path, setup->values, &setup->count);
@@ -249,6 +303,7 @@ int main(int argc, char** argv) {
   else if (strcmp(scenario, "open-while-serving") == 0) status = serving(&setup, scenario, 1);
   else if (strcmp(scenario, "misuse") == 0) status = misuse(&setup);
   else if (strcmp(scenario, "older-app") == 0) status = older_app(&setup);
+  else if (strcmp(scenario, "log-callback") == 0) status = log_callback(&setup);
   else fprintf(stderr, "mobile_moe_library_faults: no scenario %s\n", scenario);
   free(setup.alone);
   free(setup.images);
