@@ -45,7 +45,8 @@ arm64: $(STAMP)
 	$(PYTEST) -m slow tests/device_bench/test_arm64_emulated.py
 
 # The whole GPU path in one command and one table (benchmarks/gpu_check.py): gpu tests, an epoch of every model in
-# bf16, --compile, DDP over nccl, a reproduce cell, the training-step benchmark; under 10 minutes on one GPU. GPU=0
+# bf16, --compile, DDP over nccl, a reproduce cell, the training-step benchmark; the headline figures (train step, input
+# pipeline, gpu tests) in a 420 s budget on one GPU, then the rest until it is spent. GPU=0
 # runs the CPU-checkable parts here. OFFLINE=1, for a GPU machine without network whose python3 holds its own torch
 # (often not our pin; pyproject says which it supports): a venv that sees that python's packages, plus the wheels of
 # `make gpu-wheels` (carried in .whl/), and this project installed without fetching anything.
