@@ -220,11 +220,13 @@ def test_the_epochs_parts_add_up_to_its_steady_window_and_name_what_was_slow(mon
         parts = row["epoch_parts"]
         main = sum(parts[name] for name in ("waiting_s", "preparing_s", "step_cpu_s", "step_blocked_s", "loop_s"))
         assert abs(main + parts["other_s"] - parts["window_s"]) < 1e-5
-        assert parts["other_s"] < 0.05 * parts["window_s"], parts
+        assert parts["other_s"] < 0.05 * parts["window_s"], parts  # the parts cover the window
         assert parts["gpu_busy_s"] is None and parts["ahead_busy_s"] is None  # the CPU: no events, no thread
-        return {name: value / parts["window_s"] for name, value in parts.items() if value is not None}
+        shares = {name: value / parts["window_s"] for name, value in parts.items() if value is not None}
+        return max((name for name in MAIN), key=shares.get)  # the largest part (a busy machine moves the others)
 
-    assert parts_of(engine.train_one_epoch(opt, Slow(), ctx, epoch=0))["waiting_s"] > 0.5
+    MAIN = ("waiting_s", "preparing_s", "step_cpu_s", "step_blocked_s", "loop_s")
+    assert parts_of(engine.train_one_epoch(opt, Slow(), ctx, epoch=0)) == "waiting_s"
 
     real_update = engine.update
 
@@ -235,10 +237,10 @@ def test_the_epochs_parts_add_up_to_its_steady_window_and_name_what_was_slow(mon
         return real_update(*args, **kwargs)
 
     monkeypatch.setattr(engine, "update", spinning)
-    assert parts_of(engine.train_one_epoch(opt, loader, ctx, epoch=0))["step_cpu_s"] > 0.5
+    assert parts_of(engine.train_one_epoch(opt, loader, ctx, epoch=0)) == "step_cpu_s"
     monkeypatch.setattr(engine, "update", lambda *args, **kwargs: time.sleep(0.05) or real_update(*args, **kwargs))
-    assert parts_of(engine.train_one_epoch(opt, loader, ctx, epoch=0))["step_blocked_s"] > 0.5
+    assert parts_of(engine.train_one_epoch(opt, loader, ctx, epoch=0)) == "step_blocked_s"
     monkeypatch.setattr(engine, "update", real_update)
     real_read = engine.EpochSums.read
     monkeypatch.setattr(engine.EpochSums, "read", lambda self: time.sleep(0.05) or real_read(self))
-    assert parts_of(engine.train_one_epoch(opt, loader, ctx, epoch=0))["loop_s"] > 0.5
+    assert parts_of(engine.train_one_epoch(opt, loader, ctx, epoch=0)) == "loop_s"
