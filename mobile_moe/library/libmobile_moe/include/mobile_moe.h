@@ -2,7 +2,7 @@
  *
  *   mm_options options;
  *   mm_default_options(&options);                    // packed weights, parking, 1 thread, top_k experts
- *  *   mm_model* model = NULL;
+ *   mm_model* model = NULL;
  *   if (mm_open("/data/app/bundle", &options, &model) != MM_OK) { log(mm_last_error()); return; }
  *   if (mm_predict_rgb8(model, rgb, rgb_bytes, width, height, 3 * width) == MM_OK) {  // or mm_predict_f32
  *     int classes[5]; float probabilities[5];
@@ -71,7 +71,7 @@ typedef enum mm_status {
   MM_BAD_ARGUMENT = 1,  /* a null pointer, a size that does not fit the bundle, an option out of range, a closed handle */
   MM_BAD_BUNDLE = 2,    /* the bundle is missing, damaged, changed since mm_open, or not one this library runs */
   MM_RUNTIME_ERROR = 3, /* ExecuTorch failed to load or run a graph */
-  MM_OUT_OF_MEMORY = 4
+  MM_OUT_OF_MEMORY = 4  /* an allocation failed: the handle is as it was before the call */
 } mm_status;
 
 typedef struct mm_model mm_model; /* opaque */
@@ -88,7 +88,7 @@ typedef struct mm_options {
                                    at open, remembered: NULL (default): the per-user folder (MOBILE_MOE_WEIGHT_CACHE,
                                    else $XDG_CACHE_HOME or ~/.cache, then mobile-moe/packed-weights; off where none
                                    can be made); a path: that folder, created if missing; "": off */
-  int weight_cache_limit_mib;   /* what that folder may hold */
+  int weight_cache_limit_mib;   /* what that folder may hold, least recently used graphs dropped beyond it. 1024 */
   int prefetch;              /* 1 (default): a missed expert loads on a second thread while the trunk tail runs */
 } mm_options;
 
@@ -108,7 +108,8 @@ MOBILE_MOE_API const char* mm_version(void);
 /* The library's MOBILE_MOE_VERSION: an app built against an older header may run with a newer library. */
 MOBILE_MOE_API int mm_version_number(void);
 
-/* The defaults into the first `struct_size` bytes of `options` (an app calls mm_default_options below). */
+/* The defaults into the first `struct_size` bytes of `options`: an app calls mm_default_options below, a caller
+ * through an FFI (ctypes, Dart, JNA), which cannot call a static inline function, calls this with its struct's size. */
 MOBILE_MOE_API void mm_options_init(mm_options* options, size_t struct_size);
 static inline void mm_default_options(mm_options* options) { mm_options_init(options, sizeof(mm_options)); }
 
@@ -147,9 +148,11 @@ MOBILE_MOE_API mm_status mm_preprocess_rgb8(const mm_model* model, const uint8_t
 
 /* The last prediction's results (each 0 / nothing before the first): */
 MOBILE_MOE_API size_t mm_logits(const mm_model* model, float* logits, size_t capacity); /* -> classes; copies */
-/* The k most probable classes (softmax of the logits, computed in double), most probable first; -> how many */
+/* The k most probable classes (softmax of the logits, computed in double), most probable first; -> how many were
+ * written: min(k, classes), 0 for k <= 0 */
 MOBILE_MOE_API int mm_top_classes(const mm_model* model, int k, int* classes, float* probabilities);
-/* The experts the image took, highest gate first, and their gates; -> how many (0 for a dense bundle) */
+/* The experts the image took, highest gate first, and their gates (at most `capacity` copied); -> how many it took
+ * (0 for a dense bundle): call with capacity 0 to size the arrays */
 MOBILE_MOE_API int mm_experts(const mm_model* model, int capacity, int* experts, float* gates);
 /* The stage times into the first `struct_size` bytes of `times` (an app calls mm_last_times below). */
 MOBILE_MOE_API void mm_stage_times_get(const mm_model* model, mm_stage_times* times, size_t struct_size);

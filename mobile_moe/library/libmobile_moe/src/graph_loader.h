@@ -35,6 +35,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -237,9 +238,23 @@ struct ProgramFile {
 
 // One loaded graph: its forward method and everything the method points into, which must outlive it. Members are
 // destroyed in reverse order, so the method goes first; the program is shared with the family's other graphs.
+// ExecuTorch's XNNPACK backend keeps one process-wide manager of packed-weight caches (XNNWeightsCacheManager, by
+// path): a method's init asks it for a cache (get_or_create, which also erases expired entries), a method's
+// destruction destroys its cache, and the two are not synchronised with each other (ThreadSanitizer saw one handle's
+// mm_close race another handle's expert load). Every method init and destruction, of every handle and thread, takes
+// this lock; loads in two handles at once take turns (a load is milliseconds; predictions still run together).
+inline std::mutex& backend_lock() {
+  static std::mutex* lock = new std::mutex();  // never destroyed: a handle may close during exit
+  return *lock;
+}
+
 class LoadedGraph {
  public:
   LoadedGraph() = default;
+  ~LoadedGraph() {
+    std::lock_guard<std::mutex> lock(backend_lock());
+    method_.reset();  // the backend's destroy (its weights cache) under the lock; the rest after, as declared
+  }
   LoadedGraph(const LoadedGraph&) = delete;
   LoadedGraph& operator=(const LoadedGraph&) = delete;
 
@@ -442,7 +457,9 @@ class Loader {
     loaded.memory_manager_.emplace(&loaded.method_allocator_, &*loaded.planned_memory_, &loaded.temp_allocator_);
     const et::NamedDataMap* weights = loaded.weights_ ? &*loaded.weights_ : nullptr;
     const et::LoadBackendOptionsMap* options = loaded.backend_options_.size() > 0 ? &loaded.backend_options_ : nullptr;
+    std::unique_lock<std::mutex> backend(backend_lock());  // the backend's process-wide cache manager (backend_lock)
     auto method = program.load_method("forward", &*loaded.memory_manager_, nullptr, weights, options);
+    backend.unlock();
     if (!method.ok())
       throw BundleError("graph " + graph.name + ": initialising " + graph.program.file + " failed " +
                        runtime_error_text(method.error()) + "; re-export the bundle with this ExecuTorch version");

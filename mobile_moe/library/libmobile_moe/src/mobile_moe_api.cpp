@@ -396,7 +396,8 @@ mm_status mobile_moe::runner::open_model(const char* bundle_dir, const mm_option
                         : options.cache_experts == 0 ? std::max(bundle.num_experts, 1)
                                                      : options.cache_experts;
     if (split && cache_experts < bundle.top_k)
-      throw UsageError("options.cache_experts " + std::to_string(cache_experts) + " is fewer than the bundle's top_k, " +
+      throw UsageError("options.cache_experts (--cache-experts) " + std::to_string(cache_experts) +
+                       " is fewer than the bundle's top_k, " +
                        std::to_string(bundle.top_k) + ": an image's experts run together; cache at least " +
                        std::to_string(bundle.top_k));
     if (!cache_dir.empty())

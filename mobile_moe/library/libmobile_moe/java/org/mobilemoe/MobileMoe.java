@@ -191,8 +191,10 @@ public final class MobileMoe implements AutoCloseable {
   }
 
   /**
-   * One image as Bitmap.getPixels gives it: ARGB_8888 ints, `stride` ints from one row to the next (>= width),
-   * alpha ignored; resized and normalised by the library as the bundle's manifest says (mobile_moe.h mm_predict_rgb8).
+   * One image as Bitmap.getPixels gives it: ARGB_8888 ints (0xAARRGGBB, alpha ignored), `width` x `height` pixels,
+   * `stride` pixels (ints) from one row to the next (>= width: getPixels' own stride argument); resized and normalised
+   * by the library as the bundle's manifest says (mobile_moe.h mm_predict_rgb8). `topK`: how many classes the
+   * prediction lists, most probable first (0: none; every logit comes back whatever it is).
    */
   public Prediction predictArgb(int[] argb, int width, int height, int stride, int topK) {
     if (argb == null) throw new NullPointerException("argb is null");
@@ -206,7 +208,10 @@ public final class MobileMoe implements AutoCloseable {
     }
   }
 
-  /** One image as 8-bit RGB bytes, `rowStride` bytes from one row to the next (>= 3 * width). */
+  /**
+   * One image as 8-bit RGB bytes (R, G, B a pixel), `width` x `height` pixels, `rowStride` BYTES from one row to the
+   * next (>= 3 * width); `topK` as predictArgb's.
+   */
   public Prediction predictRgb(byte[] rgb, int width, int height, int rowStride, int topK) {
     if (rgb == null) throw new NullPointerException("rgb is null");
     checkImage(rgb.length, width, height, rowStride, 3);
@@ -247,12 +252,14 @@ public final class MobileMoe implements AutoCloseable {
   private static void checkImage(int values, int width, int height, int stride, int perPixel) {
     if (width < 1 || height < 1 || width > 32768 || height > 32768)
       throw new IllegalArgumentException(width + " x " + height + " pixels: sides 1..32768");
+    String unit = perPixel == 1 ? " pixels" : " bytes";
     if (stride < (long) width * perPixel)
-      throw new IllegalArgumentException("a row stride of " + stride + " is shorter than a row of " + width + " pixels");
+      throw new IllegalArgumentException("a row stride of " + stride + unit + " is shorter than a row of " + width
+          + " pixels (" + (long) width * perPixel + unit + "); pass the stride in" + unit);
     long needed = (long) (height - 1) * stride + (long) width * perPixel;
     if (needed > values)
-      throw new IndexOutOfBoundsException(width + " x " + height + " pixels with a stride of " + stride + " need "
-          + needed + " entries; the array holds " + values);
+      throw new IndexOutOfBoundsException(width + " x " + height + " pixels with a stride of " + stride + unit
+          + " need " + needed + " array entries; the array holds " + values);
   }
 
   /** A path as the C library takes it: UTF-8 (not JNI's modified UTF-8, which splits characters outside the BMP). */
