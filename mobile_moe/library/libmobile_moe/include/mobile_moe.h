@@ -29,7 +29,8 @@
  * Two handles run at once. A handle of 1 thread (the default) never uses ExecuTorch's process-wide thread pool: it
  * runs its graphs on the calling thread (and, with prefetch on, loads a missed expert on a thread of its own); handles
  * of more share that pool, which mm_open sizes only while no other handle uses it (a handle that asks for another
- * size then is refused with a message). mm_last_error() is per thread.
+ * size then is refused with a message). Graph loads (an open, an expert switch) of two handles take turns: ExecuTorch's
+ * XNNPACK backend manages its packed-weight caches process-wide. mm_last_error() is per thread.
  *
  * Process: the library installs no signal handler, never forks or exits, and writes nothing to stdout or stderr: its
  * log, and ExecuTorch's, reaches the callback an app sets with mm_log_set, or nowhere. Its process-wide state: that
