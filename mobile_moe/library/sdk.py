@@ -24,7 +24,7 @@ import re
 import shutil
 from pathlib import Path
 
-from mobile_moe.atomic import atomic_path, check_output_folder
+from mobile_moe.atomic import atomic_path, check_output_folder, check_writable
 from mobile_moe.errors import UsageError
 from mobile_moe.interrupts import run_child
 from mobile_moe.library.build import SOURCE_DIR, build_library, executorch_package_dir
@@ -59,6 +59,8 @@ Built by `mobile-moe sdk` (mobile-moe).
 
 def needed_libraries(library: Path) -> list[str]:
     """The shared libraries `library` names (ELF DT_NEEDED), as readelf lists them."""
+    if shutil.which("readelf") is None:
+        raise UsageError("readelf (GNU binutils, which the C++ compiler comes with) is not on PATH; install binutils")
     listing = run_child(["readelf", "-d", str(library)], capture_output=True, text=True)
     if listing.returncode != 0:
         raise UsageError(f"cannot read {library}'s dynamic section: {listing.stderr.strip() or 'readelf failed'}")
@@ -107,6 +109,7 @@ def install_library(build_dir: Path, staging: Path) -> None:
 def write_sdk(out: str | os.PathLike) -> Path:
     """The SDK folder at `out` (new, empty, or an earlier SDK folder, replaced whole). -> the folder."""
     out = Path(out)
+    check_writable(out, directory=True)  # a file there is refused, never replaced
     check_output_folder(out, ours=lambda path: SDK_ENTRIES if (path / "include" / "mobile_moe.h").is_file() else None,
                         kind="mobile-moe SDK folder")  # fmt: skip
     library = build_library()

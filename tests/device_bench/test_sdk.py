@@ -87,12 +87,16 @@ def test_cmake_finds_the_moved_sdk_and_pkg_config_names_only_it(sdk, tmp_path):
     assert libdir.startswith("-L") and Path(libdir[2:]).resolve() == moved / "lib" and name == "-lmobile_moe"
 
 
-def test_an_sdk_is_never_written_over_a_folder_it_did_not_write(tmp_path):
+def test_an_sdk_is_never_written_over_a_folder_or_a_file_it_did_not_write(tmp_path):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep")
     with pytest.raises(UsageError, match="not a mobile-moe SDK folder"):
         write_sdk(tmp_path / "mine")
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+    (tmp_path / "a-file").write_text("keep too")
+    with pytest.raises(UsageError, match="exists and is not a directory"):
+        write_sdk(tmp_path / "a-file")
+    assert (tmp_path / "a-file").read_text() == "keep too"
 
 
 def test_the_android_archive_has_an_aars_layout_and_its_classes_run_on_the_host(library, tmp_path):  # noqa: F811
