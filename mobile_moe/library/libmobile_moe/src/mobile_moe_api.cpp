@@ -253,7 +253,9 @@ mm_status mm_predict_f32(mm_model* model, const float* chw, size_t count) {
   if (count != expected)
     return failed(MM_BAD_ARGUMENT, "mm_predict_f32: " + std::to_string(count) + " values, not the bundle's " +
                                        std::to_string(expected) + " (C x S x S)");
-  return guarded("mm_predict_f32", MM_RUNTIME_ERROR, [&] { predict_locked(*open.model, chw, count); });
+  return guarded("mm_predict_f32", MM_RUNTIME_ERROR, [&] {
+    predict_locked(*open.model, std::vector<float>(chw, chw + count));  // the pipeline may reuse its buffer
+  });
 }
 
 mm_status mm_preprocess_rgb8(const mm_model* model, const uint8_t* rgb, size_t length, int width, int height,
@@ -276,8 +278,7 @@ mm_status mm_predict_rgb8(mm_model* model, const uint8_t* rgb, size_t length, in
   Locked open(model);
   if (open.model == nullptr) return not_open("mm_predict_rgb8", model);
   return guarded("mm_predict_rgb8", MM_RUNTIME_ERROR, [&] {
-    std::vector<float> values = preprocess_locked(*open.model, rgb, length, width, height, row_stride);
-    predict_locked(*open.model, values.data(), values.size());
+    predict_locked(*open.model, preprocess_locked(*open.model, rgb, length, width, height, row_stride));
   });
 }
 
@@ -338,10 +339,10 @@ void mm_stage_times_get(const mm_model* model, mm_stage_times* times, size_t str
 
 }  // extern "C"
 
-// One image through an open, locked handle, on the handle's threads.
-void mobile_moe::runner::predict_locked(mm_model& model, const float* chw, size_t count) {
+// One image (C x S x S, the handle's own copy: the pipeline feeds the graph from a buffer it may reuse) through an
+// open, locked handle, on the handle's threads.
+void mobile_moe::runner::predict_locked(mm_model& model, std::vector<float> image) {
   const auto threads = model.threads.scope();
-  std::vector<float> image(chw, chw + count);  // the pipeline feeds the graph from a buffer it may reuse
   model.predicted = false;
   model.last = model.pipeline->infer(image);
   model.predicted = true;
@@ -364,8 +365,7 @@ std::vector<float> mobile_moe::runner::preprocess_locked(const mm_model& model, 
     throw UsageError(std::to_string(width) + " x " + std::to_string(height) + " pixels with a row stride of " +
                      std::to_string(row_stride) + " bytes need " + std::to_string(needed) + " bytes, and the " +
                      "buffer holds " + std::to_string(length) + "; pass the buffer's length and its real stride");
-  return preprocess_rgb8(rgb, width, height, row_stride, model.bundle.image_shape.at(1),
-                         model.bundle.image_shape.at(3), model.bundle.input);
+  return preprocess_rgb8(rgb, width, height, row_stride, channels, model.bundle.image_shape.at(3), model.bundle.input);
 }
 
 mm_status mobile_moe::runner::open_model(const char* bundle_dir, const mm_options* given, const LoadSettings& load,

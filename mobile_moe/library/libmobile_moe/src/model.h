@@ -28,9 +28,9 @@ struct LoadSettings {
 // the weight cache folder), the options checked against it, the router (or the single graph) loaded.
 mm_status open_model(const char* bundle_dir, const mm_options* options, const LoadSettings& load, mm_model** model);
 
-// The C API's work on a handle it has locked: one image's prediction (on the handle's threads), and an app's RGB8
-// buffer checked against its length, then preprocessed.
-void predict_locked(mm_model& model, const float* chw, size_t count);
+// The C API's work on a handle it has locked: one image's prediction (on the handle's threads, from a copy of the
+// image the pipeline may reuse), and an app's RGB8 buffer checked against its length, then preprocessed.
+void predict_locked(mm_model& model, std::vector<float> image);
 std::vector<float> preprocess_locked(const mm_model& model, const uint8_t* rgb, size_t length, int width, int height,
                                      int row_stride);
 
