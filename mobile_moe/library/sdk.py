@@ -30,7 +30,7 @@ from mobile_moe.interrupts import run_child
 from mobile_moe.library.build import SOURCE_DIR, build_library, executorch_package_dir
 
 SDK_ENTRIES = {"include", "lib", "java", "examples", "README.md"}  # what an SDK folder holds (a rebuilt one is ours)
-JAVA_SOURCES = SOURCE_DIR / "java" / "org" / "mobilemoe"
+BUILD_JAR = SOURCE_DIR / "java" / "build_jar.sh"
 
 EXAMPLE_MAKEFILE = """\
 # The example app, built against this SDK folder alone: `make` here (pkg-config finds ../lib/pkgconfig). The app
@@ -81,17 +81,15 @@ def executorch_closure(library: Path, runtime_dir: Path) -> list[Path]:
 
 
 def write_jar(staging: Path) -> bool:
-    """java/mobile-moe.jar from the binding's sources; False where there is no JDK (javac, jar)."""
+    """java/mobile-moe.jar, by the binding's own jar build (java/build_jar.sh); False where there is no JDK (javac,
+    jar)."""
     if shutil.which("javac") is None or shutil.which("jar") is None:
         return False
-    classes = staging / "java" / "classes"
-    sources = sorted(str(path) for path in JAVA_SOURCES.glob("*.java"))
-    for command in (["javac", "--release", "8", "-nowarn", "-d", str(classes), *sources],
-                    ["jar", "cf", str(staging / "java" / "mobile-moe.jar"), "-C", str(classes), "."]):  # fmt: skip
-        result = run_child(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise UsageError(f"building the Java binding failed: {(result.stderr or result.stdout).strip()[:300]}")
-    shutil.rmtree(classes)
+    (staging / "java").mkdir()
+    result = run_child(["bash", str(BUILD_JAR), str(staging / "java" / "mobile-moe.jar")], capture_output=True,
+                       text=True)  # fmt: skip
+    if result.returncode != 0:
+        raise UsageError(f"building the Java binding failed: {(result.stderr or result.stdout).strip()[:300]}")
     return True
 
 

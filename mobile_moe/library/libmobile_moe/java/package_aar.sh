@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# Package the Java binding as an Android library (AAR): classes.jar (org.mobilemoe, compiled for Java 8 as Android's
-# D8 takes it), jni/ABI/ with libmobile_moe.so and libmobile_moe_jni.so, and AndroidManifest.xml. build_android.sh calls
+# Package the Java binding as an Android library (AAR): classes.jar (build_jar.sh), jni/ABI/ with libmobile_moe.so and libmobile_moe_jni.so, and AndroidManifest.xml. build_android.sh calls
 # it after the NDK build; the tests call it on the host's libraries (the layout and the jar are the same).
 #
 #   java/package_aar.sh OUT.aar ABI LIBRARY_DIR
@@ -9,9 +8,8 @@ OUT="$1" ABI="$2" LIBS="$3"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
-mkdir -p "$WORK/classes" "$WORK/aar/jni/$ABI"
-javac --release 8 -nowarn -d "$WORK/classes" "$HERE"/org/mobilemoe/*.java 2>/dev/null
-jar cf "$WORK/aar/classes.jar" -C "$WORK/classes" .
+mkdir -p "$WORK/aar/jni/$ABI"
+"$HERE/build_jar.sh" "$WORK/aar/classes.jar"
 for library in libmobile_moe.so libmobile_moe_jni.so; do
   cp -L "$LIBS/$library" "$WORK/aar/jni/$ABI/$library"
 done
