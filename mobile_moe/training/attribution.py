@@ -59,7 +59,7 @@ class EpochAttribution:
         self.parts = dict.fromkeys(MAIN_PARTS, 0.0)
         self.opened: float | None = None
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
-        self._ahead_at_open = (0.0, 0.0)
+        self._ahead_at_open: tuple[float, float] | None = None
         self._pin_at_open: tuple[threading.Thread, float] | None = None
 
     @contextlib.contextmanager
@@ -104,18 +104,19 @@ class EpochAttribution:
         yield
         self.parts["loop_s"] += time.perf_counter() - wall
 
-    def stepped(self, step: int, ahead: tuple[float, float]) -> None:
-        """After step `step`: the window opens at the end of step `first`. `ahead`: the batch thread's (busy,
-        blocked) seconds so far."""
+    def stepped(self, step: int, batches) -> None:
+        """After step `step` of `batches` (data/ahead.py BatchesAhead): the window opens at the end of step
+        `first`, where the thread preparing batches ahead has spent its first (busy, blocked) seconds."""
         if step == self.first:
             self.opened = time.perf_counter()
-            self._ahead_at_open = ahead
+            self._ahead_at_open = batches.ahead_times
             thread = pin_memory_thread()
             start = thread_cpu_seconds(thread.native_id) if thread is not None and thread.native_id else None
             self._pin_at_open = (thread, start) if start is not None else None
 
-    def row(self, ahead: tuple[float, float] | None) -> dict[str, float | None] | None:
-        """The window's parts (None where the window never opened: an epoch of no more steps than workers)."""
+    def row(self, batches) -> dict[str, float | None] | None:
+        """The window's parts, `batches`' thread's among them (None where the window never opened: an epoch of no
+        more steps than workers)."""
         if self.opened is None:
             return None
         window = time.perf_counter() - self.opened
@@ -129,8 +130,9 @@ class EpochAttribution:
             thread, start = self._pin_at_open
             now = thread_cpu_seconds(thread.native_id) if thread.native_id else None
             pin = None if now is None else now - start
-        busy, blocked = (None, None) if ahead is None else (ahead[0] - self._ahead_at_open[0],
-                                                            ahead[1] - self._ahead_at_open[1])  # fmt: skip
+        ahead, at_open = batches.ahead_times, self._ahead_at_open
+        busy, blocked = (None, None) if ahead is None or at_open is None else (ahead[0] - at_open[0],
+                                                                               ahead[1] - at_open[1])  # fmt: skip
         return {"window_s": round(window, 6), **parts, "other_s": round(window - sum(self.parts.values()), 6),
                 "gpu_busy_s": gpu, "ahead_busy_s": busy, "ahead_blocked_s": blocked,
                 "pin_memory_cpu_s": pin}  # fmt: skip

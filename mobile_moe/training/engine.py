@@ -215,7 +215,7 @@ def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int)
                     say_estimate(ctx, step, epoch_start=start, first_step_done=first_step_done, now=now)
                     img_s = sums.images * world_size / (now - start)
                     progress.update(steps=step + 1 - progress.done, **sums.progress(img_s))
-            parts.stepped(step, batches.ahead_times or (0.0, 0.0))
+            parts.stepped(step, batches)
     finally:
         batches.close()
         progress.close()
@@ -231,7 +231,7 @@ def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int)
         **rates,
         "input_wait": steady_wait(batches.waited, first_wait, elapsed, first_step_done - start, steps),
         "device_refused": ctx.inputs.refused_files - refused_before,  # decoded on the host instead
-        "epoch_parts": parts.row(batches.ahead_times),
+        "epoch_parts": parts.row(batches),
     }
 
 

@@ -83,6 +83,7 @@ typedef struct {
   const Setup* setup;
   mm_model* model;
   int rounds, wrong, opened, refused;
+  size_t image; /* serve_one_image's image */
 } Worker;
 
 static void* serve(void* argument) {
@@ -92,7 +93,7 @@ static void* serve(void* argument) {
   return NULL;
 }
 
-/* Its own image (the worker's `opened`: 0 or 1), over and over, on a handle shared with another worker: the handle's
+/* Its own image (the worker's `image`: 0 or 1), over and over, on a handle shared with another worker: the handle's
  * logits are the last prediction's, this thread's or the other's, so anything but one of the two images' answers is
  * a corrupted prediction. */
 static void* serve_one_image(void* argument) {
@@ -100,8 +101,7 @@ static void* serve_one_image(void* argument) {
   const Setup* setup = worker->setup;
   float logits[1024];
   for (int round = 0; round < worker->rounds; ++round) {
-    const size_t mine = (size_t)worker->opened;
-    if (mm_predict_f32(worker->model, setup->images + mine * setup->values, setup->values) != MM_OK ||
+    if (mm_predict_f32(worker->model, setup->images + worker->image * setup->values, setup->values) != MM_OK ||
         mm_logits(worker->model, logits, setup->classes) != setup->classes) {
       ++worker->wrong;
       continue;
@@ -119,7 +119,7 @@ static int one_handle(const Setup* setup) {
   mm_model* model = open_with(setup, 1, &status);
   if (model == NULL) return report("one-handle", 0, mm_last_error());
   if (setup->count < 2 || setup->classes > 1024) return report("one-handle", 0, "two images of at most 1024 classes");
-  Worker workers[2] = {{setup, model, setup->rounds, 0, 0, 0}, {setup, model, setup->rounds, 0, 1, 0}};
+  Worker workers[2] = {{setup, model, setup->rounds, 0, 0, 0, 0}, {setup, model, setup->rounds, 0, 0, 0, 1}};
   pthread_t threads[2];
   for (int t = 0; t < 2; ++t) pthread_create(&threads[t], NULL, serve_one_image, &workers[t]);
   for (int t = 0; t < 2; ++t) pthread_join(threads[t], NULL);
@@ -153,9 +153,9 @@ static int serving(const Setup* setup, const char* scenario, int opener) {
   mm_status status;
   mm_model* models[2] = {open_with(setup, 1, &status), open_with(setup, 1, &status)};
   if (models[0] == NULL || models[1] == NULL) return report(scenario, 0, mm_last_error());
-  Worker workers[3] = {{setup, models[0], setup->rounds, 0, 0, 0},
-                       {setup, models[1], setup->rounds, 0, 0, 0},
-                       {setup, NULL, setup->rounds, 0, 0, 0}};
+  Worker workers[3] = {{setup, models[0], setup->rounds, 0, 0, 0, 0},
+                       {setup, models[1], setup->rounds, 0, 0, 0, 0},
+                       {setup, NULL, setup->rounds, 0, 0, 0, 0}};
   pthread_t threads[3];
   const int count = opener ? 3 : 2;
   for (int t = 0; t < count; ++t) pthread_create(&threads[t], NULL, t < 2 ? serve : open_and_close, &workers[t]);
