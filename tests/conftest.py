@@ -173,6 +173,14 @@ def runner() -> Path:
     return build_runner()
 
 
+@pytest.fixture(scope="session")
+def internal_checks(runner) -> Path:
+    """The library's hashes and file checks as a program (tests/internal_checks.cpp), from the runner's build."""
+    from mobile_moe.library.build import build_internal_checks
+
+    return build_internal_checks()
+
+
 def bundle_model() -> torch.nn.Module:
     """The model of the session's bundles (`bundle`, `onnx_bundle`): a tiny Mobile V-MoE (E=4, k=1). Mean pooling:
     with a class token, an untrained router sends every random image to the same expert; the mean of the patch tokens

@@ -374,7 +374,7 @@ def cpp_header() -> str:
         "",
         "#include <cstdint>",
         "",
-        "namespace mobile_moe::runner::flatbuffer_schema {",
+        "namespace mobile_moe::library::flatbuffer_schema {",
         "",
         f"constexpr int64_t kMaxEntries = {MAX_ENTRIES};  // vector lengths",
         f"constexpr int64_t kMaxTables = {MAX_TABLES};  // tables one walk visits",
@@ -431,7 +431,7 @@ def cpp_header() -> str:
                  "NAMED_DATA_SEGMENT", "PROGRAM_SEGMENTS", "PROGRAM_MUTABLE_DATA_SEGMENTS", "PROGRAM_NAMED_DATA_FIELD",
                  "SUBSEGMENT_OFFSETS_SEGMENT", "PROGRAM_NAMED_DATA_SEGMENT"):  # fmt: skip
         lines.append(f"constexpr int k{_camel(name)} = {globals()[name]};")
-    lines += ["", "}  // namespace mobile_moe::runner::flatbuffer_schema", ""]
+    lines += ["", "}  // namespace mobile_moe::library::flatbuffer_schema", ""]
     return "\n".join(lines)
 
 

@@ -569,7 +569,7 @@ def cpp_header() -> str:
         "",
         "#include <cstdint>",
         "",
-        "namespace mobile_moe::runner {",
+        "namespace mobile_moe::library {",
         "",
         f"inline constexpr const char* kManifestFile = {json.dumps(MANIFEST)};",
         f"constexpr int64_t kMaxManifestBytes = {MAX_MANIFEST_BYTES};",
@@ -590,7 +590,7 @@ def cpp_header() -> str:
         "// kLayoutFitsRouting[routing][layout]: whether a model routing that way exports as that layout.",
         f"inline constexpr bool kLayoutFitsRouting[][{len(LAYOUTS)}] = {{{', '.join(fits)}}};",
         "",
-        "}  // namespace mobile_moe::runner",
+        "}  // namespace mobile_moe::library",
         "",
     ]
     return "\n".join(lines)

@@ -208,6 +208,19 @@ def build_library(**options) -> Path:
     return library
 
 
+INTERNAL_CHECKS_NAME = "mobile_moe_internal_checks"  # the tests' white-box tool (tests/internal_checks.cpp)
+
+
+def build_internal_checks() -> Path:
+    """The test suite's tool that runs the library's hashes and file checks on given files, from the host build."""
+    tool = build_runner().parent / "cmake-build" / INTERNAL_CHECKS_NAME
+    if not tool.is_file():
+        raise UsageError(
+            f"the native build has no {INTERNAL_CHECKS_NAME} at {tool}; remove {tool.parent} and build again"
+        )
+    return tool
+
+
 def digest_file(runner: Path) -> Path:
     return runner.with_name(f"{runner.name}.sha256")
 

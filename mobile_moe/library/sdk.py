@@ -1,7 +1,8 @@
 """The SDK folder an app ships and builds against (`mobile-moe sdk --out DIR`), for this machine (linux-x86_64 or
 linux-aarch64, the executorch wheel's runtime):
 
-    DIR/include/mobile_moe.h                 the public header, alone
+    DIR/include/mobile_moe.h                 the public header; mobile_moe_measure.h beside it (stats, explicit
+                                             expert loads: what a benchmark reads)
     DIR/lib/libmobile_moe.so.MAJOR(.MINOR.PATCH), libmobile_moe.so
                                              the library (SOVERSION MAJOR, RUNPATH $ORIGIN) and, beside it, the
                                              ExecuTorch libraries it needs (runtime, thread pool, XNNPACK, optimized
@@ -47,7 +48,8 @@ mobile_moe_app: app_example.c
 README = """\
 # libmobile_moe {version} SDK ({machine})
 
-- `include/mobile_moe.h`: the C API (read its first comment: threads, failures, the log, the ABI).
+- `include/mobile_moe.h`: the C API (read its first comment: threads, failures, the log, the ABI);
+  `include/mobile_moe_measure.h`: what a benchmark reads and drives (graph loads, memory, explicit expert switches).
 - `lib/`: `libmobile_moe.so.{major}` and the ExecuTorch libraries it needs; `lib/pkgconfig/mobile_moe.pc`,
   `lib/cmake/mobile_moe/` for `find_package(mobile_moe)`.
 - `java/mobile-moe.jar` with `lib/libmobile_moe_jni.so`: `java -Djava.library.path=lib -cp java/mobile-moe.jar:. App`.

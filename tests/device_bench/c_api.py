@@ -6,6 +6,7 @@ in a child process (a crash inside the runtime fails that test instead of killin
     python tests/device_bench/c_api.py LIBRARY IMAGES.f32 CACHE_EXPERTS [--weight-cache=DIR] BUNDLE...
     python tests/device_bench/c_api.py --preprocess LIBRARY BUNDLE PIXELS.npz
     python tests/device_bench/c_api.py --change-after-open replace|overwrite LIBRARY IMAGES.f32 BUNDLE FILE [SOURCE]
+    python tests/device_bench/c_api.py --measure LIBRARY IMAGES.f32 BUNDLE
 
 Each line: {"bundle", "status", "error", "predictions": [{"logits", "experts", "gates", "top": [[class, p], ...]}]}
 for every image of IMAGES.f32 (raw float32, N x C x S x S), or for none when the open was refused. With
@@ -13,7 +14,9 @@ for every image of IMAGES.f32 (raw float32, N x C x S x S), or for none when the
 PIXELS.npz's name with ".out.npz" as `<key>` (the C x S x S values) and `<key>.logits`. With --change-after-open:
 the bundle opened with one expert in memory and none parked, every image predicted, then the bundle's FILE replaced
 by SOURCE's bytes (a rename, as an update writes it) or 4 of its bytes overwritten in place, every image predicted
-again; one line {"before": [...], "after": [...]}, each prediction as above.
+again; one line {"before": [...], "after": [...]}, each prediction as above. With --measure: mobile_moe_measure.h's
+calls on a split bundle opened with one expert cached, graph files read (not mapped), and what each returned (one
+JSON line: see measure_main).
 """
 
 from __future__ import annotations
@@ -33,6 +36,25 @@ class Options(ctypes.Structure):
                 ("park_experts", ctypes.c_int),
                 ("cache_margin", ctypes.c_float), ("weight_cache_dir", ctypes.c_char_p),
                 ("weight_cache_limit_mib", ctypes.c_int), ("prefetch", ctypes.c_int)]  # fmt: skip
+
+
+class LoadSettings(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("read_files", ctypes.c_int), ("workspace_sharing", ctypes.c_int)]
+
+
+class ModelInfo(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("bundle_dir", ctypes.c_char_p), ("kind", ctypes.c_int),
+                ("kind_name", ctypes.c_char_p), ("layout", ctypes.c_char_p), ("weight_cache_dir", ctypes.c_char_p),
+                ("threads", ctypes.c_int), ("num_experts", ctypes.c_int), ("top_k", ctypes.c_int), ("cache_experts", ctypes.c_int),
+                ("prefetch", ctypes.c_int), ("has_trunk_tail", ctypes.c_int), ("graphs", ctypes.c_int),
+                ("resident_load_ms", ctypes.c_double)]  # fmt: skip
+
+
+class LoadEvent(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("graph", ctypes.c_char_p), ("bytes", ctypes.c_int64),
+                *[(name, ctypes.c_double) for name in ("ms", "program_ms", "data_map_ms", "cache_check_ms",
+                                                        "method_ms", "cache_record_ms", "bring_in_ms")],
+                ("cache", ctypes.c_char_p), ("weights", ctypes.c_char_p)]  # fmt: skip
 
 
 class CApi:
@@ -59,6 +81,17 @@ class CApi:
                   ctypes.c_int]  # fmt: skip
         lib.mm_predict_rgb8.argtypes = pixels
         lib.mm_preprocess_rgb8.argtypes = [*pixels, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t]
+        # mobile_moe_measure.h
+        lib.mm_open_with.argtypes = [ctypes.c_char_p, ctypes.POINTER(Options), ctypes.POINTER(LoadSettings),
+                                     ctypes.POINTER(ctypes.c_void_p)]  # fmt: skip
+        lib.mm_model_info_get.argtypes = [ctypes.c_void_p, ctypes.POINTER(ModelInfo), ctypes.c_size_t]
+        lib.mm_load_event_get.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(LoadEvent), ctypes.c_size_t]
+        lib.mm_load_count.argtypes = [ctypes.c_void_p]
+        lib.mm_loaded_graphs.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+        lib.mm_expert_unload.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        lib.mm_expert_load.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
+        lib.mm_expert_run.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
+        lib.mm_route_f32.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t]
 
     def options(self, **values) -> Options:
         options = Options()
@@ -90,7 +123,6 @@ class CApi:
         self.lib.mm_experts(handle, chosen, experts, gates)
         return {"status": MM_OK, "logits": list(logits), "experts": list(experts)[:chosen],
                 "gates": list(gates)[:chosen], "top": [[top[i], probabilities[i]] for i in range(n)]}  # fmt: skip
-
 
     def preprocess(self, handle, pixels: np.ndarray) -> np.ndarray:
         """(H, W, 3) uint8 -> the C x S x S float32 the library feeds the bundle (a stride one pixel wider)."""
@@ -148,12 +180,66 @@ def change_after_open_main(how: str, library: str, images_file: str, bundle: str
     print(json.dumps({"before": before, "after": after}), flush=True)
 
 
+def measure_main(library: str, images_file: str, bundle: str) -> None:
+    """{"info": mm_get_model_info's fields, "run_before_route": [status, message], "loads_before": the graphs loaded
+    by mm_open, "switch": {"loads": the graphs a switch to expert 0 loaded, "loaded": mm_loaded_graphs after it,
+    "load_ms", "run_ms"}, "out_of_range": [status, message], "flags": [status, message]}"""
+    api = CApi(library)
+    settings = LoadSettings()
+    api.lib.mm_load_settings_init(ctypes.byref(settings), ctypes.sizeof(LoadSettings))
+    settings.read_files = 1
+    handle = ctypes.c_void_p()
+    options = api.options(cache_experts=1)
+    if api.lib.mm_open_with(bundle.encode(), ctypes.byref(options), ctypes.byref(settings), ctypes.byref(handle)):
+        raise SystemExit(api.last_error())
+    info = ModelInfo()
+    api.lib.mm_model_info_get(handle, ctypes.byref(info), ctypes.sizeof(ModelInfo))
+    channels, size = api.lib.mm_input_channels(handle), api.lib.mm_input_size(handle)
+    image = np.ascontiguousarray(np.fromfile(images_file, dtype=np.float32)[: channels * size * size])
+    pointer = image.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+
+    def outcome(status: int) -> list:
+        return [status, api.last_error() if status else ""]
+
+    def loads(first: int) -> list[str]:
+        events = []
+        for index in range(first, api.lib.mm_load_count(handle)):
+            event = LoadEvent()
+            api.lib.mm_load_event_get(handle, index, ctypes.byref(event), ctypes.sizeof(LoadEvent))
+            events.append(event.graph.decode())
+        return events
+
+    record = {"info": {name: getattr(info, name) for name, _ in ModelInfo._fields_[1:]}}
+    record["info"] = {
+        key: value.decode() if isinstance(value, bytes) else value for key, value in record["info"].items()
+    }
+    record["run_before_route"] = outcome(api.lib.mm_expert_run(handle, 0, None))
+    record["loads_before"] = loads(0)
+    first = api.lib.mm_load_count(handle)
+    load_ms, run_ms = ctypes.c_double(-1), ctypes.c_double(-1)
+    api.lib.mm_route_f32(handle, pointer, image.size)
+    api.lib.mm_expert_unload(handle, 0)
+    statuses = [api.lib.mm_expert_load(handle, 0, 0, ctypes.byref(load_ms)),
+                api.lib.mm_expert_run(handle, 0, ctypes.byref(run_ms))]  # fmt: skip
+    names = (ctypes.c_char_p * 16)()
+    loaded = api.lib.mm_loaded_graphs(handle, 16, names)
+    record["switch"] = {"statuses": statuses, "loads": loads(first), "load_ms": load_ms.value,
+                        "run_ms": run_ms.value, "loaded": [names[i].decode() for i in range(loaded)]}  # fmt: skip
+    record["out_of_range"] = outcome(api.lib.mm_expert_load(handle, info.num_experts, 0, None))
+    record["flags"] = outcome(api.lib.mm_expert_load(handle, 0, 8, None))
+    api.lib.mm_close(handle)
+    print(json.dumps(record), flush=True)
+
+
 def main(argv: list[str]) -> None:
     if argv[0] == "--preprocess":
         preprocess_main(*argv[1:])
         return
     if argv[0] == "--change-after-open":
         change_after_open_main(*argv[1:])
+        return
+    if argv[0] == "--measure":
+        measure_main(*argv[1:])
         return
     library, images_file, cache_experts, *bundles = argv
     weight_cache = None

@@ -14,7 +14,7 @@
 
 #include "expert_choice.h"
 
-using mobile_moe::runner::ExpertChoice;
+using mobile_moe::library::ExpertChoice;
 
 namespace {
 
@@ -46,7 +46,7 @@ ExpertChoice answer(std::istream& in) {
     if (!(in >> num_experts)) throw BadLine{};
     const std::vector<float> slots = read_floats(in);
     if (in >> rest) throw BadLine{};
-    return mobile_moe::runner::used_experts(slots, num_experts);
+    return mobile_moe::library::used_experts(slots, num_experts);
   }
   int k = 0, renormalize = 0;
   if (rule != "pick" || !(in >> k >> renormalize)) throw BadLine{};
@@ -60,7 +60,7 @@ ExpertChoice answer(std::istream& in) {
     resident.insert(expert);
   }
   if (in >> rest) throw BadLine{};
-  return mobile_moe::runner::pick_experts(probs, k, renormalize != 0, resident, margin);
+  return mobile_moe::library::pick_experts(probs, k, renormalize != 0, resident, margin);
 }
 
 }  // namespace

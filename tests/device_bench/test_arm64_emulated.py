@@ -152,7 +152,9 @@ def test_an_app_on_the_c_api_cross_built_for_linux_arm64_answers_as_on_the_host(
                 "-E", f"LD_LIBRARY_PATH={':'.join([str(arm64_app.parent), *libraries])}"]  # fmt: skip
     for index in range(4):
         one = tmp_path / f"image-{index}.f32"
-        one.write_bytes(images.read_bytes()[index * one_image_bytes(manifest): (index + 1) * one_image_bytes(manifest)])
+        one.write_bytes(
+            images.read_bytes()[index * one_image_bytes(manifest) : (index + 1) * one_image_bytes(manifest)]
+        )
         answers = []
         for command in ([str(host_app)], [*emulated, str(arm64_app)]):
             result = subprocess.run([*command, str(bundle), str(one), "--cache-experts", "1", "--iterations", "1"],

@@ -222,8 +222,8 @@ def test_runner_survives_flipped_whole_graph_byte(fault_runner, whole, tmp_path,
         assert_refused(result, (1, 2))
 
 
-def test_sha256_matches_hashlib(runner, bundle, tmp_path):
-    """The runner's own SHA-256 (sha256.h) against hashlib: the standard vectors' lengths around the 55/56/64-byte
+def test_sha256_matches_hashlib(internal_checks, bundle, tmp_path):
+    """The library's own SHA-256 (sha256.h) against hashlib: the standard vectors' lengths around the 55/56/64-byte
     padding boundaries, a million bytes, and the bundle's real files."""
     files = []
     for size in (0, 3, 55, 56, 63, 64, 65, 119, 120, 1_000_000):
@@ -231,14 +231,15 @@ def test_sha256_matches_hashlib(runner, bundle, tmp_path):
         path.write_bytes(b"abc" if size == 3 else (b"a" * size if size == 1_000_000 else os.urandom(size)))
         files.append(path)
     files += sorted(bundle.iterdir())
-    result = subprocess.run([str(runner), "--sha256", *map(str, files)], capture_output=True, text=True, check=True)
+    command = [str(internal_checks), "--sha256", *map(str, files)]
+    result = subprocess.run(command, capture_output=True, text=True, check=True)
     digests = [line.split("  ", 1)[0] for line in result.stdout.splitlines()]
     assert digests == [hashlib.sha256(path.read_bytes()).hexdigest() for path in files]
     assert digests[1] == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"  # FIPS 180-2 "abc"
     assert digests[9] == "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0"  # a million "a"
 
 
-def test_xxh64_matches_the_reference(runner, tmp_path):
+def test_xxh64_matches_the_reference(internal_checks, tmp_path):
     """The XXH64 that checks packed-weight cache files (packed_cache.h) against the reference implementation's
     digests (the xxhash package, seed 0): below and above the 32-byte stripe, and every tail length."""
     cases = {
@@ -253,7 +254,8 @@ def test_xxh64_matches_the_reference(runner, tmp_path):
     for index, data in enumerate(cases):
         files.append(tmp_path / f"case_{index}")
         files[-1].write_bytes(data)
-    result = subprocess.run([str(runner), "--xxh64", *map(str, files)], capture_output=True, text=True, check=True)
+    command = [str(internal_checks), "--xxh64", *map(str, files)]
+    result = subprocess.run(command, capture_output=True, text=True, check=True)
     assert [line.split("  ", 1)[0] for line in result.stdout.splitlines()] == list(cases.values())
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from c_api import MM_BAD_BUNDLE, MM_OK
+from c_api import MM_BAD_ARGUMENT, MM_BAD_BUNDLE, MM_OK
 from conftest import needs_build
 from faults import MANIFEST_MUTATIONS, copy_bundle, mutate_manifest
 
@@ -53,11 +54,14 @@ def python_predictions(bundle: Path, images: Path):
 
 
 def test_the_library_exports_its_c_api_and_nothing_else(library):
-    header = (SOURCE_DIR / "include" / "mobile_moe.h").read_text()
+    """Every exported symbol is declared in a public header (include/), and each header's calls are exported."""
+    header = "\n".join(path.read_text() for path in sorted((SOURCE_DIR / "include").glob("*.h")))
     symbols = subprocess.run(["nm", "-D", "--defined-only", str(library)], capture_output=True, text=True, check=True)
     exported = {line.split()[-1] for line in symbols.stdout.splitlines() if line.strip()}
     declared = {name for name in exported if f" {name}(" in header}
-    assert exported == declared and {"mm_open", "mm_predict_f32", "mm_close", "mm_last_error"} <= exported
+    assert (
+        exported == declared and {"mm_open", "mm_predict_f32", "mm_close", "mm_open_with", "mm_expert_load"} <= exported
+    )
 
 
 @pytest.mark.parametrize("cache_experts", [1, 0], ids=["one-expert", "every-expert"])
@@ -94,6 +98,48 @@ def runner_refusal(runner: Path, bundle: Path) -> str:
                             capture_output=True, text=True, timeout=60)  # fmt: skip
     assert result.returncode == 2, result.stderr
     return result.stderr.strip().removeprefix("mobile_moe_runner: ")
+
+
+def test_every_client_includes_the_public_headers_alone():
+    """The runner, the example app, the JNI binding and the fault harness use the library as an app does: each quoted
+    include is a public header (include/) or a file of the client's own folder (the runner's report writer)."""
+    public = {path.name for path in (SOURCE_DIR / "include").glob("*.h")}
+    clients = [*SOURCE_DIR.glob("runner/*.cpp"), *SOURCE_DIR.glob("examples/*.c"), *SOURCE_DIR.glob("java/*.c"),
+               SOURCE_DIR / "tests" / "library_faults.c"]  # fmt: skip
+    assert len(clients) >= 4
+    for client in clients:
+        for name in re.findall(r'^#include "([^"]+)"', client.read_text(), flags=re.MULTILINE):
+            assert name in public or (client.parent / name).is_file(), f"{client.name} includes {name}"
+
+
+def test_the_measurement_calls_switch_an_expert_step_by_step_and_refuse_what_they_cannot_do(library, bundle, images):
+    """mobile_moe_measure.h, as the runner drives it: the handle's info is the manifest's, a switch (unload, load, run)
+    loads exactly the expert's graphs and leaves them the only ones loaded, and a run before any routing, an expert
+    out of range and an unknown flag are refused in a line naming the call."""
+    manifest = read_manifest(bundle, verify_files=True)
+    result = subprocess.run([sys.executable, str(DRIVER), "--measure", str(library), str(images), str(bundle)],
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    record = json.loads(result.stdout)
+    info = record["info"]
+    resolved = [info[key] for key in ("kind", "kind_name", "num_experts", "top_k", "cache_experts", "graphs")]
+    assert resolved == [0, "split", manifest.num_experts, manifest.top_k, 1, len(manifest.graphs)]  # 0: MM_BUNDLE_SPLIT
+    assert Path(info["bundle_dir"]) == bundle.resolve() and info["resident_load_ms"] > 0
+    expert_graphs = [graph.name for graph in manifest.graphs if graph.expert == 0]
+    assert record["loads_before"] and not set(record["loads_before"]) & set(expert_graphs)
+    switch = record["switch"]
+    assert switch["statuses"] == [MM_OK, MM_OK] and switch["load_ms"] > 0 and switch["run_ms"] > 0
+    assert switch["loads"] == expert_graphs and switch["loaded"] == expert_graphs
+    assert record["run_before_route"][0] == MM_BAD_ARGUMENT
+    assert (
+        record["run_before_route"][1].startswith("mm_expert_run: ")
+        and "mm_route_f32 first" in record["run_before_route"][1]
+    )
+    assert (
+        record["out_of_range"][0] == MM_BAD_ARGUMENT
+        and f"expert {manifest.num_experts} is out of range" in record["out_of_range"][1]
+    )
+    assert record["flags"] == [MM_BAD_ARGUMENT, "mm_expert_load: flags are 0 or MM_LOAD_COLD, not 8"]
 
 
 def test_every_bad_manifest_the_runner_refuses_the_c_api_refuses_in_its_words(library, runner, bundle, images,

@@ -204,7 +204,7 @@ def test_a_program_without_named_data_is_refused_unless_a_weights_file_comes_wit
     check_program(damaged, external_data=True)  # a family's program finds its weights in the .ptd loaded with it
 
 
-# --- the native runner's walk (mobile_moe/library/libmobile_moe/src/flatbuffer_check.h)
+# --- the native library's walk (mobile_moe/library/libmobile_moe/src/flatbuffer_check.h)
 # ------------------------------------------------
 
 
@@ -226,8 +226,10 @@ def not_utf8(program: bytes) -> list[bytes]:
     return [program[:at] + sequence + program[at + len(sequence) :] for sequence in sequences]
 
 
-def verdicts_of_both(runner, tmp_path, variants: list[bytes], suffix: str, external_data: bool) -> tuple[list, list]:
-    """(Python's verdicts, the runner's) on each variant written as a file: True for accepted."""
+def verdicts_of_both(
+    internal_checks, tmp_path, variants: list[bytes], suffix: str, external_data: bool
+) -> tuple[list, list]:
+    """(Python's verdicts, the library's) on each variant written as a file: True for accepted."""
     paths = []
     for i, variant in enumerate(variants):
         paths.append(tmp_path / f"variant-{i}{suffix}")
@@ -240,30 +242,30 @@ def verdicts_of_both(runner, tmp_path, variants: list[bytes], suffix: str, exter
         except ValueError:
             ours.append(False)
     flags = ["--check", *(["--external-data"] if external_data else []), *map(str, paths)]
-    run = subprocess.run([str(runner), *flags], capture_output=True, text=True, timeout=120)
+    run = subprocess.run([str(internal_checks), *flags], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     assert [line.split("  ", 1)[1].split(":")[0] for line in lines] == list(map(str, paths))
     return ours, [line.startswith("ok  ") for line in lines]
 
 
-def test_the_runners_walk_gives_a_weights_file_the_same_verdicts(runner, ptd, tmp_path):
-    """Every flip of a .ptd's header and flatbuffer: the runner refuses exactly what flatbuffer_files.py refuses
+def test_the_librarys_walk_gives_a_weights_file_the_same_verdicts(internal_checks, ptd, tmp_path):
+    """Every flip of a .ptd's header and flatbuffer: the library refuses exactly what flatbuffer_files.py refuses
     (ExecuTorch's own FlatTensorDataMap verifies nothing)."""
     fb_offset, fb_size = HEADER.unpack_from(ptd, 8)[2:4]
-    ours, native = verdicts_of_both(runner, tmp_path, [ptd, *flipped(ptd, fb_offset + fb_size)], ".ptd", False)
+    ours, native = verdicts_of_both(internal_checks, tmp_path, [ptd, *flipped(ptd, fb_offset + fb_size)], ".ptd", False)
     assert ours == native
     assert ours[0] and ours.count(False) > 400  # the exported file passes; many flips do not
 
 
 @pytest.mark.parametrize("name", ["router.pte", "expert.pte"])
 @pytest.mark.parametrize("external_data", [False, True])
-def test_the_runners_walk_gives_a_program_the_same_verdicts(runner, bundle, tmp_path, name, external_data):
+def test_the_librarys_walk_gives_a_program_the_same_verdicts(internal_checks, bundle, tmp_path, name, external_data):
     """A program with each table entry read as absent, each flip of its first 512 bytes, and strings that are not
-    UTF-8: the runner refuses exactly what flatbuffer_files.py refuses, with and without a weights file beside it."""
+    UTF-8: the library refuses exactly what flatbuffer_files.py refuses, with and without a weights file beside it."""
     program = (bundle / name).read_bytes()
     variants = [program, *without_each_entry(program), *flipped(program, 512), *not_utf8(program)]
-    ours, native = verdicts_of_both(runner, tmp_path, variants, ".pte", external_data)
+    ours, native = verdicts_of_both(internal_checks, tmp_path, variants, ".pte", external_data)
     assert ours == native
     assert ours[0] and ours.count(False) > 100
 

@@ -12,27 +12,21 @@
 //   3. warm-up, then --iterations timed end-to-end runs cycling over the images (cache as configured)
 //   4. switch cost: for each expert, unload it, then time load + first run; then one more (warm) run
 //
-// The runner is a client of libmobile_moe's C API (mobile_moe.h, compiled in): it opens the bundle (model.h
-// open_model: mm_open with --load-mode and --workspace-sharing) and predicts every image through it, and reads the
-// handle's loader and pipeline only to time what an app never sees (switches, each graph load).
-//
-// Files: this one (options, inputs, statistics, measure() and its phases, main()); mobile_moe_api.cpp and model.h
-// (the C API and its handle); bundle_manifest.h (read and validate the bundle); graphs.h (load and run ExecuTorch
-// graphs, the expert cache, the pipeline); runtime_log.h (ExecuTorch's log, the current phase); errors.h;
-// json_reader.h, json_writer.h, sha256.h, process_stats.h (self-contained helpers).
-#include <executorch/runtime/backend/interface.h>
-#include <executorch/runtime/backend/options.h>
-#include <executorch/runtime/core/error.h>
-#include <executorch/runtime/platform/platform.h>
+// The runner is a client of libmobile_moe like any app: it includes the public headers alone, mobile_moe.h (open,
+// predict every image) and mobile_moe_measure.h (what an app never sees: the load settings it varies, expert
+// switches step by step, each graph load, the expert cache), and links the library's code in (statically: the
+// runner travels to a phone alone). Files: this one (options, inputs, statistics, measure() and its phases, main());
+// json_writer.h and process_stats.h (its report, and what the OS says about its process).
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#if defined(__linux__)  // Android too
+#if defined(__linux__)
 #include <sys/prctl.h>
 #endif
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <csignal>
@@ -42,6 +36,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <new>
 #include <numeric>
 #include <random>
@@ -50,20 +45,27 @@
 #include <string>
 #include <vector>
 
-#include "bundle_manifest.h"
-#include "errors.h"
-#include "graphs.h"
 #include "json_writer.h"
 #include "mobile_moe.h"
-#include "model.h"
+#include "mobile_moe_measure.h"
 #include "process_stats.h"
-#include "runtime_log.h"
-#include "sha256.h"
-#include "thread_pool.h"
-
 
 namespace mobile_moe::runner {
 namespace {
+
+// Bad input (a flag, a file, a bundle the library refused): one line on stderr, exit 2.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+// What the runner is doing, for the one line a fatal signal prints (written before the work, read in the handler).
+char g_phase[256] = "starting";
+void set_phase(const std::string& phase) { std::snprintf(g_phase, sizeof(g_phase), "%s", phase.c_str()); }
 
 // ---------------------------------------------------------------------------------------------------------------
 // Command line
@@ -82,11 +84,11 @@ struct Options {
   float cache_margin = 0;  // cache-aware routing: a resident expert within this gate margin of the top one is taken
   int switch_repeats = 2;  // times each expert's switch is measured
   unsigned seed = 0;
-  std::string weight_cache;  // a directory for XNNPACK's packed weights, one file per graph (packed_cache.h); empty: off
-  bool weight_cache_given = false;  // --weight-cache DIR or --no-weight-cache; else the per-user default_cache_dir()
-  int weight_cache_limit_mib = static_cast<int>(kDefaultPackedCacheLimit >> 20);  // what the directory may hold
+  std::string weight_cache;  // a directory for XNNPACK's packed weights, one file per graph; empty: off
+  bool weight_cache_given = false;  // --weight-cache DIR or --no-weight-cache; else the library's per-user folder
+  int weight_cache_limit_mib = 0;   // what the directory may hold; 0: the library's default
   std::string load_mode = "mmap";
-  int workspace_sharing = -1;  // XNNPACK's workspace sharing mode for every load (graph_loader.h); -1: its default
+  int workspace_sharing = -1;  // XNNPACK's workspace sharing mode for every load (mm_load_settings); -1: its default
   bool prefetch = true;  // --no-prefetch: load a missed expert in line even where the bundle allows a second thread
 };
 
@@ -95,11 +97,10 @@ const char* kUsage =
     "usage: mobile_moe_runner --bundle DIR [--input FILE.f32 | --random N] [--iterations N] [--warmup N] "
     "[--threads T] [--cache-experts C] [--park-experts P] [--cache-margin D] [--switch-repeats R] [--seed S] "
     "[--weight-cache DIR | --no-weight-cache] [--weight-cache-limit MIB] [--workspace-sharing none|model|global] "
-    "[--load-mode mmap|file] [--no-prefetch]; "
-    "or mobile_moe_runner --sha256|--xxh64 FILE...; or mobile_moe_runner --check [--external-data] FILE...";
+    "[--load-mode mmap|file] [--no-prefetch]";
 
-// --workspace-sharing: XNNPACK's WorkspaceSharingMode (backends/xnnpack/runtime/XNNWorkspaceManager.h: Disabled,
-// PerModel, Global), by the position of its word.
+// --workspace-sharing: mm_load_settings.workspace_sharing, XNNPACK's WorkspaceSharingMode
+// (backends/xnnpack/runtime/XNNWorkspaceManager.h: Disabled, PerModel, Global), by the position of its word.
 int workspace_sharing_mode(const std::string& word) {
   const char* words[] = {"none", "model", "global"};
   for (int mode = 0; mode < 3; ++mode)
@@ -163,7 +164,6 @@ Options parse_options(int argc, char** argv) {
   }
   if (options.bundle.empty()) throw UsageError(std::string("--bundle is required (") + kUsage + ")");
   if (options.load_mode != "mmap" && options.load_mode != "file") throw UsageError("--load-mode is mmap or file");
-  if (!options.weight_cache_given) options.weight_cache = default_cache_dir();
   return options;
 }
 
@@ -175,8 +175,8 @@ Options parse_options(int argc, char** argv) {
 // measures the model, not the test set (a 100-image file of 224 px images is 60 MB, more than a ViT-Ti/32 expert).
 class ImageStream {
  public:
-  ImageStream(const Options& options, const Bundle& bundle) : path_(options.input_path), seed_(options.seed) {
-    for (size_t i = 1; i < bundle.image_shape.size(); ++i) per_image_ *= static_cast<size_t>(bundle.image_shape[i]);
+  ImageStream(const Options& options, int channels, int size)
+      : path_(options.input_path), seed_(options.seed), per_image_(size_t(channels) * size_t(size) * size_t(size)) {
     buffer_.resize(per_image_);
     if (path_.empty()) {
       count_ = static_cast<size_t>(options.random_images);
@@ -219,7 +219,7 @@ class ImageStream {
 
   std::string path_;
   unsigned seed_;
-  size_t per_image_ = 1;
+  size_t per_image_;
   size_t count_ = 0;
   std::ifstream file_;
   std::vector<float> buffer_;
@@ -270,7 +270,8 @@ void write_memory(json::Writer& out, const stats::Memory& memory) {
 // ---------------------------------------------------------------------------------------------------------------
 // measure(): the settings, then the four phases, each writing its part of the report in order
 
-// The runner's options as the C API's, and its load settings (model.h).
+// The runner's options as the C API's: what is not given keeps the library's default (the per-user weight cache
+// folder among them).
 mm_options api_options(const Options& options) {
   mm_options api;
   mm_default_options(&api);
@@ -278,8 +279,8 @@ mm_options api_options(const Options& options) {
   api.cache_experts = std::max(options.cache_experts, 0);  // -1 (all) is the API's 0
   api.park_experts = options.park_experts;
   api.cache_margin = options.cache_margin;
-  api.weight_cache_dir = options.weight_cache.c_str();  // "": none (--no-weight-cache)
-  api.weight_cache_limit_mib = options.weight_cache_limit_mib;
+  if (options.weight_cache_given) api.weight_cache_dir = options.weight_cache.c_str();  // "": none
+  if (options.weight_cache_limit_mib > 0) api.weight_cache_limit_mib = options.weight_cache_limit_mib;
   api.prefetch = options.prefetch ? 1 : 0;
   return api;
 }
@@ -299,20 +300,47 @@ void check(mm_status status) {
 using Model = std::unique_ptr<mm_model, decltype(&mm_close)>;
 
 // 1. Open the bundle as an app does (the checks, then the cold load of the router or the single graph: program open
-// + method init, where XNNPACK packs weights).
+// + method init, where XNNPACK packs weights), with the load settings the runner varies.
 Model open(const Options& options) {
   set_phase("opening the bundle " + options.bundle);
   const mm_options api = api_options(options);
-  const LoadSettings load{options.load_mode == "file" ? LoadMode::File : LoadMode::Mmap, options.workspace_sharing};
+  mm_load_settings load;
+  mm_default_load_settings(&load);
+  load.read_files = options.load_mode == "file" ? 1 : 0;
+  load.workspace_sharing = options.workspace_sharing;
   mm_model* opened = nullptr;
-  check(open_model(options.bundle.c_str(), &api, load, &opened));
+  check(mm_open_with(options.bundle.c_str(), &api, &load, &opened));
   return Model(opened, &mm_close);
 }
 
+// The handle's bundle and resolved options, and its memory so far (mobile_moe_measure.h).
+mm_model_info model_info(mm_model* model) {
+  mm_model_info info;
+  check(mm_get_model_info(model, &info));
+  return info;
+}
+
+mm_memory_stats memory_stats(mm_model* model) {
+  mm_memory_stats stats;
+  check(mm_get_memory_stats(model, &stats));
+  return stats;
+}
+
+bool is_split(const mm_model_info& info) { return info.kind == MM_BUNDLE_SPLIT; }
+
+// One image's answer and stage times, as the C API gives them: a row of the report.
+struct Prediction {
+  std::vector<float> logits;
+  std::vector<int> experts;
+  std::vector<float> gates;
+  double router_ms = 0, expert_ms = 0, load_ms = 0, tail_ms = 0, load_wait_ms = 0, total_ms = 0;
+  bool hit = true;
+};
+
 // One image through the C API, read back into the report's row.
-Inference predict(mm_model* model, const std::vector<float>& image) {
+Prediction predict(mm_model* model, const std::vector<float>& image) {
   check(mm_predict_f32(model, image.data(), image.size()));
-  Inference result;
+  Prediction result;
   result.logits.resize(mm_logits(model, nullptr, 0));
   mm_logits(model, result.logits.data(), result.logits.size());
   const int experts = mm_experts(model, 0, nullptr, nullptr);
@@ -340,42 +368,40 @@ struct OpenFiles {
 };
 
 // What the graph loaded at start is called in load_ms and stages_ms: the router, or the single graph's kind.
-std::string first_graph_key(const Bundle& bundle) { return bundle.kind == Kind::Split ? "router" : name(bundle.kind); }
+std::string first_graph_key(const mm_model_info& info) { return is_split(info) ? "router" : info.kind_name; }
 
-void write_run_settings(json::Writer& out, const Options& options, const mm_model& model, int num_experts,
+void write_run_settings(json::Writer& out, const Options& options, const mm_model_info& info, int num_experts,
                         size_t num_images) {
-  const Bundle& bundle = model.bundle;
-  const int cache_experts = model.cache_experts;
   out.key("runner").value("mobile-moe-native");
-  out.key("bundle").value(bundle.dir);
-  out.key("kind").value(name(bundle.kind));
-  out.key("layout").value(name(bundle.layout));
-  out.key("threads").value(model.threads.threads());
+  out.key("bundle").value(info.bundle_dir);
+  out.key("kind").value(info.kind_name);
+  out.key("layout").value(info.layout);
+  out.key("threads").value(static_cast<int64_t>(info.threads));
   out.key("load_mode").value(options.load_mode);
   out.key("workspace_sharing").value(static_cast<int64_t>(options.workspace_sharing));
-  out.key("weight_cache").value(!options.weight_cache.empty());
-  out.key("weight_cache_dir").value(options.weight_cache);
+  out.key("weight_cache").value(info.weight_cache_dir[0] != '\0');
+  out.key("weight_cache_dir").value(info.weight_cache_dir);
   out.key("num_experts").value(num_experts);
-  out.key("top_k").value(bundle.top_k);
-  out.key("cache_experts").value(cache_experts);
+  out.key("top_k").value(info.top_k);
+  out.key("cache_experts").value(info.cache_experts);
   out.key("park_experts").value(options.park_experts);
   out.key("cache_margin").value(static_cast<double>(options.cache_margin));
-  out.key("prefetch").value(options.prefetch && prefetches(bundle));
+  out.key("prefetch").value(info.prefetch != 0);
   out.key("num_images").value(num_images);
   out.key("iterations").value(options.iterations);
   out.key("warmup").value(options.warmup);
 }
 
 // The cold load of the router (or the single graph) that opening did, and the memory after it.
-void write_first_load(json::Writer& out, const Bundle& bundle, double load_ms) {
+void write_first_load(json::Writer& out, const mm_model_info& info) {
   out.key("load_ms").begin_object();
-  out.key(first_graph_key(bundle)).value(load_ms);
+  out.key(first_graph_key(info)).value(info.resident_load_ms);
   out.end_object();
   out.key("memory_after_first_load");
   write_memory(out, stats::memory_now());
 }
 
-void write_image_row(json::Writer& out, const Inference& result) {
+void write_image_row(json::Writer& out, const Prediction& result) {
   out.begin_object();
   out.key("experts").array(result.experts);
   out.key("gates").array(std::vector<double>(result.gates.begin(), result.gates.end()));
@@ -393,36 +419,38 @@ void write_image_row(json::Writer& out, const Inference& result) {
 // 2. Routing pass: each image once, in order, through the expert cache. Returns each expert's cold load time (its
 // first load in this process).
 std::map<int, double> routing_pass(json::Writer& out, mm_model* model, ImageStream& images, OpenFiles& files) {
-  const Loader& loader = *model->loader;
   files.note();
   std::map<int, double> cold_expert_load_ms;
-  int64_t bytes_before_routing = loader.bytes_loaded;
+  int64_t bytes_before_routing = memory_stats(model).graph_bytes_loaded;
   out.key("images").begin_array();
   for (size_t i = 0; i < images.size(); ++i) {
-    Inference result = predict(model, images.at(i));
+    set_phase("predicting image " + std::to_string(i));
+    Prediction result = predict(model, images.at(i));
     files.note();
     if (!result.hit && !cold_expert_load_ms.count(result.experts[0]))
       cold_expert_load_ms[result.experts[0]] = result.load_ms;
     write_image_row(out, result);
   }
   out.end_array();
-  int64_t routing_bytes = loader.bytes_loaded - bytes_before_routing;
+  int64_t routing_bytes = memory_stats(model).graph_bytes_loaded - bytes_before_routing;
   out.key("routing_pass_graph_bytes_loaded").value(routing_bytes);
-  out.key("graphs_loaded_after_routing").array(model->pipeline->cache().loaded_names());
-  out.key("files_open_after_routing").array(stats::open_files_under(model->bundle.dir));
+  std::vector<const char*> loaded(static_cast<size_t>(mm_loaded_graphs(model, 0, nullptr)));
+  mm_loaded_graphs(model, static_cast<int>(loaded.size()), loaded.data());
+  out.key("graphs_loaded_after_routing").array(std::vector<std::string>(loaded.begin(), loaded.end()));
+  out.key("files_open_after_routing").array(stats::open_files_under(files.bundle_dir));
   out.key("memory_after_routing");
   write_memory(out, stats::memory_now());
   return cold_expert_load_ms;
 }
 
 // 3. Warm-up, then --iterations timed end-to-end runs cycling over the images (cache as configured).
-void timed_runs(json::Writer& out, const Options& options, mm_model* model, ImageStream& images, OpenFiles& files) {
-  const Bundle& bundle = model->bundle;
-  const ExpertCache& cache = model->pipeline->cache();
+void timed_runs(json::Writer& out, const Options& options, mm_model* model, const mm_model_info& info,
+                ImageStream& images, OpenFiles& files) {
+  set_phase("timing predictions");
   for (int i = 0; i < options.warmup; ++i) predict(model, images.at(static_cast<size_t>(i)));
   std::vector<double> total, router, expert, tail, loads;
   for (int i = 0; i < options.iterations; ++i) {
-    Inference result = predict(model, images.at(static_cast<size_t>(i)));
+    Prediction result = predict(model, images.at(static_cast<size_t>(i)));
     total.push_back(result.total_ms);
     router.push_back(result.router_ms);
     expert.push_back(result.expert_ms);
@@ -433,13 +461,13 @@ void timed_runs(json::Writer& out, const Options& options, mm_model* model, Imag
   out.key("latency_ms");
   write_summary(out, total);
   out.key("stages_ms").begin_object();
-  out.key(first_graph_key(bundle));
+  out.key(first_graph_key(info));
   write_summary(out, router);
-  if (!bundle.trunk_tail.name.empty()) {
+  if (info.has_trunk_tail) {
     out.key("trunk_tail");
     write_summary(out, tail);
   }
-  if (bundle.kind == Kind::Split) {
+  if (is_split(info)) {
     out.key("expert");
     write_summary(out, expert);
   }
@@ -447,10 +475,13 @@ void timed_runs(json::Writer& out, const Options& options, mm_model* model, Imag
   out.key("timed_expert_loads").value(loads.size());
   // The most experts resident (loaded, not parked) at one moment so far: with one expert cached, 1 (a prefetch
   // releases the evicted expert before it loads the next).
-  out.key("max_experts_resident").value(cache.max_resident());
+  const mm_memory_stats memory = memory_stats(model);
+  out.key("max_experts_resident").value(static_cast<int64_t>(memory.max_experts_resident));
   // Experts parked now, and how much of their packed weights this process still maps in (0: all dropped).
-  out.key("parked_experts").array(cache.parked_experts());
-  write_bytes_or_null(out, "parked_packed_bytes_resident", stats::resident_bytes(cache.parked_mappings()));
+  std::vector<int> parked(static_cast<size_t>(mm_parked_experts(model, 0, nullptr)));
+  mm_parked_experts(model, static_cast<int>(parked.size()), parked.data());
+  out.key("parked_experts").array(parked);
+  write_bytes_or_null(out, "parked_packed_bytes_resident", memory.parked_bytes_resident);
   out.key("memory_after_warm");
   write_memory(out, stats::memory_now());
 }
@@ -470,58 +501,53 @@ struct SwitchTimes {
   std::vector<SwitchSample> serving, cold;
 };
 
-SwitchSample time_switch(Pipeline& pipeline, const Loader& loader, int expert, std::vector<float>& tokens,
-                         bool scratch) {
-  pipeline.cache().unload(expert);
-  size_t first_event = loader.events.size();
+SwitchSample time_switch(mm_model* model, int expert, bool cold) {
+  check(mm_expert_unload(model, expert));
+  const int first_load = mm_load_count(model);
   auto start = Clock::now();
-  bool hit = false;
-  double load_ms = 0;
-  auto& graphs = pipeline.cache().get(expert, &hit, &load_ms, scratch);
-  auto run_start = Clock::now();
-  pipeline.run_expert(expert, graphs, tokens);
   SwitchSample sample;
-  sample.load_ms = load_ms;
-  sample.first_run_ms = ms_since(run_start);
+  check(mm_expert_load(model, expert, cold ? MM_LOAD_COLD : 0, &sample.load_ms));
+  check(mm_expert_run(model, expert, &sample.first_run_ms));
   sample.total_ms = ms_since(start);
-  auto warm_start = Clock::now();
-  pipeline.run_expert(expert, graphs, tokens);
-  sample.warm_run_ms = ms_since(warm_start);
-  sample.weights = loader.events.size() == first_event ? "parked" : "mapped";
-  for (size_t i = first_event; i < loader.events.size(); ++i) {
-    const LoadEvent& event = loader.events[i];
+  check(mm_expert_run(model, expert, &sample.warm_run_ms));
+  const int loads = mm_load_count(model);
+  sample.weights = loads == first_load ? "parked" : "mapped";
+  for (int i = first_load; i < loads; ++i) {
+    mm_load_event event;
+    check(mm_get_load_event(model, i, &event));
     sample.program_ms += event.program_ms;
     sample.data_map_ms += event.data_map_ms;
     sample.cache_check_ms += event.cache_check_ms;
     sample.method_ms += event.method_ms;
     sample.cache_record_ms += event.cache_record_ms;
-    if (event.weights != "mapped") sample.weights = "packed";
+    if (std::string(event.weights) != "mapped") sample.weights = "packed";
   }
-  if (scratch) pipeline.cache().unload(expert);  // the scratch file goes; the next switch loads from the real one
+  if (cold) check(mm_expert_unload(model, expert));  // the scratch file goes; the next switch loads the real one
   return sample;
 }
 
 // 4. Switch cost: for each expert, unload it, then time load + first run (what a phone pays when routing changes);
 // then one more (warm) run. With a cache directory each expert is switched to from an empty cache first (cold), then
 // from its own cache file. An expert first loaded here has its cold load recorded in cold_expert_load_ms.
-SwitchTimes measure_switches(const Options& options, const Bundle& bundle, Pipeline& pipeline, const Loader& loader,
-                             ImageStream& images, int num_experts, OpenFiles& files,
-                             std::map<int, double>& cold_expert_load_ms) {
+SwitchTimes measure_switches(const Options& options, mm_model* model, const mm_model_info& info, ImageStream& images,
+                             int num_experts, OpenFiles& files, std::map<int, double>& cold_expert_load_ms) {
   SwitchTimes times;
-  if (bundle.kind != Kind::Split) return times;
-  std::vector<float> tokens = pipeline.route(images.at(0));  // real tokens, so the expert sees real input
+  if (!is_split(info)) return times;
+  set_phase("timing expert switches");
+  const std::vector<float>& image = images.at(0);
+  check(mm_route_f32(model, image.data(), image.size()));  // real tokens, so the expert sees real input
   // Experts the images never chose are loaded once first (their cold load), so every timed switch from the cache
   // meets a file the expert's first load wrote, as serving does.
   for (int e = 0; e < num_experts && options.switch_repeats > 0; ++e) {
     if (cold_expert_load_ms.count(e)) continue;
-    pipeline.cache().unload(e);
-    bool hit = false;
-    pipeline.cache().get(e, &hit, &cold_expert_load_ms[e]);
+    check(mm_expert_unload(model, e));
+    check(mm_expert_load(model, e, 0, &cold_expert_load_ms[e]));
   }
+  const bool cached = info.weight_cache_dir[0] != '\0';
   for (int repeat = 0; repeat < options.switch_repeats; ++repeat) {
     for (int e = 0; e < num_experts; ++e) {
-      if (!options.weight_cache.empty()) times.cold.push_back(time_switch(pipeline, loader, e, tokens, true));
-      times.serving.push_back(time_switch(pipeline, loader, e, tokens, false));
+      if (cached) times.cold.push_back(time_switch(model, e, true));
+      times.serving.push_back(time_switch(model, e, false));
       files.note();
     }
   }
@@ -562,16 +588,16 @@ void write_switch_set(json::Writer& out, const std::vector<SwitchSample>& sample
   out.end_object();
 }
 
-void write_switches(json::Writer& out, const Options& options, const std::map<int, double>& cold_expert_load_ms,
+void write_switches(json::Writer& out, bool cached, const std::map<int, double>& cold_expert_load_ms,
                     const SwitchTimes& times) {
   out.key("expert_load_ms").begin_object();
   for (const auto& [e, ms] : cold_expert_load_ms) out.key(std::to_string(e)).value(ms);
   out.end_object();
   out.key("switch").begin_object();
-  out.key("cache").value(options.weight_cache.empty() ? "off" : "warm");
+  out.key("cache").value(cached ? "warm" : "off");
   write_switch_set(out, times.serving);
   out.key("cold");
-  if (options.weight_cache.empty()) {
+  if (!cached) {
     out.null();
   } else {
     out.begin_object();
@@ -582,13 +608,20 @@ void write_switches(json::Writer& out, const Options& options, const std::map<in
 }
 
 // What loading each graph of the manifest reads (its program and its own weights file); then every load.
-void write_graph_loads(json::Writer& out, const Bundle& bundle, const Loader& loader) {
+void write_graph_loads(json::Writer& out, mm_model* model, const mm_model_info& info) {
   out.key("graph_bytes").begin_object();
-  for (const auto& graph : bundle.all) out.key(graph.name).value(graph.load_bytes());
+  for (int i = 0; i < info.graphs; ++i) {
+    const char* graph = nullptr;
+    int64_t bytes = 0;
+    check(mm_graph(model, i, &graph, &bytes));
+    out.key(graph).value(bytes);
+  }
   out.end_object();
-  out.key("graph_bytes_loaded_total").value(loader.bytes_loaded);
+  out.key("graph_bytes_loaded_total").value(memory_stats(model).graph_bytes_loaded);
   out.key("loads").begin_array();
-  for (const auto& event : loader.events) {
+  for (int i = 0, loads = mm_load_count(model); i < loads; ++i) {
+    mm_load_event event;
+    check(mm_get_load_event(model, i, &event));
     out.begin_object();
     out.key("graph").value(event.graph);
     out.key("bytes").value(event.bytes);
@@ -609,32 +642,28 @@ void write_graph_loads(json::Writer& out, const Bundle& bundle, const Loader& lo
 std::string measure(const Options& options) {
   const stats::Memory at_start = stats::memory_now();
   Model model = open(options);
-  // The runner drives the pipeline itself below (switches), on the handle's threads as mm_predict_f32 does
-  const auto threads = model->threads.scope();
-  const Bundle& bundle = model->bundle;
-  Pipeline& pipeline = *model->pipeline;
-  const Loader& loader = *model->loader;
-  ImageStream images(options, bundle);
-  int num_experts = bundle.kind == Kind::Split || bundle.kind == Kind::Whole ? bundle.num_experts : 0;
+  const mm_model_info info = model_info(model.get());
+  ImageStream images(options, mm_input_channels(model.get()), mm_input_size(model.get()));
+  int num_experts = is_split(info) || info.kind == MM_BUNDLE_WHOLE ? info.num_experts : 0;
 
   json::Writer out;
   out.begin_object();
-  write_run_settings(out, options, *model, num_experts, images.size());
+  write_run_settings(out, options, info, num_experts, images.size());
   out.key("memory_at_start");
   write_memory(out, at_start);
-  write_first_load(out, bundle, model->resident_load_ms);
-  OpenFiles files{bundle.dir, {}};
+  write_first_load(out, info);
+  OpenFiles files{info.bundle_dir, {}};
   std::map<int, double> cold_expert_load_ms = routing_pass(out, model.get(), images, files);
-  timed_runs(out, options, model.get(), images, files);
+  timed_runs(out, options, model.get(), info, images, files);
   // What the routing pass and the timed runs had open: by design only the router and the experts the images chose.
   out.key("files_opened").array(files.list());
-  SwitchTimes switches =
-      measure_switches(options, bundle, pipeline, loader, images, num_experts, files, cold_expert_load_ms);
-  write_switches(out, options, cold_expert_load_ms, switches);
-  write_graph_loads(out, bundle, loader);
+  SwitchTimes switches = measure_switches(options, model.get(), info, images, num_experts, files, cold_expert_load_ms);
+  write_switches(out, info.weight_cache_dir[0] != '\0', cold_expert_load_ms, switches);
+  write_graph_loads(out, model.get(), info);
   out.key("files_opened_incl_switch").array(files.list());
-  out.key("weight_cache_bytes").value(static_cast<int64_t>(model->packed_cache.bytes_held()));  // 0 without a cache
-  out.key("planned_memory_bytes").value(static_cast<int64_t>(loader.planned_bytes()));
+  const mm_memory_stats memory = memory_stats(model.get());
+  out.key("weight_cache_bytes").value(memory.weight_cache_bytes);  // 0 without a cache
+  out.key("planned_memory_bytes").value(memory.planned_memory_bytes);
   out.key("memory_at_end");
   write_memory(out, stats::memory_now());
   out.end_object();
@@ -646,41 +675,6 @@ std::string one_line(std::string text) {
   for (char& c : text)
     if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
   return text;
-}
-
-// --sha256 / --xxh64 FILE...: print "DIGEST  FILE" per file (sha256sum's format), so the tests can compare the
-// runner's own hashes (sha256.h; packed_cache.h's XXH64) with the reference implementations.
-int print_digests(int argc, char** argv) {
-  const std::string algorithm = argv[1];
-  if (argc < 3) throw UsageError(algorithm + " needs at least one file");
-  for (int i = 2; i < argc; ++i) {
-    std::string digest;
-    uint64_t size = 0;
-    bool read = algorithm == "--sha256" ? mobile_moe::sha256::file_digest(argv[i], &digest, &size)
-                                        : !(digest = file_xxh64(argv[i], &size)).empty();
-    if (!read) throw UsageError(std::string("cannot read ") + argv[i]);
-    std::printf("%s  %s\n", digest.c_str(), argv[i]);
-  }
-  return 0;
-}
-
-// --check [--external-data] FILE...: print "ok  FILE" or "refused  FILE: why" per file, the verdict of the check a
-// bundle's files get before any is loaded (flatbuffer_check.h), so the tests can give it every file they give
-// mobile_moe/export/flatbuffer_files.py. --external-data: programs that load a weights file with them.
-int print_checks(int argc, char** argv) {
-  int first = 2;
-  const bool external_data = argc > 2 && std::string(argv[2]) == "--external-data";
-  if (external_data) ++first;
-  if (argc <= first) throw UsageError("--check needs at least one file");
-  for (int i = first; i < argc; ++i) {
-    try {
-      check_graph_file(argv[i], external_data);
-      std::printf("ok  %s\n", argv[i]);
-    } catch (const FileFault& fault) {
-      std::printf("refused  %s: %s\n", argv[i], one_line(fault.what()).c_str());
-    }
-  }
-  return 0;
 }
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -742,9 +736,6 @@ int main(int argc, char** argv) {
   // one line.
   if (g_debug) mm_log_set(print_log, nullptr);
   try {
-    if (argc >= 2 && (std::string(argv[1]) == "--sha256" || std::string(argv[1]) == "--xxh64"))
-      return print_digests(argc, argv);
-    if (argc >= 2 && std::string(argv[1]) == "--check") return print_checks(argc, argv);
     Options options = parse_options(argc, argv);
     std::string report = measure(options);
     std::fwrite(report.data(), 1, report.size(), stdout);

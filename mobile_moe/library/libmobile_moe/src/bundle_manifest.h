@@ -1,6 +1,6 @@
 // A bundle's manifest.json: struct Spec / Graph / Bundle, validate() against the schema's rules (built on the value
 // checks of manifest_values.h), verify_graph_files() (size + sha256) and read_bundle(), which does all three.
-// Part of the native runner (runner.cpp); header-only, like json_reader.h.
+// Part of libmobile_moe; header-only, like json_reader.h.
 //
 // The manifest is untrusted input (a bundle can be copied to a phone by hand, where no Python validated it), so the
 // runner enforces the rules of the one manifest schema (mobile_moe/export/manifest_schema.py) itself: every value it
@@ -39,7 +39,7 @@
 #include "preprocess.h"
 #include "sha256.h"
 
-namespace mobile_moe::runner {
+namespace mobile_moe::library {
 
 // The layouts each routing kind exports as (mobile_moe/export/manifest_schema.py LAYOUTS_OF_ROUTING, in
 // manifest_schema.h).
@@ -715,4 +715,4 @@ inline Bundle read_bundle(const std::string& path, const std::string& memo_dir =
   return bundle;
 }
 
-}  // namespace mobile_moe::runner
+}  // namespace mobile_moe::library

@@ -1,9 +1,9 @@
-// The native runner's error types, shared by its headers and runner.cpp.
+// libmobile_moe's error types, shared by its headers (and its tests' tool, tests/internal_checks.cpp).
 #pragma once
 
 #include <stdexcept>
 
-namespace mobile_moe::runner {
+namespace mobile_moe::library {
 
 // Bad input (exit 2) vs. a runtime failure (exit 1), so the Python side can tell the user which it was.
 struct UsageError : std::runtime_error {
@@ -16,4 +16,4 @@ struct BundleError : UsageError {
   using UsageError::UsageError;
 };
 
-}  // namespace mobile_moe::runner
+}  // namespace mobile_moe::library

@@ -1,4 +1,4 @@
-// Which experts an image takes, from what its router (or its whole graph) reported: the native runner's translation of
+// Which experts an image takes, from what its router (or its whole graph) reported: libmobile_moe's translation of
 // the rules mobile_moe/expert_choice.py owns (pick_experts, used_experts). tests/device_bench/test_expert_choice.py
 // builds these functions alone (no ExecuTorch: this header needs only the standard library) and holds them equal to
 // the Python rules case by case, ties and float32 margins included. Change a rule there first, then here.
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-namespace mobile_moe::runner {
+namespace mobile_moe::library {
 
 struct ExpertChoice {
   std::vector<int> experts;
@@ -84,4 +84,4 @@ inline ExpertChoice used_experts(const std::vector<float>& expert_tokens, int nu
   return choice;
 }
 
-}  // namespace mobile_moe::runner
+}  // namespace mobile_moe::library

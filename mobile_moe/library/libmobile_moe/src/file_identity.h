@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <string>
 
-namespace mobile_moe::runner {
+namespace mobile_moe::library {
 
 inline const struct timespec& modified_time(const struct stat& info) {
 #if defined(__APPLE__)
@@ -60,4 +60,4 @@ inline FileIdentity identify(const std::string& path) {
   return identify(info);
 }
 
-}  // namespace mobile_moe::runner
+}  // namespace mobile_moe::library

@@ -1,4 +1,4 @@
-// An ExecuTorch file checked before ExecuTorch reads it (part of the native runner, runner.cpp; header-only): the
+// An ExecuTorch file checked before ExecuTorch reads it (part of libmobile_moe; header-only): the
 // runner's side of mobile_moe/export/flatbuffer_files.py, which says why (ExecuTorch does not verify a .ptd at all, and
 // reads some table entries of a verified .pte without asking whether they are there: a zeroed named_data crashed the
 // runner). What is walked, and what must be there, is flatbuffer_schema.h, generated from that module; this is the same
@@ -17,7 +17,7 @@
 
 #include "flatbuffer_schema.h"
 
-namespace mobile_moe::runner {
+namespace mobile_moe::library {
 
 struct FileFault : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -308,4 +308,4 @@ inline void check_graph_file(const std::string& path, bool external_data) {
   else if (ends_with(".ptd")) flatbuffer_walk::check_flat_tensor_file(path);
 }
 
-}  // namespace mobile_moe::runner
+}  // namespace mobile_moe::library

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-namespace mobile_moe::runner::flatbuffer_schema {
+namespace mobile_moe::library::flatbuffer_schema {
 
 constexpr int64_t kMaxEntries = 1048576;  // vector lengths
 constexpr int64_t kMaxTables = 1048576;  // tables one walk visits
@@ -128,4 +128,4 @@ constexpr int kProgramNamedDataField = 7;
 constexpr int kSubsegmentOffsetsSegment = 0;
 constexpr int kProgramNamedDataSegment = 1;
 
-}  // namespace mobile_moe::runner::flatbuffer_schema
+}  // namespace mobile_moe::library::flatbuffer_schema

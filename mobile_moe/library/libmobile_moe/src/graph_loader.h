@@ -1,4 +1,4 @@
-// Load a graph the way the fast path needs (part of the native runner, runner.cpp; header-only):
+// Load a graph the way the fast path needs (part of libmobile_moe; header-only):
 //   - a program file is parsed and verified ONCE and shared: every expert of a family
 //     (mobile_moe/export/executorch_family.py) loads its method from the one parsed program;
 //   - each graph's method gets its own weights (a FlatTensorDataMap of its .ptd) and its own XNNPACK options (its
@@ -45,11 +45,11 @@
 #include "errors.h"
 #include "mapped_file.h"
 #include "packed_cache.h"
-#include "process_stats.h"
+#include "process_mappings.h"
 #include "runtime_log.h"
 #include "thread_pool.h"
 
-namespace mobile_moe::runner {
+namespace mobile_moe::library {
 
 using Clock = std::chrono::steady_clock;
 inline double ms_since(Clock::time_point start) {
@@ -326,7 +326,6 @@ class Loader {
   // alone (the file is removed when the graph is unloaded, by unload()). `warm_weights`: a prefetching thread's load,
   // which also brings mapped packed weights in (bring_in_packed_weights), off the path of the image that needs them.
   std::unique_ptr<LoadedGraph> load(const Graph& graph, bool scratch = false, bool warm_weights = false) {
-    set_phase("loading " + graph.program.file);
     const auto threads = threads_.scope();
     auto start = Clock::now();
     LoadEvent event{graph.name, graph.load_bytes()};
@@ -357,7 +356,6 @@ class Loader {
     event.ms = ms_since(start);
     events.push_back(event);
     bytes_loaded += graph.load_bytes();
-    set_phase("running");
     return loaded;
   }
 
@@ -467,4 +465,4 @@ class Loader {
   }
 };
 
-}  // namespace mobile_moe::runner
+}  // namespace mobile_moe::library

@@ -1,4 +1,4 @@
-// The ExecuTorch side of the native runner (runner.cpp), over graph_loader.h's loads: run a graph, keep an LRU of
+// The ExecuTorch side of libmobile_moe, over graph_loader.h's loads: run a graph, keep an LRU of
 // expert graphs, and the pipeline that takes one image through router -> top-k experts -> logits for every layout
 // (or through the one graph of a dense, monolithic or whole bundle). Header-only, like json_reader.h.
 #pragma once
@@ -26,7 +26,7 @@
 #include "graph_loader.h"
 #include "runtime_log.h"
 
-namespace mobile_moe::runner {
+namespace mobile_moe::library {
 
 using executorch::runtime::EValue;
 
@@ -168,12 +168,8 @@ class ExpertCache {
   bool parked(int expert) const { return parked_.count(expert) > 0; }
   int max_resident() const { return max_resident_; }
 
-  std::vector<std::string> loaded_names() const {
-    std::vector<std::string> names;
-    for (int expert : order_)
-      for (const auto& graph : bundle_.experts[expert]) names.push_back(graph.name);
-    return names;
-  }
+  // The loaded experts, most recently used first.
+  std::vector<int> loaded_experts() const { return std::vector<int>(order_.begin(), order_.end()); }
 
   // The parked experts, and the mappings of their packed weights (all dropped when they parked).
   std::vector<int> parked_experts() const {
@@ -413,4 +409,4 @@ class Pipeline {
   }
 };
 
-}  // namespace mobile_moe::runner
+}  // namespace mobile_moe::library

@@ -21,7 +21,7 @@
 namespace mobile_moe::json {
 
 constexpr int kMaxDepth = 64;
-constexpr size_t kMaxBytes = static_cast<size_t>(runner::kMaxManifestBytes);  // the schema's (manifest_schema.h)
+constexpr size_t kMaxBytes = static_cast<size_t>(library::kMaxManifestBytes);  // the schema's (manifest_schema.h)
 
 struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;

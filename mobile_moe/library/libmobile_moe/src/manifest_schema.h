@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-namespace mobile_moe::runner {
+namespace mobile_moe::library {
 
 inline constexpr const char* kManifestFile = "manifest.json";
 constexpr int64_t kMaxManifestBytes = 67108864;
@@ -46,4 +46,4 @@ inline constexpr Kind kKindOfLayout[] = {Kind::Dense, Kind::Monolithic, Kind::Sp
 // kLayoutFitsRouting[routing][layout]: whether a model routing that way exports as that layout.
 inline constexpr bool kLayoutFitsRouting[][5] = {{true, false, false, false, false}, {false, true, true, true, false}, {false, true, true, false, false}, {false, false, false, false, true}, {false, false, false, false, true}, {false, false, false, false, true}};
 
-}  // namespace mobile_moe::runner
+}  // namespace mobile_moe::library

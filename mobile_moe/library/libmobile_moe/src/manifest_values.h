@@ -1,7 +1,7 @@
 // Checks of single manifest values, each naming where the value sits (a dotted path like graphs.0.inputs.1.shape):
 // objects and their keys, exact integers in a range, strings of a length, finite numbers, booleans, lists of a
 // length, one of a fixed set of words. A broken rule throws Invalid; read_bundle (bundle_manifest.h) adds the file
-// name and turns it into a UsageError. Part of the native runner (runner.cpp); header-only, like json_reader.h.
+// name and turns it into a UsageError. Part of libmobile_moe; header-only, like json_reader.h.
 #pragma once
 
 #include <cmath>
@@ -14,7 +14,7 @@
 
 #include "json_reader.h"
 
-namespace mobile_moe::runner {
+namespace mobile_moe::library {
 
 // A manifest rule broken at `where` (a dotted path like graphs.0.inputs.1.shape); read_bundle adds the file name.
 struct Invalid : std::runtime_error {
@@ -125,4 +125,4 @@ Enum one_of(const json::Value& value, const std::string& where, const char* cons
   return static_cast<Enum>(index);
 }
 
-}  // namespace mobile_moe::runner
+}  // namespace mobile_moe::library

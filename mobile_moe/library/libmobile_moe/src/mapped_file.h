@@ -1,4 +1,4 @@
-// A whole file mapped read-only, the one way the native runner maps a file itself (part of the runner, runner.cpp;
+// A whole file mapped read-only, the one way libmobile_moe maps a file itself (part of the library;
 // header-only): the packed-weight cache's check and copy (packed_cache.h) and an expert's graph files
 // (graph_loader.h, WholeFileDataLoader). Shared and counted: the mapping goes with the last holder, so a piece of it
 // that ExecuTorch frees late never touches an address that is no longer ours.
@@ -25,7 +25,7 @@
 #define MADV_NOHUGEPAGE 0
 #endif
 
-namespace mobile_moe::runner {
+namespace mobile_moe::library {
 
 class MappedFile {
  public:
@@ -81,4 +81,4 @@ class MappedFile {
   FileIdentity identity_;
 };
 
-}  // namespace mobile_moe::runner
+}  // namespace mobile_moe::library

@@ -1,8 +1,8 @@
 // libmobile_moe's C API (mobile_moe.h) over the on-device code: bundle_manifest.h checks the bundle, graph_loader.h
 // loads graphs (one parsed program per family, packed-weight cache, one planned-memory arena) and graphs.h's Pipeline
 // routes each image to its experts through the expert cache with parking and prefetch. This file only turns them into
-// handles (model.h), status codes and messages. The runner (runner.cpp) is a client: it opens and predicts through
-// this file and times the same Pipeline.
+// handles (model.h, handles.h), status codes and messages. measure_api.cpp adds what a benchmark reads and drives
+// (mobile_moe_measure.h).
 //
 // Safe in an app's process (a multi-threaded JVM): nothing here forks, installs a signal handler or exits. A damaged
 // bundle is refused by checks that run in-process before any graph is loaded: the manifest, every file's size and
@@ -24,6 +24,7 @@
 #include "errors.h"
 #include "graph_loader.h"
 #include "graphs.h"
+#include "handles.h"
 #include "model.h"
 #include "packed_cache.h"
 #include "preprocess.h"
@@ -31,97 +32,10 @@
 
 namespace {
 
-using namespace mobile_moe::runner;
+using namespace mobile_moe::library;
 
-thread_local std::string t_last_error;
 constexpr int kMaxSide = 1 << 15;  // an app's photo: 32768 x 32768 at most (3 GB of RGB)
 constexpr uint32_t kVersionNumber = MOBILE_MOE_VERSION;
-
-mm_status failed(mm_status status, const std::string& message) {
-  t_last_error = message;
-  for (char& c : t_last_error)  // one line, as the runner prints it
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
-  library_log(MM_LOG_ERROR, t_last_error);
-  return status;
-}
-
-// Every entry point's exceptions as a status and this thread's message, prefixed with the call the app made: nothing
-// is thrown across the C boundary.
-template <typename Work>
-mm_status guarded(const char* call, mm_status runtime_status, Work work) {
-  const std::string prefix = std::string(call) + ": ";
-  try {
-    work();
-    return MM_OK;
-  } catch (const BundleError& error) {
-    return failed(MM_BAD_BUNDLE, prefix + error.what());
-  } catch (const UsageError& error) {
-    return failed(runtime_status == MM_RUNTIME_ERROR ? MM_BAD_ARGUMENT : runtime_status, prefix + error.what());
-  } catch (const FileFault& error) {
-    return failed(MM_BAD_BUNDLE, prefix + error.what());
-  } catch (const std::bad_alloc&) {
-    return failed(MM_OUT_OF_MEMORY, prefix + "out of memory");
-  } catch (const std::exception& error) {
-    return failed(MM_RUNTIME_ERROR, prefix + error.what());
-  } catch (...) {  // nothing crosses the C boundary, whatever a dependency throws
-    return failed(MM_RUNTIME_ERROR, prefix + "an unknown exception");
-  }
-}
-
-// The open handles. A handle's address is a key here, never dereferenced before it is found: a handle closed (or
-// never opened) is refused instead of read, and mm_close waits, under the handle's own lock, for a call running on it.
-class OpenHandles {
- public:
-  static OpenHandles& instance() {
-    static OpenHandles* handles = new OpenHandles();  // never destroyed: an app's threads may call during exit
-    return *handles;
-  }
-  void add(std::shared_ptr<mm_model> model) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    open_[model.get()] = std::move(model);
-  }
-  std::shared_ptr<mm_model> find(const mm_model* model) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto found = open_.find(model);
-    return found == open_.end() ? nullptr : found->second;
-  }
-  std::shared_ptr<mm_model> remove(const mm_model* model) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto found = open_.find(model);
-    if (found == open_.end()) return nullptr;
-    auto removed = std::move(found->second);
-    open_.erase(found);
-    return removed;
-  }
-
- private:
-  std::mutex mutex_;
-  std::unordered_map<const mm_model*, std::shared_ptr<mm_model>> open_;
-};
-
-// An open handle, locked for one call: `model` is null where `handle` is not open (closed, or never opened).
-struct Locked {
-  explicit Locked(const mm_model* handle) : owner(OpenHandles::instance().find(handle)) {
-    if (owner) {
-      lock = std::unique_lock<std::mutex>(owner->mutex);
-      if (!owner->closed) model = owner.get();
-    }
-  }
-  std::shared_ptr<mm_model> owner;
-  std::unique_lock<std::mutex> lock;
-  mm_model* model = nullptr;
-};
-
-mm_status not_open(const char* call, const mm_model* handle) {
-  return failed(MM_BAD_ARGUMENT, std::string(call) + ": " +
-                                     (handle == nullptr ? "model is NULL"
-                                                        : "model is not an open handle (closed, or never opened)"));
-}
-
-size_t input_values(const mm_model& model) {
-  return static_cast<size_t>(model.bundle.image_shape.at(1)) * model.bundle.image_shape.at(3) *
-         model.bundle.image_shape.at(3);
-}
 
 // The defaults of mm_default_options, whole.
 mm_options default_options() {
@@ -339,9 +253,14 @@ void mm_stage_times_get(const mm_model* model, mm_stage_times* times, size_t str
 
 }  // extern "C"
 
+size_t mobile_moe::library::input_values(const mm_model& model) {
+  return static_cast<size_t>(model.bundle.image_shape.at(1)) * model.bundle.image_shape.at(3) *
+         model.bundle.image_shape.at(3);
+}
+
 // One image (C x S x S, the handle's own copy: the pipeline feeds the graph from a buffer it may reuse) through an
 // open, locked handle, on the handle's threads.
-void mobile_moe::runner::predict_locked(mm_model& model, std::vector<float> image) {
+void mobile_moe::library::predict_locked(mm_model& model, std::vector<float> image) {
   const auto threads = model.threads.scope();
   model.predicted = false;
   model.last = model.pipeline->infer(image);
@@ -349,7 +268,7 @@ void mobile_moe::runner::predict_locked(mm_model& model, std::vector<float> imag
 }
 
 // An app's RGB8 buffer checked against its stated length, then preprocessed as the bundle's manifest says.
-std::vector<float> mobile_moe::runner::preprocess_locked(const mm_model& model, const uint8_t* rgb, size_t length,
+std::vector<float> mobile_moe::library::preprocess_locked(const mm_model& model, const uint8_t* rgb, size_t length,
                                                          int width, int height, int row_stride) {
   if (rgb == nullptr) throw UsageError("rgb is NULL");
   const int channels = model.bundle.image_shape.at(1);
@@ -368,7 +287,7 @@ std::vector<float> mobile_moe::runner::preprocess_locked(const mm_model& model, 
   return preprocess_rgb8(rgb, width, height, row_stride, channels, model.bundle.image_shape.at(3), model.bundle.input);
 }
 
-mm_status mobile_moe::runner::open_model(const char* bundle_dir, const mm_options* given, const LoadSettings& load,
+mm_status mobile_moe::library::open_model(const char* bundle_dir, const mm_options* given, const LoadSettings& load,
                                          mm_model** model) {
   if (model == nullptr) return failed(MM_BAD_ARGUMENT, "mm_open: model is NULL");
   *model = nullptr;
@@ -409,6 +328,7 @@ mm_status mobile_moe::runner::open_model(const char* bundle_dir, const mm_option
     opened->pipeline = std::make_unique<Pipeline>(bundle, *opened->loader, cache_experts, options.park_experts,
                                                   options.cache_margin, options.prefetch != 0);
     opened->cache_experts = cache_experts;
+    opened->prefetch = options.prefetch != 0 && prefetches(bundle);
     opened->resident_load_ms = opened->pipeline->load_resident();
   });
   if (status != MM_OK) return status;

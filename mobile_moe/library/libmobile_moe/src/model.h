@@ -1,7 +1,5 @@
-// The handle behind mobile_moe.h's opaque mm_model, and the one way to open it. mobile_moe_api.cpp (the C API) owns
-// both; the runner, the C API's measuring client, opens its bundle here with the load settings an app leaves at
-// their defaults, then reads the loader and the pipeline for what an app never sees (expert switches, graph loads).
-// Not part of the library's interface: an app includes mobile_moe.h only.
+// The handle behind mobile_moe.h's opaque mm_model, and the one way to open it (mobile_moe_api.cpp). Private to the
+// library: mobile_moe_api.cpp and measure_api.cpp (mobile_moe_measure.h) read it for their calls.
 #pragma once
 
 #include <memory>
@@ -15,10 +13,9 @@
 #include "packed_cache.h"
 #include "thread_pool.h"
 
-namespace mobile_moe::runner {
+namespace mobile_moe::library {
 
-// How graphs are loaded, beyond mm_options: the runner varies these to measure them (--load-mode,
-// --workspace-sharing); mm_open takes the defaults.
+// How graphs are loaded, beyond mm_options (mobile_moe_measure.h's mm_load_settings); mm_open takes the defaults.
 struct LoadSettings {
   LoadMode mode = LoadMode::Mmap;
   int workspace_sharing = -1;  // graph_loader.h Loader: XNNPACK's workspace sharing mode; -1 its default
@@ -31,22 +28,26 @@ mm_status open_model(const char* bundle_dir, const mm_options* options, const Lo
 // The C API's work on a handle it has locked: one image's prediction (on the handle's threads, from a copy of the
 // image the pipeline may reuse), and an app's RGB8 buffer checked against its length, then preprocessed.
 void predict_locked(mm_model& model, std::vector<float> image);
+// The values of one image the handle takes: C x S x S.
+size_t input_values(const mm_model& model);
 std::vector<float> preprocess_locked(const mm_model& model, const uint8_t* rgb, size_t length, int width, int height,
                                      int row_stride);
 
-}  // namespace mobile_moe::runner
+}  // namespace mobile_moe::library
 
 // Declared in the order of its parts' lives: the graphs (pipeline, loader) go before the thread-pool lease they ran on.
 struct mm_model {
   std::mutex mutex;  // the C API serialises calls on one handle (mobile_moe.h)
-  mobile_moe::runner::HandleThreads threads;
-  mobile_moe::runner::Bundle bundle;
-  mobile_moe::runner::PackedCache packed_cache;
-  std::unique_ptr<mobile_moe::runner::Loader> loader;
-  std::unique_ptr<mobile_moe::runner::Pipeline> pipeline;
+  mobile_moe::library::HandleThreads threads;
+  mobile_moe::library::Bundle bundle;
+  mobile_moe::library::PackedCache packed_cache;
+  std::unique_ptr<mobile_moe::library::Loader> loader;
+  std::unique_ptr<mobile_moe::library::Pipeline> pipeline;
   int cache_experts = 0;         // expert graphs kept loaded, as resolved from the options
+  bool prefetch = false;         // a missed expert loads on a second thread (the option, where the bundle allows)
   double resident_load_ms = 0;   // opening's load of the router (+ shared parts), or of the single graph
-  mobile_moe::runner::Inference last;
+  mobile_moe::library::Inference last;
+  std::vector<float> routed_tokens;  // mm_route_f32's, for mm_expert_run (mobile_moe_measure.h); empty before it
   bool predicted = false;
   bool closed = false;  // by mm_close, which may find a call of another thread waiting on `mutex`
 };

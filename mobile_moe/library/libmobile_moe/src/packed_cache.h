@@ -1,5 +1,5 @@
 // XNNPACK's packed weights kept on disk, one cache file per graph, so a second load of an expert maps its weights
-// already packed instead of packing them again. Part of the native runner (runner.cpp); header-only.
+// already packed instead of packing them again. Part of libmobile_moe; header-only.
 //
 // ExecuTorch's XNNPACK backend writes and reads the file itself when a load passes it the per-load backend options
 // weight_cache_enabled and packed_cache_path (backends/xnnpack/runtime/XNNPACKBackend.cpp, init(): "Only honor a path
@@ -52,7 +52,7 @@
 #define MOBILE_MOE_RUNTIME_ID "executorch-unknown"
 #endif
 
-namespace mobile_moe::runner {
+namespace mobile_moe::library {
 
 // The CPU's feature flags (/proc/cpuinfo's first "flags" or "Features" line): XNNPACK picks its micro-kernels, and
 // so the layout of packed weights, by them, and a cache folder in a shared home can serve machines of several kinds.
@@ -253,6 +253,7 @@ class PackedCache {
   }
 
   bool enabled() const { return !dir_.empty(); }
+  const std::string& dir() const { return dir_; }  // "" when off
 
   // The graph's cache file (its name: the program's and weights' sha256s and the runtime) when it passes its check
   // (warm: the backend maps it); else a staged file of this process for the backend to write (cold), published
@@ -457,4 +458,4 @@ class PackedCache {
   }
 };
 
-}  // namespace mobile_moe::runner
+}  // namespace mobile_moe::library

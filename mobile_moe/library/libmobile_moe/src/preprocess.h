@@ -17,7 +17,7 @@
 
 #include "errors.h"
 
-namespace mobile_moe::runner {
+namespace mobile_moe::library {
 
 struct Preprocessing {
   std::string policy = "stretch";  // or "resize-center-crop" (mobile_moe/preprocess.py)
@@ -208,4 +208,4 @@ inline std::vector<float> preprocess_rgb8(const uint8_t* rgb, int width, int hei
   return chw;
 }
 
-}  // namespace mobile_moe::runner
+}  // namespace mobile_moe::library

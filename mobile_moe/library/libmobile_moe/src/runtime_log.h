@@ -1,6 +1,6 @@
 // The log: ExecuTorch's messages and the library's own failures reach the callback an app set with mm_log_set, or
 // nowhere (never stderr: the library lives in an app's process). ExecuTorch's last error on this thread is quoted in
-// our messages. Also the current phase, for the one line the runner prints on a fatal signal.
+// our messages.
 #pragma once
 
 #include <executorch/runtime/core/error.h>
@@ -14,7 +14,7 @@
 
 #include "mobile_moe.h"
 
-namespace mobile_moe::runner {
+namespace mobile_moe::library {
 
 // The app's callback (mm_log_set), process-wide by the app's choice.
 struct LibraryLog {
@@ -88,13 +88,4 @@ inline std::string runtime_error_text(executorch::runtime::Error status) {
   return "(" + text + ")";
 }
 
-// What the runner is doing, for the one line a fatal signal prints (written before the work, read in the handler).
-// The prefetching thread (graphs.h) sets it too: writers take turns.
-inline char g_phase[256] = "starting";
-inline std::mutex g_phase_mutex;
-inline void set_phase(const std::string& phase) {
-  std::lock_guard<std::mutex> lock(g_phase_mutex);
-  std::snprintf(g_phase, sizeof(g_phase), "%s", phase.c_str());
-}
-
-}  // namespace mobile_moe::runner
+}  // namespace mobile_moe::library

@@ -33,7 +33,7 @@ struct NoThreadPoolGuard {
 };
 }  // namespace executorch::extension::threadpool
 
-namespace mobile_moe::runner {
+namespace mobile_moe::library {
 
 // The pool's size now (1 where there is no pool).
 inline int64_t shared_pool_threads() {
@@ -124,4 +124,4 @@ class HandleThreads {
   int64_t threads_ = 1;
 };
 
-}  // namespace mobile_moe::runner
+}  // namespace mobile_moe::library

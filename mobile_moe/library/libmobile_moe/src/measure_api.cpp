@@ -1,0 +1,260 @@
+// libmobile_moe's measurement interface (mobile_moe_measure.h): the handle's loader, expert cache and pipeline, read
+// and driven one step at a time, for a benchmark (the native runner) or an app that measures itself. Each call locks
+// its handle as mobile_moe_api.cpp's do (handles.h) and runs on the handle's threads.
+#include "mobile_moe_measure.h"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bundle_manifest.h"
+#include "graph_loader.h"
+#include "graphs.h"
+#include "handles.h"
+#include "model.h"
+#include "process_mappings.h"
+
+namespace {
+
+using namespace mobile_moe::library;
+
+// mm_bundle_kind is manifest_schema.h's Kind, number for number.
+static_assert(static_cast<int>(Kind::Split) == MM_BUNDLE_SPLIT && static_cast<int>(Kind::Dense) == MM_BUNDLE_DENSE &&
+              static_cast<int>(Kind::Monolithic) == MM_BUNDLE_MONOLITHIC &&
+              static_cast<int>(Kind::Whole) == MM_BUNDLE_WHOLE);
+
+// The app's struct, whole fields only (`ends`: where each field after struct_size ends), over `defaults`: a size
+// that ends inside a field (never one a header had) leaves that field as it was.
+template <typename Struct>
+void copy_whole_fields(Struct* into, const Struct& from, size_t struct_size, std::initializer_list<size_t> ends) {
+  size_t whole = 0;
+  for (size_t end : ends)
+    if (end <= struct_size) whole = end;
+  std::memcpy(static_cast<void*>(into), &from, std::min(whole, sizeof(Struct)));
+}
+
+// The first `struct_size` bytes of `out` from `full`, its size field set to them: what an app's sizeof holds.
+template <typename Struct>
+void copy_out(Struct* out, Struct full, size_t struct_size) {
+  full.struct_size = std::min(struct_size, sizeof(Struct));
+  std::memcpy(static_cast<void*>(out), &full, full.struct_size);
+}
+
+mm_load_settings default_load_settings() {
+  mm_load_settings settings{};
+  settings.struct_size = sizeof(mm_load_settings);
+  settings.read_files = 0;
+  settings.workspace_sharing = -1;
+  return settings;
+}
+
+LoadSettings load_settings(const mm_load_settings* given) {
+  mm_load_settings settings = default_load_settings();
+  if (given != nullptr) {
+    if (given->struct_size < sizeof(size_t) || given->struct_size > (size_t{1} << 16))
+      throw UsageError("load->struct_size is " + std::to_string(given->struct_size) +
+                       ": initialise the settings with mm_default_load_settings(&load) before setting them");
+    copy_whole_fields(&settings, *given, given->struct_size,
+                      {offsetof(mm_load_settings, read_files) + sizeof(int),
+                       offsetof(mm_load_settings, workspace_sharing) + sizeof(int)});
+  }
+  if (settings.read_files != 0 && settings.read_files != 1)
+    throw UsageError("load->read_files is 0 (map the graph files) or 1 (read them), not " +
+                     std::to_string(settings.read_files));
+  if (settings.workspace_sharing < -1 || settings.workspace_sharing > 2)
+    throw UsageError("load->workspace_sharing is -1 (XNNPACK's default), 0, 1 or 2, not " +
+                     std::to_string(settings.workspace_sharing));
+  return LoadSettings{settings.read_files ? LoadMode::File : LoadMode::Mmap, settings.workspace_sharing};
+}
+
+// The expert calls' common check: a split bundle, an expert it has.
+void check_expert(const mm_model& model, int expert) {
+  const Bundle& bundle = model.bundle;
+  if (bundle.kind != Kind::Split)
+    throw UsageError(std::string("the bundle is ") + name(bundle.kind) + ": only a split bundle loads its experts");
+  if (expert < 0 || expert >= bundle.num_experts)
+    throw UsageError("expert " + std::to_string(expert) + " is out of range (the bundle has " +
+                     std::to_string(bundle.num_experts) + ": 0.." + std::to_string(bundle.num_experts - 1) + ")");
+}
+
+}  // namespace
+
+extern "C" {
+
+void mm_load_settings_init(mm_load_settings* settings, size_t struct_size) {
+  if (settings == nullptr || struct_size == 0) return;
+  copy_out(settings, default_load_settings(), struct_size);
+}
+
+mm_status mm_open_with(const char* bundle_dir, const mm_options* options, const mm_load_settings* load,
+                       mm_model** model) {
+  LoadSettings settings;
+  mm_status status = guarded("mm_open_with", MM_BAD_ARGUMENT, [&] { settings = load_settings(load); });
+  return status != MM_OK ? status : open_model(bundle_dir, options, settings, model);
+}
+
+mm_status mm_model_info_get(const mm_model* model, mm_model_info* info, size_t struct_size) {
+  Locked open(model);
+  if (open.model == nullptr) return not_open("mm_model_info_get", model);
+  if (info == nullptr || struct_size < sizeof(size_t))
+    return failed(MM_BAD_ARGUMENT, "mm_model_info_get: info is NULL or smaller than its struct_size field");
+  const mm_model& handle = *open.model;
+  const Bundle& bundle = handle.bundle;
+  mm_model_info full{};
+  full.bundle_dir = bundle.dir.c_str();
+  full.kind = static_cast<int>(bundle.kind);
+  full.kind_name = name(bundle.kind);
+  full.layout = name(bundle.layout);
+  full.weight_cache_dir = handle.packed_cache.dir().c_str();
+  full.threads = static_cast<int>(handle.threads.threads());
+  full.num_experts = bundle.num_experts;
+  full.top_k = bundle.top_k;
+  full.cache_experts = handle.cache_experts;
+  full.prefetch = handle.prefetch ? 1 : 0;
+  full.has_trunk_tail = bundle.trunk_tail.name.empty() ? 0 : 1;
+  full.graphs = static_cast<int>(bundle.all.size());
+  full.resident_load_ms = handle.resident_load_ms;
+  copy_out(info, full, struct_size);
+  return MM_OK;
+}
+
+mm_status mm_graph(const mm_model* model, int index, const char** name, int64_t* load_bytes) {
+  Locked open(model);
+  if (open.model == nullptr) return not_open("mm_graph", model);
+  const auto& graphs = open.model->bundle.all;
+  if (index < 0 || index >= static_cast<int>(graphs.size()))
+    return failed(MM_BAD_ARGUMENT, "mm_graph: index " + std::to_string(index) + " is out of range (0.." +
+                                       std::to_string(static_cast<int>(graphs.size()) - 1) + ")");
+  if (name != nullptr) *name = graphs[static_cast<size_t>(index)].name.c_str();
+  if (load_bytes != nullptr) *load_bytes = graphs[static_cast<size_t>(index)].load_bytes();
+  return MM_OK;
+}
+
+mm_status mm_memory_stats_get(const mm_model* model, mm_memory_stats* stats, size_t struct_size) {
+  Locked open(model);
+  if (open.model == nullptr) return not_open("mm_memory_stats_get", model);
+  if (stats == nullptr || struct_size < sizeof(size_t))
+    return failed(MM_BAD_ARGUMENT, "mm_memory_stats_get: stats is NULL or smaller than its struct_size field");
+  const mm_model& handle = *open.model;
+  const ExpertCache& cache = handle.pipeline->cache();
+  mm_memory_stats full{};
+  full.graph_bytes_loaded = handle.loader->bytes_loaded;
+  full.max_experts_resident = cache.max_resident();
+  full.planned_memory_bytes = static_cast<int64_t>(handle.loader->planned_bytes());
+  full.weight_cache_bytes = static_cast<int64_t>(handle.packed_cache.bytes_held());
+  full.parked_bytes_resident = mobile_moe::stats::resident_bytes(cache.parked_mappings());
+  copy_out(stats, full, struct_size);
+  return MM_OK;
+}
+
+int mm_load_count(const mm_model* model) {
+  Locked open(model);
+  return open.model == nullptr ? 0 : static_cast<int>(open.model->loader->events.size());
+}
+
+mm_status mm_load_event_get(const mm_model* model, int index, mm_load_event* event, size_t struct_size) {
+  Locked open(model);
+  if (open.model == nullptr) return not_open("mm_load_event_get", model);
+  const auto& events = open.model->loader->events;
+  if (event == nullptr || struct_size < sizeof(size_t))
+    return failed(MM_BAD_ARGUMENT, "mm_load_event_get: event is NULL or smaller than its struct_size field");
+  if (index < 0 || index >= static_cast<int>(events.size()))
+    return failed(MM_BAD_ARGUMENT, "mm_load_event_get: index " + std::to_string(index) + " is out of range (" +
+                                       std::to_string(events.size()) + " loads so far: mm_load_count)");
+  const LoadEvent& load = events[static_cast<size_t>(index)];
+  mm_load_event full{};
+  full.graph = load.graph.c_str();
+  full.bytes = load.bytes;
+  full.ms = load.ms;
+  full.program_ms = load.program_ms, full.data_map_ms = load.data_map_ms, full.cache_check_ms = load.cache_check_ms;
+  full.method_ms = load.method_ms, full.cache_record_ms = load.cache_record_ms, full.bring_in_ms = load.bring_in_ms;
+  full.cache = load.cache.c_str();
+  full.weights = load.weights.c_str();
+  copy_out(event, full, struct_size);
+  return MM_OK;
+}
+
+int mm_loaded_graphs(const mm_model* model, int capacity, const char** names) {
+  Locked open(model);
+  if (open.model == nullptr) return 0;
+  int count = 0;
+  for (int expert : open.model->pipeline->cache().loaded_experts())
+    for (const auto& graph : open.model->bundle.experts.at(static_cast<size_t>(expert))) {
+      if (names != nullptr && count < capacity) names[count] = graph.name.c_str();
+      ++count;
+    }
+  return count;
+}
+
+int mm_parked_experts(const mm_model* model, int capacity, int* experts) {
+  Locked open(model);
+  if (open.model == nullptr) return 0;
+  const std::vector<int> parked = open.model->pipeline->cache().parked_experts();
+  if (experts != nullptr)
+    std::copy_n(parked.begin(), std::min<size_t>(parked.size(), static_cast<size_t>(std::max(capacity, 0))), experts);
+  return static_cast<int>(parked.size());
+}
+
+mm_status mm_expert_unload(mm_model* model, int expert) {
+  Locked open(model);
+  if (open.model == nullptr) return not_open("mm_expert_unload", model);
+  return guarded("mm_expert_unload", MM_RUNTIME_ERROR, [&] {
+    check_expert(*open.model, expert);
+    const auto threads = open.model->threads.scope();
+    open.model->pipeline->cache().unload(expert);
+  });
+}
+
+mm_status mm_expert_load(mm_model* model, int expert, int flags, double* load_ms) {
+  Locked open(model);
+  if (open.model == nullptr) return not_open("mm_expert_load", model);
+  return guarded("mm_expert_load", MM_RUNTIME_ERROR, [&] {
+    check_expert(*open.model, expert);
+    if ((flags & ~MM_LOAD_COLD) != 0) throw UsageError("flags are 0 or MM_LOAD_COLD, not " + std::to_string(flags));
+    const auto threads = open.model->threads.scope();
+    bool hit = false;
+    double ms = 0;
+    open.model->pipeline->cache().get(expert, &hit, &ms, (flags & MM_LOAD_COLD) != 0);
+    if (load_ms != nullptr) *load_ms = ms;
+  });
+}
+
+mm_status mm_route_f32(mm_model* model, const float* chw, size_t count) {
+  Locked open(model);
+  if (open.model == nullptr) return not_open("mm_route_f32", model);
+  return guarded("mm_route_f32", MM_RUNTIME_ERROR, [&] {
+    if (open.model->bundle.kind != Kind::Split)
+      throw UsageError(std::string("the bundle is ") + name(open.model->bundle.kind) + ": it has no router");
+    if (chw == nullptr) throw UsageError("chw is NULL");
+    if (count != input_values(*open.model))
+      throw UsageError(std::to_string(count) + " values, not the bundle's " +
+                       std::to_string(input_values(*open.model)) + " (C x S x S)");
+    const auto threads = open.model->threads.scope();
+    std::vector<float> image(chw, chw + count);
+    open.model->routed_tokens.clear();
+    open.model->routed_tokens = open.model->pipeline->route(image);
+  });
+}
+
+mm_status mm_expert_run(mm_model* model, int expert, double* ms) {
+  Locked open(model);
+  if (open.model == nullptr) return not_open("mm_expert_run", model);
+  return guarded("mm_expert_run", MM_RUNTIME_ERROR, [&] {
+    check_expert(*open.model, expert);
+    if (open.model->routed_tokens.empty()) throw UsageError("no tokens to run on: call mm_route_f32 first");
+    ExpertCache& cache = open.model->pipeline->cache();
+    if (!cache.resident().count(expert))
+      throw UsageError("expert " + std::to_string(expert) + " is not loaded: mm_expert_load it first");
+    const auto threads = open.model->threads.scope();
+    bool hit = false;
+    double load_ms = 0;
+    auto& graphs = cache.get(expert, &hit, &load_ms);  // a hit: the expert's graphs, most recently used now
+    const auto start = Clock::now();
+    open.model->pipeline->run_expert(expert, graphs, open.model->routed_tokens);
+    if (ms != nullptr) *ms = ms_since(start);
+  });
+}
+
+}  // extern "C"
