@@ -45,8 +45,8 @@ class LoadSettings(ctypes.Structure):
 class ModelInfo(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("bundle_dir", ctypes.c_char_p), ("kind", ctypes.c_int),
                 ("kind_name", ctypes.c_char_p), ("layout", ctypes.c_char_p), ("weight_cache_dir", ctypes.c_char_p),
-                ("threads", ctypes.c_int), ("num_experts", ctypes.c_int), ("top_k", ctypes.c_int),
-                ("cache_experts", ctypes.c_int), ("prefetch", ctypes.c_int), ("has_trunk_tail", ctypes.c_int), ("graphs", ctypes.c_int),
+                *[(name, ctypes.c_int) for name in ("threads", "num_experts", "top_k", "cache_experts", "prefetch",
+                                                     "has_trunk_tail", "graphs")],
                 ("resident_load_ms", ctypes.c_double)]  # fmt: skip
 
 
