@@ -99,8 +99,9 @@ def build(name: str, args: argparse.Namespace, device: torch.device, mode: str) 
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     forward = TrainingForward(model)
     options = MODES[mode]
-    return engine.Optimisation(forward if options is None else compile_model(forward, **options), model, optimizer,
-                               schedule)  # fmt: skip
+    step_module = forward if options is None else compile_model(forward, **options)
+    graphed = (options or {}).get("mode") == "reduce-overhead"
+    return engine.Optimisation(step_module, model, optimizer, schedule, cuda_graphs=graphed)
 
 
 def spread_clusters(opt: engine.Optimisation, images: torch.Tensor) -> None:
@@ -124,6 +125,7 @@ def training_steps(runs: dict[str, engine.Optimisation], batch, device) -> dict[
         supers = super_targets if opt.model.config.routing == "image" else None
 
         def step() -> None:
+            opt.begin_step()  # the gradients released; CUDA graphs: a new step (models take turns)
             _, terms = engine.forward_loss(opt.step_module, images, targets, supers, cfg)
             engine.update(opt, terms.total, cfg.grad_clip)
 
@@ -139,7 +141,6 @@ def take_turns(steps: dict[str, Callable[[], None]], args, device, mode: str) ->
     stats = {name: {"seconds": [], "timed_compiles": 0, "graph_breaks": 0} for name in steps}
     for step in range(args.warmup + args.steps):
         for name, run in steps.items():
-            begin_step(mode)
             graphs, breaks = dynamo_counters["stats"]["unique_graphs"], sum(dynamo_counters["graph_break"].values())
             sync()
             start = time.perf_counter()
@@ -184,7 +185,6 @@ def profile_models(steps: dict[str, Callable[[], None]], device: torch.device, m
             sync()
             start = time.perf_counter()
             for _ in range(PROFILED_STEPS):
-                begin_step(mode)
                 run()
             sync()
             wall = time.perf_counter() - start
@@ -201,13 +201,6 @@ def profile_models(steps: dict[str, Callable[[], None]], device: torch.device, m
         profiles[name] = {"wall_ms": wall * 1e3 / PROFILED_STEPS, "busy_ms": sum(spent.values()), "by_kind": by_kind,
                           "top": [[key[:120], ms] for key, ms in top]}  # fmt: skip
     return profiles
-
-
-def begin_step(mode: str) -> None:
-    """Tell CUDA graph trees a new training step begins: models taking turns each replay their own graphs, and a
-    tree that is not told may take the next model's step for its own step's continuation."""
-    if (MODES[mode] or {}).get("mode") == "reduce-overhead":
-        torch.compiler.cudagraph_mark_step_begin()
 
 
 def record(stats: dict, step: int, warmup: int, seconds: float, graphs_before: int) -> None:

@@ -225,3 +225,25 @@ def test_nvjpeg_never_writes_into_a_block_whose_freeing_streams_kernels_still_re
     (image,), refused = decode.decode_jpegs([encoded], ["plain.jpg"], CUDA)
     assert refused == 0 and image.data_ptr() != address
     assert total.item() == 7 * 3 * 64 * 96
+
+
+def test_train_compile_replays_the_step_as_cuda_graphs_and_trains_as_the_plain_compiled_step(tmp_path):
+    """`train --compile` on CUDA records the step's forward and backward as CUDA graphs (inductor's cudagraph trees)
+    and replays them; after two epochs its weights are the plain compiled step's (--no-cuda-graphs) within bf16's
+    rounding; inductor skipped no graph (a host read or a CPU tensor in the step would have it fall back, silently)."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.cudagraph_trees import get_container
+
+    counters.clear()
+
+    argv = ["train", "--model", "mobile-vmoe", "--size", "3x64", "--patch", "8", "--image-size", "32",
+            "--experts", "3", "--data", "synthetic:classes=6,super=3,per_class=40", "--super-classes", "truth",
+            "--recipe", "tiny", "--batch-size", "16", "--epochs", "2", "--quiet", "--compile",
+            "--device", "cuda"]  # fmt: skip
+    assert main([*argv, "--out", str(tmp_path / "graphed")]) == 0
+    assert get_container(torch.cuda.current_device()).tree is not None, "no CUDA graph was recorded"
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+    assert main([*argv, "--no-cuda-graphs", "--out", str(tmp_path / "plain")]) == 0
+    graphed, plain = (load_run(tmp_path / name, "last").model.state_dict() for name in ("graphed", "plain"))
+    for key, value in plain.items():
+        torch.testing.assert_close(graphed[key], value, atol=2e-2, rtol=2e-2, msg=key)

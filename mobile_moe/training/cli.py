@@ -56,7 +56,10 @@ TRAIN_FLAGS = {
 
 def flag_of(field: str) -> str:
     """The flag that sets a TrainConfig field: its own (--epochs, --compile), else --set FIELD."""
-    own = {name: f"--{dest.replace('_', '-')}" for dest, name in TRAIN_FLAGS.items()} | {"compile": "--compile"}
+    own = {name: f"--{dest.replace('_', '-')}" for dest, name in TRAIN_FLAGS.items()} | {
+        "compile": "--compile",
+        "cuda_graphs": "--no-cuda-graphs",
+    }
     return own.get(field, f"--set {field}")
 
 
@@ -116,6 +119,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     train.add_argument("--compile", action="store_true", help="torch.compile the model")
     train.add_argument(
+        "--no-cuda-graphs",
+        dest="cuda_graphs",
+        action="store_false",
+        default=None,
+        help="with --compile on CUDA: the plain compiled step, not replayed as CUDA graphs",
+    )
+    train.add_argument(
         "--workers",
         type=int,
         help=f"DataLoader workers per process (default: the recipe's; {recipe_defaults('workers')}; -1: one per "
@@ -152,6 +162,8 @@ def overrides(args: argparse.Namespace) -> dict[str, object]:
     changes.update(given)
     if args.compile:
         changes["compile"] = True
+    if args.cuda_graphs is False:
+        changes["cuda_graphs"] = False
     return changes
 
 

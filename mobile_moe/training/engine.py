@@ -61,6 +61,25 @@ class Optimisation:
     model: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
+    cuda_graphs: bool = False  # step_module replays CUDA graphs (compile_options): each step must say it begins
+
+    def begin_step(self) -> None:
+        """Before a step's forward: the last step's gradients released (so a replay may reuse their memory) and, with
+        CUDA graphs, inductor's cudagraph trees told a new step begins (the last step's outputs are dead; an
+        unmarked tree would take this forward for the last step's continuation)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+
+
+def compile_options(cfg, device: torch.device) -> dict[str, str]:
+    """torch.compile's options for the training step. With `cfg.cuda_graphs` on CUDA (train --compile's default):
+    mode="reduce-overhead", inductor's cudagraph trees, which record the step's forward and backward once and replay
+    them, so the host's cost a step no longer grows with its kernel launches (a compiled Mobile V-MoE step launches
+    several hundred). The shapes are static (the train loader drops its last partial batch) and routing never reads
+    the device on the host (moe.py: grouped GEMM offsets are device tensors), so a replay never syncs. The optimizer
+    (fused AdamW: one kernel per parameter group) and the running sums stay eager. Else the plain compiled step."""
+    return {"mode": "reduce-overhead"} if cfg.cuda_graphs and device.type == "cuda" else {}
 
 
 LOSS_TERMS = ("loss", "class_loss", "router_loss", "balance_loss", "aux_loss")
@@ -157,8 +176,7 @@ def forward_loss(step_module: nn.Module, images: Tensor, targets: Tensor, super_
 
 
 def update(opt: Optimisation, total: Tensor, grad_clip: float) -> None:
-    """Backward, clip, optimizer and schedule step."""
-    opt.optimizer.zero_grad(set_to_none=True)
+    """Backward, clip, optimizer and schedule step (the gradients were released by Optimisation.begin_step)."""
     total.backward()
     if grad_clip > 0:
         nn.utils.clip_grad_norm_(opt.model.parameters(), grad_clip)
@@ -200,6 +218,7 @@ def train_one_epoch(opt: Optimisation, loader, ctx: EpochContext, *, epoch: int)
                 images, targets, super_targets = next(batches)
             raise_if_stopped()  # a stop that a __del__ swallowed ends training here, between two steps
             with parts.step(), step_guard():
+                opt.begin_step()
                 output, terms = forward_loss(opt.step_module, images, targets, super_targets, cfg)
                 update(opt, terms.total, cfg.grad_clip)
             with parts.loop():

@@ -19,7 +19,7 @@ from mobile_moe.words import counted
 ROUTE_BY = ("router", "label")
 # What a resumed run may change: how it runs, and how long (epochs: not fewer than already done). Anything else
 # would make it a different run.
-MAY_CHANGE_ON_RESUME = ("epochs", "device", "workers", "compile", "eval_batch_size")
+MAY_CHANGE_ON_RESUME = ("epochs", "device", "workers", "compile", "cuda_graphs", "eval_batch_size")
 
 
 # The largest value each TrainConfig field takes: a seed within numpy's and torch's seeds whatever epoch and rank add;
@@ -60,6 +60,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     amp: bool = True  # bf16 autocast on CUDA (ignored on CPU)
     compile: bool = False  # torch.compile the model
+    cuda_graphs: bool = True  # with compile, on CUDA: the step replayed as CUDA graphs (engine.compile_options)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

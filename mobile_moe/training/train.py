@@ -41,7 +41,7 @@ from mobile_moe.registry import build_model, config_from_dict
 from mobile_moe.super_class.superclasses import SuperClasses
 from mobile_moe.training import cluster_fit, distributed, host_memory
 from mobile_moe.training import init_from as upcycling
-from mobile_moe.training.engine import EpochContext, NonFiniteLoss, Optimisation, train_one_epoch
+from mobile_moe.training.engine import EpochContext, NonFiniteLoss, Optimisation, compile_options, train_one_epoch
 from mobile_moe.training.estimate import say_run_estimate, time_left
 from mobile_moe.training.evaluate import evaluate
 from mobile_moe.training.imported import refuse_resume, refuse_training_into
@@ -516,9 +516,10 @@ def _build_optimisation(
         step_module = nn.parallel.DistributedDataParallel(
             step_module, device_ids=device_ids, find_unused_parameters=cfg.route_by == "label"
         )
+    graph_options = compile_options(cfg, placement.device) if cfg.compile else {}
     if cfg.compile:
-        step_module = compile_model(step_module)
-    return Optimisation(step_module, model, optimizer, scheduler), init_entries
+        step_module = compile_model(step_module, **graph_options)
+    return Optimisation(step_module, model, optimizer, scheduler, cuda_graphs=bool(graph_options)), init_entries
 
 
 def _restore_progress(

@@ -263,9 +263,10 @@ def test_resume_accepts_the_same_command_and_the_flags_that_may_change(tmp_path,
 
 def test_resume_help_and_refusal_name_every_field_that_may_change(tmp_path, capsys, one_epoch):
     flags = [flag_of(field) for field in MAY_CHANGE_ON_RESUME]
-    assert flags == ["--epochs", "--device", "--workers", "--compile", "--set eval_batch_size"]
+    assert flags == ["--epochs", "--device", "--workers", "--compile", "--no-cuda-graphs", "--set eval_batch_size"]
     status, err = cli(capsys, train_argv(copy_run(one_epoch, tmp_path / "run"), 2, "--resume", "--seed", "1"))
-    assert status == 2 and "(only --epochs, --device, --workers, --compile and --set eval_batch_size may change)" in err
+    changeable = "--epochs, --device, --workers, --compile, --no-cuda-graphs and --set eval_batch_size"
+    assert status == 2 and f"(only {changeable} may change)" in err
     assert all(flag in RESUME_HELP for flag in [*flags, "--quiet"])
 
 

@@ -10,8 +10,9 @@ from itertools import islice
 
 import pytest
 import torch
+from torch import nn
 
-from mobile_moe.app.cli import main
+from mobile_moe.app.cli import build_parser, main
 from mobile_moe.errors import UsageError
 from mobile_moe.registry import make_config
 from mobile_moe.super_class.superclasses import random_super_classes, unnamed_classes
@@ -218,6 +219,29 @@ def test_a_runs_super_class_record_is_checked_as_a_super_class_file(moe_run, tmp
 def test_model_classes_must_match_the_data(tmp_path):
     with pytest.raises(UsageError, match="use --num-classes 6"):
         train(model_config("vit", 10), quick(), SYNTHETIC, None, tmp_path / "run")
+
+
+def test_train_compile_replays_cuda_graphs_on_cuda_unless_told_not_to_and_each_step_says_it_begins(monkeypatch):
+    """--compile's step on CUDA is mode="reduce-overhead" (CUDA graphs) by default, the plain compiled step with
+    --no-cuda-graphs or off CUDA; a graphed step marks its start for inductor's cudagraph trees and releases the last
+    step's gradients first (the CUDA half runs in tests/test_gpu.py)."""
+    from mobile_moe.training.cli import overrides
+
+    cfg, cuda, cpu = recipes.tiny(), torch.device("cuda"), torch.device("cpu")
+    assert engine.compile_options(cfg, cuda) == {"mode": "reduce-overhead"}
+    assert engine.compile_options(cfg.replace(cuda_graphs=False), cuda) == engine.compile_options(cfg, cpu) == {}
+    parser = build_parser("train")
+    assert overrides(parser.parse_args(["train", "--out", "run", "--compile", "--no-cuda-graphs"]))["cuda_graphs"] is False
+    assert "cuda_graphs" not in overrides(parser.parse_args(["train", "--out", "run", "--compile"]))
+    marks = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    model = nn.Linear(2, 2)
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for graphed in (False, True):
+        engine.Optimisation(model, model, optimizer, None, cuda_graphs=graphed).begin_step()
+        assert all(p.grad is None for p in model.parameters())
+        assert len(marks) == graphed
 
 
 def test_recipe_overrides_are_type_checked():
