@@ -230,9 +230,9 @@ def test_train_compile_replays_cuda_graphs_on_cuda_unless_told_not_to_and_each_s
     cfg, cuda, cpu = recipes.tiny(), torch.device("cuda"), torch.device("cpu")
     assert engine.compile_options(cfg, cuda) == {"mode": "reduce-overhead"}
     assert engine.compile_options(cfg.replace(cuda_graphs=False), cuda) == engine.compile_options(cfg, cpu) == {}
-    parser = build_parser("train")
-    assert overrides(parser.parse_args(["train", "--out", "run", "--compile", "--no-cuda-graphs"]))["cuda_graphs"] is False
-    assert "cuda_graphs" not in overrides(parser.parse_args(["train", "--out", "run", "--compile"]))
+    parser, train = build_parser("train"), ["train", "--out", "run", "--compile"]
+    assert overrides(parser.parse_args([*train, "--no-cuda-graphs"]))["cuda_graphs"] is False
+    assert "cuda_graphs" not in overrides(parser.parse_args(train))
     marks = []
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
     model = nn.Linear(2, 2)
