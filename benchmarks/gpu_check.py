@@ -5,8 +5,9 @@ which runs every step that can run on the CPU and says which cannot).
 
 Steps, each a fresh process (its exit status, time and last line go in the table), the headline figures first
 (on CUDA: the train step, the input pipeline, the gpu tests, in a 420 s budget; then the rest):
-  input pipeline  benchmarks/input_pipeline.py --gpu: a real epoch's images/s (--input-pipeline crop) over the step
-                  alone (DeiT-Ti/16, compiled, bf16, b256) from a folder and a store, and where a batch's time goes
+  input pipeline  benchmarks/input_gpu_epoch.py: a real epoch's images/s (--input-pipeline crop) over the step alone
+                  (DeiT-Ti/16, compiled, bf16, b256) from a folder and a store, where the epoch's time goes, and the
+                  store loader's margin beside the step (--cpu: input_host_cost.py, the host's CPU per image)
   gpu decoders    benchmarks/gpu_decoders.py: a folder's JPEGs decoded on the GPU, torchvision's nvJPEG call against
                   nvImageCodec's (whole and ROI), images/s (CUDA only; nvImageCodec from .whl/optional where carried)
   gpu tests       pytest -m gpu (tests/test_gpu.py: compiled CUDA training, CUDA checkpoints on a CPU, ...)
@@ -78,9 +79,9 @@ def steps(device: str, out: Path, gpus: int) -> list[tuple[str, list[str]]]:
     # 6,400 images, one round: two rounds of 12,800 took 318 s of the call's budget on an H200 (2026-12-04); the
     # epoch's steady window (SteadyWindow) leaves the start out, so a shorter epoch should read the same ratio (not yet
     # measured at both sizes: compare with input_pipeline.results.md's 12,800-image figures)
-    feed = ["--gpu", "--images", "6400", "--rounds", "1"] if device == "cuda" else [
-        "--images", "64", "--batches", "1", "--batch-size", "16", "--rounds", "1"]  # fmt: skip
-    found.insert(0, ("input pipeline", [sys.executable, str(REPO / "benchmarks" / "input_pipeline.py"), *feed]))
+    feed = ["input_gpu_epoch.py", "--images", "6400"] if device == "cuda" else [
+        "input_host_cost.py", "--images", "64", "--batches", "1", "--batch-size", "16", "--rounds", "1"]  # fmt: skip
+    found.insert(0, ("input pipeline", [sys.executable, str(REPO / "benchmarks" / feed[0]), *feed[1:]]))
     if device == "cuda":  # which decoder a folder's JPEGs should take: nvImageCodec from .whl/optional where carried
         wheels = REPO / ".whl" / "optional"
         found.insert(1, ("gpu decoders", [sys.executable, str(REPO / "benchmarks" / "gpu_decoders.py"),

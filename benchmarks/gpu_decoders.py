@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from input_pipeline import write_folder  # noqa: E402
+from input_bench import write_folder  # noqa: E402
 
 from mobile_moe.data import decode  # noqa: E402
 from mobile_moe.data.batch_augment import random_resized_crops  # noqa: E402

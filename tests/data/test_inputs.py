@@ -15,7 +15,7 @@ from mobile_moe.training import recipes
 @pytest.mark.parametrize(
     ("choice", "recipe", "expected"),
     [
-        ("auto", "deit", "crop"),  # 2 CPU cores: 1.5-2x the per-image path (benchmarks/input_pipeline.py)
+        ("auto", "deit", "crop"),  # 2 CPU cores: 1.5-2x the per-image path (benchmarks/input_host_cost.py)
         ("auto", "tiny", "workers"),  # nothing drawn at random: the images are computed once
         ("device", "tiny", "device"),
         ("workers", "deit", "workers"),
