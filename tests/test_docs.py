@@ -102,7 +102,7 @@ def test_the_native_runners_flatbuffer_header_is_the_generated_one():
 
 
 def test_no_manifest_word_is_spelled_in_cpp_outside_the_parser():
-    """Layouts, kinds and roles reach the runner as manifest_schema.h's enums; only the parser reads their words."""
+    """Layouts, kinds and roles reach the library as manifest_schema.h's enums; only the parser reads their words."""
     from mobile_moe.export.manifest_schema import KIND_OF_LAYOUT, LAYOUTS, ROLES
 
     words = "|".join(re.escape(word) for word in {*LAYOUTS, *KIND_OF_LAYOUT.values(), *ROLES})
@@ -112,6 +112,24 @@ def test_no_manifest_word_is_spelled_in_cpp_outside_the_parser():
         if path.name not in ("bundle_manifest.h", "manifest_schema.h"):
             found = [match.group(0) for match in compared.finditer(path.read_text())]
             assert found == [], f"{path.name} compares manifest words ({found}): use manifest_schema.h's enums"
+
+
+def test_the_schemas_words_and_bounds_are_spelled_in_cpp_by_the_generated_header_alone():
+    """The manifest's format, dtype and resize words, and its bounds, reach libmobile_moe through manifest_schema.h
+    (generated from the schema): no other C++ file spells them as a string, and the parser names its bounds (a
+    kMax... constant), never a number of its own."""
+    from mobile_moe.export.manifest_schema import FORMAT, RESIZE_ORIGINS, TENSOR_DTYPE
+    from mobile_moe.preprocess import INTERPOLATIONS, POLICIES
+
+    words = [FORMAT, TENSOR_DTYPE, *POLICIES, *RESIZE_ORIGINS, *INTERPOLATIONS]
+    native = REPOSITORY / "mobile_moe" / "library" / "libmobile_moe"
+    for path in [*native.rglob("*.cpp"), *native.rglob("*.h")]:
+        if path.name != "manifest_schema.h":
+            text = path.read_text()
+            assert [word for word in words if f'"{word}"' in text] == [], f"{path.name} spells the schema's words"
+    parser = (native / "src" / "bundle_manifest.h").read_text()
+    bounds = re.findall(r"as_(?:str|array|int)\([^;]*?, (\d+), (\d+)\)", parser)
+    assert [bound for bound in bounds if int(bound[1]) > 1] == [], "bundle_manifest.h bounds a value by a number"
 
 
 def test_the_manifests_routings_are_the_configs():

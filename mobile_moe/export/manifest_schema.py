@@ -54,7 +54,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mobile_moe.class_names import class_names_problem
-from mobile_moe.preprocess import ResizePolicy
+from mobile_moe.preprocess import INTERPOLATIONS, POLICIES, ResizePolicy
 
 FORMAT = "mobile-moe-bundle"
 VERSION = 1
@@ -91,10 +91,18 @@ MAX_CLASSES = 1 << 20
 
 MAX_COUNT = 1 << 62  # bytes, parameters
 MAX_GRAPHS = 1 << 16
+MAX_NAME = 256  # a name: the model's, a graph's, a tensor's
+MAX_PATH = 4096  # a file's path inside the bundle
+MAX_LABEL = 1024  # a class or super-class name
+MAX_RANK = 8  # a tensor's dimensions
+MAX_TENSORS = 16  # a graph's inputs, or its outputs
+MAX_BLOCK = 4096  # a per-block graph's block index
+MAX_CHANNELS = 4  # an input image's channels
+TENSOR_DTYPE = "float32"  # every tensor a bundle's graphs take and give, the input included
 
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 Dim = Annotated[int, Field(ge=1, le=MAX_DIM)]
-Name = Annotated[str, Field(min_length=1, max_length=256)]
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
 
@@ -105,8 +113,8 @@ class _Strict(BaseModel):
 
 class TensorSpec(_Strict):
     name: Name
-    shape: Annotated[list[Dim], Field(min_length=1, max_length=8)]
-    dtype: Literal["float32"]
+    shape: Annotated[list[Dim], Field(min_length=1, max_length=MAX_RANK)]
+    dtype: Literal[TENSOR_DTYPE]  # type: ignore[valid-type]
 
     @model_validator(mode="after")
     def _bounded(self) -> TensorSpec:
@@ -123,7 +131,7 @@ class ResizeSpec(ResizePolicy):
 
 class InputSpec(_Strict):
     shape: Annotated[list[Dim], Field(min_length=4, max_length=4)]  # (1, C, S, S)
-    dtype: Literal["float32"]
+    dtype: Literal[TENSOR_DTYPE]  # type: ignore[valid-type]
     mean: list[FiniteFloat]
     std: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]]
     resize: ResizeSpec | None = None  # absent (bundles from before it): stretch
@@ -131,8 +139,8 @@ class InputSpec(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> InputSpec:
         batch, channels, height, width = self.shape
-        if batch != 1 or channels > 4 or height != width:
-            raise ValueError(f"shape {self.shape} must be (1, C, S, S) with C <= 4")
+        if batch != 1 or channels > MAX_CHANNELS or height != width:
+            raise ValueError(f"shape {self.shape} must be (1, C, S, S) with C <= {MAX_CHANNELS}")
         if len(self.mean) != channels or len(self.std) != channels:
             raise ValueError(f"mean and std need {channels} values (one per channel)")
         if self.resize is not None and self.resize.crop_to not in (None, height):
@@ -145,7 +153,7 @@ class ModelSummary(_Strict):
 
     name: Name
     image_size: Dim
-    in_chans: Annotated[int, Field(ge=1, le=4)]
+    in_chans: Annotated[int, Field(ge=1, le=MAX_CHANNELS)]
     num_classes: Annotated[int, Field(ge=1, le=MAX_CLASSES)]
     renormalize_gates: bool = False
 
@@ -154,7 +162,7 @@ class GraphFile(_Strict):
     """A file a graph loads, relative to the bundle, with its size and sha256: a graph's program, or the ExecuTorch
     named-data file (.ptd) holding the weights it keeps outside its program (GraphEntry.weights)."""
 
-    file: Annotated[str, Field(min_length=1, max_length=4096)]
+    file: Annotated[str, Field(min_length=1, max_length=MAX_PATH)]
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
     bytes: Count
 
@@ -163,13 +171,13 @@ class GraphEntry(_Strict):
     name: Name
     role: Literal[ROLES]  # type: ignore[valid-type]
     expert: Annotated[int, Field(ge=0, lt=MAX_EXPERTS)] | None
-    block: Annotated[int, Field(ge=0, le=4096)] | None = None
-    file: Annotated[str, Field(min_length=1, max_length=4096)]
+    block: Annotated[int, Field(ge=0, le=MAX_BLOCK)] | None = None
+    file: Annotated[str, Field(min_length=1, max_length=MAX_PATH)]
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
     bytes: Count
     params: Count
-    inputs: Annotated[list[TensorSpec], Field(min_length=1, max_length=16)]
-    outputs: Annotated[list[TensorSpec], Field(min_length=1, max_length=16)]
+    inputs: Annotated[list[TensorSpec], Field(min_length=1, max_length=MAX_TENSORS)]
+    outputs: Annotated[list[TensorSpec], Field(min_length=1, max_length=MAX_TENSORS)]
     weights: GraphFile | None = None  # ExecuTorch: this graph's own weights, when graphs share one program
 
     def output(self, name: str) -> TensorSpec | None:
@@ -248,8 +256,8 @@ class Manifest(_Strict):
     routing: Literal[ROUTINGS] | None = None  # type: ignore[valid-type]
     params_active_max: Count | None = None
     input: InputSpec
-    class_names: list[Annotated[str, Field(max_length=1024)]]
-    super_class_names: list[Annotated[str, Field(max_length=1024)]] | None = None
+    class_names: list[Annotated[str, Field(max_length=MAX_LABEL)]]
+    super_class_names: list[Annotated[str, Field(max_length=MAX_LABEL)]] | None = None
     composition: Composition
     graphs: Annotated[list[GraphEntry], Field(min_length=1, max_length=MAX_GRAPHS)]
     # What export measured and chose, for people and reports (no consumer's arithmetic depends on them):
@@ -532,7 +540,7 @@ def json_schema() -> dict[str, Any]:
     return schema
 
 
-# --- the same words and bounds for the native runner ------------------------------------------------------------------
+# --- the same words and bounds for libmobile_moe ----------------------------------------------------------------------
 
 CPP_HEADER = "mobile_moe/library/libmobile_moe/src/manifest_schema.h"
 
@@ -542,21 +550,22 @@ def _enum_name(word: str) -> str:
     return "".join(part.capitalize() for part in word.replace("-", "_").split("_"))
 
 
-def _cpp_words(enum: str, words: tuple[str, ...], what: str) -> list[str]:
+def _cpp_words(enum: str, words: tuple[str, ...], what: str, plural: str = "") -> list[str]:
+    array = f"k{plural or enum + 's'}"
     return [
-        f"// {what}; k{enum}s[i] is the manifest's word for {enum}(i).",
+        f"// {what}; {array}[i] is the manifest's word for {enum}(i).",
         f"enum class {enum} {{ {', '.join(_enum_name(word) for word in words)} }};",
-        f"inline constexpr const char* k{enum}s[] = {{{', '.join(json.dumps(word) for word in words)}}};",
-        f"inline const char* name({enum} value) {{ return k{enum}s[static_cast<int>(value)]; }}",
+        f"inline constexpr const char* {array}[] = {{{', '.join(json.dumps(word) for word in words)}}};",
+        f"inline const char* name({enum} value) {{ return {array}[static_cast<int>(value)]; }}",
         "",
     ]
 
 
 def cpp_header() -> str:
     """mobile_moe/library/libmobile_moe/src/manifest_schema.h: this module's words (layouts, kinds, roles, backends,
-    routings), the layouts of each routing and the kind of each layout, the manifest's file name, and its bounds, for
-    the C++ runner, so that the format has one owner in both languages (tests/test_docs.py checks the committed file
-    against this)."""
+    routings, the resize policy's), the layouts of each routing and the kind of each layout, the manifest's file name,
+    format, version and tensor dtype, and its bounds, for libmobile_moe, so that the format has one owner in both
+    languages (tests/test_docs.py checks the committed file against this)."""
     kinds = tuple(dict.fromkeys(KIND_OF_LAYOUT.values()))
     fits = [f"{{{', '.join('true' if layout in LAYOUTS_OF_ROUTING[r] else 'false' for layout in LAYOUTS)}}}"
             for r in ROUTINGS]  # fmt: skip
@@ -572,6 +581,9 @@ def cpp_header() -> str:
         "namespace mobile_moe::library {",
         "",
         f"inline constexpr const char* kManifestFile = {json.dumps(MANIFEST)};",
+        f"inline constexpr const char* kFormat = {json.dumps(FORMAT)};",
+        f"constexpr int64_t kVersion = {VERSION};",
+        f"inline constexpr const char* kTensorDtype = {json.dumps(TENSOR_DTYPE)};",
         f"constexpr int64_t kMaxManifestBytes = {MAX_MANIFEST_BYTES};",
         f"constexpr int64_t kMaxExperts = {MAX_EXPERTS};",
         f"constexpr int64_t kMaxDim = {MAX_DIM};",
@@ -579,12 +591,22 @@ def cpp_header() -> str:
         f"constexpr int64_t kMaxClasses = {MAX_CLASSES};",
         f"constexpr int64_t kMaxCount = {MAX_COUNT};",
         f"constexpr int64_t kMaxGraphs = {MAX_GRAPHS};",
+        f"constexpr int64_t kMaxName = {MAX_NAME};",
+        f"constexpr int64_t kMaxPath = {MAX_PATH};",
+        f"constexpr int64_t kMaxLabel = {MAX_LABEL};",
+        f"constexpr int64_t kMaxRank = {MAX_RANK};",
+        f"constexpr int64_t kMaxTensors = {MAX_TENSORS};",
+        f"constexpr int64_t kMaxBlock = {MAX_BLOCK};",
+        f"constexpr int64_t kMaxChannels = {MAX_CHANNELS};",
         "",
         *_cpp_words("Layout", LAYOUTS, "How a bundle's graphs compose (composition.layout)"),
         *_cpp_words("Kind", kinds, "What a runner does with a layout (Manifest.kind)"),
         *_cpp_words("Role", ROLES, "What a graph is (graphs[i].role)"),
         *_cpp_words("Backend", BACKENDS, "The runtime a bundle is for (backend)"),
         *_cpp_words("Routing", ROUTINGS, "How the model routes (routing)"),
+        *_cpp_words("ResizePolicy", POLICIES, "How predict resizes an image (input.resize.policy)", "ResizePolicies"),
+        *_cpp_words("ResizeOrigin", RESIZE_ORIGINS, "Where that policy came from (input.resize.origin)"),
+        *_cpp_words("Interpolation", INTERPOLATIONS, "The resize's filter (input.resize.interpolation)"),
         "// kKindOfLayout[layout]: Manifest.kind.",
         f"inline constexpr Kind kKindOfLayout[] = {{{kind_of}}};",
         "// kLayoutFitsRouting[routing][layout]: whether a model routing that way exports as that layout.",

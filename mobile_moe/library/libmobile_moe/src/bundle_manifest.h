@@ -145,7 +145,8 @@ inline std::string shape_text(const std::vector<int32_t>& shape) {
   return text + "]";
 }
 
-// A shape: 1..8 dimensions of 1..2^16, at most 2^28 elements (the product cannot overflow: checked as it grows).
+// A shape: 1..kMaxRank dimensions of 1..kMaxDim, at most kMaxElements elements (the product cannot overflow: checked
+// as it grows).
 inline std::vector<int32_t> shape_of(const json::Value& value, const std::string& where, size_t min_dims,
                                      size_t max_dims, int64_t* numel) {
   std::vector<int32_t> shape;
@@ -162,15 +163,15 @@ inline std::vector<int32_t> shape_of(const json::Value& value, const std::string
 
 inline Spec spec_of(const json::Value& value, const std::string& where) {
   Spec spec;
-  spec.name = as_str(object_at(value, where, "name"), child(where, "name"), 1, 256);
-  spec.shape = shape_of(object_at(value, where, "shape"), child(where, "shape"), 1, 8, &spec.numel);
-  if (as_str(object_at(value, where, "dtype"), child(where, "dtype"), 0, 256) != "float32")
-    invalid(child(where, "dtype"), "must be \"float32\"");
+  spec.name = as_str(object_at(value, where, "name"), child(where, "name"), 1, kMaxName);
+  spec.shape = shape_of(object_at(value, where, "shape"), child(where, "shape"), 1, kMaxRank, &spec.numel);
+  if (as_str(object_at(value, where, "dtype"), child(where, "dtype"), 0, kMaxName) != kTensorDtype)
+    invalid(child(where, "dtype"), std::string("must be \"") + kTensorDtype + "\"");
   return spec;
 }
 
 inline bool is_hex_digest(const std::string& text) {
-  if (text.size() != 64) return false;
+  if (text.size() != sha256::kHexDigits) return false;
   for (char c : text)
     if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
   return true;
@@ -213,9 +214,10 @@ inline std::string path_in_bundle(const std::string& graph, const std::string& f
 inline File file_from(const json::Value& object, const std::string& where, const std::string& graph,
                       const std::string& dir) {
   File file;
-  file.file = as_str(object_at(object, where, "file"), child(where, "file"), 1, 4096);
-  file.sha256 = as_str(object_at(object, where, "sha256"), child(where, "sha256"), 0, 64);
-  if (!is_hex_digest(file.sha256)) invalid(child(where, "sha256"), "must be 64 lowercase hex digits");
+  file.file = as_str(object_at(object, where, "file"), child(where, "file"), 1, kMaxPath);
+  file.sha256 = as_str(object_at(object, where, "sha256"), child(where, "sha256"), 0, sha256::kHexDigits);
+  if (!is_hex_digest(file.sha256))
+    invalid(child(where, "sha256"), "must be " + std::to_string(sha256::kHexDigits) + " lowercase hex digits");
   file.bytes = as_int(object_at(object, where, "bytes"), child(where, "bytes"), 0, kMaxCount);
   file.path = path_in_bundle(graph, file.file, dir);
   return file;
@@ -223,15 +225,16 @@ inline File file_from(const json::Value& object, const std::string& where, const
 
 inline Graph graph_from(const json::Value& entry, const std::string& where, const std::string& dir) {
   Graph graph;
-  graph.name = as_str(object_at(entry, where, "name"), child(where, "name"), 1, 256);
+  graph.name = as_str(object_at(entry, where, "name"), child(where, "name"), 1, kMaxName);
   graph.role = one_of(object_at(entry, where, "role"), child(where, "role"), kRoles);
   const json::Value& expert = object_at(entry, where, "expert");  // required, may be null
   graph.expert = expert.is_null() ? -1 : static_cast<int>(as_int(expert, child(where, "expert"), 0, kMaxExperts - 1));
-  if (const json::Value* block = optional_at(entry, where, "block")) as_int(*block, child(where, "block"), 0, 4096);
+  if (const json::Value* block = optional_at(entry, where, "block"))
+    as_int(*block, child(where, "block"), 0, kMaxBlock);
   graph.params = as_int(object_at(entry, where, "params"), child(where, "params"), 0, kMaxCount);
-  const auto& inputs = as_array(object_at(entry, where, "inputs"), child(where, "inputs"), 1, 16);
+  const auto& inputs = as_array(object_at(entry, where, "inputs"), child(where, "inputs"), 1, kMaxTensors);
   for (size_t i = 0; i < inputs.size(); ++i) graph.inputs.push_back(spec_of(inputs[i], child(child(where, "inputs"), i)));
-  const auto& outputs = as_array(object_at(entry, where, "outputs"), child(where, "outputs"), 1, 16);
+  const auto& outputs = as_array(object_at(entry, where, "outputs"), child(where, "outputs"), 1, kMaxTensors);
   for (size_t i = 0; i < outputs.size(); ++i)
     graph.outputs.push_back(spec_of(outputs[i], child(child(where, "outputs"), i)));
   for (const auto& spec : graph.inputs) graph.input_shapes.push_back(spec.shape);
@@ -267,9 +270,7 @@ inline void expect_inputs(const Graph& graph, const std::vector<std::vector<int3
 // (mobile_moe/preprocess.py). The runner is handed tensors already preprocessed, so it only checks the record, by the
 // schema's rules (mobile_moe/export/manifest_schema.py ResizeSpec): a known policy and origin, no unknown key, stretch
 // without sizes, resize-center-crop with resize_to >= crop_to = S, an optional known interpolation.
-const char* const kResizePolicies[] = {"stretch", "resize-center-crop"};
-const char* const kResizeOrigins[] = {"run", "data-spec", "assumed"};
-const char* const kResizeInterpolations[] = {"bilinear", "bicubic"};
+// The words: manifest_schema.h's kResizePolicies, kResizeOrigins, kInterpolations.
 
 inline void check_resize(const json::Value& input, int64_t image_size, Preprocessing& pre) {
   const json::Value* resize = optional_at(input, "input", "resize");
@@ -279,22 +280,23 @@ inline void check_resize(const json::Value& input, int64_t image_size, Preproces
     if (entry.first != "policy" && entry.first != "resize_to" && entry.first != "crop_to" && entry.first != "origin" &&
         entry.first != "interpolation")
       invalid("input.resize", "has an unknown key \"" + entry.first.substr(0, 40) + "\"");
-  const std::string& policy =
-      one_of(object_at(*resize, "input.resize", "policy"), "input.resize.policy", kResizePolicies);
+  const auto policy =
+      one_of<ResizePolicy>(object_at(*resize, "input.resize", "policy"), "input.resize.policy", kResizePolicies);
   if (const json::Value* origin = optional_at(*resize, "input.resize", "origin"))
     one_of(*origin, "input.resize.origin", kResizeOrigins);
   if (const json::Value* interpolation = optional_at(*resize, "input.resize", "interpolation"))
-    pre.interpolation = one_of(*interpolation, "input.resize.interpolation", kResizeInterpolations);
+    pre.interpolation = one_of<Interpolation>(*interpolation, "input.resize.interpolation", kInterpolations);
   pre.policy = policy;
   const json::Value* resize_to = optional_at(*resize, "input.resize", "resize_to");
   const json::Value* crop_to = optional_at(*resize, "input.resize", "crop_to");
-  if (policy == "stretch") {
+  if (policy == ResizePolicy::Stretch) {
     if (resize_to != nullptr || crop_to != nullptr)
-      invalid("input.resize", "the stretch policy resizes to the input size and takes no resize_to or crop_to");
+      invalid("input.resize", std::string("the ") + name(policy) +
+                                  " policy resizes to the input size and takes no resize_to or crop_to");
     return;
   }
   if (resize_to == nullptr || crop_to == nullptr)
-    invalid("input.resize", "the resize-center-crop policy needs resize_to and crop_to");
+    invalid("input.resize", std::string("the ") + name(policy) + " policy needs resize_to and crop_to");
   int64_t resize_side = as_int(*resize_to, "input.resize.resize_to", 1, kMaxDim);
   int64_t crop_side = as_int(*crop_to, "input.resize.crop_to", 1, kMaxDim);
   if (resize_side < crop_side)
@@ -322,7 +324,7 @@ struct LayoutCheck {
   const Graph& named(const json::Value* value, const std::string& role, const std::string& what) const {
     std::string where = "composition." + what;
     if (value == nullptr) invalid(where, "names no graph");
-    std::string name = as_str(*value, where, 1, 256);
+    std::string name = as_str(*value, where, 1, kMaxName);
     auto found = graphs.find(name);
     if (found == graphs.end()) invalid(where, "names graph \"" + name + "\", which is not in graphs");
     if (found->second.role != role)
@@ -365,17 +367,17 @@ inline int64_t check_header_and_model(const json::Value& manifest, Bundle& bundl
                                       int64_t* in_chans) {
   if (!manifest.is_object()) invalid("manifest", "must be a JSON object, not " + json::describe(manifest));
   const json::Value& format = object_at(manifest, "", "format");
-  if (!format.is_string() || format.string != "mobile-moe-bundle") invalid("format", "must be \"mobile-moe-bundle\"");
-  if (as_int(object_at(manifest, "", "version"), "version", INT64_MIN, INT64_MAX) != 1)
-    invalid("version", "this runner reads version 1 manifests only");
+  if (!format.is_string() || format.string != kFormat) invalid("format", std::string("must be \"") + kFormat + "\"");
+  if (as_int(object_at(manifest, "", "version"), "version", INT64_MIN, INT64_MAX) != kVersion)
+    invalid("version", "this library reads version " + std::to_string(kVersion) + " manifests only");
   const std::string& backend = one_of(object_at(manifest, "", "backend"), "backend", kBackends);
   if (backend != "executorch")
-    throw UsageError("the native runner runs ExecuTorch bundles; this is a " + backend + " bundle");
+    throw UsageError("libmobile_moe runs ExecuTorch bundles; this is a " + backend + " bundle");
 
   const json::Value& model = object_at(manifest, "", "model");
-  as_str(object_at(model, "model", "name"), "model.name", 1, 256);
+  as_str(object_at(model, "model", "name"), "model.name", 1, kMaxName);
   *image_size = as_int(object_at(model, "model", "image_size"), "model.image_size", 1, kMaxDim);
-  *in_chans = as_int(object_at(model, "model", "in_chans"), "model.in_chans", 1, 4);
+  *in_chans = as_int(object_at(model, "model", "in_chans"), "model.in_chans", 1, kMaxChannels);
   int64_t num_classes = as_int(object_at(model, "model", "num_classes"), "model.num_classes", 1, kMaxClasses);
   if (const json::Value* renormalize = optional_at(model, "model", "renormalize_gates"))
     bundle.renormalize_gates = as_bool(*renormalize, "model.renormalize_gates");
@@ -391,18 +393,18 @@ inline void check_input(const json::Value& manifest, Bundle& bundle, int64_t ima
   const json::Value& input = object_at(manifest, "", "input");
   int64_t image_numel = 0;
   bundle.image_shape = shape_of(object_at(input, "input", "shape"), "input.shape", 4, 4, &image_numel);
-  if (as_str(object_at(input, "input", "dtype"), "input.dtype", 0, 256) != "float32")
-    invalid("input.dtype", "must be \"float32\"");
-  const auto& mean = as_array(object_at(input, "input", "mean"), "input.mean", 0, 4096);
-  const auto& std_dev = as_array(object_at(input, "input", "std"), "input.std", 0, 4096);
+  if (as_str(object_at(input, "input", "dtype"), "input.dtype", 0, kMaxName) != kTensorDtype)
+    invalid("input.dtype", std::string("must be \"") + kTensorDtype + "\"");
+  const auto& mean = as_array(object_at(input, "input", "mean"), "input.mean", 0, kMaxChannels);
+  const auto& std_dev = as_array(object_at(input, "input", "std"), "input.std", 0, kMaxChannels);
   for (size_t i = 0; i < mean.size(); ++i) bundle.input.mean.push_back(as_finite(mean[i], child("input.mean", i)));
   for (size_t i = 0; i < std_dev.size(); ++i) {
     bundle.input.std.push_back(as_finite(std_dev[i], child("input.std", i)));
     if (bundle.input.std.back() <= 0) invalid(child("input.std", i), "must be greater than 0");
   }
   const auto& shape = bundle.image_shape;
-  if (shape[0] != 1 || shape[1] > 4 || shape[2] != shape[3])
-    invalid("input.shape", shape_text(shape) + " must be (1, C, S, S) with C <= 4");
+  if (shape[0] != 1 || shape[1] > kMaxChannels || shape[2] != shape[3])
+    invalid("input.shape", shape_text(shape) + " must be (1, C, S, S) with C <= " + std::to_string(kMaxChannels));
   if (mean.size() != static_cast<size_t>(shape[1]) || std_dev.size() != static_cast<size_t>(shape[1]))
     invalid("input", "mean and std need " + std::to_string(shape[1]) + " values (one per channel)");
   std::vector<int32_t> model_shape{1, static_cast<int32_t>(in_chans), static_cast<int32_t>(image_size),
@@ -416,7 +418,7 @@ inline void check_class_names(const json::Value& manifest, int64_t num_classes, 
   const auto& class_names = as_array(object_at(manifest, "", "class_names"), "class_names", 0, kMaxClasses);
   std::set<std::string> seen;
   for (size_t i = 0; i < class_names.size(); ++i) {  // mobile_moe/class_names.py class_names_problem's rule
-    const std::string& name = as_str(class_names[i], child("class_names", i), 1, 1024);
+    const std::string& name = as_str(class_names[i], child("class_names", i), 1, kMaxLabel);
     if (name.find_first_not_of(" \t") == std::string::npos) invalid(child("class_names", i), "is blank");
     if (has_control_character(name))
       invalid(child("class_names", i), "holds a control character (a NUL, newline, tab or escape): rename it");
@@ -428,7 +430,7 @@ inline void check_class_names(const json::Value& manifest, int64_t num_classes, 
                                std::to_string(num_classes) + " classes");
   if (const json::Value* names = optional_at(manifest, "", "super_class_names")) {
     const auto& items = as_array(*names, "super_class_names", 0, kMaxClasses);
-    for (size_t i = 0; i < items.size(); ++i) as_str(items[i], child("super_class_names", i), 0, 1024);
+    for (size_t i = 0; i < items.size(); ++i) as_str(items[i], child("super_class_names", i), 0, kMaxLabel);
   }
 }
 
@@ -501,7 +503,7 @@ inline void check_per_block(const LayoutCheck& check) {
   check.check_experts_and_k(1, bundle.num_experts);
   std::vector<int32_t> tokens = check.check_router();
   const json::Value* blocks = optional_at(check.composition, "composition", "blocks");
-  if (blocks == nullptr || as_array(*blocks, "composition.blocks", 0, 4097).empty())
+  if (blocks == nullptr || as_array(*blocks, "composition.blocks", 0, kMaxBlock + 1).empty())
     invalid("composition.blocks", "a per-block bundle needs composition.blocks");
   for (size_t b = 0; b < blocks->array.size(); ++b) {
     const json::Value& block = blocks->array[b];

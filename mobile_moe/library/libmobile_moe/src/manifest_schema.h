@@ -8,6 +8,9 @@
 namespace mobile_moe::library {
 
 inline constexpr const char* kManifestFile = "manifest.json";
+inline constexpr const char* kFormat = "mobile-moe-bundle";
+constexpr int64_t kVersion = 1;
+inline constexpr const char* kTensorDtype = "float32";
 constexpr int64_t kMaxManifestBytes = 67108864;
 constexpr int64_t kMaxExperts = 4096;
 constexpr int64_t kMaxDim = 65536;
@@ -15,6 +18,13 @@ constexpr int64_t kMaxElements = 268435456;
 constexpr int64_t kMaxClasses = 1048576;
 constexpr int64_t kMaxCount = 4611686018427387904;
 constexpr int64_t kMaxGraphs = 65536;
+constexpr int64_t kMaxName = 256;
+constexpr int64_t kMaxPath = 4096;
+constexpr int64_t kMaxLabel = 1024;
+constexpr int64_t kMaxRank = 8;
+constexpr int64_t kMaxTensors = 16;
+constexpr int64_t kMaxBlock = 4096;
+constexpr int64_t kMaxChannels = 4;
 
 // How a bundle's graphs compose (composition.layout); kLayouts[i] is the manifest's word for Layout(i).
 enum class Layout { Dense, Monolithic, ExpertPaths, PerBlock, Whole };
@@ -40,6 +50,21 @@ inline const char* name(Backend value) { return kBackends[static_cast<int>(value
 enum class Routing { None, Image, Cluster, Token, Expert, Soft };
 inline constexpr const char* kRoutings[] = {"none", "image", "cluster", "token", "expert", "soft"};
 inline const char* name(Routing value) { return kRoutings[static_cast<int>(value)]; }
+
+// How predict resizes an image (input.resize.policy); kResizePolicies[i] is the manifest's word for ResizePolicy(i).
+enum class ResizePolicy { Stretch, ResizeCenterCrop };
+inline constexpr const char* kResizePolicies[] = {"stretch", "resize-center-crop"};
+inline const char* name(ResizePolicy value) { return kResizePolicies[static_cast<int>(value)]; }
+
+// Where that policy came from (input.resize.origin); kResizeOrigins[i] is the manifest's word for ResizeOrigin(i).
+enum class ResizeOrigin { Run, DataSpec, Assumed };
+inline constexpr const char* kResizeOrigins[] = {"run", "data-spec", "assumed"};
+inline const char* name(ResizeOrigin value) { return kResizeOrigins[static_cast<int>(value)]; }
+
+// The resize's filter (input.resize.interpolation); kInterpolations[i] is the manifest's word for Interpolation(i).
+enum class Interpolation { Bilinear, Bicubic };
+inline constexpr const char* kInterpolations[] = {"bilinear", "bicubic"};
+inline const char* name(Interpolation value) { return kInterpolations[static_cast<int>(value)]; }
 
 // kKindOfLayout[layout]: Manifest.kind.
 inline constexpr Kind kKindOfLayout[] = {Kind::Dense, Kind::Monolithic, Kind::Split, Kind::Split, Kind::Whole};

@@ -108,7 +108,7 @@ inline const std::vector<json::Value>& as_array(const json::Value& value, const 
 
 template <size_t N>
 const std::string& one_of(const json::Value& value, const std::string& where, const char* const (&choices)[N]) {
-  const std::string& text = as_str(value, where, 0, 256);
+  const std::string& text = as_str(value, where, 0, kMaxName);
   for (const char* choice : choices)
     if (text == choice) return text;
   std::string listed;

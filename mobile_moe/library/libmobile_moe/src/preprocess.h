@@ -16,13 +16,14 @@
 #include <vector>
 
 #include "errors.h"
+#include "manifest_schema.h"
 
 namespace mobile_moe::library {
 
 struct Preprocessing {
-  std::string policy = "stretch";  // or "resize-center-crop" (mobile_moe/preprocess.py)
+  ResizePolicy policy = ResizePolicy::Stretch;  // mobile_moe/preprocess.py's policies (manifest_schema.h)
   int resize_to = 0, crop_to = 0;
-  std::string interpolation = "bilinear";  // or "bicubic"
+  Interpolation interpolation = Interpolation::Bilinear;
   std::vector<double> mean, std;
 };
 
@@ -183,9 +184,9 @@ inline std::vector<float> preprocess_rgb8(const uint8_t* rgb, int width, int hei
       if (channels == 3) std::copy_n(pixel, 3, out);
       else *out = static_cast<uint8_t>((pixel[0] * 19595 + pixel[1] * 38470 + pixel[2] * 7471 + 0x8000) >> 16);
     }
-  const bool bicubic_filter = pre.interpolation == "bicubic";
+  const bool bicubic_filter = pre.interpolation == Interpolation::Bicubic;
   int left = 0, top = 0;
-  if (pre.policy == "resize-center-crop") {
+  if (pre.policy == ResizePolicy::ResizeCenterCrop) {
     int resized_width = 0, resized_height = 0;
     shorter_side_to(pre.resize_to, width, height, &resized_width, &resized_height);
     image = pillow::resize(image, resized_width, resized_height, bicubic_filter);

@@ -12,6 +12,8 @@
 
 namespace mobile_moe::sha256 {
 
+constexpr size_t kHexDigits = 64;  // a digest written out: 32 bytes, two hex digits each
+
 class Hasher {
  public:
   Hasher() { reset(); }
@@ -42,7 +44,7 @@ class Hasher {
     used_ = size;
   }
 
-  // The digest as 64 lowercase hex digits (the manifest's form). The hasher must be reset before reuse.
+  // The digest as kHexDigits lowercase hex digits (the manifest's form). The hasher must be reset before reuse.
   std::string hex_digest() {
     uint64_t bits = length_ * 8;
     uint8_t pad = 0x80;
