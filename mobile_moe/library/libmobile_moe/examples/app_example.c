@@ -4,6 +4,7 @@
  * milliseconds, the peak RSS (VmHWM), and every prediction's top class and first expert (-1: a dense bundle).
  *
  *   mobile_moe_app BUNDLE IMAGES.f32 [--cache-experts N] [--iterations N] [--threads T] [--weight-cache DIR]
+ *                  [--park-experts N] [--prefetch 0|1]
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -39,7 +40,7 @@ static int read_image(FILE* file, size_t values, size_t index, float* image) {
 int main(int argc, char** argv) {
   if (argc < 3) {
     fprintf(stderr, "usage: mobile_moe_app BUNDLE IMAGES.f32 [--cache-experts N] [--iterations N] [--threads T] "
-                    "[--weight-cache DIR]\n");
+                    "[--weight-cache DIR] [--park-experts N] [--prefetch 0|1]\n");
     return 2;
   }
   mm_options options;
@@ -50,6 +51,8 @@ int main(int argc, char** argv) {
     else if (strcmp(argv[i], "--iterations") == 0) iterations = atoi(argv[i + 1]);
     else if (strcmp(argv[i], "--threads") == 0) options.threads = atoi(argv[i + 1]);
     else if (strcmp(argv[i], "--weight-cache") == 0) options.weight_cache_dir = argv[i + 1];
+    else if (strcmp(argv[i], "--park-experts") == 0) options.park_experts = atoi(argv[i + 1]);
+    else if (strcmp(argv[i], "--prefetch") == 0) options.prefetch = atoi(argv[i + 1]);
   }
   double start = now_ms();
   mm_model* model = NULL;
