@@ -42,6 +42,20 @@ void copy_out(Struct* out, Struct full, size_t struct_size) {
   std::memcpy(static_cast<void*>(out), &full, full.struct_size);
 }
 
+// A getter of one struct: the handle open and locked, `out` at least its size field, `fill(handle, full)` filling the
+// whole struct (or failing), then as much of it as the app's struct_size holds copied out.
+template <typename Struct, typename Fill>
+mm_status get_struct(const char* call, const mm_model* model, Struct* out, size_t struct_size, Fill fill) {
+  Locked open(model);
+  if (open.model == nullptr) return not_open(call, model);
+  if (out == nullptr || struct_size < sizeof(size_t))
+    return failed(MM_BAD_ARGUMENT, std::string(call) + ": the struct is NULL or smaller than its struct_size field");
+  Struct full{};
+  const mm_status status = fill(*open.model, full);
+  if (status == MM_OK) copy_out(out, full, struct_size);
+  return status;
+}
+
 mm_load_settings default_load_settings() {
   mm_load_settings settings{};
   settings.struct_size = sizeof(mm_load_settings);
@@ -96,28 +110,23 @@ mm_status mm_open_with(const char* bundle_dir, const mm_options* options, const 
 }
 
 mm_status mm_model_info_get(const mm_model* model, mm_model_info* info, size_t struct_size) {
-  Locked open(model);
-  if (open.model == nullptr) return not_open("mm_model_info_get", model);
-  if (info == nullptr || struct_size < sizeof(size_t))
-    return failed(MM_BAD_ARGUMENT, "mm_model_info_get: info is NULL or smaller than its struct_size field");
-  const mm_model& handle = *open.model;
-  const Bundle& bundle = handle.bundle;
-  mm_model_info full{};
-  full.bundle_dir = bundle.dir.c_str();
-  full.kind = static_cast<int>(bundle.kind);
-  full.kind_name = name(bundle.kind);
-  full.layout = name(bundle.layout);
-  full.weight_cache_dir = handle.packed_cache.dir().c_str();
-  full.threads = static_cast<int>(handle.threads.threads());
-  full.num_experts = bundle.num_experts;
-  full.top_k = bundle.top_k;
-  full.cache_experts = handle.cache_experts;
-  full.prefetch = handle.prefetch ? 1 : 0;
-  full.has_trunk_tail = bundle.trunk_tail.name.empty() ? 0 : 1;
-  full.graphs = static_cast<int>(bundle.all.size());
-  full.resident_load_ms = handle.resident_load_ms;
-  copy_out(info, full, struct_size);
-  return MM_OK;
+  return get_struct("mm_model_info_get", model, info, struct_size, [](const mm_model& handle, mm_model_info& full) {
+    const Bundle& bundle = handle.bundle;
+    full.bundle_dir = bundle.dir.c_str();
+    full.kind = static_cast<int>(bundle.kind);
+    full.kind_name = name(bundle.kind);
+    full.layout = name(bundle.layout);
+    full.weight_cache_dir = handle.packed_cache.dir().c_str();
+    full.threads = static_cast<int>(handle.threads.threads());
+    full.num_experts = bundle.num_experts;
+    full.top_k = bundle.top_k;
+    full.cache_experts = handle.cache_experts;
+    full.prefetch = handle.prefetch ? 1 : 0;
+    full.has_trunk_tail = bundle.trunk_tail.name.empty() ? 0 : 1;
+    full.graphs = static_cast<int>(bundle.all.size());
+    full.resident_load_ms = handle.resident_load_ms;
+    return MM_OK;
+  });
 }
 
 mm_status mm_graph(const mm_model* model, int index, const char** name, int64_t* load_bytes) {
@@ -133,20 +142,16 @@ mm_status mm_graph(const mm_model* model, int index, const char** name, int64_t*
 }
 
 mm_status mm_memory_stats_get(const mm_model* model, mm_memory_stats* stats, size_t struct_size) {
-  Locked open(model);
-  if (open.model == nullptr) return not_open("mm_memory_stats_get", model);
-  if (stats == nullptr || struct_size < sizeof(size_t))
-    return failed(MM_BAD_ARGUMENT, "mm_memory_stats_get: stats is NULL or smaller than its struct_size field");
-  const mm_model& handle = *open.model;
-  const ExpertCache& cache = handle.pipeline->cache();
-  mm_memory_stats full{};
-  full.graph_bytes_loaded = handle.loader->bytes_loaded;
-  full.max_experts_resident = cache.max_resident();
-  full.planned_memory_bytes = static_cast<int64_t>(handle.loader->planned_bytes());
-  full.weight_cache_bytes = static_cast<int64_t>(handle.packed_cache.bytes_held());
-  full.parked_bytes_resident = mobile_moe::stats::resident_bytes(cache.parked_mappings());
-  copy_out(stats, full, struct_size);
-  return MM_OK;
+  const auto fill = [](const mm_model& handle, mm_memory_stats& full) {
+    const ExpertCache& cache = handle.pipeline->cache();
+    full.graph_bytes_loaded = handle.loader->bytes_loaded;
+    full.max_experts_resident = cache.max_resident();
+    full.planned_memory_bytes = static_cast<int64_t>(handle.loader->planned_bytes());
+    full.weight_cache_bytes = static_cast<int64_t>(handle.packed_cache.bytes_held());
+    full.parked_bytes_resident = mobile_moe::stats::resident_bytes(cache.parked_mappings());
+    return MM_OK;
+  };
+  return get_struct("mm_memory_stats_get", model, stats, struct_size, fill);
 }
 
 int mm_load_count(const mm_model* model) {
@@ -155,25 +160,21 @@ int mm_load_count(const mm_model* model) {
 }
 
 mm_status mm_load_event_get(const mm_model* model, int index, mm_load_event* event, size_t struct_size) {
-  Locked open(model);
-  if (open.model == nullptr) return not_open("mm_load_event_get", model);
-  const auto& events = open.model->loader->events;
-  if (event == nullptr || struct_size < sizeof(size_t))
-    return failed(MM_BAD_ARGUMENT, "mm_load_event_get: event is NULL or smaller than its struct_size field");
-  if (index < 0 || index >= static_cast<int>(events.size()))
-    return failed(MM_BAD_ARGUMENT, "mm_load_event_get: index " + std::to_string(index) + " is out of range (" +
-                                       std::to_string(events.size()) + " loads so far: mm_load_count)");
-  const LoadEvent& load = events[static_cast<size_t>(index)];
-  mm_load_event full{};
-  full.graph = load.graph.c_str();
-  full.bytes = load.bytes;
-  full.ms = load.ms;
-  full.program_ms = load.program_ms, full.data_map_ms = load.data_map_ms, full.cache_check_ms = load.cache_check_ms;
-  full.method_ms = load.method_ms, full.cache_record_ms = load.cache_record_ms, full.bring_in_ms = load.bring_in_ms;
-  full.cache = load.cache.c_str();
-  full.weights = load.weights.c_str();
-  copy_out(event, full, struct_size);
-  return MM_OK;
+  return get_struct("mm_load_event_get", model, event, struct_size, [&](const mm_model& handle, mm_load_event& full) {
+    const auto& events = handle.loader->events;
+    if (index < 0 || index >= static_cast<int>(events.size()))
+      return failed(MM_BAD_ARGUMENT, "mm_load_event_get: index " + std::to_string(index) + " is out of range (" +
+                                         std::to_string(events.size()) + " loads so far: mm_load_count)");
+    const LoadEvent& load = events[static_cast<size_t>(index)];
+    full.graph = load.graph.c_str();
+    full.bytes = load.bytes;
+    full.ms = load.ms;
+    full.program_ms = load.program_ms, full.data_map_ms = load.data_map_ms, full.cache_check_ms = load.cache_check_ms;
+    full.method_ms = load.method_ms, full.cache_record_ms = load.cache_record_ms, full.bring_in_ms = load.bring_in_ms;
+    full.cache = load.cache.c_str();
+    full.weights = load.weights.c_str();
+    return MM_OK;
+  });
 }
 
 int mm_loaded_graphs(const mm_model* model, int capacity, const char** names) {
