@@ -247,11 +247,16 @@ def time_anchor(mode: str, args, device, batch) -> dict[str, dict]:
         options = MODES[mode]
         forward = Logits(model) if options is None else compile_model(Logits(model), **options)
         optimizer = adamw(model, lr=1e-4, weight_decay=0.05)
+        # as our models' steps begin (engine.Optimisation.begin_step): the gradients released, and with CUDA graphs
+        # a new step marked, or the tree would take this model's step for the last model's continuation
+        opt = engine.Optimisation(
+            forward, model, optimizer, None, cuda_graphs=(options or {}).get("mode") == "reduce-overhead"
+        )
 
         def step() -> None:
+            opt.begin_step()
             with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
                 loss = torch.nn.functional.cross_entropy(forward(images).float(), labels)
-            optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
 

@@ -72,14 +72,17 @@ class Optimisation:
             torch.compiler.cudagraph_mark_step_begin()
 
 
-def compile_options(cfg, device: torch.device) -> dict[str, str]:
+def compile_options(cfg, device: torch.device, world_size: int = 1) -> dict[str, str]:
     """torch.compile's options for the training step. With `cfg.cuda_graphs` on CUDA (train --compile's default):
     mode="reduce-overhead", inductor's cudagraph trees, which record the step's forward and backward once and replay
     them, so the host's cost a step no longer grows with its kernel launches (a compiled Mobile V-MoE step launches
     several hundred). The shapes are static (the train loader drops its last partial batch) and routing never reads
     the device on the host (moe.py: grouped GEMM offsets are device tensors), so a replay never syncs. The optimizer
-    (fused AdamW: one kernel per parameter group) and the running sums stay eager. Else the plain compiled step."""
-    return {"mode": "reduce-overhead"} if cfg.cuda_graphs and device.type == "cuda" else {}
+    (fused AdamW: one kernel per parameter group) and the running sums stay eager. Else the plain compiled step, and
+    under DDP (world_size > 1) too: DDP's gradient all-reduce hooks inside a replayed graph are untested here (no two
+    GPUs)."""
+    graphed = cfg.cuda_graphs and device.type == "cuda" and world_size == 1
+    return {"mode": "reduce-overhead"} if graphed else {}
 
 
 LOSS_TERMS = ("loss", "class_loss", "router_loss", "balance_loss", "aux_loss")

@@ -516,7 +516,7 @@ def _build_optimisation(
         step_module = nn.parallel.DistributedDataParallel(
             step_module, device_ids=device_ids, find_unused_parameters=cfg.route_by == "label"
         )
-    graph_options = compile_options(cfg, placement.device) if cfg.compile else {}
+    graph_options = compile_options(cfg, placement.device, placement.world_size) if cfg.compile else {}
     if cfg.compile:
         step_module = compile_model(step_module, **graph_options)
     return Optimisation(step_module, model, optimizer, scheduler, cuda_graphs=bool(graph_options)), init_entries

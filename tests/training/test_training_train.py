@@ -229,6 +229,7 @@ def test_train_compile_replays_cuda_graphs_on_cuda_unless_told_not_to_and_each_s
 
     cfg, cuda, cpu = recipes.tiny(), torch.device("cuda"), torch.device("cpu")
     assert engine.compile_options(cfg, cuda) == {"mode": "reduce-overhead"}
+    assert engine.compile_options(cfg, cuda, world_size=2) == {}  # DDP: the plain compiled step
     assert engine.compile_options(cfg.replace(cuda_graphs=False), cuda) == engine.compile_options(cfg, cpu) == {}
     parser, train = build_parser("train"), ["train", "--out", "run", "--compile"]
     assert overrides(parser.parse_args([*train, "--no-cuda-graphs"]))["cuda_graphs"] is False

@@ -61,7 +61,7 @@ extern "C" {
 #endif
 
 #define MOBILE_MOE_VERSION_MAJOR 2
-#define MOBILE_MOE_VERSION_MINOR 0
+#define MOBILE_MOE_VERSION_MINOR 1
 #define MOBILE_MOE_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH: compare it with mm_version_number() (the library the app runs with) */
 #define MOBILE_MOE_VERSION \

@@ -16,7 +16,7 @@
 #ifndef MOBILE_MOE_MEASURE_H
 #define MOBILE_MOE_MEASURE_H
 
-#include "mobile_moe.h"
+#include "mobile_moe.h" /* these calls came with MOBILE_MOE_VERSION 20100 (2.1.0): mm_version_number() says */
 
 #ifdef __cplusplus
 extern "C" {
@@ -91,7 +91,7 @@ static inline mm_status mm_get_memory_stats(const mm_model* model, mm_memory_sta
 /* Graph loads since mm_open, in order: an index is a load's for the handle's life. */
 MOBILE_MOE_API int mm_load_count(const mm_model* model);
 
-/* One graph load and its parts. The strings live until the handle's next call. */
+/* One graph load and its parts. The strings live as long as the handle. */
 typedef struct mm_load_event {
   size_t struct_size; /* set by mm_get_load_event */
   const char* graph;  /* the manifest's name of the graph */
@@ -109,8 +109,8 @@ static inline mm_status mm_get_load_event(const mm_model* model, int index, mm_l
   return mm_load_event_get(model, index, event, sizeof(mm_load_event));
 }
 
-/* The graphs of the experts loaded now, least recently used last, at most `capacity` names (they live until the
- * handle's next call); -> how many there are. */
+/* The graphs of the experts loaded now, least recently used last, at most `capacity` names (they live as long as
+ * the handle); -> how many there are. */
 MOBILE_MOE_API int mm_loaded_graphs(const mm_model* model, int capacity, const char** names);
 /* The parked experts (evicted, their methods kept, their weights' pages dropped), at most `capacity`; -> how many. */
 MOBILE_MOE_API int mm_parked_experts(const mm_model* model, int capacity, int* experts);

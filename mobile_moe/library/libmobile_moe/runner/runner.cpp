@@ -502,11 +502,14 @@ struct SwitchTimes {
 };
 
 SwitchSample time_switch(mm_model* model, int expert, bool cold) {
+  const std::string which = "expert " + std::to_string(expert) + (cold ? " from an empty packed-weight file" : "");
   check(mm_expert_unload(model, expert));
   const int first_load = mm_load_count(model);
   auto start = Clock::now();
   SwitchSample sample;
+  set_phase("timing a switch: loading " + which);
   check(mm_expert_load(model, expert, cold ? MM_LOAD_COLD : 0, &sample.load_ms));
+  set_phase("timing a switch: running " + which);
   check(mm_expert_run(model, expert, &sample.first_run_ms));
   sample.total_ms = ms_since(start);
   check(mm_expert_run(model, expert, &sample.warm_run_ms));
@@ -540,6 +543,7 @@ SwitchTimes measure_switches(const Options& options, mm_model* model, const mm_m
   // meets a file the expert's first load wrote, as serving does.
   for (int e = 0; e < num_experts && options.switch_repeats > 0; ++e) {
     if (cold_expert_load_ms.count(e)) continue;
+    set_phase("loading expert " + std::to_string(e) + " for the first time");
     check(mm_expert_unload(model, e));
     check(mm_expert_load(model, e, 0, &cold_expert_load_ms[e]));
   }

@@ -39,6 +39,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <deque>
 #include <vector>
 
 #include "bundle_manifest.h"
@@ -366,7 +367,7 @@ class Loader {
     if (scratch) packed_cache_.discard(entry);
   }
 
-  std::vector<LoadEvent> events;
+  std::deque<LoadEvent> events;  // a deque: an event never moves, so mm_get_load_event's strings live with the handle
   int64_t bytes_loaded = 0;
   size_t planned_bytes() const { return planned_arenas_.bytes_made(); }
 

@@ -98,15 +98,16 @@ void check_expert(const mm_model& model, int expert) {
 extern "C" {
 
 void mm_load_settings_init(mm_load_settings* settings, size_t struct_size) {
-  if (settings == nullptr || struct_size == 0) return;
+  if (settings == nullptr || struct_size < sizeof(size_t)) return;  // not even its size field
   copy_out(settings, default_load_settings(), struct_size);
 }
 
 mm_status mm_open_with(const char* bundle_dir, const mm_options* options, const mm_load_settings* load,
                        mm_model** model) {
+  if (model != nullptr) *model = nullptr;
   LoadSettings settings;
   mm_status status = guarded("mm_open_with", MM_BAD_ARGUMENT, [&] { settings = load_settings(load); });
-  return status != MM_OK ? status : open_model(bundle_dir, options, settings, model);
+  return status != MM_OK ? status : open_model("mm_open_with", bundle_dir, options, settings, model);
 }
 
 mm_status mm_model_info_get(const mm_model* model, mm_model_info* info, size_t struct_size) {

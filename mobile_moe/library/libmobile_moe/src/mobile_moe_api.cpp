@@ -124,7 +124,7 @@ const char* mm_last_error(void) { return t_last_error.c_str(); }
 void mm_log_set(mm_log_callback callback, void* user_data) { set_library_log(callback, user_data); }
 
 mm_status mm_open(const char* bundle_dir, const mm_options* options, mm_model** model) {
-  return open_model(bundle_dir, options, LoadSettings{}, model);
+  return open_model("mm_open", bundle_dir, options, LoadSettings{}, model);
 }
 
 void mm_close(mm_model* model) {
@@ -287,28 +287,28 @@ std::vector<float> mobile_moe::library::preprocess_locked(const mm_model& model,
   return preprocess_rgb8(rgb, width, height, row_stride, channels, model.bundle.image_shape.at(3), model.bundle.input);
 }
 
-mm_status mobile_moe::library::open_model(const char* bundle_dir, const mm_options* given, const LoadSettings& load,
-                                         mm_model** model) {
-  if (model == nullptr) return failed(MM_BAD_ARGUMENT, "mm_open: model is NULL");
+mm_status mobile_moe::library::open_model(const char* call, const char* bundle_dir, const mm_options* given,
+                                         const LoadSettings& load, mm_model** model) {
+  if (model == nullptr) return failed(MM_BAD_ARGUMENT, std::string(call) + ": model is NULL");
   *model = nullptr;
-  if (bundle_dir == nullptr) return failed(MM_BAD_ARGUMENT, "mm_open: bundle_dir is NULL");
+  if (bundle_dir == nullptr) return failed(MM_BAD_ARGUMENT, std::string(call) + ": bundle_dir is NULL");
   start_runtime();
   mm_options options = default_options();
   std::string cache_dir;
-  mm_status status = guarded("mm_open", MM_BAD_ARGUMENT, [&] {
+  mm_status status = guarded(call, MM_BAD_ARGUMENT, [&] {
     options = options_given(given);
     check_options(options);
     cache_dir = weight_cache_folder(options);
   });
   if (status != MM_OK) return status;
   std::shared_ptr<mm_model> opened;
-  status = guarded("mm_open", MM_BAD_BUNDLE, [&] {
+  status = guarded(call, MM_BAD_BUNDLE, [&] {
     opened = std::make_shared<mm_model>();
     // The manifest, then every file's size, sha256 and structure (once: remembered with the packed weights)
     opened->bundle = read_bundle(bundle_dir, cache_dir);
   });
   if (status != MM_OK) return status;
-  status = guarded("mm_open", MM_RUNTIME_ERROR, [&] {
+  status = guarded(call, MM_RUNTIME_ERROR, [&] {
     Bundle& bundle = opened->bundle;
     const bool split = bundle.kind == Kind::Split;
     int cache_experts = options.cache_experts == -1  ? std::max(bundle.top_k, 1)
@@ -333,7 +333,7 @@ mm_status mobile_moe::library::open_model(const char* bundle_dir, const mm_optio
   });
   if (status != MM_OK) return status;
   mm_model* handle = opened.get();
-  status = guarded("mm_open", MM_RUNTIME_ERROR, [&] { OpenHandles::instance().add(std::move(opened)); });
+  status = guarded(call, MM_RUNTIME_ERROR, [&] { OpenHandles::instance().add(std::move(opened)); });
   if (status == MM_OK) *model = handle;
   return status;
 }

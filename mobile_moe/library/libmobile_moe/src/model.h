@@ -23,7 +23,9 @@ struct LoadSettings {
 
 // mm_open with `load`: the bundle checked (the manifest, then every file's size, sha256 and structure, remembered in
 // the weight cache folder), the options checked against it, the router (or the single graph) loaded.
-mm_status open_model(const char* bundle_dir, const mm_options* options, const LoadSettings& load, mm_model** model);
+// `call`: the C API's call the app made (mm_open, mm_open_with), which its failures name.
+mm_status open_model(const char* call, const char* bundle_dir, const mm_options* options, const LoadSettings& load,
+                     mm_model** model);
 
 // The C API's work on a handle it has locked: one image's prediction (on the handle's threads, from a copy of the
 // image the pipeline may reuse), and an app's RGB8 buffer checked against its length, then preprocessed.
