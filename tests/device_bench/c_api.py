@@ -39,7 +39,8 @@ class Options(ctypes.Structure):
 
 
 class LoadSettings(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("read_files", ctypes.c_int), ("workspace_sharing", ctypes.c_int)]
+    _fields_ = [("struct_size", ctypes.c_size_t), ("read_files", ctypes.c_int), ("workspace_sharing", ctypes.c_int),
+                ("kept_loads", ctypes.c_int)]  # fmt: skip
 
 
 class ModelInfo(ctypes.Structure):
@@ -85,8 +86,10 @@ class CApi:
         lib.mm_open_with.argtypes = [ctypes.c_char_p, ctypes.POINTER(Options), ctypes.POINTER(LoadSettings),
                                      ctypes.POINTER(ctypes.c_void_p)]  # fmt: skip
         lib.mm_model_info_get.argtypes = [ctypes.c_void_p, ctypes.POINTER(ModelInfo), ctypes.c_size_t]
-        lib.mm_load_event_get.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(LoadEvent), ctypes.c_size_t]
+        lib.mm_load_event_get.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(LoadEvent),
+                                          ctypes.c_size_t]  # fmt: skip
         lib.mm_load_count.argtypes = [ctypes.c_void_p]
+        lib.mm_load_count.restype = ctypes.c_int64
         lib.mm_loaded_graphs.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
         lib.mm_expert_unload.argtypes = [ctypes.c_void_p, ctypes.c_int]
         lib.mm_expert_load.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
@@ -181,13 +184,14 @@ def change_after_open_main(how: str, library: str, images_file: str, bundle: str
 
 
 def measure_main(library: str, images_file: str, bundle: str) -> None:
-    """{"info": mm_get_model_info's fields, "run_before_route": [status, message], "loads_before": the graphs loaded
-    by mm_open, "switch": {"loads": the graphs a switch to expert 0 loaded, "loaded": mm_loaded_graphs after it,
-    "load_ms", "run_ms"}, "out_of_range": [status, message], "flags": [status, message]}"""
+    """The handle opened keeping one load's event (kept_loads 1): {"info": mm_get_model_info's fields,
+    "run_before_route": [status, message], "open": [mm_open's loads, the graph of its last], "switch": {"loads": how
+    many a switch to expert 0 made, "last": the graph of its last, "loaded": mm_loaded_graphs after it, "load_ms",
+    "run_ms"}, "dropped": [status, message] of reading load 0, "out_of_range" and "flags": [status, message]}"""
     api = CApi(library)
     settings = LoadSettings()
     api.lib.mm_load_settings_init(ctypes.byref(settings), ctypes.sizeof(LoadSettings))
-    settings.read_files = 1
+    settings.read_files, settings.kept_loads = 1, 1
     handle = ctypes.c_void_p()
     options = api.options(cache_experts=1)
     if api.lib.mm_open_with(bundle.encode(), ctypes.byref(options), ctypes.byref(settings), ctypes.byref(handle)):
@@ -201,21 +205,19 @@ def measure_main(library: str, images_file: str, bundle: str) -> None:
     def outcome(status: int) -> list:
         return [status, api.last_error() if status else ""]
 
-    def loads(first: int) -> list[str]:
-        events = []
-        for index in range(first, api.lib.mm_load_count(handle)):
-            event = LoadEvent()
-            api.lib.mm_load_event_get(handle, index, ctypes.byref(event), ctypes.sizeof(LoadEvent))
-            events.append(event.graph.decode())
-        return events
+    def last_load() -> str:
+        event = LoadEvent()
+        index = api.lib.mm_load_count(handle) - 1
+        assert api.lib.mm_load_event_get(handle, index, ctypes.byref(event), ctypes.sizeof(LoadEvent)) == MM_OK
+        return event.graph.decode()
 
     record = {"info": {name: getattr(info, name) for name, _ in ModelInfo._fields_[1:]}}
     record["info"] = {
         key: value.decode() if isinstance(value, bytes) else value for key, value in record["info"].items()
     }
     record["run_before_route"] = outcome(api.lib.mm_expert_run(handle, 0, None))
-    record["loads_before"] = loads(0)
     first = api.lib.mm_load_count(handle)
+    record["open"] = [first, last_load()]
     load_ms, run_ms = ctypes.c_double(-1), ctypes.c_double(-1)
     api.lib.mm_route_f32(handle, pointer, image.size)
     api.lib.mm_expert_unload(handle, 0)
@@ -223,8 +225,12 @@ def measure_main(library: str, images_file: str, bundle: str) -> None:
                 api.lib.mm_expert_run(handle, 0, ctypes.byref(run_ms))]  # fmt: skip
     names = (ctypes.c_char_p * 16)()
     loaded = api.lib.mm_loaded_graphs(handle, 16, names)
-    record["switch"] = {"statuses": statuses, "loads": loads(first), "load_ms": load_ms.value,
-                        "run_ms": run_ms.value, "loaded": [names[i].decode() for i in range(loaded)]}  # fmt: skip
+    record["switch"] = {"statuses": statuses, "loads": api.lib.mm_load_count(handle) - first, "last": last_load(),
+                        "load_ms": load_ms.value, "run_ms": run_ms.value,
+                        "loaded": [names[i].decode() for i in range(loaded)]}  # fmt: skip
+    record["dropped"] = outcome(
+        api.lib.mm_load_event_get(handle, 0, ctypes.byref(LoadEvent()), ctypes.sizeof(LoadEvent))
+    )
     record["out_of_range"] = outcome(api.lib.mm_expert_load(handle, info.num_experts, 0, None))
     record["flags"] = outcome(api.lib.mm_expert_load(handle, 0, 8, None))
     api.lib.mm_close(handle)

@@ -114,8 +114,9 @@ def test_every_client_includes_the_public_headers_alone():
 
 def test_the_measurement_calls_switch_an_expert_step_by_step_and_refuse_what_they_cannot_do(library, bundle, images):
     """mobile_moe_measure.h, as the runner drives it: the handle's info is the manifest's, a switch (unload, load, run)
-    loads exactly the expert's graphs and leaves them the only ones loaded, and a run before any routing, an expert
-    out of range and an unknown flag are refused in a line naming the call."""
+    loads exactly the expert's graphs and leaves them the only ones loaded, the loads beyond kept_loads are counted
+    but not kept, and a run before any routing, an expert out of range and an unknown flag are refused in a line
+    naming the call."""
     manifest = read_manifest(bundle, verify_files=True)
     result = subprocess.run([sys.executable, str(DRIVER), "--measure", str(library), str(images), str(bundle)],
                             capture_output=True, text=True, timeout=300)  # fmt: skip
@@ -126,10 +127,13 @@ def test_the_measurement_calls_switch_an_expert_step_by_step_and_refuse_what_the
     assert resolved == [0, "split", manifest.num_experts, manifest.top_k, 1, len(manifest.graphs)]  # 0: MM_BUNDLE_SPLIT
     assert Path(info["bundle_dir"]) == bundle.resolve() and info["resident_load_ms"] > 0
     expert_graphs = [graph.name for graph in manifest.graphs if graph.expert == 0]
-    assert record["loads_before"] and not set(record["loads_before"]) & set(expert_graphs)
+    assert record["open"][0] >= 1 and record["open"][1] not in expert_graphs
     switch = record["switch"]
     assert switch["statuses"] == [MM_OK, MM_OK] and switch["load_ms"] > 0 and switch["run_ms"] > 0
-    assert switch["loads"] == expert_graphs and switch["loaded"] == expert_graphs
+    assert (switch["loads"], switch["last"]) == (len(expert_graphs), expert_graphs[-1])
+    assert switch["loaded"] == expert_graphs
+    # kept_loads 1: the open's first load is counted but no longer kept (an app's record stays bounded)
+    assert record["dropped"][0] == MM_BAD_ARGUMENT and "load 0 is no longer kept" in record["dropped"][1]
     assert record["run_before_route"][0] == MM_BAD_ARGUMENT
     assert (
         record["run_before_route"][1].startswith("mm_expert_run: ")

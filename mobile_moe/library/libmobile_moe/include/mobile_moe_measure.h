@@ -7,7 +7,7 @@
  *   mm_expert_unload(model, 3);                      // what a switch to expert 3 pays, step by step:
  *   mm_expert_load(model, 3, 0, &load_ms);           //   its graphs loaded (or unparked)
  *   mm_expert_run(model, 3, &run_ms);                //   its first run on those tokens
- *   for (int i = first; i < mm_load_count(model); ++i) mm_get_load_event(model, i, &event);  // each graph load
+ *   for (int64_t i = first; i < mm_load_count(model); ++i) mm_get_load_event(model, i, &event);  // each load
  *
  * The rules are mobile_moe.h's: calls on one handle serialise, structs carry their size, failures return a status
  * with mm_last_error() naming the call. The expert calls are for split bundles (a router and one graph set per
@@ -28,6 +28,8 @@ typedef struct mm_load_settings {
   int read_files;        /* 0 (default): graph files are mapped; 1: read into memory (ExecuTorch's FileDataLoader) */
   int workspace_sharing; /* XNNPACK's workspace sharing for every load: -1 (default) its own default, 0 none,
                             1 per model, 2 global (backends/xnnpack/runtime/XNNWorkspaceManager.h) */
+  int kept_loads;        /* graph loads whose events mm_get_load_event reads: the last 64 (default: an app that
+                            switches experts for days holds a bounded record), N, or -1: every one (a benchmark) */
 } mm_load_settings;
 
 MOBILE_MOE_API void mm_load_settings_init(mm_load_settings* settings, size_t struct_size);
@@ -52,7 +54,7 @@ typedef struct mm_model_info {
   const char* bundle_dir;       /* the bundle's real path */
   int kind;                     /* mm_bundle_kind */
   const char* kind_name;        /* the manifest's word for it: "split", "dense", "monolithic" or "whole" */
-  const char* layout;           /* its composition.layout: "dense", "monolithic", "expert-paths", "per-block", "whole" */
+  const char* layout;           /* its composition.layout ("dense", "monolithic", "expert-paths", "per-block", ...) */
   const char* weight_cache_dir; /* the packed weights' folder; "" when off */
   int threads;                  /* 1, or the shared pool's size the handle runs on */
   int num_experts;              /* the manifest's experts (0: none) */
@@ -88,8 +90,9 @@ static inline mm_status mm_get_memory_stats(const mm_model* model, mm_memory_sta
   return mm_memory_stats_get(model, stats, sizeof(mm_memory_stats));
 }
 
-/* Graph loads since mm_open, in order: an index is a load's for the handle's life. */
-MOBILE_MOE_API int mm_load_count(const mm_model* model);
+/* Graph loads since mm_open, in order: an index is a load's for the handle's life; the last kept_loads of them
+ * (mm_load_settings) can be read, an earlier one is refused. */
+MOBILE_MOE_API int64_t mm_load_count(const mm_model* model);
 
 /* One graph load and its parts. The strings live as long as the handle. */
 typedef struct mm_load_event {
@@ -103,9 +106,9 @@ typedef struct mm_load_event {
   const char* weights; /* "packed" (in this process's memory) or "mapped" (from the packed weights' file) */
 } mm_load_event;
 
-MOBILE_MOE_API mm_status mm_load_event_get(const mm_model* model, int index, mm_load_event* event,
+MOBILE_MOE_API mm_status mm_load_event_get(const mm_model* model, int64_t index, mm_load_event* event,
                                            size_t struct_size);
-static inline mm_status mm_get_load_event(const mm_model* model, int index, mm_load_event* event) {
+static inline mm_status mm_get_load_event(const mm_model* model, int64_t index, mm_load_event* event) {
   return mm_load_event_get(model, index, event, sizeof(mm_load_event));
 }
 

@@ -308,6 +308,7 @@ Model open(const Options& options) {
   mm_default_load_settings(&load);
   load.read_files = options.load_mode == "file" ? 1 : 0;
   load.workspace_sharing = options.workspace_sharing;
+  load.kept_loads = -1;  // the report lists every load
   mm_model* opened = nullptr;
   check(mm_open_with(options.bundle.c_str(), &api, &load, &opened));
   return Model(opened, &mm_close);
@@ -504,7 +505,7 @@ struct SwitchTimes {
 SwitchSample time_switch(mm_model* model, int expert, bool cold) {
   const std::string which = "expert " + std::to_string(expert) + (cold ? " from an empty packed-weight file" : "");
   check(mm_expert_unload(model, expert));
-  const int first_load = mm_load_count(model);
+  const int64_t first_load = mm_load_count(model);
   auto start = Clock::now();
   SwitchSample sample;
   set_phase("timing a switch: loading " + which);
@@ -513,9 +514,9 @@ SwitchSample time_switch(mm_model* model, int expert, bool cold) {
   check(mm_expert_run(model, expert, &sample.first_run_ms));
   sample.total_ms = ms_since(start);
   check(mm_expert_run(model, expert, &sample.warm_run_ms));
-  const int loads = mm_load_count(model);
+  const int64_t loads = mm_load_count(model);
   sample.weights = loads == first_load ? "parked" : "mapped";
-  for (int i = first_load; i < loads; ++i) {
+  for (int64_t i = first_load; i < loads; ++i) {
     mm_load_event event;
     check(mm_get_load_event(model, i, &event));
     sample.program_ms += event.program_ms;
@@ -623,7 +624,7 @@ void write_graph_loads(json::Writer& out, mm_model* model, const mm_model_info& 
   out.end_object();
   out.key("graph_bytes_loaded_total").value(memory_stats(model).graph_bytes_loaded);
   out.key("loads").begin_array();
-  for (int i = 0, loads = mm_load_count(model); i < loads; ++i) {
+  for (int64_t i = 0, loads = mm_load_count(model); i < loads; ++i) {
     mm_load_event event;
     check(mm_get_load_event(model, i, &event));
     out.begin_object();

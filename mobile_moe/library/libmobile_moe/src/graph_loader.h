@@ -38,6 +38,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <deque>
 #include <vector>
@@ -63,15 +64,16 @@ namespace et = executorch::runtime;
 // parsed), data_map_ms (open the .ptd and read its header), cache_check_ms (check the packed-weight cache file),
 // method_ms (initialise the method: XNNPACK builds its runtime and packs, or maps packed, weights), cache_record_ms
 // (hash a cache file the load wrote), bring_in_ms (prefetching only: LoadedGraph::bring_in_packed_weights).
-// weights: "packed" or "mapped" (from a warm cache file).
+// weights: "packed" or "mapped" (from a warm cache file). Its strings are the bundle's graph name and static words:
+// they live as long as the handle, whatever happens to the event.
 struct LoadEvent {
-  std::string graph;
+  const char* graph = "";
   int64_t bytes = 0;
   double ms = 0;
   double program_ms = 0, data_map_ms = 0, cache_check_ms = 0, method_ms = 0, cache_record_ms = 0;
   double bring_in_ms = 0;  // prefetching: reading the mapped packed weights in on the loading thread
-  std::string weights = "packed";
-  std::string cache = "off";
+  const char* weights = "packed";
+  const char* cache = "off";
 };
 
 // The program's forward signature must be the graph's specs from the manifest: as many inputs and outputs, each a
@@ -313,13 +315,15 @@ class Loader {
   // `locate_packed_weights`: find where the backend maps each expert's warm packed weights (LoadedGraph::parkable()).
   // `threads`: the handle's, in force around every load on whichever thread loads (thread_pool.h: XNNPACK keeps the
   // pool it was loaded with).
+  // `kept_loads`: how many of the last loads' events are kept (load_count counts them all); -1: every one.
   Loader(LoadMode mode, PackedCache& packed_cache, const HandleThreads& threads, int workspace_sharing = -1,
-         bool locate_packed_weights = false)
+         bool locate_packed_weights = false, int64_t kept_loads = -1)
       : mode_(mode),
         packed_cache_(packed_cache),
         threads_(threads),
         workspace_sharing_(workspace_sharing),
-        locate_packed_weights_(locate_packed_weights) {}
+        locate_packed_weights_(locate_packed_weights),
+        kept_loads_(kept_loads) {}
 
   // Load a graph: its program (parsed once per file and kept for the family; fully verified, so a corrupt flatbuffer
   // is refused, not walked) with its signature checked against the manifest, then its forward method with its own
@@ -329,7 +333,7 @@ class Loader {
   std::unique_ptr<LoadedGraph> load(const Graph& graph, bool scratch = false, bool warm_weights = false) {
     const auto threads = threads_.scope();
     auto start = Clock::now();
-    LoadEvent event{graph.name, graph.load_bytes()};
+    LoadEvent event{graph.name.c_str(), graph.load_bytes()};
     auto loaded = std::make_unique<LoadedGraph>();
     loaded->program_ = program_for(graph);
     event.program_ms = ms_since(start);
@@ -348,14 +352,14 @@ class Loader {
     auto record_start = Clock::now();
     event.weights = packed_cache_.record(loaded->cache_entry_);
     event.cache_record_ms = ms_since(record_start);
-    if (warm_weights && event.weights == "mapped") {
+    if (warm_weights && std::string_view(event.weights) == "mapped") {
       auto bring_in_start = Clock::now();
       loaded->bring_in_packed_weights();
       event.bring_in_ms = ms_since(bring_in_start);
     }
     event.cache = state_name(loaded->cache_entry_.state);
     event.ms = ms_since(start);
-    events.push_back(event);
+    keep(event);
     bytes_loaded += graph.load_bytes();
     return loaded;
   }
@@ -367,7 +371,12 @@ class Loader {
     if (scratch) packed_cache_.discard(entry);
   }
 
-  std::deque<LoadEvent> events;  // a deque: an event never moves, so mm_get_load_event's strings live with the handle
+  // Loads since the loader was made, and load `index`'s event where it is still kept (else null).
+  int64_t load_count() const { return loads_dropped_ + static_cast<int64_t>(events_.size()); }
+  const LoadEvent* event(int64_t index) const {
+    const int64_t kept = index - loads_dropped_;
+    return kept < 0 || kept >= static_cast<int64_t>(events_.size()) ? nullptr : &events_[static_cast<size_t>(kept)];
+  }
   int64_t bytes_loaded = 0;
   size_t planned_bytes() const { return planned_arenas_.bytes_made(); }
 
@@ -377,6 +386,18 @@ class Loader {
   const HandleThreads& threads_;
   int workspace_sharing_;
   bool locate_packed_weights_;
+  // The last kept_loads_ loads' events (-1: every one): an app that switches experts for days holds a bounded record.
+  int64_t kept_loads_;
+  std::deque<LoadEvent> events_;
+  int64_t loads_dropped_ = 0;
+
+  void keep(const LoadEvent& event) {
+    events_.push_back(event);
+    if (kept_loads_ >= 0 && static_cast<int64_t>(events_.size()) > kept_loads_) {
+      events_.pop_front();
+      ++loads_dropped_;
+    }
+  }
   std::map<std::string, std::shared_ptr<ProgramFile>> family_programs_;  // programs that experts share, by path
   PlannedArenas planned_arenas_;
 

@@ -61,6 +61,7 @@ mm_load_settings default_load_settings() {
   settings.struct_size = sizeof(mm_load_settings);
   settings.read_files = 0;
   settings.workspace_sharing = -1;
+  settings.kept_loads = 64;
   return settings;
 }
 
@@ -72,7 +73,8 @@ LoadSettings load_settings(const mm_load_settings* given) {
                        ": initialise the settings with mm_default_load_settings(&load) before setting them");
     copy_whole_fields(&settings, *given, given->struct_size,
                       {offsetof(mm_load_settings, read_files) + sizeof(int),
-                       offsetof(mm_load_settings, workspace_sharing) + sizeof(int)});
+                       offsetof(mm_load_settings, workspace_sharing) + sizeof(int),
+                       offsetof(mm_load_settings, kept_loads) + sizeof(int)});
   }
   if (settings.read_files != 0 && settings.read_files != 1)
     throw UsageError("load->read_files is 0 (map the graph files) or 1 (read them), not " +
@@ -80,7 +82,10 @@ LoadSettings load_settings(const mm_load_settings* given) {
   if (settings.workspace_sharing < -1 || settings.workspace_sharing > 2)
     throw UsageError("load->workspace_sharing is -1 (XNNPACK's default), 0, 1 or 2, not " +
                      std::to_string(settings.workspace_sharing));
-  return LoadSettings{settings.read_files ? LoadMode::File : LoadMode::Mmap, settings.workspace_sharing};
+  if (settings.kept_loads < -1)
+    throw UsageError("load->kept_loads is -1 (every load) or a count, not " + std::to_string(settings.kept_loads));
+  return LoadSettings{settings.read_files ? LoadMode::File : LoadMode::Mmap, settings.workspace_sharing,
+                      settings.kept_loads};
 }
 
 // The expert calls' common check: a split bundle, an expert it has.
@@ -155,25 +160,30 @@ mm_status mm_memory_stats_get(const mm_model* model, mm_memory_stats* stats, siz
   return get_struct("mm_memory_stats_get", model, stats, struct_size, fill);
 }
 
-int mm_load_count(const mm_model* model) {
+int64_t mm_load_count(const mm_model* model) {
   Locked open(model);
-  return open.model == nullptr ? 0 : static_cast<int>(open.model->loader->events.size());
+  return open.model == nullptr ? 0 : open.model->loader->load_count();
 }
 
-mm_status mm_load_event_get(const mm_model* model, int index, mm_load_event* event, size_t struct_size) {
+mm_status mm_load_event_get(const mm_model* model, int64_t index, mm_load_event* event, size_t struct_size) {
   return get_struct("mm_load_event_get", model, event, struct_size, [&](const mm_model& handle, mm_load_event& full) {
-    const auto& events = handle.loader->events;
-    if (index < 0 || index >= static_cast<int>(events.size()))
-      return failed(MM_BAD_ARGUMENT, "mm_load_event_get: index " + std::to_string(index) + " is out of range (" +
-                                         std::to_string(events.size()) + " loads so far: mm_load_count)");
-    const LoadEvent& load = events[static_cast<size_t>(index)];
-    full.graph = load.graph.c_str();
+    const Loader& loader = *handle.loader;
+    const LoadEvent* kept = loader.event(index);
+    const std::string count = std::to_string(loader.load_count());
+    if (kept == nullptr && index >= 0 && index < loader.load_count())
+      return failed(MM_BAD_ARGUMENT, "mm_load_event_get: load " + std::to_string(index) + " is no longer kept (the "
+                                     "last mm_load_settings.kept_loads of " + count + " are; -1 keeps every one)");
+    if (kept == nullptr)
+      return failed(MM_BAD_ARGUMENT, "mm_load_event_get: load " + std::to_string(index) + " is out of range (" +
+                                         count + " loads so far: mm_load_count)");
+    const LoadEvent& load = *kept;
+    full.graph = load.graph;
     full.bytes = load.bytes;
     full.ms = load.ms;
     full.program_ms = load.program_ms, full.data_map_ms = load.data_map_ms, full.cache_check_ms = load.cache_check_ms;
     full.method_ms = load.method_ms, full.cache_record_ms = load.cache_record_ms, full.bring_in_ms = load.bring_in_ms;
-    full.cache = load.cache.c_str();
-    full.weights = load.weights.c_str();
+    full.cache = load.cache;
+    full.weights = load.weights;
     return MM_OK;
   });
 }

@@ -324,7 +324,7 @@ mm_status mobile_moe::library::open_model(const char* call, const char* bundle_d
     opened->threads = HandleThreads(options.threads);
     opened->loader = std::make_unique<Loader>(load.mode, opened->packed_cache, opened->threads,
                                               load.workspace_sharing,
-                                              /*locate_packed_weights=*/options.park_experts != 0);
+                                              /*locate_packed_weights=*/options.park_experts != 0, load.kept_loads);
     opened->pipeline = std::make_unique<Pipeline>(bundle, *opened->loader, cache_experts, options.park_experts,
                                                   options.cache_margin, options.prefetch != 0);
     opened->cache_experts = cache_experts;

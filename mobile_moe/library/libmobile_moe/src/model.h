@@ -19,6 +19,7 @@ namespace mobile_moe::library {
 struct LoadSettings {
   LoadMode mode = LoadMode::Mmap;
   int workspace_sharing = -1;  // graph_loader.h Loader: XNNPACK's workspace sharing mode; -1 its default
+  int kept_loads = 64;         // the last loads whose events mm_get_load_event reads; -1: every one
 };
 
 // mm_open with `load`: the bundle checked (the manifest, then every file's size, sha256 and structure, remembered in
