@@ -16,7 +16,8 @@ from test_native_library import client, images, library  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.export, needs_build]
 
-SCENARIOS = ["pool-order", "one-handle", "two-handles", "open-while-serving", "misuse", "older-app", "log-callback"]
+SCENARIOS = ["pool-order", "one-handle", "two-handles", "open-while-serving", "misuse", "older-app", "log-callback",
+             "measure-while-serving"]
 
 
 @pytest.fixture(scope="session", params=["plain", pytest.param("address", marks=pytest.mark.slow),

@@ -15,6 +15,11 @@
  *   misuse            double close, calls after close, NULLs, a row stride or height past the buffer's length
  *   older-app         an app built when mm_options had only its first fields: it opens with the rest defaulted
  *   log-callback      an app's log callback gets the library's failure (naming mm_open) and may call the library
+ *   measure-while-serving
+ *                     one thread serves every image ROUNDS times on a handle while another drives mobile_moe_measure.h
+ *                     on the SAME handle (route, unload, load and run each expert, read its load events and stats):
+ *                     the answers stay exact, and every measurement call succeeds or loses an expert to the other
+ *                     thread's prediction in a line
  *
  * Every scenario's answers are compared with those of a handle alone without packed weights on disk (set_up), so the
  * handles under test pack into the default folder (MOBILE_MOE_WEIGHT_CACHE: the tests give each run an empty one)
@@ -27,6 +32,7 @@
 #include <string.h>
 
 #include "mobile_moe.h"
+#include "mobile_moe_measure.h"
 
 typedef struct {
   const char* bundle;
@@ -197,6 +203,67 @@ static int misuse(const Setup* setup) {
 }
 
 typedef struct {
+  const Setup* setup;
+  mm_model* model;
+  int rounds, failed, switches, lost;
+} Measurer;
+
+/* A measurement call's status: MM_OK, or the race it may lose to the serving thread (the expert it loaded evicted by
+ * a prediction before it ran, or the load it asked for pushed out of the kept events); anything else is a failure. */
+static int measured(Measurer* measurer, mm_status status) {
+  if (status == MM_OK) return 1;
+  const int lost = status == MM_BAD_ARGUMENT &&
+                   (strstr(mm_last_error(), "is not loaded") != NULL || strstr(mm_last_error(), "no longer kept") != NULL);
+  measurer->lost += lost;
+  measurer->failed += !lost;
+  return 0;
+}
+
+static void* measure_switches(void* argument) {
+  Measurer* measurer = argument;
+  mm_model_info info;
+  if (!measured(measurer, mm_get_model_info(measurer->model, &info))) return NULL;
+  for (int round = 0; round < measurer->rounds; ++round) {
+    for (int expert = 0; expert < info.num_experts; ++expert) {
+      const float* image = measurer->setup->images + (size_t)expert % measurer->setup->count * measurer->setup->values;
+      double ms = 0;
+      mm_load_event event;
+      mm_memory_stats stats;
+      if (!measured(measurer, mm_route_f32(measurer->model, image, measurer->setup->values)) ||
+          !measured(measurer, mm_expert_unload(measurer->model, expert)) ||
+          !measured(measurer, mm_expert_load(measurer->model, expert, round % 2 ? MM_LOAD_COLD : 0, &ms)) ||
+          !measured(measurer, mm_expert_run(measurer->model, expert, &ms)) ||
+          !measured(measurer, mm_get_load_event(measurer->model, mm_load_count(measurer->model) - 1, &event)) ||
+          !measured(measurer, mm_get_memory_stats(measurer->model, &stats)))
+        continue;
+      measurer->switches += 1;
+    }
+  }
+  return NULL;
+}
+
+static int measure_while_serving(const Setup* setup) {
+  const char* scenario = "measure-while-serving";
+  mm_options options;
+  mm_default_options(&options);
+  mm_load_settings load;
+  mm_default_load_settings(&load);
+  mm_model* model = NULL;
+  if (mm_open_with(setup->bundle, &options, &load, &model) != MM_OK) return report(scenario, 0, mm_last_error());
+  Worker server = {setup, model, setup->rounds, 0, 0, 0, 0};
+  Measurer measurer = {setup, model, setup->rounds, 0, 0, 0};
+  pthread_t threads[2];
+  pthread_create(&threads[0], NULL, serve, &server);
+  pthread_create(&threads[1], NULL, measure_switches, &measurer);
+  for (int t = 0; t < 2; ++t) pthread_join(threads[t], NULL);
+  mm_close(model);
+  char detail[160];
+  snprintf(detail, sizeof detail, "%d wrong of %d; %d switches measured, %d lost to the server, %d failed",
+           server.wrong, setup->rounds * (int)setup->count, measurer.switches, measurer.lost, measurer.failed);
+  return report(scenario, server.wrong == 0 && measurer.failed == 0 && measurer.switches > 0, detail);
+}
+
+typedef struct {
   pthread_mutex_t mutex;
   int lines, errors, calls;
 } LogSeen;
@@ -304,6 +371,7 @@ int main(int argc, char** argv) {
   else if (strcmp(scenario, "misuse") == 0) status = misuse(&setup);
   else if (strcmp(scenario, "older-app") == 0) status = older_app(&setup);
   else if (strcmp(scenario, "log-callback") == 0) status = log_callback(&setup);
+  else if (strcmp(scenario, "measure-while-serving") == 0) status = measure_while_serving(&setup);
   else fprintf(stderr, "mobile_moe_library_faults: no scenario %s\n", scenario);
   free(setup.alone);
   free(setup.images);
