@@ -20,7 +20,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#if defined(__linux__)
+#if defined(__linux__)  // Android too
 #include <sys/prctl.h>
 #endif
 
