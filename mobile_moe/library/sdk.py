@@ -49,11 +49,13 @@ README = """\
 # libmobile_moe {version} SDK ({machine})
 
 - `include/mobile_moe.h`: the C API (read its first comment: threads, failures, the log, the ABI);
-  `include/mobile_moe_measure.h`: what a benchmark reads and drives (graph loads, memory, explicit expert switches).
+  `include/mobile_moe_measure.h`: what a benchmark reads and drives (graph loads, memory, explicit expert switches;
+  its first comment says what a switch measures).
 - `lib/`: `libmobile_moe.so.{major}` and the ExecuTorch libraries it needs; `lib/pkgconfig/mobile_moe.pc`,
   `lib/cmake/mobile_moe/` for `find_package(mobile_moe)`.
 - `java/mobile-moe.jar` with `lib/libmobile_moe_jni.so`: `java -Djava.library.path=lib -cp java/mobile-moe.jar:. App`.
-- `examples/`: `make -C examples`, then `examples/mobile_moe_app BUNDLE IMAGES.f32`.
+- `examples/`: `make -C examples`, then `examples/mobile_moe_app BUNDLE IMAGES.f32` (IMAGES.f32: raw float32,
+  N x C x S x S, preprocessed as the bundle's manifest says; the library's README, "The native runner", says how).
 
 Built by `mobile-moe sdk` (mobile-moe).
 """

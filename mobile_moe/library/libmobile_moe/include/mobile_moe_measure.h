@@ -4,14 +4,25 @@
  *   mm_model_info info;
  *   mm_get_model_info(model, &info);                 // the bundle, and the options as mm_open resolved them
  *   mm_route_f32(model, chw, count);                 // the router alone: an image's tokens, kept for mm_expert_run
+ *   int64_t first = mm_load_count(model);
  *   mm_expert_unload(model, 3);                      // what a switch to expert 3 pays, step by step:
- *   mm_expert_load(model, 3, 0, &load_ms);           //   its graphs loaded (or unparked)
+ *   mm_expert_load(model, 3, 0, &load_ms);           //   its graphs loaded, or unparked (no graph load then)
  *   mm_expert_run(model, 3, &run_ms);                //   its first run on those tokens
  *   for (int64_t i = first; i < mm_load_count(model); ++i) mm_get_load_event(model, i, &event);  // each load
  *
- * The rules are mobile_moe.h's: calls on one handle serialise, structs carry their size, failures return a status
- * with mm_last_error() naming the call. The expert calls are for split bundles (a router and one graph set per
- * expert); on another bundle they fail with MM_BAD_ARGUMENT.
+ * What a switch costs depends on where the expert was: loaded (mm_expert_load does nothing), parked (it only comes
+ * back: no load event, a fraction of a millisecond), or neither (its graphs load from the packed-weight folder, or
+ * pack). mm_expert_unload parks an expert only where parking is on (mm_options.park_experts) and its last load
+ * mapped its weights from a warm packed-weight file (a load that packed them unloads when evicted, and parks after
+ * its next load); mm_parked_experts says which are parked. To time loads alone, open with park_experts = 0; for the
+ * first load on a device, MM_LOAD_COLD.
+ *
+ * The rules are mobile_moe.h's: calls on one handle serialise, failures return a status with mm_last_error() naming
+ * the call (a success leaves it as it was). Structs carry their size: mm_load_settings, which the app fills, starts
+ * from mm_default_load_settings; the structs the library fills (mm_model_info, mm_memory_stats, mm_load_event) are
+ * read through the inline mm_get_* calls, which pass the app's sizeof. Strings the library returns live as long as
+ * their handle. The expert calls are for split bundles (a router and one graph set per expert); on another bundle
+ * they fail with MM_BAD_ARGUMENT.
  */
 #ifndef MOBILE_MOE_MEASURE_H
 #define MOBILE_MOE_MEASURE_H
@@ -72,7 +83,7 @@ static inline mm_status mm_get_model_info(const mm_model* model, mm_model_info* 
 }
 
 /* Graph `index` of the manifest (0 .. info.graphs - 1): its name, and the bytes loading it reads (program and
- * weights file). */
+ * weights file); either pointer may be NULL. */
 MOBILE_MOE_API mm_status mm_graph(const mm_model* model, int index, const char** name, int64_t* load_bytes);
 
 /* What the handle holds and has loaded so far. */
@@ -90,8 +101,9 @@ static inline mm_status mm_get_memory_stats(const mm_model* model, mm_memory_sta
   return mm_memory_stats_get(model, stats, sizeof(mm_memory_stats));
 }
 
-/* Graph loads since mm_open, in order: an index is a load's for the handle's life; the last kept_loads of them
- * (mm_load_settings) can be read, an earlier one is refused. */
+/* Graph loads since mm_open, in order (an expert unparked is not a load): an index is a load's for the handle's
+ * life; the last kept_loads of them (mm_load_settings) can be read, an earlier one is refused. 0 for a closed
+ * handle. */
 MOBILE_MOE_API int64_t mm_load_count(const mm_model* model);
 
 /* One graph load and its parts. The strings live as long as the handle. */
@@ -127,9 +139,11 @@ MOBILE_MOE_API mm_status mm_expert_unload(mm_model* model, int expert);
 #define MM_LOAD_COLD 1
 MOBILE_MOE_API mm_status mm_expert_load(mm_model* model, int expert, int flags, double* load_ms);
 /* The router (and trunk tail) alone on one image, as mm_predict_f32 takes it: its tokens are kept for
- * mm_expert_run. */
+ * mm_expert_run. It chooses no expert and changes no result of mobile_moe.h (mm_experts, mm_logits are the last
+ * prediction's): the expert an image takes is what mm_predict_f32 and mm_experts say. */
 MOBILE_MOE_API mm_status mm_route_f32(mm_model* model, const float* chw, size_t count);
-/* Loaded expert `expert` on the tokens of the last mm_route_f32; `ms` (may be NULL): the time it took. */
+/* Loaded expert `expert` on the tokens of the last mm_route_f32; `ms` (may be NULL): the time it took. Its output is
+ * not kept: this times the expert, it predicts nothing. */
 MOBILE_MOE_API mm_status mm_expert_run(mm_model* model, int expert, double* ms);
 
 #ifdef __cplusplus

@@ -49,7 +49,9 @@ mm_status get_struct(const char* call, const mm_model* model, Struct* out, size_
   Locked open(model);
   if (open.model == nullptr) return not_open(call, model);
   if (out == nullptr || struct_size < sizeof(size_t))
-    return failed(MM_BAD_ARGUMENT, std::string(call) + ": the struct is NULL or smaller than its struct_size field");
+    return failed(MM_BAD_ARGUMENT, std::string(call) + ": the struct is NULL, or its size " +
+                                       std::to_string(struct_size) + " is less than a size_t; read it through " +
+                                       "the inline mm_get_* call, which passes the app's sizeof");
   Struct full{};
   const mm_status status = fill(*open.model, full);
   if (status == MM_OK) copy_out(out, full, struct_size);
