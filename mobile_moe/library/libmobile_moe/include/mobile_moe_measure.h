@@ -40,7 +40,8 @@ typedef struct mm_load_settings {
   int workspace_sharing; /* XNNPACK's workspace sharing for every load: -1 (default) its own default, 0 none,
                             1 per model, 2 global (backends/xnnpack/runtime/XNNWorkspaceManager.h) */
   int kept_loads;        /* graph loads whose events mm_get_load_event reads: the last 64 (default: an app that
-                            switches experts for days holds a bounded record), N, or -1: every one (a benchmark) */
+                            switches experts for days holds a bounded record), the last N (0: none), or -1: every one
+                            (a benchmark); below -1 is refused */
 } mm_load_settings;
 
 MOBILE_MOE_API void mm_load_settings_init(mm_load_settings* settings, size_t struct_size);

@@ -66,6 +66,9 @@ namespace et = executorch::runtime;
 // (hash a cache file the load wrote), bring_in_ms (prefetching only: LoadedGraph::bring_in_packed_weights).
 // weights: "packed" or "mapped" (from a warm cache file). Its strings are the bundle's graph name and static words:
 // they live as long as the handle, whatever happens to the event.
+// The load events a handle keeps by default (mm_load_settings.kept_loads): a bounded record for a long-running app.
+constexpr int64_t kDefaultKeptLoads = 64;
+
 struct LoadEvent {
   const char* graph = "";
   int64_t bytes = 0;
@@ -317,7 +320,7 @@ class Loader {
   // pool it was loaded with).
   // `kept_loads`: how many of the last loads' events are kept (load_count counts them all); -1: every one.
   Loader(LoadMode mode, PackedCache& packed_cache, const HandleThreads& threads, int workspace_sharing = -1,
-         bool locate_packed_weights = false, int64_t kept_loads = -1)
+         bool locate_packed_weights = false, int64_t kept_loads = kDefaultKeptLoads)
       : mode_(mode),
         packed_cache_(packed_cache),
         threads_(threads),
@@ -374,9 +377,10 @@ class Loader {
   // Loads since the loader was made, and load `index`'s event where it is still kept (else null).
   int64_t load_count() const { return loads_dropped_ + static_cast<int64_t>(events_.size()); }
   const LoadEvent* event(int64_t index) const {
-    const int64_t kept = index - loads_dropped_;
-    return kept < 0 || kept >= static_cast<int64_t>(events_.size()) ? nullptr : &events_[static_cast<size_t>(kept)];
+    if (index < loads_dropped_ || index >= load_count()) return nullptr;
+    return &events_[static_cast<size_t>(index - loads_dropped_)];
   }
+  int64_t first_kept() const { return loads_dropped_; }
   int64_t bytes_loaded = 0;
   size_t planned_bytes() const { return planned_arenas_.bytes_made(); }
 

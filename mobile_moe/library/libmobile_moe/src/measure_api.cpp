@@ -63,7 +63,7 @@ mm_load_settings default_load_settings() {
   settings.struct_size = sizeof(mm_load_settings);
   settings.read_files = 0;
   settings.workspace_sharing = -1;
-  settings.kept_loads = 64;
+  settings.kept_loads = static_cast<int>(kDefaultKeptLoads);
   return settings;
 }
 
@@ -171,13 +171,13 @@ mm_status mm_load_event_get(const mm_model* model, int64_t index, mm_load_event*
   return get_struct("mm_load_event_get", model, event, struct_size, [&](const mm_model& handle, mm_load_event& full) {
     const Loader& loader = *handle.loader;
     const LoadEvent* kept = loader.event(index);
-    const std::string count = std::to_string(loader.load_count());
     if (kept == nullptr && index >= 0 && index < loader.load_count())
-      return failed(MM_BAD_ARGUMENT, "mm_load_event_get: load " + std::to_string(index) + " is no longer kept (the "
-                                     "last mm_load_settings.kept_loads of " + count + " are; -1 keeps every one)");
+      return failed(MM_BAD_ARGUMENT, "mm_load_event_get: load " + std::to_string(index) + " is no longer kept (loads " +
+                                         std::to_string(loader.first_kept()) + " on are: mm_load_settings." +
+                                         "kept_loads; -1 keeps every one)");
     if (kept == nullptr)
       return failed(MM_BAD_ARGUMENT, "mm_load_event_get: load " + std::to_string(index) + " is out of range (" +
-                                         count + " loads so far: mm_load_count)");
+                                         std::to_string(loader.load_count()) + " loads so far: mm_load_count)");
     const LoadEvent& load = *kept;
     full.graph = load.graph;
     full.bytes = load.bytes;

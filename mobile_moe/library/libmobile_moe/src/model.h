@@ -19,7 +19,7 @@ namespace mobile_moe::library {
 struct LoadSettings {
   LoadMode mode = LoadMode::Mmap;
   int workspace_sharing = -1;  // graph_loader.h Loader: XNNPACK's workspace sharing mode; -1 its default
-  int kept_loads = 64;         // the last loads whose events mm_get_load_event reads; -1: every one
+  int kept_loads = static_cast<int>(kDefaultKeptLoads);  // the loads whose events mm_get_load_event reads; -1: all
 };
 
 // mm_open with `load`: the bundle checked (the manifest, then every file's size, sha256 and structure, remembered in
@@ -42,7 +42,7 @@ std::vector<float> preprocess_locked(const mm_model& model, const uint8_t* rgb, 
 struct mm_model {
   std::mutex mutex;  // the C API serialises calls on one handle (mobile_moe.h)
   mobile_moe::library::HandleThreads threads;
-  mobile_moe::library::Bundle bundle;
+  mobile_moe::library::Bundle bundle;  // set once by open_model, never changed: the strings the API returns point here
   mobile_moe::library::PackedCache packed_cache;
   std::unique_ptr<mobile_moe::library::Loader> loader;
   std::unique_ptr<mobile_moe::library::Pipeline> pipeline;
