@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -15,6 +14,7 @@
 #include "handles.h"
 #include "model.h"
 #include "process_mappings.h"
+#include "struct_abi.h"
 
 namespace {
 
@@ -24,23 +24,6 @@ using namespace mobile_moe::library;
 static_assert(static_cast<int>(Kind::Split) == MM_BUNDLE_SPLIT && static_cast<int>(Kind::Dense) == MM_BUNDLE_DENSE &&
               static_cast<int>(Kind::Monolithic) == MM_BUNDLE_MONOLITHIC &&
               static_cast<int>(Kind::Whole) == MM_BUNDLE_WHOLE);
-
-// The app's struct, whole fields only (`ends`: where each field after struct_size ends), over `defaults`: a size
-// that ends inside a field (never one a header had) leaves that field as it was.
-template <typename Struct>
-void copy_whole_fields(Struct* into, const Struct& from, size_t struct_size, std::initializer_list<size_t> ends) {
-  size_t whole = 0;
-  for (size_t end : ends)
-    if (end <= struct_size) whole = end;
-  std::memcpy(static_cast<void*>(into), &from, std::min(whole, sizeof(Struct)));
-}
-
-// The first `struct_size` bytes of `out` from `full`, its size field set to them: what an app's sizeof holds.
-template <typename Struct>
-void copy_out(Struct* out, Struct full, size_t struct_size) {
-  full.struct_size = std::min(struct_size, sizeof(Struct));
-  std::memcpy(static_cast<void*>(out), &full, full.struct_size);
-}
 
 // A getter of one struct: the handle open and locked, `out` at least its size field, `fill(handle, full)` filling the
 // whole struct (or failing), then as much of it as the app's struct_size holds copied out.
@@ -70,7 +53,7 @@ mm_load_settings default_load_settings() {
 LoadSettings load_settings(const mm_load_settings* given) {
   mm_load_settings settings = default_load_settings();
   if (given != nullptr) {
-    if (given->struct_size < sizeof(size_t) || given->struct_size > (size_t{1} << 16))
+    if (given->struct_size < sizeof(size_t) || given->struct_size > kMaxStructSize)
       throw UsageError("load->struct_size is " + std::to_string(given->struct_size) +
                        ": initialise the settings with mm_default_load_settings(&load) before setting them");
     copy_whole_fields(&settings, *given, given->struct_size,

@@ -28,6 +28,7 @@
 #include "model.h"
 #include "packed_cache.h"
 #include "preprocess.h"
+#include "struct_abi.h"
 #include "thread_pool.h"
 
 namespace {
@@ -56,20 +57,17 @@ mm_options options_given(const mm_options* given) {
   mm_options options = default_options();
   if (given == nullptr) return options;
   // The app's whole fields only: a size that ends inside a field (never one a header had) leaves that field default.
-  const size_t ends[] = {offsetof(mm_options, threads) + sizeof(int),
-                         offsetof(mm_options, cache_experts) + sizeof(int),
-                         offsetof(mm_options, park_experts) + sizeof(int),
-                         offsetof(mm_options, cache_margin) + sizeof(float),
-                         offsetof(mm_options, weight_cache_dir) + sizeof(const char*),
-                         offsetof(mm_options, weight_cache_limit_mib) + sizeof(int),
-                         offsetof(mm_options, prefetch) + sizeof(int)};
-  if (given->struct_size < ends[0] || given->struct_size > (size_t{1} << 16))
+  const size_t first_end = offsetof(mm_options, threads) + sizeof(int);
+  if (given->struct_size < first_end || given->struct_size > kMaxStructSize)
     throw UsageError("options->struct_size is " + std::to_string(given->struct_size) +
                      ": initialise the options with mm_default_options(&options) before setting them");
-  size_t whole = 0;
-  for (size_t end : ends)
-    if (end <= given->struct_size) whole = end;
-  std::memcpy(static_cast<void*>(&options), given, whole);
+  copy_whole_fields(&options, *given, given->struct_size,
+                    {first_end, offsetof(mm_options, cache_experts) + sizeof(int),
+                     offsetof(mm_options, park_experts) + sizeof(int),
+                     offsetof(mm_options, cache_margin) + sizeof(float),
+                     offsetof(mm_options, weight_cache_dir) + sizeof(const char*),
+                     offsetof(mm_options, weight_cache_limit_mib) + sizeof(int),
+                     offsetof(mm_options, prefetch) + sizeof(int)});
   options.struct_size = sizeof(mm_options);
   return options;
 }
@@ -114,9 +112,7 @@ int mm_version_number(void) { return static_cast<int>(kVersionNumber); }
 
 void mm_options_init(mm_options* options, size_t struct_size) {
   if (options == nullptr || struct_size == 0) return;
-  mm_options defaults = default_options();
-  defaults.struct_size = std::min(struct_size, sizeof(mm_options));
-  std::memcpy(static_cast<void*>(options), &defaults, defaults.struct_size);
+  copy_out(options, default_options(), struct_size);
 }
 
 const char* mm_last_error(void) { return t_last_error.c_str(); }
@@ -240,7 +236,6 @@ int mm_experts(const mm_model* model, int capacity, int* experts, float* gates) 
 void mm_stage_times_get(const mm_model* model, mm_stage_times* times, size_t struct_size) {
   if (times == nullptr || struct_size == 0) return;
   mm_stage_times out{};
-  out.struct_size = std::min(struct_size, sizeof(mm_stage_times));
   Locked open(model);
   if (open.model != nullptr && open.model->predicted) {
     const Inference& last = open.model->last;
@@ -248,7 +243,7 @@ void mm_stage_times_get(const mm_model* model, mm_stage_times* times, size_t str
     out.tail_ms = last.tail_ms, out.load_wait_ms = last.load_wait_ms, out.total_ms = last.total_ms;
     out.cache_hit = last.hit ? 1 : 0;
   }
-  std::memcpy(static_cast<void*>(times), &out, out.struct_size);
+  copy_out(times, out, struct_size);
 }
 
 }  // extern "C"
