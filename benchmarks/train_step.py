@@ -48,7 +48,7 @@ from mobile_moe.training.optimizer import adamw
 from mobile_moe.training.routing import TrainingForward
 
 # mode -> torch.compile's options (None: eager)
-MODES = {"eager": None, "compiled": {}, "cudagraphs": {"mode": "reduce-overhead"}}
+MODES = {"eager": None, "compiled": {}, "cudagraphs": engine.CUDA_GRAPHED}
 DENSE = "vit"
 ANCHOR = "deit_tiny_patch16_224"  # timm's, the dense model everyone trains
 
@@ -100,8 +100,7 @@ def build(name: str, args: argparse.Namespace, device: torch.device, mode: str) 
     forward = TrainingForward(model)
     options = MODES[mode]
     step_module = forward if options is None else compile_model(forward, **options)
-    graphed = (options or {}).get("mode") == "reduce-overhead"
-    return engine.Optimisation(step_module, model, optimizer, schedule, cuda_graphs=graphed)
+    return engine.Optimisation(step_module, model, optimizer, schedule, cuda_graphs=mode == "cudagraphs")
 
 
 def spread_clusters(opt: engine.Optimisation, images: torch.Tensor) -> None:
@@ -249,9 +248,7 @@ def time_anchor(mode: str, args, device, batch) -> dict[str, dict]:
         optimizer = adamw(model, lr=1e-4, weight_decay=0.05)
         # as our models' steps begin (engine.Optimisation.begin_step): the gradients released, and with CUDA graphs
         # a new step marked, or the tree would take this model's step for the last model's continuation
-        opt = engine.Optimisation(
-            forward, model, optimizer, None, cuda_graphs=(options or {}).get("mode") == "reduce-overhead"
-        )
+        opt = engine.Optimisation(forward, model, optimizer, None, cuda_graphs=mode == "cudagraphs")
 
         def step() -> None:
             opt.begin_step()

@@ -72,6 +72,9 @@ class Optimisation:
             torch.compiler.cudagraph_mark_step_begin()
 
 
+CUDA_GRAPHED = {"mode": "reduce-overhead"}  # torch.compile's options for a step replayed as CUDA graphs
+
+
 def compile_options(cfg, device: torch.device, world_size: int = 1) -> dict[str, str]:
     """torch.compile's options for the training step. With `cfg.cuda_graphs` on CUDA (train --compile's default):
     mode="reduce-overhead", inductor's cudagraph trees, which record the step's forward and backward once and replay
@@ -82,7 +85,7 @@ def compile_options(cfg, device: torch.device, world_size: int = 1) -> dict[str,
     under DDP (world_size > 1) too: DDP's gradient all-reduce hooks inside a replayed graph are untested here (no two
     GPUs)."""
     graphed = cfg.cuda_graphs and device.type == "cuda" and world_size == 1
-    return {"mode": "reduce-overhead"} if graphed else {}
+    return dict(CUDA_GRAPHED) if graphed else {}
 
 
 LOSS_TERMS = ("loss", "class_loss", "router_loss", "balance_loss", "aux_loss")
