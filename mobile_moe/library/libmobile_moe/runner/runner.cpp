@@ -328,6 +328,7 @@ mm_memory_stats memory_stats(mm_model* model) {
 }
 
 bool is_split(const mm_model_info& info) { return info.kind == MM_BUNDLE_SPLIT; }
+bool caches_packed_weights(const mm_model_info& info) { return info.weight_cache_dir[0] != '\0'; }
 
 // One image's answer and stage times, as the C API gives them: a row of the report.
 struct Prediction {
@@ -380,7 +381,7 @@ void write_run_settings(json::Writer& out, const Options& options, const mm_mode
   out.key("threads").value(static_cast<int64_t>(info.threads));
   out.key("load_mode").value(options.load_mode);
   out.key("workspace_sharing").value(static_cast<int64_t>(options.workspace_sharing));
-  out.key("weight_cache").value(info.weight_cache_dir[0] != '\0');
+  out.key("weight_cache").value(caches_packed_weights(info));
   out.key("weight_cache_dir").value(info.weight_cache_dir);
   out.key("num_experts").value(num_experts);
   out.key("top_k").value(info.top_k);
@@ -548,7 +549,7 @@ SwitchTimes measure_switches(const Options& options, mm_model* model, const mm_m
     check(mm_expert_unload(model, e));
     check(mm_expert_load(model, e, 0, &cold_expert_load_ms[e]));
   }
-  const bool cached = info.weight_cache_dir[0] != '\0';
+  const bool cached = caches_packed_weights(info);
   for (int repeat = 0; repeat < options.switch_repeats; ++repeat) {
     for (int e = 0; e < num_experts; ++e) {
       if (cached) times.cold.push_back(time_switch(model, e, true));
@@ -613,7 +614,7 @@ void write_switches(json::Writer& out, bool cached, const std::map<int, double>&
 }
 
 // What loading each graph of the manifest reads (its program and its own weights file); then every load.
-void write_graph_loads(json::Writer& out, mm_model* model, const mm_model_info& info) {
+void write_graph_loads(json::Writer& out, mm_model* model, const mm_model_info& info, int64_t bytes_loaded) {
   out.key("graph_bytes").begin_object();
   for (int i = 0; i < info.graphs; ++i) {
     const char* graph = nullptr;
@@ -622,7 +623,7 @@ void write_graph_loads(json::Writer& out, mm_model* model, const mm_model_info& 
     out.key(graph).value(bytes);
   }
   out.end_object();
-  out.key("graph_bytes_loaded_total").value(memory_stats(model).graph_bytes_loaded);
+  out.key("graph_bytes_loaded_total").value(bytes_loaded);
   out.key("loads").begin_array();
   for (int64_t i = 0, loads = mm_load_count(model); i < loads; ++i) {
     mm_load_event event;
@@ -663,10 +664,10 @@ std::string measure(const Options& options) {
   // What the routing pass and the timed runs had open: by design only the router and the experts the images chose.
   out.key("files_opened").array(files.list());
   SwitchTimes switches = measure_switches(options, model.get(), info, images, num_experts, files, cold_expert_load_ms);
-  write_switches(out, info.weight_cache_dir[0] != '\0', cold_expert_load_ms, switches);
-  write_graph_loads(out, model.get(), info);
+  write_switches(out, caches_packed_weights(info), cold_expert_load_ms, switches);
+  const mm_memory_stats memory = memory_stats(model.get());  // nothing loads after the switches
+  write_graph_loads(out, model.get(), info, memory.graph_bytes_loaded);
   out.key("files_opened_incl_switch").array(files.list());
-  const mm_memory_stats memory = memory_stats(model.get());
   out.key("weight_cache_bytes").value(memory.weight_cache_bytes);  // 0 without a cache
   out.key("planned_memory_bytes").value(memory.planned_memory_bytes);
   out.key("memory_at_end");
