@@ -198,14 +198,9 @@ JNI_LIBRARY_NAME = "libmobile_moe_jni.so"  # the Java binding's JNI part, where 
 
 
 def build_library(**options) -> Path:
-    """libmobile_moe, the runtime as a library (native/mobile_moe.h), from the same CMake build as the runner
+    """libmobile_moe, the runtime as a library (include/mobile_moe.h), from the same CMake build as the runner
     (build_runner's options: a sanitizer, a cross build); its JNI part lies beside it where a JDK was found."""
-    library = build_runner(**options).parent / "cmake-build" / LIBRARY_NAME
-    if not library.is_file():
-        raise UsageError(
-            f"the native build has no {LIBRARY_NAME} at {library}; remove {library.parent} and build again"
-        )
-    return library
+    return built_beside_runner(LIBRARY_NAME, **options)
 
 
 INTERNAL_CHECKS_NAME = "mobile_moe_internal_checks"  # the tests' white-box tool (tests/internal_checks.cpp)
@@ -213,12 +208,15 @@ INTERNAL_CHECKS_NAME = "mobile_moe_internal_checks"  # the tests' white-box tool
 
 def build_internal_checks() -> Path:
     """The test suite's tool that runs the library's hashes and file checks on given files, from the host build."""
-    tool = build_runner().parent / "cmake-build" / INTERNAL_CHECKS_NAME
-    if not tool.is_file():
-        raise UsageError(
-            f"the native build has no {INTERNAL_CHECKS_NAME} at {tool}; remove {tool.parent} and build again"
-        )
-    return tool
+    return built_beside_runner(INTERNAL_CHECKS_NAME)
+
+
+def built_beside_runner(name: str, **options) -> Path:
+    """`name` from the runner's CMake build (build_runner's options), building it first where needed."""
+    built = build_runner(**options).parent / "cmake-build" / name
+    if not built.is_file():
+        raise UsageError(f"the native build has no {name} at {built}; remove {built.parent} and build again")
+    return built
 
 
 def digest_file(runner: Path) -> Path:
