@@ -42,20 +42,26 @@ def cpu_seconds(batches, count: int, handle) -> tuple[float, float]:
     return (time.process_time() - cpu) / images, images / (time.perf_counter() - wall)
 
 
-def per_image(data, aug, batch_size: int, count: int):
+def shuffled(dataset, batch_size: int, seed: int, **options) -> DataLoader:
+    """The images a figure reads: a shuffle drawn from `seed`, so every path of a round reads the same ones (a real
+    folder mixes cheap and costly files: paths that drew other samples would compare the samples, not the paths)."""
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=0, drop_last=True,
+                      generator=torch.Generator().manual_seed(seed), **options)  # fmt: skip
+
+
+def per_image(data, aug, batch_size: int, count: int, seed: int):
     """Today's path in the loader: decode + torchvision's per-image pipeline + MixUp/CutMix on the batch."""
     split = inputs.training_split(data, aug, "workers", torch.device("cpu"))
     mixer = augment.batch_mixer(aug, data.num_classes)
-    loader = DataLoader(split, batch_size=batch_size, shuffle=True, num_workers=0, drop_last=True)
+    loader = shuffled(split, batch_size, seed)
     to_model = inputs.WorkerBatches(data.num_classes, torch.device("cpu"), mixer)
     return cpu_seconds(loader, count, lambda batch, step: len(to_model.batch(batch, StepKey(0, 0, 0, step))[0]))
 
 
-def device_fed_host(data, aug, batch_size: int, count: int):
+def device_fed_host(data, aug, batch_size: int, count: int, seed: int):
     """The host's share when a GPU decodes and augments: read bytes or decode the kinds a GPU cannot, pad, draw."""
     raw = inputs.training_split(data, aug, "device", torch.device("cuda"))  # what a GPU's loader reads; no CUDA call
-    loader = DataLoader(raw, batch_size=batch_size, shuffle=True, num_workers=0, drop_last=True,
-                        collate_fn=inputs.collate("device"))  # fmt: skip
+    loader = shuffled(raw, batch_size, seed, collate_fn=inputs.collate("device"))
 
     def host_part(batch: decode.RawBatch, step: int) -> int:
         sizes = batch.sizes.numpy()
@@ -66,12 +72,11 @@ def device_fed_host(data, aug, batch_size: int, count: int):
     return cpu_seconds(loader, count, host_part)
 
 
-def on_this_device(data, aug, batch_size: int, count: int):
+def on_this_device(data, aug, batch_size: int, count: int, seed: int):
     """The whole device pipeline where no GPU is: decode in the loader, batch_augment on the CPU."""
     device = torch.device("cpu")
     split = inputs.training_split(data, aug, "device", device)
-    loader = DataLoader(split, batch_size=batch_size, shuffle=True, num_workers=0, drop_last=True,
-                        collate_fn=inputs.collate("device"))  # fmt: skip
+    loader = shuffled(split, batch_size, seed, collate_fn=inputs.collate("device"))
     to_model = inputs.DeviceBatches(aug, data, device)
     return cpu_seconds(loader, count, lambda batch, step: len(to_model.batch(batch, StepKey(0, 0, 0, step))[0]))
 
@@ -83,11 +88,11 @@ def cpu_figures(specs: dict[str, str], args) -> dict:
     """{source: {path: {"cpu_ms": [...], "images_per_s": [...]}}}, the paths taking turns in every round."""
     aug = recipes.deit().augmentation
     found = {source: {path: {"cpu_ms": [], "images_per_s": []} for path in PATHS} for source in specs}
-    for _ in range(args.rounds):
+    for round_ in range(args.rounds):
         for source, spec in specs.items():
             data = open_data(spec, args.image_size)
             for path, measure in PATHS.items():
-                seconds, rate = measure(data, aug, args.batch_size, args.batches)
+                seconds, rate = measure(data, aug, args.batch_size, args.batches, seed=round_)
                 found[source][path]["cpu_ms"].append(seconds * 1e3)
                 found[source][path]["images_per_s"].append(rate)
     return found
