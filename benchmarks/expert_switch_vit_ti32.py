@@ -62,7 +62,7 @@ def switching_stream(bundle: Path, out: Path, run_lengths: tuple[int, ...] = (1,
     expert another than the last run's, spread over as many experts as the pool reaches; -> the stream's expert change
     rate (cyclically, as the runner repeats the stream)."""
     images = np.random.default_rng(0).standard_normal((pool, 3, 224, 224), dtype=np.float32)
-    runtime = load_bundle(bundle, max_cached_experts=1)
+    runtime = load_bundle(bundle, cache_experts=1)
     experts = [runtime.predict(image).experts[0] for image in images]
     groups: dict[int, list[int]] = {}
     for index, expert in enumerate(experts):

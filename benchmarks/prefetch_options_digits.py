@@ -66,7 +66,7 @@ def test_scores(run_dir: Path) -> dict[str, float]:
 
 def cache_aware(bundle: Path, images: torch.Tensor, labels: list[int], margin: float) -> dict[str, float]:
     """Top-1 and expert change rate over the test split in order, one expert cached, with margin `margin`."""
-    runtime = load_bundle(bundle, max_cached_experts=1, cache_margin=margin)
+    runtime = load_bundle(bundle, cache_experts=1, cache_margin=margin)
     predictions = [runtime.predict(image) for image in images]
     experts = [p.experts[0] for p in predictions]
     top1 = float(np.mean([int(np.argmax(p.logits)) == label for p, label in zip(predictions, labels, strict=True)]))

@@ -11,7 +11,7 @@ import networkx as nx
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 # Lowest first: the models and costs, then the stages in the order data flows through them.
-LAYERS = ["mobile_moe", "super_class", "data", "training", "export", "library", "device_bench", "evidence", "app"]
+LAYERS = ["mobile_moe", "super_class", "data", "training", "library", "export", "device_bench", "evidence", "app"]
 
 
 def module_name(path: Path) -> str:

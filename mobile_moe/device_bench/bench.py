@@ -42,6 +42,7 @@ from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest import bundle_identity, read_manifest, same_bundle
 from mobile_moe.export.manifest_schema import Manifest
 from mobile_moe.foreign_files import read_foreign
+from mobile_moe.library import options as library_options
 
 RUNTIMES = ("executorch", "onnxruntime", "native", "coreml")
 DEFAULT_RUNTIME = {"executorch": "native", "onnx": "onnxruntime", "coreml": "coreml"}  # by bundle backend
@@ -137,11 +138,15 @@ class BenchSettings:
         self._check_native_only_flags()
 
     def _check_native_only_flags(self) -> None:
-        """The native runner's own switches are refused with another runtime named, which would ignore them."""
-        given = [flag for flag, set_ in (("--park-experts", self.round.park_experts is not None),
-                                         ("--no-weight-cache", not self.round.weight_cache)) if set_]  # fmt: skip
-        if given and self.runtime not in (None, "native"):
-            raise UsageError(f"{given[0]} is the native runner's; --runtime {self.runtime} has none: leave it out")
+        """libmobile_moe's options beyond those every runtime takes are refused with another runtime named, which
+        would ignore them."""
+        if self.runtime in (None, "native", "executorch"):
+            return
+        changed = library_options.changed(self.round.library_options())
+        given = [name for name in changed if name not in library_options.EVERY_RUNTIME]
+        if given:
+            flag = library_options.OPTION[given[0]].flag
+            raise UsageError(f"{flag} is libmobile_moe's; --runtime {self.runtime} has none: leave it out")
 
     def as_json(self) -> dict:
         """results.json's "settings": the per-round knobs and the workload."""
@@ -297,6 +302,7 @@ def benchmark(
                 name, manifests[name], runtimes[name], settings.device, rounds[name], workloads[name].source
             )
             | {"emulated": emulated, "raw_first_round": as_given(rounds[name][0])}
+            | {"options": library_options.describe(settings.round.library_options())}
             | ({"host_parity": parity[name]} if emulated else {})
             for name in names
         ]

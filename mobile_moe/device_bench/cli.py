@@ -16,6 +16,7 @@ from mobile_moe import jsonio
 from mobile_moe.device_bench.bench import RUNTIMES, BenchSettings, benchmark
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.device_bench.workload import ORDERS
+from mobile_moe.library.options import OPTIONS
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -38,25 +39,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--warmup", type=int, default=each.warmup, help=f"untimed runs before them (default {each.warmup})"
     )
-    parser.add_argument(
-        "--threads", type=int, default=each.threads, help=f"CPU threads for inference (default {each.threads})"
-    )
-    parser.add_argument(
-        "--cache-experts", type=int, default=each.cache_experts, help="expert graphs kept loaded (default: all)"
-    )
-    parser.add_argument(
-        "--park-experts",
-        type=int,
-        default=each.park_experts,
-        help="native: evicted experts that keep their initialised methods with their weights dropped, so switching "
-        "back skips the load (default: all; 0: evicted experts unload)",
-    )
-    parser.add_argument(
-        "--cache-margin",
-        type=float,
-        default=each.cache_margin,
-        help="cache-aware routing: take a loaded expert whose gate is within this margin of the top one (default 0)",
-    )
+    for option in OPTIONS:  # libmobile_moe's options, as mm_options names, encodes and defaults them
+        option.add_flag(parser)
     parser.add_argument(
         "--rounds",
         type=int,
@@ -87,10 +71,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=each.switch_repeats,
         help=f"times each expert switch is timed (default {each.switch_repeats})",
     )
-    parser.add_argument("--weight-cache", action=argparse.BooleanOptionalAction, default=each.weight_cache,
-                        help="native: keep XNNPACK's packed weights on disk in the user's cache folder, one "
-                        "checked file per graph, so later loads map them (default on; --no-weight-cache: packed "
-                        "on every load)")  # fmt: skip
     parser.add_argument("--out", default="bench-out", help="output directory (default bench-out)")
     parser.add_argument("--json", action="store_true", help="print results.json on stdout instead of a summary")
 
@@ -98,9 +78,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def settings_from_args(args: argparse.Namespace) -> BenchSettings:
     """The flags as BenchSettings, which refuse bad values with the flag's name in one line."""
     round_settings = RoundSettings(
-        iterations=args.iterations, warmup=args.warmup, threads=args.threads, cache_experts=args.cache_experts,
-        park_experts=args.park_experts, cache_margin=args.cache_margin, switch_repeats=args.switch_repeats,
-        weight_cache=args.weight_cache,
+        iterations=args.iterations, warmup=args.warmup, switch_repeats=args.switch_repeats,
+        **{option.name: getattr(args, option.name) for option in OPTIONS},
     )  # fmt: skip
     return BenchSettings(round_settings, runtime=args.runtime, device=args.device, runner=args.runner,
                          rounds=args.rounds, pause_s=args.pause, data=args.data, images=args.images,

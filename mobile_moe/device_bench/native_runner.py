@@ -14,7 +14,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from mobile_moe.cache import packed_weights_dir
+from mobile_moe.cache import free_bytes, packed_weights_dir
 from mobile_moe.device_bench.round_report import RoundJson
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
@@ -27,23 +27,13 @@ RUNNER_PREFIX = "mobile_moe_runner"
 
 
 def runner_command(
-    runner: str | Path,
-    bundle: str | Path,
-    images: str | Path | None,
-    settings: RoundSettings,
-    weight_cache_dir: str | Path | None = None,
+    runner: str | Path, bundle: str | Path, images: str | Path | None, settings: RoundSettings
 ) -> list[str]:
-    """The runner's argv; `weight_cache_dir`: the existing directory, shared by runs, that settings.weight_cache
-    keeps packed weights in (None: there is none, and the run packs on the heap)."""
+    """The runner's argv: the round's settings, its library options only where they differ from the library's
+    defaults (the packed-weight folder among them: left out, the library's per-user folder, as in an app)."""
     command = [os.path.abspath(runner), "--bundle", str(bundle), *settings.runner_flags()]  # "./r" is not r on PATH
     if images is not None:
         command += ["--input", str(images)]
-    if settings.weight_cache and weight_cache_dir is not None:
-        command += ["--weight-cache", str(weight_cache_dir)]
-    else:
-        command += ["--no-weight-cache"]
-    if settings.park_experts is not None:
-        command += ["--park-experts", str(settings.park_experts)]
     return command
 
 
@@ -61,22 +51,49 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+def full_disk_advice(weight_cache_dir: str | Path | None, bundle: str | Path | None) -> str | None:
+    """Why a runner died of SIGBUS, where its packed-weight folder's file system is (nearly) full: XNNPACK writes
+    packed weights through a shared mapping, which a full disk kills with SIGBUS (packed_cache.h room_for); None
+    where the folder has the room the library asks for (twice the bundle's files and 4 MiB) or is unknown."""
+    if not weight_cache_dir:
+        return None
+    folder = Path(weight_cache_dir)
+    try:
+        bundle_bytes = sum(f.stat().st_size for f in Path(bundle).iterdir() if f.is_file()) if bundle else 0
+    except OSError:  # a bundle gone since: the folder's room alone
+        bundle_bytes = 0
+    room = free_bytes(folder)
+    if room is None or room >= 2 * bundle_bytes + (4 << 20):
+        return None
+    return (f"the packed-weight cache folder {folder} is on a full file system ({room} bytes free), and XNNPACK "
+            "writes packed weights through a mapping that a full disk kills; free some space there, or set "
+            "MOBILE_MOE_WEIGHT_CACHE to a folder with room")  # fmt: skip
+
+
 def parse_runner_output(
-    returncode: int, stdout: bytes | str, stderr: bytes | str, where: str, bundle: str | Path | None = None
+    returncode: int,
+    stdout: bytes | str,
+    stderr: bytes | str,
+    where: str,
+    bundle: str | Path | None = None,
+    weight_cache_dir: str | Path | None = None,
 ) -> dict:
     """The runner's JSON, or a UsageError with one line saying why there is none.
 
     The runner's own line (it starts with "mobile_moe_runner") is quoted when there is one; a negative returncode is
-    a death by signal (a crash on this bundle); a runner that printed nothing is said to have printed nothing.
+    a death by signal (a crash on this bundle, or SIGBUS while `weight_cache_dir`, the run's packed-weight folder, is
+    on a full file system: full_disk_advice); a runner that printed nothing is said to have printed nothing.
     """
     stdout, stderr = decode(stdout), decode(stderr)
     on = f" on {bundle}" if bundle is not None else ""
     ours = [line.strip() for line in stderr.splitlines() if line.startswith(RUNNER_PREFIX)]
     if returncode < 0:
         detail = f": {shown(ours[-1])}" if ours else ""
+        full = full_disk_advice(weight_cache_dir, bundle) if -returncode == signal.SIGBUS else None
+        advice = full or "the bundle may be corrupt (re-export it)"
         raise UsageError(
-            f"the {where} crashed ({_signal_name(-returncode)}){on}{detail}; the bundle may be corrupt "
-            "(re-export it); rerun with MOBILE_MOE_DEBUG=1 for the runtime's log"
+            f"the {where} crashed ({_signal_name(-returncode)}){on}{detail}; {advice}; rerun with MOBILE_MOE_DEBUG=1 "
+            "for the runtime's log"
         )
     if returncode != 0:
         if ours:
@@ -113,13 +130,15 @@ def run_native(runner: str | Path, bundle: str | Path, images: str | Path | None
     check_runner(runner)
     # The runner checks these too (a bundle may be run by hand on a phone); checking here first gives Python's message.
     read_manifest(bundle, verify_files=True)
-    weight_cache_dir = packed_weights_dir() if settings.weight_cache else None
-    command = runner_command(runner, bundle, images, settings, weight_cache_dir)
+    command = runner_command(runner, bundle, images, settings)
     try:
         result = run_child(command, capture_output=True)
     except OSError as error:  # e.g. an Android arm64 build run on this machine: Exec format error
         raise UsageError(f"--runner {runner}: cannot run it on this machine ({error.strerror or error})") from None
-    return parse_runner_output(result.returncode, result.stdout, result.stderr, "native runner", bundle)
+    folder = None
+    if result.returncode == -signal.SIGBUS:  # the packed-weight folder's file system may be full: where is it
+        folder = packed_weights_dir() if settings.weight_cache_dir is None else settings.weight_cache_dir
+    return parse_runner_output(result.returncode, result.stdout, result.stderr, "native runner", bundle, folder)
 
 
 @dataclass(frozen=True)

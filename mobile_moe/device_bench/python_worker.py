@@ -1,4 +1,5 @@
-"""A measurement process around export's Python bundle runtime (ExecuTorch Python bindings or ONNX Runtime).
+"""A measurement process around export's load_bundle: an ExecuTorch bundle in libmobile_moe through its Python binding
+(the library an app links, in this process), an ONNX bundle in ONNX Runtime.
 
 `PythonWorker(runtime).run_round(...)` runs `python -m mobile_moe.device_bench.python_worker --bundle DIR ...`,
 one fresh process per round (so the cold load is cold and the memory high-water mark belongs to this bundle alone),
@@ -26,6 +27,7 @@ from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest import read_manifest
 from mobile_moe.export.runtime import load_bundle
 from mobile_moe.interrupts import die_with_parent, run_child
+from mobile_moe.library.options import OPTIONS
 
 
 def summary(samples: list[float]) -> dict:
@@ -43,12 +45,10 @@ def summary(samples: list[float]) -> dict:
 
 def timed_predict(bundle, image) -> tuple[object, float, bool]:
     """(prediction, wall ms, whether every chosen expert was already loaded)."""
-    loaded_before = set(bundle.loaded_graphs)
     start = time.perf_counter()
     prediction = bundle.predict(image)
     wall_ms = (time.perf_counter() - start) * 1e3
-    hit = all(name in loaded_before for name in set(bundle.loaded_graphs) - {"router"})
-    return prediction, wall_ms, hit
+    return prediction, wall_ms, prediction.cache_hit
 
 
 class ImageFile:
@@ -74,17 +74,15 @@ def measure(bundle_dir: str | Path, runtime: str, images_file: str | Path, setti
     """One round on `bundle_dir` in this process: cold load, routing pass, timed warm runs, expert switches."""
     shape = read_manifest(bundle_dir).input.shape  # the schema's checks; nothing is loaded before the timing
     images = ImageFile(images_file, shape)
-    torch.set_num_threads(settings.threads)
-    cache = settings.cache_experts
+    if settings.threads > 0:  # 0: the runtime's own pool, as it is
+        torch.set_num_threads(settings.threads)
     report: dict = {"runner": f"python-{runtime}", "bundle": str(bundle_dir), "threads": settings.threads}
     report["memory_at_start"] = memory_now()
 
     start = time.perf_counter()
-    # every session: --threads
-    bundle = load_bundle(
-        bundle_dir, max_cached_experts=cache, threads=settings.threads, cache_margin=settings.cache_margin
-    )
+    bundle = load_bundle(bundle_dir, **settings.library_options())
     report["load_ms"] = {"router": (time.perf_counter() - start) * 1e3}
+    report["cache_experts"] = _experts_kept(bundle)
     report["memory_after_first_load"] = memory_now()
 
     # Routing pass: each image once, in order. A miss's extra wall time over its stages is the expert's cold load.
@@ -128,6 +126,15 @@ def measure(bundle_dir: str | Path, runtime: str, images_file: str | Path, setti
     return report
 
 
+def _experts_kept(bundle) -> int:
+    """The expert graphs the bundle keeps loaded, as its runtime resolved cache_experts (0: a one-graph bundle)."""
+    if hasattr(bundle, "model"):  # libmobile_moe's, as it says
+        return bundle.model.info["cache_experts"]
+    if bundle.layout in ("dense", "monolithic", "whole"):
+        return 0
+    return bundle.max_cached_experts or bundle.manifest.num_experts
+
+
 def no_switch(note: str) -> dict:
     return {"ms": [], "median_ms": None, "load_median_ms": None, "first_run_median_ms": None,
             "warm_expert_run_median_ms": None, "note": note}  # fmt: skip
@@ -145,7 +152,7 @@ def measure_switch(
     is that expert's warm run."""
     if settings.switch_repeats == 0:
         return no_switch("--switch-repeats 0: switch timing off")
-    bundle = load_bundle(bundle_dir, max_cached_experts=1, threads=settings.threads)
+    bundle = load_bundle(bundle_dir, **(settings.library_options() | {"cache_experts": 1}))
     if bundle.layout in ("dense", "monolithic", "whole"):
         return no_switch("one graph holds every expert: there is no expert to switch")
     by_expert: dict[int, int] = {}
@@ -181,8 +188,7 @@ def worker_command(bundle: str | Path, runtime: str, images: str | Path, setting
 
 @dataclass(frozen=True)
 class PythonWorker:
-    """export's Python runtime (ExecuTorch bindings, ONNX Runtime, Core ML on macOS) in a fresh interpreter per round.
-    RoundSettings.weight_cache and park_experts are the native runner's: these runtimes have no such switches."""
+    """export's load_bundle (libmobile_moe for ExecuTorch, ONNX Runtime) in a fresh interpreter per round."""
 
     runtime: str
 
@@ -208,15 +214,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--input", required=True)
     parser.add_argument("--iterations", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--cache-experts", type=int, default=None)
-    parser.add_argument("--cache-margin", type=float, default=0.0)
     parser.add_argument("--switch-repeats", type=int, default=2)
+    for option in OPTIONS:  # the native runner's flags for them (RoundSettings.runner_flags)
+        option.add_flag(parser)
     args = parser.parse_args(argv)
     try:
         settings = RoundSettings(
-            iterations=args.iterations, warmup=args.warmup, threads=args.threads, cache_experts=args.cache_experts,
-            cache_margin=args.cache_margin, switch_repeats=args.switch_repeats,
+            iterations=args.iterations, warmup=args.warmup, switch_repeats=args.switch_repeats,
+            **{option.name: getattr(args, option.name) for option in OPTIONS},
         )  # fmt: skip
         print(json.dumps(measure(args.bundle, args.runtime, args.input, settings)))
     except UsageError as error:  # a bad bundle: one line, status 2, which the bench CLI passes on

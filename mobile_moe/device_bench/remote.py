@@ -8,6 +8,7 @@ phone's filesystem). Both go through `run_remote`, so the emulated device exerci
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import uuid
 from collections.abc import Callable
@@ -94,11 +95,12 @@ def _run_on(
         if remote_images is not None:
             device.push(images, remote_images)
         env = {"LD_LIBRARY_PATH": f"{workdir}/lib"} if runner.libraries else {}
-        # The device's packed-weight cache outlives the run (as an app's cache folder does); the runner bounds it.
-        weight_cache_dir = f"{device.root}/mobile-moe-weight-cache" if settings.weight_cache else None
-        if weight_cache_dir is not None:
-            device.make_dir(weight_cache_dir)
-        command = runner_command(remote_runner, remote_bundle, remote_images, settings, weight_cache_dir)
+        # The device's packed-weight cache outlives the run, as the cache folder an app passes does (a phone's shell
+        # user has no per-user folder to default to); the library bounds it.
+        if settings.weight_cache_dir is None:
+            settings = dataclasses.replace(settings, weight_cache_dir=f"{device.root}/mobile-moe-weight-cache")
+            device.make_dir(settings.weight_cache_dir)
+        command = runner_command(remote_runner, remote_bundle, remote_images, settings)
         # Output to files on the device, then pulled: adb shell mangles long stdout lines on some devices.
         status = device.execute(command, env, f"{workdir}/result.json", f"{workdir}/stderr.txt")
         with tempfile.TemporaryDirectory() as local:

@@ -38,6 +38,15 @@ def _workloads(runs: list[dict]) -> str:
     return "; ".join(dict.fromkeys(run.get("workload", "?") for run in runs))
 
 
+def _configurations(runs: list[dict]) -> str:
+    """Which configuration of libmobile_moe's options the runs ran (what an app's defaults give, unless said), with
+    the experts each run kept loaded."""
+    kept = "; ".join(f"{run['bundle_name']} kept {run['cache_experts']} expert graph(s) loaded"
+                     for run in runs if run.get("cache_experts"))  # fmt: skip
+    options = "; ".join(dict.fromkeys(run.get("options", "?") for run in runs))
+    return options + (f" ({kept})" if kept else "")
+
+
 def _label(run: dict) -> str:
     return f"{run['bundle_name']} ({run['runtime']}, {run['device']})"
 
@@ -194,6 +203,8 @@ def markdown(results: dict, plot_files: list[str] = ()) -> str:
         "the model's share is that peak less what the process held before it loaded a graph.",
         "",
         f"Images: {_workloads(runs)}.",
+        "",
+        f"libmobile_moe's options: {_configurations(runs)}.",
         "",
         "| bundle | runtime | device | threads | p50 ms | p90 ms | p99 ms | mean ms | router load ms | expert load ms "
         "| switch ms | peak RSS MiB | model MiB | PSS MiB | graph MiB/image | params M loaded/image | params M active "

@@ -166,6 +166,9 @@ def run_record(
         "runtime": runtime,
         "device": device,
         "threads": first.threads,
+        # Expert graphs the run kept loaded, as the library resolved its cache_experts (None: a runtime that reports
+        # none)
+        "cache_experts": first.cache_experts,
         "rounds": len(rounds),
         "images": len(sequence),
         "workload": workload_source,

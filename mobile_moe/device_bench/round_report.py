@@ -129,6 +129,8 @@ class RoundReport(_Report):
     # The native runner's parking (graphs.h ExpertCache): how many evicted experts may park (-1: all), those parked
     # after the timed runs, and the bytes of their packed weights still mapped in then (0: all dropped).
     park_experts: int | None = None
+    # libmobile_moe's runners: the expert graphs kept loaded, as the library resolved the options' cache_experts.
+    cache_experts: int | None = None
     parked_experts: list[int] | None = None
     parked_packed_bytes_resident: int | None = None
 

@@ -42,7 +42,7 @@ from mobile_moe.export.manifest import (
 from mobile_moe.export.manifest_schema import GraphEntry, Manifest
 from mobile_moe.export.parity import PROB_TOLERANCE, measure_parity, parity_passed, parity_summary
 from mobile_moe.export.quantization import DEFAULT_COMPRESSION, CoreMLCompression, Quantization, check_groups
-from mobile_moe.export.runtime import BundleRuntime
+from mobile_moe.export.runtime import BundleRuntime, LibraryBundle, load_bundle
 from mobile_moe.export.traces import graph_inputs
 from mobile_moe.interrupts import held
 
@@ -370,13 +370,15 @@ def _export_family(
     return {spec.name: (artifact, seconds) for spec, artifact in zip(members, artifacts, strict=True)}
 
 
-def _runnable(bundle_dir: Path, backend: str, split: Split) -> tuple[BundleRuntime, str]:
+def _runnable(bundle_dir: Path, backend: str, split: Split) -> tuple[BundleRuntime | LibraryBundle, str]:
     """A runtime over the new bundle, and what it runs: the backend itself, or (Core ML off macOS) the split modules
     in PyTorch, which still checks the split and the runtime's composition against the whole model."""
     if backend == "coreml" and not coreml_runs_here():
         modules = {spec.name: spec.module for spec in split.graphs}
         bundle = BundleRuntime(bundle_dir, open_graph=lambda graph: TorchGraph(modules[graph.name], graph))
         return bundle, "split modules in PyTorch (Core ML prediction needs macOS)"
+    if backend == "executorch":  # as an app runs it; packed in memory: the bundle's folder is not its final one yet
+        return load_bundle(bundle_dir, weight_cache_dir=""), "libmobile_moe"
     return BundleRuntime(bundle_dir), f"{backend} runtime"
 
 

@@ -9,19 +9,15 @@ import numpy as np
 from mobile_moe import jsonio
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest_schema import SPLIT_LAYOUTS
+from mobile_moe.library.options import OPTION, OPTIONS
 from mobile_moe.words import escaped
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("bundle", metavar="BUNDLE_DIR", help="a directory written by `mobile-moe export`")
     parser.add_argument("images", metavar="IMAGE", nargs="+", help="PNG or JPEG files")
-    parser.add_argument("--cache-experts", type=int, default=None, help="experts kept loaded (default: no limit)")
-    parser.add_argument(
-        "--cache-margin",
-        type=float,
-        default=0.0,
-        help="cache-aware routing: take a loaded expert whose gate is within this margin of the top one (default 0)",
-    )
+    for option in OPTIONS:  # libmobile_moe's options, as mm_options names, encodes and defaults them
+        option.add_flag(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON list, one object per image")
     parser.add_argument(
         "--top-k", type=int, default=5, help="classes listed per image, most probable first (default 5)"
@@ -30,8 +26,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def classify(bundle, path: str, image, top_k: int = 5, logits: bool = False) -> dict:
-    """The predict record (docs/formats.md, "predict --json") for one preprocessed image: its `top_k` classes, and
-    every logit with `logits`."""
+    """The predict record (docs/formats.md, "predict --json") for one image as the bundle's read_image gave it: its
+    `top_k` classes, and every logit with `logits`."""
     prediction = bundle.predict(image)
     values = prediction.logits.astype(np.float64).reshape(-1)
     probs = np.exp(values - values.max())
@@ -54,22 +50,23 @@ def classify(bundle, path: str, image, top_k: int = 5, logits: bool = False) -> 
 
 def run(args: argparse.Namespace) -> int:
     # torch and the runtimes only once the command runs: `mobile-moe predict --help` stays instant
-    from mobile_moe.export.images import load_image
     from mobile_moe.export.runtime import load_bundle
 
-    bundle = load_bundle(args.bundle, max_cached_experts=args.cache_experts, cache_margin=args.cache_margin)
-    if bundle.layout not in SPLIT_LAYOUTS and (args.cache_experts is not None or args.cache_margin):
-        flag = "--cache-experts" if args.cache_experts is not None else "--cache-margin"
+    options = {option.name: getattr(args, option.name) for option in OPTIONS}
+    bundle = load_bundle(args.bundle, **options)
+    routing = [name for name in ("cache_experts", "cache_margin") if options[name] != OPTION[name].default]
+    if bundle.layout not in SPLIT_LAYOUTS and routing:
         raise UsageError(
-            f"{flag} chooses among expert graphs loaded one by one; {args.bundle} is a {bundle.layout} bundle (its "
-            "experts, if any, sit in one graph): leave it out, or export the MoE split (the default layout)"
+            f"{OPTION[routing[0]].flag} chooses among expert graphs loaded one by one; {args.bundle} is a "
+            f"{bundle.layout} bundle (its experts, if any, sit in one graph): leave it out, or export the MoE split "
+            "(the default layout)"
         )
     if args.top_k < 1:
         raise UsageError(f"--top-k {args.top_k}: list at least 1 class")
     if args.logits and not args.json:
         raise UsageError("--logits adds every class's logit to --json's records: add --json")
     # Read every image first: a bad file fails the command before any output.
-    images = [load_image(path, bundle.manifest.input) for path in args.images]
+    images = [bundle.read_image(path) for path in args.images]
     results = [classify(bundle, path, image, args.top_k, args.logits)
                for path, image in zip(args.images, images, strict=True)]  # fmt: skip
     if args.json:

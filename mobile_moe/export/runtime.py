@@ -1,12 +1,16 @@
-"""The Python bundle runtime: load the router at open, an expert only when an image first picks it, and keep at most
-`max_cached_experts` experts loaded (least recently used goes first).
+"""A bundle ready to predict, whatever its backend: `load_bundle(path, **options)`.
 
-    bundle = load_bundle("bundle/", max_cached_experts=2)
+    bundle = load_bundle("bundle/", cache_experts=2)  # libmobile_moe's options by name (mobile_moe/library/options.py)
     prediction = bundle.predict(image)       # image: float32 (3, S, S) or (1, 3, S, S), already normalised
     prediction.logits, prediction.experts, prediction.gates, prediction.timings
     bundle.loaded_graphs                     # e.g. ["router", "expert_3"]
 
-Every graph's sha256 is checked before a backend parses it; the manifest's composition says how graphs combine.
+An ExecuTorch bundle runs in libmobile_moe (mobile_moe.library.binding: LibraryBundle), the library an app links, so
+what Python answers is what an app answers. ONNX and Core ML bundles, and a split's eager modules (export's parity
+off macOS), run in BundleRuntime, this module's Python composition of one loaded graph per manifest entry: the router
+at open, an expert only when an image first picks it, at most `cache_experts` experts (-1 the bundle's top_k, 0 every
+one, as libmobile_moe's option means it), the least recently used going first. Every graph's sha256 is checked before
+a backend parses it; the manifest's composition says how graphs combine.
 
 A whole bundle (a per-token MoE: vmoe, experts-choice, soft-moe, widenet) is one graph, loaded at open, that reports
 how many token slots each expert of each expert set (MoE block) filled for the image (`expert_tokens`, (1, G, E)).
@@ -22,7 +26,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -31,16 +35,11 @@ from mobile_moe.expert_choice import pick_experts, used_experts
 from mobile_moe.export.images import load_image
 from mobile_moe.export.loaded_graphs import GRAPH_OF_BACKEND
 from mobile_moe.export.manifest import bundle_identity, read_manifest, same_bundle, verified_graph_files
-from mobile_moe.export.manifest_schema import GraphEntry
+from mobile_moe.export.manifest_schema import GraphEntry, Manifest
+from mobile_moe.library import options as library_options
+from mobile_moe.library.binding import Model, Prediction, read_rgb
 
 LoadedGraph = Callable[[list[np.ndarray]], dict[str, np.ndarray]]
-
-
-class Prediction(NamedTuple):
-    logits: np.ndarray  # (K,)
-    experts: list[int]  # chosen experts, highest gate first; used experts, ascending (whole); [] for a dense bundle
-    gates: list[float]  # their weights; for a whole bundle, each one's share of the image's token slots
-    timings: dict[str, float]  # milliseconds: router, load (experts loaded for this image), experts, total
 
 
 def _milliseconds(start: float) -> float:
@@ -51,22 +50,24 @@ class BundleRuntime:
     def __init__(
         self,
         path: str | os.PathLike,
-        max_cached_experts: int | None = None,
-        threads: int | None = None,
+        cache_experts: int = library_options.OPTION["cache_experts"].default,
+        threads: int = library_options.OPTION["threads"].default,
         open_graph: Callable[[GraphEntry], LoadedGraph] | None = None,
-        cache_margin: float = 0.0,
+        cache_margin: float = library_options.OPTION["cache_margin"].default,
     ):
-        if max_cached_experts is not None and max_cached_experts < 1:
-            raise UsageError(f"--cache-experts {max_cached_experts}: keep at least 1 expert loaded (or leave it out)")
-        if not 0.0 <= cache_margin <= 1.0:
-            raise UsageError(f"--cache-margin {cache_margin}: a gate margin between 0 and 1")
+        library_options.checked({"cache_experts": cache_experts, "threads": threads, "cache_margin": cache_margin})
         self.cache_margin = cache_margin
         self.path = Path(path)
         self._identity = bundle_identity(self.path)  # before the manifest: what a later load must still find there
         self.manifest = read_manifest(self.path)
         self.backend = self.manifest.backend
-        self.max_cached_experts = max_cached_experts
-        self.threads = threads
+        top_k = max(self.manifest.top_k or 1, 1)
+        if 0 < cache_experts < top_k and self.manifest.kind == "split":
+            raise UsageError(f"--cache-experts {cache_experts} is fewer than the bundle's top_k, {top_k}: an image's "
+                             f"experts run together; cache at least {top_k}")  # fmt: skip
+        # libmobile_moe's encoding: -1 the bundle's top_k, 0 every expert (no bound), N
+        self.max_cached_experts = top_k if cache_experts == -1 else None if cache_experts == 0 else cache_experts
+        self.threads = threads or None  # 0: the runtime's own default
         self._open_graph = open_graph or self._open_file
         self._graphs = {graph.name: graph for graph in self.manifest.graphs}
         self.composition = self.manifest.composition
@@ -88,14 +89,7 @@ class BundleRuntime:
             return GRAPH_OF_BACKEND[self.backend](path, graph, self.threads, *weights)
 
     def _resident_graph_names(self) -> list[str]:
-        if self.layout in ("dense", "monolithic", "whole"):
-            return [self.manifest.graphs[0].name]
-        names = [self.composition.router]
-        if self.composition.trunk_tail is not None:
-            names.append(self.composition.trunk_tail)
-        if self.layout == "per-block":
-            names += [block.shared for block in self.composition.blocks] + [self.composition.head]
-        return names
+        return resident_graph_names(self.manifest)
 
     def _expert_graph_names(self, expert: int) -> list[str]:
         if self.layout == "per-block":
@@ -159,9 +153,13 @@ class BundleRuntime:
         except ValueError as error:  # a corrupt graph's output
             raise UsageError(f"{self.path}: {error}; re-export the bundle") from None
 
+    def read_image(self, path: str | os.PathLike) -> Any:
+        """An image file as predict takes it: preprocessed by the manifest's `input` (as evaluate fed the run its
+        images)."""
+        return load_image(path, self.manifest.input)
+
     def predict_file(self, path: str | os.PathLike) -> Prediction:
-        """One PNG or JPEG file, preprocessed by the manifest's `input` (as evaluate fed the run its images)."""
-        return self.predict(load_image(path, self.manifest.input))
+        return self.predict(self.read_image(path))
 
     def predict(self, image: Any) -> Prediction:
         batch = self._image_batch(image)
@@ -175,6 +173,7 @@ class BundleRuntime:
             tokens = self._resident[self.composition.trunk_tail]([tokens])["tokens"]
         router_ms = _milliseconds(start)
         load_ms = 0.0
+        hit = all(expert in self._experts for expert in experts)
         loaded = []
         for expert in experts:
             graphs, ms = self._expert(expert)
@@ -192,7 +191,7 @@ class BundleRuntime:
             "experts": _milliseconds(compute),
             "total": _milliseconds(start),
         }
-        return Prediction(logits[0], experts, gates, timings)
+        return Prediction(logits[0], experts, gates, timings, hit)
 
     def _predict_single(self, batch: np.ndarray, start: float) -> Prediction:
         """One graph: no experts (dense), top-k of its router_probs (monolithic), or the experts it used (whole)."""
@@ -219,12 +218,69 @@ class BundleRuntime:
         return self._resident[self.composition.head]([x])["logits"]
 
 
-def load_bundle(
-    path: str | os.PathLike,
-    max_cached_experts: int | None = None,
-    threads: int | None = None,
-    cache_margin: float = 0.0,
-) -> BundleRuntime:
-    """A bundle ready to predict: `max_cached_experts` experts kept loaded (None: all), `cache_margin` a gate margin
-    for cache-aware routing (expert_choice.pick_experts; 0: plain top-k)."""
-    return BundleRuntime(path, max_cached_experts, threads, cache_margin=cache_margin)
+def resident_graph_names(manifest: Manifest) -> list[str]:
+    """The graphs a bundle loads at open: the router (and trunk tail, and a per-block split's shared parts and head),
+    or a dense, monolithic or whole bundle's one graph."""
+    composition = manifest.composition
+    if composition.layout in ("dense", "monolithic", "whole"):
+        return [manifest.graphs[0].name]
+    names = [composition.router]
+    if composition.trunk_tail is not None:
+        names.append(composition.trunk_tail)
+    if composition.layout == "per-block":
+        names += [block.shared for block in composition.blocks] + [composition.head]
+    return names
+
+
+class LibraryBundle:
+    """An ExecuTorch bundle run by libmobile_moe (mobile_moe.library.binding.Model), with BundleRuntime's interface:
+    the answers, routing and loads are the library's own."""
+
+    def __init__(self, path: str | os.PathLike, manifest: Manifest, **options: Any):
+        self.path, self.manifest = Path(path), manifest
+        self.backend, self.composition = manifest.backend, manifest.composition
+        self.layout = manifest.composition.layout
+        self.model = Model(path, **options)
+        self._expert_of_graph = {graph.name: graph.expert for graph in manifest.graphs if graph.expert is not None}
+
+    def predict(self, image: Any) -> Prediction:
+        """`image`: float32 (C, S, S) or (1, C, S, S), preprocessed; or (H, W, 3) uint8 RGB pixels (read_image's),
+        which the library preprocesses as the manifest says, as it does an app's."""
+        if getattr(image, "dtype", None) == np.uint8:
+            return self.model.predict_rgb(image)
+        return self.model.predict(image)
+
+    def read_image(self, path: str | os.PathLike) -> np.ndarray:
+        """An image file as an app has it: decoded, upright, 8-bit RGB (mobile_moe/data/image_files.py)."""
+        return read_rgb(path)
+
+    def predict_file(self, path: str | os.PathLike) -> Prediction:
+        return self.predict(self.read_image(path))
+
+    @property
+    def loaded_graphs(self) -> list[str]:
+        """The resident graphs, then the loaded experts' graphs, least recently used first."""
+        return [*resident_graph_names(self.manifest), *reversed(self.model.loaded_expert_graphs())]
+
+    @property
+    def loaded_experts(self) -> list[int]:
+        """Loaded experts, least recently used first."""
+        experts = (self._expert_of_graph.get(name) for name in reversed(self.model.loaded_expert_graphs()))
+        return list(dict.fromkeys(expert for expert in experts if expert is not None))
+
+    def close(self) -> None:
+        self.model.close()
+
+
+def load_bundle(path: str | os.PathLike, **options: Any) -> BundleRuntime | LibraryBundle:
+    """A bundle ready to predict, with libmobile_moe's `options` by name (mobile_moe/library/options.py; those left
+    out keep the library's defaults): an ExecuTorch bundle in the library; an ONNX or Core ML one in BundleRuntime,
+    which takes threads, cache_experts and cache_margin (refusing the library's other options)."""
+    manifest = read_manifest(path)
+    if manifest.backend == "executorch":
+        return LibraryBundle(path, manifest, **options)
+    others = [name for name in library_options.changed(options) if name not in library_options.EVERY_RUNTIME]
+    if others:
+        raise UsageError(f"{library_options.OPTION[others[0]].flag} is libmobile_moe's; {path} is a "
+                         f"{manifest.backend} bundle, run in Python: leave it out")  # fmt: skip
+    return BundleRuntime(path, **{name: value for name, value in options.items() if name in library_options.EVERY_RUNTIME})

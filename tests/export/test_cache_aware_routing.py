@@ -26,7 +26,7 @@ pytestmark = pytest.mark.export
 
 
 def test_a_margin_outside_zero_to_one_is_refused(bundle):
-    with pytest.raises(UsageError, match="--cache-margin"):
+    with pytest.raises(UsageError, match="cache_margin -0.1: out of range"):
         load_bundle(bundle, cache_margin=-0.1)
     with pytest.raises(UsageError, match="--cache-margin"):
         RoundSettings(cache_margin=2.0)
@@ -45,7 +45,7 @@ def _png_images(bundle, tmp_path, count: int = 8) -> list[str]:
 
 
 def _python_sequence(bundle, images, margin: float) -> list[list[int]]:
-    runtime = load_bundle(bundle, max_cached_experts=1, cache_margin=margin)
+    runtime = load_bundle(bundle, cache_experts=1, cache_margin=margin)
     return [runtime.predict(image).experts for image in images]
 
 
@@ -69,7 +69,7 @@ def test_predict_the_python_runtime_and_the_native_runner_route_alike(runner, bu
         predicted = json.loads(capsys.readouterr().out)
         assert [row["experts"] for row in native["images"]] == python == [row["experts"] for row in predicted]
         assert native["cache_margin"] == pytest.approx(d)
-    unlimited = load_bundle(bundle)  # every expert stays loaded: plain top-k
+    unlimited = load_bundle(bundle, cache_experts=0)  # every expert stays loaded: plain top-k
     assert plain == [unlimited.predict(image).experts for image in images]
     cache_aware = _python_sequence(bundle, images, margin)
     assert cache_aware != plain, "precondition: the margin should change some routing"

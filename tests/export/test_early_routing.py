@@ -95,7 +95,7 @@ def test_an_early_routing_bundle_computes_the_model(early_bundle):
     assert [graph.role for graph in manifest.graphs][:2] == ["router", "trunk_tail"]
     with torch.no_grad():
         eager = model(images())
-    runtime = load_bundle(path, max_cached_experts=1)
+    runtime = load_bundle(path, cache_experts=1)
     predictions = [runtime.predict(image) for image in images()]
     assert [p.experts[0] for p in predictions] == eager.routing.experts[:, 0].tolist()
     np.testing.assert_allclose(np.stack([p.logits for p in predictions]), eager.logits.numpy(), atol=1e-5)
@@ -118,7 +118,7 @@ def test_the_native_runner_loads_the_expert_while_the_tail_runs(runner, early_bu
     same answers."""
     _, _, path = early_bundle
     report = run_prefetching(runner, path, tmp_path)
-    runtime = load_bundle(path, max_cached_experts=1)
+    runtime = load_bundle(path, cache_experts=1)
     expected = [runtime.predict(image) for image in images()]
     assert [row["experts"] for row in report["images"]] == [p.experts for p in expected]
     np.testing.assert_allclose([row["logits"] for row in report["images"]], [p.logits for p in expected], atol=1e-5)
@@ -156,5 +156,5 @@ def test_the_prefetch_thread_runs_clean_under_thread_sanitizer(early_bundle, tmp
     stderr = result.stderr.decode(errors="replace")
     assert result.returncode != ASAN_EXIT_CODE and "ThreadSanitizer" not in stderr, stderr[-3000:]
     report = parse_runner_output(result.returncode, result.stdout, result.stderr, "tsan runner", path)
-    expected = [p.experts for p in (load_bundle(path, max_cached_experts=1).predict(image) for image in images())]
+    expected = [p.experts for p in (load_bundle(path, cache_experts=1).predict(image) for image in images())]
     assert [row["experts"] for row in report["images"]] == expected

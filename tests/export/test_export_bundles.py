@@ -49,7 +49,7 @@ def test_bundle_reproduces_eager_logits_and_experts(moe, bundle_dir):
         np.testing.assert_allclose(prediction.logits, logits.numpy(), atol=1e-5, rtol=1e-4)
         assert prediction.experts == [expert]
         assert prediction.gates == pytest.approx([float(gate)], abs=1e-6)
-        assert set(prediction.timings) == {"router", "load", "experts", "total"}
+        assert {"router", "load", "experts", "total"} <= set(prediction.timings)
 
 
 def test_manifest_describes_graphs(bundle_dir):
@@ -81,14 +81,14 @@ def test_experts_load_lazily_and_lru_evicts(moe, bundle_dir):
     images, experts = images_for_experts(moe)
     first = experts.index(0)
     second = experts.index(1)
-    bundle = load_bundle(bundle_dir, max_cached_experts=1)
+    bundle = load_bundle(bundle_dir, cache_experts=1)
     assert bundle.loaded_graphs == ["router"]
     prediction = bundle.predict(images[first])
     assert bundle.loaded_graphs == ["router", "expert_0"] and prediction.timings["load"] > 0
     assert bundle.predict(images[first]).timings["load"] == 0  # cached
     bundle.predict(images[second])
     assert bundle.loaded_graphs == ["router", "expert_1"]  # expert 0 evicted
-    unlimited = load_bundle(bundle_dir)
+    unlimited = load_bundle(bundle_dir, cache_experts=0)
     unlimited.predict(images[first])
     unlimited.predict(images[second])
     assert sorted(unlimited.loaded_graphs) == ["expert_0", "expert_1", "router"]
@@ -103,7 +103,7 @@ def test_k2_composition_equals_eager(tmp_path):
     # attention lives once (block_shared), the expert graphs hold only MLPs
     assert sorted({graph["role"] for graph in manifest["graphs"]}) == ["block_expert", "block_shared", "head", "router"]
     assert composition["blocks"][1]["experts"] == ["block1_expert0", "block1_expert1", "block1_expert2"]
-    bundle = load_bundle(tmp_path / "k2", max_cached_experts=2)
+    bundle = load_bundle(tmp_path / "k2", cache_experts=2)
     for experts in predictions_match_eager(bundle, model, count=6):
         loaded = [name for name in bundle.loaded_graphs if "_expert" in name]
         assert sorted(loaded) == sorted(f"block{b}_expert{e}" for b in range(2) for e in experts)
@@ -212,7 +212,7 @@ def test_executorch_per_block_layout_equals_eager(tmp_path, top_k, runner):
     images = random_workload(shape, count=4, seed=1)
     settings = RoundSettings(iterations=1, warmup=0, cache_experts=top_k, switch_repeats=0)
     report = run_native(runner, tmp_path / "b", write_raw(images, tmp_path / "images.f32"), settings)
-    runtime = load_bundle(tmp_path / "b", max_cached_experts=top_k)
+    runtime = load_bundle(tmp_path / "b", cache_experts=top_k)
     expected = [runtime.predict(image) for image in images.images]
     assert [row["experts"] for row in report["images"]] == [p.experts for p in expected]
     np.testing.assert_allclose([row["logits"] for row in report["images"]], [p.logits for p in expected], atol=1e-4)

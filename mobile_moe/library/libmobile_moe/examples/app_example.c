@@ -3,8 +3,10 @@
  * turn for --iterations predictions, close. Prints one JSON line: the open (an app's cold start), every prediction's
  * milliseconds, the peak RSS (VmHWM), and every prediction's top class and first expert (-1: a dense bundle).
  *
- *   mobile_moe_app BUNDLE IMAGES.f32 [--cache-experts N] [--iterations N] [--threads T] [--weight-cache DIR]
- *                  [--park-experts N] [--prefetch 0|1]
+ *   mobile_moe_app BUNDLE IMAGES.f32 [--iterations N] [--threads T] [--cache-experts N] [--park-experts N]
+ *                  [--cache-margin D] [--weight-cache-dir DIR] [--weight-cache-limit-mib MIB] [--prefetch 0|1]
+ *
+ * Each option is mm_options' field of that name, in its encoding; one left out keeps mm_default_options' value.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -39,20 +41,27 @@ static int read_image(FILE* file, size_t values, size_t index, float* image) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: mobile_moe_app BUNDLE IMAGES.f32 [--cache-experts N] [--iterations N] [--threads T] "
-                    "[--weight-cache DIR] [--park-experts N] [--prefetch 0|1]\n");
+    fprintf(stderr, "usage: mobile_moe_app BUNDLE IMAGES.f32 [--iterations N] [--threads T] [--cache-experts N] "
+                    "[--park-experts N] [--cache-margin D] [--weight-cache-dir DIR] [--weight-cache-limit-mib MIB] "
+                    "[--prefetch 0|1]\n");
     return 2;
   }
   mm_options options;
   mm_default_options(&options);
   int iterations = 50;
   for (int i = 3; i + 1 < argc; i += 2) {
-    if (strcmp(argv[i], "--cache-experts") == 0) options.cache_experts = atoi(argv[i + 1]);
-    else if (strcmp(argv[i], "--iterations") == 0) iterations = atoi(argv[i + 1]);
+    if (strcmp(argv[i], "--iterations") == 0) iterations = atoi(argv[i + 1]);
     else if (strcmp(argv[i], "--threads") == 0) options.threads = atoi(argv[i + 1]);
-    else if (strcmp(argv[i], "--weight-cache") == 0) options.weight_cache_dir = argv[i + 1];
+    else if (strcmp(argv[i], "--cache-experts") == 0) options.cache_experts = atoi(argv[i + 1]);
     else if (strcmp(argv[i], "--park-experts") == 0) options.park_experts = atoi(argv[i + 1]);
+    else if (strcmp(argv[i], "--cache-margin") == 0) options.cache_margin = strtof(argv[i + 1], NULL);
+    else if (strcmp(argv[i], "--weight-cache-dir") == 0) options.weight_cache_dir = argv[i + 1];
+    else if (strcmp(argv[i], "--weight-cache-limit-mib") == 0) options.weight_cache_limit_mib = atoi(argv[i + 1]);
     else if (strcmp(argv[i], "--prefetch") == 0) options.prefetch = atoi(argv[i + 1]);
+    else {
+      fprintf(stderr, "mobile_moe_app: unknown flag %s\n", argv[i]);
+      return 2;
+    }
   }
   double start = now_ms();
   mm_model* model = NULL;

@@ -61,7 +61,7 @@ extern "C" {
 #endif
 
 #define MOBILE_MOE_VERSION_MAJOR 2
-#define MOBILE_MOE_VERSION_MINOR 1
+#define MOBILE_MOE_VERSION_MINOR 2
 #define MOBILE_MOE_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH: compare it with mm_version_number() (the library the app runs with) */
 #define MOBILE_MOE_VERSION \
@@ -120,6 +120,10 @@ MOBILE_MOE_API const char* mm_last_error(void);
 /* Where the library's log and ExecuTorch's go, for the whole process: NULL (the default) drops them. The library's
  * failures are logged at MM_LOG_ERROR too. */
 MOBILE_MOE_API void mm_log_set(mm_log_callback callback, void* user_data);
+
+/* The folder mm_default_options' weight_cache_dir (NULL) means in this process's environment, made if missing; ""
+ * where none can be made (packed weights then stay in memory). This thread's string, valid until its next call. */
+MOBILE_MOE_API const char* mm_default_weight_cache_dir(void);
 
 /* Open the bundle folder `bundle_dir` with `options` (NULL: the defaults): checks it whole, then loads what is
  * resident from the start (the router, or a dense bundle's one graph). */

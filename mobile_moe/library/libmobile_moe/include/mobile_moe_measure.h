@@ -71,7 +71,7 @@ typedef struct mm_model_info {
   int threads;                  /* 1, or the shared pool's size the handle runs on */
   int num_experts;              /* the manifest's experts (0: none) */
   int top_k;                    /* experts an image takes */
-  int cache_experts;            /* expert graph sets kept loaded */
+  int cache_experts;            /* expert graph sets kept loaded, as resolved; 0: a one-graph bundle */
   int prefetch;                 /* 1: a missed expert loads on a second thread while the trunk tail runs */
   int has_trunk_tail;           /* 1: early routing, dense blocks between the router and the expert */
   int graphs;                   /* graphs the manifest lists: mm_graph's indices */

@@ -90,7 +90,7 @@ JNI_EXPORT jlong JNICALL Java_org_mobilemoe_MobileMoe_nativeOpen(JNIEnv* env, jc
                                                                  jint set, jint threads, jint cache_experts,
                                                                  jint park_experts, jfloat cache_margin,
                                                                  jbyteArray weight_cache_dir,
-                                                                 jint weight_cache_limit_mib, jboolean prefetch) {
+                                                                 jint weight_cache_limit_mib, jint prefetch) {
   (void)cls;
   char* path = c_string(env, bundle_dir);
   char* cache = path != NULL && weight_cache_dir != NULL ? c_string(env, weight_cache_dir) : NULL;
@@ -106,7 +106,7 @@ JNI_EXPORT jlong JNICALL Java_org_mobilemoe_MobileMoe_nativeOpen(JNIEnv* env, jc
   if (set & SET_CACHE_MARGIN) options.cache_margin = cache_margin;
   if (set & SET_WEIGHT_CACHE_DIR) options.weight_cache_dir = cache;
   if (set & SET_WEIGHT_CACHE_LIMIT) options.weight_cache_limit_mib = weight_cache_limit_mib;
-  if (set & SET_PREFETCH) options.prefetch = prefetch ? 1 : 0;
+  if (set & SET_PREFETCH) options.prefetch = prefetch;
   mm_model* model = NULL;
   const mm_status status = mm_open(path, &options, &model);
   free(path);
@@ -158,10 +158,13 @@ static jintArray int_array(JNIEnv* env, const int* values, jsize count) {
 }
 
 /* The last prediction of `model` as a MobileMoe.Prediction with `top_k` (>= 0) classes; NULL with an exception
- * pending on failure. Each Java array is made, and checked, before the next JNI call. */
+ * pending on failure. Each Java array is made, and checked, before the next JNI call. `top_k` is the app's number
+ * (Integer.MAX_VALUE included): what is allocated for it is bounded by the classes there are, as mm_top_classes
+ * bounds its answer. */
 static jobject prediction(JNIEnv* env, mm_model* model, jint top_k) {
   size_t classes = mm_logits(model, NULL, 0);
   int experts = mm_experts(model, 0, NULL, NULL);
+  if (top_k > 0 && (size_t)top_k > classes) top_k = (jint)classes;
   size_t k = top_k > 0 ? (size_t)top_k : 1;
   float* logits = malloc(sizeof(float) * (classes ? classes : 1));
   int* top = malloc(sizeof(int) * k);

@@ -70,34 +70,37 @@ void set_phase(const std::string& phase) { std::snprintf(g_phase, sizeof(g_phase
 // ---------------------------------------------------------------------------------------------------------------
 // Command line
 
-// The measurement defaults are bench's (mobile_moe.device_bench.round_settings.RoundSettings), kept equal here for a
-// bundle run by hand on a phone; tests/device_bench/test_device_bench_native.py holds them equal.
+// The measurement's own settings. Their defaults are bench's (mobile_moe.device_bench.round_settings.RoundSettings),
+// kept equal here for a bundle run by hand on a phone; tests/device_bench/test_device_bench_native.py holds them equal.
+// The library's options are mm_options itself, from mm_default_options: each flag named for its field, in its
+// encoding (mobile_moe/library/options.py is their table), so what the runner leaves alone is what an app gets.
 struct Options {
   std::string bundle;
   std::string input_path;  // raw float32, N x C x S x S; empty -> random images
   int random_images = 8;
   int iterations = 50;
   int warmup = 5;
-  int threads = 1;
-  int cache_experts = -1;  // -1: all experts
-  int park_experts = -1;   // evicted experts that keep their methods, weights dropped (graphs.h ExpertCache); -1: all
-  float cache_margin = 0;  // cache-aware routing: a resident expert within this gate margin of the top one is taken
   int switch_repeats = 2;  // times each expert's switch is measured
   unsigned seed = 0;
-  std::string weight_cache;  // a directory for XNNPACK's packed weights, one file per graph; empty: off
-  bool weight_cache_given = false;  // --weight-cache DIR or --no-weight-cache; else the library's per-user folder
-  int weight_cache_limit_mib = 0;   // what the directory may hold; 0: the library's default
   std::string load_mode = "mmap";
   int workspace_sharing = -1;  // XNNPACK's workspace sharing mode for every load (mm_load_settings); -1: its default
-  bool prefetch = true;  // --no-prefetch: load a missed expert in line even where the bundle allows a second thread
+  mm_options library = library_defaults();  // the library checks the values at mm_open
+  std::string weight_cache_dir;            // library.weight_cache_dir points here once the flag is given
+
+  static mm_options library_defaults() {
+    mm_options defaults;
+    mm_default_options(&defaults);
+    return defaults;
+  }
 };
 
 // One line: every error the runner prints is one line on stderr.
 const char* kUsage =
     "usage: mobile_moe_runner --bundle DIR [--input FILE.f32 | --random N] [--iterations N] [--warmup N] "
-    "[--threads T] [--cache-experts C] [--park-experts P] [--cache-margin D] [--switch-repeats R] [--seed S] "
-    "[--weight-cache DIR | --no-weight-cache] [--weight-cache-limit MIB] [--workspace-sharing none|model|global] "
-    "[--load-mode mmap|file] [--no-prefetch]";
+    "[--switch-repeats R] [--seed S] [--workspace-sharing none|model|global] [--load-mode mmap|file] "
+    "[--threads T] [--cache-experts C] [--park-experts P] [--cache-margin D] [--weight-cache-dir DIR] "
+    "[--weight-cache-limit-mib MIB] [--prefetch 0|1] (the library's options, in mm_options' encoding; each left out "
+    "keeps mm_default_options' value)";
 
 // --workspace-sharing: mm_load_settings.workspace_sharing, XNNPACK's WorkspaceSharingMode
 // (backends/xnnpack/runtime/XNNWorkspaceManager.h: Disabled, PerModel, Global), by the position of its word.
@@ -147,18 +150,18 @@ Options parse_options(int argc, char** argv) {
     else if (flag == "--random") options.random_images = to_int(flag, next(), 1, 100000);
     else if (flag == "--iterations") options.iterations = to_int(flag, next(), 1, kMaxFlag);
     else if (flag == "--warmup") options.warmup = to_int(flag, next(), 0, kMaxFlag);
-    else if (flag == "--threads") options.threads = to_int(flag, next(), 1, 1024);
-    else if (flag == "--cache-experts") options.cache_experts = to_int(flag, next(), 1, 1 << 20);
-    else if (flag == "--park-experts") options.park_experts = to_int(flag, next(), 0, 1 << 20);
-    else if (flag == "--cache-margin") options.cache_margin = to_float(flag, next(), 0.0, 1.0);
     else if (flag == "--switch-repeats") options.switch_repeats = to_int(flag, next(), 0, kMaxFlag);
     else if (flag == "--seed") options.seed = static_cast<unsigned>(to_int(flag, next(), 0, INT_MAX));
-    else if (flag == "--weight-cache") options.weight_cache = next(), options.weight_cache_given = true;
-    else if (flag == "--no-weight-cache") options.weight_cache.clear(), options.weight_cache_given = true;
-    else if (flag == "--weight-cache-limit") options.weight_cache_limit_mib = to_int(flag, next(), 1, 1 << 24);
     else if (flag == "--load-mode") options.load_mode = next();
     else if (flag == "--workspace-sharing") options.workspace_sharing = workspace_sharing_mode(next());
-    else if (flag == "--no-prefetch") options.prefetch = false;
+    else if (flag == "--threads") options.library.threads = to_int(flag, next(), INT_MIN, INT_MAX);
+    else if (flag == "--cache-experts") options.library.cache_experts = to_int(flag, next(), INT_MIN, INT_MAX);
+    else if (flag == "--park-experts") options.library.park_experts = to_int(flag, next(), INT_MIN, INT_MAX);
+    else if (flag == "--cache-margin") options.library.cache_margin = to_float(flag, next(), -HUGE_VAL, HUGE_VAL);
+    else if (flag == "--weight-cache-dir") options.weight_cache_dir = next(), options.library.weight_cache_dir = "";
+    else if (flag == "--weight-cache-limit-mib")
+      options.library.weight_cache_limit_mib = to_int(flag, next(), INT_MIN, INT_MAX);
+    else if (flag == "--prefetch") options.library.prefetch = to_int(flag, next(), INT_MIN, INT_MAX);
     else if (flag == "--help" || flag == "-h") throw UsageError(kUsage);
     else throw UsageError("unknown flag " + flag + " (" + kUsage + ")");
   }
@@ -270,18 +273,10 @@ void write_memory(json::Writer& out, const stats::Memory& memory) {
 // ---------------------------------------------------------------------------------------------------------------
 // measure(): the settings, then the four phases, each writing its part of the report in order
 
-// The runner's options as the C API's: what is not given keeps the library's default (the per-user weight cache
-// folder among them).
+// The runner's library options as the C API takes them: the flags' values over mm_default_options'.
 mm_options api_options(const Options& options) {
-  mm_options api;
-  mm_default_options(&api);
-  api.threads = options.threads;
-  api.cache_experts = std::max(options.cache_experts, 0);  // -1 (all) is the API's 0
-  api.park_experts = options.park_experts;
-  api.cache_margin = options.cache_margin;
-  if (options.weight_cache_given) api.weight_cache_dir = options.weight_cache.c_str();  // "": none
-  if (options.weight_cache_limit_mib > 0) api.weight_cache_limit_mib = options.weight_cache_limit_mib;
-  api.prefetch = options.prefetch ? 1 : 0;
+  mm_options api = options.library;
+  if (api.weight_cache_dir != nullptr) api.weight_cache_dir = options.weight_cache_dir.c_str();  // "": none
   return api;
 }
 
@@ -386,8 +381,8 @@ void write_run_settings(json::Writer& out, const Options& options, const mm_mode
   out.key("num_experts").value(num_experts);
   out.key("top_k").value(info.top_k);
   out.key("cache_experts").value(info.cache_experts);
-  out.key("park_experts").value(options.park_experts);
-  out.key("cache_margin").value(static_cast<double>(options.cache_margin));
+  out.key("park_experts").value(options.library.park_experts);
+  out.key("cache_margin").value(static_cast<double>(options.library.cache_margin));
   out.key("prefetch").value(info.prefetch != 0);
   out.key("num_images").value(num_images);
   out.key("iterations").value(options.iterations);
@@ -743,9 +738,12 @@ int main(int argc, char** argv) {
   if (g_debug) mm_log_set(print_log, nullptr);
   try {
     Options options = parse_options(argc, argv);
-    std::string report = measure(options);
-    std::fwrite(report.data(), 1, report.size(), stdout);
-    std::fputc('\n', stdout);
+    const std::string report = measure(options) + "\n";
+    // Where stdout is a file on a full disk, a report not written whole is a failure, never exit 0 with half of it
+    if (std::fwrite(report.data(), 1, report.size(), stdout) != report.size() || std::fflush(stdout) != 0) {
+      std::fprintf(stderr, "mobile_moe_runner: error: cannot write the report (%s)\n", std::strerror(errno));
+      return 1;
+    }
     return 0;
   } catch (const UsageError& error) {
     std::fprintf(stderr, "mobile_moe_runner: %s\n", one_line(error.what()).c_str());

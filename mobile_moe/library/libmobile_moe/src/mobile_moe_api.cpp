@@ -17,6 +17,7 @@
 #include <memory>
 #include <new>
 #include <numeric>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,7 @@
 #include "graphs.h"
 #include "handles.h"
 #include "model.h"
+#include "options_schema.h"
 #include "packed_cache.h"
 #include "preprocess.h"
 #include "struct_abi.h"
@@ -38,17 +40,17 @@ using namespace mobile_moe::library;
 constexpr int kMaxSide = 1 << 15;  // an app's photo: 32768 x 32768 at most (3 GB of RGB)
 constexpr uint32_t kVersionNumber = MOBILE_MOE_VERSION;
 
-// The defaults of mm_default_options, whole.
+// The defaults of mm_default_options, whole: the options table's (options_schema.h).
 mm_options default_options() {
   mm_options options{};
   options.struct_size = sizeof(mm_options);
-  options.threads = 1;
-  options.cache_experts = -1;
-  options.park_experts = -1;
-  options.cache_margin = 0.0f;
+  options.threads = kOptionThreads.default_value;
+  options.cache_experts = kOptionCacheExperts.default_value;
+  options.park_experts = kOptionParkExperts.default_value;
+  options.cache_margin = kOptionCacheMargin.default_value;
   options.weight_cache_dir = nullptr;
-  options.weight_cache_limit_mib = static_cast<int>(kDefaultPackedCacheLimit >> 20);
-  options.prefetch = 1;
+  options.weight_cache_limit_mib = kOptionWeightCacheLimitMib.default_value;
+  options.prefetch = kOptionPrefetch.default_value;
   return options;
 }
 
@@ -72,22 +74,41 @@ mm_options options_given(const mm_options* given) {
   return options;
 }
 
+// One numeric option within its bounds, or a line naming it and them.
+template <typename Value>
+void check_option(const NumericOption<Value>& option, Value value) {
+  if (value >= option.low && value <= option.high) return;  // false for a NaN
+  auto text = [](Value number) {
+    std::ostringstream out;
+    out << number;
+    return out.str();
+  };
+  throw UsageError(std::string("options.") + option.name + " " + text(value) + " is out of range (" +
+                   text(option.low) + ".." + text(option.high) + ")");
+}
+
 void check_options(const mm_options& options) {
-  if (options.threads < 0 || options.threads > 1024)
-    throw UsageError("options.threads " + std::to_string(options.threads) + " is out of range (0..1024)");
-  if (options.cache_experts < -1 || options.park_experts < -1 || !(options.cache_margin >= 0.0f) ||
-      options.cache_margin > 1.0f || options.weight_cache_limit_mib < 1)
-    throw UsageError("options: cache_experts >= -1, park_experts >= -1, cache_margin 0..1 and "
-                     "weight_cache_limit_mib >= 1, please");
+  check_option(kOptionThreads, options.threads);
+  check_option(kOptionCacheExperts, options.cache_experts);
+  check_option(kOptionParkExperts, options.park_experts);
+  check_option(kOptionCacheMargin, options.cache_margin);
+  check_option(kOptionWeightCacheLimitMib, options.weight_cache_limit_mib);
+  check_option(kOptionPrefetch, options.prefetch);
 }
 
 // The packed-weight folder the options name: the per-user default (NULL), none (""), or the app's, made if missing.
+// The app chose it, so one it cannot use is refused (the per-user default is off instead: default_cache_dir); a path
+// too long is refused before any of it is made.
 std::string weight_cache_folder(const mm_options& options) {
   if (options.weight_cache_dir == nullptr) return default_cache_dir();
   const std::string dir = options.weight_cache_dir;
-  if (!dir.empty() && !make_folders(dir))
-    throw UsageError("options.weight_cache_dir " + dir + ": cannot create it (" + std::strerror(errno) +
-                     "); pass a folder this process may write, or \"\" for none");
+  if (dir.empty()) return dir;
+  std::string why = cache_path_too_long(dir);
+  if (why.empty() && !make_folders(dir)) why = std::string("cannot create it (") + std::strerror(errno) + ")";
+  if (why.empty()) why = unusable_cache_folder(dir);
+  if (!why.empty())
+    throw UsageError("options.weight_cache_dir " + dir + ": " + why + "; pass a folder this process may write, with "
+                     "a shorter path, or \"\" for none");
   return dir;
 }
 
@@ -116,6 +137,16 @@ void mm_options_init(mm_options* options, size_t struct_size) {
 }
 
 const char* mm_last_error(void) { return t_last_error.c_str(); }
+
+const char* mm_default_weight_cache_dir(void) {
+  static thread_local std::string folder;
+  try {
+    folder = default_cache_dir();
+  } catch (...) {  // nothing crosses the C boundary: an environment the rule cannot read has no folder
+    folder.clear();
+  }
+  return folder.c_str();
+}
 
 void mm_log_set(mm_log_callback callback, void* user_data) { set_library_log(callback, user_data); }
 
@@ -322,7 +353,7 @@ mm_status mobile_moe::library::open_model(const char* call, const char* bundle_d
                                               /*locate_packed_weights=*/options.park_experts != 0, load.kept_loads);
     opened->pipeline = std::make_unique<Pipeline>(bundle, *opened->loader, cache_experts, options.park_experts,
                                                   options.cache_margin, options.prefetch != 0);
-    opened->cache_experts = cache_experts;
+    opened->cache_experts = split ? cache_experts : 0;  // a dense, monolithic or whole bundle loads no expert graph
     opened->prefetch = options.prefetch != 0 && prefetches(bundle);
     opened->resident_load_ms = opened->pipeline->load_resident();
   });

@@ -16,9 +16,9 @@ import java.util.concurrent.locks.ReentrantLock;
  *   }
  * </pre>
  *
- * <p>Failures of the library throw {@link MobileMoeException} with its status and one-line message; arguments out of
- * range throw IllegalArgumentException or IndexOutOfBoundsException before the library is called, nulls
- * NullPointerException. Calls on one object from several threads are serialised; {@link #close} while another thread
+ * <p>Failures of the library throw {@link MobileMoeException} with its status and one-line message, options out of
+ * range among them (the library owns their bounds); a call's arguments out of range throw IllegalArgumentException or
+ * IndexOutOfBoundsException before the library is called, nulls NullPointerException. Calls on one object from several threads are serialised; {@link #close} while another thread
  * predicts throws IllegalStateException (as ExecuTorch's Android Module does), and any call after close does too.
  */
 public final class MobileMoe implements AutoCloseable {
@@ -44,45 +44,44 @@ public final class MobileMoe implements AutoCloseable {
   }
 
   /**
-   * mm_options, each setter checked and chainable. The defaults are the library's (mm_default_options): one thread,
-   * the bundle's top_k experts in memory, every evicted expert parked, packed weights in the per-user cache folder (an
-   * Android app passes its own: {@code context.getCacheDir()}).
+   * mm_options, a chainable setter per field (its name in camelCase), each value in the C encoding. The library owns
+   * the defaults and the bounds (mobile_moe/library/options.py is their table): a field not set keeps
+   * mm_default_options' value (one thread, the bundle's top_k experts in memory, every evicted expert parked, packed
+   * weights in the per-user cache folder: an Android app passes its own, {@code context.getCacheDir()}), and a value
+   * out of range is refused by {@link MobileMoe#open} with a {@link MobileMoeException} (MM_BAD_ARGUMENT) naming it.
    */
   public static final class Options {
     // Only the fields an app set go to the library; the rest stay mm_default_options' (one owner of the defaults).
     static final int THREADS = 1, CACHE_EXPERTS = 2, PARK_EXPERTS = 4, CACHE_MARGIN = 8, WEIGHT_CACHE_DIR = 16,
         WEIGHT_CACHE_LIMIT = 32, PREFETCH = 64;
     int set;
-    int threads, cacheExperts, parkExperts, weightCacheLimitMib;
+    int threads, cacheExperts, parkExperts, weightCacheLimitMib, prefetch;
     float cacheMargin;
     String weightCacheDir;
-    boolean prefetch;
 
-    /** 1: the calling thread alone; N > 1: ExecuTorch's shared pool at N threads; 0: the pool as it is. */
+    /** 1: the calling thread alone (default); N > 1: ExecuTorch's shared pool at N threads; 0: the pool as it is. */
     public Options threads(int threads) {
-      this.threads = inRange("threads", threads, 0, 1024);
+      this.threads = threads;
       set |= THREADS;
       return this;
     }
 
     /** Expert graphs kept loaded: -1 the bundle's top_k (default), 0 every expert, N that many. */
     public Options cacheExperts(int experts) {
-      this.cacheExperts = inRange("cacheExperts", experts, -1, Integer.MAX_VALUE);
+      this.cacheExperts = experts;
       set |= CACHE_EXPERTS;
       return this;
     }
 
-    /** Evicted experts that keep their methods with their weights' pages dropped: -1 all (default), 0 none. */
+    /** Evicted experts that keep their methods with their weights' pages dropped: -1 every one (default), 0 none. */
     public Options parkExperts(int experts) {
-      this.parkExperts = inRange("parkExperts", experts, -1, Integer.MAX_VALUE);
+      this.parkExperts = experts;
       set |= PARK_EXPERTS;
       return this;
     }
 
     /** Cache-aware routing: a loaded expert within this gate margin of the top one is taken (0..1, default 0). */
     public Options cacheMargin(float margin) {
-      if (!(margin >= 0f && margin <= 1f))
-        throw new IllegalArgumentException("cacheMargin " + margin + " is outside 0..1");
       this.cacheMargin = margin;
       set |= CACHE_MARGIN;
       return this;
@@ -95,23 +94,18 @@ public final class MobileMoe implements AutoCloseable {
       return this;
     }
 
+    /** What the packed-weight folder may hold, in MiB (default 1024). */
     public Options weightCacheLimitMib(int mib) {
-      this.weightCacheLimitMib = inRange("weightCacheLimitMib", mib, 1, Integer.MAX_VALUE);
+      this.weightCacheLimitMib = mib;
       set |= WEIGHT_CACHE_LIMIT;
       return this;
     }
 
-    /** A missed expert loads on a second thread while the trunk tail runs (default true). */
-    public Options prefetch(boolean prefetch) {
+    /** 1 (default): a missed expert loads on a second thread while the trunk's tail runs; 0: in line. */
+    public Options prefetch(int prefetch) {
       this.prefetch = prefetch;
       set |= PREFETCH;
       return this;
-    }
-
-    private static int inRange(String name, int value, int low, int high) {
-      if (value < low || value > high)
-        throw new IllegalArgumentException(name + " " + value + " is outside " + low + ".." + high);
-      return value;
     }
   }
 
@@ -131,7 +125,10 @@ public final class MobileMoe implements AutoCloseable {
     return open(bundleDir, new Options());
   }
 
-  /** Opens a bundle folder: `threads` inference threads, `cacheExperts` expert graphs resident (0: all). */
+  /**
+   * Opens a bundle folder with {@code new Options().threads(threads).cacheExperts(cacheExperts)}: inference threads
+   * (1: the calling thread) and expert graphs kept loaded (-1: the bundle's top_k, 0: every expert, N: N).
+   */
   public static MobileMoe open(String bundleDir, int threads, int cacheExperts) {
     return open(bundleDir, new Options().threads(threads).cacheExperts(cacheExperts));
   }
@@ -271,7 +268,7 @@ public final class MobileMoe implements AutoCloseable {
   private static native String nativeVersion();
 
   private static native long nativeOpen(byte[] bundleDir, int set, int threads, int cacheExperts, int parkExperts,
-      float cacheMargin, byte[] weightCacheDir, int weightCacheLimitMib, boolean prefetch);
+      float cacheMargin, byte[] weightCacheDir, int weightCacheLimitMib, int prefetch);
 
   private static native void nativeClose(long handle);
 
