@@ -14,7 +14,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cmath>
@@ -37,7 +36,9 @@
 #include "manifest_values.h"
 #include "flatbuffer_check.h"
 #include "preprocess.h"
+#include "runtime_log.h"
 #include "sha256.h"
+#include "staged_files.h"
 
 namespace mobile_moe::library {
 
@@ -620,10 +621,13 @@ inline void verify_file(const std::string& graph, const File& file, bool externa
 // were then: the sha256 the manifest gave, with the file's device, inode, size, modification and status-change times.
 // A file still all of that is not read again: an app's cold start pays for hashing the bundle once, not at every
 // launch. Any write to a file changes its status-change time (the kernel sets it; no call sets it back), so a file
-// damaged or replaced since is hashed again. Kept in one small file, replaced whole (rename) by each process.
+// damaged or replaced since is hashed again. Kept in one small file, replaced whole by each process: written as a
+// staged file (staged_files.h), then renamed over it.
+constexpr const char* kVerifiedFilesName = "verified-files.txt";
+
 class VerifiedFiles {
  public:
-  explicit VerifiedFiles(const std::string& dir) : path_(dir.empty() ? "" : dir + "/verified-files.txt") {
+  explicit VerifiedFiles(const std::string& dir) : path_(dir.empty() ? "" : dir + "/" + kVerifiedFilesName) {
     if (path_.empty()) return;
     try {
       std::stringstream lines(read_file(path_, "verified files", kMaxBytes));
@@ -635,21 +639,28 @@ class VerifiedFiles {
   void remember(const File& file) {
     if (!path_.empty()) added_.push_back(identity(file));
   }
-  // Write what is known now (best effort: a folder we cannot write only means verifying again next time).
+  // Write what is known now. Best effort: where the list cannot be replaced (a full disk, a directory in its place),
+  // the staged file goes, the log says why, and the next open verifies the files again.
   void save() const {
     if (path_.empty() || added_.empty()) return;
-    static std::atomic<uint32_t> saves{0};  // two handles of one process may save at once
-    std::string temporary = path_ + ".tmp-" + std::to_string(getpid()) + "-" + std::to_string(saves.fetch_add(1));
-    {
-      std::ofstream out(temporary, std::ios::trunc);
-      std::set<std::string> all(known_);
-      all.insert(added_.begin(), added_.end());
-      size_t written = 0;
-      for (const auto& line : all)  // the newest bundles' files first would need times; a bound keeps it small
-        if (written++ < kMaxEntries) out << line << '\n';
-      if (!out) return;
-    }
-    std::rename(temporary.c_str(), path_.c_str());
+    std::set<std::string> all(known_);
+    all.insert(added_.begin(), added_.end());
+    std::string text;
+    size_t written = 0;
+    for (const auto& line : all)  // the newest bundles' files first would need times; a bound keeps it small
+      if (written++ < kMaxEntries) text += line + '\n';
+    const std::string staged = staged_name(path_);
+    std::string why = write_file(staged, text);
+    if (why.empty() && std::rename(staged.c_str(), path_.c_str()) == 0) return;
+    if (why.empty()) why = std::strerror(errno), std::remove(staged.c_str());
+    library_log(MM_LOG_INFO, "cannot remember the verified bundle files in " + path_ + " (" + why +
+                                 "): the next open verifies them again");
+  }
+
+  // Where the name of a file in the folder is one of save()'s staged files: where its ".tmp-" starts; else npos.
+  static size_t staged_at(const std::string& name) {
+    const std::string prefix = std::string(kVerifiedFilesName) + ".tmp-";
+    return name.rfind(prefix, 0) == 0 ? prefix.size() - 5 : std::string::npos;
   }
 
  private:

@@ -450,8 +450,9 @@ class Loader {
 
   // XNNPACK's per-load options: this graph's own packed-weight cache file (or none), and the workspace sharing mode.
   void set_cache_options(const Graph& graph, LoadedGraph& loaded, bool scratch) {
-    if (packed_cache_.enabled()) {
+    if (packed_cache_.enabled())  // off for this graph where its folder has no room (PackedCache::room_for)
       loaded.cache_entry_ = scratch ? packed_cache_.scratch(graph) : packed_cache_.prepare(graph);
+    if (loaded.cache_entry_.state != PackedCacheState::Off) {
       loaded.xnnpack_options_.set_option("weight_cache_enabled", true);
       loaded.xnnpack_options_.set_option("packed_cache_path", loaded.cache_entry_.path.c_str());
     }

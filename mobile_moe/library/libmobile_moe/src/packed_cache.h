@@ -18,7 +18,8 @@
 // says why), so a file that another process checks or maps is never written in place. The directory is kept under a
 // size limit by removing the least recently used graphs' files (a use touches the check file). The runner only ever
 // removes files it names: <key>.xnnpack, <key>.xnnpack.check, its own staged files and their copies, the staged files
-// of runners that are gone, and the scratch files of a cold-switch measurement.
+// of runners that are gone (the verified-files list's among them), and the scratch files of a cold-switch measurement.
+// A folder without room for a graph's file (a phone's full storage) is not used for that graph: room_for says why.
 #pragma once
 
 #include <dirent.h>
@@ -26,11 +27,12 @@
 #include <pwd.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -38,6 +40,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -46,7 +49,9 @@
 #include "errors.h"
 #include "file_identity.h"
 #include "mapped_file.h"
+#include "runtime_log.h"
 #include "sha256.h"
+#include "staged_files.h"
 
 #ifndef MOBILE_MOE_RUNTIME_ID
 #define MOBILE_MOE_RUNTIME_ID "executorch-unknown"
@@ -80,15 +85,6 @@ inline const std::string& runtime_identity() {
   static const std::string identity = std::string(MOBILE_MOE_RUNTIME_ID) + "/" + arch + "/" + cpu_features() +
                                       "/packed-cache-" + std::to_string(kPackedCacheFormat);
   return identity;
-}
-
-// This host's short name: staged files carry it with the pid, so runners on several machines sharing a cache folder
-// (a home on NFS) neither collide nor take each other's live files for a dead runner's.
-inline std::string host_name() {
-  char name[256] = {};
-  if (gethostname(name, sizeof name - 1) != 0) return "unknown";
-  std::string host = name;
-  return host.substr(0, host.find('.'));
 }
 
 // XXH64 (github.com/Cyan4973/xxHash, xxhash.h's reference algorithm), seed 0: fast enough to check a packed expert on
@@ -180,13 +176,39 @@ inline bool make_folders(const std::string& dir) {
   }
 }
 
-// The folder that a runner started without --weight-cache, and an app that leaves options.weight_cache_dir NULL, keep
-// packed weights in, by mobile_moe/cache.py's rule (packed_weights_dir; tests/device_bench/test_device_bench_native.py
-// holds the two to one answer): MOBILE_MOE_WEIGHT_CACHE, else $MOBILE_MOE_CACHE/packed-weights, else
-// $XDG_CACHE_HOME/mobile-moe/packed-weights (where XDG_CACHE_HOME is absolute), else
-// $HOME/.cache/mobile-moe/packed-weights (the password database's home where HOME is unset, empty or relative);
-// created on first use. Empty when there is none (no home, or it cannot be created, as on a phone's shell): the run
-// packs on the heap, as with --no-weight-cache.
+// XNNPACK takes a cache file's path as a backend option string, which holds at most 255 characters
+// (runtime/backend/options.h kMaxOptionValueLength): a longer one would be cut silently and name another file.
+constexpr size_t kMaxCachePath = 255;
+
+// The longest path PackedCache hands the backend in `dir` (a scratch file's, staged by any process).
+inline size_t longest_cache_path(const std::string& dir) {
+  return (dir + "/" + std::string(32, '0') + ".xnnpack" + longest_staged_suffix() + ".scratch").size();
+}
+
+// Why `dir` cannot hold packed weights ("" when it can), as words that follow "folder DIR: ". The length first: a
+// path too long is refused before any part of it is made.
+inline std::string cache_path_too_long(const std::string& dir) {
+  const size_t longest = longest_cache_path(dir);
+  if (longest <= kMaxCachePath) return "";
+  return "its path is too long for XNNPACK's cache path option (" + std::to_string(longest) + " of at most " +
+         std::to_string(kMaxCachePath) + " characters with the file name)";
+}
+inline std::string unusable_cache_folder(const std::string& dir) {
+  struct stat info {};
+  if (const std::string why = cache_path_too_long(dir); !why.empty()) return why;
+  if (stat(dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) return "not a directory";
+  if (access(dir.c_str(), W_OK) != 0) return "not writable";
+  return "";
+}
+
+// The folder that a runner started without a weight cache folder, and an app that leaves options.weight_cache_dir
+// NULL, keep packed weights in, by mobile_moe/cache.py's rule (packed_weights_dir; tests/device_bench/
+// test_device_bench_native.py holds the two to one answer): MOBILE_MOE_WEIGHT_CACHE, else
+// $MOBILE_MOE_CACHE/packed-weights, else $XDG_CACHE_HOME/mobile-moe/packed-weights (where XDG_CACHE_HOME is absolute),
+// else $HOME/.cache/mobile-moe/packed-weights (the password database's home where HOME is unset, empty or relative);
+// created on first use. The app did not choose it, so a folder that cannot be used (none derived, as on a phone's
+// shell; one that cannot be made or written; a path too long for the backend) refuses nothing: it is "" (the run
+// packs on the heap, as with no folder), with a line at the log callback saying why.
 inline std::string default_cache_dir() {
   auto env = [](const char* name) -> std::string {
     const char* value = std::getenv(name);
@@ -204,14 +226,16 @@ inline std::string default_cache_dir() {
       if (user != nullptr && user->pw_dir != nullptr) home = user->pw_dir;
     }
     if (root.empty() && !home.empty()) root = home + "/.cache/mobile-moe";
-    if (root.empty()) return "";
-    dir = root + "/packed-weights";
+    if (!root.empty()) dir = root + "/packed-weights";
   }
-  struct stat info {};
-  return make_folders(dir) && stat(dir.c_str(), &info) == 0 && S_ISDIR(info.st_mode) &&
-                 access(dir.c_str(), W_OK) == 0
-             ? dir
-             : "";
+  std::string why = dir.empty() ? "none (no MOBILE_MOE_WEIGHT_CACHE, MOBILE_MOE_CACHE, XDG_CACHE_HOME or home)"
+                                : cache_path_too_long(dir);
+  if (why.empty() && !make_folders(dir)) why = std::string("cannot create it (") + std::strerror(errno) + ")";
+  if (why.empty()) why = unusable_cache_folder(dir);
+  if (why.empty()) return dir;
+  library_log(MM_LOG_INFO, "packed-weight cache off (graphs are packed in memory): per-user folder " +
+                               (dir.empty() ? why : dir + ": " + why) + "; an app may pass options.weight_cache_dir");
+  return "";
 }
 
 // How a load met its graph's cache file.
@@ -237,18 +261,9 @@ class PackedCache {
   PackedCache() = default;  // off
   explicit PackedCache(std::string dir, uint64_t limit = kDefaultPackedCacheLimit)
       : dir_(std::move(dir)), limit_(limit) {
-    struct stat info {};
-    if (stat(dir_.c_str(), &info) != 0 || !S_ISDIR(info.st_mode))
-      throw UsageError("weight cache folder " + dir_ + ": not a directory; pass a folder (an app passes its cache folder)");
-    if (access(dir_.c_str(), W_OK) != 0)
-      throw UsageError("weight cache folder " + dir_ + ": not writable; pass a folder this process may write");
-    // XNNPACK takes the path as a backend option string, which holds at most 255 characters (runtime/backend/
-    // options.h kMaxOptionValueLength): a longer one would be cut silently and name another file.
-    const std::string longest = staged(file_for(std::string(32, '0'))) + ".scratch";  // the longest path handed over
-    if (longest.size() > 255)
-      throw UsageError("weight cache folder: its path is too long for XNNPACK's cache path option (" +
-                       std::to_string(longest.size()) + " of at most 255 characters with the file name); " +
-                       "pass a shorter one");
+    if (const std::string why = unusable_cache_folder(dir_); !why.empty())
+      throw UsageError("weight cache folder " + dir_ + ": " + why + "; pass a folder this process may write, with a " +
+                       "shorter path (an app passes its cache folder), or none");
     remove_orphaned_stages();
   }
 
@@ -266,6 +281,7 @@ class PackedCache {
       touch(entry.path + ".check");  // recently used: the last to go when the directory is over its limit
       return entry;
     }
+    if (!room_for(graph, graph_key)) return {};
     entry.published = entry.path;
     entry.path = staged(entry.published);
     entry.state = PackedCacheState::Cold;
@@ -277,11 +293,14 @@ class PackedCache {
   // discard() once the graph is unloaded.
   PackedCacheEntry scratch(const Graph& graph) {
     std::string graph_key = key(graph);
+    if (!room_for(graph, graph_key)) return {};
     PackedCacheEntry entry{staged(file_for(graph_key)) + ".scratch", graph_key, PackedCacheState::Cold, ""};
     remove(entry.path);
     return entry;
   }
-  void discard(const PackedCacheEntry& entry) { remove(entry.path); }
+  void discard(const PackedCacheEntry& entry) {
+    if (entry.state != PackedCacheState::Off) remove(entry.path);
+  }
 
   // After the load: "mapped" when the file was warm and the backend added nothing to it; else "packed". A file the
   // backend wrote gets its check file, and both are published under the graph's name (an expert's file as a copy;
@@ -309,12 +328,9 @@ class PackedCache {
     uint64_t size = 0;
     const std::string digest = file_xxh64(to_publish, &size);
     if (digest.empty()) return give_up();  // the backend wrote no file (it packed on the heap)
-    {
-      std::ofstream out(check, std::ios::trunc);
-      out << "mobile-moe packed cache " << kPackedCacheFormat << " " << entry.key << " " << size << " " << digest
-          << "\n";
-      if (!out) return give_up();
-    }
+    const std::string line = "mobile-moe packed cache " + std::to_string(kPackedCacheFormat) + " " + entry.key + " " +
+                             std::to_string(size) + " " + digest + "\n";
+    if (!write_file(check, line).empty()) return give_up();
     // A reader between the two renames sees a file and a check that do not match, which is a miss, never a wrong
     // answer.
     const std::string target_check = target + ".check";
@@ -338,6 +354,7 @@ class PackedCache {
   std::string dir_;
   uint64_t limit_ = kDefaultPackedCacheLimit;
   std::map<std::string, Identity> checked_;  // files whose check passed (or that we wrote), as they were then
+  std::set<std::string> no_room_;             // the graphs (keys) whose files did not fit: said once per handle
 
   static Identity identity(const std::string& path) {
     struct stat info {};
@@ -357,14 +374,9 @@ class PackedCache {
     std::remove((path + ".check").c_str());
   }
 
-  // A file of this process and this call: <name>.tmp-<pid>-<n>@<host>, n counted in the process, so two handles that
-  // pack the same graph at once write files of their own (remove_orphaned_stages reads them back).
-  static std::string staged(const std::string& path) {
-    static std::atomic<uint32_t> made{0};
-    char sequence[16];
-    std::snprintf(sequence, sizeof sequence, "%08x", made.fetch_add(1));
-    return path + ".tmp-" + std::to_string(getpid()) + "-" + sequence + "@" + host_name();
-  }
+  // A file of this process and this call (staged_files.h): two handles that pack the same graph at once write files
+  // of their own, and remove_orphaned_stages reads the name back.
+  static std::string staged(const std::string& path) { return staged_name(path); }
   static void touch(const std::string& path) { utimensat(AT_FDCWD, path.c_str(), nullptr, 0); }
 
   struct CacheFile {
@@ -408,31 +420,46 @@ class PackedCache {
     }
   }
 
-  // Staged and scratch files (<key>.xnnpack...tmp-<pid>-<n>@<host>...) of runners that are gone: on this host, a pid
-  // that no longer runs; on another (a shared folder), one untouched for a day.
+  // Staged and scratch files (<key>.xnnpack.tmp-<pid>-<n>@<host>...) and the verified-files list's staged files, of
+  // runners that are gone (staged_files.h): what a failed or killed run left.
   void remove_orphaned_stages() const {
-    DIR* dir = opendir(dir_.c_str());
-    if (dir == nullptr) return;
-    std::vector<std::string> orphans;
-    const std::string here = host_name();
-    const time_t day_ago = time(nullptr) - 24 * 3600;
-    while (const dirent* item = readdir(dir)) {
-      const std::string name = item->d_name;
-      const size_t at = name.find(".tmp-");
-      if (name.size() < 32 || at == std::string::npos || name.find(".xnnpack") != 32) continue;
-      char* end = nullptr;
-      const long pid = std::strtol(name.c_str() + at + 5, &end, 10);
-      if (pid > 0 && *end == '-') std::strtoul(end + 1, &end, 16);  // the call's sequence number
-      if (pid <= 0 || *end != '@') continue;
-      const std::string host = std::string(end + 1).substr(0, std::string(end + 1).find('.'));
-      struct stat info {};
-      const std::string path = dir_ + "/" + name;
-      const bool gone = host == here ? kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH
-                                     : stat(path.c_str(), &info) == 0 && info.st_mtime < day_ago;
-      if (gone) orphans.push_back(path);
+    remove_files_left(dir_, [](const std::string& name) {
+      if (name.size() >= 32 + 8 && name.compare(32, 8, ".xnnpack") == 0 && name.find('/') == std::string::npos)
+        return name.find(".tmp-", 32);
+      return VerifiedFiles::staged_at(name);
+    });
+  }
+
+  // Whether the folder has room for the file the backend would write for `graph`; where it has not, the graph is
+  // packed in memory (the cache off for this load) and the log says why, once. The backend grows its file with
+  // ftruncate and writes it through a shared mapping (executorch backends/xnnpack/runtime/XNNWeightsCache.cpp
+  // reserve_space, :389 and :400-405 at main cff6f4dd), so a write past the free space is a SIGBUS, not an error; and
+  // it empties the file first (initialize_for_runtime, :167-183), which gives back any space set aside in it before,
+  // so the room is checked instead. The file holds each packed tensor on pages of its own and an index (save_packed_
+  // index): 1.2-1.3 times the graph's files on the tests' bundle (an expert: 152,940 bytes for 120,860); twice them
+  // and 4 MiB (page rounding, a copy being published beside it, other writers) is the room asked. A process limited
+  // in the size of its files (RLIMIT_FSIZE) would get SIGXFSZ instead: the same check holds against the limit.
+  bool room_for(const Graph& graph, const std::string& graph_key) {
+    const uint64_t needed = 2 * static_cast<uint64_t>(std::max<int64_t>(graph.load_bytes(), 0)) + (uint64_t{4} << 20);
+    struct statvfs disk {};
+    rlimit file_size {};
+    uint64_t room = UINT64_MAX;
+    std::string shortage;
+    if (statvfs(dir_.c_str(), &disk) == 0) {
+      room = uint64_t(disk.f_bavail) * disk.f_frsize;
+      shortage = std::to_string(room) + " bytes free in " + dir_ + ", " + std::to_string(needed) + " asked; free some "
+                 "storage";
     }
-    closedir(dir);
-    for (const auto& path : orphans) std::remove(path.c_str());
+    if (getrlimit(RLIMIT_FSIZE, &file_size) == 0 && file_size.rlim_cur != RLIM_INFINITY && file_size.rlim_cur < room) {
+      room = file_size.rlim_cur;
+      shortage = "this process may write files of at most " + std::to_string(room) + " bytes (RLIMIT_FSIZE), " +
+                 std::to_string(needed) + " asked";
+    }
+    if (room >= needed) return true;
+    if (no_room_.insert(graph_key).second)
+      library_log(MM_LOG_ERROR, "packed-weight cache: no room for graph " + graph.name +
+                                    "'s packed weights, packed in memory instead (" + shortage + ")");
+    return false;
   }
 
   // The file exists, and matches its check file (this key, size and XXH64: a file copied from another graph's name
