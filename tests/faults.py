@@ -7,6 +7,7 @@ refuse it with exit status 2 and one short line, never crash, hang or run it.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -18,7 +19,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from mobile_moe.export import flatbuffer_files as files
@@ -442,3 +443,22 @@ def outlives_its_killed_parent(command: list[str], settle_s: float = 0.5, patien
     if outlived:
         os.kill(child, signal.SIGKILL)
     return outlived
+
+
+@contextlib.contextmanager
+def small_file_system(folder: Path, size: str = "256k") -> Iterator[Path]:
+    """A tmpfs of `size` mounted at `folder`, unmounted after: a phone whose storage is (nearly) full. The test skips,
+    saying why, where this user may not mount one (not root, or a container without CAP_SYS_ADMIN)."""
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("a small file system is a tmpfs mounted for the test, which needs root")
+    folder.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                             capture_output=True, text=True)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip() or mounted.returncode}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "--lazy", str(folder)], capture_output=True)

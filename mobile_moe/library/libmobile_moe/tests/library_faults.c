@@ -21,16 +21,35 @@
  *                     every call succeeds, then one thread serves every image ROUNDS times while another switches on
  *                     the SAME handle: the answers stay exact, each measurement call succeeds or loses its expert to
  *                     the other thread's prediction in a line; an event's graph name read at open stays valid
+ *   full-disk         the default packed-weight folder (MOBILE_MOE_WEIGHT_CACHE: the test mounts a 256 KiB tmpfs
+ *                     there), and the same folder passed as options.weight_cache_dir: every open succeeds and
+ *                     answers every image exactly, packing in memory, with the log saying there is no room; never a
+ *                     SIGBUS from the backend writing its file through a mapping
+ *   derived-folder    a per-user folder the app never chose that cannot be used (the test's XDG_CACHE_HOME too long
+ *                     for XNNPACK's cache path option; then MOBILE_MOE_WEIGHT_CACHE under a file): the open succeeds
+ *                     with the cache off and a line at the log; the same path passed as options.weight_cache_dir is
+ *                     refused, MM_BAD_ARGUMENT in one line, and nothing of it made
+ *   stray-files       a directory where verified-files.txt belongs, and staged files of a process that is gone, in
+ *                     the default folder: each open sweeps those and leaves no staged file of its own; a live
+ *                     process's staged file, a file whose name is not ours, and the directory stay
+ *   top-k             every capacity an app passes as INT_MAX / SIZE_MAX with buffers as large as the answers: each
+ *                     call answers what there is and writes nothing past it (AddressSanitizer watches)
  *
  * Every scenario's answers are compared with those of a handle alone without packed weights on disk (set_up), so the
  * handles under test pack into the default folder (MOBILE_MOE_WEIGHT_CACHE: the tests give each run an empty one)
  * at the same time: two handles of one process packing one graph at once.
  */
 #define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "mobile_moe.h"
 #include "mobile_moe_measure.h"
@@ -312,6 +331,169 @@ static int log_callback(const Setup* setup) {
   return report("log-callback", ok, detail);
 }
 
+/* The log lines that hold `wanted`, at `level`, counted (thread-safe: ExecuTorch may log from its threads). */
+typedef struct {
+  pthread_mutex_t mutex;
+  const char* wanted;
+  mm_log_level level;
+  int lines;
+} LogCount;
+
+static void count_line(mm_log_level level, const char* message, void* user_data) {
+  LogCount* log = user_data;
+  pthread_mutex_lock(&log->mutex);
+  log->lines += level == log->level && strstr(message, log->wanted) != NULL;
+  pthread_mutex_unlock(&log->mutex);
+}
+
+/* Every image through `model`: 1 when each answer is the one served alone. */
+static int answers_all(mm_model* model, const Setup* setup) {
+  for (size_t i = 0; i < setup->count; ++i)
+    if (!answers(model, setup, i)) return 0;
+  return 1;
+}
+
+/* A handle opened on `folder` (NULL: the default one) that answers every image exactly, closed; else why not. */
+static const char* opens_and_answers(const Setup* setup, const char* folder) {
+  mm_options options;
+  mm_default_options(&options);
+  options.weight_cache_dir = folder;
+  mm_model* model = NULL;
+  if (mm_open(setup->bundle, &options, &model) != MM_OK) return mm_last_error();
+  const int right = answers_all(model, setup);
+  mm_close(model);
+  return right ? NULL : "an answer differs from the one served alone";
+}
+
+static int full_disk(const Setup* setup) {
+  const char* folder = getenv("MOBILE_MOE_WEIGHT_CACHE");
+  if (folder == NULL) return report("full-disk", 0, "no MOBILE_MOE_WEIGHT_CACHE");
+  LogCount log = {PTHREAD_MUTEX_INITIALIZER, "no room", MM_LOG_ERROR, 0};
+  mm_log_set(count_line, &log);
+  const char* failed = opens_and_answers(setup, NULL);
+  const int by_default = log.lines;
+  if (failed == NULL) failed = opens_and_answers(setup, folder);
+  mm_log_set(NULL, NULL);
+  char detail[512];
+  snprintf(detail, sizeof detail, "%s; %d lines saying there is no room (%d through the default folder)",
+           failed ? failed : "every answer exact", log.lines, by_default);
+  return report("full-disk", failed == NULL && by_default > 0 && log.lines > by_default, detail);
+}
+
+/* The per-user folder as packed_cache.h default_cache_dir derives it from XDG_CACHE_HOME. */
+static int derived_folder(const Setup* setup) {
+  const char* xdg = getenv("XDG_CACHE_HOME");
+  char derived[4096];
+  if (xdg == NULL || getenv("MOBILE_MOE_WEIGHT_CACHE") != NULL || getenv("MOBILE_MOE_CACHE") != NULL)
+    return report("derived-folder", 0, "give XDG_CACHE_HOME alone");
+  snprintf(derived, sizeof derived, "%s/mobile-moe/packed-weights", xdg);
+  LogCount log = {PTHREAD_MUTEX_INITIALIZER, "packed-weight cache off", MM_LOG_INFO, 0};
+  mm_log_set(count_line, &log);
+  mm_options options;
+  mm_default_options(&options);
+  mm_model* model = NULL;
+  const char* failed = NULL;
+  mm_model_info info;
+  if (mm_open(setup->bundle, &options, &model) != MM_OK) failed = mm_last_error();
+  else if (mm_get_model_info(model, &info) != MM_OK || info.weight_cache_dir[0] != '\0') failed = "the cache was on";
+  else if (!answers_all(model, setup)) failed = "an answer differs from the one served alone";
+  mm_close(model);
+  struct stat made;
+  char root[4200];
+  snprintf(root, sizeof root, "%s/mobile-moe", xdg);
+  const int too_long_said = log.lines;
+  options.weight_cache_dir = derived;  /* chosen by the app: refused */
+  if (failed == NULL && (mm_open(setup->bundle, &options, &model) != MM_BAD_ARGUMENT ||
+                         strstr(mm_last_error(), "too long") == NULL || strchr(mm_last_error(), '\n') != NULL))
+    failed = "an app's folder too long was not refused in a line";
+  else if (failed == NULL && stat(root, &made) == 0)
+    failed = "a part of a folder too long was made";
+  char file_below[4200];  /* a per-user folder that cannot be made: under the bundle's manifest, a file */
+  snprintf(file_below, sizeof file_below, "%s/manifest.json/packed-weights", setup->bundle);
+  setenv("MOBILE_MOE_WEIGHT_CACHE", file_below, 1);
+  if (failed == NULL) failed = opens_and_answers(setup, NULL);
+  unsetenv("MOBILE_MOE_WEIGHT_CACHE");
+  mm_log_set(NULL, NULL);
+  char detail[600];
+  snprintf(detail, sizeof detail, "%s; %d lines at the log saying the cache is off", failed ? failed : "held",
+           log.lines);
+  return report("derived-folder", failed == NULL && too_long_said == 1 && log.lines == 2, detail);
+}
+
+/* How many of `folder`'s names start with `prefix`. */
+static int count_named(const char* folder, const char* prefix) {
+  DIR* dir = opendir(folder);
+  int count = 0;
+  for (struct dirent* item; dir != NULL && (item = readdir(dir)) != NULL;)
+    count += strncmp(item->d_name, prefix, strlen(prefix)) == 0;
+  if (dir != NULL) closedir(dir);
+  return count;
+}
+
+static int touch(const char* folder, const char* name) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/%s", folder, name);
+  FILE* file = fopen(path, "w");
+  return file != NULL && fclose(file) == 0;
+}
+
+static int stray_files(const Setup* setup) {
+  const char* folder = getenv("MOBILE_MOE_WEIGHT_CACHE");
+  char path[4200], host[256] = "", name[512];
+  if (folder == NULL) return report("stray-files", 0, "no MOBILE_MOE_WEIGHT_CACHE");
+  snprintf(path, sizeof path, "%s/verified-files.txt", folder);
+  gethostname(host, sizeof host - 1);
+  host[strcspn(host, ".")] = '\0';
+  const long gone = 999999999; /* beyond any pid_max: a process that is not running */
+  int made = (mkdir(folder, 0755) == 0 || errno == EEXIST) && mkdir(path, 0755) == 0;
+  snprintf(name, sizeof name, "verified-files.txt.tmp-%ld-0", gone); /* as the library named them before */
+  made = made && touch(folder, name);
+  snprintf(name, sizeof name, "verified-files.txt.tmp-%ld-00000002@%s", gone, host);
+  made = made && touch(folder, name);
+  snprintf(name, sizeof name, "0123456789abcdef0123456789abcdef.xnnpack.tmp-%ld-00000001@%s.check", gone, host);
+  made = made && touch(folder, name);
+  snprintf(name, sizeof name, "verified-files.txt.tmp-%ld-00000000@%s", (long)getppid(), host); /* a live one's */
+  made = made && touch(folder, name) && touch(folder, "notes.txt.tmp-999999999-0"); /* not ours */
+  if (!made) return report("stray-files", 0, "cannot lay out the folder");
+  const char* failed = NULL;
+  for (int open = 0; open < 2 && failed == NULL; ++open) {
+    failed = opens_and_answers(setup, NULL);
+    if (failed == NULL && count_named(folder, "verified-files.txt.tmp-") != 1)
+      failed = "staged verified-files lists are left, or a live process's was removed";
+    else if (failed == NULL && count_named(folder, "0123456789abcdef0123456789abcdef.xnnpack.tmp-") != 0)
+      failed = "a gone process's staged packed-weight file was left";
+  }
+  struct stat info;
+  if (failed == NULL && (stat(path, &info) != 0 || !S_ISDIR(info.st_mode) ||
+                         count_named(folder, "notes.txt.tmp-") != 1))
+    failed = "a file that is not ours was removed";
+  return report("stray-files", failed == NULL, failed == NULL ? "" : failed);
+}
+
+static int top_k(const Setup* setup) {
+  mm_status status;
+  mm_model* model = open_with(setup, 1, &status);
+  if (model == NULL) return report("top-k", 0, mm_last_error());
+  const int classes = mm_num_classes(model);
+  int* top = malloc(sizeof(int) * (size_t)classes);
+  float* probabilities = malloc(sizeof(float) * (size_t)classes);
+  float* logits = malloc(sizeof(float) * (size_t)classes);
+  int experts[64];
+  float gates[64];
+  const char* failed = NULL;
+  if (top == NULL || probabilities == NULL || logits == NULL || !answers(model, setup, 0))
+    failed = "no prediction to read";
+  else if (mm_top_classes(model, INT_MAX, top, probabilities) != classes)
+    failed = "mm_top_classes(INT_MAX) did not answer every class";
+  else if (mm_logits(model, logits, SIZE_MAX) != (size_t)classes)
+    failed = "mm_logits(SIZE_MAX) did not answer every logit";
+  else if (mm_experts(model, 0, NULL, NULL) > 64 || mm_experts(model, INT_MAX, experts, gates) < 1)
+    failed = "mm_experts(INT_MAX) did not answer the chosen experts";
+  mm_close(model);
+  free(top), free(probabilities), free(logits);
+  return report("top-k", failed == NULL, failed == NULL ? "" : failed);
+}
+
 /* mm_options as an app built against an older header had it: the first fields only. */
 typedef struct {
   size_t struct_size;
@@ -389,6 +571,10 @@ int main(int argc, char** argv) {
   else if (strcmp(scenario, "older-app") == 0) status = older_app(&setup);
   else if (strcmp(scenario, "log-callback") == 0) status = log_callback(&setup);
   else if (strcmp(scenario, "measure-while-serving") == 0) status = measure_while_serving(&setup);
+  else if (strcmp(scenario, "full-disk") == 0) status = full_disk(&setup);
+  else if (strcmp(scenario, "derived-folder") == 0) status = derived_folder(&setup);
+  else if (strcmp(scenario, "stray-files") == 0) status = stray_files(&setup);
+  else if (strcmp(scenario, "top-k") == 0) status = top_k(&setup);
   else fprintf(stderr, "mobile_moe_library_faults: no scenario %s\n", scenario);
   free(setup.alone);
   free(setup.images);
