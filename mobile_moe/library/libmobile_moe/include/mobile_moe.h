@@ -88,8 +88,9 @@ typedef struct mm_options {
   float cache_margin;        /* cache-aware routing: a loaded expert within this gate margin of the top one. 0 */
   const char* weight_cache_dir; /* XNNPACK's packed weights on disk, one checked file per graph, and the files verified
                                    at open, remembered: NULL (default): the per-user folder (MOBILE_MOE_WEIGHT_CACHE,
-                                   else $XDG_CACHE_HOME or ~/.cache, then mobile-moe/packed-weights; off where none
-                                   can be made); a path: that folder, created if missing; "": off */
+                                   else $XDG_CACHE_HOME or ~/.cache, then mobile-moe/packed-weights; off, with a
+                                   log line, where none can be used); a path: that folder, created if missing; "":
+                                   off. A graph whose file the folder has no room for is packed in memory (log line) */
   int weight_cache_limit_mib;   /* what that folder may hold, least recently used graphs dropped beyond it. 1024 */
   int prefetch;              /* 1 (default): a missed expert loads on a second thread while the trunk tail runs */
 } mm_options;
@@ -122,7 +123,7 @@ MOBILE_MOE_API const char* mm_last_error(void);
 MOBILE_MOE_API void mm_log_set(mm_log_callback callback, void* user_data);
 
 /* The folder mm_default_options' weight_cache_dir (NULL) means in this process's environment, made if missing; ""
- * where none can be made (packed weights then stay in memory). This thread's string, valid until its next call. */
+ * where none can be used (packed weights then stay in memory). This thread's string, valid until its next call. */
 MOBILE_MOE_API const char* mm_default_weight_cache_dir(void);
 
 /* Open the bundle folder `bundle_dir` with `options` (NULL: the defaults): checks it whole, then loads what is
