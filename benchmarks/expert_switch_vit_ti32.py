@@ -5,11 +5,11 @@ V-MoE E=10, k=1, L=2), native runner, 1 inference thread (and 2), in ONE run on 
 
 Bundles: the dense ViT, the default Mobile V-MoE, the same model with early routing (router_block=J: the router reads
 the tokens after dense block J, and the runner loads the chosen expert while the trunk's last blocks run, or in line
-with --no-prefetch), and the default model in the per-block layout (attention exported apart from the experts). Each MoE
+with --prefetch 0), and the default model in the per-block layout (attention exported apart from the experts). Each MoE
 bundle gets a stream of images whose chosen expert changes from one image to the next (change rate >= 0.7, printed),
 made by routing random images and ordering them; the default model and the dense one also run a stream at issue 37's
 change rate (0.44: runs of 2, 2, 2 and 3 images routed alike), where the p50 is mostly images that hit. Every bundle
-runs with a packed-weight cache directory (--weight-cache) filled by an untimed first run, as an app's second launch
+runs with a packed-weight cache directory (--weight-cache-dir) filled by an untimed first run, as an app's second launch
 finds it; the runs are interleaved, --rounds times, and each ratio is the median over the rounds with its spread
 ((max - min) / median).
 
@@ -84,12 +84,14 @@ def switching_stream(bundle: Path, out: Path, run_lengths: tuple[int, ...] = (1,
 
 def run(runner: Path, bundle: Path, images: Path, cache_dir: Path | None, cache_experts: int | None, threads: int,
         args, extra: tuple[str, ...] = ()) -> dict:  # fmt: skip
-    """One runner process; `cache_dir` None: no packed-weight cache (every load packs); `extra`: more runner flags."""
-    settings = RoundSettings(iterations=args.iterations, warmup=10, threads=threads, cache_experts=cache_experts,
-                             weight_cache=cache_dir is not None)  # fmt: skip
+    """One runner process; `cache_dir` None: no packed-weight cache (every load packs); `cache_experts` None: every
+    expert; `extra`: more runner flags."""
+    settings = RoundSettings(iterations=args.iterations, warmup=10, threads=threads,
+                             cache_experts=0 if cache_experts is None else cache_experts,
+                             weight_cache_dir="" if cache_dir is None else str(cache_dir))  # fmt: skip
     if cache_dir is not None:
         cache_dir.mkdir(parents=True, exist_ok=True)
-    command = [*runner_command(runner, bundle, images, settings, cache_dir), *extra]
+    command = [*runner_command(runner, bundle, images, settings), *extra]
     result = subprocess.run(command, capture_output=True)
     return parse_runner_output(result.returncode, result.stdout, result.stderr, "native runner", bundle)
 
@@ -121,7 +123,7 @@ def main() -> None:
     streams["dense"] = streams["per-block"] = streams["moe"]
     streams["dense-45"] = streams["moe-45"]
     global_workspace = ("--workspace-sharing", "global")  # every expert's method runs in one XNNPACK workspace
-    in_line = ("--no-prefetch",)  # a missed expert loads on the image's thread, where prefetch would use a second one
+    in_line = ("--prefetch", "0")  # a missed expert loads on the image's thread, where prefetch would use a second one
     unload = ("--park-experts", "0")  # an evicted expert unloads (the default parks it: graphs.h ExpertCache)
     configs = {  # name: (bundle, experts cached, packed-weight cache, inference threads, more runner flags)
         "dense": ("dense", None, True, 1, ()),
@@ -209,7 +211,7 @@ def print_table(runs: dict[str, list[dict]], rates: dict[str, float], router_blo
         ("p50 MoE/dense, one expert cached, no packed-weight cache", ratio("moe-one-packing", p50), "(report)", ""),
         (f"p50 MoE/dense, one expert cached, {early}, prefetch", ratio("early-one", p50), "<= 1.02", ""),
         (f"p50 MoE/dense, one expert cached, {early}, in line", ratio("early-one-in-line", p50), "(report)",
-         "--no-prefetch"),  # fmt: skip
+         "--prefetch 0"),  # fmt: skip
         ("p50 MoE/dense, one expert cached, per-block layout", ratio("per-block-one", p50), "<= 1.02", ""),
         ("p50 MoE/dense, all experts cached", ratio("moe-all", p50), "<= 1.01", ""),
         ("p50 MoE/dense, all experts cached, per-block", ratio("per-block-all", p50), "<= 1.01", ""),

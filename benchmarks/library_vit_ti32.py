@@ -46,7 +46,7 @@ def app(binary: Path, bundle: Path, images: Path, iterations: int, cache: Path |
     command = [str(binary), str(bundle), str(images), "--iterations", str(iterations)]
     env = dict(os.environ)
     if cache is not None:
-        command += ["--threads", "1", "--cache-experts", "1", "--weight-cache", str(cache)]
+        command += ["--threads", "1", "--cache-experts", "1", "--weight-cache-dir", str(cache)]
     else:
         env["MOBILE_MOE_WEIGHT_CACHE"] = str(defaults_folder)
     result = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
@@ -58,8 +58,9 @@ def app(binary: Path, bundle: Path, images: Path, iterations: int, cache: Path |
 
 
 def runner(binary: Path, bundle: Path, images: Path, cache: Path, iterations: int) -> dict:
-    settings = RoundSettings(iterations=iterations, warmup=WARMUP, threads=1, cache_experts=1, switch_repeats=0)
-    result = subprocess.run(runner_command(binary, bundle, images, settings, cache), capture_output=True)
+    settings = RoundSettings(iterations=iterations, warmup=WARMUP, threads=1, cache_experts=1, switch_repeats=0,
+                             weight_cache_dir=str(cache))  # fmt: skip
+    result = subprocess.run(runner_command(binary, bundle, images, settings), capture_output=True)
     return parse_runner_output(result.returncode, result.stdout, result.stderr, "native runner", bundle)
 
 

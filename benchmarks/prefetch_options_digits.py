@@ -113,7 +113,7 @@ def main() -> None:
     for margin in MARGINS:
         rows = [cache_aware(bundle, images, labels, margin) for bundle in bundles]
         settings = RoundSettings(iterations=len(labels), warmup=10, cache_experts=1, cache_margin=margin,
-                                 switch_repeats=0, weight_cache=True)  # fmt: skip
+                                 switch_repeats=0)  # fmt: skip
         p50 = run_native(runner, bundles[0], raw, settings)["latency_ms"]["p50"]
         margins[str(margin)] = {"rows": rows, "p50_ms": p50}
         print(f"| {margin} | {mean_std([r['top1'] for r in rows])} | {mean_std([r['change_rate'] for r in rows])} "

@@ -47,7 +47,8 @@ def export_timed(name: str, backend: str, quantize: str, out: Path) -> tuple[flo
 
 def bench(paths: dict[str, Path], out: Path, runtime: str, cache_experts: int | None, args) -> dict[str, dict]:
     """{bundle name: its run} from ONE bench run over every bundle in `paths`."""
-    round_settings = RoundSettings(args.iterations, 10, threads=1, cache_experts=cache_experts)
+    every = 0 if cache_experts is None else cache_experts  # None: every expert kept loaded
+    round_settings = RoundSettings(args.iterations, 10, threads=1, cache_experts=every)
     settings = BenchSettings(round_settings, runtime=runtime, rounds=args.rounds, pause_s=1.0, images=32)
     results = benchmark(list(paths.values()), settings, out, log=lambda message: None)
     return {Path(run["bundle"]).name: run for run in results["runs"]}

@@ -124,11 +124,14 @@ def test_the_synopsis_shows_every_flag_its_commands_take():
     (synopsis,) = [block for block in blocks() if block.kind == "synopsis"]
     omitted, entries = [], re.split(r"\n(?=mobile-moe )", synopsis.body.strip())
     flags = {entry.split()[1]: set(re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", entry)) for entry in entries}
+    (library,) = [entry.partition("LIBRARY OPTIONS:")[2] for entry in entries if "LIBRARY OPTIONS:" in entry]
     for entry in entries:
         words = entry.split()[1:3]
         shown = set(re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", entry))
         if "[model flags: info's]" in entry:  # the model flags, written out once on info's line
             shown |= flags["info"] - {"--json"}
+        if "[LIBRARY OPTIONS]" in entry:  # libmobile_moe's options, written out once below bench
+            shown |= set(re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", library))
         omitted += [f"{' '.join(words)} {option[-1]}" for option in option_actions(words) if not shows(shown, option)]
     assert not omitted, f"options --help lists that the README synopsis omits: {omitted}"
 

@@ -1,9 +1,10 @@
 """One loaded graph per backend, behind one call: `graph(list of numpy inputs) -> {output name: numpy array}`.
 
-(A loaded graph, as graph_loader.h's LoadedGraph is in the native runner; "runner" names what runs a benchmark round.)
-Inputs and outputs follow the manifest's order and names. ExecuTorch methods take positional tensors; ONNX Runtime
-feeds by name; Core ML (macOS only) by name too. TorchGraph runs a split module in PyTorch: the bundle builder uses it
-to check the split and composition where the backend itself cannot run here (Core ML off macOS).
+(A loaded graph, as graph_loader.h's LoadedGraph is in libmobile_moe; "runner" names what runs a benchmark round.)
+Inputs and outputs follow the manifest's order and names. ONNX Runtime feeds by name; Core ML (macOS only) by name
+too. TorchGraph runs a split module in PyTorch: the bundle builder uses it to check the split and composition where
+the backend itself cannot run here (Core ML off macOS). ExecuTorch bundles are not here: libmobile_moe runs them
+(mobile_moe/library/binding.py), as it does in an app.
 
 A graph file is loaded only after its sha256 matched the manifest, but a file can be re-sealed after tampering: so
 each loaded graph also checks the program's own input and output shapes against the manifest when it loads
@@ -23,7 +24,6 @@ import numpy as np
 
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest_schema import GraphEntry
-from mobile_moe.export.quiet import native_stderr_captured
 
 
 def coreml_runs_here() -> bool:
@@ -71,38 +71,6 @@ def _is_utf8(name: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
-
-
-class ExecuTorchGraph:
-    def __init__(self, path: Path, graph: GraphEntry, threads: int | None = None, weights: Path | None = None):
-        """`weights`: the .ptd holding the weights this graph keeps outside its program (shared by a family)."""
-        from executorch.runtime import Runtime, Verification
-
-        self.graph = graph
-        try:
-            with native_stderr_captured(), native_path(path) as program, native_path(weights) as data_path:
-                runtime = Runtime.get()
-                self.program = runtime.load_program(
-                    program, verification=Verification.InternalConsistency, data_path=data_path
-                )
-                self.method = self.program.load_method("forward")  # initialises XNNPACK (packs weights)
-            meta = self.method.metadata
-            inputs = [tuple(meta.input_tensor_meta(i).sizes()) for i in range(meta.num_inputs())]
-            outputs = [tuple(meta.output_tensor_meta(i).sizes()) for i in range(meta.num_outputs())]
-        except (RuntimeError, ValueError) as error:
-            raise bundle_fault(graph, f"ExecuTorch cannot load it ({error})") from None
-        check_shapes(graph, "inputs", inputs)
-        check_shapes(graph, "outputs", outputs)
-
-    def __call__(self, inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
-        import torch
-
-        try:
-            with native_stderr_captured():  # a failing delegate logs its own line to fd 2; ours is the one line
-                outputs = self.method.execute([torch.from_numpy(np.ascontiguousarray(x)) for x in inputs])
-        except (RuntimeError, ValueError) as error:
-            raise bundle_fault(self.graph, f"ExecuTorch failed to run it ({error})") from None
-        return named_outputs(self.graph, [out.numpy() for out in outputs])
 
 
 def _onnxruntime_errors() -> tuple[type[BaseException], ...]:
@@ -184,4 +152,4 @@ class TorchGraph:
         return {name: out.numpy() for name, out in zip(self.output_names, outputs, strict=True)}
 
 
-GRAPH_OF_BACKEND = {"executorch": ExecuTorchGraph, "onnx": OnnxGraph, "coreml": CoreMLGraph}
+GRAPH_OF_BACKEND = {"onnx": OnnxGraph, "coreml": CoreMLGraph}  # ExecuTorch bundles run in libmobile_moe

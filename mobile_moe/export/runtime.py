@@ -86,6 +86,8 @@ class BundleRuntime:
         folder must still be the one whose manifest was read, or that is the one line, whatever the swap broke."""
         with same_bundle(self.path, self._identity):
             path, *weights = verified_graph_files(self.path, graph)
+            if self.backend not in GRAPH_OF_BACKEND:
+                raise UsageError(f"{self.path} is an {self.backend} bundle: libmobile_moe runs those (load_bundle)")
             return GRAPH_OF_BACKEND[self.backend](path, graph, self.threads, *weights)
 
     def _resident_graph_names(self) -> list[str]:
@@ -283,4 +285,4 @@ def load_bundle(path: str | os.PathLike, **options: Any) -> BundleRuntime | Libr
     if others:
         raise UsageError(f"{library_options.OPTION[others[0]].flag} is libmobile_moe's; {path} is a "
                          f"{manifest.backend} bundle, run in Python: leave it out")  # fmt: skip
-    return BundleRuntime(path, **{name: value for name, value in options.items() if name in library_options.EVERY_RUNTIME})
+    return BundleRuntime(path, **{name: options[name] for name in library_options.EVERY_RUNTIME if name in options})

@@ -48,7 +48,7 @@ class Option:
         return {"int": "int", "float": "float", "path": "const char*"}[self.kind]
 
     def bounds(self) -> str:
-        return f"{self.low:g}..{self.high:g}"
+        return f"{self.low}..{self.high}" if self.kind == "int" else f"{self.low:g}..{self.high:g}"
 
     def check(self, value: Any, name: str | None = None) -> Any:
         """`value` if this option takes it, else UsageError naming `name` (default: the flag) and the bounds."""
@@ -133,6 +133,17 @@ def describe(values: dict[str, Any]) -> str:
                      for name, value in different.items())  # fmt: skip
 
 
+def markdown_table() -> str:
+    """The options as docs/app-library.md lists them (tests/library/test_options_contract.py compares the two)."""
+    rows = ["| option (C, Python) | flag | Java | default | range | meaning |", "|---|---|---|---|---|---|"]
+    for option in OPTIONS:
+        default = "NULL / None" if option.default is None else f"{option.default:g}"
+        bounds = "a path, or \"\"" if option.kind == "path" else option.bounds()
+        rows.append(f"| `{option.name}` | `{option.flag}` | `{option.java_setter}` | {default} | {bounds} | "
+                    f"{option.meaning} |")  # fmt: skip
+    return "\n".join(rows) + "\n"
+
+
 # --- the same table for libmobile_moe ---------------------------------------------------------------------------------
 
 CPP_HEADER = "mobile_moe/library/libmobile_moe/src/options_schema.h"
@@ -172,9 +183,9 @@ def cpp_header() -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m mobile_moe.library.options --cpp-header > CPP_HEADER
+if __name__ == "__main__":  # python -m mobile_moe.library.options --cpp-header|--markdown
     import sys
 
-    if sys.argv[1:] != ["--cpp-header"]:
-        raise SystemExit("usage: python -m mobile_moe.library.options --cpp-header")
-    print(cpp_header(), end="")
+    if sys.argv[1:] not in (["--cpp-header"], ["--markdown"]):
+        raise SystemExit("usage: python -m mobile_moe.library.options --cpp-header|--markdown")
+    print(cpp_header() if sys.argv[1] == "--cpp-header" else markdown_table(), end="")

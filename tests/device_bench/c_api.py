@@ -1,4 +1,4 @@
-"""libmobile_moe's C API (native/mobile_moe.h) from Python through ctypes, as an app calls it: the tests' client.
+"""libmobile_moe's C API (include/mobile_moe.h) from Python through ctypes, as an app calls it: the tests' client.
 
 Run as a program it opens bundles in this process and prints one JSON object per bundle, so a test drives the library
 in a child process (a crash inside the runtime fails that test instead of killing pytest):
@@ -28,73 +28,26 @@ from pathlib import Path
 
 import numpy as np
 
-MM_OK, MM_BAD_ARGUMENT, MM_BAD_BUNDLE, MM_RUNTIME_ERROR, MM_OUT_OF_MEMORY = range(5)
-
-
-class Options(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("threads", ctypes.c_int), ("cache_experts", ctypes.c_int),
-                ("park_experts", ctypes.c_int),
-                ("cache_margin", ctypes.c_float), ("weight_cache_dir", ctypes.c_char_p),
-                ("weight_cache_limit_mib", ctypes.c_int), ("prefetch", ctypes.c_int)]  # fmt: skip
-
-
-class LoadSettings(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("read_files", ctypes.c_int), ("workspace_sharing", ctypes.c_int),
-                ("kept_loads", ctypes.c_int)]  # fmt: skip
-
-
-class ModelInfo(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("bundle_dir", ctypes.c_char_p), ("kind", ctypes.c_int),
-                ("kind_name", ctypes.c_char_p), ("layout", ctypes.c_char_p), ("weight_cache_dir", ctypes.c_char_p),
-                *[(name, ctypes.c_int) for name in ("threads", "num_experts", "top_k", "cache_experts", "prefetch",
-                                                     "has_trunk_tail", "graphs")],
-                ("resident_load_ms", ctypes.c_double)]  # fmt: skip
-
-
-class LoadEvent(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("graph", ctypes.c_char_p), ("bytes", ctypes.c_int64),
-                *[(name, ctypes.c_double) for name in ("ms", "program_ms", "data_map_ms", "cache_check_ms",
-                                                        "method_ms", "cache_record_ms", "bring_in_ms")],
-                ("cache", ctypes.c_char_p), ("weights", ctypes.c_char_p)]  # fmt: skip
+from mobile_moe.library.binding import (  # noqa: F401 (the statuses, for the tests that import them from here)
+    MM_BAD_ARGUMENT,
+    MM_BAD_BUNDLE,
+    MM_OK,
+    MM_OUT_OF_MEMORY,
+    MM_RUNTIME_ERROR,
+    Library,
+    LoadEvent,
+    LoadSettings,
+    ModelInfo,
+    Options,
+)
 
 
 class CApi:
-    """The library's functions, typed; `open` returns (status, handle)."""
+    """The library's functions, typed by the Python binding (mobile_moe/library/binding.py), called raw: options
+    and arguments go to the C API unchecked, as a C app's would; `open` returns (status, handle)."""
 
     def __init__(self, library: str | Path):
-        self.lib = lib = ctypes.CDLL(str(library))
-        lib.mm_version.restype = ctypes.c_char_p
-        lib.mm_last_error.restype = ctypes.c_char_p
-        lib.mm_open.argtypes = [ctypes.c_char_p, ctypes.POINTER(Options), ctypes.POINTER(ctypes.c_void_p)]
-        lib.mm_close.argtypes = [ctypes.c_void_p]
-        lib.mm_num_classes.argtypes = [ctypes.c_void_p]
-        lib.mm_class_name.argtypes = [ctypes.c_void_p, ctypes.c_int]
-        lib.mm_class_name.restype = ctypes.c_char_p
-        lib.mm_predict_f32.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t]
-        lib.mm_logits.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t]
-        lib.mm_logits.restype = ctypes.c_size_t
-        lib.mm_top_classes.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
-                                       ctypes.POINTER(ctypes.c_float)]  # fmt: skip
-        lib.mm_experts.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
-                                   ctypes.POINTER(ctypes.c_float)]  # fmt: skip
-        lib.mm_input_channels.argtypes = lib.mm_input_size.argtypes = [ctypes.c_void_p]
-        pixels = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint8), ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                  ctypes.c_int]  # fmt: skip
-        lib.mm_predict_rgb8.argtypes = pixels
-        lib.mm_preprocess_rgb8.argtypes = [*pixels, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t]
-        # mobile_moe_measure.h
-        lib.mm_open_with.argtypes = [ctypes.c_char_p, ctypes.POINTER(Options), ctypes.POINTER(LoadSettings),
-                                     ctypes.POINTER(ctypes.c_void_p)]  # fmt: skip
-        lib.mm_model_info_get.argtypes = [ctypes.c_void_p, ctypes.POINTER(ModelInfo), ctypes.c_size_t]
-        lib.mm_load_event_get.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(LoadEvent),
-                                          ctypes.c_size_t]  # fmt: skip
-        lib.mm_load_count.argtypes = [ctypes.c_void_p]
-        lib.mm_load_count.restype = ctypes.c_int64
-        lib.mm_loaded_graphs.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
-        lib.mm_expert_unload.argtypes = [ctypes.c_void_p, ctypes.c_int]
-        lib.mm_expert_load.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
-        lib.mm_expert_run.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
-        lib.mm_route_f32.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t]
+        self.lib = Library(library).cdll
 
     def options(self, **values) -> Options:
         options = Options()

@@ -66,7 +66,7 @@ def test_native_runner_reproduces_python_runtime(runner, bundle, workload_file):
 
 
 @needs_build
-@pytest.mark.parametrize("park_experts", [0, None], ids=["unload", "park"])
+@pytest.mark.parametrize("park_experts", [0, -1], ids=["unload", "park"])
 def test_native_runner_loads_only_chosen_experts(runner, bundle, workload_file, park_experts):
     """With one expert resident, an evicted expert unloads (--park-experts 0) or parks (the default): a parked
     expert keeps its method and its files open, none of its packed weights' pages, and a switch back loads nothing."""
@@ -74,7 +74,7 @@ def test_native_runner_loads_only_chosen_experts(runner, bundle, workload_file, 
     settings = RoundSettings(iterations=2, warmup=0, cache_experts=1, switch_repeats=0, park_experts=park_experts)
     # A load that packed cannot park (graph_loader.h locate_packed_weights): a first run warms the packed-weight cache
     # for every expert, whatever ran in this process's cache folder before.
-    run_native(runner, bundle, workload_file, dataclasses.replace(settings, cache_experts=None))
+    run_native(runner, bundle, workload_file, dataclasses.replace(settings, cache_experts=0))
     report = run_native(runner, bundle, workload_file, settings)
     sequence = [row["experts"] for row in report["images"]]
     chosen = {e for experts in sequence for e in experts}
@@ -87,7 +87,7 @@ def test_native_runner_loads_only_chosen_experts(runner, bundle, workload_file, 
     # The OS's list of files the process held open agrees with the runner's own account of what it loaded.
     assert set(report["files_opened"]) == {router_file}.union(*(files_of[e] for e in chosen))
     assert report["graphs_loaded_after_routing"] == [f"expert_{last}"]  # LRU of one: the last expert
-    held = chosen if park_experts is None else {last}  # a parked expert's files stay open, its pages do not
+    held = chosen if park_experts == -1 else {last}  # a parked expert's files stay open, its pages do not
     assert set(report["files_open_after_routing"]) == {router_file}.union(*(files_of[e] for e in held))
     assert report["parked_experts"] == sorted(held - {last})
     assert report["parked_packed_bytes_resident"] == 0
@@ -96,7 +96,7 @@ def test_native_runner_loads_only_chosen_experts(runner, bundle, workload_file, 
     hits = [row["cache_hit"] for row in report["images"]]
     assert sum(hits) / len(hits) == pytest.approx(routing_stats.lru_hit_rate(sequence, 1))
     misses = [row["experts"][0] for row in report["images"] if not row["cache_hit"]]
-    loaded = set(misses) if park_experts is None else misses  # parking: each expert's first miss loads it
+    loaded = set(misses) if park_experts == -1 else misses  # parking: each expert's first miss loads it
     sizes = {g.expert: g.load_bytes for g in manifest.graphs if g.role == "expert"}
     assert report["routing_pass_graph_bytes_loaded"] == sum(sizes[e] for e in loaded)
     assert report["graph_bytes"] == {g.name: g.load_bytes for g in manifest.graphs}  # program and weights file alike
@@ -437,8 +437,8 @@ def test_bytes_and_params_loaded_per_image_are_honest_for_split_and_whole():
 
 
 def run_with_weight_cache(runner, bundle, images, cache_dir: Path, **settings) -> dict:
-    """One runner process with --weight-cache DIR (run_native gives every run a fresh directory)."""
-    command = runner_command(runner, bundle, images, RoundSettings(weight_cache=True, **settings), cache_dir)
+    """One runner process with --weight-cache-dir DIR."""
+    command = runner_command(runner, bundle, images, RoundSettings(weight_cache_dir=str(cache_dir), **settings))
     result = subprocess.run(command, capture_output=True)
     return parse_runner_output(result.returncode, result.stdout, result.stderr, "native runner", bundle)
 
@@ -463,7 +463,7 @@ def test_a_second_load_of_an_expert_maps_its_packed_weights(runner, bundle, work
     """Experts sharing one program each get their own packed-weight cache file: the first load packs, every later
     load (in this process or the next) maps, and the answers are bit for bit those of a run without a cache. Evicted
     experts unload here (--park-experts 0), so every switch loads."""
-    plain = run_native(runner, bundle, workload_file, RoundSettings(**SWITCHING, weight_cache=False))
+    plain = run_native(runner, bundle, workload_file, RoundSettings(**SWITCHING, weight_cache_dir=""))
     cached = run_with_weight_cache(runner, bundle, workload_file, tmp_path, **SWITCHING, park_experts=0)
     assert logits_of(cached) == logits_of(plain)
     assert {(e["cache"], e["weights"]) for e in first_loads(cached).values()} == {("cold", "packed")}
@@ -507,7 +507,7 @@ def test_a_parked_expert_answers_as_a_loaded_one_and_holds_none_of_its_packed_we
     sizes = {g.expert: g.load_bytes for g in read_manifest(bundle).graphs if g.role == "expert"}
     assert len(loads) < len(bounded["images"]) - sum(row["cache_hit"] for row in bounded["images"])  # precondition
     assert bounded["routing_pass_graph_bytes_loaded"] == sum(sizes[e] for e in loads)
-    heap = run_native(runner, bundle, workload_file, RoundSettings(**SWITCHING, weight_cache=False))
+    heap = run_native(runner, bundle, workload_file, RoundSettings(**SWITCHING, weight_cache_dir=""))
     assert heap["parked_experts"] == [] and heap["switch"]["weights"] == "packed"
 
 
@@ -590,11 +590,11 @@ def test_the_runners_own_defaults_are_the_round_settings(runner, bundle):
         defaults.warmup,
         defaults.threads,
     )
-    assert report["weight_cache"] is defaults.weight_cache and defaults.cache_experts is None
+    assert report["weight_cache"] and defaults.weight_cache_dir is None  # the library's per-user folder
     assert report["weight_cache_dir"] == str(packed_weights_dir())  # one folder, whoever starts the runner
     assert report["cache_margin"] == defaults.cache_margin
-    assert report["cache_experts"] == report["num_experts"]  # all of them
-    assert report["park_experts"] == -1 and defaults.park_experts is None  # every evicted expert parks
+    assert report["cache_experts"] == report["top_k"] and defaults.cache_experts == -1  # the bundle's top_k
+    assert report["park_experts"] == -1 == defaults.park_experts  # every evicted expert parks
     assert len(report["switch"]["ms"]) == report["num_experts"] * defaults.switch_repeats
 
 
@@ -649,8 +649,9 @@ def test_two_runners_filling_one_cache_at_once_both_answer_right_and_leave_it_wh
 ):
     """Two processes' first uses of an empty cache folder at the same time: each publishes what it packed by rename,
     neither reads a file the other is writing, both answers are the uncached one, and a third run maps every graph."""
-    plain = run_native(runner, bundle, workload_file, RoundSettings(**SWITCHING, weight_cache=False))
-    command = runner_command(runner, bundle, workload_file, RoundSettings(**SWITCHING), tmp_path)
+    plain = run_native(runner, bundle, workload_file, RoundSettings(**SWITCHING, weight_cache_dir=""))
+    settings = RoundSettings(**SWITCHING, weight_cache_dir=str(tmp_path))
+    command = runner_command(runner, bundle, workload_file, settings)
     both = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
     for process in both:
         stdout, stderr = process.communicate(timeout=120)
@@ -678,9 +679,9 @@ def test_the_cache_folder_keeps_within_its_limit_by_dropping_the_least_recently_
     (tmp_path / f"{'2' * 32}.xnnpack.tmp-999999999-0000000a@{host}").write_bytes(b"a killed handle's, numbered")
     (tmp_path / f"{'1' * 32}.xnnpack.tmp-999999999@another-host").write_bytes(b"a live run's, on another machine")
     command = [str(runner), "--bundle", str(bundle), "--random", "2", "--iterations", "1", "--warmup", "0",
-               "--weight-cache", str(tmp_path), "--weight-cache-limit", "1"]  # fmt: skip
+               "--weight-cache-dir", str(tmp_path), "--weight-cache-limit-mib", "1"]  # fmt: skip
     report = json.loads(subprocess.run(command, capture_output=True, check=True).stdout)
-    uncached = json.loads(subprocess.run([*command[:-4], "--no-weight-cache"], capture_output=True, check=True).stdout)
+    uncached = json.loads(subprocess.run([*command[:-4], "--weight-cache-dir", ""], capture_output=True, check=True).stdout)
     files = list(tmp_path.glob("*.xnnpack"))
     assert not any(path.exists() for path in old) and files
     assert sum(path.stat().st_size for path in files) == report["weight_cache_bytes"] <= 1 << 20
@@ -695,8 +696,7 @@ def test_every_workspace_sharing_mode_answers_as_the_backends_default(runner, bu
     """XNNPACK's workspace sharing (one workspace per method, per program, or for every method) changes where
     intermediate values live, never what they are."""
     default = run_native(runner, bundle, workload_file, RoundSettings(**SWITCHING))
-    command = [*runner_command(runner, bundle, workload_file, RoundSettings(**SWITCHING), packed_weights_dir()),
-               "--workspace-sharing", mode]  # fmt: skip
+    command = runner_command(runner, bundle, workload_file, RoundSettings(**SWITCHING)) + ["--workspace-sharing", mode]
     report = json.loads(subprocess.run(command, capture_output=True, check=True).stdout)
     assert report["workspace_sharing"] == ["none", "model", "global"].index(mode)
     assert logits_of(report) == logits_of(default)
@@ -746,7 +746,7 @@ def test_the_runner_dies_with_the_bench_that_started_it_even_when_the_bench_is_s
     """The runner asks the kernel for SIGKILL when its parent dies (PR_SET_PDEATHSIG): a SIGKILLed bench cannot stop
     it, and it would otherwise run a long round to the end for nobody."""
     command = [str(runner), "--bundle", str(bundle), "--random", "2", "--iterations", "10000000", "--warmup", "0",
-               "--no-weight-cache"]  # fmt: skip
+               "--weight-cache-dir", ""]  # fmt: skip
     assert not outlives_its_killed_parent(command)
 
 

@@ -15,7 +15,7 @@ from mobile_moe.device_bench.bench import BenchSettings, choose_runner
 from mobile_moe.device_bench.report import markdown, write_report
 from mobile_moe.device_bench.results import RoundReportError, run_record, validate_results, validate_round
 from mobile_moe.device_bench.round_report import RoundReport
-from mobile_moe.device_bench.round_settings import MAX_THREADS, RoundSettings
+from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest_schema import (
     Composition,
@@ -25,6 +25,7 @@ from mobile_moe.export.manifest_schema import (
     QuantizationReport,
     QuantizedAccuracy,
 )
+from mobile_moe.library.options import MAX_THREADS
 
 
 def test_expert_change_rate_and_lru_hit_rate_by_hand():
@@ -45,8 +46,9 @@ def test_lru_evicts_least_recently_used():
 def test_settings_refuse_zero_iterations():
     with pytest.raises(UsageError, match="iterations"):
         RoundSettings(iterations=0)
-    with pytest.raises(UsageError, match="cache-experts"):
-        RoundSettings(cache_experts=0)
+    with pytest.raises(UsageError, match=r"--cache-experts -2: out of range \(-1..4096\)"):
+        RoundSettings(cache_experts=-2)
+
 
 
 def fake_manifest(kind: str) -> Manifest:
@@ -181,21 +183,21 @@ def test_round_settings_are_bounded_as_the_native_runner_bounds_them(changes, fr
         RoundSettings(**changes)
 
 
-@pytest.mark.parametrize(("threads", "fragment"), [(0, "--threads 0"), (100_000, "--threads 100000")])
-def test_thread_counts_beyond_the_runners_bound_are_refused(threads, fragment):
+@pytest.mark.parametrize(("threads", "fragment"), [(-1, "--threads -1"), (100_000, "--threads 100000")])
+def test_thread_counts_beyond_the_librarys_bound_are_refused(threads, fragment):
     """100,000 inference threads once exhausted the machine's processes (onnxruntime started them all)."""
-    with pytest.raises(UsageError, match=f"{fragment}: must be between 1 and {MAX_THREADS}"):
+    with pytest.raises(UsageError, match=f"{fragment}: out of range \\(0..{MAX_THREADS}\\)"):
         RoundSettings(threads=threads)
     assert RoundSettings(threads=MAX_THREADS).threads == MAX_THREADS
 
 
 def test_bench_settings_defaults_and_json():
-    settings = BenchSettings(RoundSettings(iterations=7, weight_cache=True), data="random:3", pause_s=0)
+    settings = BenchSettings(RoundSettings(iterations=7), data="random:3", pause_s=0)
     assert settings.runtime is None and settings.device == "host" and settings.rounds == 3
-    assert settings.as_json() == {"iterations": 7, "warmup": 5, "threads": 1, "cache_experts": None,
-                                  "park_experts": None, "cache_margin": 0.0, "switch_repeats": 2, "weight_cache": True,
-                                  "data": "random:3", "images": 32, "order": "stratified", "seed": 0,
-                                  "pause_s": 0}  # fmt: skip
+    assert settings.as_json() == {"iterations": 7, "warmup": 5, "switch_repeats": 2, "threads": 1, "cache_experts": -1,
+                                  "park_experts": -1, "cache_margin": 0.0, "weight_cache_dir": None,
+                                  "weight_cache_limit_mib": 1024, "prefetch": 1, "data": "random:3", "images": 32,
+                                  "order": "stratified", "seed": 0, "pause_s": 0}  # fmt: skip
 
 
 def test_one_function_picks_the_runner_for_runtime_and_device(tmp_path):
@@ -334,18 +336,22 @@ def test_the_latency_plot_marks_the_runs_the_report_calls_wide():
     plt.close(figure)
 
 
-def test_the_native_runners_own_settings_reach_only_the_native_runner():
-    """--park-experts and the packed-weight cache are the native runner's flags: a Python runtime's worker, whose
-    parser does not know them, never gets them."""
+def test_a_round_passes_on_only_the_library_options_that_differ_from_its_defaults():
+    """What a runner leaves alone is mm_default_options' value, so a round at its defaults runs what an app gets; the
+    others reach the native runner and a Python worker alike, in the library's encoding."""
     from mobile_moe.device_bench.native_runner import runner_command
     from mobile_moe.device_bench.python_worker import worker_command
 
-    settings = RoundSettings(park_experts=0, weight_cache=False)
-    worker = worker_command("bundle", "onnxruntime", "images.f32", settings)
-    assert not {"--park-experts", "--no-weight-cache"} & set(worker)
+    assert not {"--threads", "--cache-experts", "--park-experts", "--weight-cache-dir"} & set(
+        runner_command("./runner", "bundle", "images.f32", RoundSettings())
+    )
+    settings = RoundSettings(park_experts=0, weight_cache_dir="", cache_experts=0)
     native = runner_command("./runner", "bundle", "images.f32", settings)
-    assert native[-3:] == ["--no-weight-cache", "--park-experts", "0"]
+    assert native[-8:] == ["--cache-experts", "0", "--park-experts", "0", "--weight-cache-dir", "", "--input",
+                           "images.f32"]  # fmt: skip
     assert native[0] == os.path.abspath("runner")  # "./runner" run as a bare name would be looked up on PATH
+    worker = worker_command("bundle", "executorch", "images.f32", settings)
+    assert worker[worker.index("--cache-experts"):][:6] == native[-8:-2]
 
 
 def test_a_data_workload_draws_across_classes_seeded_and_named():

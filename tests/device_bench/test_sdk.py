@@ -60,8 +60,8 @@ def test_an_app_built_against_the_moved_sdk_folder_alone_answers_as_predict(sdk,
     shutil.copytree(sdk, moved, symlinks=True)  # a copy: the module's other tests keep theirs
     cache = tmp_path / "packed-weights"
     result = subprocess.run([str(moved / "examples" / "mobile_moe_app"), str(bundle), str(images), "--iterations",
-                             "8", "--cache-experts", "1", "--weight-cache", str(cache)], env={}, capture_output=True,
-                            text=True, timeout=120)  # fmt: skip
+                             "8", "--cache-experts", "1", "--weight-cache-dir", str(cache)], env={},
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
     assert result.returncode == 0 and result.stderr == "", result.stderr
     report = json.loads(result.stdout)
     expected = python_predictions(bundle, images)

@@ -127,8 +127,11 @@ def exported_over(bundle: Path, tmp_path: Path) -> None:
     os.replace(replacement, bundle)
 
 
-def test_an_expert_loaded_after_an_export_replaced_the_bundle_is_refused_as_replaced_not_as_damaged(bundle, tmp_path):
-    reader = copy_bundle(bundle, tmp_path / "bundle")
+def test_an_expert_loaded_after_an_export_replaced_the_bundle_is_refused_as_replaced_not_as_damaged(
+    onnx_bundle, tmp_path
+):
+    """export's Python runtime (ONNX here); libmobile_moe's refusal of the same is the next test's."""
+    reader = copy_bundle(onnx_bundle, tmp_path / "bundle")
     runtime = load_bundle(reader)  # the router loads now, each expert when it is first chosen
     image = np.zeros(tuple(runtime.manifest.input.shape), dtype=np.float32)
     exported_over(reader, tmp_path)
@@ -141,12 +144,24 @@ def test_an_expert_loaded_after_an_export_replaced_the_bundle_is_refused_as_repl
     assert load_bundle(reader).predict(image).experts  # the new bundle itself is sound
 
 
-def test_a_bundle_exported_over_between_a_graphs_check_and_its_load_is_refused_not_mixed(bundle, tmp_path, monkeypatch):
+def test_an_executorch_bundle_exported_over_is_refused_by_the_library_in_its_words(bundle, tmp_path):
+    reader = copy_bundle(bundle, tmp_path / "bundle")
+    runtime = load_bundle(reader, park_experts=0)
+    image = np.zeros(tuple(runtime.manifest.input.shape), dtype=np.float32)
+    exported_over(reader, tmp_path)
+    with pytest.raises(UsageError, match=r"changed since the bundle was opened .* write an update into a new folder"):
+        runtime.predict(image)
+    assert load_bundle(reader).predict(image).experts  # the new bundle itself is sound
+
+
+def test_a_bundle_exported_over_between_a_graphs_check_and_its_load_is_refused_not_mixed(
+    onnx_bundle, tmp_path, monkeypatch
+):
     """The runtime checks a graph's files, then loads them by path: a swap in between would load the new bundle's
     graph against the old manifest (shapes that differ read as a corrupt bundle; equal ones as a silent mixture)."""
     from mobile_moe.export import runtime as runtime_module
 
-    reader = copy_bundle(bundle, tmp_path / "bundle")
+    reader = copy_bundle(onnx_bundle, tmp_path / "bundle")
     runtime = load_bundle(reader)
     image = np.zeros(tuple(runtime.manifest.input.shape), dtype=np.float32)
     checked = runtime_module.verified_graph_files
@@ -194,7 +209,8 @@ def test_flipped_byte_without_reseal_is_caught_by_sha256(bundle, png, tmp_path, 
     expert = copy_bundle(bundle, tmp_path / "expert")
     weights = expert / "expert_2.ptd"  # expert 2's own weights (the experts share expert.pte)
     flip_byte(weights, first_weight_byte(weights))
-    load_bundle(expert)  # experts load lazily: the bundle opens; bench checks every graph before it runs any
+    with pytest.raises(UsageError, match="expert_2.ptd does not match the sha256"):
+        load_bundle(expert)  # libmobile_moe checks every file at open, as bench does before it runs any
     assert "sha256" in refused(["bench", str(expert), "--runtime", "executorch", "--out", str(tmp_path / "b")], capsys)
 
 
@@ -484,15 +500,22 @@ def test_predict_on_a_fifo_does_not_hang(bundle, tmp_path, capsys):
         (["--switch-repeats", "-1"], "--switch-repeats"),
         (["--runner", "/nonexistent/runner"], "--runner"),
         (["--out", "/proc/mobile-moe"], "cannot write"),
-        (["--cache-experts", "0"], "--cache-experts"),
-        (["--park-experts", "0"], "--park-experts is the native runner's; --runtime executorch has none"),
-        (["--no-weight-cache"], "--no-weight-cache is the native runner's"),
+        (["--cache-experts", "-2"], "--cache-experts -2: out of range (-1..4096)"),
+        (["--park-experts", "5000"], "--park-experts 5000: out of range (-1..4096)"),
+        (["--threads", "1025"], "--threads 1025: out of range (0..1024)"),
+        (["--prefetch", "2"], "--prefetch 2: out of range (0..1)"),
     ],
 )
 def test_bench_refuses_bad_flags_before_measuring(flags, match, bundle, tmp_path, capsys):
     argv = ["bench", str(bundle), "--runtime", "executorch", "--out", str(tmp_path / "bench"), *flags]
     assert match in refused(argv, capsys)
     assert not (tmp_path / "bench").exists()
+
+
+@pytest.mark.parametrize("flags", [["--park-experts", "0"], ["--weight-cache-dir", ""], ["--prefetch", "0"]])
+def test_bench_refuses_libmobile_moes_own_options_for_a_python_runtime(flags, onnx_bundle, tmp_path, capsys):
+    argv = ["bench", str(onnx_bundle), "--runtime", "onnxruntime", "--out", str(tmp_path / "bench"), *flags]
+    assert f"{flags[0]} is libmobile_moe's; --runtime onnxruntime has none" in refused(argv, capsys)
 
 
 def test_paths_the_file_system_refuses_are_one_line(tmp_path, capsys):

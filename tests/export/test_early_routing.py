@@ -114,7 +114,7 @@ def run_prefetching(runner, path, tmp_path, *flags: str) -> dict:
 @pytest.mark.slow
 def test_the_native_runner_loads_the_expert_while_the_tail_runs(runner, early_bundle, tmp_path):
     """The runner's answers are the Python runtime's; every miss is loaded on the second thread (its load timed
-    there) while the tail ran, and only the graphs an image needs were opened. --no-prefetch loads in line, with the
+    there) while the tail ran, and only the graphs an image needs were opened. --prefetch 0 loads in line, with the
     same answers."""
     _, _, path = early_bundle
     report = run_prefetching(runner, path, tmp_path)
@@ -130,7 +130,7 @@ def test_the_native_runner_loads_the_expert_while_the_tail_runs(runner, early_bu
     assert set(report["files_opened"]) == {file.file for graph in needed for file in graph.files()}
     assert report["graph_bytes"] == {graph.name: graph.load_bytes for graph in read_manifest(path).graphs}
     assert all(row["tail_ms"] > 0 for row in misses) and "trunk_tail" in report["stages_ms"]
-    in_line = run_prefetching(runner, path, tmp_path, "--no-prefetch")
+    in_line = run_prefetching(runner, path, tmp_path, "--prefetch", "0")
     assert not in_line["prefetch"] and all(row["load_wait_ms"] == 0 for row in in_line["images"])
     assert [row["logits"] for row in in_line["images"]] == [row["logits"] for row in report["images"]]
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 from conftest import tiny_model
+from executorch_graph import ExecuTorchGraph
 
 from mobile_moe.export.bundle import export_bundle
 from mobile_moe.export.graphs import split_model
-from mobile_moe.export.loaded_graphs import ExecuTorchGraph
 from mobile_moe.export.manifest import read_manifest, verified_graph_files
 from mobile_moe.moe import is_stacked
 

@@ -150,17 +150,18 @@ def test_a_backend_id_that_is_not_utf8_is_refused(bundle):
 LOAD_AND_RUN = """
 import sys
 from pathlib import Path
+sys.path.insert(0, {tests_export!r})
 import numpy as np
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest import read_manifest
-from mobile_moe.export.loaded_graphs import ExecuTorchGraph
+from executorch_graph import ExecuTorchGraph
 bundle, name, variants = Path(sys.argv[1]), sys.argv[2], sys.argv[3].split(",")
 graph = next(graph for graph in read_manifest(bundle).graphs if graph.name == name)
 weights = bundle / graph.weights.file if graph.weights is not None else None
 for path in map(Path, variants):
     print(path, flush=True)  # the last one printed is the one that crashed, if one does
     program, data = (bundle / graph.file, path) if path.suffix == ".ptd" else (path, weights)
-    try:  # as predict and bench's Python runtime load and run a graph
+    try:  # as ExecuTorch's Python runtime loads and runs a graph
         runner = ExecuTorchGraph(program, graph, weights=data)
         runner([np.zeros([int(d) for d in spec.shape], np.float32) for spec in graph.inputs])
     except UsageError:
@@ -187,7 +188,8 @@ def test_no_table_entry_read_as_absent_crashes_executorch(bundle, tmp_path, name
             continue
         accepted.append(path)
     assert len(variants) > 5 and accepted  # the check refuses some, and ExecuTorch must meet the rest
-    run = subprocess.run([sys.executable, "-c", LOAD_AND_RUN, str(bundle), graph, ",".join(map(str, accepted))],
+    script = LOAD_AND_RUN.format(tests_export=str(Path(__file__).parent))
+    run = subprocess.run([sys.executable, "-c", script, str(bundle), graph, ",".join(map(str, accepted))],
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     crashed = run.stdout.strip().splitlines()[-1:] if run.returncode else []
     assert run.returncode == 0, f"signal {-run.returncode} on {crashed}: {run.stderr[-500:]}"

@@ -493,7 +493,7 @@ struct SwitchSample {
 };
 
 // Switches from the graph's own packed-weight cache file (warm after its first load; no cache without
-// --weight-cache), and, with a cache directory, from an empty one (cold: a scratch file each time).
+// --weight-cache-dir), and, with a cache directory, from an empty one (cold: a scratch file each time).
 struct SwitchTimes {
   std::vector<SwitchSample> serving, cold;
 };
