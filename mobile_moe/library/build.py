@@ -137,7 +137,8 @@ def build_runner(
     if cross is None:
         missing = missing_tools()
         if missing:
-            raise UsageError(f"cannot build the native runner: {' and '.join(missing)} not found; install them")
+            raise UsageError(f"cannot build libmobile_moe and its native runner: {' and '.join(missing)} not found; "
+                             "install them (Debian: apt-get install cmake g++)")  # fmt: skip
         prefix, extra, compiler = executorch_package_dir(), [], host_compiler()
     else:
         if sanitize is not None:

@@ -65,3 +65,14 @@ def test_predict_answers_without_executorchs_python_runtime_as_the_c_api_does(bu
     for record, path in zip(predicted, paths, strict=True):
         assert np.array_equal(np.asarray(record["logits"], dtype=np.float32), c_api[f"{path.name}.logits"])
         assert record["class_index"] == int(np.argmax(c_api[f"{path.name}.logits"]))
+
+
+def test_predict_where_the_library_cannot_be_built_says_so_in_one_line(bundle, tmp_path):
+    """No compiler or CMake on PATH and no build cached: one line naming what to install, exit status 2."""
+    env = {"PATH": str(tmp_path / "empty"), "MOBILE_MOE_CACHE": str(tmp_path / "cache"), "HOME": str(tmp_path)}
+    image = photos(tmp_path / "p")[0]
+    result = subprocess.run([sys.executable, "-m", "mobile_moe", "predict", str(bundle), str(image)],
+                            capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and "cannot build libmobile_moe" in result.stderr
+    assert "cmake and a C++ compiler" in result.stderr and "install them" in result.stderr
