@@ -9,9 +9,9 @@ answers, and a Python app on a Linux device uses the same library.
         prediction = model.predict_file("photo.jpg")             # or predict(chw floats), predict_rgb(pixels)
         model.class_names[prediction.top_classes(1)[0]], prediction.experts, prediction.timings["total"]
 
-Results are the call's own: each Model serialises its calls, and a prediction reads the handle's results before the
-next call starts. Failures raise LibraryError (a UsageError for a bad argument or bundle, so a command prints one
-line and exits 2; RuntimeError's kind for a runtime failure). The library comes from `library_path()`: the one built
+Results are the call's own: the library writes a prediction's answer into this call's buffers (mm_predict_f32_into,
+mm_predict_rgb8_into), whichever threads share the Model. Failures raise LibraryError (a UsageError for a bad argument
+or bundle, so a command prints one line and exits 2; RuntimeError's kind for a runtime failure). The library comes from `library_path()`: the one built
 for this host from the package's sources (mobile_moe/library/build.py), or MOBILE_MOE_LIBRARY's.
 """
 
@@ -43,6 +43,20 @@ class Options(ctypes.Structure):
 
 class StageTimes(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t),
+                *((name, ctypes.c_double) for name in ("router_ms", "expert_ms", "load_ms", "tail_ms", "load_wait_ms",
+                                                       "total_ms")),
+                ("cache_hit", ctypes.c_int)]  # fmt: skip
+
+
+class Result(ctypes.Structure):
+    """mm_result: the caller's arrays in, one prediction's answer out."""
+
+    _fields_ = [("struct_size", ctypes.c_size_t), ("logits", ctypes.POINTER(ctypes.c_float)),
+                ("logits_capacity", ctypes.c_size_t), ("classes", ctypes.POINTER(ctypes.c_int)),
+                ("probabilities", ctypes.POINTER(ctypes.c_float)), ("top_k", ctypes.c_int),
+                ("experts", ctypes.POINTER(ctypes.c_int)), ("gates", ctypes.POINTER(ctypes.c_float)),
+                ("experts_capacity", ctypes.c_int), ("num_classes", ctypes.c_int), ("num_top", ctypes.c_int),
+                ("num_experts", ctypes.c_int),
                 *((name, ctypes.c_double) for name in ("router_ms", "expert_ms", "load_ms", "tail_ms", "load_wait_ms",
                                                        "total_ms")),
                 ("cache_hit", ctypes.c_int)]  # fmt: skip
@@ -89,6 +103,10 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "mm_predict_rgb8": (ctypes.c_int, [_handle, _uint8_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int]),
     "mm_preprocess_rgb8": (ctypes.c_int, [_handle, _uint8_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                                           ctypes.c_int, _float_p, ctypes.c_size_t]),
+    "mm_predict_f32_into": (ctypes.c_int, [_handle, _float_p, ctypes.c_size_t, ctypes.POINTER(Result)]),
+    "mm_predict_rgb8_into": (ctypes.c_int, [_handle, _uint8_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                                            ctypes.c_int, ctypes.POINTER(Result)]),
+    "mm_result_init": (None, [ctypes.POINTER(Result), ctypes.c_size_t]),
     "mm_logits": (ctypes.c_size_t, [_handle, _float_p, ctypes.c_size_t]),
     "mm_top_classes": (ctypes.c_int, [_handle, ctypes.c_int, _int_p, _float_p]),
     "mm_experts": (ctypes.c_int, [_handle, ctypes.c_int, _int_p, _float_p]),
@@ -263,6 +281,7 @@ class Model:
         self.class_names = [self._class_name(i) for i in range(self.library.mm_num_classes(handle))]
         channels, size = self.library.mm_input_channels(handle), self.library.mm_input_size(handle)
         self.input_shape = (channels, size, size)
+        self._max_experts = max(self.info["num_experts"], 1)  # the most an image can take (a whole bundle: every one)
 
     def _class_name(self, index: int) -> str:
         return self.library.mm_class_name(self.handle, index).decode("utf-8", "replace")
@@ -298,9 +317,12 @@ class Model:
         """One image as the bundle takes it: float32 (C, S, S) or (1, C, S, S), resized and normalised (a numpy array
         or a torch tensor)."""
         values = _chw(image, self.input_shape)
-        with self._lock:
-            self.library.check(self.library.mm_predict_f32(self.handle, values.ctypes.data_as(_float_p), values.size))
-            return self._results()
+        answer = _Answer(self.library, len(self.class_names), self._max_experts)
+        with self._lock:  # against a close meanwhile, and a handle address reused after it
+            status = self.library.mm_predict_f32_into(self.handle, values.ctypes.data_as(_float_p), values.size,
+                                                      ctypes.byref(answer.result))  # fmt: skip
+        self.library.check(status)
+        return answer.prediction()
 
     def predict_rgb(self, pixels: np.ndarray) -> Prediction:
         """One image as an app has it, 8-bit RGB (H, W, 3), resized and normalised by the library as the bundle's
@@ -308,9 +330,12 @@ class Model:
         rgb = _rgb8(pixels)
         height, width, _ = rgb.shape
         pointer = rgb.ctypes.data_as(_uint8_p)
+        answer = _Answer(self.library, len(self.class_names), self._max_experts)
         with self._lock:
-            self.library.check(self.library.mm_predict_rgb8(self.handle, pointer, rgb.nbytes, width, height, 3 * width))
-            return self._results()
+            status = self.library.mm_predict_rgb8_into(self.handle, pointer, rgb.nbytes, width, height, 3 * width,
+                                                       ctypes.byref(answer.result))  # fmt: skip
+        self.library.check(status)
+        return answer.prediction()
 
     def predict_file(self, path: str | os.PathLike) -> Prediction:
         """One image file (PNG, JPEG, ...), decoded as training read its images (mobile_moe/data/image_files.py:
@@ -329,19 +354,26 @@ class Model:
             self.library.check(status)
         return out.reshape(self.input_shape)
 
-    def _results(self) -> Prediction:
-        """The prediction just made, read while this Model's lock is held: the call's own results."""
-        lib, handle = self.library, self.handle
-        logits = np.zeros(len(self.class_names), dtype=np.float32)
-        lib.mm_logits(handle, logits.ctypes.data_as(_float_p), logits.size)
-        taken = lib.mm_experts(handle, 0, None, None)
-        experts, gates = (ctypes.c_int * max(taken, 1))(), (ctypes.c_float * max(taken, 1))()
-        lib.mm_experts(handle, taken, experts, gates)
-        times = StageTimes()
-        lib.mm_stage_times_get(handle, ctypes.byref(times), ctypes.sizeof(times))
-        timings = {"router": times.router_ms, "load": times.load_ms, "experts": times.expert_ms,
-                   "tail": times.tail_ms, "load_wait": times.load_wait_ms, "total": times.total_ms}  # fmt: skip
-        return Prediction(logits, list(experts)[:taken], list(gates)[:taken], timings, bool(times.cache_hit))
+
+class _Answer:
+    """One call's mm_result and the arrays it points at, sized by the bundle (never by a caller's number)."""
+
+    def __init__(self, library: Library, classes: int, experts: int):
+        self.logits = np.zeros(classes, dtype=np.float32)
+        self.experts = np.zeros(max(experts, 1), dtype=np.int32)
+        self.gates = np.zeros(max(experts, 1), dtype=np.float32)
+        self.result = result = Result()
+        library.mm_result_init(ctypes.byref(result), ctypes.sizeof(Result))
+        result.logits, result.logits_capacity = self.logits.ctypes.data_as(_float_p), classes
+        result.experts, result.gates = self.experts.ctypes.data_as(_int_p), self.gates.ctypes.data_as(_float_p)
+        result.experts_capacity = experts
+
+    def prediction(self) -> Prediction:
+        result, taken = self.result, min(self.result.num_experts, self.result.experts_capacity)
+        timings = {"router": result.router_ms, "load": result.load_ms, "experts": result.expert_ms,
+                   "tail": result.tail_ms, "load_wait": result.load_wait_ms, "total": result.total_ms}  # fmt: skip
+        experts, gates = [int(e) for e in self.experts[:taken]], [float(g) for g in self.gates[:taken]]
+        return Prediction(self.logits, experts, gates, timings, bool(result.cache_hit))
 
 
 def read_rgb(path: str | os.PathLike) -> np.ndarray:

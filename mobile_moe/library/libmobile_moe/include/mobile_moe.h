@@ -4,10 +4,12 @@
  *   mm_default_options(&options);                    // packed weights, parking, 1 thread, top_k experts
  *   mm_model* model = NULL;
  *   if (mm_open("/data/app/bundle", &options, &model) != MM_OK) { log(mm_last_error()); return; }
- *   if (mm_predict_rgb8(model, rgb, rgb_bytes, width, height, 3 * width) == MM_OK) {  // or mm_predict_f32
- *     int classes[5]; float probabilities[5];
- *     int n = mm_top_classes(model, 5, classes, probabilities);
- *     ... mm_class_name(model, classes[0]) ...
+ *   int classes[5]; float probabilities[5];
+ *   mm_result result;
+ *   mm_default_result(&result);                      // then point it at the arrays the answer goes into
+ *   result.classes = classes, result.probabilities = probabilities, result.top_k = 5;
+ *   if (mm_predict_rgb8_into(model, rgb, rgb_bytes, width, height, 3 * width, &result) == MM_OK) {  // or _f32_into
+ *     ... mm_class_name(model, classes[0]), result.num_top classes ...
  *   }
  *   mm_close(model);
  *
@@ -24,8 +26,9 @@
  * handle on it, then close the old handle.
  *
  * Threads: calls on one handle from several threads are serialised (each waits for the one before; never a crash).
- * The results (mm_logits, mm_top_classes, mm_experts, mm_last_times) are the handle's last prediction, whichever
- * thread made it: a thread that needs its own reads them before another thread predicts, or has a handle of its own.
+ * A prediction's results are the call's own with mm_predict_f32_into and mm_predict_rgb8_into (written into the
+ * caller's mm_result under the handle's lock), so threads sharing a handle each get their own answer. mm_logits,
+ * mm_top_classes, mm_experts and mm_last_times read the handle's last prediction, whichever thread made it.
  * Two handles run at once. A handle of 1 thread (the default) never uses ExecuTorch's process-wide thread pool: it
  * runs its graphs on the calling thread (and, with prefetch on, loads a missed expert on a thread of its own); handles
  * of more share that pool, which mm_open sizes only while no other handle uses it (a handle that asks for another
@@ -101,6 +104,25 @@ typedef struct mm_stage_times {
   int cache_hit; /* 1: every chosen expert was loaded already */
 } mm_stage_times;
 
+/* One prediction's answer, into memory the caller owns: point the arrays you want at your own (NULL: not wanted),
+ * with their room; the call fills the rest. Initialise it with mm_default_result (all NULL, top_k 0). */
+typedef struct mm_result {
+  size_t struct_size;   /* sizeof(mm_result) where the app was built: set by mm_default_result */
+  float* logits;        /* in: room for logits_capacity values, or NULL */
+  size_t logits_capacity;
+  int* classes;         /* in: room for top_k classes, most probable first (softmax in double; ties: lower index) */
+  float* probabilities; /* in: their probabilities, room for top_k, or NULL */
+  int top_k;            /* in: the room in classes and probabilities */
+  int* experts;         /* in: room for experts_capacity experts, highest gate first, or NULL */
+  float* gates;         /* in: their gates, or NULL */
+  int experts_capacity;
+  int num_classes;      /* out: the bundle's classes (logits written: the fewer of it and logits_capacity) */
+  int num_top;          /* out: classes written, min(top_k, num_classes) */
+  int num_experts;      /* out: experts the image took (0 for a dense bundle; written: up to experts_capacity) */
+  double router_ms, expert_ms, load_ms, tail_ms, load_wait_ms, total_ms; /* out: as mm_stage_times */
+  int cache_hit;        /* out: 1 when every chosen expert was loaded already */
+} mm_result;
+
 typedef enum mm_log_level { MM_LOG_DEBUG = 0, MM_LOG_INFO = 1, MM_LOG_ERROR = 2 } mm_log_level;
 /* One log line (no newline, UTF-8), from any thread the library or ExecuTorch runs: the callback must be
  * thread-safe, and must not call the library's functions on a handle (it may run while that handle's call holds it). */
@@ -153,7 +175,17 @@ MOBILE_MOE_API mm_status mm_predict_rgb8(mm_model* model, const uint8_t* rgb, si
 MOBILE_MOE_API mm_status mm_preprocess_rgb8(const mm_model* model, const uint8_t* rgb, size_t length, int width,
                                             int height, int row_stride, float* chw, size_t capacity);
 
-/* The last prediction's results (each 0 / nothing before the first): */
+/* mm_predict_f32 and mm_predict_rgb8 with the answer written into `result` (the caller's: see mm_result) while the
+ * handle is held: the call's own answer, whichever thread shares the handle. A result whose struct_size is unset, or
+ * whose array pointer is NULL with room given, is refused (MM_BAD_ARGUMENT) before anything runs. */
+MOBILE_MOE_API mm_status mm_predict_f32_into(mm_model* model, const float* chw, size_t count, mm_result* result);
+MOBILE_MOE_API mm_status mm_predict_rgb8_into(mm_model* model, const uint8_t* rgb, size_t length, int width,
+                                              int height, int row_stride, mm_result* result);
+/* A result with nothing asked, into the first `struct_size` bytes (an app calls mm_default_result below). */
+MOBILE_MOE_API void mm_result_init(mm_result* result, size_t struct_size);
+static inline void mm_default_result(mm_result* result) { mm_result_init(result, sizeof(mm_result)); }
+
+/* The handle's last prediction, whichever thread made it (each 0 / nothing before the first): */
 MOBILE_MOE_API size_t mm_logits(const mm_model* model, float* logits, size_t capacity); /* -> classes; copies */
 /* The k most probable classes (softmax of the logits, computed in double), most probable first; -> how many were
  * written: min(k, classes), 0 for k <= 0 */

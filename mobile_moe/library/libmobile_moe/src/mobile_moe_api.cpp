@@ -112,6 +112,62 @@ std::string weight_cache_folder(const mm_options& options) {
   return dir;
 }
 
+// The k most probable classes of `logits` (softmax in double), most probable first; ties: the lower class index first
+// (as predict --json's stable sort). -> how many were written: min(k, classes), 0 for k <= 0.
+int top_classes(const std::vector<float>& logits, int k, int* classes, float* probabilities) {
+  if (k <= 0 || logits.empty()) return 0;
+  const double top = *std::max_element(logits.begin(), logits.end());
+  std::vector<double> probs(logits.size());
+  double total = 0;
+  for (size_t i = 0; i < logits.size(); ++i) total += probs[i] = std::exp(static_cast<double>(logits[i]) - top);
+  std::vector<int> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  const int n = std::min<int>(k, static_cast<int>(order.size()));
+  std::partial_sort(order.begin(), order.begin() + n, order.end(),
+                    [&](int a, int b) { return probs[a] > probs[b] || (probs[a] == probs[b] && a < b); });
+  for (int i = 0; i < n; ++i) {
+    if (classes != nullptr) classes[i] = order[i];
+    if (probabilities != nullptr) probabilities[i] = static_cast<float>(probs[order[i]] / total);
+  }
+  return n;
+}
+
+// The app's mm_result as far as its struct_size reaches (every field of the first version: the size an app built
+// against an older header may not undercut), its arrays checked against the room it gives.
+mm_result result_given(const mm_result* given) {
+  if (given == nullptr) throw UsageError("result is NULL");
+  const size_t first_version = offsetof(mm_result, cache_hit) + sizeof(int);
+  if (given->struct_size < first_version || given->struct_size > kMaxStructSize)
+    throw UsageError("result->struct_size is " + std::to_string(given->struct_size) +
+                     ": initialise the result with mm_default_result(&result) before setting it");
+  mm_result result{};
+  std::memcpy(static_cast<void*>(&result), given, std::min(given->struct_size, sizeof(mm_result)));
+  if ((result.logits == nullptr && result.logits_capacity > 0) ||
+      (result.classes == nullptr && result.top_k > 0) ||
+      (result.experts == nullptr && result.gates == nullptr && result.experts_capacity > 0))
+    throw UsageError("result has room for values but no array to write them to: set the pointer, or the room to 0");
+  if (result.top_k < 0 || result.experts_capacity < 0)
+    throw UsageError("result.top_k and result.experts_capacity are room, 0 or more");
+  return result;
+}
+
+// The handle's last prediction into the app's arrays and `result`'s outputs, then `result` back to the app.
+void write_result(const Inference& last, mm_result result, mm_result* given) {
+  result.num_classes = static_cast<int>(last.logits.size());
+  if (result.logits != nullptr)
+    std::copy_n(last.logits.begin(), std::min(result.logits_capacity, last.logits.size()), result.logits);
+  result.num_top = top_classes(last.logits, result.top_k, result.classes, result.probabilities);
+  result.num_experts = static_cast<int>(last.experts.size());
+  for (int i = 0; i < std::min(result.num_experts, result.experts_capacity); ++i) {
+    if (result.experts != nullptr) result.experts[i] = last.experts[i];
+    if (result.gates != nullptr) result.gates[i] = last.gates[i];
+  }
+  result.router_ms = last.router_ms, result.expert_ms = last.expert_ms, result.load_ms = last.load_ms;
+  result.tail_ms = last.tail_ms, result.load_wait_ms = last.load_wait_ms, result.total_ms = last.total_ms;
+  result.cache_hit = last.hit ? 1 : 0;
+  copy_out(given, result, given->struct_size);
+}
+
 }  // namespace
 
 extern "C" {
@@ -223,6 +279,41 @@ mm_status mm_predict_rgb8(mm_model* model, const uint8_t* rgb, size_t length, in
   });
 }
 
+mm_status mm_predict_f32_into(mm_model* model, const float* chw, size_t count, mm_result* result) {
+  Locked open(model);
+  if (open.model == nullptr) return not_open("mm_predict_f32_into", model);
+  if (chw == nullptr) return failed(MM_BAD_ARGUMENT, "mm_predict_f32_into: chw is NULL");
+  const size_t expected = input_values(*open.model);
+  if (count != expected)
+    return failed(MM_BAD_ARGUMENT, "mm_predict_f32_into: " + std::to_string(count) + " values, not the bundle's " +
+                                       std::to_string(expected) + " (C x S x S)");
+  mm_result asked{};
+  mm_status status = guarded("mm_predict_f32_into", MM_BAD_ARGUMENT, [&] { asked = result_given(result); });
+  if (status != MM_OK) return status;
+  return guarded("mm_predict_f32_into", MM_RUNTIME_ERROR, [&] {
+    predict_locked(*open.model, std::vector<float>(chw, chw + count));
+    write_result(open.model->last, asked, result);
+  });
+}
+
+mm_status mm_predict_rgb8_into(mm_model* model, const uint8_t* rgb, size_t length, int width, int height,
+                               int row_stride, mm_result* result) {
+  Locked open(model);
+  if (open.model == nullptr) return not_open("mm_predict_rgb8_into", model);
+  mm_result asked{};
+  mm_status status = guarded("mm_predict_rgb8_into", MM_BAD_ARGUMENT, [&] { asked = result_given(result); });
+  if (status != MM_OK) return status;
+  return guarded("mm_predict_rgb8_into", MM_RUNTIME_ERROR, [&] {
+    predict_locked(*open.model, preprocess_locked(*open.model, rgb, length, width, height, row_stride));
+    write_result(open.model->last, asked, result);
+  });
+}
+
+void mm_result_init(mm_result* result, size_t struct_size) {
+  if (result == nullptr || struct_size == 0) return;
+  copy_out(result, mm_result{}, struct_size);
+}
+
 size_t mm_logits(const mm_model* model, float* logits, size_t capacity) {
   Locked open(model);
   if (open.model == nullptr || !open.model->predicted) return 0;
@@ -233,23 +324,8 @@ size_t mm_logits(const mm_model* model, float* logits, size_t capacity) {
 
 int mm_top_classes(const mm_model* model, int k, int* classes, float* probabilities) {
   Locked open(model);
-  if (open.model == nullptr || !open.model->predicted || k <= 0) return 0;
-  const auto& logits = open.model->last.logits;
-  const double top = *std::max_element(logits.begin(), logits.end());
-  std::vector<double> probs(logits.size());
-  double total = 0;
-  for (size_t i = 0; i < logits.size(); ++i) total += probs[i] = std::exp(static_cast<double>(logits[i]) - top);
-  std::vector<int> order(logits.size());
-  std::iota(order.begin(), order.end(), 0);
-  const int n = std::min<int>(k, static_cast<int>(order.size()));
-  // Most probable first; ties: the lower class index first (as predict --json's stable sort)
-  std::partial_sort(order.begin(), order.begin() + n, order.end(),
-                    [&](int a, int b) { return probs[a] > probs[b] || (probs[a] == probs[b] && a < b); });
-  for (int i = 0; i < n; ++i) {
-    if (classes != nullptr) classes[i] = order[i];
-    if (probabilities != nullptr) probabilities[i] = static_cast<float>(probs[order[i]] / total);
-  }
-  return n;
+  if (open.model == nullptr || !open.model->predicted) return 0;
+  return top_classes(open.model->last.logits, k, classes, probabilities);
 }
 
 int mm_experts(const mm_model* model, int capacity, int* experts, float* gates) {
