@@ -1,13 +1,16 @@
 """mobile-moe: per-image sparse Mixture-of-Experts Vision Transformers (Mobile V-MoEs), trained and split for phones.
 
-One installed namespace. This package is the ground floor (models, routers, costs, checkpoints); the stages above it
-live in subpackages installed from the repository's top-level folders of the same name:
+One installed namespace. This package's own modules are the ground floor (models, routers, costs, checkpoints,
+preprocessing); the stages above it are its subpackages, each importing only those below it (tests/test_layering.py):
 
 - `mobile_moe.super_class`: super-classes from a dense model's confusion graph;
-- `mobile_moe.training`: data specs, recipes, train/evaluate loops, run directories;
-- `mobile_moe.export`: router + per-expert graphs (ExecuTorch, ONNX, Core ML), bundles and their runtime;
+- `mobile_moe.data`: data specs and readers, the image decoder, augmentation, the packed store;
+- `mobile_moe.training`: recipes, losses, the train/evaluate loops, DDP, run directories;
+- `mobile_moe.library`: libmobile_moe (the C library an app links), its options, its Python binding, build and SDK;
+- `mobile_moe.export`: router + per-expert graphs (ExecuTorch, ONNX, Core ML), bundles, predict;
 - `mobile_moe.device_bench`: latency and memory on the host, ARM64 under qemu and phones;
-- `mobile_moe.evidence`: `mobile-moe reproduce` for the paper's figures.
+- `mobile_moe.evidence`: `mobile-moe reproduce` for the paper's figures;
+- `mobile_moe.app`: the command's dispatch and the demo.
 
 Nothing is imported here, so `import mobile_moe.registry` stays as cheap as the module it names.
 """

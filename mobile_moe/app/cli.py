@@ -150,15 +150,13 @@ def main(argv: list[str] | None = None) -> int:
 def _end_process(status: int) -> NoReturn:
     """End the process with `status` now that the command has ended and its outputs are whole: what the interpreter's
     exit does that anyone can see (non-daemon threads joined, atexit's functions run: multiprocessing's children
-    reaped, finalizers' temporary folders removed; stdout and stderr flushed), without its module teardown. That
-    teardown took a second after torch and matplotlib had loaded (a bench's report was written 0.63 s after its last
-    round, the process ended 1.7 s after it), and Python puts the default signal handlers back inside it: a stop
-    landing there was swallowed (status 0) or ended the process by the signal, without a line. A stop during what
-    runs here is the command's stop (interrupts.stop_signals: its line and 130 or 143)."""
+    reaped, finalizers' temporary folders removed; stdout and stderr flushed), without its module teardown, which
+    takes about a second once torch and matplotlib are loaded, and inside which Python puts the default signal
+    handlers back (a stop landing there would be swallowed, or end the process by the signal without a line). A stop
+    during what runs here is the command's stop (interrupts.stop_signals: its line and 130 or 143)."""
     # The interpreter's own first step (Py_FinalizeEx's wait_for_thread_shutdown, Python/pylifecycle.c): the threading
-    # atexit hooks, which tell a ThreadPoolExecutor's idle workers to end, then the join of every non-daemon thread.
-    # Joining them without the hooks waited forever for the idle workers of inductor's compile pool (train --compile
-    # with a cold cache: a run that had finished never ended).
+    # atexit hooks, which tell a ThreadPoolExecutor's idle workers to end, then the join of every non-daemon thread
+    # (without the hooks, the join waits forever for the idle workers of inductor's compile pool).
     threading._shutdown()
     atexit._run_exitfuncs()  # the functions the interpreter's exit runs (Lib/atexit, Modules/atexitmodule.c)
     for stream in (sys.stdout, sys.stderr):

@@ -194,7 +194,7 @@ def _configure_and_compile(
     write_text_atomic(digest_file(runner), digest + "\n")
 
 
-LIBRARY_NAME = "libmobile_moe.so"  # mobile_moe.h's C API, built with the runner (native/CMakeLists.txt)
+LIBRARY_NAME = "libmobile_moe.so"  # mobile_moe.h's C API, built with the runner (libmobile_moe's CMakeLists.txt)
 JNI_LIBRARY_NAME = "libmobile_moe_jni.so"  # the Java binding's JNI part, where CMake found a JDK
 
 

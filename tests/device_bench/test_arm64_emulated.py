@@ -140,7 +140,7 @@ def test_bench_on_the_emulated_device_marks_its_latency_emulated(bundle, arm64_r
 @needs_arm64
 def test_an_app_on_the_c_api_cross_built_for_linux_arm64_answers_as_on_the_host(runner, arm64_runner, bundle,
                                                                                  tmp_path):  # fmt: skip
-    """libmobile_moe and native/app_example.c from the linux-arm64 build, run under qemu-user against the aarch64
+    """libmobile_moe and examples/app_example.c from the linux-arm64 build, run under qemu-user against the aarch64
     wheel's ExecuTorch: the same top class and expert as the host build of the same app, image by image."""
     import subprocess
 

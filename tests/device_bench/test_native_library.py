@@ -1,4 +1,4 @@
-"""libmobile_moe, the runtime as a library an app links (native/mobile_moe.h): its C API answers as the Python runtime
+"""libmobile_moe, the runtime as a library an app links (include/mobile_moe.h): its C API answers as the Python runtime
 does, refuses every bad manifest the runner refuses with the runner's own words, exports nothing but its API, and its
 Java binding (org.mobilemoe.MobileMoe, over JNI) answers the same. The library is driven in a child process
 (tests/device_bench/c_api.py): a crash inside it fails the test instead of killing pytest."""
@@ -431,7 +431,7 @@ def test_the_java_binding_answers_as_the_python_runtime_and_behaves_as_android_e
 
 @pytest.fixture(scope="session", params=["plain", pytest.param("address", marks=pytest.mark.slow)])
 def app(request, library) -> tuple[Path, dict[str, str]]:
-    """native/app_example.c (an app's whole use of the C API): plain, and under AddressSanitizer."""
+    """examples/app_example.c (an app's whole use of the C API): plain, and under AddressSanitizer."""
     return client("mobile_moe_app", library, request.param)
 
 

@@ -86,8 +86,9 @@ typedef struct mm_options {
                                 0: the shared pool at the size it has */
   int cache_experts;         /* expert graphs kept loaded: -1 (default): the bundle's top_k, the fewest an image needs
                                 (the router and one expert in memory); 0: every expert; N: N */
-  int park_experts;          /* evicted experts that keep their methods, weights' pages dropped; -1: all (default: about
-                                50 KB each on ViT-Ti/32, a switch back at half a reload's cost); 0: none */
+  int park_experts;          /* evicted experts that keep their methods, weights' pages dropped; -1: all (default: each
+                                keeps its method's heap, tens of KB on ViT-Ti/32, and a switch back costs half a
+                                reload); 0: none */
   float cache_margin;        /* cache-aware routing: a loaded expert within this gate margin of the top one. 0 */
   const char* weight_cache_dir; /* XNNPACK's packed weights on disk, one checked file per graph, and the files verified
                                    at open, remembered: NULL (default): the per-user folder (MOBILE_MOE_WEIGHT_CACHE,
