@@ -11,8 +11,9 @@ answers, and a Python app on a Linux device uses the same library.
 
 Results are the call's own: the library writes a prediction's answer into this call's buffers (mm_predict_f32_into,
 mm_predict_rgb8_into), whichever threads share the Model. Failures raise LibraryError (a UsageError for a bad argument
-or bundle, so a command prints one line and exits 2; RuntimeError's kind for a runtime failure). The library comes from `library_path()`: the one built
-for this host from the package's sources (mobile_moe/library/build.py), or MOBILE_MOE_LIBRARY's.
+or bundle, so a command prints one line and exits 2; RuntimeError's kind for a runtime failure). `prepare` does a
+bundle's first launch ahead. The library comes from `library_path()`: the one built for this host from the package's
+sources (mobile_moe/library/build.py), or MOBILE_MOE_LIBRARY's.
 """
 
 from __future__ import annotations
@@ -82,6 +83,9 @@ class LoadEvent(ctypes.Structure):
                 ("cache", ctypes.c_char_p), ("weights", ctypes.c_char_p)]  # fmt: skip
 
 
+LOG_LEVELS = ("debug", "info", "error")  # mm_log_level's values, in order
+_LogCallback = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+_ProgressCallback = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_int, ctypes.c_void_p)
 _float_p, _int_p = ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_int)
 _uint8_p = ctypes.POINTER(ctypes.c_uint8)
 _handle = ctypes.c_void_p
@@ -95,6 +99,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "mm_default_weight_cache_dir": (ctypes.c_char_p, []),
     "mm_open": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(Options), ctypes.POINTER(_handle)]),
     "mm_close": (None, [_handle]),
+    "mm_prepare": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(Options), _ProgressCallback, ctypes.c_void_p]),
     "mm_num_classes": (ctypes.c_int, [_handle]),
     "mm_class_name": (ctypes.c_char_p, [_handle, ctypes.c_int]),
     "mm_input_channels": (ctypes.c_int, [_handle]),
@@ -126,8 +131,6 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "mm_route_f32": (ctypes.c_int, [_handle, _float_p, ctypes.c_size_t]),
 }
 
-LOG_LEVELS = ("debug", "info", "error")  # mm_log_level's values, in order
-_LogCallback = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 
 
 class LibraryError(UsageError):
@@ -207,6 +210,14 @@ class Library:
         wrapped = _LogCallback(forward)
         self.mm_log_set(ctypes.cast(wrapped, ctypes.c_void_p), None)
         self._log_callback = wrapped
+
+    def prepare(self, bundle: str | os.PathLike, progress=None, **options: Any) -> None:
+        """mm_prepare: the bundle's first-launch work done now (checked, every graph packed into the packed-weight
+        folder of `options`), so a later open and first prediction cost a second launch's; `progress(done, total)`
+        after each graph."""
+        report = _ProgressCallback((lambda done, total, _user: progress(done, total)) if progress else 0)
+        status = self.mm_prepare(os.fsencode(os.fspath(bundle)), ctypes.byref(self.options(options)), report, None)
+        self.check(status)
 
     def options(self, values: dict[str, Any]) -> Options:
         """mm_options: mm_default_options', with `values` (option name -> value, checked against the table) over

@@ -152,6 +152,16 @@ MOBILE_MOE_API const char* mm_default_weight_cache_dir(void);
 /* Open the bundle folder `bundle_dir` with `options` (NULL: the defaults): checks it whole, then loads what is
  * resident from the start (the router, or a dense bundle's one graph). */
 MOBILE_MOE_API mm_status mm_open(const char* bundle_dir, const mm_options* options, mm_model** model);
+/* After each graph mm_prepare has made ready: `done` of `total`. Called on mm_prepare's thread. */
+typedef void (*mm_progress_callback)(int done, int total, void* user_data);
+/* An app's first launch, done ahead (at install, or on a background thread with progress): the bundle checked whole
+ * and remembered as verified, and every graph an image may need packed into the packed-weight folder, so that a later
+ * mm_open and first prediction cost what a second launch's do. `options` as mm_open's (their folder is where the work
+ * is kept: with packed weights off there is nothing to keep, and it is refused); one expert is in memory at a time.
+ * `progress` may be NULL. Handles open on the bundle meanwhile are untouched. */
+MOBILE_MOE_API mm_status mm_prepare(const char* bundle_dir, const mm_options* options, mm_progress_callback progress,
+                                    void* user_data);
+
 /* Waits for a call running on the handle, then frees it. NULL, or a handle closed already: nothing. */
 MOBILE_MOE_API void mm_close(mm_model* model);
 

@@ -210,6 +210,35 @@ mm_status mm_open(const char* bundle_dir, const mm_options* options, mm_model** 
   return open_model("mm_open", bundle_dir, options, LoadSettings{}, model);
 }
 
+mm_status mm_prepare(const char* bundle_dir, const mm_options* options, mm_progress_callback progress,
+                     void* user_data) {
+  mm_options one_at_a_time{};
+  mm_status status = guarded("mm_prepare", MM_BAD_ARGUMENT, [&] {
+    one_at_a_time = options_given(options);
+    one_at_a_time.cache_experts = 1, one_at_a_time.park_experts = 0;  // each expert packed, then unloaded
+  });
+  mm_model* model = nullptr;
+  if (status == MM_OK) status = open_model("mm_prepare", bundle_dir, &one_at_a_time, LoadSettings{}, &model);
+  if (status != MM_OK) return status;
+  status = guarded("mm_prepare", MM_RUNTIME_ERROR, [&] {
+    Locked open(model);
+    if (open.model->packed_cache.dir().empty())
+      throw UsageError("packed weights are off (options.weight_cache_dir \"\", or no per-user folder here): there "
+                       "is nothing to prepare ahead; pass a folder this process may write");
+    const int experts = open.model->bundle.kind == Kind::Split ? open.model->bundle.num_experts : 0;
+    if (progress != nullptr) progress(1, 1 + experts, user_data);  // mm_open's check and resident graphs
+    const auto threads = open.model->threads.scope();
+    for (int expert = 0; expert < experts; ++expert) {
+      bool hit = false;
+      double ms = 0;
+      open.model->pipeline->cache().get(expert, &hit, &ms);
+      if (progress != nullptr) progress(2 + expert, 1 + experts, user_data);
+    }
+  });
+  mm_close(model);
+  return status;
+}
+
 void mm_close(mm_model* model) {
   std::shared_ptr<mm_model> closing = OpenHandles::instance().remove(model);
   if (!closing) return;

@@ -1,0 +1,30 @@
+"""mm_prepare does an app's first launch ahead: after it, a new process's open and first predictions map every
+graph's packed weights (each load "warm"), as a second launch's do; with packed weights off it is refused."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from conftest import needs_build
+
+from mobile_moe.library.binding import LibraryError, load_library
+
+pytestmark = [pytest.mark.export, needs_build]
+
+
+def test_a_prepared_bundle_opens_and_switches_as_on_a_second_launch(bundle, runner, tmp_path):
+    library, folder, seen = load_library(), tmp_path / "packed", []
+    library.prepare(bundle, progress=lambda done, total: seen.append((done, total)), weight_cache_dir=str(folder))
+    assert seen == [(done, 5) for done in range(1, 6)]  # the open's router, then each of the 4 experts
+    command = [str(runner), "--bundle", str(bundle), "--random", "8", "--iterations", "1", "--switch-repeats", "0",
+               "--cache-experts", "0", "--weight-cache-dir", str(folder)]  # fmt: skip
+    report = json.loads(subprocess.run(command, capture_output=True, check=True).stdout)
+    assert {event["graph"] for event in report["loads"]} == {"router", "expert_0", "expert_1", "expert_2", "expert_3"}
+    assert {(event["cache"], event["weights"]) for event in report["loads"]} == {("warm", "mapped")}
+
+
+def test_preparing_with_packed_weights_off_is_refused_in_a_line(bundle):
+    with pytest.raises(LibraryError, match="mm_prepare: packed weights are off .* pass a folder"):
+        load_library().prepare(bundle, weight_cache_dir="")
