@@ -210,3 +210,16 @@ def test_java_on_a_full_disk_answers_instead_of_the_jvms_fatal_error(hostile_jav
     with small_file_system(tmp_path / "full") as full:
         said = dict(line.split(" ", 1) for line in run_java(hostile_java, bundle, full) if line)
     assert said["predict"] == said["classes"]
+
+
+def test_bench_onto_a_full_disk_is_one_line_and_leaves_nothing(bundle, tmp_path, capsys):
+    """`bench --out` on a full file system: exit 2 and one line naming the folder, nothing half-written there."""
+    from mobile_moe.app.cli import main
+
+    with small_file_system(tmp_path / "full", size="64k") as full:
+        fill(full)
+        argv = ["bench", str(bundle), "--runtime", "executorch", "--images", "2", "--out", str(full / "out")]
+        assert main(argv) == 2
+        said = capsys.readouterr().err.strip().splitlines()[-1]
+        assert said.startswith(f"mobile-moe bench: error: cannot write {full / 'out'}: No space left on device")
+        assert [path.name for path in full.iterdir()] == ["filler"]
