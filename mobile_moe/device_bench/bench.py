@@ -89,7 +89,9 @@ def choose_runner(runtime: str, device: str = "host", runner: str | Path | None 
         raise UsageError(f"--device {place} runs the native runner only: add --runtime native")
     if place == "android":
         if runner is None:
-            raise UsageError("--device android needs --runner PATH: an Android arm64 build (libmobile_moe's build_android.sh, in the SDK)")
+            raise UsageError(
+                "--device android needs --runner PATH: an Android arm64 build (libmobile_moe's build_android.sh)"
+            )
         return AndroidRunner(serial, Path(runner))
     if place == "arm64-emulated":
         arm64.require()  # the toolchain, qemu and the wheel, before any round

@@ -681,7 +681,8 @@ def test_the_cache_folder_keeps_within_its_limit_by_dropping_the_least_recently_
     command = [str(runner), "--bundle", str(bundle), "--random", "2", "--iterations", "1", "--warmup", "0",
                "--weight-cache-dir", str(tmp_path), "--weight-cache-limit-mib", "1"]  # fmt: skip
     report = json.loads(subprocess.run(command, capture_output=True, check=True).stdout)
-    uncached = json.loads(subprocess.run([*command[:-4], "--weight-cache-dir", ""], capture_output=True, check=True).stdout)
+    uncached = [*command[:-4], "--weight-cache-dir", ""]
+    uncached = json.loads(subprocess.run(uncached, capture_output=True, check=True).stdout)
     files = list(tmp_path.glob("*.xnnpack"))
     assert not any(path.exists() for path in old) and files
     assert sum(path.stat().st_size for path in files) == report["weight_cache_bytes"] <= 1 << 20
