@@ -10,11 +10,14 @@ linux-aarch64, the executorch wheel's runtime):
     DIR/lib/libmobile_moe_jni.so             the Java binding's JNI part (where a JDK was found)
     DIR/lib/pkgconfig/mobile_moe.pc          `pkg-config --cflags --libs mobile_moe`, relative to itself
     DIR/lib/cmake/mobile_moe/                `find_package(mobile_moe)`: the target mobile_moe::mobile_moe
-    DIR/java/mobile-moe.jar                  org.mobilemoe.MobileMoe (where a JDK was found)
+    DIR/java/mobile-moe.jar, mobile-moe-sources.jar
+                                             org.mobilemoe.MobileMoe and its sources (where a JDK was found)
     DIR/examples/app_example.c, Makefile     an app, built by `make -C DIR/examples` against DIR alone
+    DIR/source/                              the library's CMake project, for machines this SDK was not built for
+                                             (Android: source/build_android.sh, with the NDK)
+    DIR/README.md                            how to build, ship and use it (libmobile_moe/sdk/README.md)
 
-The folder is relocatable: everything in it finds the rest relative to itself. Android's arm64-v8a build needs the
-NDK and an ExecuTorch Android tree (libmobile_moe/build_android.sh), not this command.
+The folder is relocatable: everything in it finds the rest relative to itself.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from mobile_moe.errors import UsageError
 from mobile_moe.interrupts import run_child
 from mobile_moe.library.build import SOURCE_DIR, build_library, executorch_package_dir
 
-SDK_ENTRIES = {"include", "lib", "java", "examples", "README.md"}  # what an SDK folder holds (a rebuilt one is ours)
+# What an SDK folder holds (a rebuilt one is ours to replace).
+SDK_ENTRIES = {"include", "lib", "java", "examples", "source", "README.md"}
 BUILD_JAR = SOURCE_DIR / "java" / "build_jar.sh"
 
 EXAMPLE_MAKEFILE = """\
@@ -45,20 +49,7 @@ mobile_moe_app: app_example.c
 \t$(CC) -O2 -Wall -o $@ $< $$(pkg-config --cflags --libs mobile_moe) -Wl,-rpath,'$$ORIGIN/../lib'
 """
 
-README = """\
-# libmobile_moe {version} SDK ({machine})
-
-- `include/mobile_moe.h`: the C API (read its first comment: threads, failures, the log, the ABI);
-  `include/mobile_moe_measure.h`: what a benchmark reads and drives (graph loads, memory, explicit expert switches;
-  its first comment says what a switch measures).
-- `lib/`: `libmobile_moe.so.{major}` and the ExecuTorch libraries it needs; `lib/pkgconfig/mobile_moe.pc`,
-  `lib/cmake/mobile_moe/` for `find_package(mobile_moe)`.
-- `java/mobile-moe.jar` with `lib/libmobile_moe_jni.so`: `java -Djava.library.path=lib -cp java/mobile-moe.jar:. App`.
-- `examples/`: `make -C examples`, then `examples/mobile_moe_app BUNDLE IMAGES.f32` (IMAGES.f32: raw float32,
-  N x C x S x S, preprocessed as the bundle's manifest says; the library's README, "The native runner", says how).
-
-Built by `mobile-moe sdk` (mobile-moe).
-"""
+README_TEMPLATE = SOURCE_DIR / "sdk" / "README.md"  # the SDK's README: {version}, {major} and {machine} filled in
 
 
 def needed_libraries(library: Path) -> list[str]:
@@ -94,6 +85,11 @@ def write_jar(staging: Path) -> bool:
                        text=True)  # fmt: skip
     if result.returncode != 0:
         raise UsageError(f"building the Java binding failed: {(result.stderr or result.stdout).strip()[:300]}")
+    sources = staging / "java" / "mobile-moe-sources.jar"
+    result = run_child(["jar", "cf", str(sources), "-C", str(SOURCE_DIR / "java"), "org"], capture_output=True,
+                       text=True)  # fmt: skip
+    if result.returncode != 0:
+        raise UsageError(f"packing the Java sources failed: {(result.stderr or result.stdout).strip()[:300]}")
     return True
 
 
@@ -125,8 +121,13 @@ def write_sdk(out: str | os.PathLike) -> Path:
         examples.mkdir()
         shutil.copy2(SOURCE_DIR / "examples" / "app_example.c", examples)
         (examples / "Makefile").write_text(EXAMPLE_MAKEFILE)
-        (staging / "README.md").write_text(README.format(
-            version=".".join(version.groups()), major=version.group(1),
-            machine=f"{platform.system().lower()}-{platform.machine()}"))  # fmt: skip
+        not_source = shutil.ignore_patterns("sdk", "build", "build-*", "__pycache__")
+        shutil.copytree(SOURCE_DIR, staging / "source", ignore=not_source)
+        fields = {"version": ".".join(version.groups()), "major": version.group(1),
+                  "machine": f"{platform.system().lower()}-{platform.machine()}"}  # fmt: skip
+        readme = README_TEMPLATE.read_text()
+        for name, value in fields.items():  # not str.format: the README's C and CMake have braces of their own
+            readme = readme.replace("{" + name + "}", value)
+        (staging / "README.md").write_text(readme)
     return out
 

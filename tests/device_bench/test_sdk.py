@@ -126,3 +126,40 @@ def test_the_android_archive_has_an_aars_layout_and_its_classes_run_on_the_host(
     result = subprocess.run(["java", f"-Djava.library.path={jni}", "-cp", f"{classpath}:{tmp_path}", "Version"],
                             capture_output=True, text=True, timeout=60)  # fmt: skip
     assert result.returncode == 0 and result.stdout.startswith("mobile-moe libmobile_moe 2."), result.stderr
+
+
+def readme_block(sdk: Path, name: str) -> str:
+    """The shell block the SDK's README marks `<!-- sdk-readme: NAME -->`."""
+    readme = (sdk / "README.md").read_text()
+    return readme.split(f"<!-- sdk-readme: {name} -->\n```sh\n")[1].split("```")[0]
+
+
+def test_an_app_built_and_shipped_as_the_sdks_readme_says_answers_as_predict(sdk, bundle, images, tmp_path):  # noqa: F811
+    """The README's own commands, run as written: build with pkg-config, ship the libraries beside the binary; the
+    shipped folder moved and run with no environment answers as predict, and names no path into the SDK."""
+    readme = (sdk / "README.md").read_text()
+    assert "{" + "version}" not in readme and "libmobile_moe 2." in readme
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy2(sdk / "examples" / "app_example.c", work / "app.c")
+    script = readme_block(sdk, "build") + readme_block(sdk, "ship")
+    subprocess.run(["bash", "-euc", script], cwd=work, env={"SDK": str(sdk), "PATH": os.environ["PATH"]}, check=True,
+                   capture_output=True, timeout=120)  # fmt: skip
+    shipped = tmp_path / "installed"
+    shutil.move(work / "dist", shipped)
+    assert re.findall(r"Library runpath: \[([^\]]*)\]", elf(shipped / "app", "-d")) == ["$ORIGIN"]
+    result = subprocess.run([str(shipped / "app"), str(bundle), str(images), "--iterations", "8", "--weight-cache-dir",
+                             str(tmp_path / "cache")], env={}, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    expected = python_predictions(bundle, images)
+    assert json.loads(result.stdout)["classes"] == [int(np.argmax(p.logits)) for p in expected]
+
+
+def test_the_sdk_carries_the_java_sources_and_the_android_build(sdk):
+    if not (sdk / "java").exists():
+        pytest.skip("no JDK here: the SDK has no Java binding")
+    listing = subprocess.run(["jar", "tf", str(sdk / "java" / "mobile-moe-sources.jar")], capture_output=True,
+                             text=True, check=True).stdout.split()  # fmt: skip
+    assert "org/mobilemoe/MobileMoe.java" in listing
+    assert (sdk / "source" / "build_android.sh").is_file() and (sdk / "source" / "CMakeLists.txt").is_file()
+    assert "source/build_android.sh" in (sdk / "README.md").read_text()
