@@ -5,7 +5,8 @@
 // A staged name is <target>.tmp-<pid>-<n>@<host>, n a hexadecimal count in the process (two handles may stage one
 // target at once), host this machine's short name (runners on several machines may share a cache folder in a home on
 // NFS, and must neither collide nor take each other's live files for a dead runner's). More may follow the host after
-// a dot (".check", ".scratch", ".copy"); a name without "@<host>" was staged on this host.
+// a dot (".check", ".scratch", ".copy"). Older versions wrote no count (<key>.xnnpack.tmp-<pid>@<host>) or no host
+// (verified-files.txt.tmp-<pid>-<n>): a name without "@<host>" was staged on this host.
 #pragma once
 
 #include <dirent.h>
@@ -53,10 +54,13 @@ inline std::string longest_staged_suffix() {
 inline bool left_by_gone_process(const std::string& dir, const std::string& name, size_t at) {
   char* end = nullptr;
   const long pid = std::strtol(name.c_str() + at + 5, &end, 10);
-  if (pid <= 0 || *end != '-') return false;
-  const char* sequence = end + 1;
-  std::strtoul(sequence, &end, 16);
-  if (end == sequence || (*end != '@' && *end != '\0')) return false;
+  if (pid <= 0) return false;
+  if (*end == '-') {  // the count; staged files of older versions have none
+    const char* sequence = end + 1;
+    std::strtoul(sequence, &end, 16);
+    if (end == sequence) return false;
+  }
+  if (*end != '@' && *end != '\0') return false;
   const std::string rest = *end == '@' ? end + 1 : "";
   const std::string host = rest.substr(0, rest.find('.'));
   if (host.empty() || host == host_name()) return kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
