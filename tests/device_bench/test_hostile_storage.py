@@ -77,7 +77,8 @@ def test_a_report_that_cannot_be_written_is_an_error_not_a_success(runner, bundl
 
 @needs_build
 @pytest.mark.parametrize("over", [0, 1], ids=["longest-usable", "one-too-long"])
-def test_the_runner_and_the_toolkit_derive_one_packed_weight_folder_or_none(runner, bundle, tmp_path, over, monkeypatch):
+def test_the_runner_and_the_toolkit_derive_one_packed_weight_folder_or_none(runner, bundle, tmp_path, over,
+                                                                            monkeypatch):  # fmt: skip
     """A per-user folder at XNNPACK's 255 characters is used by both; one character longer, both leave the cache off
     (the runner with a line at its log) and the run goes on: never a refusal of what the user did not ask for."""
     folder = tmp_path / ("w" * (cache.MAX_CACHE_PATH - longest_cache_path(tmp_path) - 1 + over))
@@ -192,8 +193,9 @@ def hostile_java(library, tmp_path_factory) -> list[str]:  # noqa: F811 (the imp
 
 def run_java(java: list[str], bundle: Path, weight_cache: Path, address_space_kib: int | None = None) -> list[str]:
     limit = f"ulimit -v {address_space_kib} && " if address_space_kib else ""
+    env = {**os.environ, "MOBILE_MOE_WEIGHT_CACHE": str(weight_cache)}
     result = subprocess.run(["sh", "-c", limit + 'exec "$@"', "sh", *java, str(bundle)], capture_output=True,
-                            text=True, timeout=120, env={**os.environ, "MOBILE_MOE_WEIGHT_CACHE": str(weight_cache)})  # fmt: skip
+                            text=True, timeout=120, env=env)  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stderr == ""
     return result.stdout.split("\n")
