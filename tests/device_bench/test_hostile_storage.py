@@ -63,6 +63,18 @@ def test_a_full_disk_under_the_default_folder_is_a_run_packed_in_memory(runner, 
 
 
 @needs_build
+def test_a_verified_files_list_that_cannot_be_written_leaves_nothing(runner, bundle, tmp_path):
+    """A folder with no byte left: the list of verified files is not kept (the log says so), nothing staged stays, and
+    the run answers."""
+    with small_file_system(tmp_path / "full", size="64k") as full:
+        fill(full)
+        result = runner_by_hand(runner, bundle, {"MOBILE_MOE_WEIGHT_CACHE": str(full), "MOBILE_MOE_DEBUG": "1"})
+        assert result.returncode == 0, result.stderr.decode()[-2000:]
+        assert "cannot remember the verified bundle files" in result.stderr.decode()
+        assert [path.name for path in full.iterdir()] == ["filler"]
+
+
+@needs_build
 def test_a_report_that_cannot_be_written_is_an_error_not_a_success(runner, bundle, tmp_path):
     """stdout a file on a full disk: exit 1 with one line, never exit 0 with half a report."""
     with small_file_system(tmp_path / "full", size="64k") as full:
