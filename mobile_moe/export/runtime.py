@@ -36,6 +36,7 @@ from mobile_moe.export.images import load_image
 from mobile_moe.export.loaded_graphs import GRAPH_OF_BACKEND
 from mobile_moe.export.manifest import bundle_identity, read_manifest, same_bundle, verified_graph_files
 from mobile_moe.export.manifest_schema import GraphEntry, Manifest
+from mobile_moe.export.quiet import native_stderr_captured
 from mobile_moe.library import options as library_options
 from mobile_moe.library.binding import Model, Prediction, read_rgb
 
@@ -242,7 +243,10 @@ class LibraryBundle:
         self.path, self.manifest = Path(path), manifest
         self.backend, self.composition = manifest.backend, manifest.composition
         self.layout = manifest.composition.layout
-        self.model = Model(path, **options)
+        # In a process that has loaded ExecuTorch's Python runtime too (export's), the library's first open hands
+        # ExecuTorch's log to the library, and ExecuTorch says on fd 2 that its log was handed over twice.
+        with native_stderr_captured():
+            self.model = Model(path, **options)
         self._expert_of_graph = {graph.name: graph.expert for graph in manifest.graphs if graph.expert is not None}
 
     def predict(self, image: Any) -> Prediction:

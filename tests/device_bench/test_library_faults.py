@@ -19,7 +19,7 @@ from test_native_library import client, images, library  # noqa: F401 (fixtures)
 pytestmark = [pytest.mark.export, needs_build]
 
 SCENARIOS = ["pool-order", "one-handle", "two-handles", "open-while-serving", "misuse", "older-app", "log-callback",
-             "measure-while-serving", "stray-files", "top-k"]
+             "measure-while-serving", "stray-files", "top-k", "shared-handle-results"]
 
 
 @pytest.fixture(scope="session", params=["plain", pytest.param("address", marks=pytest.mark.slow),

@@ -8,6 +8,8 @@
  *   pool-order        one thread: a 1-thread handle predicts, a 2-thread handle opens and predicts, the first predicts
  *                     again; a 3-thread handle is refused while the 2-thread one is open, then opens once it closed
  *   one-handle        two threads predict on ONE handle, ROUNDS times each: every answer is the handle's answer alone
+ *   shared-handle-results  two threads on ONE handle, each its own images, each answer from its call's mm_result:
+ *                     always that image's own answer (the handle's last results would be either thread's)
  *   two-handles       two handles on one bundle, each serving every image ROUNDS times from its own thread at once
  *                     (switching experts as they go, one expert cached): bit for bit as one handle alone
  *   open-while-serving two 1-thread handles serve from two threads while a third thread opens and closes handles of
@@ -153,6 +155,42 @@ static int one_handle(const Setup* setup) {
   char detail[128];
   snprintf(detail, sizeof detail, "%d wrong of %d", workers[0].wrong + workers[1].wrong, 2 * setup->rounds);
   return report("one-handle", workers[0].wrong + workers[1].wrong == 0, detail);
+}
+
+/* Its own images (the worker's `image` parity: 0 the even ones, 1 the odd ones), on a handle shared with another
+ * worker, each answer read from the call's own mm_result: anything but that image's logits alone is wrong. */
+static void* serve_own_results(void* argument) {
+  Worker* worker = argument;
+  const Setup* setup = worker->setup;
+  float logits[1024];
+  for (int round = 0; round < worker->rounds; ++round)
+    for (size_t i = worker->image; i < setup->count; i += 2) {
+      mm_result result;
+      mm_default_result(&result);
+      result.logits = logits, result.logits_capacity = setup->classes;
+      worker->wrong += mm_predict_f32_into(worker->model, setup->images + i * setup->values, setup->values,
+                                           &result) != MM_OK ||
+                       memcmp(logits, setup->alone + i * setup->classes, setup->classes * sizeof(float)) != 0;
+    }
+  return NULL;
+}
+
+/* Two threads on one handle, no lock of the app's: each gets its own image's answer, every time (mm_result). */
+static int shared_handle_results(const Setup* setup) {
+  const char* scenario = "shared-handle-results";
+  mm_status status;
+  mm_model* model = open_with(setup, 1, &status);
+  if (model == NULL) return report(scenario, 0, mm_last_error());
+  if (setup->count < 2 || setup->classes > 1024) return report(scenario, 0, "two images of at most 1024 classes");
+  Worker workers[2] = {{setup, model, setup->rounds, 0, 0, 0, 0}, {setup, model, setup->rounds, 0, 0, 0, 1}};
+  pthread_t threads[2];
+  for (int t = 0; t < 2; ++t) pthread_create(&threads[t], NULL, serve_own_results, &workers[t]);
+  for (int t = 0; t < 2; ++t) pthread_join(threads[t], NULL);
+  mm_close(model);
+  char detail[128];
+  snprintf(detail, sizeof detail, "%d wrong of %d", workers[0].wrong + workers[1].wrong,
+           setup->rounds * (int)setup->count);
+  return report(scenario, workers[0].wrong + workers[1].wrong == 0, detail);
 }
 
 static void* open_and_close(void* argument) {
@@ -565,6 +603,7 @@ int main(int argc, char** argv) {
   int status = 2;
   if (strcmp(scenario, "pool-order") == 0) status = pool_order(&setup);
   else if (strcmp(scenario, "one-handle") == 0) status = one_handle(&setup);
+  else if (strcmp(scenario, "shared-handle-results") == 0) status = shared_handle_results(&setup);
   else if (strcmp(scenario, "two-handles") == 0) status = serving(&setup, scenario, 0);
   else if (strcmp(scenario, "open-while-serving") == 0) status = serving(&setup, scenario, 1);
   else if (strcmp(scenario, "misuse") == 0) status = misuse(&setup);
