@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mobile_moe.cache import packed_weights_dir
+from mobile_moe.library.binding import default_weight_cache_dir
 
 PAGE = mmap.PAGESIZE
 
@@ -97,7 +97,7 @@ def main() -> None:
     parser.add_argument("--mb", type=float, default=4.37, help="file size in MB (default 4.37)")
     parser.add_argument("--repeats", type=int, default=101)
     args = parser.parse_args()
-    parent = args.dir or packed_weights_dir() or Path(tempfile.gettempdir())
+    parent = args.dir or default_weight_cache_dir() or Path(tempfile.gettempdir())
     parent.mkdir(parents=True, exist_ok=True)
     data = np.random.default_rng(0).integers(0, 256, int(args.mb * 1e6), dtype=np.uint8).tobytes()
     ways = {

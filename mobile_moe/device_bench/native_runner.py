@@ -14,12 +14,13 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from mobile_moe.cache import free_bytes, packed_weights_dir
+from mobile_moe.cache import free_bytes
 from mobile_moe.device_bench.round_report import RoundJson
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest import read_manifest
 from mobile_moe.interrupts import run_child
+from mobile_moe.library.binding import default_weight_cache_dir
 from mobile_moe.library.build import build_runner
 from mobile_moe.words import shown
 
@@ -137,7 +138,7 @@ def run_native(runner: str | Path, bundle: str | Path, images: str | Path | None
         raise UsageError(f"--runner {runner}: cannot run it on this machine ({error.strerror or error})") from None
     folder = None
     if result.returncode == -signal.SIGBUS:  # the packed-weight folder's file system may be full: where is it
-        folder = packed_weights_dir() if settings.weight_cache_dir is None else settings.weight_cache_dir
+        folder = default_weight_cache_dir() if settings.weight_cache_dir is None else settings.weight_cache_dir
     return parse_runner_output(result.returncode, result.stdout, result.stderr, "native runner", bundle, folder)
 
 

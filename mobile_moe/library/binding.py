@@ -73,7 +73,7 @@ class ModelInfo(ctypes.Structure):
                 ("kind_name", ctypes.c_char_p), ("layout", ctypes.c_char_p), ("weight_cache_dir", ctypes.c_char_p),
                 *((name, ctypes.c_int) for name in ("threads", "num_experts", "top_k", "cache_experts", "prefetch",
                                                      "has_trunk_tail", "graphs")),
-                ("resident_load_ms", ctypes.c_double)]  # fmt: skip
+                ("resident_load_ms", ctypes.c_double), ("weight_cache_off", ctypes.c_char_p)]  # fmt: skip
 
 
 class LoadEvent(ctypes.Structure):
@@ -229,16 +229,27 @@ class Library:
         return options
 
 
-_loaded: dict[Path, Library] = {}
+_loaded: dict[Path | None, Library] = {}  # None: the default library
 _loading = threading.Lock()
 
 
+def default_weight_cache_dir() -> Path | None:
+    """The packed-weight folder libmobile_moe's defaults use in this process's environment (the library's rule,
+    MOBILE_MOE_WEIGHT_CACHE among it), made if missing; None where none can be used (the library logs why)."""
+    folder = load_library().default_weight_cache_dir()
+    return Path(folder) if folder else None
+
+
 def load_library(path: str | os.PathLike | None = None) -> Library:
-    """The library at `path` (default: library_path()), loaded once per process."""
+    """The library at `path`, loaded once per process; None: library_path()'s, found (or built) once per process."""
     with _loading:
+        if path is None and None in _loaded:
+            return _loaded[None]
         resolved = Path(path) if path is not None else library_path()
         if resolved not in _loaded:
             _loaded[resolved] = Library(resolved)
+        if path is None:
+            _loaded[None] = _loaded[resolved]
         return _loaded[resolved]
 
 

@@ -87,7 +87,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("weight_cache_dir", "path", None, None, None,
            "XNNPACK's packed weights on disk, one checked file per graph, and the files verified at open: unset the "
            "per-user folder (MOBILE_MOE_WEIGHT_CACHE, else $XDG_CACHE_HOME or ~/.cache, then "
-           "mobile-moe/packed-weights; off, with a log line, where none can be made); a folder, created if missing; "
+           "mobile-moe/packed-weights; off, with a log line, where none can be used); a folder, created if missing; "
            "\"\" off"),
     Option("weight_cache_limit_mib", "int", 1024, 1, MAX_WEIGHT_CACHE_MIB,
            "what the packed-weight folder may hold, in MiB; the least recently used graphs are dropped beyond it"),

@@ -24,7 +24,6 @@ from conftest import bundle_model, needs_build
 from faults import outlives_its_killed_parent
 
 from mobile_moe.app.cli import main
-from mobile_moe.cache import packed_weights_dir
 from mobile_moe.device_bench import routing_stats
 from mobile_moe.device_bench.native_runner import parse_runner_output, run_native, runner_command
 from mobile_moe.device_bench.python_worker import PythonWorker
@@ -34,6 +33,7 @@ from mobile_moe.device_bench.workload import random_workload, write_raw
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest import read_manifest
 from mobile_moe.export.manifest_schema import GraphEntry, Manifest
+from mobile_moe.library.binding import default_weight_cache_dir as packed_weights_dir
 from mobile_moe.library.build import SOURCE_DIR, build_runner
 
 pytestmark = pytest.mark.export

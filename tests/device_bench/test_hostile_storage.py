@@ -5,11 +5,11 @@ the Java binding. A full file system is a 256 KiB tmpfs mounted for the test (ro
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 from pathlib import Path
 
@@ -19,13 +19,23 @@ from faults import small_file_system
 from test_native_library import library  # noqa: F401 (fixture)
 
 from mobile_moe import cache
-from mobile_moe.cache import longest_cache_path, packed_weights_dir
 from mobile_moe.device_bench import native_runner
 from mobile_moe.device_bench.native_runner import parse_runner_output
-from mobile_moe.errors import Note, UsageError
+from mobile_moe.errors import UsageError
+from mobile_moe.library.binding import default_weight_cache_dir
 from mobile_moe.library.build import JNI_LIBRARY_NAME, SOURCE_DIR, build_runner
 
 pytestmark = pytest.mark.export
+
+# XNNPACK takes a packed-weight file's path as a backend option of at most 255 bytes, and the library hands it paths
+# this much longer than their folder's (packed_cache.h longest_cache_path: a key, ".xnnpack", staged_files.h's longest
+# staged suffix, ".scratch").
+MAX_CACHE_PATH = 255
+
+
+def longest_cache_path(folder: Path) -> int:
+    host = socket.gethostname().split(".")[0]
+    return len(os.fsencode(str(folder) + f"/{'0' * 32}.xnnpack.tmp-{'9' * 10}-{'f' * 8}@{host}.scratch"))
 
 
 def fill(folder: Path) -> None:
@@ -92,12 +102,12 @@ def test_a_report_that_cannot_be_written_is_an_error_not_a_success(runner, bundl
 def test_the_runner_and_the_toolkit_derive_one_packed_weight_folder_or_none(runner, bundle, tmp_path, over,
                                                                             monkeypatch):  # fmt: skip
     """A per-user folder at XNNPACK's 255 characters is used by both; one character longer, both leave the cache off
-    (the runner with a line at its log) and the run goes on: never a refusal of what the user did not ask for."""
-    folder = tmp_path / ("w" * (cache.MAX_CACHE_PATH - longest_cache_path(tmp_path) - 1 + over))
-    assert longest_cache_path(folder) == cache.MAX_CACHE_PATH + over
+    (the runner with a line at its log) and the run goes on: never a refusal of what the user did not ask for. The
+    toolkit asks the library (mobile_moe.library.binding.default_weight_cache_dir): one rule."""
+    folder = tmp_path / ("w" * (MAX_CACHE_PATH - longest_cache_path(tmp_path) - 1 + over))
+    assert longest_cache_path(folder) == MAX_CACHE_PATH + over
     monkeypatch.setenv("MOBILE_MOE_WEIGHT_CACHE", str(folder))
-    with pytest.warns(Note, match="too long") if over else contextlib.nullcontext():
-        python = packed_weights_dir()
+    python = default_weight_cache_dir()
     result = runner_by_hand(runner, bundle, {"MOBILE_MOE_DEBUG": "1"})
     assert result.returncode == 0, result.stderr.decode()[-2000:]
     report = json.loads(result.stdout)
@@ -107,7 +117,7 @@ def test_the_runner_and_the_toolkit_derive_one_packed_weight_folder_or_none(runn
 
 @pytest.mark.parametrize("env", [{"MOBILE_MOE_WEIGHT_CACHE": "file/packed-weights"},
                                  {"XDG_CACHE_HOME": "x" * 200, "MOBILE_MOE_CACHE": None}])  # fmt: skip
-def test_a_derived_folder_that_cannot_be_used_is_none_with_a_note(env, tmp_path, monkeypatch):
+def test_a_derived_folder_that_cannot_be_used_is_none_and_the_library_says_why(env, tmp_path, monkeypatch):
     (tmp_path / "file").write_text("")
     monkeypatch.delenv("MOBILE_MOE_WEIGHT_CACHE", raising=False)
     for name, value in env.items():
@@ -115,9 +125,16 @@ def test_a_derived_folder_that_cannot_be_used_is_none_with_a_note(env, tmp_path,
             monkeypatch.delenv(name, raising=False)
         else:
             monkeypatch.setenv(name, str(tmp_path / value))
-    with pytest.warns(Note, match="packed-weight cache off") as noted:
-        assert packed_weights_dir() is None
-    assert len(noted) == 1 and "\n" not in str(noted[0].message)
+    from mobile_moe.library.binding import load_library
+
+    said: list[tuple[str, str]] = []
+    mobile_moe = load_library()
+    mobile_moe.set_log(lambda level, message: said.append((level, message)))
+    try:
+        assert default_weight_cache_dir() is None
+    finally:
+        mobile_moe.set_log(None)
+    assert [message for _, message in said if "packed-weight cache off" in message], said
     assert sorted(path.name for path in tmp_path.iterdir()) == ["file"]  # nothing made of a path too long
 
 
@@ -134,8 +151,6 @@ def test_no_home_at_all_is_one_line(monkeypatch):
     with pytest.raises(UsageError, match="no home folder") as refused:
         cache.cache_root()
     assert "MOBILE_MOE_CACHE" in str(refused.value) and "\n" not in str(refused.value)
-    with pytest.warns(Note, match="no per-user folder"):
-        assert packed_weights_dir() is None
 
 
 @needs_build

@@ -28,3 +28,25 @@ def test_a_prepared_bundle_opens_and_switches_as_on_a_second_launch(bundle, runn
 def test_preparing_with_packed_weights_off_is_refused_in_a_line(bundle):
     with pytest.raises(LibraryError, match="mm_prepare: packed weights are off .* pass a folder"):
         load_library().prepare(bundle, weight_cache_dir="")
+
+
+def test_the_model_info_says_why_packed_weights_are_off(bundle, tmp_path, monkeypatch):
+    from mobile_moe.library.binding import Model
+
+    assert Model(bundle, weight_cache_dir="").info["weight_cache_off"] == 'options.weight_cache_dir is ""'
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("MOBILE_MOE_WEIGHT_CACHE", str(tmp_path / "a-file" / "packed"))
+    info = Model(bundle).info
+    assert info["weight_cache_dir"] == "" and info["weight_cache_off"].startswith(f"per-user folder {tmp_path}")
+    assert Model(bundle, weight_cache_dir=str(tmp_path / "on")).info["weight_cache_off"] == ""
+
+
+def test_preparing_onto_a_full_disk_says_nothing_could_be_kept(bundle, tmp_path):
+    """A phone whose storage is full: every graph packs in memory (no signal), and prepare says it kept nothing."""
+    from faults import small_file_system
+
+    from mobile_moe.library.binding import LibraryRuntimeError
+
+    with small_file_system(tmp_path / "full", size="64k") as full:
+        with pytest.raises(LibraryRuntimeError, match=r"mm_prepare: graph \w+ could not be kept in .*free some space"):
+            load_library().prepare(bundle, weight_cache_dir=str(full))

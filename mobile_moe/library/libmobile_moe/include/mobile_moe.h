@@ -94,7 +94,10 @@ typedef struct mm_options {
                                    at open, remembered: NULL (default): the per-user folder (MOBILE_MOE_WEIGHT_CACHE,
                                    else $XDG_CACHE_HOME or ~/.cache, then mobile-moe/packed-weights; off, with a
                                    log line, where none can be used); a path: that folder, created if missing; "":
-                                   off. A graph whose file the folder has no room for is packed in memory (log line) */
+                                   off. A graph whose file the folder has no room for is packed in memory (log line).
+                                   MOBILE_MOE_WEIGHT_CACHE belongs to the default (the environment's, not the app's
+                                   choice): unusable, the cache is off with a log line, where the same folder passed
+                                   here is refused. mm_model_info's weight_cache_off says why it is off */
   int weight_cache_limit_mib;   /* what that folder may hold, least recently used graphs dropped beyond it. 1024 */
   int prefetch;              /* 1 (default): a missed expert loads on a second thread while the trunk tail runs */
 } mm_options;

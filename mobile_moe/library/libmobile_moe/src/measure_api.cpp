@@ -116,6 +116,7 @@ mm_status mm_model_info_get(const mm_model* model, mm_model_info* info, size_t s
     full.has_trunk_tail = bundle.trunk_tail.name.empty() ? 0 : 1;
     full.graphs = static_cast<int>(bundle.all.size());
     full.resident_load_ms = handle.resident_load_ms;
+    full.weight_cache_off = handle.weight_cache_off.c_str();
     return MM_OK;
   });
 }

@@ -99,16 +99,19 @@ void check_options(const mm_options& options) {
 // The packed-weight folder the options name: the per-user default (NULL), none (""), or the app's, made if missing.
 // The app chose it, so one it cannot use is refused (the per-user default is off instead: default_cache_dir); a path
 // too long is refused before any of it is made.
-std::string weight_cache_folder(const mm_options& options) {
-  if (options.weight_cache_dir == nullptr) return default_cache_dir();
+std::string weight_cache_folder(const mm_options& options, std::string* off_because) {
+  if (options.weight_cache_dir == nullptr) return default_cache_dir(off_because);
   const std::string dir = options.weight_cache_dir;
-  if (dir.empty()) return dir;
+  if (dir.empty()) {
+    *off_because = "options.weight_cache_dir is \"\"";
+    return dir;
+  }
   std::string why = cache_path_too_long(dir);
   if (why.empty() && !make_folders(dir)) why = std::string("cannot create it (") + std::strerror(errno) + ")";
   if (why.empty()) why = unusable_cache_folder(dir);
   if (!why.empty())
-    throw UsageError("options.weight_cache_dir " + dir + ": " + why + "; pass a folder this process may write, with "
-                     "a shorter path, or \"\" for none");
+    throw UsageError("options.weight_cache_dir: " + why + "; pass a folder this process may write, with a shorter "
+                     "path, or \"\" for none: " + dir);
   return dir;
 }
 
@@ -218,7 +221,9 @@ mm_status mm_prepare(const char* bundle_dir, const mm_options* options, mm_progr
     one_at_a_time.cache_experts = 1, one_at_a_time.park_experts = 0;  // each expert packed, then unloaded
   });
   mm_model* model = nullptr;
-  if (status == MM_OK) status = open_model("mm_prepare", bundle_dir, &one_at_a_time, LoadSettings{}, &model);
+  LoadSettings every_load;
+  every_load.kept_loads = -1;  // each graph's load event, however many experts
+  if (status == MM_OK) status = open_model("mm_prepare", bundle_dir, &one_at_a_time, every_load, &model);
   if (status != MM_OK) return status;
   status = guarded("mm_prepare", MM_RUNTIME_ERROR, [&] {
     Locked open(model);
@@ -234,6 +239,11 @@ mm_status mm_prepare(const char* bundle_dir, const mm_options* options, mm_progr
       open.model->pipeline->cache().get(expert, &hit, &ms);
       if (progress != nullptr) progress(2 + expert, 1 + experts, user_data);
     }
+    const Loader& loader = *open.model->loader;  // a graph the folder had no room for was packed in memory only
+    for (int64_t load = 0; load < loader.load_count(); ++load)
+      if (const LoadEvent* event = loader.event(load); event != nullptr && std::string(event->cache) == "off")
+        throw std::runtime_error(std::string("graph ") + event->graph + " could not be kept in " +
+                                 open.model->packed_cache.dir() + " (no room: the log says why); free some space");
   });
   mm_close(model);
   return status;
@@ -425,16 +435,17 @@ mm_status mobile_moe::library::open_model(const char* call, const char* bundle_d
   if (bundle_dir == nullptr) return failed(MM_BAD_ARGUMENT, std::string(call) + ": bundle_dir is NULL");
   start_runtime();
   mm_options options = default_options();
-  std::string cache_dir;
+  std::string cache_dir, cache_off;
   mm_status status = guarded(call, MM_BAD_ARGUMENT, [&] {
     options = options_given(given);
     check_options(options);
-    cache_dir = weight_cache_folder(options);
+    cache_dir = weight_cache_folder(options, &cache_off);
   });
   if (status != MM_OK) return status;
   std::shared_ptr<mm_model> opened;
   status = guarded(call, MM_BAD_BUNDLE, [&] {
     opened = std::make_shared<mm_model>();
+    opened->weight_cache_off = cache_off;
     // The manifest, then every file's size, sha256 and structure (once: remembered with the packed weights)
     opened->bundle = read_bundle(bundle_dir, cache_dir);
   });

@@ -44,6 +44,7 @@ struct mm_model {
   mobile_moe::library::HandleThreads threads;
   mobile_moe::library::Bundle bundle;  // set once by open_model, never changed: the strings the API returns point here
   mobile_moe::library::PackedCache packed_cache;
+  std::string weight_cache_off;  // why packed weights are off ("" when on): mm_model_info's weight_cache_off
   std::unique_ptr<mobile_moe::library::Loader> loader;
   std::unique_ptr<mobile_moe::library::Pipeline> pipeline;
   int cache_experts = 0;         // expert graphs kept loaded, as resolved from the options

@@ -209,7 +209,7 @@ inline std::string unusable_cache_folder(const std::string& dir) {
 // created on first use. The app did not choose it, so a folder that cannot be used (none derived, as on a phone's
 // shell; one that cannot be made or written; a path too long for the backend) refuses nothing: it is "" (the run
 // packs on the heap, as with no folder), with a line at the log callback saying why.
-inline std::string default_cache_dir() {
+inline std::string default_cache_dir(std::string* off_because = nullptr) {
   auto env = [](const char* name) -> std::string {
     const char* value = std::getenv(name);
     return value != nullptr ? value : "";
@@ -233,8 +233,10 @@ inline std::string default_cache_dir() {
   if (why.empty() && !make_folders(dir)) why = std::string("cannot create it (") + std::strerror(errno) + ")";
   if (why.empty()) why = unusable_cache_folder(dir);
   if (why.empty()) return dir;
-  library_log(MM_LOG_INFO, "packed-weight cache off (graphs are packed in memory): per-user folder " +
-                               (dir.empty() ? why : dir + ": " + why) + "; an app may pass options.weight_cache_dir");
+  const std::string said = "per-user folder " + (dir.empty() ? why : dir + ": " + why);
+  library_log(MM_LOG_INFO, "packed-weight cache off (graphs are packed in memory): " + said +
+                               "; an app may pass options.weight_cache_dir");
+  if (off_because != nullptr) *off_because = said;
   return "";
 }
 
