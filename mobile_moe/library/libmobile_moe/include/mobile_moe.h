@@ -99,12 +99,15 @@ typedef struct mm_options {
                                    choice): unusable, the cache is off with a log line, where the same folder passed
                                    here is refused. mm_model_info's weight_cache_off says why it is off */
   int weight_cache_limit_mib;   /* what that folder may hold, least recently used graphs dropped beyond it. 1024 */
-  int prefetch;              /* 1 (default): a missed expert loads on a second thread while the trunk tail runs */
+  int prefetch;              /* 1 (default): where the bundle routes early (exported with router_block: a trunk tail
+                                after the router), a missed expert loads on a second thread while the tail runs;
+                                other bundles load in line (mm_model_info's prefetch says which). 0: always in line */
 } mm_options;
 
 typedef struct mm_stage_times {
   size_t struct_size; /* set by mm_last_times */
-  double router_ms, expert_ms, load_ms, tail_ms, load_wait_ms, total_ms;
+  double router_ms, expert_ms, load_ms, tail_ms, load_wait_ms, total_ms; /* a bundle of one graph (dense,
+                                                   monolithic, whole) runs it all as its router: router_ms = total_ms */
   int cache_hit; /* 1: every chosen expert was loaded already */
 } mm_stage_times;
 
@@ -204,8 +207,8 @@ MOBILE_MOE_API size_t mm_logits(const mm_model* model, float* logits, size_t cap
 /* The k most probable classes (softmax of the logits, computed in double), most probable first; -> how many were
  * written: min(k, classes), 0 for k <= 0 */
 MOBILE_MOE_API int mm_top_classes(const mm_model* model, int k, int* classes, float* probabilities);
-/* The experts the image took, highest gate first, and their gates (at most `capacity` copied); -> how many it took
- * (0 for a dense bundle): call with capacity 0 to size the arrays */
+/* The experts the image took, highest gate first, and their gates (at most `capacity` copied; either array may be
+ * NULL); -> how many it took (0 for a dense bundle): call with capacity 0 to size the arrays */
 MOBILE_MOE_API int mm_experts(const mm_model* model, int capacity, int* experts, float* gates);
 /* The stage times into the first `struct_size` bytes of `times` (an app calls mm_last_times below). */
 MOBILE_MOE_API void mm_stage_times_get(const mm_model* model, mm_stage_times* times, size_t struct_size);

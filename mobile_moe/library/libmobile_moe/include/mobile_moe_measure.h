@@ -4,11 +4,15 @@
  *   mm_model_info info;
  *   mm_get_model_info(model, &info);                 // the bundle, and the options as mm_open resolved them
  *   mm_route_f32(model, chw, count);                 // the router alone: an image's tokens, kept for mm_expert_run
- *   int64_t first = mm_load_count(model);
- *   mm_expert_unload(model, 3);                      // what a switch to expert 3 pays, step by step:
+ *   mm_expert_load(model, 2, 0, NULL);               // a switch from expert 2 to expert 3, step by step:
+ *   int64_t first = mm_load_count(model);            //   (with one expert cached, loading 3 evicts 2 anyway)
+ *   mm_expert_unload(model, 2);                      //   the expert it leaves, parked or unloaded
  *   mm_expert_load(model, 3, 0, &load_ms);           //   its graphs loaded, or unparked (no graph load then)
  *   mm_expert_run(model, 3, &run_ms);                //   its first run on those tokens
  *   for (int64_t i = first; i < mm_load_count(model); ++i) mm_get_load_event(model, i, &event);  // each load
+ *
+ * The router takes floats, as mm_predict_f32 does: an app's pixels go through mm_preprocess_rgb8 first. Routing and
+ * unloading return no time of their own: an app times the call (they do nothing else).
  *
  * What a switch costs depends on where the expert was: loaded (mm_expert_load does nothing), parked (it only comes
  * back: no load event, a fraction of a millisecond), or neither (its graphs load from the packed-weight folder, or

@@ -710,6 +710,8 @@ inline Bundle read_bundle(const std::string& path, const std::string& memo_dir =
   if (bundle.dir.empty()) throw UsageError("bundle directory " + path + " does not exist");
   std::string manifest_path = bundle.dir + "/" + kManifestFile;
   struct stat info {};
+  if (stat(bundle.dir.c_str(), &info) == 0 && !S_ISDIR(info.st_mode))
+    throw UsageError(path + " is a file: pass the bundle's folder (the one holding " + kManifestFile + ")");
   if (stat(manifest_path.c_str(), &info) != 0)
     throw UsageError(path + " has no " + kManifestFile + ": export a bundle with `mobile-moe export`");
   std::string origin = path + "/" + kManifestFile;
