@@ -1,6 +1,7 @@
 /* The JNI half of org.mobilemoe.MobileMoe (java/org/mobilemoe/): a client of libmobile_moe's C API (mobile_moe.h)
- * like any app. The Java side checks arguments and holds the object's lock; here a failed call becomes a
- * MobileMoeException carrying the status and mm_last_error()'s message. Paths arrive as UTF-8 bytes (JNI's own
+ * like any app; each prediction's answer is the call's own (mm_predict_*_into). The Java side checks arguments and
+ * holds the object's lock; here a failed call becomes a MobileMoeException carrying the status and mm_last_error()'s
+ * message. Paths arrive as UTF-8 bytes (JNI's own
  * strings are modified UTF-8, which splits a character outside the Basic Multilingual Plane in two). */
 #include <jni.h>
 #include <stdint.h>
@@ -8,6 +9,7 @@
 #include <string.h>
 
 #include "mobile_moe.h"
+#include "mobile_moe_measure.h" /* mm_get_model_info: the experts an answer has room for */
 
 #define JNI_EXPORT __attribute__((visibility("default")))
 
@@ -157,67 +159,91 @@ static jintArray int_array(JNIEnv* env, const int* values, jsize count) {
   return array;
 }
 
-/* The last prediction of `model` as a MobileMoe.Prediction with `top_k` (>= 0) classes; NULL with an exception
- * pending on failure. Each Java array is made, and checked, before the next JNI call. `top_k` is the app's number
- * (Integer.MAX_VALUE included): what is allocated for it is bounded by the classes there are, as mm_top_classes
- * bounds its answer. */
-static jobject prediction(JNIEnv* env, mm_model* model, jint top_k) {
-  size_t classes = mm_logits(model, NULL, 0);
-  int experts = mm_experts(model, 0, NULL, NULL);
-  if (top_k > 0 && (size_t)top_k > classes) top_k = (jint)classes;
-  size_t k = top_k > 0 ? (size_t)top_k : 1;
-  float* logits = malloc(sizeof(float) * (classes ? classes : 1));
-  int* top = malloc(sizeof(int) * k);
-  float* probabilities = malloc(sizeof(float) * k);
-  int* chosen = malloc(sizeof(int) * (size_t)(experts ? experts : 1));
-  float* gates = malloc(sizeof(float) * (size_t)(experts ? experts : 1));
-  jobject result = NULL;
-  if (logits && top && probabilities && chosen && gates) {
-    mm_logits(model, logits, classes);
-    int n = mm_top_classes(model, top_k, top, probabilities);
-    mm_experts(model, experts, chosen, gates);
-    jclass class_ = (*env)->FindClass(env, "org/mobilemoe/MobileMoe$Prediction");
-    jmethodID init = class_ ? (*env)->GetMethodID(env, class_, "<init>", "([I[F[F[I[F)V") : NULL;
-    jintArray classes_array = init ? int_array(env, top, n) : NULL;
-    jfloatArray probabilities_array = classes_array ? float_array(env, probabilities, n) : NULL;
-    jfloatArray logits_array = probabilities_array ? float_array(env, logits, (jsize)classes) : NULL;
-    jintArray experts_array = logits_array ? int_array(env, chosen, experts) : NULL;
-    jfloatArray gates_array = experts_array ? float_array(env, gates, experts) : NULL;
-    if (gates_array != NULL)
-      result = (*env)->NewObject(env, class_, init, classes_array, probabilities_array, logits_array, experts_array,
-                                 gates_array);
-  } else {
+/* One call's answer: an mm_result and the arrays it points at, sized by the bundle (its classes, its experts) and not
+ * by the app's `top_k` (Integer.MAX_VALUE included), which is bounded by the classes there are. */
+typedef struct {
+  mm_result result;
+  float *logits, *probabilities, *gates;
+  int *top, *experts;
+} Answer;
+
+static void answer_free(Answer* answer) {
+  free(answer->logits), free(answer->probabilities), free(answer->gates), free(answer->top), free(answer->experts);
+}
+
+/* 1 when the arrays were had; 0 with an OutOfMemoryError pending. */
+static int answer_init(JNIEnv* env, Answer* answer, mm_model* model, jint top_k) {
+  const int classes = mm_num_classes(model);
+  mm_model_info info;
+  const int experts = mm_get_model_info(model, &info) == MM_OK && info.num_experts > 0 ? info.num_experts : 1;
+  const int k = top_k < 0 ? 0 : top_k > classes ? classes : (int)top_k;
+  memset(answer, 0, sizeof *answer);
+  answer->logits = malloc(sizeof(float) * (size_t)(classes > 0 ? classes : 1));
+  answer->probabilities = malloc(sizeof(float) * (size_t)(k > 0 ? k : 1));
+  answer->top = malloc(sizeof(int) * (size_t)(k > 0 ? k : 1));
+  answer->experts = malloc(sizeof(int) * (size_t)experts);
+  answer->gates = malloc(sizeof(float) * (size_t)experts);
+  if (!answer->logits || !answer->probabilities || !answer->top || !answer->experts || !answer->gates) {
+    answer_free(answer);
     throw_named(env, "java/lang/OutOfMemoryError", "out of memory");
+    return 0;
   }
-  free(logits), free(top), free(probabilities), free(chosen), free(gates);
-  return result;
+  mm_default_result(&answer->result);
+  answer->result.logits = answer->logits, answer->result.logits_capacity = (size_t)(classes > 0 ? classes : 0);
+  answer->result.classes = answer->top, answer->result.probabilities = answer->probabilities;
+  answer->result.top_k = k;
+  answer->result.experts = answer->experts, answer->result.gates = answer->gates;
+  answer->result.experts_capacity = experts;
+  return 1;
+}
+
+/* The call's answer as a MobileMoe.Prediction; NULL with an exception pending on failure. Each Java array is made,
+ * and checked, before the next JNI call. */
+static jobject prediction(JNIEnv* env, const Answer* answer) {
+  const mm_result* result = &answer->result;
+  const int experts = result->num_experts < result->experts_capacity ? result->num_experts : result->experts_capacity;
+  jclass class_ = (*env)->FindClass(env, "org/mobilemoe/MobileMoe$Prediction");
+  jmethodID init = class_ ? (*env)->GetMethodID(env, class_, "<init>", "([I[F[F[I[F)V") : NULL;
+  jintArray classes_array = init ? int_array(env, answer->top, result->num_top) : NULL;
+  jfloatArray probabilities_array = classes_array ? float_array(env, answer->probabilities, result->num_top) : NULL;
+  jfloatArray logits_array = probabilities_array ? float_array(env, answer->logits, result->num_classes) : NULL;
+  jintArray experts_array = logits_array ? int_array(env, answer->experts, experts) : NULL;
+  jfloatArray gates_array = experts_array ? float_array(env, answer->gates, experts) : NULL;
+  if (gates_array == NULL) return NULL;
+  return (*env)->NewObject(env, class_, init, classes_array, probabilities_array, logits_array, experts_array,
+                           gates_array);
 }
 
 JNI_EXPORT jobject JNICALL Java_org_mobilemoe_MobileMoe_nativePredict(JNIEnv* env, jclass cls, jlong handle,
                                                                       jfloatArray chw, jint top_k) {
   (void)cls;
   mm_model* model = model_of(handle);
+  Answer answer;
+  if (!answer_init(env, &answer, model, top_k)) return NULL;
   jsize count = (*env)->GetArrayLength(env, chw);
   jfloat* values = (*env)->GetFloatArrayElements(env, chw, NULL);
-  if (values == NULL) return NULL;
-  mm_status status = mm_predict_f32(model, values, (size_t)count);
-  (*env)->ReleaseFloatArrayElements(env, chw, values, JNI_ABORT);
-  if (status != MM_OK) {
-    throw_status(env, status);
-    return NULL;
+  jobject result = NULL;
+  if (values != NULL) {
+    mm_status status = mm_predict_f32_into(model, values, (size_t)count, &answer.result);
+    (*env)->ReleaseFloatArrayElements(env, chw, values, JNI_ABORT);
+    if (status != MM_OK) throw_status(env, status);
+    else result = prediction(env, &answer);
   }
-  return prediction(env, model, top_k);
+  answer_free(&answer);
+  return result;
 }
 
 /* The library's RGB8 call on pixels already in C memory; the prediction, or NULL with an exception pending. */
 static jobject predict_rgb8(JNIEnv* env, mm_model* model, const uint8_t* rgb, size_t length, jint width, jint height,
                             jint row_stride, jint top_k) {
-  mm_status status = mm_predict_rgb8(model, rgb, length, width, height, row_stride);
-  if (status != MM_OK) {
-    throw_status(env, status);
-    return NULL;
-  }
-  return prediction(env, model, top_k);
+  Answer answer;
+  if (!answer_init(env, &answer, model, top_k)) return NULL;
+  jobject result = NULL;
+  mm_status status = mm_predict_rgb8_into(model, rgb, length, width, height, row_stride, &answer.result);
+  if (status != MM_OK) throw_status(env, status);
+  else result = prediction(env, &answer);
+  answer_free(&answer);
+  return result;
 }
 
 JNI_EXPORT jobject JNICALL Java_org_mobilemoe_MobileMoe_nativePredictRgb(JNIEnv* env, jclass cls, jlong handle,
