@@ -41,7 +41,7 @@ ARM64_PACKAGES := g++-aarch64-linux-gnu qemu-user-static
 arm64: $(STAMP)
 	$(SUDO) apt-get update -qq
 	$(SUDO) apt-get install -y -qq --no-install-recommends $(ARM64_PACKAGES)
-	$(BIN)/python -c "from mobile_moe.device_bench.arm64 import fetch_wheel; print('executorch aarch64 wheel:', fetch_wheel())"
+	$(BIN)/python -c "from mobile_moe.library.cross import fetch_wheel; print('executorch aarch64 wheel:', fetch_wheel())"
 	$(PYTEST) -m slow tests/device_bench/test_arm64_emulated.py
 
 # The whole GPU path in one command and one table (benchmarks/gpu_check.py): gpu tests, an epoch of every model in

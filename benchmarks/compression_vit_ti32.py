@@ -18,7 +18,7 @@ import torch
 
 from mobile_moe.device_bench.bench import bench_bundles
 from mobile_moe.export.bundle import export_bundle
-from mobile_moe.registry import create_model
+from mobile_moe.models.registry import create_model
 
 SCHEMES = ["none", "int8", "8da4w", "experts=8da4w,rest=int8", "experts=8da4w,rest=none"]
 

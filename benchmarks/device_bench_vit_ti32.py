@@ -23,7 +23,7 @@ import torch
 
 from mobile_moe.device_bench.bench import BenchSettings, benchmark
 from mobile_moe.device_bench.round_settings import RoundSettings
-from mobile_moe.registry import create_model
+from mobile_moe.models.registry import create_model
 
 VARIANTS = {  # bundle name -> (model, export options)
     "dense": ("vit", {}),

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from mobile_moe.export.executorch_backend import lower, quantize_pt2e
-from mobile_moe.vit import Mlp
+from mobile_moe.models.vit import Mlp
 
 TOKENS, WIDTH, HIDDEN = 50, 192, 768
 

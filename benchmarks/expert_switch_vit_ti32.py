@@ -41,7 +41,7 @@ from mobile_moe.export.bundle import export_bundle
 from mobile_moe.export.manifest import MANIFEST
 from mobile_moe.export.runtime import load_bundle
 from mobile_moe.library.build import build_runner
-from mobile_moe.registry import create_model
+from mobile_moe.models.registry import create_model
 
 # Issue 37's digits stream changed expert on 45% of consecutive images: runs of 2, 2, 2 and 3 images change on 4 of 9.
 ISSUE_37_RUN_LENGTHS = (2, 2, 2, 3)

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from mobile_moe.export.bundle import export_bundle
-from mobile_moe.registry import create_model
+from mobile_moe.models.registry import create_model
 
 # split: router + one graph per expert path (k=1 default); per-block: shared attention in its own graphs, experts
 # hold only their MLPs; monolithic: every expert in one graph; int8: the split bundle quantized.

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from mobile_moe.registry import list_models
+from mobile_moe.models.registry import list_models
 
 REPO = Path(__file__).resolve().parents[1]
 # glog-style warnings, torchrun's banner, kineto's profiler lines ("ERROR:2026-... gpuGetDeviceCount failed" on a

@@ -24,7 +24,7 @@ from PIL import Image
 
 from mobile_moe.data import store
 from mobile_moe.data.datasets import open_data
-from mobile_moe.devices import usable_cores
+from mobile_moe.utils.devices import usable_cores
 
 # Each kind's share of the folder's images: this benchmark's harsh mix, and one like ImageNet's (about 98% baseline
 # JPEG; a few thousand grayscale and 22 CMYK files in 1.28M)

@@ -29,8 +29,8 @@ from input_bench import CLASSES, finish, shares, sources, spread  # noqa: E402
 from mobile_moe.data import inputs  # noqa: E402
 from mobile_moe.data.batch_augment import StepKey, draw  # noqa: E402
 from mobile_moe.data.datasets import open_data  # noqa: E402
-from mobile_moe.devices import usable_cores  # noqa: E402
 from mobile_moe.training import recipes  # noqa: E402
+from mobile_moe.utils.devices import usable_cores  # noqa: E402
 
 
 def graph_figures(device: torch.device, batch_size: int, image_size: int, batches: int = 20) -> dict:
@@ -112,7 +112,7 @@ def cpu_epochs(spec: str, out: Path, args) -> dict[str, list[float]]:
     against crop. The whole epoch's rate (images_per_s), as the results before steady_images_per_s: the per-image
     path is slower than its loader there, and its epoch's last batches, which the workers finished ahead, come faster
     than its pace, which a window after the start alone leaves in (SteadyWindow)."""
-    from mobile_moe.registry import make_config
+    from mobile_moe.models.registry import make_config
     from mobile_moe.training.run_dir import read_metrics
     from mobile_moe.training.train import train
 

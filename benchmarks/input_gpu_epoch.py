@@ -39,8 +39,8 @@ from input_crop import graph_figures  # noqa: E402
 from mobile_moe.data import inputs  # noqa: E402
 from mobile_moe.data.batch_augment import StepKey  # noqa: E402
 from mobile_moe.data.datasets import open_data  # noqa: E402
-from mobile_moe.devices import usable_cores  # noqa: E402
 from mobile_moe.training import recipes  # noqa: E402
+from mobile_moe.utils.devices import usable_cores  # noqa: E402
 
 
 def crop_stages(specs: dict[str, str], device: torch.device, batch_size: int = 256) -> dict:
@@ -101,7 +101,7 @@ def gpu_figures(specs: dict[str, str], out: Path, args) -> dict:
     plain compiled step's rate is printed beside it)."""
     import train_step
 
-    from mobile_moe.registry import make_config
+    from mobile_moe.models.registry import make_config
     from mobile_moe.training.run_dir import read_metrics
     from mobile_moe.training.train import train
 

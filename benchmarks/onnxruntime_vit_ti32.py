@@ -21,7 +21,7 @@ import numpy as np
 
 from mobile_moe.device_bench.bench import bench_bundles
 from mobile_moe.export.manifest import read_manifest
-from mobile_moe.registry import create_model
+from mobile_moe.models.registry import create_model
 
 MODELS = {"dense": "vit", "moe": "mobile-vmoe"}
 

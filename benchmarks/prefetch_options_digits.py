@@ -30,7 +30,7 @@ from mobile_moe.export.bundle import export_bundle
 from mobile_moe.export.runtime import load_bundle
 from mobile_moe.export.source import source_from_run
 from mobile_moe.library.build import build_runner
-from mobile_moe.registry import make_config
+from mobile_moe.models.registry import make_config
 from mobile_moe.super_class.demo import derive_for_demo
 from mobile_moe.training import recipes
 from mobile_moe.training.evaluate import evaluate

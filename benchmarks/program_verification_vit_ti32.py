@@ -27,7 +27,7 @@ import torch
 
 from mobile_moe.export.bundle import export_bundle
 from mobile_moe.export.manifest import read_manifest
-from mobile_moe.registry import create_model
+from mobile_moe.models.registry import create_model
 
 
 def export(out: Path) -> Path:

@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=50)
     args = parser.parse_args()
     out = Path(args.out)
-    from mobile_moe.registry import list_models
+    from mobile_moe.models.registry import list_models
 
     dense = train("vit", out, args, [])
     super_classes = out / "super_classes.json"

@@ -26,11 +26,11 @@ import numpy as np
 import torch
 from onnxruntime_vit_ti32 import direct_runs
 
-from mobile_moe.costs import costs
 from mobile_moe.device_bench.bench import BenchSettings, benchmark
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.export.bundle import export_bundle
-from mobile_moe.registry import create_model, make_config
+from mobile_moe.models.costs import costs
+from mobile_moe.models.registry import create_model, make_config
 
 MODELS = {"dense": "vit", "moe": "mobile-vmoe"}
 

@@ -19,10 +19,10 @@ import time
 import numpy as np
 from sklearn.metrics import adjusted_rand_score
 
+from mobile_moe.formats.superclasses import random_super_classes
 from mobile_moe.super_class.clustering import cluster
 from mobile_moe.super_class.planted import planted_confusion
 from mobile_moe.super_class.quality import quality
-from mobile_moe.super_class.superclasses import random_super_classes
 
 VARIANTS = [  # (label, method, affinity)
     ("spectral (default: auto)", "spectral", "auto"),

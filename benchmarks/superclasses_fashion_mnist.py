@@ -20,7 +20,7 @@ from sklearn.metrics import adjusted_rand_score
 
 from mobile_moe.data.datasets import open_data
 from mobile_moe.evidence.scales import SCALES
-from mobile_moe.registry import make_config
+from mobile_moe.models.registry import make_config
 from mobile_moe.super_class.derive import derive_super_classes
 from mobile_moe.super_class.table import format_table
 from mobile_moe.training import recipes

@@ -15,7 +15,7 @@ mobile-vmoe, ..., vit, ...), so drift in machine load hits them alike; ratios co
 close the report: on the CPU, eager Mobile V-MoE / eager dense <= 1.03x. "timed compiles" > 0 means
 a graph was compiled during the timed steps (a recompile): compiled training should have none; "first step s" is the
 first warm-up step, where compiling happens. "per FLOP" divides a model's step-time ratio to the dense model by its
-FLOPs ratio (mobile_moe.costs, per image): 1.0 means the model costs what its arithmetic says. The optimiser is
+FLOPs ratio (mobile_moe.models.costs, per image): 1.0 means the model costs what its arithmetic says. The optimiser is
 training's (mobile_moe/training/train.py adamw: fused, on the CPU too).
 
 --anchor adds timm's deit_tiny_patch16_224 (at the benchmark's size: its width, depth, heads, patch and image size)
@@ -40,9 +40,9 @@ from collections.abc import Callable
 import torch
 from torch._dynamo.utils import counters as dynamo_counters  # private, but where dynamo counts the graphs it compiles
 
-from mobile_moe.costs import costs
-from mobile_moe.moe import compile_model, expert_dispatch
-from mobile_moe.registry import create_model, list_models
+from mobile_moe.models.costs import costs
+from mobile_moe.models.moe import compile_model, expert_dispatch
+from mobile_moe.models.registry import create_model, list_models
 from mobile_moe.training import engine, recipes
 from mobile_moe.training.optimizer import adamw
 from mobile_moe.training.routing import TrainingForward

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mobile_moe.registry import make_config
+from mobile_moe.models.registry import make_config
 from mobile_moe.training import recipes
 from mobile_moe.training.demo import DEMO_MODEL, DEMO_MOE
 from mobile_moe.training.run_dir import holds_results, read_metrics

@@ -3,7 +3,7 @@
 The Python runtime (mobile_moe/export/runtime.py) calls these; the native runner's expert_choice.h
 (mobile_moe/library/libmobile_moe/src) is their translation into C++, held equal to them case by case, ties and float32
 margins included, by tests/device_bench/test_expert_choice.py. Change a rule here first, then there. The order of
-experts is the model's own: mobile_moe.routers.top_k, so eager PyTorch and both runtimes agree even on ties.
+experts is the model's own: mobile_moe.models.routers.top_k, so eager PyTorch and both runtimes agree even on ties.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Collection
 import numpy as np
 import torch
 
-from mobile_moe.routers import top_k
+from mobile_moe.models.routers import top_k
 
 
 def pick_experts(

@@ -11,7 +11,7 @@ import pytest
 import torch
 from filelock import FileLock
 
-from mobile_moe.registry import create_model, list_models
+from mobile_moe.models.registry import create_model, list_models
 
 # A tiny config per registered model: 32 px images, 8 px patches -> 16 patches, width 32, 3 blocks.
 TINY = {"image_size": 32, "patch_size": 8, "num_classes": 7, "depth": 3, "width": 32, "num_heads": 2}

@@ -314,8 +314,8 @@ def mutate_manifest(bundle: Path, name: str, table: dict[str, Mutation] = MANIFE
 
 def untrained_run(run: Path, model, super_classes: dict | None = None) -> Path:
     """A run directory as training writes it (config.json + best.pt) for `model`, untrained, on digits."""
-    from mobile_moe.checkpoint import checkpoint_dict, save_checkpoint
     from mobile_moe.data.datasets import data_record, open_data
+    from mobile_moe.models.checkpoint import checkpoint_dict, save_checkpoint
     from mobile_moe.training.run_dir import write_config
 
     write_config(run, {"model": model.config.to_dict(), "data": data_record(open_data("digits", 32)),

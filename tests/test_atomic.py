@@ -1,4 +1,4 @@
-"""Files and directories written through mobile_moe.atomic get the mode open() and mkdir() would give them."""
+"""Files and directories written through mobile_moe.utils.atomic get the mode open() and mkdir() would give them."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from mobile_moe.atomic import atomic_path, check_not_an_input, write_text_atomic
 from mobile_moe.errors import UsageError
+from mobile_moe.utils.atomic import atomic_path, check_not_an_input, write_text_atomic
 
 
 @pytest.mark.parametrize("umask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700)])
@@ -89,7 +89,7 @@ def test_a_file_where_a_folder_of_the_path_should_be_is_one_line(tmp_path):
 def test_files_written_together_replace_their_targets_together_or_not_at_all(tmp_path):
     """atomic_files: each staged under its target's own name (a plot writer reads the suffix), all renamed at the end;
     an error before the end leaves every old file, and no temporary beside any target."""
-    from mobile_moe.atomic import atomic_files
+    from mobile_moe.utils.atomic import atomic_files
 
     targets = [tmp_path / "fig.md", tmp_path / "plots" / "fig.png"]
     targets[1].parent.mkdir()
@@ -111,8 +111,8 @@ def test_a_stop_during_the_renames_of_files_written_together_waits_for_the_last(
     """A SIGTERM that lands between two renames is raised after the last one: the new set, whole."""
     import signal
 
-    from mobile_moe import atomic
-    from mobile_moe.interrupts import Terminated, stop_signals
+    from mobile_moe.utils import atomic
+    from mobile_moe.utils.interrupts import Terminated, stop_signals
 
     targets = [tmp_path / "fig.md", tmp_path / "fig.csv"]
     for target in targets:
@@ -139,7 +139,7 @@ def test_a_scratch_folder_a_killed_command_left_is_removed_by_the_next_and_a_liv
     import sys
     import tempfile
 
-    from mobile_moe.atomic import scratch_folder
+    from mobile_moe.utils.atomic import scratch_folder
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     killed = tmp_path / ".mobile-moe-bench.tmp-999999999-abcd1234"  # no such pid

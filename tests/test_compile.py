@@ -11,8 +11,8 @@ import torch
 from conftest import tiny_model
 from torch._dynamo.utils import counters
 
-from mobile_moe.moe import compile_model
-from mobile_moe.registry import list_models
+from mobile_moe.models.moe import compile_model
+from mobile_moe.models.registry import list_models
 from mobile_moe.training.routing import TrainingForward
 
 pytestmark = pytest.mark.usefixtures("one_thread")

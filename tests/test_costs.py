@@ -7,9 +7,9 @@ import torch
 from conftest import TINY, TINY_MOE, tiny_model
 from torch.utils.flop_counter import FlopCounterMode
 
-from mobile_moe.costs import buffer_capacity, costs, every_expert_flops
 from mobile_moe.errors import UsageError
-from mobile_moe.registry import MODELS, make_config
+from mobile_moe.models.costs import buffer_capacity, costs, every_expert_flops
+from mobile_moe.models.registry import MODELS, make_config
 
 
 def test_hand_count_tiny_dense():

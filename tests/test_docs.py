@@ -134,9 +134,9 @@ def test_the_schemas_words_and_bounds_are_spelled_in_cpp_by_the_generated_header
 
 def test_the_manifests_routings_are_the_configs():
     """A model's `routing` is the manifest's: per image ones export split (or in one graph), per token ones whole."""
-    from mobile_moe.config import PER_IMAGE_ROUTINGS, PER_TOKEN_ROUTINGS
     from mobile_moe.export.manifest_schema import LAYOUTS_OF_ROUTING, SPLIT_LAYOUTS
-    from mobile_moe.registry import MODELS
+    from mobile_moe.models.config import PER_IMAGE_ROUTINGS, PER_TOKEN_ROUTINGS
+    from mobile_moe.models.registry import MODELS
 
     assert set(LAYOUTS_OF_ROUTING) == {"none", *PER_IMAGE_ROUTINGS, *PER_TOKEN_ROUTINGS}
     assert {config.routing for config in MODELS.values()} <= set(LAYOUTS_OF_ROUTING)

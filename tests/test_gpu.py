@@ -15,7 +15,7 @@ from test_grouped_gemm_training import (
 from test_models import ROUTED, assert_routes_in_fp32_under_bf16_autocast
 
 from mobile_moe.app.cli import main
-from mobile_moe.moe import ExpertMLPs, compile_model, expert_groups, grouped_gemm_device, grouped_gemm_fits
+from mobile_moe.models.moe import ExpertMLPs, compile_model, expert_groups, grouped_gemm_device, grouped_gemm_fits
 from mobile_moe.training.evaluate import autocast
 from mobile_moe.training.run_dir import load_run
 

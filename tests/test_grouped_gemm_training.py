@@ -14,9 +14,9 @@ from conftest import TINY, TINY_OPTIONS, spread_clusters, tiny_model
 from test_compile import assert_near, loss_of
 from torch._dynamo.utils import counters
 
-from mobile_moe import hard_moe
-from mobile_moe.moe import ExpertMLPs, StackedModules, compile_model, grouped_gemm_device, grouped_gemm_fits
-from mobile_moe.registry import create_model
+from mobile_moe.models import hard_moe
+from mobile_moe.models.moe import ExpertMLPs, StackedModules, compile_model, grouped_gemm_device, grouped_gemm_fits
+from mobile_moe.models.registry import create_model
 from mobile_moe.training.routing import TrainingForward
 
 # bf16's unit roundoff (8 significant bits): every tensor of a bf16 step carries its inputs' rounding at this size

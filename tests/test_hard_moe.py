@@ -10,16 +10,16 @@ import torch
 import torch.nn.functional as F
 from conftest import backward_with_a_gradient_per_element, one_torch_thread, spread_clusters, tiny_model
 
-from mobile_moe import hard_moe
 from mobile_moe.app.cli import main
-from mobile_moe.checkpoint import load_checkpoint
 from mobile_moe.errors import UsageError
-from mobile_moe.registry import make_config
+from mobile_moe.models import hard_moe
+from mobile_moe.models.checkpoint import load_checkpoint
+from mobile_moe.models.registry import make_config
+from mobile_moe.models.upcycle import upcycle
+from mobile_moe.models.vit import Block, ClassifierHead
 from mobile_moe.training import cluster_fit as stage
 from mobile_moe.training.init_from import check_init_from, load_dense
 from mobile_moe.training.run_dir import load_run, read_config, read_metrics
-from mobile_moe.upcycle import upcycle
-from mobile_moe.vit import Block, ClassifierHead
 
 # --- the model ------------------------------------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
-"""Ctrl-C and SIGTERM under the CLI (mobile_moe/interrupts.py): held until torch's tracing ends; one that a `__del__`
-swallowed is raised at the next safe point."""
+"""Ctrl-C and SIGTERM under the CLI (mobile_moe/utils/interrupts.py): held until torch's tracing ends; one that a
+`__del__` swallowed is raised at the next safe point."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import time
 import pytest
 from faults import outlives_its_killed_parent, running
 
-from mobile_moe.atomic import atomic_path
-from mobile_moe.interrupts import Terminated, held, leave_stops_to_the_main_process, stop_signals
+from mobile_moe.utils.atomic import atomic_path
+from mobile_moe.utils.interrupts import Terminated, held, leave_stops_to_the_main_process, stop_signals
 
 
 def _signal_self(signum: int) -> None:
@@ -196,7 +196,7 @@ def test_a_stop_that_lands_after_the_command_ended_still_ends_the_process_with_i
     command printed: never status 0 (the stop swallowed), never Python's handler ending it without a word."""
     script = (
         "import os, signal, time\n"
-        "from mobile_moe.interrupts import stop_signals\n"
+        "from mobile_moe.utils.interrupts import stop_signals\n"
         "with stop_signals(until_exit=True):\n"
         "    print('the command printed this', flush=False)\n"
         f"os.kill(os.getpid(), {int(signum)})\n"
@@ -211,7 +211,7 @@ def test_a_stop_that_lands_after_the_command_ended_still_ends_the_process_with_i
 def test_a_stop_while_a_child_runs_kills_the_child_and_everything_it_started(tmp_path):
     """run_child: a SIGTERM while a build (cmake, then its compilers) or a runner runs takes the whole process group
     with it; subprocess.run would kill the child alone and leave the grandchildren running."""
-    from mobile_moe.interrupts import run_child
+    from mobile_moe.utils.interrupts import run_child
 
     pid_file = tmp_path / "grandchild.pid"
     script = (
@@ -245,7 +245,7 @@ def test_a_worker_dies_with_the_bench_that_started_it_even_when_the_bench_is_sig
     worker, so the kernel does. Without it the worker runs on. The bench is killed once the worker says it is set up:
     on a busy machine its imports can take longer than any fixed wait."""
     ready = tmp_path / "ready"
-    setup = "from mobile_moe.interrupts import die_with_parent; die_with_parent(); " if dies_with_parent else ""
+    setup = "from mobile_moe.utils.interrupts import die_with_parent; die_with_parent(); " if dies_with_parent else ""
     worker = [sys.executable, "-c", setup + f"open({str(ready)!r}, 'w').close(); import time; time.sleep(60)"]
     assert outlives_its_killed_parent(worker, ready=ready) != dies_with_parent
 

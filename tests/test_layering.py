@@ -10,8 +10,9 @@ from pathlib import Path
 import networkx as nx
 
 REPOSITORY = Path(__file__).resolve().parent.parent
-# Lowest first: the models and costs, then the stages in the order data flows through them.
-LAYERS = ["mobile_moe", "super_class", "data", "training", "library", "export", "device_bench", "evidence", "app"]
+# Lowest first: the ground floor (the package's own modules, models/, utils/, formats/, importers/), then the stages in
+# the order data flows through them.
+LAYERS = ["mobile_moe", "data", "training", "super_class", "library", "export", "device_bench", "evidence", "app"]
 
 
 def module_name(path: Path) -> str:

@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from conftest import spread_clusters, tiny_model
 
-from mobile_moe import moe
-from mobile_moe.checkpoint import checkpoint_dict, load_checkpoint, model_from_checkpoint, save_checkpoint
-from mobile_moe.registry import MODELS
+from mobile_moe.models import moe
+from mobile_moe.models.checkpoint import checkpoint_dict, load_checkpoint, model_from_checkpoint, save_checkpoint
+from mobile_moe.models.registry import MODELS
 
 
 @pytest.mark.parametrize("pool", ["cls", "mean"])
@@ -174,9 +174,9 @@ def test_a_router_decides_in_fp32_under_bf16_autocast(name):
 def assert_routes_in_fp32_under_bf16_autocast(name: str, device: torch.device) -> None:
     """bf16 training routes every image (token) as the float32 model and its exported router do: the router's
     projection, softmax and top-k (Hard MoE's distances) leave autocast, so their outputs are bit for bit fp32's."""
-    from mobile_moe.hard_moe import CentroidRouter
-    from mobile_moe.routers import PerImageRouter
-    from mobile_moe.token_moe import ExpertsChoiceRouter, TokenChoiceRouter
+    from mobile_moe.models.hard_moe import CentroidRouter
+    from mobile_moe.models.routers import PerImageRouter
+    from mobile_moe.models.token_moe import ExpertsChoiceRouter, TokenChoiceRouter
 
     model = tiny_model(name).eval()
     router = next(m for m in model.modules() if isinstance(m, (PerImageRouter, CentroidRouter, TokenChoiceRouter,
@@ -212,7 +212,7 @@ TOO_LARGE = [("vit", "2x8000000", {}), ("vit", "2x32", {"mlp_ratio": 1e12}),
 def test_a_model_whose_weights_exceed_memory_is_refused_before_it_is_built(name, size, overrides):
     """From flags or a forged run: torch's allocator failed with a traceback, or the kernel killed the process."""
     from mobile_moe.errors import UsageError
-    from mobile_moe.registry import create_model
+    from mobile_moe.models.registry import create_model
 
     with pytest.raises(UsageError, match=r"parameters, whose weights need .* GiB, more than .* a smaller model"):
         create_model(name, size, **overrides)

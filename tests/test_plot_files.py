@@ -1,4 +1,4 @@
-"""save_figure (mobile_moe/plot_files.py): every figure the toolkit writes draws each character with its font, or
+"""save_figure (mobile_moe/utils/plot_files.py): every figure the toolkit writes draws each character with its font, or
 writes the character's code point where no installed font has it, without matplotlib's glyph warnings."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from mobile_moe.errors import UsageError  # noqa: E402
-from mobile_moe.plot_files import read_figure, save_figure  # noqa: E402
+from mobile_moe.utils.plot_files import read_figure, save_figure  # noqa: E402
 
 
 @pytest.mark.parametrize("suffix", [".png", ".svg"])

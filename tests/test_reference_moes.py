@@ -7,12 +7,12 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_model
 
-from mobile_moe.costs import buffer_capacity
-from mobile_moe.moe import ExpertMLPs
-from mobile_moe.outputs import MoEStats
-from mobile_moe.routers import top_k
-from mobile_moe.token_moe import MoELayer, SoftRouter, TokenChoiceRouter, TokenMoEBlock, dense_form
-from mobile_moe.vit import Attention
+from mobile_moe.models.costs import buffer_capacity
+from mobile_moe.models.moe import ExpertMLPs
+from mobile_moe.models.routers import top_k
+from mobile_moe.models.token_moe import MoELayer, SoftRouter, TokenChoiceRouter, TokenMoEBlock, dense_form
+from mobile_moe.models.vit import Attention
+from mobile_moe.utils.outputs import MoEStats
 
 REFERENCE_MOES = ["vmoe", "experts-choice", "soft-moe", "widenet"]
 
@@ -269,7 +269,7 @@ def test_torch_export_at_batch_one(name):
 def test_routers_have_no_bias_and_runs_from_before_still_load(name):
     """g(x) = TOP_k(softmax(W x)) as in the paper and vmoe; a run's config.json from before the change has no
     `router_bias`, and reads back as the biased router its checkpoint holds."""
-    from mobile_moe.registry import model_from_config_dict
+    from mobile_moe.models.registry import model_from_config_dict
 
     model = tiny_model(name)
     assert not [n for n, _ in model.named_parameters() if "router" in n and n.endswith("bias")]

@@ -8,17 +8,17 @@ import pytest
 import torch
 from conftest import backward_with_a_gradient_per_element, spread_clusters, tiny_model
 
-from mobile_moe import moe, token_moe
-from mobile_moe.checkpoint import checkpoint_dict, load_weights, model_from_checkpoint
 from mobile_moe.errors import UsageError
-from mobile_moe.moe import ExpertMLPs, is_stacked, per_expert_key, restacked
-from mobile_moe.registry import make_config
+from mobile_moe.models import moe, token_moe
+from mobile_moe.models.checkpoint import checkpoint_dict, load_weights, model_from_checkpoint
+from mobile_moe.models.moe import ExpertMLPs, is_stacked, per_expert_key, restacked
+from mobile_moe.models.registry import make_config
+from mobile_moe.models.vit import Mlp
 from mobile_moe.training import recipes
 from mobile_moe.training import train as train_module
 from mobile_moe.training.optimizer import decays, optimizer_order, restacked_optimizer_state
 from mobile_moe.training.run_dir import load_run
 from mobile_moe.training.train import resume_training, train
-from mobile_moe.vit import Mlp
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

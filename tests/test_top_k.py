@@ -1,6 +1,6 @@
-"""THE top-k rule (mobile_moe.routers.top_k): largest first, equal scores by the lower index. Eager PyTorch, the Python
-bundle runtime and the native runner must agree on it, ties included: a router whose probabilities all tie is the
-case where torch.topk (which promises no order among ties) and a stable sort could disagree."""
+"""THE top-k rule (mobile_moe.models.routers.top_k): largest first, equal scores by the lower index. Eager PyTorch, the
+Python bundle runtime and the native runner must agree on it, ties included: a router whose probabilities all tie is
+the case where torch.topk (which promises no order among ties) and a stable sort could disagree."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from conftest import needs_build, tiny_model
 
 from mobile_moe.expert_choice import pick_experts
-from mobile_moe.routers import top_k
+from mobile_moe.models.routers import top_k
 
 
 @pytest.mark.parametrize(

@@ -15,10 +15,10 @@ from conftest import TINY, TINY_OPTIONS, one_torch_thread, spread_clusters, tiny
 from mobile_moe.app.cli import main
 from mobile_moe.errors import UsageError
 from mobile_moe.importers import Source, convert_model
-from mobile_moe.moe import is_stacked, stacked
-from mobile_moe.registry import MODELS, create_model, make_config
+from mobile_moe.models.moe import is_stacked, stacked
+from mobile_moe.models.registry import MODELS, create_model, make_config
+from mobile_moe.models.upcycle import check_dense_fits, upcycle
 from mobile_moe.training.run_dir import load_run, read_config
-from mobile_moe.upcycle import check_dense_fits, upcycle
 
 UPCYCLED = sorted(name for name, cfg in MODELS.items() if cfg.upcycle_refusal is None and cfg.routing != "none")
 DIGITS_MODEL = ["--size", "3x64", "--patch", "8", "--image-size", "32"]

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mobile_moe.moe import ExpertMLPs
-from mobile_moe.token_moe import (
+from mobile_moe.models.moe import ExpertMLPs
+from mobile_moe.models.token_moe import (
     ExpertsChoiceRouter,
     MoELayer,
     TokenChoiceRouter,
@@ -22,7 +22,7 @@ from mobile_moe.token_moe import (
     load_loss,
     switch_loss,
 )
-from mobile_moe.token_moe import one_hot as one_hot_of
+from mobile_moe.models.token_moe import one_hot as one_hot_of
 
 # vmoe/moe_test.py and vmoe/nn/routing_test.py share this group: three items, three experts (item x expert).
 GATES = torch.tensor([[0.4, 0.0, 0.2], [0.5, 0.1, 0.4], [0.3, 0.2, 0.6]])
@@ -100,7 +100,7 @@ def test_soft_router_parameters_and_weights():
     parameters mu (16, 5, 2) (our phi) and a scalar scale. vmoe's test then checks only the dispatcher's type; here:
     dispatch weights sum to 1 over the tokens of each slot, combine weights to 1 over the slots of each token.
     (SoftRouterTest.test_metrics checks similarity metrics we do not compute.)"""
-    from mobile_moe.token_moe import SoftRouter
+    from mobile_moe.models.token_moe import SoftRouter
 
     router = SoftRouter(16, 5, 2)
     assert tuple(router.phi.shape) == (16, 5, 2) and router.scale.shape == ()

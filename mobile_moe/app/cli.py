@@ -21,11 +21,11 @@ from importlib.metadata import version
 from typing import NoReturn
 
 from mobile_moe.errors import Note, UsageError, exception_chain
-from mobile_moe.interrupts import STOPPED_LINES, Terminated, stop_signals
+from mobile_moe.utils.interrupts import STOPPED_LINES, Terminated, stop_signals
 
 # command -> (module, one-line help). Commands whose module does not exist yet are not offered.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "info": ("mobile_moe.info", "parameters (total, active) and FLOPs of a model"),
+    "info": ("mobile_moe.models.info_cli", "parameters (total, active) and FLOPs of a model"),
     "pack": ("mobile_moe.data.pack_cli", "a pre-resized image store of a data spec, for --data packed:STORE"),
     "train": ("mobile_moe.training.cli", "train a dense ViT, a Mobile V-MoE or a reference MoE"),
     "import": ("mobile_moe.training.import_cli", "a dense run from a local timm or torchvision ViT checkpoint"),

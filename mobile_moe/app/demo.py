@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mobile_moe.atomic import write_text_atomic
-from mobile_moe.costs import costs
-from mobile_moe.registry import make_config
-from mobile_moe.words import counted
+from mobile_moe.models.costs import costs
+from mobile_moe.models.registry import make_config
+from mobile_moe.utils.atomic import write_text_atomic
+from mobile_moe.utils.words import counted
 
 GRID_DEPTHS = (12, 9, 6)
 GRID_WIDTHS = (384, 192, 96, 64)
@@ -38,8 +38,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def check_arguments(args: argparse.Namespace) -> None:
     """Refuse bad flags before any work: --epochs must be at least 1, --out an empty or new directory this process
     can write."""
-    from mobile_moe.atomic import check_writable
     from mobile_moe.errors import UsageError
+    from mobile_moe.utils.atomic import check_writable
 
     if args.epochs is not None and args.epochs < 1:
         raise UsageError(f"--epochs {args.epochs}: must be at least 1 (leave it out for the tiny recipe's 15)")

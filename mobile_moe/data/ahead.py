@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from mobile_moe.devices import process_stream
+from mobile_moe.utils.devices import process_stream
 
 _DONE = object()  # the loader is exhausted
 

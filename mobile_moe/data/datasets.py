@@ -29,9 +29,9 @@ from torch.utils.data import Dataset
 from mobile_moe import preprocess
 from mobile_moe.data import digits_pairs, folders, idx_files, synthetic
 from mobile_moe.data.spec_options import EXAMPLES, FOLDER_SPECS, refusal, resolved_spec, unknown_name
-from mobile_moe.devices import memory_limit, over_memory_limit
 from mobile_moe.errors import UsageError
-from mobile_moe.super_class.superclasses import SuperClasses, from_labels
+from mobile_moe.formats.superclasses import SuperClasses, from_labels
+from mobile_moe.utils.devices import memory_limit, over_memory_limit
 
 SPLITS = ("train", "val", "test")
 SPLIT_SEED = 0  # the train/val/test splits never change with the training seed

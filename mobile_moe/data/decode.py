@@ -28,7 +28,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from mobile_moe.data.image_files import UnreadableImage, image_from_bytes, stored_upright
-from mobile_moe.devices import process_stream
+from mobile_moe.utils.devices import process_stream
 
 # JPEG start-of-frame markers: 0xC0-0xCF except DHT (C4), JPG (C8) and DAC (CC); the GPU takes C0 and C1
 SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}

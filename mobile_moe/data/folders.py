@@ -16,11 +16,11 @@ from pathlib import Path
 from torch.utils.data import Dataset, Subset
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from mobile_moe.class_names import class_names_problem
 from mobile_moe.data.image_check import check_images
 from mobile_moe.data.image_files import read_image
 from mobile_moe.errors import Note, UsageError
-from mobile_moe.super_class.superclasses import SuperClasses, from_labels
+from mobile_moe.formats.superclasses import SuperClasses, from_labels
+from mobile_moe.utils.class_names import class_names_problem
 
 CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
 CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}

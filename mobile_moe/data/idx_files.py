@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from mobile_moe.data.spec_options import EXAMPLES, parse_options
-from mobile_moe.devices import over_memory_limit
 from mobile_moe.errors import UsageError
+from mobile_moe.utils.devices import over_memory_limit
 
 FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_INSTALL = "apt-get install dataset-fashion-mnist"

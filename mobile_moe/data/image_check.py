@@ -20,11 +20,11 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from mobile_moe.atomic import write_text_atomic
-from mobile_moe.cache import cache_root
 from mobile_moe.data.image_files import UnreadableImage, read_image
-from mobile_moe.devices import usable_cores
 from mobile_moe.errors import UsageError
+from mobile_moe.utils.atomic import write_text_atomic
+from mobile_moe.utils.cache import cache_root
+from mobile_moe.utils.devices import usable_cores
 
 CACHE_VERSION = 1
 SHOWN = 3  # bad files named in the one line; the count says how many more

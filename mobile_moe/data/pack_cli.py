@@ -20,10 +20,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from mobile_moe.atomic import check_writable
     from mobile_moe.data import store
     from mobile_moe.data.datasets import open_data
     from mobile_moe.errors import UsageError
+    from mobile_moe.utils.atomic import check_writable
 
     if args.max_side < 1:
         raise UsageError(f"--max-side {args.max_side}: must be at least 1")

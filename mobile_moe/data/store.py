@@ -29,13 +29,13 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from torch.utils.data import Dataset
 
-from mobile_moe.atomic import atomic_path, check_output_folder, check_writable, within
 from mobile_moe.data.decode import fitted
 from mobile_moe.data.image_files import image_from_bytes
 from mobile_moe.data.spec_options import spec_folder
-from mobile_moe.devices import usable_cores
 from mobile_moe.errors import UsageError
-from mobile_moe.foreign_files import open_foreign, read_foreign
+from mobile_moe.utils.atomic import atomic_path, check_output_folder, check_writable, within
+from mobile_moe.utils.devices import usable_cores
+from mobile_moe.utils.foreign_files import open_foreign, read_foreign
 
 FORMAT, VERSION = "mobile-moe-store", 1
 META = "store.json"

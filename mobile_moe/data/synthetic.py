@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from mobile_moe.data.spec_options import EXAMPLES, parse_options
-from mobile_moe.devices import over_memory_limit
 from mobile_moe.errors import UsageError
+from mobile_moe.utils.devices import over_memory_limit
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,8 @@ WORKING_BYTES_PER_PIXEL = 80  # generate's float64 arrays at their peak: two (N,
 
 
 def _check_generation_fits(spec: SyntheticSpec, image_size: int) -> None:
-    """UsageError unless generating the set fits the memory one input may ask for (mobile_moe.devices.memory_limit)."""
+    """UsageError unless generating the set fits the memory one input may ask for
+    (mobile_moe.utils.devices.memory_limit)."""
     excess = over_memory_limit(WORKING_BYTES_PER_PIXEL * spec.classes * spec.per_class * image_size**2)
     if excess is not None:
         raise UsageError(

@@ -3,10 +3,8 @@
     make arm64                                        # Debian's toolchain and qemu, executorch's aarch64 wheel, tests
     mobile-moe bench BUNDLE --device arm64-emulated   # pushes, runs and pulls exactly as --device android does
 
-The build: mobile_moe/library/libmobile_moe's CMakeLists.txt with linux-arm64.toolchain.cmake (Debian's
-g++-aarch64-linux-gnu) against executorch's manylinux aarch64 wheel (runtime, XNNPACK delegate with its NEON kernels,
-optimized kernels), which `fetch_wheel` downloads from the package registry and unpacks into the cache;
-mobile_moe.library.build caches the runner like the host one. The device: a directory that plays the phone's
+The build is mobile_moe/library/cross.py's (the library's linux-arm64 build, which `mobile-moe sdk --target
+linux-arm64` makes an SDK folder of). The device: a directory that plays the phone's
 filesystem (working directories under its data/local/tmp), and qemu-user running the runner there against Debian's
 aarch64 C and C++ runtime, so the runner reads its bundle from the device's working directory and loads only the files
 it chooses, as on a phone.
@@ -19,24 +17,19 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import sys
-import tempfile
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from mobile_moe.atomic import atomic_path, scratch_folder
-from mobile_moe.cache import cache_root
 from mobile_moe.device_bench.remote import RunnerFiles, run_remote
 from mobile_moe.device_bench.round_report import RoundJson
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
-from mobile_moe.interrupts import run_child
-from mobile_moe.library.build import SOURCE_DIR, CrossBuild, build_runner
+from mobile_moe.library import cross
+from mobile_moe.library.build import build_runner
+from mobile_moe.utils.atomic import scratch_folder
+from mobile_moe.utils.interrupts import run_child
 
 DEVICE = "arm64-emulated"
-COMPILER = "aarch64-linux-gnu-g++"
-SYSROOT = Path("/usr/aarch64-linux-gnu")  # Debian's aarch64 glibc and libstdc++ (pulled in by the cross compiler)
 QEMU = ("qemu-aarch64-static", "qemu-aarch64")
 # The core the device emulates: a Cortex-A76 (ARMv8.2-A with dot product and fp16: the big core of many 2019-2022
 # phones), a fixed feature set that does not move with qemu's version. Not qemu's default "max": with it, int8
@@ -44,20 +37,6 @@ QEMU = ("qemu-aarch64-static", "qemu-aarch64")
 # match the host bit for bit, and fp32 is right either way. So the SME code path is at fault (XNNPACK's SME kernels, or
 # qemu's emulation of SME); telling which needs SME hardware.
 CPU = "cortex-a76"
-TOOLCHAIN_FILE = SOURCE_DIR / "cmake" / "linux-arm64.toolchain.cmake"
-WHEEL_PLATFORM = "manylinux_2_28_aarch64"
-SETUP = "run `make arm64` (installs g++-aarch64-linux-gnu and qemu-user-static, fetches executorch's aarch64 wheel)"
-
-
-def executorch_version() -> str:
-    from executorch.version import __version__
-
-    return __version__.split("+")[0]  # "1.5.1+cpu": the wheel on the registry is plain 1.5.1
-
-
-def wheel_dir() -> Path:
-    """Where the unpacked aarch64 wheel lives: its executorch/ directory is the cross build's CMAKE_PREFIX_PATH."""
-    return cache_root() / f"executorch-{executorch_version()}-{WHEEL_PLATFORM}"
 
 
 def qemu() -> str | None:
@@ -66,55 +45,18 @@ def qemu() -> str | None:
 
 def missing() -> list[str]:
     """What the emulated device needs and this machine lacks (empty: it can build and run)."""
-    absent = [] if shutil.which("cmake") else ["cmake"]
-    absent += [] if shutil.which(COMPILER) else [f"{COMPILER} (Debian package g++-aarch64-linux-gnu)"]
-    absent += [] if (SYSROOT / "lib" / "ld-linux-aarch64.so.1").exists() else [f"the aarch64 C runtime in {SYSROOT}"]
-    absent += [] if qemu() else ["qemu-aarch64 (Debian package qemu-user-static)"]
-    absent += [] if (wheel_dir() / "executorch" / "lib").is_dir() else [f"executorch's aarch64 wheel in {wheel_dir()}"]
-    return absent
+    return cross.missing() + ([] if qemu() else ["qemu-aarch64 (Debian package qemu-user-static)"])
 
 
 def require() -> None:
     absent = missing()
     if absent:
-        raise UsageError(f"--device {DEVICE} needs {', '.join(absent)}; {SETUP}")
-
-
-def fetch_wheel() -> Path:
-    """Download executorch's aarch64 wheel of this executorch version (pip download: no install) and unpack it into
-    wheel_dir(), whole or not at all; -> wheel_dir(). Does nothing when it is there already."""
-    target = wheel_dir()
-    if target.is_dir():
-        return target
-    with atomic_path(target, directory=True) as unpacked, tempfile.TemporaryDirectory() as download:
-        command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
-                   "--platform", WHEEL_PLATFORM, f"executorch=={executorch_version()}", "--dest", download]  # fmt: skip
-        result = run_child(command, capture_output=True, text=True)
-        wheels = list(Path(download).glob("executorch-*.whl"))
-        if result.returncode != 0 or not wheels:
-            reason = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no wheel"]
-            raise UsageError(f"cannot download executorch's {WHEEL_PLATFORM} wheel: {reason[0]}")
-        with zipfile.ZipFile(wheels[0]) as wheel:
-            wheel.extractall(unpacked)
-    return target
-
-
-def runtime_libraries() -> tuple[Path, ...]:
-    """The wheel's shared libraries the runner loads: they travel with it to the device (WORKDIR/lib)."""
-    return tuple(sorted((wheel_dir() / "executorch" / "lib").glob("*.so")))
-
-
-def cross_build() -> CrossBuild:
-    """The runner's linux-arm64 build: executorch's aarch64 wheel, Debian's cross compiler through the toolchain file;
-    refused when the toolchain or wheel is absent."""
-    require()
-    cmake_args = (f"-DCMAKE_TOOLCHAIN_FILE={TOOLCHAIN_FILE}", "-DCMAKE_SKIP_RPATH=ON")
-    return CrossBuild("linux-arm64", wheel_dir() / "executorch", cmake_args, shutil.which(COMPILER) or COMPILER)
+        raise UsageError(f"--device {DEVICE} needs {', '.join(absent)}; {cross.SETUP}")
 
 
 def build_arm64_runner() -> Path:
     """The runner built for linux-arm64 (cached like the host's)."""
-    return build_runner(cross=cross_build())
+    return build_runner(cross=cross.cross_build())
 
 
 class EmulatedArm64Device:
@@ -161,7 +103,7 @@ class EmulatedArm64Device:
     def execute(self, argv: list[str], env: dict[str, str], stdout: str, stderr: str) -> int:
         self.on_device(argv[0]).chmod(0o755)
         settings = [arg for key, value in env.items() for arg in ("-E", f"{key}={value}")]
-        command = [qemu(), "-cpu", CPU, "-L", str(SYSROOT), *settings, *argv]
+        command = [qemu(), "-cpu", CPU, "-L", str(cross.SYSROOT), *settings, *argv]
         with open(self.on_device(stdout), "wb") as out, open(self.on_device(stderr), "wb") as err:
             return run_child(command, stdout=out, stderr=err).returncode
 
@@ -172,7 +114,7 @@ class EmulatedArm64Device:
 def run_emulated(runner: Path | None, bundle: Path, images: Path | None, settings: RoundSettings) -> dict:
     """The cross-built runner (`runner`, or the cached build) on a fresh emulated device; -> its JSON."""
     binary = runner if runner is not None else build_arm64_runner()
-    return run_remote(EmulatedArm64Device, RunnerFiles(binary, runtime_libraries()), bundle, images, settings)
+    return run_remote(EmulatedArm64Device, RunnerFiles(binary, cross.runtime_libraries()), bundle, images, settings)
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from mobile_moe import jsonio
-from mobile_moe.atomic import atomic_path, check_output_folder, check_writable, scratch_folder, within
 from mobile_moe.device_bench import arm64
 from mobile_moe.device_bench import results as results_module
 from mobile_moe.device_bench.android import AndroidRunner
@@ -41,8 +39,10 @@ from mobile_moe.device_bench.workload import ORDERS, make_workload, random_seed,
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest import bundle_identity, read_manifest, same_bundle
 from mobile_moe.export.manifest_schema import Manifest
-from mobile_moe.foreign_files import read_foreign
 from mobile_moe.library import options as library_options
+from mobile_moe.utils import jsonio
+from mobile_moe.utils.atomic import atomic_path, check_output_folder, check_writable, scratch_folder, within
+from mobile_moe.utils.foreign_files import read_foreign
 
 RUNTIMES = ("executorch", "onnxruntime", "native", "coreml")
 DEFAULT_RUNTIME = {"executorch": "native", "onnx": "onnxruntime", "coreml": "coreml"}  # by bundle backend

@@ -12,11 +12,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from mobile_moe import jsonio
 from mobile_moe.device_bench.bench import RUNTIMES, BenchSettings, benchmark
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.device_bench.workload import ORDERS
 from mobile_moe.library.options import OPTIONS
+from mobile_moe.utils import jsonio
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

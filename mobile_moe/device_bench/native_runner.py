@@ -14,15 +14,15 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from mobile_moe.cache import free_bytes
 from mobile_moe.device_bench.round_report import RoundJson
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest import read_manifest
-from mobile_moe.interrupts import run_child
 from mobile_moe.library.binding import default_weight_cache_dir
 from mobile_moe.library.build import build_runner
-from mobile_moe.words import shown
+from mobile_moe.utils.cache import free_bytes
+from mobile_moe.utils.interrupts import run_child
+from mobile_moe.utils.words import shown
 
 RUNNER_PREFIX = "mobile_moe_runner"
 

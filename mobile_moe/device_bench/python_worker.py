@@ -26,8 +26,8 @@ from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest import read_manifest
 from mobile_moe.export.runtime import load_bundle
-from mobile_moe.interrupts import die_with_parent, run_child
 from mobile_moe.library.options import OPTIONS
+from mobile_moe.utils.interrupts import die_with_parent, run_child
 
 
 def summary(samples: list[float]) -> dict:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mobile_moe.atomic import write_text_atomic
-from mobile_moe.plot_files import save_figure
+from mobile_moe.utils.atomic import write_text_atomic
+from mobile_moe.utils.plot_files import save_figure
 
 
 def _ms(value) -> str:

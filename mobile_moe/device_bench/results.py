@@ -15,12 +15,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from mobile_moe.costs import costs, every_expert_flops
 from mobile_moe.device_bench import routing_stats
 from mobile_moe.device_bench.round_report import Latency, RoundReport, SwitchParts
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest_schema import GraphEntry, Manifest, QuantizedAccuracy
-from mobile_moe.registry import config_from_dict
+from mobile_moe.models.costs import costs, every_expert_flops
+from mobile_moe.models.registry import config_from_dict
 
 SPREAD_FLAG = 0.10  # (max - min) / median of the rounds' p50 above this: the rounds disagree, numbers are noisy
 
@@ -39,7 +39,8 @@ def _config(manifest: Manifest):
 
 
 def _costs(manifest: Manifest):
-    """Parameter and FLOP counts from the manifest's model config (mobile_moe.costs), or None if it cannot say."""
+    """Parameter and FLOP counts from the manifest's model config (mobile_moe.models.costs), or None if it cannot
+    say."""
     config = _config(manifest)
     return costs(config) if config is not None else None
 
@@ -68,7 +69,8 @@ def params_per_image(manifest: Manifest, sequence: list[list[int]]) -> float:
 
 def params_active(manifest: Manifest, counts) -> int | None:
     """What one image computes with, worst case: the manifest's params_active_max (export recorded it from
-    mobile_moe.costs), else mobile_moe.costs on the manifest's model config (bundles written before the field)."""
+    mobile_moe.models.costs), else mobile_moe.models.costs on the manifest's model config (bundles written before the
+    field)."""
     if manifest.params_active_max is not None:
         return manifest.params_active_max
     return counts.params_active if counts else None

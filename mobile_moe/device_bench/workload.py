@@ -12,11 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
-from mobile_moe.class_names import check_classes
 from mobile_moe.data.datasets import open_data
-from mobile_moe.devices import memory_limit, over_memory_limit
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest_schema import Manifest
+from mobile_moe.utils.class_names import check_classes
+from mobile_moe.utils.devices import memory_limit, over_memory_limit
 
 
 @dataclass
@@ -75,7 +75,7 @@ def data_workload(
 
 def check_fits_memory(count: int, shape: list[int]) -> None:
     """UsageError unless `count` float32 images of `shape` (1, C, S, S) fit in the memory one argument may ask for
-    (mobile_moe.devices.memory_limit: the workload is held in memory, then written once to a raw file that every
+    (mobile_moe.utils.devices.memory_limit: the workload is held in memory, then written once to a raw file that every
     runner reads beside its own model and buffers): a count typed with zeros too many is refused in one line."""
     image_bytes = 4 * math.prod(shape[1:])
     excess = over_memory_limit(count * image_bytes)

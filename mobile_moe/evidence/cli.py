@@ -16,15 +16,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mobile_moe.atomic import check_writable
 from mobile_moe.data.spec_options import DATA_SPECS
-from mobile_moe.devices import DEVICES, resolve_device
 from mobile_moe.errors import UsageError
 from mobile_moe.evidence.figures import FIGURES, cell_recipes, figure
 from mobile_moe.evidence.launch import LAUNCHERS, SlurmOptions
 from mobile_moe.evidence.scales import SCALES
 from mobile_moe.evidence.scales import scale as scale_named
-from mobile_moe.registry import check_fits_memory
+from mobile_moe.models.registry import check_fits_memory
+from mobile_moe.utils.atomic import check_writable
+from mobile_moe.utils.devices import DEVICES, resolve_device
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -15,11 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from mobile_moe.config import ViTConfig
 from mobile_moe.errors import UsageError
 from mobile_moe.evidence import paper
 from mobile_moe.evidence.scales import PAPER_DEPTHS, PAPER_WIDTHS, Backbone, Scale
-from mobile_moe.registry import make_config
+from mobile_moe.models.config import ViTConfig
+from mobile_moe.models.registry import make_config
 from mobile_moe.training.recipes import recipe
 
 FIGURES = ("fig1", "fig3a", "fig3b", "fig3c", "fig3d", "fig3e")

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mobile_moe.atomic import atomic_files
 from mobile_moe.evidence.figures import ROUTING_OF_ROW, Figure
 from mobile_moe.evidence.results import CellResult
-from mobile_moe.plot_files import save_figure
-from mobile_moe.words import counted
+from mobile_moe.utils.atomic import atomic_files
+from mobile_moe.utils.plot_files import save_figure
+from mobile_moe.utils.words import counted
 
 
 @dataclass

@@ -15,14 +15,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from torch.utils.data import Dataset
 
-from mobile_moe.atomic import write_text_atomic
-from mobile_moe.costs import costs
 from mobile_moe.data.datasets import materialized
 from mobile_moe.errors import UsageError
 from mobile_moe.evidence.figures import Cell, Figure
 from mobile_moe.evidence.sweep import run_dir
+from mobile_moe.models.costs import costs
 from mobile_moe.training.evaluate import evaluate
 from mobile_moe.training.run_dir import epochs_done, load_run
+from mobile_moe.utils.atomic import write_text_atomic
 
 SCORED = ("top1", "router_accuracy", "experts_per_image_mean")  # what evaluate() reports that the tables use
 

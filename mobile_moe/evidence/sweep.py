@@ -23,18 +23,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mobile_moe.devices import usable_cores
 from mobile_moe.errors import UsageError
 from mobile_moe.evidence.figures import DERIVED, Cell, Figure
 from mobile_moe.evidence.launch import LAUNCHERS, SlurmOptions
-from mobile_moe.registry import config_from_dict
-from mobile_moe.super_class.superclasses import load
+from mobile_moe.formats.superclasses import load
+from mobile_moe.models.registry import config_from_dict
 from mobile_moe.training.engine import NonFiniteLoss
 from mobile_moe.training.evaluate import confusion_from_run
 from mobile_moe.training.recipes import from_dict
 from mobile_moe.training.run_dir import differences, epochs_done, holds_results, is_run_dir, read_config, repair_commit
 from mobile_moe.training.train import resume_training, train
-from mobile_moe.words import counted
+from mobile_moe.utils.devices import usable_cores
+from mobile_moe.utils.words import counted
 
 
 @dataclass(frozen=True)

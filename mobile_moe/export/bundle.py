@@ -3,7 +3,7 @@
 
     export_bundle(model, "bundle/", "executorch", class_names=names, mean=mean, std=std, sample_images=images)
 
-Everything is built in a temporary directory beside the target (mobile_moe.atomic): a failed export, a parity
+Everything is built in a temporary directory beside the target (mobile_moe.utils.atomic): a failed export, a parity
 failure or an interrupt leaves nothing behind, and an existing bundle at the target survives until the new one is
 complete and verified.
 """
@@ -22,8 +22,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from mobile_moe.atomic import atomic_path, check_output_folder, check_writable
-from mobile_moe.costs import costs
 from mobile_moe.errors import UsageError
 from mobile_moe.export.graphs import Split, split_model
 from mobile_moe.export.loaded_graphs import TorchGraph, coreml_runs_here
@@ -44,7 +42,9 @@ from mobile_moe.export.parity import PROB_TOLERANCE, measure_parity, parity_pass
 from mobile_moe.export.quantization import DEFAULT_COMPRESSION, CoreMLCompression, Quantization, check_groups
 from mobile_moe.export.runtime import BundleRuntime, LibraryBundle, load_bundle
 from mobile_moe.export.traces import graph_inputs
-from mobile_moe.interrupts import held
+from mobile_moe.models.costs import costs
+from mobile_moe.utils.atomic import atomic_path, check_output_folder, check_writable
+from mobile_moe.utils.interrupts import held
 
 # backend -> (module, exporter function); imported only when used, so one backend's import cost is paid alone.
 EXPORTERS = {

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from mobile_moe import jsonio
 from mobile_moe.export.manifest_schema import BACKENDS, SPLIT_LAYOUTS
 from mobile_moe.export.quantization import COREML_COMPRESSIONS, DEFAULT_COMPRESSION
-from mobile_moe.words import counted
+from mobile_moe.utils import jsonio
+from mobile_moe.utils.words import counted
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -1,6 +1,6 @@
 """Rewrites applied while lowering, so that every backend can run the graph and XNNPACK can take most of it.
 
-`sort_decompositions()` (every backend): the toolkit's one top-k rule (mobile_moe.routers.top_k) is a STABLE
+`sort_decompositions()` (every backend): the toolkit's one top-k rule (mobile_moe.models.routers.top_k) is a STABLE
 descending sort, and aten.sort is in no backend's op set: it is not Core ATen (ExecuTorch's verifier refuses it and
 its portable kernels have no sort), the ONNX exporter has no translation for sort.stable, and Core ML's argsort
 promises no order among ties. The rewrite ranks every element against every other (compare, sum, scatter), which

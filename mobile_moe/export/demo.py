@@ -15,7 +15,7 @@ from mobile_moe.export.loaded_graphs import coreml_runs_here
 from mobile_moe.export.manifest_schema import Manifest
 from mobile_moe.export.runtime import load_bundle
 from mobile_moe.export.source import source_from_run
-from mobile_moe.words import counted
+from mobile_moe.utils.words import counted
 
 FORMATS = ("executorch", "onnx", "coreml")
 

@@ -1,6 +1,6 @@
 """The split: which graphs a bundle holds, as small modules that share the model's weights.
 
-What a model can be split into follows from how it routes (its config's `routing`, mobile_moe/config.py):
+What a model can be split into follows from how it routes (its config's `routing`, mobile_moe/models/config.py):
   none              a dense ViT: one "dense" graph.
   image, cluster    one decision per image (Mobile V-MoE's router, Hard MoE's nearest centroid): a router graph and
                     one graph per expert, so a phone loads only the experts an image picks. Hard MoE's experts are
@@ -37,11 +37,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from mobile_moe.config import PER_IMAGE_ROUTINGS, PER_TOKEN_ROUTINGS
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest_schema import SPLIT_LAYOUTS, TensorSpec
-from mobile_moe.moe import ExpertMLPs, unstacked_view
-from mobile_moe.vit import Block
+from mobile_moe.models.config import PER_IMAGE_ROUTINGS, PER_TOKEN_ROUTINGS
+from mobile_moe.models.moe import ExpertMLPs, unstacked_view
+from mobile_moe.models.vit import Block
 
 
 def tensor_spec(name: str, *shape: int) -> TensorSpec:
@@ -173,7 +173,7 @@ def routing_of(model: nn.Module) -> str:
     if routing is None:
         raise UsageError(
             f"{type(model).__name__} is not a mobile-moe model (it has no config.routing): export a model built by "
-            "mobile_moe.registry (a training run directory)"
+            "mobile_moe.models.registry (a training run directory)"
         )
     if routing not in ("none", *PER_IMAGE_ROUTINGS, *PER_TOKEN_ROUTINGS):
         raise UsageError(f"model {model.config.name!r} routes by {routing!r}, which export does not know how to split")

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from mobile_moe import jsonio
 from mobile_moe.errors import UsageError
 from mobile_moe.export.artifact import file_bytes, file_digest
 from mobile_moe.export.flatbuffer_files import check_graph_file
@@ -29,7 +28,8 @@ from mobile_moe.export.manifest_schema import (  # noqa: F401 (BACKENDS: the CLI
     Manifest,
     validate_manifest,
 )
-from mobile_moe.foreign_files import read_foreign
+from mobile_moe.utils import jsonio
+from mobile_moe.utils.foreign_files import read_foreign
 
 
 def planned_entry(spec, file: str) -> dict[str, Any]:
@@ -198,7 +198,7 @@ def _verified(bundle_dir: str | os.PathLike, graph: GraphEntry, file: GraphFile)
 
 def bundle_identity(bundle_dir: str | os.PathLike) -> tuple[int, int] | None:
     """The bundle folder's (device, inode), None if it cannot be read. Export replaces a bundle by renaming a new folder
-    over it (mobile_moe/atomic.py), so a changed identity means another command exported over the bundle."""
+    over it (mobile_moe/utils/atomic.py), so a changed identity means another command exported over the bundle."""
     try:
         status = os.stat(bundle_dir)
     except OSError:

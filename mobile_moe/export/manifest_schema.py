@@ -21,9 +21,10 @@ Layouts and the graphs they need (mobile_moe/export/graphs.py writes them):
 What an image touches (optional, so bundles written before these fields still validate, and version stays 1):
   routing            the model's routing kind (mobile_moe config): none -> dense; image -> expert-paths, per-block or
                      monolithic; cluster -> expert-paths or monolithic; token, expert, soft -> whole.
-  params_active_max  the most parameters one image computes with (mobile_moe.costs' params_active, worst case). It
-                     can never exceed what the graphs one image needs hold (`params_loaded_max`): the router and
-                     shared graphs plus its top_k heaviest experts, or the one graph of a single-graph layout.
+  params_active_max  the most parameters one image computes with (mobile_moe.models.costs' params_active, worst
+                     case). It can never exceed what the graphs one image needs hold (`params_loaded_max`): the
+                     router and shared graphs plus its top_k heaviest experts, or the one graph of a single-graph
+                     layout.
   validation_top1    the exported run's validation top-1 (its best.pt, 0..1), when the bundle comes from a run.
   test_top1          the exported checkpoint's top-1 on its data's test split (0..1), measured by export on the eager
                      model as `evaluate` measures it, when the bundle comes from a run whose data has one: the one
@@ -53,8 +54,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from mobile_moe.class_names import class_names_problem
 from mobile_moe.preprocess import INTERPOLATIONS, POLICIES, ResizePolicy
+from mobile_moe.utils.class_names import class_names_problem
 
 FORMAT = "mobile-moe-bundle"
 VERSION = 1

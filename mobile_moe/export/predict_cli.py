@@ -6,11 +6,11 @@ import argparse
 
 import numpy as np
 
-from mobile_moe import jsonio
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest_schema import SPLIT_LAYOUTS
 from mobile_moe.library.options import OPTION, OPTIONS
-from mobile_moe.words import escaped
+from mobile_moe.utils import jsonio
+from mobile_moe.utils.words import escaped
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

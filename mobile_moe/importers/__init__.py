@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from mobile_moe.checkpoint import WEIGHT_DTYPES, first_reason, not_finite, torch_load, weight_kind_problem
-from mobile_moe.config import ViTConfig
 from mobile_moe.errors import UsageError
+from mobile_moe.models.checkpoint import WEIGHT_DTYPES, first_reason, not_finite, torch_load, weight_kind_problem
+from mobile_moe.models.config import ViTConfig
 
 LIBRARIES = ("timm", "torchvision")
 PARITY_TOLERANCE = 1e-5  # max abs logit difference (float32) an import must meet
@@ -184,7 +184,7 @@ def imagenet_classes(config: ViTConfig) -> list[str] | None:
 
 def load_into_source(source: Source, model: nn.Module, state: dict[str, Tensor]) -> nn.Module:
     """`state` into the library's own model, every key and shape checked; what does not fit is the one line."""
-    from mobile_moe.checkpoint import state_mismatches
+    from mobile_moe.models.checkpoint import state_mismatches
 
     problems = state_mismatches(model.state_dict(), state)
     if problems:
@@ -200,8 +200,8 @@ def load_into_source(source: Source, model: nn.Module, state: dict[str, Tensor])
 
 
 def _load_ours(source: Source, config: ViTConfig, state: dict[str, Tensor]) -> nn.Module:
-    from mobile_moe.checkpoint import load_weights
-    from mobile_moe.vit import VisionTransformer
+    from mobile_moe.models.checkpoint import load_weights
+    from mobile_moe.models.vit import VisionTransformer
 
     model = VisionTransformer(config)
     load_weights(model, state, str(source))

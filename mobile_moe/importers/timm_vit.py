@@ -15,9 +15,9 @@ import math
 import torch
 from torch import Tensor, nn
 
-from mobile_moe.config import ViTConfig
 from mobile_moe.errors import UsageError
 from mobile_moe.importers import Preprocessing, Source, load_into_source, mlp_ratio_of, refuse
+from mobile_moe.models.config import ViTConfig
 from mobile_moe.preprocess import resize_center_crop
 
 POOLS = {(True, "token"): "cls", (False, "avg"): "mean"}  # (has a class token, timm's global_pool) -> our pool

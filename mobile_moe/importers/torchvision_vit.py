@@ -11,9 +11,9 @@ import math
 
 from torch import Tensor, nn
 
-from mobile_moe.config import ViTConfig
 from mobile_moe.errors import UsageError
 from mobile_moe.importers import Preprocessing, Source, load_into_source, mlp_ratio_of, refuse
+from mobile_moe.models.config import ViTConfig
 from mobile_moe.preprocess import resize_center_crop
 
 

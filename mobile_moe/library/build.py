@@ -20,10 +20,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from mobile_moe.atomic import write_text_atomic
-from mobile_moe.cache import cache_root
 from mobile_moe.errors import UsageError
-from mobile_moe.interrupts import run_child
+from mobile_moe.utils.atomic import write_text_atomic
+from mobile_moe.utils.cache import cache_root
+from mobile_moe.utils.interrupts import run_child
 
 SOURCE_DIR = Path(__file__).resolve().parent / "libmobile_moe"  # CMakeLists.txt and its tree
 RUNNER_NAME = "mobile_moe_runner"

@@ -7,11 +7,14 @@ import argparse
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="the SDK folder to write (new, empty, or an earlier SDK folder)")
+    parser.add_argument("--target", default="host", choices=("host", "linux-arm64"),
+                        help="the machine it is for: this host (default), or a Linux ARM64 device (cross-built: "
+                        "`make arm64` installs the toolchain)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
     from mobile_moe.library.sdk import write_sdk
 
-    out = write_sdk(args.out)
+    out = write_sdk(args.out, args.target)
     print(f"wrote {out}: include/, lib/ (pkg-config: PKG_CONFIG_PATH={out}/lib/pkgconfig), java/, examples/")
     return 0

@@ -1,5 +1,6 @@
 """The SDK folder an app ships and builds against (`mobile-moe sdk --out DIR`), for this machine (linux-x86_64 or
-linux-aarch64, the executorch wheel's runtime):
+linux-aarch64, the executorch wheel's runtime), or with `--target linux-arm64` for a Linux ARM64 device (a Raspberry
+Pi, a Jetson, an i.MX board: the cross build of cross.py, with executorch's aarch64 wheel's runtime; no Java):
 
     DIR/include/mobile_moe.h                 the public header; mobile_moe_measure.h beside it (stats, explicit
                                              expert loads: what a benchmark reads)
@@ -26,12 +27,14 @@ import os
 import platform
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
-from mobile_moe.atomic import atomic_path, check_output_folder, check_writable
 from mobile_moe.errors import UsageError
-from mobile_moe.interrupts import run_child
-from mobile_moe.library.build import SOURCE_DIR, build_library, executorch_package_dir
+from mobile_moe.library import cross
+from mobile_moe.library.build import SOURCE_DIR, CrossBuild, build_library, executorch_package_dir
+from mobile_moe.utils.atomic import atomic_path, check_output_folder, check_writable
+from mobile_moe.utils.interrupts import run_child
 
 # What an SDK folder holds (a rebuilt one is ours to replace).
 SDK_ENTRIES = {"include", "lib", "java", "examples", "source", "README.md"}
@@ -93,38 +96,63 @@ def write_jar(staging: Path) -> bool:
     return True
 
 
-def install_library(build_dir: Path, staging: Path) -> None:
+def install_library(build_dir: Path, staging: Path, runtime_dir: Path) -> None:
     """CMake's install of the library (include/, lib/ with its pkg-config and CMake files), then the ExecuTorch
-    libraries it needs beside it."""
+    libraries of `runtime_dir` it needs beside it."""
     result = run_child(["cmake", "--install", str(build_dir), "--prefix", str(staging)], capture_output=True, text=True)
     if result.returncode != 0:
         raise UsageError(f"installing libmobile_moe failed: {(result.stderr or result.stdout).strip()[:300]}")
-    runtime_dir = executorch_package_dir() / "lib"
     for library in executorch_closure(build_dir / "libmobile_moe.so", runtime_dir):
         shutil.copy2(library, staging / "lib" / library.name)
 
 
-def write_sdk(out: str | os.PathLike) -> Path:
-    """The SDK folder at `out` (new, empty, or an earlier SDK folder, replaced whole). -> the folder."""
+TARGETS = ("host", cross.TARGET)
+
+
+@dataclass(frozen=True)
+class Target:
+    """What an SDK folder is built for: its build (None: this host's), the ExecuTorch libraries shipped beside the
+    library, the C compiler its README builds an app with, and the machine it names."""
+
+    build: CrossBuild | None
+    runtime_dir: Path
+    compiler: str
+    machine: str
+
+
+def target_of(name: str) -> Target:
+    if name == "host":
+        machine = f"{platform.system().lower()}-{platform.machine()}"
+        return Target(None, executorch_package_dir() / "lib", "cc", machine)
+    if name == cross.TARGET:
+        return Target(cross.cross_build(), cross.runtime_dir(), cross.COMPILER.replace("g++", "gcc"), "linux-aarch64")
+    raise UsageError(f"--target {name}: choose one of {', '.join(TARGETS)}")
+
+
+def write_sdk(out: str | os.PathLike, target: str = "host") -> Path:
+    """The SDK folder at `out` (new, empty, or an earlier SDK folder, replaced whole) for `target` (TARGETS: this
+    host, or a Linux ARM64 device by the cross build of mobile_moe/library/cross.py). -> the folder."""
     out = Path(out)
     check_writable(out, directory=True)  # a file there is refused, never replaced
     check_output_folder(out, ours=lambda path: SDK_ENTRIES if (path / "include" / "mobile_moe.h").is_file() else None,
                         kind="mobile-moe SDK folder")  # fmt: skip
-    library = build_library()
+    built_for = target_of(target)
+    library = build_library(cross=built_for.build) if built_for.build is not None else build_library()
     version = re.search(r"libmobile_moe\.so\.(\d+)\.(\d+)\.(\d+)", " ".join(p.name for p in library.parent.iterdir()))
     if version is None:
         raise UsageError(f"the build in {library.parent} has no versioned libmobile_moe.so; remove it and build again")
     with atomic_path(out, directory=True) as staging:
-        install_library(library.parent, staging)
-        write_jar(staging)
+        install_library(library.parent, staging, built_for.runtime_dir)
+        if built_for.build is None:  # the JNI library is built for the host's JDK only
+            write_jar(staging)
         examples = staging / "examples"
         examples.mkdir()
         shutil.copy2(SOURCE_DIR / "examples" / "app_example.c", examples)
-        (examples / "Makefile").write_text(EXAMPLE_MAKEFILE)
+        (examples / "Makefile").write_text(EXAMPLE_MAKEFILE.replace("CC ?= cc", f"CC ?= {built_for.compiler}"))
         not_source = shutil.ignore_patterns("sdk", "build", "build-*", "__pycache__")
         shutil.copytree(SOURCE_DIR, staging / "source", ignore=not_source)
-        fields = {"version": ".".join(version.groups()), "major": version.group(1),
-                  "machine": f"{platform.system().lower()}-{platform.machine()}"}  # fmt: skip
+        fields = {"version": ".".join(version.groups()), "major": version.group(1), "machine": built_for.machine,
+                  "cc": built_for.compiler}  # fmt: skip
         readme = README_TEMPLATE.read_text()
         for name, value in fields.items():  # not str.format: the README's C and CMake have braces of their own
             readme = readme.replace("{" + name + "}", value)

@@ -12,17 +12,17 @@ import os
 import sys
 from pathlib import Path
 
-from mobile_moe.atomic import atomic_files, check_not_an_input, check_replaceable, check_writable
-from mobile_moe.class_names import class_names_problem, read_class_names
-from mobile_moe.devices import DEVICES
 from mobile_moe.errors import UsageError
-from mobile_moe.jsonio import dumps
-from mobile_moe.plot_files import read_figure
-from mobile_moe.super_class.confusion import Confusion, load_confusion
+from mobile_moe.formats.confusion import Confusion, load_confusion
+from mobile_moe.formats.superclasses import load, unnamed_classes
 from mobile_moe.super_class.graph import AFFINITIES
 from mobile_moe.super_class.methods import METHOD_HELP, METHODS
-from mobile_moe.super_class.superclasses import load, unnamed_classes
 from mobile_moe.super_class.table import format_table
+from mobile_moe.utils.atomic import atomic_files, check_not_an_input, check_replaceable, check_writable
+from mobile_moe.utils.class_names import class_names_problem, read_class_names
+from mobile_moe.utils.devices import DEVICES
+from mobile_moe.utils.jsonio import dumps
+from mobile_moe.utils.plot_files import read_figure
 
 MAX_SEED = 2**32 - 1  # scikit-learn's random_state range (spectral, balanced)
 
@@ -143,7 +143,7 @@ def derive_command(args: argparse.Namespace) -> int:
     check_arguments(args)
     class_names = read_class_names(args.class_names) if args.class_names is not None else None
     if args.run_dir is not None:
-        # This command composes the two packages: reading a run is training's (super_class never imports it).
+        # Reading a run is training's, the stage below this one.
         from mobile_moe.training.evaluate import confusion_from_run
 
         confusion = confusion_from_run(args.run_dir, args.data, args.split, args.hard, args.device, args.batch_size)

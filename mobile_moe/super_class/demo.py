@@ -6,8 +6,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from mobile_moe.formats.superclasses import SuperClasses
 from mobile_moe.super_class.derive import derive_super_classes
-from mobile_moe.super_class.superclasses import SuperClasses
 from mobile_moe.super_class.table import format_table
 
 
@@ -25,7 +25,7 @@ def derive_for_demo(
 
     Prints the Table-1-style listing through `echo`; returns the SuperClasses (train with `--super-classes out`).
     """
-    # The demo step composes the two packages: reading a run is training's (super_class never imports it).
+    # Reading a run is training's, the stage below this one.
     from mobile_moe.training.evaluate import confusion_from_run
 
     confusion = confusion_from_run(run_dir, data_spec, split="val", device="cpu")

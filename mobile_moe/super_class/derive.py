@@ -13,10 +13,10 @@ from __future__ import annotations
 import numpy as np
 
 from mobile_moe.errors import UsageError
+from mobile_moe.formats.confusion import check_confusion, classes_without_images
+from mobile_moe.formats.superclasses import SuperClasses, default_names, unnamed_classes
 from mobile_moe.super_class.clustering import cluster
-from mobile_moe.super_class.confusion import check_confusion, classes_without_images
 from mobile_moe.super_class.quality import quality, stability
-from mobile_moe.super_class.superclasses import SuperClasses, default_names, unnamed_classes
 
 
 def derive_super_classes(

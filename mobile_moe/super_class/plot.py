@@ -16,9 +16,9 @@ import numpy as np  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 from mobile_moe.errors import UsageError  # noqa: E402
-from mobile_moe.plot_files import save_figure  # noqa: E402
+from mobile_moe.formats.superclasses import SuperClasses  # noqa: E402
 from mobile_moe.super_class.graph import class_affinity, knn_sparsify  # noqa: E402
-from mobile_moe.super_class.superclasses import SuperClasses  # noqa: E402
+from mobile_moe.utils.plot_files import save_figure  # noqa: E402
 
 FORMATS = (".png", ".pdf", ".svg")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from mobile_moe.errors import UsageError
-from mobile_moe.super_class.superclasses import SuperClasses
+from mobile_moe.formats.superclasses import SuperClasses
 
 
 def example_classes(super_classes: SuperClasses, examples: int = 3, seed: int = 0) -> list[list[str]]:

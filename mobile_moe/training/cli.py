@@ -19,13 +19,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mobile_moe.atomic import check_writable
-from mobile_moe.cli_args import MODEL_FLAGS, add_model_arguments, config_from_args, model_kwargs
-from mobile_moe.config import parse_size
 from mobile_moe.data.augment import INPUT_PIPELINES
 from mobile_moe.data.spec_options import DATA_SPECS, SOURCE_SIZE, same_data
-from mobile_moe.devices import DEVICES
 from mobile_moe.errors import UsageError
+from mobile_moe.models.cli_args import MODEL_FLAGS, add_model_arguments, config_from_args, model_kwargs
+from mobile_moe.models.config import parse_size
 from mobile_moe.training.recipes import (
     MAY_CHANGE_ON_RESUME,
     RECIPES,
@@ -36,7 +34,9 @@ from mobile_moe.training.recipes import (
     matches_record,
     recipe,
 )
-from mobile_moe.words import counted, escaped
+from mobile_moe.utils.atomic import check_writable
+from mobile_moe.utils.devices import DEVICES
+from mobile_moe.utils.words import counted, escaped
 
 DEFAULT_RECIPE = "deit"
 
@@ -272,7 +272,7 @@ def resume_command(argv: list[str]) -> str:
 def run(args: argparse.Namespace) -> None:
     try:
         _run(args)
-    except KeyboardInterrupt:  # Ctrl-C, SIGTERM (mobile_moe.interrupts): the last checkpoint.pt is whole
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM (mobile_moe.utils.interrupts): the last checkpoint.pt is whole
         print(f"continue with: {resume_command(sys.argv[1:])}", file=sys.stderr, flush=True)
         raise
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mobile_moe.errors import UsageError
-from mobile_moe.registry import make_config
+from mobile_moe.models.registry import make_config
 from mobile_moe.training import recipes
 from mobile_moe.training.evaluate import evaluate
 from mobile_moe.training.run_dir import load_run, read_metrics

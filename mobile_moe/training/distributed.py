@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset, Subset
 
-from mobile_moe.devices import resolve_device
 from mobile_moe.errors import UsageError, exception_chain
-from mobile_moe.words import shown
+from mobile_moe.utils.devices import resolve_device
+from mobile_moe.utils.words import shown
 
 
 @dataclass(frozen=True)

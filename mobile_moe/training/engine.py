@@ -15,13 +15,13 @@ from mobile_moe.data import augment
 from mobile_moe.data.ahead import BatchesAhead
 from mobile_moe.data.batch_augment import StepKey
 from mobile_moe.data.inputs import CropBatches, DeviceBatches, WorkerBatches
-from mobile_moe.interrupts import held, raise_if_stopped
 from mobile_moe.training import losses
 from mobile_moe.training.attribution import EpochAttribution
 from mobile_moe.training.distributed import Placement, mean_over_ranks
 from mobile_moe.training.evaluate import autocast, expert_use
 from mobile_moe.training.progress import Progress
 from mobile_moe.training.recipes import TrainConfig
+from mobile_moe.utils.interrupts import held, raise_if_stopped
 
 
 class NonFiniteLoss(Exception):

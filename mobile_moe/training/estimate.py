@@ -7,7 +7,7 @@ import sys
 
 from tqdm import tqdm
 
-from mobile_moe.words import counted
+from mobile_moe.utils.words import counted
 
 
 def duration(seconds: float) -> str:

@@ -17,10 +17,10 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from mobile_moe.devices import resolve_device
 from mobile_moe.errors import UsageError
-from mobile_moe.super_class.confusion import Confusion, confusion_from_predictions
+from mobile_moe.formats.confusion import Confusion, confusion_from_predictions
 from mobile_moe.training.run_dir import load_run
+from mobile_moe.utils.devices import resolve_device
 
 
 def autocast(device: torch.device | str, enabled: bool = True):

@@ -6,9 +6,9 @@ import argparse
 import json
 from pathlib import Path
 
-from mobile_moe.atomic import check_not_an_input, check_writable
-from mobile_moe.devices import DEVICES, resolve_device
 from mobile_moe.errors import UsageError
+from mobile_moe.utils.atomic import check_not_an_input, check_writable
+from mobile_moe.utils.devices import DEVICES, resolve_device
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> None:
     # numpy and torch load only when the command runs, so `mobile-moe evaluate --help` stays fast
     import numpy as np
 
-    from mobile_moe.super_class.confusion import check_confusion_output, confusion_from_predictions, save_confusion
+    from mobile_moe.formats.confusion import check_confusion_output, confusion_from_predictions, save_confusion
     from mobile_moe.training.evaluate import collect_predictions, evaluate
     from mobile_moe.training.run_dir import load_run
 

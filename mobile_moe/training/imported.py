@@ -19,12 +19,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mobile_moe.atomic import atomic_path, check_writable
-from mobile_moe.checkpoint import save_checkpoint
-from mobile_moe.class_names import class_names_problem, read_class_names
 from mobile_moe.errors import UsageError
 from mobile_moe.importers import import_vit, parse_source, read_state_dict
+from mobile_moe.models.checkpoint import save_checkpoint
 from mobile_moe.training.run_dir import BEST, is_imported, write_config
+from mobile_moe.utils.atomic import atomic_path, check_writable
+from mobile_moe.utils.class_names import class_names_problem, read_class_names
 
 
 def import_run(model: str, weights: str | os.PathLike, out: str | os.PathLike, class_names: str | None = None) -> dict:
@@ -95,7 +95,7 @@ def source_record(model: str, weights: Path, difference: float) -> dict[str, Any
 
 def class_names_from(source: str, num_classes: int) -> list[str]:
     """Class names from a directory (its sub-folder names, sorted: ImageFolder's order, e.g. ImageNet's val folder)
-    or a names file (mobile_moe.class_names); there must be one distinct name per class."""
+    or a names file (mobile_moe.utils.class_names); there must be one distinct name per class."""
     path = Path(source).expanduser()
     if path.is_dir():
         names = sorted(entry.name for entry in path.iterdir() if entry.is_dir())

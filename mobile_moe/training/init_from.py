@@ -5,14 +5,13 @@ vit by fine-tuning.
     mobile-moe train --model vit --init-from runs/deit --data imagefolder:data --out runs/deit-ft   # transfer
 
 The model's fields default to the dense run's (only E, k, L need giving); before the first epoch of a fresh run its
-best.pt is copied in by the model's own map (mobile_moe/upcycle.py: every expert MLP from the dense MLP of its block,
-routers fresh). The data is opened with the dense run's preprocessing (mean, std, eval resize), so the model sees its
-images as the dense model did (an imported run's are its library's). Data of other classes than the dense run's (an
+best.pt is copied in by the model's own map (mobile_moe/models/upcycle.py: every expert MLP from the dense MLP of its
+block, routers fresh). The data is opened with the dense run's preprocessing (mean, std, eval resize), so the model sees
+its images as the dense model did (an imported run's are its library's). Data of other classes than the dense run's (an
 ImageNet-1k import fine-tuned on your folder) gets a new classifier for its classes, said in one line; everything else
 is copied. config.json records the dense run ("init_from") and what was copied ("upcycled", with "new_head"); a resume
 reads both and copies nothing (checkpoint.pt holds the weights). A Hard MoE requires --init-from (its gater,
-mobile_moe/training/cluster_fit.py).
-"""
+mobile_moe/training/cluster_fit.py)."""
 
 from __future__ import annotations
 
@@ -20,13 +19,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mobile_moe.checkpoint import load_checkpoint
-from mobile_moe.config import ViTConfig, parse_size
 from mobile_moe.errors import UsageError
-from mobile_moe.registry import MODELS
+from mobile_moe.models.checkpoint import load_checkpoint
+from mobile_moe.models.config import ViTConfig, parse_size
+from mobile_moe.models.registry import MODELS
+from mobile_moe.models.upcycle import check_dense_fits, check_upcyclable, dense_defaults, upcycle
 from mobile_moe.training.run_dir import BEST, CONFIG, check_same_model, is_imported, read_config
 from mobile_moe.training.run_dir import preprocessing as recorded_preprocessing
-from mobile_moe.upcycle import check_dense_fits, check_upcyclable, dense_defaults, upcycle
 
 HELP = (
     "a dense vit run (ours, or `mobile-moe import`ed) of the same size: the model starts from its weights (data of "

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch.nn.functional as F
 from torch import Tensor
 
-from mobile_moe.outputs import ModelOutput, Routing
+from mobile_moe.utils.outputs import ModelOutput, Routing
 
 
 class LossTerms(NamedTuple):

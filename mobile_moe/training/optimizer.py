@@ -11,9 +11,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from mobile_moe.checkpoint import first_reason, load_weights
 from mobile_moe.errors import UsageError
-from mobile_moe.moe import is_stacked, per_expert_key, stacked
+from mobile_moe.models.checkpoint import first_reason, load_weights
+from mobile_moe.models.moe import is_stacked, per_expert_key, stacked
 from mobile_moe.training.recipes import TrainConfig
 
 

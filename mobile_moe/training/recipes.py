@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from mobile_moe.data.augment import INPUT_PIPELINES, MAGNITUDE_BINS, Augmentation
-from mobile_moe.devices import DEVICES
 from mobile_moe.errors import UsageError
-from mobile_moe.words import counted
+from mobile_moe.utils.devices import DEVICES
+from mobile_moe.utils.words import counted
 
 ROUTE_BY = ("router", "label")
 # What a resumed run may change: how it runs, and how long (epochs: not fewer than already done). Anything else

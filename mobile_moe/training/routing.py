@@ -2,7 +2,7 @@
 
 `--route-by label` sends every training image to the expert of its true super-class, so each expert only ever sees
 its own super-class while the router learns from the router loss alone. The model does it (its `route_to` option,
-see mobile_moe.routers.PerImageRouter): this module only decides when to ask for it.
+see mobile_moe.models.routers.PerImageRouter): this module only decides when to ask for it.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from mobile_moe.errors import UsageError
-from mobile_moe.outputs import ModelOutput
+from mobile_moe.utils.outputs import ModelOutput
 
 
 class TrainingForward(nn.Module):

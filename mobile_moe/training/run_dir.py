@@ -29,19 +29,19 @@ from typing import Any
 
 from torch import nn
 
-from mobile_moe import atomic
-from mobile_moe.atomic import process_description, write_text_atomic
-from mobile_moe.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
-from mobile_moe.class_names import check_classes, class_names_problem
 from mobile_moe.data.datasets import open_data
 from mobile_moe.data.spec_options import same_data
 from mobile_moe.errors import UsageError
-from mobile_moe.foreign_files import read_foreign_text
+from mobile_moe.models.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from mobile_moe.preprocess import check_resize
 from mobile_moe.training import distributed
 from mobile_moe.training.recipes import MAY_CHANGE_ON_RESUME, matches_record
 from mobile_moe.training.super_spec import super_record_problem
-from mobile_moe.words import shown
+from mobile_moe.utils import atomic
+from mobile_moe.utils.atomic import process_description, write_text_atomic
+from mobile_moe.utils.class_names import check_classes, class_names_problem
+from mobile_moe.utils.foreign_files import read_foreign_text
+from mobile_moe.utils.words import shown
 
 CONFIG = "config.json"
 MAX_RECORD_BYTES = 256 << 20  # config.json and metrics.jsonl: kilobytes a run (a row an epoch); refuse a giant

@@ -13,16 +13,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mobile_moe.config import ViTConfig
 from mobile_moe.data.datasets import Data
 from mobile_moe.errors import UsageError
-from mobile_moe.super_class.superclasses import (
+from mobile_moe.formats.superclasses import (
     SuperClasses,
     load,
     random_super_classes,
     unnamed_classes,
     validate,
 )
+from mobile_moe.models.config import ViTConfig
 
 DATASET_SOURCES = ("coarse", "truth", "dataset")
 SPEC_HELP = "FILE.json, coarse (CIFAR-100, digits-pairs, fashion-mnist), truth (synthetic) or random[:SEED]"

@@ -1,6 +1,6 @@
 """`train(...)`: the whole training run, in commented sections; `resume_training(run_dir)` continues one.
 
-    from mobile_moe.registry import make_config
+    from mobile_moe.models.registry import make_config
     from mobile_moe.training import recipes
     from mobile_moe.training.train import train
 
@@ -27,18 +27,15 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from mobile_moe.atomic import check_writable
-from mobile_moe.checkpoint import checkpoint_dict, load_checkpoint
-from mobile_moe.config import ViTConfig
 from mobile_moe.data import augment, inputs
 from mobile_moe.data.crop import KeyedBatches
 from mobile_moe.data.datasets import Data, data_record, materialized, open_data
-from mobile_moe.devices import usable_cores
 from mobile_moe.errors import UsageError
-from mobile_moe.interrupts import leave_stops_to_the_main_process
-from mobile_moe.moe import compile_model, expert_dispatch
-from mobile_moe.registry import build_model, config_from_dict
-from mobile_moe.super_class.superclasses import SuperClasses
+from mobile_moe.formats.superclasses import SuperClasses
+from mobile_moe.models.checkpoint import checkpoint_dict, load_checkpoint
+from mobile_moe.models.config import ViTConfig
+from mobile_moe.models.moe import compile_model, expert_dispatch
+from mobile_moe.models.registry import build_model, config_from_dict
 from mobile_moe.training import cluster_fit, distributed, host_memory
 from mobile_moe.training import init_from as upcycling
 from mobile_moe.training.engine import EpochContext, NonFiniteLoss, Optimisation, compile_options, train_one_epoch
@@ -67,7 +64,10 @@ from mobile_moe.training.run_dir import (
     write_config,
 )
 from mobile_moe.training.super_spec import resolve_super_classes, super_record
-from mobile_moe.words import counted
+from mobile_moe.utils.atomic import check_writable
+from mobile_moe.utils.devices import usable_cores
+from mobile_moe.utils.interrupts import leave_stops_to_the_main_process
+from mobile_moe.utils.words import counted
 
 # --- pieces -------------------------------------------------------------------------------------------------------
 

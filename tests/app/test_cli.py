@@ -124,7 +124,7 @@ def test_vmoe_info_is_the_papers_per_token_model(capsys):
 def test_any_width_that_splits_into_heads_is_a_size(size, heads):
     """The paper's grid keeps its heads; another width gets heads of the widest of 64, 32, 16, 8 channels that
     divides it (reproduce --scale tiny trains widths 48, 24, 16)."""
-    from mobile_moe.config import parse_size
+    from mobile_moe.models.config import parse_size
 
     depth, width = map(int, size.split("x"))
     assert parse_size(size) == {"depth": depth, "width": width, "num_heads": heads}
@@ -132,7 +132,7 @@ def test_any_width_that_splits_into_heads_is_a_size(size, heads):
 
 def test_width_not_divisible_by_heads():
     from mobile_moe.errors import UsageError
-    from mobile_moe.registry import make_config
+    from mobile_moe.models.registry import make_config
 
     with pytest.raises(UsageError, match="width=100 is not divisible by num_heads=3"):
         make_config("vit", width=100, num_heads=3)
@@ -186,7 +186,7 @@ def _main_running(monkeypatch, run) -> None:
 def test_a_library_failing_while_sigterm_unwinds_it_still_ends_as_terminated(monkeypatch, capsys):
     """torch.export's tracer can assert on its own clean-up when SIGTERM lands mid-trace: still a clean stop."""
     from mobile_moe.app.cli import main
-    from mobile_moe.interrupts import Terminated
+    from mobile_moe.utils.interrupts import Terminated
 
     def run(args):
         try:

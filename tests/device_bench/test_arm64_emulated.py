@@ -24,6 +24,7 @@ from mobile_moe.device_bench.workload import random_workload, write_raw
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest import read_manifest
 from mobile_moe.export.manifest_schema import Manifest
+from mobile_moe.library import cross
 
 needs_arm64 = pytest.mark.skipif(bool(arm64.missing()), reason=f"no emulated ARM64 device: {arm64.missing()}")
 VARIANTS = {  # bundle -> export options
@@ -147,8 +148,8 @@ def test_an_app_on_the_c_api_cross_built_for_linux_arm64_answers_as_on_the_host(
     manifest = read_manifest(bundle, verify_files=True)
     images = write_raw(random_workload(manifest.input.shape, count=4, seed=3), tmp_path / "images.f32")
     host_app, arm64_app = (binary.parent / "cmake-build" / "mobile_moe_app" for binary in (runner, arm64_runner))
-    libraries = sorted({str(Path(library).parent) for library in arm64.runtime_libraries()})
-    emulated = [arm64.qemu(), "-cpu", arm64.CPU, "-L", str(arm64.SYSROOT),
+    libraries = [str(cross.runtime_dir())]
+    emulated = [arm64.qemu(), "-cpu", arm64.CPU, "-L", str(cross.SYSROOT),
                 "-E", f"LD_LIBRARY_PATH={':'.join([str(arm64_app.parent), *libraries])}"]  # fmt: skip
     for index in range(4):
         one = tmp_path / f"image-{index}.f32"
@@ -167,3 +168,42 @@ def test_an_app_on_the_c_api_cross_built_for_linux_arm64_answers_as_on_the_host(
 
 def one_image_bytes(manifest: Manifest) -> int:
     return 4 * int(np.prod(manifest.input.shape[1:]))
+
+
+@pytest.mark.slow
+@needs_arm64
+def test_an_app_built_from_the_linux_arm64_sdk_by_its_readme_answers_as_predict(bundle, tmp_path):
+    """`mobile-moe sdk --target linux-arm64`: an app built with the cross compiler by the SDK README's own commands and
+    shipped with the libraries beside it runs under qemu-aarch64 with no environment, and answers as predict."""
+    import os
+    import shutil
+    import subprocess
+
+    from mobile_moe.export.runtime import load_bundle
+    from mobile_moe.library.sdk import write_sdk
+
+    sdk = write_sdk(tmp_path / "sdk", "linux-arm64")
+    readme = (sdk / "README.md").read_text()
+    assert "linux-aarch64" in readme and not (sdk / "java").exists()
+    assert "Machine:                           AArch64" in subprocess.run(
+        ["readelf", "-h", str(sdk / "lib" / "libmobile_moe.so.2")], capture_output=True, text=True, check=True
+    ).stdout
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy2(sdk / "examples" / "app_example.c", work / "app.c")
+    blocks = [readme.split(f"<!-- sdk-readme: {name} -->\n```sh\n")[1].split("```")[0] for name in ("build", "ship")]
+    script = "".join(blocks)
+    subprocess.run(["bash", "-euc", script], cwd=work, env={"SDK": str(sdk), "PATH": os.environ["PATH"]}, check=True,
+                   capture_output=True, timeout=300)  # fmt: skip
+    manifest = read_manifest(bundle, verify_files=True)
+    images = write_raw(random_workload(manifest.input.shape, count=4, seed=3), tmp_path / "images.f32")
+    emulated = [arm64.qemu(), "-cpu", arm64.CPU, "-L", str(cross.SYSROOT)]
+    app = [*emulated, str(work / "dist" / "app"), str(bundle), str(images), "--iterations", "4", "--weight-cache-dir", ""]
+    result = subprocess.run(app, env={}, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    host = load_bundle(bundle, weight_cache_dir="")
+    shape = manifest.input.shape[1:]
+    expected = [host.predict(image) for image in np.fromfile(images, np.float32).reshape(-1, *shape)]
+    report = json.loads(result.stdout)
+    assert report["classes"] == [int(np.argmax(p.logits)) for p in expected]
+    assert report["experts"] == [p.experts[0] for p in expected]

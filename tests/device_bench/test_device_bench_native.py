@@ -628,8 +628,8 @@ def test_a_cache_folder_that_cannot_be_written_is_one_line():
 def test_the_runner_started_by_hand_finds_the_users_packed_weights_where_python_puts_them(
     runner, bundle, tmp_path, monkeypatch, env
 ):
-    """The per-user folder (packed_cache.h default_cache_dir) is mobile_moe.cache.packed_weights_dir's, created on first
-    use, whichever variables say where it is."""
+    """The per-user folder (packed_cache.h default_cache_dir) is the one the toolkit asks the library for, created on
+    first use, whichever variables say where it is."""
     for name in ("MOBILE_MOE_WEIGHT_CACHE", "MOBILE_MOE_CACHE", "XDG_CACHE_HOME"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)  # where a relative path would land
@@ -728,7 +728,7 @@ def test_the_cache_root_is_never_relative(monkeypatch):
     database, as the runner takes it too."""
     import pwd
 
-    from mobile_moe.cache import cache_root
+    from mobile_moe.utils.cache import cache_root
 
     for name in ("MOBILE_MOE_CACHE", "XDG_CACHE_HOME"):
         monkeypatch.delenv(name, raising=False)

@@ -13,7 +13,7 @@ import torch
 
 from mobile_moe.expert_choice import pick_experts, used_experts
 from mobile_moe.library.build import SOURCE_DIR, host_compiler
-from mobile_moe.routers import top_k
+from mobile_moe.models.routers import top_k
 
 DRIVER = Path(__file__).with_name("expert_choice_driver.cpp")
 

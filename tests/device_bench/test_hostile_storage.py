@@ -18,12 +18,12 @@ from conftest import needs_build
 from faults import small_file_system
 from test_native_library import library  # noqa: F401 (fixture)
 
-from mobile_moe import cache
 from mobile_moe.device_bench import native_runner
 from mobile_moe.device_bench.native_runner import parse_runner_output
 from mobile_moe.errors import UsageError
 from mobile_moe.library.binding import default_weight_cache_dir
 from mobile_moe.library.build import JNI_LIBRARY_NAME, SOURCE_DIR, build_runner
+from mobile_moe.utils import cache
 
 pytestmark = pytest.mark.export
 

@@ -11,8 +11,6 @@ import pytest
 from conftest import needs_build
 
 from mobile_moe.app.cli import main
-from mobile_moe.checkpoint import load_checkpoint
-from mobile_moe.costs import costs
 from mobile_moe.errors import UsageError
 from mobile_moe.evidence.figures import DERIVED, FIGURES, cell_recipes, figure
 from mobile_moe.evidence.scales import SCALES, Backbone, scale
@@ -25,6 +23,8 @@ from mobile_moe.evidence.sweep import (
     slurm_parameters,
     train_job,
 )
+from mobile_moe.models.checkpoint import load_checkpoint
+from mobile_moe.models.costs import costs
 
 
 @pytest.mark.parametrize("scale_name", sorted(SCALES))
@@ -241,7 +241,7 @@ def test_score_records_edited_or_replaced_are_evaluated_again_or_refused(fig3b_d
         remove(record)
     # An interrupt between a finished run's checkpoint.pt and its best.pt (the last epoch the best) is repaired from
     # checkpoint.pt, as a resume would; a best.pt of an earlier epoch removed by hand cannot be, and says so.
-    from mobile_moe.checkpoint import load_checkpoint
+    from mobile_moe.models.checkpoint import load_checkpoint
 
     runs = {row: out / "runs" / cell / "seed-0" for row, cell in (("E=10", "deit-ti-moe-E10-k1-L2"),
                                                                   ("E=7", "deit-ti-moe-E7-k1-L2"),
@@ -327,7 +327,7 @@ def test_side_by_side_runs_are_the_runs_one_after_another_gives(tmp_path):
     one after another in this process trains the same weights, bit for bit."""
     import torch
 
-    from mobile_moe.devices import usable_cores
+    from mobile_moe.utils.devices import usable_cores
 
     side_by_side = _two_fig3e_jobs(tmp_path / "side-by-side")
     outcomes = run_side_by_side(side_by_side, 2, log=lambda message: None)

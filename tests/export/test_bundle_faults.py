@@ -118,7 +118,7 @@ def test_whole_bundle_predicts_before_any_mutation(whole, png, capsys):
 
 def exported_over(bundle: Path, tmp_path: Path) -> None:
     """What an export over `bundle` does to its readers: another valid bundle (every expert's weights changed, the
-    manifest re-sealed) renamed over the folder as a whole, the old one moved aside (mobile_moe/atomic.py)."""
+    manifest re-sealed) renamed over the folder as a whole, the old one moved aside (mobile_moe/utils/atomic.py)."""
     replacement = copy_bundle(bundle, tmp_path / "replacement")
     for weights in replacement.glob("expert_*.ptd"):
         flip_byte(weights, first_weight_byte(weights))
@@ -445,7 +445,7 @@ def test_sigkilled_export_leftovers_are_removed_by_the_next_export(run_dir, tmp_
 
 def test_atomic_write_removes_only_dead_processes_temporaries(tmp_path):
     """What a SIGKILLed writer leaves (.NAME.tmp-<pid>-*) goes at the next write of NAME; nothing else does."""
-    from mobile_moe.atomic import write_text_atomic
+    from mobile_moe.utils.atomic import write_text_atomic
 
     dead = subprocess.Popen(["true"])  # only its pid matters: a process that has ended
     dead.wait()
@@ -464,7 +464,7 @@ def test_atomic_write_removes_only_dead_processes_temporaries(tmp_path):
 def test_directory_swap_interrupted_by_a_kill_restores_the_previous_version(tmp_path):
     """Killed between moving the old bundle aside and moving the new one in: the next write puts the old one back
     before it starts, so the target is never simply gone."""
-    from mobile_moe.atomic import atomic_path
+    from mobile_moe.utils.atomic import atomic_path
 
     dead = subprocess.Popen(["true"])
     dead.wait()
@@ -519,7 +519,7 @@ def test_bench_refuses_libmobile_moes_own_options_for_a_python_runtime(flags, on
 
 
 def test_paths_the_file_system_refuses_are_one_line(tmp_path, capsys):
-    from mobile_moe.atomic import check_writable
+    from mobile_moe.utils.atomic import check_writable
 
     with pytest.raises(UsageError, match="cannot write"):
         check_writable(tmp_path / ("a" * 300), directory=True)  # ENAMETOOLONG, raised by exists() itself

@@ -17,7 +17,7 @@ from mobile_moe.errors import UsageError
 from mobile_moe.export.bundle import export_bundle
 from mobile_moe.export.manifest import read_manifest
 from mobile_moe.export.runtime import load_bundle
-from mobile_moe.registry import create_model
+from mobile_moe.models.registry import create_model
 
 pytestmark = pytest.mark.export
 

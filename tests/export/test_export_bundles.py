@@ -236,7 +236,7 @@ NEW_KEYS = {"routing", "params_active_max"}  # what an image touches; optional i
 
 
 def test_manifest_keeps_its_fields_and_adds_what_an_image_touches(moe, bundle_dir):
-    from mobile_moe.costs import costs
+    from mobile_moe.models.costs import costs
 
     manifest = read_manifest(bundle_dir).to_json()
     assert set(manifest) == MANIFEST_KEYS | NEW_KEYS
@@ -254,8 +254,8 @@ def test_manifest_keeps_its_fields_and_adds_what_an_image_touches(moe, bundle_di
 def test_bundle_written_before_the_new_fields_still_loads(moe, bundle_dir, tmp_path):
     import shutil
 
-    from mobile_moe.costs import costs
     from mobile_moe.device_bench.results import params_active
+    from mobile_moe.models.costs import costs
 
     old = shutil.copytree(bundle_dir, tmp_path / "old")
     manifest = json.loads((old / "manifest.json").read_text())
@@ -291,7 +291,7 @@ def test_onnx_top_k_with_ties_matches_eager_and_sortless_graphs_keep_their_bytes
     from mobile_moe.export.artifact import file_digest
     from mobile_moe.export.graphs import split_model
     from mobile_moe.export.onnx_backend import OPSET, export_onnx
-    from mobile_moe.routers import top_k
+    from mobile_moe.models.routers import top_k
 
     class TopK(torch.nn.Module):
         def forward(self, scores):

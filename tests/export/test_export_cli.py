@@ -15,11 +15,11 @@ from faults import untrained_run
 from PIL import Image
 
 from mobile_moe.app.cli import main
-from mobile_moe.checkpoint import checkpoint_dict, save_checkpoint
 from mobile_moe.errors import UsageError
 from mobile_moe.export.bundle import export_bundle
 from mobile_moe.export.manifest import MANIFEST
 from mobile_moe.export.runtime import load_bundle
+from mobile_moe.models.checkpoint import checkpoint_dict, save_checkpoint
 
 pytestmark = pytest.mark.export
 

@@ -11,7 +11,7 @@ from executorch_graph import ExecuTorchGraph
 from mobile_moe.export.bundle import export_bundle
 from mobile_moe.export.graphs import split_model
 from mobile_moe.export.manifest import read_manifest, verified_graph_files
-from mobile_moe.moe import is_stacked
+from mobile_moe.models.moe import is_stacked
 
 pytestmark = pytest.mark.export
 

@@ -21,14 +21,14 @@ from conftest import built_once, needs_build, tiny_model
 from PIL import Image
 
 from mobile_moe.app.cli import main
-from mobile_moe.costs import costs
 from mobile_moe.errors import UsageError
 from mobile_moe.export.bundle import export_bundle
 from mobile_moe.export.graphs import split_model
 from mobile_moe.export.manifest import read_manifest
 from mobile_moe.export.manifest_schema import validate_manifest
 from mobile_moe.export.runtime import load_bundle
-from mobile_moe.registry import MODELS, list_models
+from mobile_moe.models.costs import costs
+from mobile_moe.models.registry import MODELS, list_models
 
 pytestmark = pytest.mark.export
 

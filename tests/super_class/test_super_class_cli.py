@@ -9,16 +9,16 @@ import pytest
 from conftest import tiny_model
 
 from mobile_moe.app.cli import main
-from mobile_moe.checkpoint import checkpoint_dict, save_checkpoint
 from mobile_moe.data.datasets import data_record, open_data
 from mobile_moe.errors import UsageError
-from mobile_moe.plot_files import read_figure
-from mobile_moe.super_class.confusion import check_confusion_output, save_confusion
+from mobile_moe.formats.confusion import check_confusion_output, save_confusion
+from mobile_moe.formats.superclasses import load
+from mobile_moe.models.checkpoint import checkpoint_dict, save_checkpoint
 from mobile_moe.super_class.demo import derive_for_demo
 from mobile_moe.super_class.planted import planted_confusion
-from mobile_moe.super_class.superclasses import load
 from mobile_moe.training.evaluate import confusion_from_run
 from mobile_moe.training.run_dir import write_config
+from mobile_moe.utils.plot_files import read_figure
 
 
 @pytest.fixture(scope="module")
@@ -222,8 +222,8 @@ def test_outputs_replace_only_files_of_their_own_kind(run_dir, confusion_file, t
     ],
 )
 def test_a_confusion_npy_is_checked_before_it_is_read(fault, message, tmp_path, monkeypatch):
-    from mobile_moe import devices
-    from mobile_moe.super_class import confusion
+    from mobile_moe.formats import confusion
+    from mobile_moe.utils import devices
 
     path = tmp_path / "c.npy"
     np.save(path, np.ones((10, 10)))

@@ -231,7 +231,7 @@ def test_the_demos_kind_of_confusion_keeps_its_grouping_well_above_chance():
 
 
 def test_chance_has_a_measured_spread_and_the_listing_states_it():
-    from mobile_moe.super_class.superclasses import SuperClasses
+    from mobile_moe.formats.superclasses import SuperClasses
     from mobile_moe.super_class.table import chance_caution, format_table
 
     confusion = ten_digits_confusion()

@@ -8,11 +8,11 @@ import torch
 from conftest import tiny_model
 
 from mobile_moe.errors import UsageError
-from mobile_moe.super_class.confusion import check_confusion, confusion_from_predictions, load_confusion
+from mobile_moe.formats.confusion import check_confusion, confusion_from_predictions, load_confusion
+from mobile_moe.formats.superclasses import load
 from mobile_moe.super_class.derive import derive_super_classes
 from mobile_moe.super_class.graph import class_affinity
 from mobile_moe.super_class.planted import planted_confusion
-from mobile_moe.super_class.superclasses import load
 
 
 @pytest.fixture(scope="module")

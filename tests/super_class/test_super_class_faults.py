@@ -14,10 +14,10 @@ import pytest
 from mobile_moe.app.cli import main
 from mobile_moe.data.datasets import open_data
 from mobile_moe.errors import UsageError
-from mobile_moe.registry import make_config
+from mobile_moe.formats.superclasses import SuperClasses, load
+from mobile_moe.models.registry import make_config
 from mobile_moe.super_class.planted import planted_confusion
 from mobile_moe.super_class.quality import quality, within_share
-from mobile_moe.super_class.superclasses import SuperClasses, load
 from mobile_moe.training.demo import train_digits
 from mobile_moe.training.super_spec import resolve_super_classes
 

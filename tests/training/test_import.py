@@ -16,11 +16,11 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from mobile_moe.app.cli import main
-from mobile_moe.class_names import read_class_names
 from mobile_moe.errors import UsageError
 from mobile_moe.importers import Source, convert_model, import_vit
 from mobile_moe.training.imported import import_run
 from mobile_moe.training.run_dir import load_run, read_config
+from mobile_moe.utils.class_names import read_class_names
 
 # (source, constructor kwargs): the two models of the issue at their published size, and small ones at 32 px.
 FULL_SIZE = [("timm:deit_tiny_patch16_224", {}), ("torchvision:vit_b_32", {})]
@@ -254,10 +254,10 @@ def test_an_imported_run_exports_with_images_from_data_spec(imported_run, tmp_pa
 
 @pytest.mark.filterwarnings("error")  # a warning torch printed would be a second line above the refusal
 def test_a_foreign_pickle_is_refused_without_torchs_warnings(tmp_path):
-    """A plain pickle (protocol 4) makes torch's weights-only unpickler warn before it fails: mobile_moe.checkpoint's
-    torch_load keeps the warning out, for run checkpoints and imported weights alike."""
-    from mobile_moe.checkpoint import load_checkpoint
+    """A plain pickle (protocol 4) makes torch's weights-only unpickler warn before it fails:
+    mobile_moe.models.checkpoint's torch_load keeps the warning out, for run checkpoints and imported weights alike."""
     from mobile_moe.importers import parse_source, read_state_dict
+    from mobile_moe.models.checkpoint import load_checkpoint
 
     path = tmp_path / "w.pt"
     path.write_bytes(pickle.dumps({"x": 1}, protocol=4))
@@ -269,8 +269,8 @@ def test_a_foreign_pickle_is_refused_without_torchs_warnings(tmp_path):
 
 def test_weights_holding_nan_are_refused_by_name(tmp_path):
     """A diverged or damaged model would evaluate to chance and fail export's parity without saying why."""
-    from mobile_moe.checkpoint import checkpoint_dict, load_checkpoint, save_checkpoint
     from mobile_moe.importers import parse_source, read_state_dict
+    from mobile_moe.models.checkpoint import checkpoint_dict, load_checkpoint, save_checkpoint
 
     model = tiny_model("vit")
     state = {key: value.clone() for key, value in model.state_dict().items()}

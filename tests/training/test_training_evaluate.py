@@ -11,8 +11,8 @@ from conftest import tiny_model
 
 from mobile_moe.app.cli import main
 from mobile_moe.data.datasets import open_data
-from mobile_moe.registry import make_config
-from mobile_moe.super_class.confusion import confusion_from_predictions
+from mobile_moe.formats.confusion import confusion_from_predictions
+from mobile_moe.models.registry import make_config
 from mobile_moe.training import recipes
 from mobile_moe.training.evaluate import collect_predictions, evaluate
 from mobile_moe.training.train import train

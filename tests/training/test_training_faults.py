@@ -461,7 +461,7 @@ def test_a_weight_of_a_kind_no_model_holds_is_one_line_naming_it(tmp_path, capsy
 @pytest.mark.parametrize("kind", FORGED_WEIGHTS)
 def test_check_finite_weights_refuses_a_forged_weight_under_any_key(tmp_path, kind):
     """The check itself (load_checkpoint's): the forged tensor under an escaped key is named, shown on one line."""
-    from mobile_moe.checkpoint import check_finite_weights, load_checkpoint
+    from mobile_moe.models.checkpoint import check_finite_weights, load_checkpoint
 
     key = "blocks.0.\x1b[31mfc1.weight"
     tensor = forged_weight(kind, torch.randn(8, 4))
@@ -482,7 +482,7 @@ def test_checkpoints_of_each_kind_still_load(tmp_path, name, dtype):
     bool or quantized entry); a checkpoint saved in a half precision loads into it as well."""
     from conftest import tiny_model
 
-    from mobile_moe.checkpoint import checkpoint_dict, load_checkpoint, model_from_checkpoint
+    from mobile_moe.models.checkpoint import checkpoint_dict, load_checkpoint, model_from_checkpoint
 
     model = tiny_model(name)
     assert {value.dtype for value in model.state_dict().values()} == {torch.float32}
@@ -733,7 +733,8 @@ def test_a_checkpoint_that_fills_the_disk_says_the_disk_is_full(tmp_path, monkey
     file system out of space, the line says so, as every full disk is said; otherwise torch's own reason."""
     import shutil
 
-    from mobile_moe import atomic, checkpoint
+    from mobile_moe.models import checkpoint
+    from mobile_moe.utils import atomic
 
     def filling_save(obj, file):
         Path(file).write_bytes(b"PK\x03\x04")

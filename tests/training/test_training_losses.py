@@ -9,11 +9,11 @@ from conftest import tiny_model
 
 from mobile_moe.data import augment
 from mobile_moe.errors import UsageError
-from mobile_moe.outputs import Routing
-from mobile_moe.routers import PerImageRouter
+from mobile_moe.models.routers import PerImageRouter
 from mobile_moe.training import losses
 from mobile_moe.training.recipes import TrainConfig
 from mobile_moe.training.routing import TrainingForward
+from mobile_moe.utils.outputs import Routing
 
 ASSIGNMENT = [0, 0, 1, 1, 2, 3, 3]  # 7 classes (the tiny models' num_classes) -> E = 4 super-classes
 

@@ -1,7 +1,7 @@
 """The training loop reads the device on the host once per log interval, as nanoGPT and torchvision's references do.
 
 Every way a tensor reaches the host (item, tolist, bool, float, int, cpu, numpy) is counted by where it was called.
-Syncs inside the model are its own: a per-image MoE's grouped dispatch reads its group sizes (mobile_moe/moe.py),
+Syncs inside the model are its own: a per-image MoE's grouped dispatch reads its group sizes (mobile_moe/models/moe.py),
 once per forward."""
 
 from __future__ import annotations
@@ -64,11 +64,11 @@ def epoch_of(name: str, steps: int, log_every: int) -> tuple[engine.Optimisation
 def test_one_host_read_per_log_interval(name, host_reads):
     opt, loader, ctx = epoch_of(name, steps=23, log_every=10)
     row = engine.train_one_epoch(opt, loader, ctx, epoch=0)
-    model_reads = {key: n for key, n in host_reads.items() if key[0] == "mobile_moe/moe.py"}
+    model_reads = {key: n for key, n in host_reads.items() if key[0] == "mobile_moe/models/moe.py"}
     loop_reads = {key: n for key, n in host_reads.items() if key not in model_reads}
     assert loop_reads == {("mobile_moe/training/engine.py", "read"): 3}  # after steps 10, 20 and 23
     if name in ("mobile-vmoe", "hard-moe"):  # one grouping per step, shared by every MoE block (and Hard MoE's heads)
-        assert model_reads == {("mobile_moe/moe.py", "expert_groups"): 23}
+        assert model_reads == {("mobile_moe/models/moe.py", "expert_groups"): 23}
     else:
         assert model_reads == {}
     assert math.isfinite(row["train_loss"]) and 0 <= row["train_top1"] <= 1

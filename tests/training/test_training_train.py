@@ -14,8 +14,8 @@ from torch import nn
 
 from mobile_moe.app.cli import build_parser, main
 from mobile_moe.errors import UsageError
-from mobile_moe.registry import make_config
-from mobile_moe.super_class.superclasses import random_super_classes, unnamed_classes
+from mobile_moe.formats.superclasses import random_super_classes, unnamed_classes
+from mobile_moe.models.registry import make_config
 from mobile_moe.training import engine, recipes
 from mobile_moe.training import train as train_module
 from mobile_moe.training.run_dir import load_run, read_metrics

@@ -418,7 +418,7 @@ inline void check_input(const json::Value& manifest, Bundle& bundle, int64_t ima
 inline void check_class_names(const json::Value& manifest, int64_t num_classes, Bundle& bundle) {
   const auto& class_names = as_array(object_at(manifest, "", "class_names"), "class_names", 0, kMaxClasses);
   std::set<std::string> seen;
-  for (size_t i = 0; i < class_names.size(); ++i) {  // mobile_moe/class_names.py class_names_problem's rule
+  for (size_t i = 0; i < class_names.size(); ++i) {  // mobile_moe/utils/class_names.py class_names_problem's rule
     const std::string& name = as_str(class_names[i], child("class_names", i), 1, kMaxLabel);
     if (name.find_first_not_of(" \t") == std::string::npos) invalid(child("class_names", i), "is blank");
     if (has_control_character(name))

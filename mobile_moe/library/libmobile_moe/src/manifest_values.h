@@ -24,7 +24,7 @@ struct Invalid : std::runtime_error {
   throw Invalid((where.empty() ? std::string("manifest") : where) + ": " + what);
 }
 // Whether UTF-8 `text` holds a control character (Unicode's category Cc: U+0000..U+001F, U+007F..U+009F), as
-// mobile_moe/words.py has_control_character decides it.
+// mobile_moe/utils/words.py has_control_character decides it.
 inline bool has_control_character(const std::string& text) {
   for (size_t i = 0; i < text.size(); ++i) {
     const auto byte = static_cast<unsigned char>(text[i]);

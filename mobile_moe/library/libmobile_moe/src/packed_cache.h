@@ -202,7 +202,7 @@ inline std::string unusable_cache_folder(const std::string& dir) {
 }
 
 // The folder that a runner started without a weight cache folder, and an app that leaves options.weight_cache_dir
-// NULL, keep packed weights in, by mobile_moe/cache.py's rule (packed_weights_dir; tests/device_bench/
+// NULL, keep packed weights in, by mobile_moe/utils/cache.py's rule (packed_weights_dir; tests/device_bench/
 // test_device_bench_native.py holds the two to one answer): MOBILE_MOE_WEIGHT_CACHE, else
 // $MOBILE_MOE_CACHE/packed-weights, else $XDG_CACHE_HOME/mobile-moe/packed-weights (where XDG_CACHE_HOME is absolute),
 // else $HOME/.cache/mobile-moe/packed-weights (the password database's home where HOME is unset, empty or relative);
@@ -220,7 +220,7 @@ inline std::string default_cache_dir(std::string* off_because = nullptr) {
     const std::string xdg = env("XDG_CACHE_HOME");
     if (root.empty() && xdg.rfind('/', 0) == 0) root = xdg + "/mobile-moe";  // a relative one is ignored (XDG)
     std::string home = env("HOME");
-    if (home.rfind('/', 0) != 0) {  // mobile_moe/cache.py's home(): the password database's, where HOME is unset,
+    if (home.rfind('/', 0) != 0) {  // mobile_moe/utils/cache.py's home(): the password database's, where HOME is unset,
                                      // empty or relative
       const passwd* user = getpwuid(getuid());
       if (user != nullptr && user->pw_dir != nullptr) home = user->pw_dir;

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import NamedTuple
 
-from mobile_moe.config import (
+from mobile_moe.models.config import (
     ExpertsChoiceConfig,
     HardMoEConfig,
     MobileVMoEConfig,

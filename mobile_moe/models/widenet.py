@@ -16,11 +16,11 @@ import copy
 
 from torch import Tensor, nn
 
-from mobile_moe.config import WideNetConfig
-from mobile_moe.moe import ExpertMLPs
-from mobile_moe.outputs import ModelOutput, MoEStats
-from mobile_moe.token_moe import MoELayer, merge_stats, token_choice_router
-from mobile_moe.vit import Attention, ClassifierHead, TokenEmbedding, init_weights, layer_norm
+from mobile_moe.models.config import WideNetConfig
+from mobile_moe.models.moe import ExpertMLPs
+from mobile_moe.models.token_moe import MoELayer, merge_stats, token_choice_router
+from mobile_moe.models.vit import Attention, ClassifierHead, TokenEmbedding, init_weights, layer_norm
+from mobile_moe.utils.outputs import ModelOutput, MoEStats
 
 
 class WideNet(nn.Module):

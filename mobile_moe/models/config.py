@@ -54,10 +54,10 @@ class ViTConfig:
     wide_mlp_factor: int = 1
 
     name = "vit"  # registry name; a class attribute, not a field
-    model_class = "mobile_moe.vit:VisionTransformer"  # "module:Class", imported only when a model is built
+    model_class = "mobile_moe.models.vit:VisionTransformer"  # "module:Class", imported only when a model is built
     routing = "none"  # how the model picks experts (see MoEConfig); "none" for a dense model
-    # Why a dense vit run cannot initialise this model (mobile_moe/upcycle.py); None: it can (--init-from; a vit is
-    # fine-tuned, an MoE upcycled).
+    # Why a dense vit run cannot initialise this model (mobile_moe/models/upcycle.py); None: it can (--init-from; a vit
+    # is fine-tuned, an MoE upcycled).
     upcycle_refusal = None
     # Fields added after runs were written: left out of to_dict at their default, so a default model's config.json
     # and bundle manifest stay byte for byte what they were (reading them back gives the default).
@@ -202,7 +202,7 @@ class MobileVMoEConfig(MoEConfig):
     router_block: int | None = None
 
     name = "mobile-vmoe"
-    model_class = "mobile_moe.mobile_vmoe:MobileVMoE"
+    model_class = "mobile_moe.models.mobile_vmoe:MobileVMoE"
     omitted_at_default = ("router_block",)
 
     def __post_init__(self) -> None:
@@ -232,7 +232,7 @@ class HardMoEConfig(MoEConfig):
     shared_head: bool = False
 
     name = "hard-moe"
-    model_class = "mobile_moe.hard_moe:HardMoE"
+    model_class = "mobile_moe.models.hard_moe:HardMoE"
     routing = "cluster"
     expert_sets = 1  # an expert is the whole set of last L blocks (and its head): one per image
 
@@ -330,7 +330,7 @@ class VMoEConfig(TokenMoEConfig):
     routing_group_images: int = 1  # see _require_routing_group
 
     name = "vmoe"
-    model_class = "mobile_moe.token_moe:TokenMoEViT"
+    model_class = "mobile_moe.models.token_moe:TokenMoEViT"
     routing = "token"
     omitted_at_default = ("routing_group_images",)
 
@@ -355,7 +355,7 @@ class ExpertsChoiceConfig(TokenMoEConfig):
     routing_group_images: int = 1  # see _require_routing_group
 
     name = "experts-choice"
-    model_class = "mobile_moe.token_moe:TokenMoEViT"
+    model_class = "mobile_moe.models.token_moe:TokenMoEViT"
     routing = "expert"
     omitted_at_default = ("routing_group_images",)
 
@@ -373,7 +373,7 @@ class SoftMoEConfig(TokenMoEConfig):
     slots_per_expert: int = 1
 
     name = "soft-moe"
-    model_class = "mobile_moe.token_moe:TokenMoEViT"
+    model_class = "mobile_moe.models.token_moe:TokenMoEViT"
     routing = "soft"
 
     def __post_init__(self) -> None:
@@ -398,7 +398,7 @@ class WideNetConfig(MoEConfig):
     aux_loss_weight: float = 0.01  # Switch-style load-balancing loss, summed over blocks
 
     name = "widenet"
-    model_class = "mobile_moe.widenet:WideNet"
+    model_class = "mobile_moe.models.widenet:WideNet"
     routing = "token"
     upcycle_refusal = "widenet's blocks share ONE attention and MoE layer, where a dense vit has one per block"
     expert_sets = 1  # every block uses the same E experts

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mobile_moe.config import ViTConfig
-from mobile_moe.outputs import Routing
-from mobile_moe.vit import Attention, Block, Mlp, layer_norm
+from mobile_moe.models.config import ViTConfig
+from mobile_moe.models.vit import Attention, Block, Mlp, layer_norm
+from mobile_moe.utils.outputs import Routing
 
 # The stacked entries of ExpertMLPs -> the dense Mlp entry each expert's slice is (upcycle.block_entry).
 STACKED = {

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mobile_moe.atomic import atomic_path, check_replaceable
-from mobile_moe.devices import memory_limit, over_memory_limit
 from mobile_moe.errors import UsageError
-from mobile_moe.foreign_files import read_foreign_text
+from mobile_moe.utils.atomic import atomic_path, check_replaceable
+from mobile_moe.utils.devices import memory_limit, over_memory_limit
+from mobile_moe.utils.foreign_files import read_foreign_text
 
 
 @dataclass

@@ -25,11 +25,11 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from mobile_moe.checkpoint import load_weights
-from mobile_moe.config import ViTConfig
 from mobile_moe.errors import UsageError
-from mobile_moe.moe import STACKED, is_stacked, stacked
-from mobile_moe.registry import config_from_dict
+from mobile_moe.models.checkpoint import load_weights
+from mobile_moe.models.config import ViTConfig
+from mobile_moe.models.moe import STACKED, is_stacked, stacked
+from mobile_moe.models.registry import config_from_dict
 
 # The fields the dense run and the MoE must share: the dense weights must fit every place they are copied to.
 # The number of classes need not be shared: a dense run of other classes gives all but its classifier (`new_classes`).

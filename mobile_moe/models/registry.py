@@ -11,7 +11,8 @@ import dataclasses
 import importlib
 from typing import Any
 
-from mobile_moe.config import (
+from mobile_moe.errors import UsageError
+from mobile_moe.models.config import (
     ExpertsChoiceConfig,
     HardMoEConfig,
     MobileVMoEConfig,
@@ -21,7 +22,6 @@ from mobile_moe.config import (
     WideNetConfig,
     parse_size,
 )
-from mobile_moe.errors import UsageError
 
 MODELS: dict[str, type[ViTConfig]] = {
     cls.name: cls
@@ -75,8 +75,8 @@ def check_fits_memory(cfg: ViTConfig) -> None:
     """UsageError when the model's float32 weights alone would take more than devices.memory_limit(): from flags
     (--size 2x8000000, --experts 1e20, an mlp_ratio of 1e12) or a forged run, torch's allocator failed with a
     traceback, or the kernel killed the process."""
-    from mobile_moe.costs import costs
-    from mobile_moe.devices import over_memory_limit
+    from mobile_moe.models.costs import costs
+    from mobile_moe.utils.devices import over_memory_limit
 
     params = costs(cfg).params_total
     too_much = over_memory_limit(4 * params)

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mobile_moe.config import ViTConfig
-from mobile_moe.outputs import ModelOutput
+from mobile_moe.models.config import ViTConfig
+from mobile_moe.utils.outputs import ModelOutput
 
 
 class PatchEmbed(nn.Module):
@@ -162,7 +162,8 @@ class VisionTransformer(nn.Module):
         return ModelOutput(self.forward_head(tokens), routing)
 
     def dense_key(self, key: str) -> str:
-        """Fine-tuning from a dense run (mobile_moe/upcycle.py): every entry starts from the entry of its own name."""
+        """Fine-tuning from a dense run (mobile_moe/models/upcycle.py): every entry starts from the entry of its own
+        name."""
         return key
 
 

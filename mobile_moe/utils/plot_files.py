@@ -10,8 +10,8 @@ import os
 import re
 from pathlib import Path
 
-from mobile_moe.atomic import atomic_path
 from mobile_moe.errors import UsageError
+from mobile_moe.utils.atomic import atomic_path
 
 CREATOR = "mobile-moe"
 # Each format's metadata naming the creator (matplotlib's savefig `metadata`), and the signature and bytes it leaves

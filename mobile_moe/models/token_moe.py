@@ -24,13 +24,21 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from mobile_moe.config import ExpertsChoiceConfig, SoftMoEConfig, TokenMoEConfig, VMoEConfig, WideNetConfig
-from mobile_moe.costs import buffer_capacity
-from mobile_moe.moe import ExpertMLPs
-from mobile_moe.outputs import ModelOutput, MoEStats
-from mobile_moe.routers import at_least_fp32, decided_in_fp32, top_k
-from mobile_moe.upcycle import block_entry
-from mobile_moe.vit import Attention, Block, ClassifierHead, TokenEmbedding, dense_block, init_weights, layer_norm
+from mobile_moe.models.config import ExpertsChoiceConfig, SoftMoEConfig, TokenMoEConfig, VMoEConfig, WideNetConfig
+from mobile_moe.models.costs import buffer_capacity
+from mobile_moe.models.moe import ExpertMLPs
+from mobile_moe.models.routers import at_least_fp32, decided_in_fp32, top_k
+from mobile_moe.models.upcycle import block_entry
+from mobile_moe.models.vit import (
+    Attention,
+    Block,
+    ClassifierHead,
+    TokenEmbedding,
+    dense_block,
+    init_weights,
+    layer_norm,
+)
+from mobile_moe.utils.outputs import ModelOutput, MoEStats
 
 # --- helpers -----------------------------------------------------------------------------------------------------
 
@@ -475,7 +483,7 @@ class TokenMoEViT(nn.Module):
         return ModelOutput(self.forward_head(tokens), None, stats)
 
     def dense_key(self, key: str) -> str | None:
-        """Upcycling (mobile_moe/upcycle.py): the dense vit entry `key` starts from; None for a fresh router."""
+        """Upcycling (mobile_moe/models/upcycle.py): the dense vit entry `key` starts from; None for a fresh router."""
         part, _, rest = key.partition(".")
         if part != "blocks":
             return key  # embedding.*, head.*

@@ -12,9 +12,9 @@ import json
 import math
 import typing
 
-from mobile_moe.config import PRESETS, ViTConfig
 from mobile_moe.errors import UsageError
-from mobile_moe.registry import MODELS, make_config
+from mobile_moe.models.config import PRESETS, ViTConfig
+from mobile_moe.models.registry import MODELS, make_config
 
 # flag dest -> its spelling (the config field has the dest's name)
 MODEL_FLAGS = {

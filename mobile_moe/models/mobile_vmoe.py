@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from mobile_moe.config import MobileVMoEConfig
-from mobile_moe.moe import moe_block
-from mobile_moe.outputs import ModelOutput, Routing
-from mobile_moe.routers import PerImageRouter
-from mobile_moe.upcycle import block_entry
-from mobile_moe.vit import Block, ClassifierHead, TokenEmbedding, dense_block, init_weights
+from mobile_moe.models.config import MobileVMoEConfig
+from mobile_moe.models.moe import moe_block
+from mobile_moe.models.routers import PerImageRouter
+from mobile_moe.models.upcycle import block_entry
+from mobile_moe.models.vit import Block, ClassifierHead, TokenEmbedding, dense_block, init_weights
+from mobile_moe.utils.outputs import ModelOutput, Routing
 
 
 class RouterStage(nn.Module):
@@ -124,7 +124,8 @@ class MobileVMoE(nn.Module):
         return ModelOutput(self.forward_head(tokens), routing)
 
     def dense_key(self, key: str) -> str | None:
-        """Upcycling (mobile_moe/upcycle.py): the dense vit entry `key` starts from; None for the fresh router."""
+        """Upcycling (mobile_moe/models/upcycle.py): the dense vit entry `key` starts from; None for the fresh
+        router."""
         part, _, rest = key.partition(".")
         if part == "router_stage":
             return None if rest.startswith("router.") else rest  # embedding.*, blocks.<i>.*: the same names

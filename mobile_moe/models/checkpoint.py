@@ -11,11 +11,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from mobile_moe.atomic import atomic_path, out_of_space
 from mobile_moe.errors import UsageError
-from mobile_moe.moe import restacked
-from mobile_moe.registry import model_from_config_dict
-from mobile_moe.words import shown
+from mobile_moe.models.moe import restacked
+from mobile_moe.models.registry import model_from_config_dict
+from mobile_moe.utils.atomic import atomic_path, out_of_space
+from mobile_moe.utils.words import shown
 
 NOT_OURS = (
     "not a mobile-moe checkpoint or corrupted (it is loaded with weights_only=True and is never unpickled unsafely)"

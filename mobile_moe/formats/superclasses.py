@@ -20,12 +20,12 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from mobile_moe.atomic import write_text_atomic
-from mobile_moe.class_names import class_names_problem
 from mobile_moe.errors import UsageError
-from mobile_moe.foreign_files import read_foreign_text
-from mobile_moe.jsonio import dumps
-from mobile_moe.words import has_control_character
+from mobile_moe.utils.atomic import write_text_atomic
+from mobile_moe.utils.class_names import class_names_problem
+from mobile_moe.utils.foreign_files import read_foreign_text
+from mobile_moe.utils.jsonio import dumps
+from mobile_moe.utils.words import has_control_character
 
 MAX_CLASSES = 1 << 20  # classes (and so super-classes) a file may name
 MAX_FILE_BYTES = 256 << 20  # far beyond 1M classes' worth of names; refuses a runaway file before reading it

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from mobile_moe.cli_args import add_model_arguments, config_from_args
-from mobile_moe.config import ViTConfig
-from mobile_moe.costs import costs, params_per_expert
+from mobile_moe.models.cli_args import add_model_arguments, config_from_args
+from mobile_moe.models.config import ViTConfig
+from mobile_moe.models.costs import costs, params_per_expert
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mobile_moe.errors import UsageError
-from mobile_moe.words import has_control_character
+from mobile_moe.utils.words import has_control_character
 
 
 class ClassifiedData(Protocol):

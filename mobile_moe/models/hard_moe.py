@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mobile_moe.config import HardMoEConfig
-from mobile_moe.mobile_vmoe import RouterStage
-from mobile_moe.moe import (
+from mobile_moe.models.config import HardMoEConfig
+from mobile_moe.models.mobile_vmoe import RouterStage
+from mobile_moe.models.moe import (
     ExpertGroups,
     StackedModules,
     compute_dtype,
@@ -39,9 +39,8 @@ from mobile_moe.moe import (
     grouped_mlp,
     stack_per_expert_entries,
 )
-from mobile_moe.outputs import ModelOutput, Routing
-from mobile_moe.routers import at_least_fp32, decided_in_fp32, top_k
-from mobile_moe.vit import (
+from mobile_moe.models.routers import at_least_fp32, decided_in_fp32, top_k
+from mobile_moe.models.vit import (
     Block,
     ClassifierHead,
     TokenEmbedding,
@@ -50,6 +49,7 @@ from mobile_moe.vit import (
     init_weights,
     pool_tokens,
 )
+from mobile_moe.utils.outputs import ModelOutput, Routing
 
 
 class CentroidRouter(nn.Module):
@@ -351,8 +351,8 @@ class HardMoE(nn.Module):
     # --- stage 1: from a trained dense gater -------------------------------------------------------------------------
 
     def dense_key(self, key: str) -> str | None:
-        """Upcycling (mobile_moe/upcycle.py): the dense gater's entry `key` starts from: the first depth-L blocks for
-        the frozen trunk, the last L blocks and the head for EVERY expert; None for the router's buffers, which
+        """Upcycling (mobile_moe/models/upcycle.py): the dense gater's entry `key` starts from: the first depth-L blocks
+        for the frozen trunk, the last L blocks and the head for EVERY expert; None for the router's buffers, which
         mobile_moe/training/cluster_fit.py fits from the trunk's features afterwards."""
         part, _, rest = key.partition(".")
         if part == "router_stage":

@@ -16,8 +16,8 @@ import contextlib
 import torch
 from torch import Tensor, nn
 
-from mobile_moe.outputs import Routing
-from mobile_moe.vit import pool_tokens
+from mobile_moe.models.vit import pool_tokens
+from mobile_moe.utils.outputs import Routing
 
 
 def top_k(scores: Tensor, k: int, dim: int = -1) -> tuple[Tensor, Tensor]:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 from mobile_moe.errors import UsageError
-from mobile_moe.interrupts import held, raise_if_stopped
+from mobile_moe.utils.interrupts import held, raise_if_stopped
 
 _PROCESS_STARTED = time.time() - 1.0  # (a second of slack for file-system timestamp granularity)
 
