@@ -198,7 +198,8 @@ def test_an_app_built_from_the_linux_arm64_sdk_by_its_readme_answers_as_predict(
     manifest = read_manifest(bundle, verify_files=True)
     images = write_raw(random_workload(manifest.input.shape, count=4, seed=3), tmp_path / "images.f32")
     emulated = [arm64.qemu(), "-cpu", arm64.CPU, "-L", str(cross.SYSROOT)]
-    app = [*emulated, str(work / "dist" / "app"), str(bundle), str(images), "--iterations", "4", "--weight-cache-dir", ""]
+    app = [*emulated, str(work / "dist" / "app"), str(bundle), str(images), "--iterations", "4"]
+    app += ["--weight-cache-dir", ""]
     result = subprocess.run(app, env={}, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0 and result.stderr == "", result.stderr
     host = load_bundle(bundle, weight_cache_dir="")
