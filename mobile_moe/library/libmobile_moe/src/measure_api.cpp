@@ -225,12 +225,8 @@ mm_status mm_route_f32(mm_model* model, const float* chw, size_t count) {
   return guarded("mm_route_f32", MM_RUNTIME_ERROR, [&] {
     if (open.model->bundle.kind != Kind::Split)
       throw UsageError(std::string("the bundle is ") + name(open.model->bundle.kind) + ": it has no router");
-    if (chw == nullptr) throw UsageError("chw is NULL");
-    if (count != input_values(*open.model))
-      throw UsageError(std::to_string(count) + " values, not the bundle's " +
-                       std::to_string(input_values(*open.model)) + " (C x S x S)");
+    std::vector<float> image = image_given(*open.model, chw, count);
     const auto threads = open.model->threads.scope();
-    std::vector<float> image(chw, chw + count);
     open.model->routed_tokens.clear();
     open.model->routed_tokens = open.model->pipeline->route(image);
   });

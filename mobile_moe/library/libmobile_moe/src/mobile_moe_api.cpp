@@ -284,14 +284,8 @@ int mm_input_size(const mm_model* model) {
 mm_status mm_predict_f32(mm_model* model, const float* chw, size_t count) {
   Locked open(model);
   if (open.model == nullptr) return not_open("mm_predict_f32", model);
-  if (chw == nullptr) return failed(MM_BAD_ARGUMENT, "mm_predict_f32: chw is NULL");
-  const size_t expected = input_values(*open.model);
-  if (count != expected)
-    return failed(MM_BAD_ARGUMENT, "mm_predict_f32: " + std::to_string(count) + " values, not the bundle's " +
-                                       std::to_string(expected) + " (C x S x S)");
-  return guarded("mm_predict_f32", MM_RUNTIME_ERROR, [&] {
-    predict_locked(*open.model, std::vector<float>(chw, chw + count));  // the pipeline may reuse its buffer
-  });
+  return guarded("mm_predict_f32", MM_RUNTIME_ERROR,
+                 [&] { predict_locked(*open.model, image_given(*open.model, chw, count)); });
 }
 
 mm_status mm_preprocess_rgb8(const mm_model* model, const uint8_t* rgb, size_t length, int width, int height,
@@ -321,16 +315,9 @@ mm_status mm_predict_rgb8(mm_model* model, const uint8_t* rgb, size_t length, in
 mm_status mm_predict_f32_into(mm_model* model, const float* chw, size_t count, mm_result* result) {
   Locked open(model);
   if (open.model == nullptr) return not_open("mm_predict_f32_into", model);
-  if (chw == nullptr) return failed(MM_BAD_ARGUMENT, "mm_predict_f32_into: chw is NULL");
-  const size_t expected = input_values(*open.model);
-  if (count != expected)
-    return failed(MM_BAD_ARGUMENT, "mm_predict_f32_into: " + std::to_string(count) + " values, not the bundle's " +
-                                       std::to_string(expected) + " (C x S x S)");
-  mm_result asked{};
-  mm_status status = guarded("mm_predict_f32_into", MM_BAD_ARGUMENT, [&] { asked = result_given(result); });
-  if (status != MM_OK) return status;
   return guarded("mm_predict_f32_into", MM_RUNTIME_ERROR, [&] {
-    predict_locked(*open.model, std::vector<float>(chw, chw + count));
+    const mm_result asked = result_given(result);  // before anything runs
+    predict_locked(*open.model, image_given(*open.model, chw, count));
     write_result(open.model->last, asked, result);
   });
 }
@@ -339,10 +326,8 @@ mm_status mm_predict_rgb8_into(mm_model* model, const uint8_t* rgb, size_t lengt
                                int row_stride, mm_result* result) {
   Locked open(model);
   if (open.model == nullptr) return not_open("mm_predict_rgb8_into", model);
-  mm_result asked{};
-  mm_status status = guarded("mm_predict_rgb8_into", MM_BAD_ARGUMENT, [&] { asked = result_given(result); });
-  if (status != MM_OK) return status;
   return guarded("mm_predict_rgb8_into", MM_RUNTIME_ERROR, [&] {
+    const mm_result asked = result_given(result);  // before anything runs
     predict_locked(*open.model, preprocess_locked(*open.model, rgb, length, width, height, row_stride));
     write_result(open.model->last, asked, result);
   });
@@ -399,8 +384,18 @@ size_t mobile_moe::library::input_values(const mm_model& model) {
          model.bundle.image_shape.at(3);
 }
 
-// One image (C x S x S, the handle's own copy: the pipeline feeds the graph from a buffer it may reuse) through an
-// open, locked handle, on the handle's threads.
+// An app's float image checked against the bundle (C x S x S values), as the handle's own copy: the pipeline feeds
+// the graph from a buffer it may reuse.
+std::vector<float> mobile_moe::library::image_given(const mm_model& model, const float* chw, size_t count) {
+  if (chw == nullptr) throw UsageError("chw is NULL");
+  const size_t expected = input_values(model);
+  if (count != expected)
+    throw UsageError(std::to_string(count) + " values, not the bundle's " + std::to_string(expected) +
+                     " (C x S x S)");
+  return std::vector<float>(chw, chw + count);
+}
+
+// One image (C x S x S) through an open, locked handle, on the handle's threads.
 void mobile_moe::library::predict_locked(mm_model& model, std::vector<float> image) {
   const auto threads = model.threads.scope();
   model.predicted = false;

@@ -33,6 +33,8 @@ mm_status open_model(const char* call, const char* bundle_dir, const mm_options*
 void predict_locked(mm_model& model, std::vector<float> image);
 // The values of one image the handle takes: C x S x S.
 size_t input_values(const mm_model& model);
+// An app's float image of `count` values, checked against the bundle, as the handle's own copy.
+std::vector<float> image_given(const mm_model& model, const float* chw, size_t count);
 std::vector<float> preprocess_locked(const mm_model& model, const uint8_t* rgb, size_t length, int width, int height,
                                      int row_stride);
 
