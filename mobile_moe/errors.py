@@ -1,8 +1,10 @@
-"""The one exception type that means "the user asked for something invalid".
+"""The one exception type that means "the user asked for something invalid", and the one that means "a runtime we
+drive failed at work it was rightly given".
 
-The CLI turns it into a single line on stderr and exit status 2, as it does an OSError of a path no command can work
-around (a name too long, a folder this user may not read: app/cli.py); anything else is a bug and keeps its
-traceback. It subclasses ValueError so library callers can catch it the usual way.
+The CLI turns a UsageError into a single line on stderr and exit status 2, as it does an OSError of a path no command
+can work around (a name too long, a folder this user may not read: app/cli.py), and a RuntimeFailure into its line
+and exit status 1; anything else is a bug and keeps its traceback. UsageError subclasses ValueError so library callers
+can catch it the usual way.
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ class UsageError(ValueError):
         marker = f"{type(self).__name__}: "
         ours = [line.split(marker, 1)[1] for line in str(message).splitlines() if marker in line]
         super().__init__(ours[-1] if ours and str(message).startswith("Caught ") else message)
+
+
+class RuntimeFailure(RuntimeError):
+    """A runtime the toolkit drives failed at work it was rightly given (libmobile_moe's MM_RUNTIME_ERROR, an
+    allocation it could not make): not bad input, not a bug of ours. The CLI prints its one line and exits 1."""
 
 
 class Note(UserWarning):

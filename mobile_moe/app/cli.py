@@ -20,7 +20,7 @@ import warnings
 from importlib.metadata import version
 from typing import NoReturn
 
-from mobile_moe.errors import Note, UsageError, exception_chain
+from mobile_moe.errors import Note, RuntimeFailure, UsageError, exception_chain
 from mobile_moe.utils.interrupts import STOPPED_LINES, Terminated, stop_signals
 
 # command -> (module, one-line help). Commands whose module does not exist yet are not offered.
@@ -181,6 +181,10 @@ def _command(argv: list[str] | None) -> int:
         if os.environ.get("MOBILE_MOE_DEBUG") == "1":
             raise
         return _refused(chosen, str(error))
+    except RuntimeFailure as error:
+        if os.environ.get("MOBILE_MOE_DEBUG") == "1":
+            raise
+        return _refused(chosen, str(error), status=1)
     except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (Terminated)
         return _stopped(interrupt)
     except Exception as error:
@@ -190,10 +194,10 @@ def _command(argv: list[str] | None) -> int:
         return _stopped(interrupt) if interrupt is not None else _refused(chosen, refusal)
 
 
-def _refused(command: str | None, message: str) -> int:
+def _refused(command: str | None, message: str, status: int = 2) -> int:
     message = " ".join(message.split())  # ONE line, whatever a library put in the message
     print(f"mobile-moe {command or ''}: error: {message}".replace("  ", " "), file=sys.stderr)
-    return 2
+    return status
 
 
 if __name__ == "__main__":

@@ -67,8 +67,8 @@ def full_disk_advice(weight_cache_dir: str | Path | None, bundle: str | Path | N
     if room is None or room >= 2 * bundle_bytes + (4 << 20):
         return None
     return (f"the packed-weight cache folder {folder} is on a full file system ({room} bytes free), and XNNPACK "
-            "writes packed weights through a mapping that a full disk kills; free some space there, or set "
-            "MOBILE_MOE_WEIGHT_CACHE to a folder with room")  # fmt: skip
+            "writes packed weights through a mapping that a full disk kills; free some space there, or give "
+            "--weight-cache-dir a folder with room")  # fmt: skip
 
 
 def parse_runner_output(

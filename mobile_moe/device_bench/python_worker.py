@@ -23,7 +23,7 @@ import torch
 from mobile_moe.device_bench.process_memory import memory_now
 from mobile_moe.device_bench.round_report import RoundJson
 from mobile_moe.device_bench.round_settings import RoundSettings
-from mobile_moe.errors import UsageError
+from mobile_moe.errors import RuntimeFailure, UsageError
 from mobile_moe.export.manifest import read_manifest
 from mobile_moe.export.runtime import load_bundle
 from mobile_moe.library.options import OPTIONS
@@ -227,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as error:  # a bad bundle: one line, status 2, which the bench CLI passes on
         print(" ".join(str(error).split()), file=sys.stderr)
         return 2
+    except RuntimeFailure as error:  # the runtime failed: one line, status 1
+        print(" ".join(str(error).split()), file=sys.stderr)
+        return 1
     return 0
 
 

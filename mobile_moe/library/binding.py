@@ -10,8 +10,9 @@ answers, and a Python app on a Linux device uses the same library.
         model.class_names[prediction.top_classes(1)[0]], prediction.experts, prediction.timings["total"]
 
 Results are the call's own: the library writes a prediction's answer into this call's buffers (mm_predict_f32_into,
-mm_predict_rgb8_into), whichever threads share the Model. Failures raise LibraryError (a UsageError for a bad argument
-or bundle, so a command prints one line and exits 2; RuntimeError's kind for a runtime failure). `prepare` does a
+mm_predict_rgb8_into), whichever threads share the Model. Failures raise LibraryError: LibraryUsageError (a
+UsageError) for a bad argument or bundle, so a command prints one line and exits 2; LibraryRuntimeError (a
+RuntimeError) for a runtime failure. `prepare` does a
 bundle's first launch ahead. The library comes from `library_path()`: the one built for this host from the package's
 sources (mobile_moe/library/build.py), or MOBILE_MOE_LIBRARY's.
 """
@@ -28,10 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from mobile_moe.errors import UsageError
+from mobile_moe.errors import RuntimeFailure, UsageError
 from mobile_moe.library.options import OPTIONS, checked
 
 MM_OK, MM_BAD_ARGUMENT, MM_BAD_BUNDLE, MM_RUNTIME_ERROR, MM_OUT_OF_MEMORY = range(5)
+REQUIRED_VERSION = 20200  # MOBILE_MOE_VERSION 2.2.0: per-call results, mm_prepare, mm_default_weight_cache_dir
 STATUS_NAMES = ("MM_OK", "MM_BAD_ARGUMENT", "MM_BAD_BUNDLE", "MM_RUNTIME_ERROR", "MM_OUT_OF_MEMORY")
 _C_TYPES = {"int": ctypes.c_int, "float": ctypes.c_float, "path": ctypes.c_char_p}
 
@@ -133,7 +135,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
 
 
 
-class LibraryError(UsageError):
+class LibraryError(Exception):
     """A call the library refused or failed: `status` (MM_BAD_ARGUMENT, ...) and its one-line message."""
 
     def __init__(self, status: int, message: str):
@@ -141,7 +143,11 @@ class LibraryError(UsageError):
         self.status = status
 
 
-class LibraryRuntimeError(LibraryError, RuntimeError):
+class LibraryUsageError(LibraryError, UsageError):
+    """MM_BAD_ARGUMENT or MM_BAD_BUNDLE: bad input, which a command prints in one line and exits 2 for."""
+
+
+class LibraryRuntimeError(LibraryError, RuntimeFailure):
     """MM_RUNTIME_ERROR or MM_OUT_OF_MEMORY: the library could not do what it was rightly asked."""
 
 
@@ -167,10 +173,17 @@ class Library:
             self.cdll = ctypes.CDLL(str(self.path))
         except OSError as error:
             raise UsageError(f"cannot load libmobile_moe from {self.path}: {error}") from None
+        version = self.cdll.mm_version_number() if hasattr(self.cdll, "mm_version_number") else 0
+        if version < REQUIRED_VERSION:
+            raise UsageError(f"{self.path} is libmobile_moe {version // 10000}.{version // 100 % 100}; this toolkit "
+                             f"needs {REQUIRED_VERSION // 10000}.{REQUIRED_VERSION // 100 % 100} or later: unset "
+                             "MOBILE_MOE_LIBRARY, or point it at a newer build")  # fmt: skip
         for name, (restype, argtypes) in _SIGNATURES.items():
             function = getattr(self.cdll, name)
             function.restype, function.argtypes = restype, argtypes
-        self._log_callback = None  # kept alive while the library may call it
+        # Every log callback ever set, kept alive: the library calls a callback outside its lock, so one replaced may
+        # still run on another thread for a moment after mm_log_set returns.
+        self._log_callbacks: list[Any] = []
 
     def __getattr__(self, name: str):
         if name.startswith("mm_"):
@@ -184,7 +197,7 @@ class Library:
         """Nothing for MM_OK; else the call's failure, raised with this thread's message."""
         if status == MM_OK:
             return
-        kind = LibraryRuntimeError if status in (MM_RUNTIME_ERROR, MM_OUT_OF_MEMORY) else LibraryError
+        kind = LibraryRuntimeError if status in (MM_RUNTIME_ERROR, MM_OUT_OF_MEMORY) else LibraryUsageError
         raise kind(status, self.last_error())
 
     def version(self) -> str:
@@ -200,7 +213,6 @@ class Library:
         for the whole process, from any thread; None drops it (the default)."""
         if callback is None:
             self.mm_log_set(None, None)
-            self._log_callback = None
             return
 
         def forward(level: int, message: bytes, _user: int) -> None:
@@ -208,8 +220,8 @@ class Library:
             callback(name, message.decode("utf-8", "replace"))
 
         wrapped = _LogCallback(forward)
+        self._log_callbacks.append(wrapped)
         self.mm_log_set(ctypes.cast(wrapped, ctypes.c_void_p), None)
-        self._log_callback = wrapped
 
     def prepare(self, bundle: str | os.PathLike, progress=None, **options: Any) -> None:
         """mm_prepare: the bundle's first-launch work done now (checked, every graph packed into the packed-weight
@@ -313,6 +325,13 @@ class Model:
         with self._lock:
             self._closer()
 
+    def _open_handle(self):
+        """The handle, for a call made under the lock; refused once closed (its address may be another Model's by
+        then: the library would take it for that one)."""
+        if not self._closer.alive:
+            raise LibraryUsageError(MM_BAD_ARGUMENT, f"the model of {self.bundle} is closed")
+        return self.handle
+
     def __enter__(self) -> Model:
         return self
 
@@ -324,15 +343,17 @@ class Model:
         """mm_model_info: the bundle and the options as mm_open resolved them (strings decoded)."""
         info = ModelInfo()
         with self._lock:
-            self.library.check(self.library.mm_model_info_get(self.handle, ctypes.byref(info), ctypes.sizeof(info)))
+            status = self.library.mm_model_info_get(self._open_handle(), ctypes.byref(info), ctypes.sizeof(info))
+        self.library.check(status)
         return {name: _text(getattr(info, name)) for name, _ in ModelInfo._fields_[1:]}
 
     def loaded_expert_graphs(self) -> list[str]:
         """The graphs of the experts loaded now (mm_loaded_graphs), least recently used last."""
         with self._lock:
-            count = self.library.mm_loaded_graphs(self.handle, 0, None)
+            handle = self._open_handle()
+            count = self.library.mm_loaded_graphs(handle, 0, None)
             names = (ctypes.c_char_p * max(count, 1))()
-            count = min(count, self.library.mm_loaded_graphs(self.handle, count, names))
+            count = min(count, self.library.mm_loaded_graphs(handle, count, names))
         return [names[i].decode() for i in range(count)]
 
     def predict(self, image: Any) -> Prediction:
@@ -341,7 +362,7 @@ class Model:
         values = _chw(image, self.input_shape)
         answer = _Answer(self.library, len(self.class_names), self._max_experts)
         with self._lock:  # against a close meanwhile, and a handle address reused after it
-            status = self.library.mm_predict_f32_into(self.handle, values.ctypes.data_as(_float_p), values.size,
+            status = self.library.mm_predict_f32_into(self._open_handle(), values.ctypes.data_as(_float_p), values.size,
                                                       ctypes.byref(answer.result))  # fmt: skip
         self.library.check(status)
         return answer.prediction()
@@ -354,8 +375,8 @@ class Model:
         pointer = rgb.ctypes.data_as(_uint8_p)
         answer = _Answer(self.library, len(self.class_names), self._max_experts)
         with self._lock:
-            status = self.library.mm_predict_rgb8_into(self.handle, pointer, rgb.nbytes, width, height, 3 * width,
-                                                       ctypes.byref(answer.result))  # fmt: skip
+            status = self.library.mm_predict_rgb8_into(self._open_handle(), pointer, rgb.nbytes, width, height,
+                                                       3 * width, ctypes.byref(answer.result))  # fmt: skip
         self.library.check(status)
         return answer.prediction()
 
@@ -371,8 +392,8 @@ class Model:
         out = np.zeros(int(np.prod(self.input_shape)), dtype=np.float32)
         with self._lock:
             pixels, values = rgb.ctypes.data_as(_uint8_p), out.ctypes.data_as(_float_p)
-            status = self.library.mm_preprocess_rgb8(self.handle, pixels, rgb.nbytes, width, height, 3 * width, values,
-                                                     out.size)  # fmt: skip
+            status = self.library.mm_preprocess_rgb8(self._open_handle(), pixels, rgb.nbytes, width, height, 3 * width,
+                                                     values, out.size)  # fmt: skip
             self.library.check(status)
         return out.reshape(self.input_shape)
 

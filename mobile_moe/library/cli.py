@@ -16,5 +16,6 @@ def run(args: argparse.Namespace) -> int:
     from mobile_moe.library.sdk import write_sdk
 
     out = write_sdk(args.out, args.target)
-    print(f"wrote {out}: include/, lib/ (pkg-config: PKG_CONFIG_PATH={out}/lib/pkgconfig), java/, examples/")
+    parts = "include/, lib/, java/, examples/" if (out / "java").is_dir() else "include/, lib/, examples/"
+    print(f"wrote {out}: {parts} (pkg-config: PKG_CONFIG_PATH={out}/lib/pkgconfig); its README.md says how to ship it")
     return 0

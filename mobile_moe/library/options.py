@@ -155,11 +155,11 @@ def _cpp_value(option: Option, value: Any) -> str:
 
 def cpp_header() -> str:
     """src/options_schema.h: each option's name, default and bounds, which the library's mm_default_options and
-    mm_open's checks use (tests/test_docs.py checks the committed file against this)."""
+    mm_open's checks use (tests/library/test_options_contract.py checks the committed file against this)."""
     lines = [
         "// Generated from mobile_moe/library/options.py, the one table of mm_options, by",
         f"//   python -m mobile_moe.library.options --cpp-header > {CPP_HEADER}",
-        "// Do not edit: change the table and regenerate (tests/test_docs.py compares the two).",
+        "// Do not edit: change the table and regenerate (tests/library/test_options_contract.py compares the two).",
         "#pragma once",
         "",
         "namespace mobile_moe::library {",

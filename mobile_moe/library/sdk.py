@@ -148,7 +148,9 @@ def write_sdk(out: str | os.PathLike, target: str = "host") -> Path:
         examples = staging / "examples"
         examples.mkdir()
         shutil.copy2(SOURCE_DIR / "examples" / "app_example.c", examples)
-        (examples / "Makefile").write_text(EXAMPLE_MAKEFILE.replace("CC ?= cc", f"CC ?= {built_for.compiler}"))
+        # make's built-in CC is cc, so `?=` would never give a cross build its compiler: a plain assignment does
+        compiler = "CC ?= cc" if built_for.build is None else f"CC = {built_for.compiler}"
+        (examples / "Makefile").write_text(EXAMPLE_MAKEFILE.replace("CC ?= cc", compiler))
         not_source = shutil.ignore_patterns("sdk", "build", "build-*", "__pycache__")
         shutil.copytree(SOURCE_DIR, staging / "source", ignore=not_source)
         fields = {"version": ".".join(version.groups()), "major": version.group(1), "machine": built_for.machine,

@@ -50,3 +50,31 @@ def test_preparing_onto_a_full_disk_says_nothing_could_be_kept(bundle, tmp_path)
     with small_file_system(tmp_path / "full", size="64k") as full:
         with pytest.raises(LibraryRuntimeError, match=r"mm_prepare: graph \w+ could not be kept in .*free some space"):
             load_library().prepare(bundle, weight_cache_dir=str(full))
+
+
+def test_a_bundle_of_two_experts_an_image_is_prepared_with_both_in_memory(tmp_path):
+    """top_k = 2: an image needs two experts at once, so preparing keeps two (one at a time would be refused)."""
+    from conftest import bundle_images, tiny_model
+
+    from mobile_moe.export.bundle import export_bundle
+
+    export_bundle(tiny_model("mobile-vmoe", pool="mean", top_k=2).eval(), tmp_path / "k2", "executorch",
+                  sample_images=bundle_images(6))  # fmt: skip
+    seen = []
+    load_library().prepare(tmp_path / "k2", progress=lambda done, total: seen.append(done),
+                           weight_cache_dir=str(tmp_path / "packed"))  # fmt: skip
+    assert seen == [1, 2, 3, 4, 5] and list((tmp_path / "packed").glob("*.xnnpack"))
+
+
+def test_a_closed_model_refuses_every_call(bundle):
+    from conftest import bundle_images
+
+    from mobile_moe.library.binding import Model
+
+    model = Model(bundle, weight_cache_dir="")
+    model.close()
+    with pytest.raises(LibraryError, match="is closed"):
+        model.predict(bundle_images(1)[0])
+    with pytest.raises(LibraryError, match="is closed"):
+        model.loaded_expert_graphs()
+    model.close()  # twice: nothing

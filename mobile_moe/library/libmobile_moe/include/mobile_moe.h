@@ -43,8 +43,9 @@
  * (MM_BAD_ARGUMENT, or nothing for mm_close) unless a newer handle was given the same address. Strings the library
  * returns (mm_class_name) live as long as their handle.
  *
- * ABI: structs carry their size (mm_default_options and mm_last_times pass the app's sizeof), so an app built against
- * this header runs with a later library whose structs grew; MOBILE_MOE_VERSION_MAJOR changes only when that breaks,
+ * ABI: structs carry their size (mm_default_options, mm_default_result and mm_last_times pass the app's sizeof, and
+ * the library reads an app's struct field by whole field), so an app built against this header runs with a later
+ * library whose structs grew; MOBILE_MOE_VERSION_MAJOR changes only when that breaks,
  * and it is the library's SOVERSION (libmobile_moe.so.MAJOR).
  */
 #ifndef MOBILE_MOE_H
@@ -80,6 +81,9 @@ typedef enum mm_status {
 
 typedef struct mm_model mm_model; /* opaque */
 
+/* Each option's range (mobile_moe/library/options.py's table): threads 0..1024, cache_experts and park_experts
+ * -1..4096, cache_margin 0..1, weight_cache_limit_mib 1..16777216, prefetch 0 or 1; mm_open refuses a value outside
+ * it (MM_BAD_ARGUMENT, naming the field). */
 typedef struct mm_options {
   size_t struct_size;        /* sizeof(mm_options) where the app was built: set by mm_default_options */
   int threads;               /* 1: the calling thread alone (default); N > 1: ExecuTorch's shared pool at N threads;
@@ -158,13 +162,15 @@ MOBILE_MOE_API const char* mm_default_weight_cache_dir(void);
 /* Open the bundle folder `bundle_dir` with `options` (NULL: the defaults): checks it whole, then loads what is
  * resident from the start (the router, or a dense bundle's one graph). */
 MOBILE_MOE_API mm_status mm_open(const char* bundle_dir, const mm_options* options, mm_model** model);
-/* After each graph mm_prepare has made ready: `done` of `total`. Called on mm_prepare's thread. */
+/* After each step mm_prepare has made ready (the open, then each expert's graphs): `done` of `total`. Called on
+ * mm_prepare's thread. */
 typedef void (*mm_progress_callback)(int done, int total, void* user_data);
 /* An app's first launch, done ahead (at install, or on a background thread with progress): the bundle checked whole
  * and remembered as verified, and every graph an image may need packed into the packed-weight folder, so that a later
  * mm_open and first prediction cost what a second launch's do. `options` as mm_open's (their folder is where the work
- * is kept: with packed weights off there is nothing to keep, and it is refused); one expert is in memory at a time.
- * `progress` may be NULL. Handles open on the bundle meanwhile are untouched. */
+ * is kept: with packed weights off there is nothing to keep, MM_BAD_ARGUMENT); the bundle's top_k experts are in
+ * memory at a time. MM_RUNTIME_ERROR where a graph could not be kept (a full disk: the log says why). `progress` may
+ * be NULL. Handles open on the bundle meanwhile are untouched. */
 MOBILE_MOE_API mm_status mm_prepare(const char* bundle_dir, const mm_options* options, mm_progress_callback progress,
                                     void* user_data);
 

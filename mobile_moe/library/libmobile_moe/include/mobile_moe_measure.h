@@ -80,7 +80,7 @@ typedef struct mm_model_info {
   int has_trunk_tail;           /* 1: early routing, dense blocks between the router and the expert */
   int graphs;                   /* graphs the manifest lists: mm_graph's indices */
   double resident_load_ms;      /* mm_open's load of the router (and what stays with it), or of the single graph */
-  const char* weight_cache_off; /* why packed weights are off ("" when weight_cache_dir is on): the log said it too */
+  const char* weight_cache_off; /* why packed weights are off ("" when on; the log said it too). Since 2.2.0 */
 } mm_model_info;
 
 MOBILE_MOE_API mm_status mm_model_info_get(const mm_model* model, mm_model_info* info, size_t struct_size);

@@ -143,8 +143,10 @@ mm_result result_given(const mm_result* given) {
   if (given->struct_size < first_version || given->struct_size > kMaxStructSize)
     throw UsageError("result->struct_size is " + std::to_string(given->struct_size) +
                      ": initialise the result with mm_default_result(&result) before setting it");
+  // The app's whole fields only (the first version's, which every app has, then each field a later header adds): a
+  // library never reads an older app's padding as a field.
   mm_result result{};
-  std::memcpy(static_cast<void*>(&result), given, std::min(given->struct_size, sizeof(mm_result)));
+  copy_whole_fields(&result, *given, given->struct_size, {first_version});
   if ((result.logits == nullptr && result.logits_capacity > 0) ||
       (result.classes == nullptr && result.top_k > 0) ||
       (result.experts == nullptr && result.gates == nullptr && result.experts_capacity > 0))
@@ -218,7 +220,11 @@ mm_status mm_prepare(const char* bundle_dir, const mm_options* options, mm_progr
   mm_options one_at_a_time{};
   mm_status status = guarded("mm_prepare", MM_BAD_ARGUMENT, [&] {
     one_at_a_time = options_given(options);
-    one_at_a_time.cache_experts = 1, one_at_a_time.park_experts = 0;  // each expert packed, then unloaded
+    one_at_a_time.cache_experts = -1, one_at_a_time.park_experts = 0;  // top_k experts in memory, the rest unloaded
+    std::string off;
+    if (weight_cache_folder(one_at_a_time, &off).empty())
+      throw UsageError("packed weights are off (" + off + "): there is nothing to prepare ahead; pass a folder this "
+                       "process may write");
   });
   mm_model* model = nullptr;
   LoadSettings every_load;
@@ -227,9 +233,6 @@ mm_status mm_prepare(const char* bundle_dir, const mm_options* options, mm_progr
   if (status != MM_OK) return status;
   status = guarded("mm_prepare", MM_RUNTIME_ERROR, [&] {
     Locked open(model);
-    if (open.model->packed_cache.dir().empty())
-      throw UsageError("packed weights are off (options.weight_cache_dir \"\", or no per-user folder here): there "
-                       "is nothing to prepare ahead; pass a folder this process may write");
     const int experts = open.model->bundle.kind == Kind::Split ? open.model->bundle.num_experts : 0;
     if (progress != nullptr) progress(1, 1 + experts, user_data);  // mm_open's check and resident graphs
     const auto threads = open.model->threads.scope();
@@ -334,7 +337,7 @@ mm_status mm_predict_rgb8_into(mm_model* model, const uint8_t* rgb, size_t lengt
 }
 
 void mm_result_init(mm_result* result, size_t struct_size) {
-  if (result == nullptr || struct_size == 0) return;
+  if (result == nullptr || struct_size < sizeof(size_t)) return;  // not even its size field
   copy_out(result, mm_result{}, struct_size);
 }
 

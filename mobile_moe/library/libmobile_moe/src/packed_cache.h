@@ -202,8 +202,7 @@ inline std::string unusable_cache_folder(const std::string& dir) {
 }
 
 // The folder that a runner started without a weight cache folder, and an app that leaves options.weight_cache_dir
-// NULL, keep packed weights in, by mobile_moe/utils/cache.py's rule (packed_weights_dir; tests/device_bench/
-// test_device_bench_native.py holds the two to one answer): MOBILE_MOE_WEIGHT_CACHE, else
+// NULL, keep packed weights in (the toolkit asks for it: mm_default_weight_cache_dir): MOBILE_MOE_WEIGHT_CACHE, else
 // $MOBILE_MOE_CACHE/packed-weights, else $XDG_CACHE_HOME/mobile-moe/packed-weights (where XDG_CACHE_HOME is absolute),
 // else $HOME/.cache/mobile-moe/packed-weights (the password database's home where HOME is unset, empty or relative);
 // created on first use. The app did not choose it, so a folder that cannot be used (none derived, as on a phone's

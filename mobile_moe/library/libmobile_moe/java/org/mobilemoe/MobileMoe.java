@@ -18,8 +18,9 @@ import java.util.concurrent.locks.ReentrantLock;
  *
  * <p>Failures of the library throw {@link MobileMoeException} with its status and one-line message, options out of
  * range among them (the library owns their bounds); a call's arguments out of range throw IllegalArgumentException or
- * IndexOutOfBoundsException before the library is called, nulls NullPointerException. Calls on one object from several threads are serialised; {@link #close} while another thread
- * predicts throws IllegalStateException (as ExecuTorch's Android Module does), and any call after close does too.
+ * IndexOutOfBoundsException before the library is called, nulls NullPointerException. Calls on one object from
+ * several threads are serialised, each returning its own Prediction; {@link #close} while another thread predicts
+ * throws IllegalStateException (as ExecuTorch's Android Module does), and any call after close does too.
  */
 public final class MobileMoe implements AutoCloseable {
   static {
@@ -106,6 +107,12 @@ public final class MobileMoe implements AutoCloseable {
       this.prefetch = prefetch;
       set |= PREFETCH;
       return this;
+    }
+
+    /** prefetch(1) or prefetch(0), as 2.1's binding took it. */
+    @Deprecated
+    public Options prefetch(boolean prefetch) {
+      return prefetch(prefetch ? 1 : 0);
     }
   }
 
