@@ -149,9 +149,9 @@ def test_the_prefetch_thread_runs_clean_under_thread_sanitizer(early_bundle, tmp
     _, _, path = early_bundle
     raw = tmp_path / "images.f32"
     images().numpy().astype(np.float32).tofile(raw)
-    settings = RoundSettings(iterations=3, warmup=0, cache_experts=1, switch_repeats=1)
-    (tmp_path / "weight-cache").mkdir()
-    command = runner_command(tsan, path, raw, settings, tmp_path / "weight-cache")
+    settings = RoundSettings(iterations=3, warmup=0, cache_experts=1, switch_repeats=1,
+                             weight_cache_dir=str(tmp_path / "weight-cache"))  # fmt: skip
+    command = runner_command(tsan, path, raw, settings)
     result = subprocess.run(command, capture_output=True, env=sanitizer_env(), timeout=300, check=False)
     stderr = result.stderr.decode(errors="replace")
     assert result.returncode != ASAN_EXIT_CODE and "ThreadSanitizer" not in stderr, stderr[-3000:]

@@ -109,7 +109,8 @@ def test_no_flipped_byte_of_a_weights_files_header_and_flatbuffer_crashes_execut
         accepted.append(tmp_path / f"flip-{i}.ptd")
         accepted[-1].write_bytes(damaged)
     assert accepted  # some bytes are free to change, and ExecuTorch must meet those files
-    run = subprocess.run([sys.executable, "-c", LOAD_AND_RUN, str(bundle), "expert_1", ",".join(map(str, accepted))],
+    script = LOAD_AND_RUN.format(tests_export=str(Path(__file__).parent))
+    run = subprocess.run([sys.executable, "-c", script, str(bundle), "expert_1", ",".join(map(str, accepted))],
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     crashed = run.stdout.strip().splitlines()[-1:] if run.returncode else []
     assert run.returncode == 0, f"signal {-run.returncode} on {crashed}: {run.stderr[-500:]}"
