@@ -39,6 +39,7 @@
 #include <memory>
 #include <new>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <set>
 #include <stdexcept>
@@ -84,8 +85,8 @@ struct Options {
   unsigned seed = 0;
   std::string load_mode = "mmap";
   int workspace_sharing = -1;  // XNNPACK's workspace sharing mode for every load (mm_load_settings); -1: its default
-  mm_options library = library_defaults();  // the library checks the values at mm_open
-  std::string weight_cache_dir;            // library.weight_cache_dir points here once the flag is given
+  mm_options library = library_defaults();  // the library checks the values at mm_open; weight_cache_dir aside:
+  std::optional<std::string> weight_cache_dir;  // --weight-cache-dir, which api_options points the library's at
 
   static mm_options library_defaults() {
     mm_options defaults;
@@ -158,7 +159,7 @@ Options parse_options(int argc, char** argv) {
     else if (flag == "--cache-experts") options.library.cache_experts = to_int(flag, next(), INT_MIN, INT_MAX);
     else if (flag == "--park-experts") options.library.park_experts = to_int(flag, next(), INT_MIN, INT_MAX);
     else if (flag == "--cache-margin") options.library.cache_margin = to_float(flag, next(), -HUGE_VAL, HUGE_VAL);
-    else if (flag == "--weight-cache-dir") options.weight_cache_dir = next(), options.library.weight_cache_dir = "";
+    else if (flag == "--weight-cache-dir") options.weight_cache_dir = next();
     else if (flag == "--weight-cache-limit-mib")
       options.library.weight_cache_limit_mib = to_int(flag, next(), INT_MIN, INT_MAX);
     else if (flag == "--prefetch") options.library.prefetch = to_int(flag, next(), INT_MIN, INT_MAX);
@@ -276,7 +277,7 @@ void write_memory(json::Writer& out, const stats::Memory& memory) {
 // The runner's library options as the C API takes them: the flags' values over mm_default_options'.
 mm_options api_options(const Options& options) {
   mm_options api = options.library;
-  if (api.weight_cache_dir != nullptr) api.weight_cache_dir = options.weight_cache_dir.c_str();  // "": none
+  if (options.weight_cache_dir) api.weight_cache_dir = options.weight_cache_dir->c_str();  // "": none
   return api;
 }
 

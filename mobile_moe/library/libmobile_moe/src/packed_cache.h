@@ -221,8 +221,12 @@ inline std::string default_cache_dir(std::string* off_because = nullptr) {
     std::string home = env("HOME");
     if (home.rfind('/', 0) != 0) {  // mobile_moe/utils/cache.py's home(): the password database's, where HOME is unset,
                                      // empty or relative
-      const passwd* user = getpwuid(getuid());
-      if (user != nullptr && user->pw_dir != nullptr) home = user->pw_dir;
+      // getpwuid_r: another thread of the app (another mm_open) may be reading the password database too
+      passwd entry{}, *user = nullptr;
+      std::vector<char> buffer(16384);
+      if (getpwuid_r(getuid(), &entry, buffer.data(), buffer.size(), &user) == 0 && user != nullptr &&
+          user->pw_dir != nullptr)
+        home = user->pw_dir;
     }
     if (root.empty() && !home.empty()) root = home + "/.cache/mobile-moe";
     if (!root.empty()) dir = root + "/packed-weights";
