@@ -26,9 +26,10 @@ def test_the_librarys_test_data_is_the_tiny_model_exported(runner):
     from mobile_moe.library.binding import Model
 
     stored = np.fromfile(IMAGES, dtype=np.float32).reshape(-1, 3, 32, 32)
-    assert np.array_equal(stored, images().numpy())
+    # the seeded draw, up to ATen's normal sampler, whose last bit follows the CPU's vector kernels
+    np.testing.assert_allclose(stored, images().numpy(), atol=1e-6)
     with torch.no_grad():
-        eager = bundle_model()(images())
+        eager = bundle_model()(torch.from_numpy(stored))
     model = Model(BUNDLE, weight_cache_dir="")
     for image, logits, experts in zip(stored, eager.logits, eager.routing.experts, strict=True):
         prediction = model.predict(image)
