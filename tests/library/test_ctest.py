@@ -27,7 +27,7 @@ def test_the_librarys_test_data_is_the_tiny_model_exported(runner):
 
     stored = np.fromfile(IMAGES, dtype=np.float32).reshape(-1, 3, 32, 32)
     # the seeded draw, up to ATen's normal sampler, whose last bit follows the CPU's vector kernels
-    np.testing.assert_allclose(stored, images().numpy(), atol=1e-6)
+    np.testing.assert_allclose(stored, images().numpy(), atol=1e-5)
     with torch.no_grad():
         eager = bundle_model()(torch.from_numpy(stored))
     model = Model(BUNDLE, weight_cache_dir="")
