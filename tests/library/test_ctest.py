@@ -1,8 +1,10 @@
-"""libmobile_moe builds and tests alone: CTest runs its C tests (tests/library_faults.c's scenarios, the example app,
-the runner) on its own test data, with no Python; the data is a real export of conftest's tiny model."""
+"""libmobile_moe builds and tests alone: CTest runs its tests (tests/library_faults.c's scenarios, the example app,
+the runner, the Java binding's tests/java/JavaBindingTest.java) on its own test data, with no Python; the data is a
+real export of conftest's tiny model."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 
 import numpy as np
@@ -20,6 +22,8 @@ def test_ctest_passes_in_the_librarys_own_build(runner):
                             capture_output=True, text=True, timeout=900)  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:]
     assert "100% tests passed" in result.stdout and "library_faults.shared-handle-results" in result.stdout
+    if shutil.which("javac"):  # the Java binding's test, where the build found a JDK
+        assert "java_binding" in result.stdout
 
 
 def test_the_librarys_test_data_is_the_tiny_model_exported(runner):
