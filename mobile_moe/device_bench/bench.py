@@ -144,8 +144,7 @@ class BenchSettings:
         would ignore them."""
         if self.runtime in (None, "native", "executorch"):
             return
-        changed = library_options.changed(self.round.library_options())
-        given = [name for name in changed if name not in library_options.EVERY_RUNTIME]
+        given = library_options.library_only(self.round.library_options())
         if given:
             flag = library_options.OPTION[given[0]].flag
             raise UsageError(f"{flag} is libmobile_moe's; --runtime {self.runtime} has none: leave it out")

@@ -15,7 +15,7 @@ from pathlib import Path
 from mobile_moe.device_bench.bench import RUNTIMES, BenchSettings, benchmark
 from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.device_bench.workload import ORDERS
-from mobile_moe.library.options import OPTIONS
+from mobile_moe.library.options import OPTIONS, from_args
 from mobile_moe.utils import jsonio
 
 
@@ -79,7 +79,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
     """The flags as BenchSettings, which refuse bad values with the flag's name in one line."""
     round_settings = RoundSettings(
         iterations=args.iterations, warmup=args.warmup, switch_repeats=args.switch_repeats,
-        **{option.name: getattr(args, option.name) for option in OPTIONS},
+        **from_args(args),
     )  # fmt: skip
     return BenchSettings(round_settings, runtime=args.runtime, device=args.device, runner=args.runner,
                          rounds=args.rounds, pause_s=args.pause, data=args.data, images=args.images,

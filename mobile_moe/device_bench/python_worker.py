@@ -26,7 +26,7 @@ from mobile_moe.device_bench.round_settings import RoundSettings
 from mobile_moe.errors import RuntimeFailure, UsageError
 from mobile_moe.export.manifest import read_manifest
 from mobile_moe.export.runtime import load_bundle
-from mobile_moe.library.options import OPTIONS
+from mobile_moe.library.options import OPTIONS, from_args
 from mobile_moe.utils.interrupts import die_with_parent, run_child
 
 
@@ -82,7 +82,7 @@ def measure(bundle_dir: str | Path, runtime: str, images_file: str | Path, setti
     start = time.perf_counter()
     bundle = load_bundle(bundle_dir, **settings.library_options())
     report["load_ms"] = {"router": (time.perf_counter() - start) * 1e3}
-    report["cache_experts"] = _experts_kept(bundle)
+    report["cache_experts"] = bundle.experts_kept
     report["memory_after_first_load"] = memory_now()
 
     # Routing pass: each image once, in order. A miss's extra wall time over its stages is the expert's cold load.
@@ -124,15 +124,6 @@ def measure(bundle_dir: str | Path, runtime: str, images_file: str | Path, setti
     report["switch"] = measure_switch(bundle_dir, settings, images, rows, load_bundle, router_ms)
     report["memory_at_end"] = memory_now()
     return report
-
-
-def _experts_kept(bundle) -> int:
-    """The expert graphs the bundle keeps loaded, as its runtime resolved cache_experts (0: a one-graph bundle)."""
-    if hasattr(bundle, "model"):  # libmobile_moe's, as it says
-        return bundle.model.info["cache_experts"]
-    if bundle.layout in ("dense", "monolithic", "whole"):
-        return 0
-    return bundle.max_cached_experts or bundle.manifest.num_experts
 
 
 def no_switch(note: str) -> dict:
@@ -221,15 +212,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = RoundSettings(
             iterations=args.iterations, warmup=args.warmup, switch_repeats=args.switch_repeats,
-            **{option.name: getattr(args, option.name) for option in OPTIONS},
+            **from_args(args),
         )  # fmt: skip
         print(json.dumps(measure(args.bundle, args.runtime, args.input, settings)))
-    except UsageError as error:  # a bad bundle: one line, status 2, which the bench CLI passes on
+    # One line, which the bench CLI passes on: status 2 for a bad bundle, 1 where the runtime failed.
+    except (UsageError, RuntimeFailure) as error:
         print(" ".join(str(error).split()), file=sys.stderr)
-        return 2
-    except RuntimeFailure as error:  # the runtime failed: one line, status 1
-        print(" ".join(str(error).split()), file=sys.stderr)
-        return 1
+        return 2 if isinstance(error, UsageError) else 1
     return 0
 
 

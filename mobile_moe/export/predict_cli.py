@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-import numpy as np
-
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest_schema import SPLIT_LAYOUTS
-from mobile_moe.library.options import OPTION, OPTIONS
+from mobile_moe.library.options import OPTION, OPTIONS, changed, from_args
 from mobile_moe.utils import jsonio
 from mobile_moe.utils.words import escaped
 
@@ -29,10 +27,7 @@ def classify(bundle, path: str, image, top_k: int = 5, logits: bool = False) -> 
     """The predict record (docs/formats.md, "predict --json") for one image as the bundle's read_image gave it: its
     `top_k` classes, and every logit with `logits`."""
     prediction = bundle.predict(image)
-    values = prediction.logits.astype(np.float64).reshape(-1)
-    probs = np.exp(values - values.max())
-    probs /= probs.sum()
-    ranked = [int(i) for i in np.argsort(-probs, kind="stable")[:top_k]]  # ties: the lower class index first
+    probs, ranked = prediction.probabilities(), prediction.top_classes(top_k)
     names = bundle.manifest.class_names
     record = {
         "image": path,
@@ -44,7 +39,7 @@ def classify(bundle, path: str, image, top_k: int = 5, logits: bool = False) -> 
         "gates": prediction.gates,
     }
     if logits:
-        record["logits"] = [float(v) for v in values]
+        record["logits"] = [float(v) for v in prediction.logits]
     return record
 
 
@@ -52,9 +47,9 @@ def run(args: argparse.Namespace) -> int:
     # torch and the runtimes only once the command runs: `mobile-moe predict --help` stays instant
     from mobile_moe.export.runtime import load_bundle
 
-    options = {option.name: getattr(args, option.name) for option in OPTIONS}
+    options = from_args(args)
     bundle = load_bundle(args.bundle, **options)
-    routing = [name for name in ("cache_experts", "cache_margin") if options[name] != OPTION[name].default]
+    routing = [name for name in changed(options) if name in ("cache_experts", "cache_margin")]
     if bundle.layout not in SPLIT_LAYOUTS and routing:
         raise UsageError(
             f"{OPTION[routing[0]].flag} chooses among expert graphs loaded one by one; {args.bundle} is a "

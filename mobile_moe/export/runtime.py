@@ -76,7 +76,7 @@ class BundleRuntime:
         # Graphs loaded at open: router, shared block parts, head, whole model.
         self._resident: dict[str, LoadedGraph] = {}
         self._experts: OrderedDict[int, dict[str, LoadedGraph]] = OrderedDict()  # expert -> its graphs, LRU order
-        for name in self._resident_graph_names():
+        for name in resident_graph_names(self.manifest):
             self._resident[name] = self._open_graph(self._graphs[name])
 
     # --- loading ------------------------------------------------------------------------------------------------------
@@ -90,9 +90,6 @@ class BundleRuntime:
             if self.backend not in GRAPH_OF_BACKEND:
                 raise UsageError(f"{self.path} is an {self.backend} bundle: libmobile_moe runs those (load_bundle)")
             return GRAPH_OF_BACKEND[self.backend](path, graph, self.threads, *weights)
-
-    def _resident_graph_names(self) -> list[str]:
-        return resident_graph_names(self.manifest)
 
     def _expert_graph_names(self, expert: int) -> list[str]:
         if self.layout == "per-block":
@@ -119,6 +116,13 @@ class BundleRuntime:
     def loaded_experts(self) -> list[int]:
         """Loaded experts, least recently used first."""
         return list(self._experts)
+
+    @property
+    def experts_kept(self) -> int:
+        """The expert graph sets kept loaded, as cache_experts resolved (0: a bundle of one graph)."""
+        if self.layout in ("dense", "monolithic", "whole"):
+            return 0
+        return self.max_cached_experts or self.manifest.num_experts
 
     # --- prediction ---------------------------------------------------------------------------------------------------
 
@@ -274,6 +278,11 @@ class LibraryBundle:
         experts = (self._expert_of_graph.get(name) for name in reversed(self.model.loaded_expert_graphs()))
         return list(dict.fromkeys(expert for expert in experts if expert is not None))
 
+    @property
+    def experts_kept(self) -> int:
+        """The expert graph sets kept loaded, as the library resolved cache_experts (0: a bundle of one graph)."""
+        return self.model.info["cache_experts"]
+
     def close(self) -> None:
         self.model.close()
 
@@ -285,7 +294,7 @@ def load_bundle(path: str | os.PathLike, **options: Any) -> BundleRuntime | Libr
     manifest = read_manifest(path)
     if manifest.backend == "executorch":
         return LibraryBundle(path, manifest, **options)
-    others = [name for name in library_options.changed(options) if name not in library_options.EVERY_RUNTIME]
+    others = library_options.library_only(options)
     if others:
         raise UsageError(f"{library_options.OPTION[others[0]].flag} is libmobile_moe's; {path} is a "
                          f"{manifest.backend} bundle, run in Python: leave it out")  # fmt: skip

@@ -116,6 +116,17 @@ def changed(values: dict[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in checked(values).items() if value != OPTION[name].default}
 
 
+def library_only(values: dict[str, Any]) -> list[str]:
+    """The options in `values` that differ from the defaults and that a runtime other than libmobile_moe has no
+    use for (EVERY_RUNTIME's are the ones it takes): what such a runtime refuses rather than ignores."""
+    return [name for name in changed(values) if name not in EVERY_RUNTIME]
+
+
+def from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The options a command's flags (add_flag's) gave, by name."""
+    return {option.name: getattr(args, option.name) for option in OPTIONS}
+
+
 def runner_flags(values: dict[str, Any]) -> list[str]:
     """The native runner's flags for `values`, the ones that differ from the defaults."""
     flags = []

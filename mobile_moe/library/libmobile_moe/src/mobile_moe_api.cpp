@@ -135,6 +135,16 @@ int top_classes(const std::vector<float>& logits, int k, int* classes, float* pr
   return n;
 }
 
+// The experts `last` took and their gates, at most `capacity` copied (either array may be NULL); -> how many it took.
+int copy_experts(const Inference& last, int capacity, int* experts, float* gates) {
+  const int n = static_cast<int>(last.experts.size());
+  for (int i = 0; i < std::min(n, capacity); ++i) {
+    if (experts != nullptr) experts[i] = last.experts[i];
+    if (gates != nullptr) gates[i] = last.gates[i];
+  }
+  return n;
+}
+
 // The app's mm_result as far as its struct_size reaches (every field of the first version: the size an app built
 // against an older header may not undercut), its arrays checked against the room it gives.
 mm_result result_given(const mm_result* given) {
@@ -162,11 +172,7 @@ void write_result(const Inference& last, mm_result result, mm_result* given) {
   if (result.logits != nullptr)
     std::copy_n(last.logits.begin(), std::min(result.logits_capacity, last.logits.size()), result.logits);
   result.num_top = top_classes(last.logits, result.top_k, result.classes, result.probabilities);
-  result.num_experts = static_cast<int>(last.experts.size());
-  for (int i = 0; i < std::min(result.num_experts, result.experts_capacity); ++i) {
-    if (result.experts != nullptr) result.experts[i] = last.experts[i];
-    if (result.gates != nullptr) result.gates[i] = last.gates[i];
-  }
+  result.num_experts = copy_experts(last, result.experts_capacity, result.experts, result.gates);
   result.router_ms = last.router_ms, result.expert_ms = last.expert_ms, result.load_ms = last.load_ms;
   result.tail_ms = last.tail_ms, result.load_wait_ms = last.load_wait_ms, result.total_ms = last.total_ms;
   result.cache_hit = last.hit ? 1 : 0;
@@ -244,7 +250,8 @@ mm_status mm_prepare(const char* bundle_dir, const mm_options* options, mm_progr
     }
     const Loader& loader = *open.model->loader;  // a graph the folder had no room for was packed in memory only
     for (int64_t load = 0; load < loader.load_count(); ++load)
-      if (const LoadEvent* event = loader.event(load); event != nullptr && std::string(event->cache) == "off")
+      if (const LoadEvent* event = loader.event(load);
+          event != nullptr && std::strcmp(event->cache, state_name(PackedCacheState::Off)) == 0)
         throw std::runtime_error(std::string("graph ") + event->graph + " could not be kept in " +
                                  open.model->packed_cache.dir() + " (no room: the log says why); free some space");
   });
@@ -358,13 +365,7 @@ int mm_top_classes(const mm_model* model, int k, int* classes, float* probabilit
 int mm_experts(const mm_model* model, int capacity, int* experts, float* gates) {
   Locked open(model);
   if (open.model == nullptr || !open.model->predicted) return 0;
-  const Inference& last = open.model->last;
-  const int n = static_cast<int>(last.experts.size());
-  for (int i = 0; i < std::min(n, capacity); ++i) {
-    if (experts != nullptr) experts[i] = last.experts[i];
-    if (gates != nullptr) gates[i] = last.gates[i];
-  }
-  return n;
+  return copy_experts(open.model->last, capacity, experts, gates);
 }
 
 void mm_stage_times_get(const mm_model* model, mm_stage_times* times, size_t struct_size) {
