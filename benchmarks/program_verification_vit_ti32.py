@@ -4,7 +4,7 @@ patch 32, 224 px, 1000 classes; E=10, k=1, L=2; XNNPACK), in ONE run on this hos
     .venv/bin/python benchmarks/program_verification_vit_ti32.py [--out DIR] [--repeats N]
 
 Both runtimes load every program with `Verification::InternalConsistency` (mobile_moe/export/loaded_graphs.py,
-mobile_moe/library/libmobile_moe/src/graph_loader.h): ExecuTorch's Program::load (runtime/executor/program.cpp) then
+libmobile_moe/src/graph_loader.h): ExecuTorch's Program::load (runtime/executor/program.cpp) then
 runs the flatbuffers verifier (VerifyProgramBuffer) over the whole program before reading it; `Minimal` checks only
 the header.
 For each of the bundle's expert graphs, in the Python runtime (the same C++ Program::load as the native runner's), one

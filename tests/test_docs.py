@@ -107,7 +107,7 @@ def test_no_manifest_word_is_spelled_in_cpp_outside_the_parser():
 
     words = "|".join(re.escape(word) for word in {*LAYOUTS, *KIND_OF_LAYOUT.values(), *ROLES})
     compared = re.compile(rf'[=!]=\s*"({words})"|"({words})"\s*[=!]=')
-    native = REPOSITORY / "mobile_moe" / "library" / "libmobile_moe"
+    native = REPOSITORY / "libmobile_moe"
     for path in [*native.rglob("*.cpp"), *native.rglob("*.h")]:
         if path.name not in ("bundle_manifest.h", "manifest_schema.h"):
             found = [match.group(0) for match in compared.finditer(path.read_text())]
@@ -122,7 +122,7 @@ def test_the_schemas_words_and_bounds_are_spelled_in_cpp_by_the_generated_header
     from mobile_moe.preprocess import INTERPOLATIONS, POLICIES
 
     words = [FORMAT, TENSOR_DTYPE, *POLICIES, *RESIZE_ORIGINS, *INTERPOLATIONS]
-    native = REPOSITORY / "mobile_moe" / "library" / "libmobile_moe"
+    native = REPOSITORY / "libmobile_moe"
     for path in [*native.rglob("*.cpp"), *native.rglob("*.h")]:
         if path.name != "manifest_schema.h":
             text = path.read_text()

@@ -1,6 +1,6 @@
 """The adb flow: a phone as a remote device (mobile_moe/device_bench/remote.py pushes, runs, pulls and cleans up).
 
-The runner must be an Android arm64 build of mobile_moe/library/libmobile_moe (see its build_android.sh). Everything
+The runner must be an Android arm64 build of libmobile_moe (see its build_android.sh). Everything
 goes to one working directory under /data/local/tmp (executable there without root), which is removed afterwards even
 when the run fails. Phone numbers need a real phone; the tests drive this flow through a stand-in `adb`, and the same
 flow runs real ARM64 code on the emulated device (mobile_moe/device_bench/arm64.py).
@@ -110,7 +110,7 @@ def run_on_android(
     """Run the runner on the phone against the bundle; returns its JSON (bundle paths in it are device paths)."""
     runner = Path(runner)
     if not runner.is_file():
-        build = "mobile_moe/library/libmobile_moe/build_android.sh"
+        build = "libmobile_moe/build_android.sh"
         raise UsageError(f"--runner {runner}: no such file; build it with {build}")
     images = Path(images) if images is not None else None
     return run_remote(lambda: AdbDevice(serial), RunnerFiles(runner), Path(bundle), images, settings)

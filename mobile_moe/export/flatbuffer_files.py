@@ -339,7 +339,7 @@ def check_graph_file(path: str | Path, external_data: bool = False) -> None:
 
 # --- the native runner's copy: generated, never edited ----------------------------------------------------------------
 
-CPP_HEADER = "mobile_moe/library/libmobile_moe/src/flatbuffer_schema.h"
+CPP_HEADER = "libmobile_moe/src/flatbuffer_schema.h"
 _KINDS = ("scalar", "string", "table", "scalars", "tables")
 
 
@@ -358,9 +358,9 @@ def _header_offsets(file: str, header: struct.Struct, names: tuple[str, ...]) ->
 
 
 def cpp_header() -> str:
-    """mobile_moe/library/libmobile_moe/src/flatbuffer_schema.h: the tables this module walks (their fields, kinds and
+    """libmobile_moe/src/flatbuffer_schema.h: the tables this module walks (their fields, kinds and
     required entries), the extended headers' layouts and identifiers, and the fields the file-level checks read, for the
-    runner's own walk (mobile_moe/library/libmobile_moe/src/flatbuffer_check.h): one owner of what a safe file is, in
+    runner's own walk (libmobile_moe/src/flatbuffer_check.h): one owner of what a safe file is, in
     both languages (tests/test_docs.py compares the committed file with this; tests/export/test_flatbuffer_files.py
     fuzzes both walks)."""
     tables = {name: value for name, value in globals().items() if isinstance(value, Table)}

@@ -3,7 +3,7 @@
 `Manifest` is the one Python model of a bundle's manifest: export builds it, `validate_manifest` (which
 export.manifest.read_manifest calls) returns it, and every consumer reads its attributes and methods: predict, the
 Python runtime, bench, the push to a phone, and the export itself before it moves a bundle into place. The native runner
-cannot import this and range-checks the same values itself (mobile_moe/library/libmobile_moe/src/bundle_manifest.h); the
+cannot import this and range-checks the same values itself (libmobile_moe/src/bundle_manifest.h); the
 fault-injection tests drive one table of manifest mutations through both.
 
 Layouts and the graphs they need (mobile_moe/export/graphs.py writes them):
@@ -543,7 +543,7 @@ def json_schema() -> dict[str, Any]:
 
 # --- the same words and bounds for libmobile_moe ----------------------------------------------------------------------
 
-CPP_HEADER = "mobile_moe/library/libmobile_moe/src/manifest_schema.h"
+CPP_HEADER = "libmobile_moe/src/manifest_schema.h"
 
 
 def _enum_name(word: str) -> str:
@@ -563,7 +563,7 @@ def _cpp_words(enum: str, words: tuple[str, ...], what: str, plural: str = "") -
 
 
 def cpp_header() -> str:
-    """mobile_moe/library/libmobile_moe/src/manifest_schema.h: this module's words (layouts, kinds, roles, backends,
+    """libmobile_moe/src/manifest_schema.h: this module's words (layouts, kinds, roles, backends,
     routings, the resize policy's), the layouts of each routing and the kind of each layout, the manifest's file name,
     format, version and tensor dtype, and its bounds, for libmobile_moe, so that the format has one owner in both
     languages (tests/test_docs.py checks the committed file against this)."""

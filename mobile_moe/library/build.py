@@ -25,7 +25,17 @@ from mobile_moe.utils.atomic import write_text_atomic
 from mobile_moe.utils.cache import cache_root
 from mobile_moe.utils.interrupts import run_child
 
-SOURCE_DIR = Path(__file__).resolve().parent / "libmobile_moe"  # CMakeLists.txt and its tree
+
+
+def _library_source_dir() -> Path:
+    """libmobile_moe's tree (CMakeLists.txt, include/, src/, ...): a component at the repository's top level, which the
+    wheel carries inside this package (setup.py) so an installed copy builds it too."""
+    here = Path(__file__).resolve().parent
+    installed = here / "libmobile_moe"
+    return installed if installed.is_dir() else here.parents[1] / "libmobile_moe"
+
+
+SOURCE_DIR = _library_source_dir()
 RUNNER_NAME = "mobile_moe_runner"
 
 

@@ -2,7 +2,7 @@
 defaults and bounds.
 
 Every layer takes them from here: the library's defaults and checks (generated into src/options_schema.h:
-`python -m mobile_moe.library.options --cpp-header > mobile_moe/library/libmobile_moe/src/options_schema.h`), the
+`python -m mobile_moe.library.options --cpp-header > libmobile_moe/src/options_schema.h`), the
 Python binding's struct (binding.py), the flags of the native runner, `mobile-moe bench` and `mobile-moe predict`
 (each `--` + the name with dashes, taking the C encoding), and the Java Options (a setter per option, the name in
 camelCase). tests/library/test_options_contract.py holds every one of them to this table.
@@ -157,7 +157,7 @@ def markdown_table() -> str:
 
 # --- the same table for libmobile_moe ---------------------------------------------------------------------------------
 
-CPP_HEADER = "mobile_moe/library/libmobile_moe/src/options_schema.h"
+CPP_HEADER = "libmobile_moe/src/options_schema.h"
 
 
 def _cpp_value(option: Option, value: Any) -> str:

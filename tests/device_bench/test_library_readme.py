@@ -1,4 +1,4 @@
-"""mobile_moe/library/libmobile_moe/README.md runs as written: its build, "link your own app" (pkg-config against the
+"""libmobile_moe/README.md runs as written: its build, "link your own app" (pkg-config against the
 SDK folder) and "Java on the host" blocks, in order, in a fresh folder, against a real bundle. Markers as in the
 project README (tests/test_readme.py): `<!-- readme-test: runs SCENARIO -->`."""
 
@@ -50,6 +50,6 @@ def test_the_sdk_the_pkg_config_app_and_the_java_binding_run_as_written(bundle, 
 
 @pytest.mark.slow  # a whole CMake build of the library and the runner
 def test_the_cmake_build_runs_as_written(bundle, tmp_path):
-    (tmp_path / "mobile_moe").symlink_to(SOURCE_DIR.parent.parent)  # the block runs from the repository's root
+    (tmp_path / "libmobile_moe").symlink_to(SOURCE_DIR)  # the block runs from the repository's root
     run_blocks("cmake", tmp_path, bundle)
     assert (tmp_path / "installed" / "include" / "mobile_moe.h").is_file()

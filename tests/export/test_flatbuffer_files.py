@@ -207,7 +207,7 @@ def test_a_program_without_named_data_is_refused_unless_a_weights_file_comes_wit
     check_program(damaged, external_data=True)  # a family's program finds its weights in the .ptd loaded with it
 
 
-# --- the native library's walk (mobile_moe/library/libmobile_moe/src/flatbuffer_check.h)
+# --- the native library's walk (libmobile_moe/src/flatbuffer_check.h)
 # ------------------------------------------------
 
 

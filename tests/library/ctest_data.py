@@ -1,4 +1,4 @@
-"""The library's own test data (mobile_moe/library/libmobile_moe/tests/data/), which CTest runs the C tests on with no
+"""The library's own test data (libmobile_moe/tests/data/), which CTest runs the C tests on with no
 Python: conftest's tiny Mobile V-MoE (E=4, k=1) exported as an ExecuTorch bundle, and 8 images it sends to every
 expert (raw float32, N x 3 x 32 x 32). Written by `python tests/library/ctest_data.py` (again after a change of the
 bundle format); test_ctest.py holds the committed files to the model they were exported from."""
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
-DATA = TESTS.parent / "mobile_moe" / "library" / "libmobile_moe" / "tests" / "data"
+DATA = TESTS.parent / "libmobile_moe" / "tests" / "data"
 BUNDLE, IMAGES = DATA / "tiny-bundle", DATA / "images.f32"
 
 

@@ -2,8 +2,8 @@
 # executorch manylinux aarch64 wheel unpacked (its executorch/ directory is CMAKE_PREFIX_PATH).
 # mobile_moe/device_bench/arm64.py drives it (cached like the host build) and runs the result under qemu-user; by hand:
 #
-#   cmake -S mobile_moe/library/libmobile_moe -B build-arm64 \
-#     -DCMAKE_TOOLCHAIN_FILE=mobile_moe/library/libmobile_moe/cmake/linux-arm64.toolchain.cmake \
+#   cmake -S libmobile_moe -B build-arm64 \
+#     -DCMAKE_TOOLCHAIN_FILE=libmobile_moe/cmake/linux-arm64.toolchain.cmake \
 #     -DCMAKE_PREFIX_PATH=$WHEEL/executorch -DCMAKE_SKIP_RPATH=ON && cmake --build build-arm64
 #
 # The same CMakeLists.txt builds the host and Android runners (build_android.sh uses the NDK's toolchain file). The

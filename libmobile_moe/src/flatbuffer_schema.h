@@ -1,6 +1,6 @@
 // Generated from mobile_moe/export/flatbuffer_files.py, the one description of the ExecuTorch files we
 // accept, by
-//   python -m mobile_moe.export.flatbuffer_files --cpp-header > mobile_moe/library/libmobile_moe/src/flatbuffer_schema.h
+//   python -m mobile_moe.export.flatbuffer_files --cpp-header > libmobile_moe/src/flatbuffer_schema.h
 // Do not edit: change flatbuffer_files.py and regenerate (tests/test_docs.py compares the two).
 #pragma once
 

@@ -7,7 +7,7 @@
 # host's libraries with the same script.
 #
 #   ANDROID_NDK=/path/to/android-ndk-r27 EXECUTORCH_ANDROID=/path/to/executorch/cmake-out-android \
-#     mobile_moe/library/libmobile_moe/build_android.sh [OUT_DIR]
+#     libmobile_moe/build_android.sh [OUT_DIR]
 #
 # Build ExecuTorch for Android first (from an executorch v1.5.1 checkout; the runner needs the module, data loader,
 # tensor and threadpool extensions, the optimized kernels and the XNNPACK delegate):

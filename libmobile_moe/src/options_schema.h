@@ -1,5 +1,5 @@
 // Generated from mobile_moe/library/options.py, the one table of mm_options, by
-//   python -m mobile_moe.library.options --cpp-header > mobile_moe/library/libmobile_moe/src/options_schema.h
+//   python -m mobile_moe.library.options --cpp-header > libmobile_moe/src/options_schema.h
 // Do not edit: change the table and regenerate (tests/library/test_options_contract.py compares the two).
 #pragma once
 

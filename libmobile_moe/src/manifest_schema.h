@@ -1,5 +1,5 @@
 // Generated from mobile_moe/export/manifest_schema.py, the one manifest schema, by
-//   python -m mobile_moe.export.manifest_schema --cpp-header > mobile_moe/library/libmobile_moe/src/manifest_schema.h
+//   python -m mobile_moe.export.manifest_schema --cpp-header > libmobile_moe/src/manifest_schema.h
 // Do not edit: change the schema and regenerate (tests/test_docs.py compares the two).
 #pragma once
 
