@@ -1,6 +1,6 @@
 """mobile-moe: per-image sparse Mixture-of-Experts Vision Transformers (Mobile V-MoEs), trained and split for phones.
 
-One installed namespace. The ground floor: this package's own modules (errors, preprocess, expert_choice) and
+One installed namespace. The ground floor: this package's own modules (errors, preprocess) and
 `mobile_moe.models` (the models, configs, registry, costs, checkpoints), `mobile_moe.utils`, `mobile_moe.formats`
 (super-class and confusion files) and `mobile_moe.importers` (timm, torchvision). The stages above it, each importing
 only those below it (tests/test_layering.py):

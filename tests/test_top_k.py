@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import needs_build, tiny_model
 
-from mobile_moe.expert_choice import pick_experts
+from mobile_moe.export.bundle_routing import pick_experts
 from mobile_moe.models.routers import top_k
 
 
@@ -27,7 +27,7 @@ def test_ties_go_to_the_lower_index_in_torch_and_numpy(scores, k, expected):
     values, indices = top_k(torch.tensor([scores], dtype=torch.float64), k)
     assert indices[0].tolist() == expected
     assert values[0].tolist() == [scores[i] for i in expected]
-    # the bundle runtimes' rule (mobile_moe/expert_choice.py) takes its order from top_k
+    # the bundle runtimes' rule (mobile_moe/export/bundle_routing.py) takes its order from top_k
     assert pick_experts(np.asarray(scores, dtype=np.float32), k=k, renormalize=False)[0] == expected
 
 

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from mobile_moe.errors import UsageError
-from mobile_moe.expert_choice import pick_experts, used_experts
+from mobile_moe.export.bundle_routing import pick_experts, used_experts
 from mobile_moe.export.images import load_image
 from mobile_moe.export.loaded_graphs import GRAPH_OF_BACKEND
 from mobile_moe.export.manifest import bundle_identity, read_manifest, same_bundle, verified_graph_files
@@ -140,7 +140,7 @@ class BundleRuntime:
         return np.ascontiguousarray(array)
 
     def choose_experts(self, router_probs: np.ndarray) -> tuple[list[int], list[float]]:
-        """expert_choice.pick_experts on the router's probabilities, with the model's k and renormalisation and the
+        """bundle_routing.pick_experts on the router's probabilities, with the model's k and renormalisation and the
         experts loaded now as the resident ones."""
         try:
             return pick_experts(
@@ -154,7 +154,7 @@ class BundleRuntime:
             raise UsageError(f"{self.path}: {error}; re-export the bundle") from None
 
     def used_experts(self, expert_tokens: np.ndarray) -> tuple[list[int], list[float]]:
-        """expert_choice.used_experts on a whole graph's expert_tokens."""
+        """bundle_routing.used_experts on a whole graph's expert_tokens."""
         try:
             return used_experts(expert_tokens)
         except ValueError as error:  # a corrupt graph's output

@@ -1,7 +1,7 @@
 """Cache-aware routing (arXiv 2412.00099): a loaded expert within a gate margin of the top one is taken instead.
 
-The rule is mobile_moe/expert_choice.py's pick_experts (its own cases, and its C++ translation's agreement, are in
-tests/device_bench/test_expert_choice.py); here the same images, hence the same gates, go through predict, the Python
+The rule is mobile_moe/export/bundle_routing.py's pick_experts (its own cases, and its C++ translation's agreement, are in
+tests/device_bench/test_bundle_routing.py); here the same images, hence the same gates, go through predict, the Python
 bundle runtime and the native runner.
 """
 

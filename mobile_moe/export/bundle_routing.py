@@ -1,9 +1,9 @@
 """Which experts an exported bundle's image takes, from what its graphs report: the rules of the bundle runtimes.
 
-The Python runtime (mobile_moe/export/runtime.py) calls these; the native runner's expert_choice.h
-(libmobile_moe/src) is their translation into C++, held equal to them case by case, ties and float32
-margins included, by tests/device_bench/test_expert_choice.py. Change a rule here first, then there. The order of
-experts is the model's own: mobile_moe.models.routers.top_k, so eager PyTorch and both runtimes agree even on ties.
+The Python runtime (mobile_moe/export/runtime.py) calls these; libmobile_moe's src/bundle_routing.cpp is their
+translation into C++, held equal to them case by case, ties and float32 margins included, by
+tests/device_bench/test_bundle_routing.py. Change a rule here first, then there. The order of experts is the model's
+own: mobile_moe.models.routers.top_k, so eager PyTorch and both runtimes agree even on ties.
 """
 
 from __future__ import annotations
