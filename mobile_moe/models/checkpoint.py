@@ -1,5 +1,5 @@
-"""Checkpoints are plain dicts ({"model": state_dict, "config": dict, ...}) saved with torch.save and loaded with
-weights_only=True; a model is rebuilt from its `config` entry alone."""
+"""Checkpoints are plain dicts ({"version": RUN_VERSION, "model": state_dict, "config": dict, ...}) saved with
+torch.save and loaded with weights_only=True; a model is rebuilt from its `config` entry alone."""
 
 from __future__ import annotations
 
@@ -12,10 +12,15 @@ import torch
 from torch import nn
 
 from mobile_moe.errors import UsageError
+from mobile_moe.formats.versions import check_version
 from mobile_moe.models.moe import restacked
 from mobile_moe.models.registry import model_from_config_dict
 from mobile_moe.utils.atomic import atomic_path, out_of_space
 from mobile_moe.utils.words import shown
+
+# The run directory's format version (docs/formats.md): its config.json states it (training.run_dir.read_config checks
+# it), and so does every checkpoint written into it (save_checkpoint writes it, load_checkpoint checks it).
+RUN_VERSION = 1
 
 NOT_OURS = (
     "not a mobile-moe checkpoint or corrupted (it is loaded with weights_only=True and is never unpickled unsafely)"
@@ -28,10 +33,11 @@ def checkpoint_dict(model: nn.Module, **extra: Any) -> dict[str, Any]:
 
 
 def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
-    """Atomically write a checkpoint dict (temp file + rename)."""
+    """Atomically write a checkpoint dict (temp file + rename), stating the run format's version (RUN_VERSION) unless
+    the dict states one."""
     with atomic_path(path) as tmp:
         try:
-            torch.save(checkpoint, tmp)
+            torch.save({"version": RUN_VERSION, **checkpoint}, tmp)
         except (OSError, RuntimeError) as error:
             # torch's zip writer reports a full disk as "[enforce fail at inline_container.cc...] unexpected pos":
             # said as the OSError it was, atomic_path gives the one line every full disk gets.
@@ -78,6 +84,7 @@ def load_checkpoint(
         raise UsageError(f"cannot read checkpoint {path}: {NOT_OURS}; {first_reason(error)}") from None
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("model"), dict) or "config" not in checkpoint:
         raise UsageError(f"{path} is not a mobile-moe checkpoint: expected a dict with 'model' and 'config'")
+    check_version(checkpoint, RUN_VERSION, where=str(path), what="a checkpoint", fix="train or import the run again")
     problem = next((f"{key} {checkpoint[key]!r}" for key, fits in METADATA.items()
                     if key in checkpoint and not fits(checkpoint[key])), None)  # fmt: skip
     if problem is not None:

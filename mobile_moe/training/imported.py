@@ -1,9 +1,9 @@
 """`mobile-moe import`: a timm or torchvision ViT checkpoint -> a dense run directory (docs/formats.md).
 
-    RUN_DIR/config.json  {"model": our ViTConfig, "data": {"spec": null, "image_size", "mean", "std", "class_names",
-                          "eval_resize"}, "super_classes": null, "recipe": null,
+    RUN_DIR/config.json  {"version": 1, "model": our ViTConfig, "data": {"spec": null, "image_size", "mean", "std",
+                          "class_names", "eval_resize"}, "super_classes": null, "recipe": null,
                           "source": {"model", "weights", "sha256", "bytes", "max_abs_logit_difference"}}
-    RUN_DIR/best.pt      {"model": state_dict, "config": the model config, "source": the same record}
+    RUN_DIR/best.pt      {"version": 1, "model": state_dict, "config": the model config, "source": the same record}
 
 The data record is the source library's preprocessing (mean, std, resize and crop, interpolation), so evaluating the
 run, deriving its super-classes and training from it (--init-from) feed it images as its own library would. It has

@@ -1,12 +1,17 @@
 """Run directories (docs/formats.md): what training writes and every later stage reads.
 
-    RUN_DIR/config.json    {"model": ViTConfig.to_dict(), "data": {"spec", "image_size", "mean", "std",
+    RUN_DIR/config.json    {"version": 1, "model": ViTConfig.to_dict(), "data": {"spec", "image_size", "mean", "std",
                             "class_names", "eval_resize"}, "super_classes": null | {"spec", "names", "assignment"},
                             "recipe": TrainConfig as a dict}
-    RUN_DIR/checkpoint.pt  last epoch: {"model", "config", "optimizer", "scheduler", "epoch", "rng", "best_epoch",
-                            "best_top1", "metrics" (this epoch's row), "history" (every epoch's row so far), ...}
+    RUN_DIR/checkpoint.pt  last epoch: {"version": 1, "model", "config", "optimizer", "scheduler", "epoch", "rng",
+                            "best_epoch", "best_top1", "metrics" (this epoch's row), "history" (every epoch's row so
+                            far), ...}
     RUN_DIR/best.pt        the epoch with the best validation top-1 (same layout)
     RUN_DIR/metrics.jsonl  one JSON object per finished epoch
+
+The run's format version (models.checkpoint.RUN_VERSION) is config.json's "version", which covers every file of the
+directory, and each checkpoint states it too: a run of another version is refused by read_config (a checkpoint by
+load_checkpoint) in one line.
 
 Everything is written atomically, so a directory either holds a complete file or the previous one. An epoch is
 committed by checkpoint.pt (`commit_epoch`); best.pt and metrics.jsonl follow it and are derived from it, so after a
@@ -32,7 +37,8 @@ from torch import nn
 from mobile_moe.data.datasets import open_data
 from mobile_moe.data.spec_options import same_data
 from mobile_moe.errors import UsageError
-from mobile_moe.models.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from mobile_moe.formats.versions import check_version
+from mobile_moe.models.checkpoint import RUN_VERSION, load_checkpoint, model_from_checkpoint, save_checkpoint
 from mobile_moe.preprocess import check_resize
 from mobile_moe.training import distributed
 from mobile_moe.training.recipes import MAY_CHANGE_ON_RESUME, matches_record
@@ -161,6 +167,9 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise UsageError(f"cannot read {path}: {error}") from None
     missing = [key for key in ("model", "data", "recipe") if not isinstance(config, dict) or key not in config]
+    if isinstance(config, dict) and ("version" in config or not missing):  # a run's config.json: its version first
+        fix = "import it again" if is_imported(config) else "train it again"
+        check_version(config, RUN_VERSION, where=str(path), what="a run", fix=fix)
     if missing:
         raise UsageError(f"{path} is not a run config: missing {', '.join(missing)}")
     imported = is_imported(config)  # a source instead of a recipe and a data spec
@@ -259,7 +268,8 @@ def is_failed_start(path: str | os.PathLike) -> bool:
 
 
 def write_config(run_dir: str | os.PathLike, config: dict[str, Any]) -> None:
-    write_text_atomic(Path(run_dir) / CONFIG, json.dumps(config, indent=2) + "\n")
+    """config.json, stating the run format's version first."""
+    write_text_atomic(Path(run_dir) / CONFIG, json.dumps({"version": RUN_VERSION, **config}, indent=2) + "\n")
 
 
 def load_run(run_dir: str | os.PathLike, checkpoint: str = "best") -> Run:

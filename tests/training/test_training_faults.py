@@ -470,7 +470,7 @@ def test_check_finite_weights_refuses_a_forged_weight_under_any_key(tmp_path, ki
     message = str(caught.value)
     assert f"x.pt: weight 'blocks.0.\\x1b[31mfc1.weight' {FORGED_WEIGHTS[kind][1]}" in message, message
     assert "\x1b" not in message and "\n" not in message
-    torch.save({"model": {key: tensor}, "config": {}}, tmp_path / "x.pt")
+    torch.save({"version": 1, "model": {key: tensor}, "config": {}}, tmp_path / "x.pt")
     with pytest.raises(UsageError, match="x.pt: weight 'blocks.0."):
         load_checkpoint(tmp_path / "x.pt")
 
@@ -706,6 +706,77 @@ def test_a_config_json_that_is_not_a_runs_is_never_overwritten(tmp_path, capsys)
     status, err = cli(capsys, train_argv(out, 1))
     assert status == 2 and "not a mobile-moe run" in err
     assert (out / "config.json").read_text() == '{"my": "project settings"}'
+
+
+# A file of another format version: what it states ("none": no version, as a file written before the formats were
+# versioned) -> (that value, what the refusal says after the file's name, up to the fix).
+OTHER_VERSIONS = {
+    "none": (None, "is {what} of format version 0 (it states none: written before mobile-moe versioned its files); "),
+    "0": (0, "is {what} of format version 0; "),
+    "2": (2, "is {what} of format version 2 (written by a newer mobile-moe); "),
+    "string": ("1", "states format version '1', not a number; "),
+    "true": (True, "states format version True, not a number; "),
+}
+
+
+def version_refusal(path: Path, version: str, what: str, fix: str) -> str:
+    """The one line that refuses `path`, a file stating OTHER_VERSIONS[version]."""
+    newer = "upgrade mobile-moe, or " if version == "2" else ""
+    return f"{path} {OTHER_VERSIONS[version][1].format(what=what)}this mobile-moe reads version 1: {newer}{fix}"
+
+
+def stating(version: str):
+    """A change that makes a record state OTHER_VERSIONS[version] (or no version)."""
+
+    def change(record: dict) -> None:
+        record.pop("version", None)
+        if OTHER_VERSIONS[version][0] is not None:
+            record["version"] = OTHER_VERSIONS[version][0]
+
+    return change
+
+
+def assert_refused(capsys, argv: list[str], refusal: str) -> None:
+    """The command's whole stderr is the one line of `refusal`, and its status 2."""
+    status, err = cli(capsys, argv)
+    assert status == 2 and err.endswith(f": error: {refusal}\n") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("version", OTHER_VERSIONS)
+def test_a_run_of_another_format_version_is_refused_by_every_reader_in_one_line(tmp_path, capsys, one_epoch, version):
+    """config.json states the run's format version; a run of another one (or none) is refused by read_config, the
+    one check every reader of a run goes through, and nothing of it is written."""
+    from mobile_moe.training.run_dir import read_config
+
+    out = copy_run(one_epoch, tmp_path / "run")
+    config = json.loads((out / "config.json").read_text())
+    assert config["version"] == 1 and next(iter(config)) == "version"
+    stating(version)(config)
+    (out / "config.json").write_text(json.dumps(config))
+    refusal = version_refusal(out / "config.json", version, "a run", "train it again")
+    with pytest.raises(UsageError) as caught:
+        read_config(out)
+    assert str(caught.value) == refusal
+    before = {name: (out / name).read_bytes() for name in RUN_FILES}
+    export = ["export", str(out), "--format", "onnx", "--out", str(tmp_path / "bundle")]
+    for argv in (["evaluate", str(out)], train_argv(out, 2, "--resume"), export):
+        assert_refused(capsys, argv, refusal)
+    assert {name: (out / name).read_bytes() for name in RUN_FILES} == before
+
+
+@pytest.mark.parametrize("version", OTHER_VERSIONS)
+def test_a_checkpoint_of_another_format_version_is_refused_in_one_line(tmp_path, capsys, one_epoch, version):
+    """Each checkpoint states the version it was written with, checked where it is loaded (load_checkpoint)."""
+    from mobile_moe.models.checkpoint import load_checkpoint
+
+    out = copy_run(one_epoch, tmp_path / "run")
+    assert torch.load(out / "best.pt", weights_only=True)["version"] == 1
+    forged(out, stating(version))
+    refusal = version_refusal(out / "best.pt", version, "a checkpoint", "train or import the run again")
+    with pytest.raises(UsageError) as caught:
+        load_checkpoint(out / "best.pt")
+    assert str(caught.value) == refusal
+    assert_refused(capsys, ["evaluate", str(out)], refusal)
 
 
 def test_a_preset_size_with_an_explicit_patch_resumes_as_started():
