@@ -4,8 +4,7 @@ Parity runs on validation images, int8 calibration on training images, the int8 
 split: all through training's seam (`mobile_moe.training.run_dir.load_run`, `Run.open_data`), never by re-reading its
 files here.
 The eval resize policy the bundle's manifest records is the one those validation images went through: the run's
-recorded one, or for a run from before that record the one its data spec gets (`open_data`'s, the same rule its
-evaluation used).
+recorded one (its origin "run").
 """
 
 from __future__ import annotations
@@ -89,7 +88,7 @@ def source_from_run(
         source=str(run.run_dir),
         validation_top1=_best_validation_top1(run.checkpoint),
         test_top1=_test_top1(run.model, data),
-        resize=dict(data.eval_resize, origin="run" if "eval_resize" in data_config else "data-spec"),
+        resize=dict(data.eval_resize, origin="run"),
     )
 
 

@@ -50,7 +50,7 @@ def check_dense_fits(moe_config: ViTConfig, dense_config: dict[str, Any], where:
     check_upcyclable(moe_config)
     if dense_config.get("name") != "vit":
         raise UsageError(f"{where} is a {dense_config.get('name')} run; --init-from takes a dense vit run")
-    # Through the registry: the dense config is validated, and fields a run from before them lacks take defaults.
+    # Through the registry: the dense config is validated as every model config is.
     try:
         theirs = config_from_dict(dense_config).to_dict()
     except UsageError as error:

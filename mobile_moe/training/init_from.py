@@ -90,7 +90,7 @@ def load_dense(model, init_from: str | os.PathLike, *, class_names: list[str]) -
     # The fit was checked against config.json; the weights are best.pt's: they must be the same model (an edited
     # norm_eps or head count would load without a shape error and upcycle another function).
     check_same_model(f"--init-from {init_from}", config, state, BEST)
-    dense_classes = list(config["data"].get("class_names") or [])
+    dense_classes = list(config["data"]["class_names"])
     new_classes = dense_classes != list(class_names)
     fresh = upcycle(model, state["model"], path, new_classes=new_classes)
     return {

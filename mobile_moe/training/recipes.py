@@ -157,8 +157,7 @@ def _coerce(name: str, value: Any, kind: type) -> Any:
 
 def matches_record(name: str, given: Any, recorded: Any) -> bool:
     """Whether a recipe field as given for a run (a resume's flags, a sweep's cell) is the one the run recorded: equal,
-    or an `auto` input_pipeline or -1 workers, which a run records as what they resolved to (and runs from before the
-    field lack)."""
+    or an `auto` input_pipeline or -1 workers, which a run records as what they resolved to."""
     return given == recorded or (name, given) in (("input_pipeline", "auto"), ("workers", -1))
 
 

@@ -84,7 +84,7 @@ class Run:
 
     def open_data(self, spec: str | None = None):
         """The run's data (or `spec`, which must have the run's classes) at the run's image size, fed as the run
-        records (`preprocessing`; runs from before the resize record: the data spec's own policy)."""
+        records (`preprocessing`)."""
         record = self.config["data"]
         spec = spec or record["spec"]
         if spec is None:
@@ -104,9 +104,7 @@ class Run:
 def preprocessing(record: dict[str, Any], where: str | os.PathLike) -> dict[str, Any]:
     """open_data's overrides that feed images as a run's data record says: its mean, std and eval resize policy
     (checked here, so a bad record names the file `where` it came from)."""
-    resize = record.get("eval_resize")
-    if resize is not None:
-        resize = check_resize(resize, record["image_size"], f"{where} data.eval_resize")
+    resize = check_resize(record["eval_resize"], record["image_size"], f"{where} data.eval_resize")
     return {"mean": record["mean"], "std": record["std"], "eval_resize": resize}
 
 
@@ -211,6 +209,8 @@ def data_record_problem(record: dict[str, Any]) -> str | None:
     problem = class_names_problem(names)
     if problem is not None:
         return f"data.class_names: {problem}"
+    if "eval_resize" not in record:
+        return "data.eval_resize is missing"
     return None
 
 
@@ -325,8 +325,8 @@ def read_metrics(run_dir: str | os.PathLike, fix: str = REWRITTEN_ON_RESUME) -> 
 
 
 # A metrics.jsonl row (docs/formats.md), as training writes it (train._epoch, engine, evaluate) and as it is read back
-# from metrics.jsonl or from checkpoint.pt's "history": metrics_row_problem is the one check of it. A row from before a
-# field was added lacks it; a field not named here may hold any JSON value.
+# from metrics.jsonl or from checkpoint.pt's "history": metrics_row_problem is the one check of it. Training writes
+# every field of the table in docs/formats.md; a field not named here may hold any JSON value.
 METRICS_COUNTS = ("epoch", "step", "device_refused")  # integers: epoch >= 1 (1-based), the others >= 0
 METRICS_LISTS = ("train_expert_load", "expert_load")  # lists of numbers
 METRICS_NULLABLE = ("router_accuracy", "expert_load", "val_experts_per_image", "val_dropped")  # also null
@@ -454,16 +454,15 @@ def reconcile(run_dir: str | os.PathLike, checkpoint: dict[str, Any]) -> list[st
     so best.pt is then a copy of checkpoint.pt."""
     run_dir = Path(run_dir)
     repaired = []
-    history, best_epoch = checkpoint.get("history"), checkpoint.get("best_epoch")
-    if history is not None:  # checkpoints from before "history" keep metrics.jsonl as it is
-        try:
-            current = read_metrics(run_dir)
-        except UsageError:
-            current = None
-        if current != history:
-            write_metrics(run_dir, history)
-            repaired.append(f"{METRICS} (rows of epochs 1-{checkpoint['epoch']})")
-    if best_epoch is not None and best_epoch == checkpoint["epoch"] and _epoch_of(run_dir / BEST) != best_epoch:
+    history, best_epoch = checkpoint["history"], checkpoint["best_epoch"]
+    try:
+        current = read_metrics(run_dir)
+    except UsageError:
+        current = None
+    if current != history:
+        write_metrics(run_dir, history)
+        repaired.append(f"{METRICS} (rows of epochs 1-{checkpoint['epoch']})")
+    if best_epoch == checkpoint["epoch"] and _epoch_of(run_dir / BEST) != best_epoch:
         with atomic.atomic_path(run_dir / BEST) as tmp:
             shutil.copyfile(run_dir / LAST, tmp)
         repaired.append(f"{BEST} (epoch {best_epoch})")
@@ -501,6 +500,8 @@ def repair_commit(run_dir: str | os.PathLike) -> list[str]:
         state = load_checkpoint(path, mmap=True)
     except UsageError:
         return []
+    if not isinstance(state.get("best_epoch"), int) or metrics_rows_problem(state.get("history")) is not None:
+        return []  # a damaged checkpoint.pt: nothing to repair from
     return reconcile(run_dir, state)
 
 

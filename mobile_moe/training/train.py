@@ -57,7 +57,6 @@ from mobile_moe.training.run_dir import (
     metrics_rows_problem,
     preprocessing,
     read_config,
-    read_metrics,
     reconcile,
     remove_stale_temporaries,
     run_lock,
@@ -259,7 +258,7 @@ def _resume(run_dir: Path, verbose: bool, changes: dict[str, Any]) -> Path:
     config = read_config(run_dir)
     refuse_resume(config, run_dir)
     check_commit_point(run_dir)
-    started = from_dict({"input_pipeline": "workers", **config["recipe"]})  # a run from before the choice: per image
+    started = from_dict(config["recipe"])
     cfg = started.replace(**{k: v for k, v in changes.items() if v is not None})
     check_same_draws(started, cfg)
     spec = config["super_classes"]["spec"] if config.get("super_classes") else None
@@ -312,27 +311,25 @@ def training_preprocessing(out_dir: Path, resume: bool, init_from: str | os.Path
 def check_resumable(state: dict[str, Any], run_config: dict[str, Any], cfg: TrainConfig, path: Path) -> None:
     """checkpoint.pt must be the run that config.json describes (someone may have edited one of them), and a resume
     cannot end before the epochs already done."""
-    missing = [key for key in ("epoch", "best_top1", "optimizer", "scheduler") if key not in state]
+    training_state = ("epoch", "best_top1", "best_epoch", "optimizer", "scheduler", "data", "recipe", "history")
+    missing = [key for key in training_state if key not in state]
     if missing:
         raise UsageError(
             f"{path} holds no training state ({', '.join(missing)} missing; e.g. an imported checkpoint), so it cannot "
             "be resumed; train into a new --out"
         )
     mismatches = []
-    for key, mine in (("model", state.get("config")), ("data", state.get("data")), ("recipe", state.get("recipe"))):
+    for key, mine in (("model", state["config"]), ("data", state["data"]), ("recipe", state["recipe"])):
         theirs = run_config[key]
         if not isinstance(mine, dict):
-            continue  # a checkpoint from before this entry was recorded
+            mismatches.append(f"{key} is no record in {LAST}")
+            continue
         skip = MAY_CHANGE_ON_RESUME if key == "recipe" else ()
-        if key == "data" and "eval_resize" not in mine:
-            skip = ("eval_resize",)  # a checkpoint from before that record; its resume's config.json has it
-        if key == "recipe" and "input_pipeline" not in mine:
-            skip = (*skip, "input_pipeline")  # likewise
         mismatches += [
             f"{key} {name}={theirs.get(name)!r} in {CONFIG} but {mine.get(name)!r} in {LAST}"
             for name in differing_fields(theirs, mine, skip)
         ]
-    if "super_classes" in state and (state["super_classes"] or None) != run_config.get("super_classes"):
+    if (state.get("super_classes") or None) != run_config.get("super_classes"):
         mismatches.append(f"super_classes differ between {CONFIG} and {LAST}")
     if mismatches:
         raise UsageError(
@@ -351,12 +348,9 @@ START_AFRESH = "resume from a good copy of the run, or start it afresh into a ne
 
 
 def _history(state: dict[str, Any], out_dir: Path) -> list[dict[str, Any]]:
-    """The metrics rows a resume continues: the checkpoint's history, or (checkpoints from before it) metrics.jsonl's
-    rows up to its epoch; either checked as metrics rows (run_dir.metrics_row_problem), refused in one line if not."""
-    history = state.get("history")
-    if history is None:  # rows checked by read_metrics; a damaged one cannot be rewritten from this checkpoint
-        fix = f"{LAST} holds no history to rewrite it from: {START_AFRESH}"
-        return [row for row in read_metrics(out_dir, fix=fix) if row["epoch"] <= int(state["epoch"])]
+    """The metrics rows a resume continues: the checkpoint's history, checked as metrics rows
+    (run_dir.metrics_row_problem), refused in one line if not."""
+    history = state["history"]
     problem = metrics_rows_problem(history)
     if problem is not None:
         raise UsageError(f"{out_dir / LAST}: its history {problem}; the file was damaged or edited: {START_AFRESH}")
@@ -533,7 +527,7 @@ def _restore_progress(
     start_epoch, best_top1 = int(state["epoch"]), float(state["best_top1"])
     metrics = list(history)
     say(f"resuming {out_dir} after epoch {start_epoch} (best val top-1 {100 * best_top1:.2f}%)")
-    return RunProgress(start_epoch, best_top1, int(state.get("best_epoch", 0)), metrics)
+    return RunProgress(start_epoch, best_top1, int(state["best_epoch"]), metrics)
 
 
 def _prepare_run_dir(out_dir: Path, run_config, state, placement: distributed.Placement, say) -> None:

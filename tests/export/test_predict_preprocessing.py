@@ -146,10 +146,14 @@ def edit_config(run_dir: Path, to: Path, change) -> Path:
     return to
 
 
-def test_a_run_from_before_the_record_exports_its_data_specs_policy(run_dir, tmp_path):
-    old_run = edit_config(run_dir, tmp_path / "old-run", lambda data: data.pop("eval_resize"))
-    bundle = export_onnx(old_run, tmp_path / "bundle")
-    assert json.loads((bundle / MANIFEST).read_text())["input"]["resize"] == {**CROP, "origin": "data-spec"}
+def test_a_run_without_its_resize_record_is_refused_in_one_line(run_dir, tmp_path, capsys):
+    """Every run records its eval resize policy; config.json without one is damaged, not exported by a guess."""
+    damaged = edit_config(run_dir, tmp_path / "damaged", lambda data: data.pop("eval_resize"))
+    capsys.readouterr()
+    assert main(["export", str(damaged), "--format", "onnx", "--out", str(tmp_path / "bundle")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{damaged / 'config.json'} is damaged: data.eval_resize is missing" in err, err
+    assert not (tmp_path / "bundle").exists()
 
 
 @pytest.mark.parametrize(

@@ -552,39 +552,16 @@ def test_resume_refuses_a_damaged_history_in_one_line_and_writes_nothing(tmp_pat
     assert {name: (out / name).read_bytes() for name in RUN_FILES} == before
 
 
-@pytest.mark.parametrize(
-    ("line", "message"),
-    [
-        ('{"epoch": "1"}', "line 1: a row's epoch is '1', not an integer >= 1"),
-        ("[1, 2]", "line 1: a row is a list, not a JSON object"),
-        ('{"epoch": 0}', "line 1: a row's epoch is 0, not an integer >= 1"),
-        ('{"epoch": true}', "line 1: a row's epoch is True, not an integer >= 1"),
-        ('{"epoch": 1, "step": 2.5}', "line 1: epoch 1's step is 2.5, not an integer >= 0"),
-        ('{"epoch": 1, "lr": "high"}', "line 1: epoch 1's lr is 'high', not a number"),
-    ],
-)
-def test_resume_without_history_refuses_a_damaged_metrics_row(tmp_path, capsys, one_epoch, line, message):
-    """A checkpoint from before "history" takes its rows from metrics.jsonl, which nothing can rewrite then: a
-    damaged row is one line (it crashed with a TypeError), and nothing is written."""
+@pytest.mark.parametrize("entry", ["history", "best_epoch", "data", "recipe"])
+def test_a_checkpoint_without_an_entry_of_its_training_state_is_not_resumed(tmp_path, capsys, one_epoch, entry):
+    """Every checkpoint.pt of the run format holds its history (what metrics.jsonl is rewritten from), best epoch,
+    data and recipe: one without is damaged, refused in one line, and nothing is written."""
     out = copy_run(one_epoch, tmp_path / "run")
-    forged(out, lambda state: state.pop("history"))
-    (out / METRICS).write_text(line + "\n")
+    forged(out, lambda state: state.pop(entry))
     before = {name: (out / name).read_bytes() for name in RUN_FILES}
     status, err = cli(capsys, train_argv(out, 2, "--resume"))
-    expected = f"{out / METRICS} is damaged ({message}); checkpoint.pt holds no history to rewrite it from: {AFRESH}"
-    assert status == 2 and expected in err and err.count("\n") == 1, err
+    assert status == 2 and f"checkpoint.pt holds no training state ({entry} missing;" in err, err
     assert {name: (out / name).read_bytes() for name in RUN_FILES} == before
-
-
-def test_resume_without_history_continues_from_good_metrics_rows(tmp_path, capsys, one_epoch):
-    """The older format still resumes: its rows up to the checkpoint's epoch come from metrics.jsonl."""
-    out = copy_run(one_epoch, tmp_path / "run")
-    forged(out, lambda state: state.pop("history"))
-    first = read_metrics(out)[0]
-    write_metrics(out, [first, {**first, "epoch": 2}])  # a row past the checkpoint (epoch 1) is dropped
-    assert cli(capsys, train_argv(out, 2, "--resume"))[0] == 0
-    rows = read_metrics(out)
-    assert [row["epoch"] for row in rows] == [1, 2] and rows[0] == first and rows[1]["step"] > first["step"]
 
 
 def test_a_damaged_metrics_row_is_refused_by_its_readers_and_restored_by_resume(tmp_path, capsys, one_epoch):
