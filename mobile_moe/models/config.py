@@ -256,6 +256,9 @@ class TokenMoEConfig(MoEConfig):
     moe_placement: str = "last"
 
     min_dense_layers = 0
+    # The router's linear map has no bias, as the papers' g(x) = TOP_k(softmax(W x)) and google-research/vmoe's dense
+    # layer (V-MoE, Experts Choice; Soft MoE's slots are no linear map). A property of the family, not an option.
+    router_bias: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -324,9 +327,6 @@ class VMoEConfig(TokenMoEConfig):
     noise_std: float | None = None  # std of the noise added to the router logits while training; None: 1 / E
     batch_prioritized: bool = True  # tokens with the highest top gate fill the buffers first (BPR)
     aux_loss_weight: float = 0.01  # weight of (importance loss + load loss) / 2, summed over MoE blocks
-    # The router is g(x) = TOP_k(softmax(W x + noise)) (the paper; google-research/vmoe's dense layer has no bias).
-    # True only for runs written before the bias was removed (registry.config_from_dict reads them so).
-    router_bias: bool = False
     routing_group_images: int = 1  # see _require_routing_group
 
     name = "vmoe"
@@ -351,7 +351,6 @@ class ExpertsChoiceConfig(TokenMoEConfig):
 
     capacity_ratio: float = 2.0
     eval_capacity_ratio: float = 2.0
-    router_bias: bool = False  # as V-MoE's: no bias (vmoe's routers); True only for runs written before
     routing_group_images: int = 1  # see _require_routing_group
 
     name = "experts-choice"
@@ -397,6 +396,7 @@ class WideNetConfig(MoEConfig):
     noise_std: float | None = None  # router noise while training (Eq. 2: N(0, 1/E^2)); None: 1 / E
     aux_loss_weight: float = 0.01  # Switch-style load-balancing loss, summed over blocks
 
+    router_bias: ClassVar[bool] = True  # WideNet's router keeps its bias (a Switch router's dense layer)
     name = "widenet"
     model_class = "mobile_moe.models.widenet:WideNet"
     routing = "token"

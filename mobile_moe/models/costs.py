@@ -200,7 +200,7 @@ def moe_layer_costs(cfg: TokenMoEConfig | WideNetConfig) -> MoELayerCosts:
         router, router_flops, reached = D * slots + 1, 2 * T * D * slots, E
         dispatch_and_combine = 2 * (2 * T * slots * D)  # every token against every slot, each way
     else:
-        router = _linear_params(D, E) if getattr(cfg, "router_bias", True) else D * E
+        router = _linear_params(D, E) if cfg.router_bias else D * E
         router_flops = 2 * T * D * E
         # Token choice: T * k (token, choice) assignments, each can reach another expert. Experts choice: every
         # expert takes cap >= 1 tokens.

@@ -55,19 +55,12 @@ def make_config(name: str, size: str | None = None, **overrides: Any) -> ViTConf
     return cls(**fields)
 
 
-# Models whose router had a bias until the routers followed vmoe (a dense layer without one): a config that does not
-# say `router_bias` comes from then, and its checkpoint holds a router bias.
-BIASED_ROUTERS_BEFORE = ("vmoe", "experts-choice")
-
-
 def config_from_dict(data: dict[str, Any]) -> ViTConfig:
     """Inverse of `to_dict`: rebuilds the config (and so the model) from a checkpoint's `config` entry."""
     data = dict(data)
     name = data.pop("name", None)
     if name not in MODELS:
         raise UsageError(f"config names unknown model {name!r}: expected one of {', '.join(MODELS)}")
-    if name in BIASED_ROUTERS_BEFORE and "router_bias" not in data:
-        data["router_bias"] = True  # written before the routers lost their bias: its weights hold one
     return make_config(name, **data)
 
 

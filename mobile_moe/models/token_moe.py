@@ -265,13 +265,11 @@ class ExpertsChoiceRouter(nn.Module):
     expert took (they pass through on the residual). No auxiliary loss: the balance is built in.
     """
 
-    def __init__(
-        self, width: int, num_experts: int, capacity_ratio: float, eval_capacity_ratio: float, bias: bool = False
-    ):
+    def __init__(self, width: int, num_experts: int, capacity_ratio: float, eval_capacity_ratio: float):
         super().__init__()
         self.num_experts = num_experts
         self.capacity_ratio, self.eval_capacity_ratio = capacity_ratio, eval_capacity_ratio
-        self.proj = nn.Linear(width, num_experts, bias=bias)
+        self.proj = nn.Linear(width, num_experts, bias=False)
 
     def capacity(self, tokens: int) -> int:
         ratio = self.capacity_ratio if self.training else self.eval_capacity_ratio
@@ -420,7 +418,7 @@ def token_choice_router(
         batch_prioritized=batch_prioritized,
         balance_loss=balance_loss,
         aux_loss_weight=cfg.aux_loss_weight,
-        bias=getattr(cfg, "router_bias", True),  # WideNet's keeps its bias
+        bias=cfg.router_bias,  # V-MoE's has none, WideNet's keeps one
     )
 
 
@@ -429,9 +427,7 @@ def make_router(cfg: TokenMoEConfig) -> nn.Module:
     if isinstance(cfg, VMoEConfig):
         return token_choice_router(cfg, "importance-load", cfg.batch_prioritized)
     if isinstance(cfg, ExpertsChoiceConfig):
-        return ExpertsChoiceRouter(
-            cfg.width, cfg.num_experts, cfg.capacity_ratio, cfg.eval_capacity_ratio, cfg.router_bias
-        )
+        return ExpertsChoiceRouter(cfg.width, cfg.num_experts, cfg.capacity_ratio, cfg.eval_capacity_ratio)
     if isinstance(cfg, SoftMoEConfig):
         return SoftRouter(cfg.width, cfg.num_experts, cfg.slots_per_expert)
     raise TypeError(f"no per-token router for {type(cfg).__name__}")
