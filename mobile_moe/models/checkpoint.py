@@ -13,7 +13,6 @@ from torch import nn
 
 from mobile_moe.errors import UsageError
 from mobile_moe.formats.versions import check_version
-from mobile_moe.models.moe import restacked
 from mobile_moe.models.registry import model_from_config_dict
 from mobile_moe.utils.atomic import atomic_path, out_of_space
 from mobile_moe.utils.words import shown
@@ -184,9 +183,7 @@ def _shown_key(key: Any) -> str:
 
 
 def load_weights(model: nn.Module, state_dict: dict[str, Any], source: str | os.PathLike) -> None:
-    """model.load_state_dict, with a state dict that does not fit the model reported in one line (what and where). A
-    state dict of a per-expert layout from before the experts were stacked loads as the stacks (moe.restacked)."""
-    state_dict = restacked(state_dict)
+    """model.load_state_dict, with a state dict that does not fit the model reported in one line (what and where)."""
     expected = model.state_dict()
     problems = state_mismatches(expected, state_dict)
     if problems:

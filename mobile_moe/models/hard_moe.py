@@ -37,7 +37,6 @@ from mobile_moe.models.moe import (
     grouped_gemm_fits,
     grouped_linear,
     grouped_mlp,
-    stack_per_expert_entries,
 )
 from mobile_moe.models.routers import at_least_fp32, decided_in_fp32, top_k
 from mobile_moe.models.vit import (
@@ -217,8 +216,7 @@ class HardMoE(nn.Module):
 
     Each expert's L blocks and head are held stacked (ExpertBlocks, one per block index; ExpertHeads), so that on a
     grouped-GEMM device the whole batch runs each layer of every expert in one kernel with no host read, and elsewhere
-    one loop over the experts runs each on its slice of the sorted batch. A state dict of the layout before the stacks
-    (expert_blocks.<e>.<j>.attn.qkv.weight, expert_heads.<e>.fc.weight, ...) loads into them (moe.restacked).
+    one loop over the experts runs each on its slice of the sorted batch.
     """
 
     def __init__(self, cfg: HardMoEConfig):
@@ -235,7 +233,6 @@ class HardMoE(nn.Module):
         self.apply(init_weights)
         # The gater is trained before the Hard MoE exists and never after: frozen for good, not just at load time.
         self.router_stage.requires_grad_(False)
-        self._register_load_state_dict_pre_hook(stack_per_expert_entries)
 
     @property
     def router(self) -> CentroidRouter:

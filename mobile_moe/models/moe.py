@@ -7,10 +7,8 @@ per item, n_e items routed to expert e (sum over e of n_e = B * k).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
-import re
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -29,20 +27,6 @@ STACKED = {
     "fc2_weight": "fc2.weight",
     "fc2_bias": "fc2.bias",
 }
-# A state-dict key of a layout before stacking -> the stacked entry it is one expert's slice of: the key without the
-# expert's index, its dense part (after the StackedModules' place) with its dots as underscores. ExpertMLPs:
-# <prefix>experts.<e>.fc1.weight -> <prefix>fc1_weight. A Hard MoE's whole expert blocks and heads:
-# expert_blocks.<e>.<j>.attn.qkv.weight -> expert_blocks.<j>.attn_qkv_weight;
-# expert_heads.<e>.fc.bias -> expert_heads.fc_bias.
-# An index as torch writes one (no sign, no leading zero, ASCII digits; at most 9 of them): "01" or "٢" is another
-# key, which no layout wrote and the loader refuses, not a second spelling of expert 1 or 2.
-_INDEX = r"(?:0|[1-9][0-9]{0,8})"
-_DENSE = r"(?P<dense>[\w.]+\.(?:weight|bias))"
-PER_EXPERT = (
-    re.compile(rf"(?P<place>(?:.*\.)?)experts\.(?P<expert>{_INDEX})\." + _DENSE, re.ASCII),
-    re.compile(rf"(?P<place>(?:.*\.)?expert_blocks\.)(?P<expert>{_INDEX})\.(?P<block>{_INDEX}\.)" + _DENSE, re.ASCII),
-    re.compile(rf"(?P<place>(?:.*\.)?expert_heads\.)(?P<expert>{_INDEX})\." + _DENSE, re.ASCII),
-)
 
 
 def stacked(per_expert: Sequence[Tensor]) -> Tensor:
@@ -55,17 +39,6 @@ def is_stacked(name: str) -> bool:
     """Whether a parameter or state-dict entry of this name holds one tensor per expert (its first dimension): every
     stacked entry is named <layer>_<field>, where a module's own parameters are <layer>.<field>."""
     return name.rpartition(".")[2].endswith(("_weight", "_bias"))
-
-
-def per_expert_key(key: str) -> tuple[str, int] | None:
-    """A state-dict key of a per-expert layout (before the stacks) -> (the stacked key it is now part of, its expert);
-    None for any other key."""
-    for pattern in PER_EXPERT:
-        match = pattern.fullmatch(key) if isinstance(key, str) else None
-        if match:
-            place = match["place"] + (match.groupdict().get("block") or "")
-            return place + match["dense"].replace(".", "_"), int(match["expert"])
-    return None
 
 
 class ExpertGroups(NamedTuple):
@@ -308,14 +281,12 @@ class ExpertMLPs(StackedModules):
     """E MLPs (D -> F -> D, GELU) held as stacked parameters: fc1_weight (E, D, F), fc1_bias (E, F), fc2_weight
     (E, F, D), fc2_bias (E, D). Expert e is the dense Mlp whose Linear weights are fc1_weight[e].T and fc2_weight[e].T;
     `expert(e)` hands it out as that Mlp, sharing the stack's memory, so an exported expert graph holds only its own
-    weights. A state dict of the layout before stacking (experts.<e>.fc1.weight, ...) loads into the stack."""
+    weights."""
 
     def __init__(self, num_experts: int, width: int, hidden: int):
-        # The random draws of E separate Mlps' construction, so that a seed builds the model it built before the
-        # experts were stacked (runs and tests that fix a seed keep their starting weights); init_linears follows.
+        # Built from E dense Mlps, each drawn as a dense Mlp is (init_linears then draws in that order too).
         super().__init__([Mlp(width, hidden) for _ in range(num_experts)])
         self.width, self.hidden = width, hidden
-        self._register_load_state_dict_pre_hook(stack_per_expert_entries)
 
     def run_expert(self, expert: int, x: Tensor) -> Tensor:
         """Expert `expert`'s MLP on x (..., D) -> (..., D): the very calls its dense view (`expert(e)`) makes."""
@@ -375,40 +346,6 @@ class ExpertMLPs(StackedModules):
         token-routed models' equal-sized buffers)."""
         hidden = torch.baddbmm(self.fc1_bias.unsqueeze(1), buffers, self.fc1_weight)  # (E, M, F)
         return torch.baddbmm(self.fc2_bias.unsqueeze(1), F.gelu(hidden), self.fc2_weight)
-
-
-def restacked(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
-    """A state dict with the per-expert entries of a layout before the stacks (per_expert_key) replaced
-    by the stacked ones, in the place of each stack's first entry; a state dict of today's layout comes back as it is.
-    A stack whose experts are not 0..E-1, whose tensors do not stack, or that is there already, is left per-expert for
-    the caller to refuse."""
-    groups: dict[str, dict[int, Tensor]] = {}
-    for key, value in state_dict.items():
-        found = per_expert_key(key)
-        if found is not None and isinstance(value, Tensor):
-            groups.setdefault(found[0], {})[found[1]] = value
-    stacks = {}
-    for key, per_expert in groups.items():
-        if key in state_dict:  # the stack itself is there too: two values for one entry, a damaged file
-            continue
-        # Shapes that do not stack (RuntimeError) are a damaged file: left per-expert, reported by whoever loads it.
-        with contextlib.suppress(RuntimeError):
-            if sorted(per_expert) == list(range(len(per_expert))):
-                stacks[key] = stacked([per_expert[e] for e in range(len(per_expert))])
-    out = {}
-    for key, value in state_dict.items():
-        found = per_expert_key(key)
-        if found is None or found[0] not in stacks:
-            out[key] = value
-        elif found[0] not in out:
-            out[found[0]] = stacks[found[0]]
-    return out
-
-
-def stack_per_expert_entries(state_dict, prefix, *_) -> None:
-    """load_state_dict pre-hook: a state of a per-expert layout loads into the stacks (restacked)."""
-    own = {key: state_dict.pop(key) for key in [key for key in state_dict if key.startswith(prefix)]}
-    state_dict.update(restacked(own))
 
 
 def dense_mixture(experts: Sequence[Callable[[Tensor], Tensor]], x: Tensor, chosen: Tensor, gates: Tensor) -> Tensor:

@@ -1,6 +1,5 @@
 """Training's optimiser and schedule: AdamW over two parameter groups (weight decay on matrices only), the warm-up and
-cosine schedule, and a checkpoint's saved state loaded back, including the state of runs saved when each expert had
-its own parameters (restacked onto today's stacked experts, moe.StackedModules)."""
+cosine schedule, and a checkpoint's saved state loaded back."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from torch import Tensor, nn
 
 from mobile_moe.errors import UsageError
 from mobile_moe.models.checkpoint import first_reason, load_weights
-from mobile_moe.models.moe import is_stacked, per_expert_key, stacked
+from mobile_moe.models.moe import is_stacked
 from mobile_moe.training.recipes import TrainConfig
 
 
@@ -42,49 +41,6 @@ def adamw(model: nn.Module, *, lr: float, weight_decay: float) -> torch.optim.Ad
     return torch.optim.AdamW(parameter_groups(model, weight_decay), lr=lr, fused=True)
 
 
-def optimizer_order(named: list[tuple[str, Tensor]]) -> list[str]:
-    """The names of these trainable parameters in the order their optimizer state is indexed (parameter_groups)."""
-    return [name for name, p in named if decays(name, p)] + [name for name, p in named if not decays(name, p)]
-
-
-def restacked_optimizer_state(saved: dict[str, Any], saved_model: dict[str, Tensor], model: nn.Module) -> dict:
-    """AdamW's state saved when each expert had its own parameters (saved_model in that per-expert layout) -> the
-    state for the stacked parameters (moe.StackedModules) of `model`. A state of today's layout comes back as it is."""
-    if not any(per_expert_key(key) for key in saved_model):
-        return saved
-    trainable = [(name, param) for name, param in model.named_parameters() if param.requires_grad]
-    names = {name for name, _ in trainable}
-    now = {key: (per_expert_key(key) or (key, 0)) for key in saved_model}  # (the parameter it is part of, expert)
-    old = optimizer_order([(key, value) for key, value in saved_model.items() if now[key][0] in names])
-    parts_of: dict[str, list[tuple[int, Any]]] = {}  # each parameter's saved states, with their experts
-    for index, key in enumerate(old):
-        parts_of.setdefault(now[key][0], []).append((now[key][1], saved["state"].get(index)))
-    state = {}
-    for index, name in enumerate(optimizer_order(trainable)):
-        parts = [part for _, part in sorted(parts_of.get(name, []), key=lambda pair: pair[0])]
-        if any(parts):  # a parameter not yet stepped has no state
-            state[index] = stacked_moments(with_zero_moments(parts)) if is_stacked(name) else parts[0]
-    groups, start = [], 0
-    for group, params in zip(saved["param_groups"], parameter_groups(model, 0.0), strict=True):
-        groups.append({**group, "params": list(range(start, start + len(params["params"])))})
-        start += len(params["params"])
-    return {"state": state, "param_groups": groups}
-
-
-def with_zero_moments(parts: list[dict[str, Tensor] | None]) -> list[dict[str, Tensor]]:
-    """Each expert's AdamW state, an expert never stepped (no state: it never had an image) given zero moments, which is
-    what AdamW starts it from; the step is the stack's, shared."""
-    template = next(part for part in parts if part)
-    zeros = {key: value if key == "step" else torch.zeros_like(value) for key, value in template.items()}
-    return [part or zeros for part in parts]
-
-
-def stacked_moments(parts: list[dict[str, Tensor]]) -> dict[str, Tensor]:
-    """One stacked parameter's AdamW state from its experts' states: moments stacked as the weights are (moe.stacked),
-    the step shared."""
-    return {key: parts[0][key] if key == "step" else stacked([part[key] for part in parts]) for key in parts[0]}
-
-
 def cosine_schedule(optimizer: torch.optim.Optimizer, cfg: TrainConfig, steps_per_epoch: int):
     """Linear warm-up to cfg.lr, then cosine decay to cfg.min_lr; stepped every iteration."""
     total = cfg.epochs * steps_per_epoch
@@ -103,7 +59,7 @@ def cosine_schedule(optimizer: torch.optim.Optimizer, cfg: TrainConfig, steps_pe
 def load_training_state(state: dict[str, Any], path: Path, model, optimizer, scheduler) -> None:
     load_weights(model, state["model"], path)
     try:
-        saved = restacked_optimizer_state(state["optimizer"], state["model"], model)
+        saved = state["optimizer"]
         check_moments(saved, optimizer)
         optimizer.load_state_dict(saved)
         # The schedule follows the current cfg.epochs: a resumed run given more epochs stretches its cosine.
