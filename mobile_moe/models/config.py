@@ -59,9 +59,6 @@ class ViTConfig:
     # Why a dense vit run cannot initialise this model (mobile_moe/models/upcycle.py); None: it can (--init-from; a vit
     # is fine-tuned, an MoE upcycled).
     upcycle_refusal = None
-    # Fields added after runs were written: left out of to_dict at their default, so a default model's config.json
-    # and bundle manifest stay byte for byte what they were (reading them back gives the default).
-    omitted_at_default: ClassVar[tuple[str, ...]] = ()
 
     @property
     def is_moe(self) -> bool:
@@ -122,12 +119,8 @@ class ViTConfig:
         return self.mlp_hidden * (self.wide_mlp_factor if wide else 1)
 
     def to_dict(self) -> dict[str, Any]:
-        fields = {"name": self.name, **dataclasses.asdict(self)}
-        defaults = {field.name: field.default for field in dataclasses.fields(self)}
-        for name in self.omitted_at_default:
-            if fields[name] == defaults[name]:
-                del fields[name]
-        return fields
+        """{"name": the registry name, every field}: what config.json's "model" and a checkpoint's "config" hold."""
+        return {"name": self.name, **dataclasses.asdict(self)}
 
 
 @dataclass
@@ -203,7 +196,6 @@ class MobileVMoEConfig(MoEConfig):
 
     name = "mobile-vmoe"
     model_class = "mobile_moe.models.mobile_vmoe:MobileVMoE"
-    omitted_at_default = ("router_block",)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -332,7 +324,6 @@ class VMoEConfig(TokenMoEConfig):
     name = "vmoe"
     model_class = "mobile_moe.models.token_moe:TokenMoEViT"
     routing = "token"
-    omitted_at_default = ("routing_group_images",)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -356,7 +347,6 @@ class ExpertsChoiceConfig(TokenMoEConfig):
     name = "experts-choice"
     model_class = "mobile_moe.models.token_moe:TokenMoEViT"
     routing = "expert"
-    omitted_at_default = ("routing_group_images",)
 
     def __post_init__(self) -> None:
         super().__post_init__()
