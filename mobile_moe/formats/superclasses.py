@@ -1,12 +1,14 @@
 """The super-class file (docs/formats.md): which of E super-classes each of C classes belongs to.
 
-    {"num_super_classes": E, "assignment": [C ints in 0..E-1, every index used], "class_names": [C], "names": [E],
-     "method": "spectral" | "louvain" | "balanced" | "dataset" | "random", "source": str, "quality": {...} | null}
+    {"version": 1, "num_super_classes": E, "assignment": [C ints in 0..E-1, every index used], "class_names": [C],
+     "names": [E], "method": "spectral" | "louvain" | "balanced" | "dataset" | "random", "source": str,
+     "quality": {...} | null}
 
 Every source (clustering, dataset labels, random) produces a `SuperClasses`; training reads a file back with `load`.
 The file's rules are written once, in `SuperClassFile` (field types and ranges, and the rules that tie fields
 together); `validate` is the one entry point, used by `load` and by `SuperClasses` itself, and turns any problem into
-a UsageError of one line.
+a UsageError of one line. A file states its format version (VERSION); `load` refuses another, or none, before the
+rules.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mobile_moe.errors import UsageError
+from mobile_moe.formats.versions import check_version
 from mobile_moe.utils.atomic import write_text_atomic
 from mobile_moe.utils.class_names import class_names_problem
 from mobile_moe.utils.foreign_files import read_foreign_text
 from mobile_moe.utils.jsonio import dumps
 from mobile_moe.utils.words import has_control_character
 
+VERSION = 1  # the super-class file's format version: every file states it, `load` reads this one only
 MAX_CLASSES = 1 << 20  # classes (and so super-classes) a file may name
 MAX_FILE_BYTES = 256 << 20  # far beyond 1M classes' worth of names; refuses a runaway file before reading it
 
@@ -150,7 +154,8 @@ class SuperClasses:
         return [c for c, s in enumerate(self.assignment) if s == super_class]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"num_super_classes": self.num_super_classes, **asdict(self)}
+        """The super-class file's content: its format version first."""
+        return {"version": VERSION, "num_super_classes": self.num_super_classes, **asdict(self)}
 
     def save(self, path: str | os.PathLike) -> None:
         write_text_atomic(path, dumps(self.to_dict(), indent=2) + "\n")
@@ -164,8 +169,8 @@ def load(path: str | os.PathLike) -> SuperClasses:
     """Read and validate a super-class file; any problem is a UsageError of one line naming the file.
 
     The one reader of super-class files (training reads them through it): a missing file, a directory or FIFO (never
-    opened, so never waited on), text that is not JSON (NaN, nesting too deep, a number too long), and a file that
-    breaks `SuperClassFile`'s rules are all refused.
+    opened, so never waited on), text that is not JSON (NaN, nesting too deep, a number too long), a file of another
+    format version than VERSION (or of none), and a file that breaks `SuperClassFile`'s rules are all refused.
     """
     path = Path(path)
     if not path.exists():
@@ -183,6 +188,9 @@ def load(path: str | os.PathLike) -> SuperClasses:
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise UsageError(f"super-class file {path} is not valid JSON: {message}") from None
     required = ("num_super_classes", "assignment", "class_names", "names", "method", "source")
+    if isinstance(data, dict) and ("version" in data or all(key in data for key in required)):
+        check_version(data, VERSION, where=str(path), what="a super-class file",
+                      fix="derive it again (mobile-moe superclass derive)")  # fmt: skip
     if not isinstance(data, dict) or any(key not in data for key in required):
         raise UsageError(f"{path} is not a super-class file: it needs the keys {', '.join(required)}")
     try:

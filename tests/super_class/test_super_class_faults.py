@@ -22,6 +22,7 @@ from mobile_moe.training.demo import train_digits
 from mobile_moe.training.super_spec import resolve_super_classes
 
 GOOD = {
+    "version": 1,
     "num_super_classes": 3,
     "assignment": [0, 1, 2, 0, 1, 2],
     "class_names": ["a", "b", "c", "d", "e", "f"],
@@ -104,6 +105,15 @@ BAD_FILES: dict[str, tuple[str | bytes, str]] = {
     "truncated": (_with()[:-10], "not valid JSON"),
     "empty": ("", "not valid JSON"),
     "binary garbage": (b"\xff\xfe\x00\x01garbage", "cannot read"),
+    # a file of another format version, or of none (written before versions): one line that says so, before any rule
+    "no version": (json.dumps({k: v for k, v in GOOD.items() if k != "version"}), "is a super-class file of format "
+                   "version 0 (it states none: written before mobile-moe versioned its files); this mobile-moe reads "
+                   "version 1: derive it again (mobile-moe superclass derive)"),  # fmt: skip
+    "version 0": (_with(version=0), "is a super-class file of format version 0; this mobile-moe reads version 1"),
+    "version 2": (_with(version=2), "of format version 2 (written by a newer mobile-moe); this mobile-moe reads "
+                                    "version 1: upgrade mobile-moe, or derive it again"),  # fmt: skip
+    "version string": (_with(version="1"), "states format version '1', not a number"),
+    "version of another file's rules": (_with(version=0, class_names=None), "of format version 0"),
 }
 
 
@@ -141,6 +151,8 @@ def no_hang():
 def test_good_file_loads(tmp_path):
     loaded = load(_write(tmp_path / "sc.json", _with()))
     assert loaded.assignment == GOOD["assignment"] and loaded.quality == GOOD["quality"]
+    loaded.save(tmp_path / "saved.json")  # the writer states the format version first
+    assert list(json.loads((tmp_path / "saved.json").read_text()).items())[0] == ("version", 1)
 
 
 @pytest.mark.parametrize("case", list(BAD_FILES))
@@ -154,7 +166,9 @@ def test_bad_super_class_file_is_one_line(tmp_path, capsys, case):
     assert len(str(caught.value).splitlines()) == 1 and fragment in str(caught.value)
 
 
-@pytest.mark.parametrize("case", ["assignment null", "unused index", "NaN", "nested 50000 deep", "class_names short"])
+@pytest.mark.parametrize(
+    "case", ["assignment null", "unused index", "NaN", "nested 50000 deep", "class_names short", "no version"]
+)
 def test_training_refuses_bad_super_class_file(tmp_path, case):
     path = _write(tmp_path / "sc.json", BAD_FILES[case][0])
     config = make_config("mobile-vmoe", "4x64", patch_size=8, image_size=32, num_classes=10, num_experts=3)
