@@ -1,17 +1,12 @@
-// A whole file mapped read-only, the one way libmobile_moe maps a file itself (part of the library;
-// header-only): the packed-weight cache's check and copy (packed_cache.h) and an expert's graph files
-// (graph_loader.h, WholeFileDataLoader). Shared and counted: the mapping goes with the last holder, so a piece of it
-// that ExecuTorch frees late never touches an address that is no longer ours.
+// A whole file mapped read-only, the one way libmobile_moe maps a file itself: the packed-weight cache's check and
+// copy (packed_cache.h) and an expert's graph files (graph_loader.h, WholeFileDataLoader). Shared and counted: the
+// mapping goes with the last holder, so a piece of it that ExecuTorch frees late never touches an address that is no
+// longer ours.
 #pragma once
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <cstddef>
-#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -32,28 +27,8 @@ class MappedFile {
   // The file mapped whole with `advice` (madvise; 0 for none: advice only, a kernel that refuses it changes nothing
   // read); an empty file maps to no bytes (data() null). nullptr when it cannot be opened, read or mapped (errno says
   // why). The descriptor stays open while the mapping lives: /proc/self/fd then lists the file as held.
-  static std::shared_ptr<const MappedFile> open(const std::string& path, int advice = 0) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return nullptr;
-    struct stat info {};
-    void* data = nullptr;
-    if (fstat(fd, &info) != 0 ||
-        (info.st_size > 0 &&
-         (data = mmap(nullptr, static_cast<size_t>(info.st_size), PROT_READ, MAP_PRIVATE, fd, 0)) == MAP_FAILED)) {
-      const int error = errno;
-      ::close(fd);
-      errno = error;
-      return nullptr;
-    }
-    if (data != nullptr && advice != 0) madvise(data, static_cast<size_t>(info.st_size), advice);
-    auto file = std::shared_ptr<MappedFile>(new MappedFile(fd, data, static_cast<size_t>(info.st_size)));
-    file->identity_ = identify(info);
-    return file;
-  }
-  ~MappedFile() {
-    if (data_ != nullptr) munmap(const_cast<void*>(data_), size_);
-    ::close(fd_);
-  }
+  static std::shared_ptr<const MappedFile> open(const std::string& path, int advice = 0);
+  ~MappedFile();
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
 
@@ -66,12 +41,7 @@ class MappedFile {
   // Drop the whole pages inside [at, at + length) from this process (MADV_DONTNEED): the file's bytes stay in the
   // page cache, and a later read faults them back in, unchanged (the mapping is private and read-only, so there is
   // no private copy to lose).
-  void drop_pages(const void* at, size_t length) const {
-    static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-    const uintptr_t begin = (reinterpret_cast<uintptr_t>(at) + page - 1) / page * page;
-    const uintptr_t end = (reinterpret_cast<uintptr_t>(at) + length) / page * page;
-    if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
-  }
+  void drop_pages(const void* at, size_t length) const;
 
  private:
   MappedFile(int fd, void* data, size_t size) : fd_(fd), data_(data), size_(size) {}

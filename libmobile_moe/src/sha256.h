@@ -4,10 +4,8 @@
 // hand on a phone, where no Python checked it. tests/device_bench/test_native_faults.py compares this with hashlib.
 #pragma once
 
-#include <algorithm>
+#include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstring>
 #include <string>
 
 namespace mobile_moe::sha256 {
@@ -18,49 +16,12 @@ class Hasher {
  public:
   Hasher() { reset(); }
 
-  void reset() {
-    static const uint32_t kInit[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                                      0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-    std::memcpy(state_, kInit, sizeof(state_));
-    length_ = 0;
-    used_ = 0;
-  }
+  void reset();
 
-  void update(const void* data, size_t size) {
-    const auto* bytes = static_cast<const uint8_t*>(data);
-    length_ += static_cast<uint64_t>(size);
-    if (used_ > 0) {
-      size_t take = std::min(size, sizeof(block_) - used_);
-      std::memcpy(block_ + used_, bytes, take);
-      used_ += take;
-      bytes += take;
-      size -= take;
-      if (used_ < sizeof(block_)) return;
-      compress(block_);
-      used_ = 0;
-    }
-    for (; size >= sizeof(block_); bytes += sizeof(block_), size -= sizeof(block_)) compress(bytes);
-    std::memcpy(block_, bytes, size);
-    used_ = size;
-  }
+  void update(const void* data, size_t size);
 
   // The digest as kHexDigits lowercase hex digits (the manifest's form). The hasher must be reset before reuse.
-  std::string hex_digest() {
-    uint64_t bits = length_ * 8;
-    uint8_t pad = 0x80;
-    update(&pad, 1);
-    uint8_t zero = 0;
-    while (used_ != 56) update(&zero, 1);
-    uint8_t tail[8];
-    for (int i = 0; i < 8; ++i) tail[i] = static_cast<uint8_t>(bits >> (56 - 8 * i));
-    update(tail, 8);
-    static const char kHex[] = "0123456789abcdef";
-    std::string out;
-    out.reserve(64);
-    for (uint32_t word : state_)
-      for (int shift = 28; shift >= 0; shift -= 4) out += kHex[(word >> shift) & 0xF];
-    return out;
-  }
+  std::string hex_digest();
 
  private:
   uint32_t state_[8];
@@ -68,76 +29,14 @@ class Hasher {
   uint8_t block_[64];
   size_t used_;
 
-  static uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+  static uint32_t rotr(uint32_t x, int n);
 
-  void compress(const uint8_t* chunk) {
-    static const uint32_t k[64] = {
-        0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
-        0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
-        0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
-        0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
-        0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
-        0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
-        0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-        0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
-    uint32_t w[64];
-    for (int i = 0; i < 16; ++i)
-      w[i] = (uint32_t{chunk[4 * i]} << 24) | (uint32_t{chunk[4 * i + 1]} << 16) | (uint32_t{chunk[4 * i + 2]} << 8) |
-             uint32_t{chunk[4 * i + 3]};
-    for (int i = 16; i < 64; ++i) {
-      uint32_t s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
-      uint32_t s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
-      w[i] = w[i - 16] + s0 + w[i - 7] + s1;
-    }
-    uint32_t a = state_[0], b = state_[1], c = state_[2], d = state_[3];
-    uint32_t e = state_[4], f = state_[5], g = state_[6], h = state_[7];
-    for (int i = 0; i < 64; ++i) {
-      uint32_t t1 = h + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + k[i] + w[i];
-      uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-      h = g;
-      g = f;
-      f = e;
-      e = d + t1;
-      d = c;
-      c = b;
-      b = a;
-      a = t1 + t2;
-    }
-    state_[0] += a;
-    state_[1] += b;
-    state_[2] += c;
-    state_[3] += d;
-    state_[4] += e;
-    state_[5] += f;
-    state_[6] += g;
-    state_[7] += h;
-  }
+  void compress(const uint8_t* chunk);
 };
 
-inline std::string hex_digest(const void* data, size_t size) {
-  Hasher hasher;
-  hasher.update(data, size);
-  return hasher.hex_digest();
-}
+std::string hex_digest(const void* data, size_t size);
 
 // A file's sha256 and size, read in chunks; false when it cannot be read to the end.
-inline bool file_digest(const std::string& path, std::string* digest, uint64_t* size) {
-  std::FILE* file = std::fopen(path.c_str(), "rb");
-  if (file == nullptr) return false;
-  Hasher hasher;
-  static thread_local uint8_t buffer[1 << 16];
-  uint64_t total = 0;
-  size_t got;
-  while ((got = std::fread(buffer, 1, sizeof(buffer), file)) > 0) {
-    hasher.update(buffer, got);
-    total += got;
-  }
-  bool ok = std::ferror(file) == 0;
-  std::fclose(file);
-  if (!ok) return false;
-  *digest = hasher.hex_digest();
-  *size = total;
-  return true;
-}
+bool file_digest(const std::string& path, std::string* digest, uint64_t* size);
 
 }  // namespace mobile_moe::sha256

@@ -1,5 +1,6 @@
 // The library's own checks, run on files one at a time so the tests can compare them with the reference
-// implementations: a white-box tool of the test suite, not a client (it includes the library's private headers).
+// implementations: a white-box tool of the test suite, not a client (it includes the library's private headers and
+// links the library's code, CMakeLists.txt's mobile_moe_objects).
 //
 //   mobile_moe_internal_checks --sha256 FILE...   "DIGEST  FILE" per file (sha256sum's format), sha256.h's digest
 //   mobile_moe_internal_checks --xxh64 FILE...    the same with packed_cache.h's XXH64
