@@ -45,6 +45,7 @@
 
 #include "bundle_manifest.h"
 #include "errors.h"
+#include "flatbuffer_check.h"
 #include "mapped_file.h"
 #include "packed_cache.h"
 #include "process_mappings.h"
