@@ -12,21 +12,14 @@
 
 #include "errors.h"
 #include "flatbuffer_check.h"
-#include "model.h"
-#include "runtime_log.h"
+#include "mobile_moe.h"
 
 namespace mobile_moe::library {
 
 // This thread's last failure (mm_last_error).
-inline thread_local std::string t_last_error;
+extern thread_local std::string t_last_error;
 
-inline mm_status failed(mm_status status, const std::string& message) {
-  t_last_error = message;
-  for (char& c : t_last_error)  // one line, as the runner prints it
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
-  library_log(MM_LOG_ERROR, t_last_error);
-  return status;
-}
+mm_status failed(mm_status status, const std::string& message);
 
 // Every entry point's exceptions as a status and this thread's message, prefixed with the call the app made: nothing
 // is thrown across the C boundary.
@@ -55,27 +48,10 @@ mm_status guarded(const char* call, mm_status runtime_status, Work work) {
 // never opened) is refused instead of read, and mm_close waits, under the handle's own lock, for a call running on it.
 class OpenHandles {
  public:
-  static OpenHandles& instance() {
-    static OpenHandles* handles = new OpenHandles();  // never destroyed: an app's threads may call during exit
-    return *handles;
-  }
-  void add(std::shared_ptr<mm_model> model) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    open_[model.get()] = std::move(model);
-  }
-  std::shared_ptr<mm_model> find(const mm_model* model) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto found = open_.find(model);
-    return found == open_.end() ? nullptr : found->second;
-  }
-  std::shared_ptr<mm_model> remove(const mm_model* model) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto found = open_.find(model);
-    if (found == open_.end()) return nullptr;
-    auto removed = std::move(found->second);
-    open_.erase(found);
-    return removed;
-  }
+  static OpenHandles& instance();
+  void add(std::shared_ptr<mm_model> model);
+  std::shared_ptr<mm_model> find(const mm_model* model);
+  std::shared_ptr<mm_model> remove(const mm_model* model);
 
  private:
   std::mutex mutex_;
@@ -84,21 +60,12 @@ class OpenHandles {
 
 // An open handle, locked for one call: `model` is null where `handle` is not open (closed, or never opened).
 struct Locked {
-  explicit Locked(const mm_model* handle) : owner(OpenHandles::instance().find(handle)) {
-    if (owner) {
-      lock = std::unique_lock<std::mutex>(owner->mutex);
-      if (!owner->closed) model = owner.get();
-    }
-  }
+  explicit Locked(const mm_model* handle);
   std::shared_ptr<mm_model> owner;
   std::unique_lock<std::mutex> lock;
   mm_model* model = nullptr;
 };
 
-inline mm_status not_open(const char* call, const mm_model* handle) {
-  return failed(MM_BAD_ARGUMENT, std::string(call) + ": " +
-                                     (handle == nullptr ? "model is NULL"
-                                                        : "model is not an open handle (closed, or never opened)"));
-}
+mm_status not_open(const char* call, const mm_model* handle);
 
 }  // namespace mobile_moe::library

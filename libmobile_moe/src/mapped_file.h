@@ -1,5 +1,5 @@
 // A whole file mapped read-only, the one way libmobile_moe maps a file itself: the packed-weight cache's check and
-// copy (packed_cache.h) and an expert's graph files (graph_loader.h, WholeFileDataLoader). Shared and counted: the
+// copy (packed_cache.cpp) and an expert's graph files (graph_loader.cpp, WholeFileDataLoader). Shared and counted: the
 // mapping goes with the last holder, so a piece of it that ExecuTorch frees late never touches an address that is no
 // longer ours.
 #pragma once

@@ -30,6 +30,7 @@
 #include "options_schema.h"
 #include "packed_cache.h"
 #include "preprocess.h"
+#include "runtime_log.h"
 #include "struct_abi.h"
 #include "thread_pool.h"
 
