@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "bundle_manifest.h"
-#include "expert_choice.h"
+#include "bundle_routing.h"
 #include "errors.h"
 #include "graph_loader.h"
 #include "runtime_log.h"
@@ -177,7 +177,7 @@ void ExpertCache::release(ExpertGraphs graphs, bool scratch) {
   for (auto& graph : graphs) loader_.unload(std::move(graph), scratch);
 }
 
-// The experts an image took (expert_choice.h), and their gates, into its Inference.
+// The experts an image took (bundle_routing.h), and their gates, into its Inference.
 static void record_choice(ExpertChoice&& choice, Inference& out) {
   out.experts = std::move(choice.experts);
   out.gates = std::move(choice.gates);

@@ -1,6 +1,6 @@
 // An app's 8-bit pixels -> the float32 C x S x S a bundle takes, by its manifest's input section: the C++ translation
 // of mobile_moe/preprocess.py's eval_transform for an image file, held equal to it byte for byte by
-// tests/device_bench/test_native_library.py (as expert_choice.h is to expert_choice.py).
+// tests/device_bench/test_native_library.py (as bundle_routing.cpp is to bundle_routing.py).
 //
 // Python resizes a file's PIL image with Pillow (Image.resize, no reducing_gap) and centre-crops it, then scales to
 // [0, 1] and normalises in float32 (torchvision's ToDtype and Normalize). The resize here is Pillow's own

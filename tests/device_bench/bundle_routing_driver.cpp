@@ -1,4 +1,4 @@
-// Runs the native runner's expert_choice.h on cases read from stdin, for tests/device_bench/test_expert_choice.py.
+// Runs libmobile_moe's bundle_routing.cpp on cases read from stdin, for tests/device_bench/test_bundle_routing.py.
 // One case per line; floats in C's hexadecimal notation (%a), so nothing is rounded on the way in or out:
 //   pick K RENORMALIZE MARGIN N P_1 .. P_N R RESIDENT_1 .. RESIDENT_R
 //   used E N COUNT_1 .. COUNT_N
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "expert_choice.h"
+#include "bundle_routing.h"
 
 using mobile_moe::library::ExpertChoice;
 

@@ -1,6 +1,6 @@
-"""Which experts a bundle's image takes: mobile_moe/expert_choice.py owns the rules, and the native runner's
-expert_choice.h is their C++ translation. The rules' own cases, then thousands of random ones built to tie and to sit
-on the margin's edge, go through both here and must agree bit for bit (experts, gates, refusals)."""
+"""Which experts a bundle's image takes: mobile_moe/export/bundle_routing.py owns the rules, and libmobile_moe's
+bundle_routing.cpp is their C++ translation. The rules' own cases, then thousands of random ones built to tie and to
+sit on the margin's edge, go through both here and must agree bit for bit (experts, gates, refusals)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from mobile_moe.expert_choice import pick_experts, used_experts
+from mobile_moe.export.bundle_routing import pick_experts, used_experts
 from mobile_moe.library.build import SOURCE_DIR, host_compiler
 from mobile_moe.models.routers import top_k
 
-DRIVER = Path(__file__).with_name("expert_choice_driver.cpp")
+DRIVER = Path(__file__).with_name("bundle_routing_driver.cpp")
 
 CASES = [  # probs, k, resident, margin, expected experts
     ([0.1, 0.5, 0.4], 1, {2}, 0.0, [1]),  # margin 0: plain top-k, resident or not
@@ -113,12 +113,13 @@ def _as_python_hex(answer: str) -> str:
 def driver(tmp_path_factory) -> Path:
     compiler = host_compiler()  # the one the runner itself is built with
     if not compiler:
-        pytest.skip("no C++ compiler to build expert_choice.h with")
-    binary = tmp_path_factory.mktemp("expert_choice") / "driver"
-    command = [compiler, "-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", f"-I{SOURCE_DIR / 'src'}", str(DRIVER)]
+        pytest.skip("no C++ compiler to build bundle_routing.cpp with")
+    binary = tmp_path_factory.mktemp("bundle_routing") / "driver"
+    sources = [str(DRIVER), str(SOURCE_DIR / "src" / "bundle_routing.cpp")]
+    command = [compiler, "-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", f"-I{SOURCE_DIR / 'src'}", *sources]
     built = subprocess.run([*command, "-o", str(binary)], capture_output=True, text=True)
     if built.returncode != 0:
-        pytest.fail(f"expert_choice.h does not build alone:\n{built.stderr}")
+        pytest.fail(f"bundle_routing.cpp does not build alone:\n{built.stderr}")
     return binary
 
 
