@@ -39,6 +39,7 @@ from mobile_moe.device_bench.workload import ORDERS, make_workload, random_seed,
 from mobile_moe.errors import UsageError
 from mobile_moe.export.manifest import bundle_identity, read_manifest, same_bundle
 from mobile_moe.export.manifest_schema import Manifest
+from mobile_moe.formats.versions import check_version
 from mobile_moe.library import options as library_options
 from mobile_moe.utils import jsonio
 from mobile_moe.utils.atomic import atomic_path, check_output_folder, check_writable, scratch_folder, within
@@ -207,11 +208,20 @@ BENCH_FILES = frozenset({"results.json", REPORT, *PLOTS})  # everything a bench 
 
 
 def bench_files(out: Path) -> set[str] | None:
-    """The files a bench writes, when `out` holds an earlier bench (a results.json of ours); else None."""
+    """The files a bench writes, when `out` holds an earlier bench (a results.json of ours, of results.VERSION); else
+    None. The one reader of a results.json: an earlier bench's of another format version, or of none, is refused in
+    one line (it is not replaced by a bench that cannot read it)."""
+    path = out / "results.json"
     try:
-        results = json.loads(read_foreign(out / "results.json", limit=MAX_RESULTS_BYTES, what="results.json"))
+        results = json.loads(read_foreign(path, limit=MAX_RESULTS_BYTES, what="results.json"))
+    except ValueError:  # none, unreadable or not JSON (UsageError and json's errors are ValueErrors)
+        return None
+    if isinstance(results, dict) and ("version" in results or "runs" in results):  # a bench's: its version first
+        check_version(results, results_module.VERSION, where=str(path), what="a bench's results",
+                      fix=f"move {out} away, or choose another --out")  # fmt: skip
+    try:
         results_module.validate_results(results)
-    except ValueError:  # none, unreadable, not JSON or not ours (UsageError and json's errors are ValueErrors)
+    except ValueError:  # not ours
         return None
     return set(BENCH_FILES)
 
@@ -307,8 +317,8 @@ def benchmark(
             | ({"host_parity": parity[name]} if emulated else {})
             for name in names
         ]
-        results = {"runs": records, "host": host_description(), "rounds": settings.rounds,
-                   "settings": settings.as_json()}  # fmt: skip
+        results = {"version": results_module.VERSION, "runs": records, "host": host_description(),
+                   "rounds": settings.rounds, "settings": settings.as_json()}  # fmt: skip
         results_module.validate_results(results)
         write_results(results, folder)
     return results

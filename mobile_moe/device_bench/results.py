@@ -1,5 +1,8 @@
 """results.json: one record per (bundle, runtime, device), aggregated over rounds, in docs/formats.md.
 
+A results.json states its format version first (VERSION); the one reader of the file (bench.bench_files, which
+decides whether a --out holds an earlier bench) refuses another version, or none, in one line.
+
 A round is one runner process (its JSON). Each headline number is the median across rounds; `spread` says how far
 the rounds' warm p50 latencies lie apart, and flags it when that exceeds SPREAD_FLAG of the median, because on a
 shared or thermally throttled machine one run can mislead.
@@ -22,6 +25,7 @@ from mobile_moe.export.manifest_schema import GraphEntry, Manifest, QuantizedAcc
 from mobile_moe.models.costs import costs, every_expert_flops
 from mobile_moe.models.registry import config_from_dict
 
+VERSION = 1  # results.json's format version
 SPREAD_FLAG = 0.10  # (max - min) / median of the rounds' p50 above this: the rounds disagree, numbers are noisy
 
 
