@@ -11,7 +11,8 @@ split instead of one per image. The format (docs/formats.md "Packed image store"
     STORE/<split>.bin         the split's encoded images, one after another
     STORE/<split>.index.npy   int64 (N, 3): each image's offset and length in <split>.bin, and its label
 
-`open_store` is the one place that checks a store; a damaged image inside one is a one-line UnreadableImage naming
+`open_store` is the one place that checks a store (its store.json through read_record, which refuses a store of
+another format version, or of none, in one line); a damaged image inside one is a one-line UnreadableImage naming
 the store, split and index when it is read. pack writes the store as a whole (atomic_path): an interrupted pack
 leaves the old store or nothing, and it replaces only a directory that is a store already.
 """
@@ -33,6 +34,7 @@ from mobile_moe.data.decode import fitted
 from mobile_moe.data.image_files import image_from_bytes
 from mobile_moe.data.spec_options import spec_folder
 from mobile_moe.errors import UsageError
+from mobile_moe.formats.versions import check_version
 from mobile_moe.utils.atomic import atomic_path, check_output_folder, check_writable, within
 from mobile_moe.utils.devices import usable_cores
 from mobile_moe.utils.foreign_files import open_foreign, read_foreign
@@ -108,15 +110,24 @@ def read_record(root: Path, spec: str | None = None) -> StoreRecord:
     where = f"{spec}: " if spec else ""
     again = f"re-create it with `mobile-moe pack SPEC --out {root}`"
     try:
-        record = StoreRecord.model_validate_json(read_foreign(root / META, limit=MAX_RECORD_BYTES, what=META))
+        text = read_foreign(root / META, limit=MAX_RECORD_BYTES, what=META)
     except UsageError as error:
         raise UsageError(f"{where}{error}; is {root} a packed store?") from None
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        data = None  # not JSON: the schema's parse below says so
+    if isinstance(data, dict) and data.get("format") == FORMAT:  # ours: its version before its fields
+        check_version(data, VERSION, where=f"{where}{root / META}", what="a packed store's record",
+                      fix="pack it again into a new folder (mobile-moe pack SPEC --out NEW_STORE)")  # fmt: skip
+    try:
+        record = StoreRecord.model_validate_json(text)
     except ValidationError as error:
         first = error.errors(include_url=False, include_input=False)[0]
         field = ".".join(str(part) for part in first["loc"])
         problem = (f"{field}: " if field else "") + first["msg"].removeprefix("Value error, ")
         raise UsageError(f"{where}{root / META} is not a store's ({problem}); {again}") from None
-    if (record.format, record.version) != (FORMAT, VERSION) or not set(record.splits) <= set(SPLITS):
+    if record.format != FORMAT or not set(record.splits) <= set(SPLITS):
         raise UsageError(f"{where}{root / META} is not a {FORMAT} version {VERSION} record; {again}")
     return record
 

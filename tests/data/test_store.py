@@ -143,6 +143,33 @@ def test_a_damaged_store_is_one_line(packed, damage):
     assert type(raised.value).__name__ == "UsageError" and "\n" not in message and "mobile-moe pack" in message
 
 
+@pytest.mark.parametrize(
+    ("version", "held"),
+    [
+        (None, "of format version 0 (it states none: written before mobile-moe versioned its files)"),
+        (0, "of format version 0"),
+        (2, "of format version 2 (written by a newer mobile-moe)"),
+    ],
+)
+def test_a_store_of_another_format_version_is_refused_in_one_line(packed, tmp_path, capsys, version, held):
+    """store.json states its format version; read_record, the one check of it, refuses another (or none) before its
+    fields, through open_data and any command that reads the store, and the store is left as it is."""
+    record = json.loads((packed / "store.json").read_text())
+    assert record["version"] == 1
+    record.pop("version")
+    (packed / "store.json").write_text(json.dumps(record if version is None else {**record, "version": version}))
+    newer = "upgrade mobile-moe, or " if version == 2 else ""
+    refusal = (f"packed:{packed}: {packed / 'store.json'} is a packed store's record {held}; this mobile-moe reads "
+               f"version 1: {newer}pack it again into a new folder (mobile-moe pack SPEC --out NEW_STORE)")  # fmt: skip
+    with pytest.raises(UsageError) as caught:
+        open_data(f"packed:{packed}", 16)
+    assert str(caught.value) == refusal
+    files = {path.name: path.read_bytes() for path in packed.iterdir()}
+    assert main(["pack", f"packed:{packed}", "--out", str(tmp_path / "again")]) == 2
+    assert capsys.readouterr().err == f"mobile-moe pack: error: {refusal}\n"
+    assert {path.name: path.read_bytes() for path in packed.iterdir()} == files and not (tmp_path / "again").exists()
+
+
 def test_a_damaged_image_inside_a_store_names_it(packed):
     index = np.load(packed / "train.index.npy")
     offset, length, _ = index[5]
