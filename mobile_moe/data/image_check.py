@@ -45,12 +45,14 @@ def _stamp(path: Path) -> list[int] | None:
 
 
 def read_verdicts(cache: Path) -> dict[str, list[int]]:
-    """The files known to decode, {relative path: [size, mtime_ns]}; {} for a cache that is missing or not ours."""
+    """The files known to decode, {relative path: [size, mtime_ns]}; {} for a cache that is missing, not ours, or of
+    another format version than CACHE_VERSION (the integer: true is none), which is rebuilt, never refused."""
     try:
         record = json.loads(cache.read_text())
     except (OSError, ValueError):
         return {}
-    good = record.get("good") if isinstance(record, dict) and record.get("version") == CACHE_VERSION else None
+    ours = isinstance(record, dict) and type(record.get("version")) is int and record["version"] == CACHE_VERSION
+    good = record.get("good") if ours else None
     if not isinstance(good, dict):
         return {}
     return {

@@ -67,3 +67,20 @@ def test_a_damaged_verdict_cache_is_rebuilt_and_a_bad_file_never_trusted(folder,
 def test_a_cache_that_cannot_be_written_costs_only_the_check(folder, monkeypatch):
     monkeypatch.setattr(image_check, "cache_root", lambda: folder / "train" / "cat" / "0.png")  # a file, not a dir
     open_data(f"imagefolder:{folder}", 16)
+
+
+@pytest.mark.parametrize("version", [None, 0, 2, True, "1"])
+def test_a_verdict_cache_of_another_version_is_not_trusted_but_rebuilt(folder, monkeypatch, version):
+    """A cache, not a user's file: one of another format version, or of none, is never read (its verdicts may mean
+    something else) nor refused; every file is decoded again and the cache rewritten at CACHE_VERSION."""
+    open_data(f"imagefolder:{folder}", 16)
+    cache = image_check.cache_file(folder)
+    record = json.loads(cache.read_text())
+    assert record["version"] == image_check.CACHE_VERSION == 1 and len(record["good"]) == 10
+    record.pop("version")
+    cache.write_text(json.dumps(record if version is None else {"version": version, **record}))
+    decoded = []
+    real = image_check.read_image
+    monkeypatch.setattr(image_check, "read_image", lambda path: decoded.append(path) or real(path))
+    open_data(f"imagefolder:{folder}", 16)
+    assert len(decoded) == 10 and json.loads(cache.read_text()) == {"version": 1, "good": record["good"]}
