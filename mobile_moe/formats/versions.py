@@ -15,27 +15,20 @@ from mobile_moe.errors import UsageError
 from mobile_moe.utils.words import shown
 
 
-def version_refusal(data: Any, version: int, *, where: str, what: str, fix: str) -> UsageError | None:
-    """The one-line refusal of `data` (a file's parsed top level, a dict) unless its "version" is exactly `version`
-    (an int: true and 1.0 are no version); None when it is. `where` names the file, `what` is what it is ("a run",
-    "a super-class file"), `fix` what makes a file of this version ("train it again")."""
+def check_version(data: Any, version: int, *, where: str, what: str, fix: str) -> None:
+    """UsageError in one line unless `data` (a file's parsed top level, a dict) states format version `version`
+    exactly (an int: true and 1.0 are no version). `where` names the file, `what` is what it is ("a run", "a
+    super-class file"), `fix` what makes a file of this version ("train it again into a new --out")."""
     found = data.get("version") if isinstance(data, dict) else None
     if type(found) is int and found == version:
-        return None
+        return
     reads = f"this mobile-moe reads version {version}"
     if found is None:
         held = "of format version 0 (it states none: written before mobile-moe versioned its files)"
     elif type(found) is not int:
-        return UsageError(f"{where} states format version {shown(repr(found), 40)}, not a number; {reads}: {fix}")
+        raise UsageError(f"{where} states format version {shown(repr(found), 40)}, not a number; {reads}: {fix}")
     elif found > version:
         held, fix = f"of format version {found} (written by a newer mobile-moe)", f"upgrade mobile-moe, or {fix}"
     else:
         held = f"of format version {found}"
-    return UsageError(f"{where} is {what} {held}; {reads}: {fix}")
-
-
-def check_version(data: Any, version: int, *, where: str, what: str, fix: str) -> None:
-    """Raise version_refusal's UsageError, if any."""
-    refusal = version_refusal(data, version, where=where, what=what, fix=fix)
-    if refusal is not None:
-        raise refusal
+    raise UsageError(f"{where} is {what} {held}; {reads}: {fix}")

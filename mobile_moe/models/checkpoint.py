@@ -83,7 +83,8 @@ def load_checkpoint(
         raise UsageError(f"cannot read checkpoint {path}: {NOT_OURS}; {first_reason(error)}") from None
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("model"), dict) or "config" not in checkpoint:
         raise UsageError(f"{path} is not a mobile-moe checkpoint: expected a dict with 'model' and 'config'")
-    check_version(checkpoint, RUN_VERSION, where=str(path), what="a checkpoint", fix="train or import the run again")
+    again = "train or import the run again into a new --out"
+    check_version(checkpoint, RUN_VERSION, where=str(path), what="a checkpoint", fix=again)
     problem = next((f"{key} {checkpoint[key]!r}" for key, fits in METADATA.items()
                     if key in checkpoint and not fits(checkpoint[key])), None)  # fmt: skip
     if problem is not None:

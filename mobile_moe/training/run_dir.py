@@ -166,7 +166,7 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
         raise UsageError(f"cannot read {path}: {error}") from None
     missing = [key for key in ("model", "data", "recipe") if not isinstance(config, dict) or key not in config]
     if isinstance(config, dict) and ("version" in config or not missing):  # a run's config.json: its version first
-        fix = "import it again" if is_imported(config) else "train it again"
+        fix = f"{'import' if is_imported(config) else 'train'} it again into a new --out"
         check_version(config, RUN_VERSION, where=str(path), what="a run", fix=fix)
     if missing:
         raise UsageError(f"{path} is not a run config: missing {', '.join(missing)}")

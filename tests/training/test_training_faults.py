@@ -730,7 +730,7 @@ def test_a_run_of_another_format_version_is_refused_by_every_reader_in_one_line(
     assert config["version"] == 1 and next(iter(config)) == "version"
     stating(version)(config)
     (out / "config.json").write_text(json.dumps(config))
-    refusal = version_refusal(out / "config.json", version, "a run", "train it again")
+    refusal = version_refusal(out / "config.json", version, "a run", "train it again into a new --out")
     with pytest.raises(UsageError) as caught:
         read_config(out)
     assert str(caught.value) == refusal
@@ -749,7 +749,8 @@ def test_a_checkpoint_of_another_format_version_is_refused_in_one_line(tmp_path,
     out = copy_run(one_epoch, tmp_path / "run")
     assert torch.load(out / "best.pt", weights_only=True)["version"] == 1
     forged(out, stating(version))
-    refusal = version_refusal(out / "best.pt", version, "a checkpoint", "train or import the run again")
+    again = "train or import the run again into a new --out"
+    refusal = version_refusal(out / "best.pt", version, "a checkpoint", again)
     with pytest.raises(UsageError) as caught:
         load_checkpoint(out / "best.pt")
     assert str(caught.value) == refusal
