@@ -340,7 +340,17 @@ def test_routing_groups_must_divide_the_batch(images):
         model(images)  # 6 images
 
 
-def test_routing_group_is_left_out_of_config_json_at_its_default():
-    """A default model's config.json (and bundle manifest) is byte for byte what it was before the option."""
-    assert "routing_group_images" not in tiny_model("vmoe").config.to_dict()
+@pytest.mark.parametrize("name", ["vmoe", "experts-choice", "mobile-vmoe"])
+def test_a_config_states_every_field_at_its_default_too_and_reads_back_as_itself(name):
+    """config.json's model (and a bundle manifest's) holds every field of the config, routing_group_images and
+    router_block at their defaults included, and reads back as the same config."""
+    import dataclasses
+
+    from mobile_moe.models.registry import config_from_dict
+
+    config = tiny_model(name).config
+    written = config.to_dict()
+    assert set(written) == {"name", *(field.name for field in dataclasses.fields(config))}
+    assert written.get("routing_group_images", 1) == 1 and written.get("router_block") is None
+    assert config_from_dict(written) == config
     assert tiny_model("vmoe", routing_group_images=8).config.to_dict()["routing_group_images"] == 8
