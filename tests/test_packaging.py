@@ -1,5 +1,6 @@
 """The wheel holds the whole tree: every module under mobile_moe/ (setuptools finds the packages itself) and the C
-library's every file (libmobile_moe/, at mobile_moe/library/libmobile_moe/: setup.py), in ONE top-level package, and it imports from an installed copy outside the checkout."""
+library's every file (libmobile_moe/, at mobile_moe/library/libmobile_moe/: setup.py), in ONE top-level package, and
+it imports from an installed copy outside the checkout."""
 
 from __future__ import annotations
 

@@ -26,7 +26,6 @@ from mobile_moe.utils.cache import cache_root
 from mobile_moe.utils.interrupts import run_child
 
 
-
 def _library_source_dir() -> Path:
     """libmobile_moe's tree (CMakeLists.txt, include/, src/, ...): a component at the repository's top level, which the
     wheel carries inside this package (setup.py) so an installed copy builds it too."""

@@ -24,9 +24,9 @@ def top_k(scores: Tensor, k: int, dim: int = -1) -> tuple[Tensor, Tensor]:
     """(values, indices) of the k largest scores along `dim`, largest first; equal scores: the LOWER index first.
 
     The one top-k rule of the toolkit. torch.topk promises no order among ties, so this is a stable descending sort;
-    the bundle runtimes pick experts from the exported router probabilities by it (mobile_moe/export/bundle_routing.py, and
-    its C++ translation in the native runner's bundle_routing.h: std::stable_sort by >), so eager PyTorch, the Python
-    runtime and the C++ runner agree even when probabilities tie (tests/test_top_k.py).
+    the bundle runtimes pick experts from the exported router probabilities by it (mobile_moe/export/bundle_routing.py,
+    and its C++ translation in the native runner's bundle_routing.h: std::stable_sort by >), so eager PyTorch, the
+    Python runtime and the C++ runner agree even when probabilities tie (tests/test_top_k.py).
     """
     values, indices = torch.sort(scores, dim=dim, descending=True, stable=True)
     return values.narrow(dim, 0, k), indices.narrow(dim, 0, k)

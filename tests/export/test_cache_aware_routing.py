@@ -1,8 +1,8 @@
 """Cache-aware routing (arXiv 2412.00099): a loaded expert within a gate margin of the top one is taken instead.
 
-The rule is mobile_moe/export/bundle_routing.py's pick_experts (its own cases, and its C++ translation's agreement, are in
-tests/device_bench/test_bundle_routing.py); here the same images, hence the same gates, go through predict, the Python
-bundle runtime and the native runner.
+The rule is mobile_moe/export/bundle_routing.py's pick_experts (its own cases, and its C++ translation's agreement, are
+in tests/device_bench/test_bundle_routing.py); here the same images, hence the same gates, go through predict, the
+Python bundle runtime and the native runner.
 """
 
 from __future__ import annotations
