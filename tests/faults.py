@@ -195,7 +195,9 @@ MANIFEST_MUTATIONS: dict[str, Mutation] = {
     "expert_index_out_of_range": _expert_index(12),
     "expert_index_negative": _expert_index(-1),
     "format_missing": _delete("format"),
-    "version_2": _set("version", 2),
+    "version_1": _set("version", 1),  # a bundle of the format before 2: refused, exported again
+    "version_3": _set("version", 3),
+    "version_missing": _delete("version"),
     "backend_unknown": _set("backend", "tflite"),
     "not_an_object": lambda manifest: json.dumps([manifest]),
     "empty_file": lambda manifest: "",
@@ -203,10 +205,12 @@ MANIFEST_MUTATIONS: dict[str, Mutation] = {
     "nested_50000_deep": lambda manifest: '{"format": "mobile-moe-bundle", "x": ' + "[" * 50_000 + "]" * 50_000 + "}",
     "not_utf8": lambda manifest: json.dumps(manifest).replace("router", "r\udcffouter", 1),
     # what an image touches: the routing kind and the parameters one image may compute with
+    "routing_missing": _delete("routing"),
     "routing_unknown": _set("routing", "psychic"),
     "routing_not_a_string": _set("routing", 3),
     "routing_token_for_expert_paths": _set("routing", "token"),  # a per-token MoE never splits by expert
     "routing_none_for_expert_paths": _set("routing", "none"),
+    "params_active_max_missing": _delete("params_active_max"),
     "params_active_max_negative": _set("params_active_max", -1),
     "params_active_max_fraction": _set("params_active_max", 1.5),
     "params_active_max_string": _set("params_active_max", "95535"),
@@ -217,6 +221,8 @@ MANIFEST_MUTATIONS: dict[str, Mutation] = {
     "validation_top1_above_one": _set("validation_top1", 1.5),
     "validation_top1_string": _set("validation_top1", "0.9"),
     # how predict resizes an image file (input.resize): a policy it knows, sizes that fit the input
+    "resize_missing": _delete("input.resize"),
+    "resize_null": _set("input.resize", None),
     "resize_policy_unknown": _set("input.resize", {"policy": "fisheye"}),
     "resize_not_an_object": _set("input.resize", "stretch"),
     "resize_crop_larger_than_resize": _set("input.resize", _crop(resize_to=30, crop_to=32)),
@@ -227,6 +233,7 @@ MANIFEST_MUTATIONS: dict[str, Mutation] = {
     "resize_unknown_key": _set("input.resize", _crop(resize_to=37, crop_to=32, antialias=False)),
     "resize_interpolation_unknown": _set("input.resize", _crop(resize_to=37, crop_to=32, interpolation="nearest")),
     "resize_origin_unknown": _set("input.resize", {"policy": "stretch", "origin": "guessed"}),
+    "resize_origin_data_spec": _set("input.resize", {"policy": "stretch", "origin": "data-spec"}),  # format 1's word
     # an expert's own weights file (experts share one program): inside the bundle, well-formed, not the program
     "weights_file_escapes": _expert_weights("file", "../../etc/passwd"),
     "weights_file_absolute": _expert_weights("file", "/etc/passwd"),

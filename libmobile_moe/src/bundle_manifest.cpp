@@ -204,15 +204,13 @@ static void expect_inputs(const Graph& graph, const std::vector<std::vector<int3
   }
 }
 
-// input.resize (optional; absent or null means stretch): the eval resize policy predict applies to an image file
-// (mobile_moe/preprocess.py). The runner is handed tensors already preprocessed, so it only checks the record, by the
-// schema's rules (mobile_moe/export/manifest_schema.py ResizeSpec): a known policy and origin, no unknown key, stretch
+// input.resize: the eval resize policy an image's pixels take (mobile_moe/preprocess.py; preprocess.cpp for an app's
+// pixels), checked by the schema's rules (mobile_moe/export/manifest_schema.py ResizeSpec): a known policy and origin, no unknown key, stretch
 // without sizes, resize-center-crop with resize_to >= crop_to = S, an optional known interpolation.
 // The words: manifest_schema.h's kResizePolicies, kResizeOrigins, kInterpolations.
 
 static void check_resize(const json::Value& input, int64_t image_size, Preprocessing& pre) {
-  const json::Value* resize = optional_at(input, "input", "resize");
-  if (resize == nullptr) return;  // a bundle from before the record: stretched
+  const json::Value* resize = &object_at(input, "input", "resize");
   if (!resize->is_object()) invalid("input.resize", "must be an object, not " + shown(*resize));
   for (const auto& entry : resize->object)
     if (entry.first != "policy" && entry.first != "resize_to" && entry.first != "crop_to" && entry.first != "origin" &&
@@ -310,8 +308,10 @@ static int64_t check_header_and_model(const json::Value& manifest, Bundle& bundl
   if (!manifest.is_object()) invalid("manifest", "must be a JSON object, not " + json::describe(manifest));
   const json::Value& format = object_at(manifest, "", "format");
   if (!format.is_string() || format.string != kFormat) invalid("format", std::string("must be \"") + kFormat + "\"");
-  if (as_int(object_at(manifest, "", "version"), "version", INT64_MIN, INT64_MAX) != kVersion)
-    invalid("version", "this library reads version " + std::to_string(kVersion) + " manifests only");
+  const int64_t version = as_int(object_at(manifest, "", "version"), "version", INT64_MIN, INT64_MAX);
+  if (version != kVersion)
+    invalid("version", "the bundle is of format version " + std::to_string(version) + "; this library reads version " +
+                           std::to_string(kVersion) + ": export the bundle again with `mobile-moe export`");
   const std::string& backend = one_of(object_at(manifest, "", "backend"), "backend", kBackends);
   if (backend != "executorch")
     throw UsageError("libmobile_moe runs ExecuTorch bundles; this is a " + backend + " bundle");
@@ -514,21 +514,17 @@ static int64_t params_loaded_max(const Bundle& bundle) {
   return loaded;
 }
 
-// What an image touches (both optional: bundles written before them still run): the routing kind must be one whose
-// model exports as this layout, and params_active_max cannot exceed what the graphs of one image hold.
+// What an image touches: the routing kind must be one whose model exports as this layout, and params_active_max
+// cannot exceed what the graphs of one image hold.
 static void check_routing_and_params(const json::Value& manifest, const Bundle& bundle) {
-  if (const json::Value* routing = optional_at(manifest, "", "routing")) {
-    Routing kind = one_of<Routing>(*routing, "routing", kRoutings);
-    if (!layout_fits_routing(kind, bundle.layout))
-      invalid("routing", std::string("a model routing by \"") + name(kind) + "\" does not export as " + name(bundle.layout));
-  }
-  if (const json::Value* active = optional_at(manifest, "", "params_active_max")) {
-    int64_t claimed = as_int(*active, "params_active_max", 0, kMaxCount);
-    int64_t loaded = params_loaded_max(bundle);
-    if (claimed > loaded)
-      invalid("params_active_max", std::to_string(claimed) + " is more than the " + std::to_string(loaded) +
-                                       " parameters the graphs of one image hold");
-  }
+  Routing kind = one_of<Routing>(object_at(manifest, "", "routing"), "routing", kRoutings);
+  if (!layout_fits_routing(kind, bundle.layout))
+    invalid("routing", std::string("a model routing by \"") + name(kind) + "\" does not export as " + name(bundle.layout));
+  int64_t claimed = as_int(object_at(manifest, "", "params_active_max"), "params_active_max", 0, kMaxCount);
+  int64_t loaded = params_loaded_max(bundle);
+  if (claimed > loaded)
+    invalid("params_active_max", std::to_string(claimed) + " is more than the " + std::to_string(loaded) +
+                                     " parameters the graphs of one image hold");
   if (const json::Value* top1 = optional_at(manifest, "", "validation_top1")) {
     double value = as_finite(*top1, "validation_top1");
     if (value < 0 || value > 1) invalid("validation_top1", "must be a top-1 between 0 and 1");

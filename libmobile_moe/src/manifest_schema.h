@@ -9,7 +9,7 @@ namespace mobile_moe::library {
 
 inline constexpr const char* kManifestFile = "manifest.json";
 inline constexpr const char* kFormat = "mobile-moe-bundle";
-constexpr int64_t kVersion = 1;
+constexpr int64_t kVersion = 2;
 inline constexpr const char* kTensorDtype = "float32";
 constexpr int64_t kMaxManifestBytes = 67108864;
 constexpr int64_t kMaxExperts = 4096;
@@ -57,8 +57,8 @@ inline constexpr const char* kResizePolicies[] = {"stretch", "resize-center-crop
 inline const char* name(ResizePolicy value) { return kResizePolicies[static_cast<int>(value)]; }
 
 // Where that policy came from (input.resize.origin); kResizeOrigins[i] is the manifest's word for ResizeOrigin(i).
-enum class ResizeOrigin { Run, DataSpec, Assumed };
-inline constexpr const char* kResizeOrigins[] = {"run", "data-spec", "assumed"};
+enum class ResizeOrigin { Run, Assumed };
+inline constexpr const char* kResizeOrigins[] = {"run", "assumed"};
 inline const char* name(ResizeOrigin value) { return kResizeOrigins[static_cast<int>(value)]; }
 
 // The resize's filter (input.resize.interpolation); kInterpolations[i] is the manifest's word for Interpolation(i).

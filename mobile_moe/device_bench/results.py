@@ -71,15 +71,6 @@ def params_per_image(manifest: Manifest, sequence: list[list[int]]) -> float:
     return _loaded_per_image(manifest, sequence, lambda graph: graph.params)
 
 
-def params_active(manifest: Manifest, counts) -> int | None:
-    """What one image computes with, worst case: the manifest's params_active_max (export recorded it from
-    mobile_moe.models.costs), else mobile_moe.models.costs on the manifest's model config (bundles written before the
-    field)."""
-    if manifest.params_active_max is not None:
-        return manifest.params_active_max
-    return counts.params_active if counts else None
-
-
 class RoundReportError(UsageError):
     """A runner's round report lacks a field RoundReport requires, or holds the wrong kind of value in one. A
     UsageError (one line, status 2) because the usual cause is a --runner binary built from other sources."""
@@ -271,7 +262,7 @@ def _sizes(manifest: Manifest, sequence: list[list[int]]) -> dict:
     """What an image loads and computes with: bytes and parameters, against the model's counts."""
     counts = _costs(manifest)
     bytes_image = bytes_per_image(manifest, sequence)
-    active = params_active(manifest, counts)
+    active = manifest.params_active_max  # what one image computes with, worst case (export's mobile_moe.models.costs)
     active_bytes = active * 4 if active else None  # fp32 weights
     params_image = params_per_image(manifest, sequence)
     return {

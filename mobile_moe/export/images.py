@@ -14,8 +14,7 @@ from mobile_moe.export.manifest_schema import InputSpec
 
 def preprocess(manifest_input: InputSpec):
     """PIL image -> (C, S, S) float32, as evaluation transformed the run's validation images."""
-    # A bundle from before the resize record: stretch, as predict did then.
-    resize = manifest_input.resize.model_dump(exclude_none=True) if manifest_input.resize else eval_pipeline.stretch()
+    resize = manifest_input.resize.model_dump(exclude_none=True)
     size = manifest_input.shape[-1]
     return eval_pipeline.eval_transform(resize, size, manifest_input.mean, manifest_input.std)
 

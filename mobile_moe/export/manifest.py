@@ -28,6 +28,7 @@ from mobile_moe.export.manifest_schema import (  # noqa: F401 (BACKENDS: the CLI
     Manifest,
     validate_manifest,
 )
+from mobile_moe.formats.versions import check_version
 from mobile_moe.utils import jsonio
 from mobile_moe.utils.foreign_files import read_foreign
 
@@ -105,8 +106,8 @@ def read_manifest(bundle_dir: str | os.PathLike, *, verify_files: bool = False) 
     manifest = _parse(path)
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise UsageError(f"{path} is not a {FORMAT} manifest")
-    if manifest.get("version") != VERSION:
-        raise UsageError(f"{path}: bundle version {manifest.get('version')!r} is not supported (expected {VERSION})")
+    check_version(manifest, VERSION, where=str(path), what="a bundle manifest",
+                  fix="export the bundle again with `mobile-moe export`")  # fmt: skip
     try:
         manifest = validate_manifest(manifest)
     except ValueError as error:

@@ -18,7 +18,7 @@ Layouts and the graphs they need (mobile_moe/export/graphs.py writes them):
                 inside; expert_tokens[g, e] > 0 says the image used expert e of expert set g (G >= 1: one set per
                 MoE block owning experts).                                              0 <= top_k <= E (per token)
 
-What an image touches (optional, so bundles written before these fields still validate, and version stays 1):
+What an image touches (routing and params_active_max always; the top-1s when the bundle comes from a run):
   routing            the model's routing kind (mobile_moe config): none -> dense; image -> expert-paths, per-block or
                      monolithic; cluster -> expert-paths or monolithic; token, expert, soft -> whole.
   params_active_max  the most parameters one image computes with (mobile_moe.models.costs' params_active, worst
@@ -29,16 +29,15 @@ What an image touches (optional, so bundles written before these fields still va
   test_top1          the exported checkpoint's top-1 on its data's test split (0..1), measured by export on the eager
                      model as `evaluate` measures it, when the bundle comes from a run whose data has one: the one
                      accuracy bench reports compare models with (validation_top1 where it is absent, and they say so).
-How an image file becomes the input tensor (optional, same reason):
+How an image file becomes the input tensor:
   input.resize       the eval resize policy evaluation used (mobile_moe/preprocess.py, which predict applies), then
                      scale to [0, 1] and input.mean/std:
                        {"policy": "stretch"}: both sides to S, the aspect ratio not kept;
                        {"policy": "resize-center-crop", "resize_to": R, "crop_to": S}: the shorter side to R >= S
                        (aspect ratio kept), then the centre S x S square.
-                     `origin` says where the policy came from: "run" (the run's config.json recorded it), "data-spec"
-                     (a run from before that record: the policy its data spec gets, as its evaluation did) or
-                     "assumed" (exported without a run: stretch, the behaviour before the record). Absent: stretch.
-                     Strict when present: a known policy, no unknown keys, sizes positive integers, crop_to = S.
+                     `origin` says where the policy came from: "run" (the run's config.json recorded it) or
+                     "assumed" (exported without a run: stretch). Strict: a known policy, no unknown keys, sizes
+                     positive integers, crop_to = S.
 Each graph's `params` counts the weights it carries: parameters and buffers (Hard MoE's centroids).
 Graphs sharing one program (ExecuTorch, mobile_moe/export/executorch_family.py): several graphs name the same `file`
 (the program, with the weights they share) and each its own `weights` ({file, sha256, bytes}: a .ptd holding the weights
@@ -58,7 +57,7 @@ from mobile_moe.preprocess import INTERPOLATIONS, POLICIES, ResizePolicy
 from mobile_moe.utils.class_names import class_names_problem
 
 FORMAT = "mobile-moe-bundle"
-VERSION = 1
+VERSION = 2
 MANIFEST = "manifest.json"  # the manifest's file name in a bundle
 MAX_MANIFEST_BYTES = 64 << 20  # a real manifest is kilobytes; refuse to parse anything absurd
 BACKENDS = ("executorch", "onnx", "coreml")
@@ -74,7 +73,7 @@ LAYOUTS_OF_ROUTING = {
     "soft": ("whole",),
 }
 ROUTINGS = tuple(LAYOUTS_OF_ROUTING)
-RESIZE_ORIGINS = ("run", "data-spec", "assumed")
+RESIZE_ORIGINS = ("run", "assumed")
 # What a runner does with each layout (the native runner's Bundle::kind): a router and experts, or one graph.
 KIND_OF_LAYOUT = {
     "expert-paths": "split",
@@ -135,7 +134,7 @@ class InputSpec(_Strict):
     dtype: Literal[TENSOR_DTYPE]  # type: ignore[valid-type]
     mean: list[FiniteFloat]
     std: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]]
-    resize: ResizeSpec | None = None  # absent (bundles from before it): stretch
+    resize: ResizeSpec
 
     @model_validator(mode="after")
     def _consistent(self) -> InputSpec:
@@ -144,7 +143,7 @@ class InputSpec(_Strict):
             raise ValueError(f"shape {self.shape} must be (1, C, S, S) with C <= {MAX_CHANNELS}")
         if len(self.mean) != channels or len(self.std) != channels:
             raise ValueError(f"mean and std need {channels} values (one per channel)")
-        if self.resize is not None and self.resize.crop_to not in (None, height):
+        if self.resize.crop_to not in (None, height):
             raise ValueError(f"resize.crop_to {self.resize.crop_to} must be the input size {height}")
         return self
 
@@ -254,8 +253,8 @@ class Manifest(_Strict):
     model: ModelSummary
     num_experts: Annotated[int, Field(ge=0, le=MAX_EXPERTS)]
     top_k: Annotated[int, Field(ge=0, le=MAX_EXPERTS)]
-    routing: Literal[ROUTINGS] | None = None  # type: ignore[valid-type]
-    params_active_max: Count | None = None
+    routing: Literal[ROUTINGS]  # type: ignore[valid-type]
+    params_active_max: Count
     input: InputSpec
     class_names: list[Annotated[str, Field(max_length=MAX_LABEL)]]
     super_class_names: list[Annotated[str, Field(max_length=MAX_LABEL)]] | None = None
@@ -465,13 +464,13 @@ def _check_per_block(m: Manifest, graphs: dict[str, GraphEntry]) -> None:
 
 
 def _check_routing(m: Manifest) -> None:
-    if m.routing is not None and m.composition.layout not in LAYOUTS_OF_ROUTING[m.routing]:
+    if m.composition.layout not in LAYOUTS_OF_ROUTING[m.routing]:
         allowed = " or ".join(LAYOUTS_OF_ROUTING[m.routing])
         raise ValueError(f"a model routing by {m.routing!r} exports as {allowed}, not {m.composition.layout}")
 
 
 def _check_params_active(m: Manifest) -> None:
-    if m.params_active_max is not None and m.params_active_max > m.params_loaded_max():
+    if m.params_active_max > m.params_loaded_max():
         raise ValueError(
             f"params_active_max {m.params_active_max} is more than the {m.params_loaded_max()} parameters the "
             "graphs of one image hold"

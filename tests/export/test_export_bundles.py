@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import bundle_images, bundle_model, tiny_model
 
+from mobile_moe.errors import UsageError
 from mobile_moe.export.bundle import export_bundle
 from mobile_moe.export.executorch_backend import PORTABLE_BY_DESIGN
 from mobile_moe.export.manifest import read_manifest
@@ -54,7 +55,7 @@ def test_bundle_reproduces_eager_logits_and_experts(moe, bundle_dir):
 
 def test_manifest_describes_graphs(bundle_dir):
     manifest = read_manifest(bundle_dir).to_json()
-    assert manifest["format"] == "mobile-moe-bundle" and manifest["version"] == 1
+    assert manifest["format"] == "mobile-moe-bundle" and manifest["version"] == 2
     assert (manifest["num_experts"], manifest["top_k"]) == (4, 1)
     assumed = {"policy": "stretch", "origin": "assumed"}  # exported without a run: no eval resize policy known
     assert manifest["input"] == {"shape": [1, 3, 32, 32], "dtype": "float32", "mean": [0.5] * 3, "std": [0.25] * 3,
@@ -232,7 +233,7 @@ GRAPH_KEYS = {
     "name", "role", "expert", "file", "sha256", "bytes", "params", "inputs", "outputs", "backend_details",
     "export_seconds",
 }  # fmt: skip
-NEW_KEYS = {"routing", "params_active_max"}  # what an image touches; optional in the schema
+NEW_KEYS = {"routing", "params_active_max"}  # what an image touches
 
 
 def test_manifest_keeps_its_fields_and_adds_what_an_image_touches(moe, bundle_dir):
@@ -251,21 +252,23 @@ def test_manifest_keeps_its_fields_and_adds_what_an_image_touches(moe, bundle_di
     assert router["params"] + expert["params"] == manifest["params_active_max"]
 
 
-def test_bundle_written_before_the_new_fields_still_loads(moe, bundle_dir, tmp_path):
+def test_a_bundle_of_the_format_before_version_2_is_refused_in_one_line(bundle_dir, tmp_path):
+    """Format 1 (routing, params_active_max and input.resize optional) is not read: a bundle of it is exported again."""
     import shutil
-
-    from mobile_moe.device_bench.results import params_active
-    from mobile_moe.models.costs import costs
 
     old = shutil.copytree(bundle_dir, tmp_path / "old")
     manifest = json.loads((old / "manifest.json").read_text())
     for key in NEW_KEYS:
         del manifest[key]
+    del manifest["input"]["resize"]
+    manifest["version"] = 1
     (old / "manifest.json").write_text(json.dumps(manifest))
-    assert read_manifest(old).to_json()["version"] == 1
-    images, experts = images_for_experts(moe)
-    assert load_bundle(old).predict(images[0]).experts == [experts[0]]
-    assert params_active(read_manifest(old), costs(moe.config)) == costs(moe.config).params_active
+    with pytest.raises(UsageError) as refused:
+        read_manifest(old)
+    assert str(refused.value) == (
+        f"{old / 'manifest.json'} is a bundle manifest of format version 1; this mobile-moe reads version 2: export "
+        "the bundle again with `mobile-moe export`"
+    )
 
 
 @pytest.mark.parametrize("descending", [False, True])

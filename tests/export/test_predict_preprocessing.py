@@ -77,7 +77,8 @@ def predicted_logits(bundle: Path, path: str) -> tuple[torch.Tensor, np.ndarray]
 
 def test_predict_and_an_imagefolder_read_image_files_alike(tmp_path):
     """One decoder: predict's load_image and the imagefolder loader refuse a file with the same one line."""
-    rgb = {"shape": [1, 3, SIZE, SIZE], "dtype": "float32", "mean": [0.5] * 3, "std": [0.5] * 3}
+    rgb = {"shape": [1, 3, SIZE, SIZE], "dtype": "float32", "mean": [0.5] * 3, "std": [0.5] * 3,
+           "resize": {"policy": "stretch"}}
     broken, missing = tmp_path / "broken.png", tmp_path / "missing.png"
     broken.write_bytes(b"\x89PNG\r\n\x1a\n but not an image")
     for path, message in [(broken, "not an image PIL can decode"), (missing, "does not exist"),
@@ -112,13 +113,13 @@ def test_predict_gives_the_logits_evaluation_gives(run_dir, bundle, capsys):
     assert result["probability"] == pytest.approx(float(eval_logits.softmax(-1).max()), abs=1e-5)
 
 
-def test_a_manifest_without_the_record_still_predicts_by_stretching(run_dir, bundle, tmp_path):
+def test_a_manifest_recording_stretch_predicts_by_stretching(run_dir, bundle, tmp_path):
     from torchvision.transforms import v2
 
     from mobile_moe.training.run_dir import load_run
 
     manifest = json.loads((bundle / MANIFEST).read_text())
-    del manifest["input"]["resize"]  # as export wrote it before the record
+    manifest["input"]["resize"] = {"policy": "stretch", "origin": "assumed"}  # as export writes it without a run
     old = tmp_path / "old"
     old.mkdir()
     for file in bundle.iterdir():
