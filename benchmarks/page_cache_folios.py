@@ -6,9 +6,11 @@ run on this host:
 
 - written through a shared mapping, a page at a time: how ExecuTorch's XNNPACK weight cache writes its file
   (backends/xnnpack/runtime/XNNWeightsCache.cpp, reserve_space maps the file and XNNPACK packs into the mapping);
-- written with large writes: how the native runner publishes an expert's file (packed_cache.h, copy_in_large_writes);
-- written as the backend does, dropped from the page cache, then read back through a mapping advised MADV_HUGEPAGE:
-  how the runner's check reads a file that is not in the page cache, as after a reboot (packed_cache.h, file_xxh64).
+- written with large writes: how the native runner publishes an expert's file (packed_cache.cpp, copy_in_large_writes);
+- written as the backend does, dropped from the page cache, then read back through mappings advised MADV_HUGEPAGE,
+  one 256 KiB window at a time: how the library's check reads a file that is not in the page cache, as after a reboot
+  (packed_cache.cpp, file_xxh64);
+- the same, read back with read(2) instead: what the check would leave without the advice.
 
 Printed for each: the medians of mmap, touch and munmap in ms, their sum's ratio to the first way's, and how much of
 the touched mapping the kernel mapped with 2 MiB entries (/proc/self/smaps FilePmdMapped). The default size is one
@@ -32,6 +34,7 @@ import numpy as np
 from mobile_moe.library.binding import default_weight_cache_dir
 
 PAGE = mmap.PAGESIZE
+CHECK_WINDOW = 256 * 1024  # packed_cache.cpp's kCheckWindow
 
 
 def written_page_by_page(path: Path, data: bytes) -> None:
@@ -49,13 +52,26 @@ def written_in_large_writes(path: Path, data: bytes) -> None:
 
 
 def read_back_advised(path: Path, data: bytes) -> None:
+    """As the check reads a file: window by window, each window its own mapping advised MADV_HUGEPAGE."""
     written_page_by_page(path, data)
     fd = os.open(path, os.O_RDONLY)
     os.fsync(fd)  # clean pages, which the advice below may drop
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    with mmap.mmap(fd, len(data), mmap.MAP_SHARED, mmap.PROT_READ) as mapping:
-        mapping.madvise(mmap.MADV_HUGEPAGE)
-        touch(mapping)
+    for at in range(0, len(data), CHECK_WINDOW):
+        with mmap.mmap(fd, min(CHECK_WINDOW, len(data) - at), mmap.MAP_PRIVATE, mmap.PROT_READ, offset=at) as window:
+            window.madvise(mmap.MADV_HUGEPAGE)
+            touch(window)
+    os.close(fd)
+
+
+def read_back_in_pieces(path: Path, data: bytes) -> None:
+    """The alternative the check does not take: read(2) in 64 KiB pieces (the kernel's readahead picks the folios)."""
+    written_page_by_page(path, data)
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    while os.read(fd, 64 * 1024):
+        pass
     os.close(fd)
 
 
@@ -103,7 +119,8 @@ def main() -> None:
     ways = {
         "written through a mapping, a page at a time (the backend)": written_page_by_page,
         "written in large writes (the runner's publication)": written_in_large_writes,
-        "read back through a MADV_HUGEPAGE mapping (the runner's check)": read_back_advised,
+        "read back through MADV_HUGEPAGE mappings of 256 KiB windows (the library's check)": read_back_advised,
+        "read back with read(2) in 64 KiB pieces": read_back_in_pieces,
     }
     with tempfile.TemporaryDirectory(dir=parent, prefix="page-cache-folios-") as folder:
         paths = {way: Path(folder) / f"way{i}.bin" for i, way in enumerate(ways)}

@@ -62,59 +62,113 @@ static const std::string& runtime_identity() {
   return identity;
 }
 
-// XXH64 (github.com/Cyan4973/xxHash, xxhash.h's reference algorithm), seed 0: fast enough to check a packed expert on
-// every first use (GB/s, where sha256.h is ~0.2 GB/s); it guards against damage, not against an attacker.
-static uint64_t xxh64(const unsigned char* data, size_t length) {
-  constexpr uint64_t P1 = 11400714785074694791ULL, P2 = 14029467366897019727ULL, P3 = 1609587929392839161ULL;
-  constexpr uint64_t P4 = 9650029242287828579ULL, P5 = 2870177450012600261ULL;
-  auto rotl = [](uint64_t x, int r) { return (x << r) | (x >> (64 - r)); };
-  auto read64 = [](const unsigned char* p) { uint64_t v; std::memcpy(&v, p, 8); return v; };  // little-endian hosts
-  auto read32 = [](const unsigned char* p) { uint32_t v; std::memcpy(&v, p, 4); return static_cast<uint64_t>(v); };
-  auto round = [&](uint64_t acc, uint64_t lane) { return rotl(acc + lane * P2, 31) * P1; };
-  auto merge = [&](uint64_t acc, uint64_t v) { return (acc ^ round(0, v)) * P1 + P4; };
-  const unsigned char* p = data;
-  const unsigned char* end = data + length;
-  uint64_t h;
-  if (length >= 32) {
-    uint64_t v1 = P1 + P2, v2 = P2, v3 = 0, v4 = 0 - P1;
-    for (; p + 32 <= end; p += 32) {
-      v1 = round(v1, read64(p));
-      v2 = round(v2, read64(p + 8));
-      v3 = round(v3, read64(p + 16));
-      v4 = round(v4, read64(p + 24));
+// XXH64 (github.com/Cyan4973/xxHash, xxhash.h's reference algorithm), seed 0, fed in pieces: fast enough to check a
+// packed expert on every first use (GB/s, where sha256.h is ~0.2 GB/s); it guards against damage, not against an
+// attacker.
+class Xxh64 {
+ public:
+  void update(const unsigned char* data, size_t length) {
+    total_ += length;
+    if (buffered_ + length < kStripe) {
+      std::memcpy(buffer_ + buffered_, data, length);
+      buffered_ += length;
+      return;
     }
-    h = rotl(v1, 1) + rotl(v2, 7) + rotl(v3, 12) + rotl(v4, 18);
-    h = merge(merge(merge(merge(h, v1), v2), v3), v4);
-  } else {
-    h = P5;
+    if (buffered_ > 0) {  // the stripe the last piece began
+      const size_t fill = kStripe - buffered_;
+      std::memcpy(buffer_ + buffered_, data, fill);
+      stripe(buffer_);
+      data += fill;
+      length -= fill;
+      buffered_ = 0;
+    }
+    for (; length >= kStripe; data += kStripe, length -= kStripe) stripe(data);
+    std::memcpy(buffer_, data, length);
+    buffered_ = length;
   }
-  h += static_cast<uint64_t>(length);
-  for (; p + 8 <= end; p += 8) h = rotl(h ^ round(0, read64(p)), 27) * P1 + P4;
-  if (p + 4 <= end) {
-    h = rotl(h ^ (read32(p) * P1), 23) * P2 + P3;
-    p += 4;
-  }
-  for (; p < end; ++p) h = rotl(h ^ (*p * P5), 11) * P1;
-  h ^= h >> 33;
-  h *= P2;
-  h ^= h >> 29;
-  h *= P3;
-  h ^= h >> 32;
-  return h;
-}
 
-// The file is read through a mapping advised MADV_HUGEPAGE: where its pages are not in the page cache (the first use
-// after a reboot), a kernel whose page cache takes large folios for the file's filesystem (this project's host: Linux
-// 6.18, ext4) reads them in as 2 MiB folios (mm/filemap.c, do_sync_mmap_readahead on a VM_HUGEPAGE mapping), and the
-// backend's own mapping of the file (XNNWeightsCache.cpp load_packed_cache) then maps 2 MiB at a time. A switch maps
-// its expert's packed weights on the first run and unmaps them at eviction, so this is its cost
-// (benchmarks/page_cache_folios.py). Pages already cached stay as they are, and elsewhere the advice changes nothing.
+  uint64_t digest() const {
+    uint64_t h = P5;
+    if (total_ >= kStripe) {
+      h = rotl(lanes_[0], 1) + rotl(lanes_[1], 7) + rotl(lanes_[2], 12) + rotl(lanes_[3], 18);
+      for (uint64_t lane : lanes_) h = (h ^ round(0, lane)) * P1 + P4;
+    }
+    h += total_;
+    const unsigned char* p = buffer_;
+    const unsigned char* end = buffer_ + buffered_;
+    for (; p + 8 <= end; p += 8) h = rotl(h ^ round(0, read64(p)), 27) * P1 + P4;
+    if (p + 4 <= end) {
+      h = rotl(h ^ (read32(p) * P1), 23) * P2 + P3;
+      p += 4;
+    }
+    for (; p < end; ++p) h = rotl(h ^ (*p * P5), 11) * P1;
+    h ^= h >> 33;
+    h *= P2;
+    h ^= h >> 29;
+    h *= P3;
+    h ^= h >> 32;
+    return h;
+  }
+
+ private:
+  static constexpr uint64_t P1 = 11400714785074694791ULL, P2 = 14029467366897019727ULL, P3 = 1609587929392839161ULL;
+  static constexpr uint64_t P4 = 9650029242287828579ULL, P5 = 2870177450012600261ULL;
+  static constexpr size_t kStripe = 32;
+  static uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+  static uint64_t read64(const unsigned char* p) {  // little-endian hosts
+    uint64_t v;
+    std::memcpy(&v, p, 8);
+    return v;
+  }
+  static uint64_t read32(const unsigned char* p) {
+    uint32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+  }
+  static uint64_t round(uint64_t acc, uint64_t lane) { return rotl(acc + lane * P2, 31) * P1; }
+  void stripe(const unsigned char* p) {
+    for (int lane = 0; lane < 4; ++lane) lanes_[lane] = round(lanes_[lane], read64(p + 8 * lane));
+  }
+
+  uint64_t lanes_[4] = {P1 + P2, P2, 0, 0 - P1};
+  unsigned char buffer_[kStripe] = {};
+  size_t buffered_ = 0;
+  uint64_t total_ = 0;
+};
+
+// The file is read one window at a time, each window a mapping of its own, unmapped before the next: a whole file's
+// mapping would hold every page of it in the process while the check runs, beside the graphs already loaded (an
+// expert's check, on its first load, then peaked above every later moment: 0.9 MiB over the dense model's peak on the
+// README's ViT-Ti/32; benchmarks/split_memory.results.md). Each window is advised MADV_HUGEPAGE: where the file's
+// pages are not in the page cache (the first use after a reboot, or after memory pressure took them), a kernel whose
+// page cache takes large folios for the file's filesystem (Linux 6.18, ext4) reads them in as 2 MiB folios
+// (mm/filemap.c, do_sync_mmap_readahead on a VM_HUGEPAGE mapping, whatever the mapping's size), and the backend's own
+// mapping of the file (XNNWeightsCache.cpp load_packed_cache) then maps 2 MiB at a time. A switch maps its expert's
+// packed weights on the first run and unmaps them at eviction, so this is its cost; read(2) would leave the folios to
+// readahead's smaller ones (benchmarks/page_cache_folios.py measures both). Pages already cached stay as they are.
+constexpr size_t kCheckWindow = 256 * 1024;
+
 std::string file_xxh64(const std::string& path, uint64_t* size) {
-  auto file = MappedFile::open(path, MADV_HUGEPAGE);
-  if (file == nullptr) return "";
-  *size = file->size();
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  struct stat info;
+  bool read_whole = fstat(fd, &info) == 0 && S_ISREG(info.st_mode);
+  Xxh64 hash;
+  const uint64_t length = read_whole ? static_cast<uint64_t>(info.st_size) : 0;
+  for (uint64_t at = 0; read_whole && at < length; at += kCheckWindow) {
+    const size_t window_size = static_cast<size_t>(std::min<uint64_t>(kCheckWindow, length - at));
+    void* window = mmap(nullptr, window_size, PROT_READ, MAP_PRIVATE, fd, static_cast<off_t>(at));
+    read_whole = window != MAP_FAILED;
+    if (!read_whole) break;
+    madvise(window, window_size, MADV_HUGEPAGE);
+    hash.update(static_cast<const unsigned char*>(window), window_size);
+    munmap(window, window_size);
+  }
+  close(fd);
+  if (!read_whole) return "";
+  *size = length;
   char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(xxh64(file->data(), file->size())));
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash.digest()));
   return hex;
 }
 

@@ -241,7 +241,8 @@ def test_sha256_matches_hashlib(internal_checks, bundle, tmp_path):
 
 def test_xxh64_matches_the_reference(internal_checks, tmp_path):
     """The XXH64 that checks packed-weight cache files (packed_cache.h) against the reference implementation's
-    digests (the xxhash package, seed 0): below and above the 32-byte stripe, and every tail length."""
+    digests (the xxhash package, seed 0): below and above the 32-byte stripe, every tail length, and a file read in
+    several windows (packed_cache.cpp's kCheckWindow) hashed as one."""
     cases = {
         b"": "ef46db3751d8e999",
         b"a": "d24ec4f1a98c6e5b",
@@ -249,6 +250,7 @@ def test_xxh64_matches_the_reference(internal_checks, tmp_path):
         b"0123456789abc": "ba453e84431e55e5",  # 8 + 4 + 1 tail bytes
         bytes(range(47)): "0d9883a03e7bfbb8",  # one stripe, then 8 + 4 + 3
         bytes(range(256)) * 3 + b"xyz": "e921a1b45bd779f8",
+        bytes(range(251)) * 2100 + b"tail": "90f04661ffc2d46d",  # three 256 KiB windows, one hash
     }
     files = []
     for index, data in enumerate(cases):
