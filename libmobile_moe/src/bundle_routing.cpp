@@ -12,7 +12,7 @@
 
 namespace mobile_moe::library {
 
-ExpertChoice pick_experts(const std::vector<float>& probs, int k, bool renormalize,
+RoutedExperts pick_experts(const std::vector<float>& probs, int k, bool renormalize,
                           const std::set<int>& resident, float margin) {
   if (k < 1 || static_cast<std::size_t>(k) > probs.size())
     throw std::logic_error("top_k " + std::to_string(k) + " with " + std::to_string(probs.size()) + " experts");
@@ -33,7 +33,7 @@ ExpertChoice pick_experts(const std::vector<float>& probs, int k, bool renormali
       }
     }
   }
-  ExpertChoice choice{chosen, {}};
+  RoutedExperts choice{chosen, {}};
   float total = 0;
   for (int expert : chosen) {
     choice.gates.push_back(probs[expert]);
@@ -44,7 +44,7 @@ ExpertChoice pick_experts(const std::vector<float>& probs, int k, bool renormali
   return choice;
 }
 
-ExpertChoice used_experts(const std::vector<float>& expert_tokens, int num_experts) {
+RoutedExperts used_experts(const std::vector<float>& expert_tokens, int num_experts) {
   if (num_experts < 1 || expert_tokens.size() % static_cast<std::size_t>(num_experts) != 0)
     throw std::logic_error("expert_tokens holds " + std::to_string(expert_tokens.size()) + " values for " +
                            std::to_string(num_experts) + " experts");
@@ -58,7 +58,7 @@ ExpertChoice used_experts(const std::vector<float>& expert_tokens, int num_exper
     counts[i % counts.size()] += count;
     total += count;
   }
-  ExpertChoice choice;
+  RoutedExperts choice;
   for (std::size_t e = 0; e < counts.size(); ++e) {
     if (counts[e] <= 0) continue;
     choice.experts.push_back(static_cast<int>(e));

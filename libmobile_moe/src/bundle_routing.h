@@ -10,7 +10,8 @@
 
 namespace mobile_moe::library {
 
-struct ExpertChoice {
+// The experts one image takes, in the model's order, and each one's gate (a whole graph's: its share of the tokens).
+struct RoutedExperts {
   std::vector<int> experts;
   std::vector<float> gates;
 };
@@ -21,12 +22,12 @@ struct ExpertChoice {
 // probabilities, renormalised when the model renormalises. The caller has checked probs holds num_experts values and
 // 1 <= k <= num_experts; a corrupt graph can still emit NaN, which would break the sort's ordering, so non-finite
 // probabilities are an error.
-ExpertChoice pick_experts(const std::vector<float>& probs, int k, bool renormalize,
+RoutedExperts pick_experts(const std::vector<float>& probs, int k, bool renormalize,
                           const std::set<int>& resident, float margin);
 
 // bundle_routing.py used_experts: a whole bundle's experts are those that filled token slots for this image in any
 // expert set (expert_tokens (1, G, E) summed over the G sets > 0), ascending, each with its share of the image's slots
 // as the gate. A count that is negative or not finite can only come from a corrupt graph.
-ExpertChoice used_experts(const std::vector<float>& expert_tokens, int num_experts);
+RoutedExperts used_experts(const std::vector<float>& expert_tokens, int num_experts);
 
 }  // namespace mobile_moe::library

@@ -178,7 +178,7 @@ void ExpertCache::release(ExpertGraphs graphs, bool scratch) {
 }
 
 // The experts an image took (bundle_routing.h), and their gates, into its Inference.
-static void record_choice(ExpertChoice&& choice, Inference& out) {
+static void record_choice(RoutedExperts&& choice, Inference& out) {
   out.experts = std::move(choice.experts);
   out.gates = std::move(choice.gates);
 }

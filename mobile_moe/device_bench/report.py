@@ -187,7 +187,8 @@ def quantized_lines(runs: list[dict]) -> list[str]:
 
 
 def accuracy_splits(runs: list[dict]) -> str:
-    """'the test split', 'the validation split' or 'the test or validation split' (older bundles mixed in)."""
+    """'the test split', 'the validation split' or 'the test or validation split' (bundles of data with and without
+    a test split mixed)."""
     splits = sorted({run.get("accuracy_split") or "validation" for run in runs if run.get("accuracy") is not None})
     return f"the {' or '.join(splits)} split"
 

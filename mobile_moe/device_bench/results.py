@@ -190,7 +190,7 @@ def run_record(
 
 def _accuracy(manifest) -> dict:
     """The top-1 a report compares bundles with, and its split: the test split's (export measured it) where the
-    manifest has it, else the run's best validation top-1 (bundles exported before test_top1), else none. Both are
+    manifest has it, else the run's best validation top-1 (data without a test split), else none (no run). Both are
     the fp32 checkpoint's; for a quantized bundle, what export measured of the bundle itself on validation images
     (the manifest's quantization.validation, or why it measured nothing) goes beside them."""
     validation = manifest.quantization and manifest.quantization.validation

@@ -52,7 +52,7 @@ EXPORTERS = {
     "onnx": ("mobile_moe.export.onnx_backend", "export_onnx"),
     "coreml": ("mobile_moe.export.coreml_backend", "export_coreml"),
 }
-# input.resize when no run says how evaluation resized images: predict's behaviour before the record, said as assumed
+# input.resize when no run says how evaluation resized images (a model exported without one): stretch, said as assumed
 ASSUMED_RESIZE = {"policy": "stretch", "origin": "assumed"}
 MAX_VAL_IMAGES = 512
 DESCRIPTIONS = {

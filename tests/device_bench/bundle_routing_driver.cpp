@@ -14,7 +14,7 @@
 
 #include "bundle_routing.h"
 
-using mobile_moe::library::ExpertChoice;
+using mobile_moe::library::RoutedExperts;
 
 namespace {
 
@@ -38,7 +38,7 @@ std::vector<float> read_floats(std::istream& in) {
 }
 
 // The case's arguments, read to the end of the line; then the rule's answer.
-ExpertChoice answer(std::istream& in) {
+RoutedExperts answer(std::istream& in) {
   std::string rule, rest;
   in >> rule;
   if (rule == "used") {
@@ -69,7 +69,7 @@ int main() {
   for (std::string line; std::getline(std::cin, line);) {
     std::istringstream in(line);
     try {
-      const ExpertChoice choice = answer(in);
+      const RoutedExperts choice = answer(in);
       std::printf("ok %zu", choice.experts.size());
       for (int expert : choice.experts) std::printf(" %d", expert);
       for (float gate : choice.gates) std::printf(" %a", static_cast<double>(gate));

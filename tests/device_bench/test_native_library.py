@@ -212,14 +212,11 @@ def test_a_missing_weights_file_is_refused_before_anything_loads(library, bundle
     assert record["status"] == MM_BAD_BUNDLE and "expert_1.ptd" in record["error"]
 
 
-def with_input_resize(bundle: Path, to: Path, resize: dict | None) -> Path:
+def with_input_resize(bundle: Path, to: Path, resize: dict) -> Path:
     """A copy of `bundle` whose manifest records another input.resize (the graphs are the same, their checksums too)."""
     copy = copy_bundle(bundle, to)
     manifest = json.loads((copy / "manifest.json").read_text())
-    if resize is None:
-        manifest["input"].pop("resize", None)
-    else:
-        manifest["input"]["resize"] = resize
+    manifest["input"]["resize"] = resize
     (copy / "manifest.json").write_text(json.dumps(manifest))
     return copy
 
@@ -228,7 +225,6 @@ RESIZES = {
     "stretch": {"policy": "stretch"},
     "resize-center-crop": {"policy": "resize-center-crop", "resize_to": 37, "crop_to": 32},
     "bicubic-crop": {"policy": "resize-center-crop", "resize_to": 45, "crop_to": 32, "interpolation": "bicubic"},
-    "none (older bundles)": None,
 }
 
 
