@@ -92,7 +92,7 @@ typedef struct mm_options {
                                 (the router and one expert in memory); 0: every expert; N: N */
   int park_experts;          /* evicted experts that keep their methods, weights' pages dropped; -1: all (default: each
                                 keeps its method's heap, tens of KB on ViT-Ti/32, and a switch back costs half a
-                                reload); 0: none */
+                                reload); 0: none (an app that must hold the dense model's peak memory) */
   float cache_margin;        /* cache-aware routing: a loaded expert within this gate margin of the top one. 0 */
   const char* weight_cache_dir; /* XNNPACK's packed weights on disk, one checked file per graph, and the files verified
                                    at open, remembered: NULL (default): the per-user folder (MOBILE_MOE_WEIGHT_CACHE,
