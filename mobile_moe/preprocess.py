@@ -117,7 +117,7 @@ def eval_transform(record: Mapping[str, Any], image_size: int, mean: Sequence[fl
     A PIL image (a file: imagefolder, a packed store, predict) is resized by Pillow itself, before it becomes a tensor:
     Pillow's fixed-point resampling (libImaging/Resample.c) gives the same bytes on every machine, where torch's
     uint8 resize picks a kernel by the CPU's features (torchvision's _do_native_uint8_resize_on_cpu: AVX2 or not), and
-    it is what libmobile_moe's C++ preprocessing (its src/preprocess.h) reproduces byte for byte."""
+    it is what libmobile_moe's C++ preprocessing (its src/preprocess.cpp) reproduces byte for byte."""
     from torchvision.transforms import v2
 
     return v2.Compose([*resize_steps(record, image_size), v2.ToImage(), normalize(mean, std)])

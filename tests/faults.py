@@ -195,7 +195,7 @@ MANIFEST_MUTATIONS: dict[str, Mutation] = {
     "expert_index_out_of_range": _expert_index(12),
     "expert_index_negative": _expert_index(-1),
     "format_missing": _delete("format"),
-    "version_1": _set("version", 1),  # a bundle of the format before 2: refused, exported again
+    "version_1": _set("version", 1),  # an older format: refused, exported again
     "version_3": _set("version", 3),
     "version_missing": _delete("version"),
     "backend_unknown": _set("backend", "tflite"),
@@ -233,7 +233,7 @@ MANIFEST_MUTATIONS: dict[str, Mutation] = {
     "resize_unknown_key": _set("input.resize", _crop(resize_to=37, crop_to=32, antialias=False)),
     "resize_interpolation_unknown": _set("input.resize", _crop(resize_to=37, crop_to=32, interpolation="nearest")),
     "resize_origin_unknown": _set("input.resize", {"policy": "stretch", "origin": "guessed"}),
-    "resize_origin_data_spec": _set("input.resize", {"policy": "stretch", "origin": "data-spec"}),  # format 1's word
+    "resize_origin_data_spec": _set("input.resize", {"policy": "stretch", "origin": "data-spec"}),  # no longer a word
     # an expert's own weights file (experts share one program): inside the bundle, well-formed, not the program
     "weights_file_escapes": _expert_weights("file", "../../etc/passwd"),
     "weights_file_absolute": _expert_weights("file", "/etc/passwd"),

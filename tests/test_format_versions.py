@@ -16,7 +16,7 @@ from mobile_moe.device_bench.bench import earlier_bench
 from mobile_moe.errors import UsageError
 from mobile_moe.formats.versions import check_version
 
-NONE = "of format version 0 (it states none: written before mobile-moe versioned its files)"
+NONE = "of format version 0 (it states none)"
 
 
 @pytest.mark.parametrize(
@@ -27,9 +27,9 @@ NONE = "of format version 0 (it states none: written before mobile-moe versioned
         ({"version": 2}, "f.json is a thing of format version 2; this mobile-moe reads version 3: make it again"),
         ({"version": 4}, "f.json is a thing of format version 4 (written by a newer mobile-moe); this mobile-moe "
                          "reads version 3: upgrade mobile-moe, or make it again"),  # fmt: skip
-        ({"version": 3.0}, "f.json states format version 3.0, not a number; this mobile-moe reads version 3: make it "
+        ({"version": 3.0}, "f.json states format version 3.0, not an integer; this mobile-moe reads version 3: make it "
                            "again"),  # fmt: skip
-        ({"version": "\x1b[31m3"}, "f.json states format version '\\x1b[31m3', not a number;"),  # shown escaped
+        ({"version": "\x1b[31m3"}, "f.json states format version \"\\u001b[31m3\", not an integer;"),  # shown escaped
         ([3], f"f.json is a thing {NONE}"),
     ],
 )
@@ -41,7 +41,7 @@ def test_a_file_of_another_version_is_one_line_saying_which_and_what_to_do(data,
 
 
 def test_true_is_no_version_one():
-    with pytest.raises(UsageError, match="states format version True, not a number"):
+    with pytest.raises(UsageError, match="states format version true, not an integer"):
         check_version({"version": True}, 1, where="f.json", what="a thing", fix="make it again")
 
 
@@ -67,7 +67,7 @@ def earlier(tmp_path, results: dict):
         (0, "is a bench's results of format version 0; this mobile-moe reads version 1: move"),
         (2, "is a bench's results of format version 2 (written by a newer mobile-moe); this mobile-moe reads version "
             "1: upgrade mobile-moe, or move"),  # fmt: skip
-        ("1", "states format version '1', not a number; this mobile-moe reads version 1: move"),
+        ("1", 'states format version "1", not an integer; this mobile-moe reads version 1: move'),
     ],
 )
 def test_an_earlier_bench_of_another_results_version_is_refused_in_one_line_and_kept(tmp_path, capsys, version, said):

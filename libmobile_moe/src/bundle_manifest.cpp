@@ -210,21 +210,21 @@ static void expect_inputs(const Graph& graph, const std::vector<std::vector<int3
 // The words: manifest_schema.h's kResizePolicies, kResizeOrigins, kInterpolations.
 
 static void check_resize(const json::Value& input, int64_t image_size, Preprocessing& pre) {
-  const json::Value* resize = &object_at(input, "input", "resize");
-  if (!resize->is_object()) invalid("input.resize", "must be an object, not " + shown(*resize));
-  for (const auto& entry : resize->object)
+  const json::Value& resize = object_at(input, "input", "resize");
+  if (!resize.is_object()) invalid("input.resize", "must be an object, not " + shown(resize));
+  for (const auto& entry : resize.object)
     if (entry.first != "policy" && entry.first != "resize_to" && entry.first != "crop_to" && entry.first != "origin" &&
         entry.first != "interpolation")
       invalid("input.resize", "has an unknown key \"" + entry.first.substr(0, 40) + "\"");
   const auto policy =
-      one_of<ResizePolicy>(object_at(*resize, "input.resize", "policy"), "input.resize.policy", kResizePolicies);
-  if (const json::Value* origin = optional_at(*resize, "input.resize", "origin"))
+      one_of<ResizePolicy>(object_at(resize, "input.resize", "policy"), "input.resize.policy", kResizePolicies);
+  if (const json::Value* origin = optional_at(resize, "input.resize", "origin"))
     one_of(*origin, "input.resize.origin", kResizeOrigins);
-  if (const json::Value* interpolation = optional_at(*resize, "input.resize", "interpolation"))
+  if (const json::Value* interpolation = optional_at(resize, "input.resize", "interpolation"))
     pre.interpolation = one_of<Interpolation>(*interpolation, "input.resize.interpolation", kInterpolations);
   pre.policy = policy;
-  const json::Value* resize_to = optional_at(*resize, "input.resize", "resize_to");
-  const json::Value* crop_to = optional_at(*resize, "input.resize", "crop_to");
+  const json::Value* resize_to = optional_at(resize, "input.resize", "resize_to");
+  const json::Value* crop_to = optional_at(resize, "input.resize", "crop_to");
   if (policy == ResizePolicy::Stretch) {
     if (resize_to != nullptr || crop_to != nullptr)
       invalid("input.resize", std::string("the ") + name(policy) +
@@ -302,16 +302,27 @@ struct LayoutCheck {
 
 }  // namespace
 
+// The manifest's format version, worded as mobile_moe/formats/versions.py words it for every format: none (a
+// manifest that states no version), an older one and a newer one each say what to do.
+static void check_version(const json::Value* stated) {
+  const std::string reads = "; this library reads version " + std::to_string(kVersion) + ": ";
+  const std::string again = "export the bundle again with `mobile-moe export`";
+  if (stated == nullptr) invalid("version", "the bundle is of format version 0 (it states none)" + reads + again);
+  const int64_t version = as_int(*stated, "version", INT64_MIN, INT64_MAX);
+  if (version > kVersion)
+    invalid("version", "the bundle is of format version " + std::to_string(version) +
+                           " (written by a newer mobile-moe)" + reads + "upgrade libmobile_moe, or " + again);
+  if (version != kVersion)
+    invalid("version", "the bundle is of format version " + std::to_string(version) + reads + again);
+}
+
 // format, version, backend (ExecuTorch only), and the model's summary; -> the model's number of classes.
 static int64_t check_header_and_model(const json::Value& manifest, Bundle& bundle, int64_t* image_size,
                                       int64_t* in_chans) {
   if (!manifest.is_object()) invalid("manifest", "must be a JSON object, not " + json::describe(manifest));
   const json::Value& format = object_at(manifest, "", "format");
   if (!format.is_string() || format.string != kFormat) invalid("format", std::string("must be \"") + kFormat + "\"");
-  const int64_t version = as_int(object_at(manifest, "", "version"), "version", INT64_MIN, INT64_MAX);
-  if (version != kVersion)
-    invalid("version", "the bundle is of format version " + std::to_string(version) + "; this library reads version " +
-                           std::to_string(kVersion) + ": export the bundle again with `mobile-moe export`");
+  check_version(optional_at(manifest, "", "version"));
   const std::string& backend = one_of(object_at(manifest, "", "backend"), "backend", kBackends);
   if (backend != "executorch")
     throw UsageError("libmobile_moe runs ExecuTorch bundles; this is a " + backend + " bundle");

@@ -64,26 +64,15 @@ static const std::string& runtime_identity() {
 
 // XXH64 (github.com/Cyan4973/xxHash, xxhash.h's reference algorithm), seed 0, fed in pieces: fast enough to check a
 // packed expert on every first use (GB/s, where sha256.h is ~0.2 GB/s); it guards against damage, not against an
-// attacker.
+// attacker. Every piece but the last is a whole number of 32-byte stripes (file_xxh64's windows are).
 class Xxh64 {
  public:
+  static constexpr size_t kStripe = 32;
+
   void update(const unsigned char* data, size_t length) {
     total_ += length;
-    if (buffered_ + length < kStripe) {
-      std::memcpy(buffer_ + buffered_, data, length);
-      buffered_ += length;
-      return;
-    }
-    if (buffered_ > 0) {  // the stripe the last piece began
-      const size_t fill = kStripe - buffered_;
-      std::memcpy(buffer_ + buffered_, data, fill);
-      stripe(buffer_);
-      data += fill;
-      length -= fill;
-      buffered_ = 0;
-    }
     for (; length >= kStripe; data += kStripe, length -= kStripe) stripe(data);
-    std::memcpy(buffer_, data, length);
+    std::memcpy(buffer_, data, length);  // the last piece's tail: digest() hashes it
     buffered_ = length;
   }
 
@@ -113,7 +102,6 @@ class Xxh64 {
  private:
   static constexpr uint64_t P1 = 11400714785074694791ULL, P2 = 14029467366897019727ULL, P3 = 1609587929392839161ULL;
   static constexpr uint64_t P4 = 9650029242287828579ULL, P5 = 2870177450012600261ULL;
-  static constexpr size_t kStripe = 32;
   static uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
   static uint64_t read64(const unsigned char* p) {  // little-endian hosts
     uint64_t v;
@@ -137,35 +125,37 @@ class Xxh64 {
 };
 
 // The file is read one window at a time, each window a mapping of its own, unmapped before the next: a whole file's
-// mapping would hold every page of it in the process while the check runs, beside the graphs already loaded (an
-// expert's check, on its first load, then peaked above every later moment: 0.9 MiB over the dense model's peak on the
-// README's ViT-Ti/32; benchmarks/split_memory.results.md). Each window is advised MADV_HUGEPAGE: where the file's
+// mapping would hold every page of it in the process while the check runs, beside the graphs already loaded, and an
+// expert's check on its first load would be the split bundle's peak (benchmarks/split_memory.results.md). A published
+// file is never truncated (a graph's file is replaced by rename), so no window reaches past its end. Each window is advised MADV_HUGEPAGE: where the file's
 // pages are not in the page cache (the first use after a reboot, or after memory pressure took them), a kernel whose
 // page cache takes large folios for the file's filesystem (Linux 6.18, ext4) reads them in as 2 MiB folios
 // (mm/filemap.c, do_sync_mmap_readahead on a VM_HUGEPAGE mapping, whatever the mapping's size), and the backend's own
 // mapping of the file (XNNWeightsCache.cpp load_packed_cache) then maps 2 MiB at a time. A switch maps its expert's
 // packed weights on the first run and unmaps them at eviction, so this is its cost; read(2) would leave the folios to
 // readahead's smaller ones (benchmarks/page_cache_folios.py measures both). Pages already cached stay as they are.
-constexpr size_t kCheckWindow = 256 * 1024;
+// Windows of 256 KiB: the most the check adds to the process, far below an expert's packed weights.
+constexpr size_t kCheckWindow = 256 * 1024;  // benchmarks/page_cache_folios.py reads a file as this does
+static_assert(kCheckWindow % Xxh64::kStripe == 0, "a window must hold whole stripes");
 
 std::string file_xxh64(const std::string& path, uint64_t* size) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return "";
   struct stat info;
-  bool read_whole = fstat(fd, &info) == 0 && S_ISREG(info.st_mode);
+  bool readable = fstat(fd, &info) == 0 && S_ISREG(info.st_mode);
   Xxh64 hash;
-  const uint64_t length = read_whole ? static_cast<uint64_t>(info.st_size) : 0;
-  for (uint64_t at = 0; read_whole && at < length; at += kCheckWindow) {
+  const uint64_t length = readable ? static_cast<uint64_t>(info.st_size) : 0;
+  for (uint64_t at = 0; readable && at < length; at += kCheckWindow) {
     const size_t window_size = static_cast<size_t>(std::min<uint64_t>(kCheckWindow, length - at));
     void* window = mmap(nullptr, window_size, PROT_READ, MAP_PRIVATE, fd, static_cast<off_t>(at));
-    read_whole = window != MAP_FAILED;
-    if (!read_whole) break;
+    readable = window != MAP_FAILED;
+    if (!readable) break;
     madvise(window, window_size, MADV_HUGEPAGE);
     hash.update(static_cast<const unsigned char*>(window), window_size);
     munmap(window, window_size);
   }
   close(fd);
-  if (!read_whole) return "";
+  if (!readable) return "";
   *size = length;
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash.digest()));
@@ -449,6 +439,7 @@ bool PackedCache::trusted(const PackedCacheEntry& entry) {
   if (!(in >> word1 >> word2 >> word3 >> format >> key >> size >> digest) || format != kPackedCacheFormat ||
       key != entry.key)
     return false;
+  if (static_cast<uint64_t>(std::get<2>(now)) != size) return false;  // its size first: a short file is not read
   uint64_t actual_size = 0;
   if (file_xxh64(path, &actual_size) != digest || actual_size != size) return false;
   checked_[path] = now;

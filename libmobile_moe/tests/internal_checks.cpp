@@ -3,7 +3,7 @@
 // links the library's code, CMakeLists.txt's mobile_moe_objects).
 //
 //   mobile_moe_internal_checks --sha256 FILE...   "DIGEST  FILE" per file (sha256sum's format), sha256.h's digest
-//   mobile_moe_internal_checks --xxh64 FILE...    the same with packed_cache.h's XXH64
+//   mobile_moe_internal_checks --xxh64 FILE...    the same with packed_cache.cpp's XXH64
 //   mobile_moe_internal_checks --check [--external-data] FILE...
 //       "ok  FILE" or "refused  FILE: why" per file: the check a bundle's files get before any is loaded
 //       (flatbuffer_check.h), the tests giving it every file they give mobile_moe/export/flatbuffer_files.py;

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from mobile_moe.data.image_files import UnreadableImage, read_image
 from mobile_moe.errors import UsageError
+from mobile_moe.formats.versions import states_version
 from mobile_moe.utils.atomic import write_text_atomic
 from mobile_moe.utils.cache import cache_root
 from mobile_moe.utils.devices import usable_cores
@@ -51,8 +52,7 @@ def read_verdicts(cache: Path) -> dict[str, list[int]]:
         record = json.loads(cache.read_text())
     except (OSError, ValueError):
         return {}
-    ours = isinstance(record, dict) and type(record.get("version")) is int and record["version"] == CACHE_VERSION
-    good = record.get("good") if ours else None
+    good = record.get("good") if states_version(record, CACHE_VERSION) else None
     if not isinstance(good, dict):
         return {}
     return {

@@ -108,7 +108,7 @@ def store_files(root: Path) -> set[str] | None:
 def read_record(root: Path, spec: str | None = None) -> StoreRecord:
     """store.json at `root`, read as a file we did not write and checked whole; UsageError saying why not."""
     where = f"{spec}: " if spec else ""
-    again = f"re-create it with `mobile-moe pack SPEC --out {root}`"
+    again = "pack it again into a new folder (mobile-moe pack SPEC --out NEW_STORE)"
     try:
         text = read_foreign(root / META, limit=MAX_RECORD_BYTES, what=META)
     except UsageError as error:
@@ -119,7 +119,7 @@ def read_record(root: Path, spec: str | None = None) -> StoreRecord:
         data = None  # not JSON: the schema's parse below says so
     if isinstance(data, dict) and data.get("format") == FORMAT:  # ours: its version before its fields
         check_version(data, VERSION, where=f"{where}{root / META}", what="a packed store's record",
-                      fix="pack it again into a new folder (mobile-moe pack SPEC --out NEW_STORE)")  # fmt: skip
+                      fix=again)  # fmt: skip
     try:
         record = StoreRecord.model_validate_json(text)
     except ValidationError as error:
@@ -128,7 +128,7 @@ def read_record(root: Path, spec: str | None = None) -> StoreRecord:
         problem = (f"{field}: " if field else "") + first["msg"].removeprefix("Value error, ")
         raise UsageError(f"{where}{root / META} is not a store's ({problem}); {again}") from None
     if record.format != FORMAT or not set(record.splits) <= set(SPLITS):
-        raise UsageError(f"{where}{root / META} is not a {FORMAT} version {VERSION} record; {again}")
+        raise UsageError(f"{where}{root / META} is not a {FORMAT} record; {again}")
     return record
 
 

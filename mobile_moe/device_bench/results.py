@@ -342,7 +342,7 @@ class RunRecord(BaseModel):
     switch_ms: float | None
     peak_rss_bytes: float | None
     bytes_loaded_per_image: float
-    params_active: int | None
+    params_active: int
     expert_change_rate: float | None
     cache_hit_rate: dict[str, float]  # cache size -> hit rate
     accuracy: Annotated[float, Field(ge=0, le=1)] | None = None

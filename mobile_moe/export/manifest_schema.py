@@ -3,7 +3,7 @@
 `Manifest` is the one Python model of a bundle's manifest: export builds it, `validate_manifest` (which
 export.manifest.read_manifest calls) returns it, and every consumer reads its attributes and methods: predict, the
 Python runtime, bench, the push to a phone, and the export itself before it moves a bundle into place. The native runner
-cannot import this and range-checks the same values itself (libmobile_moe/src/bundle_manifest.h); the
+cannot import this and range-checks the same values itself (libmobile_moe/src/bundle_manifest.cpp); the
 fault-injection tests drive one table of manifest mutations through both.
 
 Layouts and the graphs they need (mobile_moe/export/graphs.py writes them):

@@ -31,7 +31,7 @@ def _library_source_dir() -> Path:
     wheel carries inside this package (setup.py) so an installed copy builds it too."""
     here = Path(__file__).resolve().parent
     installed = here / "libmobile_moe"
-    return installed if installed.is_dir() else here.parents[1] / "libmobile_moe"
+    return installed if (installed / "CMakeLists.txt").is_file() else here.parents[1] / "libmobile_moe"
 
 
 SOURCE_DIR = _library_source_dir()

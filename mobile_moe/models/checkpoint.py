@@ -32,11 +32,11 @@ def checkpoint_dict(model: nn.Module, **extra: Any) -> dict[str, Any]:
 
 
 def save_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
-    """Atomically write a checkpoint dict (temp file + rename), stating the run format's version (RUN_VERSION) unless
-    the dict states one."""
+    """Atomically write a checkpoint dict (temp file + rename), stating the run format's version (RUN_VERSION), whatever
+    the dict states."""
     with atomic_path(path) as tmp:
         try:
-            torch.save({"version": RUN_VERSION, **checkpoint}, tmp)
+            torch.save({"version": RUN_VERSION, **{k: v for k, v in checkpoint.items() if k != "version"}}, tmp)
         except (OSError, RuntimeError) as error:
             # torch's zip writer reports a full disk as "[enforce fail at inline_container.cc...] unexpected pos":
             # said as the OSError it was, atomic_path gives the one line every full disk gets.

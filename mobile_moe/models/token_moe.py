@@ -265,11 +265,11 @@ class ExpertsChoiceRouter(nn.Module):
     expert took (they pass through on the residual). No auxiliary loss: the balance is built in.
     """
 
-    def __init__(self, width: int, num_experts: int, capacity_ratio: float, eval_capacity_ratio: float):
+    def __init__(self, width: int, num_experts: int, capacity_ratio: float, eval_capacity_ratio: float, bias: bool):
         super().__init__()
         self.num_experts = num_experts
         self.capacity_ratio, self.eval_capacity_ratio = capacity_ratio, eval_capacity_ratio
-        self.proj = nn.Linear(width, num_experts, bias=False)
+        self.proj = nn.Linear(width, num_experts, bias=bias)
 
     def capacity(self, tokens: int) -> int:
         ratio = self.capacity_ratio if self.training else self.eval_capacity_ratio
@@ -427,7 +427,8 @@ def make_router(cfg: TokenMoEConfig) -> nn.Module:
     if isinstance(cfg, VMoEConfig):
         return token_choice_router(cfg, "importance-load", cfg.batch_prioritized)
     if isinstance(cfg, ExpertsChoiceConfig):
-        return ExpertsChoiceRouter(cfg.width, cfg.num_experts, cfg.capacity_ratio, cfg.eval_capacity_ratio)
+        return ExpertsChoiceRouter(cfg.width, cfg.num_experts, cfg.capacity_ratio, cfg.eval_capacity_ratio,
+                                   bias=cfg.router_bias)  # fmt: skip
     if isinstance(cfg, SoftMoEConfig):
         return SoftRouter(cfg.width, cfg.num_experts, cfg.slots_per_expert)
     raise TypeError(f"no per-token router for {type(cfg).__name__}")

@@ -269,7 +269,8 @@ def is_failed_start(path: str | os.PathLike) -> bool:
 
 def write_config(run_dir: str | os.PathLike, config: dict[str, Any]) -> None:
     """config.json, stating the run format's version first."""
-    write_text_atomic(Path(run_dir) / CONFIG, json.dumps({"version": RUN_VERSION, **config}, indent=2) + "\n")
+    record = {"version": RUN_VERSION, **{key: value for key, value in config.items() if key != "version"}}
+    write_text_atomic(Path(run_dir) / CONFIG, json.dumps(record, indent=2) + "\n")
 
 
 def load_run(run_dir: str | os.PathLike, checkpoint: str = "best") -> Run:

@@ -322,7 +322,7 @@ def check_resumable(state: dict[str, Any], run_config: dict[str, Any], cfg: Trai
     for key, mine in (("model", state["config"]), ("data", state["data"]), ("recipe", state["recipe"])):
         theirs = run_config[key]
         if not isinstance(mine, dict):
-            mismatches.append(f"{key} is no record in {LAST}")
+            mismatches.append(f"{LAST}'s {key} is not a record")
             continue
         skip = MAY_CHANGE_ON_RESUME if key == "recipe" else ()
         mismatches += [

@@ -146,7 +146,7 @@ def test_a_damaged_store_is_one_line(packed, damage):
 @pytest.mark.parametrize(
     ("version", "held"),
     [
-        (None, "of format version 0 (it states none: written before mobile-moe versioned its files)"),
+        (None, "of format version 0 (it states none)"),
         (0, "of format version 0"),
         (2, "of format version 2 (written by a newer mobile-moe)"),
     ],

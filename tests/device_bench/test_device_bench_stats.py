@@ -65,14 +65,14 @@ def fake_manifest(kind: str) -> Manifest:
         return Manifest.model_construct(
             backend="executorch", model=ModelSummary.model_construct(**model), num_experts=0,
             composition=Composition.model_construct(layout="dense"), graphs=[graph("dense", "dense", None, 1000, 250)],
-            validation_top1=0.5, params_active_max=None,
+            validation_top1=0.5, params_active_max=250,
         )  # fmt: skip
     model.update(num_experts=2, top_k=1, moe_layers=2)
     graphs = [graph("router", "router", None, 600, 150), *(graph(f"expert_{e}", "expert", e, 500, 125) for e in (0, 1))]
     return Manifest.model_construct(
         backend="executorch", model=ModelSummary.model_construct(**model), num_experts=2, top_k=1,
         composition=Composition.model_construct(layout="expert-paths"), graphs=graphs, validation_top1=0.6,
-        params_active_max=None,
+        params_active_max=275,  # the router and one expert
     )  # fmt: skip
 
 

@@ -28,7 +28,7 @@ from mobile_moe.utils import cache
 pytestmark = pytest.mark.export
 
 # XNNPACK takes a packed-weight file's path as a backend option of at most 255 bytes, and the library hands it paths
-# this much longer than their folder's (packed_cache.h longest_cache_path: a key, ".xnnpack", staged_files.h's longest
+# this much longer than their folder's (packed_cache.cpp longest_cache_path: a key, ".xnnpack", staged_files.h's longest
 # staged suffix, ".scratch").
 MAX_CACHE_PATH = 255
 

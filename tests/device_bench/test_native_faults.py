@@ -240,7 +240,7 @@ def test_sha256_matches_hashlib(internal_checks, bundle, tmp_path):
 
 
 def test_xxh64_matches_the_reference(internal_checks, tmp_path):
-    """The XXH64 that checks packed-weight cache files (packed_cache.h) against the reference implementation's
+    """The XXH64 that checks packed-weight cache files (packed_cache.cpp) against the reference implementation's
     digests (the xxhash package, seed 0): below and above the 32-byte stripe, every tail length, and a file read in
     several windows (packed_cache.cpp's kCheckWindow) hashed as one."""
     cases = {

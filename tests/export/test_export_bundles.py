@@ -233,14 +233,14 @@ GRAPH_KEYS = {
     "name", "role", "expert", "file", "sha256", "bytes", "params", "inputs", "outputs", "backend_details",
     "export_seconds",
 }  # fmt: skip
-NEW_KEYS = {"routing", "params_active_max"}  # what an image touches
+IMAGE_KEYS = {"routing", "params_active_max"}  # what an image touches
 
 
 def test_manifest_keeps_its_fields_and_adds_what_an_image_touches(moe, bundle_dir):
     from mobile_moe.models.costs import costs
 
     manifest = read_manifest(bundle_dir).to_json()
-    assert set(manifest) == MANIFEST_KEYS | NEW_KEYS
+    assert set(manifest) == MANIFEST_KEYS | IMAGE_KEYS
     # an ExecuTorch expert also names its own weights file (the experts share one program)
     own_weights = {"weights"} if manifest["backend"] == "executorch" else set()
     assert all(
@@ -258,7 +258,7 @@ def test_a_bundle_of_the_format_before_version_2_is_refused_in_one_line(bundle_d
 
     old = shutil.copytree(bundle_dir, tmp_path / "old")
     manifest = json.loads((old / "manifest.json").read_text())
-    for key in NEW_KEYS:
+    for key in IMAGE_KEYS:
         del manifest[key]
     del manifest["input"]["resize"]
     manifest["version"] = 1

@@ -2,7 +2,7 @@
 
 A tiny run on a tiny imagefolder of 40x48 images (not S x S, not square, so a stretch and ImageNet's resize +
 centre crop see different pixels), exported as ONNX: the manifest carries the run's eval resize policy and predict
-applies it; a manifest from before that record still predicts, by a stretch; a bad record is refused in one line.
+applies it; a manifest recording a stretch predicts by a stretch; a bad record is refused in one line.
 """
 
 from __future__ import annotations
@@ -120,17 +120,17 @@ def test_a_manifest_recording_stretch_predicts_by_stretching(run_dir, bundle, tm
 
     manifest = json.loads((bundle / MANIFEST).read_text())
     manifest["input"]["resize"] = {"policy": "stretch", "origin": "assumed"}  # as export writes it without a run
-    old = tmp_path / "old"
-    old.mkdir()
+    stretched = tmp_path / "stretched"
+    stretched.mkdir()
     for file in bundle.iterdir():
-        (old / file.name).write_bytes(file.read_bytes())
-    (old / MANIFEST).write_text(json.dumps(manifest))
+        (stretched / file.name).write_bytes(file.read_bytes())
+    (stretched / MANIFEST).write_text(json.dumps(manifest))
     path, cropped, _ = val_item(run_dir, 0)
     # Pillow resizes the file's image (preprocess.eval_transform), then it becomes a tensor
     stretch = v2.Compose([v2.Resize((SIZE, SIZE), antialias=True), v2.ToImage(), v2.ToDtype(torch.float32, scale=True),
                           v2.Normalize(manifest["input"]["mean"], manifest["input"]["std"])])  # fmt: skip
     expected = stretch(Image.open(path).convert("RGB"))
-    image, logits = predicted_logits(old, path)
+    image, logits = predicted_logits(stretched, path)
     assert torch.equal(image, expected) and not torch.equal(image, cropped)
     with torch.no_grad():
         eager = load_run(run_dir).model(expected[None]).logits[0].numpy()

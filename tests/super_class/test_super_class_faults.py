@@ -107,12 +107,12 @@ BAD_FILES: dict[str, tuple[str | bytes, str]] = {
     "binary garbage": (b"\xff\xfe\x00\x01garbage", "cannot read"),
     # a file of another format version, or of none (written before versions): one line that says so, before any rule
     "no version": (json.dumps({k: v for k, v in GOOD.items() if k != "version"}), "is a super-class file of format "
-                   "version 0 (it states none: written before mobile-moe versioned its files); this mobile-moe reads "
+                   "version 0 (it states none); this mobile-moe reads "
                    "version 1: derive it again (mobile-moe superclass derive)"),  # fmt: skip
     "version 0": (_with(version=0), "is a super-class file of format version 0; this mobile-moe reads version 1"),
     "version 2": (_with(version=2), "of format version 2 (written by a newer mobile-moe); this mobile-moe reads "
                                     "version 1: upgrade mobile-moe, or derive it again"),  # fmt: skip
-    "version string": (_with(version="1"), "states format version '1', not a number"),
+    "version string": (_with(version="1"), 'states format version "1", not an integer'),
     "version of another file's rules": (_with(version=0, class_names=None), "of format version 0"),
 }
 

@@ -688,11 +688,11 @@ def test_a_config_json_that_is_not_a_runs_is_never_overwritten(tmp_path, capsys)
 # A file of another format version: what it states ("none": no version, as a file written before the formats were
 # versioned) -> (that value, what the refusal says after the file's name, up to the fix).
 OTHER_VERSIONS = {
-    "none": (None, "is {what} of format version 0 (it states none: written before mobile-moe versioned its files); "),
+    "none": (None, "is {what} of format version 0 (it states none); "),
     "0": (0, "is {what} of format version 0; "),
     "2": (2, "is {what} of format version 2 (written by a newer mobile-moe); "),
-    "string": ("1", "states format version '1', not a number; "),
-    "true": (True, "states format version True, not a number; "),
+    "string": ("1", 'states format version "1", not an integer; '),
+    "true": (True, "states format version true, not an integer; "),
 }
 
 
