@@ -111,6 +111,32 @@ def test_runner_refuses_manifest_mutation(fault_runner, bundle, tmp_path, mutati
     assert_refused(run_runner(fault_runner, broken), (2,))
 
 
+AGAIN = "export the bundle again with `mobile-moe export`"
+
+
+@pytest.mark.parametrize(
+    ("stated", "said"),
+    [
+        (None, f"the bundle is of format version 0 (it states none); this library reads version 2: {AGAIN}"),
+        (1, f"the bundle is of format version 1; this library reads version 2: {AGAIN}"),
+        (3, "the bundle is of format version 3 (written by a newer mobile-moe); this library reads version 2: upgrade "
+            f"libmobile_moe, or {AGAIN}"),  # fmt: skip
+    ],
+)
+def test_the_library_says_which_format_version_a_bundle_holds_and_what_to_do(fault_runner, bundle, tmp_path, stated,
+                                                                             said):  # fmt: skip
+    """The library words a manifest's version as every Python reader of a format does (mobile_moe/formats/versions.py):
+    which version the bundle holds (none: 0), which one it reads, and what to do."""
+    broken = copy_bundle(bundle, tmp_path / "bundle")
+    manifest = json.loads((broken / "manifest.json").read_text())
+    manifest.pop("version")
+    if stated is not None:
+        manifest["version"] = stated
+    write_manifest_text(broken, json.dumps(manifest))
+    line = assert_refused(run_runner(fault_runner, broken), (2,))
+    assert line.endswith(f"version: {said}"), line
+
+
 @pytest.fixture(scope="module")
 def whole(tmp_path_factory) -> Path:
     return whole_bundle(tmp_path_factory, "executorch")
