@@ -47,10 +47,10 @@ from mobile_moe.models.registry import create_model
 ISSUE_37_RUN_LENGTHS = (2, 2, 2, 3)
 
 
-def export(out: Path, model: str, layout: str | None = None, **kwargs) -> Path:
+def export(out: Path, model: str, layout: str | None = None, num_classes: int = 1000, **kwargs) -> Path:
     if not (out / MANIFEST).exists():
         torch.manual_seed(0)  # every MoE bundle the same weights: the per-block one routes as the default one
-        network = create_model(model, "12x192", num_classes=1000, **kwargs).eval()
+        network = create_model(model, "12x192", num_classes=num_classes, **kwargs).eval()
         export_bundle(network, out, "executorch", layout=layout)
     return out
 

@@ -40,10 +40,11 @@ WARMUP = 10
 
 
 def app(binary: Path, bundle: Path, images: Path, iterations: int, cache: Path | None = None,
-        defaults_folder: Path | None = None) -> dict:
+        defaults_folder: Path | None = None, flags: tuple[str, ...] = ()) -> dict:
     """One app process: with one expert cached and `cache` as its packed-weight folder, or, where `cache` is None,
-    with the library's defaults alone (their packed-weight folder `defaults_folder`: MOBILE_MOE_WEIGHT_CACHE)."""
-    command = [str(binary), str(bundle), str(images), "--iterations", str(iterations)]
+    with the library's defaults alone (their packed-weight folder `defaults_folder`: MOBILE_MOE_WEIGHT_CACHE) but
+    the app's `flags`."""
+    command = [str(binary), str(bundle), str(images), "--iterations", str(iterations), *flags]
     env = dict(os.environ)
     if cache is not None:
         command += ["--threads", "1", "--cache-experts", "1", "--weight-cache-dir", str(cache)]

@@ -17,18 +17,17 @@ experts unloaded (`--park-experts 0`), which shows what the parked experts hold.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 from mobile_moe.library.build import build_library
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from expert_switch_vit_ti32 import switching_stream  # noqa: E402
+from expert_switch_vit_ti32 import export, switching_stream  # noqa: E402
+from library_vit_ti32 import app  # noqa: E402
 
 SHAPES = {  # name: (classes, experts)
     "vit-ti32-6-classes-3-experts": (6, 3),
@@ -37,31 +36,14 @@ SHAPES = {  # name: (classes, experts)
 MIB = 2**20
 
 
-def export_pair(out: Path, classes: int, experts: int) -> tuple[Path, Path]:
-    import torch
-
-    from mobile_moe.export.bundle import export_bundle
-    from mobile_moe.models.registry import create_model
-
-    bundles = out / "moe", out / "dense"
-    for bundle, model, extra in zip(bundles, ("mobile-vmoe", "vit"), ({"num_experts": experts}, {}), strict=True):
-        if not (bundle / "manifest.json").exists():
-            torch.manual_seed(0)
-            network = create_model(model, "12x192", num_classes=classes, **extra).eval()
-            export_bundle(network, bundle, "executorch")
-    return bundles
-
-
 def peak_rss(binary: Path, bundle: Path, images: Path, iterations: int, folder: Path, *flags: str) -> float:
     """One app process with the library's defaults (but `flags`); its peak RSS in MiB."""
-    env = {**os.environ, "MOBILE_MOE_WEIGHT_CACHE": str(folder)}
-    command = [str(binary), str(bundle), str(images), "--iterations", str(iterations), *flags]
-    result = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
-    return json.loads(result.stdout)["peak_rss_bytes"] / MIB
+    return app(binary, bundle, images, iterations, defaults_folder=folder, flags=flags)["peak_rss_bytes"] / MIB
 
 
 def measure(binary: Path, out: Path, classes: int, experts: int, rounds: int, iterations: int) -> dict:
-    moe, dense = export_pair(out, classes, experts)
+    moe = export(out / "moe", "mobile-vmoe", num_classes=classes, num_experts=experts)
+    dense = export(out / "dense", "vit", num_classes=classes)
     stream = out / "stream.f32"
     rate = switching_stream(moe, stream)
     first: dict[str, float] = {}
